@@ -1,0 +1,361 @@
+//! Completion queues: a ring of 64-byte mlx5 CQEs the device writes, polled on the host or
+//! waited for by an executor.
+
+use crate::device::{DeviceShared, QpTable};
+use crate::exec::Backoff;
+use crate::format::{
+    cq_ci_value, Cqe64, CqeOpcode, CqeOwner, Opcode, Syndrome, CQE_INIT_OP_OWN,
+    CQE_OWNER_WORD_OFFSET, CQE_SIZE,
+};
+use crate::mem::{slot_off, RingMem};
+use crate::ops::{KeepAlive, Op, Ops, WaitCond};
+use crate::qp::QpShared;
+use crate::{Error, Result};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// Offsets in a CQ's control block.
+pub(crate) const CQ_DBREC: usize = 0;
+pub(crate) const CQ_RETIRED: usize = 64;
+
+/// The CQ as the device and every handle share it.
+pub(crate) struct CqShared {
+    pub cqn: u32,
+    pub cnt: u32,
+    /// The CQE ring.
+    pub ring: Arc<RingMem>,
+    /// Doorbell record (`[ci][arm]`, BE32) at 0; retired counter (native u64) at 64.
+    pub ctrl: Arc<RingMem>,
+    /// Producer index: written by the device's engine only.
+    pub hw_pi: AtomicU64,
+    /// Set by the engine when a CQE could not be written.
+    pub overrun: AtomicBool,
+    /// Next completion number handed to a ticket (see `QpShared` tickets).
+    pub reserved: AtomicU64,
+    /// Number of queue sides (send or receive of a QP) that complete here.
+    pub users: AtomicU32,
+    poll: Mutex<PollState>,
+    qps: Arc<QpTable>,
+}
+
+struct PollState {
+    ci: u64,
+    last: Option<(u32, Weak<QpShared>)>,
+}
+
+impl CqShared {
+    pub(crate) fn keep(self: &Arc<Self>) -> (KeepAlive, KeepAlive) {
+        (self.ring.clone(), self.ctrl.clone())
+    }
+}
+
+/// Status of a completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WcStatus {
+    /// Success.
+    Success,
+    /// Error, with the syndrome the device wrote (unknown values map to `GeneralErr`-like
+    /// [`Syndrome::LocalQpOp`] only if undecodable; see `vendor_err`).
+    Error(Syndrome),
+}
+
+/// What a completion completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompletionOp {
+    /// Send or send with immediate (requester).
+    Send,
+    /// RDMA write (requester).
+    Write,
+    /// RDMA read (requester).
+    Read,
+    /// Compare and swap (requester).
+    CompareSwap,
+    /// Fetch and add (requester).
+    FetchAdd,
+    /// No-op (requester).
+    Nop,
+    /// A send arrived (responder).
+    Recv,
+    /// An RDMA write with immediate arrived (responder).
+    RecvWriteImm,
+}
+
+/// One completion, decoded from a CQE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// Success or the error syndrome.
+    pub status: WcStatus,
+    /// What completed.
+    pub opcode: CompletionOp,
+    /// Bytes received (responder) or read (RDMA read; 8 for atomics).
+    pub byte_len: u32,
+    /// Immediate data (sends and writes with immediate), host order.
+    pub imm: Option<u32>,
+    /// The local QP.
+    pub qpn: u32,
+    /// The remote QP (responder completions).
+    pub src_qpn: u32,
+    /// The WQE counter of the CQE (SQ wqe_index or RQ index).
+    pub wqe_counter: u16,
+    /// Vendor syndrome of an error CQE.
+    pub vendor_err: u8,
+    /// Position of this completion in the CQ (free-running).
+    pub cqe_index: u64,
+}
+
+impl Completion {
+    /// Whether the work succeeded.
+    pub fn is_ok(&self) -> bool {
+        self.status == WcStatus::Success
+    }
+    /// `Ok(self)` on success, else [`Error::Completion`].
+    pub fn ok(self) -> Result<Self> {
+        match self.status {
+            WcStatus::Success => Ok(self),
+            WcStatus::Error(syndrome) => Err(Error::Completion {
+                wr_id: self.wr_id,
+                qpn: self.qpn,
+                syndrome,
+            }),
+        }
+    }
+}
+
+/// A completion queue. Cloning gives another handle to the same queue.
+#[derive(Clone)]
+pub struct Cq {
+    pub(crate) shared: Arc<CqShared>,
+    pub(crate) _dev: Arc<DeviceShared>,
+}
+
+impl std::fmt::Debug for Cq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cq")
+            .field("cqn", &self.shared.cqn)
+            .field("entries", &self.shared.cnt)
+            .finish()
+    }
+}
+
+impl Cq {
+    pub(crate) fn create(dev: &Arc<DeviceShared>, cqn: u32, entries: u32) -> Result<Self> {
+        if entries == 0 || entries > 1 << 22 {
+            return Err(Error::invalid(format!(
+                "CQ size {entries} out of 1..=4194304"
+            )));
+        }
+        let cnt = entries.next_power_of_two();
+        let ring = Arc::new(RingMem::new(cnt as usize * CQE_SIZE));
+        // Every entry starts as opcode INVALID, owner 1: neither a CPU poll nor an
+        // owner-bit wait can pass before the device writes the entry.
+        for i in 0..cnt as usize {
+            ring.u8(i * CQE_SIZE + 63)
+                .store(CQE_INIT_OP_OWN, Ordering::Relaxed);
+        }
+        let shared = Arc::new(CqShared {
+            cqn,
+            cnt,
+            ring,
+            ctrl: Arc::new(RingMem::new(128)),
+            hw_pi: AtomicU64::new(0),
+            overrun: AtomicBool::new(false),
+            reserved: AtomicU64::new(0),
+            users: AtomicU32::new(0),
+            poll: Mutex::new(PollState { ci: 0, last: None }),
+            qps: dev.qps.clone(),
+        });
+        Ok(Cq {
+            shared,
+            _dev: dev.clone(),
+        })
+    }
+
+    /// CQ number.
+    pub fn cqn(&self) -> u32 {
+        self.shared.cqn
+    }
+    /// Number of entries (a power of two).
+    pub fn entries(&self) -> u32 {
+        self.shared.cnt
+    }
+    /// The consumer index: completions consumed so far, by host polls or executor waits.
+    pub fn consumer_index(&self) -> u64 {
+        let st = self.shared.poll.lock();
+        st.ci.max(self.retired())
+    }
+    fn retired(&self) -> u64 {
+        self.shared.ctrl.u64(CQ_RETIRED).load(Ordering::Acquire)
+    }
+
+    /// Polls up to `max` completions into `out`; returns how many were added.
+    pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
+        let s = &*self.shared;
+        let mut st = s.poll.lock();
+        // Completions an executor retired (its waits stored the retired counter) are consumed.
+        let retired = self.retired();
+        if retired > st.ci {
+            st.ci = retired;
+        }
+        let mut n = 0;
+        while n < max {
+            let off = slot_off(0, st.ci, s.cnt, CQE_SIZE);
+            let op_own = s.ring.u8(off + 63).load(Ordering::Acquire);
+            if !CqeOwner::is_new(op_own, st.ci, s.cnt) {
+                break;
+            }
+            let mut cqe = Cqe64([0; 64]);
+            s.ring.read(off, &mut cqe.0);
+            let c = decode(&cqe, st.ci, &mut st.last, &s.qps);
+            st.ci += 1;
+            s.ctrl
+                .u32(CQ_DBREC)
+                .store(cq_ci_value(st.ci).native(), Ordering::Release);
+            out.push(c);
+            n += 1;
+        }
+        if n == 0 && s.overrun.load(Ordering::Acquire) {
+            return Err(Error::CqOverrun { cqn: s.cqn });
+        }
+        Ok(n)
+    }
+
+    /// Polls one completion.
+    pub fn poll_one(&self) -> Result<Option<Completion>> {
+        let mut v = Vec::with_capacity(1);
+        self.poll(&mut v, 1)?;
+        Ok(v.pop())
+    }
+
+    /// Polls until a completion arrives (spinning, then backing off), or `timeout` passes.
+    pub fn wait_one(&self, timeout: Duration) -> Result<Completion> {
+        let start = Instant::now();
+        let mut backoff = Backoff::default();
+        loop {
+            for _ in 0..64 {
+                if let Some(c) = self.poll_one()? {
+                    return Ok(c);
+                }
+                backoff.snooze();
+            }
+            if start.elapsed() > timeout {
+                return Err(Error::Timeout {
+                    what: format!("a completion on CQ {:#x}", self.shared.cqn),
+                    timeout_ms: timeout.as_millis() as u64,
+                });
+            }
+        }
+    }
+
+    /// The op list that waits for completion number `n` (free-running) and then consumes it:
+    /// a wait on the owner bit of its CQE (which error CQEs satisfy too), a store of the new
+    /// consumer index to the doorbell record, and a store of `n + 1` to the retired counter,
+    /// so no CPU poll is needed afterwards.
+    pub fn wait_ops(&self, n: u64) -> Ops {
+        wait_ops(&self.shared, n)
+    }
+}
+
+pub(crate) fn wait_ops(s: &Arc<CqShared>, n: u64) -> Ops {
+    let (ring, ctrl) = s.keep();
+    let (cond, value) = CqeOwner::wait_word(n, s.cnt);
+    let word = s
+        .ring
+        .addr(slot_off(0, n, s.cnt, CQE_SIZE) + CQE_OWNER_WORD_OFFSET);
+    let mut ops = Ops::new();
+    ops.push(
+        Op::Wait32 {
+            addr: word,
+            value,
+            cond,
+        },
+        &ring,
+    );
+    ops.push(
+        Op::Write32 {
+            addr: s.ctrl.addr(CQ_DBREC),
+            value: cq_ci_value(n + 1).native(),
+        },
+        &ctrl,
+    );
+    ops.push(
+        Op::Write64 {
+            addr: s.ctrl.addr(CQ_RETIRED),
+            value: n + 1,
+        },
+        &ctrl,
+    );
+    debug_assert!(matches!(cond, WaitCond::And | WaitCond::Nor));
+    ops
+}
+
+fn decode(
+    cqe: &Cqe64,
+    index: u64,
+    last: &mut Option<(u32, Weak<QpShared>)>,
+    qps: &QpTable,
+) -> Completion {
+    let qpn = cqe.qpn();
+    let qp = match last {
+        Some((n, w)) if *n == qpn => w.upgrade(),
+        _ => {
+            let w = qps.get(qpn);
+            let q = w.as_ref().and_then(Weak::upgrade);
+            *last = w.map(|w| (qpn, w));
+            q
+        }
+    };
+    let op = cqe.opcode().unwrap_or(CqeOpcode::Invalid);
+    let status = if op.is_error() {
+        WcStatus::Error(cqe.syndrome().unwrap_or(Syndrome::LocalQpOp))
+    } else {
+        WcStatus::Success
+    };
+    let is_req = matches!(op, CqeOpcode::Req | CqeOpcode::ReqErr);
+    let wqe_counter = cqe.wqe_counter();
+    let wr_id = match (&qp, is_req) {
+        (Some(q), true) => q.retire_send(wqe_counter),
+        (Some(q), false) => q.retire_recv(wqe_counter),
+        (None, _) => 0,
+    };
+    let opcode = if is_req {
+        match Opcode::from_u8(cqe.wqe_opcode()) {
+            Some(Opcode::Send | Opcode::SendImm) => CompletionOp::Send,
+            Some(Opcode::RdmaWrite | Opcode::RdmaWriteImm) => CompletionOp::Write,
+            Some(Opcode::RdmaRead) => CompletionOp::Read,
+            Some(Opcode::AtomicCs) => CompletionOp::CompareSwap,
+            Some(Opcode::AtomicFa) => CompletionOp::FetchAdd,
+            _ => CompletionOp::Nop,
+        }
+    } else if op == CqeOpcode::RespWrImm {
+        CompletionOp::RecvWriteImm
+    } else {
+        CompletionOp::Recv
+    };
+    let imm = matches!(op, CqeOpcode::RespWrImm | CqeOpcode::RespSendImm)
+        .then(|| u32::from_be_bytes(cqe.imm()));
+    let byte_len = match op {
+        CqeOpcode::Req if matches!(opcode, CompletionOp::CompareSwap | CompletionOp::FetchAdd) => 8,
+        _ if op.is_error() => 0,
+        _ => cqe.byte_cnt(),
+    };
+    Completion {
+        wr_id,
+        status,
+        opcode,
+        byte_len,
+        imm,
+        qpn,
+        src_qpn: cqe.flags_rqpn() & 0xFF_FFFF,
+        wqe_counter,
+        vendor_err: if op.is_error() {
+            cqe.vendor_syndrome()
+        } else {
+            0
+        },
+        cqe_index: index,
+    }
+}

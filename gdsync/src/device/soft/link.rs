@@ -1,0 +1,482 @@
+//! Links between soft-device engines: the "wire". A link is a pair of byte rings (one per
+//! direction) carrying packets, in one process (heap memory) or between processes on one
+//! host (a shared-memory file). A loopback link is one ring the engine writes and reads.
+//!
+//! Each ring has one producer engine and one consumer engine. Records are 64-byte aligned:
+//! a 64-byte [`PktHeader`] whose first word (the stamp) is stored last with release order,
+//! then the payload. Before publishing a record the producer clears the stamp of the next
+//! one, so the consumer never mistakes old bytes for a record. The consumer publishes how far
+//! it has read, which the producer checks only when the ring looks full.
+
+use crate::mem::RingMem;
+use crate::{Error, Result};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Bytes of payload in one packet (the soft device's MTU).
+pub(crate) const MTU: usize = 64 * 1024;
+/// Bytes of record data per ring direction.
+pub(crate) const RING_BYTES: usize = 4 << 20;
+const HDR: usize = 64;
+const SEG_MAGIC: u64 = u64::from_le_bytes(*b"GDSLINK1");
+const DATA_OFF: usize = 4096;
+const OFF_MAGIC: usize = 0;
+const OFF_CAP: usize = 8;
+const OFF_CLOSED: usize = 64; // two u32, one per side
+const OFF_HEAD: usize = 128; // two u64 on their own cache lines: 128 and 192
+
+/// Packet kinds.
+pub(crate) mod kind {
+    pub const SKIP: u8 = 0;
+    pub const REQ: u8 = 1;
+    pub const RESP: u8 = 2;
+}
+
+/// Packet header: 64 bytes, native byte order (both ends are on one host).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct PktHeader {
+    pub stamp: u32,
+    pub kind: u8,
+    /// Request: the send opcode. Response: a [`resp`](super::engine::resp) code.
+    pub op: u8,
+    pub flags: u8,
+    pub syndrome: u8,
+    pub dst_qpn: u32,
+    pub src_qpn: u32,
+    /// Message sequence number.
+    pub psn: u32,
+    pub seg_len: u32,
+    pub offset: u32,
+    pub msg_len: u32,
+    pub imm: [u8; 4],
+    pub rkey: u32,
+    pub raddr: u64,
+    pub swap_add: u64,
+    pub compare: u64,
+}
+const _: () = assert!(std::mem::size_of::<PktHeader>() == HDR);
+
+/// Header flags.
+pub(crate) mod flag {
+    pub const FIRST: u8 = 1;
+    pub const LAST: u8 = 2;
+    pub const SOLICITED: u8 = 4;
+}
+
+/// The memory a link's rings live in.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+    /// Keeps a heap allocation alive, or None for an mmap that Drop unmaps.
+    _heap: Option<RingMem>,
+    /// Name of the shared-memory file while it may still need unlinking.
+    shm_path: Option<std::path::PathBuf>,
+}
+
+// SAFETY: the mapping is plain memory; all shared words are accessed as atomics and record
+// bodies are handed over with the stamp's release/acquire protocol.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn heap(len: usize) -> Self {
+        let mem = RingMem::new(len);
+        let ptr = mem.addr(0) as *mut u8;
+        Self {
+            ptr,
+            len: mem.len(),
+            _heap: Some(mem),
+            shm_path: None,
+        }
+    }
+    fn u32(&self, off: usize) -> &AtomicU32 {
+        assert!(off + 4 <= self.len && off % 4 == 0);
+        // SAFETY: in bounds and aligned (checked; the base is page-aligned).
+        unsafe { &*(self.ptr.add(off) as *const AtomicU32) }
+    }
+    fn u64(&self, off: usize) -> &AtomicU64 {
+        assert!(off + 8 <= self.len && off % 8 == 0);
+        // SAFETY: in bounds and aligned (checked).
+        unsafe { &*(self.ptr.add(off) as *const AtomicU64) }
+    }
+    fn size_for(rings: usize) -> usize {
+        DATA_OFF + rings * RING_BYTES
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        if let Some(p) = &self.shm_path {
+            let _ = std::fs::remove_file(p);
+        }
+        if self._heap.is_none() {
+            // SAFETY: ptr/len came from a successful mmap in shared_memory().
+            unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        }
+    }
+}
+
+/// Producer end of a ring.
+pub(crate) struct Producer {
+    base: *mut u8,
+    cap: u64,
+    pos: u64,
+    cached_head: u64,
+    head_off: usize,
+    map: Arc<Mapping>,
+}
+
+/// Consumer end of a ring.
+pub(crate) struct Consumer {
+    base: *mut u8,
+    cap: u64,
+    pos: u64,
+    head_off: usize,
+    map: Arc<Mapping>,
+}
+
+// SAFETY: each end is owned by exactly one engine thread; the memory is kept alive by the Arc.
+unsafe impl Send for Producer {}
+// SAFETY: as above.
+unsafe impl Send for Consumer {}
+
+fn stamp_for(pos: u64, cap: u64) -> u32 {
+    ((pos / cap) as u32 & 0x7FFF_FFFF) | 0x8000_0000
+}
+
+fn ring(map: &Arc<Mapping>, i: usize) -> (*mut u8, usize) {
+    // SAFETY: DATA_OFF + (i+1)*RING_BYTES <= len by construction of the mapping.
+    (
+        unsafe { map.ptr.add(DATA_OFF + i * RING_BYTES) },
+        OFF_HEAD + 64 * i,
+    )
+}
+
+impl Producer {
+    fn new(map: &Arc<Mapping>, i: usize) -> Self {
+        let (base, head_off) = ring(map, i);
+        Self {
+            base,
+            cap: RING_BYTES as u64,
+            pos: 0,
+            cached_head: 0,
+            head_off,
+            map: map.clone(),
+        }
+    }
+
+    fn stamp(&self, off: u64) -> &AtomicU32 {
+        // SAFETY: off < cap and 64-aligned, so the word is in bounds and aligned.
+        unsafe { &*(self.base.add(off as usize) as *const AtomicU32) }
+    }
+
+    fn has_room(&mut self, bytes: u64) -> bool {
+        if self.pos + bytes - self.cached_head <= self.cap {
+            return true;
+        }
+        self.cached_head = self.map.u64(self.head_off).load(Ordering::Acquire);
+        self.pos + bytes - self.cached_head <= self.cap
+    }
+
+    /// Appends a record of `hdr` and `len` payload bytes filled by `fill`, if there is room.
+    pub(crate) fn try_push<R>(
+        &mut self,
+        hdr: &PktHeader,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> R,
+    ) -> Option<R> {
+        debug_assert!(len <= MTU);
+        let rec = (HDR + len).next_multiple_of(64) as u64;
+        let off = self.pos % self.cap;
+        let skip = if off + rec > self.cap {
+            self.cap - off
+        } else {
+            0
+        };
+        // Room for the skip, the record and the next record's cleared stamp.
+        if !self.has_room(skip + rec + 64) {
+            return None;
+        }
+        if skip > 0 {
+            self.stamp(0).store(0, Ordering::Relaxed);
+            let h = PktHeader {
+                kind: kind::SKIP,
+                ..Default::default()
+            };
+            self.write_header(off, &h);
+            self.stamp(off)
+                .store(stamp_for(self.pos, self.cap), Ordering::Release);
+            self.pos += skip;
+        }
+        let off = self.pos % self.cap;
+        self.stamp((self.pos + rec) % self.cap)
+            .store(0, Ordering::Relaxed);
+        self.write_header(off, hdr);
+        // SAFETY: the record [off, off+rec) lies inside the ring (no wrap, checked above) and
+        // is free: the consumer has published a head past it.
+        let payload =
+            unsafe { std::slice::from_raw_parts_mut(self.base.add(off as usize + HDR), len) };
+        let r = fill(payload);
+        self.stamp(off)
+            .store(stamp_for(self.pos, self.cap), Ordering::Release);
+        self.pos += rec;
+        Some(r)
+    }
+
+    fn write_header(&self, off: u64, h: &PktHeader) {
+        // SAFETY: PktHeader is repr(C) plain data, 64 bytes; bytes 4.. go to a free record
+        // (the stamp at 0 is stored separately, atomically).
+        unsafe {
+            let src = (h as *const PktHeader as *const u8).add(4);
+            std::ptr::copy_nonoverlapping(src, self.base.add(off as usize + 4), HDR - 4);
+        }
+    }
+}
+
+impl Consumer {
+    fn new(map: &Arc<Mapping>, i: usize) -> Self {
+        let (base, head_off) = ring(map, i);
+        Self {
+            base,
+            cap: RING_BYTES as u64,
+            pos: 0,
+            head_off,
+            map: map.clone(),
+        }
+    }
+
+    /// The next record, if one has been published: its header and payload.
+    pub(crate) fn peek(&mut self) -> Option<(PktHeader, &[u8])> {
+        loop {
+            let off = self.pos % self.cap;
+            // SAFETY: off < cap, 64-aligned.
+            let stamp = unsafe { &*(self.base.add(off as usize) as *const AtomicU32) }
+                .load(Ordering::Acquire);
+            if stamp != stamp_for(self.pos, self.cap) {
+                return None;
+            }
+            // SAFETY: the stamp was published with release after the header and payload were
+            // written; the producer does not touch the record until we publish our head.
+            let h: PktHeader =
+                unsafe { std::ptr::read(self.base.add(off as usize) as *const PktHeader) };
+            if h.kind == kind::SKIP {
+                self.pos += self.cap - off;
+                continue;
+            }
+            let len = (h.seg_len as usize).min(MTU);
+            // SAFETY: as above; the payload lies inside the record.
+            let payload =
+                unsafe { std::slice::from_raw_parts(self.base.add(off as usize + HDR), len) };
+            return Some((h, payload));
+        }
+    }
+
+    /// Releases the record returned by the last `peek`.
+    pub(crate) fn pop(&mut self, h: &PktHeader) {
+        self.pos += (HDR + (h.seg_len as usize).min(MTU)).next_multiple_of(64) as u64;
+        self.map
+            .u64(self.head_off)
+            .store(self.pos, Ordering::Release);
+    }
+}
+
+/// How an engine learns that the other end is gone.
+enum Liveness {
+    /// Loopback: the peer is this engine.
+    Loopback,
+    /// Same process: the peer's closed flag.
+    InProcess,
+    /// Another process: the closed flag, and a pidfd that turns readable when it exits.
+    Process { pid: u32, pidfd: Option<OwnedFd> },
+}
+
+/// One engine's end of a link.
+pub(crate) struct Link {
+    pub peer: u64,
+    pub tx: Producer,
+    pub rx: Consumer,
+    map: Arc<Mapping>,
+    side: usize,
+    live: Liveness,
+    next_check: Instant,
+    pub dead: bool,
+}
+
+impl Link {
+    pub(crate) fn loopback(uid: u64) -> Self {
+        let map = Arc::new(Mapping::heap(Mapping::size_for(1)));
+        Self::new(uid, &map, 0, 0, 0, Liveness::Loopback)
+    }
+
+    pub(crate) fn in_process_pair(a: u64, b: u64) -> (Self, Self) {
+        let map = Arc::new(Mapping::heap(Mapping::size_for(2)));
+        (
+            Self::new(b, &map, 0, 0, 1, Liveness::InProcess),
+            Self::new(a, &map, 1, 1, 0, Liveness::InProcess),
+        )
+    }
+
+    fn new(
+        peer: u64,
+        map: &Arc<Mapping>,
+        side: usize,
+        tx: usize,
+        rx: usize,
+        live: Liveness,
+    ) -> Self {
+        Self {
+            peer,
+            tx: Producer::new(map, tx),
+            rx: Consumer::new(map, rx),
+            map: map.clone(),
+            side,
+            live,
+            next_check: Instant::now(),
+            dead: false,
+        }
+    }
+
+    /// A link to device `peer` of process `pid` on this host, through a shared-memory file.
+    /// The device with the smaller uid creates the file; the other opens it (waiting for it
+    /// up to 30 s) and unlinks it once mapped.
+    pub(crate) fn shared_memory(me: u64, peer: u64, pid: u32) -> Result<Self> {
+        let (lo, hi) = (me.min(peer), me.max(peer));
+        let path = std::path::PathBuf::from(format!("/dev/shm/gdsync-link-{lo:016x}-{hi:016x}"));
+        let size = Mapping::size_for(2);
+        let creator = me < peer;
+        let file = if creator {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .map_err(|e| Error::os(format!("create {}", path.display()), e))?;
+            f.set_len(size as u64)
+                .map_err(|e| Error::os("size shared-memory link", e))?;
+            f
+        } else {
+            let start = Instant::now();
+            loop {
+                match std::fs::OpenOptions::new().read(true).write(true).open(&path) {
+                    Ok(f) if f.metadata().map(|m| m.len() == size as u64).unwrap_or(false) => break f,
+                    Ok(_) | Err(_) if start.elapsed() < Duration::from_secs(30) => std::thread::sleep(Duration::from_millis(2)),
+                    Ok(_) => return Err(Error::Unreachable(format!("{} has the wrong size", path.display()))),
+                    Err(e) => return Err(Error::Unreachable(format!("peer device {peer:016x} (pid {pid}) did not create {} within 30 s: did it call connect()? ({e})", path.display()))),
+                }
+            }
+        };
+        // SAFETY: mapping a regular file we opened read-write, with its full length.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(Error::os(
+                "mmap shared-memory link",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        let map = Arc::new(Mapping {
+            ptr: ptr as *mut u8,
+            len: size,
+            _heap: None,
+            shm_path: Some(path.clone()),
+        });
+        if creator {
+            map.u32(OFF_CAP).store(RING_BYTES as u32, Ordering::Relaxed);
+            map.u64(OFF_MAGIC).store(SEG_MAGIC, Ordering::Release);
+        } else {
+            let start = Instant::now();
+            while map.u64(OFF_MAGIC).load(Ordering::Acquire) != SEG_MAGIC {
+                if start.elapsed() > Duration::from_secs(30) {
+                    return Err(Error::Unreachable(format!(
+                        "{} was never initialised",
+                        path.display()
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if map.u32(OFF_CAP).load(Ordering::Relaxed) != RING_BYTES as u32 {
+                return Err(Error::Unreachable(
+                    "peer uses another link ring size (different gdsync version?)".into(),
+                ));
+            }
+            // Both ends are mapped now; the name is no longer needed.
+            let _ = std::fs::remove_file(&path);
+        }
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        // SAFETY: a nonnegative return is a new fd we own.
+        let pidfd = (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) });
+        let (side, tx, rx) = if creator { (0, 0, 1) } else { (1, 1, 0) };
+        Ok(Self::new(
+            peer,
+            &map,
+            side,
+            tx,
+            rx,
+            Liveness::Process { pid, pidfd },
+        ))
+    }
+
+    /// Checks (at most every few milliseconds) whether the other end is gone.
+    pub(crate) fn check_alive(&mut self, now: Instant) -> bool {
+        if self.dead || now < self.next_check {
+            return !self.dead;
+        }
+        self.next_check = now + Duration::from_millis(5);
+        let closed = self
+            .map
+            .u32(OFF_CLOSED + 4 * (1 - self.side))
+            .load(Ordering::Acquire)
+            != 0;
+        let gone = match &self.live {
+            Liveness::Loopback => false,
+            Liveness::InProcess => closed,
+            Liveness::Process { pid, pidfd } => closed || process_gone(*pid, pidfd.as_ref()),
+        };
+        self.dead = gone;
+        !gone
+    }
+}
+
+fn process_gone(pid: u32, pidfd: Option<&OwnedFd>) -> bool {
+    match pidfd {
+        Some(fd) => {
+            let mut p = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd, zero timeout.
+            let r = unsafe { libc::poll(&mut p, 1, 0) };
+            r > 0 && p.revents & libc::POLLIN != 0
+        }
+        // Without pidfds: gone when /proc has no such process or it is a zombie.
+        None => match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Ok(s) => s
+                .rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z')),
+            Err(_) => true,
+        },
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.map
+            .u32(OFF_CLOSED + 4 * self.side)
+            .store(1, Ordering::Release);
+    }
+}

@@ -1,0 +1,96 @@
+//! The soft device: a software model of the mlx5 RC data path.
+//!
+//! Each device owns an engine thread ([`engine`]) that watches its QPs' doorbells, executes
+//! the WQEs it finds in the send rings, talks to peer engines over [`link`]s, and writes
+//! mlx5-format CQEs. It plays both roles of an RC connection: requester (send ring) and
+//! responder (receive ring, memory access checks).
+
+mod engine;
+mod link;
+
+pub(crate) use link::Link;
+
+use crate::mr::MrTable;
+use crate::qp::QpShared;
+use crate::{Error, Result};
+use parking_lot::Mutex;
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::{JoinHandle, Thread};
+
+/// Most QPs one soft device serves.
+pub(crate) const MAX_QPS: u32 = 1 << 16;
+
+/// Control-path requests to an engine, applied in order between polling rounds.
+pub(crate) enum Cmd {
+    AddQp(Arc<QpShared>),
+    RemoveQp(u32),
+    Connect { qpn: u32, peer: u64, rqpn: u32 },
+    AddLink(Box<Link>),
+}
+
+/// What the engine thread and the device handles share.
+pub(crate) struct EngineCtl {
+    cmds: Mutex<Vec<Cmd>>,
+    has_cmds: AtomicBool,
+    stop: AtomicBool,
+    /// Set while the engine sleeps between polls; posters then unpark it.
+    sleeping: AtomicBool,
+}
+
+pub(crate) struct EngineHandle {
+    ctl: Arc<EngineCtl>,
+    thread: Thread,
+    join: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl EngineHandle {
+    pub(crate) fn spawn(uid: u64, mrs: Arc<MrTable>) -> Result<Self> {
+        let ctl = Arc::new(EngineCtl {
+            cmds: Mutex::new(Vec::new()),
+            has_cmds: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
+        });
+        let c = ctl.clone();
+        let join = std::thread::Builder::new()
+            .name(format!("gdsync-soft-{:04x}", uid as u16))
+            .spawn(move || engine::Engine::new(c, mrs).run())
+            .map_err(|e| Error::os("spawn soft-device engine", e))?;
+        Ok(Self {
+            ctl,
+            thread: join.thread().clone(),
+            join: Mutex::new(Some(join)),
+        })
+    }
+
+    pub(crate) fn send(&self, cmd: Cmd) -> Result<()> {
+        if self.ctl.stop.load(Ordering::Acquire) {
+            return Err(Error::DeviceClosed(
+                "the soft device's engine has stopped".into(),
+            ));
+        }
+        self.ctl.cmds.lock().push(cmd);
+        self.ctl.has_cmds.store(true, Ordering::Release);
+        self.thread.unpark();
+        Ok(())
+    }
+
+    /// Wakes the engine if it sleeps (after a CPU-side doorbell).
+    pub(crate) fn kick(&self) {
+        fence(Ordering::SeqCst);
+        if self.ctl.sleeping.load(Ordering::Relaxed) {
+            self.thread.unpark();
+        }
+    }
+
+    pub(crate) fn stop(&self) {
+        self.ctl.stop.store(true, Ordering::Release);
+        self.thread.unpark();
+        if let Some(j) = self.join.lock().take() {
+            if j.thread().id() != std::thread::current().id() {
+                let _ = j.join();
+            }
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! Executors: what runs an [`Ops`](crate::ops::Ops) list.
+//!
+//! | executor | runs the ops |
+//! |---|---|
+//! | [`HostExecutor`] | now, on the calling thread |
+//! | [`HostStream`] | on a CPU thread, queued in order like a CUDA stream |
+//!
+//! Waits never spin forever: each executor has a timeout (default [`DEFAULT_WAIT_TIMEOUT`]),
+//! and waits on completion entries look at the owner bit only, so error completions release
+//! them too.
+
+mod host;
+mod host_stream;
+
+pub use host::HostExecutor;
+pub use host_stream::HostStream;
+
+use std::time::Duration;
+
+/// Default bound on one wait of a host executor or host stream.
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Spin, then yield, then sleep: how CPU-side pollers back off without burning a core.
+#[derive(Debug, Default)]
+pub(crate) struct Backoff {
+    n: u32,
+}
+
+impl Backoff {
+    pub(crate) const SPINS: u32 = 4096;
+    pub(crate) const YIELDS: u32 = 4096 + 256;
+
+    pub(crate) fn reset(&mut self) {
+        self.n = 0;
+    }
+    /// Whether the next step sleeps (the caller may announce it first).
+    pub(crate) fn would_sleep(&self) -> bool {
+        self.n + 1 >= Self::YIELDS
+    }
+    /// A sleeping step that an `unpark` of this thread cuts short.
+    pub(crate) fn snooze_parked(&mut self) {
+        self.n = self.n.saturating_add(1);
+        let k = self.n.saturating_sub(Self::YIELDS).min(5);
+        std::thread::park_timeout(Duration::from_micros(32 << k));
+    }
+    /// One step of backing off; returns whether the caller is now sleeping between polls.
+    pub(crate) fn snooze(&mut self) -> bool {
+        self.n = self.n.saturating_add(1);
+        if self.n < Self::SPINS {
+            std::hint::spin_loop();
+            false
+        } else if self.n < Self::YIELDS {
+            std::thread::yield_now();
+            false
+        } else {
+            let k = (self.n - Self::YIELDS).min(6);
+            std::thread::sleep(Duration::from_micros(20 << k));
+            true
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! # gdsync: GPUDirect Async core
+//!
+//! A CUDA stream, a GPU kernel or a CPU thread drives an RDMA queue pair by itself: the CPU
+//! prepares work requests ahead of time (mlx5 WQEs written into the send ring), and whoever
+//! holds the data rings the doorbell and waits for the completion entry.
+//!
+//! The one idea that ties the layers: ringing a doorbell and waiting for a completion are
+//! short lists of memory operations ([`ops::Ops`]), run by an executor ([`exec`]). The device
+//! below ([`Device`]) is the soft device: a software model of the mlx5 RC data path that reads
+//! and writes the same bytes a ConnectX does.
+//!
+//! ```
+//! use gdsync::{Access, Device, QpConfig, SendWr};
+//! # fn main() -> Result<(), gdsync::Error> {
+//! let dev = Device::soft()?;
+//! let pd = dev.alloc_pd();
+//! let cq = dev.create_cq(64)?;
+//! let mut a = pd.create_qp(&cq, &cq, &QpConfig::default())?;
+//! let mut b = pd.create_qp(&cq, &cq, &QpConfig::default())?;
+//! a.connect(&b.endpoint())?;
+//! b.connect(&a.endpoint())?;
+//!
+//! let mut src = vec![7u8; 64];
+//! let mut dst = vec![0u8; 64];
+//! let src_mr = pd.register(&mut src, Access::empty())?;
+//! let dst_mr = pd.register(&mut dst, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+//! a.post_send(&SendWr::write(dst_mr.remote().at(0)).sge(src_mr.sge(..)).wr_id(1))?;
+//! let c = cq.wait_one(std::time::Duration::from_secs(5))?;
+//! assert!(c.is_ok() && c.wr_id == 1);
+//! let mut out = [0u8; 64];
+//! dst_mr.read_at(0, &mut out);
+//! assert_eq!(out, [7u8; 64]);
+//! # Ok(()) }
+//! ```
+
+#![warn(missing_docs)]
+
+mod cq;
+mod device;
+mod error;
+pub mod exec;
+pub mod format;
+mod mem;
+mod mr;
+pub mod ops;
+mod qp;
+mod wr;
+
+pub use cq::{Completion, CompletionOp, Cq, WcStatus};
+pub use device::{Device, DeviceInfo, Endpoint};
+pub use error::{Error, Result};
+pub use mr::{Access, MemoryRegion, ProtectionDomain, RemoteAddr, RemoteBuf};
+pub use qp::{PreparedSend, Qp, QpConfig, QpState, RecvTicket, SendTicket};
+pub use wr::{RecvWr, SendFlags, SendWr, Sge, WrOp};

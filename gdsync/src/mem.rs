@@ -1,0 +1,103 @@
+//! Ring memory: page-aligned, zeroed allocations for the rings, doorbell records and doorbell
+//! words that the device and the executors share. All raw access to it lives here.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+/// Alignment of every ring allocation (one host page).
+pub(crate) const PAGE: usize = 4096;
+
+/// A zeroed, page-aligned allocation that lives as long as its longest holder (queues, the
+/// engine, and any op list that points into it hold an `Arc`).
+pub(crate) struct RingMem {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: RingMem is a plain allocation; every access goes through the atomic or
+// bounds-checked copy methods below, which are safe to call from any thread.
+unsafe impl Send for RingMem {}
+// SAFETY: as above; concurrent readers and writers use atomics or disjoint regions.
+unsafe impl Sync for RingMem {}
+
+impl RingMem {
+    /// Allocates `len` zeroed bytes (rounded up to a page).
+    pub(crate) fn new(len: usize) -> Self {
+        let len = len.max(1).next_multiple_of(PAGE);
+        let layout = Layout::from_size_align(len, PAGE).expect("ring layout");
+        // SAFETY: layout has a nonzero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Self { ptr, len }
+    }
+
+    /// Device-visible address of byte `off` (the host virtual address for host memory).
+    pub(crate) fn addr(&self, off: usize) -> u64 {
+        assert!(off <= self.len, "ring offset {off} out of {}", self.len);
+        self.ptr as u64 + off as u64
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    fn check(&self, off: usize, len: usize, align: usize) {
+        assert!(
+            off + len <= self.len && off % align == 0,
+            "ring access {off}+{len} out of {}",
+            self.len
+        );
+    }
+
+    pub(crate) fn u8(&self, off: usize) -> &AtomicU8 {
+        self.check(off, 1, 1);
+        // SAFETY: in bounds (checked), AtomicU8 has alignment 1, the memory lives as long as self.
+        unsafe { &*(self.ptr.add(off) as *const AtomicU8) }
+    }
+
+    pub(crate) fn u32(&self, off: usize) -> &AtomicU32 {
+        self.check(off, 4, 4);
+        // SAFETY: in bounds and 4-aligned (checked; the base is page-aligned).
+        unsafe { &*(self.ptr.add(off) as *const AtomicU32) }
+    }
+
+    pub(crate) fn u64(&self, off: usize) -> &AtomicU64 {
+        self.check(off, 8, 8);
+        // SAFETY: in bounds and 8-aligned (checked; the base is page-aligned).
+        unsafe { &*(self.ptr.add(off) as *const AtomicU64) }
+    }
+
+    /// Copies `src` into the ring at `off`. The caller's protocol (doorbells, owner bits)
+    /// orders these plain stores against the other side's reads.
+    pub(crate) fn write(&self, off: usize, src: &[u8]) {
+        self.check(off, src.len(), 1);
+        // SAFETY: in bounds (checked); src cannot overlap ring memory handed out only as atomics.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(off), src.len()) }
+    }
+
+    /// Copies from the ring at `off` into `dst`.
+    pub(crate) fn read(&self, off: usize, dst: &mut [u8]) {
+        self.check(off, dst.len(), 1);
+        // SAFETY: in bounds (checked).
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off), dst.as_mut_ptr(), dst.len()) }
+    }
+}
+
+impl Drop for RingMem {
+    fn drop(&mut self) {
+        // SAFETY: allocated in new() with this exact layout.
+        unsafe { dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, PAGE)) }
+    }
+}
+
+/// Wraps a ring of `cnt` entries of `size` bytes at `base` in a RingMem: offset of entry `i`.
+pub(crate) fn slot_off(base: usize, i: u64, cnt: u32, size: usize) -> usize {
+    base + (i & (cnt as u64 - 1)) as usize * size
+}
+
+/// Acquire load of a big-endian u32 field at `off`, returned in host order.
+pub(crate) fn load_be32(mem: &RingMem, off: usize) -> u32 {
+    u32::from_be(mem.u32(off).load(Ordering::Acquire))
+}

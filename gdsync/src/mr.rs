@@ -1,0 +1,334 @@
+//! Registration: protection domains and memory regions.
+
+use crate::device::DeviceShared;
+use crate::wr::Sge;
+use crate::{Error, Result};
+use parking_lot::{RwLock, RwLockReadGuard};
+use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+
+bitflags::bitflags! {
+    /// Access rights of a memory region (`ibv_access_flags`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct Access: u32 {
+        /// The local device may write it (receive buffers, read and atomic results).
+        const LOCAL_WRITE = 1;
+        /// Peers may RDMA-write it (needs LOCAL_WRITE).
+        const REMOTE_WRITE = 2;
+        /// Peers may RDMA-read it.
+        const REMOTE_READ = 4;
+        /// Peers may run atomics on it (needs LOCAL_WRITE).
+        const REMOTE_ATOMIC = 8;
+    }
+}
+
+impl Access {
+    /// Every right.
+    pub const ALL: Access = Access::all();
+}
+
+/// One registered region, as the device's translation table holds it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MrEntry {
+    pub addr: u64,
+    pub len: u64,
+    pub access: Access,
+    pub pd: u32,
+}
+
+impl MrEntry {
+    /// Whether `[addr, addr+len)` lies inside the region.
+    pub fn covers(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.addr + self.len)
+    }
+}
+
+/// The device's key → region table (the model of the HCA's memory translation table).
+#[derive(Default)]
+pub(crate) struct MrTable {
+    inner: RwLock<Slots>,
+}
+
+#[derive(Default)]
+pub(crate) struct Slots {
+    slots: Vec<(u8, Option<MrEntry>)>,
+    free: Vec<usize>,
+}
+
+impl Slots {
+    /// The region `key` names, if it is registered.
+    pub fn get(&self, key: u32) -> Option<&MrEntry> {
+        let (tag, e) = self.slots.get((key >> 8) as usize)?;
+        if *tag != key as u8 {
+            return None;
+        }
+        e.as_ref()
+    }
+}
+
+impl MrTable {
+    fn insert(&self, e: MrEntry) -> u32 {
+        let mut t = self.inner.write();
+        let idx = match t.free.pop() {
+            Some(i) => i,
+            None => {
+                // Index 0 and 1 are never used, so no key is 0 or the terminator lkey 0x100.
+                if t.slots.len() < 2 {
+                    t.slots.resize(2, (0, None));
+                }
+                t.slots.push((0, None));
+                t.slots.len() - 1
+            }
+        };
+        let slot = &mut t.slots[idx];
+        // A fresh, nonzero tag per use of the slot, so stale keys do not alias new regions.
+        slot.0 = match slot.0.wrapping_add(1) {
+            0 => 1,
+            n => n,
+        };
+        slot.1 = Some(e);
+        ((idx as u32) << 8) | slot.0 as u32
+    }
+
+    fn remove(&self, key: u32) {
+        let mut t = self.inner.write();
+        let idx = (key >> 8) as usize;
+        if t.slots
+            .get(idx)
+            .is_some_and(|s| s.0 == key as u8 && s.1.is_some())
+        {
+            t.slots[idx].1 = None;
+            t.free.push(idx);
+        }
+    }
+
+    /// Read access for the engine; while it is held no region can be deregistered.
+    pub fn read(&self) -> RwLockReadGuard<'_, Slots> {
+        self.inner.read()
+    }
+}
+
+/// A protection domain: QPs only reach memory regions of their own domain.
+#[derive(Clone)]
+pub struct ProtectionDomain {
+    pub(crate) dev: Arc<DeviceShared>,
+    pub(crate) id: u32,
+}
+
+impl std::fmt::Debug for ProtectionDomain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProtectionDomain")
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl ProtectionDomain {
+    /// Registers `buf` with `access` rights. The region borrows the buffer: it cannot
+    /// outlive it, and the buffer is reached only through the region while it exists.
+    pub fn register<'buf>(
+        &self,
+        buf: &'buf mut [u8],
+        access: Access,
+    ) -> Result<MemoryRegion<'buf>> {
+        // SAFETY: the exclusive borrow keeps the buffer alive and untouched by others for 'buf.
+        unsafe { self.register_raw(buf.as_mut_ptr(), buf.len(), access) }
+    }
+
+    /// Registers `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// The memory must stay allocated, and not be accessed other than through the region or
+    /// the device, for as long as the returned region exists.
+    pub unsafe fn register_raw<'buf>(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion<'buf>> {
+        if len == 0 {
+            return Err(Error::invalid("cannot register a zero-length region"));
+        }
+        if ptr.is_null() {
+            return Err(Error::invalid("cannot register a null pointer"));
+        }
+        if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
+            && !access.contains(Access::LOCAL_WRITE)
+        {
+            return Err(Error::invalid(
+                "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE as well (as in verbs)",
+            ));
+        }
+        let e = MrEntry {
+            addr: ptr as u64,
+            len: len as u64,
+            access,
+            pd: self.id,
+        };
+        let key = self.dev.mrs.insert(e);
+        Ok(MemoryRegion {
+            dev: self.dev.clone(),
+            key,
+            ptr,
+            len,
+            access,
+            _buf: PhantomData,
+        })
+    }
+}
+
+/// Where in a peer's memory region an operation goes: address and rkey.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteAddr {
+    /// Remote virtual address.
+    pub addr: u64,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+/// A peer's whole memory region, as exchanged between ranks: address, length and rkey.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteBuf {
+    /// Start address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+impl RemoteBuf {
+    /// The address `offset` bytes into the region.
+    pub fn at(&self, offset: u64) -> RemoteAddr {
+        RemoteAddr {
+            addr: self.addr + offset,
+            rkey: self.rkey,
+        }
+    }
+}
+
+/// A registered memory region. Dropping it deregisters: the device no longer touches the
+/// memory, and work that still names its key fails with a protection or access error.
+pub struct MemoryRegion<'buf> {
+    dev: Arc<DeviceShared>,
+    key: u32,
+    ptr: *mut u8,
+    len: usize,
+    access: Access,
+    _buf: PhantomData<&'buf mut [u8]>,
+}
+
+// SAFETY: the region only hands out copies and raw addresses; the memory it covers is
+// exclusively borrowed for 'buf, so moving or sharing the handle across threads is sound.
+unsafe impl Send for MemoryRegion<'_> {}
+// SAFETY: as above; accessors copy through raw pointers, never hand out references.
+unsafe impl Sync for MemoryRegion<'_> {}
+
+impl std::fmt::Debug for MemoryRegion<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("addr", &format_args!("{:#x}", self.ptr as u64))
+            .field("len", &self.len)
+            .field("key", &format_args!("{:#x}", self.key))
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+impl MemoryRegion<'_> {
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.key
+    }
+    /// Remote key (the same key, as on mlx5).
+    pub fn rkey(&self) -> u32 {
+        self.key
+    }
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the region is empty (never: zero-length regions are refused).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Access rights.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+    /// The region as peers address it.
+    pub fn remote(&self) -> RemoteBuf {
+        RemoteBuf {
+            addr: self.addr(),
+            len: self.len as u64,
+            rkey: self.key,
+        }
+    }
+    /// A scatter/gather entry for `range` of the region.
+    ///
+    /// # Panics
+    /// If the range is out of bounds or longer than 4 GiB - 1, as slice indexing does.
+    pub fn sge(&self, range: impl RangeBounds<usize>) -> Sge {
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => s + 1,
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&e) => e + 1,
+            Bound::Excluded(&e) => e,
+            Bound::Unbounded => self.len,
+        };
+        assert!(
+            start <= end && end <= self.len,
+            "range {start}..{end} out of region of {} bytes",
+            self.len
+        );
+        let len = u32::try_from(end - start).expect("an SGE is at most 4 GiB - 1");
+        Sge {
+            addr: self.addr() + start as u64,
+            len,
+            lkey: self.key,
+        }
+    }
+    /// Copies bytes of the region at `offset` into `dst`.
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) {
+        assert!(offset + dst.len() <= self.len, "read out of region");
+        // SAFETY: in bounds; the region owns access to the memory for its lifetime. The device
+        // may write concurrently: data is defined once its completion has been seen.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), dst.as_mut_ptr(), dst.len()) }
+    }
+    /// Copies `src` into the region at `offset`.
+    pub fn write_at(&self, offset: usize, src: &[u8]) {
+        assert!(offset + src.len() <= self.len, "write out of region");
+        // SAFETY: in bounds; see read_at.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(offset), src.len()) }
+    }
+    /// Volatile read of one byte (for polling a buffer the peer writes, as perftest does).
+    pub fn read_volatile_u8(&self, offset: usize) -> u8 {
+        assert!(offset < self.len, "read out of region");
+        // SAFETY: in bounds.
+        unsafe { std::ptr::read_volatile(self.ptr.add(offset)) }
+    }
+    /// Volatile write of one byte.
+    pub fn write_volatile_u8(&self, offset: usize, v: u8) {
+        assert!(offset < self.len, "write out of region");
+        // SAFETY: in bounds.
+        unsafe { std::ptr::write_volatile(self.ptr.add(offset), v) }
+    }
+}
+
+impl Drop for MemoryRegion<'_> {
+    fn drop(&mut self) {
+        // Takes the table's write lock: once this returns the engine cannot touch the memory.
+        self.dev.mrs.remove(self.key);
+    }
+}

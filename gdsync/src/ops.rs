@@ -1,0 +1,153 @@
+//! Memory-operation lists: the vocabulary every trigger and every wait is expressed in.
+//!
+//! Posting a work request leaves three memory operations to do (store the doorbell record,
+//! barrier, store 8 bytes to the doorbell); waiting for a completion is a wait on a CQE word
+//! followed by stores of the new consumer index and a retired counter. An [`Ops`] list holds
+//! such operations together with handles that keep the memory they point to alive, so running
+//! a list is always memory-safe. Executors ([`crate::exec`]) run lists: on the calling thread,
+//! on a host stream, later on a CUDA stream or exported to a kernel.
+
+use smallvec::SmallVec;
+use std::any::Any;
+use std::sync::Arc;
+
+/// Condition of a wait, with CUDA's `cuStreamWaitValue` semantics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WaitCond {
+    /// `(signed)(*addr - value) >= 0`: wrap-aware "greater or equal".
+    Geq,
+    /// `*addr == value`.
+    Eq,
+    /// `(*addr & value) != 0`.
+    And,
+    /// `~(*addr | value) != 0`.
+    Nor,
+}
+
+impl WaitCond {
+    /// Whether a 32-bit word `cur` satisfies the condition against `value`.
+    pub const fn test32(self, cur: u32, value: u32) -> bool {
+        match self {
+            WaitCond::Geq => (cur.wrapping_sub(value) as i32) >= 0,
+            WaitCond::Eq => cur == value,
+            WaitCond::And => cur & value != 0,
+            WaitCond::Nor => !(cur | value) != 0,
+        }
+    }
+    /// Whether a 64-bit word `cur` satisfies the condition against `value`.
+    pub const fn test64(self, cur: u64, value: u64) -> bool {
+        match self {
+            WaitCond::Geq => (cur.wrapping_sub(value) as i64) >= 0,
+            WaitCond::Eq => cur == value,
+            WaitCond::And => cur & value != 0,
+            WaitCond::Nor => !(cur | value) != 0,
+        }
+    }
+}
+
+/// One memory operation. Addresses are device-visible addresses (host virtual addresses for
+/// host memory); values are native integers, i.e. what a plain load of the word returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Store a 32-bit value.
+    Write32 {
+        /// Target address, 4-byte aligned.
+        addr: u64,
+        /// Value to store.
+        value: u32,
+    },
+    /// Store a 64-bit value in one access (the doorbell needs one 8-byte write).
+    Write64 {
+        /// Target address, 8-byte aligned.
+        addr: u64,
+        /// Value to store.
+        value: u64,
+    },
+    /// Block until a 32-bit word satisfies a condition.
+    Wait32 {
+        /// Address of the word, 4-byte aligned.
+        addr: u64,
+        /// Operand of the condition.
+        value: u32,
+        /// The condition.
+        cond: WaitCond,
+    },
+    /// Block until a 64-bit word satisfies a condition.
+    Wait64 {
+        /// Address of the word, 8-byte aligned.
+        addr: u64,
+        /// Operand of the condition.
+        value: u64,
+        /// The condition.
+        cond: WaitCond,
+    },
+    /// Order every earlier store before every later one, system-wide.
+    Barrier,
+}
+
+impl Op {
+    /// Whether this is a wait.
+    pub const fn is_wait(&self) -> bool {
+        matches!(self, Op::Wait32 { .. } | Op::Wait64 { .. })
+    }
+}
+
+/// Something an op list keeps alive while it exists (the memory its addresses point into).
+pub(crate) type KeepAlive = Arc<dyn Any + Send + Sync>;
+
+/// An ordered list of memory operations, with the memory it touches kept alive.
+#[derive(Clone, Default)]
+pub struct Ops {
+    ops: SmallVec<[Op; 4]>,
+    keep: SmallVec<[KeepAlive; 2]>,
+}
+
+impl std::fmt::Debug for Ops {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.ops.iter()).finish()
+    }
+}
+
+impl Ops {
+    /// An empty list.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// The operations, in order.
+    pub fn as_slice(&self) -> &[Op] {
+        &self.ops
+    }
+    /// Number of operations.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+    /// Whether the list is empty.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+    /// Appends every operation of `other` (and what it keeps alive).
+    pub fn append(&mut self, other: Ops) {
+        self.ops.extend(other.ops);
+        for k in other.keep {
+            self.keep_alive(k);
+        }
+    }
+    /// Appends an operation on arbitrary memory.
+    ///
+    /// # Safety
+    /// Every address in `op` must stay valid for the access (and suitably aligned) until
+    /// every executor that runs this list has finished with it.
+    pub unsafe fn push_raw(&mut self, op: Op) {
+        self.ops.push(op);
+    }
+    /// Appends an op whose memory is kept alive by `keep` (library-internal).
+    pub(crate) fn push(&mut self, op: Op, keep: &KeepAlive) {
+        self.ops.push(op);
+        self.keep_alive(keep.clone());
+    }
+    fn keep_alive(&mut self, k: KeepAlive) {
+        if !self.keep.iter().any(|h| Arc::ptr_eq(h, &k)) {
+            self.keep.push(k);
+        }
+    }
+}

@@ -1,0 +1,634 @@
+//! Queue pairs (RC): the send ring and receive ring in mlx5 format, posting from the CPU, and
+//! the prepare → commit split that leaves ringing the doorbell to any executor.
+
+use crate::cq::{wait_ops, Cq, CqShared};
+use crate::device::{DeviceShared, Endpoint};
+use crate::exec::HostExecutor;
+use crate::format::*;
+use crate::mem::{slot_off, RingMem};
+use crate::ops::{KeepAlive, Op, Ops};
+use crate::wr::{RecvWr, SendFlags, SendWr, Sge, WrOp};
+use crate::{Error, Result};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Offsets in a QP's control page: the doorbell record (`[RQ][SQ]`, BE32), the retired
+/// counters executors store (native u64), and the doorbell register (UAR offset 0x800).
+pub(crate) const QP_DBREC: usize = 0;
+pub(crate) const QP_SQ_RETIRED: usize = 64;
+pub(crate) const QP_RQ_RETIRED: usize = 128;
+pub(crate) const QP_DOORBELL: usize = 0x800;
+
+/// Largest message the soft device moves (2 GiB - 1, the RC limit).
+pub const MAX_MESSAGE: u64 = (1 << 31) - 1;
+/// Most SGEs in one work request.
+pub const MAX_SGE: usize = 16;
+
+/// QP sizes and transport settings.
+#[derive(Clone, Debug)]
+pub struct QpConfig {
+    /// Send ring size in 64-byte WQEBBs (rounded up to a power of two).
+    pub send_wqebbs: u32,
+    /// Receive ring size in WQEs (rounded up to a power of two).
+    pub recv_wqes: u32,
+    /// Most SGEs per receive (sets the receive WQE stride).
+    pub max_recv_sge: u32,
+    /// Most bytes of inline payload per send.
+    pub max_inline: u32,
+    /// How often a send is retried while the peer has no receive posted; then the work
+    /// completes with `RNR_RETRY_EXC`. Unlike verbs, 7 is not "infinite": `u8::MAX` is.
+    pub rnr_retry: u8,
+    /// Delay between receiver-not-ready retries.
+    pub rnr_timer: Duration,
+    /// How long outstanding work may go without any answer from the peer before it completes
+    /// with `TRANSPORT_RETRY_EXC` (a dead peer process or a closed device is detected sooner).
+    pub timeout: Duration,
+}
+
+impl Default for QpConfig {
+    fn default() -> Self {
+        Self {
+            send_wqebbs: 256,
+            recv_wqes: 256,
+            max_recv_sge: 4,
+            max_inline: 220,
+            rnr_retry: 7,
+            rnr_timer: Duration::from_millis(2),
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// State of a QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum QpState {
+    /// Created; receives may be posted.
+    Init = 0,
+    /// Connected: ready to send.
+    Rts = 1,
+    /// In error: remaining and new work completes with `WR_FLUSH`.
+    Error = 2,
+}
+
+/// The QP as the user handle, the engine and CQ polls share it.
+pub(crate) struct QpShared {
+    pub qpn: u32,
+    pub pd: u32,
+    /// RQ at offset 0, SQ at `sq_off` (the mlx5 layout).
+    pub buf: Arc<RingMem>,
+    pub ctrl: Arc<RingMem>,
+    pub sq_off: usize,
+    pub sq_cnt: u32,
+    pub rq_cnt: u32,
+    pub rq_stride: u32,
+    pub send_cq: Arc<CqShared>,
+    pub recv_cq: Arc<CqShared>,
+    sq_wrid: Box<[AtomicU64]>,
+    sq_wqebbs: Box<[AtomicU8]>,
+    rq_wrid: Box<[AtomicU64]>,
+    /// Free-running counters of what host polls have retired.
+    sq_polled: AtomicU64,
+    rq_polled: AtomicU64,
+    pub state: AtomicU8,
+    pub cfg: QpConfig,
+}
+
+impl QpShared {
+    /// Host poll saw the requester CQE for `wqe_counter`: frees its slots, returns its wr_id.
+    pub(crate) fn retire_send(&self, wqe_counter: u16) -> u64 {
+        let slot = (wqe_counter as u32 & (self.sq_cnt - 1)) as usize;
+        let wr_id = self.sq_wrid[slot].load(Ordering::Relaxed);
+        let end = wqe_counter.wrapping_add(self.sq_wqebbs[slot].load(Ordering::Relaxed) as u16);
+        advance16(&self.sq_polled, end);
+        wr_id
+    }
+    /// Host poll saw the responder CQE for RQ index `c`.
+    pub(crate) fn retire_recv(&self, c: u16) -> u64 {
+        let wr_id = self.rq_wrid[(c as u32 & (self.rq_cnt - 1)) as usize].load(Ordering::Relaxed);
+        advance16(&self.rq_polled, c.wrapping_add(1));
+        wr_id
+    }
+    pub(crate) fn state(&self) -> QpState {
+        match self.state.load(Ordering::Acquire) {
+            0 => QpState::Init,
+            1 => QpState::Rts,
+            _ => QpState::Error,
+        }
+    }
+    fn sq_retired(&self) -> u64 {
+        self.sq_polled
+            .load(Ordering::Acquire)
+            .max(self.ctrl.u64(QP_SQ_RETIRED).load(Ordering::Acquire))
+    }
+    fn rq_retired(&self) -> u64 {
+        self.rq_polled
+            .load(Ordering::Acquire)
+            .max(self.ctrl.u64(QP_RQ_RETIRED).load(Ordering::Acquire))
+    }
+    pub(crate) fn keep(&self) -> KeepAlive {
+        self.ctrl.clone()
+    }
+}
+
+/// Moves a free-running counter forward to the 16-bit value `to` (never backwards).
+fn advance16(c: &AtomicU64, to: u16) {
+    let cur = c.load(Ordering::Relaxed);
+    let d = to.wrapping_sub(cur as u16);
+    if d != 0 && d < 0x8000 {
+        c.store(cur + d as u64, Ordering::Release);
+    }
+}
+
+/// A send that was prepared (its WQE is in the send ring) but not yet made visible to the
+/// device. Commit it ([`Qp::commit`]) to get the op list that rings the doorbell.
+#[derive(Debug)]
+#[must_use = "a prepared send does nothing until it is committed and its ops run"]
+pub struct PreparedSend {
+    qpn: u32,
+    start: u64,
+    end: u64,
+    head: [u8; 8],
+    ticket: SendTicket,
+}
+
+impl PreparedSend {
+    /// The ticket the send will have.
+    pub fn ticket(&self) -> SendTicket {
+        self.ticket
+    }
+}
+
+/// Identifies a posted send: where it is in the ring and which completion it will produce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendTicket {
+    /// Producer counter (WQEBBs, free-running) of the WQE's first block.
+    pub index: u64,
+    /// Producer counter just after the WQE.
+    pub end: u64,
+    /// Its completion number on the send CQ, when the send is signalled and the CQ serves
+    /// this QP's sends only (so completion order is known in advance).
+    pub cqe: Option<u64>,
+}
+
+/// Identifies a posted receive and its completion number, as [`SendTicket`] does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvTicket {
+    /// Receive counter (free-running).
+    pub index: u64,
+    /// Its completion number on the receive CQ, when that CQ serves this QP's receives only.
+    pub cqe: Option<u64>,
+}
+
+/// A reliable-connected queue pair.
+pub struct Qp {
+    pub(crate) shared: Arc<QpShared>,
+    pub(crate) dev: Arc<DeviceShared>,
+    sq_pi: u64,
+    committed: u64,
+    rq_pi: u64,
+    exec: HostExecutor,
+}
+
+impl std::fmt::Debug for Qp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qp")
+            .field("qpn", &self.shared.qpn)
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+impl Qp {
+    pub(crate) fn create(
+        dev: &Arc<DeviceShared>,
+        pd: u32,
+        qpn: u32,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        cfg: &QpConfig,
+    ) -> Result<Self> {
+        if !Arc::ptr_eq(&send_cq._dev, dev) || !Arc::ptr_eq(&recv_cq._dev, dev) {
+            return Err(Error::invalid(
+                "the QP's CQs must belong to the same device",
+            ));
+        }
+        if cfg.send_wqebbs == 0
+            || cfg.send_wqebbs > 1 << 15
+            || cfg.recv_wqes == 0
+            || cfg.recv_wqes > 1 << 15
+        {
+            return Err(Error::invalid(
+                "send_wqebbs and recv_wqes must be in 1..=32768",
+            ));
+        }
+        if cfg.max_recv_sge == 0 || cfg.max_recv_sge as usize > MAX_SGE {
+            return Err(Error::invalid(format!(
+                "max_recv_sge must be in 1..={MAX_SGE}"
+            )));
+        }
+        let max_inline = (MAX_WQE_WQEBBS * WQEBB - 2 * SEG_SIZE - 4) as u32;
+        if cfg.max_inline > max_inline {
+            return Err(Error::invalid(format!(
+                "max_inline {} exceeds {max_inline}",
+                cfg.max_inline
+            )));
+        }
+        let sq_cnt = cfg
+            .send_wqebbs
+            .next_power_of_two()
+            .max(MAX_WQE_WQEBBS as u32);
+        let rq_cnt = cfg.recv_wqes.next_power_of_two();
+        let rq_stride = (SEG_SIZE as u32 * cfg.max_recv_sge).next_power_of_two();
+        let rq_bytes = (rq_cnt * rq_stride) as usize;
+        let sq_off = rq_bytes.max(64);
+        let buf = Arc::new(RingMem::new(sq_off + sq_cnt as usize * WQEBB));
+        let shared = Arc::new(QpShared {
+            qpn,
+            pd,
+            buf,
+            ctrl: Arc::new(RingMem::new(crate::mem::PAGE)),
+            sq_off,
+            sq_cnt,
+            rq_cnt,
+            rq_stride,
+            send_cq: send_cq.shared.clone(),
+            recv_cq: recv_cq.shared.clone(),
+            sq_wrid: (0..sq_cnt).map(|_| AtomicU64::new(0)).collect(),
+            sq_wqebbs: (0..sq_cnt).map(|_| AtomicU8::new(0)).collect(),
+            rq_wrid: (0..rq_cnt).map(|_| AtomicU64::new(0)).collect(),
+            sq_polled: AtomicU64::new(0),
+            rq_polled: AtomicU64::new(0),
+            state: AtomicU8::new(QpState::Init as u8),
+            cfg: cfg.clone(),
+        });
+        send_cq.shared.users.fetch_add(1, Ordering::AcqRel);
+        recv_cq.shared.users.fetch_add(1, Ordering::AcqRel);
+        dev.add_qp(&shared)?;
+        Ok(Qp {
+            shared,
+            dev: dev.clone(),
+            sq_pi: 0,
+            committed: 0,
+            rq_pi: 0,
+            exec: HostExecutor::default(),
+        })
+    }
+
+    /// QP number.
+    pub fn qpn(&self) -> u32 {
+        self.shared.qpn
+    }
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.shared.state()
+    }
+    /// What a peer needs to connect to this QP: plain data to exchange out of band.
+    pub fn endpoint(&self) -> Endpoint {
+        self.dev.endpoint(self.shared.qpn)
+    }
+    /// Connects to the peer QP described by `remote` and moves to RTS.
+    pub fn connect(&mut self, remote: &Endpoint) -> Result<()> {
+        if self.state() != QpState::Init {
+            return Err(Error::invalid(format!(
+                "QP {:#x} is {:?}; only a new QP can connect",
+                self.qpn(),
+                self.state()
+            )));
+        }
+        self.dev.connect(&self.shared, remote)?;
+        self.shared
+            .state
+            .store(QpState::Rts as u8, Ordering::Release);
+        Ok(())
+    }
+    /// Send ring size in WQEBBs.
+    pub fn send_ring_size(&self) -> u32 {
+        self.shared.sq_cnt
+    }
+    /// Receive ring size in WQEs.
+    pub fn recv_ring_size(&self) -> u32 {
+        self.shared.rq_cnt
+    }
+
+    /// Writes the WQE for `wr` into the send ring without ringing the doorbell.
+    pub fn prepare_send(&mut self, wr: &SendWr) -> Result<PreparedSend> {
+        let s = &*self.shared;
+        if s.state() == QpState::Init {
+            return Err(Error::NotConnected { qpn: s.qpn });
+        }
+        let mut wqe = [0u8; MAX_WQE_WQEBBS * WQEBB];
+        let ds = self.encode(wr, &mut wqe)?;
+        let nbb = wqebbs_for_ds(ds) as u64;
+        let used = self.sq_pi - s.sq_retired();
+        if used + nbb > s.sq_cnt as u64 {
+            return Err(Error::RingFull {
+                ring: "send",
+                qpn: s.qpn,
+                used: used as u32,
+                size: s.sq_cnt,
+                hint: if wr.flags.contains(SendFlags::SIGNALED) {
+                    ""
+                } else {
+                    " (signal a send at least once per ring, or slots can never be freed)"
+                },
+            });
+        }
+        let start = self.sq_pi;
+        for i in 0..nbb {
+            let off = slot_off(s.sq_off, start + i, s.sq_cnt, WQEBB);
+            let chunk = &wqe[i as usize * WQEBB..(i as usize + 1) * WQEBB];
+            s.buf.write(
+                off,
+                &chunk[..(ds * SEG_SIZE)
+                    .saturating_sub(i as usize * WQEBB)
+                    .min(WQEBB)],
+            );
+        }
+        let slot = (start & (s.sq_cnt as u64 - 1)) as usize;
+        s.sq_wrid[slot].store(wr.wr_id, Ordering::Relaxed);
+        s.sq_wqebbs[slot].store(nbb as u8, Ordering::Relaxed);
+        self.sq_pi += nbb;
+        let cqe = (wr.flags.contains(SendFlags::SIGNALED)
+            && s.send_cq.users.load(Ordering::Acquire) == 1)
+            .then(|| s.send_cq.reserved.fetch_add(1, Ordering::AcqRel));
+        let head: [u8; 8] = wqe[..8].try_into().unwrap();
+        Ok(PreparedSend {
+            qpn: s.qpn,
+            start,
+            end: self.sq_pi,
+            head,
+            ticket: SendTicket {
+                index: start,
+                end: self.sq_pi,
+                cqe,
+            },
+        })
+    }
+
+    /// Commits a prepared send: returns its ticket and the op list that exposes it (and any
+    /// earlier committed-in-order sends) to the device: store the doorbell record, barrier,
+    /// store the 8-byte doorbell. Prepared sends must be committed in the order prepared.
+    pub fn commit(&mut self, p: PreparedSend) -> Result<(SendTicket, Ops)> {
+        if p.qpn != self.shared.qpn {
+            return Err(Error::invalid("prepared send belongs to another QP"));
+        }
+        if p.start != self.committed {
+            return Err(Error::OutOfOrder {
+                expected: self.committed,
+                got: p.start,
+            });
+        }
+        self.committed = p.end;
+        let s = &*self.shared;
+        let keep = s.keep();
+        let mut ops = Ops::new();
+        ops.push(
+            Op::Write32 {
+                addr: s.ctrl.addr(QP_DBREC + 4 * DBREC_SQ),
+                value: qp_dbrec_value(p.end).native(),
+            },
+            &keep,
+        );
+        ops.push(Op::Barrier, &keep);
+        ops.push(
+            Op::Write64 {
+                addr: s.ctrl.addr(QP_DOORBELL),
+                value: doorbell_value(p.head),
+            },
+            &keep,
+        );
+        Ok((p.ticket, ops))
+    }
+
+    /// Posts a send from the CPU: prepare, commit, and run the doorbell ops now.
+    pub fn post_send(&mut self, wr: &SendWr) -> Result<SendTicket> {
+        let p = self.prepare_send(wr)?;
+        let (t, ops) = self.commit(p)?;
+        self.exec.run(&ops)?;
+        self.dev.kick();
+        Ok(t)
+    }
+
+    /// The op list that waits for a signalled send's completion and retires it (stores the
+    /// CQ consumer index, the CQ's retired counter and this QP's send-ring retired counter),
+    /// so the CPU never has to poll.
+    pub fn send_wait_ops(&self, t: &SendTicket) -> Result<Ops> {
+        let n = t.cqe.ok_or(Error::NotWaitable(
+            "the send is unsignalled, or its CQ also serves other queues (use a dedicated send CQ)",
+        ))?;
+        let mut ops = wait_ops(&self.shared.send_cq, n);
+        let keep = self.shared.keep();
+        ops.push(
+            Op::Write64 {
+                addr: self.shared.ctrl.addr(QP_SQ_RETIRED),
+                value: t.end,
+            },
+            &keep,
+        );
+        Ok(ops)
+    }
+
+    /// The op list that waits for a receive's completion and retires it.
+    pub fn recv_wait_ops(&self, t: &RecvTicket) -> Result<Ops> {
+        let n = t.cqe.ok_or(Error::NotWaitable(
+            "the receive CQ also serves other queues (use a dedicated receive CQ)",
+        ))?;
+        let mut ops = wait_ops(&self.shared.recv_cq, n);
+        let keep = self.shared.keep();
+        ops.push(
+            Op::Write64 {
+                addr: self.shared.ctrl.addr(QP_RQ_RETIRED),
+                value: t.index + 1,
+            },
+            &keep,
+        );
+        Ok(ops)
+    }
+
+    /// Posts a receive: writes the scatter list into the receive ring and updates the
+    /// doorbell record (receives have no doorbell register).
+    pub fn post_recv(&mut self, wr: &RecvWr) -> Result<RecvTicket> {
+        let s = &*self.shared;
+        let max = (s.rq_stride as usize) / SEG_SIZE;
+        let sges: smallvec::SmallVec<[&Sge; 4]> = wr.sges.iter().filter(|g| g.len > 0).collect();
+        if sges.len() > max {
+            return Err(Error::invalid(format!(
+                "{} SGEs in a receive; this QP takes at most {max} (max_recv_sge)",
+                sges.len()
+            )));
+        }
+        let used = self.rq_pi - s.rq_retired();
+        if used >= s.rq_cnt as u64 {
+            return Err(Error::RingFull {
+                ring: "receive",
+                qpn: s.qpn,
+                used: used as u32,
+                size: s.rq_cnt,
+                hint: "",
+            });
+        }
+        let base = slot_off(0, self.rq_pi, s.rq_cnt, s.rq_stride as usize);
+        for (i, g) in sges.iter().enumerate() {
+            s.buf.write(
+                base + i * SEG_SIZE,
+                &DataSeg::new(g.addr, g.len, g.lkey).to_bytes(),
+            );
+        }
+        if sges.len() < max {
+            s.buf.write(
+                base + sges.len() * SEG_SIZE,
+                &DataSeg::terminator().to_bytes(),
+            );
+        }
+        s.rq_wrid[(self.rq_pi & (s.rq_cnt as u64 - 1)) as usize].store(wr.wr_id, Ordering::Relaxed);
+        let index = self.rq_pi;
+        self.rq_pi += 1;
+        let cqe = (s.recv_cq.users.load(Ordering::Acquire) == 1)
+            .then(|| s.recv_cq.reserved.fetch_add(1, Ordering::AcqRel));
+        // The release store orders the segments before the counter the device reads.
+        s.ctrl
+            .u32(QP_DBREC + 4 * DBREC_RQ)
+            .store(qp_dbrec_value(self.rq_pi).native(), Ordering::Release);
+        self.dev.kick();
+        Ok(RecvTicket { index, cqe })
+    }
+
+    /// Encodes `wr` as a WQE at the current producer index; returns its ds count.
+    fn encode(&self, wr: &SendWr, out: &mut [u8]) -> Result<usize> {
+        let s = &*self.shared;
+        if wr.sges.len() > MAX_SGE {
+            return Err(Error::invalid(format!(
+                "{} SGEs; at most {MAX_SGE}",
+                wr.sges.len()
+            )));
+        }
+        let len = wr.len();
+        if len > MAX_MESSAGE {
+            return Err(Error::invalid(format!(
+                "message of {len} bytes exceeds the RC limit of {MAX_MESSAGE}"
+            )));
+        }
+        let inline = wr.flags.contains(SendFlags::INLINE);
+        let (opcode, remote, imm) = match wr.op {
+            WrOp::Send => (Opcode::Send, None, 0),
+            WrOp::SendImm(i) => (Opcode::SendImm, None, i),
+            WrOp::Write(r) => (Opcode::RdmaWrite, Some(r), 0),
+            WrOp::WriteImm(r, i) => (Opcode::RdmaWriteImm, Some(r), i),
+            WrOp::Read(r) => (Opcode::RdmaRead, Some(r), 0),
+            WrOp::FetchAdd { remote, .. } => (Opcode::AtomicFa, Some(remote), 0),
+            WrOp::CompareSwap { remote, .. } => (Opcode::AtomicCs, Some(remote), 0),
+            WrOp::Nop => (Opcode::Nop, None, 0),
+        };
+        if inline
+            && matches!(
+                opcode,
+                Opcode::RdmaRead | Opcode::AtomicCs | Opcode::AtomicFa | Opcode::Nop
+            )
+        {
+            return Err(Error::invalid(format!("{opcode:?} cannot be inline")));
+        }
+        if opcode.is_atomic() {
+            if wr.sges.len() != 1 || wr.sges[0].len != 8 {
+                return Err(Error::invalid(
+                    "an atomic takes exactly one 8-byte SGE for the old value",
+                ));
+            }
+            if remote.unwrap().addr % 8 != 0 {
+                return Err(Error::invalid(
+                    "an atomic's remote address must be 8-byte aligned",
+                ));
+            }
+        }
+        let mut flags = FmCeSe::empty();
+        if wr.flags.contains(SendFlags::SIGNALED) {
+            flags |= FmCeSe::CQ_UPDATE;
+        }
+        if wr.flags.contains(SendFlags::SOLICITED) {
+            flags |= FmCeSe::SOLICITED;
+        }
+        if wr.flags.contains(SendFlags::FENCE) {
+            flags |= FmCeSe::FENCE;
+        }
+        let mut pos = SEG_SIZE;
+        if let Some(r) = remote {
+            out[pos..pos + 16].copy_from_slice(&RaddrSeg::new(r.addr, r.rkey).to_bytes());
+            pos += 16;
+        }
+        match wr.op {
+            WrOp::FetchAdd { add, .. } => {
+                out[pos..pos + 16].copy_from_slice(&AtomicSeg::new(add, 0).to_bytes());
+                pos += 16;
+            }
+            WrOp::CompareSwap { compare, swap, .. } => {
+                out[pos..pos + 16].copy_from_slice(&AtomicSeg::new(swap, compare).to_bytes());
+                pos += 16;
+            }
+            _ => {}
+        }
+        if inline {
+            if len > s.cfg.max_inline as u64 {
+                return Err(Error::invalid(format!(
+                    "{len} bytes inline; this QP takes at most {} (max_inline)",
+                    s.cfg.max_inline
+                )));
+            }
+            out[pos..pos + 4].copy_from_slice(&InlineHeader::new(len as u32).byte_count.bytes());
+            let mut p = pos + 4;
+            // Inline payload is copied now, from registered memory only.
+            let mrs = self.dev.mrs.read();
+            for g in &wr.sges {
+                let ok = mrs
+                    .get(g.lkey)
+                    .is_some_and(|e| e.pd == s.pd && e.covers(g.addr, g.len as u64));
+                if !ok {
+                    return Err(Error::invalid(format!(
+                        "inline SGE {:#x}+{} is not inside a region of this PD with lkey {:#x}",
+                        g.addr, g.len, g.lkey
+                    )));
+                }
+                // SAFETY: the range lies inside a registered region (checked under the table's
+                // read lock, so it cannot be deregistered meanwhile).
+                let src =
+                    unsafe { std::slice::from_raw_parts(g.addr as *const u8, g.len as usize) };
+                out[p..p + src.len()].copy_from_slice(src);
+                p += src.len();
+            }
+            pos += InlineHeader::ds_for(len as usize) * SEG_SIZE;
+        } else {
+            for g in wr.sges.iter().filter(|g| g.len > 0 || opcode.is_atomic()) {
+                if pos + SEG_SIZE > MAX_WQE_DS * SEG_SIZE {
+                    return Err(Error::invalid("too many SGEs for one WQE"));
+                }
+                let len = if opcode.is_atomic() { 8 } else { g.len };
+                out[pos..pos + 16].copy_from_slice(&DataSeg::new(g.addr, len, g.lkey).to_bytes());
+                pos += 16;
+            }
+        }
+        let ds = pos / SEG_SIZE;
+        if ds > MAX_WQE_DS || wqebbs_for_ds(ds) > MAX_WQE_WQEBBS {
+            return Err(Error::invalid(format!(
+                "work request needs {ds} DS; a WQE holds at most {MAX_WQE_DS}"
+            )));
+        }
+        let ctrl = CtrlSeg::new(
+            idx16(self.sq_pi),
+            opcode as u8,
+            s.qpn,
+            ds as u8,
+            flags,
+            imm.to_be_bytes(),
+        );
+        out[..16].copy_from_slice(&ctrl.to_bytes());
+        Ok(ds)
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        self.shared.send_cq.users.fetch_sub(1, Ordering::AcqRel);
+        self.shared.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
+        self.dev.remove_qp(self.shared.qpn);
+    }
+}

@@ -1,0 +1,5 @@
+//! gdasync: GPUDirect Async in Rust.
+//!
+//! This facade re-exports the crates of the workspace:
+//! - [`gdsync`]: formats, devices (the soft device), queues, memory regions and executors.
+pub use gdsync;
