@@ -193,6 +193,10 @@ impl Cq {
 
     /// Polls up to `max` completions into `out`; returns how many were added.
     pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
+        self.poll_with(max, |c| out.push(c))
+    }
+
+    fn poll_with(&self, max: usize, mut sink: impl FnMut(Completion)) -> Result<usize> {
         let s = &*self.shared;
         let mut st = s.poll.lock();
         // Completions an executor retired (its waits stored the retired counter) are consumed.
@@ -214,7 +218,7 @@ impl Cq {
             s.ctrl
                 .u32(CQ_DBREC)
                 .store(cq_ci_value(st.ci).native(), Ordering::Release);
-            out.push(c);
+            sink(c);
             n += 1;
         }
         if n == 0 && s.overrun.load(Ordering::Acquire) {
@@ -225,9 +229,9 @@ impl Cq {
 
     /// Polls one completion.
     pub fn poll_one(&self) -> Result<Option<Completion>> {
-        let mut v = Vec::with_capacity(1);
-        self.poll(&mut v, 1)?;
-        Ok(v.pop())
+        let mut out = None;
+        self.poll_with(1, |c| out = Some(c))?;
+        Ok(out)
     }
 
     /// Polls until a completion arrives (spinning, then backing off), or `timeout` passes.

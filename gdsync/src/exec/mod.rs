@@ -27,8 +27,8 @@ pub(crate) struct Backoff {
 }
 
 impl Backoff {
-    pub(crate) const SPINS: u32 = 4096;
-    pub(crate) const YIELDS: u32 = 4096 + 256;
+    pub(crate) const SPINS: u32 = 1024;
+    pub(crate) const YIELDS: u32 = 1024 + 256;
 
     pub(crate) fn reset(&mut self) {
         self.n = 0;
@@ -59,3 +59,4 @@ impl Backoff {
         }
     }
 }
+#[cfg(test)] mod tests;

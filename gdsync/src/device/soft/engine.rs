@@ -168,7 +168,7 @@ impl Engine {
                 work |= self.pump(li);
             }
             round = round.wrapping_add(1);
-            if !work || round % 256 == 0 {
+            if round % 64 == 0 {
                 work |= self.timers(Instant::now());
             }
             if work {
@@ -626,6 +626,9 @@ impl Engine {
 
     /// Sends queued packets while the ring has room.
     fn pump(&mut self, li: usize) -> bool {
+        if self.links[li].queue.is_empty() {
+            return false;
+        }
         let mut work = false;
         let mrs = self.mrs.clone();
         let slots = mrs.read();
