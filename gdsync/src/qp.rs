@@ -3,7 +3,6 @@
 
 use crate::cq::{wait_ops, Cq, CqShared};
 use crate::device::{DeviceShared, Endpoint};
-use crate::exec::HostExecutor;
 use crate::format::*;
 use crate::mem::{slot_off, RingMem};
 use crate::ops::{KeepAlive, Op, Ops};
@@ -13,12 +12,14 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Offsets in a QP's control page: the doorbell record (`[RQ][SQ]`, BE32), the retired
-/// counters executors store (native u64), and the doorbell register (UAR offset 0x800).
+/// Offsets in a QP's control page: the doorbell record (`[RQ][SQ]`, BE32), the soft
+/// device's doorbell register, and the retired counters executors store (native u64).
+/// On an HCA the doorbell register is in the UAR page; the soft device's stand-in shares the
+/// doorbell record's cache line, so ringing costs the engine one line transfer, not two.
 pub(crate) const QP_DBREC: usize = 0;
+pub(crate) const QP_DOORBELL: usize = 8;
 pub(crate) const QP_SQ_RETIRED: usize = 64;
 pub(crate) const QP_RQ_RETIRED: usize = 128;
-pub(crate) const QP_DOORBELL: usize = 0x800;
 
 /// Largest message the soft device moves (2 GiB - 1, the RC limit).
 pub const MAX_MESSAGE: u64 = (1 << 31) - 1;
@@ -188,7 +189,8 @@ pub struct Qp {
     sq_pi: u64,
     committed: u64,
     rq_pi: u64,
-    exec: HostExecutor,
+    /// Where a WQE is assembled before it is copied into the ring.
+    scratch: Box<[u8; MAX_WQE_WQEBBS * WQEBB]>,
 }
 
 impl std::fmt::Debug for Qp {
@@ -272,7 +274,7 @@ impl Qp {
             sq_pi: 0,
             committed: 0,
             rq_pi: 0,
-            exec: HostExecutor::default(),
+            scratch: Box::new([0; MAX_WQE_WQEBBS * WQEBB]),
         })
     }
 
@@ -318,8 +320,8 @@ impl Qp {
         if s.state() == QpState::Init {
             return Err(Error::NotConnected { qpn: s.qpn });
         }
-        let mut wqe = [0u8; MAX_WQE_WQEBBS * WQEBB];
-        let ds = self.encode(wr, &mut wqe)?;
+        let ds = encode(s, &self.dev, self.sq_pi, wr, &mut self.scratch[..])?;
+        let wqe = &self.scratch[..];
         let nbb = wqebbs_for_ds(ds) as u64;
         let used = self.sq_pi - s.sq_retired();
         if used + nbb > s.sq_cnt as u64 {
@@ -402,13 +404,24 @@ impl Qp {
         Ok((p.ticket, ops))
     }
 
-    /// Posts a send from the CPU: prepare, commit, and run the doorbell ops now.
+    /// Posts a send from the CPU: prepare, then do what the commit ops describe (store the
+    /// doorbell record, order, store the doorbell) directly on this thread.
     pub fn post_send(&mut self, wr: &SendWr) -> Result<SendTicket> {
         let p = self.prepare_send(wr)?;
-        let (t, ops) = self.commit(p)?;
-        self.exec.run(&ops)?;
+        if p.start != self.committed {
+            return Err(Error::OutOfOrder {
+                expected: self.committed,
+                got: p.start,
+            });
+        }
+        self.committed = p.end;
+        let c = &self.shared.ctrl;
+        c.u32(QP_DBREC + 4 * DBREC_SQ)
+            .store(qp_dbrec_value(p.end).native(), Ordering::Release);
+        c.u64(QP_DOORBELL)
+            .store(doorbell_value(p.head), Ordering::Release);
         self.dev.kick();
-        Ok(t)
+        Ok(p.ticket)
     }
 
     /// The op list that waits for a signalled send's completion and retires it (stores the
@@ -494,135 +507,139 @@ impl Qp {
         self.dev.kick();
         Ok(RecvTicket { index, cqe })
     }
+}
 
-    /// Encodes `wr` as a WQE at the current producer index; returns its ds count.
-    fn encode(&self, wr: &SendWr, out: &mut [u8]) -> Result<usize> {
-        let s = &*self.shared;
-        if wr.sges.len() > MAX_SGE {
-            return Err(Error::invalid(format!(
-                "{} SGEs; at most {MAX_SGE}",
-                wr.sges.len()
-            )));
+/// Encodes `wr` as a WQE for producer index `sq_pi` into `out`; returns its ds count.
+fn encode(
+    s: &QpShared,
+    dev: &DeviceShared,
+    sq_pi: u64,
+    wr: &SendWr,
+    out: &mut [u8],
+) -> Result<usize> {
+    if wr.sges.len() > MAX_SGE {
+        return Err(Error::invalid(format!(
+            "{} SGEs; at most {MAX_SGE}",
+            wr.sges.len()
+        )));
+    }
+    let len = wr.len();
+    if len > MAX_MESSAGE {
+        return Err(Error::invalid(format!(
+            "message of {len} bytes exceeds the RC limit of {MAX_MESSAGE}"
+        )));
+    }
+    let inline = wr.flags.contains(SendFlags::INLINE);
+    let (opcode, remote, imm) = match wr.op {
+        WrOp::Send => (Opcode::Send, None, 0),
+        WrOp::SendImm(i) => (Opcode::SendImm, None, i),
+        WrOp::Write(r) => (Opcode::RdmaWrite, Some(r), 0),
+        WrOp::WriteImm(r, i) => (Opcode::RdmaWriteImm, Some(r), i),
+        WrOp::Read(r) => (Opcode::RdmaRead, Some(r), 0),
+        WrOp::FetchAdd { remote, .. } => (Opcode::AtomicFa, Some(remote), 0),
+        WrOp::CompareSwap { remote, .. } => (Opcode::AtomicCs, Some(remote), 0),
+        WrOp::Nop => (Opcode::Nop, None, 0),
+    };
+    if inline
+        && matches!(
+            opcode,
+            Opcode::RdmaRead | Opcode::AtomicCs | Opcode::AtomicFa | Opcode::Nop
+        )
+    {
+        return Err(Error::invalid(format!("{opcode:?} cannot be inline")));
+    }
+    if opcode.is_atomic() {
+        if wr.sges.len() != 1 || wr.sges[0].len != 8 {
+            return Err(Error::invalid(
+                "an atomic takes exactly one 8-byte SGE for the old value",
+            ));
         }
-        let len = wr.len();
-        if len > MAX_MESSAGE {
-            return Err(Error::invalid(format!(
-                "message of {len} bytes exceeds the RC limit of {MAX_MESSAGE}"
-            )));
+        if remote.unwrap().addr % 8 != 0 {
+            return Err(Error::invalid(
+                "an atomic's remote address must be 8-byte aligned",
+            ));
         }
-        let inline = wr.flags.contains(SendFlags::INLINE);
-        let (opcode, remote, imm) = match wr.op {
-            WrOp::Send => (Opcode::Send, None, 0),
-            WrOp::SendImm(i) => (Opcode::SendImm, None, i),
-            WrOp::Write(r) => (Opcode::RdmaWrite, Some(r), 0),
-            WrOp::WriteImm(r, i) => (Opcode::RdmaWriteImm, Some(r), i),
-            WrOp::Read(r) => (Opcode::RdmaRead, Some(r), 0),
-            WrOp::FetchAdd { remote, .. } => (Opcode::AtomicFa, Some(remote), 0),
-            WrOp::CompareSwap { remote, .. } => (Opcode::AtomicCs, Some(remote), 0),
-            WrOp::Nop => (Opcode::Nop, None, 0),
-        };
-        if inline
-            && matches!(
-                opcode,
-                Opcode::RdmaRead | Opcode::AtomicCs | Opcode::AtomicFa | Opcode::Nop
-            )
-        {
-            return Err(Error::invalid(format!("{opcode:?} cannot be inline")));
-        }
-        if opcode.is_atomic() {
-            if wr.sges.len() != 1 || wr.sges[0].len != 8 {
-                return Err(Error::invalid(
-                    "an atomic takes exactly one 8-byte SGE for the old value",
-                ));
-            }
-            if remote.unwrap().addr % 8 != 0 {
-                return Err(Error::invalid(
-                    "an atomic's remote address must be 8-byte aligned",
-                ));
-            }
-        }
-        let mut flags = FmCeSe::empty();
-        if wr.flags.contains(SendFlags::SIGNALED) {
-            flags |= FmCeSe::CQ_UPDATE;
-        }
-        if wr.flags.contains(SendFlags::SOLICITED) {
-            flags |= FmCeSe::SOLICITED;
-        }
-        if wr.flags.contains(SendFlags::FENCE) {
-            flags |= FmCeSe::FENCE;
-        }
-        let mut pos = SEG_SIZE;
-        if let Some(r) = remote {
-            out[pos..pos + 16].copy_from_slice(&RaddrSeg::new(r.addr, r.rkey).to_bytes());
+    }
+    let mut flags = FmCeSe::empty();
+    if wr.flags.contains(SendFlags::SIGNALED) {
+        flags |= FmCeSe::CQ_UPDATE;
+    }
+    if wr.flags.contains(SendFlags::SOLICITED) {
+        flags |= FmCeSe::SOLICITED;
+    }
+    if wr.flags.contains(SendFlags::FENCE) {
+        flags |= FmCeSe::FENCE;
+    }
+    let mut pos = SEG_SIZE;
+    if let Some(r) = remote {
+        out[pos..pos + 16].copy_from_slice(&RaddrSeg::new(r.addr, r.rkey).to_bytes());
+        pos += 16;
+    }
+    match wr.op {
+        WrOp::FetchAdd { add, .. } => {
+            out[pos..pos + 16].copy_from_slice(&AtomicSeg::new(add, 0).to_bytes());
             pos += 16;
         }
-        match wr.op {
-            WrOp::FetchAdd { add, .. } => {
-                out[pos..pos + 16].copy_from_slice(&AtomicSeg::new(add, 0).to_bytes());
-                pos += 16;
-            }
-            WrOp::CompareSwap { compare, swap, .. } => {
-                out[pos..pos + 16].copy_from_slice(&AtomicSeg::new(swap, compare).to_bytes());
-                pos += 16;
-            }
-            _ => {}
+        WrOp::CompareSwap { compare, swap, .. } => {
+            out[pos..pos + 16].copy_from_slice(&AtomicSeg::new(swap, compare).to_bytes());
+            pos += 16;
         }
-        if inline {
-            if len > s.cfg.max_inline as u64 {
-                return Err(Error::invalid(format!(
-                    "{len} bytes inline; this QP takes at most {} (max_inline)",
-                    s.cfg.max_inline
-                )));
-            }
-            out[pos..pos + 4].copy_from_slice(&InlineHeader::new(len as u32).byte_count.bytes());
-            let mut p = pos + 4;
-            // Inline payload is copied now, from registered memory only.
-            let mrs = self.dev.mrs.read();
-            for g in &wr.sges {
-                let ok = mrs
-                    .get(g.lkey)
-                    .is_some_and(|e| e.pd == s.pd && e.covers(g.addr, g.len as u64));
-                if !ok {
-                    return Err(Error::invalid(format!(
-                        "inline SGE {:#x}+{} is not inside a region of this PD with lkey {:#x}",
-                        g.addr, g.len, g.lkey
-                    )));
-                }
-                // SAFETY: the range lies inside a registered region (checked under the table's
-                // read lock, so it cannot be deregistered meanwhile).
-                let src =
-                    unsafe { std::slice::from_raw_parts(g.addr as *const u8, g.len as usize) };
-                out[p..p + src.len()].copy_from_slice(src);
-                p += src.len();
-            }
-            pos += InlineHeader::ds_for(len as usize) * SEG_SIZE;
-        } else {
-            for g in wr.sges.iter().filter(|g| g.len > 0 || opcode.is_atomic()) {
-                if pos + SEG_SIZE > MAX_WQE_DS * SEG_SIZE {
-                    return Err(Error::invalid("too many SGEs for one WQE"));
-                }
-                let len = if opcode.is_atomic() { 8 } else { g.len };
-                out[pos..pos + 16].copy_from_slice(&DataSeg::new(g.addr, len, g.lkey).to_bytes());
-                pos += 16;
-            }
-        }
-        let ds = pos / SEG_SIZE;
-        if ds > MAX_WQE_DS || wqebbs_for_ds(ds) > MAX_WQE_WQEBBS {
+        _ => {}
+    }
+    if inline {
+        if len > s.cfg.max_inline as u64 {
             return Err(Error::invalid(format!(
-                "work request needs {ds} DS; a WQE holds at most {MAX_WQE_DS}"
+                "{len} bytes inline; this QP takes at most {} (max_inline)",
+                s.cfg.max_inline
             )));
         }
-        let ctrl = CtrlSeg::new(
-            idx16(self.sq_pi),
-            opcode as u8,
-            s.qpn,
-            ds as u8,
-            flags,
-            imm.to_be_bytes(),
-        );
-        out[..16].copy_from_slice(&ctrl.to_bytes());
-        Ok(ds)
+        out[pos..pos + 4].copy_from_slice(&InlineHeader::new(len as u32).byte_count.bytes());
+        let mut p = pos + 4;
+        // Inline payload is copied now, from registered memory only.
+        let mrs = dev.mrs.read();
+        for g in &wr.sges {
+            let ok = mrs
+                .get(g.lkey)
+                .is_some_and(|e| e.pd == s.pd && e.covers(g.addr, g.len as u64));
+            if !ok {
+                return Err(Error::invalid(format!(
+                    "inline SGE {:#x}+{} is not inside a region of this PD with lkey {:#x}",
+                    g.addr, g.len, g.lkey
+                )));
+            }
+            // SAFETY: the range lies inside a registered region (checked under the table's
+            // read lock, so it cannot be deregistered meanwhile).
+            let src = unsafe { std::slice::from_raw_parts(g.addr as *const u8, g.len as usize) };
+            out[p..p + src.len()].copy_from_slice(src);
+            p += src.len();
+        }
+        pos += InlineHeader::ds_for(len as usize) * SEG_SIZE;
+    } else {
+        for g in wr.sges.iter().filter(|g| g.len > 0 || opcode.is_atomic()) {
+            if pos + SEG_SIZE > MAX_WQE_DS * SEG_SIZE {
+                return Err(Error::invalid("too many SGEs for one WQE"));
+            }
+            let len = if opcode.is_atomic() { 8 } else { g.len };
+            out[pos..pos + 16].copy_from_slice(&DataSeg::new(g.addr, len, g.lkey).to_bytes());
+            pos += 16;
+        }
     }
+    let ds = pos / SEG_SIZE;
+    if ds > MAX_WQE_DS || wqebbs_for_ds(ds) > MAX_WQE_WQEBBS {
+        return Err(Error::invalid(format!(
+            "work request needs {ds} DS; a WQE holds at most {MAX_WQE_DS}"
+        )));
+    }
+    let ctrl = CtrlSeg::new(
+        idx16(sq_pi),
+        opcode as u8,
+        s.qpn,
+        ds as u8,
+        flags,
+        imm.to_be_bytes(),
+    );
+    out[..16].copy_from_slice(&ctrl.to_bytes());
+    Ok(ds)
 }
 
 impl Drop for Qp {

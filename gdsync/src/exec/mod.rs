@@ -59,4 +59,5 @@ impl Backoff {
         }
     }
 }
-#[cfg(test)] mod tests;
+#[cfg(test)]
+mod tests;

@@ -69,4 +69,5 @@ be_impl!(Be64, u64);
 const _: () = assert!(core::mem::size_of::<Be16>() == 2);
 const _: () = assert!(core::mem::size_of::<Be32>() == 4);
 const _: () = assert!(core::mem::size_of::<Be64>() == 8);
-#[cfg(test)] mod tests;
+#[cfg(test)]
+mod tests;

@@ -126,6 +126,8 @@ pub(crate) struct Engine {
     qps: Vec<Option<EQp>>,
     active: Vec<u32>,
     links: Vec<ELink>,
+    /// Coarse clock, refreshed every few dozen polling rounds (timeouts are milliseconds).
+    now: Instant,
 }
 
 enum Emit {
@@ -146,6 +148,7 @@ impl Engine {
             qps: Vec::new(),
             active: Vec::new(),
             links: Vec::new(),
+            now: Instant::now(),
         }
     }
 
@@ -169,7 +172,8 @@ impl Engine {
             }
             round = round.wrapping_add(1);
             if round % 64 == 0 {
-                work |= self.timers(Instant::now());
+                self.now = Instant::now();
+                work |= self.timers(self.now);
             }
             if work {
                 backoff.reset();
@@ -182,6 +186,7 @@ impl Engine {
                 }
                 if !again && !self.ctl.has_cmds.load(Ordering::Acquire) {
                     backoff.snooze_parked();
+                    self.now = Instant::now();
                 } else {
                     backoff.reset();
                 }
@@ -215,7 +220,7 @@ impl Engine {
                         out: VecDeque::new(),
                         rnr_left: rnr,
                         retry_at: None,
-                        progress_at: Instant::now(),
+                        progress_at: self.now,
                         exp_psn: 0,
                         rq_ci: 0,
                         inmsg: None,
@@ -256,6 +261,11 @@ impl Engine {
         let Some(q) = self.qps[qpn as usize].as_mut() else {
             return false;
         };
+        // The common case, nothing new: one load of the doorbell's cache line.
+        let db = q.hw.ctrl.u64(QP_DOORBELL).load(Ordering::Acquire);
+        if db == q.last_db && !q.pending && !q.err {
+            return false;
+        }
         let hw = q.hw.clone();
         let mut work = false;
         // Receive ring of a QP in error: flush what is posted.
@@ -274,7 +284,6 @@ impl Engine {
                 work = true;
             }
         }
-        let db = hw.ctrl.u64(QP_DOORBELL).load(Ordering::Acquire);
         if db == q.last_db && !q.pending {
             return work;
         }
@@ -404,13 +413,18 @@ impl Engine {
             if pos + 16 > wqe.len() {
                 return bad(self);
             }
-            let a = AtomicSeg::from_bytes(seg(pos));
-            hdr.swap_add = a.swap_add.get();
-            hdr.compare = a.compare.get();
             pos += 16;
         }
         // The rest: an inline segment, or data segments.
         let mut body = Body::Empty;
+        if opcode.is_atomic() {
+            // Operands travel as the request's payload: swap/add, then compare.
+            let a = AtomicSeg::from_bytes(seg(pos - 16));
+            let mut ops = SmallVec::new();
+            ops.extend_from_slice(&a.swap_add.get().to_ne_bytes());
+            ops.extend_from_slice(&a.compare.get().to_ne_bytes());
+            body = Body::Inline(ops);
+        }
         let mut sges: SmallVec<[Sge; 2]> = SmallVec::new();
         let mut len: u64 = 0;
         if pos < wqe.len() && DataSeg::from_bytes(seg(pos)).is_inline() {
@@ -489,7 +503,7 @@ impl Engine {
             }
         }
         if q.out.is_empty() {
-            q.progress_at = Instant::now();
+            q.progress_at = self.now;
         }
         q.out.push_back(o);
         q.sq_ci += nbb as u64;
@@ -502,7 +516,7 @@ impl Engine {
                 sent: 0,
             });
         } else {
-            complete_front(q);
+            complete_front(q, self.now);
         }
         Step::Advanced
     }
@@ -557,7 +571,7 @@ impl Engine {
         if q.err {
             return;
         }
-        complete_front(q);
+        complete_front(q, self.now);
         q.err = true;
         q.hw.state.store(QpState::Error as u8, Ordering::Release);
         q.inmsg = None;
@@ -587,7 +601,7 @@ impl Engine {
         q.sq_ci = pos;
         q.next_psn = psn;
         q.out.truncate(k);
-        q.retry_at = Some(Instant::now() + delay);
+        q.retry_at = Some(self.now + delay);
         q.pending = true;
         if let Some(li) = q.link {
             self.links[li].queue.retain(|j| {
@@ -771,6 +785,15 @@ impl Engine {
                     return;
                 }
                 Opcode::AtomicCs | Opcode::AtomicFa => {
+                    if payload.len() < 16 {
+                        self.links[li]
+                            .queue
+                            .push_back(nak(h, Syndrome::RemoteInvalReq as u8));
+                        return;
+                    }
+                    let operand =
+                        |i: usize| u64::from_ne_bytes(payload[i..i + 8].try_into().unwrap());
+                    let (swap_add, compare) = (operand(0), operand(8));
                     if h.raddr % 8 != 0 || !remote_ok(Access::REMOTE_ATOMIC, 8) {
                         self.links[li]
                             .queue
@@ -781,11 +804,11 @@ impl Engine {
                     // checked under the table's read lock (held until the end of this block).
                     let word = unsafe { &*(h.raddr as *const std::sync::atomic::AtomicU64) };
                     let old = if op == Opcode::AtomicFa {
-                        word.fetch_add(h.swap_add, Ordering::AcqRel)
+                        word.fetch_add(swap_add, Ordering::AcqRel)
                     } else {
                         match word.compare_exchange(
-                            h.compare,
-                            h.swap_add,
+                            compare,
+                            swap_add,
                             Ordering::AcqRel,
                             Ordering::Acquire,
                         ) {
@@ -793,11 +816,9 @@ impl Engine {
                         }
                     };
                     q.exp_psn = q.exp_psn.wrapping_add(1);
-                    let mut r = reply(h, resp::ATOMIC);
-                    r.swap_add = old;
                     self.links[li].queue.push_back(TxJob {
-                        hdr: r,
-                        body: Body::Empty,
+                        hdr: reply(h, resp::ATOMIC),
+                        body: Body::Inline(SmallVec::from_slice(&old.to_ne_bytes())),
                         pd: hw.pd,
                         sent: 0,
                     });
@@ -907,7 +928,7 @@ impl Engine {
         if q.err || q.link != Some(li) || q.rqpn != h.src_qpn {
             return;
         }
-        q.progress_at = Instant::now();
+        q.progress_at = self.now;
         match h.op {
             resp::ACK => {
                 for o in q.out.iter_mut() {
@@ -922,7 +943,7 @@ impl Engine {
                     }
                 }
                 q.rnr_left = q.hw.cfg.rnr_retry;
-                complete_front(q);
+                complete_front(q, self.now);
             }
             resp::READ | resp::ATOMIC => {
                 let pd = q.hw.pd;
@@ -933,7 +954,7 @@ impl Engine {
                 let ok = if h.op == resp::READ {
                     h.offset == o.got && scatter(&slots, pd, &o.scatter, h.offset as u64, payload)
                 } else {
-                    scatter(&slots, pd, &o.scatter, 0, &h.swap_add.to_ne_bytes())
+                    payload.len() == 8 && scatter(&slots, pd, &o.scatter, 0, payload)
                 };
                 drop(slots);
                 if !ok {
@@ -946,7 +967,7 @@ impl Engine {
                     o.done = true;
                 }
                 q.rnr_left = q.hw.cfg.rnr_retry;
-                complete_front(q);
+                complete_front(q, self.now);
             }
             resp::NAK => {
                 let Some(k) = q.out.iter().position(|o| o.psn == h.psn) else {
@@ -1210,7 +1231,7 @@ fn nak(h: &PktHeader, code: u8) -> TxJob {
 }
 
 /// Pops completed WQEs off the front, writing CQEs for the signalled ones.
-fn complete_front(q: &mut EQp) {
+fn complete_front(q: &mut EQp, now: Instant) {
     while q.out.front().is_some_and(|o| o.done) {
         let o = q.out.pop_front().unwrap();
         if o.signalled {
@@ -1223,7 +1244,7 @@ fn complete_front(q: &mut EQp) {
             cqe.set_op_own(CqeOpcode::Req, false, 0);
             push_cqe(&q.hw.send_cq, &mut cqe);
         }
-        q.progress_at = Instant::now();
+        q.progress_at = now;
     }
 }
 

@@ -3,7 +3,7 @@
 //! host (a shared-memory file). A loopback link is one ring the engine writes and reads.
 //!
 //! Each ring has one producer engine and one consumer engine. Records are 64-byte aligned:
-//! a 64-byte [`PktHeader`] whose first word (the stamp) is stored last with release order,
+//! a 48-byte [`PktHeader`] whose first word (the stamp) is stored last with release order,
 //! then the payload. Before publishing a record the producer clears the stamp of the next
 //! one, so the consumer never mistakes old bytes for a record. The consumer publishes how far
 //! it has read, which the producer checks only when the ring looks full.
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 pub(crate) const MTU: usize = 64 * 1024;
 /// Bytes of record data per ring direction.
 pub(crate) const RING_BYTES: usize = 4 << 20;
-const HDR: usize = 64;
+const HDR: usize = 48;
 const SEG_MAGIC: u64 = u64::from_le_bytes(*b"GDSLINK1");
 const DATA_OFF: usize = 4096;
 const OFF_MAGIC: usize = 0;
@@ -34,7 +34,8 @@ pub(crate) mod kind {
     pub const RESP: u8 = 2;
 }
 
-/// Packet header: 64 bytes, native byte order (both ends are on one host).
+/// Packet header: 48 bytes, native byte order (both ends are on one host); up to 16 bytes
+/// of payload share its cache line.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct PktHeader {
@@ -54,8 +55,6 @@ pub(crate) struct PktHeader {
     pub imm: [u8; 4],
     pub rkey: u32,
     pub raddr: u64,
-    pub swap_add: u64,
-    pub compare: u64,
 }
 const _: () = assert!(std::mem::size_of::<PktHeader>() == HDR);
 
@@ -228,7 +227,7 @@ impl Producer {
     }
 
     fn write_header(&self, off: u64, h: &PktHeader) {
-        // SAFETY: PktHeader is repr(C) plain data, 64 bytes; bytes 4.. go to a free record
+        // SAFETY: PktHeader is repr(C) plain data, HDR bytes; bytes 4.. go to a free record
         // (the stamp at 0 is stored separately, atomically).
         unsafe {
             let src = (h as *const PktHeader as *const u8).add(4);
