@@ -41,7 +41,8 @@ enum Trigger {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Ranks {
-    /// Two threads of this process, each with its own soft device.
+    /// Two threads of this process sharing one soft device (as two processes of one host
+    /// share its HCA); `--separate-devices` gives each its own.
     Threads,
     /// Two processes on this host (shared-memory link).
     Procs,
@@ -83,6 +84,9 @@ struct Args {
     /// Untimed iterations first.
     #[arg(long, default_value_t = 1000)]
     warmup: usize,
+    /// With `--ranks threads`: one soft device (engine) per rank instead of a shared one.
+    #[arg(long)]
+    separate_devices: bool,
     /// One JSON object per size instead of a table.
     #[arg(long)]
     json: bool,
@@ -158,8 +162,8 @@ fn leak(n: usize) -> &'static mut [u8] {
     Box::leak(vec![0u8; n.max(64)].into_boxed_slice())
 }
 
-fn nic_setup(max: usize) -> Result<NicSetup> {
-    let dev = Device::soft()?;
+fn nic_setup(dev: &Device, max: usize) -> Result<NicSetup> {
+    let dev = dev.clone();
     let pd = dev.alloc_pd();
     let scq = dev.create_cq(1024)?;
     let rcq = dev.create_cq(1024)?;
@@ -261,7 +265,19 @@ impl Wire for Nic {
                 Ok(())
             }
             Op::WriteImm | Op::Send => {
-                let c = self.rcq.wait_one(Duration::from_secs(10))?.ok()?;
+                // Busy-poll, as perftest does (Cq::wait_one backs off to sleeping).
+                let start = Instant::now();
+                let mut spins = 0u32;
+                let c = loop {
+                    if let Some(c) = self.rcq.poll_one()? {
+                        break c.ok()?;
+                    }
+                    spins += 1;
+                    if spins % 4096 == 0 && start.elapsed() > Duration::from_secs(10) {
+                        bail!("no message {i} after 10 s (QP state {:?})", self.qp.state());
+                    }
+                    relax(spins);
+                };
                 if c.byte_len as usize != size {
                     bail!("received {} bytes, expected {size}", c.byte_len);
                 }
@@ -452,6 +468,7 @@ fn op_name(op: Op) -> &'static str {
 
 fn report(args: &Args, stats: &[Stats], extra_cpu: &[f64]) {
     let ranks = match args.ranks {
+        Ranks::Threads if args.separate_devices && !args.raw => "threads-2dev",
         Ranks::Threads => "threads",
         Ranks::Procs => "procs",
     };
@@ -489,6 +506,9 @@ fn check(args: &Args) -> Result<()> {
     if let Some(&s) = sizes.iter().find(|&&s| s > 1 << 30) {
         bail!("size {s} is larger than this benchmark's 1 GiB buffers");
     }
+    if args.separate_devices && args.ranks != Ranks::Threads {
+        bail!("--separate-devices applies to --ranks threads (processes always have their own device)");
+    }
     if args.iters == Some(0) {
         bail!("--iters must be at least 1");
     }
@@ -502,7 +522,9 @@ fn threads(args: &Args) -> Result<()> {
         let (a, b) = (heap_buf(max), heap_buf(max));
         (Box::new(Raw { local: a.clone(), peer: b.clone(), src: vec![0; max.max(64)] }), Box::new(Raw { local: b, peer: a, src: vec![0; max.max(64)] }))
     } else {
-        let (s0, s1) = (nic_setup(max)?, nic_setup(max)?);
+        let d0 = Device::soft()?;
+        let d1 = if args.separate_devices { Device::soft()? } else { d0.clone() };
+        let (s0, s1) = (nic_setup(&d0, max)?, nic_setup(&d1, max)?);
         let (e0, e1) = (s0.qp.endpoint(), s1.qp.endpoint());
         let (r0, r1) = (s0.rbuf.remote(), s1.rbuf.remote());
         (Box::new(s0.connect(&e1, r1, args.op)?), Box::new(s1.connect(&e0, r0, args.op)?))
@@ -587,7 +609,7 @@ fn procs_rank(rank: usize, args: &Args, pipe: &mut Pipe) -> Result<Vec<Stats>> {
         let (local, peer) = if rank == 0 { (a, b) } else { (b, a) };
         Box::new(Raw { local, peer, src: vec![0; max.max(64)] })
     } else {
-        let s = nic_setup(max)?;
+        let s = nic_setup(&Device::soft()?, max)?;
         pipe.put(&format!("{} {}", s.qp.endpoint(), remote_str(&s.rbuf.remote())))?;
         let line = pipe.get()?;
         let (ep, rb) = line.split_once(' ').context("bad endpoint line")?;

@@ -13,14 +13,16 @@ use crate::qp::QpShared;
 use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Offsets in a CQ's control block.
 pub(crate) const CQ_DBREC: usize = 0;
 pub(crate) const CQ_RETIRED: usize = 64;
 
-/// The CQ as the device and every handle share it.
+/// The CQ as the device and every handle share it. Aligned so that the `Arc`'s counters
+/// and the fields the engine writes do not share cache lines with what pollers read.
+#[repr(C, align(128))]
 pub(crate) struct CqShared {
     pub cqn: u32,
     pub cnt: u32,
@@ -28,8 +30,8 @@ pub(crate) struct CqShared {
     pub ring: Arc<RingMem>,
     /// Doorbell record (`[ci][arm]`, BE32) at 0; retired counter (native u64) at 64.
     pub ctrl: Arc<RingMem>,
-    /// Producer index: written by the device's engine only.
-    pub hw_pi: AtomicU64,
+    /// Producer index: written by the device's engine only (on its own cache line).
+    pub hw_pi: crate::mem::Padded<AtomicU64>,
     /// Set by the engine when a CQE could not be written.
     pub overrun: AtomicBool,
     /// Next completion number handed to a ticket (see `QpShared` tickets).
@@ -42,10 +44,19 @@ pub(crate) struct CqShared {
 
 struct PollState {
     ci: u64,
-    last: Option<(u32, Weak<QpShared>)>,
+    /// The QP of the last completion (cleared when that QP is destroyed).
+    last: Option<(u32, Arc<QpShared>)>,
 }
 
 impl CqShared {
+    /// Drops the poll cache's reference to a QP being destroyed.
+    pub(crate) fn forget_qp(&self, qpn: u32) {
+        let mut st = self.poll.lock();
+        if st.last.as_ref().is_some_and(|(n, _)| *n == qpn) {
+            st.last = None;
+        }
+    }
+
     pub(crate) fn keep(self: &Arc<Self>) -> (KeepAlive, KeepAlive) {
         (self.ring.clone(), self.ctrl.clone())
     }
@@ -161,7 +172,7 @@ impl Cq {
             cnt,
             ring,
             ctrl: Arc::new(RingMem::new(128)),
-            hw_pi: AtomicU64::new(0),
+            hw_pi: crate::mem::Padded(AtomicU64::new(0)),
             overrun: AtomicBool::new(false),
             reserved: AtomicU64::new(0),
             users: AtomicU32::new(0),
@@ -299,19 +310,14 @@ pub(crate) fn wait_ops(s: &Arc<CqShared>, n: u64) -> Ops {
 fn decode(
     cqe: &Cqe64,
     index: u64,
-    last: &mut Option<(u32, Weak<QpShared>)>,
+    last: &mut Option<(u32, Arc<QpShared>)>,
     qps: &QpTable,
 ) -> Completion {
     let qpn = cqe.qpn();
-    let qp = match last {
-        Some((n, w)) if *n == qpn => w.upgrade(),
-        _ => {
-            let w = qps.get(qpn);
-            let q = w.as_ref().and_then(Weak::upgrade);
-            *last = w.map(|w| (qpn, w));
-            q
-        }
-    };
+    if last.as_ref().is_none_or(|(n, _)| *n != qpn) {
+        *last = qps.get(qpn).and_then(|w| w.upgrade()).map(|q| (qpn, q));
+    }
+    let qp = last.as_ref().map(|(_, q)| q);
     let op = cqe.opcode().unwrap_or(CqeOpcode::Invalid);
     let status = if op.is_error() {
         WcStatus::Error(cqe.syndrome().unwrap_or(Syndrome::LocalQpOp))

@@ -7,6 +7,18 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 /// Alignment of every ring allocation (one host page).
 pub(crate) const PAGE: usize = 4096;
 
+/// A value on its own cache lines, so that writers of its neighbours do not steal it.
+#[repr(align(128))]
+#[derive(Default, Debug)]
+pub(crate) struct Padded<T>(pub T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// A zeroed, page-aligned allocation that lives as long as its longest holder (queues, the
 /// engine, and any op list that points into it hold an `Arc`).
 pub(crate) struct RingMem {
@@ -75,6 +87,17 @@ impl RingMem {
         self.check(off, src.len(), 1);
         // SAFETY: in bounds (checked); src cannot overlap ring memory handed out only as atomics.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(off), src.len()) }
+    }
+
+    /// Hints the CPU to fetch the cache line at `off` (e.g. the next WQE slot, so its
+    /// transfer overlaps the doorbell's). Not a memory access: it cannot race or fault.
+    pub(crate) fn prefetch(&self, off: usize) {
+        self.check(off, 1, 1);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: prefetching is a hint with no architectural effect; the address is in bounds.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(self.ptr.add(off) as *const i8)
+        };
     }
 
     /// Copies from the ring at `off` into `dst`.

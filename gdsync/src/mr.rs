@@ -3,7 +3,8 @@
 use crate::device::DeviceShared;
 use crate::wr::Sge;
 use crate::{Error, Result};
-use parking_lot::{RwLock, RwLockReadGuard};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
@@ -47,13 +48,45 @@ impl MrEntry {
     }
 }
 
+/// A value on its own cache line, so writers of neighbours do not steal it.
+#[repr(align(64))]
+#[derive(Default)]
+struct Padded<T>(T);
+
 /// The device's key → region table (the model of the HCA's memory translation table).
+///
+/// The engine works from its own copy ([`MrCache`]) so that its hot path writes no cache
+/// line that posting threads also write. Every change bumps `version`; a deregistration
+/// then waits until the engine has taken a copy at least that new (`seen`), which it does
+/// only between polling rounds, so it can no longer touch the removed region.
 #[derive(Default)]
 pub(crate) struct MrTable {
     inner: RwLock<Slots>,
+    version: Padded<AtomicU64>,
+    seen: Padded<AtomicU64>,
+    engine: Mutex<Option<std::thread::Thread>>,
 }
 
+/// The engine's private copy of the table.
 #[derive(Default)]
+pub(crate) struct MrCache {
+    version: u64,
+    pub slots: Arc<Slots>,
+}
+
+impl MrCache {
+    /// Refreshes the copy if the table changed; cheap (one load) when it did not.
+    pub fn sync(&mut self, t: &MrTable) {
+        let v = t.version.0.load(Ordering::Acquire);
+        if v != self.version {
+            self.slots = Arc::new(t.inner.read().clone());
+            self.version = v;
+            t.seen.0.store(v, Ordering::Release);
+        }
+    }
+}
+
+#[derive(Default, Clone)]
 pub(crate) struct Slots {
     slots: Vec<(u8, Option<MrEntry>)>,
     free: Vec<usize>,
@@ -91,22 +124,43 @@ impl MrTable {
             n => n,
         };
         slot.1 = Some(e);
-        ((idx as u32) << 8) | slot.0 as u32
+        let key = ((idx as u32) << 8) | slot.0 as u32;
+        self.version.0.fetch_add(1, Ordering::AcqRel);
+        key
     }
 
     fn remove(&self, key: u32) {
-        let mut t = self.inner.write();
-        let idx = (key >> 8) as usize;
-        if t.slots
-            .get(idx)
-            .is_some_and(|s| s.0 == key as u8 && s.1.is_some())
-        {
+        let v = {
+            let mut t = self.inner.write();
+            let idx = (key >> 8) as usize;
+            if !t.slots.get(idx).is_some_and(|s| s.0 == key as u8 && s.1.is_some()) {
+                return;
+            }
             t.slots[idx].1 = None;
             t.free.push(idx);
+            self.version.0.fetch_add(1, Ordering::AcqRel) + 1
+        };
+        // Wait until the engine works from a copy without the region.
+        let mut spins = 0u32;
+        while self.seen.0.load(Ordering::Acquire) < v {
+            let Some(engine) = self.engine.lock().clone() else { return };
+            engine.unpark();
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
     }
 
-    /// Read access for the engine; while it is held no region can be deregistered.
+    /// Called by the engine thread when it starts (`Some`) and stops (`None`): while no
+    /// engine runs, deregistration has nobody to wait for.
+    pub fn set_engine(&self, t: Option<std::thread::Thread>) {
+        *self.engine.lock() = t;
+    }
+
+    /// Shared read access (posting threads; the engine uses its [`MrCache`]).
     pub fn read(&self) -> RwLockReadGuard<'_, Slots> {
         self.inner.read()
     }

@@ -74,6 +74,10 @@ pub enum QpState {
 }
 
 /// The QP as the user handle, the engine and CQ polls share it.
+///
+/// Aligned so that the `Arc`'s counters (which the engine touches) do not share a cache line
+/// with the fields posting threads read.
+#[repr(C, align(128))]
 pub(crate) struct QpShared {
     pub qpn: u32,
     pub pd: u32,
@@ -644,6 +648,8 @@ fn encode(
 
 impl Drop for Qp {
     fn drop(&mut self) {
+        self.shared.send_cq.forget_qp(self.shared.qpn);
+        self.shared.recv_cq.forget_qp(self.shared.qpn);
         self.shared.send_cq.users.fetch_sub(1, Ordering::AcqRel);
         self.shared.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
         self.dev.remove_qp(self.shared.qpn);

@@ -18,7 +18,7 @@ use crate::cq::CqShared;
 use crate::exec::Backoff;
 use crate::format::*;
 use crate::mem::slot_off;
-use crate::mr::{Access, MrTable, Slots};
+use crate::mr::{Access, MrCache, MrTable, Slots};
 use crate::qp::{QpShared, QpState, QP_DBREC, QP_DOORBELL};
 use crate::wr::Sge;
 use smallvec::SmallVec;
@@ -123,6 +123,7 @@ struct ELink {
 pub(crate) struct Engine {
     ctl: Arc<EngineCtl>,
     mrs: Arc<MrTable>,
+    mrc: MrCache,
     qps: Vec<Option<EQp>>,
     active: Vec<u32>,
     links: Vec<ELink>,
@@ -145,6 +146,7 @@ impl Engine {
         Self {
             ctl,
             mrs,
+            mrc: MrCache::default(),
             qps: Vec::new(),
             active: Vec::new(),
             links: Vec::new(),
@@ -152,7 +154,19 @@ impl Engine {
         }
     }
 
+    /// The engine's copy of the memory-region table, refreshed if it changed.
+    fn slots(&mut self) -> Arc<Slots> {
+        self.mrc.sync(&self.mrs);
+        self.mrc.slots.clone()
+    }
+
     pub(crate) fn run(mut self) {
+        self.mrs.set_engine(Some(std::thread::current()));
+        self.run_loop();
+        self.mrs.set_engine(None);
+    }
+
+    fn run_loop(&mut self) {
         let mut backoff = Backoff::default();
         let mut round = 0u32;
         loop {
@@ -162,6 +176,8 @@ impl Engine {
             if self.ctl.stop.load(Ordering::Acquire) {
                 break;
             }
+            // Between rounds: no region from an older table copy is in use.
+            self.mrc.sync(&self.mrs);
             let mut work = false;
             for i in 0..self.active.len() {
                 work |= self.poll_qp(self.active[i]);
@@ -192,7 +208,7 @@ impl Engine {
                 }
                 self.ctl.sleeping.store(false, Ordering::Relaxed);
             } else {
-                backoff.snooze();
+                backoff.snooze_busy();
             }
         }
     }
@@ -261,7 +277,9 @@ impl Engine {
         let Some(q) = self.qps[qpn as usize].as_mut() else {
             return false;
         };
-        // The common case, nothing new: one load of the doorbell's cache line.
+        // The common case, nothing new: one load of the doorbell's cache line. The next WQE
+        // slot is prefetched so that, when a doorbell comes, both lines travel at once.
+        q.hw.buf.prefetch(slot_off(q.hw.sq_off, q.sq_ci, q.hw.sq_cnt, WQEBB));
         let db = q.hw.ctrl.u64(QP_DOORBELL).load(Ordering::Acquire);
         if db == q.last_db && !q.pending && !q.err {
             return false;
@@ -373,7 +391,9 @@ impl Engine {
         {
             return Step::Stalled;
         }
-        let mut wqe = [0u8; MAX_WQE_WQEBBS * WQEBB];
+        // Most WQEs are one or two blocks: keep them on the stack, zero only what is read.
+        let mut wqe: SmallVec<[u8; 2 * WQEBB]> = SmallVec::new();
+        wqe.resize(nbb as usize * WQEBB, 0);
         for i in 0..nbb as u64 {
             let o = i as usize * WQEBB;
             hw.buf.read(
@@ -473,7 +493,7 @@ impl Engine {
         } else {
             Access::empty()
         };
-        if !sges_ok(&self.mrs.read(), hw.pd, &sges, need) {
+        if !sges_ok(&self.slots(), hw.pd, &sges, need) {
             return self.fail_new(qpn, &ctrl, opcode, nbb, Syndrome::LocalProt);
         }
         let q = self.qps[qpn as usize].as_mut().unwrap();
@@ -644,8 +664,7 @@ impl Engine {
             return false;
         }
         let mut work = false;
-        let mrs = self.mrs.clone();
-        let slots = mrs.read();
+        let slots = self.slots();
         loop {
             let link = &mut self.links[li];
             let Some(job) = link.queue.front_mut() else {
@@ -714,7 +733,8 @@ impl Engine {
                 .push_back(nak(h, Syndrome::RemoteInvalReq as u8));
             return;
         };
-        let slots = self.mrs.read();
+        self.mrc.sync(&self.mrs);
+        let slots = self.mrc.slots.clone();
         if h.offset == 0 {
             q.inmsg = None;
             let remote_ok = |need: Access, len: u64| {
@@ -722,10 +742,11 @@ impl Engine {
                     e.pd == hw.pd && e.access.contains(need) && e.covers(h.raddr, len)
                 })
             };
-            let rq_ready = rq_producer(&hw).wrapping_sub(q.rq_ci as u16) != 0;
+            let rq_ci = q.rq_ci as u16;
+            let rq_ready = || rq_producer(&hw).wrapping_sub(rq_ci) != 0;
             let dest = match op {
                 Opcode::RdmaWrite | Opcode::RdmaWriteImm => {
-                    if op.consumes_recv() && !rq_ready {
+                    if op.consumes_recv() && !rq_ready() {
                         self.links[li].queue.push_back(nak(h, NAK_RNR));
                         return;
                     }
@@ -741,7 +762,7 @@ impl Engine {
                     }
                 }
                 Opcode::Send | Opcode::SendImm => {
-                    if !rq_ready {
+                    if !rq_ready() {
                         self.links[li].queue.push_back(nak(h, NAK_RNR));
                         return;
                     }
@@ -950,7 +971,8 @@ impl Engine {
                 let Some(o) = q.out.iter_mut().find(|o| o.psn == h.psn && !o.done) else {
                     return;
                 };
-                let slots = self.mrs.read();
+                self.mrc.sync(&self.mrs);
+                let slots = self.mrc.slots.clone();
                 let ok = if h.op == resp::READ {
                     h.offset == o.got && scatter(&slots, pd, &o.scatter, h.offset as u64, payload)
                 } else {
