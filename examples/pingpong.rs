@@ -186,7 +186,7 @@ impl NicSetup {
             op,
             inline_max: QpConfig::default().max_inline as usize,
             posted: 0,
-            signal_every: 64,
+            signal_every: 64, // a power of two
             unacked_signals: 0,
             _dev: self.dev,
         };
@@ -232,7 +232,7 @@ impl Wire for Nic {
             wr = wr.inline();
         }
         self.posted += 1;
-        if self.posted % self.signal_every != 0 {
+        if self.posted & (self.signal_every - 1) != 0 {
             wr = wr.unsignaled();
         } else {
             self.unacked_signals += 1;
@@ -242,7 +242,10 @@ impl Wire for Nic {
             self.reap_sends()?;
         }
         self.qp.post_send(&wr)?;
-        self.reap_sends()
+        if self.unacked_signals > 0 {
+            self.reap_sends()?;
+        }
+        Ok(())
     }
 
     fn wait(&mut self, i: u64, size: usize) -> Result<()> {

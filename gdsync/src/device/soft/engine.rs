@@ -183,6 +183,9 @@ impl Engine {
                 work |= self.poll_qp(self.active[i]);
             }
             for li in 0..self.links.len() {
+                // Send what the send rings produced before looking at the wire: a peek at
+                // the receive ring may wait for a cache line the peer just wrote.
+                work |= self.pump(li);
                 work |= self.poll_link(li);
                 work |= self.pump(li);
             }
@@ -284,11 +287,11 @@ impl Engine {
         if db == q.last_db && !q.pending && !q.err {
             return false;
         }
-        let hw = q.hw.clone();
+        let hw = &*q.hw;
         let mut work = false;
         // Receive ring of a QP in error: flush what is posted.
         if q.err {
-            let rq_pi = rq_producer(&hw);
+            let rq_pi = rq_producer(hw);
             while rq_pi.wrapping_sub(q.rq_ci as u16) != 0 {
                 let mut cqe = err_cqe(
                     CqeOpcode::RespErr,
@@ -310,14 +313,15 @@ impl Engine {
             q.pending = true;
             return work;
         }
-        let pi = u16::try_from(load_be32(&hw, QP_DBREC + 4 * DBREC_SQ) & 0xFFFF).unwrap();
+        let pi = u16::try_from(load_be32(hw, QP_DBREC + 4 * DBREC_SQ) & 0xFFFF).unwrap();
+        let sq_cnt = hw.sq_cnt;
         q.pending = false;
         loop {
             let avail = pi.wrapping_sub(q_sq_ci(&self.qps, qpn) as u16) as u32;
             if avail == 0 {
                 break;
             }
-            if avail > hw.sq_cnt {
+            if avail > sq_cnt {
                 // The doorbell record claims more WQEs than the ring holds.
                 self.malformed(qpn, None, q_sq_ci(&self.qps, qpn), pi);
                 return true;
@@ -342,7 +346,7 @@ impl Engine {
     /// Parses and starts the WQE at the QP's send consumer index.
     fn next_wqe(&mut self, qpn: u32, avail: u32) -> Step {
         let q = self.qps[qpn as usize].as_mut().unwrap();
-        let hw = q.hw.clone();
+        let hw = &*q.hw;
         let sq_ci = q.sq_ci;
         let mut ctrl_b = [0u8; 16];
         hw.buf
@@ -493,7 +497,9 @@ impl Engine {
         } else {
             Access::empty()
         };
-        if !sges_ok(&self.slots(), hw.pd, &sges, need) {
+        let pd = hw.pd;
+        self.mrc.sync(&self.mrs);
+        if !sges_ok(&self.mrc.slots, pd, &sges, need) {
             return self.fail_new(qpn, &ctrl, opcode, nbb, Syndrome::LocalProt);
         }
         let q = self.qps[qpn as usize].as_mut().unwrap();
@@ -532,7 +538,7 @@ impl Engine {
             self.links[li].queue.push_back(TxJob {
                 hdr,
                 body,
-                pd: hw.pd,
+                pd,
                 sent: 0,
             });
         } else {
@@ -726,7 +732,7 @@ impl Engine {
         if h.psn != q.exp_psn {
             return; // after a NAK: dropped until the requester resends this psn
         }
-        let hw = q.hw.clone();
+        let hw = &*q.hw;
         let Some(op) = Opcode::from_u8(h.op) else {
             self.links[li]
                 .queue
@@ -734,7 +740,7 @@ impl Engine {
             return;
         };
         self.mrc.sync(&self.mrs);
-        let slots = self.mrc.slots.clone();
+        let slots = &*self.mrc.slots;
         if h.offset == 0 {
             q.inmsg = None;
             let remote_ok = |need: Access, len: u64| {
@@ -777,7 +783,6 @@ impl Engine {
                             (None, Syndrome::RemoteOp)
                         };
                     if let Some(s) = resp_err {
-                        drop(slots);
                         self.responder_error(qpn, s);
                         self.links[li].queue.push_back(nak(h, to_requester as u8));
                         return;
@@ -881,7 +886,6 @@ impl Engine {
             }
             Dest::Recv { sges } => scatter(&slots, hw.pd, sges, m.got as u64, payload),
         };
-        drop(slots);
         if !ok {
             let recv = matches!(m.dest, Dest::Recv { .. });
             q.inmsg = None;
