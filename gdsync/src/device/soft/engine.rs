@@ -642,10 +642,7 @@ impl Engine {
 
     fn poll_link(&mut self, li: usize) -> bool {
         let mut n = 0;
-        loop {
-            let Some((h, payload)) = self.links[li].link.rx.peek() else {
-                break;
-            };
+        while let Some((h, payload)) = self.links[li].link.rx.peek() {
             // The payload borrows the ring: copy small headers, hand the slice down.
             let payload: *const [u8] = payload;
             // SAFETY: the record stays valid until pop() below; nothing else touches the ring.
@@ -749,7 +746,7 @@ impl Engine {
                 })
             };
             let rq_ci = q.rq_ci as u16;
-            let rq_ready = || rq_producer(&hw).wrapping_sub(rq_ci) != 0;
+            let rq_ready = || rq_producer(hw).wrapping_sub(rq_ci) != 0;
             let dest = match op {
                 Opcode::RdmaWrite | Opcode::RdmaWriteImm => {
                     if op.consumes_recv() && !rq_ready() {
@@ -772,10 +769,10 @@ impl Engine {
                         self.links[li].queue.push_back(nak(h, NAK_RNR));
                         return;
                     }
-                    let sges = read_recv_wqe(&hw, q.rq_ci);
+                    let sges = read_recv_wqe(hw, q.rq_ci);
                     let cap: u64 = sges.iter().map(|s| s.len as u64).sum();
                     let (resp_err, to_requester) =
-                        if !sges_ok(&slots, hw.pd, &sges, Access::LOCAL_WRITE) {
+                        if !sges_ok(slots, hw.pd, &sges, Access::LOCAL_WRITE) {
                             (Some(Syndrome::LocalProt), Syndrome::RemoteOp)
                         } else if h.msg_len as u64 > cap {
                             (Some(Syndrome::LocalLength), Syndrome::RemoteInvalReq)
@@ -884,7 +881,7 @@ impl Engine {
                 }
                 ok
             }
-            Dest::Recv { sges } => scatter(&slots, hw.pd, sges, m.got as u64, payload),
+            Dest::Recv { sges } => scatter(slots, hw.pd, sges, m.got as u64, payload),
         };
         if !ok {
             let recv = matches!(m.dest, Dest::Recv { .. });
