@@ -234,7 +234,8 @@ impl Qp {
                 "max_recv_sge must be in 1..={MAX_SGE}"
             )));
         }
-        let max_inline = (MAX_WQE_WQEBBS * WQEBB - 2 * SEG_SIZE - 4) as u32;
+        // ctrl + raddr + the inline header must fit in the 63 DS a WQE can have.
+        let max_inline = (MAX_WQE_DS * SEG_SIZE - 2 * SEG_SIZE - 4) as u32;
         if cfg.max_inline > max_inline {
             return Err(Error::invalid(format!(
                 "max_inline {} exceeds {max_inline}",

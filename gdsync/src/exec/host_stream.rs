@@ -136,8 +136,12 @@ fn worker(s: &Shared, timeout: Duration) {
 
 impl Drop for HostStream {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Relaxed);
-        self.shared.work.notify_all();
+        {
+            // Under the lock, so the worker cannot check `stop` and then miss the wakeup.
+            let _st = self.shared.state.lock();
+            self.shared.stop.store(true, Ordering::Relaxed);
+            self.shared.work.notify_all();
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -113,6 +113,9 @@ struct EQp {
     exp_psn: u32,
     rq_ci: u64,
     inmsg: Option<InMsg>,
+    /// After entering the error state with nothing outstanding (e.g. during an RNR wait):
+    /// the syndrome the next WQE of the ring completes with, instead of WR_FLUSH.
+    fail_next: Option<Syndrome>,
 }
 
 struct ELink {
@@ -243,6 +246,7 @@ impl Engine {
                         exp_psn: 0,
                         rq_ci: 0,
                         inmsg: None,
+                        fail_next: None,
                     });
                     self.active.push(n as u32);
                 }
@@ -322,8 +326,10 @@ impl Engine {
                 break;
             }
             if avail > sq_cnt {
-                // The doorbell record claims more WQEs than the ring holds.
-                self.malformed(qpn, None, q_sq_ci(&self.qps, qpn), pi);
+                // The doorbell record claims more WQEs than the ring holds (or went backwards).
+                if !self.qps[qpn as usize].as_ref().unwrap().err {
+                    self.malformed(qpn, None, q_sq_ci(&self.qps, qpn), pi);
+                }
                 return true;
             }
             let li = self.qps[qpn as usize].as_ref().unwrap().link.unwrap();
@@ -375,7 +381,7 @@ impl Engine {
             // Flush: every WQE completes with WR_FLUSH, signalled or not.
             let mut cqe = err_cqe(
                 CqeOpcode::ReqErr,
-                Syndrome::WrFlush,
+                q.fail_next.take().unwrap_or(Syndrome::WrFlush),
                 opcode as u8,
                 hw.qpn,
                 ctrl.wqe_index(),
@@ -548,8 +554,9 @@ impl Engine {
     }
 
     /// A WQE the device cannot parse (or a doorbell record past the ring): error CQE with
-    /// LOCAL_QP_OP, QP to error; the rest of the ring up to the doorbell record is dropped
-    /// when its WQEs cannot be trusted.
+    /// LOCAL_QP_OP, QP to error. After a bad WQE the rest of the ring up to the doorbell
+    /// record is dropped (its WQEs cannot be trusted); after a bad doorbell record (`ctrl` is
+    /// `None`) the consumer index stays, and later doorbells flush what follows it.
     fn malformed(&mut self, qpn: u32, ctrl: Option<&CtrlSeg>, sq_ci: u64, pi: u16) {
         let q = self.qps[qpn as usize].as_mut().unwrap();
         let hw = q.hw.clone();
@@ -564,7 +571,9 @@ impl Engine {
             sq_ci as u16,
         );
         push_cqe(&hw.send_cq, &mut cqe);
-        q.sq_ci += pi.wrapping_sub(sq_ci as u16) as u64;
+        if ctrl.is_some() {
+            q.sq_ci += pi.wrapping_sub(sq_ci as u16) as u64;
+        }
     }
 
     /// A WQE that fails before anything is sent: its error CQE, then QP to error.
@@ -588,6 +597,23 @@ impl Engine {
         push_cqe(&q.hw.send_cq, &mut cqe);
         q.sq_ci += nbb as u64;
         Step::Advanced
+    }
+
+    /// Moves a QP to the error state because its first unfinished WQE failed with `s`: the
+    /// oldest outstanding one, or, when none is outstanding (an RNR wait rewound them), the
+    /// next one in the send ring.
+    fn fail_first(&mut self, qpn: u32, s: Syndrome) {
+        let q = self.qps[qpn as usize].as_mut().unwrap();
+        complete_front(q, self.now);
+        match q.out.front().map(|o| o.psn) {
+            Some(psn) => self.enter_error(qpn, Some((psn, s))),
+            None => {
+                if !q.err {
+                    q.fail_next = Some(s);
+                }
+                self.enter_error(qpn, None);
+            }
+        }
     }
 
     /// Moves a QP to the error state. Completed work at the front completes normally; the
@@ -1031,8 +1057,7 @@ impl Engine {
                     let qpn = self.active[i];
                     let q = self.qps[qpn as usize].as_ref().unwrap();
                     if q.link == Some(li) && !q.err {
-                        let psn = q.out.front().map(|o| o.psn);
-                        self.enter_error(qpn, psn.map(|p| (p, Syndrome::TransportRetryExc)));
+                        self.fail_first(qpn, Syndrome::TransportRetryExc);
                         work = true;
                     }
                 }
