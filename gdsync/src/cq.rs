@@ -38,6 +38,10 @@ pub(crate) struct CqShared {
     pub reserved: AtomicU64,
     /// Number of queue sides (send or receive of a QP) that complete here.
     pub users: AtomicU32,
+    /// Error completions the device wrote, kept for [`Cq::take_errors`]: completions an
+    /// executor retired are never decoded by a CPU poll, yet their errors must be reported.
+    pub errors: Mutex<Vec<CqError>>,
+    pub has_errors: AtomicBool,
     poll: Mutex<PollState>,
     qps: Arc<QpTable>,
 }
@@ -60,6 +64,19 @@ impl CqShared {
     pub(crate) fn keep(self: &Arc<Self>) -> (KeepAlive, KeepAlive) {
         (self.ring.clone(), self.ctrl.clone())
     }
+}
+
+/// An error completion, as recorded by the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CqError {
+    /// The QP.
+    pub qpn: u32,
+    /// Its WQE counter (send ring index, or receive index for responder errors).
+    pub wqe_counter: u16,
+    /// The syndrome.
+    pub syndrome: Syndrome,
+    /// A responder (receive-side) error.
+    pub responder: bool,
 }
 
 /// Status of a completion.
@@ -176,6 +193,8 @@ impl Cq {
             overrun: AtomicBool::new(false),
             reserved: AtomicU64::new(0),
             users: AtomicU32::new(0),
+            errors: Mutex::new(Vec::new()),
+            has_errors: AtomicBool::new(false),
             poll: Mutex::new(PollState { ci: 0, last: None }),
             qps: dev.qps.clone(),
         });
@@ -236,6 +255,34 @@ impl Cq {
             return Err(Error::CqOverrun { cqn: s.cqn });
         }
         Ok(n)
+    }
+
+    /// The error completions written since the last call, whether a CPU poll or an executor's
+    /// wait consumed them. Call it after a stream synchronises to learn whether work it
+    /// waited for failed (a wait on a completion passes for errors too).
+    pub fn take_errors(&self) -> Vec<CqError> {
+        if !self.shared.has_errors.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.shared.errors.lock())
+    }
+
+    /// `Err` with the first error completion since the last check (see
+    /// [`take_errors`](Self::take_errors)), also when the CQ overran.
+    pub fn check(&self) -> Result<()> {
+        if self.shared.overrun.load(Ordering::Acquire) {
+            return Err(Error::CqOverrun {
+                cqn: self.shared.cqn,
+            });
+        }
+        match self.take_errors().first() {
+            None => Ok(()),
+            Some(e) => Err(Error::Completion {
+                wr_id: u64::MAX,
+                qpn: e.qpn,
+                syndrome: e.syndrome,
+            }),
+        }
     }
 
     /// Polls one completion.

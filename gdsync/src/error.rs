@@ -82,6 +82,19 @@ pub enum Error {
     /// The device or its engine is gone.
     #[error("device closed: {0}")]
     DeviceClosed(String),
+    /// CUDA is not usable here (no driver, no GPU, or disabled).
+    #[error("CUDA not available: {0}")]
+    NoCuda(String),
+    /// A CUDA driver call failed.
+    #[error("{call} failed: {name} ({code})")]
+    Cuda {
+        /// The driver call.
+        call: &'static str,
+        /// The CUresult.
+        code: i32,
+        /// Its name.
+        name: String,
+    },
     /// An operating-system call failed.
     #[error("{what}: {source}")]
     Os {

@@ -36,19 +36,23 @@
 #![warn(missing_docs)]
 
 mod cq;
+pub mod cuda;
 mod device;
 mod error;
 pub mod exec;
 pub mod format;
+pub mod kernel;
 mod mem;
 mod mr;
 pub mod ops;
 mod qp;
+mod signal;
 mod wr;
 
-pub use cq::{Completion, CompletionOp, Cq, WcStatus};
+pub use cq::{Completion, CompletionOp, Cq, CqError, WcStatus};
 pub use device::{Device, DeviceInfo, Endpoint};
 pub use error::{Error, Result};
 pub use mr::{Access, MemoryRegion, ProtectionDomain, RemoteAddr, RemoteBuf};
-pub use qp::{PreparedSend, Qp, QpConfig, QpState, RecvTicket, SendTicket};
+pub use qp::{CommitError, PreparedSend, Qp, QpConfig, QpState, RecvTicket, SendTicket};
+pub use signal::{PinnedBuffer, SignalWords};
 pub use wr::{RecvWr, SendFlags, SendWr, Sge, WrOp};

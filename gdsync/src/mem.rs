@@ -24,6 +24,8 @@ impl<T> std::ops::Deref for Padded<T> {
 pub(crate) struct RingMem {
     ptr: *mut u8,
     len: usize,
+    /// Registered with CUDA (pinned, mapped for GPUs) when a GPU is present.
+    cuda: bool,
 }
 
 // SAFETY: RingMem is a plain allocation; every access goes through the atomic or
@@ -42,7 +44,26 @@ impl RingMem {
         if ptr.is_null() {
             std::alloc::handle_alloc_error(layout);
         }
-        Self { ptr, len }
+        // Streams and kernels write doorbells and wait on CQEs here: pin and map it for GPUs.
+        let cuda = crate::cuda::Cuda::available()
+            && crate::cuda::Cuda::get().is_ok_and(|c| {
+                // SAFETY: the allocation lives until Drop, which unregisters it first.
+                match unsafe { c.register_host(ptr, len) } {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(
+                            "ring memory stays unregistered (GPUs cannot reach it): {e}"
+                        );
+                        false
+                    }
+                }
+            });
+        Self { ptr, len, cuda }
+    }
+
+    /// Whether GPUs can reach this memory (registered with CUDA).
+    pub(crate) fn gpu_mapped(&self) -> bool {
+        self.cuda
     }
 
     /// Device-visible address of byte `off` (the host virtual address for host memory).
@@ -96,7 +117,9 @@ impl RingMem {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: prefetching is a hint with no architectural effect; the address is in bounds.
         unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(self.ptr.add(off) as *const i8)
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                self.ptr.add(off) as *const i8
+            )
         };
     }
 
@@ -110,6 +133,11 @@ impl RingMem {
 
 impl Drop for RingMem {
     fn drop(&mut self) {
+        if self.cuda {
+            if let Ok(c) = crate::cuda::Cuda::get() {
+                c.unregister_host(self.ptr);
+            }
+        }
         // SAFETY: allocated in new() with this exact layout.
         unsafe { dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, PAGE)) }
     }

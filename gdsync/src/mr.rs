@@ -4,9 +4,9 @@ use crate::device::DeviceShared;
 use crate::wr::Sge;
 use crate::{Error, Result};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 bitflags::bitflags! {
@@ -36,6 +36,8 @@ pub(crate) struct MrEntry {
     pub len: u64,
     pub access: Access,
     pub pd: u32,
+    /// Device memory of this GPU, moved through the CUDA driver; `None`: host memory.
+    pub gpu: Option<i32>,
 }
 
 impl MrEntry {
@@ -45,6 +47,63 @@ impl MrEntry {
             && addr
                 .checked_add(len)
                 .is_some_and(|end| end <= self.addr + self.len)
+    }
+
+    /// The device's DMA write: copies `src` to `addr`, which must lie inside the region.
+    /// Callers hold the table (or the engine's copy of it), so the region is registered.
+    pub fn write(&self, addr: u64, src: &[u8]) -> bool {
+        if !self.covers(addr, src.len() as u64) {
+            return false;
+        }
+        match self.gpu {
+            Some(ordinal) => crate::cuda::copy_htod(ordinal, addr, src).is_ok(),
+            None => {
+                // SAFETY: inside a registered host region (checked above), whose owner lent it
+                // to the device for the registration's lifetime.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
+                true
+            }
+        }
+    }
+
+    /// The device's DMA read from `addr` into `dst`.
+    pub fn read(&self, addr: u64, dst: &mut [u8]) -> bool {
+        if !self.covers(addr, dst.len() as u64) {
+            return false;
+        }
+        match self.gpu {
+            Some(ordinal) => crate::cuda::copy_dtoh(ordinal, dst, addr).is_ok(),
+            None => {
+                // SAFETY: as in write().
+                unsafe {
+                    std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len())
+                };
+                true
+            }
+        }
+    }
+
+    /// An 8-byte atomic at `addr` (8-aligned, inside the region): stores `f(old)`, returns
+    /// `old`. Atomic against host CPUs; on device memory it is a read and a write through
+    /// the driver, not atomic against GPU kernels.
+    pub fn atomic(&self, addr: u64, f: impl Fn(u64) -> u64) -> Option<u64> {
+        if addr % 8 != 0 || !self.covers(addr, 8) {
+            return None;
+        }
+        match self.gpu {
+            Some(_) => {
+                let mut b = [0u8; 8];
+                self.read(addr, &mut b).then_some(())?;
+                let old = u64::from_ne_bytes(b);
+                self.write(addr, &f(old).to_ne_bytes()).then_some(old)
+            }
+            None => {
+                // SAFETY: 8 aligned bytes inside a registered host region (checked above).
+                let w = unsafe { &*(addr as *const AtomicU64) };
+                let r = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(f(v)));
+                Some(r.unwrap_or_else(|v| v))
+            }
+        }
     }
 }
 
@@ -133,7 +192,11 @@ impl MrTable {
         let v = {
             let mut t = self.inner.write();
             let idx = (key >> 8) as usize;
-            if !t.slots.get(idx).is_some_and(|s| s.0 == key as u8 && s.1.is_some()) {
+            if !t
+                .slots
+                .get(idx)
+                .is_some_and(|s| s.0 == key as u8 && s.1.is_some())
+            {
                 return;
             }
             t.slots[idx].1 = None;
@@ -143,7 +206,9 @@ impl MrTable {
         // Wait until the engine works from a copy without the region.
         let mut spins = 0u32;
         while self.seen.0.load(Ordering::Acquire) < v {
-            let Some(engine) = self.engine.lock().clone() else { return };
+            let Some(engine) = self.engine.lock().clone() else {
+                return;
+            };
             engine.unpark();
             spins += 1;
             if spins < 64 {
@@ -217,21 +282,39 @@ impl ProtectionDomain {
                 "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE as well (as in verbs)",
             ));
         }
+        let gpu = match crate::cuda::MemoryKind::of(ptr as u64) {
+            crate::cuda::MemoryKind::Device { ordinal } => Some(ordinal),
+            _ => None,
+        };
         let e = MrEntry {
             addr: ptr as u64,
             len: len as u64,
             access,
             pd: self.id,
+            gpu,
         };
         let key = self.dev.mrs.insert(e);
+        let entry = e;
         Ok(MemoryRegion {
             dev: self.dev.clone(),
             key,
             ptr,
             len,
             access,
+            gpu: entry.gpu,
             _buf: PhantomData,
         })
+    }
+
+    /// Registers a device buffer. Like [`register`](Self::register), the region borrows it.
+    pub fn register_device<'buf>(
+        &self,
+        buf: &'buf crate::cuda::DeviceBuffer,
+        access: Access,
+    ) -> Result<MemoryRegion<'buf>> {
+        // SAFETY: the borrow keeps the allocation alive for 'buf; device memory is reached
+        // only through the driver.
+        unsafe { self.register_raw(buf.ptr() as *mut u8, buf.len(), access) }
     }
 }
 
@@ -273,6 +356,7 @@ pub struct MemoryRegion<'buf> {
     ptr: *mut u8,
     len: usize,
     access: Access,
+    gpu: Option<i32>,
     _buf: PhantomData<&'buf mut [u8]>,
 }
 
@@ -354,27 +438,54 @@ impl MemoryRegion<'_> {
         }
     }
     /// Copies bytes of the region at `offset` into `dst`.
+    ///
+    /// # Panics
+    /// Out of bounds, or (device memory) when the CUDA copy fails.
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) {
         assert!(offset + dst.len() <= self.len, "read out of region");
+        if let Some(ordinal) = self.gpu {
+            crate::cuda::copy_dtoh(ordinal, dst, self.addr() + offset as u64).expect("device read");
+            return;
+        }
         // SAFETY: in bounds; the region owns access to the memory for its lifetime. The device
         // may write concurrently: data is defined once its completion has been seen.
         unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), dst.as_mut_ptr(), dst.len()) }
     }
     /// Copies `src` into the region at `offset`.
+    ///
+    /// # Panics
+    /// Out of bounds, or (device memory) when the CUDA copy fails.
     pub fn write_at(&self, offset: usize, src: &[u8]) {
         assert!(offset + src.len() <= self.len, "write out of region");
+        if let Some(ordinal) = self.gpu {
+            crate::cuda::copy_htod(ordinal, self.addr() + offset as u64, src)
+                .expect("device write");
+            return;
+        }
         // SAFETY: in bounds; see read_at.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(offset), src.len()) }
+    }
+    /// The GPU whose memory this is, `None` for host memory.
+    pub fn gpu(&self) -> Option<i32> {
+        self.gpu
     }
     /// Volatile read of one byte (for polling a buffer the peer writes, as perftest does).
     pub fn read_volatile_u8(&self, offset: usize) -> u8 {
         assert!(offset < self.len, "read out of region");
+        if self.gpu.is_some() {
+            let mut b = [0u8];
+            self.read_at(offset, &mut b);
+            return b[0];
+        }
         // SAFETY: in bounds.
         unsafe { std::ptr::read_volatile(self.ptr.add(offset)) }
     }
     /// Volatile write of one byte.
     pub fn write_volatile_u8(&self, offset: usize, v: u8) {
         assert!(offset < self.len, "write out of region");
+        if self.gpu.is_some() {
+            return self.write_at(offset, &[v]);
+        }
         // SAFETY: in bounds.
         unsafe { std::ptr::write_volatile(self.ptr.add(offset), v) }
     }

@@ -148,6 +148,9 @@ fn advance16(c: &AtomicU64, to: u16) {
 
 /// A send that was prepared (its WQE is in the send ring) but not yet made visible to the
 /// device. Commit it ([`Qp::commit`]) to get the op list that rings the doorbell.
+///
+/// Dropping it uncommitted turns its WQE into a no-op, exposed with the next commit (it then
+/// completes as a no-op, with its wr_id, if it was signalled).
 #[derive(Debug)]
 #[must_use = "a prepared send does nothing until it is committed and its ops run"]
 pub struct PreparedSend {
@@ -156,6 +159,42 @@ pub struct PreparedSend {
     end: u64,
     head: [u8; 8],
     ticket: SendTicket,
+    /// Where an uncommitted drop records itself.
+    abandoned: Arc<parking_lot::Mutex<Vec<u64>>>,
+    committed: bool,
+}
+
+impl Drop for PreparedSend {
+    fn drop(&mut self) {
+        if !self.committed {
+            self.abandoned.lock().push(self.start);
+        }
+    }
+}
+
+/// A commit refused (out of order, or another QP's send): the error and the prepared send,
+/// to commit later. Converts into [`Error`] for `?`.
+#[derive(Debug)]
+pub struct CommitError {
+    /// Why.
+    pub error: Error,
+    /// The send, still prepared.
+    pub prepared: PreparedSend,
+}
+
+impl std::fmt::Display for CommitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for CommitError {}
+
+impl From<CommitError> for Error {
+    fn from(e: CommitError) -> Error {
+        let CommitError { error, prepared: _ } = e;
+        error
+    }
 }
 
 impl PreparedSend {
@@ -195,6 +234,10 @@ pub struct Qp {
     rq_pi: u64,
     /// Where a WQE is assembled before it is copied into the ring.
     scratch: Box<[u8; MAX_WQE_WQEBBS * WQEBB]>,
+    /// Prepared, not yet committed sends, in ring order: (start, end).
+    uncommitted: std::collections::VecDeque<(u64, u64)>,
+    /// Starts of prepared sends dropped without a commit.
+    abandoned: Arc<parking_lot::Mutex<Vec<u64>>>,
 }
 
 impl std::fmt::Debug for Qp {
@@ -280,6 +323,8 @@ impl Qp {
             committed: 0,
             rq_pi: 0,
             scratch: Box::new([0; MAX_WQE_WQEBBS * WQEBB]),
+            uncommitted: Default::default(),
+            abandoned: Default::default(),
         })
     }
 
@@ -361,6 +406,7 @@ impl Qp {
             && s.send_cq.users.load(Ordering::Acquire) == 1)
             .then(|| s.send_cq.reserved.fetch_add(1, Ordering::AcqRel));
         let head: [u8; 8] = wqe[..8].try_into().unwrap();
+        self.uncommitted.push_back((start, self.sq_pi));
         Ok(PreparedSend {
             qpn: s.qpn,
             start,
@@ -371,22 +417,37 @@ impl Qp {
                 end: self.sq_pi,
                 cqe,
             },
+            abandoned: self.abandoned.clone(),
+            committed: false,
         })
     }
 
     /// Commits a prepared send: returns its ticket and the op list that exposes it (and any
     /// earlier committed-in-order sends) to the device: store the doorbell record, barrier,
     /// store the 8-byte doorbell. Prepared sends must be committed in the order prepared.
-    pub fn commit(&mut self, p: PreparedSend) -> Result<(SendTicket, Ops)> {
+    ///
+    /// The returned ops must also run in commit order: running an older commit's ops after a
+    /// newer one's moves the doorbell record backwards, which the device treats as a
+    /// malformed ring (`LOCAL_QP_OP_ERR`, QP to error). A refused commit hands the prepared
+    /// send back in the [`CommitError`].
+    pub fn commit(&mut self, mut p: PreparedSend) -> Result<(SendTicket, Ops), CommitError> {
         if p.qpn != self.shared.qpn {
-            return Err(Error::invalid("prepared send belongs to another QP"));
-        }
-        if p.start != self.committed {
-            return Err(Error::OutOfOrder {
-                expected: self.committed,
-                got: p.start,
+            return Err(CommitError {
+                error: Error::invalid("prepared send belongs to another QP"),
+                prepared: p,
             });
         }
+        if !self.skip_abandoned(p.start) {
+            return Err(CommitError {
+                error: Error::OutOfOrder {
+                    expected: self.committed,
+                    got: p.start,
+                },
+                prepared: p,
+            });
+        }
+        p.committed = true;
+        self.uncommitted.pop_front();
         self.committed = p.end;
         let s = &*self.shared;
         let keep = s.keep();
@@ -409,16 +470,48 @@ impl Qp {
         Ok((p.ticket, ops))
     }
 
+    /// Whether the send prepared at `start` is next, once prepared sends dropped without a
+    /// commit in front of it are turned into no-ops and passed over.
+    fn skip_abandoned(&mut self, start: u64) -> bool {
+        // Prepared sends dropped without a commit become no-ops and leave the queue.
+        let abandoned = std::mem::take(&mut *self.abandoned.lock());
+        for a in abandoned {
+            if let Some(i) = self.uncommitted.iter().position(|&(s, _)| s == a) {
+                let (s, e) = self.uncommitted.remove(i).unwrap();
+                self.neutralise(s, e);
+            }
+        }
+        // `uncommitted` holds the live ones in ring order: `start` is next if it is first.
+        if self.uncommitted.front().map(|&(s, _)| s) == Some(start) {
+            self.committed = start;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Rewrites the WQE at `[start, end)` as a no-op of the same size (same completion).
+    fn neutralise(&mut self, start: u64, _end: u64) {
+        let s = &*self.shared;
+        let off = slot_off(s.sq_off, start, s.sq_cnt, WQEBB);
+        let mut b = [0u8; 16];
+        s.buf.read(off, &mut b);
+        b[3] = Opcode::Nop as u8;
+        s.buf.write(off, &b);
+    }
+
     /// Posts a send from the CPU: prepare, then do what the commit ops describe (store the
     /// doorbell record, order, store the doorbell) directly on this thread.
     pub fn post_send(&mut self, wr: &SendWr) -> Result<SendTicket> {
-        let p = self.prepare_send(wr)?;
-        if p.start != self.committed {
+        let mut p = self.prepare_send(wr)?;
+        if !self.skip_abandoned(p.start) {
             return Err(Error::OutOfOrder {
                 expected: self.committed,
                 got: p.start,
             });
         }
+        p.committed = true;
+        self.uncommitted.pop_front();
         self.committed = p.end;
         let c = &self.shared.ctrl;
         c.u32(QP_DBREC + 4 * DBREC_SQ)
@@ -427,6 +520,30 @@ impl Qp {
             .store(doorbell_value(p.head), Ordering::Release);
         self.dev.kick();
         Ok(p.ticket)
+    }
+
+    /// Commits a prepared send and submits its doorbell ops to `exec` (a stream: the send
+    /// goes out when the stream reaches it).
+    pub fn post_prepared(
+        &mut self,
+        p: PreparedSend,
+        exec: &impl crate::exec::Executor,
+    ) -> Result<SendTicket> {
+        let (t, ops) = self.commit(p)?;
+        exec.submit(ops)?;
+        Ok(t)
+    }
+
+    /// Submits to `exec` the wait for a signalled send's completion (see
+    /// [`send_wait_ops`](Self::send_wait_ops)).
+    pub fn wait_send(&self, t: &SendTicket, exec: &impl crate::exec::Executor) -> Result<()> {
+        exec.submit(self.send_wait_ops(t)?)
+    }
+
+    /// Submits to `exec` the wait for a receive's completion (see
+    /// [`recv_wait_ops`](Self::recv_wait_ops)).
+    pub fn wait_recv(&self, t: &RecvTicket, exec: &impl crate::exec::Executor) -> Result<()> {
+        exec.submit(self.recv_wait_ops(t)?)
     }
 
     /// The op list that waits for a signalled send's completion and retires it (stores the
@@ -603,20 +720,17 @@ fn encode(
         // Inline payload is copied now, from registered memory only.
         let mrs = dev.mrs.read();
         for g in &wr.sges {
+            let n = g.len as usize;
             let ok = mrs
                 .get(g.lkey)
-                .is_some_and(|e| e.pd == s.pd && e.covers(g.addr, g.len as u64));
+                .is_some_and(|e| e.pd == s.pd && e.read(g.addr, &mut out[p..p + n]));
             if !ok {
                 return Err(Error::invalid(format!(
                     "inline SGE {:#x}+{} is not inside a region of this PD with lkey {:#x}",
                     g.addr, g.len, g.lkey
                 )));
             }
-            // SAFETY: the range lies inside a registered region (checked under the table's
-            // read lock, so it cannot be deregistered meanwhile).
-            let src = unsafe { std::slice::from_raw_parts(g.addr as *const u8, g.len as usize) };
-            out[p..p + src.len()].copy_from_slice(src);
-            p += src.len();
+            p += n;
         }
         pos += InlineHeader::ds_for(len as usize) * SEG_SIZE;
     } else {

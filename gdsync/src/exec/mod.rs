@@ -12,8 +12,38 @@
 mod host;
 mod host_stream;
 
+pub use crate::cuda::CudaStream;
 pub use host::HostExecutor;
 pub use host_stream::HostStream;
+
+use crate::ops::Ops;
+use crate::Result;
+
+/// Something that runs op lists: now ([`HostExecutor`]), or queued in order ([`HostStream`],
+/// [`CudaStream`]).
+pub trait Executor {
+    /// Runs `ops`, or queues them behind what was submitted before.
+    fn submit(&self, ops: Ops) -> Result<()>;
+}
+
+impl Executor for HostExecutor {
+    fn submit(&self, ops: Ops) -> Result<()> {
+        self.run(&ops)
+    }
+}
+
+impl Executor for HostStream {
+    fn submit(&self, ops: Ops) -> Result<()> {
+        self.enqueue(ops);
+        Ok(())
+    }
+}
+
+impl Executor for CudaStream {
+    fn submit(&self, ops: Ops) -> Result<()> {
+        self.enqueue(ops)
+    }
+}
 
 use std::time::Duration;
 
@@ -32,6 +62,10 @@ impl Backoff {
 
     pub(crate) fn reset(&mut self) {
         self.n = 0;
+    }
+    /// Whether the caller is still in the busy-spinning phase.
+    pub(crate) fn spinning(&self) -> bool {
+        self.n < Self::SPINS
     }
     /// Whether the next step sleeps (the caller may announce it first).
     pub(crate) fn would_sleep(&self) -> bool {

@@ -116,6 +116,9 @@ struct EQp {
     /// After entering the error state with nothing outstanding (e.g. during an RNR wait):
     /// the syndrome the next WQE of the ring completes with, instead of WR_FLUSH.
     fail_next: Option<Syndrome>,
+    /// The peer answered "not ready" and nothing else since: retries are not progress, so
+    /// the QP's timeout keeps running across them.
+    not_ready: bool,
 }
 
 struct ELink {
@@ -193,7 +196,9 @@ impl Engine {
                 work |= self.pump(li);
             }
             round = round.wrapping_add(1);
-            if round % 64 == 0 {
+            // The coarse clock: every 64 rounds while spinning, every round once the engine
+            // yields (a round may then take milliseconds).
+            if round % 64 == 0 || !backoff.spinning() {
                 self.now = Instant::now();
                 work |= self.timers(self.now);
             }
@@ -247,6 +252,7 @@ impl Engine {
                         rq_ci: 0,
                         inmsg: None,
                         fail_next: None,
+                        not_ready: false,
                     });
                     self.active.push(n as u32);
                 }
@@ -286,7 +292,8 @@ impl Engine {
         };
         // The common case, nothing new: one load of the doorbell's cache line. The next WQE
         // slot is prefetched so that, when a doorbell comes, both lines travel at once.
-        q.hw.buf.prefetch(slot_off(q.hw.sq_off, q.sq_ci, q.hw.sq_cnt, WQEBB));
+        q.hw.buf
+            .prefetch(slot_off(q.hw.sq_off, q.sq_ci, q.hw.sq_cnt, WQEBB));
         let db = q.hw.ctrl.u64(QP_DOORBELL).load(Ordering::Acquire);
         if db == q.last_db && !q.pending && !q.err {
             return false;
@@ -457,7 +464,9 @@ impl Engine {
         }
         let mut sges: SmallVec<[Sge; 2]> = SmallVec::new();
         let mut len: u64 = 0;
-        if pos < wqe.len() && DataSeg::from_bytes(seg(pos)).is_inline() {
+        if opcode == Opcode::Nop {
+            // A no-op ignores whatever segments it carries (a neutralised WQE keeps its own).
+        } else if pos < wqe.len() && DataSeg::from_bytes(seg(pos)).is_inline() {
             if matches!(
                 opcode,
                 Opcode::RdmaRead | Opcode::AtomicCs | Opcode::AtomicFa
@@ -534,7 +543,7 @@ impl Engine {
                 }
             }
         }
-        if q.out.is_empty() {
+        if q.out.is_empty() && !q.not_ready {
             q.progress_at = self.now;
         }
         q.out.push_back(o);
@@ -849,20 +858,20 @@ impl Engine {
                             .push_back(nak(h, Syndrome::RemoteAccess as u8));
                         return;
                     }
-                    // SAFETY: the 8 aligned bytes lie in a registered region with atomic access,
-                    // checked under the table's read lock (held until the end of this block).
-                    let word = unsafe { &*(h.raddr as *const std::sync::atomic::AtomicU64) };
-                    let old = if op == Opcode::AtomicFa {
-                        word.fetch_add(swap_add, Ordering::AcqRel)
-                    } else {
-                        match word.compare_exchange(
-                            compare,
-                            swap_add,
-                            Ordering::AcqRel,
-                            Ordering::Acquire,
-                        ) {
-                            Ok(v) | Err(v) => v,
+                    let e = slots.get(h.rkey).unwrap();
+                    let Some(old) = e.atomic(h.raddr, |old| {
+                        if op == Opcode::AtomicFa {
+                            old.wrapping_add(swap_add)
+                        } else if old == compare {
+                            swap_add
+                        } else {
+                            old
                         }
+                    }) else {
+                        self.links[li]
+                            .queue
+                            .push_back(nak(h, Syndrome::RemoteOp as u8));
+                        return;
                     };
                     q.exp_psn = q.exp_psn.wrapping_add(1);
                     self.links[li].queue.push_back(TxJob {
@@ -896,16 +905,9 @@ impl Engine {
         let ok = match &m.dest {
             Dest::Memory { rkey, addr } => {
                 let a = addr + m.got as u64;
-                let ok = slots.get(*rkey).is_some_and(|e| {
-                    e.access.contains(Access::REMOTE_WRITE) && e.covers(a, payload.len() as u64)
-                });
-                if ok {
-                    // SAFETY: the range lies in a registered region (checked under the lock).
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(payload.as_ptr(), a as *mut u8, payload.len())
-                    };
-                }
-                ok
+                slots
+                    .get(*rkey)
+                    .is_some_and(|e| e.access.contains(Access::REMOTE_WRITE) && e.write(a, payload))
             }
             Dest::Recv { sges } => scatter(slots, hw.pd, sges, m.got as u64, payload),
         };
@@ -976,7 +978,10 @@ impl Engine {
         if q.err || q.link != Some(li) || q.rqpn != h.src_qpn {
             return;
         }
-        q.progress_at = self.now;
+        if !(h.op == resp::NAK && h.syndrome == NAK_NOT_READY) {
+            q.progress_at = self.now;
+            q.not_ready = false;
+        }
         match h.op {
             resp::ACK => {
                 for o in q.out.iter_mut() {
@@ -1033,6 +1038,7 @@ impl Engine {
                     NAK_RNR => self.enter_error(qpn, Some((h.psn, Syndrome::RnrRetryExc))),
                     NAK_NOT_READY => {
                         // Not progress: the QP's timeout keeps running.
+                        q.not_ready = true;
                         self.rewind(qpn, k, NOT_READY_DELAY);
                     }
                     s => {
@@ -1071,10 +1077,15 @@ impl Engine {
                 q.pending = true;
                 work = true;
             }
-            if !q.err && !q.out.is_empty() && now.duration_since(q.progress_at) > q.hw.cfg.timeout {
-                let psn = q.out.front().unwrap().psn;
+            let waiting = !q.out.is_empty() || q.not_ready;
+            // The stamp comes from the coarse clock (up to ~64 rounds old): one
+            // millisecond of slack so the timeout never fires early.
+            if !q.err
+                && waiting
+                && now.duration_since(q.progress_at) > q.hw.cfg.timeout + Duration::from_millis(1)
+            {
                 tracing::debug!(qpn, "no answer from the peer: transport retries exceeded");
-                self.enter_error(qpn, Some((psn, Syndrome::TransportRetryExc)));
+                self.fail_first(qpn, Syndrome::TransportRetryExc);
                 work = true;
             }
         }
@@ -1149,12 +1160,10 @@ fn scatter(slots: &Slots, pd: u32, sges: &[Sge], mut off: u64, mut src: &[u8]) -
         let n = ((s.len as u64 - off) as usize).min(src.len());
         let a = s.addr + off;
         if !slots.get(s.lkey).is_some_and(|e| {
-            e.pd == pd && e.access.contains(Access::LOCAL_WRITE) && e.covers(a, n as u64)
+            e.pd == pd && e.access.contains(Access::LOCAL_WRITE) && e.write(a, &src[..n])
         }) {
             return false;
         }
-        // SAFETY: [a, a+n) lies in a registered, locally writable region (checked under the lock).
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), a as *mut u8, n) };
         src = &src[n..];
         off = 0;
     }
@@ -1173,15 +1182,14 @@ fn gather(slots: &Slots, pd: u32, sges: &[Sge], mut off: u64, mut dst: &mut [u8]
         }
         let n = ((s.len as u64 - off) as usize).min(dst.len());
         let a = s.addr + off;
+        let (now, rest) = std::mem::take(&mut dst).split_at_mut(n);
         if !slots
             .get(s.lkey)
-            .is_some_and(|e| e.pd == pd && e.covers(a, n as u64))
+            .is_some_and(|e| e.pd == pd && e.read(a, now))
         {
             return false;
         }
-        // SAFETY: [a, a+n) lies in a registered region (checked under the lock).
-        unsafe { std::ptr::copy_nonoverlapping(a as *const u8, dst.as_mut_ptr(), n) };
-        dst = &mut dst[n..];
+        dst = rest;
         off = 0;
     }
     dst.is_empty()
@@ -1221,16 +1229,9 @@ fn emit(job: &mut TxJob, tx: &mut super::link::Producer, slots: &Slots) -> Emit 
             Body::Gather(sges) => gather(slots, pd, sges, off, buf),
             Body::Memory { rkey, addr } => {
                 let a = addr + off;
-                let ok = slots.get(*rkey).is_some_and(|e| {
-                    e.access.contains(Access::REMOTE_READ) && e.covers(a, buf.len() as u64)
-                });
-                if ok {
-                    // SAFETY: the range lies in a registered, remotely readable region.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(a as *const u8, buf.as_mut_ptr(), buf.len())
-                    };
-                }
-                ok
+                slots
+                    .get(*rkey)
+                    .is_some_and(|e| e.access.contains(Access::REMOTE_READ) && e.read(a, buf))
             }
         });
         match r {
@@ -1315,6 +1316,15 @@ fn push_cqe(cq: &CqShared, cqe: &mut Cqe64) {
             tracing::error!(cqn = cq.cqn, "CQ overrun: completion dropped");
         }
         return;
+    }
+    if cqe.is_error() {
+        cq.errors.lock().push(crate::cq::CqError {
+            qpn: cqe.qpn(),
+            wqe_counter: cqe.wqe_counter(),
+            syndrome: cqe.syndrome().unwrap_or(Syndrome::LocalQpOp),
+            responder: cqe.opcode() == Some(CqeOpcode::RespErr),
+        });
+        cq.has_errors.store(true, Ordering::Release);
     }
     let owner = CqeOwner::expected(pi, cq.cnt);
     let op_own = (cqe.op_own() & !1) | owner;

@@ -1,0 +1,331 @@
+//! The CUDA stream executor: runs op lists as `cuStreamBatchMemOp` (v2 API only).
+
+use super::{check, Cuda, GpuCaps};
+use crate::exec::Backoff;
+use crate::ops::{Op, Ops, WaitCond};
+use crate::{Error, Result};
+use cudarc::driver::sys;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// `cuStreamBatchMemOp` takes fewer than 256 operations per call.
+const MAX_BATCH: usize = 255;
+
+/// Most memory operations one stream may have enqueued and not yet executed. Enqueuing
+/// thousands behind a wait that is not satisfied yet fills the GPU's command queue and blocks
+/// the enqueuing thread inside the driver (seen at ~2000 on an H200; 200 was fine). If that
+/// thread is the one that would satisfy the wait, it is a deadlock; so past this bound
+/// [`CudaStream::enqueue`] waits for earlier work to drain, and gives up with an error
+/// instead of blocking forever.
+pub const MAX_QUEUED_OPS: usize = 512;
+
+struct Pending {
+    event: sys::CUevent,
+    ops: usize,
+    _keep: Ops,
+}
+
+/// A CUDA stream that runs op lists: writes as `WRITE_VALUE_32/64`, waits as
+/// `WAIT_VALUE_32/64` (GEQ, EQ, AND, NOR), barriers as system-scope memory barriers.
+/// 64-bit writes become two 32-bit writes (low word first) where the GPU lacks 64-bit memops.
+///
+/// The memory an enqueued list points into is kept alive until the stream has run it.
+pub struct CudaStream {
+    raw: sys::CUstream,
+    ordinal: i32,
+    caps: GpuCaps,
+    pending: Mutex<VecDeque<Pending>>,
+    timeout: Duration,
+}
+
+// SAFETY: CUDA streams may be used from any thread once their context is bound (done per call).
+unsafe impl Send for CudaStream {}
+// SAFETY: the pending list is behind a mutex; the stream handle is thread-safe in the driver.
+unsafe impl Sync for CudaStream {}
+
+impl std::fmt::Debug for CudaStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaStream")
+            .field("ordinal", &self.ordinal)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CudaStream {
+    /// A new non-blocking stream on GPU `ordinal`.
+    pub fn new(ordinal: i32) -> Result<Self> {
+        let c = Cuda::get()?;
+        let caps = c.gpu(ordinal)?.caps.clone();
+        if !c.host_pointers_are_device_pointers() {
+            return Err(Error::Unsupported(
+                "stream memory operations on host memory need unified addressing and CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM".into(),
+            ));
+        }
+        c.bind(ordinal)?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: creates a stream into a local.
+        check(
+            unsafe {
+                sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+            },
+            "cuStreamCreate",
+        )?;
+        Ok(Self {
+            raw,
+            ordinal,
+            caps,
+            pending: Mutex::new(VecDeque::new()),
+            timeout: crate::exec::DEFAULT_WAIT_TIMEOUT,
+        })
+    }
+
+    /// The raw stream, to launch kernels on or to record events.
+    pub fn raw(&self) -> sys::CUstream {
+        self.raw
+    }
+
+    /// The GPU this stream runs on.
+    pub fn ordinal(&self) -> i32 {
+        self.ordinal
+    }
+
+    /// Memory operations enqueued and not yet known to have run.
+    pub fn queued_ops(&self) -> usize {
+        let mut p = self.pending.lock();
+        reap(&mut p);
+        p.iter().map(|x| x.ops).sum()
+    }
+
+    /// Enqueues `ops` behind everything enqueued on this stream before.
+    pub fn enqueue(&self, ops: Ops) -> Result<()> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let params = self.translate(&ops)?;
+        Cuda::get()?.bind(self.ordinal)?;
+        self.make_room(params.len())?;
+        for chunk in params.chunks(MAX_BATCH) {
+            let mut chunk = chunk.to_vec();
+            // SAFETY: the params point at memory kept alive by `ops` (stored below until the
+            // stream has passed the recorded event).
+            check(
+                unsafe {
+                    sys::cuStreamBatchMemOp_v2(self.raw, chunk.len() as u32, chunk.as_mut_ptr(), 0)
+                },
+                "cuStreamBatchMemOp_v2",
+            )?;
+        }
+        let mut event = std::ptr::null_mut();
+        // SAFETY: event creation and recording on our stream.
+        unsafe {
+            check(
+                sys::cuEventCreate(
+                    &mut event,
+                    sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+                ),
+                "cuEventCreate",
+            )?;
+            check(sys::cuEventRecord(event, self.raw), "cuEventRecord")?;
+        }
+        self.pending.lock().push_back(Pending {
+            event,
+            ops: params.len(),
+            _keep: ops,
+        });
+        Ok(())
+    }
+
+    /// Blocks until everything enqueued has run.
+    pub fn synchronize(&self) -> Result<()> {
+        Cuda::get()?.bind(self.ordinal)?;
+        // SAFETY: our stream.
+        check(
+            unsafe { sys::cuStreamSynchronize(self.raw) },
+            "cuStreamSynchronize",
+        )?;
+        let mut p = self.pending.lock();
+        reap(&mut p);
+        Ok(())
+    }
+
+    fn make_room(&self, n: usize) -> Result<()> {
+        if n > MAX_QUEUED_OPS {
+            return Err(Error::invalid(format!(
+                "{n} memory operations in one list; at most {MAX_QUEUED_OPS}"
+            )));
+        }
+        let start = Instant::now();
+        let mut backoff = Backoff::default();
+        loop {
+            let queued: usize = {
+                let mut p = self.pending.lock();
+                reap(&mut p);
+                p.iter().map(|x| x.ops).sum()
+            };
+            if queued + n <= MAX_QUEUED_OPS {
+                return Ok(());
+            }
+            if start.elapsed() > self.timeout {
+                return Err(Error::Timeout {
+                    what: format!("room on the stream: {queued} memory operations are queued behind waits that have not passed (bound {MAX_QUEUED_OPS})"),
+                    timeout_ms: self.timeout.as_millis() as u64,
+                });
+            }
+            backoff.snooze();
+        }
+    }
+
+    fn translate(&self, ops: &Ops) -> Result<Vec<sys::CUstreamBatchMemOpParams>> {
+        use sys::CUstreamBatchMemOpType as T;
+        let mut out = Vec::with_capacity(ops.len() + 2);
+        for op in ops.as_slice() {
+            // SAFETY: an all-zero params union is a valid (empty) value; fields are set below.
+            let mut p: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
+            match *op {
+                Op::Write32 { addr, value } => {
+                    p.writeValue =
+                        write_params(T::CU_STREAM_MEM_OP_WRITE_VALUE_32, addr, value as u64);
+                }
+                Op::Write64 { addr, value } if self.caps.mem_ops_64 => {
+                    p.writeValue = write_params(T::CU_STREAM_MEM_OP_WRITE_VALUE_64, addr, value);
+                }
+                Op::Write64 { addr, value } => {
+                    // Two 32-bit writes, low word first (as libgdsync does without 64-bit memops).
+                    p.writeValue = write_params(
+                        T::CU_STREAM_MEM_OP_WRITE_VALUE_32,
+                        addr,
+                        value & 0xFFFF_FFFF,
+                    );
+                    out.push(p);
+                    p.writeValue =
+                        write_params(T::CU_STREAM_MEM_OP_WRITE_VALUE_32, addr + 4, value >> 32);
+                }
+                Op::Wait32 { addr, value, cond } => {
+                    p.waitValue = wait_params(
+                        T::CU_STREAM_MEM_OP_WAIT_VALUE_32,
+                        addr,
+                        value as u64,
+                        self.cond(cond)?,
+                    );
+                }
+                Op::Wait64 { addr, value, cond } => {
+                    if !self.caps.mem_ops_64 {
+                        return Err(Error::Unsupported(
+                            "64-bit stream waits: this GPU lacks 64-bit stream memory operations"
+                                .into(),
+                        ));
+                    }
+                    p.waitValue = wait_params(
+                        T::CU_STREAM_MEM_OP_WAIT_VALUE_64,
+                        addr,
+                        value,
+                        self.cond(cond)?,
+                    );
+                }
+                Op::Barrier => {
+                    p.memoryBarrier =
+                        sys::CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st {
+                            operation: T::CU_STREAM_MEM_OP_BARRIER,
+                            flags:
+                                sys::CUstreamMemoryBarrier_flags::CU_STREAM_MEMORY_BARRIER_TYPE_SYS
+                                    as u32,
+                        };
+                }
+            }
+            out.push(p);
+        }
+        Ok(out)
+    }
+
+    fn cond(&self, c: WaitCond) -> Result<u32> {
+        use sys::CUstreamWaitValue_flags as F;
+        Ok(match c {
+            WaitCond::Geq => F::CU_STREAM_WAIT_VALUE_GEQ as u32,
+            WaitCond::Eq => F::CU_STREAM_WAIT_VALUE_EQ as u32,
+            WaitCond::And => F::CU_STREAM_WAIT_VALUE_AND as u32,
+            WaitCond::Nor if self.caps.wait_nor => F::CU_STREAM_WAIT_VALUE_NOR as u32,
+            WaitCond::Nor => {
+                return Err(Error::Unsupported(
+                    "NOR stream waits (CAN_USE_STREAM_WAIT_VALUE_NOR = 0): completion waits on the first pass of a CQ need them".into(),
+                ))
+            }
+        })
+    }
+}
+
+fn write_params(
+    op: sys::CUstreamBatchMemOpType,
+    addr: u64,
+    v: u64,
+) -> sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
+    sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
+        operation: op,
+        address: addr,
+        __bindgen_anon_1:
+            sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
+                value64: v,
+            },
+        flags: 0,
+        alias: 0,
+    }
+}
+
+fn wait_params(
+    op: sys::CUstreamBatchMemOpType,
+    addr: u64,
+    v: u64,
+    flags: u32,
+) -> sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st {
+    sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st {
+        operation: op,
+        address: addr,
+        __bindgen_anon_1:
+            sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1 {
+                value64: v,
+            },
+        flags,
+        alias: 0,
+    }
+}
+
+/// Drops the entries whose events have fired.
+fn reap(p: &mut VecDeque<Pending>) {
+    while let Some(front) = p.front() {
+        // SAFETY: a live event of ours.
+        if unsafe { sys::cuEventQuery(front.event) } != sys::CUresult::CUDA_SUCCESS {
+            break;
+        }
+        let done = p.pop_front().unwrap();
+        // SAFETY: destroyed once, after it fired.
+        unsafe { sys::cuEventDestroy_v2(done.event) };
+    }
+}
+
+impl Drop for CudaStream {
+    fn drop(&mut self) {
+        let Ok(c) = Cuda::get() else { return };
+        if c.bind(self.ordinal).is_err() {
+            return;
+        }
+        // Wait (bounded) for enqueued work; memory it still points to is leaked rather than
+        // freed under a running stream.
+        let start = Instant::now();
+        loop {
+            let mut p = self.pending.lock();
+            reap(&mut p);
+            if p.is_empty() {
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(5) {
+                tracing::error!("dropping a CUDA stream whose waits never passed: leaking the memory they point to");
+                std::mem::forget(std::mem::take(&mut *p));
+                break;
+            }
+            drop(p);
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        // SAFETY: our stream, destroyed once.
+        unsafe { sys::cuStreamDestroy_v2(self.raw) };
+    }
+}

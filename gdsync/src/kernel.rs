@@ -1,0 +1,432 @@
+//! Kernel-initiated operation: descriptors a GPU kernel uses to ring doorbells and wait for
+//! completions, and rings of them so one persistent kernel can do so many times.
+//!
+//! The descriptors are the same memory operations as the op lists ([`Ops`]) that commits and
+//! completion waits produce, in `#[repr(C)]` form. The CUDA side is [`HEADER`] (the file
+//! `gdsync/include/gdsync.cuh`), whose layouts a test checks against these types; kernels are
+//! compiled at run time with NVRTC ([`crate::cuda::Module`]).
+//!
+//! LibMP's device descriptors were single-use (its example capped a kernel at ~20
+//! iterations). A [`DescRing`] is refilled by the host while the kernel runs: the kernel takes
+//! entry `i` once the host published it (`seq == i + 1`) and reports what it consumed.
+
+use crate::mem::RingMem;
+use crate::ops::{Op, Ops, WaitCond};
+use crate::{Error, Result};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The CUDA header with the device functions (`gds_send`, `gds_wait`, `gds_ring_run`, ...).
+pub const HEADER: &str = include_str!("../include/gdsync.cuh");
+
+/// Return codes of the device functions.
+pub mod code {
+    /// Success.
+    pub const OK: i32 = 0;
+    /// A wait timed out.
+    pub const TIMEOUT: i32 = 1;
+    /// A malformed descriptor.
+    pub const INVALID: i32 = 2;
+}
+
+/// Ring a doorbell: store `dbrec_value` at `dbrec`, fence, store `db_value` at `db`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SendDesc {
+    /// Address of the send doorbell-record word.
+    pub dbrec: u64,
+    /// Address of the doorbell register.
+    pub db: u64,
+    /// The doorbell value.
+    pub db_value: u64,
+    /// The doorbell-record value.
+    pub dbrec_value: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+const _: () = assert!(std::mem::size_of::<SendDesc>() == 32);
+
+/// Wait for a 32-bit word, then store the CQ consumer index and retired counters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitDesc {
+    /// Address of the watched word.
+    pub word: u64,
+    /// CQ doorbell record (0: none).
+    pub ci_rec: u64,
+    /// CQ retired counter (0: none).
+    pub retired: u64,
+    /// Value for `retired`.
+    pub retired_value: u64,
+    /// Ring retired counter (0: none).
+    pub ring_retired: u64,
+    /// Value for `ring_retired`.
+    pub ring_retired_value: u64,
+    /// Operand of the condition.
+    pub value: u32,
+    /// Condition (GEQ 0, EQ 1, AND 2, NOR 3).
+    pub cond: u32,
+    /// Value for `ci_rec`.
+    pub ci_value: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+const _: () = assert!(std::mem::size_of::<WaitDesc>() == 64);
+
+fn cond_code(c: WaitCond) -> u32 {
+    match c {
+        WaitCond::Geq => 0,
+        WaitCond::Eq => 1,
+        WaitCond::And => 2,
+        WaitCond::Nor => 3,
+    }
+}
+
+impl SendDesc {
+    /// The descriptor for a commit's op list (`Write32` doorbell record, `Barrier`,
+    /// `Write64` doorbell).
+    pub fn from_ops(ops: &Ops) -> Result<Self> {
+        match ops.as_slice() {
+            [Op::Write32 {
+                addr: dbrec,
+                value: dbrec_value,
+            }, Op::Barrier, Op::Write64 {
+                addr: db,
+                value: db_value,
+            }] => Ok(SendDesc {
+                dbrec: *dbrec,
+                db: *db,
+                db_value: *db_value,
+                dbrec_value: *dbrec_value,
+                reserved: 0,
+            }),
+            other => Err(Error::invalid(format!("not a commit op list: {other:?}"))),
+        }
+    }
+}
+
+impl WaitDesc {
+    /// The descriptor for a completion wait's op list (`Wait32` on the CQE word, `Write32`
+    /// consumer index, `Write64` retired counter, optionally `Write64` ring retired counter).
+    pub fn from_ops(ops: &Ops) -> Result<Self> {
+        let s = ops.as_slice();
+        let (word, value, cond) = match s.first() {
+            Some(Op::Wait32 { addr, value, cond }) => (*addr, *value, cond_code(*cond)),
+            _ => return Err(Error::invalid(format!("not a wait op list: {s:?}"))),
+        };
+        let mut d = WaitDesc {
+            word,
+            value,
+            cond,
+            ..Default::default()
+        };
+        let mut writes64 = 0;
+        for op in &s[1..] {
+            match *op {
+                Op::Write32 { addr, value } if d.ci_rec == 0 => {
+                    d.ci_rec = addr;
+                    d.ci_value = value;
+                }
+                Op::Write64 { addr, value } if writes64 == 0 => {
+                    d.retired = addr;
+                    d.retired_value = value;
+                    writes64 += 1;
+                }
+                Op::Write64 { addr, value } if writes64 == 1 => {
+                    d.ring_retired = addr;
+                    d.ring_retired_value = value;
+                    writes64 += 1;
+                }
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "a kernel wait takes one wait and up to three stores: {s:?}"
+                    )))
+                }
+            }
+        }
+        Ok(d)
+    }
+}
+
+/// One ring entry: `seq` is written last.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DescEntry {
+    seq: u64,
+    kind: u32,
+    reserved: u32,
+    body: [u64; 8],
+}
+const _: () = assert!(std::mem::size_of::<DescEntry>() == 80);
+
+/// The ring as the kernel sees it (`gds_desc_ring`): pass [`DescRing::device_desc`] as a
+/// kernel argument.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RingDesc {
+    /// Address of the entries.
+    pub descs: u64,
+    /// Address of the consumed counter.
+    pub consumed: u64,
+    /// Number of entries.
+    pub cap: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+const _: () = assert!(std::mem::size_of::<RingDesc>() == 24);
+
+/// A ring of descriptors in pinned host memory: the host pushes, a kernel runs them in order
+/// (`gds_ring_run(&ring, i, timeout)`).
+pub struct DescRing {
+    mem: Arc<RingMem>,
+    cap: u32,
+    pushed: u64,
+    /// Op lists of pushed descriptors keep their memory alive until consumed.
+    keep: std::collections::VecDeque<(u64, Ops)>,
+}
+
+const CONSUMED_OFF: usize = 0;
+const ENTRIES_OFF: usize = 64;
+
+impl std::fmt::Debug for DescRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DescRing")
+            .field("cap", &self.cap)
+            .field("pushed", &self.pushed)
+            .finish()
+    }
+}
+
+impl DescRing {
+    /// A ring of `cap` entries.
+    pub fn new(cap: u32) -> Self {
+        let cap = cap.max(1);
+        let mem = Arc::new(RingMem::new(ENTRIES_OFF + cap as usize * 80));
+        Self {
+            mem,
+            cap,
+            pushed: 0,
+            keep: Default::default(),
+        }
+    }
+    /// What to pass to the kernel.
+    pub fn device_desc(&self) -> RingDesc {
+        RingDesc {
+            descs: self.mem.addr(ENTRIES_OFF),
+            consumed: self.mem.addr(CONSUMED_OFF),
+            cap: self.cap,
+            reserved: 0,
+        }
+    }
+    /// Entries the kernel has consumed.
+    pub fn consumed(&self) -> u64 {
+        self.mem.u64(CONSUMED_OFF).load(Ordering::Acquire)
+    }
+    /// Entries pushed so far.
+    pub fn pushed(&self) -> u64 {
+        self.pushed
+    }
+    /// Whether a push would have to wait for the kernel.
+    pub fn is_full(&self) -> bool {
+        self.pushed - self.consumed() >= self.cap as u64
+    }
+    /// Pushes the send for a commit's op list.
+    pub fn push_send(&mut self, ops: Ops, timeout: Duration) -> Result<u64> {
+        let d = SendDesc::from_ops(&ops)?;
+        let mut body = [0u64; 8];
+        body[0] = d.dbrec;
+        body[1] = d.db;
+        body[2] = d.db_value;
+        body[3] = d.dbrec_value as u64;
+        self.push(1, body, ops, timeout)
+    }
+    /// Pushes the wait for a completion wait's op list.
+    pub fn push_wait(&mut self, ops: Ops, timeout: Duration) -> Result<u64> {
+        let d = WaitDesc::from_ops(&ops)?;
+        let body = [
+            d.word,
+            d.ci_rec,
+            d.retired,
+            d.retired_value,
+            d.ring_retired,
+            d.ring_retired_value,
+            d.value as u64 | (d.cond as u64) << 32,
+            d.ci_value as u64,
+        ];
+        self.push(2, body, ops, timeout)
+    }
+    fn push(&mut self, kind: u32, body: [u64; 8], ops: Ops, timeout: Duration) -> Result<u64> {
+        let start = Instant::now();
+        while self.is_full() {
+            if start.elapsed() > timeout {
+                return Err(Error::Timeout {
+                    what: "a free descriptor-ring entry (is the kernel running?)".into(),
+                    timeout_ms: timeout.as_millis() as u64,
+                });
+            }
+            std::thread::yield_now();
+        }
+        let consumed = self.consumed();
+        while self.keep.front().is_some_and(|(i, _)| *i < consumed) {
+            self.keep.pop_front();
+        }
+        let i = self.pushed;
+        let off = ENTRIES_OFF + (i % self.cap as u64) as usize * 80;
+        self.mem.u32(off + 8).store(kind, Ordering::Relaxed);
+        for (k, w) in body.iter().enumerate() {
+            self.mem.u64(off + 16 + 8 * k).store(*w, Ordering::Relaxed);
+        }
+        self.mem.u64(off).store(i + 1, Ordering::Release);
+        self.keep.push_back((i, ops));
+        self.pushed += 1;
+        Ok(i)
+    }
+}
+
+impl Drop for DescRing {
+    fn drop(&mut self) {
+        // Entries a kernel may still read must stay alive: a ring dropped under a running
+        // kernel leaks its memory rather than freeing it.
+        if self.consumed() < self.pushed {
+            std::mem::forget(self.mem.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    /// Every layout the CUDA header asserts (sizes and offsets) matches the Rust types.
+    #[test]
+    fn header_layouts_match_the_rust_types() {
+        let mut checked = 0;
+        for line in HEADER.lines() {
+            let line = line.trim();
+            if let Some(rest) = line.strip_prefix("GDS_OFFSET_CHECK(") {
+                let parts: Vec<&str> = rest
+                    .trim_end_matches(");")
+                    .split(',')
+                    .map(str::trim)
+                    .collect();
+                let (ty, field, off): (&str, &str, usize) =
+                    (parts[0], parts[1], parts[2].parse().unwrap());
+                let rust = match (ty, field) {
+                    ("gds_send_desc", "dbrec") => offset_of!(SendDesc, dbrec),
+                    ("gds_send_desc", "db") => offset_of!(SendDesc, db),
+                    ("gds_send_desc", "db_value") => offset_of!(SendDesc, db_value),
+                    ("gds_send_desc", "dbrec_value") => offset_of!(SendDesc, dbrec_value),
+                    ("gds_wait_desc", "word") => offset_of!(WaitDesc, word),
+                    ("gds_wait_desc", "ci_rec") => offset_of!(WaitDesc, ci_rec),
+                    ("gds_wait_desc", "retired") => offset_of!(WaitDesc, retired),
+                    ("gds_wait_desc", "retired_value") => offset_of!(WaitDesc, retired_value),
+                    ("gds_wait_desc", "ring_retired") => offset_of!(WaitDesc, ring_retired),
+                    ("gds_wait_desc", "ring_retired_value") => {
+                        offset_of!(WaitDesc, ring_retired_value)
+                    }
+                    ("gds_wait_desc", "value") => offset_of!(WaitDesc, value),
+                    ("gds_wait_desc", "cond") => offset_of!(WaitDesc, cond),
+                    ("gds_wait_desc", "ci_value") => offset_of!(WaitDesc, ci_value),
+                    ("gds_desc", "seq") => offset_of!(DescEntry, seq),
+                    ("gds_desc", "kind") => offset_of!(DescEntry, kind),
+                    ("gds_desc", "send") => offset_of!(DescEntry, body),
+                    ("gds_desc_ring", "descs") => offset_of!(RingDesc, descs),
+                    ("gds_desc_ring", "consumed") => offset_of!(RingDesc, consumed),
+                    ("gds_desc_ring", "cap") => offset_of!(RingDesc, cap),
+                    other => panic!("header checks a field the test does not know: {other:?}"),
+                };
+                assert_eq!(rust, off, "{ty}.{field}");
+                checked += 1;
+            } else if let Some(rest) = line.strip_prefix("static_assert(sizeof(") {
+                let ty = &rest[..rest.find(')').unwrap()];
+                let n: usize = rest[rest.find("== ").unwrap() + 3..]
+                    .split(',')
+                    .next()
+                    .unwrap()
+                    .trim()
+                    .parse()
+                    .unwrap();
+                let rust = match ty {
+                    "gds_send_desc" => size_of::<SendDesc>(),
+                    "gds_wait_desc" => size_of::<WaitDesc>(),
+                    "gds_desc" => size_of::<DescEntry>(),
+                    "gds_desc_ring" => size_of::<RingDesc>(),
+                    other => panic!("unknown type {other}"),
+                };
+                assert_eq!(rust, n, "sizeof {ty}");
+                checked += 1;
+            }
+        }
+        assert_eq!(
+            checked, 23,
+            "every layout assertion of the header was checked"
+        );
+    }
+
+    /// The descriptors a commit and a completion wait produce carry exactly their ops.
+    #[test]
+    fn descriptors_mirror_op_lists() {
+        let mut ops = Ops::new();
+        // SAFETY: the ops are only converted, never run.
+        unsafe {
+            ops.push_raw(Op::Write32 {
+                addr: 0x1000,
+                value: 0x0600_0000,
+            });
+            ops.push_raw(Op::Barrier);
+            ops.push_raw(Op::Write64 {
+                addr: 0x2008,
+                value: 0x0323_0100_0805_0000,
+            });
+        }
+        let d = SendDesc::from_ops(&ops).unwrap();
+        assert_eq!(
+            d,
+            SendDesc {
+                dbrec: 0x1000,
+                db: 0x2008,
+                db_value: 0x0323_0100_0805_0000,
+                dbrec_value: 0x0600_0000,
+                reserved: 0
+            }
+        );
+        assert!(WaitDesc::from_ops(&ops).is_err());
+        let mut w = Ops::new();
+        // SAFETY: as above.
+        unsafe {
+            w.push_raw(Op::Wait32 {
+                addr: 0x3000 + 60,
+                value: 0xFEFF_FFFF,
+                cond: WaitCond::Nor,
+            });
+            w.push_raw(Op::Write32 {
+                addr: 0x4000,
+                value: 0x0100_0000,
+            });
+            w.push_raw(Op::Write64 {
+                addr: 0x4040,
+                value: 1,
+            });
+            w.push_raw(Op::Write64 {
+                addr: 0x5040,
+                value: 4,
+            });
+        }
+        let d = WaitDesc::from_ops(&w).unwrap();
+        assert_eq!((d.word, d.value, d.cond), (0x303c, 0xFEFF_FFFF, 3));
+        assert_eq!(
+            (
+                d.ci_rec,
+                d.ci_value,
+                d.retired,
+                d.retired_value,
+                d.ring_retired,
+                d.ring_retired_value
+            ),
+            (0x4000, 0x0100_0000, 0x4040, 1, 0x5040, 4)
+        );
+        assert!(SendDesc::from_ops(&w).is_err());
+    }
+}

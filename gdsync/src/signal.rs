@@ -1,0 +1,177 @@
+//! Signal words: host memory that CPUs, streams and kernels use to signal each other.
+
+use crate::mem::RingMem;
+use crate::ops::{KeepAlive, Op, Ops, WaitCond};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// An array of 64-bit words in pinned, GPU-mapped host memory (when a GPU is present), for
+/// `write_value` / `wait_value` on any executor. Word `i` can be used as a 32-bit word (its
+/// low half) or a 64-bit word.
+#[derive(Clone)]
+pub struct SignalWords {
+    mem: Arc<RingMem>,
+    n: usize,
+}
+
+impl std::fmt::Debug for SignalWords {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SignalWords")
+            .field("n", &self.n)
+            .field("addr", &format_args!("{:#x}", self.addr(0)))
+            .finish()
+    }
+}
+
+impl SignalWords {
+    /// `n` words, all zero.
+    pub fn new(n: usize) -> Self {
+        let n = n.max(1);
+        Self {
+            mem: Arc::new(RingMem::new(n * 8)),
+            n,
+        }
+    }
+    /// Number of words.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+    /// Whether there are no words (never).
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+    /// Device-visible address of word `i`.
+    pub fn addr(&self, i: usize) -> u64 {
+        assert!(i < self.n, "signal word {i} of {}", self.n);
+        self.mem.addr(i * 8)
+    }
+    /// Loads word `i` as 32 bits.
+    pub fn load32(&self, i: usize) -> u32 {
+        self.addr(i);
+        self.mem.u32(i * 8).load(Ordering::Acquire)
+    }
+    /// Stores word `i` as 32 bits.
+    pub fn store32(&self, i: usize, v: u32) {
+        self.addr(i);
+        self.mem.u32(i * 8).store(v, Ordering::Release)
+    }
+    /// Loads word `i`.
+    pub fn load64(&self, i: usize) -> u64 {
+        self.addr(i);
+        self.mem.u64(i * 8).load(Ordering::Acquire)
+    }
+    /// Stores word `i`.
+    pub fn store64(&self, i: usize, v: u64) {
+        self.addr(i);
+        self.mem.u64(i * 8).store(v, Ordering::Release)
+    }
+    fn keep(&self) -> KeepAlive {
+        self.mem.clone()
+    }
+    /// Ops: store `v` to word `i` (32 bits).
+    pub fn write32(&self, i: usize, v: u32) -> Ops {
+        let mut o = Ops::new();
+        o.push(
+            Op::Write32 {
+                addr: self.addr(i),
+                value: v,
+            },
+            &self.keep(),
+        );
+        o
+    }
+    /// Ops: store `v` to word `i` (64 bits).
+    pub fn write64(&self, i: usize, v: u64) -> Ops {
+        let mut o = Ops::new();
+        o.push(
+            Op::Write64 {
+                addr: self.addr(i),
+                value: v,
+            },
+            &self.keep(),
+        );
+        o
+    }
+    /// Ops: wait until word `i` (32 bits) satisfies `cond` against `v`.
+    pub fn wait32(&self, i: usize, v: u32, cond: WaitCond) -> Ops {
+        let mut o = Ops::new();
+        o.push(
+            Op::Wait32 {
+                addr: self.addr(i),
+                value: v,
+                cond,
+            },
+            &self.keep(),
+        );
+        o
+    }
+    /// Ops: wait until word `i` (64 bits) satisfies `cond` against `v`.
+    pub fn wait64(&self, i: usize, v: u64, cond: WaitCond) -> Ops {
+        let mut o = Ops::new();
+        o.push(
+            Op::Wait64 {
+                addr: self.addr(i),
+                value: v,
+                cond,
+            },
+            &self.keep(),
+        );
+        o
+    }
+}
+
+/// Page-aligned host memory, pinned and mapped for GPUs when a GPU is present: buffers that
+/// streams and kernels wait on or write (ordinary pageable memory they cannot reach).
+#[derive(Clone)]
+pub struct PinnedBuffer {
+    mem: Arc<RingMem>,
+    len: usize,
+}
+
+impl std::fmt::Debug for PinnedBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedBuffer")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl PinnedBuffer {
+    /// `len` zeroed bytes.
+    pub fn new(len: usize) -> Self {
+        Self {
+            mem: Arc::new(RingMem::new(len)),
+            len,
+        }
+    }
+    /// Start address (the same for the CPU and, when mapped, for GPUs).
+    pub fn addr(&self) -> u64 {
+        self.mem.addr(0)
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Whether GPUs can reach it (CUDA present and the registration succeeded).
+    pub fn gpu_mapped(&self) -> bool {
+        self.mem.gpu_mapped()
+    }
+}
+
+impl crate::ProtectionDomain {
+    /// Registers a pinned buffer. The region borrows it.
+    pub fn register_pinned<'buf>(
+        &self,
+        buf: &'buf PinnedBuffer,
+        access: crate::Access,
+    ) -> crate::Result<crate::MemoryRegion<'buf>> {
+        // SAFETY: the borrow keeps the allocation (an Arc'd RingMem) alive for 'buf; it is
+        // reached only through the region and the device meanwhile.
+        unsafe { self.register_raw(buf.addr() as *mut u8, buf.len.max(1), access) }
+    }
+}

@@ -1,0 +1,300 @@
+//! Helpers shared by the integration tests: connected QP pairs on the soft device, completion
+//! polling with a deadline, deterministic data.
+//!
+//! Each test binary uses a subset of these.
+#![allow(dead_code)]
+
+use gdasync::gdsync::exec::HostStream;
+use gdasync::gdsync::format::Syndrome;
+use gdasync::gdsync::{
+    Access, Completion, Cq, Device, ProtectionDomain, Qp, QpConfig, RecvWr, SendWr, WcStatus,
+};
+use std::time::{Duration, Instant};
+
+/// How long a test waits for something that should happen promptly. Generous: a loaded,
+/// 2-core machine running a debug build must never trip it.
+pub const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Entries of every CQ the helpers create.
+pub const CQ_ENTRIES: u32 = 4096;
+
+/// Where the two QPs of a pair live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Topo {
+    /// Both QPs on one device (the engine's loopback link).
+    Loopback,
+    /// One QP on each of two devices in this process (an in-process link).
+    TwoDevices,
+}
+
+/// One end of a connection: its device and PD handles, the QP and its dedicated CQs.
+///
+/// Dropping a `Side` drops every handle it holds; when nothing else holds the device, the
+/// device (and its engine) goes away.
+pub struct Side {
+    pub dev: Device,
+    pub pd: ProtectionDomain,
+    pub qp: Qp,
+    /// Send CQ, used by this QP's sends only (so send tickets are waitable).
+    pub scq: Cq,
+    /// Receive CQ, used by this QP's receives only.
+    pub rcq: Cq,
+}
+
+impl Side {
+    /// A new, unconnected QP on `dev` with its own PD and CQs.
+    pub fn new(dev: &Device, cfg: &QpConfig) -> Self {
+        Self::with_pd(dev, &dev.alloc_pd(), cfg)
+    }
+
+    /// A new, unconnected QP in protection domain `pd` of `dev`, with its own CQs.
+    pub fn with_pd(dev: &Device, pd: &ProtectionDomain, cfg: &QpConfig) -> Self {
+        let pd = pd.clone();
+        let scq = dev.create_cq(CQ_ENTRIES).expect("create send CQ");
+        let rcq = dev.create_cq(CQ_ENTRIES).expect("create recv CQ");
+        let qp = pd.create_qp(&scq, &rcq, cfg).expect("create QP");
+        Side {
+            dev: dev.clone(),
+            pd,
+            qp,
+            scq,
+            rcq,
+        }
+    }
+}
+
+/// Two connected QPs: `a` and `b`.
+pub struct Pair {
+    pub a: Side,
+    pub b: Side,
+}
+
+impl Pair {
+    /// A pair with default configurations on fresh device(s).
+    pub fn new(topo: Topo) -> Self {
+        Self::with_config(topo, &QpConfig::default(), &QpConfig::default())
+    }
+
+    /// A pair on fresh device(s).
+    pub fn with_config(topo: Topo, cfg_a: &QpConfig, cfg_b: &QpConfig) -> Self {
+        let dev_a = Device::soft().expect("soft device");
+        let dev_b = match topo {
+            Topo::Loopback => dev_a.clone(),
+            Topo::TwoDevices => Device::soft().expect("soft device"),
+        };
+        Self::on(&dev_a, &dev_b, cfg_a, cfg_b)
+    }
+
+    /// A pair with `a` on `dev_a` and `b` on `dev_b` (which may be the same device).
+    pub fn on(dev_a: &Device, dev_b: &Device, cfg_a: &QpConfig, cfg_b: &QpConfig) -> Self {
+        let mut a = Side::new(dev_a, cfg_a);
+        let mut b = Side::new(dev_b, cfg_b);
+        a.qp.connect(&b.qp.endpoint()).expect("connect a -> b");
+        b.qp.connect(&a.qp.endpoint()).expect("connect b -> a");
+        Pair { a, b }
+    }
+
+    /// Another pair, default configuration, on the same devices and in the same protection
+    /// domains (so regions registered for this pair serve the new one too).
+    pub fn another(&self) -> Pair {
+        let cfg = QpConfig::default();
+        let mut a = Side::with_pd(&self.a.dev, &self.a.pd, &cfg);
+        let mut b = Side::with_pd(&self.b.dev, &self.b.pd, &cfg);
+        a.qp.connect(&b.qp.endpoint()).expect("connect a -> b");
+        b.qp.connect(&a.qp.endpoint()).expect("connect b -> a");
+        Pair { a, b }
+    }
+}
+
+/// Polls `cq` until `n` completions have arrived; panics (listing what did arrive) after
+/// [`TIMEOUT`].
+pub fn poll_n(cq: &Cq, n: usize) -> Vec<Completion> {
+    poll_n_within(cq, n, TIMEOUT)
+}
+
+/// As [`poll_n`] with an explicit deadline.
+pub fn poll_n_within(cq: &Cq, n: usize, timeout: Duration) -> Vec<Completion> {
+    let start = Instant::now();
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let before = out.len();
+        let got = cq.poll(&mut out, n - before).expect("poll CQ");
+        if got == 0 {
+            if start.elapsed() > timeout {
+                panic!(
+                    "only {} of {n} completions on CQ {:#x} within {timeout:?}: {out:#?}",
+                    out.len(),
+                    cq.cqn()
+                );
+            }
+            std::thread::yield_now();
+        }
+    }
+    out
+}
+
+/// Polls one completion (panics after [`TIMEOUT`]).
+pub fn poll1(cq: &Cq) -> Completion {
+    poll_n(cq, 1).pop().unwrap()
+}
+
+/// Polls `n` completions and asserts each succeeded.
+pub fn poll_ok(cq: &Cq, n: usize) -> Vec<Completion> {
+    let v = poll_n(cq, n);
+    for c in &v {
+        assert!(c.is_ok(), "completion failed: {c:?}");
+    }
+    v
+}
+
+/// Asserts that nothing (more) arrives on `cq` within `quiet`.
+pub fn assert_quiet(cq: &Cq, quiet: Duration) {
+    std::thread::sleep(quiet);
+    let mut v = Vec::new();
+    cq.poll(&mut v, 16).expect("poll CQ");
+    assert!(
+        v.is_empty(),
+        "unexpected completions on CQ {:#x}: {v:#?}",
+        cq.cqn()
+    );
+}
+
+/// Asserts the completion failed with `s`.
+pub fn assert_err(c: &Completion, s: Syndrome) {
+    assert_eq!(c.status, WcStatus::Error(s), "completion {c:?}");
+}
+
+/// A small deterministic PRNG (xorshift64*), so the tests need no extra crates.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        // Never zero: xorshift has a fixed point there.
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in `0..n` (n > 0; the modulo bias is irrelevant here).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+    /// Fills `buf` with pseudo-random bytes.
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        let mut chunks = buf.chunks_exact_mut(8);
+        for c in &mut chunks {
+            c.copy_from_slice(&self.next_u64().to_le_bytes());
+        }
+        let rest = chunks.into_remainder();
+        let v = self.next_u64().to_le_bytes();
+        let n = rest.len();
+        rest.copy_from_slice(&v[..n]);
+    }
+}
+
+/// `len` pseudo-random bytes from `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    Rng::new(seed).fill(&mut v);
+    v
+}
+
+/// 64-bit FNV-1a of `b`, word-wise over 8-byte chunks for speed in debug builds (not the
+/// standard FNV; any change of a byte or of the length changes it with high probability).
+pub fn checksum(b: &[u8]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ b.len() as u64;
+    let mut chunks = b.chunks_exact(8);
+    for c in &mut chunks {
+        h = (h ^ u64::from_le_bytes(c.try_into().unwrap())).wrapping_mul(0x0100_0000_01b3);
+        h ^= h >> 29;
+    }
+    for &x in chunks.remainder() {
+        h = (h ^ x as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Checks that `p` works: an RDMA write of a few KiB from `a` to `b` and a send from `b` to
+/// `a` complete successfully and move the right bytes.
+pub fn assert_healthy(p: &mut Pair) {
+    const N: usize = 4096;
+    let mut src = pattern(0xA11CE, N);
+    let mut dst = vec![0u8; N];
+    let src_mr = p.a.pd.register(&mut src, Access::empty()).unwrap();
+    let dst_mr =
+        p.b.pd
+            .register(&mut dst, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    p.a.qp
+        .post_send(
+            &SendWr::write(dst_mr.remote().at(0))
+                .sge(src_mr.sge(..))
+                .wr_id(0x4EA1),
+        )
+        .expect("post write on the healthy pair");
+    let c = poll1(&p.a.scq);
+    assert!(c.is_ok(), "write on the healthy pair failed: {c:?}");
+    assert_eq!(c.wr_id, 0x4EA1);
+    let mut got = vec![0u8; N];
+    dst_mr.read_at(0, &mut got);
+    assert!(
+        got == pattern(0xA11CE, N),
+        "healthy write moved wrong bytes"
+    );
+
+    // And the other direction, with a send.
+    let mut rbuf = vec![0u8; 64];
+    let rmr = p.a.pd.register(&mut rbuf, Access::LOCAL_WRITE).unwrap();
+    p.a.qp
+        .post_recv(&RecvWr::new().sge(rmr.sge(..)).wr_id(0x4EA2))
+        .unwrap();
+    p.b.qp
+        .post_send(&SendWr::send().sge(dst_mr.sge(..64)).wr_id(0x4EA3))
+        .unwrap();
+    let s = poll1(&p.b.scq);
+    assert!(s.is_ok() && s.wr_id == 0x4EA3, "{s:?}");
+    let r = poll1(&p.a.rcq);
+    assert!(r.is_ok() && r.wr_id == 0x4EA2 && r.byte_len == 64, "{r:?}");
+    let mut got = [0u8; 64];
+    rmr.read_at(0, &mut got);
+    assert_eq!(&got[..], &pattern(0xA11CE, N)[..64]);
+}
+
+/// Posts `n` send-queue work requests built by `make(i)` on `side`, signalling every
+/// `every`-th one and the last, and polling the send CQ so that at most `2 * every` are
+/// outstanding. Asserts every completion succeeded, in order, with the expected wr_id
+/// (`make` chooses wr_ids; the signalled ones must be distinct and increasing).
+pub fn post_all(side: &mut Side, n: usize, every: usize, mut make: impl FnMut(usize) -> SendWr) {
+    let mut signalled = std::collections::VecDeque::new();
+    for i in 0..n {
+        let mut wr = make(i);
+        if (i + 1) % every == 0 || i + 1 == n {
+            signalled.push_back(wr.wr_id);
+        } else {
+            wr = wr.unsignaled();
+        }
+        side.qp
+            .post_send(&wr)
+            .unwrap_or_else(|e| panic!("post {i}: {e}"));
+        while signalled.len() > 2 || (i + 1 == n && !signalled.is_empty()) {
+            let c = poll1(&side.scq);
+            let want = signalled.pop_front().unwrap();
+            assert!(
+                c.is_ok() && c.wr_id == want,
+                "expected wr {want} ok, got {c:?}"
+            );
+        }
+    }
+}
+
+/// A host stream whose waits give up after [`TIMEOUT`] (not the default minute), so a test
+/// that fails to produce a completion fails instead of hanging.
+pub fn host_stream() -> HostStream {
+    HostStream::with_timeout(TIMEOUT).expect("host stream")
+}

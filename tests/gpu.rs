@@ -1,0 +1,527 @@
+//! GPU tests: stream-triggered and kernel-initiated work on the soft device, GPU memory,
+//! CUDA IPC, NVRTC. They run only with `GDSYNC_TEST_CUDA=1` (and then require a GPU);
+//! otherwise each prints "skipped".
+
+use gdasync::gdsync::cuda::{Cuda, CudaStream, DeviceBuffer, MemoryKind, Module};
+use gdasync::gdsync::exec::Executor;
+use gdasync::gdsync::format::Syndrome;
+use gdasync::gdsync::kernel::{code, DescRing, RingDesc};
+use gdasync::gdsync::ops::WaitCond;
+use gdasync::gdsync::{
+    Access, Cq, Device, Error, MemoryRegion, PinnedBuffer, ProtectionDomain, Qp, QpConfig, RecvWr,
+    SendWr, SignalWords, WcStatus,
+};
+use std::ffi::c_void;
+use std::time::{Duration, Instant};
+
+fn gpu(test: &str) -> bool {
+    if std::env::var("GDSYNC_TEST_CUDA").as_deref() != Ok("1") {
+        eprintln!("{test}: skipped (set GDSYNC_TEST_CUDA=1 to run GPU tests)");
+        return false;
+    }
+    let c = Cuda::get().expect("GDSYNC_TEST_CUDA=1 but CUDA is not usable");
+    assert!(!c.gpus.is_empty(), "GDSYNC_TEST_CUDA=1 but no GPU");
+    true
+}
+
+/// Two connected QPs on one soft device, each queue side with its own CQ (so completion
+/// numbers are known in advance and streams can wait for them).
+struct Pair {
+    _dev: Device,
+    pd: ProtectionDomain,
+    a: Qp,
+    b: Qp,
+    a_scq: Cq,
+    b_scq: Cq,
+    b_rcq: Cq,
+}
+
+fn pair() -> Pair {
+    let dev = Device::soft().unwrap();
+    let pd = dev.alloc_pd();
+    let cqs: Vec<Cq> = (0..4).map(|_| dev.create_cq(256).unwrap()).collect();
+    let mut a = pd
+        .create_qp(&cqs[0], &cqs[1], &QpConfig::default())
+        .unwrap();
+    let mut b = pd
+        .create_qp(&cqs[2], &cqs[3], &QpConfig::default())
+        .unwrap();
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    Pair {
+        _dev: dev,
+        pd,
+        a,
+        b,
+        a_scq: cqs[0].clone(),
+        b_scq: cqs[2].clone(),
+        b_rcq: cqs[3].clone(),
+    }
+}
+
+/// A buffer in host (pinned) or device memory, registered.
+enum Buf {
+    Host(PinnedBuffer),
+    Dev(DeviceBuffer),
+}
+
+impl Buf {
+    fn new(device: bool, len: usize) -> Buf {
+        if device {
+            Buf::Dev(DeviceBuffer::alloc(0, len).unwrap())
+        } else {
+            Buf::Host(PinnedBuffer::new(len))
+        }
+    }
+    fn register<'a>(&'a self, pd: &ProtectionDomain) -> MemoryRegion<'a> {
+        match self {
+            Buf::Host(b) => pd.register_pinned(b, Access::ALL).unwrap(),
+            Buf::Dev(b) => pd.register_device(b, Access::ALL).unwrap(),
+        }
+    }
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn memory_kinds_are_detected() {
+    if !gpu("memory_kinds_are_detected") {
+        return;
+    }
+    let d = DeviceBuffer::alloc(0, 4096).unwrap();
+    assert_eq!(MemoryKind::of(d.ptr()), MemoryKind::Device { ordinal: 0 });
+    let p = PinnedBuffer::new(4096);
+    assert!(p.gpu_mapped());
+    assert_eq!(MemoryKind::of(p.addr()), MemoryKind::PinnedHost);
+    let v = vec![0u8; 4096];
+    assert_eq!(MemoryKind::of(v.as_ptr() as u64), MemoryKind::Host);
+}
+
+#[test]
+fn every_operation_stream_triggered_host_and_device_memory() {
+    if !gpu("every_operation_stream_triggered_host_and_device_memory") {
+        return;
+    }
+    const N: usize = 64 * 1024 + 40;
+    let stream = CudaStream::new(0).unwrap();
+    for (src_dev, dst_dev) in [(false, false), (false, true), (true, false), (true, true)] {
+        for op in ["write", "write_imm", "send", "read"] {
+            let mut p = pair();
+            let src = Buf::new(src_dev, N);
+            let dst = Buf::new(dst_dev, N);
+            let (smr, dmr) = (src.register(&p.pd), dst.register(&p.pd));
+            let data = pattern(N, 7);
+            // For reads the data sits at the responder (dst) and lands in src.
+            let (from, to) = if op == "read" {
+                (&dmr, &smr)
+            } else {
+                (&smr, &dmr)
+            };
+            from.write_at(0, &data);
+            let recv = (op == "write_imm" || op == "send").then(|| {
+                let wr = if op == "send" {
+                    RecvWr::new().sge(dmr.sge(..))
+                } else {
+                    RecvWr::new()
+                };
+                p.b.post_recv(&wr).unwrap()
+            });
+            let wr = match op {
+                "write" => SendWr::write(dmr.remote().at(0)).sge(smr.sge(..)),
+                "write_imm" => SendWr::write_imm(dmr.remote().at(0), 0xabcd).sge(smr.sge(..)),
+                "send" => SendWr::send().sge(smr.sge(..)),
+                _ => SendWr::read(dmr.remote().at(0)).sge(smr.sge(..)),
+            };
+            let prepared = p.a.prepare_send(&wr.wr_id(9)).unwrap();
+            let t = p.a.post_prepared(prepared, &stream).unwrap();
+            p.a.wait_send(&t, &stream).unwrap();
+            if let Some(r) = recv {
+                p.b.wait_recv(&r, &stream).unwrap();
+            }
+            stream.synchronize().unwrap();
+            p.a_scq.check().unwrap();
+            p.b_rcq.check().unwrap();
+            // The stream consumed the completions: no CPU poll needed, the CQ says so.
+            assert_eq!(
+                p.a_scq.consumer_index(),
+                1,
+                "{op} src_dev={src_dev} dst_dev={dst_dev}"
+            );
+            let mut got = vec![0u8; N];
+            to.read_at(0, &mut got);
+            assert!(
+                got == data,
+                "{op}: data mismatch (src_dev={src_dev}, dst_dev={dst_dev})"
+            );
+        }
+    }
+}
+
+#[test]
+fn atomics_stream_triggered() {
+    if !gpu("atomics_stream_triggered") {
+        return;
+    }
+    let stream = CudaStream::new(0).unwrap();
+    let mut p = pair();
+    let (word, old) = (PinnedBuffer::new(8), PinnedBuffer::new(16));
+    let (wmr, omr) = (
+        p.pd.register_pinned(&word, Access::ALL).unwrap(),
+        p.pd.register_pinned(&old, Access::ALL).unwrap(),
+    );
+    wmr.write_at(0, &40u64.to_ne_bytes());
+    let fa =
+        p.a.prepare_send(&SendWr::fetch_add(wmr.remote().at(0), 2).sge(omr.sge(0..8)))
+            .unwrap();
+    let t1 = p.a.post_prepared(fa, &stream).unwrap();
+    let cs =
+        p.a.prepare_send(&SendWr::compare_swap(wmr.remote().at(0), 42, 7).sge(omr.sge(8..16)))
+            .unwrap();
+    let t2 = p.a.post_prepared(cs, &stream).unwrap();
+    p.a.wait_send(&t1, &stream).unwrap();
+    p.a.wait_send(&t2, &stream).unwrap();
+    stream.synchronize().unwrap();
+    p.a_scq.check().unwrap();
+    let mut b = [0u8; 16];
+    omr.read_at(0, &mut b);
+    assert_eq!(u64::from_ne_bytes(b[..8].try_into().unwrap()), 40);
+    assert_eq!(u64::from_ne_bytes(b[8..].try_into().unwrap()), 42);
+    let mut w = [0u8; 8];
+    wmr.read_at(0, &mut w);
+    assert_eq!(u64::from_ne_bytes(w), 7);
+}
+
+#[test]
+fn error_cqe_releases_stream_wait_and_is_reported() {
+    if !gpu("error_cqe_releases_stream_wait_and_is_reported") {
+        return;
+    }
+    let stream = CudaStream::new(0).unwrap();
+    let mut p = pair();
+    let buf = PinnedBuffer::new(64);
+    let mr = p.pd.register_pinned(&buf, Access::LOCAL_WRITE).unwrap();
+    let mut bad = mr.remote().at(0);
+    bad.rkey ^= 0x5500; // no such key
+    let prepared =
+        p.a.prepare_send(&SendWr::write(bad).sge(mr.sge(..)))
+            .unwrap();
+    let t = p.a.post_prepared(prepared, &stream).unwrap();
+    p.a.wait_send(&t, &stream).unwrap();
+    let start = Instant::now();
+    stream.synchronize().unwrap();
+    assert!(start.elapsed() < Duration::from_secs(10));
+    let errs = p.a_scq.take_errors();
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].syndrome, Syndrome::RemoteAccess);
+    assert!(p.a_scq.check().is_ok(), "errors are reported once");
+    // The engine still serves another pair.
+    let mut q = pair();
+    let ok =
+        q.a.post_send(&SendWr::write(mr.remote().at(0)).sge(mr.sge(0..8)))
+            .unwrap();
+    let _ = ok;
+    let c = q.a_scq.wait_one(Duration::from_secs(5)).unwrap();
+    assert!(
+        matches!(c.status, WcStatus::Error(Syndrome::RemoteAccess)),
+        "other PD: {c:?}"
+    );
+}
+
+#[test]
+fn stream_write_and_wait_value_all_conditions() {
+    if !gpu("stream_write_and_wait_value_all_conditions") {
+        return;
+    }
+    let stream = CudaStream::new(0).unwrap();
+    let w = SignalWords::new(8);
+    for (k, (cond, set, v)) in [
+        (WaitCond::Geq, 10u32, 9u32),
+        (WaitCond::Eq, 5, 5),
+        (WaitCond::And, 0x10, 0x30),
+        (WaitCond::Nor, 0xFFFF_FFFE, 0xFFFF_FFFE),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        w.store32(0, 0x0);
+        w.store32(1, 0);
+        if cond == WaitCond::Nor {
+            w.store32(0, 0xFFFF_FFFF); // all ones: NOR with anything is 0
+        }
+        stream.submit(w.wait32(0, v, cond)).unwrap();
+        stream.submit(w.write32(1, 100 + k as u32)).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(
+            w.load32(1),
+            0,
+            "{cond:?}: the write ran before the wait passed"
+        );
+        w.store32(0, set);
+        stream.synchronize().unwrap();
+        assert_eq!(w.load32(1), 100 + k as u32, "{cond:?}");
+    }
+    stream.submit(w.wait64(2, 1 << 40, WaitCond::Geq)).unwrap();
+    stream.submit(w.write64(3, 0x1234_5678_9abc)).unwrap();
+    w.store64(2, 1 << 41);
+    stream.synchronize().unwrap();
+    assert_eq!(w.load64(3), 0x1234_5678_9abc);
+}
+
+#[test]
+fn stream_runs_hundreds_of_iterations_without_cpu_progress() {
+    if !gpu("stream_runs_hundreds_of_iterations_without_cpu_progress") {
+        return;
+    }
+    let stream = CudaStream::new(0).unwrap();
+    let mut p = pair();
+    let (src, dst) = (PinnedBuffer::new(64), PinnedBuffer::new(64));
+    let (smr, dmr) = (
+        p.pd.register_pinned(&src, Access::ALL).unwrap(),
+        p.pd.register_pinned(&dst, Access::ALL).unwrap(),
+    );
+    // 2000 signalled writes, more than the send ring (256) and the CQ (256) hold: the stream's
+    // waits retire them, so the CPU can keep preparing without ever polling.
+    for i in 0..2000u64 {
+        let prepared = loop {
+            match p.a.prepare_send(
+                &SendWr::write(dmr.remote().at(0))
+                    .sge(smr.sge(0..8))
+                    .inline()
+                    .wr_id(i),
+            ) {
+                Ok(x) => break x,
+                Err(Error::RingFull { .. }) => std::thread::yield_now(),
+                Err(e) => panic!("{e}"),
+            }
+        };
+        let t = p.a.post_prepared(prepared, &stream).unwrap();
+        p.a.wait_send(&t, &stream).unwrap();
+    }
+    stream.synchronize().unwrap();
+    p.a_scq.check().unwrap();
+    assert_eq!(p.a_scq.consumer_index(), 2000);
+    assert!(p.a_scq.poll_one().unwrap().is_none());
+}
+
+#[test]
+fn nvrtc_compiles_the_header() {
+    if !gpu("nvrtc_compiles_the_header") {
+        return;
+    }
+    let m = Module::compile(
+        0,
+        "extern \"C\" __global__ void noop(gds_desc_ring r) { (void)r; }",
+    )
+    .unwrap();
+    m.function("noop").unwrap();
+}
+
+const KERNELS: &str = r#"
+extern "C" __global__ void run_ring(gds_desc_ring ring, uint64_t n, uint64_t timeout_ns, uint64_t rc_addr) {
+    for (uint64_t i = 0; i < n; i++) {
+        int rc = gds_ring_run(&ring, i, timeout_ns);
+        if (rc != GDS_OK) { gds_signal32(rc_addr, 1000 + rc); return; }
+    }
+    gds_signal32(rc_addr, 1);
+}
+extern "C" __global__ void wait_word(uint64_t word, uint32_t value, uint64_t timeout_ns, uint64_t rc_addr) {
+    int rc = gds_wait_value32(word, value, GDS_COND_EQ, timeout_ns);
+    gds_signal32(rc_addr, 1000 + rc);
+}
+"#;
+
+fn launch_ring(m: &Module, s: &CudaStream, ring: RingDesc, n: u64, timeout: u64, rc: u64) {
+    let f = m.function("run_ring").unwrap();
+    let (mut ring, mut n, mut t, mut rc) = (ring, n, timeout, rc);
+    let mut params = [
+        &mut ring as *mut RingDesc as *mut c_void,
+        &mut n as *mut u64 as *mut c_void,
+        &mut t as *mut u64 as *mut c_void,
+        &mut rc as *mut u64 as *mut c_void,
+    ];
+    // SAFETY: four parameters matching run_ring's signature; the ring and word are pinned
+    // host memory that outlives the kernel (the test synchronises before dropping them).
+    unsafe { f.launch(s, 1, 1, &mut params).unwrap() };
+}
+
+#[test]
+fn kernel_initiated_sends_and_waits_many_times() {
+    if !gpu("kernel_initiated_sends_and_waits_many_times") {
+        return;
+    }
+    let m = Module::compile(0, KERNELS).unwrap();
+    let stream = CudaStream::new(0).unwrap();
+    for device_mem in [false, true] {
+        let mut p = pair();
+        let src = Buf::new(device_mem, 4096);
+        let dst = Buf::new(device_mem, 4096);
+        let (smr, dmr) = (src.register(&p.pd), dst.register(&p.pd));
+        let rc = SignalWords::new(1);
+        let mut ring = DescRing::new(32);
+        const ITERS: u64 = 500; // far beyond a single-use descriptor scheme
+        launch_ring(
+            &m,
+            &stream,
+            ring.device_desc(),
+            2 * ITERS,
+            5_000_000_000,
+            rc.addr(0),
+        );
+        for i in 0..ITERS {
+            smr.write_at(0, &i.to_ne_bytes());
+            let prepared = loop {
+                match p.a.prepare_send(
+                    &SendWr::write(dmr.remote().at(8 * (i % 512)))
+                        .sge(smr.sge(0..8))
+                        .wr_id(i),
+                ) {
+                    Ok(x) => break x,
+                    Err(Error::RingFull { .. }) => std::thread::yield_now(),
+                    Err(e) => panic!("{e}"),
+                }
+            };
+            let (t, ops) = p.a.commit(prepared).unwrap();
+            ring.push_send(ops, Duration::from_secs(10)).unwrap();
+            ring.push_wait(p.a.send_wait_ops(&t).unwrap(), Duration::from_secs(10))
+                .unwrap();
+            // The source is reused next iteration: wait until this send completed.
+            let start = Instant::now();
+            while ring.consumed() < 2 * (i + 1) {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "kernel stalled at {i}"
+                );
+                std::thread::yield_now();
+            }
+        }
+        stream.synchronize().unwrap();
+        assert_eq!(rc.load32(0), 1, "kernel return code");
+        p.a_scq.check().unwrap();
+        let mut got = [0u8; 8];
+        dmr.read_at(8 * ((ITERS - 1) % 512) as usize, &mut got);
+        assert_eq!(u64::from_ne_bytes(got), ITERS - 1);
+        assert_eq!(p.a_scq.consumer_index(), ITERS);
+    }
+}
+
+#[test]
+fn kernel_wait_times_out_with_an_error_code() {
+    if !gpu("kernel_wait_times_out_with_an_error_code") {
+        return;
+    }
+    let m = Module::compile(0, KERNELS).unwrap();
+    let f = m.function("wait_word").unwrap();
+    let stream = CudaStream::new(0).unwrap();
+    let w = SignalWords::new(2);
+    let (mut word, mut value, mut timeout, mut rc) = (w.addr(0), 77u32, 20_000_000u64, w.addr(1));
+    let mut params = [
+        &mut word as *mut u64 as *mut c_void,
+        &mut value as *mut u32 as *mut c_void,
+        &mut timeout as *mut u64 as *mut c_void,
+        &mut rc as *mut u64 as *mut c_void,
+    ];
+    let start = Instant::now();
+    // SAFETY: parameters match wait_word; the words outlive the kernel (synchronised below).
+    unsafe { f.launch(&stream, 1, 1, &mut params).unwrap() };
+    stream.synchronize().unwrap();
+    assert_eq!(w.load32(1) as i32, 1000 + code::TIMEOUT);
+    assert!(start.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn kernel_wait_error_completion_releases() {
+    if !gpu("kernel_wait_error_completion_releases") {
+        return;
+    }
+    let m = Module::compile(0, KERNELS).unwrap();
+    let stream = CudaStream::new(0).unwrap();
+    let mut p = pair();
+    let buf = PinnedBuffer::new(64);
+    let mr = p.pd.register_pinned(&buf, Access::LOCAL_WRITE).unwrap();
+    let rc = SignalWords::new(1);
+    let mut ring = DescRing::new(4);
+    launch_ring(
+        &m,
+        &stream,
+        ring.device_desc(),
+        2,
+        5_000_000_000,
+        rc.addr(0),
+    );
+    let prepared =
+        p.a.prepare_send(&SendWr::write(mr.remote().at(0)).sge(mr.sge(..)))
+            .unwrap(); // no REMOTE_WRITE
+    let (t, ops) = p.a.commit(prepared).unwrap();
+    ring.push_send(ops, Duration::from_secs(5)).unwrap();
+    ring.push_wait(p.a.send_wait_ops(&t).unwrap(), Duration::from_secs(5))
+        .unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(rc.load32(0), 1, "the wait passed on the error CQE");
+    let errs = p.a_scq.take_errors();
+    assert_eq!(
+        errs.first().map(|e| e.syndrome),
+        Some(Syndrome::RemoteAccess)
+    );
+    let _ = &p.b_scq;
+}
+
+#[test]
+fn ipc_import_between_processes() {
+    if let Ok(h) = std::env::var("GDSYNC_IPC_CHILD") {
+        // Child: open the parent's buffer, register it on a soft device, read it through an
+        // RDMA read into host memory, print a checksum.
+        let bytes: Vec<u8> = (0..64)
+            .map(|i| u8::from_str_radix(&h[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        let handle = gdasync::gdsync::cuda::IpcHandle(bytes.try_into().unwrap());
+        let d = DeviceBuffer::open_ipc(0, &handle, 4096).unwrap();
+        let mut p = pair();
+        let dmr = p.pd.register_device(&d, Access::ALL).unwrap();
+        let mut host = vec![0u8; 4096];
+        let hmr = p.pd.register(&mut host, Access::ALL).unwrap();
+        p.a.post_send(&SendWr::read(dmr.remote().at(0)).sge(hmr.sge(..)))
+            .unwrap();
+        p.a_scq
+            .wait_one(Duration::from_secs(5))
+            .unwrap()
+            .ok()
+            .unwrap();
+        let mut got = vec![0u8; 4096];
+        hmr.read_at(0, &mut got);
+        println!("CHECKSUM {}", got.iter().map(|&b| b as u64).sum::<u64>());
+        return;
+    }
+    if !gpu("ipc_import_between_processes") {
+        return;
+    }
+    let d = DeviceBuffer::alloc(0, 4096).unwrap();
+    let data = pattern(4096, 3);
+    d.copy_from_host(0, &data).unwrap();
+    let h = d.ipc_handle().unwrap();
+    let hex: String = h.0.iter().map(|b| format!("{b:02x}")).collect();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "ipc_import_between_processes",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("GDSYNC_IPC_CHILD", hex)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "child failed: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want = data.iter().map(|&b| b as u64).sum::<u64>();
+    assert!(
+        text.contains(&format!("CHECKSUM {want}")),
+        "child saw other data: {text}"
+    );
+}
