@@ -48,7 +48,11 @@ fn main() -> Result<()> {
     if args.window == 0 || args.window > 128 {
         bail!("--window must be in 1..=128");
     }
-    let cfg = QpConfig { send_wqebbs: 512, recv_wqes: 512, ..QpConfig::default() };
+    let cfg = QpConfig {
+        send_wqebbs: 512,
+        recv_wqes: 512,
+        ..QpConfig::default()
+    };
     let (d0, d1) = (Device::soft()?, Device::soft()?);
     let (pd0, pd1) = (d0.alloc_pd(), d1.alloc_pd());
     let (cq0, cq1) = (d0.create_cq(1024)?, d1.create_cq(1024)?);
@@ -63,11 +67,19 @@ fn main() -> Result<()> {
     let remote = m1.remote();
 
     if !args.json {
-        println!("# bandwidth: op {:?} trigger cpu mem host ranks threads window {}", args.op, args.window);
-        println!("{:>10} {:>10} {:>12} {:>12}", "bytes", "iters", "BW[GB/s]", "rate[Mmsg/s]");
+        println!(
+            "# bandwidth: op {:?} trigger cpu mem host ranks threads window {}",
+            args.op, args.window
+        );
+        println!(
+            "{:>10} {:>10} {:>12} {:>12}",
+            "bytes", "iters", "BW[GB/s]", "rate[Mmsg/s]"
+        );
     }
     for &size in &args.sizes {
-        let iters = args.iters.unwrap_or_else(|| 20_000usize.min(((8usize << 30) / size).max(100)));
+        let iters = args
+            .iters
+            .unwrap_or_else(|| 20_000usize.min(((8usize << 30) / size).max(100)));
         let mut posted = 0usize;
         let mut done = 0usize;
         let mut recvs = 0usize;

@@ -9,7 +9,7 @@ use gdasync::gdsync::kernel::{code, DescRing, RingDesc};
 use gdasync::gdsync::ops::WaitCond;
 use gdasync::gdsync::{
     Access, Cq, Device, Error, MemoryRegion, PinnedBuffer, ProtectionDomain, Qp, QpConfig, RecvWr,
-    SendWr, SignalWords, WcStatus,
+    SendWr, SignalWords,
 };
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
@@ -218,17 +218,22 @@ fn error_cqe_releases_stream_wait_and_is_reported() {
     assert_eq!(errs.len(), 1, "{errs:?}");
     assert_eq!(errs[0].syndrome, Syndrome::RemoteAccess);
     assert!(p.a_scq.check().is_ok(), "errors are reported once");
-    // The engine still serves another pair.
+    // The engine still serves other work: a good write on a fresh pair, stream-triggered.
     let mut q = pair();
-    let ok =
-        q.a.post_send(&SendWr::write(mr.remote().at(0)).sge(mr.sge(0..8)))
+    let (src, dst) = (PinnedBuffer::new(64), PinnedBuffer::new(64));
+    let smr = q.pd.register_pinned(&src, Access::ALL).unwrap();
+    let dmr = q.pd.register_pinned(&dst, Access::ALL).unwrap();
+    smr.write_at(0, &[5u8; 64]);
+    let prepared =
+        q.a.prepare_send(&SendWr::write(dmr.remote().at(0)).sge(smr.sge(..)))
             .unwrap();
-    let _ = ok;
-    let c = q.a_scq.wait_one(Duration::from_secs(5)).unwrap();
-    assert!(
-        matches!(c.status, WcStatus::Error(Syndrome::RemoteAccess)),
-        "other PD: {c:?}"
-    );
+    let t = q.a.post_prepared(prepared, &stream).unwrap();
+    q.a.wait_send(&t, &stream).unwrap();
+    stream.synchronize().unwrap();
+    q.a_scq.check().unwrap();
+    let mut got = [0u8; 64];
+    dmr.read_at(0, &mut got);
+    assert_eq!(got, [5u8; 64]);
 }
 
 #[test]

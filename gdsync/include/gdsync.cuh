@@ -11,6 +11,9 @@ typedef int int32_t;
 #include <stdint.h>
 #include <stddef.h>
 #endif
+#ifndef __CUDACC__
+#define __align__(n) alignas(n)
+#endif
 // NVRTC has no offsetof: there, GDS_OFFSET_CHECK is a no-op and only sizes are checked (the
 // Rust test checks the offsets written here against the Rust types).
 #ifdef __CUDACC_RTC__
@@ -71,7 +74,7 @@ GDS_OFFSET_CHECK(gds_wait_desc, cond, 52);
 GDS_OFFSET_CHECK(gds_wait_desc, ci_value, 56);
 
 // One entry of a descriptor ring. The host writes the body, then seq = index + 1.
-struct gds_desc {
+struct __align__(16) gds_desc {
     uint64_t seq;
     uint32_t kind;               // GDS_DESC_SEND or GDS_DESC_WAIT
     uint32_t reserved;
@@ -144,15 +147,15 @@ __device__ __forceinline__ int gds_wait_value32(uint64_t addr, uint32_t value, u
     }
 }
 
-// Rings the doorbell a send descriptor describes (data written earlier by this kernel must be
-// visible first: the fence makes it so).
+// Rings the doorbell a send descriptor describes. The first fence makes data this kernel
+// wrote earlier visible before the doorbell record; the second orders the record before the
+// doorbell (the NIC reads the record when the doorbell rings).
 __device__ __forceinline__ int gds_send(const gds_send_desc *d) {
     if (d->dbrec == 0 || d->db == 0) return GDS_INVALID;
     __threadfence_system();
     *(volatile uint32_t *)d->dbrec = d->dbrec_value;
     __threadfence_system();
     *(volatile uint64_t *)d->db = d->db_value;
-    __threadfence_system();
     return GDS_OK;
 }
 
@@ -164,8 +167,14 @@ __device__ __forceinline__ int gds_wait(const gds_wait_desc *d, uint64_t timeout
     if (d->ci_rec) *(volatile uint32_t *)d->ci_rec = d->ci_value;
     if (d->retired) *(volatile uint64_t *)d->retired = d->retired_value;
     if (d->ring_retired) *(volatile uint64_t *)d->ring_retired = d->ring_retired_value;
-    __threadfence_system();
     return GDS_OK;
+}
+
+// Runs a descriptor (a send or a wait).
+__device__ __forceinline__ int gds_run(const gds_desc *d, uint64_t timeout_ns) {
+    return d->kind == GDS_DESC_SEND ? gds_send(&d->send)
+         : d->kind == GDS_DESC_WAIT ? gds_wait(&d->wait, timeout_ns)
+         : GDS_INVALID;
 }
 
 // Takes entry `index` of a descriptor ring, waiting (up to timeout_ns) for the host to fill it.
@@ -175,7 +184,7 @@ __device__ __forceinline__ const gds_desc *gds_ring_get(const gds_desc_ring *r, 
     uint64_t start = 0;
     for (uint32_t spins = 0;; spins++) {
         if (*seq == index + 1) {
-            __threadfence_system();
+            __threadfence();  // the entry's body is read after its seq
             return d;
         }
         if ((spins & 255) == 255) {
@@ -188,17 +197,29 @@ __device__ __forceinline__ const gds_desc *gds_ring_get(const gds_desc_ring *r, 
 
 // Tells the host entries up to `index` (inclusive) were used, so their slots can be refilled.
 __device__ __forceinline__ void gds_ring_release(const gds_desc_ring *r, uint64_t index) {
-    gds_signal64(r->consumed, index + 1);
+    __threadfence();  // the entries' loads are done before the slots are handed back
+    *(volatile uint64_t *)r->consumed = index + 1;
+}
+
+// Copies entry `index` out of the ring (so it can be fetched ahead of its use) and releases
+// its slot. GDS_TIMEOUT if the host did not fill it in time.
+__device__ __forceinline__ int gds_ring_fetch(const gds_desc_ring *r, uint64_t index, gds_desc *out, uint64_t timeout_ns) {
+    const gds_desc *d = gds_ring_get(r, index, timeout_ns);
+    if (!d) return GDS_TIMEOUT;
+    // Five independent 16-byte loads that bypass stale cache lines (__ldcv): they overlap,
+    // where volatile 8-byte loads would cross PCIe one after another.
+    const ulonglong2 *src = (const ulonglong2 *)d;
+    ulonglong2 *dst = (ulonglong2 *)out;
+    ulonglong2 v0 = __ldcv(src + 0), v1 = __ldcv(src + 1), v2 = __ldcv(src + 2), v3 = __ldcv(src + 3), v4 = __ldcv(src + 4);
+    dst[0] = v0; dst[1] = v1; dst[2] = v2; dst[3] = v3; dst[4] = v4;
+    gds_ring_release(r, index);
+    return GDS_OK;
 }
 
 // Runs entry `index`: a send or a wait. Returns GDS_OK, GDS_TIMEOUT or GDS_INVALID.
 __device__ __forceinline__ int gds_ring_run(const gds_desc_ring *r, uint64_t index, uint64_t timeout_ns) {
-    const gds_desc *d = gds_ring_get(r, index, timeout_ns);
-    if (!d) return GDS_TIMEOUT;
-    int rc = d->kind == GDS_DESC_SEND ? gds_send(&d->send)
-           : d->kind == GDS_DESC_WAIT ? gds_wait(&d->wait, timeout_ns)
-           : GDS_INVALID;
-    gds_ring_release(r, index);
-    return rc;
+    gds_desc d;
+    int rc = gds_ring_fetch(r, index, &d, timeout_ns);
+    return rc != GDS_OK ? rc : gds_run(&d, timeout_ns);
 }
 #endif

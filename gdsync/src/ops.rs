@@ -49,7 +49,8 @@ impl WaitCond {
 /// host memory); values are native integers, i.e. what a plain load of the word returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
-    /// Store a 32-bit value.
+    /// Store a 32-bit value. A write implies no ordering with earlier work: put a
+    /// [`Op::Barrier`] before it where that matters.
     Write32 {
         /// Target address, 4-byte aligned.
         addr: u64,

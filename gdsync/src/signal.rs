@@ -157,6 +157,17 @@ impl PinnedBuffer {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// Copies bytes at `offset` into `dst` (a GPU or the device may write concurrently: data
+    /// is defined once their work is known to be done).
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) {
+        assert!(offset + dst.len() <= self.len, "read out of the buffer");
+        self.mem.read(offset, dst)
+    }
+    /// Copies `src` into the buffer at `offset`.
+    pub fn write_at(&self, offset: usize, src: &[u8]) {
+        assert!(offset + src.len() <= self.len, "write out of the buffer");
+        self.mem.write(offset, src)
+    }
     /// Whether GPUs can reach it (CUDA present and the registration succeeded).
     pub fn gpu_mapped(&self) -> bool {
         self.mem.gpu_mapped()

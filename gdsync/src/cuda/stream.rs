@@ -179,7 +179,7 @@ impl CudaStream {
     fn translate(&self, ops: &Ops) -> Result<Vec<sys::CUstreamBatchMemOpParams>> {
         use sys::CUstreamBatchMemOpType as T;
         let mut out = Vec::with_capacity(ops.len() + 2);
-        for op in ops.as_slice() {
+        for (k, op) in ops.as_slice().iter().enumerate() {
             // SAFETY: an all-zero params union is a valid (empty) value; fields are set below.
             let mut p: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
             match *op {
@@ -223,6 +223,8 @@ impl CudaStream {
                         self.cond(cond)?,
                     );
                 }
+                // A write carries its own fence: a barrier right before one adds nothing.
+                Op::Barrier if barrier_elided(ops.as_slice(), k) => continue,
                 Op::Barrier => {
                     p.memoryBarrier =
                         sys::CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st {
@@ -266,8 +268,27 @@ fn write_params(
             sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
                 value64: v,
             },
-        flags: 0,
+        flags: write_flags(op),
         alias: 0,
+    }
+}
+
+/// Write flags: by default a stream write carries its own fence (what ran before it is
+/// visible first). `GDSYNC_MEMOP_NO_BARRIER=32|all` drops it from 32-bit or all writes
+/// (ordering then comes from the explicit barriers alone).
+fn write_flags(op: sys::CUstreamBatchMemOpType) -> u32 {
+    static MODE: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+    let mode = *MODE.get_or_init(
+        || match std::env::var("GDSYNC_MEMOP_NO_BARRIER").as_deref() {
+            Ok("32") => 1,
+            Ok("all") => 2,
+            _ => 0,
+        },
+    );
+    let nb = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER as u32;
+    match (mode, op) {
+        (2, _) | (1, sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32) => nb,
+        _ => 0,
     }
 }
 
@@ -287,6 +308,15 @@ fn wait_params(
         flags,
         alias: 0,
     }
+}
+
+/// Whether the barrier at `k` is followed by a write that fences by itself.
+fn barrier_elided(ops: &[Op], k: usize) -> bool {
+    matches!(
+        ops.get(k + 1),
+        Some(Op::Write32 { .. } | Op::Write64 { .. })
+    ) && write_flags(sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_64) == 0
+        && write_flags(sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32) == 0
 }
 
 /// Drops the entries whose events have fired.

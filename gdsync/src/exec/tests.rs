@@ -749,7 +749,7 @@ fn host_stream_drop_right_after_synchronize_never_hangs() {
     // could check `stop`, miss the wakeup and wait forever, leaving Drop stuck in join.
     finishes_within_a_minute(|| {
         let out = Box::new(AtomicU32::new(0));
-        for i in 0..5000u32 {
+        for i in 0..10000u32 {
             let s = HostStream::with_timeout(LONG).unwrap();
             // SAFETY: `out` is declared before `s` and outlives it.
             s.enqueue(unsafe {
@@ -768,7 +768,7 @@ fn host_stream_drop_right_after_synchronize_never_hangs() {
 #[test]
 fn host_stream_drop_of_fresh_stream_never_hangs() {
     finishes_within_a_minute(|| {
-        for _ in 0..5000 {
+        for _ in 0..20000 {
             drop(HostStream::with_timeout(LONG).unwrap());
         }
     });

@@ -11,9 +11,13 @@
 //! cargo run --release --example pingpong -- --raw --json
 //! ```
 
+mod gpu;
+
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
-use gdasync::gdsync::{Access, Cq, Device, Endpoint, MemoryRegion, Qp, QpConfig, RecvWr, RemoteBuf, SendWr};
+use gdasync::gdsync::{
+    Access, Cq, Device, Endpoint, MemoryRegion, Qp, QpConfig, RecvWr, RemoteBuf, SendWr,
+};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{fence, AtomicU8, Ordering};
@@ -31,11 +35,11 @@ enum Op {
 enum Trigger {
     /// The CPU posts and polls.
     Cpu,
-    /// GPU in the loop, CPU-driven (needs CUDA: not in this build yet).
+    /// GPU in the loop, CPU-driven: GPU step, synchronise, post and poll from the CPU.
     Host,
-    /// Stream-triggered (needs CUDA: not in this build yet).
+    /// Stream-triggered: the CUDA stream rings the doorbell and waits for completions.
     Stream,
-    /// Kernel-initiated (needs CUDA: not in this build yet).
+    /// Kernel-initiated: one persistent kernel per rank sends and waits.
     Kernel,
 }
 
@@ -104,7 +108,8 @@ impl Args {
         }
     }
     fn iters(&self, size: usize) -> usize {
-        self.iters.unwrap_or_else(|| (10_000usize).min(((1usize << 31) / size.max(1)).max(200)))
+        self.iters
+            .unwrap_or_else(|| (10_000usize).min(((1usize << 31) / size.max(1)).max(200)))
     }
     fn warmup(&self, size: usize) -> usize {
         self.warmup.min(self.iters(size) / 5 + 1)
@@ -170,7 +175,14 @@ fn nic_setup(dev: &Device, max: usize) -> Result<NicSetup> {
     let qp = pd.create_qp(&scq, &rcq, &QpConfig::default())?;
     let sbuf = pd.register(leak(max), Access::LOCAL_WRITE)?;
     let rbuf = pd.register(leak(max), Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
-    Ok(NicSetup { dev, qp, scq, rcq, sbuf, rbuf })
+    Ok(NicSetup {
+        dev,
+        qp,
+        scq,
+        rcq,
+        sbuf,
+        rbuf,
+    })
 }
 
 impl NicSetup {
@@ -361,7 +373,11 @@ fn heap_buf(n: usize) -> SharedBuf {
     let mut b = vec![0u8; n.max(64)].into_boxed_slice();
     let ptr = b.as_mut_ptr();
     let len = b.len();
-    SharedBuf { ptr, len, _keep: Arc::new(std::sync::Mutex::new(HeapBuf(b))) }
+    SharedBuf {
+        ptr,
+        len,
+        _keep: Arc::new(std::sync::Mutex::new(HeapBuf(b))),
+    }
 }
 
 struct ShmMap(*mut u8, usize);
@@ -380,20 +396,42 @@ impl Drop for ShmMap {
 fn shm_bufs(path: &str, n: usize, create: bool) -> Result<(SharedBuf, SharedBuf)> {
     use std::os::fd::AsRawFd;
     let len = 2 * n.max(64).next_multiple_of(4096);
-    let f = std::fs::OpenOptions::new().read(true).write(true).create(create).truncate(false).open(path)?;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .truncate(false)
+        .open(path)?;
     if create {
         f.set_len(len as u64)?;
     }
     // SAFETY: mapping a file we opened read-write with its full length.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, f.as_raw_fd(), 0) };
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
     if p == libc::MAP_FAILED {
         bail!("mmap {path}: {}", std::io::Error::last_os_error());
     }
     let keep: Arc<dyn Send + Sync> = Arc::new(ShmMap(p as *mut u8, len));
     let half = len / 2;
-    let a = SharedBuf { ptr: p as *mut u8, len: half, _keep: keep.clone() };
+    let a = SharedBuf {
+        ptr: p as *mut u8,
+        len: half,
+        _keep: keep.clone(),
+    };
     // SAFETY: the second half of the mapping.
-    let b = SharedBuf { ptr: unsafe { (p as *mut u8).add(half) }, len: half, _keep: keep };
+    let b = SharedBuf {
+        ptr: unsafe { (p as *mut u8).add(half) },
+        len: half,
+        _keep: keep,
+    };
     Ok((a, b))
 }
 
@@ -418,7 +456,12 @@ fn cpu_time_us() -> f64 {
 }
 
 /// Runs every size on one rank; rank 0 measures. `sync` separates sizes.
-fn run_rank(rank: usize, w: &mut dyn Wire, args: &Args, sync: &mut dyn FnMut() -> Result<()>) -> Result<Vec<Stats>> {
+fn run_rank(
+    rank: usize,
+    w: &mut dyn Wire,
+    args: &Args,
+    sync: &mut dyn FnMut() -> Result<()>,
+) -> Result<Vec<Stats>> {
     let mut out = Vec::new();
     let mut i = 0u64;
     for size in args.sizes() {
@@ -469,35 +512,70 @@ fn op_name(op: Op) -> &'static str {
     }
 }
 
+fn trigger_name(t: Trigger) -> &'static str {
+    match t {
+        Trigger::Cpu => "cpu",
+        Trigger::Host => "host",
+        Trigger::Stream => "stream",
+        Trigger::Kernel => "kernel",
+    }
+}
+
 fn report(args: &Args, stats: &[Stats], extra_cpu: &[f64]) {
+    let (trigger, mem) = (
+        trigger_name(args.trigger),
+        if args.mem == Mem::Host {
+            "host"
+        } else {
+            "device"
+        },
+    );
     let ranks = match args.ranks {
         Ranks::Threads if args.separate_devices && !args.raw => "threads-2dev",
         Ranks::Threads => "threads",
         Ranks::Procs => "procs",
     };
     if !args.json {
-        println!("# pingpong: op {} trigger cpu{} mem host ranks {ranks}", op_name(args.op), if args.raw { " (raw floor)" } else { "" });
-        println!("{:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>14}", "bytes", "iters", "t_min[us]", "t_p50[us]", "t_avg[us]", "t_p99[us]", "cpu_us/iter");
+        println!(
+            "# pingpong: op {} trigger {trigger}{} mem {mem} ranks {ranks}",
+            op_name(args.op),
+            if args.raw { " (raw floor)" } else { "" }
+        );
+        println!(
+            "{:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>14}",
+            "bytes", "iters", "t_min[us]", "t_p50[us]", "t_avg[us]", "t_p99[us]", "cpu_us/iter"
+        );
     }
     for (k, s) in stats.iter().enumerate() {
         let cpu = s.cpu_us_per_iter + extra_cpu.get(k).copied().unwrap_or(0.0);
         if args.json {
             println!(
-                "{{\"op\":\"{}\",\"trigger\":\"cpu\",\"raw\":{},\"mem\":\"host\",\"ranks\":\"{ranks}\",\"bytes\":{},\"iters\":{},\"t_min_us\":{:.3},\"t_p50_us\":{:.3},\"t_avg_us\":{:.3},\"t_p99_us\":{:.3},\"cpu_us_per_iter\":{:.3}}}",
+                "{{\"op\":\"{}\",\"trigger\":\"{trigger}\",\"raw\":{},\"mem\":\"{mem}\",\"ranks\":\"{ranks}\",\"bytes\":{},\"iters\":{},\"t_min_us\":{:.3},\"t_p50_us\":{:.3},\"t_avg_us\":{:.3},\"t_p99_us\":{:.3},\"cpu_us_per_iter\":{:.3}}}",
                 op_name(args.op), args.raw, s.bytes, s.iters, s.min, s.p50, s.avg, s.p99, cpu
             );
         } else {
-            println!("{:>10} {:>10} {:>10.3} {:>10.3} {:>10.3} {:>10.3} {:>14.3}", s.bytes, s.iters, s.min, s.p50, s.avg, s.p99, cpu);
+            println!(
+                "{:>10} {:>10} {:>10.3} {:>10.3} {:>10.3} {:>10.3} {:>14.3}",
+                s.bytes, s.iters, s.min, s.p50, s.avg, s.p99, cpu
+            );
         }
     }
 }
 
 fn check(args: &Args) -> Result<()> {
-    if args.trigger != Trigger::Cpu {
-        bail!("--trigger {:?} needs the CUDA executors, which this build does not have yet; only --trigger cpu runs", args.trigger);
+    if args.trigger == Trigger::Cpu && args.mem != Mem::Host {
+        bail!("--trigger cpu polls host memory: use --mem host, or a GPU trigger for --mem device");
     }
-    if args.mem != Mem::Host {
-        bail!("--mem device needs CUDA device memory, which this build does not support yet; use --mem host");
+    if args.trigger != Trigger::Cpu {
+        if args.ranks != Ranks::Threads || args.separate_devices {
+            bail!("GPU triggers run the ranks as threads of one process sharing a soft device (CUDA time-slices separate processes on one GPU)");
+        }
+        if let Err(e) = gdasync::gdsync::cuda::Cuda::get().and_then(|c| c.gpu(0).map(|_| ())) {
+            bail!(
+                "--trigger {} needs a CUDA GPU: {e}",
+                trigger_name(args.trigger)
+            );
+        }
     }
     let sizes = args.sizes();
     if sizes.is_empty() {
@@ -523,14 +601,32 @@ fn threads(args: &Args) -> Result<()> {
     let barrier = Arc::new(Barrier::new(2));
     let (w0, w1): (Box<dyn Wire + Send>, Box<dyn Wire + Send>) = if args.raw {
         let (a, b) = (heap_buf(max), heap_buf(max));
-        (Box::new(Raw { local: a.clone(), peer: b.clone(), src: vec![0; max.max(64)] }), Box::new(Raw { local: b, peer: a, src: vec![0; max.max(64)] }))
+        (
+            Box::new(Raw {
+                local: a.clone(),
+                peer: b.clone(),
+                src: vec![0; max.max(64)],
+            }),
+            Box::new(Raw {
+                local: b,
+                peer: a,
+                src: vec![0; max.max(64)],
+            }),
+        )
     } else {
         let d0 = Device::soft()?;
-        let d1 = if args.separate_devices { Device::soft()? } else { d0.clone() };
+        let d1 = if args.separate_devices {
+            Device::soft()?
+        } else {
+            d0.clone()
+        };
         let (s0, s1) = (nic_setup(&d0, max)?, nic_setup(&d1, max)?);
         let (e0, e1) = (s0.qp.endpoint(), s1.qp.endpoint());
         let (r0, r1) = (s0.rbuf.remote(), s1.rbuf.remote());
-        (Box::new(s0.connect(&e1, r1, args.op)?), Box::new(s1.connect(&e0, r0, args.op)?))
+        (
+            Box::new(s0.connect(&e1, r1, args.op)?),
+            Box::new(s1.connect(&e0, r0, args.op)?),
+        )
     };
     let a1 = args.clone();
     let b1 = barrier.clone();
@@ -547,7 +643,8 @@ fn threads(args: &Args) -> Result<()> {
         barrier.wait();
         Ok(())
     });
-    t1.join().map_err(|_| anyhow::anyhow!("rank 1 panicked"))??;
+    t1.join()
+        .map_err(|_| anyhow::anyhow!("rank 1 panicked"))??;
     report(args, &stats?, &[]);
     Ok(())
 }
@@ -586,11 +683,18 @@ fn remote_str(r: &RemoteBuf) -> String {
 }
 
 fn parse_remote(s: &str) -> Result<RemoteBuf> {
-    let v: Vec<u64> = s.split_whitespace().map(|x| u64::from_str_radix(x, 16)).collect::<Result<_, _>>()?;
+    let v: Vec<u64> = s
+        .split_whitespace()
+        .map(|x| u64::from_str_radix(x, 16))
+        .collect::<Result<_, _>>()?;
     if v.len() != 3 {
         bail!("bad remote buffer line {s:?}");
     }
-    Ok(RemoteBuf { addr: v[0], len: v[1], rkey: v[2] as u32 })
+    Ok(RemoteBuf {
+        addr: v[0],
+        len: v[1],
+        rkey: v[2] as u32,
+    })
 }
 
 /// Both processes of `--ranks procs` run this; rank 1 talks through its stdin/stdout.
@@ -610,10 +714,18 @@ fn procs_rank(rank: usize, args: &Args, pipe: &mut Pipe) -> Result<Vec<Stats>> {
             let _ = std::fs::remove_file(&path);
         }
         let (local, peer) = if rank == 0 { (a, b) } else { (b, a) };
-        Box::new(Raw { local, peer, src: vec![0; max.max(64)] })
+        Box::new(Raw {
+            local,
+            peer,
+            src: vec![0; max.max(64)],
+        })
     } else {
         let s = nic_setup(&Device::soft()?, max)?;
-        pipe.put(&format!("{} {}", s.qp.endpoint(), remote_str(&s.rbuf.remote())))?;
+        pipe.put(&format!(
+            "{} {}",
+            s.qp.endpoint(),
+            remote_str(&s.rbuf.remote())
+        ))?;
         let line = pipe.get()?;
         let (ep, rb) = line.split_once(' ').context("bad endpoint line")?;
         let ep: Endpoint = ep.parse()?;
@@ -632,10 +744,17 @@ fn procs(args: &Args) -> Result<()> {
         .stderr(Stdio::inherit())
         .spawn()
         .context("spawn rank 1")?;
-    let mut pipe = Pipe { r: Box::new(BufReader::new(child.stdout.take().unwrap())), w: Box::new(child.stdin.take().unwrap()) };
+    let mut pipe = Pipe {
+        r: Box::new(BufReader::new(child.stdout.take().unwrap())),
+        w: Box::new(child.stdin.take().unwrap()),
+    };
     let res = procs_rank(0, args, &mut pipe);
     let child_cpu: Vec<f64> = match &res {
-        Ok(_) => pipe.get()?.split_whitespace().map(|x| x.parse().unwrap_or(0.0)).collect(),
+        Ok(_) => pipe
+            .get()?
+            .split_whitespace()
+            .map(|x| x.parse().unwrap_or(0.0))
+            .collect(),
         Err(_) => {
             let _ = child.kill();
             Vec::new()
@@ -651,9 +770,15 @@ fn procs(args: &Args) -> Result<()> {
 }
 
 fn child(args: &Args) -> Result<()> {
-    let mut pipe = Pipe { r: Box::new(BufReader::new(std::io::stdin())), w: Box::new(std::io::stdout()) };
+    let mut pipe = Pipe {
+        r: Box::new(BufReader::new(std::io::stdin())),
+        w: Box::new(std::io::stdout()),
+    };
     let stats = procs_rank(1, args, &mut pipe)?;
-    let cpu: Vec<String> = stats.iter().map(|s| format!("{:.3}", s.cpu_us_per_iter)).collect();
+    let cpu: Vec<String> = stats
+        .iter()
+        .map(|s| format!("{:.3}", s.cpu_us_per_iter))
+        .collect();
     pipe.put(&cpu.join(" "))?;
     Ok(())
 }
@@ -663,6 +788,11 @@ fn main() -> Result<()> {
     check(&args)?;
     if args.child {
         return child(&args);
+    }
+    if args.trigger != Trigger::Cpu {
+        let stats = gpu::run(&args)?;
+        report(&args, &stats, &[]);
+        return Ok(());
     }
     match args.ranks {
         Ranks::Threads => threads(&args),

@@ -1,0 +1,620 @@
+//! The GPU triggers of pingpong: `host` (GPU in the loop, CPU-driven), `stream`
+//! (stream-triggered) and `kernel` (one persistent kernel per rank), each with its `--raw`
+//! floor. Ranks are threads of one process sharing one GPU and one soft device.
+//!
+//! Message `m` of a run carries the 32-bit marker `m` in its last 4 bytes; rank 0 sends odd
+//! markers, rank 1 answers with even ones. The receiver (stream, kernel or CPU) waits for the
+//! marker word (`--op write`) or for its receive completion (`write-imm`, `send`).
+
+use super::{Args, Mem, Op, Stats, Trigger};
+use anyhow::{bail, Context, Result};
+use gdasync::gdsync::cuda::{Cuda, CudaStream, DeviceBuffer, Function, Module};
+use gdasync::gdsync::exec::Executor;
+use gdasync::gdsync::kernel::DescRing;
+use gdasync::gdsync::ops::{Op as MemOp, Ops, WaitCond};
+use gdasync::gdsync::{
+    Access, Cq, Device, Error, MemoryRegion, PinnedBuffer, Qp, QpConfig, RecvTicket, RecvWr,
+    RemoteBuf, SendWr, SignalWords,
+};
+use std::ffi::c_void;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+/// A signalled send every this many (the waits on them retire send-ring slots).
+const SIGNAL_EVERY: u64 = 16;
+/// How many iterations a rank's CPU enqueues ahead of its stream.
+const AHEAD: u64 = 16;
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+const KERNEL: &str = r#"
+// One rank of the pingpong. Descriptors are fetched from the ring in the order the host pushed
+// them, each as early as possible (before the wait that precedes its use), so their transfer
+// from host memory is off the critical path.
+extern "C" __global__ void pp(gds_desc_ring ring, int rank, uint64_t iters, uint64_t sig_every,
+        int ring_waits, int raw, uint64_t my_word, uint64_t out_word, uint64_t times,
+        uint64_t timeout_ns, uint64_t rc_addr) {
+    uint64_t idx = 0;
+    gds_desc snd, w, rw;
+    int rc = GDS_OK;
+#define FETCH(d) do { rc = gds_ring_fetch(&ring, idx++, &(d), timeout_ns); if (rc) goto out; } while (0)
+#define CHECK(x) do { rc = (x); if (rc) goto out; } while (0)
+    if (!raw) {
+        if (rank == 1 && ring_waits) FETCH(rw);
+        if (iters > 0) FETCH(snd);
+    }
+    for (uint64_t i = 0; i < iters; i++) {
+        uint32_t mine = (uint32_t)(2 * i + 1 + rank), theirs = (uint32_t)(2 * i + 2 - rank);
+        if (rank == 1)
+            CHECK(ring_waits ? gds_wait(&rw.wait, timeout_ns) : gds_wait_value32(my_word, theirs, GDS_COND_EQ, timeout_ns));
+        if (raw) {
+            gds_signal32(out_word, mine);
+        } else {
+            *(volatile uint32_t *)out_word = mine;
+            CHECK(gds_send(&snd.send));
+            if (i % sig_every == sig_every - 1) {
+                FETCH(w);
+                CHECK(gds_wait(&w.wait, timeout_ns));
+            }
+            if (rank == 0 && ring_waits) FETCH(rw);
+            if (i + 1 < iters) {
+                if (rank == 1 && ring_waits) FETCH(rw);
+                FETCH(snd);
+            }
+        }
+        if (rank == 0) {
+            CHECK(ring_waits ? gds_wait(&rw.wait, timeout_ns) : gds_wait_value32(my_word, theirs, GDS_COND_EQ, timeout_ns));
+            ((volatile uint64_t *)times)[i] = gds_now_ns();
+        }
+    }
+out:
+    gds_signal32(rc_addr, rc ? 1000 + rc : 1);
+}
+extern "C" __global__ void step() {}
+"#;
+
+/// A message buffer in pinned host or device memory.
+enum Buf {
+    Host(PinnedBuffer),
+    Dev(DeviceBuffer),
+}
+
+impl Buf {
+    fn new(mem: Mem, len: usize) -> Result<Buf> {
+        Ok(match mem {
+            Mem::Host => Buf::Host(PinnedBuffer::new(len)),
+            Mem::Device => Buf::Dev(DeviceBuffer::alloc(0, len)?),
+        })
+    }
+    fn addr(&self) -> u64 {
+        match self {
+            Buf::Host(b) => b.addr(),
+            Buf::Dev(b) => b.ptr(),
+        }
+    }
+    fn leak_register(
+        self,
+        pd: &gdasync::gdsync::ProtectionDomain,
+    ) -> Result<(u64, MemoryRegion<'static>)> {
+        let b: &'static Buf = Box::leak(Box::new(self));
+        let mr = match b {
+            Buf::Host(x) => pd.register_pinned(x, Access::ALL)?,
+            Buf::Dev(x) => pd.register_device(x, Access::ALL)?,
+        };
+        Ok((b.addr(), mr))
+    }
+}
+
+/// One rank's queues and buffers.
+struct Rank {
+    qp: Qp,
+    _scq: Cq,
+    rcq: Cq,
+    sbuf: MemoryRegion<'static>,
+    sbuf_addr: u64,
+    rbuf: MemoryRegion<'static>,
+    rbuf_addr: u64,
+    remote: RemoteBuf,
+    recvs: Vec<RecvTicket>,
+}
+
+fn setup(dev: &Device, args: &Args, max: usize) -> Result<(Rank, Rank)> {
+    type Reg = (u64, MemoryRegion<'static>);
+    let mk = || -> Result<(Qp, Cq, Cq, Reg, Reg)> {
+        let pd = dev.alloc_pd();
+        let (scq, rcq) = (dev.create_cq(1024)?, dev.create_cq(1024)?);
+        let qp = pd.create_qp(&scq, &rcq, &QpConfig::default())?;
+        let s = Buf::new(args.mem, max)?.leak_register(&pd)?;
+        let r = Buf::new(args.mem, max)?.leak_register(&pd)?;
+        Ok((qp, scq, rcq, s, r))
+    };
+    let (mut q0, s0, r0, (sa0, sb0), (ra0, rb0)) = mk()?;
+    let (mut q1, s1, r1, (sa1, sb1), (ra1, rb1)) = mk()?;
+    q0.connect(&q1.endpoint())?;
+    q1.connect(&q0.endpoint())?;
+    let (rem0, rem1) = (rb1.remote(), rb0.remote());
+    let r = |qp, scq, rcq, sbuf, sbuf_addr, rbuf, rbuf_addr, remote| Rank {
+        qp,
+        _scq: scq,
+        rcq,
+        sbuf,
+        sbuf_addr,
+        rbuf,
+        rbuf_addr,
+        remote,
+        recvs: Vec::new(),
+    };
+    Ok((
+        r(q0, s0, r0, sb0, sa0, rb0, ra0, rem0),
+        r(q1, s1, r1, sb1, sa1, rb1, ra1, rem1),
+    ))
+}
+
+impl Rank {
+    fn wr(&self, op: Op, size: usize, marker: u32, signalled: bool) -> SendWr {
+        let mut wr = match op {
+            Op::Write => SendWr::write(self.remote.at(0)),
+            Op::WriteImm => SendWr::write_imm(self.remote.at(0), marker),
+            Op::Send => SendWr::send(),
+        }
+        .sge(self.sbuf.sge(..size));
+        if !signalled {
+            wr = wr.unsignaled();
+        }
+        wr
+    }
+    /// Prepares a send, waiting for ring space (retired by the stream's or kernel's waits).
+    fn prepare(&mut self, wr: &SendWr) -> Result<gdasync::gdsync::PreparedSend> {
+        let start = Instant::now();
+        loop {
+            match self.qp.prepare_send(wr) {
+                Ok(p) => return Ok(p),
+                Err(Error::RingFull { .. }) if start.elapsed() < TIMEOUT => {
+                    std::thread::yield_now()
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    fn post_recv(&mut self, size: usize) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            match self.qp.post_recv(&RecvWr::new().sge(self.rbuf.sge(..size))) {
+                Ok(t) => {
+                    self.recvs.push(t);
+                    return Ok(());
+                }
+                Err(Error::RingFull { .. }) if start.elapsed() < TIMEOUT => {
+                    std::thread::yield_now()
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+/// A raw write of the marker word at `addr` (the message's last 4 bytes), for a stream.
+fn marker_write(addr: u64, marker: u32) -> Ops {
+    let mut o = Ops::new();
+    // SAFETY: the buffers are leaked for the life of the process.
+    unsafe {
+        o.push_raw(MemOp::Write32 {
+            addr,
+            value: marker,
+        })
+    };
+    o
+}
+
+fn marker_wait(addr: u64, marker: u32) -> Ops {
+    let mut o = Ops::new();
+    // SAFETY: as marker_write.
+    unsafe {
+        o.push_raw(MemOp::Wait32 {
+            addr,
+            value: marker,
+            cond: WaitCond::Eq,
+        })
+    };
+    o
+}
+
+fn stats(size: usize, mut half_rtts: Vec<f64>, cpu: f64) -> Stats {
+    half_rtts.sort_by(f64::total_cmp);
+    let n = half_rtts.len().max(1);
+    let pct = |p: f64| half_rtts[((n - 1) as f64 * p).round() as usize];
+    Stats {
+        bytes: size,
+        iters: half_rtts.len(),
+        min: half_rtts[0],
+        p50: pct(0.5),
+        avg: half_rtts.iter().sum::<f64>() / n as f64,
+        p99: pct(0.99),
+        cpu_us_per_iter: cpu,
+    }
+}
+
+pub(crate) fn run(args: &Args) -> Result<Vec<Stats>> {
+    let c = Cuda::get().context("--trigger host|stream|kernel need a CUDA GPU")?;
+    if c.gpus.is_empty() {
+        bail!("--trigger {:?} needs a GPU; none found", args.trigger);
+    }
+    if args.sizes().iter().any(|&s| s < 4 || s % 4 != 0) {
+        bail!("GPU triggers put a 32-bit marker at the end of each message: sizes must be multiples of 4");
+    }
+    let module = if args.trigger != Trigger::Stream {
+        Some(Module::compile(0, KERNEL).context("compile the pingpong kernels with NVRTC")?)
+    } else {
+        None
+    };
+    let max = *args.sizes().iter().max().unwrap();
+    let dev = Device::soft()?;
+    let mut out = Vec::new();
+    for size in args.sizes() {
+        let (warm, iters) = (args.warmup(size) as u64, args.iters(size) as u64);
+        let (r0, r1) = setup(&dev, args, max)?;
+        let cpu0 = super::cpu_time_us();
+        let samples = match args.trigger {
+            Trigger::Stream => stream_run(args, size, warm + iters, r0, r1)?,
+            Trigger::Kernel => {
+                kernel_run(args, size, warm + iters, r0, r1, module.as_ref().unwrap())?
+            }
+            Trigger::Host => host_run(
+                args,
+                size,
+                warm + iters,
+                r0,
+                r1,
+                &module.as_ref().unwrap().function("step")?,
+            )?,
+            Trigger::Cpu => unreachable!(),
+        };
+        let cpu = (super::cpu_time_us() - cpu0) / (warm + iters) as f64;
+        out.push(stats(size, samples[warm as usize..].to_vec(), cpu));
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------- stream
+
+/// Each rank's CPU thread enqueues its iterations on its own stream, a few ahead; rank 0's
+/// stream bumps a progress word after each round trip, which its CPU timestamps.
+fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Result<Vec<f64>> {
+    let progress = SignalWords::new(2);
+    let raw = args.raw;
+    let op = args.op;
+    let barrier = Arc::new(Barrier::new(2));
+    let words = [
+        r0.rbuf_addr + size as u64 - 4,
+        r1.rbuf_addr + size as u64 - 4,
+    ];
+    let spawn = |rank: usize, mut r: Rank, barrier: Arc<Barrier>, progress: SignalWords| {
+        std::thread::spawn(move || -> Result<Vec<f64>> {
+            let stream = CudaStream::new(0)?;
+            let my_word = words[rank];
+            let peer_word = words[1 - rank];
+            let out_word = r.sbuf_addr + size as u64 - 4;
+            let ring_waits = !raw && op != Op::Write;
+            let mut times = Vec::with_capacity(iters as usize);
+            let mut posted_recv = 0u64;
+            barrier.wait();
+            let mut seen = 0u64;
+            let mut last = Instant::now();
+            for i in 0..iters {
+                let (mine, theirs) = (
+                    (2 * i + 1 + rank as u64) as u32,
+                    (2 * i + 2 - rank as u64) as u32,
+                );
+                while ring_waits && posted_recv < (i + 64).min(iters) {
+                    r.post_recv(size)?;
+                    posted_recv += 1;
+                }
+                let mut ops = Ops::new();
+                let wait = |ops: &mut Ops, r: &Rank| -> Result<()> {
+                    if ring_waits {
+                        ops.append(r.qp.recv_wait_ops(&r.recvs[i as usize])?);
+                    } else {
+                        ops.append(marker_wait(my_word, theirs));
+                    }
+                    Ok(())
+                };
+                if rank == 1 {
+                    wait(&mut ops, &r)?;
+                }
+                if raw {
+                    ops.append(marker_write(peer_word, mine));
+                } else {
+                    ops.append(marker_write(out_word, mine));
+                    let sig = i % SIGNAL_EVERY == SIGNAL_EVERY - 1;
+                    let wr = r.wr(op, size, mine, sig);
+                    let p = r.prepare(&wr)?;
+                    let (t, commit) = r.qp.commit(p)?;
+                    ops.append(commit);
+                    if sig {
+                        ops.append(r.qp.send_wait_ops(&t)?);
+                    }
+                }
+                if rank == 0 {
+                    wait(&mut ops, &r)?;
+                    ops.append(progress.write64(0, i + 1));
+                }
+                stream.submit(ops)?;
+                // Stay at most AHEAD iterations ahead; rank 0 timestamps progress meanwhile.
+                loop {
+                    let done = if rank == 0 {
+                        progress.load64(0)
+                    } else {
+                        i.saturating_sub(AHEAD)
+                    };
+                    if rank == 0 && done > seen {
+                        let now = Instant::now();
+                        let dt =
+                            now.duration_since(last).as_secs_f64() * 1e6 / (done - seen) as f64;
+                        for _ in seen..done {
+                            times.push(dt / 2.0);
+                        }
+                        seen = done;
+                        last = now;
+                    }
+                    if rank == 1 || done + AHEAD > i || i + 1 == iters {
+                        break;
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+            while rank == 0 && seen < iters {
+                let done = progress.load64(0);
+                if done > seen {
+                    let now = Instant::now();
+                    let dt = now.duration_since(last).as_secs_f64() * 1e6 / (done - seen) as f64;
+                    for _ in seen..done {
+                        times.push(dt / 2.0);
+                    }
+                    seen = done;
+                    last = now;
+                }
+                if last.elapsed() > TIMEOUT {
+                    bail!("stream pingpong stalled at {seen}/{iters}");
+                }
+            }
+            stream.synchronize()?;
+            r.rcq.check()?;
+            Ok(times)
+        })
+    };
+    let t1 = spawn(1, r1, barrier.clone(), progress.clone());
+    let t0 = spawn(0, r0, barrier, progress);
+    let times = t0
+        .join()
+        .map_err(|_| anyhow::anyhow!("rank 0 panicked"))??;
+    t1.join()
+        .map_err(|_| anyhow::anyhow!("rank 1 panicked"))??;
+    Ok(times)
+}
+
+// ---------------------------------------------------------------------------- kernel
+
+/// One persistent kernel per rank runs every iteration; each rank's CPU keeps its descriptor
+/// ring filled (sends, waits for signalled sends, waits for receives) and its receives posted.
+fn kernel_run(
+    args: &Args,
+    size: usize,
+    iters: u64,
+    r0: Rank,
+    r1: Rank,
+    m: &Module,
+) -> Result<Vec<f64>> {
+    let f = m.function("pp")?;
+    let times = PinnedBuffer::new(iters as usize * 8);
+    let rcs = SignalWords::new(2);
+    let words = [
+        r0.rbuf_addr + size as u64 - 4,
+        r1.rbuf_addr + size as u64 - 4,
+    ];
+    let ring_waits = !args.raw && args.op != Op::Write;
+    let (raw, op) = (args.raw, args.op);
+    let streams = [CudaStream::new(0)?, CudaStream::new(0)?];
+    let mut rings = [DescRing::new(64), DescRing::new(64)];
+    let ranks = [r0, r1];
+    for rank in 0..2 {
+        let r = &ranks[rank];
+        let out_word = if raw {
+            words[1 - rank]
+        } else {
+            r.sbuf_addr + size as u64 - 4
+        };
+        let mut ring = rings[rank].device_desc();
+        let (mut rank_i, mut n, mut sig, mut rw, mut rawi) = (
+            rank as i32,
+            iters,
+            SIGNAL_EVERY,
+            ring_waits as i32,
+            raw as i32,
+        );
+        let (mut my, mut outw, mut tms, mut to, mut rc) = (
+            words[rank],
+            out_word,
+            times.addr(),
+            10_000_000_000u64,
+            rcs.addr(rank),
+        );
+        let mut params: Vec<*mut c_void> = vec![
+            &mut ring as *mut _ as *mut c_void,
+            &mut rank_i as *mut _ as *mut c_void,
+            &mut n as *mut _ as *mut c_void,
+            &mut sig as *mut _ as *mut c_void,
+            &mut rw as *mut _ as *mut c_void,
+            &mut rawi as *mut _ as *mut c_void,
+            &mut my as *mut _ as *mut c_void,
+            &mut outw as *mut _ as *mut c_void,
+            &mut tms as *mut _ as *mut c_void,
+            &mut to as *mut _ as *mut c_void,
+            &mut rc as *mut _ as *mut c_void,
+        ];
+        // SAFETY: the parameters match `pp`; rings, words and buffers outlive the kernels
+        // (both streams are synchronised before they are dropped).
+        unsafe { f.launch(&streams[rank], 1, 1, &mut params)? };
+    }
+    if !raw {
+        // Feed both rings from this thread, in the order each kernel consumes them.
+        let [mut a, mut b] = ranks;
+        let mut posted = [0u64; 2];
+        for i in 0..iters {
+            for rank in [1usize, 0] {
+                let (r, ring) = if rank == 0 {
+                    (&mut a, &mut rings[0])
+                } else {
+                    (&mut b, &mut rings[1])
+                };
+                while ring_waits && posted[rank] < (i + 64).min(iters) {
+                    r.post_recv(size)?;
+                    posted[rank] += 1;
+                }
+                let mine = (2 * i + 1 + rank as u64) as u32;
+                if rank == 1 && ring_waits {
+                    ring.push_wait(r.qp.recv_wait_ops(&r.recvs[i as usize])?, TIMEOUT)?;
+                }
+                let sig = i % SIGNAL_EVERY == SIGNAL_EVERY - 1;
+                let wr = r.wr(op, size, mine, sig);
+                let p = r.prepare(&wr)?;
+                let (t, commit) = r.qp.commit(p)?;
+                ring.push_send(commit, TIMEOUT)?;
+                if sig {
+                    ring.push_wait(r.qp.send_wait_ops(&t)?, TIMEOUT)?;
+                }
+                if rank == 0 && ring_waits {
+                    ring.push_wait(r.qp.recv_wait_ops(&r.recvs[i as usize])?, TIMEOUT)?;
+                }
+            }
+        }
+        for s in &streams {
+            s.synchronize()?;
+        }
+        a.rcq.check()?;
+        b.rcq.check()?;
+    } else {
+        for s in &streams {
+            s.synchronize()?;
+        }
+    }
+    if rcs.load32(0) != 1 || rcs.load32(1) != 1 {
+        bail!(
+            "a pingpong kernel failed (return codes {} {}; 1 = done)",
+            rcs.load32(0),
+            rcs.load32(1)
+        );
+    }
+    let mut t = vec![0u8; iters as usize * 8];
+    times.read_at(0, &mut t);
+    let ns: Vec<u64> = t
+        .chunks(8)
+        .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    let mut half = Vec::with_capacity(iters as usize);
+    for i in 1..ns.len() {
+        half.push(ns[i].saturating_sub(ns[i - 1]) as f64 / 2000.0);
+    }
+    half.insert(0, half.first().copied().unwrap_or(0.0));
+    Ok(half)
+}
+
+// ---------------------------------------------------------------------------- host
+
+/// GPU in the loop, CPU-driven: each rank launches a GPU step and synchronises, then posts
+/// from the CPU and polls from the CPU (the MPI-style baseline).
+fn host_run(
+    args: &Args,
+    size: usize,
+    iters: u64,
+    r0: Rank,
+    r1: Rank,
+    step: &Function,
+) -> Result<Vec<f64>> {
+    let barrier = Arc::new(Barrier::new(2));
+    let (raw, op, mem) = (args.raw, args.op, args.mem);
+    let words = [
+        r0.rbuf_addr + size as u64 - 4,
+        r1.rbuf_addr + size as u64 - 4,
+    ];
+    let step = *step;
+    let spawn = |rank: usize, mut r: Rank, barrier: Arc<Barrier>| {
+        std::thread::spawn(move || -> Result<Vec<f64>> {
+            let stream = CudaStream::new(0)?;
+            let mut times = Vec::with_capacity(iters as usize);
+            let recv_op = !raw && op != Op::Write;
+            if recv_op {
+                for _ in 0..64 {
+                    r.post_recv(size)?;
+                }
+            }
+            let read_word = |r: &Rank, addr: u64| -> u32 {
+                let mut b = [0u8; 4];
+                if raw && mem == Mem::Host {
+                    // SAFETY: pinned host memory leaked for the process's life.
+                    return unsafe { std::ptr::read_volatile(addr as *const u32) };
+                }
+                let off = (addr - r.rbuf_addr) as usize;
+                r.rbuf.read_at(off, &mut b);
+                u32::from_ne_bytes(b)
+            };
+            let wait = |r: &mut Rank, marker: u32| -> Result<()> {
+                let start = Instant::now();
+                loop {
+                    if recv_op {
+                        if let Some(c) = r.rcq.poll_one()? {
+                            c.ok()?;
+                            return r.post_recv(size);
+                        }
+                    } else if read_word(r, words[rank]) == marker {
+                        return Ok(());
+                    }
+                    if start.elapsed() > TIMEOUT {
+                        bail!("host pingpong: no message {marker}");
+                    }
+                }
+            };
+            barrier.wait();
+            let mut t0 = Instant::now();
+            for i in 0..iters {
+                let (mine, theirs) = (
+                    (2 * i + 1 + rank as u64) as u32,
+                    (2 * i + 2 - rank as u64) as u32,
+                );
+                if rank == 1 {
+                    wait(&mut r, theirs)?;
+                }
+                // The GPU step that produces the data, then the CPU sends.
+                // SAFETY: `step` takes no parameters.
+                unsafe { step.launch(&stream, 1, 1, &mut [])? };
+                stream.synchronize()?;
+                if raw {
+                    // SAFETY: pinned host memory leaked for the process's life (--raw host only).
+                    unsafe { std::ptr::write_volatile(words[1 - rank] as *mut u32, mine) };
+                } else {
+                    r.sbuf.write_at(size - 4, &mine.to_ne_bytes());
+                    let sig = i % SIGNAL_EVERY == SIGNAL_EVERY - 1;
+                    let wr = r.wr(op, size, mine, sig);
+                    r.qp.post_send(&wr)?;
+                    while sig && r._scq.poll_one()?.is_none() {}
+                }
+                if rank == 0 {
+                    wait(&mut r, theirs)?;
+                    let now = Instant::now();
+                    times.push(now.duration_since(t0).as_secs_f64() * 1e6 / 2.0);
+                    t0 = now;
+                }
+            }
+            Ok(times)
+        })
+    };
+    if raw && mem == Mem::Device {
+        bail!("--trigger host --raw needs --mem host (the CPU stores to the peer's buffer)");
+    }
+    let t1 = spawn(1, r1, barrier.clone());
+    let t0 = spawn(0, r0, barrier);
+    let times = t0
+        .join()
+        .map_err(|_| anyhow::anyhow!("rank 0 panicked"))??;
+    t1.join()
+        .map_err(|_| anyhow::anyhow!("rank 1 panicked"))??;
+    Ok(times)
+}
