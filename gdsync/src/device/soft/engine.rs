@@ -184,6 +184,13 @@ impl Engine {
             }
             // Between rounds: no region from an older table copy is in use.
             self.mrc.sync(&self.mrs);
+            // The coarse clock: every 64 rounds while spinning, every round once the engine
+            // yields or sleeps between rounds (a round may then start milliseconds later).
+            round = round.wrapping_add(1);
+            let tick = round % 64 == 0 || !backoff.spinning();
+            if tick {
+                self.now = Instant::now();
+            }
             let mut work = false;
             for i in 0..self.active.len() {
                 work |= self.poll_qp(self.active[i]);
@@ -195,12 +202,8 @@ impl Engine {
                 work |= self.poll_link(li);
                 work |= self.pump(li);
             }
-            round = round.wrapping_add(1);
-            // The coarse clock: every 64 rounds while spinning, every round once the engine
-            // yields (a round may then take milliseconds).
-            if round % 64 == 0 || !backoff.spinning() {
-                self.now = Instant::now();
-                work |= self.timers(self.now);
+            if tick {
+                work |= self.timers(Instant::now());
             }
             if work {
                 backoff.reset();
