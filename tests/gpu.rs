@@ -530,3 +530,40 @@ fn ipc_import_between_processes() {
         "child saw other data: {text}"
     );
 }
+
+#[test]
+fn stream_triggered_with_a_cpu_proxy_handler() {
+    if !gpu("stream_triggered_with_a_cpu_proxy_handler") {
+        return;
+    }
+    let stream = CudaStream::new(0).unwrap();
+    let dev = Device::soft().unwrap();
+    let pd = dev.alloc_pd();
+    let cqs: Vec<Cq> = (0..4).map(|_| dev.create_cq(64).unwrap()).collect();
+    let cfg = QpConfig {
+        nic_handler: Some(gdasync::gdsync::NicHandler::Cpu),
+        ..QpConfig::default()
+    };
+    let mut a = pd.create_qp(&cqs[0], &cqs[1], &cfg).unwrap();
+    let mut b = pd
+        .create_qp(&cqs[2], &cqs[3], &QpConfig::default())
+        .unwrap();
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    let (src, dst) = (PinnedBuffer::new(256), Buf::new(true, 256));
+    let smr = pd.register_pinned(&src, Access::ALL).unwrap();
+    let dmr = dst.register(&pd);
+    for i in 0..100u8 {
+        smr.write_at(0, &[i; 256]);
+        let p = a
+            .prepare_send(&SendWr::write(dmr.remote().at(0)).sge(smr.sge(..)))
+            .unwrap();
+        let t = a.post_prepared(p, &stream).unwrap();
+        a.wait_send(&t, &stream).unwrap();
+        stream.synchronize().unwrap();
+        let mut got = [0u8; 256];
+        dmr.read_at(0, &mut got);
+        assert_eq!(got, [i; 256]);
+    }
+    cqs[0].check().unwrap();
+}

@@ -1240,3 +1240,55 @@ fn receive_posted_before_connect() {
     dmr.read_at(0, &mut got);
     assert_eq!(got, pattern(17, 64));
 }
+
+/// With a CPU proxy as NIC handler, committed op lists ask the proxy to ring (a barrier and
+/// one host store) instead of ringing themselves; the work still completes, from a host
+/// executor and from a host stream.
+#[test]
+fn cpu_proxy_rings_for_committed_sends() {
+    use gdasync::gdsync::ops::Op;
+    use gdasync::gdsync::{Device, NicHandler};
+    let dev = Device::soft().unwrap();
+    let pd = dev.alloc_pd();
+    let cfg = QpConfig {
+        nic_handler: Some(NicHandler::Cpu),
+        ..QpConfig::default()
+    };
+    let (scq, rcq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
+    let (scq2, rcq2) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
+    let mut a = pd.create_qp(&scq, &rcq, &cfg).unwrap();
+    let mut b = pd.create_qp(&scq2, &rcq2, &QpConfig::default()).unwrap();
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    let mut src = vec![9u8; 64];
+    let mut dst = vec![0u8; 64];
+    let smr = pd.register(&mut src, Access::LOCAL_WRITE).unwrap();
+    let dmr = pd
+        .register(&mut dst, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let p = a
+        .prepare_send(&SendWr::write(dmr.remote().at(0)).sge(smr.sge(..)).wr_id(1))
+        .unwrap();
+    let (_, ops) = a.commit(p).unwrap();
+    assert_eq!(ops.len(), 2, "{ops:?}");
+    assert!(matches!(ops.as_slice(), [Op::Barrier, Op::Write64 { .. }]));
+    HostExecutor::default().run(&ops).unwrap();
+    let c = scq.wait_one(Duration::from_secs(5)).unwrap();
+    assert!(c.is_ok() && c.wr_id == 1, "{c:?}");
+    let mut got = [0u8; 64];
+    dmr.read_at(0, &mut got);
+    assert_eq!(got, [9u8; 64]);
+    // From a host stream, with the stream waiting for the completion.
+    let stream = HostStream::new().unwrap();
+    smr.write_at(0, &[4u8; 64]);
+    let p = a
+        .prepare_send(&SendWr::write(dmr.remote().at(0)).sge(smr.sge(..)).wr_id(2))
+        .unwrap();
+    let t = a.post_prepared(p, &stream).unwrap();
+    a.wait_send(&t, &stream).unwrap();
+    stream.synchronize().unwrap();
+    scq.check().unwrap();
+    dmr.read_at(0, &mut got);
+    assert_eq!(got, [4u8; 64]);
+    assert_eq!(scq.consumer_index(), 2);
+}

@@ -20,6 +20,9 @@ pub(crate) const QP_DBREC: usize = 0;
 pub(crate) const QP_DOORBELL: usize = 8;
 pub(crate) const QP_SQ_RETIRED: usize = 64;
 pub(crate) const QP_RQ_RETIRED: usize = 128;
+/// With a CPU proxy ([`crate::NicHandler::Cpu`]): the producer index the GPU asks the proxy to
+/// ring (native u64).
+pub(crate) const QP_PROXY: usize = 192;
 
 /// Largest message the soft device moves (2 GiB - 1, the RC limit).
 pub const MAX_MESSAGE: u64 = (1 << 31) - 1;
@@ -45,6 +48,9 @@ pub struct QpConfig {
     /// How long outstanding work may go without any answer from the peer before it completes
     /// with `TRANSPORT_RETRY_EXC` (a dead peer process or a closed device is detected sooner).
     pub timeout: Duration,
+    /// Who rings the doorbell for op lists from [`Qp::commit`]; `None`: chosen automatically
+    /// (`GDSYNC_NIC_HANDLER`, else the GPU).
+    pub nic_handler: Option<crate::NicHandler>,
 }
 
 impl Default for QpConfig {
@@ -57,6 +63,7 @@ impl Default for QpConfig {
             rnr_retry: 7,
             rnr_timer: Duration::from_millis(2),
             timeout: Duration::from_secs(5),
+            nic_handler: None,
         }
     }
 }
@@ -98,6 +105,8 @@ pub(crate) struct QpShared {
     rq_polled: AtomicU64,
     pub state: AtomicU8,
     pub cfg: QpConfig,
+    /// Who rings for committed op lists.
+    pub handler: crate::NicHandler,
 }
 
 impl QpShared {
@@ -293,6 +302,10 @@ impl Qp {
         let rq_stride = (SEG_SIZE as u32 * cfg.max_recv_sge).next_power_of_two();
         let rq_bytes = (rq_cnt * rq_stride) as usize;
         let sq_off = rq_bytes.max(64);
+        let handler = match cfg.nic_handler {
+            Some(h) => h,
+            None => crate::NicHandler::choose_soft()?.0,
+        };
         let buf = Arc::new(RingMem::new(sq_off + sq_cnt as usize * WQEBB));
         let shared = Arc::new(QpShared {
             qpn,
@@ -312,10 +325,14 @@ impl Qp {
             rq_polled: AtomicU64::new(0),
             state: AtomicU8::new(QpState::Init as u8),
             cfg: cfg.clone(),
+            handler,
         });
         send_cq.shared.users.fetch_add(1, Ordering::AcqRel);
         recv_cq.shared.users.fetch_add(1, Ordering::AcqRel);
         dev.add_qp(&shared)?;
+        if handler == crate::NicHandler::Cpu {
+            dev.proxy.watch(&shared, dev)?;
+        }
         Ok(Qp {
             shared,
             dev: dev.clone(),
@@ -452,6 +469,18 @@ impl Qp {
         let s = &*self.shared;
         let keep = s.keep();
         let mut ops = Ops::new();
+        if s.handler == crate::NicHandler::Cpu {
+            // The proxy rings: what ran before is visible first, then the request.
+            ops.push(Op::Barrier, &keep);
+            ops.push(
+                Op::Write64 {
+                    addr: s.ctrl.addr(QP_PROXY),
+                    value: p.end,
+                },
+                &keep,
+            );
+            return Ok((p.ticket, ops));
+        }
         ops.push(
             Op::Write32 {
                 addr: s.ctrl.addr(QP_DBREC + 4 * DBREC_SQ),

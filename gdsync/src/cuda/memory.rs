@@ -210,28 +210,64 @@ impl Drop for DeviceBuffer {
     }
 }
 
-/// Copies host bytes to device address `dst` of GPU `ordinal`.
+/// The calling thread's own stream on GPU `ordinal`, for the soft device's data moves: the
+/// engine copies on a non-blocking stream of its own, not the legacy default stream.
+fn copy_stream(ordinal: i32) -> Result<sys::CUstream> {
+    thread_local!(static STREAMS: std::cell::RefCell<Vec<(i32, usize)>> = const { std::cell::RefCell::new(Vec::new()) });
+    if let Some(s) = STREAMS.with(|v| {
+        v.borrow()
+            .iter()
+            .find(|(o, _)| *o == ordinal)
+            .map(|(_, s)| *s)
+    }) {
+        return Ok(s as sys::CUstream);
+    }
+    let mut raw = std::ptr::null_mut();
+    // SAFETY: creates a stream into a local; it lives as long as the thread (never destroyed:
+    // the driver reclaims it at exit).
+    check(
+        unsafe {
+            sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+        },
+        "cuStreamCreate",
+    )?;
+    STREAMS.with(|v| v.borrow_mut().push((ordinal, raw as usize)));
+    Ok(raw)
+}
+
+/// Copies host bytes to device address `dst` of GPU `ordinal` (on the thread's copy stream,
+/// waiting for the copy).
 pub(crate) fn copy_htod(ordinal: i32, dst: u64, src: &[u8]) -> Result<()> {
     if src.is_empty() {
         return Ok(());
     }
     Cuda::get()?.bind(ordinal)?;
-    // SAFETY: the caller checked that dst..dst+len lies in a live device region; src is a slice.
-    check(
-        unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr() as *const _, src.len()) },
-        "cuMemcpyHtoD",
-    )
+    let s = copy_stream(ordinal)?;
+    // SAFETY: the caller checked that dst..dst+len lies in a live device region; src is a
+    // slice that outlives the copy (we synchronise before returning).
+    unsafe {
+        check(
+            sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr() as *const _, src.len(), s),
+            "cuMemcpyHtoDAsync",
+        )?;
+        check(sys::cuStreamSynchronize(s), "cuStreamSynchronize")
+    }
 }
 
-/// Copies from device address `src` of GPU `ordinal` into host bytes.
+/// Copies from device address `src` of GPU `ordinal` into host bytes (on the thread's copy
+/// stream, waiting for the copy).
 pub(crate) fn copy_dtoh(ordinal: i32, dst: &mut [u8], src: u64) -> Result<()> {
     if dst.is_empty() {
         return Ok(());
     }
     Cuda::get()?.bind(ordinal)?;
+    let s = copy_stream(ordinal)?;
     // SAFETY: as copy_htod.
-    check(
-        unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr() as *mut _, src, dst.len()) },
-        "cuMemcpyDtoH",
-    )
+    unsafe {
+        check(
+            sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr() as *mut _, src, dst.len(), s),
+            "cuMemcpyDtoHAsync",
+        )?;
+        check(sys::cuStreamSynchronize(s), "cuStreamSynchronize")
+    }
 }

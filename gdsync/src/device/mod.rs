@@ -154,6 +154,8 @@ pub(crate) struct DeviceShared {
     next_pd: AtomicU32,
     /// Peers this device has a link to.
     links: Mutex<HashSet<u64>>,
+    /// The CPU proxy for QPs whose doorbells a CPU rings on the GPU's behalf.
+    pub proxy: Arc<crate::handler::Proxy>,
     engine: EngineHandle,
 }
 
@@ -292,6 +294,7 @@ impl Device {
             next_cqn: AtomicU32::new(1),
             next_pd: AtomicU32::new(1),
             links: Mutex::new(HashSet::new()),
+            proxy: Default::default(),
             engine,
         });
         registry().lock().insert(uid, Arc::downgrade(&shared));

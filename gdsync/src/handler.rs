@@ -1,0 +1,135 @@
+//! Who rings the NIC's doorbell when a stream or kernel posts: the GPU itself, or a CPU proxy
+//! thread the GPU signals through a host word (for when the GPU may not write the doorbell
+//! page, e.g. a UAR that cannot be mapped without `PeerMappingOverride` or root).
+
+use crate::device::DeviceShared;
+use crate::exec::Backoff;
+use crate::format::{doorbell_value, qp_dbrec_value, Be32, DBREC_SQ};
+use crate::qp::{QpShared, QP_DBREC, QP_DOORBELL, QP_PROXY};
+use crate::{Error, Result};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+
+/// Who rings the doorbell for GPU-posted work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NicHandler {
+    /// The GPU (stream or kernel) stores the doorbell record and the doorbell itself.
+    Gpu,
+    /// The GPU stores the new producer index to a host word; a CPU proxy thread rings.
+    Cpu,
+}
+
+impl NicHandler {
+    /// The handler `GDSYNC_NIC_HANDLER` (auto | gpu | cpu) asks for; `None` for auto or unset.
+    pub fn from_env() -> Result<Option<NicHandler>> {
+        match std::env::var("GDSYNC_NIC_HANDLER").as_deref() {
+            Err(_) | Ok("") | Ok("auto") => Ok(None),
+            Ok("gpu") => Ok(Some(NicHandler::Gpu)),
+            Ok("cpu") => Ok(Some(NicHandler::Cpu)),
+            Ok(other) => Err(Error::invalid(format!(
+                "GDSYNC_NIC_HANDLER={other}: expected auto, gpu or cpu"
+            ))),
+        }
+    }
+
+    /// The handler for a soft device, and why: `GDSYNC_NIC_HANDLER` if set, else the GPU
+    /// (the soft device's doorbell page is pinned host memory, which GPUs can always write).
+    pub fn choose_soft() -> Result<(NicHandler, &'static str)> {
+        Ok(match Self::from_env()? {
+            Some(h) => (h, "set by GDSYNC_NIC_HANDLER"),
+            None => (
+                NicHandler::Gpu,
+                "auto: the soft device's doorbell page is pinned host memory the GPU can write",
+            ),
+        })
+    }
+}
+
+/// The CPU proxy of one device: a thread that rings doorbells GPUs asked for.
+#[derive(Default)]
+pub(crate) struct Proxy {
+    qps: Mutex<Vec<Weak<QpShared>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    /// Starts watching `qp`'s proxy word (and the thread, on first use).
+    pub(crate) fn watch(
+        self: &Arc<Self>,
+        qp: &Arc<QpShared>,
+        dev: &Arc<DeviceShared>,
+    ) -> Result<()> {
+        self.qps.lock().push(Arc::downgrade(qp));
+        let mut t = self.thread.lock();
+        if t.is_none() {
+            let me = Arc::downgrade(self);
+            let dev = Arc::downgrade(dev);
+            let stop = self.stop.clone();
+            *t = Some(
+                std::thread::Builder::new()
+                    .name("gdsync-proxy".into())
+                    .spawn(move || run(me, dev, stop))
+                    .map_err(|e| Error::os("spawn CPU proxy thread", e))?,
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.get_mut().take() {
+            // The last reference may be dropped by the proxy thread itself.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+fn run(me: Weak<Proxy>, dev: Weak<DeviceShared>, stop: Arc<AtomicBool>) {
+    let mut backoff = Backoff::default();
+    let mut rung: Vec<(Weak<QpShared>, u64)> = Vec::new();
+    while !stop.load(Ordering::Acquire) {
+        let Some(p) = me.upgrade() else { return };
+        {
+            let qps = p.qps.lock();
+            if qps.len() != rung.len() {
+                rung = qps.iter().map(|w| (w.clone(), 0)).collect();
+            }
+        }
+        drop(p);
+        let mut work = false;
+        for (w, last) in rung.iter_mut() {
+            let Some(qp) = w.upgrade() else { continue };
+            let want = qp.ctrl.u64(QP_PROXY).load(Ordering::Acquire);
+            if want != *last {
+                // What the GPU would have stored: the doorbell record, then a doorbell whose
+                // index is the new producer index (as NVSHMEM and DOCA ring).
+                qp.ctrl
+                    .u32(QP_DBREC + 4 * DBREC_SQ)
+                    .store(qp_dbrec_value(want).native(), Ordering::Release);
+                let mut head = [0u8; 8];
+                head[..4].copy_from_slice(&Be32::new(((want as u32) & 0xFFFF) << 8).bytes());
+                head[4..].copy_from_slice(&Be32::new((qp.qpn & 0xFF_FFFF) << 8).bytes());
+                qp.ctrl
+                    .u64(QP_DOORBELL)
+                    .store(doorbell_value(head), Ordering::Release);
+                *last = want;
+                work = true;
+            }
+        }
+        if work {
+            if let Some(d) = dev.upgrade() {
+                d.kick();
+            }
+            backoff.reset();
+        } else {
+            backoff.snooze();
+        }
+    }
+}

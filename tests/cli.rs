@@ -1,0 +1,109 @@
+//! The examples' command lines: clean errors for what this machine cannot do, never a panic.
+
+use gdasync::gdsync::cuda::{Cuda, CudaStream, DeviceBuffer};
+use gdasync::gdsync::Error;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn example(name: &str) -> Option<PathBuf> {
+    // Integration tests live in target/<profile>/deps; cargo builds examples next to it.
+    let p = std::env::current_exe()
+        .ok()?
+        .parent()?
+        .parent()?
+        .join("examples")
+        .join(name);
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("skipped: example {name} not built ({})", p.display());
+        None
+    }
+}
+
+fn run(name: &str, args: &[&str]) -> Option<(bool, String, String)> {
+    let out = Command::new(example(name)?)
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    Some((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+#[test]
+fn gpu_triggers_without_a_gpu_are_clean_errors() {
+    if Cuda::available() {
+        eprintln!("skipped: this machine has a GPU");
+        return;
+    }
+    for trig in ["host", "stream", "kernel"] {
+        let Some((ok, _, err)) = run(
+            "pingpong",
+            &["--trigger", trig, "--size", "8", "--iters", "10"],
+        ) else {
+            return;
+        };
+        assert!(!ok, "--trigger {trig} without a GPU must fail");
+        assert!(err.contains("needs a CUDA GPU"), "--trigger {trig}: {err}");
+        assert!(
+            !err.contains("panicked"),
+            "--trigger {trig} panicked: {err}"
+        );
+    }
+    let Some((ok, _, err)) = run("pingpong", &["--mem", "device", "--size", "8"]) else {
+        return;
+    };
+    assert!(!ok && err.contains("--mem"), "{err}");
+}
+
+#[test]
+fn cuda_calls_without_a_gpu_return_errors() {
+    if Cuda::available() {
+        eprintln!("skipped: this machine has a GPU");
+        return;
+    }
+    assert!(matches!(CudaStream::new(0), Err(Error::NoCuda(_))));
+    assert!(matches!(DeviceBuffer::alloc(0, 64), Err(Error::NoCuda(_))));
+}
+
+#[test]
+fn bad_pingpong_arguments_are_clean_errors() {
+    for args in [
+        &["--op", "write", "--size", "0"][..],
+        &["--iters", "0", "--size", "8"][..],
+        &["--ranks", "procs", "--separate-devices"][..],
+        &["--size", "8", "--sizes", "16"][..],
+    ] {
+        let Some((ok, _, err)) = run("pingpong", args) else {
+            return;
+        };
+        assert!(!ok, "{args:?} must fail");
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+        assert!(!err.trim().is_empty(), "{args:?}: no message");
+    }
+}
+
+#[test]
+fn info_reports_the_soft_device_and_the_handler() {
+    let Some((ok, out, err)) = run("info", &[]) else {
+        return;
+    };
+    assert!(ok, "{err}");
+    assert!(out.contains("soft") && out.contains("NIC handler"), "{out}");
+    let Some((ok, json, _)) = run("info", &["--json"]) else {
+        return;
+    };
+    assert!(
+        ok && json.trim().starts_with('{') && json.contains("\"devices\":[\"soft\"]"),
+        "{json}"
+    );
+    let out = Command::new(example("info").unwrap())
+        .env("GDSYNC_NIC_HANDLER", "cpu")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Cpu (set by GDSYNC_NIC_HANDLER)"));
+}
