@@ -10,10 +10,6 @@ for trig in host stream kernel; do
     "$bin/pingpong" --trigger $trig $raw --sizes 8,4096 --iters ${ITERS:-5000} --json | tee -a "$out"
   done
 done
-for mode in 32 all; do
-  echo "# GDSYNC_MEMOP_NO_BARRIER=$mode"
-  GDSYNC_MEMOP_NO_BARRIER=$mode "$bin/pingpong" --trigger stream --sizes 8 --iters ${ITERS:-5000} || true
-done
 for trig in stream kernel; do
   "$bin/pingpong" --trigger $trig --op write-imm --sizes 8 --iters ${ITERS:-5000} --json | tee -a "$out"
   "$bin/pingpong" --trigger $trig --mem device --sizes 8,4096 --iters ${ITERS:-2000} --json | tee -a "$out"

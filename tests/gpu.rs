@@ -14,14 +14,19 @@ use gdasync::gdsync::{
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
-fn gpu(test: &str) -> bool {
+/// One GPU test at a time: a persistent kernel waiting on the host blocks CUDA's implicitly
+/// synchronising calls (freeing or registering memory) in every other thread of the process
+/// until it ends, so concurrent tests could wait on each other forever.
+static GPU_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn gpu(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
     if std::env::var("GDSYNC_TEST_CUDA").as_deref() != Ok("1") {
         eprintln!("{test}: skipped (set GDSYNC_TEST_CUDA=1 to run GPU tests)");
-        return false;
+        return None;
     }
     let c = Cuda::get().expect("GDSYNC_TEST_CUDA=1 but CUDA is not usable");
     assert!(!c.gpus.is_empty(), "GDSYNC_TEST_CUDA=1 but no GPU");
-    true
+    Some(GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
 /// Two connected QPs on one soft device, each queue side with its own CQ (so completion
@@ -89,9 +94,9 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 
 #[test]
 fn memory_kinds_are_detected() {
-    if !gpu("memory_kinds_are_detected") {
+    let Some(_gpu) = gpu("memory_kinds_are_detected") else {
         return;
-    }
+    };
     let d = DeviceBuffer::alloc(0, 4096).unwrap();
     assert_eq!(MemoryKind::of(d.ptr()), MemoryKind::Device { ordinal: 0 });
     let p = PinnedBuffer::new(4096);
@@ -103,9 +108,9 @@ fn memory_kinds_are_detected() {
 
 #[test]
 fn every_operation_stream_triggered_host_and_device_memory() {
-    if !gpu("every_operation_stream_triggered_host_and_device_memory") {
+    let Some(_gpu) = gpu("every_operation_stream_triggered_host_and_device_memory") else {
         return;
-    }
+    };
     const N: usize = 64 * 1024 + 40;
     let stream = CudaStream::new(0).unwrap();
     for (src_dev, dst_dev) in [(false, false), (false, true), (true, false), (true, true)] {
@@ -163,9 +168,9 @@ fn every_operation_stream_triggered_host_and_device_memory() {
 
 #[test]
 fn atomics_stream_triggered() {
-    if !gpu("atomics_stream_triggered") {
+    let Some(_gpu) = gpu("atomics_stream_triggered") else {
         return;
-    }
+    };
     let stream = CudaStream::new(0).unwrap();
     let mut p = pair();
     let (word, old) = (PinnedBuffer::new(8), PinnedBuffer::new(16));
@@ -197,9 +202,9 @@ fn atomics_stream_triggered() {
 
 #[test]
 fn error_cqe_releases_stream_wait_and_is_reported() {
-    if !gpu("error_cqe_releases_stream_wait_and_is_reported") {
+    let Some(_gpu) = gpu("error_cqe_releases_stream_wait_and_is_reported") else {
         return;
-    }
+    };
     let stream = CudaStream::new(0).unwrap();
     let mut p = pair();
     let buf = PinnedBuffer::new(64);
@@ -238,9 +243,9 @@ fn error_cqe_releases_stream_wait_and_is_reported() {
 
 #[test]
 fn stream_write_and_wait_value_all_conditions() {
-    if !gpu("stream_write_and_wait_value_all_conditions") {
+    let Some(_gpu) = gpu("stream_write_and_wait_value_all_conditions") else {
         return;
-    }
+    };
     let stream = CudaStream::new(0).unwrap();
     let w = SignalWords::new(8);
     for (k, (cond, set, v)) in [
@@ -278,9 +283,9 @@ fn stream_write_and_wait_value_all_conditions() {
 
 #[test]
 fn stream_runs_hundreds_of_iterations_without_cpu_progress() {
-    if !gpu("stream_runs_hundreds_of_iterations_without_cpu_progress") {
+    let Some(_gpu) = gpu("stream_runs_hundreds_of_iterations_without_cpu_progress") else {
         return;
-    }
+    };
     let stream = CudaStream::new(0).unwrap();
     let mut p = pair();
     let (src, dst) = (PinnedBuffer::new(64), PinnedBuffer::new(64));
@@ -314,9 +319,9 @@ fn stream_runs_hundreds_of_iterations_without_cpu_progress() {
 
 #[test]
 fn nvrtc_compiles_the_header() {
-    if !gpu("nvrtc_compiles_the_header") {
+    let Some(_gpu) = gpu("nvrtc_compiles_the_header") else {
         return;
-    }
+    };
     let m = Module::compile(
         0,
         "extern \"C\" __global__ void noop(gds_desc_ring r) { (void)r; }",
@@ -355,9 +360,9 @@ fn launch_ring(m: &Module, s: &CudaStream, ring: RingDesc, n: u64, timeout: u64,
 
 #[test]
 fn kernel_initiated_sends_and_waits_many_times() {
-    if !gpu("kernel_initiated_sends_and_waits_many_times") {
+    let Some(_gpu) = gpu("kernel_initiated_sends_and_waits_many_times") else {
         return;
-    }
+    };
     let m = Module::compile(0, KERNELS).unwrap();
     let stream = CudaStream::new(0).unwrap();
     for device_mem in [false, true] {
@@ -415,9 +420,9 @@ fn kernel_initiated_sends_and_waits_many_times() {
 
 #[test]
 fn kernel_wait_times_out_with_an_error_code() {
-    if !gpu("kernel_wait_times_out_with_an_error_code") {
+    let Some(_gpu) = gpu("kernel_wait_times_out_with_an_error_code") else {
         return;
-    }
+    };
     let m = Module::compile(0, KERNELS).unwrap();
     let f = m.function("wait_word").unwrap();
     let stream = CudaStream::new(0).unwrap();
@@ -439,9 +444,9 @@ fn kernel_wait_times_out_with_an_error_code() {
 
 #[test]
 fn kernel_wait_error_completion_releases() {
-    if !gpu("kernel_wait_error_completion_releases") {
+    let Some(_gpu) = gpu("kernel_wait_error_completion_releases") else {
         return;
-    }
+    };
     let m = Module::compile(0, KERNELS).unwrap();
     let stream = CudaStream::new(0).unwrap();
     let mut p = pair();
@@ -500,9 +505,9 @@ fn ipc_import_between_processes() {
         println!("CHECKSUM {}", got.iter().map(|&b| b as u64).sum::<u64>());
         return;
     }
-    if !gpu("ipc_import_between_processes") {
+    let Some(_gpu) = gpu("ipc_import_between_processes") else {
         return;
-    }
+    };
     let d = DeviceBuffer::alloc(0, 4096).unwrap();
     let data = pattern(4096, 3);
     d.copy_from_host(0, &data).unwrap();
@@ -533,9 +538,9 @@ fn ipc_import_between_processes() {
 
 #[test]
 fn stream_triggered_with_a_cpu_proxy_handler() {
-    if !gpu("stream_triggered_with_a_cpu_proxy_handler") {
+    let Some(_gpu) = gpu("stream_triggered_with_a_cpu_proxy_handler") else {
         return;
-    }
+    };
     let stream = CudaStream::new(0).unwrap();
     let dev = Device::soft().unwrap();
     let pd = dev.alloc_pd();

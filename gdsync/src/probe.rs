@@ -38,7 +38,9 @@ pub fn library_loads(lib: &str) -> Result<(), String> {
             format!("{lib} not found")
         } else {
             // SAFETY: a NUL-terminated message owned by libdl.
-            unsafe { std::ffi::CStr::from_ptr(e) }.to_string_lossy().into_owned()
+            unsafe { std::ffi::CStr::from_ptr(e) }
+                .to_string_lossy()
+                .into_owned()
         };
         return Err(msg);
     }
@@ -57,16 +59,29 @@ pub fn rdma() -> RdmaStatus {
     if let Ok(rd) = std::fs::read_dir(dir) {
         for e in rd.flatten() {
             let p = e.path();
-            let read = |f: &str| std::fs::read_to_string(p.join(f)).ok().map(|s| s.trim().to_string());
+            let read = |f: &str| {
+                std::fs::read_to_string(p.join(f))
+                    .ok()
+                    .map(|s| s.trim().to_string())
+            };
             let mut ports = Vec::new();
             if let Ok(pr) = std::fs::read_dir(p.join("ports")) {
                 for port in pr.flatten() {
-                    let state = std::fs::read_to_string(port.path().join("state")).unwrap_or_default();
-                    ports.push(format!("{}: {}", port.file_name().to_string_lossy(), state.trim()));
+                    let state =
+                        std::fs::read_to_string(port.path().join("state")).unwrap_or_default();
+                    ports.push(format!(
+                        "{}: {}",
+                        port.file_name().to_string_lossy(),
+                        state.trim()
+                    ));
                 }
             }
             ports.sort();
-            devs.push(RdmaDevice { name: e.file_name().to_string_lossy().into_owned(), fw_ver: read("fw_ver"), ports });
+            devs.push(RdmaDevice {
+                name: e.file_name().to_string_lossy().into_owned(),
+                fw_ver: read("fw_ver"),
+                ports,
+            });
         }
     }
     devs.sort_by(|a, b| a.name.cmp(&b.name));
@@ -89,7 +104,10 @@ pub struct Gdrcopy {
 impl Gdrcopy {
     /// Probes this machine.
     pub fn probe() -> Gdrcopy {
-        Gdrcopy { library: library_loads("libgdrapi.so.2").is_ok(), driver: Path::new("/dev/gdrdrv").exists() }
+        Gdrcopy {
+            library: library_loads("libgdrapi.so.2").is_ok(),
+            driver: Path::new("/dev/gdrdrv").exists(),
+        }
     }
     /// Whether gdrcopy is usable.
     pub fn usable(&self) -> bool {

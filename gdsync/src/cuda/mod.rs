@@ -15,7 +15,7 @@ mod stream;
 pub(crate) use memory::{copy_dtoh, copy_htod};
 pub use memory::{DeviceBuffer, IpcHandle, MemoryKind};
 pub use module::{nvrtc_available, Function, Module};
-pub use stream::CudaStream;
+pub use stream::{CudaStream, MAX_QUEUED_OPS};
 
 use crate::{Error, Result};
 use cudarc::driver::sys;
@@ -267,7 +267,7 @@ impl Cuda {
         }
     }
 
-    /// Whether host memory registered with [`Cuda::register_host`] is addressed by GPUs at
+    /// Whether host memory registered with CUDA (as ring memory is) is addressed by GPUs at
     /// its host address (true with unified addressing on Linux x86-64).
     pub fn host_pointers_are_device_pointers(&self) -> bool {
         !self.gpus.is_empty()

@@ -268,27 +268,12 @@ fn write_params(
             sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
                 value64: v,
             },
-        flags: write_flags(op),
+        // A stream write fences by itself (what ran before it is visible first). The
+        // NO_MEMORY_BARRIER flag is refused by batched memops on our H200 (driver 580:
+        // CUDA_ERROR_INVALID_VALUE), so ordering is per write and barriers before writes are
+        // dropped as redundant.
+        flags: 0,
         alias: 0,
-    }
-}
-
-/// Write flags: by default a stream write carries its own fence (what ran before it is
-/// visible first). `GDSYNC_MEMOP_NO_BARRIER=32|all` drops it from 32-bit or all writes
-/// (ordering then comes from the explicit barriers alone).
-fn write_flags(op: sys::CUstreamBatchMemOpType) -> u32 {
-    static MODE: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
-    let mode = *MODE.get_or_init(
-        || match std::env::var("GDSYNC_MEMOP_NO_BARRIER").as_deref() {
-            Ok("32") => 1,
-            Ok("all") => 2,
-            _ => 0,
-        },
-    );
-    let nb = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER as u32;
-    match (mode, op) {
-        (2, _) | (1, sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32) => nb,
-        _ => 0,
     }
 }
 
@@ -310,13 +295,12 @@ fn wait_params(
     }
 }
 
-/// Whether the barrier at `k` is followed by a write that fences by itself.
+/// Whether the barrier at `k` is followed by a write (which fences by itself).
 fn barrier_elided(ops: &[Op], k: usize) -> bool {
     matches!(
         ops.get(k + 1),
         Some(Op::Write32 { .. } | Op::Write64 { .. })
-    ) && write_flags(sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_64) == 0
-        && write_flags(sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32) == 0
+    )
 }
 
 /// Drops the entries whose events have fired.

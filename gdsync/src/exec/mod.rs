@@ -1,4 +1,4 @@
-//! Executors: what runs an [`Ops`](crate::ops::Ops) list.
+//! Executors: what runs an [`Ops`] list.
 //!
 //! | executor | runs the ops |
 //! |---|---|
