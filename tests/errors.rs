@@ -2,6 +2,7 @@
 //! a dropped peer device. After each error the same device(s) must still serve a healthy QP
 //! pair.
 
+#[macro_use]
 mod common;
 
 use common::*;
@@ -12,25 +13,6 @@ use gdasync::gdsync::{
     RemoteAddr, SendWr, Sge, WcStatus,
 };
 use std::time::{Duration, Instant};
-
-/// Runs a test body once per topology: `mod name { loopback, two_devices }`.
-macro_rules! both {
-    ($($(#[$m:meta])* $name:ident),* $(,)?) => {$(
-        mod $name {
-            use super::*;
-            #[test]
-            $(#[$m])*
-            fn loopback() {
-                super::$name(Topo::Loopback)
-            }
-            #[test]
-            $(#[$m])*
-            fn two_devices() {
-                super::$name(Topo::TwoDevices)
-            }
-        }
-    )*};
-}
 
 both!(
     bad_rkey,

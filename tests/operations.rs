@@ -1,31 +1,13 @@
 //! Every operation between two QPs of one process, on one device (loopback) and on two
 //! devices: results, completion fields and the bytes that land.
 
+#[macro_use]
 mod common;
 
 use common::*;
 use gdasync::gdsync::exec::{HostExecutor, HostStream};
 use gdasync::gdsync::{Access, CompletionOp, MemoryRegion, QpConfig, RecvWr, SendWr, Sge};
 use std::time::Duration;
-
-/// Runs a test body once per topology: `mod name { loopback, two_devices }`.
-macro_rules! both {
-    ($($(#[$m:meta])* $name:ident),* $(,)?) => {$(
-        mod $name {
-            use super::*;
-            #[test]
-            $(#[$m])*
-            fn loopback() {
-                super::$name(Topo::Loopback)
-            }
-            #[test]
-            $(#[$m])*
-            fn two_devices() {
-                super::$name(Topo::TwoDevices)
-            }
-        }
-    )*};
-}
 
 both!(
     send,

@@ -192,30 +192,28 @@ impl Rank {
     }
 }
 
-/// A raw write of the marker word at `addr` (the message's last 4 bytes), for a stream.
-fn marker_write(addr: u64, marker: u32) -> Ops {
+/// An op list of one operation on the leaked benchmark buffers.
+fn raw(op: MemOp) -> Ops {
     let mut o = Ops::new();
     // SAFETY: the buffers are leaked for the life of the process.
-    unsafe {
-        o.push_raw(MemOp::Write32 {
-            addr,
-            value: marker,
-        })
-    };
+    unsafe { o.push_raw(op) };
     o
 }
 
+/// A write of the marker word at `addr` (the message's last 4 bytes), for a stream.
+fn marker_write(addr: u64, marker: u32) -> Ops {
+    raw(MemOp::Write32 {
+        addr,
+        value: marker,
+    })
+}
+
 fn marker_wait(addr: u64, marker: u32) -> Ops {
-    let mut o = Ops::new();
-    // SAFETY: as marker_write.
-    unsafe {
-        o.push_raw(MemOp::Wait32 {
-            addr,
-            value: marker,
-            cond: WaitCond::Eq,
-        })
-    };
-    o
+    raw(MemOp::Wait32 {
+        addr,
+        value: marker,
+        cond: WaitCond::Eq,
+    })
 }
 
 fn stats(size: usize, mut half_rtts: Vec<f64>, cpu: f64) -> Stats {
@@ -276,6 +274,26 @@ pub(crate) fn run(args: &Args) -> Result<Vec<Stats>> {
 
 // ---------------------------------------------------------------------------- stream
 
+/// Timestamps rank 0's progress word as the CPU sees it advance: one half round trip per
+/// completed iteration (iterations seen together share the interval).
+struct ProgressClock {
+    seen: u64,
+    last: Instant,
+    times: Vec<f64>,
+}
+
+impl ProgressClock {
+    fn observe(&mut self, done: u64) {
+        if done > self.seen {
+            let now = Instant::now();
+            let dt = now.duration_since(self.last).as_secs_f64() * 1e6 / (done - self.seen) as f64;
+            self.times.extend((self.seen..done).map(|_| dt / 2.0));
+            self.seen = done;
+            self.last = now;
+        }
+    }
+}
+
 /// Each rank's CPU thread enqueues its iterations on its own stream, a few ahead; rank 0's
 /// stream bumps a progress word after each round trip, which its CPU timestamps.
 fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Result<Vec<f64>> {
@@ -294,11 +312,13 @@ fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Resul
             let peer_word = words[1 - rank];
             let out_word = r.sbuf_addr + size as u64 - 4;
             let ring_waits = !raw && op != Op::Write;
-            let mut times = Vec::with_capacity(iters as usize);
             let mut posted_recv = 0u64;
             barrier.wait();
-            let mut seen = 0u64;
-            let mut last = Instant::now();
+            let mut clock = ProgressClock {
+                seen: 0,
+                last: Instant::now(),
+                times: Vec::with_capacity(iters as usize),
+            };
             for i in 0..iters {
                 let (mine, theirs) = (
                     (2 * i + 1 + rank as u64) as u32,
@@ -345,15 +365,8 @@ fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Resul
                     } else {
                         i.saturating_sub(AHEAD)
                     };
-                    if rank == 0 && done > seen {
-                        let now = Instant::now();
-                        let dt =
-                            now.duration_since(last).as_secs_f64() * 1e6 / (done - seen) as f64;
-                        for _ in seen..done {
-                            times.push(dt / 2.0);
-                        }
-                        seen = done;
-                        last = now;
+                    if rank == 0 {
+                        clock.observe(done);
                     }
                     if rank == 1 || done + AHEAD > i || i + 1 == iters {
                         break;
@@ -361,24 +374,15 @@ fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Resul
                     std::hint::spin_loop();
                 }
             }
-            while rank == 0 && seen < iters {
-                let done = progress.load64(0);
-                if done > seen {
-                    let now = Instant::now();
-                    let dt = now.duration_since(last).as_secs_f64() * 1e6 / (done - seen) as f64;
-                    for _ in seen..done {
-                        times.push(dt / 2.0);
-                    }
-                    seen = done;
-                    last = now;
-                }
-                if last.elapsed() > TIMEOUT {
-                    bail!("stream pingpong stalled at {seen}/{iters}");
+            while rank == 0 && clock.seen < iters {
+                clock.observe(progress.load64(0));
+                if clock.last.elapsed() > TIMEOUT {
+                    bail!("stream pingpong stalled at {}/{iters}", clock.seen);
                 }
             }
             stream.synchronize()?;
             r.rcq.check()?;
-            Ok(times)
+            Ok(clock.times)
         })
     };
     let t1 = spawn(1, r1, barrier.clone(), progress.clone());

@@ -298,3 +298,23 @@ pub fn post_all(side: &mut Side, n: usize, every: usize, mut make: impl FnMut(us
 pub fn host_stream() -> HostStream {
     HostStream::with_timeout(TIMEOUT).expect("host stream")
 }
+
+/// Runs a test body once per topology: `mod name { loopback, two_devices }`.
+#[allow(unused_macros)]
+macro_rules! both {
+    ($($(#[$m:meta])* $name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::*;
+            #[test]
+            $(#[$m])*
+            fn loopback() {
+                super::$name(Topo::Loopback)
+            }
+            #[test]
+            $(#[$m])*
+            fn two_devices() {
+                super::$name(Topo::TwoDevices)
+            }
+        }
+    )*};
+}

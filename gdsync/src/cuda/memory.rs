@@ -222,15 +222,8 @@ fn copy_stream(ordinal: i32) -> Result<sys::CUstream> {
     }) {
         return Ok(s as sys::CUstream);
     }
-    let mut raw = std::ptr::null_mut();
-    // SAFETY: creates a stream into a local; it lives as long as the thread (never destroyed:
-    // the driver reclaims it at exit).
-    check(
-        unsafe {
-            sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
-        },
-        "cuStreamCreate",
-    )?;
+    // Never destroyed: it lives as long as the thread, and the driver reclaims it at exit.
+    let raw = super::new_stream()?;
     STREAMS.with(|v| v.borrow_mut().push((ordinal, raw as usize)));
     Ok(raw)
 }

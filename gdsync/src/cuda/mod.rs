@@ -105,6 +105,19 @@ pub(crate) fn check(r: sys::CUresult, call: &'static str) -> Result<()> {
     })
 }
 
+/// A new non-blocking stream in the current context.
+pub(crate) fn new_stream() -> Result<sys::CUstream> {
+    let mut raw = std::ptr::null_mut();
+    // SAFETY: creates a stream into a local.
+    check(
+        unsafe {
+            sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+        },
+        "cuStreamCreate",
+    )?;
+    Ok(raw)
+}
+
 fn attr(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> i32 {
     let mut v = 0;
     // SAFETY: plain query into a local.

@@ -63,14 +63,7 @@ impl CudaStream {
             ));
         }
         c.bind(ordinal)?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: creates a stream into a local.
-        check(
-            unsafe {
-                sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
-            },
-            "cuStreamCreate",
-        )?;
+        let raw = super::new_stream()?;
         Ok(Self {
             raw,
             ordinal,
