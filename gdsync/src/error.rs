@@ -107,10 +107,12 @@ pub enum Error {
 }
 
 impl Error {
-    pub(crate) fn invalid(msg: impl Into<String>) -> Self {
+    /// An [`Error::InvalidArgument`] with this message.
+    pub fn invalid(msg: impl Into<String>) -> Self {
         Error::InvalidArgument(msg.into())
     }
-    pub(crate) fn os(what: impl Into<String>, source: std::io::Error) -> Self {
+    /// An [`Error::Os`]: `what` failed with `source`.
+    pub fn os(what: impl Into<String>, source: std::io::Error) -> Self {
         Error::Os {
             what: what.into(),
             source,

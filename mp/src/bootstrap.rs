@@ -1,0 +1,279 @@
+//! Bootstraps: how ranks find each other before any RDMA connection exists. They only move
+//! small connection records (endpoints, keys); no data goes through them afterwards.
+
+use gdsync::{Error, Result};
+use parking_lot::{Condvar, Mutex};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Out-of-band exchange between the ranks of a communicator.
+pub trait Bootstrap: Send {
+    /// This rank.
+    fn rank(&self) -> usize;
+    /// Number of ranks.
+    fn size(&self) -> usize;
+    /// Every rank contributes `mine`; every rank gets all contributions, by rank.
+    fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
+    /// Waits until every rank got here.
+    fn barrier(&mut self) -> Result<()> {
+        self.all_gather(&[]).map(|_| ())
+    }
+}
+
+// ---------------------------------------------------------------------------- threads
+
+struct Round {
+    generation: u64,
+    slots: Vec<Option<Vec<u8>>>,
+    result: Option<Arc<Vec<Vec<u8>>>>,
+    taken: usize,
+}
+
+struct Shared {
+    n: usize,
+    round: Mutex<Round>,
+    cv: Condvar,
+}
+
+/// Ranks that are threads of one process.
+pub struct ThreadBootstrap {
+    rank: usize,
+    shared: Arc<Shared>,
+    timeout: Duration,
+}
+
+impl ThreadBootstrap {
+    /// One bootstrap per rank of an `n`-rank group; hand one to each thread.
+    pub fn group(n: usize) -> Vec<ThreadBootstrap> {
+        let shared = Arc::new(Shared {
+            n,
+            round: Mutex::new(Round { generation: 0, slots: vec![None; n], result: None, taken: 0 }),
+            cv: Condvar::new(),
+        });
+        (0..n).map(|rank| ThreadBootstrap { rank, shared: shared.clone(), timeout: Duration::from_secs(60) }).collect()
+    }
+}
+
+impl Bootstrap for ThreadBootstrap {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.shared.n
+    }
+    fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let s = &*self.shared;
+        let deadline = Instant::now() + self.timeout;
+        let mut r = s.round.lock();
+        // Wait until the previous round's result has been taken by everyone.
+        while r.result.is_some() {
+            if s.cv.wait_until(&mut r, deadline).timed_out() {
+                return Err(Error::Timeout { what: "the previous bootstrap round to finish".into(), timeout_ms: self.timeout.as_millis() as u64 });
+            }
+        }
+        let generation = r.generation;
+        r.slots[self.rank] = Some(mine.to_vec());
+        if r.slots.iter().all(Option::is_some) {
+            let all: Vec<Vec<u8>> = r.slots.iter_mut().map(|x| x.take().unwrap()).collect();
+            r.result = Some(Arc::new(all));
+            r.taken = 0;
+            s.cv.notify_all();
+        }
+        while r.result.is_none() || r.generation != generation {
+            if s.cv.wait_until(&mut r, deadline).timed_out() {
+                return Err(Error::Timeout {
+                    what: format!("all {} thread ranks to join the bootstrap exchange", s.n),
+                    timeout_ms: self.timeout.as_millis() as u64,
+                });
+            }
+        }
+        let out = (**r.result.as_ref().unwrap()).clone();
+        r.taken += 1;
+        if r.taken == s.n {
+            r.result = None;
+            r.generation += 1;
+            s.cv.notify_all();
+        }
+        Ok(out)
+    }
+}
+
+// ---------------------------------------------------------------------------- TCP
+
+/// Where this process sits in a job: rank, size and the root's address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobInfo {
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub size: usize,
+    /// The root's (rank 0's) listening address.
+    pub root: String,
+}
+
+/// Default root address when none is given.
+pub const DEFAULT_ROOT: &str = "127.0.0.1:29510";
+
+impl JobInfo {
+    /// From the environment: `GDSYNC_RANK`/`GDSYNC_SIZE`/`GDSYNC_ROOT`, else the variables
+    /// Open MPI (`OMPI_COMM_WORLD_RANK/SIZE`), PMI (`PMI_RANK/SIZE`) or Slurm
+    /// (`SLURM_PROCID`/`SLURM_NTASKS`) set; the root defaults to [`DEFAULT_ROOT`].
+    pub fn from_env() -> Result<JobInfo> {
+        let get = |names: &[&str]| names.iter().find_map(|n| std::env::var(n).ok());
+        let rank = get(&["GDSYNC_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"]);
+        let size = get(&["GDSYNC_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"]);
+        let (Some(rank), Some(size)) = (rank, size) else {
+            return Err(Error::invalid("no rank/size in the environment: set GDSYNC_RANK and GDSYNC_SIZE (or run under mpirun or srun)"));
+        };
+        let parse = |v: &str, what: &str| v.trim().parse::<usize>().map_err(|_| Error::invalid(format!("{what}={v:?} is not a number")));
+        let (rank, size) = (parse(&rank, "rank")?, parse(&size, "size")?);
+        if size == 0 || rank >= size {
+            return Err(Error::invalid(format!("rank {rank} out of range for size {size}")));
+        }
+        Ok(JobInfo { rank, size, root: std::env::var("GDSYNC_ROOT").unwrap_or_else(|_| DEFAULT_ROOT.into()) })
+    }
+}
+
+/// Ranks that are processes (on one host or several), meeting at rank 0's TCP address.
+pub struct TcpBootstrap {
+    rank: usize,
+    size: usize,
+    /// Rank 0: a stream per other rank (index rank - 1). Others: the stream to rank 0.
+    streams: Vec<TcpStream>,
+}
+
+fn put(s: &mut TcpStream, b: &[u8]) -> std::io::Result<()> {
+    s.write_all(&(b.len() as u32).to_le_bytes())?;
+    s.write_all(b)
+}
+
+fn get(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut n = [0u8; 4];
+    s.read_exact(&mut n)?;
+    let mut b = vec![0u8; u32::from_le_bytes(n) as usize];
+    s.read_exact(&mut b)?;
+    Ok(b)
+}
+
+fn io(what: &str) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |e| Error::Unreachable(format!("bootstrap: {what}: {e}"))
+}
+
+impl TcpBootstrap {
+    /// Joins the job `info`: rank 0 listens at `info.root`, the others connect (retrying for
+    /// up to `timeout`). Every socket read is bounded by `timeout` too.
+    pub fn connect(info: &JobInfo, timeout: Duration) -> Result<TcpBootstrap> {
+        let addr: SocketAddr = info
+            .root
+            .to_socket_addrs()
+            .map_err(|e| Error::invalid(format!("root address {:?}: {e}", info.root)))?
+            .next()
+            .ok_or_else(|| Error::invalid(format!("root address {:?} resolves to nothing", info.root)))?;
+        let mut streams = Vec::new();
+        if info.rank == 0 {
+            let l = TcpListener::bind(addr).map_err(io("bind the root address"))?;
+            l.set_nonblocking(true).map_err(io("listen"))?;
+            let deadline = Instant::now() + timeout;
+            let mut by_rank: Vec<Option<TcpStream>> = (1..info.size).map(|_| None).collect();
+            while by_rank.iter().any(Option::is_none) {
+                match l.accept() {
+                    Ok((mut s, _)) => {
+                        s.set_nonblocking(false).map_err(io("accept"))?;
+                        s.set_read_timeout(Some(timeout)).map_err(io("accept"))?;
+                        s.set_nodelay(true).ok();
+                        let hello = get(&mut s).map_err(io("read a rank's hello"))?;
+                        let r = u32::from_le_bytes(hello[..4].try_into().map_err(|_| Error::invalid("bad hello"))?) as usize;
+                        if r == 0 || r >= info.size || by_rank[r - 1].is_some() {
+                            return Err(Error::invalid(format!("bootstrap: unexpected hello from rank {r}")));
+                        }
+                        by_rank[r - 1] = Some(s);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if Instant::now() > deadline {
+                            let missing: Vec<usize> = by_rank.iter().enumerate().filter(|(_, s)| s.is_none()).map(|(i, _)| i + 1).collect();
+                            return Err(Error::Timeout { what: format!("ranks {missing:?} to connect to {}", info.root), timeout_ms: timeout.as_millis() as u64 });
+                        }
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Err(e) => return Err(io("accept")(e)),
+                }
+            }
+            streams = by_rank.into_iter().map(Option::unwrap).collect();
+        } else {
+            let deadline = Instant::now() + timeout;
+            let mut s = loop {
+                match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
+                    Ok(s) => break s,
+                    Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                    Err(e) => return Err(io("connect to the root")(e)),
+                }
+            };
+            s.set_read_timeout(Some(timeout)).map_err(io("connect"))?;
+            s.set_nodelay(true).ok();
+            put(&mut s, &(info.rank as u32).to_le_bytes()).map_err(io("send hello"))?;
+            streams.push(s);
+        }
+        Ok(TcpBootstrap { rank: info.rank, size: info.size, streams })
+    }
+}
+
+impl Bootstrap for TcpBootstrap {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        if self.rank == 0 {
+            let mut all = vec![mine.to_vec()];
+            for (i, s) in self.streams.iter_mut().enumerate() {
+                all.push(get(s).map_err(io(&format!("read from rank {}", i + 1)))?);
+            }
+            let mut packed = Vec::new();
+            for a in &all {
+                packed.extend_from_slice(&(a.len() as u32).to_le_bytes());
+                packed.extend_from_slice(a);
+            }
+            for (i, s) in self.streams.iter_mut().enumerate() {
+                put(s, &packed).map_err(io(&format!("write to rank {}", i + 1)))?;
+            }
+            Ok(all)
+        } else {
+            let s = &mut self.streams[0];
+            put(s, mine).map_err(io("write to the root"))?;
+            let packed = get(s).map_err(io("read from the root"))?;
+            let mut all = Vec::with_capacity(self.size);
+            let mut p = 0;
+            while p + 4 <= packed.len() {
+                let n = u32::from_le_bytes(packed[p..p + 4].try_into().unwrap()) as usize;
+                all.push(packed[p + 4..p + 4 + n].to_vec());
+                p += 4 + n;
+            }
+            if all.len() != self.size {
+                return Err(Error::invalid("bootstrap: malformed exchange from the root"));
+            }
+            Ok(all)
+        }
+    }
+}
+
+/// Starts `n` local processes of `program` with `args`, each with `GDSYNC_RANK`,
+/// `GDSYNC_SIZE` and `GDSYNC_ROOT` set (a free loopback port), for [`TcpBootstrap`].
+pub fn launch_local(n: usize, program: &std::path::Path, args: &[String]) -> Result<Vec<std::process::Child>> {
+    let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(io("pick a port"))?.port();
+    let root = format!("127.0.0.1:{port}");
+    (0..n)
+        .map(|rank| {
+            std::process::Command::new(program)
+                .args(args)
+                .env("GDSYNC_RANK", rank.to_string())
+                .env("GDSYNC_SIZE", n.to_string())
+                .env("GDSYNC_ROOT", &root)
+                .spawn()
+                .map_err(|e| Error::os(format!("start rank {rank} ({})", program.display()), e))
+        })
+        .collect()
+}

@@ -1,0 +1,199 @@
+//! One-sided communication: windows of registered memory every rank exposes, put and get
+//! (RDMA write and read), put with signal, and waiting for a value on an executor.
+
+use crate::comm::{Comm, Request};
+use gdsync::exec::Executor;
+use gdsync::ops::{Op, Ops, WaitCond};
+use gdsync::{Error, MemoryRegion, RemoteBuf, Result, SendWr, Sge};
+
+/// A window: every rank's exposed region, created collectively by [`Comm::window`].
+#[derive(Clone, Debug)]
+pub struct Window {
+    remotes: Vec<RemoteBuf>,
+}
+
+impl Window {
+    /// Rank `p`'s region.
+    pub fn remote(&self, p: usize) -> Result<RemoteBuf> {
+        self.remotes.get(p).copied().ok_or_else(|| Error::invalid(format!("rank {p} out of range for this window")))
+    }
+}
+
+fn range(r: &RemoteBuf, off: u64, len: u64, p: usize) -> Result<()> {
+    if off.checked_add(len).is_none_or(|e| e > r.len) {
+        return Err(Error::invalid(format!("{off}+{len} bytes is outside rank {p}'s window of {} bytes", r.len)));
+    }
+    Ok(())
+}
+
+fn sge(mr: &MemoryRegion<'_>, off: usize, len: usize) -> Result<Sge> {
+    if off.checked_add(len).is_none_or(|e| e > mr.len()) {
+        return Err(Error::invalid(format!("{off}+{len} bytes is outside the local buffer of {} bytes", mr.len())));
+    }
+    Ok(mr.sge(off..off + len))
+}
+
+impl Comm {
+    /// Creates a window over `mr` (collective: every rank calls it, each with its region).
+    pub fn window(&mut self, mr: &MemoryRegion<'_>) -> Result<Window> {
+        let r = mr.remote();
+        let mut b = Vec::with_capacity(20);
+        b.extend_from_slice(&r.addr.to_le_bytes());
+        b.extend_from_slice(&r.len.to_le_bytes());
+        b.extend_from_slice(&r.rkey.to_le_bytes());
+        let all = self.boot().all_gather(&b)?;
+        let remotes = all
+            .iter()
+            .map(|b| {
+                if b.len() != 20 {
+                    return Err(Error::invalid("window exchange: malformed record"));
+                }
+                Ok(RemoteBuf {
+                    addr: u64::from_le_bytes(b[0..8].try_into().unwrap()),
+                    len: u64::from_le_bytes(b[8..16].try_into().unwrap()),
+                    rkey: u32::from_le_bytes(b[16..20].try_into().unwrap()),
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Window { remotes })
+    }
+
+    fn one_sided(&mut self, w: &Window, peer: usize, wr: impl FnOnce(RemoteBuf) -> Result<SendWr>) -> Result<(Request, SendWr)> {
+        let r = w.remote(peer)?;
+        self.peer_qp(peer)?;
+        let req = self.new_put(peer);
+        let wr = wr(r)?.wr_id(((req_generation(req) as u64) << 32) | req_slot(req) as u64);
+        Ok((req, wr))
+    }
+
+    /// Writes `len` bytes at `src_off` of `src` into rank `peer`'s window at `dst_off`.
+    pub fn iput(&mut self, src: &MemoryRegion<'_>, src_off: usize, len: usize, w: &Window, peer: usize, dst_off: u64) -> Result<Request> {
+        let s = sge(src, src_off, len)?;
+        let (req, wr) = self.one_sided(w, peer, |r| {
+            range(&r, dst_off, len as u64, peer)?;
+            Ok(SendWr::write(r.at(dst_off)).sge(s))
+        })?;
+        let t = self.post_or_progress(peer, &wr)?;
+        self.set_cqe(req, &t);
+        Ok(req)
+    }
+
+    /// Reads `len` bytes of rank `peer`'s window at `src_off` into `dst` at `dst_off`.
+    pub fn iget(&mut self, dst: &MemoryRegion<'_>, dst_off: usize, len: usize, w: &Window, peer: usize, src_off: u64) -> Result<Request> {
+        let s = sge(dst, dst_off, len)?;
+        let (req, wr) = self.one_sided(w, peer, |r| {
+            range(&r, src_off, len as u64, peer)?;
+            Ok(SendWr::read(r.at(src_off)).sge(s))
+        })?;
+        let t = self.post_or_progress(peer, &wr)?;
+        self.set_cqe(req, &t);
+        Ok(req)
+    }
+
+    fn put_signal_wrs(
+        &mut self,
+        src: &MemoryRegion<'_>,
+        src_off: usize,
+        len: usize,
+        w: &Window,
+        peer: usize,
+        dst_off: u64,
+        sig: (&MemoryRegion<'_>, usize, u64),
+    ) -> Result<(Request, SendWr, SendWr)> {
+        let s = sge(src, src_off, len)?;
+        let (sig_mr, sig_src_off, sig_off) = sig;
+        let ss = sge(sig_mr, sig_src_off, 8)?;
+        if sig_off % 8 != 0 {
+            return Err(Error::invalid("the signal word must be 8-byte aligned"));
+        }
+        let r = w.remote(peer)?;
+        range(&r, dst_off, len as u64, peer)?;
+        range(&r, sig_off, 8, peer)?;
+        let (req, data) = self.one_sided(w, peer, |r| Ok(SendWr::write(r.at(dst_off)).sge(s).unsignaled()))?;
+        let id = data.wr_id;
+        Ok((req, data, SendWr::write(r.at(sig_off)).sge(ss).inline().wr_id(id)))
+    }
+
+    /// Put with signal: writes the data, then the 8-byte signal (taken from `sig.0` at
+    /// `sig.1`) into the peer's window at `sig.2`. The peer sees the signal only after the data
+    /// (one connection delivers in order).
+    #[allow(clippy::too_many_arguments)]
+    pub fn iput_signal(
+        &mut self,
+        src: &MemoryRegion<'_>,
+        src_off: usize,
+        len: usize,
+        w: &Window,
+        peer: usize,
+        dst_off: u64,
+        sig: (&MemoryRegion<'_>, usize, u64),
+    ) -> Result<Request> {
+        let (req, data, signal) = self.put_signal_wrs(src, src_off, len, w, peer, dst_off, sig)?;
+        self.post_or_progress(peer, &data)?;
+        let t = self.post_or_progress(peer, &signal)?;
+        self.set_cqe(req, &t);
+        Ok(req)
+    }
+
+    /// [`iput`](Self::iput) posted by an executor (it rings when it gets there).
+    pub fn iput_on(&mut self, src: &MemoryRegion<'_>, src_off: usize, len: usize, w: &Window, peer: usize, dst_off: u64, exec: &impl Executor) -> Result<Request> {
+        let s = sge(src, src_off, len)?;
+        let (req, wr) = self.one_sided(w, peer, |r| {
+            range(&r, dst_off, len as u64, peer)?;
+            Ok(SendWr::write(r.at(dst_off)).sge(s))
+        })?;
+        let qp = self.peer_qp(peer)?;
+        let p = qp.prepare_send(&wr)?;
+        let (t, ops) = qp.commit(p)?;
+        exec.submit(ops)?;
+        self.set_cqe(req, &t);
+        Ok(req)
+    }
+
+    /// [`iput_signal`](Self::iput_signal) posted by an executor.
+    #[allow(clippy::too_many_arguments)]
+    pub fn iput_signal_on(
+        &mut self,
+        src: &MemoryRegion<'_>,
+        src_off: usize,
+        len: usize,
+        w: &Window,
+        peer: usize,
+        dst_off: u64,
+        sig: (&MemoryRegion<'_>, usize, u64),
+        exec: &impl Executor,
+    ) -> Result<Request> {
+        let (req, data, signal) = self.put_signal_wrs(src, src_off, len, w, peer, dst_off, sig)?;
+        let qp = self.peer_qp(peer)?;
+        let p1 = qp.prepare_send(&data)?;
+        let (_, mut ops) = qp.commit(p1)?;
+        let p2 = qp.prepare_send(&signal)?;
+        let (t, ops2) = qp.commit(p2)?;
+        ops.append(ops2);
+        exec.submit(ops)?;
+        self.set_cqe(req, &t);
+        Ok(req)
+    }
+
+    /// Makes `exec` wait until the 64-bit word at `off` of `mr` satisfies `cond` against
+    /// `value` (e.g. a signal a peer's put will write).
+    ///
+    /// # Safety
+    /// The buffer behind `mr` must stay allocated until the executor has passed the wait.
+    pub unsafe fn wait_value_on(&self, mr: &MemoryRegion<'_>, off: usize, value: u64, cond: WaitCond, exec: &impl Executor) -> Result<()> {
+        if off % 8 != 0 || off + 8 > mr.len() {
+            return Err(Error::invalid("the word must be 8-byte aligned and inside the buffer"));
+        }
+        let mut ops = Ops::new();
+        // SAFETY: the caller keeps the buffer alive until the executor passed the wait.
+        unsafe { ops.push_raw(Op::Wait64 { addr: mr.addr() + off as u64, value, cond }) };
+        exec.submit(ops)
+    }
+}
+
+fn req_slot(r: Request) -> u32 {
+    r.parts().0
+}
+fn req_generation(r: Request) -> u32 {
+    r.parts().1
+}
