@@ -49,10 +49,21 @@ impl ThreadBootstrap {
     pub fn group(n: usize) -> Vec<ThreadBootstrap> {
         let shared = Arc::new(Shared {
             n,
-            round: Mutex::new(Round { generation: 0, slots: vec![None; n], result: None, taken: 0 }),
+            round: Mutex::new(Round {
+                generation: 0,
+                slots: vec![None; n],
+                result: None,
+                taken: 0,
+            }),
             cv: Condvar::new(),
         });
-        (0..n).map(|rank| ThreadBootstrap { rank, shared: shared.clone(), timeout: Duration::from_secs(60) }).collect()
+        (0..n)
+            .map(|rank| ThreadBootstrap {
+                rank,
+                shared: shared.clone(),
+                timeout: Duration::from_secs(60),
+            })
+            .collect()
     }
 }
 
@@ -70,7 +81,10 @@ impl Bootstrap for ThreadBootstrap {
         // Wait until the previous round's result has been taken by everyone.
         while r.result.is_some() {
             if s.cv.wait_until(&mut r, deadline).timed_out() {
-                return Err(Error::Timeout { what: "the previous bootstrap round to finish".into(), timeout_ms: self.timeout.as_millis() as u64 });
+                return Err(Error::Timeout {
+                    what: "the previous bootstrap round to finish".into(),
+                    timeout_ms: self.timeout.as_millis() as u64,
+                });
             }
         }
         let generation = r.generation;
@@ -122,17 +136,37 @@ impl JobInfo {
     /// (`SLURM_PROCID`/`SLURM_NTASKS`) set; the root defaults to [`DEFAULT_ROOT`].
     pub fn from_env() -> Result<JobInfo> {
         let get = |names: &[&str]| names.iter().find_map(|n| std::env::var(n).ok());
-        let rank = get(&["GDSYNC_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"]);
-        let size = get(&["GDSYNC_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"]);
+        let rank = get(&[
+            "GDSYNC_RANK",
+            "OMPI_COMM_WORLD_RANK",
+            "PMI_RANK",
+            "SLURM_PROCID",
+        ]);
+        let size = get(&[
+            "GDSYNC_SIZE",
+            "OMPI_COMM_WORLD_SIZE",
+            "PMI_SIZE",
+            "SLURM_NTASKS",
+        ]);
         let (Some(rank), Some(size)) = (rank, size) else {
             return Err(Error::invalid("no rank/size in the environment: set GDSYNC_RANK and GDSYNC_SIZE (or run under mpirun or srun)"));
         };
-        let parse = |v: &str, what: &str| v.trim().parse::<usize>().map_err(|_| Error::invalid(format!("{what}={v:?} is not a number")));
+        let parse = |v: &str, what: &str| {
+            v.trim()
+                .parse::<usize>()
+                .map_err(|_| Error::invalid(format!("{what}={v:?} is not a number")))
+        };
         let (rank, size) = (parse(&rank, "rank")?, parse(&size, "size")?);
         if size == 0 || rank >= size {
-            return Err(Error::invalid(format!("rank {rank} out of range for size {size}")));
+            return Err(Error::invalid(format!(
+                "rank {rank} out of range for size {size}"
+            )));
         }
-        Ok(JobInfo { rank, size, root: std::env::var("GDSYNC_ROOT").unwrap_or_else(|_| DEFAULT_ROOT.into()) })
+        Ok(JobInfo {
+            rank,
+            size,
+            root: std::env::var("GDSYNC_ROOT").unwrap_or_else(|_| DEFAULT_ROOT.into()),
+        })
     }
 }
 
@@ -170,7 +204,9 @@ impl TcpBootstrap {
             .to_socket_addrs()
             .map_err(|e| Error::invalid(format!("root address {:?}: {e}", info.root)))?
             .next()
-            .ok_or_else(|| Error::invalid(format!("root address {:?} resolves to nothing", info.root)))?;
+            .ok_or_else(|| {
+                Error::invalid(format!("root address {:?} resolves to nothing", info.root))
+            })?;
         let mut streams = Vec::new();
         if info.rank == 0 {
             let l = TcpListener::bind(addr).map_err(io("bind the root address"))?;
@@ -184,16 +220,30 @@ impl TcpBootstrap {
                         s.set_read_timeout(Some(timeout)).map_err(io("accept"))?;
                         s.set_nodelay(true).ok();
                         let hello = get(&mut s).map_err(io("read a rank's hello"))?;
-                        let r = u32::from_le_bytes(hello[..4].try_into().map_err(|_| Error::invalid("bad hello"))?) as usize;
+                        let r = u32::from_le_bytes(
+                            hello[..4]
+                                .try_into()
+                                .map_err(|_| Error::invalid("bad hello"))?,
+                        ) as usize;
                         if r == 0 || r >= info.size || by_rank[r - 1].is_some() {
-                            return Err(Error::invalid(format!("bootstrap: unexpected hello from rank {r}")));
+                            return Err(Error::invalid(format!(
+                                "bootstrap: unexpected hello from rank {r}"
+                            )));
                         }
                         by_rank[r - 1] = Some(s);
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                         if Instant::now() > deadline {
-                            let missing: Vec<usize> = by_rank.iter().enumerate().filter(|(_, s)| s.is_none()).map(|(i, _)| i + 1).collect();
-                            return Err(Error::Timeout { what: format!("ranks {missing:?} to connect to {}", info.root), timeout_ms: timeout.as_millis() as u64 });
+                            let missing: Vec<usize> = by_rank
+                                .iter()
+                                .enumerate()
+                                .filter(|(_, s)| s.is_none())
+                                .map(|(i, _)| i + 1)
+                                .collect();
+                            return Err(Error::Timeout {
+                                what: format!("ranks {missing:?} to connect to {}", info.root),
+                                timeout_ms: timeout.as_millis() as u64,
+                            });
                         }
                         std::thread::sleep(Duration::from_millis(2));
                     }
@@ -206,7 +256,9 @@ impl TcpBootstrap {
             let mut s = loop {
                 match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
                     Ok(s) => break s,
-                    Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                    Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
                     Err(e) => return Err(io("connect to the root")(e)),
                 }
             };
@@ -215,7 +267,11 @@ impl TcpBootstrap {
             put(&mut s, &(info.rank as u32).to_le_bytes()).map_err(io("send hello"))?;
             streams.push(s);
         }
-        Ok(TcpBootstrap { rank: info.rank, size: info.size, streams })
+        Ok(TcpBootstrap {
+            rank: info.rank,
+            size: info.size,
+            streams,
+        })
     }
 }
 
@@ -253,7 +309,9 @@ impl Bootstrap for TcpBootstrap {
                 p += 4 + n;
             }
             if all.len() != self.size {
-                return Err(Error::invalid("bootstrap: malformed exchange from the root"));
+                return Err(Error::invalid(
+                    "bootstrap: malformed exchange from the root",
+                ));
             }
             Ok(all)
         }
@@ -262,8 +320,15 @@ impl Bootstrap for TcpBootstrap {
 
 /// Starts `n` local processes of `program` with `args`, each with `GDSYNC_RANK`,
 /// `GDSYNC_SIZE` and `GDSYNC_ROOT` set (a free loopback port), for [`TcpBootstrap`].
-pub fn launch_local(n: usize, program: &std::path::Path, args: &[String]) -> Result<Vec<std::process::Child>> {
-    let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(io("pick a port"))?.port();
+pub fn launch_local(
+    n: usize,
+    program: &std::path::Path,
+    args: &[String],
+) -> Result<Vec<std::process::Child>> {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(io("pick a port"))?
+        .port();
     let root = format!("127.0.0.1:{port}");
     (0..n)
         .map(|rank| {

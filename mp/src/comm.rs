@@ -5,8 +5,8 @@ use crate::bootstrap::Bootstrap;
 use gdsync::exec::Executor;
 use gdsync::ops::{Op, Ops, WaitCond};
 use gdsync::{
-    Access, Cq, Device, Endpoint, Error, MemoryRegion, PinnedBuffer, ProtectionDomain, Qp, QpConfig, QpState,
-    RecvTicket, RecvWr, RemoteBuf, Result, SendTicket, SendWr, Sge, WcStatus,
+    Access, Cq, Device, Endpoint, Error, MemoryRegion, PinnedBuffer, ProtectionDomain, Qp,
+    QpConfig, QpState, RecvTicket, RecvWr, RemoteBuf, Result, SendTicket, SendWr, Sge, WcStatus,
 };
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -117,7 +117,10 @@ pub struct Comm {
 
 impl std::fmt::Debug for Comm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Comm").field("rank", &self.rank).field("size", &self.size).finish_non_exhaustive()
+        f.debug_struct("Comm")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .finish_non_exhaustive()
     }
 }
 
@@ -137,7 +140,9 @@ fn encode_setup(eps: &[Option<Endpoint>], ctrl: &RemoteBuf) -> Vec<u8> {
 
 fn decode_setup(b: &[u8], size: usize) -> Result<(RemoteBuf, Vec<Option<Endpoint>>)> {
     if b.len() != 20 + 32 * size {
-        return Err(Error::invalid("bootstrap: a rank sent a malformed connection record"));
+        return Err(Error::invalid(
+            "bootstrap: a rank sent a malformed connection record",
+        ));
     }
     let ctrl = RemoteBuf {
         addr: u64::from_le_bytes(b[0..8].try_into().unwrap()),
@@ -163,7 +168,9 @@ impl Comm {
     pub fn new(mut boot: Box<dyn Bootstrap>, dev: &Device) -> Result<Comm> {
         let (rank, size) = (boot.rank(), boot.size());
         if size == 0 || rank >= size {
-            return Err(Error::invalid(format!("rank {rank} out of range for size {size}")));
+            return Err(Error::invalid(format!(
+                "rank {rank} out of range for size {size}"
+            )));
         }
         let pd = dev.alloc_pd();
         let rounds = usize::BITS as usize - (size.max(2) - 1).leading_zeros() as usize;
@@ -173,11 +180,25 @@ impl Comm {
         // SAFETY: the buffers are owned by the Comm and outlive the registrations (declared
         // after them, so dropped after them).
         let ctrl_mr = unsafe {
-            pd.register_raw(ctrl.addr() as *mut u8, ctrl.len(), Access::LOCAL_WRITE | Access::REMOTE_WRITE)?
+            pd.register_raw(
+                ctrl.addr() as *mut u8,
+                ctrl.len(),
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            )?
         };
         // SAFETY: as above.
-        let scratch_mr = unsafe { pd.register_raw(scratch.addr() as *mut u8, scratch.len(), Access::LOCAL_WRITE)? };
-        let cfg = QpConfig { send_wqebbs: 1024, recv_wqes: 512, ..QpConfig::default() };
+        let scratch_mr = unsafe {
+            pd.register_raw(
+                scratch.addr() as *mut u8,
+                scratch.len(),
+                Access::LOCAL_WRITE,
+            )?
+        };
+        let cfg = QpConfig {
+            send_wqebbs: 1024,
+            recv_wqes: 512,
+            ..QpConfig::default()
+        };
         let mut peers = Vec::with_capacity(size);
         for p in 0..size {
             if p == rank {
@@ -186,16 +207,28 @@ impl Comm {
             }
             let (scq, rcq) = (dev.create_cq(2048)?, dev.create_cq(1024)?);
             let qp = pd.create_qp(&scq, &rcq, &cfg)?;
-            peers.push(Some(Peer { qp, scq, rcq, sends: 0, recvs: 0, pending: VecDeque::new(), executor_reqs: 0 }));
+            peers.push(Some(Peer {
+                qp,
+                scq,
+                rcq,
+                sends: 0,
+                recvs: 0,
+                pending: VecDeque::new(),
+                executor_reqs: 0,
+            }));
         }
-        let eps: Vec<Option<Endpoint>> = peers.iter().map(|p| p.as_ref().map(|p| p.qp.endpoint())).collect();
+        let eps: Vec<Option<Endpoint>> = peers
+            .iter()
+            .map(|p| p.as_ref().map(|p| p.qp.endpoint()))
+            .collect();
         let all = boot.all_gather(&encode_setup(&eps, &ctrl_mr.remote()))?;
         let mut remote_ctrl = Vec::with_capacity(size);
         for (p, rec) in all.iter().enumerate() {
             let (c, their_eps) = decode_setup(rec, size)?;
             remote_ctrl.push(c);
             if p != rank {
-                let ep = their_eps[rank].ok_or_else(|| Error::invalid(format!("rank {p} has no QP for rank {rank}")))?;
+                let ep = their_eps[rank]
+                    .ok_or_else(|| Error::invalid(format!("rank {p} has no QP for rank {rank}")))?;
                 peers[p].as_mut().unwrap().qp.connect(&ep)?;
             }
         }
@@ -249,10 +282,15 @@ impl Comm {
 
     fn peer(&mut self, p: usize) -> Result<&mut Peer> {
         if p >= self.size {
-            return Err(Error::invalid(format!("rank {p} out of range (communicator of {})", self.size)));
+            return Err(Error::invalid(format!(
+                "rank {p} out of range (communicator of {})",
+                self.size
+            )));
         }
         if p == self.rank {
-            return Err(Error::invalid(format!("rank {p} is this rank: send to another rank")));
+            return Err(Error::invalid(format!(
+                "rank {p} is this rank: send to another rank"
+            )));
         }
         Ok(self.peers[p].as_mut().unwrap())
     }
@@ -275,8 +313,19 @@ impl Comm {
         };
         let r = &mut self.reqs[slot as usize];
         r.generation = r.generation.wrapping_add(1);
-        *r = ReqState { generation: r.generation, live: true, peer, side, cqe: None, on_executor: false, status: Status::Pending };
-        Request { slot, generation: r.generation }
+        *r = ReqState {
+            generation: r.generation,
+            live: true,
+            peer,
+            side,
+            cqe: None,
+            on_executor: false,
+            status: Status::Pending,
+        };
+        Request {
+            slot,
+            generation: r.generation,
+        }
     }
 
     fn state(&mut self, r: Request) -> Result<&mut ReqState> {
@@ -286,19 +335,13 @@ impl Comm {
         }
     }
 
-    fn check_sge(mr: &MemoryRegion<'_>, off: usize, len: usize) -> Result<Sge> {
-        if off.checked_add(len).is_none_or(|e| e > mr.len()) {
-            return Err(Error::invalid(format!("{off}+{len} bytes is outside the registered buffer of {} bytes", mr.len())));
-        }
-        Ok(mr.sge(off..off + len))
-    }
-
     // ------------------------------------------------------------------ point to point
 
-    /// Posts a receive of up to `len` bytes at `off` of `mr` from rank `peer`. Receives from
-    /// one peer match that peer's sends in order (per-peer FIFO). Gives the sender a credit.
-    pub fn irecv(&mut self, mr: &MemoryRegion<'_>, off: usize, len: usize, peer: usize) -> Result<Request> {
-        let sge = Self::check_sge(mr, off, len)?;
+    /// Posts a receive into `dst` (`mr.sge(range)` of a registered buffer) from rank `peer`.
+    /// Receives from one peer match that peer's sends in order (per-peer FIFO). Gives the
+    /// sender a credit.
+    pub fn irecv(&mut self, dst: Sge, peer: usize) -> Result<Request> {
+        let (sge, len) = (dst, dst.len);
         self.peer(peer)?;
         let req = self.new_req(peer, Side::Recv);
         let p = self.peers[peer].as_mut().unwrap();
@@ -353,10 +396,11 @@ impl Comm {
         wr
     }
 
-    /// Sends `len` bytes at `off` of `mr` to rank `peer`. Returns at once: the send goes out
-    /// when the receiver has posted the matching receive (its credit), during any later call.
-    pub fn isend(&mut self, mr: &MemoryRegion<'_>, off: usize, len: usize, peer: usize) -> Result<Request> {
-        let sge = Self::check_sge(mr, off, len)?;
+    /// Sends `src` (`mr.sge(range)`; keep the buffer registered until the send completes) to
+    /// rank `peer`. Returns at once: the send goes out when the receiver has posted the
+    /// matching receive (its credit), during any later call.
+    pub fn isend(&mut self, src: Sge, peer: usize) -> Result<Request> {
+        let (sge, len) = (src, src.len);
         self.peer(peer)?;
         let req = self.new_req(peer, Side::Send);
         let wr = Self::send_wr(req, (len > 0).then_some(sge));
@@ -369,8 +413,8 @@ impl Comm {
 
     /// Like [`isend`](Self::isend), but the send is posted by `exec` (a stream): it waits on
     /// the executor for the receiver's credit, then rings the doorbell. The CPU does not wait.
-    pub fn isend_on(&mut self, mr: &MemoryRegion<'_>, off: usize, len: usize, peer: usize, exec: &impl Executor) -> Result<Request> {
-        let sge = Self::check_sge(mr, off, len)?;
+    pub fn isend_on(&mut self, src: Sge, peer: usize, exec: &impl Executor) -> Result<Request> {
+        let (sge, len) = (src, src.len);
         self.peer(peer)?;
         if !self.peers[peer].as_ref().unwrap().pending.is_empty() {
             return Err(Error::invalid(format!(
@@ -388,7 +432,13 @@ impl Comm {
         let mut ops = Ops::new();
         // SAFETY: the control word lives in the Comm's pinned buffer, which the caller keeps
         // alive (with the Comm) until the executor has run these ops (documented).
-        unsafe { ops.push_raw(Op::Wait64 { addr: credit_word, value: need, cond: WaitCond::Geq }) };
+        unsafe {
+            ops.push_raw(Op::Wait64 {
+                addr: credit_word,
+                value: need,
+                cond: WaitCond::Geq,
+            })
+        };
         ops.append(commit);
         exec.submit(ops)?;
         self.reqs[req.slot as usize].cqe = t.cqe;
@@ -396,8 +446,8 @@ impl Comm {
     }
 
     /// [`isend_on`](Self::isend_on), then the executor waits for the send's completion.
-    pub fn send_on(&mut self, mr: &MemoryRegion<'_>, off: usize, len: usize, peer: usize, exec: &impl Executor) -> Result<Request> {
-        let r = self.isend_on(mr, off, len, peer, exec)?;
+    pub fn send_on(&mut self, src: Sge, peer: usize, exec: &impl Executor) -> Result<Request> {
+        let r = self.isend_on(src, peer, exec)?;
         self.wait_on(r, exec)?;
         Ok(r)
     }
@@ -407,11 +457,15 @@ impl Comm {
     pub fn wait_on(&mut self, r: Request, exec: &impl Executor) -> Result<()> {
         let st = self.state(r)?;
         if st.on_executor {
-            return Err(Error::invalid("this request is already waited for on an executor"));
+            return Err(Error::invalid(
+                "this request is already waited for on an executor",
+            ));
         }
         let (peer, side, cqe) = (st.peer, st.side, st.cqe);
         let Some(n) = cqe else {
-            return Err(Error::invalid("this request was not posted on an executor (its completion number is not known)"));
+            return Err(Error::invalid(
+                "this request was not posted on an executor (its completion number is not known)",
+            ));
         };
         let p = self.peers[peer].as_mut().unwrap();
         let cq = if side == Side::Send { &p.scq } else { &p.rcq };
@@ -458,7 +512,8 @@ impl Comm {
                 // The peer is gone or the connection failed: sends that never got a credit
                 // fail too, rather than waiting forever.
                 while let Some(ps) = p.pending.pop_front() {
-                    self.reqs[ps.req.slot as usize].status = Status::Failed(gdsync::format::Syndrome::TransportRetryExc);
+                    self.reqs[ps.req.slot as usize].status =
+                        Status::Failed(gdsync::format::Syndrome::TransportRetryExc);
                 }
             }
             self.poll_peer(peer)?;
@@ -473,7 +528,9 @@ impl Comm {
             let (sci, rci) = (p.scq.consumer_index(), p.rcq.consumer_index());
             let (serr, rerr) = (p.scq.take_errors(), p.rcq.take_errors());
             let mut left = 0;
-            for st in self.reqs.iter_mut().filter(|s| s.live && s.peer == peer && s.on_executor && s.status == Status::Pending) {
+            for st in self.reqs.iter_mut().filter(|s| {
+                s.live && s.peer == peer && s.on_executor && s.status == Status::Pending
+            }) {
                 let ci = if st.side == Side::Send { sci } else { rci };
                 if st.cqe.is_some_and(|n| n < ci) {
                     let errs = if st.side == Side::Send { &serr } else { &rerr };
@@ -503,7 +560,11 @@ impl Comm {
                 continue;
             }
             let (slot, generation) = ((c.wr_id & 0xFFFF_FFFF) as usize, (c.wr_id >> 32) as u32);
-            if let Some(st) = self.reqs.get_mut(slot).filter(|s| s.live && s.generation == generation) {
+            if let Some(st) = self
+                .reqs
+                .get_mut(slot)
+                .filter(|s| s.live && s.generation == generation)
+            {
                 st.status = match c.status {
                     WcStatus::Success => Status::Done(c.byte_len),
                     WcStatus::Error(s) => Status::Failed(s),
@@ -529,7 +590,11 @@ impl Comm {
                 let peer = st.peer;
                 st.live = false;
                 self.free.push(r.slot);
-                Err(Error::Completion { wr_id: r.wr_id(), qpn: peer as u32, syndrome: s })
+                Err(Error::Completion {
+                    wr_id: r.wr_id(),
+                    qpn: peer as u32,
+                    syndrome: s,
+                })
             }
         }
     }
@@ -544,7 +609,10 @@ impl Comm {
             if start.elapsed() > self.timeout {
                 let st = self.state(r)?;
                 return Err(Error::Timeout {
-                    what: format!("{:?} request with rank {} (its peer never matched it?)", st.side, st.peer),
+                    what: format!(
+                        "{:?} request with rank {} (its peer never matched it?)",
+                        st.side, st.peer
+                    ),
                     timeout_ms: self.timeout.as_millis() as u64,
                 });
             }
@@ -581,7 +649,11 @@ impl Comm {
             }
             let at = self.remote_ctrl[to].at(self.layout.barrier(k) as u64);
             self.scratch_mr.write_at(8 + 8 * k, &epoch.to_ne_bytes());
-            let wr = SendWr::write(at).sge(self.scratch_mr.sge(8 + 8 * k..16 + 8 * k)).inline().wr_id(INTERNAL).unsignaled();
+            let wr = SendWr::write(at)
+                .sge(self.scratch_mr.sge(8 + 8 * k..16 + 8 * k))
+                .inline()
+                .wr_id(INTERNAL)
+                .unsignaled();
             steps.push((to, wr, (self.ctrl.addr() + self.layout.barrier(k) as u64)));
         }
         Ok(steps)
@@ -602,7 +674,10 @@ impl Comm {
                 }
                 self.progress()?;
                 if start.elapsed() > self.timeout {
-                    return Err(Error::Timeout { what: format!("barrier round {k} (a rank did not arrive)"), timeout_ms: self.timeout.as_millis() as u64 });
+                    return Err(Error::Timeout {
+                        what: format!("barrier round {k} (a rank did not arrive)"),
+                        timeout_ms: self.timeout.as_millis() as u64,
+                    });
                 }
                 std::thread::yield_now();
             }
@@ -621,7 +696,13 @@ impl Comm {
             let (_, commit) = p.qp.commit(prepared)?;
             ops.append(commit);
             // SAFETY: the word lives in the Comm's pinned control buffer (see isend_on).
-            unsafe { ops.push_raw(Op::Wait64 { addr: word, value: epoch, cond: WaitCond::Geq }) };
+            unsafe {
+                ops.push_raw(Op::Wait64 {
+                    addr: word,
+                    value: epoch,
+                    cond: WaitCond::Geq,
+                })
+            };
         }
         exec.submit(ops)
     }

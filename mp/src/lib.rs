@@ -23,7 +23,7 @@
 //!             let mut buf = vec![comm.rank() as u8 + 40; 64];
 //!             let mr = comm.register(&mut buf)?;
 //!             let peer = 1 - comm.rank();
-//!             let r = if comm.rank() == 0 { comm.isend(&mr, 0, 64, peer)? } else { comm.irecv(&mr, 0, 64, peer)? };
+//!             let r = if comm.rank() == 0 { comm.isend(mr.sge(..), peer)? } else { comm.irecv(mr.sge(..), peer)? };
 //!             comm.wait(r)?;
 //!             let mut b = [0u8; 1];
 //!             mr.read_at(0, &mut b);

@@ -15,22 +15,21 @@ pub struct Window {
 impl Window {
     /// Rank `p`'s region.
     pub fn remote(&self, p: usize) -> Result<RemoteBuf> {
-        self.remotes.get(p).copied().ok_or_else(|| Error::invalid(format!("rank {p} out of range for this window")))
+        self.remotes
+            .get(p)
+            .copied()
+            .ok_or_else(|| Error::invalid(format!("rank {p} out of range for this window")))
     }
 }
 
 fn range(r: &RemoteBuf, off: u64, len: u64, p: usize) -> Result<()> {
     if off.checked_add(len).is_none_or(|e| e > r.len) {
-        return Err(Error::invalid(format!("{off}+{len} bytes is outside rank {p}'s window of {} bytes", r.len)));
+        return Err(Error::invalid(format!(
+            "{off}+{len} bytes is outside rank {p}'s window of {} bytes",
+            r.len
+        )));
     }
     Ok(())
-}
-
-fn sge(mr: &MemoryRegion<'_>, off: usize, len: usize) -> Result<Sge> {
-    if off.checked_add(len).is_none_or(|e| e > mr.len()) {
-        return Err(Error::invalid(format!("{off}+{len} bytes is outside the local buffer of {} bytes", mr.len())));
-    }
-    Ok(mr.sge(off..off + len))
 }
 
 impl Comm {
@@ -58,7 +57,12 @@ impl Comm {
         Ok(Window { remotes })
     }
 
-    fn one_sided(&mut self, w: &Window, peer: usize, wr: impl FnOnce(RemoteBuf) -> Result<SendWr>) -> Result<(Request, SendWr)> {
+    fn one_sided(
+        &mut self,
+        w: &Window,
+        peer: usize,
+        wr: impl FnOnce(RemoteBuf) -> Result<SendWr>,
+    ) -> Result<(Request, SendWr)> {
         let r = w.remote(peer)?;
         self.peer_qp(peer)?;
         let req = self.new_put(peer);
@@ -66,24 +70,22 @@ impl Comm {
         Ok((req, wr))
     }
 
-    /// Writes `len` bytes at `src_off` of `src` into rank `peer`'s window at `dst_off`.
-    pub fn iput(&mut self, src: &MemoryRegion<'_>, src_off: usize, len: usize, w: &Window, peer: usize, dst_off: u64) -> Result<Request> {
-        let s = sge(src, src_off, len)?;
+    /// Writes `src` (`mr.sge(range)`) into rank `peer`'s window at `dst_off`.
+    pub fn iput(&mut self, src: Sge, w: &Window, peer: usize, dst_off: u64) -> Result<Request> {
         let (req, wr) = self.one_sided(w, peer, |r| {
-            range(&r, dst_off, len as u64, peer)?;
-            Ok(SendWr::write(r.at(dst_off)).sge(s))
+            range(&r, dst_off, src.len as u64, peer)?;
+            Ok(SendWr::write(r.at(dst_off)).sge(src))
         })?;
         let t = self.post_or_progress(peer, &wr)?;
         self.set_cqe(req, &t);
         Ok(req)
     }
 
-    /// Reads `len` bytes of rank `peer`'s window at `src_off` into `dst` at `dst_off`.
-    pub fn iget(&mut self, dst: &MemoryRegion<'_>, dst_off: usize, len: usize, w: &Window, peer: usize, src_off: u64) -> Result<Request> {
-        let s = sge(dst, dst_off, len)?;
+    /// Reads `dst.len` bytes of rank `peer`'s window at `src_off` into `dst`.
+    pub fn iget(&mut self, dst: Sge, w: &Window, peer: usize, src_off: u64) -> Result<Request> {
         let (req, wr) = self.one_sided(w, peer, |r| {
-            range(&r, src_off, len as u64, peer)?;
-            Ok(SendWr::read(r.at(src_off)).sge(s))
+            range(&r, src_off, dst.len as u64, peer)?;
+            Ok(SendWr::read(r.at(src_off)).sge(dst))
         })?;
         let t = self.post_or_progress(peer, &wr)?;
         self.set_cqe(req, &t);
@@ -92,43 +94,45 @@ impl Comm {
 
     fn put_signal_wrs(
         &mut self,
-        src: &MemoryRegion<'_>,
-        src_off: usize,
-        len: usize,
+        src: Sge,
         w: &Window,
         peer: usize,
         dst_off: u64,
-        sig: (&MemoryRegion<'_>, usize, u64),
+        signal: Sge,
+        sig_off: u64,
     ) -> Result<(Request, SendWr, SendWr)> {
-        let s = sge(src, src_off, len)?;
-        let (sig_mr, sig_src_off, sig_off) = sig;
-        let ss = sge(sig_mr, sig_src_off, 8)?;
-        if sig_off % 8 != 0 {
-            return Err(Error::invalid("the signal word must be 8-byte aligned"));
+        if signal.len != 8 || sig_off % 8 != 0 {
+            return Err(Error::invalid(
+                "the signal is one 8-byte word, 8-byte aligned in the window",
+            ));
         }
         let r = w.remote(peer)?;
-        range(&r, dst_off, len as u64, peer)?;
+        range(&r, dst_off, src.len as u64, peer)?;
         range(&r, sig_off, 8, peer)?;
-        let (req, data) = self.one_sided(w, peer, |r| Ok(SendWr::write(r.at(dst_off)).sge(s).unsignaled()))?;
+        let (req, data) = self.one_sided(w, peer, |r| {
+            Ok(SendWr::write(r.at(dst_off)).sge(src).unsignaled())
+        })?;
         let id = data.wr_id;
-        Ok((req, data, SendWr::write(r.at(sig_off)).sge(ss).inline().wr_id(id)))
+        Ok((
+            req,
+            data,
+            SendWr::write(r.at(sig_off)).sge(signal).inline().wr_id(id),
+        ))
     }
 
-    /// Put with signal: writes the data, then the 8-byte signal (taken from `sig.0` at
-    /// `sig.1`) into the peer's window at `sig.2`. The peer sees the signal only after the data
-    /// (one connection delivers in order).
-    #[allow(clippy::too_many_arguments)]
+    /// Put with signal: writes `src` at `dst_off`, then the 8-byte `signal` at `sig_off` of
+    /// rank `peer`'s window. The peer sees the signal only after the data (one connection
+    /// delivers in order).
     pub fn iput_signal(
         &mut self,
-        src: &MemoryRegion<'_>,
-        src_off: usize,
-        len: usize,
+        src: Sge,
         w: &Window,
         peer: usize,
         dst_off: u64,
-        sig: (&MemoryRegion<'_>, usize, u64),
+        signal: Sge,
+        sig_off: u64,
     ) -> Result<Request> {
-        let (req, data, signal) = self.put_signal_wrs(src, src_off, len, w, peer, dst_off, sig)?;
+        let (req, data, signal) = self.put_signal_wrs(src, w, peer, dst_off, signal, sig_off)?;
         self.post_or_progress(peer, &data)?;
         let t = self.post_or_progress(peer, &signal)?;
         self.set_cqe(req, &t);
@@ -136,11 +140,17 @@ impl Comm {
     }
 
     /// [`iput`](Self::iput) posted by an executor (it rings when it gets there).
-    pub fn iput_on(&mut self, src: &MemoryRegion<'_>, src_off: usize, len: usize, w: &Window, peer: usize, dst_off: u64, exec: &impl Executor) -> Result<Request> {
-        let s = sge(src, src_off, len)?;
+    pub fn iput_on(
+        &mut self,
+        src: Sge,
+        w: &Window,
+        peer: usize,
+        dst_off: u64,
+        exec: &impl Executor,
+    ) -> Result<Request> {
         let (req, wr) = self.one_sided(w, peer, |r| {
-            range(&r, dst_off, len as u64, peer)?;
-            Ok(SendWr::write(r.at(dst_off)).sge(s))
+            range(&r, dst_off, src.len as u64, peer)?;
+            Ok(SendWr::write(r.at(dst_off)).sge(src))
         })?;
         let qp = self.peer_qp(peer)?;
         let p = qp.prepare_send(&wr)?;
@@ -151,19 +161,18 @@ impl Comm {
     }
 
     /// [`iput_signal`](Self::iput_signal) posted by an executor.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)] // the put's four, the signal's two, the executor
     pub fn iput_signal_on(
         &mut self,
-        src: &MemoryRegion<'_>,
-        src_off: usize,
-        len: usize,
+        src: Sge,
         w: &Window,
         peer: usize,
         dst_off: u64,
-        sig: (&MemoryRegion<'_>, usize, u64),
+        signal: Sge,
+        sig_off: u64,
         exec: &impl Executor,
     ) -> Result<Request> {
-        let (req, data, signal) = self.put_signal_wrs(src, src_off, len, w, peer, dst_off, sig)?;
+        let (req, data, signal) = self.put_signal_wrs(src, w, peer, dst_off, signal, sig_off)?;
         let qp = self.peer_qp(peer)?;
         let p1 = qp.prepare_send(&data)?;
         let (_, mut ops) = qp.commit(p1)?;
@@ -180,13 +189,28 @@ impl Comm {
     ///
     /// # Safety
     /// The buffer behind `mr` must stay allocated until the executor has passed the wait.
-    pub unsafe fn wait_value_on(&self, mr: &MemoryRegion<'_>, off: usize, value: u64, cond: WaitCond, exec: &impl Executor) -> Result<()> {
+    pub unsafe fn wait_value_on(
+        &self,
+        mr: &MemoryRegion<'_>,
+        off: usize,
+        value: u64,
+        cond: WaitCond,
+        exec: &impl Executor,
+    ) -> Result<()> {
         if off % 8 != 0 || off + 8 > mr.len() {
-            return Err(Error::invalid("the word must be 8-byte aligned and inside the buffer"));
+            return Err(Error::invalid(
+                "the word must be 8-byte aligned and inside the buffer",
+            ));
         }
         let mut ops = Ops::new();
         // SAFETY: the caller keeps the buffer alive until the executor passed the wait.
-        unsafe { ops.push_raw(Op::Wait64 { addr: mr.addr() + off as u64, value, cond }) };
+        unsafe {
+            ops.push_raw(Op::Wait64 {
+                addr: mr.addr() + off as u64,
+                value,
+                cond,
+            })
+        };
         exec.submit(ops)
     }
 }

@@ -1,0 +1,292 @@
+//! The messaging layer: every operation with 2, 4 and 8 thread ranks, and with 2 and 4
+//! processes over the TCP bootstrap on loopback (host memory; CPU and host-stream executors).
+
+use gdasync::gdsync::exec::HostStream;
+use gdasync::gdsync::format::Syndrome;
+use gdasync::gdsync::ops::WaitCond;
+use gdasync::gdsync::{Device, Error};
+use gdasync::mp::bootstrap::{launch_local, Bootstrap, JobInfo, TcpBootstrap, ThreadBootstrap};
+use gdasync::mp::Comm;
+use std::time::{Duration, Instant};
+
+/// The workload every rank runs; panics (with the rank) on any mismatch.
+fn workload(comm: &mut Comm) {
+    let (me, n) = (comm.rank(), comm.size());
+    let (right, left) = ((me + 1) % n, (me + n - 1) % n);
+    const MSGS: usize = 8;
+    const LEN: usize = 4096;
+    let pattern = |from: usize, k: usize, i: usize| (from * 31 + k * 7 + i) as u8;
+
+    // Point to point, CPU: a ring, several messages, receives posted after the sends.
+    let mut sbuf = vec![0u8; MSGS * LEN];
+    let mut rbuf = vec![0u8; MSGS * LEN];
+    for k in 0..MSGS {
+        for i in 0..LEN {
+            sbuf[k * LEN + i] = pattern(me, k, i);
+        }
+    }
+    let smr = comm.register(&mut sbuf).unwrap();
+    let rmr = comm.register(&mut rbuf).unwrap();
+    let sends: Vec<_> = (0..MSGS)
+        .map(|k| comm.isend(smr.sge(k * LEN..(k + 1) * LEN), right).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(5)); // sends wait for credits meanwhile
+    let recvs: Vec<_> = (0..MSGS)
+        .map(|k| comm.irecv(rmr.sge(k * LEN..(k + 1) * LEN), left).unwrap())
+        .collect();
+    let lens = comm.wait_all(&recvs).unwrap();
+    assert!(
+        lens.iter().all(|&l| l as usize == LEN),
+        "rank {me}: lengths {lens:?}"
+    );
+    comm.wait_all(&sends).unwrap();
+    let mut got = vec![0u8; MSGS * LEN];
+    rmr.read_at(0, &mut got);
+    for k in 0..MSGS {
+        for i in (0..LEN).step_by(97) {
+            assert_eq!(
+                got[k * LEN + i],
+                pattern(left, k, i),
+                "rank {me}: message {k} from {left} (FIFO order)"
+            );
+        }
+    }
+
+    // Point to point on an executor (host stream): credit wait, doorbell and completion wait
+    // all run on the stream.
+    let stream = HostStream::new().unwrap();
+    let r = comm.irecv(rmr.sge(0..LEN), left).unwrap();
+    let s = comm.send_on(smr.sge(LEN..2 * LEN), right, &stream).unwrap();
+    comm.wait_on(r, &stream).unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(comm.wait(s).unwrap(), 0);
+    comm.wait(r).unwrap();
+    rmr.read_at(0, &mut got[..LEN]);
+    assert_eq!(got[5], pattern(left, 1, 5), "rank {me}: stream send");
+
+    // Barriers.
+    comm.barrier().unwrap();
+    comm.barrier_on(&stream).unwrap();
+    stream.synchronize().unwrap();
+
+    // One-sided: put to the right, get from the left, put-with-signal on the stream.
+    let mut wbuf = vec![0u8; 2 * LEN + 64];
+    let wmr = comm.register(&mut wbuf).unwrap();
+    let win = comm.window(&wmr).unwrap();
+    let p = comm.iput(smr.sge(0..LEN), &win, right, 0).unwrap();
+    comm.wait(p).unwrap();
+    comm.barrier().unwrap();
+    wmr.read_at(0, &mut got[..LEN]);
+    assert_eq!(
+        got[..LEN].iter().step_by(61).copied().collect::<Vec<_>>(),
+        (0..LEN)
+            .step_by(61)
+            .map(|i| pattern(left, 0, i))
+            .collect::<Vec<_>>(),
+        "rank {me}: put"
+    );
+    let g = comm.iget(rmr.sge(0..LEN), &win, left, 0).unwrap();
+    comm.wait(g).unwrap();
+    rmr.read_at(0, &mut got[..LEN]);
+    assert_eq!(
+        got[7],
+        pattern((left + n - 1) % n, 0, 7),
+        "rank {me}: get reads the left rank's window"
+    );
+    comm.barrier().unwrap();
+    // The signal (value 1) lands after the data; the receiver's stream waits for it.
+    smr.write_at(LEN, &vec![me as u8 + 1; LEN]);
+    let mut sig = [0u8; 8];
+    sig[0] = 1;
+    rmr.write_at(MSGS * LEN - 8, &sig);
+    let sig_at = (2 * LEN) as u64;
+    let ps = comm
+        .iput_signal_on(
+            smr.sge(LEN..2 * LEN),
+            &win,
+            right,
+            LEN as u64,
+            rmr.sge(MSGS * LEN - 8..MSGS * LEN),
+            sig_at,
+            &stream,
+        )
+        .unwrap();
+    comm.wait_on(ps, &stream).unwrap();
+    // SAFETY: wbuf outlives the stream's work (synchronised below).
+    unsafe {
+        comm.wait_value_on(&wmr, 2 * LEN, 1, WaitCond::Geq, &stream)
+            .unwrap()
+    };
+    stream.synchronize().unwrap();
+    comm.wait(ps).unwrap();
+    wmr.read_at(LEN, &mut got[..LEN]);
+    assert_eq!(
+        got[LEN - 1],
+        left as u8 + 1,
+        "rank {me}: data before its signal"
+    );
+    comm.barrier().unwrap();
+}
+
+fn threads(n: usize) {
+    let dev = Device::soft().unwrap();
+    let hs: Vec<_> = ThreadBootstrap::group(n)
+        .into_iter()
+        .map(|b| {
+            let dev = dev.clone();
+            std::thread::spawn(move || {
+                let mut comm = Comm::new(Box::new(b), &dev).unwrap();
+                workload(&mut comm);
+                comm.finalize().unwrap();
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().expect("a rank failed");
+    }
+}
+
+#[test]
+fn threads_2() {
+    threads(2);
+}
+
+#[test]
+fn threads_4() {
+    threads(4);
+}
+
+#[test]
+fn threads_8() {
+    threads(8);
+}
+
+/// The entry point of a launched rank (inert without GDSYNC_MP_TEST).
+#[test]
+fn rank_entry() {
+    let Ok(mode) = std::env::var("GDSYNC_MP_TEST") else {
+        return;
+    };
+    let info = JobInfo::from_env().unwrap();
+    let boot = TcpBootstrap::connect(&info, Duration::from_secs(30)).unwrap();
+    let mut comm = Comm::new(Box::new(boot), &Device::soft().unwrap()).unwrap();
+    match mode.as_str() {
+        "workload" => {
+            workload(&mut comm);
+            comm.finalize().unwrap();
+        }
+        "dies" if comm.rank() == 1 => std::process::exit(0), // leaves without a word
+        "dies" => {
+            let mut buf = vec![0u8; 64];
+            let mr = comm.register(&mut buf).unwrap();
+            let r = comm.irecv(mr.sge(0..64), 1).unwrap();
+            let start = Instant::now();
+            let e = comm.wait(r).unwrap_err();
+            let took = start.elapsed();
+            assert!(
+                matches!(
+                    e,
+                    Error::Completion {
+                        syndrome: Syndrome::TransportRetryExc | Syndrome::WrFlush,
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+            assert!(
+                took < Duration::from_secs(2),
+                "the dead peer took {took:?} to notice"
+            );
+            println!("DEAD-PEER-NOTICED");
+        }
+        _ => {}
+    }
+}
+
+fn procs(n: usize, mode: &str) -> Vec<std::process::Output> {
+    let exe = std::env::current_exe().unwrap();
+    std::env::set_var("GDSYNC_MP_TEST", mode);
+    let args: Vec<String> = ["--exact", "rank_entry", "--nocapture", "--test-threads=1"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let children = launch_local(n, &exe, &args).unwrap();
+    std::env::remove_var("GDSYNC_MP_TEST");
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect()
+}
+
+#[test]
+fn processes_2() {
+    for (r, o) in procs(2, "workload").iter().enumerate() {
+        assert!(o.status.success(), "rank {r} failed");
+    }
+}
+
+#[test]
+fn processes_4() {
+    for (r, o) in procs(4, "workload").iter().enumerate() {
+        assert!(o.status.success(), "rank {r} failed");
+    }
+}
+
+#[test]
+fn dead_peer_completes_requests_with_an_error() {
+    let outs = procs(2, "dies");
+    assert!(outs.iter().all(|o| o.status.success()));
+}
+
+#[test]
+fn bad_arguments_are_errors() {
+    let dev = Device::soft().unwrap();
+    let mut group = ThreadBootstrap::group(2);
+    let b1 = group.pop().unwrap();
+    let b0 = group.pop().unwrap();
+    let d2 = dev.clone();
+    let h = std::thread::spawn(move || {
+        let mut c = Comm::new(Box::new(b1), &d2).unwrap();
+        let mut buf = vec![0u8; 16];
+        let mr = c.register(&mut buf).unwrap();
+        // A receive shorter than the message: both sides learn it.
+        let r = c.irecv(mr.sge(0..16), 0).unwrap();
+        let e = c.wait(r).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Completion {
+                    syndrome: Syndrome::LocalLength,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    });
+    let mut c = Comm::new(Box::new(b0), &dev).unwrap();
+    let mut buf = vec![0u8; 64];
+    let mr = c.register(&mut buf).unwrap();
+    assert!(
+        matches!(c.isend(mr.sge(0..64), 2), Err(Error::InvalidArgument(_))),
+        "out-of-range rank"
+    );
+    assert!(
+        matches!(c.isend(mr.sge(0..64), 0), Err(Error::InvalidArgument(_))),
+        "send to self"
+    );
+    let s = c.isend(mr.sge(0..64), 1).unwrap();
+    let e = c.wait(s).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Completion {
+                syndrome: Syndrome::RemoteInvalReq,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    h.join().unwrap();
+    assert!(JobInfo::from_env().is_err() || std::env::var("GDSYNC_RANK").is_ok());
+    let _: &dyn Bootstrap = &ThreadBootstrap::group(1).pop().unwrap();
+}
