@@ -342,3 +342,73 @@ pub fn launch_local(
         })
         .collect()
 }
+
+// ---------------------------------------------------------------------------- MPI
+
+/// Ranks of an MPI job (feature `mpi`). MPI only exchanges the connection records, as in
+/// LibMP; all data moves over the connections afterwards.
+#[cfg(feature = "mpi")]
+pub struct MpiBootstrap {
+    world: mpi::topology::SimpleCommunicator,
+    rank: usize,
+    size: usize,
+}
+
+// SAFETY: an MPI communicator handle is a process-wide handle; the bootstrap is used by one
+// thread at a time (the Comm owning it takes &mut). MPI itself requires calls from the thread
+// that initialised it unless initialised with MPI_THREAD_MULTIPLE: documented on `new`.
+#[cfg(feature = "mpi")]
+unsafe impl Send for MpiBootstrap {}
+
+#[cfg(feature = "mpi")]
+impl MpiBootstrap {
+    /// Uses the world communicator of an initialised MPI universe (keep the universe alive
+    /// for as long as the bootstrap, and use the communicator from the thread that initialised
+    /// MPI unless it was initialised with `Threading::Multiple`).
+    pub fn new(universe: &mpi::environment::Universe) -> MpiBootstrap {
+        use mpi::traits::Communicator;
+        let world = universe.world();
+        let (rank, size) = (world.rank() as usize, world.size() as usize);
+        MpiBootstrap { world, rank, size }
+    }
+}
+
+#[cfg(feature = "mpi")]
+impl Bootstrap for MpiBootstrap {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        use mpi::datatype::PartitionMut;
+        use mpi::traits::CommunicatorCollectives;
+        // A leading byte keeps every contribution non-empty (MPI_Allgatherv refuses all-empty
+        // buffers in Open MPI 4.1).
+        let mut framed = Vec::with_capacity(mine.len() + 1);
+        framed.push(1u8);
+        framed.extend_from_slice(mine);
+        let mine = &framed[..];
+        let mut lens = vec![0i32; self.size];
+        self.world
+            .all_gather_into(&(mine.len() as i32), &mut lens[..]);
+        let displs: Vec<i32> = lens
+            .iter()
+            .scan(0, |acc, &x| {
+                let d = *acc;
+                *acc += x;
+                Some(d)
+            })
+            .collect();
+        let total: i32 = lens.iter().sum();
+        let mut buf = vec![0u8; total as usize];
+        {
+            let mut part = PartitionMut::new(&mut buf[..], &lens[..], &displs[..]);
+            self.world.all_gather_varcount_into(mine, &mut part);
+        }
+        Ok((0..self.size)
+            .map(|r| buf[displs[r] as usize + 1..(displs[r] + lens[r]) as usize].to_vec())
+            .collect())
+    }
+}

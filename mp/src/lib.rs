@@ -40,6 +40,8 @@
 #![warn(missing_docs)]
 
 pub mod bootstrap;
+#[cfg(feature = "mpi")]
+pub use mpi as mpi_crate;
 mod comm;
 mod window;
 
