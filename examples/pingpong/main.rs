@@ -53,6 +53,12 @@ enum Ranks {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Api {
+    Gdsync,
+    Mp,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Mem {
     Host,
     Device,
@@ -91,6 +97,9 @@ struct Args {
     /// With `--ranks threads`: one soft device (engine) per rank instead of a shared one.
     #[arg(long)]
     separate_devices: bool,
+    /// `gdsync` (queue pairs directly) or `mp` (the messaging layer: send/recv with credits).
+    #[arg(long, value_enum, default_value = "gdsync")]
+    api: Api,
     /// One JSON object per size instead of a table.
     #[arg(long)]
     json: bool,
@@ -304,6 +313,71 @@ impl Wire for Nic {
     fn reset(&mut self, size: usize) -> Result<()> {
         self.rbuf.write_at(0, &vec![0u8; size]);
         Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------- mp
+
+/// The messaging layer: `isend`/`irecv` with credits, waited on the CPU. Receives are posted
+/// one ahead (whole buffer), sends are waited for one behind, as with the QPs directly.
+struct MpWire {
+    comm: gdasync::mp::Comm,
+    sbuf: MemoryRegion<'static>,
+    rbuf: MemoryRegion<'static>,
+    recv: Option<gdasync::mp::Request>,
+    send: Option<gdasync::mp::Request>,
+}
+
+impl MpWire {
+    fn new(
+        boot: Box<dyn gdasync::mp::bootstrap::Bootstrap>,
+        dev: &Device,
+        max: usize,
+    ) -> Result<Self> {
+        let comm = gdasync::mp::Comm::new(boot, dev)?;
+        let sbuf = comm.register(leak(max))?;
+        let rbuf = comm.register(leak(max))?;
+        Ok(Self {
+            comm,
+            sbuf,
+            rbuf,
+            recv: None,
+            send: None,
+        })
+    }
+    fn peer(&self) -> usize {
+        1 - self.comm.rank()
+    }
+    fn post_recv(&mut self) -> Result<()> {
+        if self.recv.is_none() {
+            self.recv = Some(self.comm.irecv(self.rbuf.sge(..), self.peer())?);
+        }
+        Ok(())
+    }
+}
+
+impl Wire for MpWire {
+    fn send(&mut self, i: u64, size: usize) -> Result<()> {
+        if let Some(prev) = self.send.take() {
+            self.comm.wait(prev)?;
+        }
+        if size > 0 {
+            self.sbuf.write_volatile_u8(size - 1, marker(i));
+        }
+        self.send = Some(self.comm.isend(self.sbuf.sge(..size), self.peer())?);
+        Ok(())
+    }
+    fn wait(&mut self, _i: u64, size: usize) -> Result<()> {
+        self.post_recv()?;
+        let n = self.comm.wait(self.recv.take().unwrap())?;
+        if n as usize != size {
+            bail!("received {n} bytes, expected {size}");
+        }
+        // The next receive now, so the peer's next send finds its credit.
+        self.post_recv()
+    }
+    fn reset(&mut self, _size: usize) -> Result<()> {
+        self.post_recv()
     }
 }
 
@@ -531,6 +605,7 @@ fn report(args: &Args, stats: &[Stats], extra_cpu: &[f64]) {
         },
     );
     let ranks = match args.ranks {
+        Ranks::Threads if args.api == Api::Mp => "threads-mp",
         Ranks::Threads if args.separate_devices && !args.raw => "threads-2dev",
         Ranks::Threads => "threads",
         Ranks::Procs => "procs",
@@ -563,6 +638,14 @@ fn report(args: &Args, stats: &[Stats], extra_cpu: &[f64]) {
 }
 
 fn check(args: &Args) -> Result<()> {
+    if args.api == Api::Mp
+        && (args.trigger != Trigger::Cpu
+            || args.ranks != Ranks::Threads
+            || args.raw
+            || args.op != Op::Send)
+    {
+        bail!("--api mp runs --op send --trigger cpu --ranks threads in this version (its --raw floor is --api gdsync --op send)");
+    }
     if args.trigger == Trigger::Cpu && args.mem != Mem::Host {
         bail!("--trigger cpu polls host memory: use --mem host, or a GPU trigger for --mem device");
     }
@@ -613,6 +696,15 @@ fn threads(args: &Args) -> Result<()> {
                 src: vec![0; max.max(64)],
             }),
         )
+    } else if args.api == Api::Mp {
+        let dev = Device::soft()?;
+        let mut boots = gdasync::mp::bootstrap::ThreadBootstrap::group(2);
+        let (b1, b0) = (boots.pop().unwrap(), boots.pop().unwrap());
+        let d = dev.clone();
+        let h = std::thread::spawn(move || MpWire::new(Box::new(b1), &d, max));
+        let w0 = MpWire::new(Box::new(b0), &dev, max)?;
+        let w1 = h.join().map_err(|_| anyhow::anyhow!("rank 1 panicked"))??;
+        (Box::new(w0), Box::new(w1))
     } else {
         let d0 = Device::soft()?;
         let d1 = if args.separate_devices {
