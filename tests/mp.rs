@@ -93,6 +93,19 @@ fn workload(comm: &mut Comm) {
         pattern((left + n - 1) % n, 0, 7),
         "rank {me}: get reads the left rank's window"
     );
+    rmr.write_at(0, &[0u8; 8]);
+    let g2 = comm
+        .iget_on(rmr.sge(0..LEN), &win, left, 0, &stream)
+        .unwrap();
+    comm.wait_on(g2, &stream).unwrap();
+    stream.synchronize().unwrap();
+    comm.wait(g2).unwrap();
+    rmr.read_at(0, &mut got[..LEN]);
+    assert_eq!(
+        got[7],
+        pattern((left + n - 1) % n, 0, 7),
+        "rank {me}: get on a stream"
+    );
     comm.barrier().unwrap();
     // The signal (value 1) lands after the data; the receiver's stream waits for it.
     smr.write_at(LEN, &vec![me as u8 + 1; LEN]);

@@ -70,15 +70,46 @@ impl Comm {
         Ok((req, wr))
     }
 
+    /// Posts `wrs` (one request, completing with the last) from the CPU.
+    fn post_now(&mut self, peer: usize, req: Request, wrs: &[SendWr]) -> Result<Request> {
+        let mut last = None;
+        for wr in wrs {
+            last = Some(self.post_or_progress(peer, wr)?);
+        }
+        self.set_cqe(req, &last.expect("at least one work request"));
+        Ok(req)
+    }
+
+    /// Prepares `wrs` (one request, completing with the last) and hands their doorbell ops to
+    /// `exec`.
+    fn post_via(
+        &mut self,
+        peer: usize,
+        req: Request,
+        wrs: &[SendWr],
+        exec: &impl Executor,
+    ) -> Result<Request> {
+        let qp = self.peer_qp(peer)?;
+        let mut ops = Ops::new();
+        let mut last = None;
+        for wr in wrs {
+            let p = qp.prepare_send(wr)?;
+            let (t, o) = qp.commit(p)?;
+            ops.append(o);
+            last = Some(t);
+        }
+        exec.submit(ops)?;
+        self.set_cqe(req, &last.expect("at least one work request"));
+        Ok(req)
+    }
+
     /// Writes `src` (`mr.sge(range)`) into rank `peer`'s window at `dst_off`.
     pub fn iput(&mut self, src: Sge, w: &Window, peer: usize, dst_off: u64) -> Result<Request> {
         let (req, wr) = self.one_sided(w, peer, |r| {
             range(&r, dst_off, src.len as u64, peer)?;
             Ok(SendWr::write(r.at(dst_off)).sge(src))
         })?;
-        let t = self.post_or_progress(peer, &wr)?;
-        self.set_cqe(req, &t);
-        Ok(req)
+        self.post_now(peer, req, &[wr])
     }
 
     /// Reads `dst.len` bytes of rank `peer`'s window at `src_off` into `dst`.
@@ -87,9 +118,7 @@ impl Comm {
             range(&r, src_off, dst.len as u64, peer)?;
             Ok(SendWr::read(r.at(src_off)).sge(dst))
         })?;
-        let t = self.post_or_progress(peer, &wr)?;
-        self.set_cqe(req, &t);
-        Ok(req)
+        self.post_now(peer, req, &[wr])
     }
 
     fn put_signal_wrs(
@@ -133,10 +162,7 @@ impl Comm {
         sig_off: u64,
     ) -> Result<Request> {
         let (req, data, signal) = self.put_signal_wrs(src, w, peer, dst_off, signal, sig_off)?;
-        self.post_or_progress(peer, &data)?;
-        let t = self.post_or_progress(peer, &signal)?;
-        self.set_cqe(req, &t);
-        Ok(req)
+        self.post_now(peer, req, &[data, signal])
     }
 
     /// [`iput`](Self::iput) posted by an executor (it rings when it gets there).
@@ -152,12 +178,23 @@ impl Comm {
             range(&r, dst_off, src.len as u64, peer)?;
             Ok(SendWr::write(r.at(dst_off)).sge(src))
         })?;
-        let qp = self.peer_qp(peer)?;
-        let p = qp.prepare_send(&wr)?;
-        let (t, ops) = qp.commit(p)?;
-        exec.submit(ops)?;
-        self.set_cqe(req, &t);
-        Ok(req)
+        self.post_via(peer, req, &[wr], exec)
+    }
+
+    /// [`iget`](Self::iget) posted by an executor.
+    pub fn iget_on(
+        &mut self,
+        dst: Sge,
+        w: &Window,
+        peer: usize,
+        src_off: u64,
+        exec: &impl Executor,
+    ) -> Result<Request> {
+        let (req, wr) = self.one_sided(w, peer, |r| {
+            range(&r, src_off, dst.len as u64, peer)?;
+            Ok(SendWr::read(r.at(src_off)).sge(dst))
+        })?;
+        self.post_via(peer, req, &[wr], exec)
     }
 
     /// [`iput_signal`](Self::iput_signal) posted by an executor.
@@ -173,15 +210,7 @@ impl Comm {
         exec: &impl Executor,
     ) -> Result<Request> {
         let (req, data, signal) = self.put_signal_wrs(src, w, peer, dst_off, signal, sig_off)?;
-        let qp = self.peer_qp(peer)?;
-        let p1 = qp.prepare_send(&data)?;
-        let (_, mut ops) = qp.commit(p1)?;
-        let p2 = qp.prepare_send(&signal)?;
-        let (t, ops2) = qp.commit(p2)?;
-        ops.append(ops2);
-        exec.submit(ops)?;
-        self.set_cqe(req, &t);
-        Ok(req)
+        self.post_via(peer, req, &[data, signal], exec)
     }
 
     /// Makes `exec` wait until the 64-bit word at `off` of `mr` satisfies `cond` against
