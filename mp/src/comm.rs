@@ -602,6 +602,7 @@ impl Comm {
     /// Waits for `r` on the CPU; returns the bytes received (receives) and releases it.
     pub fn wait(&mut self, r: Request) -> Result<u32> {
         let start = Instant::now();
+        let mut spins = 0u32;
         loop {
             if let Some(n) = self.test(r)? {
                 return Ok(n);
@@ -616,7 +617,14 @@ impl Comm {
                     timeout_ms: self.timeout.as_millis() as u64,
                 });
             }
-            std::thread::yield_now();
+            // Spin first (a yield is a system call, dearer than a short wait), then let
+            // other threads run.
+            spins += 1;
+            if spins < 256 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
     }
 
