@@ -216,6 +216,19 @@ fn marker_wait(addr: u64, marker: u32) -> Ops {
     })
 }
 
+/// Joins both rank threads; rank 0's samples.
+fn join_ranks(
+    t0: std::thread::JoinHandle<Result<Vec<f64>>>,
+    t1: std::thread::JoinHandle<Result<Vec<f64>>>,
+) -> Result<Vec<f64>> {
+    let times = t0
+        .join()
+        .map_err(|_| anyhow::anyhow!("rank 0 panicked"))??;
+    t1.join()
+        .map_err(|_| anyhow::anyhow!("rank 1 panicked"))??;
+    Ok(times)
+}
+
 fn stats(size: usize, mut half_rtts: Vec<f64>, cpu: f64) -> Stats {
     half_rtts.sort_by(f64::total_cmp);
     let n = half_rtts.len().max(1);
@@ -387,12 +400,7 @@ fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Resul
     };
     let t1 = spawn(1, r1, barrier.clone(), progress.clone());
     let t0 = spawn(0, r0, barrier, progress);
-    let times = t0
-        .join()
-        .map_err(|_| anyhow::anyhow!("rank 0 panicked"))??;
-    t1.join()
-        .map_err(|_| anyhow::anyhow!("rank 1 panicked"))??;
-    Ok(times)
+    join_ranks(t0, t1)
 }
 
 // ---------------------------------------------------------------------------- kernel
@@ -615,10 +623,5 @@ fn host_run(
     }
     let t1 = spawn(1, r1, barrier.clone());
     let t0 = spawn(0, r0, barrier);
-    let times = t0
-        .join()
-        .map_err(|_| anyhow::anyhow!("rank 0 panicked"))??;
-    t1.join()
-        .map_err(|_| anyhow::anyhow!("rank 1 panicked"))??;
-    Ok(times)
+    join_ranks(t0, t1)
 }

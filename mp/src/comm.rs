@@ -19,10 +19,7 @@ pub struct Request {
 }
 
 impl Request {
-    pub(crate) fn parts(self) -> (u32, u32) {
-        (self.slot, self.generation)
-    }
-    fn wr_id(self) -> u64 {
+    pub(crate) fn wr_id(self) -> u64 {
         ((self.generation as u64) << 32) | self.slot as u64
     }
 }

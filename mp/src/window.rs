@@ -66,7 +66,7 @@ impl Comm {
         let r = w.remote(peer)?;
         self.peer_qp(peer)?;
         let req = self.new_put(peer);
-        let wr = wr(r)?.wr_id(((req_generation(req) as u64) << 32) | req_slot(req) as u64);
+        let wr = wr(r)?.wr_id(req.wr_id());
         Ok((req, wr))
     }
 
@@ -103,21 +103,43 @@ impl Comm {
         Ok(req)
     }
 
-    /// Writes `src` (`mr.sge(range)`) into rank `peer`'s window at `dst_off`.
-    pub fn iput(&mut self, src: Sge, w: &Window, peer: usize, dst_off: u64) -> Result<Request> {
-        let (req, wr) = self.one_sided(w, peer, |r| {
+    /// The request and work request of a put of `src` to `peer`'s window at `dst_off`.
+    fn put_wr(
+        &mut self,
+        src: Sge,
+        w: &Window,
+        peer: usize,
+        dst_off: u64,
+    ) -> Result<(Request, SendWr)> {
+        self.one_sided(w, peer, |r| {
             range(&r, dst_off, src.len as u64, peer)?;
             Ok(SendWr::write(r.at(dst_off)).sge(src))
-        })?;
+        })
+    }
+
+    /// The request and work request of a get of `peer`'s window at `src_off` into `dst`.
+    fn get_wr(
+        &mut self,
+        dst: Sge,
+        w: &Window,
+        peer: usize,
+        src_off: u64,
+    ) -> Result<(Request, SendWr)> {
+        self.one_sided(w, peer, |r| {
+            range(&r, src_off, dst.len as u64, peer)?;
+            Ok(SendWr::read(r.at(src_off)).sge(dst))
+        })
+    }
+
+    /// Writes `src` (`mr.sge(range)`) into rank `peer`'s window at `dst_off`.
+    pub fn iput(&mut self, src: Sge, w: &Window, peer: usize, dst_off: u64) -> Result<Request> {
+        let (req, wr) = self.put_wr(src, w, peer, dst_off)?;
         self.post_now(peer, req, &[wr])
     }
 
     /// Reads `dst.len` bytes of rank `peer`'s window at `src_off` into `dst`.
     pub fn iget(&mut self, dst: Sge, w: &Window, peer: usize, src_off: u64) -> Result<Request> {
-        let (req, wr) = self.one_sided(w, peer, |r| {
-            range(&r, src_off, dst.len as u64, peer)?;
-            Ok(SendWr::read(r.at(src_off)).sge(dst))
-        })?;
+        let (req, wr) = self.get_wr(dst, w, peer, src_off)?;
         self.post_now(peer, req, &[wr])
     }
 
@@ -174,10 +196,7 @@ impl Comm {
         dst_off: u64,
         exec: &impl Executor,
     ) -> Result<Request> {
-        let (req, wr) = self.one_sided(w, peer, |r| {
-            range(&r, dst_off, src.len as u64, peer)?;
-            Ok(SendWr::write(r.at(dst_off)).sge(src))
-        })?;
+        let (req, wr) = self.put_wr(src, w, peer, dst_off)?;
         self.post_via(peer, req, &[wr], exec)
     }
 
@@ -190,10 +209,7 @@ impl Comm {
         src_off: u64,
         exec: &impl Executor,
     ) -> Result<Request> {
-        let (req, wr) = self.one_sided(w, peer, |r| {
-            range(&r, src_off, dst.len as u64, peer)?;
-            Ok(SendWr::read(r.at(src_off)).sge(dst))
-        })?;
+        let (req, wr) = self.get_wr(dst, w, peer, src_off)?;
         self.post_via(peer, req, &[wr], exec)
     }
 
@@ -242,11 +258,4 @@ impl Comm {
         };
         exec.submit(ops)
     }
-}
-
-fn req_slot(r: Request) -> u32 {
-    r.parts().0
-}
-fn req_generation(r: Request) -> u32 {
-    r.parts().1
 }
