@@ -189,11 +189,15 @@ fn hundred_thousand_messages() {
             std::thread::yield_now();
         }
     }
-    // The last send's completion may trail its receive.
+    // Send completions may trail their receives (the engine acknowledges after delivering):
+    // the ones still due arrive in order, each a signalled send, ending with the last.
     while sends_done < N {
         let c = poll1(&p.a.scq);
-        assert!(c.is_ok() && c.wr_id + 1 == N, "last send: {c:?}");
-        sends_done = N;
+        assert!(
+            c.is_ok() && c.wr_id >= sends_done && ((c.wr_id + 1) % 4 == 0 || c.wr_id + 1 == N),
+            "trailing send completion {c:?} (done {sends_done})"
+        );
+        sends_done = c.wr_id + 1;
     }
     assert_quiet(&p.b.rcq, Duration::from_millis(20));
     assert_quiet(&p.a.scq, Duration::ZERO);
