@@ -64,6 +64,75 @@ fn workload(comm: &mut Comm) {
     rmr.read_at(0, &mut got[..LEN]);
     assert_eq!(got[5], pattern(left, 1, 5), "rank {me}: stream send");
 
+    // An executor send waiting for its credit while the CPU posts to the same peers: a CPU
+    // put and the receive's credit must not expose the held-back send early (the right
+    // rank posts its receive only after 30 ms, past the send's RNR retry budget).
+    let mut early = vec![0u8; 64];
+    let emr = comm.register(&mut early).unwrap();
+    let ewin = comm.window(&emr).unwrap();
+    let s = comm
+        .isend_on(smr.sge(2 * LEN..3 * LEN), right, &stream)
+        .unwrap();
+    let put = comm
+        .iput(smr.sge(2 * LEN..2 * LEN + 64), &ewin, right, 0)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    let r = comm.irecv(rmr.sge(LEN..2 * LEN), left).unwrap();
+    comm.wait_on(s, &stream).unwrap();
+    assert_eq!(
+        comm.wait(r).unwrap() as usize,
+        LEN,
+        "rank {me}: held-back send"
+    );
+    comm.wait(put).unwrap();
+    stream.synchronize().unwrap();
+    comm.wait(s).unwrap();
+    rmr.read_at(LEN, &mut got[..LEN]);
+    assert_eq!(
+        got[LEN - 3],
+        pattern(left, 2, LEN - 3),
+        "rank {me}: stream send after credit"
+    );
+    comm.barrier().unwrap();
+    let mut b = [0u8; 1];
+    emr.read_at(63, &mut b);
+    assert_eq!(
+        b[0],
+        pattern(left, 2, 63),
+        "rank {me}: CPU put behind the stream send"
+    );
+
+    // The registration cache: one registration serves every range inside it.
+    let mut cached = vec![me as u8; 2 * LEN];
+    let base = cached.as_mut_ptr();
+    // SAFETY: `cached` outlives the cache entry (deregistered below, before it is dropped).
+    let (a, b2, c) = unsafe {
+        (
+            comm.register_cached(base, 2 * LEN).unwrap(),
+            comm.register_cached(base.add(LEN), LEN).unwrap(),
+            comm.register_cached(base.add(16), 100).unwrap(),
+        )
+    };
+    assert_eq!(
+        (a.len, b2.len, b2.lkey),
+        (2 * LEN as u32, LEN as u32, a.lkey)
+    );
+    assert_eq!(b2.addr, a.addr + LEN as u64);
+    assert_eq!((c.lkey, c.addr, c.len), (a.lkey, a.addr + 16, 100));
+    let st = comm.reg_cache_stats();
+    assert_eq!((st.hits, st.misses, st.entries), (2, 1, 1));
+    let r = comm.irecv(rmr.sge(0..LEN), left).unwrap();
+    let s = comm.isend(b2, right).unwrap();
+    comm.wait_all(&[r, s]).unwrap();
+    rmr.read_at(0, &mut got[..LEN]);
+    assert!(
+        got[..LEN].iter().all(|&x| x == left as u8),
+        "rank {me}: send from a cached registration"
+    );
+    assert_eq!(comm.deregister(base, 1), 1);
+    assert_eq!(comm.reg_cache_stats().entries, 0);
+    drop(cached);
+
     // Barriers.
     comm.barrier().unwrap();
     comm.barrier_on(&stream).unwrap();

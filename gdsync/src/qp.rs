@@ -529,6 +529,22 @@ impl Qp {
         s.buf.write(off, &b);
     }
 
+    /// Whether the send doorbell record has reached `end` (a [`SendTicket::end`]): every send
+    /// before it is exposed to the device, whether this thread posted it or an executor ran
+    /// its commit ops. A CPU post must wait for this before it moves the record past sends an
+    /// executor has not rung yet (the record would otherwise expose them early, then move
+    /// backwards).
+    pub fn doorbell_reached(&self, end: u64) -> bool {
+        let native = self
+            .shared
+            .ctrl
+            .u32(QP_DBREC + 4 * DBREC_SQ)
+            .load(Ordering::Acquire);
+        // The record holds the low 16 bits of the producer counter (big-endian).
+        let rec = u32::from_be(native) as u16;
+        rec.wrapping_sub(end as u16) as i16 >= 0
+    }
+
     /// Posts a send from the CPU: prepare, then do what the commit ops describe (store the
     /// doorbell record, order, store the doorbell) directly on this thread.
     pub fn post_send(&mut self, wr: &SendWr) -> Result<SendTicket> {

@@ -5,8 +5,9 @@ use crate::bootstrap::Bootstrap;
 use gdsync::exec::Executor;
 use gdsync::ops::{Op, Ops, WaitCond};
 use gdsync::{
-    Access, Cq, Device, Endpoint, Error, MemoryRegion, PinnedBuffer, ProtectionDomain, Qp,
-    QpConfig, QpState, RecvTicket, RecvWr, RemoteBuf, Result, SendTicket, SendWr, Sge, WcStatus,
+    Access, Completion, Cq, Device, Endpoint, Error, MemoryRegion, PinnedBuffer, ProtectionDomain,
+    Qp, QpConfig, QpState, RecvTicket, RecvWr, RemoteBuf, Result, SendTicket, SendWr, Sge,
+    WcStatus,
 };
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -52,23 +53,49 @@ struct ReqState {
     status: Status,
 }
 
-/// A CPU send that waits for the receiver's credit.
-struct PendingSend {
-    req: Request,
-    wr: SendWr,
+/// Work the CPU posts to a peer, queued while it cannot go out yet: a send waiting for the
+/// receiver's credit, or anything behind work an executor has not rung yet (a CPU post would
+/// move the doorbell record past it). Leaves the queue in order.
+struct Pending {
+    /// None for internal writes (barrier).
+    req: Option<Request>,
+    wrs: Vec<SendWr>,
+    /// Work requests already posted (a put with signal is two).
+    posted: usize,
+    /// Sends: the credit (receives the peer has posted) this one needs.
+    credit: Option<u64>,
+    last: Option<SendTicket>,
+}
+
+/// Index into [`Peer::exec_waits`].
+fn side_index(s: Side) -> usize {
+    match s {
+        Side::Send => 0,
+        Side::Recv => 1,
+    }
 }
 
 struct Peer {
+    /// Carries the user's traffic (sends, puts, gets) and barrier writes, posted by the CPU
+    /// or by executors, in one order.
     qp: Qp,
     scq: Cq,
     rcq: Cq,
+    /// Carries credits only, always posted by the CPU: a credit must never queue behind a
+    /// send that an executor holds back until the peer's credit arrives (that would
+    /// deadlock two ranks sending to each other on streams).
+    ctl: Qp,
+    ctl_cq: Cq,
     /// Sends to this peer, posted or pending (the credit each needs is its index + 1).
     sends: u64,
     /// Receives posted for this peer.
     recvs: u64,
-    pending: VecDeque<PendingSend>,
-    /// Requests of this peer waited on by executors and not yet known to be done.
-    executor_reqs: usize,
+    pending: VecDeque<Pending>,
+    /// End of the last work an executor committed on `qp`, until its doorbell was seen.
+    exec_end: Option<u64>,
+    /// Requests an executor waits for (send side, receive side) not yet known to be done: the
+    /// CPU does not poll a CQ an executor is consuming.
+    exec_waits: [usize; 2],
 }
 
 /// Words of the control region every rank exposes to its peers.
@@ -99,6 +126,8 @@ pub struct Comm {
     reqs: Vec<ReqState>,
     free: Vec<u32>,
     layout: CtrlLayout,
+    /// Reused by CQ polls (no allocation per poll).
+    polled: Vec<Completion>,
     // Field order matters: the registrations are dropped before the buffers they cover.
     _ctrl_mr: MemoryRegion<'static>,
     scratch_mr: MemoryRegion<'static>,
@@ -107,6 +136,7 @@ pub struct Comm {
     remote_ctrl: Vec<RemoteBuf>,
     barrier_epoch: u64,
     timeout: Duration,
+    pub(crate) regs: crate::registry::RegCache,
     pd: ProtectionDomain,
     dev: Device,
     boot: Box<dyn Bootstrap>,
@@ -121,24 +151,34 @@ impl std::fmt::Debug for Comm {
     }
 }
 
-fn encode_setup(eps: &[Option<Endpoint>], ctrl: &RemoteBuf) -> Vec<u8> {
+/// Bytes of one endpoint in the connection record.
+const EP_BYTES: usize = 32;
+
+/// A rank's connection record: its control region, then per peer its data QP's endpoint and
+/// its credit QP's endpoint (zeros for itself).
+fn encode_setup(eps: &[Option<(Endpoint, Endpoint)>], ctrl: &RemoteBuf) -> Vec<u8> {
     let mut b = Vec::new();
     b.extend_from_slice(&ctrl.addr.to_le_bytes());
     b.extend_from_slice(&ctrl.len.to_le_bytes());
     b.extend_from_slice(&ctrl.rkey.to_le_bytes());
     for e in eps {
         match e {
-            Some(e) => b.extend_from_slice(&e.to_bytes()),
-            None => b.extend_from_slice(&[0u8; 32]),
+            Some((d, c)) => {
+                b.extend_from_slice(&d.to_bytes());
+                b.extend_from_slice(&c.to_bytes());
+            }
+            None => b.extend_from_slice(&[0u8; 2 * EP_BYTES]),
         }
     }
     b
 }
 
-fn decode_setup(b: &[u8], size: usize) -> Result<(RemoteBuf, Vec<Option<Endpoint>>)> {
-    if b.len() != 20 + 32 * size {
+type Setup = (RemoteBuf, Vec<Option<(Endpoint, Endpoint)>>);
+
+fn decode_setup(b: &[u8], size: usize) -> Result<Setup> {
+    if b.len() != 20 + 2 * EP_BYTES * size {
         return Err(Error::invalid(
-            "bootstrap: a rank sent a malformed connection record",
+            "bootstrap: a rank sent a malformed connection record (another gdasync version?)",
         ));
     }
     let ctrl = RemoteBuf {
@@ -148,11 +188,14 @@ fn decode_setup(b: &[u8], size: usize) -> Result<(RemoteBuf, Vec<Option<Endpoint
     };
     let eps = (0..size)
         .map(|i| {
-            let e = &b[20 + 32 * i..52 + 32 * i];
+            let e = &b[20 + 2 * EP_BYTES * i..20 + 2 * EP_BYTES * (i + 1)];
             if e.iter().all(|&x| x == 0) {
                 Ok(None)
             } else {
-                Endpoint::from_bytes(e).map(Some)
+                Ok(Some((
+                    Endpoint::from_bytes(&e[..EP_BYTES])?,
+                    Endpoint::from_bytes(&e[EP_BYTES..])?,
+                )))
             }
         })
         .collect::<Result<_>>()?;
@@ -160,8 +203,9 @@ fn decode_setup(b: &[u8], size: usize) -> Result<(RemoteBuf, Vec<Option<Endpoint
 }
 
 impl Comm {
-    /// Creates the communicator on `dev`: one QP per peer (own send and receive CQs, so
-    /// completions can be waited for on executors), connected through `boot`.
+    /// Creates the communicator on `dev`: per peer one QP for traffic (own send and receive
+    /// CQs, so completions can be waited for on executors) and one for credits, connected
+    /// through `boot`. Collective.
     pub fn new(mut boot: Box<dyn Bootstrap>, dev: &Device) -> Result<Comm> {
         let (rank, size) = (boot.rank(), boot.size());
         if size == 0 || rank >= size {
@@ -173,7 +217,7 @@ impl Comm {
         let rounds = usize::BITS as usize - (size.max(2) - 1).leading_zeros() as usize;
         let layout = CtrlLayout { size, rounds };
         let ctrl = PinnedBuffer::new(layout.bytes());
-        let scratch = PinnedBuffer::new(64);
+        let scratch = PinnedBuffer::new(8 * (1 + rounds));
         // SAFETY: the buffers are owned by the Comm and outlive the registrations (declared
         // after them, so dropped after them).
         let ctrl_mr = unsafe {
@@ -196,6 +240,11 @@ impl Comm {
             recv_wqes: 512,
             ..QpConfig::default()
         };
+        let ctl_cfg = QpConfig {
+            send_wqebbs: 256,
+            recv_wqes: 1,
+            ..QpConfig::default()
+        };
         let mut peers = Vec::with_capacity(size);
         for p in 0..size {
             if p == rank {
@@ -204,19 +253,24 @@ impl Comm {
             }
             let (scq, rcq) = (dev.create_cq(2048)?, dev.create_cq(1024)?);
             let qp = pd.create_qp(&scq, &rcq, &cfg)?;
+            let ctl_cq = dev.create_cq(64)?;
+            let ctl = pd.create_qp(&ctl_cq, &ctl_cq, &ctl_cfg)?;
             peers.push(Some(Peer {
                 qp,
                 scq,
                 rcq,
+                ctl,
+                ctl_cq,
                 sends: 0,
                 recvs: 0,
                 pending: VecDeque::new(),
-                executor_reqs: 0,
+                exec_end: None,
+                exec_waits: [0; 2],
             }));
         }
-        let eps: Vec<Option<Endpoint>> = peers
+        let eps: Vec<_> = peers
             .iter()
-            .map(|p| p.as_ref().map(|p| p.qp.endpoint()))
+            .map(|p| p.as_ref().map(|p| (p.qp.endpoint(), p.ctl.endpoint())))
             .collect();
         let all = boot.all_gather(&encode_setup(&eps, &ctrl_mr.remote()))?;
         let mut remote_ctrl = Vec::with_capacity(size);
@@ -224,9 +278,11 @@ impl Comm {
             let (c, their_eps) = decode_setup(rec, size)?;
             remote_ctrl.push(c);
             if p != rank {
-                let ep = their_eps[rank]
+                let (data, credits) = their_eps[rank]
                     .ok_or_else(|| Error::invalid(format!("rank {p} has no QP for rank {rank}")))?;
-                peers[p].as_mut().unwrap().qp.connect(&ep)?;
+                let peer = peers[p].as_mut().unwrap();
+                peer.qp.connect(&data)?;
+                peer.ctl.connect(&credits)?;
             }
         }
         // Everyone is connected before anyone sends.
@@ -238,6 +294,7 @@ impl Comm {
             reqs: Vec::new(),
             free: Vec::new(),
             layout,
+            polled: Vec::with_capacity(64),
             _ctrl_mr: ctrl_mr,
             scratch_mr,
             ctrl,
@@ -245,6 +302,7 @@ impl Comm {
             remote_ctrl,
             barrier_epoch: 0,
             timeout: Duration::from_secs(60),
+            regs: Default::default(),
             pd,
             dev: dev.clone(),
             boot,
@@ -336,7 +394,8 @@ impl Comm {
 
     /// Posts a receive into `dst` (`mr.sge(range)` of a registered buffer) from rank `peer`.
     /// Receives from one peer match that peer's sends in order (per-peer FIFO). Gives the
-    /// sender a credit.
+    /// sender a credit at once (an RDMA write on the credit QP), so the sender can go ahead
+    /// while this rank does other work.
     pub fn irecv(&mut self, dst: Sge, peer: usize) -> Result<Request> {
         let (sge, len) = (dst, dst.len);
         self.peer(peer)?;
@@ -354,27 +413,35 @@ impl Comm {
         Ok(req)
     }
 
-    /// Writes `value` into rank `peer`'s credit word for this rank (inline RDMA write).
+    /// Writes `value` into rank `peer`'s credit word for this rank (inline RDMA write on the
+    /// credit QP; one in 64 is signalled so the ring's slots come back).
     fn write_credit(&mut self, peer: usize, value: u64) -> Result<()> {
         let at = self.remote_ctrl[peer].at(self.layout.ready(self.rank) as u64);
         self.scratch_mr.write_at(0, &value.to_ne_bytes());
         let sge = self.scratch_mr.sge(0..8);
-        let signal = value % 64 == 0;
         let mut wr = SendWr::write(at).sge(sge).inline().wr_id(INTERNAL);
-        if !signal {
+        if value % 64 != 0 {
             wr = wr.unsignaled();
         }
-        self.post_internal(peer, &wr)
-    }
-
-    fn post_internal(&mut self, peer: usize, wr: &SendWr) -> Result<()> {
         let start = Instant::now();
         loop {
-            match self.peers[peer].as_mut().unwrap().qp.post_send(wr) {
+            let p = self.peers[peer].as_mut().unwrap();
+            match p.ctl.post_send(&wr) {
                 Err(Error::RingFull { .. }) if start.elapsed() < self.timeout => {
-                    self.progress()?;
+                    Self::drain_credit_cq(p);
+                    std::thread::yield_now();
                 }
                 r => return r.map(|_| ()),
+            }
+        }
+    }
+
+    /// Consumes the credit QP's completions (signalled credit writes; errors are logged: a
+    /// failed credit QP means a dead peer, which the traffic QP reports too).
+    fn drain_credit_cq(p: &mut Peer) {
+        while let Ok(Some(c)) = p.ctl_cq.poll_one() {
+            if let WcStatus::Error(s) = c.status {
+                tracing::debug!(?s, "credit write failed");
             }
         }
     }
@@ -395,7 +462,7 @@ impl Comm {
 
     /// Sends `src` (`mr.sge(range)`; keep the buffer registered until the send completes) to
     /// rank `peer`. Returns at once: the send goes out when the receiver has posted the
-    /// matching receive (its credit), during any later call.
+    /// matching receive (its credit), during this or any later call.
     pub fn isend(&mut self, src: Sge, peer: usize) -> Result<Request> {
         let (sge, len) = (src, src.len);
         self.peer(peer)?;
@@ -403,16 +470,122 @@ impl Comm {
         let wr = Self::send_wr(req, (len > 0).then_some(sge));
         let p = self.peers[peer].as_mut().unwrap();
         p.sends += 1;
-        p.pending.push_back(PendingSend { req, wr });
-        self.progress()?;
+        let need = p.sends;
+        self.post_cpu(peer, Some(req), vec![wr], Some(need))?;
         Ok(req)
     }
 
+    /// Queues CPU work for `peer` behind anything queued before it, then posts what can go.
+    pub(crate) fn post_cpu(
+        &mut self,
+        peer: usize,
+        req: Option<Request>,
+        wrs: Vec<SendWr>,
+        credit: Option<u64>,
+    ) -> Result<()> {
+        self.peers[peer]
+            .as_mut()
+            .unwrap()
+            .pending
+            .push_back(Pending {
+                req,
+                wrs,
+                posted: 0,
+                credit,
+                last: None,
+            });
+        self.pump(peer)
+    }
+
+    /// Posts queued CPU work for `peer` in order, as far as credits, executors and the ring
+    /// allow. Fails it all if the connection is in error (it would wait forever).
+    fn pump(&mut self, peer: usize) -> Result<()> {
+        let credit = self.credit(peer);
+        let Comm { peers, reqs, .. } = self;
+        let p = peers[peer].as_mut().unwrap();
+        if p.pending.is_empty() {
+            return Ok(());
+        }
+        if p.qp.state() == QpState::Error || p.ctl.state() == QpState::Error {
+            // The peer is gone or the connection failed: work that never went out fails
+            // too, rather than waiting forever.
+            while let Some(w) = p.pending.pop_front() {
+                if let Some(r) = w.req {
+                    reqs[r.slot as usize].status =
+                        Status::Failed(gdsync::format::Syndrome::TransportRetryExc);
+                }
+            }
+            return Ok(());
+        }
+        if let Some(end) = p.exec_end {
+            if !p.qp.doorbell_reached(end) {
+                return Ok(());
+            }
+            p.exec_end = None;
+        }
+        while let Some(w) = p.pending.front_mut() {
+            if w.credit.is_some_and(|c| c > credit) {
+                break;
+            }
+            while w.posted < w.wrs.len() {
+                match p.qp.post_send(&w.wrs[w.posted]) {
+                    Ok(t) => {
+                        w.posted += 1;
+                        w.last = Some(t);
+                    }
+                    Err(Error::RingFull { .. }) => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+            }
+            let w = p.pending.pop_front().unwrap();
+            if let Some(r) = w.req {
+                reqs[r.slot as usize].cqe = w.last.and_then(|t| t.cqe);
+            }
+        }
+        Ok(())
+    }
+
+    /// Submits `pre` (waits the executor does first) and the commit ops of `wrs` to `exec`,
+    /// for request `req` of `peer`. Refused while CPU work to that peer is still queued: it
+    /// would be overtaken (work to one peer stays in order).
+    pub(crate) fn post_exec(
+        &mut self,
+        peer: usize,
+        req: Request,
+        wrs: &[SendWr],
+        pre: Ops,
+        exec: &impl Executor,
+    ) -> Result<()> {
+        self.pump(peer)?;
+        let p = self.peers[peer].as_mut().unwrap();
+        if !p.pending.is_empty() {
+            return Err(Error::invalid(format!(
+                "CPU work to rank {peer} is still queued (sends waiting for credits): wait for it before posting to that rank on an executor (work to one peer stays in order)"
+            )));
+        }
+        let mut ops = pre;
+        let mut last = None;
+        for wr in wrs {
+            let prepared = p.qp.prepare_send(wr)?;
+            let (t, commit) = p.qp.commit(prepared)?;
+            ops.append(commit);
+            last = Some(t);
+        }
+        let last = last.expect("at least one work request");
+        exec.submit(ops)?;
+        p.exec_end = Some(last.end);
+        self.reqs[req.slot as usize].cqe = last.cqe;
+        Ok(())
+    }
+
     /// Like [`isend`](Self::isend), but the send is posted by `exec` (a stream): it waits on
-    /// the executor for the receiver's credit, then rings the doorbell. The CPU does not wait.
+    /// the executor for the receiver's credit (unless the credit is already here), then
+    /// rings the doorbell. The CPU does not wait. Keep the `Comm` alive until the executor
+    /// has run it.
     pub fn isend_on(&mut self, src: Sge, peer: usize, exec: &impl Executor) -> Result<Request> {
         let (sge, len) = (src, src.len);
         self.peer(peer)?;
+        self.pump(peer)?;
         if !self.peers[peer].as_ref().unwrap().pending.is_empty() {
             return Err(Error::invalid(format!(
                 "CPU sends to rank {peer} still wait for credits: wait for them before sending to it on an executor (sends to one peer stay in order)"
@@ -424,22 +597,32 @@ impl Comm {
         let p = self.peers[peer].as_mut().unwrap();
         p.sends += 1;
         let need = p.sends;
-        let prepared = p.qp.prepare_send(&wr)?;
-        let (t, commit) = p.qp.commit(prepared)?;
-        let mut ops = Ops::new();
-        // SAFETY: the control word lives in the Comm's pinned buffer, which the caller keeps
-        // alive (with the Comm) until the executor has run these ops (documented).
-        unsafe {
-            ops.push_raw(Op::Wait64 {
-                addr: credit_word,
-                value: need,
-                cond: WaitCond::Geq,
-            })
-        };
-        ops.append(commit);
-        exec.submit(ops)?;
-        self.reqs[req.slot as usize].cqe = t.cqe;
+        let mut pre = Ops::new();
+        // A credit already here needs no wait (a wait costs an executor a round of polling).
+        if self.credit(peer) < need {
+            // SAFETY: the control word lives in the Comm's pinned buffer, which the caller
+            // keeps alive (with the Comm) until the executor has run these ops (documented).
+            unsafe {
+                pre.push_raw(Op::Wait64 {
+                    addr: credit_word,
+                    value: need,
+                    cond: WaitCond::Geq,
+                })
+            };
+        }
+        if let Err(e) = self.post_exec(peer, req, &[wr], pre, exec) {
+            self.peers[peer].as_mut().unwrap().sends -= 1;
+            self.release(req);
+            return Err(e);
+        }
         Ok(req)
+    }
+
+    fn release(&mut self, r: Request) {
+        if let Ok(st) = self.state(r) {
+            st.live = false;
+            self.free.push(r.slot);
+        }
     }
 
     /// [`isend_on`](Self::isend_on), then the executor waits for the send's completion.
@@ -450,7 +633,8 @@ impl Comm {
     }
 
     /// Makes `exec` wait for request `r` (and consume its completion); the request is then
-    /// complete once the executor has passed the wait ([`Comm::wait`] still reports errors).
+    /// complete once the executor has passed the wait ([`Comm::wait`] still reports errors
+    /// and releases it).
     pub fn wait_on(&mut self, r: Request, exec: &impl Executor) -> Result<()> {
         let st = self.state(r)?;
         if st.on_executor {
@@ -466,8 +650,12 @@ impl Comm {
         };
         let p = self.peers[peer].as_mut().unwrap();
         let cq = if side == Side::Send { &p.scq } else { &p.rcq };
+        if cq.consumer_index() > n {
+            // A CPU poll already consumed it: nothing to wait for.
+            return Ok(());
+        }
         exec.submit(cq.wait_ops(n))?;
-        p.executor_reqs += 1;
+        p.exec_waits[side_index(side)] += 1;
         self.reqs[r.slot as usize].on_executor = true;
         Ok(())
     }
@@ -479,102 +667,86 @@ impl Comm {
 
     // ------------------------------------------------------------------ progress
 
-    /// Moves CPU work forward: posts sends whose credits arrived, polls completions.
+    /// Moves CPU work forward: posts queued work whose credits arrived, polls completions.
     pub fn progress(&mut self) -> Result<()> {
         for peer in 0..self.size {
-            if peer == self.rank {
-                continue;
+            if peer != self.rank {
+                self.progress_peer(peer)?;
             }
-            let credit = self.credit(peer);
-            let p = self.peers[peer].as_mut().unwrap();
-            // Sends waiting for credits go out in order.
-            let first = p.sends - p.pending.len() as u64;
-            let mut k = 0;
-            while let Some(ps) = p.pending.front() {
-                if first + k + 1 > credit {
-                    break;
-                }
-                match p.qp.post_send(&ps.wr) {
-                    Ok(t) => {
-                        let ps = p.pending.pop_front().unwrap();
-                        self.reqs[ps.req.slot as usize].cqe = t.cqe;
-                        k += 1;
-                    }
-                    Err(Error::RingFull { .. }) => break,
-                    Err(e) => return Err(e),
-                }
-            }
-            let p = self.peers[peer].as_mut().unwrap();
-            if p.qp.state() == QpState::Error {
-                // The peer is gone or the connection failed: sends that never got a credit
-                // fail too, rather than waiting forever.
-                while let Some(ps) = p.pending.pop_front() {
-                    self.reqs[ps.req.slot as usize].status =
-                        Status::Failed(gdsync::format::Syndrome::TransportRetryExc);
-                }
-            }
-            self.poll_peer(peer)?;
         }
         Ok(())
+    }
+
+    fn progress_peer(&mut self, peer: usize) -> Result<()> {
+        self.pump(peer)?;
+        self.poll_peer(peer)
     }
 
     fn poll_peer(&mut self, peer: usize) -> Result<()> {
-        let p = self.peers[peer].as_mut().unwrap();
-        // Requests an executor consumes: done when the CQ's consumer index passed them.
-        if p.executor_reqs > 0 {
-            let (sci, rci) = (p.scq.consumer_index(), p.rcq.consumer_index());
-            let (serr, rerr) = (p.scq.take_errors(), p.rcq.take_errors());
-            let mut left = 0;
-            for st in self.reqs.iter_mut().filter(|s| {
-                s.live && s.peer == peer && s.on_executor && s.status == Status::Pending
-            }) {
-                let ci = if st.side == Side::Send { sci } else { rci };
-                if st.cqe.is_some_and(|n| n < ci) {
-                    let errs = if st.side == Side::Send { &serr } else { &rerr };
-                    st.status = match errs.first() {
-                        Some(e) => Status::Failed(e.syndrome),
-                        None => Status::Done(0),
+        let Comm {
+            peers,
+            reqs,
+            polled,
+            ..
+        } = self;
+        let p = peers[peer].as_mut().unwrap();
+        Self::drain_credit_cq(p);
+        for side in [Side::Send, Side::Recv] {
+            let cq = if side == Side::Send { &p.scq } else { &p.rcq };
+            let waits = &mut p.exec_waits[side_index(side)];
+            if *waits > 0 {
+                // Requests an executor consumes: done when the consumer index passed them.
+                let ci = cq.consumer_index();
+                let errs = cq.take_errors();
+                let mut left = 0;
+                for st in reqs.iter_mut().filter(|s| {
+                    s.live
+                        && s.peer == peer
+                        && s.side == side
+                        && s.on_executor
+                        && s.status == Status::Pending
+                }) {
+                    if st.cqe.is_some_and(|n| n < ci) {
+                        st.status = match errs.first() {
+                            Some(e) => Status::Failed(e.syndrome),
+                            None => Status::Done(0),
+                        };
+                    } else {
+                        left += 1;
+                    }
+                }
+                *waits = left;
+                // The CPU does not poll a CQ an executor is consuming.
+                if left > 0 {
+                    continue;
+                }
+            }
+            polled.clear();
+            cq.poll(polled, 64)?;
+            for c in polled.iter() {
+                if c.wr_id == INTERNAL {
+                    if let WcStatus::Error(s) = c.status {
+                        tracing::debug!(peer, ?s, "internal write failed");
+                    }
+                    continue;
+                }
+                let (slot, generation) = ((c.wr_id & 0xFFFF_FFFF) as usize, (c.wr_id >> 32) as u32);
+                if let Some(st) = reqs
+                    .get_mut(slot)
+                    .filter(|s| s.live && s.generation == generation)
+                {
+                    st.status = match c.status {
+                        WcStatus::Success => Status::Done(c.byte_len),
+                        WcStatus::Error(s) => Status::Failed(s),
                     };
-                } else {
-                    left += 1;
                 }
-            }
-            self.peers[peer].as_mut().unwrap().executor_reqs = left;
-            // The CPU does not poll a CQ an executor is consuming.
-            if left > 0 {
-                return Ok(());
-            }
-        }
-        let p = self.peers[peer].as_mut().unwrap();
-        let mut cs = Vec::new();
-        p.scq.poll(&mut cs, 64)?;
-        p.rcq.poll(&mut cs, 64)?;
-        for c in cs {
-            if c.wr_id == INTERNAL {
-                if let WcStatus::Error(s) = c.status {
-                    tracing::debug!(peer, ?s, "internal write failed");
-                }
-                continue;
-            }
-            let (slot, generation) = ((c.wr_id & 0xFFFF_FFFF) as usize, (c.wr_id >> 32) as u32);
-            if let Some(st) = self
-                .reqs
-                .get_mut(slot)
-                .filter(|s| s.live && s.generation == generation)
-            {
-                st.status = match c.status {
-                    WcStatus::Success => Status::Done(c.byte_len),
-                    WcStatus::Error(s) => Status::Failed(s),
-                };
             }
         }
         Ok(())
     }
 
-    /// Whether `r` is complete; `Ok(Some(bytes))` releases it (bytes received, for receives).
-    pub fn test(&mut self, r: Request) -> Result<Option<u32>> {
-        self.state(r)?;
-        self.progress()?;
+    /// Releases `r` if it finished: `Ok(Some(bytes))`, or its error.
+    fn finish(&mut self, r: Request) -> Result<Option<u32>> {
         let st = self.state(r)?;
         match st.status {
             Status::Pending => Ok(None),
@@ -596,15 +768,30 @@ impl Comm {
         }
     }
 
+    /// Whether `r` is complete; `Ok(Some(bytes))` releases it (bytes received, for receives).
+    pub fn test(&mut self, r: Request) -> Result<Option<u32>> {
+        self.state(r)?;
+        self.progress()?;
+        self.finish(r)
+    }
+
     /// Waits for `r` on the CPU; returns the bytes received (receives) and releases it.
+    /// Polls `r`'s peer first, and every peer now and then (queued work to others moves on).
     pub fn wait(&mut self, r: Request) -> Result<u32> {
+        let peer = self.state(r)?.peer;
         let start = Instant::now();
         let mut spins = 0u32;
         loop {
-            if let Some(n) = self.test(r)? {
+            if spins % 64 == 0 {
+                self.progress()?;
+            } else {
+                self.progress_peer(peer)?;
+            }
+            if let Some(n) = self.finish(r)? {
                 return Ok(n);
             }
-            if start.elapsed() > self.timeout {
+            spins += 1;
+            if spins % 1024 == 0 && start.elapsed() > self.timeout {
                 let st = self.state(r)?;
                 return Err(Error::Timeout {
                     what: format!(
@@ -616,7 +803,6 @@ impl Comm {
             }
             // Spin first (a yield is a system call, dearer than a short wait), then let
             // other threads run.
-            spins += 1;
             if spins < 256 {
                 std::hint::spin_loop();
             } else {
@@ -644,8 +830,9 @@ impl Comm {
     // ------------------------------------------------------------------ barrier
 
     /// A dissemination barrier through RDMA writes: round k writes this rank's epoch into
-    /// rank (me + 2^k)'s word for round k and waits for rank (me - 2^k)'s.
-    fn barrier_ops(&mut self, epoch: u64) -> Result<Vec<(usize, SendWr, u64)>> {
+    /// rank (me + 2^k)'s word for round k and waits for rank (me - 2^k)'s. Returns, per
+    /// round, the partner, the write and the local word to wait on.
+    fn barrier_steps(&mut self, epoch: u64) -> Vec<(usize, SendWr, u64)> {
         let mut steps = Vec::new();
         for k in 0..self.layout.rounds {
             let to = (self.rank + (1 << k)) % self.size;
@@ -661,22 +848,25 @@ impl Comm {
                 .unsignaled();
             steps.push((to, wr, (self.ctrl.addr() + self.layout.barrier(k) as u64)));
         }
-        Ok(steps)
+        steps
     }
 
-    /// Barrier on the CPU.
+    fn barrier_word(&self, k: usize) -> u64 {
+        let mut b = [0u8; 8];
+        self.ctrl.read_at(self.layout.barrier(k), &mut b);
+        u64::from_ne_bytes(b)
+    }
+
+    /// Barrier on the CPU. Its writes go in order with other work to each peer.
     pub fn barrier(&mut self) -> Result<()> {
         self.barrier_epoch += 1;
         let epoch = self.barrier_epoch;
         let start = Instant::now();
-        for (k, (to, wr, _)) in self.barrier_ops(epoch)?.into_iter().enumerate() {
-            self.post_internal(to, &wr)?;
-            loop {
-                let mut b = [0u8; 8];
-                self.ctrl.read_at(self.layout.barrier(k), &mut b);
-                if u64::from_ne_bytes(b) >= epoch {
-                    break;
-                }
+        for (k, (to, wr, _)) in self.barrier_steps(epoch).into_iter().enumerate() {
+            // The write is inline: its bytes are copied when posted, so the scratch word
+            // may be reused by the next round even while this write is still queued.
+            self.post_cpu(to, None, vec![wr], None)?;
+            while self.barrier_word(k) < epoch {
                 self.progress()?;
                 if start.elapsed() > self.timeout {
                     return Err(Error::Timeout {
@@ -692,13 +882,22 @@ impl Comm {
 
     /// Barrier on an executor: the writes and waits run there, the CPU does not wait.
     pub fn barrier_on(&mut self, exec: &impl Executor) -> Result<()> {
+        for (to, _, _) in self.barrier_steps(self.barrier_epoch + 1) {
+            self.pump(to)?;
+            if !self.peers[to].as_ref().unwrap().pending.is_empty() {
+                return Err(Error::invalid(format!(
+                    "CPU work to rank {to} is still queued: wait for it before a barrier on an executor"
+                )));
+            }
+        }
         self.barrier_epoch += 1;
         let epoch = self.barrier_epoch;
         let mut ops = Ops::new();
-        for (to, wr, word) in self.barrier_ops(epoch)? {
+        for (to, wr, word) in self.barrier_steps(epoch) {
             let p = self.peers[to].as_mut().unwrap();
             let prepared = p.qp.prepare_send(&wr)?;
-            let (_, commit) = p.qp.commit(prepared)?;
+            let (t, commit) = p.qp.commit(prepared)?;
+            p.exec_end = Some(t.end);
             ops.append(commit);
             // SAFETY: the word lives in the Comm's pinned control buffer (see isend_on).
             unsafe {
@@ -717,26 +916,13 @@ impl Comm {
         &mut *self.boot
     }
 
-    pub(crate) fn peer_qp(&mut self, p: usize) -> Result<&mut Qp> {
-        Ok(&mut self.peer(p)?.qp)
+    /// Checks `p` is a peer rank.
+    pub(crate) fn check_peer(&mut self, p: usize) -> Result<()> {
+        self.peer(p).map(|_| ())
     }
 
     pub(crate) fn new_put(&mut self, peer: usize) -> Request {
         self.new_req(peer, Side::Send)
-    }
-
-    pub(crate) fn set_cqe(&mut self, r: Request, t: &SendTicket) {
-        self.reqs[r.slot as usize].cqe = t.cqe;
-    }
-
-    pub(crate) fn post_or_progress(&mut self, peer: usize, wr: &SendWr) -> Result<SendTicket> {
-        let start = Instant::now();
-        loop {
-            match self.peers[peer].as_mut().unwrap().qp.post_send(wr) {
-                Err(Error::RingFull { .. }) if start.elapsed() < self.timeout => self.progress()?,
-                r => return r,
-            }
-        }
     }
 }
 

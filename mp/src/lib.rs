@@ -43,7 +43,9 @@ pub mod bootstrap;
 #[cfg(feature = "mpi")]
 pub use mpi as mpi_crate;
 mod comm;
+mod registry;
 mod window;
 
 pub use comm::{Comm, Request};
+pub use registry::RegCacheStats;
 pub use window::Window;

@@ -64,24 +64,18 @@ impl Comm {
         wr: impl FnOnce(RemoteBuf) -> Result<SendWr>,
     ) -> Result<(Request, SendWr)> {
         let r = w.remote(peer)?;
-        self.peer_qp(peer)?;
+        self.check_peer(peer)?;
         let req = self.new_put(peer);
         let wr = wr(r)?.wr_id(req.wr_id());
         Ok((req, wr))
     }
 
     /// Posts `wrs` (one request, completing with the last) from the CPU.
-    fn post_now(&mut self, peer: usize, req: Request, wrs: &[SendWr]) -> Result<Request> {
-        let mut last = None;
-        for wr in wrs {
-            last = Some(self.post_or_progress(peer, wr)?);
-        }
-        self.set_cqe(req, &last.expect("at least one work request"));
+    fn post_now(&mut self, peer: usize, req: Request, wrs: Vec<SendWr>) -> Result<Request> {
+        self.post_cpu(peer, Some(req), wrs, None)?;
         Ok(req)
     }
 
-    /// Prepares `wrs` (one request, completing with the last) and hands their doorbell ops to
-    /// `exec`.
     fn post_via(
         &mut self,
         peer: usize,
@@ -89,21 +83,10 @@ impl Comm {
         wrs: &[SendWr],
         exec: &impl Executor,
     ) -> Result<Request> {
-        let qp = self.peer_qp(peer)?;
-        let mut ops = Ops::new();
-        let mut last = None;
-        for wr in wrs {
-            let p = qp.prepare_send(wr)?;
-            let (t, o) = qp.commit(p)?;
-            ops.append(o);
-            last = Some(t);
-        }
-        exec.submit(ops)?;
-        self.set_cqe(req, &last.expect("at least one work request"));
+        self.post_exec(peer, req, wrs, Ops::new(), exec)?;
         Ok(req)
     }
 
-    /// The request and work request of a put of `src` to `peer`'s window at `dst_off`.
     fn put_wr(
         &mut self,
         src: Sge,
@@ -134,13 +117,13 @@ impl Comm {
     /// Writes `src` (`mr.sge(range)`) into rank `peer`'s window at `dst_off`.
     pub fn iput(&mut self, src: Sge, w: &Window, peer: usize, dst_off: u64) -> Result<Request> {
         let (req, wr) = self.put_wr(src, w, peer, dst_off)?;
-        self.post_now(peer, req, &[wr])
+        self.post_now(peer, req, vec![wr])
     }
 
     /// Reads `dst.len` bytes of rank `peer`'s window at `src_off` into `dst`.
     pub fn iget(&mut self, dst: Sge, w: &Window, peer: usize, src_off: u64) -> Result<Request> {
         let (req, wr) = self.get_wr(dst, w, peer, src_off)?;
-        self.post_now(peer, req, &[wr])
+        self.post_now(peer, req, vec![wr])
     }
 
     fn put_signal_wrs(
@@ -184,7 +167,7 @@ impl Comm {
         sig_off: u64,
     ) -> Result<Request> {
         let (req, data, signal) = self.put_signal_wrs(src, w, peer, dst_off, signal, sig_off)?;
-        self.post_now(peer, req, &[data, signal])
+        self.post_now(peer, req, vec![data, signal])
     }
 
     /// [`iput`](Self::iput) posted by an executor (it rings when it gets there).
