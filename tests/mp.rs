@@ -372,3 +372,50 @@ fn bad_arguments_are_errors() {
     assert!(JobInfo::from_env().is_err() || std::env::var("GDSYNC_RANK").is_ok());
     let _: &dyn Bootstrap = &ThreadBootstrap::group(1).pop().unwrap();
 }
+
+/// More messages waited on executors than the receive ring (512) and send ring hold: the
+/// executor's waits must hand the ring slots back without any CPU poll of those CQs.
+#[test]
+fn executor_waits_recycle_ring_slots() {
+    const N: usize = 1500;
+    let dev = Device::soft().unwrap();
+    let hs: Vec<_> = ThreadBootstrap::group(2)
+        .into_iter()
+        .map(|b| {
+            let dev = dev.clone();
+            std::thread::spawn(move || {
+                let mut comm = Comm::new(Box::new(b), &dev).unwrap();
+                let peer = 1 - comm.rank();
+                let stream = HostStream::new().unwrap();
+                let mut sbuf = vec![comm.rank() as u8 + 1; 64];
+                let mut rbuf = vec![0u8; 64];
+                let smr = comm.register(&mut sbuf).unwrap();
+                let rmr = comm.register(&mut rbuf).unwrap();
+                let mut pending = std::collections::VecDeque::new();
+                for _ in 0..N {
+                    let r = comm.irecv(rmr.sge(..), peer).unwrap();
+                    let s = comm.isend_on(smr.sge(..), peer, &stream).unwrap();
+                    comm.wait_on(r, &stream).unwrap();
+                    pending.push_back(s);
+                    pending.push_back(r);
+                    // Release what the stream finished, as a CPU thread feeding it would.
+                    while pending.len() > 64 {
+                        let q = pending.pop_front().unwrap();
+                        comm.wait(q).unwrap();
+                    }
+                }
+                stream.synchronize().unwrap();
+                for q in pending {
+                    comm.wait(q).unwrap();
+                }
+                let mut b = [0u8; 1];
+                rmr.read_at(63, &mut b);
+                assert_eq!(b[0], peer as u8 + 1);
+                comm.finalize().unwrap();
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().expect("a rank failed");
+    }
+}

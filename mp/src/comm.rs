@@ -41,16 +41,33 @@ enum Side {
     Recv,
 }
 
+/// A posted request's place in its ring.
+#[derive(Clone, Copy, Debug)]
+enum Ticket {
+    Send(SendTicket),
+    Recv(RecvTicket),
+}
+
 struct ReqState {
     generation: u32,
     live: bool,
     peer: usize,
     side: Side,
-    /// Completion number on the peer's CQ of that side, when known.
-    cqe: Option<u64>,
+    /// Where the work sits in its ring and which completion it gives, once posted.
+    ticket: Option<Ticket>,
     /// An executor waits for (and consumes) its completion.
     on_executor: bool,
     status: Status,
+}
+
+impl ReqState {
+    /// Completion number on the peer's CQ of this side, when known.
+    fn cqe(&self) -> Option<u64> {
+        match self.ticket? {
+            Ticket::Send(t) => t.cqe,
+            Ticket::Recv(t) => t.cqe,
+        }
+    }
 }
 
 /// Work the CPU posts to a peer, queued while it cannot go out yet: a send waiting for the
@@ -359,7 +376,7 @@ impl Comm {
                     live: false,
                     peer,
                     side,
-                    cqe: None,
+                    ticket: None,
                     on_executor: false,
                     status: Status::Pending,
                 });
@@ -373,7 +390,7 @@ impl Comm {
             live: true,
             peer,
             side,
-            cqe: None,
+            ticket: None,
             on_executor: false,
             status: Status::Pending,
         };
@@ -408,7 +425,7 @@ impl Comm {
         let t: RecvTicket = p.qp.post_recv(&wr)?;
         p.recvs += 1;
         let credit = p.recvs;
-        self.reqs[req.slot as usize].cqe = t.cqe;
+        self.reqs[req.slot as usize].ticket = Some(Ticket::Recv(t));
         self.write_credit(peer, credit)?;
         Ok(req)
     }
@@ -539,7 +556,7 @@ impl Comm {
             }
             let w = p.pending.pop_front().unwrap();
             if let Some(r) = w.req {
-                reqs[r.slot as usize].cqe = w.last.and_then(|t| t.cqe);
+                reqs[r.slot as usize].ticket = w.last.map(Ticket::Send);
             }
         }
         Ok(())
@@ -574,7 +591,7 @@ impl Comm {
         let last = last.expect("at least one work request");
         exec.submit(ops)?;
         p.exec_end = Some(last.end);
-        self.reqs[req.slot as usize].cqe = last.cqe;
+        self.reqs[req.slot as usize].ticket = Some(Ticket::Send(last));
         Ok(())
     }
 
@@ -642,19 +659,28 @@ impl Comm {
                 "this request is already waited for on an executor",
             ));
         }
-        let (peer, side, cqe) = (st.peer, st.side, st.cqe);
-        let Some(n) = cqe else {
+        let (peer, ticket) = (st.peer, st.ticket);
+        let Some(n) = st.cqe() else {
             return Err(Error::invalid(
                 "this request was not posted on an executor (its completion number is not known)",
             ));
         };
         let p = self.peers[peer].as_mut().unwrap();
-        let cq = if side == Side::Send { &p.scq } else { &p.rcq };
+        let (cq, side) = match ticket {
+            Some(Ticket::Send(_)) => (&p.scq, Side::Send),
+            _ => (&p.rcq, Side::Recv),
+        };
         if cq.consumer_index() > n {
             // A CPU poll already consumed it: nothing to wait for.
             return Ok(());
         }
-        exec.submit(cq.wait_ops(n))?;
+        // The QP's wait ops also retire the ring slots, so the CPU need not poll.
+        let ops = match ticket {
+            Some(Ticket::Send(t)) => p.qp.send_wait_ops(&t)?,
+            Some(Ticket::Recv(t)) => p.qp.recv_wait_ops(&t)?,
+            None => unreachable!("a request with a completion number has a ticket"),
+        };
+        exec.submit(ops)?;
         p.exec_waits[side_index(side)] += 1;
         self.reqs[r.slot as usize].on_executor = true;
         Ok(())
@@ -695,23 +721,21 @@ impl Comm {
             let cq = if side == Side::Send { &p.scq } else { &p.rcq };
             let waits = &mut p.exec_waits[side_index(side)];
             if *waits > 0 {
-                // Requests an executor consumes: done when the consumer index passed them.
+                // An executor consumes this CQ: requests are done when the consumer index
+                // passed their completions (also CPU-waited ones it stepped over). Without the
+                // CQEs, an error completion fails every request resolved with it.
                 let ci = cq.consumer_index();
                 let errs = cq.take_errors();
                 let mut left = 0;
                 for st in reqs.iter_mut().filter(|s| {
-                    s.live
-                        && s.peer == peer
-                        && s.side == side
-                        && s.on_executor
-                        && s.status == Status::Pending
+                    s.live && s.peer == peer && s.side == side && s.status == Status::Pending
                 }) {
-                    if st.cqe.is_some_and(|n| n < ci) {
+                    if st.cqe().is_some_and(|n| n < ci) {
                         st.status = match errs.first() {
                             Some(e) => Status::Failed(e.syndrome),
                             None => Status::Done(0),
                         };
-                    } else {
+                    } else if st.on_executor {
                         left += 1;
                     }
                 }
