@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 const SIGNAL_EVERY: u64 = 16;
 /// How many iterations a rank's CPU enqueues ahead of its stream.
 const AHEAD: u64 = 16;
-const TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(20);
 
 const KERNEL: &str = r#"
 // One rank of the pingpong. Descriptors are fetched from the ring in the order the host pushed
@@ -73,13 +73,13 @@ extern "C" __global__ void step() {}
 "#;
 
 /// A message buffer in pinned host or device memory.
-enum Buf {
+pub(crate) enum Buf {
     Host(PinnedBuffer),
     Dev(DeviceBuffer),
 }
 
 impl Buf {
-    fn new(mem: Mem, len: usize) -> Result<Buf> {
+    pub(crate) fn new(mem: Mem, len: usize) -> Result<Buf> {
         Ok(match mem {
             Mem::Host => Buf::Host(PinnedBuffer::new(len)),
             Mem::Device => Buf::Dev(DeviceBuffer::alloc(0, len)?),
@@ -91,7 +91,7 @@ impl Buf {
             Buf::Dev(b) => b.ptr(),
         }
     }
-    fn leak_register(
+    pub(crate) fn leak_register(
         self,
         pd: &gdasync::gdsync::ProtectionDomain,
     ) -> Result<(u64, MemoryRegion<'static>)> {
@@ -201,7 +201,7 @@ fn raw(op: MemOp) -> Ops {
 }
 
 /// A write of the marker word at `addr` (the message's last 4 bytes), for a stream.
-fn marker_write(addr: u64, marker: u32) -> Ops {
+pub(crate) fn marker_write(addr: u64, marker: u32) -> Ops {
     raw(MemOp::Write32 {
         addr,
         value: marker,
@@ -217,7 +217,7 @@ fn marker_wait(addr: u64, marker: u32) -> Ops {
 }
 
 /// Joins both rank threads; rank 0's samples.
-fn join_ranks(
+pub(crate) fn join_ranks(
     t0: std::thread::JoinHandle<Result<Vec<f64>>>,
     t1: std::thread::JoinHandle<Result<Vec<f64>>>,
 ) -> Result<Vec<f64>> {
@@ -229,7 +229,7 @@ fn join_ranks(
     Ok(times)
 }
 
-fn stats(size: usize, mut half_rtts: Vec<f64>, cpu: f64) -> Stats {
+pub(crate) fn stats(size: usize, mut half_rtts: Vec<f64>, cpu: f64) -> Stats {
     half_rtts.sort_by(f64::total_cmp);
     let n = half_rtts.len().max(1);
     let pct = |p: f64| half_rtts[((n - 1) as f64 * p).round() as usize];
@@ -289,14 +289,14 @@ pub(crate) fn run(args: &Args) -> Result<Vec<Stats>> {
 
 /// Timestamps rank 0's progress word as the CPU sees it advance: one half round trip per
 /// completed iteration (iterations seen together share the interval).
-struct ProgressClock {
-    seen: u64,
-    last: Instant,
-    times: Vec<f64>,
+pub(crate) struct ProgressClock {
+    pub(crate) seen: u64,
+    pub(crate) last: Instant,
+    pub(crate) times: Vec<f64>,
 }
 
 impl ProgressClock {
-    fn observe(&mut self, done: u64) {
+    pub(crate) fn observe(&mut self, done: u64) {
         if done > self.seen {
             let now = Instant::now();
             let dt = now.duration_since(self.last).as_secs_f64() * 1e6 / (done - self.seen) as f64;

@@ -12,6 +12,7 @@
 //! ```
 
 mod gpu;
+mod mp_gpu;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
@@ -318,8 +319,8 @@ impl Wire for Nic {
 
 // ---------------------------------------------------------------------------- mp
 
-/// The messaging layer: `isend`/`irecv` with credits, waited on the CPU. Receives are posted
-/// one ahead (whole buffer), sends are waited for one behind, as with the QPs directly.
+/// The messaging layer: `isend`/`irecv` with credits, waited on the CPU. The next receive is
+/// posted right after each send (whole buffer), sends are waited for one behind.
 struct MpWire {
     comm: gdasync::mp::Comm,
     sbuf: MemoryRegion<'static>,
@@ -365,7 +366,9 @@ impl Wire for MpWire {
             self.sbuf.write_volatile_u8(size - 1, marker(i));
         }
         self.send = Some(self.comm.isend(self.sbuf.sge(..size), self.peer())?);
-        Ok(())
+        // The next receive right behind the send: its credit travels after the message,
+        // not in front of it, and reaches the peer before the peer answers.
+        self.post_recv()
     }
     fn wait(&mut self, _i: u64, size: usize) -> Result<()> {
         self.post_recv()?;
@@ -373,8 +376,7 @@ impl Wire for MpWire {
         if n as usize != size {
             bail!("received {n} bytes, expected {size}");
         }
-        // The next receive now, so the peer's next send finds its credit.
-        self.post_recv()
+        Ok(())
     }
     fn reset(&mut self, _size: usize) -> Result<()> {
         self.post_recv()
@@ -638,13 +640,8 @@ fn report(args: &Args, stats: &[Stats], extra_cpu: &[f64]) {
 }
 
 fn check(args: &Args) -> Result<()> {
-    if args.api == Api::Mp
-        && (args.trigger != Trigger::Cpu
-            || args.ranks != Ranks::Threads
-            || args.raw
-            || args.op != Op::Send)
-    {
-        bail!("--api mp runs --op send --trigger cpu --ranks threads in this version (its --raw floor is --api gdsync --op send)");
+    if args.api == Api::Mp && (args.ranks != Ranks::Threads || args.raw || args.op != Op::Send) {
+        bail!("--api mp runs --op send with --ranks threads (its floor is --api gdsync --op send, and that one's --raw)");
     }
     if args.trigger == Trigger::Cpu && args.mem != Mem::Host {
         bail!("--trigger cpu polls host memory: use --mem host, or a GPU trigger for --mem device");
@@ -882,7 +879,11 @@ fn main() -> Result<()> {
         return child(&args);
     }
     if args.trigger != Trigger::Cpu {
-        let stats = gpu::run(&args)?;
+        let stats = if args.api == Api::Mp {
+            mp_gpu::run(&args)?
+        } else {
+            gpu::run(&args)?
+        };
         report(&args, &stats, &[]);
         return Ok(());
     }
