@@ -40,15 +40,33 @@ enum Side {
     Recv,
 }
 
+/// Where a posted request sits in its QP's rings, for the executor wait that retires it.
+#[derive(Clone, Copy, Debug)]
+enum Ticket {
+    Send(SendTicket),
+    Recv(RecvTicket),
+}
+
+impl Ticket {
+    fn cqe(&self) -> Option<u64> {
+        match self {
+            Ticket::Send(t) => t.cqe,
+            Ticket::Recv(t) => t.cqe,
+        }
+    }
+}
+
 struct ReqState {
     generation: u32,
     live: bool,
     peer: usize,
     side: Side,
-    /// Completion number on the peer's CQ of that side, when known.
-    cqe: Option<u64>,
-    /// An executor waits for (and consumes) its completion.
+    /// Its place in the rings (and completion number), once posted.
+    ticket: Option<Ticket>,
+    /// An executor consumes its completion (counted in the peer's `executor_reqs`).
     on_executor: bool,
+    /// That executor's wait has been queued ([`Comm::wait_on`]).
+    wait_queued: bool,
     status: Status,
 }
 
@@ -301,8 +319,9 @@ impl Comm {
                     live: false,
                     peer,
                     side,
-                    cqe: None,
+                    ticket: None,
                     on_executor: false,
+                    wait_queued: false,
                     status: Status::Pending,
                 });
                 (self.reqs.len() - 1) as u32
@@ -315,8 +334,9 @@ impl Comm {
             live: true,
             peer,
             side,
-            cqe: None,
+            ticket: None,
             on_executor: false,
+            wait_queued: false,
             status: Status::Pending,
         };
         Request {
@@ -337,34 +357,81 @@ impl Comm {
     /// Posts a receive into `dst` (`mr.sge(range)` of a registered buffer) from rank `peer`.
     /// Receives from one peer match that peer's sends in order (per-peer FIFO). Gives the
     /// sender a credit.
+    ///
+    /// Refused while sends to `peer` posted on an executor have not been rung yet (the credit
+    /// is a CPU post on the same connection): use [`irecv_on`](Self::irecv_on) then.
     pub fn irecv(&mut self, dst: Sge, peer: usize) -> Result<Request> {
-        let (sge, len) = (dst, dst.len);
         self.peer(peer)?;
-        let req = self.new_req(peer, Side::Recv);
-        let p = self.peers[peer].as_mut().unwrap();
-        let mut wr = RecvWr::new().wr_id(req.wr_id());
-        if len > 0 {
-            wr = wr.sge(sge);
+        if self.peers[peer].as_ref().unwrap().qp.has_unrung_commits() {
+            return Err(Error::invalid(format!(
+                "work to rank {peer} posted on an executor has not run yet: post this receive with irecv_on on that executor (its credit is a send on the same connection)"
+            )));
         }
-        let t: RecvTicket = p.qp.post_recv(&wr)?;
-        p.recvs += 1;
-        let credit = p.recvs;
-        self.reqs[req.slot as usize].cqe = t.cqe;
-        self.write_credit(peer, credit)?;
+        let (req, credit) = self.post_receive(dst, peer)?;
+        let wr = self.credit_wr(peer, credit);
+        self.post_internal(peer, &wr)?;
         Ok(req)
     }
 
-    /// Writes `value` into rank `peer`'s credit word for this rank (inline RDMA write).
-    fn write_credit(&mut self, peer: usize, value: u64) -> Result<()> {
+    /// Like [`irecv`](Self::irecv), but the sender's credit is given by `exec` when it gets
+    /// there (in order with that executor's sends to `peer`), and the receive completes on an
+    /// executor: wait for it with [`wait_on`](Self::wait_on) (the CPU does not poll it). The
+    /// receive itself is posted now; the peer cannot write into `dst` before `exec` has
+    /// passed this point, so a stream may still read `dst` before it.
+    pub fn irecv_on(&mut self, dst: Sge, peer: usize, exec: &impl Executor) -> Result<Request> {
+        self.peer(peer)?;
+        let credit = self.peers[peer].as_ref().unwrap().recvs + 1;
+        let wr = self.credit_wr(peer, credit);
+        // The credit is prepared first: a full send ring fails before anything is posted.
+        let prepared = self.peers[peer].as_mut().unwrap().qp.prepare_send(&wr)?;
+        let (req, _) = self.post_receive(dst, peer)?;
+        let p = self.peers[peer].as_mut().unwrap();
+        let (_, ops) = p.qp.commit(prepared)?;
+        exec.submit(ops)?;
+        p.executor_reqs += 1;
+        self.reqs[req.slot as usize].on_executor = true;
+        Ok(req)
+    }
+
+    /// Posts the receive WQE of a new request; returns it and the sender's new credit.
+    fn post_receive(&mut self, dst: Sge, peer: usize) -> Result<(Request, u64)> {
+        let req = self.new_req(peer, Side::Recv);
+        let p = self.peers[peer].as_mut().unwrap();
+        let mut wr = RecvWr::new().wr_id(req.wr_id());
+        if dst.len > 0 {
+            wr = wr.sge(dst);
+        }
+        let t: RecvTicket = match p.qp.post_recv(&wr) {
+            Ok(t) => t,
+            Err(e) => {
+                self.release(req);
+                return Err(e);
+            }
+        };
+        p.recvs += 1;
+        let credit = p.recvs;
+        self.reqs[req.slot as usize].ticket = Some(Ticket::Recv(t));
+        Ok((req, credit))
+    }
+
+    fn release(&mut self, r: Request) {
+        self.reqs[r.slot as usize].live = false;
+        self.free.push(r.slot);
+    }
+
+    /// The write of `value` into rank `peer`'s credit word for this rank (inline RDMA write;
+    /// the value is copied into the WQE when it is prepared).
+    fn credit_wr(&mut self, peer: usize, value: u64) -> SendWr {
         let at = self.remote_ctrl[peer].at(self.layout.ready(self.rank) as u64);
         self.scratch_mr.write_at(0, &value.to_ne_bytes());
         let sge = self.scratch_mr.sge(0..8);
         let signal = value % 64 == 0;
-        let mut wr = SendWr::write(at).sge(sge).inline().wr_id(INTERNAL);
-        if !signal {
-            wr = wr.unsignaled();
+        let wr = SendWr::write(at).sge(sge).inline().wr_id(INTERNAL);
+        if signal {
+            wr
+        } else {
+            wr.unsignaled()
         }
-        self.post_internal(peer, &wr)
     }
 
     fn post_internal(&mut self, peer: usize, wr: &SendWr) -> Result<()> {
@@ -438,7 +505,7 @@ impl Comm {
         };
         ops.append(commit);
         exec.submit(ops)?;
-        self.reqs[req.slot as usize].cqe = t.cqe;
+        self.reqs[req.slot as usize].ticket = Some(Ticket::Send(t));
         Ok(req)
     }
 
@@ -453,22 +520,31 @@ impl Comm {
     /// complete once the executor has passed the wait ([`Comm::wait`] still reports errors).
     pub fn wait_on(&mut self, r: Request, exec: &impl Executor) -> Result<()> {
         let st = self.state(r)?;
-        if st.on_executor {
+        if st.wait_queued {
             return Err(Error::invalid(
                 "this request is already waited for on an executor",
             ));
         }
-        let (peer, side, cqe) = (st.peer, st.side, st.cqe);
-        let Some(n) = cqe else {
+        let (peer, ticket, counted) = (st.peer, st.ticket, st.on_executor);
+        let Some(ticket) = ticket.filter(|t| t.cqe().is_some()) else {
             return Err(Error::invalid(
                 "this request was not posted on an executor (its completion number is not known)",
             ));
         };
         let p = self.peers[peer].as_mut().unwrap();
-        let cq = if side == Side::Send { &p.scq } else { &p.rcq };
-        exec.submit(cq.wait_ops(n))?;
-        p.executor_reqs += 1;
-        self.reqs[r.slot as usize].on_executor = true;
+        // The wait also stores the ring's retired counter, so the ring's slots free up
+        // without a CPU poll.
+        let ops = match ticket {
+            Ticket::Send(t) => p.qp.send_wait_ops(&t)?,
+            Ticket::Recv(t) => p.qp.recv_wait_ops(&t)?,
+        };
+        exec.submit(ops)?;
+        if !counted {
+            p.executor_reqs += 1;
+        }
+        let st = &mut self.reqs[r.slot as usize];
+        st.on_executor = true;
+        st.wait_queued = true;
         Ok(())
     }
 
@@ -490,14 +566,17 @@ impl Comm {
             // Sends waiting for credits go out in order.
             let first = p.sends - p.pending.len() as u64;
             let mut k = 0;
-            while let Some(ps) = p.pending.front() {
+            // Not while executor-posted work to this peer waits to be rung: a CPU post would
+            // ring past it.
+            let blocked = !p.pending.is_empty() && p.qp.has_unrung_commits();
+            while let Some(ps) = p.pending.front().filter(|_| !blocked) {
                 if first + k + 1 > credit {
                     break;
                 }
                 match p.qp.post_send(&ps.wr) {
                     Ok(t) => {
                         let ps = p.pending.pop_front().unwrap();
-                        self.reqs[ps.req.slot as usize].cqe = t.cqe;
+                        self.reqs[ps.req.slot as usize].ticket = Some(Ticket::Send(t));
                         k += 1;
                     }
                     Err(Error::RingFull { .. }) => break,
@@ -529,7 +608,7 @@ impl Comm {
                 s.live && s.peer == peer && s.on_executor && s.status == Status::Pending
             }) {
                 let ci = if st.side == Side::Send { sci } else { rci };
-                if st.cqe.is_some_and(|n| n < ci) {
+                if st.ticket.and_then(|t| t.cqe()).is_some_and(|n| n < ci) {
                     let errs = if st.side == Side::Send { &serr } else { &rerr };
                     st.status = match errs.first() {
                         Some(e) => Status::Failed(e.syndrome),
@@ -573,7 +652,12 @@ impl Comm {
 
     /// Whether `r` is complete; `Ok(Some(bytes))` releases it (bytes received, for receives).
     pub fn test(&mut self, r: Request) -> Result<Option<u32>> {
-        self.state(r)?;
+        let st = self.state(r)?;
+        if st.on_executor && !st.wait_queued {
+            return Err(Error::invalid(
+                "this receive was posted with irecv_on: queue its wait on an executor (wait_on) first",
+            ));
+        }
         self.progress()?;
         let st = self.state(r)?;
         match st.status {
@@ -725,8 +809,8 @@ impl Comm {
         self.new_req(peer, Side::Send)
     }
 
-    pub(crate) fn set_cqe(&mut self, r: Request, t: &SendTicket) {
-        self.reqs[r.slot as usize].cqe = t.cqe;
+    pub(crate) fn set_send_ticket(&mut self, r: Request, t: &SendTicket) {
+        self.reqs[r.slot as usize].ticket = Some(Ticket::Send(*t));
     }
 
     pub(crate) fn post_or_progress(&mut self, peer: usize, wr: &SendWr) -> Result<SendTicket> {

@@ -76,7 +76,7 @@ impl Comm {
         for wr in wrs {
             last = Some(self.post_or_progress(peer, wr)?);
         }
-        self.set_cqe(req, &last.expect("at least one work request"));
+        self.set_send_ticket(req, &last.expect("at least one work request"));
         Ok(req)
     }
 
@@ -99,7 +99,7 @@ impl Comm {
             last = Some(t);
         }
         exec.submit(ops)?;
-        self.set_cqe(req, &last.expect("at least one work request"));
+        self.set_send_ticket(req, &last.expect("at least one work request"));
         Ok(req)
     }
 
