@@ -539,8 +539,13 @@ impl Qp {
             return false;
         }
         let c = &self.shared.ctrl;
-        let want = qp_dbrec_value(self.committed).native();
-        let rung = || c.u32(QP_DBREC + 4 * DBREC_SQ).load(Ordering::Acquire) == want;
+        // The doorbell record holds the low 16 bits of the producer index, big-endian: rung
+        // once it has reached the last commit (or passed it, had something else rung).
+        let want = self.committed as u16;
+        let rung = || {
+            let have = u32::from_be(c.u32(QP_DBREC + 4 * DBREC_SQ).load(Ordering::Acquire)) as u16;
+            have.wrapping_sub(want) < 0x8000
+        };
         if rung() {
             return false;
         }
