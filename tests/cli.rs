@@ -1,38 +1,11 @@
 //! The examples' command lines: clean errors for what this machine cannot do, never a panic.
 
+mod common;
+
+use common::{example, run_example as run};
 use gdasync::gdsync::cuda::{Cuda, CudaStream, DeviceBuffer};
 use gdasync::gdsync::Error;
-use std::path::PathBuf;
 use std::process::Command;
-
-fn example(name: &str) -> Option<PathBuf> {
-    // Integration tests live in target/<profile>/deps; cargo builds examples next to it.
-    let p = std::env::current_exe()
-        .ok()?
-        .parent()?
-        .parent()?
-        .join("examples")
-        .join(name);
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("skipped: example {name} not built ({})", p.display());
-        None
-    }
-}
-
-fn run(name: &str, args: &[&str]) -> Option<(bool, String, String)> {
-    let out = Command::new(example(name)?)
-        .args(args)
-        .env("RUST_BACKTRACE", "0")
-        .output()
-        .unwrap();
-    Some((
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    ))
-}
 
 #[test]
 fn gpu_triggers_without_a_gpu_are_clean_errors() {

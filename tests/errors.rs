@@ -1180,3 +1180,27 @@ fn send_before_peer_connects() {
     let r = poll1(&b.rcq);
     assert!(r.is_ok() && r.wr_id == 7 && r.imm == Some(9), "{r:?}");
 }
+
+/// A CPU post while a send committed for an executor has not been rung would ring past it
+/// (it would go out before whatever the executor waits for): refused, and accepted again
+/// once the executor has run the commit's ops.
+#[test]
+fn cpu_post_before_executor_commit_runs_is_refused() {
+    let mut p = one_device_pair();
+    let prepared = p.a.qp.prepare_send(&SendWr::nop().wr_id(1)).unwrap();
+    let (_, ops) = p.a.qp.commit(prepared).unwrap();
+    assert!(p.a.qp.has_unrung_commits());
+    let e = p.a.qp.post_send(&SendWr::nop().wr_id(2)).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("not been rung")),
+        "{e}"
+    );
+    assert_quiet(&p.a.scq, Duration::from_millis(10));
+    HostExecutor::default().run(&ops).unwrap();
+    assert!(!p.a.qp.has_unrung_commits());
+    p.a.qp.post_send(&SendWr::nop().wr_id(3)).unwrap();
+    for id in [1, 3] {
+        let c = poll1(&p.a.scq);
+        assert!(c.is_ok() && c.wr_id == id, "{c:?}");
+    }
+}

@@ -210,7 +210,8 @@ fn workload(comm: &mut Comm) {
     comm.barrier().unwrap();
 }
 
-fn threads(n: usize) {
+/// Runs `f` on `n` thread ranks of one soft device.
+fn on_threads(n: usize, f: fn(&mut Comm)) {
     let dev = Device::soft().unwrap();
     let hs: Vec<_> = ThreadBootstrap::group(n)
         .into_iter()
@@ -218,7 +219,7 @@ fn threads(n: usize) {
             let dev = dev.clone();
             std::thread::spawn(move || {
                 let mut comm = Comm::new(Box::new(b), &dev).unwrap();
-                workload(&mut comm);
+                f(&mut comm);
                 comm.finalize().unwrap();
             })
         })
@@ -226,6 +227,10 @@ fn threads(n: usize) {
     for h in hs {
         h.join().expect("a rank failed");
     }
+}
+
+fn threads(n: usize) {
+    on_threads(n, workload);
 }
 
 #[test]
@@ -418,4 +423,108 @@ fn executor_waits_recycle_ring_slots() {
     for h in hs {
         h.join().expect("a rank failed");
     }
+}
+
+/// An exchange driven entirely by an executor, many times longer than the send ring (1024
+/// WQEBBs) and the receive ring (512): credits (`irecv_on`), sends and completion waits all
+/// run on the stream, so the rings' slots must be retired by the stream's waits, with no
+/// CPU poll. The CPU stays at most 4 iterations ahead and checks every message in order.
+#[test]
+fn executor_loop_outlives_the_rings() {
+    on_threads(2, |comm| {
+        let me = comm.rank();
+        const ITERS: u64 = 3000;
+        const SLOTS: usize = 8;
+        const AHEAD: usize = 4;
+        let peer = 1 - me;
+        let mut sbuf = vec![0u8; 8 * SLOTS];
+        let mut rbuf = vec![0u8; 8 * SLOTS];
+        let smr = comm.register(&mut sbuf).unwrap();
+        let rmr = comm.register(&mut rbuf).unwrap();
+        let slot = |i: u64| 8 * (i as usize % SLOTS)..8 * (i as usize % SLOTS) + 8;
+        let stream = HostStream::new().unwrap();
+        let mut recvs = std::collections::VecDeque::new();
+        for i in 0..SLOTS as u64 {
+            recvs.push_back(comm.irecv_on(rmr.sge(slot(i)), peer, &stream).unwrap());
+        }
+        let mut in_flight = std::collections::VecDeque::new();
+        let value = |rank: usize, i: u64| ((rank as u64) << 32) | i;
+        for i in 0..ITERS {
+            if in_flight.len() == AHEAD {
+                let (j, reqs): (u64, Vec<_>) = in_flight.pop_front().unwrap();
+                comm.wait_all(&reqs).unwrap();
+                let mut got = [0u8; 8];
+                rmr.read_at(slot(j).start, &mut got);
+                assert_eq!(
+                    u64::from_ne_bytes(got),
+                    value(peer, j),
+                    "rank {me}, message {j}"
+                );
+            }
+            smr.write_at(slot(i).start, &value(me, i).to_ne_bytes());
+            let s = comm.isend_on(smr.sge(slot(i)), peer, &stream).unwrap();
+            let r = recvs.pop_front().unwrap();
+            comm.wait_all_on(&[r, s], &stream).unwrap();
+            // The slot the peer fills next for message i + SLOTS is free once the CPU has
+            // read message i, which happens AHEAD iterations later: credit it only then.
+            if i >= AHEAD as u64 && i - AHEAD as u64 + (SLOTS as u64) < ITERS {
+                let j = i - AHEAD as u64 + SLOTS as u64;
+                recvs.push_back(comm.irecv_on(rmr.sge(slot(j)), peer, &stream).unwrap());
+            }
+            in_flight.push_back((i, vec![r, s]));
+        }
+        stream.synchronize().unwrap();
+        for (_, reqs) in in_flight {
+            comm.wait_all(&reqs).unwrap();
+        }
+    });
+}
+
+/// CPU receives (credits on the credit QP) and executor receives (credits given by the
+/// stream) while a send to the same peer waits on a stream for its credit: neither rings
+/// that send early, and the CPU may wait for either kind.
+#[test]
+fn receives_behind_a_held_stream_send() {
+    use std::sync::{Arc, Barrier};
+    static GATE: std::sync::OnceLock<Arc<Barrier>> = std::sync::OnceLock::new();
+    GATE.get_or_init(|| Arc::new(Barrier::new(2)));
+    on_threads(2, |comm| {
+        let me = comm.rank();
+        let gate = GATE.get().unwrap();
+        let mut buf = vec![0u8; 64];
+        let mr = comm.register(&mut buf).unwrap();
+        if me == 0 {
+            let stream = HostStream::new().unwrap();
+            // Rank 1 has posted no receive yet: the stream waits for the credit.
+            let s = comm.isend_on(mr.sge(0..8), 1, &stream).unwrap();
+            let r1 = comm.irecv(mr.sge(8..16), 1).unwrap();
+            let r2 = comm.irecv_on(mr.sge(24..32), 1, &stream).unwrap();
+            assert_eq!(comm.test(r2).unwrap(), None, "nothing sent yet");
+            gate.wait();
+            comm.wait_on(s, &stream).unwrap();
+            comm.wait_all(&[r1, r2]).unwrap();
+            stream.synchronize().unwrap();
+            comm.wait(s).unwrap();
+            let (mut got, mut got2) = ([0u8; 8], [0u8; 8]);
+            mr.read_at(8, &mut got);
+            mr.read_at(24, &mut got2);
+            assert_eq!(
+                (got, got2),
+                ([7u8; 8], [7u8; 8]),
+                "the messages rank 1 sent"
+            );
+            // Nothing is left to ring: CPU posts are fine again.
+            let r = comm.irecv(mr.sge(8..16), 1).unwrap();
+            comm.wait(r).unwrap();
+        } else {
+            mr.write_at(16, &[7u8; 8]);
+            gate.wait();
+            let r = comm.irecv(mr.sge(0..8), 0).unwrap();
+            let s = comm.isend(mr.sge(16..24), 0).unwrap();
+            let s2 = comm.isend(mr.sge(16..24), 0).unwrap();
+            comm.wait_all(&[r, s, s2]).unwrap();
+            let s = comm.isend(mr.sge(16..24), 0).unwrap();
+            comm.wait(s).unwrap();
+        }
+    });
 }

@@ -104,6 +104,10 @@ struct Args {
     /// One JSON object per size instead of a table.
     #[arg(long)]
     json: bool,
+    /// With `--api mp --trigger stream`: run the stream loop on a host stream (no GPU), to
+    /// test the loop where there is no GPU.
+    #[arg(long, hide = true)]
+    host_stream: bool,
     /// Internal: this process is rank 1 of `--ranks procs`.
     #[arg(long, hide = true)]
     child: bool,
@@ -646,7 +650,7 @@ fn check(args: &Args) -> Result<()> {
     if args.trigger == Trigger::Cpu && args.mem != Mem::Host {
         bail!("--trigger cpu polls host memory: use --mem host, or a GPU trigger for --mem device");
     }
-    if args.trigger != Trigger::Cpu {
+    if args.trigger != Trigger::Cpu && !args.host_stream {
         if args.ranks != Ranks::Threads || args.separate_devices {
             bail!("GPU triggers run the ranks as threads of one process sharing a soft device (CUDA time-slices separate processes on one GPU)");
         }

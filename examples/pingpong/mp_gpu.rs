@@ -10,7 +10,7 @@ use super::gpu::{join_ranks, marker_write, stats, Buf, ProgressClock, TIMEOUT};
 use super::{Args, Stats, Trigger};
 use anyhow::{bail, Context, Result};
 use gdasync::gdsync::cuda::{CudaStream, Function, Module};
-use gdasync::gdsync::exec::Executor;
+use gdasync::gdsync::exec::{Executor, HostStream};
 use gdasync::gdsync::{Device, MemoryRegion, SignalWords};
 use gdasync::mp::bootstrap::ThreadBootstrap;
 use gdasync::mp::{Comm, Request};
@@ -60,13 +60,16 @@ impl MpRank {
 }
 
 pub(crate) fn run(args: &Args) -> Result<Vec<Stats>> {
-    let step = if args.trigger == Trigger::Host {
-        let m = Module::compile(0, "extern \"C\" __global__ void step() {}")
-            .context("compile the step kernel with NVRTC")?;
-        Some(m.function("step")?)
+    // The module stays loaded while its function is launched.
+    let module = if args.trigger == Trigger::Host {
+        Some(
+            Module::compile(0, "extern \"C\" __global__ void step() {}")
+                .context("compile the step kernel with NVRTC")?,
+        )
     } else {
         None
     };
+    let step = module.as_ref().map(|m| m.function("step")).transpose()?;
     if args.trigger == Trigger::Kernel {
         bail!(
             "--api mp --trigger kernel is not in this build yet: use --api gdsync --trigger kernel"
@@ -90,7 +93,18 @@ pub(crate) fn run(args: &Args) -> Result<Vec<Stats>> {
                 let r = MpRank::new(boot, &dev, &args, max)?;
                 match step {
                     Some(step) => host_rank(rank, r, size, warm + iters, &step),
-                    None => stream_rank(rank, r, size, warm + iters, &progress),
+                    None if args.host_stream => {
+                        let s = HostStream::new()?;
+                        stream_rank(rank, r, size, warm + iters, &progress, s, |s| {
+                            s.synchronize()
+                        })
+                    }
+                    None => {
+                        let s = CudaStream::new(0)?;
+                        stream_rank(rank, r, size, warm + iters, &progress, s, |s| {
+                            s.synchronize()
+                        })
+                    }
                 }
             })
         };
@@ -106,14 +120,15 @@ pub(crate) fn run(args: &Args) -> Result<Vec<Stats>> {
 /// Stream-triggered: per iteration the CPU enqueues (rank 1) wait for the receive, write the
 /// marker, send; (rank 0) write, send, wait, bump the progress word. Nothing on the CPU is
 /// in the message's path.
-fn stream_rank(
+fn stream_rank<E: Executor>(
     rank: usize,
     mut r: MpRank,
     size: usize,
     iters: u64,
     progress: &SignalWords,
+    stream: E,
+    synchronize: fn(&E) -> gdasync::gdsync::Result<()>,
 ) -> Result<Vec<f64>> {
-    let stream = CudaStream::new(0)?;
     let out_word = r.sbuf_addr + size as u64 - 4;
     let mut live: VecDeque<Request> = VecDeque::new();
     r.comm.barrier()?;
@@ -157,7 +172,7 @@ fn stream_rank(
             bail!("mp stream pingpong stalled at {}/{iters}", clock.seen);
         }
     }
-    stream.synchronize()?;
+    synchronize(&stream)?;
     r.comm.wait_all(live.make_contiguous())?;
     r.comm.barrier()?;
     Ok(clock.times)

@@ -545,9 +545,47 @@ impl Qp {
         rec.wrapping_sub(end as u16) as i16 >= 0
     }
 
+    /// Whether sends committed for an executor ([`commit`](Self::commit)) are not visible to
+    /// the device yet (their ops have not run). A CPU post now would ring past them, so they
+    /// would go out before whatever the executor waits for, and the executor's own doorbell
+    /// would later move backwards: [`post_send`](Self::post_send) refuses then.
+    /// (A QP in error flushes all work anyway: never then.)
+    pub fn has_unrung_commits(&self) -> bool {
+        if self.shared.state() == QpState::Error {
+            return false;
+        }
+        let c = &self.shared.ctrl;
+        // Rung once the record has reached the last commit (or passed it, had something
+        // else rung).
+        let rung = || self.doorbell_reached(self.committed);
+        if rung() {
+            return false;
+        }
+        if self.shared.handler == crate::NicHandler::Cpu
+            && c.u64(QP_PROXY).load(Ordering::Acquire) == self.committed
+        {
+            // The executor has asked the proxy thread to ring; it does within microseconds.
+            let start = std::time::Instant::now();
+            while start.elapsed() < Duration::from_secs(1) {
+                if rung() {
+                    return false;
+                }
+                std::thread::yield_now();
+            }
+        }
+        true
+    }
+
     /// Posts a send from the CPU: prepare, then do what the commit ops describe (store the
-    /// doorbell record, order, store the doorbell) directly on this thread.
+    /// doorbell record, order, store the doorbell) directly on this thread. Refused while
+    /// sends committed for an executor are not rung yet ([`has_unrung_commits`](Self::has_unrung_commits)).
     pub fn post_send(&mut self, wr: &SendWr) -> Result<SendTicket> {
+        if self.has_unrung_commits() {
+            return Err(Error::invalid(format!(
+                "QP {}: sends committed for an executor have not been rung yet; a CPU post now would expose them early. Post on that executor too (prepare_send + commit), or let it run first",
+                self.shared.qpn
+            )));
+        }
         let mut p = self.prepare_send(wr)?;
         if !self.skip_abandoned(p.start) {
             return Err(Error::OutOfOrder {

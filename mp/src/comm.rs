@@ -107,6 +107,8 @@ struct Peer {
     sends: u64,
     /// Receives posted for this peer.
     recvs: u64,
+    /// Credits given on the credit QP.
+    ctl_posted: u64,
     pending: VecDeque<Pending>,
     /// End of the last work an executor committed on `qp`, until its doorbell was seen.
     exec_end: Option<u64>,
@@ -241,7 +243,7 @@ impl Comm {
             pd.register_raw(
                 ctrl.addr() as *mut u8,
                 ctrl.len(),
-                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
             )?
         };
         // SAFETY: as above.
@@ -280,6 +282,7 @@ impl Comm {
                 ctl_cq,
                 sends: 0,
                 recvs: 0,
+                ctl_posted: 0,
                 pending: VecDeque::new(),
                 exec_end: None,
                 exec_waits: [0; 2],
@@ -411,35 +414,81 @@ impl Comm {
 
     /// Posts a receive into `dst` (`mr.sge(range)` of a registered buffer) from rank `peer`.
     /// Receives from one peer match that peer's sends in order (per-peer FIFO). Gives the
-    /// sender a credit at once (an RDMA write on the credit QP), so the sender can go ahead
-    /// while this rank does other work.
+    /// sender a credit at once (an RDMA fetch-and-add on the credit QP), so the sender can go
+    /// ahead while this rank does other work.
     pub fn irecv(&mut self, dst: Sge, peer: usize) -> Result<Request> {
-        let (sge, len) = (dst, dst.len);
         self.peer(peer)?;
-        let req = self.new_req(peer, Side::Recv);
-        let p = self.peers[peer].as_mut().unwrap();
-        let mut wr = RecvWr::new().wr_id(req.wr_id());
-        if len > 0 {
-            wr = wr.sge(sge);
-        }
-        let t: RecvTicket = p.qp.post_recv(&wr)?;
-        p.recvs += 1;
-        let credit = p.recvs;
-        self.reqs[req.slot as usize].ticket = Some(Ticket::Recv(t));
-        self.write_credit(peer, credit)?;
+        let req = self.post_receive(dst, peer)?;
+        self.add_credit(peer)?;
         Ok(req)
     }
 
-    /// Writes `value` into rank `peer`'s credit word for this rank (inline RDMA write on the
-    /// credit QP; one in 64 is signalled so the ring's slots come back).
-    fn write_credit(&mut self, peer: usize, value: u64) -> Result<()> {
-        let at = self.remote_ctrl[peer].at(self.layout.ready(self.rank) as u64);
-        self.scratch_mr.write_at(0, &value.to_ne_bytes());
-        let sge = self.scratch_mr.sge(0..8);
-        let mut wr = SendWr::write(at).sge(sge).inline().wr_id(INTERNAL);
-        if value % 64 != 0 {
-            wr = wr.unsignaled();
+    /// Like [`irecv`](Self::irecv), but the sender's credit is given by `exec` when it gets
+    /// there, in order with that executor's other work: the peer cannot write into `dst`
+    /// before, so a stream may still read `dst` (unpack the previous message) up to this
+    /// point. The receive itself is posted now; wait for it on the CPU or on an executor.
+    pub fn irecv_on(&mut self, dst: Sge, peer: usize, exec: &impl Executor) -> Result<Request> {
+        self.peer(peer)?;
+        self.pump(peer)?;
+        if !self.peers[peer].as_ref().unwrap().pending.is_empty() {
+            return Err(Error::invalid(format!(
+                "CPU work to rank {peer} is still queued (sends waiting for credits): wait for it before giving credits on an executor (work to one peer stays in order)"
+            )));
         }
+        // The credit is prepared first: a full send ring fails before anything is posted.
+        let wr = self.credit_wr(peer, false);
+        let prepared = self.peers[peer].as_mut().unwrap().qp.prepare_send(&wr)?;
+        let req = self.post_receive(dst, peer)?;
+        let p = self.peers[peer].as_mut().unwrap();
+        let (t, ops) = p.qp.commit(prepared)?;
+        exec.submit(ops)?;
+        p.exec_end = Some(t.end);
+        Ok(req)
+    }
+
+    /// Posts the receive WQE of a new request.
+    fn post_receive(&mut self, dst: Sge, peer: usize) -> Result<Request> {
+        let req = self.new_req(peer, Side::Recv);
+        let p = self.peers[peer].as_mut().unwrap();
+        let mut wr = RecvWr::new().wr_id(req.wr_id());
+        if dst.len > 0 {
+            wr = wr.sge(dst);
+        }
+        match p.qp.post_recv(&wr) {
+            Ok(t) => {
+                p.recvs += 1;
+                self.reqs[req.slot as usize].ticket = Some(Ticket::Recv(t));
+                Ok(req)
+            }
+            Err(e) => {
+                self.release(req);
+                Err(e)
+            }
+        }
+    }
+
+    /// One credit for rank `peer`: a fetch-and-add of 1 on its credit word for this rank.
+    /// Adds commute, so credits given by the CPU (credit QP) and by executors (traffic QP)
+    /// may land in any order. Unsignalled: a later signalled request retires its slot.
+    fn credit_wr(&self, peer: usize, signaled: bool) -> SendWr {
+        let at = self.remote_ctrl[peer].at(self.layout.ready(self.rank) as u64);
+        let wr = SendWr::fetch_add(at, 1)
+            .sge(self.scratch_mr.sge(0..8))
+            .wr_id(INTERNAL);
+        if signaled {
+            wr
+        } else {
+            wr.unsignaled()
+        }
+    }
+
+    /// Gives rank `peer` a credit from the CPU, on the credit QP (one in 64 signalled, so
+    /// the ring's slots come back).
+    fn add_credit(&mut self, peer: usize) -> Result<()> {
+        let p = self.peers[peer].as_mut().unwrap();
+        p.ctl_posted += 1;
+        let signal = p.ctl_posted % 64 == 0;
+        let wr = self.credit_wr(peer, signal);
         let start = Instant::now();
         loop {
             let p = self.peers[peer].as_mut().unwrap();

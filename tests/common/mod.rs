@@ -318,3 +318,42 @@ macro_rules! both {
         }
     )*};
 }
+
+/// An example binary built next to the test binaries (cargo builds examples with the tests;
+/// a test target run alone may not have them: then the caller skips).
+pub fn example(name: &str) -> Option<std::path::PathBuf> {
+    // Integration tests live in target/<profile>/deps and cargo builds examples next to it;
+    // device-pack stages tests in .device/tests and examples in .device/bin.
+    let up = std::env::current_exe()
+        .ok()?
+        .parent()?
+        .parent()?
+        .to_path_buf();
+    let p = up.join("examples").join(name);
+    let staged = up.join("bin").join(name);
+    if p.exists() {
+        Some(p)
+    } else if staged.exists() {
+        Some(staged)
+    } else {
+        eprintln!(
+            "skipped: example {name} not built ({}); cargo build --release --example {name}",
+            p.display()
+        );
+        None
+    }
+}
+
+/// Runs example `name` with `args`: (success, stdout, stderr); `None` if it is not built.
+pub fn run_example(name: &str, args: &[&str]) -> Option<(bool, String, String)> {
+    let out = std::process::Command::new(example(name)?)
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    Some((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}

@@ -38,6 +38,12 @@ impl Module {
     /// Compiles CUDA C++ `src` (prefixed with the gdsync header, [`crate::kernel::HEADER`])
     /// for GPU `ordinal` and loads it.
     pub fn compile(ordinal: i32, src: &str) -> Result<Self> {
+        Self::compile_with_options(ordinal, src, &[])
+    }
+
+    /// [`compile`](Self::compile) with extra NVRTC options (e.g. `--fmad=false`, for results
+    /// that match the CPU's bit for bit).
+    pub fn compile_with_options(ordinal: i32, src: &str, extra: &[&str]) -> Result<Self> {
         let c = Cuda::get()?;
         let gpu = c.gpu(ordinal)?;
         if !nvrtc_available() {
@@ -50,7 +56,10 @@ impl Module {
         let arch = Box::leak(format!("compute_{maj}{min}").into_boxed_str());
         let opts = cudarc::nvrtc::CompileOptions {
             arch: Some(arch),
-            options: vec!["-std=c++17".into()],
+            options: std::iter::once("-std=c++17")
+                .chain(extra.iter().copied())
+                .map(String::from)
+                .collect(),
             ..Default::default()
         };
         let ptx = cudarc::nvrtc::compile_ptx_with_opts(full, opts)

@@ -1,0 +1,473 @@
+//! A 2D Jacobi solver (5-point stencil) with a halo exchange every iteration: the classic
+//! GPUDirect Async demo.
+//!
+//! The global grid is split over the ranks in `px × py` blocks (as square as the rank count
+//! allows; row strips when it is prime). Every iteration each rank sends the cells next to
+//! its neighbours and receives their cells into its halo, then updates its block. `--trigger`
+//! picks who computes and who drives the exchange:
+//!
+//! | trigger | compute | exchange |
+//! |---|---|---|
+//! | `cpu` | CPU | posted on a host stream (`isend_on`/`wait_on`), runs anywhere |
+//! | `host` | GPU | the CPU: synchronise, send, wait, launch (the MPI-style baseline) |
+//! | `stream` | GPU | the CUDA stream itself, with no host synchronisation in the loop |
+//! | `kernel` | GPU | one persistent kernel per rank (not in this build yet) |
+//!
+//! `--check` runs the same problem on a single rank with the same arithmetic and compares
+//! the final grids bit for bit.
+//!
+//! ```text
+//! cargo run --release --example stencil2d -- --ranks 4 --n 256 --check
+//! cargo run --release --example stencil2d -- --ranks 4 --ranks-as procs --check --json
+//! cargo run --release --example stencil2d -- --trigger stream --ranks 2 --sub 1024 --iters 1000
+//! ```
+
+mod cpu;
+mod gpu;
+mod grid;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, ValueEnum};
+use gdasync::gdsync::Device;
+use gdasync::mp::bootstrap::{launch_local, Bootstrap, JobInfo, TcpBootstrap, ThreadBootstrap};
+use gdasync::mp::Comm;
+use grid::Layout;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Trigger {
+    /// CPU compute; the exchange is posted on a host stream.
+    Cpu,
+    /// GPU compute; the CPU synchronises, sends, waits and launches.
+    Host,
+    /// GPU compute; the CUDA stream sends and waits, the CPU only enqueues.
+    Stream,
+    /// One persistent kernel per rank packs, sends, waits and computes (not yet).
+    Kernel,
+}
+
+impl Trigger {
+    fn name(self) -> &'static str {
+        match self {
+            Trigger::Cpu => "cpu",
+            Trigger::Host => "host",
+            Trigger::Stream => "stream",
+            Trigger::Kernel => "kernel",
+        }
+    }
+    fn gpu(self) -> bool {
+        self != Trigger::Cpu
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum RanksAs {
+    /// Threads of this process sharing one soft device.
+    Threads,
+    /// Local processes meeting over the TCP bootstrap (shared-memory links).
+    Procs,
+    /// The processes of an MPI job (`mpirun -np R`; needs the `mpi` feature).
+    Mpi,
+}
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "2D Jacobi solver with a halo exchange every iteration (GPUDirect Async demo)")]
+struct Args {
+    /// Global grid size N (an N × N grid).
+    #[arg(long, default_value_t = 256)]
+    n: usize,
+    /// Instead of --n: each rank owns a SUB × SUB block (the global grid is SUB·px × SUB·py).
+    #[arg(long, conflicts_with = "n")]
+    sub: Option<usize>,
+    /// Number of ranks.
+    #[arg(long, default_value_t = 2)]
+    ranks: usize,
+    /// Timed iterations.
+    #[arg(long, default_value_t = 100)]
+    iters: u64,
+    /// Untimed iterations before them.
+    #[arg(long, default_value_t = 10)]
+    warmup: u64,
+    /// Who computes and who drives the exchange.
+    #[arg(long, value_enum, default_value = "cpu")]
+    trigger: Trigger,
+    /// Compare the result with a single-rank run of the same arithmetic, bit for bit.
+    #[arg(long)]
+    check: bool,
+    /// One JSON line instead of text.
+    #[arg(long)]
+    json: bool,
+    /// How the ranks run.
+    #[arg(long, value_enum, default_value = "threads")]
+    ranks_as: RanksAs,
+    /// Internal: this process is one rank of `--ranks-as procs`.
+    #[arg(long, hide = true)]
+    child: bool,
+    /// Internal (tests): flip the last bit of one value of the last rank's result, so that
+    /// `--check` must fail.
+    #[arg(long, hide = true)]
+    corrupt: bool,
+}
+
+/// The validated run.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Global rows and columns.
+    pub gx: usize,
+    pub gy: usize,
+    pub px: usize,
+    pub py: usize,
+    pub ranks: usize,
+    pub warmup: u64,
+    pub iters: u64,
+    pub trigger: Trigger,
+    check: bool,
+    json: bool,
+    ranks_as: RanksAs,
+    corrupt: bool,
+}
+
+/// Largest block a rank may hold (cells, halo included): two grids of 8 GiB.
+const MAX_BLOCK_CELLS: usize = 1 << 30;
+
+impl Config {
+    fn new(a: &Args) -> Result<Config> {
+        if a.ranks == 0 {
+            bail!("--ranks must be at least 1");
+        }
+        if a.iters == 0 {
+            bail!("--iters must be at least 1");
+        }
+        if a.trigger == Trigger::Kernel {
+            bail!("--trigger kernel (one persistent kernel per rank) is not yet implemented in this build: it waits for kernel-side peer descriptors in mp; use --trigger stream or host");
+        }
+        let (px, py) = grid::decompose(a.ranks);
+        let (gx, gy) = match a.sub {
+            Some(s) => (s.saturating_mul(px), s.saturating_mul(py)),
+            None => (a.n, a.n),
+        };
+        if gx == 0 || gy == 0 {
+            bail!("the grid must have at least one cell (--n / --sub)");
+        }
+        if gx < px || gy < py {
+            bail!("a {gx} x {gy} grid cannot give each of {px} x {py} ranks a row and a column: use a larger --n or fewer --ranks");
+        }
+        let (bx, by) = Layout::largest_block(gx, gy, px, py);
+        if (bx + 2).saturating_mul(by + 2) > MAX_BLOCK_CELLS {
+            bail!("blocks of {bx} x {by} cells are larger than this example allows ({MAX_BLOCK_CELLS} cells per grid)");
+        }
+        if a.trigger.gpu() {
+            let c = gdasync::gdsync::cuda::Cuda::get()
+                .with_context(|| format!("--trigger {} needs a CUDA GPU", a.trigger.name()))?;
+            if c.gpus.is_empty() {
+                bail!(
+                    "--trigger {} needs a CUDA GPU; none found",
+                    a.trigger.name()
+                );
+            }
+        }
+        Ok(Config {
+            gx,
+            gy,
+            px,
+            py,
+            ranks: a.ranks,
+            warmup: a.warmup,
+            iters: a.iters,
+            trigger: a.trigger,
+            check: a.check,
+            json: a.json,
+            ranks_as: a.ranks_as,
+            corrupt: a.corrupt,
+        })
+    }
+}
+
+/// One rank's solver for one trigger. Iteration `i` reads grid `i % 2` and writes the other.
+pub trait Solver {
+    /// Runs iterations `first .. first + count`; returns when they are complete on this rank
+    /// (nothing of them left on a stream, every request released).
+    fn run(&mut self, comm: &mut Comm, first: u64, count: u64) -> Result<()>;
+    /// The owned cells (row by row) after `done` iterations.
+    fn owned(&self, done: u64) -> Result<Vec<f64>>;
+}
+
+/// Warm-up, then the timed iterations between two barriers: returns the time per iteration
+/// (wall time of the timed iterations / their number) and the final block.
+pub fn drive(comm: &mut Comm, s: &mut dyn Solver, cfg: &Config) -> Result<(f64, Vec<f64>)> {
+    // Every rank has set up (allocated and registered its memory) before any stream waits
+    // for a peer: CUDA calls that synchronise implicitly must not wait behind such a wait.
+    comm.barrier()?;
+    s.run(comm, 0, cfg.warmup)?;
+    comm.barrier()?;
+    let t0 = Instant::now();
+    s.run(comm, cfg.warmup, cfg.iters)?;
+    comm.barrier()?;
+    let us = t0.elapsed().as_secs_f64() * 1e6 / cfg.iters as f64;
+    Ok((us, s.owned(cfg.warmup + cfg.iters)?))
+}
+
+/// Rank 0 receives every block over the communicator and returns the global grid (owned
+/// cells, `gx × gy`); the other ranks send theirs and return `None`.
+fn gather(comm: &mut Comm, cfg: &Config, lay: &Layout, block: &[f64]) -> Result<Option<Vec<f64>>> {
+    if comm.rank() != 0 {
+        let mut bytes = grid::to_bytes(block);
+        let mr = comm.register(&mut bytes)?;
+        let r = comm.isend(mr.sge(..), 0)?;
+        comm.wait(r)?;
+        return Ok(None);
+    }
+    let mut global = vec![0.0; cfg.gx * cfg.gy];
+    let mut place = |l: &Layout, b: &[f64]| {
+        for (i, row) in b.chunks(l.ny).enumerate() {
+            let at = (l.row0 + i) * cfg.gy + l.col0;
+            global[at..at + l.ny].copy_from_slice(row);
+        }
+    };
+    place(lay, block);
+    for r in 1..comm.size() {
+        let l = Layout::new(cfg.gx, cfg.gy, cfg.px, cfg.py, r);
+        let mut bytes = vec![0u8; l.nx * l.ny * 8];
+        let mr = comm.register(&mut bytes)?;
+        let req = comm.irecv(mr.sge(..), r)?;
+        let n = comm.wait(req)? as usize;
+        if n != l.nx * l.ny * 8 {
+            bail!(
+                "rank {r} sent {n} bytes for its block, expected {}",
+                l.nx * l.ny * 8
+            );
+        }
+        let mut b = vec![0u8; n];
+        mr.read_at(0, &mut b);
+        place(&l, &grid::from_bytes(&b));
+    }
+    Ok(Some(global))
+}
+
+/// How the result compares with the single-rank reference.
+struct Check {
+    max_diff: f64,
+    mismatches: usize,
+    first: Option<(usize, f64, f64)>,
+}
+
+fn compare(got: &[f64], want: &[f64]) -> Check {
+    let mut c = Check {
+        max_diff: 0.0,
+        mismatches: 0,
+        first: None,
+    };
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        if g.to_bits() != w.to_bits() {
+            c.mismatches += 1;
+            c.first.get_or_insert((i, g, w));
+            let d = (g - w).abs();
+            // A NaN difference counts as infinitely large.
+            c.max_diff = if d.is_nan() {
+                f64::INFINITY
+            } else {
+                c.max_diff.max(d)
+            };
+        }
+    }
+    c
+}
+
+fn report(cfg: &Config, us: f64, check: Option<&Check>) {
+    let (bx, by) = Layout::largest_block(cfg.gx, cfg.gy, cfg.px, cfg.py);
+    let ranks_as = match cfg.ranks_as {
+        RanksAs::Threads => "threads",
+        RanksAs::Procs => "procs",
+        RanksAs::Mpi => "mpi",
+    };
+    if cfg.json {
+        let (diff, mism) = match check {
+            Some(c) => (format!("{:e}", c.max_diff), c.mismatches.to_string()),
+            None => ("null".into(), "null".into()),
+        };
+        println!(
+            "{{\"n\":{},\"ny\":{},\"ranks\":{},\"decomposition\":\"{}x{}\",\"ranks_as\":\"{ranks_as}\",\"trigger\":\"{}\",\"iters\":{},\"warmup\":{},\"subdomain\":\"{bx}x{by}\",\"us_per_iter\":{us:.3},\"timing\":\"total/iters\",\"max_diff\":{diff},\"mismatches\":{mism}}}",
+            cfg.gx, cfg.gy, cfg.ranks, cfg.px, cfg.py, cfg.trigger.name(), cfg.iters, cfg.warmup
+        );
+        return;
+    }
+    println!(
+        "stencil2d: {} x {} grid, {} ranks ({} x {}, {ranks_as}), trigger {}, {} iterations (+{} warm-up)",
+        cfg.gx, cfg.gy, cfg.ranks, cfg.px, cfg.py, cfg.trigger.name(), cfg.iters, cfg.warmup
+    );
+    println!("subdomain per rank: {bx} x {by} (largest)");
+    println!(
+        "time per iteration: {us:.3} us (wall time of the timed iterations / {}, on rank 0 between barriers)",
+        cfg.iters
+    );
+    if let Some(c) = check {
+        if c.mismatches == 0 {
+            println!("check: bit-exact against a single-rank run (max |diff| 0)");
+        } else {
+            let (i, g, w) = c.first.unwrap();
+            println!(
+                "check: FAILED: {} of {} values differ from the single-rank run, max |diff| {:e} (first at row {}, column {}: {g:e}, want {w:e})",
+                c.mismatches,
+                cfg.gx * cfg.gy,
+                c.max_diff,
+                i / cfg.gy,
+                i % cfg.gy
+            );
+        }
+    }
+}
+
+/// One rank, whatever runs it: solve, time, gather and check, report (rank 0).
+fn rank_main(
+    cfg: &Config,
+    boot: Box<dyn Bootstrap>,
+    dev: &Device,
+    kernels: Option<&gpu::Kernels>,
+) -> Result<()> {
+    let mut comm = Comm::new(boot, dev)?;
+    let lay = Layout::new(cfg.gx, cfg.gy, cfg.px, cfg.py, comm.rank());
+    let (us, mut block) = match cfg.trigger {
+        Trigger::Cpu => cpu::solve(&mut comm, &lay, cfg)?,
+        Trigger::Host | Trigger::Stream => {
+            gpu::solve(&mut comm, &lay, cfg, kernels.context("GPU kernels")?)?
+        }
+        // A persistent-kernel solver slots in here (same memory layout and kernels as
+        // gpu::GpuRank, descriptors from mp's kernel-side channel); refused in Config::new.
+        Trigger::Kernel => unreachable!("refused when the arguments are checked"),
+    };
+    if cfg.corrupt && comm.rank() + 1 == comm.size() {
+        let last = block.len() - 1;
+        block[last] = f64::from_bits(block[last].to_bits() ^ 1);
+    }
+    let global = if cfg.check {
+        gather(&mut comm, cfg, &lay, &block)?
+    } else {
+        None
+    };
+    let rank = comm.rank();
+    comm.finalize()?;
+    if rank != 0 {
+        return Ok(());
+    }
+    let check = match global {
+        Some(got) => {
+            let total = cfg.warmup + cfg.iters;
+            let want = match cfg.trigger {
+                Trigger::Cpu => cpu::reference(cfg.gx, cfg.gy, total),
+                _ => gpu::reference(kernels.context("GPU kernels")?, cfg.gx, cfg.gy, total)?,
+            };
+            Some(compare(&got, &want))
+        }
+        None => None,
+    };
+    report(cfg, us, check.as_ref());
+    if let Some(c) = check.filter(|c| c.mismatches > 0) {
+        bail!(
+            "check failed: {} values differ (max |diff| {:e})",
+            c.mismatches,
+            c.max_diff
+        );
+    }
+    Ok(())
+}
+
+fn kernels_for(cfg: &Config) -> Result<Option<gpu::Kernels>> {
+    cfg.trigger.gpu().then(gpu::Kernels::compile).transpose()
+}
+
+fn threads(cfg: &Config) -> Result<()> {
+    let dev = Device::soft()?;
+    let kernels = Arc::new(kernels_for(cfg)?);
+    let handles: Vec<_> = ThreadBootstrap::group(cfg.ranks)
+        .into_iter()
+        .map(|b| {
+            let (cfg, dev, kernels) = (cfg.clone(), dev.clone(), kernels.clone());
+            std::thread::spawn(move || rank_main(&cfg, Box::new(b), &dev, (*kernels).as_ref()))
+        })
+        .collect();
+    let mut first = None;
+    for (r, h) in handles.into_iter().enumerate() {
+        let res = h
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("rank {r} panicked")));
+        if let Err(e) = res {
+            first.get_or_insert(e.context(format!("rank {r}")));
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// `--ranks-as procs`: start the ranks as local processes and wait for all of them; the
+/// first that fails stops the others.
+fn procs(cfg: &Config) -> Result<()> {
+    let exe = std::env::current_exe()?;
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    args.push("--child".into());
+    let mut children = launch_local(cfg.ranks, &exe, &args)?;
+    let mut done = vec![false; children.len()];
+    while done.iter().any(|d| !d) {
+        for (r, c) in children.iter_mut().enumerate() {
+            if done[r] {
+                continue;
+            }
+            if let Some(st) = c.try_wait()? {
+                done[r] = true;
+                if !st.success() {
+                    for (k, other) in children.iter_mut().enumerate() {
+                        if !done[k] {
+                            let _ = other.kill();
+                            let _ = other.wait();
+                        }
+                    }
+                    bail!("rank {r} failed ({st})");
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+/// One process of `--ranks-as procs`.
+fn child(cfg: &Config) -> Result<()> {
+    let info = JobInfo::from_env()?;
+    let boot = TcpBootstrap::connect(&info, Duration::from_secs(60))?;
+    let kernels = kernels_for(cfg)?;
+    rank_main(cfg, Box::new(boot), &Device::soft()?, kernels.as_ref())
+}
+
+#[cfg(feature = "mpi")]
+fn mpi(cfg: &Config) -> Result<()> {
+    use gdasync::mp::bootstrap::MpiBootstrap;
+    use gdasync::mp::mpi_crate as mpi;
+    let universe = mpi::initialize().context("MPI is already initialised")?;
+    let boot = MpiBootstrap::new(&universe);
+    if boot.size() != cfg.ranks {
+        bail!(
+            "this MPI job has {} processes: run with --ranks {}",
+            boot.size(),
+            boot.size()
+        );
+    }
+    let kernels = kernels_for(cfg)?;
+    rank_main(cfg, Box::new(boot), &Device::soft()?, kernels.as_ref())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi(_: &Config) -> Result<()> {
+    bail!("--ranks-as mpi needs the mpi feature: cargo build --release --features mpi --example stencil2d, then mpirun -np R target/release/examples/stencil2d --ranks-as mpi --ranks R")
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let cfg = Config::new(&args)?;
+    if args.child {
+        return child(&cfg);
+    }
+    match cfg.ranks_as {
+        RanksAs::Threads => threads(&cfg),
+        RanksAs::Procs => procs(&cfg),
+        RanksAs::Mpi => mpi(&cfg),
+    }
+}

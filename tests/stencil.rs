@@ -1,0 +1,223 @@
+//! The stencil2d example: every decomposition gives the single-rank result bit for bit
+//! (`--check`), with ranks as threads and as processes; bad arguments are clean errors.
+//! GPU variants (`host`, `stream`) run only with `GDSYNC_TEST_CUDA=1`.
+
+mod common;
+
+use std::sync::Mutex;
+
+fn run(args: &[&str]) -> Option<(bool, String, String)> {
+    common::run_example("stencil2d", args)
+}
+
+/// The value of `key` in the example's JSON line.
+fn field<'a>(json: &'a str, key: &str) -> &'a str {
+    let pat = format!("\"{key}\":");
+    let at = json
+        .find(&pat)
+        .unwrap_or_else(|| panic!("no {key} in {json}"))
+        + pat.len();
+    let rest = &json[at..];
+    rest[..rest.find([',', '}']).unwrap()].trim_matches('"')
+}
+
+/// A `--check --json` run that must succeed bit-exactly.
+fn bit_exact(args: &[&str], decomposition: &str) {
+    let mut all = vec!["--check", "--json"];
+    all.extend_from_slice(args);
+    let Some((ok, out, err)) = run(&all) else {
+        return;
+    };
+    assert!(ok, "{all:?} failed:\n{out}\n{err}");
+    let line = out.lines().last().unwrap_or("");
+    assert_eq!(field(line, "mismatches"), "0", "{all:?}: {line}");
+    assert_eq!(
+        field(line, "max_diff").parse::<f64>().unwrap(),
+        0.0,
+        "{line}"
+    );
+    assert_eq!(field(line, "decomposition"), decomposition, "{line}");
+    assert!(
+        field(line, "us_per_iter").parse::<f64>().unwrap() > 0.0,
+        "{line}"
+    );
+}
+
+fn cpu_check(ranks_as: &str) {
+    // 37 rows and columns: blocks of unequal size.
+    for (ranks, dec) in [("1", "1x1"), ("2", "2x1"), ("4", "2x2")] {
+        bit_exact(
+            &[
+                "--trigger",
+                "cpu",
+                "--n",
+                "37",
+                "--iters",
+                "12",
+                "--warmup",
+                "3",
+                "--ranks",
+                ranks,
+                "--ranks-as",
+                ranks_as,
+            ],
+            dec,
+        );
+    }
+}
+
+#[test]
+fn cpu_threads_are_bit_exact() {
+    cpu_check("threads");
+}
+
+#[test]
+fn cpu_processes_are_bit_exact() {
+    cpu_check("procs");
+}
+
+/// Many more iterations than the send and receive rings hold (1024 and 512 entries per
+/// peer): the host stream's completion waits must free the ring slots.
+#[test]
+fn cpu_long_run_reuses_the_rings() {
+    bit_exact(
+        &[
+            "--n", "12", "--ranks", "2", "--iters", "1500", "--warmup", "0",
+        ],
+        "2x1",
+    );
+}
+
+#[test]
+fn check_catches_a_one_bit_difference() {
+    let Some((ok, out, _)) = run(&[
+        "--n",
+        "20",
+        "--ranks",
+        "4",
+        "--iters",
+        "4",
+        "--check",
+        "--json",
+        "--corrupt",
+    ]) else {
+        return;
+    };
+    assert!(!ok, "a corrupted result must fail the check: {out}");
+    let line = out.lines().last().unwrap_or("");
+    assert_eq!(field(line, "mismatches"), "1", "{line}");
+    assert!(field(line, "max_diff").parse::<f64>().unwrap() > 0.0);
+}
+
+#[test]
+fn bad_arguments_are_clean_errors() {
+    for (args, says) in [
+        (&["--trigger", "kernel"][..], "not yet implemented"),
+        (&["--ranks", "0"][..], "--ranks"),
+        (&["--iters", "0"][..], "--iters"),
+        (&["--n", "3", "--ranks", "16"][..], "cannot give each"),
+        (&["--n", "8", "--sub", "4"][..], "cannot be used with"),
+    ] {
+        let Some((ok, _, err)) = run(args) else {
+            return;
+        };
+        assert!(!ok, "{args:?} must fail");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    }
+    if !gdasync::gdsync::cuda::Cuda::available() {
+        let Some((ok, _, err)) = run(&["--trigger", "stream"]) else {
+            return;
+        };
+        assert!(!ok && err.contains("needs a CUDA GPU"), "{err}");
+    }
+}
+
+// ---------------------------------------------------------------------------- GPU
+
+/// One GPU run at a time (each is a process with its own context on the one GPU).
+static GPU: Mutex<()> = Mutex::new(());
+
+fn gpu(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
+    if std::env::var("GDSYNC_TEST_CUDA").as_deref() != Ok("1") {
+        eprintln!("{test}: skipped (set GDSYNC_TEST_CUDA=1 to run GPU tests)");
+        return None;
+    }
+    assert!(
+        common::example("stencil2d").is_some(),
+        "GDSYNC_TEST_CUDA=1 but the stencil2d example is not built (or staged by device-pack)"
+    );
+    Some(GPU.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+#[test]
+fn gpu_host_and_stream_are_bit_exact() {
+    let Some(_g) = gpu("gpu_host_and_stream_are_bit_exact") else {
+        return;
+    };
+    for trigger in ["host", "stream"] {
+        for (ranks, dec) in [("2", "2x1"), ("4", "2x2")] {
+            bit_exact(
+                &[
+                    "--trigger",
+                    trigger,
+                    "--n",
+                    "203",
+                    "--iters",
+                    "50",
+                    "--warmup",
+                    "5",
+                    "--ranks",
+                    ranks,
+                ],
+                dec,
+            );
+        }
+    }
+}
+
+/// The stream variant many times around the rings, with the CPU never synchronising.
+#[test]
+fn gpu_stream_long_run_is_bit_exact() {
+    let Some(_g) = gpu("gpu_stream_long_run_is_bit_exact") else {
+        return;
+    };
+    bit_exact(
+        &[
+            "--trigger",
+            "stream",
+            "--n",
+            "64",
+            "--ranks",
+            "4",
+            "--iters",
+            "3000",
+            "--warmup",
+            "0",
+        ],
+        "2x2",
+    );
+}
+
+/// Ranks as processes (each with its own CUDA context on the same GPU).
+#[test]
+fn gpu_stream_processes_are_bit_exact() {
+    let Some(_g) = gpu("gpu_stream_processes_are_bit_exact") else {
+        return;
+    };
+    bit_exact(
+        &[
+            "--trigger",
+            "stream",
+            "--n",
+            "96",
+            "--ranks",
+            "2",
+            "--iters",
+            "50",
+            "--ranks-as",
+            "procs",
+        ],
+        "2x1",
+    );
+}
