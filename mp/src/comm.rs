@@ -129,14 +129,14 @@ fn encode_setup(eps: &[Option<Endpoint>], ctrl: &RemoteBuf) -> Vec<u8> {
     for e in eps {
         match e {
             Some(e) => b.extend_from_slice(&e.to_bytes()),
-            None => b.extend_from_slice(&[0u8; 32]),
+            None => b.extend_from_slice(&[0u8; Endpoint::WIRE_LEN]),
         }
     }
     b
 }
 
 fn decode_setup(b: &[u8], size: usize) -> Result<(RemoteBuf, Vec<Option<Endpoint>>)> {
-    if b.len() != 20 + 32 * size {
+    if b.len() != 20 + Endpoint::WIRE_LEN * size {
         return Err(Error::invalid(
             "bootstrap: a rank sent a malformed connection record",
         ));
@@ -148,7 +148,7 @@ fn decode_setup(b: &[u8], size: usize) -> Result<(RemoteBuf, Vec<Option<Endpoint
     };
     let eps = (0..size)
         .map(|i| {
-            let e = &b[20 + 32 * i..52 + 32 * i];
+            let e = &b[20 + Endpoint::WIRE_LEN * i..20 + Endpoint::WIRE_LEN * (i + 1)];
             if e.iter().all(|&x| x == 0) {
                 Ok(None)
             } else {
