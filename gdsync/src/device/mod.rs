@@ -230,31 +230,19 @@ impl DeviceShared {
         Ok(())
     }
 
-    /// A TCP link to `remote`'s device: the device with the smaller uid dials the other's
-    /// listener; the other waits (up to [`soft::PEER_WAIT`]) until its listener has accepted
-    /// that dial ([`on_tcp_dial`]). Both call `connect`, in any order, at about the same time.
+    /// A TCP link to `remote`'s device. The device that connects first dials the other's
+    /// listener ([`on_tcp_dial`] accepts); the other's `connect` then finds the link. If both
+    /// dial at once, the smaller uid's dial wins and the other device waits for it (up to
+    /// [`soft::PEER_WAIT`]).
     fn link_tcp(&self, remote: &Endpoint) -> Result<()> {
         let peer = remote.device;
-        if self.uid > peer {
-            // Make sure the listener the peer dials exists before waiting for the dial.
-            tcp_address()?;
-            let deadline = Instant::now() + soft::PEER_WAIT;
-            let mut l = self.links.lock();
-            while !l.up.contains(&peer) {
-                if self.links_changed.wait_until(&mut l, deadline).timed_out() {
-                    return Err(Error::Unreachable(format!(
-                        "device {peer:016x} ({remote}) did not open a TCP link within {} s: did it call connect()?",
-                        soft::PEER_WAIT.as_secs()
-                    )));
-                }
-            }
-            return Ok(());
-        }
         let addr = remote.addr.ok_or_else(|| {
             Error::Unreachable(format!(
                 "{remote} has no TCP address (its process has GDSYNC_SOFT_LINK=shm, or its listener failed: see its log)"
             ))
         })?;
+        // This process must accept links too: a crossed dial leaves it waiting for the peer's.
+        tcp_address()?;
         {
             // One dial per peer: another QP of this device may be dialing it right now.
             let mut l = self.links.lock();
@@ -272,18 +260,32 @@ impl DeviceShared {
         let dialed = tcp::dial(addr, &hello, self.engine.waker());
         let mut l = self.links.lock();
         l.dialing.remove(&peer);
-        let r = dialed.and_then(|link| self.engine.send(soft::Cmd::AddLink(Box::new(link))));
-        if r.is_ok() {
-            l.up.insert(peer);
-        }
         self.links_changed.notify_all();
-        r
+        match dialed? {
+            tcp::Dialed::Linked(link) => {
+                self.engine.send(soft::Cmd::AddLink(Box::new(link)))?;
+                l.up.insert(peer);
+                Ok(())
+            }
+            tcp::Dialed::TheirDial => {
+                let deadline = Instant::now() + soft::PEER_WAIT;
+                while !l.up.contains(&peer) {
+                    if self.links_changed.wait_until(&mut l, deadline).timed_out() {
+                        return Err(Error::Unreachable(format!(
+                            "device {peer:016x} ({remote}) dialed this device, but its link was not set up here within {} s",
+                            soft::PEER_WAIT.as_secs()
+                        )));
+                    }
+                }
+                Ok(())
+            }
+        }
     }
 }
 
 /// Serves a hello that reached this process's TCP listener: hands the connection to the
-/// device it names, if that device exists, has no link to the dialer yet, and is the one that
-/// should accept (the dialer has the smaller uid).
+/// device it names, if that device exists and has no link to the dialer yet. If the device
+/// is dialing the dialer at this moment, the dial from the smaller uid wins.
 fn on_tcp_dial(hello: tcp::Hello, mut stream: TcpStream) {
     let target = registry().lock().get(&hello.target).and_then(Weak::upgrade);
     let refuse = |mut s: TcpStream, a: tcp::Answer| {
@@ -296,13 +298,17 @@ fn on_tcp_dial(hello: tcp::Hello, mut stream: TcpStream) {
     if !hello.compatible() {
         return refuse(stream, tcp::Answer::Incompatible);
     }
-    if hello.dialer >= dev.uid {
-        return refuse(stream, tcp::Answer::WrongDirection);
-    }
     let mut l = dev.links.lock();
-    if l.up.contains(&hello.dialer) {
+    let refusal = if l.up.contains(&hello.dialer) {
+        Some(tcp::Answer::AlreadyLinked)
+    } else if l.dialing.contains(&hello.dialer) && dev.uid < hello.dialer {
+        Some(tcp::Answer::Crossed)
+    } else {
+        None
+    };
+    if let Some(a) = refusal {
         drop(l);
-        return refuse(stream, tcp::Answer::AlreadyLinked);
+        return refuse(stream, a);
     }
     if tcp::answer(&mut stream, tcp::Answer::Accepted).is_err() {
         return; // the dialer gave up

@@ -1,8 +1,8 @@
 //! The TCP link between two devices of this process (endpoints that ask for TCP), through
-//! the process's own listener on this host: data in both directions under back-pressure,
-//! the listener's refusals, and a dropped peer device.
+//! the process's own listener on this host: connecting in any order, data in both directions
+//! under back-pressure, the listener's refusals, and a dropped peer device.
 
-use super::soft::tcp::{self, Hello};
+use super::soft::tcp::{self, Dialed, Hello};
 use super::*;
 use crate::format::Syndrome;
 use crate::{Access, Completion, MemoryRegion, QpConfig, RecvWr, RemoteBuf, SendWr, WcStatus};
@@ -33,17 +33,117 @@ fn tcp_endpoint(s: &Side) -> Endpoint {
     }
 }
 
-/// Connects two sides over TCP: both connect at once (one dials, the other waits).
+/// Connects two sides over TCP, both at once (lined up on a barrier, so their dials often
+/// cross).
 fn connect(a: &mut Side, b: &mut Side) {
     let (ea, eb) = (tcp_endpoint(a), tcp_endpoint(b));
     assert_eq!(a.dev.link_kind(&eb).unwrap(), LinkKind::Tcp);
     assert_eq!(b.dev.link_kind(&ea).unwrap(), LinkKind::Tcp);
+    let go = std::sync::Barrier::new(2);
     std::thread::scope(|s| {
-        let (qa, qb) = (&mut a.qp, &mut b.qp);
-        let h = s.spawn(move || qa.connect(&eb));
+        let (qa, qb, go2) = (&mut a.qp, &mut b.qp, &go);
+        let h = s.spawn(move || {
+            go2.wait();
+            qa.connect(&eb)
+        });
+        go.wait();
         qb.connect(&ea).unwrap();
         h.join().unwrap().unwrap();
     });
+}
+
+/// A write from `a` into `b` and a send from `b` to `a` work.
+fn assert_pair_works(a: &mut Side, b: &mut Side) {
+    let mut src = pattern(9, 5000);
+    let mut dst = vec![0u8; 5000];
+    let src_mr = a.pd.register(&mut src, Access::empty()).unwrap();
+    let dst_mr = b.pd.register(&mut dst, Access::ALL).unwrap();
+    a.qp.post_send(
+        &SendWr::write(dst_mr.remote().at(0))
+            .sge(src_mr.sge(..))
+            .wr_id(1),
+    )
+    .unwrap();
+    let c = wait(&a.cq);
+    assert!(c.is_ok() && c.wr_id == 1, "{c:?}");
+    let mut got = vec![0u8; 5000];
+    dst_mr.read_at(0, &mut got);
+    assert!(got == pattern(9, 5000), "write");
+    let mut rbuf = vec![0u8; 5000];
+    let rmr = a.pd.register(&mut rbuf, Access::LOCAL_WRITE).unwrap();
+    send_imm_across(b, &dst_mr, a, &rmr, 3);
+}
+
+/// Both sides connect from one thread, one after the other, in either order: the first
+/// dials, the second finds the link.
+#[test]
+fn tcp_connects_in_sequence_in_either_order() {
+    for first_is_smaller in [true, false] {
+        let (mut a, mut b) = (side(), side());
+        if (a.dev.shared.uid < b.dev.shared.uid) != first_is_smaller {
+            std::mem::swap(&mut a, &mut b);
+        }
+        let (ea, eb) = (tcp_endpoint(&a), tcp_endpoint(&b));
+        a.qp.connect(&eb).unwrap();
+        b.qp.connect(&ea).unwrap();
+        assert_pair_works(&mut a, &mut b);
+    }
+}
+
+/// Fresh pairs of devices whose QPs (three pairs) all connect at the same moment from six
+/// threads: dials cross, and dials of one device dedupe; one working link results. Then the
+/// main pair connects at once from two threads and works both ways.
+#[test]
+fn tcp_simultaneous_connects() {
+    for _ in 0..10 {
+        let (mut a, mut b) = (side(), side());
+        let qps = |s: &Side| -> Vec<Qp> {
+            (0..3)
+                .map(|_| s.pd.create_qp(&s.cq, &s.cq, &QpConfig::default()).unwrap())
+                .collect()
+        };
+        let (mut qa, mut qb) = (qps(&a), qps(&b));
+        let eps = |qs: &[Qp]| -> Vec<Endpoint> {
+            qs.iter()
+                .map(|q| Endpoint {
+                    link: LinkPolicy::Tcp,
+                    ..q.endpoint()
+                })
+                .collect()
+        };
+        let (ea, eb) = (eps(&qa), eps(&qb));
+        let go = std::sync::Barrier::new(6);
+        std::thread::scope(|s| {
+            for (q, e) in qa.iter_mut().zip(&eb).chain(qb.iter_mut().zip(&ea)) {
+                let go = &go;
+                s.spawn(move || {
+                    go.wait();
+                    q.connect(e).unwrap()
+                });
+            }
+        });
+        let mut far = pattern(4, 64);
+        let far_mr = b.pd.register(&mut far, Access::ALL).unwrap();
+        let mut near = vec![0u8; 64];
+        let near_mr = a.pd.register(&mut near, Access::LOCAL_WRITE).unwrap();
+        for (i, q) in qa.iter_mut().enumerate() {
+            near_mr.write_at(0, &[0; 64]);
+            q.post_send(
+                &SendWr::read(far_mr.remote().at(0))
+                    .sge(near_mr.sge(..))
+                    .wr_id(i as u64),
+            )
+            .unwrap();
+            let c = wait(&a.cq);
+            assert!(c.is_ok() && c.wr_id == i as u64, "QP pair {i}: {c:?}");
+            let mut got = [0u8; 64];
+            near_mr.read_at(0, &mut got);
+            assert_eq!(got[..], pattern(4, 64)[..], "QP pair {i}");
+        }
+        drop((far_mr, near_mr));
+        connect(&mut a, &mut b);
+        assert_pair_works(&mut a, &mut b);
+    }
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -169,8 +269,15 @@ fn tcp_listener_refuses_what_it_cannot_serve() {
     };
     let hello = |dialer, target| Hello::new(dialer, target, host_id(), std::process::id());
     assert!(dial(hello(lo_uid, u64::MAX)).contains("no such device"));
-    assert!(dial(hello(lo_uid, hi_uid)).contains("already has a link"));
-    assert!(dial(hello(u64::MAX, hi_uid)).contains("expected to dial"));
+    // Already linked: the dialer then waits for the link its listener accepted.
+    let again = tcp::dial(addr, &hello(lo_uid, hi_uid), lo.dev.shared.engine.waker());
+    assert!(matches!(again, Ok(Dialed::TheirDial)));
+    // A dial that crosses one from the target, which has the smaller uid, loses.
+    let fake = u64::MAX;
+    lo.dev.shared.links.lock().dialing.insert(fake);
+    let crossed = tcp::dial(addr, &hello(fake, lo_uid), hi.dev.shared.engine.waker());
+    lo.dev.shared.links.lock().dialing.remove(&fake);
+    assert!(matches!(crossed, Ok(Dialed::TheirDial)));
     let odd = Hello {
         mtu: 1500,
         ..hello(lo_uid, hi_uid)

@@ -11,10 +11,12 @@
 //! as for a dead process. Dropping the engine's end shuts the socket down, which the peer
 //! sees as the end of the stream.
 //!
-//! A process accepts links on one listening socket shared by its devices ([`listen`]). Of
-//! two devices, the one with the smaller uid dials ([`dial`]) and names both devices in a
-//! hello; the listener hands the connection to the named device. The byte layouts of the
-//! hello, its answer and the frames are in `docs/soft-device.md` (TCP link) and below.
+//! A process accepts links on one listening socket shared by its devices ([`listen`]). The
+//! device that connects first dials ([`dial`]) and names both devices in a hello; the
+//! listener hands the connection to the named device. When both dial at the same moment, the
+//! dial of the device with the smaller uid wins and the other is answered `Crossed`. The byte
+//! layouts of the hello, its answer and the frames are in `docs/soft-device.md` (TCP link)
+//! and below.
 
 use super::link::{kind, BridgeSignal, Consumer, Link, PktHeader, Producer, MTU};
 use super::EngineWaker;
@@ -186,7 +188,10 @@ pub(crate) enum Answer {
     Accepted = 0,
     NoDevice = 1,
     AlreadyLinked = 2,
-    WrongDirection = 3,
+    /// The target is dialing the dialer at the same moment, and has the smaller uid: its dial
+    /// wins, and the dialer waits for it. (`AlreadyLinked` is answered when the target's
+    /// dial has already won; the dialer waits the same way.)
+    Crossed = 3,
     Incompatible = 4,
 }
 
@@ -195,7 +200,7 @@ impl Answer {
         Answer::Accepted,
         Answer::NoDevice,
         Answer::AlreadyLinked,
-        Answer::WrongDirection,
+        Answer::Crossed,
         Answer::Incompatible,
     ];
 
@@ -211,9 +216,7 @@ impl Answer {
             Some(Answer::Accepted) => "accepted".into(),
             Some(Answer::NoDevice) => "its process has no such device (dropped?)".into(),
             Some(Answer::AlreadyLinked) => "it already has a link to this device".into(),
-            Some(Answer::WrongDirection) => {
-                "it expected to dial this device itself (the smaller device id dials)".into()
-            }
+            Some(Answer::Crossed) => "it is dialing this device at the same moment".into(),
             Some(Answer::Incompatible) => {
                 "it uses another MTU or byte order (a different gdsync build?)".into()
             }
@@ -227,10 +230,19 @@ pub(crate) fn answer(stream: &mut TcpStream, a: Answer) -> std::io::Result<()> {
     stream.write_all(&a.to_bytes())
 }
 
+/// What a dial achieved.
+pub(crate) enum Dialed {
+    /// A new link to the target.
+    Linked(Link),
+    /// The link is the one the target dialed: its dial wins (`Crossed`) or already won
+    /// (`AlreadyLinked`: our listener accepted it). Wait for our listener to install it.
+    TheirDial,
+}
+
 /// Connects to the listener at `addr`, asks for a link to `hello.target`, and bridges the
 /// connection to a new link. Bounded: [`CONNECT_TIMEOUT`] to connect, then
 /// [`HANDSHAKE_TIMEOUT`] for the answer.
-pub(crate) fn dial(addr: SocketAddr, hello: &Hello, engine: EngineWaker) -> Result<Link> {
+pub(crate) fn dial(addr: SocketAddr, hello: &Hello, engine: EngineWaker) -> Result<Dialed> {
     let target = hello.target;
     let fail = |what: &str, e: &dyn std::fmt::Display| {
         Error::Unreachable(format!(
@@ -249,11 +261,13 @@ pub(crate) fn dial(addr: SocketAddr, hello: &Hello, engine: EngineWaker) -> Resu
     if a[..8] != HELLO_MAGIC {
         return Err(fail("answer", &"not a gdsync soft-device listener"));
     }
-    let code = u32::from_le_bytes(a[8..12].try_into().unwrap());
-    if code != Answer::Accepted as u32 {
-        return Err(fail("refused", &Answer::describe(code)));
+    match u32::from_le_bytes(a[8..12].try_into().unwrap()) {
+        code if code == Answer::Accepted as u32 => bridge(s, target, engine).map(Dialed::Linked),
+        code if code == Answer::Crossed as u32 || code == Answer::AlreadyLinked as u32 => {
+            Ok(Dialed::TheirDial)
+        }
+        code => Err(fail("refused", &Answer::describe(code))),
     }
-    bridge(s, target, engine)
 }
 
 // ---------------------------------------------------------------------------- listener
