@@ -40,6 +40,7 @@ fn child() {
     match role.as_str() {
         "responder" => responder(),
         "idle" => idle(),
+        "connect-self" => connect_self(),
         r => panic!("unknown child role {r:?}"),
     }
 }
@@ -219,6 +220,16 @@ fn idle() {
         if line == "EXIT" {
             break;
         }
+    }
+}
+
+/// Connects a QP to itself and reports the outcome (`CONNECTED` or `ERR message`).
+fn connect_self() {
+    let mut s = child_new();
+    let ep = s.qp.endpoint();
+    match s.qp.connect(&ep) {
+        Ok(()) => say("CONNECTED"),
+        Err(e) => say(format!("ERR {e}")),
     }
 }
 
@@ -889,4 +900,30 @@ fn tcp_unreachable_peer_is_a_clear_error() {
         );
         assert_eq!(s.qp.state(), gdasync::gdsync::QpState::Init, "{ep}");
     }
+}
+
+/// An invalid `GDSYNC_SOFT_LINK` makes `connect` fail with a message naming the variable and
+/// the values it takes (the policy is read once per process, hence a child).
+#[test]
+fn invalid_link_policy_is_a_clear_error() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child", "--nocapture", "--test-threads=1"])
+        .env(ROLE, "connect-self")
+        .env("GDSYNC_SOFT_LINK", "infiniband")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run child");
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.split_once(TAG).map(|(_, m)| m.to_string()))
+        .expect("a report from the child");
+    assert!(
+        line.starts_with("ERR invalid argument: GDSYNC_SOFT_LINK=\"infiniband\"")
+            && line.contains("auto")
+            && line.contains("shm")
+            && line.contains("tcp"),
+        "{line}"
+    );
 }
