@@ -9,8 +9,8 @@ use common::*;
 use gdasync::gdsync::exec::HostExecutor;
 use gdasync::gdsync::format::Syndrome;
 use gdasync::gdsync::{
-    Access, CompletionOp, Device, Endpoint, Error, MemoryRegion, QpConfig, QpState, RecvWr,
-    RemoteAddr, SendWr, Sge, WcStatus,
+    Access, CompletionOp, Device, Endpoint, Error, LinkKind, MemoryRegion, QpConfig, QpState,
+    RecvWr, RemoteAddr, SendWr, Sge, WcStatus,
 };
 use std::time::{Duration, Instant};
 
@@ -834,17 +834,34 @@ fn endpoint_encoding() {
     assert_eq!(ep.device, dev.info().uid);
     assert_eq!(Endpoint::from_bytes(&ep.to_bytes()).unwrap(), ep);
     assert_eq!(ep.to_string().parse::<Endpoint>().unwrap(), ep);
-    assert!(Endpoint::from_bytes(&[0u8; 32]).is_err());
-    assert!(Endpoint::from_bytes(&ep.to_bytes()[..31]).is_err());
+    assert!(Endpoint::from_bytes(&[0u8; Endpoint::WIRE_LEN]).is_err());
+    assert!(Endpoint::from_bytes(&ep.to_bytes()[..Endpoint::WIRE_LEN - 1]).is_err());
     assert!("gdsync:1:2:3".parse::<Endpoint>().is_err());
-    assert!("nope:1:2:3:4".parse::<Endpoint>().is_err());
-    // Another host cannot be reached; a dropped device neither.
+    assert!("nope:1:2:3:4:auto@-".parse::<Endpoint>().is_err());
+    // Another host is reached over TCP: not without an address. (The larger device id so
+    // that this side dials.) A dropped device cannot be reached either.
     let mut t = Side::new(&dev, &QpConfig::default());
     let far = Endpoint {
         host: ep.host ^ 1,
+        device: u64::MAX,
+        addr: None,
         ..ep
     };
-    assert!(matches!(t.qp.connect(&far), Err(Error::Unreachable(_))));
+    assert_eq!(dev.link_kind(&far).unwrap(), LinkKind::Tcp);
+    let e = t.qp.connect(&far).unwrap_err();
+    assert!(
+        matches!(&e, Error::Unreachable(m) if m.contains("no TCP address")),
+        "{e}"
+    );
+    // An endpoint naming this device in another process is corrupt.
+    let twin = Endpoint {
+        host: ep.host ^ 1,
+        ..ep
+    };
+    assert!(matches!(
+        t.qp.connect(&twin),
+        Err(Error::InvalidArgument(_))
+    ));
     let gone = {
         let d = Device::soft().unwrap();
         let g = Side::new(&d, &QpConfig::default());

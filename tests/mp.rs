@@ -1,10 +1,11 @@
 //! The messaging layer: every operation with 2, 4 and 8 thread ranks, and with 2 and 4
-//! processes over the TCP bootstrap on loopback (host memory; CPU and host-stream executors).
+//! processes over the TCP bootstrap on loopback (host memory; CPU and host-stream executors);
+//! 2 processes also with the soft device's TCP link instead of shared memory.
 
 use gdasync::gdsync::exec::HostStream;
 use gdasync::gdsync::format::Syndrome;
 use gdasync::gdsync::ops::WaitCond;
-use gdasync::gdsync::{Device, Error};
+use gdasync::gdsync::{Device, Error, LinkPolicy, QpConfig};
 use gdasync::mp::bootstrap::{launch_local, Bootstrap, JobInfo, TcpBootstrap, ThreadBootstrap};
 use gdasync::mp::Comm;
 use std::time::{Duration, Instant};
@@ -254,9 +255,30 @@ fn rank_entry() {
     let Ok(mode) = std::env::var("GDSYNC_MP_TEST") else {
         return;
     };
+    // "MODE+tcp": the rank asks for TCP links as a user would, through the environment, before
+    // its first device exists (this process runs only this test).
+    let mode = match mode.strip_suffix("+tcp") {
+        Some(m) => {
+            std::env::set_var("GDSYNC_SOFT_LINK", "tcp");
+            m.to_string()
+        }
+        None => mode,
+    };
+    let dev = Device::soft().unwrap();
+    if std::env::var("GDSYNC_SOFT_LINK").as_deref() == Ok("tcp") {
+        // Its endpoints ask for TCP (so every peer links to it over TCP) and have an address.
+        let cq = dev.create_cq(1).unwrap();
+        let ep = dev
+            .alloc_pd()
+            .create_qp(&cq, &cq, &QpConfig::default())
+            .unwrap()
+            .endpoint();
+        assert_eq!(ep.link, LinkPolicy::Tcp, "{ep}");
+        assert!(ep.addr.is_some(), "{ep}");
+    }
     let info = JobInfo::from_env().unwrap();
     let boot = TcpBootstrap::connect(&info, Duration::from_secs(30)).unwrap();
-    let mut comm = Comm::new(Box::new(boot), &Device::soft().unwrap()).unwrap();
+    let mut comm = Comm::new(Box::new(boot), &dev).unwrap();
     match mode.as_str() {
         "workload" => {
             workload(&mut comm);
@@ -308,6 +330,14 @@ fn procs(n: usize, mode: &str) -> Vec<std::process::Output> {
 #[test]
 fn processes_2() {
     for (r, o) in procs(2, "workload").iter().enumerate() {
+        assert!(o.status.success(), "rank {r} failed");
+    }
+}
+
+/// Two processes whose soft devices link over TCP (on loopback) instead of shared memory.
+#[test]
+fn processes_2_over_tcp_links() {
+    for (r, o) in procs(2, "workload+tcp").iter().enumerate() {
         assert!(o.status.success(), "rank {r} failed");
     }
 }

@@ -1,4 +1,6 @@
-//! Two processes on one host, linked through a shared-memory file.
+//! Two processes on one host, linked through a shared-memory file, or over TCP on this host
+//! when the child asks for it (`GDSYNC_SOFT_LINK=tcp` in its environment; its endpoint
+//! carries the request, so the parent, with the default policy, links over TCP too).
 //!
 //! The parent test re-executes this test binary, running only the `child` test with
 //! `GDSYNC_CHILD_ROLE` set; without that variable `child` returns at once. Endpoints and the
@@ -10,7 +12,8 @@ mod common;
 use common::*;
 use gdasync::gdsync::format::Syndrome;
 use gdasync::gdsync::{
-    Access, CompletionOp, Device, Endpoint, QpConfig, RecvWr, RemoteBuf, SendWr, WcStatus,
+    Access, CompletionOp, Device, Endpoint, Error, LinkKind, LinkPolicy, QpConfig, RecvWr,
+    RemoteBuf, SendWr, WcStatus,
 };
 use std::io::{BufRead, BufReader, Write};
 use std::process::{ChildStdin, Command, Stdio};
@@ -37,6 +40,7 @@ fn child() {
     match role.as_str() {
         "responder" => responder(),
         "idle" => idle(),
+        "connect-self" => connect_self(),
         r => panic!("unknown child role {r:?}"),
     }
 }
@@ -219,6 +223,16 @@ fn idle() {
     }
 }
 
+/// Connects a QP to itself and reports the outcome (`CONNECTED` or `ERR message`).
+fn connect_self() {
+    let mut s = child_new();
+    let ep = s.qp.endpoint();
+    match s.qp.connect(&ep) {
+        Ok(()) => say("CONNECTED"),
+        Err(e) => say(format!("ERR {e}")),
+    }
+}
+
 // ---------------------------------------------------------------------------- the parent
 
 /// A child process running one role, and the parent's connected QP to it.
@@ -233,12 +247,19 @@ struct Child {
 }
 
 impl Child {
-    /// Starts a child in `role` and connects a QP with `cfg` to it.
-    fn spawn(role: &str, cfg: &QpConfig) -> Child {
+    /// Starts a child in `role` and connects a QP with `cfg` to it over `link`
+    /// (`SharedMemory` or `Tcp`).
+    fn spawn(role: &str, cfg: &QpConfig, link: LinkKind) -> Child {
         let exe = std::env::current_exe().unwrap();
-        let mut proc = Command::new(exe)
-            .args(["--exact", "child", "--nocapture", "--test-threads=1"])
-            .env(ROLE, role)
+        let mut cmd = Command::new(exe);
+        cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
+            .env(ROLE, role);
+        match link {
+            LinkKind::SharedMemory => cmd.env_remove("GDSYNC_SOFT_LINK"),
+            LinkKind::Tcp => cmd.env("GDSYNC_SOFT_LINK", "tcp"),
+            other => panic!("a child process is reached by shared memory or TCP, not {other:?}"),
+        };
+        let mut proc = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -272,10 +293,15 @@ impl Child {
             side,
         };
         let ep: Endpoint = c.expect("EP ").parse().expect("child endpoint");
+        assert_eq!(dev.link_kind(&ep).unwrap(), link, "{ep}");
+        if link == LinkKind::Tcp {
+            assert_eq!(ep.link, LinkPolicy::Tcp, "{ep}");
+            assert!(ep.addr.is_some(), "{ep}");
+        }
         c.buf = parse_buf(&c.expect("BUF "));
         assert_eq!(c.buf.len, MEM_LEN as u64);
         // Send our endpoint before connecting: connect waits for the link file that the
-        // device with the smaller id creates when it connects.
+        // device with the smaller id creates when it connects (over TCP: for its dial).
         let mine = c.side.qp.endpoint();
         c.send(&format!("EP {mine}"));
         c.side.qp.connect(&ep).expect("parent connect");
@@ -360,7 +386,17 @@ impl Drop for Child {
 /// Every operation against a child process, checked on both sides.
 #[test]
 fn every_operation_across_processes() {
-    let mut ch = Child::spawn("responder", &QpConfig::default());
+    every_operation(LinkKind::SharedMemory);
+}
+
+/// The same over TCP.
+#[test]
+fn every_operation_over_tcp() {
+    every_operation(LinkKind::Tcp);
+}
+
+fn every_operation(link: LinkKind) {
+    let mut ch = Child::spawn("responder", &QpConfig::default(), link);
     let buf = ch.buf;
     // The parent's model of the child's region.
     let mut model = pattern(MEM_SEED, MEM_LEN);
@@ -536,13 +572,13 @@ fn dead_peer_completions(ch: &Child, n: usize, since: Instant, first_id: u64) ->
 /// Sends stuck on RNR (the child posts no receives; infinite retries) and a read behind
 /// them, then the child is killed: all of it completes with errors within 2 s. Returns the
 /// statuses.
-fn kill_during_rnr(rnr_timer: Duration) -> Vec<WcStatus> {
+fn kill_during_rnr(rnr_timer: Duration, link: LinkKind) -> Vec<WcStatus> {
     let cfg = QpConfig {
         rnr_retry: u8::MAX,
         rnr_timer,
         ..QpConfig::default()
     };
-    let mut ch = Child::spawn("idle", &cfg);
+    let mut ch = Child::spawn("idle", &cfg, link);
     let buf = ch.buf;
     let pd = ch.side.pd.clone();
     let mut local = vec![0u8; 64];
@@ -578,20 +614,26 @@ fn kill_during_rnr(rnr_timer: Duration) -> Vec<WcStatus> {
 
 #[test]
 fn child_killed_with_sends_waiting_on_rnr() {
-    let s = kill_during_rnr(Duration::from_millis(2));
+    let s = kill_during_rnr(Duration::from_millis(2), LinkKind::SharedMemory);
     assert_eq!(s[0], WcStatus::Error(Syndrome::TransportRetryExc), "{s:?}");
 }
 
 #[test]
 fn child_killed_during_rnr_wait_reports_retry_exceeded() {
-    let s = kill_during_rnr(Duration::from_millis(100));
+    let s = kill_during_rnr(Duration::from_millis(100), LinkKind::SharedMemory);
+    assert_eq!(s[0], WcStatus::Error(Syndrome::TransportRetryExc), "{s:?}");
+}
+
+#[test]
+fn tcp_child_killed_with_sends_waiting_on_rnr() {
+    let s = kill_during_rnr(Duration::from_millis(2), LinkKind::Tcp);
     assert_eq!(s[0], WcStatus::Error(Syndrome::TransportRetryExc), "{s:?}");
 }
 
 /// Kills the child (after a good read), waits `idle`, then posts three reads. They must
 /// all fail within 2 s and move no data. Returns their statuses.
-fn reads_after_kill(idle: Duration) -> Vec<WcStatus> {
-    let mut ch = Child::spawn("idle", &QpConfig::default());
+fn reads_after_kill(idle: Duration, link: LinkKind) -> Vec<WcStatus> {
+    let mut ch = Child::spawn("idle", &QpConfig::default(), link);
     let buf = ch.buf;
     let pd = ch.side.pd.clone();
     let mut local = vec![0u8; 4096];
@@ -640,7 +682,7 @@ fn reads_after_kill(idle: Duration) -> Vec<WcStatus> {
 /// The child is killed; reads posted right afterwards fail within 2 s.
 #[test]
 fn child_killed_then_reads_posted() {
-    let s = reads_after_kill(Duration::ZERO);
+    let s = reads_after_kill(Duration::ZERO, LinkKind::SharedMemory);
     assert_eq!(s[0], WcStatus::Error(Syndrome::TransportRetryExc), "{s:?}");
 }
 
@@ -648,14 +690,35 @@ fn child_killed_then_reads_posted() {
 /// (TRANSPORT_RETRY_EXC), not only WR_FLUSH.
 #[test]
 fn child_killed_then_reads_posted_later_report_retry_exceeded() {
-    let s = reads_after_kill(Duration::from_millis(100));
+    let s = reads_after_kill(Duration::from_millis(100), LinkKind::SharedMemory);
+    assert_eq!(s[0], WcStatus::Error(Syndrome::TransportRetryExc), "{s:?}");
+}
+
+#[test]
+fn tcp_child_killed_then_reads_posted() {
+    let s = reads_after_kill(Duration::ZERO, LinkKind::Tcp);
+    assert_eq!(s[0], WcStatus::Error(Syndrome::TransportRetryExc), "{s:?}");
+}
+
+#[test]
+fn tcp_child_killed_then_reads_posted_later_report_retry_exceeded() {
+    let s = reads_after_kill(Duration::from_millis(100), LinkKind::Tcp);
     assert_eq!(s[0], WcStatus::Error(Syndrome::TransportRetryExc), "{s:?}");
 }
 
 /// The child exits normally (its device closes the link): later work fails promptly.
 #[test]
 fn child_exits_then_read_fails() {
-    let mut ch = Child::spawn("idle", &QpConfig::default());
+    exit_then_read_fails(LinkKind::SharedMemory);
+}
+
+#[test]
+fn tcp_child_exits_then_read_fails() {
+    exit_then_read_fails(LinkKind::Tcp);
+}
+
+fn exit_then_read_fails(link: LinkKind) {
+    let mut ch = Child::spawn("idle", &QpConfig::default(), link);
     let buf = ch.buf;
     let pd = ch.side.pd.clone();
     let mut local = vec![0u8; 64];
@@ -679,7 +742,16 @@ fn child_exits_then_read_fails() {
 /// TRANSPORT_RETRY_EXC, the rest with it or WR_FLUSH.
 #[test]
 fn child_killed_with_reads_in_flight() {
-    let mut ch = Child::spawn("idle", &QpConfig::default());
+    kill_with_reads_in_flight(LinkKind::SharedMemory);
+}
+
+#[test]
+fn tcp_child_killed_with_reads_in_flight() {
+    kill_with_reads_in_flight(LinkKind::Tcp);
+}
+
+fn kill_with_reads_in_flight(link: LinkKind) {
+    let mut ch = Child::spawn("idle", &QpConfig::default(), link);
     let buf = ch.buf;
     let pd = ch.side.pd.clone();
     let mut local = vec![0u8; 3 * 4096];
@@ -739,12 +811,22 @@ fn wait_stopped(pid: u32) {
 /// TRANSPORT_RETRY_EXC once `QpConfig::timeout` passes without an answer.
 #[test]
 fn stopped_child_times_out() {
+    stopped_times_out(LinkKind::SharedMemory);
+}
+
+/// Over TCP the stopped process's connection stays open: the QP timeout still applies.
+#[test]
+fn tcp_stopped_child_times_out() {
+    stopped_times_out(LinkKind::Tcp);
+}
+
+fn stopped_times_out(link: LinkKind) {
     let timeout = Duration::from_millis(300);
     let cfg = QpConfig {
         timeout,
         ..QpConfig::default()
     };
-    let mut ch = Child::spawn("idle", &cfg);
+    let mut ch = Child::spawn("idle", &cfg, link);
     let buf = ch.buf;
     let pd = ch.side.pd.clone();
     let mut local = vec![0u8; 64];
@@ -771,4 +853,77 @@ fn stopped_child_times_out() {
     );
     drop(lmr);
     // Drop kills the stopped child.
+}
+
+// ---------------------------------------------------------------------------- unreachable
+
+/// A peer "on another host" whose address accepts no connection, or cannot be reached at
+/// all, or that has no address: connect fails with `Unreachable`, naming the address,
+/// within a bounded time (the TCP connect timeout is 5 s). The messages are printed for a
+/// reader to judge.
+#[test]
+fn tcp_unreachable_peer_is_a_clear_error() {
+    let dev = Device::soft().unwrap();
+    let mine = Side::new(&dev, &QpConfig::default()).qp.endpoint();
+    // A port that was free a moment ago: nothing listens there.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap();
+    let far = |addr: Option<&str>| Endpoint {
+        host: mine.host ^ 1,
+        pid: 1,
+        // Larger than any device id here, so this side dials.
+        device: u64::MAX,
+        qpn: 1,
+        addr: addr.map(|a| a.parse().unwrap()),
+        link: LinkPolicy::Auto,
+    };
+    let refused = closed.to_string();
+    for (ep, says) in [
+        (far(Some(&refused)), refused.as_str()),
+        // Reserved for documentation (RFC 5737): never answers, or has no route.
+        (far(Some("192.0.2.1:9")), "192.0.2.1:9"),
+        (far(None), "no TCP address"),
+    ] {
+        let mut s = Side::new(&dev, &QpConfig::default());
+        let t = Instant::now();
+        let e = s.qp.connect(&ep).unwrap_err();
+        let took = t.elapsed();
+        println!("{took:?}: {e}");
+        assert!(
+            matches!(&e, Error::Unreachable(m) if m.contains(says)),
+            "{ep}: {e}"
+        );
+        assert!(
+            took < Duration::from_secs(10),
+            "{ep}: failed after {took:?}"
+        );
+        assert_eq!(s.qp.state(), gdasync::gdsync::QpState::Init, "{ep}");
+    }
+}
+
+/// An invalid `GDSYNC_SOFT_LINK` makes `connect` fail with a message naming the variable and
+/// the values it takes (the policy is read once per process, hence a child).
+#[test]
+fn invalid_link_policy_is_a_clear_error() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child", "--nocapture", "--test-threads=1"])
+        .env(ROLE, "connect-self")
+        .env("GDSYNC_SOFT_LINK", "infiniband")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run child");
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.split_once(TAG).map(|(_, m)| m.to_string()))
+        .expect("a report from the child");
+    assert!(
+        line.starts_with("ERR invalid argument: GDSYNC_SOFT_LINK=\"infiniband\"")
+            && line.contains("auto")
+            && line.contains("shm")
+            && line.contains("tcp"),
+        "{line}"
+    );
 }

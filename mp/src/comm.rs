@@ -171,7 +171,7 @@ impl std::fmt::Debug for Comm {
 }
 
 /// Bytes of one endpoint in the connection record.
-const EP_BYTES: usize = 32;
+const EP_BYTES: usize = Endpoint::WIRE_LEN;
 
 /// A rank's connection record: its control region, then per peer its data QP's endpoint and
 /// its credit QP's endpoint (zeros for itself).

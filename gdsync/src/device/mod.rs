@@ -1,17 +1,23 @@
 //! Devices: the NIC below the queues. Only the soft device exists so far: a software model
 //! of the mlx5 RC data path (see `docs/soft-device.md`).
 
+mod endpoint;
 pub(crate) mod soft;
+
+pub use endpoint::{Endpoint, LinkKind, LinkPolicy};
 
 use crate::cq::Cq;
 use crate::mr::{MrTable, ProtectionDomain};
 use crate::qp::{Qp, QpConfig, QpShared};
 use crate::{Error, Result};
-use parking_lot::{Mutex, RwLock};
-use soft::{EngineHandle, Link};
+use endpoint::{choose_link, Here};
+use parking_lot::{Condvar, Mutex, RwLock};
+use soft::{tcp, EngineHandle, Link};
 use std::collections::{HashMap, HashSet};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
+use std::time::Instant;
 
 /// QPN → QP, for routing completions to their queue.
 #[derive(Default)]
@@ -44,6 +50,23 @@ pub(crate) fn fnv1a(b: &[u8]) -> u64 {
     })
 }
 
+/// This process's link policy, from `GDSYNC_SOFT_LINK` (read once).
+fn link_policy() -> Result<LinkPolicy> {
+    static P: OnceLock<std::result::Result<LinkPolicy, String>> = OnceLock::new();
+    P.get_or_init(|| {
+        let v = std::env::var("GDSYNC_SOFT_LINK").unwrap_or_default();
+        v.parse()
+            .map_err(|_| format!("GDSYNC_SOFT_LINK={v:?}: expected auto (the default), shm or tcp"))
+    })
+    .clone()
+    .map_err(Error::InvalidArgument)
+}
+
+/// Where this process accepts TCP links (starting the listener on first use), or why not.
+fn tcp_address() -> Result<SocketAddr> {
+    tcp::listen(on_tcp_dial)
+}
+
 fn new_uid() -> u64 {
     static N: AtomicU32 = AtomicU32::new(0);
     let t = std::time::SystemTime::now()
@@ -57,82 +80,6 @@ fn new_uid() -> u64 {
     let here = &seed as *const _ as usize as u32;
     seed[24..].copy_from_slice(&here.to_le_bytes());
     fnv1a(&seed) | 1
-}
-
-/// What a peer needs to reach a QP: plain data, exchanged out of band (a thread channel, a
-/// file, a socket, MPI). Encodes to 32 bytes ([`Endpoint::to_bytes`]) or a string.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Endpoint {
-    /// Host (boot) identifier.
-    pub host: u64,
-    /// Process id of the QP's owner.
-    pub pid: u32,
-    /// The device's unique id.
-    pub device: u64,
-    /// The QP number.
-    pub qpn: u32,
-}
-
-impl Endpoint {
-    const MAGIC: [u8; 4] = *b"GDE1";
-
-    /// The 32-byte wire form.
-    pub fn to_bytes(&self) -> [u8; 32] {
-        let mut b = [0u8; 32];
-        b[..4].copy_from_slice(&Self::MAGIC);
-        b[4..8].copy_from_slice(&self.pid.to_le_bytes());
-        b[8..16].copy_from_slice(&self.host.to_le_bytes());
-        b[16..24].copy_from_slice(&self.device.to_le_bytes());
-        b[24..28].copy_from_slice(&self.qpn.to_le_bytes());
-        b
-    }
-    /// Parses the 32-byte wire form.
-    pub fn from_bytes(b: &[u8]) -> Result<Self> {
-        if b.len() != 32 || b[..4] != Self::MAGIC {
-            return Err(Error::invalid(
-                "not a gdsync endpoint (expected 32 bytes starting with GDE1)",
-            ));
-        }
-        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
-        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
-        Ok(Self {
-            pid: u32_at(4),
-            host: u64_at(8),
-            device: u64_at(16),
-            qpn: u32_at(24),
-        })
-    }
-}
-
-impl std::fmt::Display for Endpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "gdsync:{:016x}:{}:{:016x}:{:x}",
-            self.host, self.pid, self.device, self.qpn
-        )
-    }
-}
-
-impl std::str::FromStr for Endpoint {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        let bad = || {
-            Error::invalid(format!(
-                "not an endpoint string: {s:?} (expected gdsync:HOST:PID:DEVICE:QPN)"
-            ))
-        };
-        let p: Vec<&str> = s.trim().split(':').collect();
-        if p.len() != 5 || p[0] != "gdsync" {
-            return Err(bad());
-        }
-        Ok(Self {
-            host: u64::from_str_radix(p[1], 16).map_err(|_| bad())?,
-            pid: p[2].parse().map_err(|_| bad())?,
-            device: u64::from_str_radix(p[3], 16).map_err(|_| bad())?,
-            qpn: u32::from_str_radix(p[4], 16).map_err(|_| bad())?,
-        })
-    }
 }
 
 /// A short description of a device.
@@ -152,21 +99,52 @@ pub(crate) struct DeviceShared {
     next_qpn: AtomicU32,
     next_cqn: AtomicU32,
     next_pd: AtomicU32,
-    /// Peers this device has a link to.
-    links: Mutex<HashSet<u64>>,
+    /// Peers this device has a link to, or is dialing.
+    links: Mutex<Links>,
+    /// Signalled when a link comes up or a dial ends.
+    links_changed: Condvar,
     /// The CPU proxy for QPs whose doorbells a CPU rings on the GPU's behalf.
     pub proxy: Arc<crate::handler::Proxy>,
     engine: EngineHandle,
 }
 
+/// A device's links by peer uid.
+#[derive(Default)]
+struct Links {
+    up: HashSet<u64>,
+    /// TCP dials in progress (made without the lock held).
+    dialing: HashSet<u64>,
+}
+
 impl DeviceShared {
     pub(crate) fn endpoint(&self, qpn: u32) -> Endpoint {
+        // An invalid GDSYNC_SOFT_LINK is reported by connect; the endpoint says auto.
+        let link = link_policy().unwrap_or_default();
+        // Without a listener (it failed: logged) the endpoint has no address, and peers
+        // that need TCP get Unreachable naming this endpoint.
+        let addr = match link {
+            LinkPolicy::Shm => None,
+            _ => tcp_address().ok(),
+        };
         Endpoint {
             host: host_id(),
             pid: std::process::id(),
             device: self.uid,
             qpn,
+            addr,
+            link,
         }
+    }
+
+    /// The link a connect to `remote` uses.
+    fn link_kind(&self, remote: &Endpoint) -> Result<LinkKind> {
+        let here = Here {
+            host: host_id(),
+            pid: std::process::id(),
+            device: self.uid,
+            link: link_policy()?,
+        };
+        choose_link(&here, remote)
     }
 
     pub(crate) fn kick(&self) {
@@ -185,31 +163,10 @@ impl DeviceShared {
 
     /// Makes sure a link to `remote`'s device exists, then connects the QP over it.
     pub(crate) fn connect(self: &Arc<Self>, qp: &Arc<QpShared>, remote: &Endpoint) -> Result<()> {
-        if remote.host != host_id() {
-            return Err(Error::Unreachable(format!(
-                "{remote} is on another host; the soft device links processes on one host (shared memory) and threads of one process"
-            )));
-        }
-        if remote.pid == std::process::id() {
-            let peer = registry()
-                .lock()
-                .get(&remote.device)
-                .and_then(Weak::upgrade)
-                .ok_or_else(|| {
-                    Error::Unreachable(format!(
-                        "no device {:016x} in this process (dropped?)",
-                        remote.device
-                    ))
-                })?;
-            if !peer.qps.0.read().contains_key(&remote.qpn) {
-                return Err(Error::Unreachable(format!(
-                    "device {:016x} has no QP {:#x}",
-                    remote.device, remote.qpn
-                )));
-            }
-            self.link_in_process(&peer)?;
-        } else {
-            self.link_shared_memory(remote)?;
+        match self.link_kind(remote)? {
+            LinkKind::Loopback | LinkKind::InProcess => self.link_in_process(remote)?,
+            LinkKind::SharedMemory => self.link_shared_memory(remote)?,
+            LinkKind::Tcp => self.link_tcp(remote)?,
         }
         self.engine.send(soft::Cmd::Connect {
             qpn: qp.qpn,
@@ -218,10 +175,26 @@ impl DeviceShared {
         })
     }
 
-    fn link_in_process(self: &Arc<Self>, peer: &Arc<DeviceShared>) -> Result<()> {
-        if Arc::ptr_eq(self, peer) {
+    fn link_in_process(self: &Arc<Self>, remote: &Endpoint) -> Result<()> {
+        let peer = registry()
+            .lock()
+            .get(&remote.device)
+            .and_then(Weak::upgrade)
+            .ok_or_else(|| {
+                Error::Unreachable(format!(
+                    "no device {:016x} in this process (dropped?)",
+                    remote.device
+                ))
+            })?;
+        if !peer.qps.0.read().contains_key(&remote.qpn) {
+            return Err(Error::Unreachable(format!(
+                "device {:016x} has no QP {:#x}",
+                remote.device, remote.qpn
+            )));
+        }
+        if Arc::ptr_eq(self, &peer) {
             let mut l = self.links.lock();
-            if l.insert(self.uid) {
+            if l.up.insert(self.uid) {
                 self.engine
                     .send(soft::Cmd::AddLink(Box::new(Link::loopback(self.uid))))?;
             }
@@ -229,32 +202,128 @@ impl DeviceShared {
         }
         // Lock both link sets in uid order so two threads connecting the pair cannot deadlock.
         let (first, second) = if self.uid < peer.uid {
-            (self, peer)
+            (self, &peer)
         } else {
-            (peer, self)
+            (&peer, self)
         };
         let mut l1 = first.links.lock();
         let mut l2 = second.links.lock();
-        if l1.contains(&second.uid) {
+        if l1.up.contains(&second.uid) {
             return Ok(());
         }
         let (a, b) = Link::in_process_pair(first.uid, second.uid);
         first.engine.send(soft::Cmd::AddLink(Box::new(a)))?;
         second.engine.send(soft::Cmd::AddLink(Box::new(b)))?;
-        l1.insert(second.uid);
-        l2.insert(first.uid);
+        l1.up.insert(second.uid);
+        l2.up.insert(first.uid);
         Ok(())
     }
 
     fn link_shared_memory(&self, remote: &Endpoint) -> Result<()> {
         let mut l = self.links.lock();
-        if l.contains(&remote.device) {
+        if l.up.contains(&remote.device) {
             return Ok(());
         }
         let link = Link::shared_memory(self.uid, remote.device, remote.pid)?;
         self.engine.send(soft::Cmd::AddLink(Box::new(link)))?;
-        l.insert(remote.device);
+        l.up.insert(remote.device);
         Ok(())
+    }
+
+    /// A TCP link to `remote`'s device. The device that connects first dials the other's
+    /// listener ([`on_tcp_dial`] accepts); the other's `connect` then finds the link. If both
+    /// dial at once, the smaller uid's dial wins and the other device waits for it (up to
+    /// [`soft::PEER_WAIT`]).
+    fn link_tcp(&self, remote: &Endpoint) -> Result<()> {
+        let peer = remote.device;
+        let addr = remote.addr.ok_or_else(|| {
+            Error::Unreachable(format!(
+                "{remote} has no TCP address (its process has GDSYNC_SOFT_LINK=shm, or its listener failed: see its log)"
+            ))
+        })?;
+        // This process must accept links too: a crossed dial leaves it waiting for the peer's.
+        tcp_address()?;
+        {
+            // One dial per peer: another QP of this device may be dialing it right now.
+            let mut l = self.links.lock();
+            loop {
+                if l.up.contains(&peer) {
+                    return Ok(());
+                }
+                if l.dialing.insert(peer) {
+                    break;
+                }
+                self.links_changed.wait(&mut l);
+            }
+        }
+        let hello = tcp::Hello::new(self.uid, peer, host_id(), std::process::id());
+        let dialed = tcp::dial(addr, &hello, self.engine.waker());
+        let mut l = self.links.lock();
+        l.dialing.remove(&peer);
+        self.links_changed.notify_all();
+        match dialed? {
+            tcp::Dialed::Linked(link) => {
+                self.engine.send(soft::Cmd::AddLink(Box::new(link)))?;
+                l.up.insert(peer);
+                Ok(())
+            }
+            tcp::Dialed::TheirDial => {
+                let deadline = Instant::now() + soft::PEER_WAIT;
+                while !l.up.contains(&peer) {
+                    if self.links_changed.wait_until(&mut l, deadline).timed_out() {
+                        return Err(Error::Unreachable(format!(
+                            "device {peer:016x} ({remote}) dialed this device, but its link was not set up here within {} s",
+                            soft::PEER_WAIT.as_secs()
+                        )));
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Serves a hello that reached this process's TCP listener: hands the connection to the
+/// device it names, if that device exists and has no link to the dialer yet. If the device
+/// is dialing the dialer at this moment, the dial from the smaller uid wins.
+fn on_tcp_dial(hello: tcp::Hello, mut stream: TcpStream) {
+    let target = registry().lock().get(&hello.target).and_then(Weak::upgrade);
+    let refuse = |mut s: TcpStream, a: tcp::Answer| {
+        tracing::debug!(?hello, ?a, "soft device: refused a TCP link");
+        let _ = tcp::answer(&mut s, a);
+    };
+    let Some(dev) = target else {
+        return refuse(stream, tcp::Answer::NoDevice);
+    };
+    if !hello.compatible() {
+        return refuse(stream, tcp::Answer::Incompatible);
+    }
+    let mut l = dev.links.lock();
+    let refusal = if l.up.contains(&hello.dialer) {
+        Some(tcp::Answer::AlreadyLinked)
+    } else if l.dialing.contains(&hello.dialer) && dev.uid < hello.dialer {
+        Some(tcp::Answer::Crossed)
+    } else {
+        None
+    };
+    if let Some(a) = refusal {
+        drop(l);
+        return refuse(stream, a);
+    }
+    if tcp::answer(&mut stream, tcp::Answer::Accepted).is_err() {
+        return; // the dialer gave up
+    }
+    let linked = tcp::bridge(stream, hello.dialer, dev.engine.waker())
+        .and_then(|link| dev.engine.send(soft::Cmd::AddLink(Box::new(link))));
+    match linked {
+        Ok(()) => {
+            l.up.insert(hello.dialer);
+            dev.links_changed.notify_all();
+        }
+        Err(e) => tracing::warn!(
+            ?hello,
+            "soft device: cannot set up an accepted TCP link: {e}"
+        ),
     }
 }
 
@@ -293,12 +362,19 @@ impl Device {
             next_qpn: AtomicU32::new(1),
             next_cqn: AtomicU32::new(1),
             next_pd: AtomicU32::new(1),
-            links: Mutex::new(HashSet::new()),
+            links: Mutex::new(Links::default()),
+            links_changed: Condvar::new(),
             proxy: Default::default(),
             engine,
         });
         registry().lock().insert(uid, Arc::downgrade(&shared));
         Ok(Device { shared })
+    }
+
+    /// The link a [`Qp::connect`] to `remote` would use, or why there is none (conflicting
+    /// link policies, another host under `GDSYNC_SOFT_LINK=shm`, an invalid policy).
+    pub fn link_kind(&self, remote: &Endpoint) -> Result<LinkKind> {
+        self.shared.link_kind(remote)
     }
 
     /// Name and id.
@@ -340,3 +416,6 @@ impl ProtectionDomain {
         Qp::create(&self.dev, self.id, qpn, send_cq, recv_cq, cfg)
     }
 }
+
+#[cfg(test)]
+mod tcp_tests;

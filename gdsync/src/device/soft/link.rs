@@ -1,6 +1,8 @@
 //! Links between soft-device engines: the "wire". A link is a pair of byte rings (one per
 //! direction) carrying packets, in one process (heap memory) or between processes on one
-//! host (a shared-memory file). A loopback link is one ring the engine writes and reads.
+//! host (a shared-memory file). A loopback link is one ring the engine writes and reads. A
+//! bridged link is a heap pair whose far half is served by transport threads instead of a
+//! peer engine (the TCP link, [`super::tcp`]).
 //!
 //! Each ring has one producer engine and one consumer engine. Records are 64-byte aligned:
 //! a 48-byte [`PktHeader`] whose first word (the stamp) is stored last with release order,
@@ -11,14 +13,18 @@
 use crate::mem::RingMem;
 use crate::{Error, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 /// Bytes of payload in one packet (the soft device's MTU).
 pub(crate) const MTU: usize = 64 * 1024;
 /// Bytes of record data per ring direction.
 pub(crate) const RING_BYTES: usize = 4 << 20;
+/// How long `connect` waits for the peer's half of a link (its shared-memory file, its TCP
+/// dial): the peer calls `connect` at about the same time, but may be slow to start.
+pub(crate) const PEER_WAIT: Duration = Duration::from_secs(30);
 const HDR: usize = 48;
 const SEG_MAGIC: u64 = u64::from_le_bytes(*b"GDSLINK1");
 const DATA_OFF: usize = 4096;
@@ -127,6 +133,8 @@ pub(crate) struct Producer {
     cached_head: u64,
     head_off: usize,
     map: Arc<Mapping>,
+    /// Bridged links: the thread that drains this ring, woken after each record.
+    notify: Option<Arc<BridgeSignal>>,
 }
 
 /// Consumer end of a ring.
@@ -165,6 +173,7 @@ impl Producer {
             cached_head: 0,
             head_off,
             map: map.clone(),
+            notify: None,
         }
     }
 
@@ -223,6 +232,9 @@ impl Producer {
         self.stamp(off)
             .store(stamp_for(self.pos, self.cap), Ordering::Release);
         self.pos += rec;
+        if let Some(n) = &self.notify {
+            n.wake_outbound();
+        }
         Some(r)
     }
 
@@ -291,6 +303,78 @@ enum Liveness {
     InProcess,
     /// Another process: the closed flag, and a pidfd that turns readable when it exits.
     Process { pid: u32, pidfd: Option<OwnedFd> },
+    /// A transport (TCP): its threads report a failed or closed connection.
+    Bridged(Arc<BridgeSignal>),
+}
+
+/// What an engine's end of a bridged link and the transport threads serving the far end
+/// tell each other.
+#[derive(Default)]
+pub(crate) struct BridgeSignal {
+    /// The transport failed or the peer closed it: the link is dead.
+    down: AtomicBool,
+    /// The engine dropped its end (its device is gone): the transport should close.
+    engine_gone: AtomicBool,
+    /// Set while the outbound thread sleeps; the engine's next record then unparks it.
+    outbound_sleeping: AtomicBool,
+    outbound: OnceLock<Thread>,
+    /// Closes the transport (shuts the socket down), so threads blocked on it return.
+    closer: OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl BridgeSignal {
+    /// Marks the link dead and closes the transport; either thread calls it when it stops.
+    pub(crate) fn set_down(&self) {
+        self.down.store(true, Ordering::Release);
+        self.close_transport();
+    }
+    pub(crate) fn is_down(&self) -> bool {
+        self.down.load(Ordering::Acquire)
+    }
+    pub(crate) fn engine_gone(&self) -> bool {
+        self.engine_gone.load(Ordering::Acquire)
+    }
+    /// Installs what closes the transport.
+    pub(crate) fn set_closer(&self, f: impl Fn() + Send + Sync + 'static) {
+        let _ = self.closer.set(Box::new(f));
+    }
+    fn close_transport(&self) {
+        if let Some(f) = self.closer.get() {
+            f();
+        }
+    }
+    /// Registers the calling thread as the outbound thread (the one `wake_outbound` wakes).
+    pub(crate) fn register_outbound(&self) {
+        let _ = self.outbound.set(std::thread::current());
+    }
+    /// Announces that the outbound thread is about to park; it must look at the ring once
+    /// more afterwards, then park (with a timeout) only if it is still empty.
+    pub(crate) fn outbound_sleeps(&self, sleeping: bool) {
+        self.outbound_sleeping.store(sleeping, Ordering::SeqCst);
+        if sleeping {
+            // Pairs with the fence in wake_outbound (store sleeping, then load the stamp).
+            fence(Ordering::SeqCst);
+        }
+    }
+    fn wake_outbound(&self) {
+        fence(Ordering::SeqCst);
+        if self.outbound_sleeping.load(Ordering::Relaxed) {
+            self.unpark_outbound();
+        }
+    }
+    fn unpark_outbound(&self) {
+        if let Some(t) = self.outbound.get() {
+            t.unpark();
+        }
+    }
+}
+
+/// The far half of a bridged link, for the transport threads: `outbound` reads the packets
+/// the engine sends, `inbound` writes the packets the engine receives.
+pub(crate) struct BridgeEnd {
+    pub outbound: Consumer,
+    pub inbound: Producer,
+    pub signal: Arc<BridgeSignal>,
 }
 
 /// One engine's end of a link.
@@ -317,6 +401,21 @@ impl Link {
             Self::new(b, &map, 0, 0, 1, Liveness::InProcess),
             Self::new(a, &map, 1, 1, 0, Liveness::InProcess),
         )
+    }
+
+    /// A link to device `peer` whose far half is served by transport threads: the engine
+    /// sends on ring 0 (the threads' `outbound`) and receives on ring 1 (their `inbound`).
+    pub(crate) fn bridged(peer: u64) -> (Self, BridgeEnd) {
+        let map = Arc::new(Mapping::heap(Mapping::size_for(2)));
+        let signal = Arc::new(BridgeSignal::default());
+        let mut link = Self::new(peer, &map, 0, 0, 1, Liveness::Bridged(signal.clone()));
+        link.tx.notify = Some(signal.clone());
+        let end = BridgeEnd {
+            outbound: Consumer::new(&map, 0),
+            inbound: Producer::new(&map, 1),
+            signal,
+        };
+        (link, end)
     }
 
     fn new(
@@ -362,7 +461,7 @@ impl Link {
             loop {
                 match std::fs::OpenOptions::new().read(true).write(true).open(&path) {
                     Ok(f) if f.metadata().map(|m| m.len() == size as u64).unwrap_or(false) => break f,
-                    Ok(_) | Err(_) if start.elapsed() < Duration::from_secs(30) => std::thread::sleep(Duration::from_millis(2)),
+                    Ok(_) | Err(_) if start.elapsed() < PEER_WAIT => std::thread::sleep(Duration::from_millis(2)),
                     Ok(_) => return Err(Error::Unreachable(format!("{} has the wrong size", path.display()))),
                     Err(e) => return Err(Error::Unreachable(format!("peer device {peer:016x} (pid {pid}) did not create {} within 30 s: did it call connect()? ({e})", path.display()))),
                 }
@@ -397,7 +496,7 @@ impl Link {
         } else {
             let start = Instant::now();
             while map.u64(OFF_MAGIC).load(Ordering::Acquire) != SEG_MAGIC {
-                if start.elapsed() > Duration::from_secs(30) {
+                if start.elapsed() > PEER_WAIT {
                     return Err(Error::Unreachable(format!(
                         "{} was never initialised",
                         path.display()
@@ -443,6 +542,7 @@ impl Link {
             Liveness::Loopback => false,
             Liveness::InProcess => closed,
             Liveness::Process { pid, pidfd } => closed || process_gone(*pid, pidfd.as_ref()),
+            Liveness::Bridged(s) => s.is_down(),
         };
         self.dead = gone;
         !gone
@@ -477,5 +577,12 @@ impl Drop for Link {
         self.map
             .u32(OFF_CLOSED + 4 * self.side)
             .store(1, Ordering::Release);
+        if let Liveness::Bridged(s) = &self.live {
+            // The device is gone: close the connection (the peer sees the link die) and let
+            // the threads go.
+            s.engine_gone.store(true, Ordering::Release);
+            s.close_transport();
+            s.unpark_outbound();
+        }
     }
 }

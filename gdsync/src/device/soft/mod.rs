@@ -7,8 +7,9 @@
 
 mod engine;
 mod link;
+pub(crate) mod tcp;
 
-pub(crate) use link::Link;
+pub(crate) use link::{Link, PEER_WAIT};
 
 use crate::mr::MrTable;
 use crate::qp::QpShared;
@@ -39,9 +40,26 @@ pub(crate) struct EngineCtl {
 }
 
 pub(crate) struct EngineHandle {
+    waker: EngineWaker,
+    join: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Wakes an engine that sleeps between polling rounds; costs a fence when it is awake. Held by
+/// whatever feeds the engine from outside its own thread: CPU posts, TCP bridge threads.
+#[derive(Clone)]
+pub(crate) struct EngineWaker {
     ctl: Arc<EngineCtl>,
     thread: Thread,
-    join: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl EngineWaker {
+    pub(crate) fn wake(&self) {
+        // Pairs with the engine's SeqCst store of `sleeping` before its last look.
+        fence(Ordering::SeqCst);
+        if self.ctl.sleeping.load(Ordering::Relaxed) {
+            self.thread.unpark();
+        }
+    }
 }
 
 impl EngineHandle {
@@ -58,35 +76,40 @@ impl EngineHandle {
             .spawn(move || engine::Engine::new(c, mrs).run())
             .map_err(|e| Error::os("spawn soft-device engine", e))?;
         Ok(Self {
-            ctl,
-            thread: join.thread().clone(),
+            waker: EngineWaker {
+                ctl,
+                thread: join.thread().clone(),
+            },
             join: Mutex::new(Some(join)),
         })
     }
 
     pub(crate) fn send(&self, cmd: Cmd) -> Result<()> {
-        if self.ctl.stop.load(Ordering::Acquire) {
+        let ctl = &self.waker.ctl;
+        if ctl.stop.load(Ordering::Acquire) {
             return Err(Error::DeviceClosed(
                 "the soft device's engine has stopped".into(),
             ));
         }
-        self.ctl.cmds.lock().push(cmd);
-        self.ctl.has_cmds.store(true, Ordering::Release);
-        self.thread.unpark();
+        ctl.cmds.lock().push(cmd);
+        ctl.has_cmds.store(true, Ordering::Release);
+        self.waker.thread.unpark();
         Ok(())
     }
 
     /// Wakes the engine if it sleeps (after a CPU-side doorbell).
     pub(crate) fn kick(&self) {
-        fence(Ordering::SeqCst);
-        if self.ctl.sleeping.load(Ordering::Relaxed) {
-            self.thread.unpark();
-        }
+        self.waker.wake();
+    }
+
+    /// A handle that wakes the engine, for threads that feed it packets.
+    pub(crate) fn waker(&self) -> EngineWaker {
+        self.waker.clone()
     }
 
     pub(crate) fn stop(&self) {
-        self.ctl.stop.store(true, Ordering::Release);
-        self.thread.unpark();
+        self.waker.ctl.stop.store(true, Ordering::Release);
+        self.waker.thread.unpark();
         if let Some(j) = self.join.lock().take() {
             if j.thread().id() != std::thread::current().id() {
                 let _ = j.join();

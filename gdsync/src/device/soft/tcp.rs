@@ -1,0 +1,606 @@
+//! The TCP link: soft devices in processes that share no memory (other hosts, or any pair
+//! when `GDSYNC_SOFT_LINK=tcp`) exchange packets over a TCP connection.
+//!
+//! Each end of the connection is a bridged [`Link`]: the engine sees the same pair of heap
+//! rings as for an in-process peer, and two threads carry records between those rings and
+//! the socket. The *outbound* thread drains the engine's send ring into the socket (it parks
+//! when the ring is empty; the engine's next record unparks it); the *inbound* thread reads
+//! frames from the socket and appends them to the engine's receive ring, waiting for room
+//! when it is full (TCP then stops the peer: nothing is dropped, nothing reordered). A
+//! socket error or end of stream marks the link dead; the engine then fails the work on it
+//! as for a dead process. Dropping the engine's end shuts the socket down, which the peer
+//! sees as the end of the stream.
+//!
+//! A process accepts links on one listening socket shared by its devices ([`listen`]). The
+//! device that connects first dials ([`dial`]) and names both devices in a hello; the
+//! listener hands the connection to the named device. When both dial at the same moment, the
+//! dial of the device with the smaller uid wins and the other is answered `Crossed`. The byte
+//! layouts of the hello, its answer and the frames are in `docs/soft-device.md` (TCP link)
+//! and below.
+
+use super::link::{kind, BridgeSignal, Consumer, Link, PktHeader, Producer, MTU};
+use super::EngineWaker;
+use crate::{Error, Result};
+use std::io::{BufReader, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// Longest wait for a TCP connection to be established.
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait for each half of the hello exchange.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The outbound thread wakes at least this often to see whether the link closed.
+const IDLE_PARK: Duration = Duration::from_millis(50);
+/// The outbound thread writes up to this many bytes of frames with one system call.
+const WRITE_BATCH: usize = 256 * 1024;
+/// The inbound thread's read buffer.
+const READ_BUF: usize = 256 * 1024;
+
+// ---------------------------------------------------------------------------- frames
+
+/// Bytes of a frame header.
+pub(crate) const FRAME_HDR: usize = 48;
+const FRAME_MAGIC: [u8; 4] = *b"GDSF";
+
+/// The wire form of a packet header: the in-memory [`PktHeader`] with its ring stamp replaced
+/// by a frame marker, every integer little-endian, the immediate verbatim. `seg_len` payload
+/// bytes follow.
+///
+/// | bytes | field |
+/// |---|---|
+/// | 0..4 | `GDSF` |
+/// | 4 | kind: 1 request, 2 response |
+/// | 5 | op |
+/// | 6 | flags |
+/// | 7 | syndrome |
+/// | 8..12 | dst_qpn |
+/// | 12..16 | src_qpn |
+/// | 16..20 | psn |
+/// | 20..24 | seg_len (≤ 65536) |
+/// | 24..28 | offset |
+/// | 28..32 | msg_len |
+/// | 32..36 | imm |
+/// | 36..40 | rkey |
+/// | 40..48 | raddr |
+pub(crate) fn encode_header(h: &PktHeader) -> [u8; FRAME_HDR] {
+    let mut b = [0u8; FRAME_HDR];
+    b[..4].copy_from_slice(&FRAME_MAGIC);
+    b[4..8].copy_from_slice(&[h.kind, h.op, h.flags, h.syndrome]);
+    for (i, v) in [h.dst_qpn, h.src_qpn, h.psn, h.seg_len, h.offset, h.msg_len]
+        .into_iter()
+        .enumerate()
+    {
+        b[8 + 4 * i..12 + 4 * i].copy_from_slice(&v.to_le_bytes());
+    }
+    b[32..36].copy_from_slice(&h.imm);
+    b[36..40].copy_from_slice(&h.rkey.to_le_bytes());
+    b[40..48].copy_from_slice(&h.raddr.to_le_bytes());
+    b
+}
+
+/// Parses a frame header; anything but a request or response of at most one MTU means the
+/// stream is corrupt.
+pub(crate) fn decode_header(b: &[u8; FRAME_HDR]) -> std::result::Result<PktHeader, String> {
+    if b[..4] != FRAME_MAGIC {
+        return Err(format!("bad frame marker {:02x?}", &b[..4]));
+    }
+    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+    let h = PktHeader {
+        stamp: 0,
+        kind: b[4],
+        op: b[5],
+        flags: b[6],
+        syndrome: b[7],
+        dst_qpn: u32_at(8),
+        src_qpn: u32_at(12),
+        psn: u32_at(16),
+        seg_len: u32_at(20),
+        offset: u32_at(24),
+        msg_len: u32_at(28),
+        imm: b[32..36].try_into().unwrap(),
+        rkey: u32_at(36),
+        raddr: u64::from_le_bytes(b[40..48].try_into().unwrap()),
+    };
+    if h.kind != kind::REQ && h.kind != kind::RESP {
+        return Err(format!("bad packet kind {}", h.kind));
+    }
+    if h.seg_len as usize > MTU {
+        return Err(format!("segment of {} bytes exceeds the MTU", h.seg_len));
+    }
+    Ok(h)
+}
+
+// ---------------------------------------------------------------------------- hello
+
+const HELLO_MAGIC: [u8; 8] = *b"GDSTCP01";
+const HELLO_LEN: usize = 48;
+const ANSWER_LEN: usize = 16;
+
+/// The dialer's first message: who dials whom, and what the frames will look like.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Hello {
+    /// The dialing device's uid.
+    pub dialer: u64,
+    /// The device dialed.
+    pub target: u64,
+    /// The dialer's host id and process id (for messages).
+    pub host: u64,
+    pub pid: u32,
+    /// The dialer's MTU and byte order (atomic operands travel in native order).
+    pub mtu: u32,
+    pub little_endian: bool,
+}
+
+impl Hello {
+    /// A hello from this build.
+    pub(crate) fn new(dialer: u64, target: u64, host: u64, pid: u32) -> Self {
+        Self {
+            dialer,
+            target,
+            host,
+            pid,
+            mtu: MTU as u32,
+            little_endian: cfg!(target_endian = "little"),
+        }
+    }
+
+    /// Whether frames from the dialer mean the same here.
+    pub(crate) fn compatible(&self) -> bool {
+        *self == Self::new(self.dialer, self.target, self.host, self.pid)
+    }
+
+    /// `GDSTCP01`, dialer uid, target uid, host id (u64 LE each), pid, MTU (u32 LE), byte
+    /// order (1 little-endian, 2 big-endian), 7 zero bytes.
+    fn to_bytes(self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[..8].copy_from_slice(&HELLO_MAGIC);
+        b[8..16].copy_from_slice(&self.dialer.to_le_bytes());
+        b[16..24].copy_from_slice(&self.target.to_le_bytes());
+        b[24..32].copy_from_slice(&self.host.to_le_bytes());
+        b[32..36].copy_from_slice(&self.pid.to_le_bytes());
+        b[36..40].copy_from_slice(&self.mtu.to_le_bytes());
+        b[40] = if self.little_endian { 1 } else { 2 };
+        b
+    }
+
+    fn from_bytes(b: &[u8; HELLO_LEN]) -> Option<Self> {
+        if b[..8] != HELLO_MAGIC {
+            return None;
+        }
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+        Some(Self {
+            dialer: u64_at(8),
+            target: u64_at(16),
+            host: u64_at(24),
+            pid: u32_at(32),
+            mtu: u32_at(36),
+            little_endian: b[40] == 1,
+        })
+    }
+}
+
+/// The listener's answer to a hello: `GDSTCP01`, a u32 LE code, 4 zero bytes. Frames follow
+/// only an `Accepted`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Answer {
+    Accepted = 0,
+    NoDevice = 1,
+    AlreadyLinked = 2,
+    /// The target is dialing the dialer at the same moment, and has the smaller uid: its dial
+    /// wins, and the dialer waits for it. (`AlreadyLinked` is answered when the target's
+    /// dial has already won; the dialer waits the same way.)
+    Crossed = 3,
+    Incompatible = 4,
+}
+
+impl Answer {
+    const ALL: [Answer; 5] = [
+        Answer::Accepted,
+        Answer::NoDevice,
+        Answer::AlreadyLinked,
+        Answer::Crossed,
+        Answer::Incompatible,
+    ];
+
+    fn to_bytes(self) -> [u8; ANSWER_LEN] {
+        let mut b = [0u8; ANSWER_LEN];
+        b[..8].copy_from_slice(&HELLO_MAGIC);
+        b[8..12].copy_from_slice(&(self as u32).to_le_bytes());
+        b
+    }
+
+    fn describe(code: u32) -> String {
+        match Self::ALL.into_iter().find(|a| *a as u32 == code) {
+            Some(Answer::Accepted) => "accepted".into(),
+            Some(Answer::NoDevice) => "its process has no such device (dropped?)".into(),
+            Some(Answer::AlreadyLinked) => "it already has a link to this device".into(),
+            Some(Answer::Crossed) => "it is dialing this device at the same moment".into(),
+            Some(Answer::Incompatible) => {
+                "it uses another MTU or byte order (a different gdsync build?)".into()
+            }
+            None => format!("unknown answer code {code}"),
+        }
+    }
+}
+
+/// Sends the answer to a hello.
+pub(crate) fn answer(stream: &mut TcpStream, a: Answer) -> std::io::Result<()> {
+    stream.write_all(&a.to_bytes())
+}
+
+/// What a dial achieved.
+pub(crate) enum Dialed {
+    /// A new link to the target.
+    Linked(Link),
+    /// The link is the one the target dialed: its dial wins (`Crossed`) or already won
+    /// (`AlreadyLinked`: our listener accepted it). Wait for our listener to install it.
+    TheirDial,
+}
+
+/// Connects to the listener at `addr`, asks for a link to `hello.target`, and bridges the
+/// connection to a new link. Bounded: [`CONNECT_TIMEOUT`] to connect, then
+/// [`HANDSHAKE_TIMEOUT`] for the answer.
+pub(crate) fn dial(addr: SocketAddr, hello: &Hello, engine: EngineWaker) -> Result<Dialed> {
+    let target = hello.target;
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        Error::Unreachable(format!(
+            "TCP link to device {target:016x} at {addr}: {what}: {e}"
+        ))
+    };
+    let mut s =
+        TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(|e| fail("connect", &e))?;
+    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+        .and_then(|_| s.set_write_timeout(Some(HANDSHAKE_TIMEOUT)))
+        .map_err(|e| fail("socket options", &e))?;
+    s.write_all(&hello.to_bytes())
+        .map_err(|e| fail("send hello", &e))?;
+    let mut a = [0u8; ANSWER_LEN];
+    s.read_exact(&mut a).map_err(|e| fail("no answer", &e))?;
+    if a[..8] != HELLO_MAGIC {
+        return Err(fail("answer", &"not a gdsync soft-device listener"));
+    }
+    match u32::from_le_bytes(a[8..12].try_into().unwrap()) {
+        code if code == Answer::Accepted as u32 => bridge(s, target, engine).map(Dialed::Linked),
+        code if code == Answer::Crossed as u32 || code == Answer::AlreadyLinked as u32 => {
+            Ok(Dialed::TheirDial)
+        }
+        code => Err(fail("refused", &Answer::describe(code))),
+    }
+}
+
+// ---------------------------------------------------------------------------- listener
+
+/// Starts (once per process) the listener that accepts TCP links for this process's devices,
+/// and returns the address peers should dial. Bind address: `GDSYNC_SOFT_ADDR` (`ip` or
+/// `ip:port`), else every interface and a free port. Advertised address: that IP if it is
+/// not a wildcard, else the host's primary IPv4 address, else 127.0.0.1. Each hello that
+/// parses goes to `on_dial` on its own thread.
+pub(crate) fn listen(on_dial: fn(Hello, TcpStream)) -> Result<SocketAddr> {
+    static LISTENER: OnceLock<std::result::Result<SocketAddr, String>> = OnceLock::new();
+    LISTENER
+        .get_or_init(|| {
+            start_listener(on_dial).map_err(|e| {
+                tracing::warn!("soft device: no TCP listener, peers cannot dial this process: {e}");
+                e.to_string()
+            })
+        })
+        .clone()
+        .map_err(|e| Error::Unreachable(format!("this process accepts no TCP links: {e}")))
+}
+
+fn start_listener(on_dial: fn(Hello, TcpStream)) -> Result<SocketAddr> {
+    let bind = match std::env::var("GDSYNC_SOFT_ADDR") {
+        Ok(v) if !v.trim().is_empty() => parse_soft_addr(&v)?,
+        _ => SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+    };
+    let l = TcpListener::bind(bind)
+        .map_err(|e| Error::os(format!("listen on {bind} for soft-device links"), e))?;
+    let port = l
+        .local_addr()
+        .map_err(|e| Error::os("listener address", e))?
+        .port();
+    let ip = if bind.ip().is_unspecified() {
+        primary_ipv4().map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4)
+    } else {
+        bind.ip()
+    };
+    std::thread::Builder::new()
+        .name("gdsync-tcp-listen".into())
+        .spawn(move || accept_loop(l, on_dial))
+        .map_err(|e| Error::os("spawn the TCP listener thread", e))?;
+    Ok(SocketAddr::new(ip, port))
+}
+
+/// `GDSYNC_SOFT_ADDR`: `ip` (any free port) or `ip:port` (`[v6]:port` for IPv6).
+pub(crate) fn parse_soft_addr(s: &str) -> Result<SocketAddr> {
+    let s = s.trim();
+    s.parse::<SocketAddr>()
+        .or_else(|_| s.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 0)))
+        .map_err(|_| {
+            Error::invalid(format!(
+                "GDSYNC_SOFT_ADDR={s:?}: expected an IP address, optionally with :port"
+            ))
+        })
+}
+
+/// The source address of the default route: a UDP socket "connected" to a public address
+/// picks it (no packet is sent). `None` without a route, or if it is a loopback address.
+fn primary_ipv4() -> Option<Ipv4Addr> {
+    let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).ok()?;
+    s.connect((Ipv4Addr::new(8, 8, 8, 8), 53)).ok()?;
+    match s.local_addr().ok()?.ip() {
+        IpAddr::V4(ip) if !ip.is_loopback() && !ip.is_unspecified() => Some(ip),
+        _ => None,
+    }
+}
+
+fn accept_loop(l: TcpListener, on_dial: fn(Hello, TcpStream)) {
+    loop {
+        match l.accept() {
+            Ok((stream, from)) => {
+                // The hello is read on a thread of its own: a silent client must not hold up
+                // other dials.
+                let r = std::thread::Builder::new()
+                    .name("gdsync-tcp-hello".into())
+                    .spawn(move || {
+                        if let Some(h) = read_hello(&stream) {
+                            on_dial(h, stream);
+                        } else {
+                            tracing::debug!(%from, "soft device: dropped a connection without a valid hello");
+                        }
+                    });
+                if let Err(e) = r {
+                    tracing::warn!("soft device: cannot serve a TCP dial: {e}");
+                }
+            }
+            Err(e) => {
+                // Out of file descriptors and the like: try again shortly.
+                tracing::warn!("soft device: TCP accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+fn read_hello(mut stream: &TcpStream) -> Option<Hello> {
+    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).ok()?;
+    stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT)).ok()?;
+    let mut b = [0u8; HELLO_LEN];
+    stream.read_exact(&mut b).ok()?;
+    Hello::from_bytes(&b)
+}
+
+// ---------------------------------------------------------------------------- bridge
+
+/// Turns an established connection (hello exchanged) into a link to device `peer`: starts
+/// the outbound and inbound threads.
+pub(crate) fn bridge(stream: TcpStream, peer: u64, engine: EngineWaker) -> Result<Link> {
+    let io = |e: std::io::Error| Error::os("set up the TCP link's socket", e);
+    stream.set_nodelay(true).map_err(io)?;
+    stream.set_read_timeout(None).map_err(io)?;
+    stream.set_write_timeout(None).map_err(io)?;
+    let reader = stream.try_clone().map_err(io)?;
+    let closer = stream.try_clone().map_err(io)?;
+    let (link, end) = Link::bridged(peer);
+    end.signal.set_closer(move || {
+        let _ = closer.shutdown(Shutdown::Both);
+    });
+    let name = |dir: &str| format!("gdsync-tcp-{dir}-{:04x}", peer as u16);
+    let signal = end.signal.clone();
+    std::thread::Builder::new()
+        .name(name("out"))
+        .spawn(move || outbound(end.outbound, stream, &signal))
+        .map_err(|e| Error::os("spawn a TCP link thread", e))?;
+    let signal = end.signal;
+    // On failure the link is dropped here, which stops the outbound thread.
+    std::thread::Builder::new()
+        .name(name("in"))
+        .spawn(move || inbound(end.inbound, reader, &signal, &engine))
+        .map_err(|e| Error::os("spawn a TCP link thread", e))?;
+    Ok(link)
+}
+
+/// Engine's send ring → socket, in ring order.
+fn outbound(mut ring: Consumer, mut sock: TcpStream, signal: &BridgeSignal) {
+    signal.register_outbound();
+    let mut buf = Vec::with_capacity(WRITE_BATCH + FRAME_HDR + MTU);
+    while !signal.is_down() && !signal.engine_gone() {
+        while let Some((h, payload)) = ring.peek() {
+            buf.extend_from_slice(&encode_header(&h));
+            buf.extend_from_slice(payload);
+            ring.pop(&h);
+            if buf.len() >= WRITE_BATCH {
+                break;
+            }
+        }
+        if !buf.is_empty() {
+            if let Err(e) = sock.write_all(&buf) {
+                tracing::debug!("soft device: TCP link closed while sending: {e}");
+                break;
+            }
+            buf.clear();
+            continue;
+        }
+        signal.outbound_sleeps(true);
+        if ring.peek().is_none() {
+            std::thread::park_timeout(IDLE_PARK);
+        }
+        signal.outbound_sleeps(false);
+    }
+    signal.set_down();
+}
+
+/// Socket → engine's receive ring, in stream order; waits for room when the ring is full.
+fn inbound(mut ring: Producer, sock: TcpStream, signal: &BridgeSignal, engine: &EngineWaker) {
+    let mut rd = BufReader::with_capacity(READ_BUF, sock);
+    let mut payload = vec![0u8; MTU];
+    let why = loop {
+        let mut hb = [0u8; FRAME_HDR];
+        if let Err(e) = rd.read_exact(&mut hb) {
+            break format!("connection closed: {e}");
+        }
+        let h = match decode_header(&hb) {
+            Ok(h) => h,
+            Err(e) => break format!("corrupt stream: {e}"),
+        };
+        let body = &mut payload[..h.seg_len as usize];
+        if let Err(e) = rd.read_exact(body) {
+            break format!("connection closed inside a frame: {e}");
+        }
+        if !deliver(&mut ring, &h, body, signal, engine) {
+            break "the link closed".into();
+        }
+        engine.wake();
+    };
+    tracing::debug!("soft device: TCP link down: {why}");
+    signal.set_down();
+}
+
+/// Appends one packet to the engine's receive ring, waiting while it is full. False if the
+/// link closed meanwhile.
+fn deliver(
+    ring: &mut Producer,
+    h: &PktHeader,
+    body: &[u8],
+    signal: &BridgeSignal,
+    engine: &EngineWaker,
+) -> bool {
+    let mut tries = 0u32;
+    loop {
+        if ring
+            .try_push(h, body.len(), |b| b.copy_from_slice(body))
+            .is_some()
+        {
+            return true;
+        }
+        if signal.engine_gone() || signal.is_down() {
+            return false;
+        }
+        engine.wake();
+        tries += 1;
+        if tries < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::link::flag;
+    use super::*;
+
+    fn sample() -> PktHeader {
+        PktHeader {
+            stamp: 0x8000_0001,
+            kind: kind::REQ,
+            op: 0x0A,
+            flags: flag::FIRST | flag::LAST,
+            syndrome: 0x13,
+            dst_qpn: 0x0102_0304,
+            src_qpn: 0x0506_0708,
+            psn: 0x090A_0B0C,
+            seg_len: 0x1_0000,
+            offset: 0x1112_1314,
+            msg_len: 0x1516_1718,
+            imm: [0xDE, 0xAD, 0xBE, 0xEF],
+            rkey: 0x191A_1B1C,
+            raddr: 0x2122_2324_2526_2728,
+        }
+    }
+
+    /// The frame header's bytes, field by field, little-endian.
+    #[test]
+    fn frame_header_layout() {
+        let b = encode_header(&sample());
+        let want: [u8; FRAME_HDR] = [
+            b'G', b'D', b'S', b'F', 1, 0x0A, 3, 0x13, // marker, kind, op, flags, syndrome
+            0x04, 0x03, 0x02, 0x01, 0x08, 0x07, 0x06, 0x05, // dst_qpn, src_qpn
+            0x0C, 0x0B, 0x0A, 0x09, 0x00, 0x00, 0x01, 0x00, // psn, seg_len
+            0x14, 0x13, 0x12, 0x11, 0x18, 0x17, 0x16, 0x15, // offset, msg_len
+            0xDE, 0xAD, 0xBE, 0xEF, 0x1C, 0x1B, 0x1A, 0x19, // imm (verbatim), rkey
+            0x28, 0x27, 0x26, 0x25, 0x24, 0x23, 0x22, 0x21, // raddr
+        ];
+        assert_eq!(b, want);
+    }
+
+    #[test]
+    fn frame_header_round_trips_without_the_stamp() {
+        let h = sample();
+        let d = decode_header(&encode_header(&h)).unwrap();
+        assert_eq!(d.stamp, 0, "the ring stamp does not travel");
+        assert_eq!(encode_header(&d), encode_header(&h));
+        let resp = PktHeader {
+            kind: kind::RESP,
+            seg_len: 0,
+            ..h
+        };
+        assert_eq!(
+            decode_header(&encode_header(&resp)).unwrap().kind,
+            kind::RESP
+        );
+    }
+
+    #[test]
+    fn corrupt_frame_headers_are_rejected() {
+        let good = encode_header(&sample());
+        let mut b = good;
+        b[0] = b'X';
+        assert!(decode_header(&b).unwrap_err().contains("marker"));
+        let mut b = good;
+        b[4] = kind::SKIP;
+        assert!(decode_header(&b).unwrap_err().contains("kind"));
+        let mut b = good;
+        b[20..24].copy_from_slice(&(MTU as u32 + 1).to_le_bytes());
+        assert!(decode_header(&b).unwrap_err().contains("MTU"));
+    }
+
+    #[test]
+    fn hello_round_trips_and_checks_compatibility() {
+        let h = Hello::new(1, 2, 3, 4);
+        assert!(h.compatible());
+        let b = h.to_bytes();
+        assert_eq!(&b[..8], b"GDSTCP01");
+        assert_eq!(Hello::from_bytes(&b), Some(h));
+        assert_eq!(b[36..40], (MTU as u32).to_le_bytes());
+        let mut other = b;
+        other[36..40].copy_from_slice(&1500u32.to_le_bytes());
+        assert!(!Hello::from_bytes(&other).unwrap().compatible());
+        let mut big = b;
+        big[40] = 2;
+        assert!(!Hello::from_bytes(&big).unwrap().compatible());
+        let mut junk = b;
+        junk[0] = b'H';
+        assert_eq!(Hello::from_bytes(&junk), None);
+    }
+
+    #[test]
+    fn answers_have_fixed_codes() {
+        assert_eq!(Answer::Accepted.to_bytes()[8..12], [0, 0, 0, 0]);
+        assert_eq!(Answer::Incompatible.to_bytes()[8..12], [4, 0, 0, 0]);
+        assert!(Answer::describe(1).contains("no such device"));
+        assert!(Answer::describe(99).contains("unknown"));
+    }
+
+    #[test]
+    fn soft_addr_forms() {
+        assert_eq!(
+            parse_soft_addr("10.0.0.5").unwrap(),
+            "10.0.0.5:0".parse().unwrap()
+        );
+        assert_eq!(
+            parse_soft_addr(" 127.0.0.1:4000 ").unwrap(),
+            "127.0.0.1:4000".parse().unwrap()
+        );
+        assert_eq!(
+            parse_soft_addr("[::1]:7").unwrap(),
+            "[::1]:7".parse().unwrap()
+        );
+        assert_eq!(parse_soft_addr("::").unwrap(), "[::]:0".parse().unwrap());
+        assert!(parse_soft_addr("host.example:4000").is_err());
+        assert!(parse_soft_addr("10.0.0.5:99999").is_err());
+    }
+}
