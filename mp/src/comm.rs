@@ -121,7 +121,7 @@ impl std::fmt::Debug for Comm {
     }
 }
 
-fn encode_setup(eps: &[Option<Endpoint>], ctrl: &RemoteBuf) -> Vec<u8> {
+pub(crate) fn encode_setup(eps: &[Option<Endpoint>], ctrl: &RemoteBuf) -> Vec<u8> {
     let mut b = Vec::new();
     b.extend_from_slice(&ctrl.addr.to_le_bytes());
     b.extend_from_slice(&ctrl.len.to_le_bytes());
@@ -135,7 +135,7 @@ fn encode_setup(eps: &[Option<Endpoint>], ctrl: &RemoteBuf) -> Vec<u8> {
     b
 }
 
-fn decode_setup(b: &[u8], size: usize) -> Result<(RemoteBuf, Vec<Option<Endpoint>>)> {
+pub(crate) fn decode_setup(b: &[u8], size: usize) -> Result<(RemoteBuf, Vec<Option<Endpoint>>)> {
     if b.len() != 20 + 32 * size {
         return Err(Error::invalid(
             "bootstrap: a rank sent a malformed connection record",
