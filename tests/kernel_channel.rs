@@ -11,7 +11,7 @@ use gdasync::gdsync::{
     RecvWr, SendWr,
 };
 use gdasync::mp::bootstrap::ThreadBootstrap;
-use gdasync::mp::Comm;
+use gdasync::mp::{Comm, KernelChannels};
 use std::time::{Duration, Instant};
 
 /// A wait that should pass promptly (seconds: a loaded 2-core machine must never trip it).
@@ -168,6 +168,36 @@ mod twin {
         opcode == OP_RDMA_WRITE || opcode == OP_RDMA_WRITE_IMM || opcode == OP_RDMA_READ
     }
 
+    /// `gds_qp_begin_send`.
+    #[allow(clippy::too_many_arguments)]
+    fn qp_begin_send(
+        qp: &QpDesc,
+        opcode: u32,
+        len: u32,
+        max_len: u32,
+        raddr: u64,
+        rkey: u32,
+        w: &mut [u32],
+        ds: &mut usize,
+    ) -> i32 {
+        if !(opcode == OP_SEND || opcode == OP_SEND_IMM || op_remote(opcode))
+            || len > max_len
+            || qp.sq == 0
+            || (qp.db == 0 && qp.proxy == 0)
+        {
+            return code::INVALID;
+        }
+        if qp_send_room(qp) == 0 {
+            return code::FULL;
+        }
+        *ds = 1;
+        if op_remote(opcode) {
+            seg_raddr(&mut w[4 * *ds..], raddr, rkey);
+            *ds += 1;
+        }
+        code::OK
+    }
+
     /// `gds_qp_post_send`.
     #[allow(clippy::too_many_arguments)]
     pub fn qp_post_send(
@@ -181,21 +211,11 @@ mod twin {
         imm: u32,
         flags: u32,
     ) -> i32 {
-        if !(opcode == OP_SEND || opcode == OP_SEND_IMM || op_remote(opcode))
-            || len > 0x7FFF_FFFF
-            || qp.sq == 0
-            || (qp.db == 0 && qp.proxy == 0)
-        {
-            return code::INVALID;
-        }
-        if qp_send_room(qp) == 0 {
-            return code::FULL;
-        }
         let mut w = [0u32; 12];
-        let mut ds = 1;
-        if op_remote(opcode) {
-            seg_raddr(&mut w[4 * ds..], raddr, rkey);
-            ds += 1;
+        let mut ds = 0;
+        let rc = qp_begin_send(qp, opcode, len, 0x7FFF_FFFF, raddr, rkey, &mut w, &mut ds);
+        if rc != code::OK {
+            return rc;
         }
         if len > 0 {
             seg_data(&mut w[4 * ds..], laddr, len, lkey);
@@ -205,7 +225,6 @@ mod twin {
     }
 
     /// `gds_qp_post_send_inline`.
-    #[allow(clippy::too_many_arguments)]
     pub fn qp_post_send_inline(
         qp: &mut QpDesc,
         opcode: u32,
@@ -215,23 +234,15 @@ mod twin {
         imm: u32,
         flags: u32,
     ) -> i32 {
-        let len = data.len() as u32;
-        if opcode == OP_RDMA_READ
-            || !(opcode == OP_SEND || opcode == OP_SEND_IMM || op_remote(opcode))
-            || len > MAX_INLINE
-            || qp.sq == 0
-            || (qp.db == 0 && qp.proxy == 0)
-        {
+        if opcode == OP_RDMA_READ {
             return code::INVALID;
         }
-        if qp_send_room(qp) == 0 {
-            return code::FULL;
-        }
+        let len = data.len() as u32;
         let mut w = [0u32; 16];
-        let mut ds = 1;
-        if op_remote(opcode) {
-            seg_raddr(&mut w[4 * ds..], raddr, rkey);
-            ds += 1;
+        let mut ds = 0;
+        let rc = qp_begin_send(qp, opcode, len, MAX_INLINE, raddr, rkey, &mut w, &mut ds);
+        if rc != code::OK {
+            return rc;
         }
         w[4 * ds] = bswap32(len | 0x8000_0000);
         // The payload bytes follow the header, in memory order (native words on x86).
@@ -356,13 +367,43 @@ mod twin {
         rc
     }
 
-    /// `gds_peer_send`.
-    pub fn peer_send(p: &mut PeerDesc, laddr: u64, lkey: u32, len: u32, timeout_ns: u64) -> i32 {
+    /// `gds_peer_check`.
+    fn peer_check(p: &PeerDesc) -> i32 {
         if p.credit == 0 {
             return code::INVALID;
         }
         if p.error != 0 {
+            p.error as i32
+        } else {
+            code::OK
+        }
+    }
+
+    /// `gds_peer_make_room`.
+    fn peer_make_room(
+        p: &mut PeerDesc,
+        spins: u32,
+        start: &mut Option<Instant>,
+        timeout_ns: u64,
+    ) -> i32 {
+        if p.error != 0 {
             return p.error as i32;
+        }
+        if peer_poll_send(p) == code::EMPTY && expired(spins, start, timeout_ns) {
+            return code::TIMEOUT;
+        }
+        if p.error != 0 {
+            p.error as i32
+        } else {
+            code::OK
+        }
+    }
+
+    /// `gds_peer_send`.
+    pub fn peer_send(p: &mut PeerDesc, laddr: u64, lkey: u32, len: u32, timeout_ns: u64) -> i32 {
+        let rc = peer_check(p);
+        if rc != code::OK {
+            return rc;
         }
         let mut start = None;
         let mut spins = 0u32;
@@ -376,18 +417,14 @@ mod twin {
         let mut start = None;
         let mut spins = 0u32;
         loop {
-            let rc = qp_post_send(&mut p.qp, OP_SEND, laddr, lkey, len, 0, 0, 0, SIGNALED);
-            if rc == code::OK {
+            let mut rc = qp_post_send(&mut p.qp, OP_SEND, laddr, lkey, len, 0, 0, 0, SIGNALED);
+            if rc == code::FULL {
+                rc = peer_make_room(p, spins, &mut start, timeout_ns);
+            } else if rc == code::OK {
                 break;
             }
-            if rc != code::FULL {
+            if rc != code::OK {
                 return rc;
-            }
-            if peer_poll_send(p) == code::EMPTY && expired(spins, &mut start, timeout_ns) {
-                return code::TIMEOUT;
-            }
-            if p.error != 0 {
-                return p.error as i32;
             }
             spins = spins.wrapping_add(1);
         }
@@ -398,11 +435,9 @@ mod twin {
 
     /// `gds_peer_recv`.
     pub fn peer_recv(p: &mut PeerDesc, laddr: u64, lkey: u32, len: u32, timeout_ns: u64) -> i32 {
-        if p.credit == 0 {
-            return code::INVALID;
-        }
-        if p.error != 0 {
-            return p.error as i32;
+        let rc = peer_check(p);
+        if rc != code::OK {
+            return rc;
         }
         let rc = qp_post_recv(&mut p.qp, laddr, len, lkey);
         if rc != code::OK {
@@ -429,17 +464,13 @@ mod twin {
                 0,
                 flags,
             );
-            if rc == code::OK {
-                return code::OK;
-            }
-            if rc != code::FULL {
+            let rc = match rc {
+                code::FULL => peer_make_room(p, spins, &mut start, timeout_ns),
+                code::OK => return code::OK,
+                rc => rc,
+            };
+            if rc != code::OK {
                 return rc;
-            }
-            if peer_poll_send(p) == code::EMPTY && expired(spins, &mut start, timeout_ns) {
-                return code::TIMEOUT;
-            }
-            if p.error != 0 {
-                return p.error as i32;
             }
             spins = spins.wrapping_add(1);
         }
@@ -453,11 +484,9 @@ mod twin {
         let mut start = None;
         let mut spins = 0u32;
         while p.sends_done == p.sends_waited {
-            if p.error != 0 {
-                return p.error as i32;
-            }
-            if peer_poll_send(p) == code::EMPTY && expired(spins, &mut start, timeout_ns) {
-                return code::TIMEOUT;
+            let rc = peer_make_room(p, spins, &mut start, timeout_ns);
+            if rc != code::OK {
+                return rc;
             }
             spins = spins.wrapping_add(1);
         }
@@ -1149,6 +1178,30 @@ fn device_qp_hand_over_rules() {
 
 // ------------------------------------------------------------------ mp kernel channels
 
+/// Runs `f` on two thread ranks, each with a communicator and kernel channels of `depth`;
+/// then a barrier (no rank tears down while its peer's "kernel" still uses the channels).
+fn two_ranks<T: Send>(depth: u32, f: impl Fn(&mut Comm, &KernelChannels) -> T + Sync) -> Vec<T> {
+    let dev = Device::soft().unwrap();
+    std::thread::scope(|s| {
+        let ranks: Vec<_> = ThreadBootstrap::group(2)
+            .into_iter()
+            .map(|boot| {
+                let (dev, f) = (&dev, &f);
+                s.spawn(move || {
+                    let mut comm = Comm::new(Box::new(boot), dev).unwrap();
+                    let ch = comm.kernel_channels(depth).unwrap();
+                    let out = f(&mut comm, &ch);
+                    comm.barrier().unwrap();
+                    drop(ch);
+                    comm.finalize().unwrap();
+                    out
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|r| r.join().unwrap()).collect()
+    })
+}
+
 /// Ranks as threads, each a "persistent kernel" driving its peer descriptors: ping-pongs of
 /// messages of varying lengths through credits, data checked on arrival, in two "launches"
 /// (the second resumes from the descriptors the host refreshes).
@@ -1156,70 +1209,56 @@ fn device_qp_hand_over_rules() {
 fn kernel_channels_ping_pong_between_thread_ranks() {
     const ITERS: u64 = 1000;
     const MAX: usize = 512;
-    let dev = Device::soft().unwrap();
-    let results: Vec<_> = ThreadBootstrap::group(2)
-        .into_iter()
-        .map(|boot| {
-            let dev = dev.clone();
-            std::thread::spawn(move || {
-                let mut comm = Comm::new(Box::new(boot), &dev).unwrap();
-                let ch = comm.kernel_channels(8).unwrap();
-                let (me, peer) = (comm.rank(), 1 - comm.rank());
-                let (buf, mr) = pinned(comm.pd(), 2 * MAX);
-                let len = |i: u64| 1 + (i as usize * 53) % MAX;
-                let table = ch.descs().unwrap();
-                assert_eq!(table.len(), 2);
-                let mut own = table[me];
-                assert_eq!(
-                    twin::peer_send(&mut own, 0, 0, 0, 1_000_000),
-                    code::INVALID,
-                    "this rank's own entry is refused"
-                );
-                let (send_at, recv_at) = (buf.addr(), buf.addr() + MAX as u64);
-                let launch = |range: std::ops::Range<u64>| {
-                    let mut p: PeerDesc = ch.desc(peer).unwrap();
-                    for i in range {
-                        let mut got = 0u32;
-                        let recv = |p: &mut PeerDesc, got: &mut u32| {
-                            assert_eq!(
-                                twin::peer_wait_recv(p, got, TIMEOUT_NS),
-                                code::OK,
-                                "{me}: receive {i}"
-                            );
-                            assert_eq!(*got as usize, len(i));
-                            assert_eq!(read(recv_at, len(i)), message(i, peer as u8, len(i)));
-                        };
-                        assert_eq!(
-                            twin::peer_recv(&mut p, recv_at, mr.lkey(), MAX as u32, TIMEOUT_NS),
-                            code::OK
-                        );
-                        if me == 1 {
-                            recv(&mut p, &mut got);
-                        }
-                        write(send_at, &message(i, me as u8, len(i)));
-                        assert_eq!(
-                            twin::peer_send(&mut p, send_at, mr.lkey(), len(i) as u32, TIMEOUT_NS),
-                            code::OK,
-                            "{me}: send {i}"
-                        );
-                        assert_eq!(twin::peer_wait_send(&mut p, TIMEOUT_NS), code::OK);
-                        if me == 0 {
-                            recv(&mut p, &mut got);
-                        }
-                    }
+    let results = two_ranks(8, |comm, ch| {
+        let (me, peer) = (comm.rank(), 1 - comm.rank());
+        let (buf, mr) = pinned(comm.pd(), 2 * MAX);
+        let len = |i: u64| 1 + (i as usize * 53) % MAX;
+        let table = ch.descs().unwrap();
+        assert_eq!(table.len(), 2);
+        let mut own = table[me];
+        assert_eq!(
+            twin::peer_send(&mut own, 0, 0, 0, 1_000_000),
+            code::INVALID,
+            "this rank's own entry is refused"
+        );
+        let (send_at, recv_at) = (buf.addr(), buf.addr() + MAX as u64);
+        let launch = |range: std::ops::Range<u64>| {
+            let mut p: PeerDesc = ch.desc(peer).unwrap();
+            for i in range {
+                let mut got = 0u32;
+                let recv = |p: &mut PeerDesc, got: &mut u32| {
+                    assert_eq!(
+                        twin::peer_wait_recv(p, got, TIMEOUT_NS),
+                        code::OK,
+                        "{me}: receive {i}"
+                    );
+                    assert_eq!(*got as usize, len(i));
+                    assert_eq!(read(recv_at, len(i)), message(i, peer as u8, len(i)));
                 };
-                launch(0..ITERS / 2);
-                launch(ITERS / 2..ITERS);
-                let st = ch.progress(peer).unwrap();
-                comm.barrier().unwrap();
-                drop(ch);
-                comm.finalize().unwrap();
-                st
-            })
-        })
-        .collect();
-    for h in results {
-        let st = h.join().unwrap();
+                assert_eq!(
+                    twin::peer_recv(&mut p, recv_at, mr.lkey(), MAX as u32, TIMEOUT_NS),
+                    code::OK
+                );
+                if me == 1 {
+                    recv(&mut p, &mut got);
+                }
+                write(send_at, &message(i, me as u8, len(i)));
+                assert_eq!(
+                    twin::peer_send(&mut p, send_at, mr.lkey(), len(i) as u32, TIMEOUT_NS),
+                    code::OK,
+                    "{me}: send {i}"
+                );
+                assert_eq!(twin::peer_wait_send(&mut p, TIMEOUT_NS), code::OK);
+                if me == 0 {
+                    recv(&mut p, &mut got);
+                }
+            }
+        };
+        launch(0..ITERS / 2);
+        launch(ITERS / 2..ITERS);
+        ch.progress(peer).unwrap()
+    });
+    for st in results {
         assert_eq!(
             (
                 st.sends,
@@ -1239,63 +1278,50 @@ fn kernel_channels_ping_pong_between_thread_ranks() {
 /// and every later call returns the channel's first error.
 #[test]
 fn kernel_channel_errors_and_timeouts() {
-    let dev = Device::soft().unwrap();
-    let results: Vec<_> = ThreadBootstrap::group(2)
-        .into_iter()
-        .map(|boot| {
-            let dev = dev.clone();
-            std::thread::spawn(move || {
-                let mut comm = Comm::new(Box::new(boot), &dev).unwrap();
-                let ch = comm.kernel_channels(4).unwrap();
-                let (me, peer) = (comm.rank(), 1 - comm.rank());
-                let (buf, mr) = pinned(comm.pd(), 256);
-                let mut p = ch.desc(peer).unwrap();
-                let mut got = 0;
-                if me == 0 {
-                    // No credit yet: the send times out and posts nothing.
-                    let t = Instant::now();
-                    assert_eq!(
-                        twin::peer_send(&mut p, buf.addr(), mr.lkey(), 8, 30_000_000),
-                        code::TIMEOUT
-                    );
-                    assert!(t.elapsed() < Duration::from_secs(10));
-                    assert_eq!(p.sends, 0);
-                    assert_eq!(twin::peer_wait_send(&mut p, 1000), code::INVALID);
-                }
-                comm.barrier().unwrap();
-                if me == 1 {
-                    assert_eq!(
-                        twin::peer_recv(&mut p, buf.addr(), mr.lkey(), 16, TIMEOUT_NS),
-                        code::OK
-                    );
-                    let rc = twin::peer_wait_recv(&mut p, &mut got, TIMEOUT_NS);
-                    assert_eq!(code::syndrome(rc), Some(Syndrome::LocalLength), "{rc:#x}");
-                } else {
-                    assert_eq!(
-                        twin::peer_send(&mut p, buf.addr(), mr.lkey(), 200, TIMEOUT_NS),
-                        code::OK
-                    );
-                    let rc = twin::peer_wait_send(&mut p, TIMEOUT_NS);
-                    assert_eq!(
-                        code::syndrome(rc),
-                        Some(Syndrome::RemoteInvalReq),
-                        "{rc:#x}"
-                    );
-                }
-                // Sticky: the channel reports its error from now on, and the host sees it.
-                let first = p.error as i32;
-                assert_eq!(
-                    twin::peer_send(&mut p, buf.addr(), mr.lkey(), 8, 1000),
-                    first
-                );
-                assert_eq!(ch.progress(peer).unwrap().error as i32, first);
-                comm.barrier().unwrap();
-            })
-        })
-        .collect();
-    for h in results {
-        h.join().unwrap();
-    }
+    two_ranks(4, |comm, ch| {
+        let (me, peer) = (comm.rank(), 1 - comm.rank());
+        let (buf, mr) = pinned(comm.pd(), 256);
+        let mut p = ch.desc(peer).unwrap();
+        let mut got = 0;
+        if me == 0 {
+            // No credit yet: the send times out and posts nothing.
+            let t = Instant::now();
+            assert_eq!(
+                twin::peer_send(&mut p, buf.addr(), mr.lkey(), 8, 30_000_000),
+                code::TIMEOUT
+            );
+            assert!(t.elapsed() < Duration::from_secs(10));
+            assert_eq!(p.sends, 0);
+            assert_eq!(twin::peer_wait_send(&mut p, 1000), code::INVALID);
+        }
+        comm.barrier().unwrap();
+        if me == 1 {
+            assert_eq!(
+                twin::peer_recv(&mut p, buf.addr(), mr.lkey(), 16, TIMEOUT_NS),
+                code::OK
+            );
+            let rc = twin::peer_wait_recv(&mut p, &mut got, TIMEOUT_NS);
+            assert_eq!(code::syndrome(rc), Some(Syndrome::LocalLength), "{rc:#x}");
+        } else {
+            assert_eq!(
+                twin::peer_send(&mut p, buf.addr(), mr.lkey(), 200, TIMEOUT_NS),
+                code::OK
+            );
+            let rc = twin::peer_wait_send(&mut p, TIMEOUT_NS);
+            assert_eq!(
+                code::syndrome(rc),
+                Some(Syndrome::RemoteInvalReq),
+                "{rc:#x}"
+            );
+        }
+        // Sticky: the channel reports its error from now on, and the host sees it.
+        let first = p.error as i32;
+        assert_eq!(
+            twin::peer_send(&mut p, buf.addr(), mr.lkey(), 8, 1000),
+            first
+        );
+        assert_eq!(ch.progress(peer).unwrap().error as i32, first);
+    });
 }
 
 // ------------------------------------------------------------------ the header itself

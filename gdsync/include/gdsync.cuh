@@ -442,6 +442,20 @@ __device__ __forceinline__ bool gds_op_remote(uint32_t opcode) {
     return opcode == GDS_OP_RDMA_WRITE || opcode == GDS_OP_RDMA_WRITE_IMM || opcode == GDS_OP_RDMA_READ;
 }
 
+// Checks a send of `len` bytes (at most max_len) and fills its remote-address segment:
+// GDS_OK with *ds units of w used, GDS_INVALID (unknown opcode, descriptor without doorbell)
+// or GDS_FULL (the send ring has no free slot).
+__device__ __forceinline__ int gds_qp_begin_send(const gds_qp *qp, uint32_t opcode, uint32_t len, uint32_t max_len,
+                                                 uint64_t raddr, uint32_t rkey, uint32_t *w, uint32_t *ds) {
+    if (!(opcode == GDS_OP_SEND || opcode == GDS_OP_SEND_IMM || gds_op_remote(opcode)) || len > max_len ||
+        qp->sq == 0 || (qp->db == 0 && qp->proxy == 0))
+        return GDS_INVALID;
+    if (gds_qp_send_room(qp) == 0) return GDS_FULL;
+    *ds = 1;
+    if (gds_op_remote(opcode)) gds_seg_raddr(&w[4 * (*ds)++], raddr, rkey);
+    return GDS_OK;
+}
+
 // Posts a send, send with immediate, RDMA write (+ immediate) or RDMA read of `len` bytes at
 // laddr/lkey (raddr/rkey for the remote side; ignored for sends). GDS_FULL, writing
 // nothing, when the send ring has no free slot: consume send completions (gds_cq_poll on
@@ -449,13 +463,10 @@ __device__ __forceinline__ bool gds_op_remote(uint32_t opcode) {
 // doorbell.
 __device__ __forceinline__ int gds_qp_post_send(gds_qp *qp, uint32_t opcode, uint64_t laddr, uint32_t lkey, uint32_t len,
                                                 uint64_t raddr, uint32_t rkey, uint32_t imm, uint32_t flags) {
-    if (!(opcode == GDS_OP_SEND || opcode == GDS_OP_SEND_IMM || gds_op_remote(opcode)) || len > 0x7FFFFFFFu ||
-        qp->sq == 0 || (qp->db == 0 && qp->proxy == 0))
-        return GDS_INVALID;
-    if (gds_qp_send_room(qp) == 0) return GDS_FULL;
     uint32_t w[12];
-    uint32_t ds = 1;
-    if (gds_op_remote(opcode)) gds_seg_raddr(&w[4 * ds++], raddr, rkey);
+    uint32_t ds;
+    int rc = gds_qp_begin_send(qp, opcode, len, 0x7FFFFFFFu, raddr, rkey, w, &ds);
+    if (rc != GDS_OK) return rc;
     if (len > 0) gds_seg_data(&w[4 * ds++], laddr, len, lkey);  // no zero-length segment
     return gds_qp_submit(qp, opcode, w, ds, imm, flags);
 }
@@ -465,13 +476,11 @@ __device__ __forceinline__ int gds_qp_post_send(gds_qp *qp, uint32_t opcode, uin
 // Sends and RDMA writes only.
 __device__ __forceinline__ int gds_qp_post_send_inline(gds_qp *qp, uint32_t opcode, const void *data, uint32_t len,
                                                        uint64_t raddr, uint32_t rkey, uint32_t imm, uint32_t flags) {
-    if (opcode == GDS_OP_RDMA_READ || !(opcode == GDS_OP_SEND || opcode == GDS_OP_SEND_IMM || gds_op_remote(opcode)) ||
-        len > GDS_MAX_INLINE || qp->sq == 0 || (qp->db == 0 && qp->proxy == 0))
-        return GDS_INVALID;
-    if (gds_qp_send_room(qp) == 0) return GDS_FULL;
+    if (opcode == GDS_OP_RDMA_READ) return GDS_INVALID;
     uint32_t w[16] = {0};
-    uint32_t ds = 1;
-    if (gds_op_remote(opcode)) gds_seg_raddr(&w[4 * ds++], raddr, rkey);
+    uint32_t ds;
+    int rc = gds_qp_begin_send(qp, opcode, len, GDS_MAX_INLINE, raddr, rkey, w, &ds);
+    if (rc != GDS_OK) return rc;
     w[4 * ds] = gds_bswap32(len | 0x80000000u);  // inline header, payload at +4
     unsigned char *payload = (unsigned char *)&w[4 * ds + 1];
     for (uint32_t i = 0; i < len; i++) payload[i] = ((const unsigned char *)data)[i];
@@ -574,13 +583,29 @@ __device__ __forceinline__ int gds_peer_poll_send(gds_peer *p) {
     return rc;
 }
 
+// GDS_INVALID for an entry that is no peer (e.g. this rank's own), the channel's error once
+// it failed, else GDS_OK.
+__device__ __forceinline__ int gds_peer_check(const gds_peer *p) {
+    if (p->credit == 0) return GDS_INVALID;
+    return p->error ? (int)p->error : GDS_OK;
+}
+
+// Consumes a send completion, if one came, to free send slots or finish a send: GDS_OK to go
+// on, GDS_TIMEOUT once timeout_ns passed without any (spins/start: the caller's loop), or the
+// channel's error.
+__device__ __forceinline__ int gds_peer_make_room(gds_peer *p, uint32_t spins, uint64_t *start, uint64_t timeout_ns) {
+    if (p->error) return p->error;
+    if (gds_peer_poll_send(p) == GDS_EMPTY && gds_expired(spins, start, timeout_ns)) return GDS_TIMEOUT;
+    return p->error ? (int)p->error : GDS_OK;
+}
+
 // Posts a send of `len` bytes at laddr/lkey to the peer once it has a receive posted for it
 // (waits for the credit), and once the send ring has room (consumes send completions). The
 // message lands in the peer's next receive. GDS_TIMEOUT after timeout_ns (nothing posted),
 // or the channel's error.
 __device__ __forceinline__ int gds_peer_send(gds_peer *p, uint64_t laddr, uint32_t lkey, uint32_t len, uint64_t timeout_ns) {
-    if (p->credit == 0) return GDS_INVALID;  // not a peer (e.g. this rank's own entry)
-    if (p->error) return p->error;
+    int rc = gds_peer_check(p);
+    if (rc != GDS_OK) return rc;
     uint64_t start = 0;
     for (uint32_t spins = 0; p->credits < p->sends + 1; spins++) {
         p->credits = *(const volatile uint64_t *)p->credit;
@@ -589,10 +614,9 @@ __device__ __forceinline__ int gds_peer_send(gds_peer *p, uint64_t laddr, uint32
     start = 0;
     for (uint32_t spins = 0;; spins++) {
         int rc = gds_qp_post_send(&p->qp, GDS_OP_SEND, laddr, lkey, len, 0, 0, 0, GDS_SIGNALED);
-        if (rc == GDS_OK) break;
-        if (rc != GDS_FULL) return rc;
-        if (gds_peer_poll_send(p) == GDS_EMPTY && gds_expired(spins, &start, timeout_ns)) return GDS_TIMEOUT;
-        if (p->error) return p->error;
+        if (rc == GDS_FULL) rc = gds_peer_make_room(p, spins, &start, timeout_ns);
+        else if (rc == GDS_OK) break;
+        if (rc != GDS_OK) return rc;
     }
     p->sends++;
     gds_peer_store(p);
@@ -606,9 +630,9 @@ __device__ __forceinline__ int gds_peer_send(gds_peer *p, uint64_t laddr, uint32
 // ring stayed full for timeout_ns (the receive is then posted, its credit goes with the
 // next one).
 __device__ __forceinline__ int gds_peer_recv(gds_peer *p, uint64_t laddr, uint32_t lkey, uint32_t len, uint64_t timeout_ns) {
-    if (p->credit == 0) return GDS_INVALID;  // not a peer (e.g. this rank's own entry)
-    if (p->error) return p->error;
-    int rc = gds_qp_post_recv(&p->qp, laddr, len, lkey);
+    int rc = gds_peer_check(p);
+    if (rc != GDS_OK) return rc;
+    rc = gds_qp_post_recv(&p->qp, laddr, len, lkey);
     if (rc != GDS_OK) return rc;
     p->recvs++;
     gds_peer_store(p);
@@ -617,10 +641,9 @@ __device__ __forceinline__ int gds_peer_recv(gds_peer *p, uint64_t laddr, uint32
         uint32_t used = p->qp.sq_wqebbs - gds_qp_send_room(&p->qp);
         uint32_t flags = used >= p->qp.sq_wqebbs / 2 ? GDS_SIGNALED : 0;
         rc = gds_qp_post_send_inline(&p->qp, GDS_OP_RDMA_WRITE, &p->recvs, 8, p->remote_credit, p->remote_credit_rkey, 0, flags);
-        if (rc == GDS_OK) return GDS_OK;
-        if (rc != GDS_FULL) return rc;
-        if (gds_peer_poll_send(p) == GDS_EMPTY && gds_expired(spins, &start, timeout_ns)) return GDS_TIMEOUT;
-        if (p->error) return p->error;
+        if (rc == GDS_FULL) rc = gds_peer_make_room(p, spins, &start, timeout_ns);
+        else if (rc == GDS_OK) return GDS_OK;
+        if (rc != GDS_OK) return rc;
     }
 }
 
@@ -630,8 +653,8 @@ __device__ __forceinline__ int gds_peer_wait_send(gds_peer *p, uint64_t timeout_
     if (p->credit == 0 || p->sends_waited == p->sends) return GDS_INVALID;
     uint64_t start = 0;
     for (uint32_t spins = 0; p->sends_done == p->sends_waited; spins++) {
-        if (p->error) return p->error;
-        if (gds_peer_poll_send(p) == GDS_EMPTY && gds_expired(spins, &start, timeout_ns)) return GDS_TIMEOUT;
+        int rc = gds_peer_make_room(p, spins, &start, timeout_ns);
+        if (rc != GDS_OK) return rc;
     }
     if (p->error) return p->error;
     p->sends_waited++;
