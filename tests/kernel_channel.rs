@@ -4,14 +4,15 @@
 //! doorbells, CQ consumer indices, credits), through `twin`, a line-by-line Rust copy of
 //! those functions; the soft device must execute them as a ConnectX would.
 
+mod common;
+
+use common::kernel_channel_ranks;
 use gdasync::gdsync::format::Syndrome;
 use gdasync::gdsync::kernel::{code, DeviceQp, PeerDesc, QpDesc};
 use gdasync::gdsync::{
     Access, Cq, Device, MemoryRegion, NicHandler, PinnedBuffer, ProtectionDomain, Qp, QpConfig,
     RecvWr, SendWr,
 };
-use gdasync::mp::bootstrap::ThreadBootstrap;
-use gdasync::mp::{Comm, KernelChannels};
 use std::time::{Duration, Instant};
 
 /// A wait that should pass promptly (seconds: a loaded 2-core machine must never trip it).
@@ -1178,30 +1179,6 @@ fn device_qp_hand_over_rules() {
 
 // ------------------------------------------------------------------ mp kernel channels
 
-/// Runs `f` on two thread ranks, each with a communicator and kernel channels of `depth`;
-/// then a barrier (no rank tears down while its peer's "kernel" still uses the channels).
-fn two_ranks<T: Send>(depth: u32, f: impl Fn(&mut Comm, &KernelChannels) -> T + Sync) -> Vec<T> {
-    let dev = Device::soft().unwrap();
-    std::thread::scope(|s| {
-        let ranks: Vec<_> = ThreadBootstrap::group(2)
-            .into_iter()
-            .map(|boot| {
-                let (dev, f) = (&dev, &f);
-                s.spawn(move || {
-                    let mut comm = Comm::new(Box::new(boot), dev).unwrap();
-                    let ch = comm.kernel_channels(depth).unwrap();
-                    let out = f(&mut comm, &ch);
-                    comm.barrier().unwrap();
-                    drop(ch);
-                    comm.finalize().unwrap();
-                    out
-                })
-            })
-            .collect();
-        ranks.into_iter().map(|r| r.join().unwrap()).collect()
-    })
-}
-
 /// Ranks as threads, each a "persistent kernel" driving its peer descriptors: ping-pongs of
 /// messages of varying lengths through credits, data checked on arrival, in two "launches"
 /// (the second resumes from the descriptors the host refreshes).
@@ -1209,7 +1186,7 @@ fn two_ranks<T: Send>(depth: u32, f: impl Fn(&mut Comm, &KernelChannels) -> T + 
 fn kernel_channels_ping_pong_between_thread_ranks() {
     const ITERS: u64 = 1000;
     const MAX: usize = 512;
-    let results = two_ranks(8, |comm, ch| {
+    let results = kernel_channel_ranks(8, |comm, ch| {
         let (me, peer) = (comm.rank(), 1 - comm.rank());
         let (buf, mr) = pinned(comm.pd(), 2 * MAX);
         let len = |i: u64| 1 + (i as usize * 53) % MAX;
@@ -1278,7 +1255,7 @@ fn kernel_channels_ping_pong_between_thread_ranks() {
 /// and every later call returns the channel's first error.
 #[test]
 fn kernel_channel_errors_and_timeouts() {
-    two_ranks(4, |comm, ch| {
+    kernel_channel_ranks(4, |comm, ch| {
         let (me, peer) = (comm.rank(), 1 - comm.rank());
         let (buf, mr) = pinned(comm.pd(), 256);
         let mut p = ch.desc(peer).unwrap();
@@ -1329,6 +1306,7 @@ fn kernel_channel_errors_and_timeouts() {
 /// Stand-ins for the CUDA declarations the header's device code uses, so that clang can
 /// check it without a CUDA toolkit.
 const CUDA_SHIM: &str = r#"
+#include <__clang_cuda_builtin_vars.h>
 #define __device__ __attribute__((device))
 #define __global__ __attribute__((global))
 #define __forceinline__ __attribute__((always_inline)) inline
@@ -1363,16 +1341,21 @@ extern "C" __global__ void all(gds_qp q0, gds_peer p0, uint64_t out) {
 }
 "#;
 
-/// The header's device code compiles as CUDA (NVRTC mode and nvcc mode), checked with clang
-/// where it is installed: CI has no GPU and no NVRTC, and a header that does not compile
-/// would only show on the GPU machine.
+/// The header's device code, and the kernels of the GPU tests, compile as CUDA (NVRTC mode
+/// and nvcc mode), checked with clang where it is installed: CI has no GPU and no NVRTC, and
+/// code that does not compile would only show on the GPU machine.
 #[test]
 fn header_device_code_compiles_with_clang() {
     let dir = std::env::temp_dir().join(format!("gdsync-header-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let header = concat!(env!("CARGO_MANIFEST_DIR"), "/gdsync/include/gdsync.cuh");
     let src = dir.join("all.cu");
-    std::fs::write(&src, format!("{CUDA_SHIM}\n#include \"{header}\"\n{CALLS}")).unwrap();
+    let gpu_test_kernels = include_str!("kernels/kernel_channel.cu");
+    std::fs::write(
+        &src,
+        format!("{CUDA_SHIM}\n#include \"{header}\"\n{CALLS}\n{gpu_test_kernels}"),
+    )
+    .unwrap();
     let clang = |extra: &[&str], file: &std::path::Path| {
         std::process::Command::new("clang++")
             .args([
