@@ -341,14 +341,12 @@ mod twin {
         }
     }
 
-    /// `gds_peer_store`.
-    fn peer_store(p: &PeerDesc) {
-        st64(p.state, p.sends);
-        st64(p.state + 8, p.sends_done);
-        st64(p.state + 16, p.sends_waited);
-        st64(p.state + 24, p.recvs);
-        st64(p.state + 32, p.recvs_waited);
-        st32(p.state + 40, p.error);
+    /// `gds_peer_fail`.
+    fn peer_fail(p: &mut PeerDesc, rc: i32) {
+        if p.error == 0 {
+            p.error = rc as u32;
+            st32(p.state + 40, p.error);
+        }
     }
 
     /// `gds_peer_poll_send`.
@@ -360,11 +358,11 @@ mod twin {
         }
         if wc.wqe_opcode as u32 == OP_SEND {
             p.sends_done += 1;
+            st64(p.state + 8, p.sends_done);
         }
-        if rc != code::OK && p.error == 0 {
-            p.error = rc as u32;
+        if rc != code::OK {
+            peer_fail(p, rc);
         }
-        peer_store(p);
         rc
     }
 
@@ -430,7 +428,7 @@ mod twin {
             spins = spins.wrapping_add(1);
         }
         p.sends += 1;
-        peer_store(p);
+        st64(p.state, p.sends);
         code::OK
     }
 
@@ -445,7 +443,7 @@ mod twin {
             return rc;
         }
         p.recvs += 1;
-        peer_store(p);
+        st64(p.state + 24, p.recvs);
         let mut start = None;
         let mut spins = 0u32;
         loop {
@@ -495,7 +493,7 @@ mod twin {
             return p.error as i32;
         }
         p.sends_waited += 1;
-        peer_store(p);
+        st64(p.state + 16, p.sends_waited);
         code::OK
     }
 
@@ -513,13 +511,12 @@ mod twin {
             return rc;
         }
         if rc != code::OK {
-            p.error = rc as u32;
-            peer_store(p);
+            peer_fail(p, rc);
             return rc;
         }
         p.recvs_waited += 1;
+        st64(p.state + 32, p.recvs_waited);
         *len = wc.byte_len;
-        peer_store(p);
         code::OK
     }
 }

@@ -559,16 +559,15 @@ __device__ __forceinline__ int gds_cq_wait(gds_cq *cq, gds_wc *wc, uint64_t time
 }
 // ---------------------------------------------------------------- a peer, with credits
 
-// Stores the counters through to the state block (host memory): progress for the host, and
-// where the next launch resumes.
-__device__ __forceinline__ void gds_peer_store(const gds_peer *p) {
-    volatile gds_peer_state *s = (volatile gds_peer_state *)p->state;
-    s->sends = p->sends;
-    s->sends_done = p->sends_done;
-    s->sends_waited = p->sends_waited;
-    s->recvs = p->recvs;
-    s->recvs_waited = p->recvs_waited;
-    s->error = p->error;
+// The state block: each counter is stored through after it changes (one posted write to host
+// memory), for the host to read progress and the next launch to resume.
+__device__ __forceinline__ volatile gds_peer_state *gds_peer_host(const gds_peer *p) {
+    return (volatile gds_peer_state *)p->state;
+}
+
+// Records the channel's first error (sticky).
+__device__ __forceinline__ void gds_peer_fail(gds_peer *p, int rc) {
+    if (p->error == 0) gds_peer_host(p)->error = p->error = (uint32_t)rc;
 }
 
 // Consumes one send completion if there is one. Completions of sends are counted; those of
@@ -577,9 +576,8 @@ __device__ __forceinline__ int gds_peer_poll_send(gds_peer *p) {
     gds_wc wc;
     int rc = gds_cq_poll(&p->qp.send_cq, &wc);
     if (rc == GDS_EMPTY) return rc;
-    if (wc.wqe_opcode == GDS_OP_SEND) p->sends_done++;
-    if (rc != GDS_OK && p->error == 0) p->error = rc;
-    gds_peer_store(p);
+    if (wc.wqe_opcode == GDS_OP_SEND) gds_peer_host(p)->sends_done = ++p->sends_done;
+    if (rc != GDS_OK) gds_peer_fail(p, rc);
     return rc;
 }
 
@@ -618,8 +616,7 @@ __device__ __forceinline__ int gds_peer_send(gds_peer *p, uint64_t laddr, uint32
         else if (rc == GDS_OK) break;
         if (rc != GDS_OK) return rc;
     }
-    p->sends++;
-    gds_peer_store(p);
+    gds_peer_host(p)->sends = ++p->sends;
     return GDS_OK;
 }
 
@@ -634,8 +631,7 @@ __device__ __forceinline__ int gds_peer_recv(gds_peer *p, uint64_t laddr, uint32
     if (rc != GDS_OK) return rc;
     rc = gds_qp_post_recv(&p->qp, laddr, len, lkey);
     if (rc != GDS_OK) return rc;
-    p->recvs++;
-    gds_peer_store(p);
+    gds_peer_host(p)->recvs = ++p->recvs;
     uint64_t start = 0;
     for (uint32_t spins = 0;; spins++) {
         uint32_t used = p->qp.sq_wqebbs - gds_qp_send_room(&p->qp);
@@ -657,8 +653,7 @@ __device__ __forceinline__ int gds_peer_wait_send(gds_peer *p, uint64_t timeout_
         if (rc != GDS_OK) return rc;
     }
     if (p->error) return p->error;
-    p->sends_waited++;
-    gds_peer_store(p);
+    gds_peer_host(p)->sends_waited = ++p->sends_waited;
     return GDS_OK;
 }
 
@@ -672,13 +667,11 @@ __device__ __forceinline__ int gds_peer_wait_recv(gds_peer *p, uint32_t *len, ui
     int rc = gds_cq_wait(&p->qp.recv_cq, &wc, timeout_ns);
     if (rc == GDS_TIMEOUT) return rc;
     if (rc != GDS_OK) {
-        p->error = rc;
-        gds_peer_store(p);
+        gds_peer_fail(p, rc);
         return rc;
     }
-    p->recvs_waited++;
+    gds_peer_host(p)->recvs_waited = ++p->recvs_waited;
     *len = wc.byte_len;
-    gds_peer_store(p);
     return GDS_OK;
 }
 #endif
