@@ -132,11 +132,11 @@ GDS_OFFSET_CHECK(gds_cq, wq_ci, 40);
 GDS_OFFSET_CHECK(gds_cq, entries, 48);
 GDS_OFFSET_CHECK(gds_cq, cqn, 52);
 
-// A QP a kernel drives (gdsync::kernel::DeviceQp::desc). ONE THREAD DRIVES ONE QP: copy the
-// descriptor into a local variable of that thread and pass its address to every call; the
-// counters in it are that thread's working copy (stored through to host memory, `state`,
-// so the host sees progress and the next launch resumes). Every WQE posted here is one
-// 64-byte WQEBB.
+// A QP a kernel drives (gdsync::kernel::DeviceQp::desc). ONE THREAD DRIVES ONE QP (it may drive
+// others too; two threads never share one): copy the descriptor into a local variable of that
+// thread and pass its address to every call; the counters in it are that thread's working
+// copy (stored through to host memory, `state`, so the host sees progress and the next launch
+// resumes). Every WQE posted here is one 64-byte WQEBB.
 struct gds_qp {
     uint64_t sq;          // send ring: sq_wqebbs WQEBBs of 64 bytes
     uint64_t rq;          // receive ring: rq_wqes WQEs of rq_stride bytes
