@@ -8,9 +8,9 @@ mod common;
 
 use common::gpu::{gpu, Buf};
 use common::kernel_channel_ranks;
-use gdasync::gdsync::cuda::{CudaStream, Module};
+use gdasync::gdsync::cuda::{CudaStream, Function, Module};
 use gdasync::gdsync::format::Syndrome;
-use gdasync::gdsync::kernel::{code, QpDesc};
+use gdasync::gdsync::kernel::{code, DeviceQp, QpDesc};
 use gdasync::gdsync::{Device, PinnedBuffer, ProtectionDomain, QpConfig};
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
@@ -47,13 +47,12 @@ fn words(out: &PinnedBuffer, at: usize, n: usize) -> Vec<u64> {
         .collect()
 }
 
-/// Launches `f` with one value per parameter.
+/// Launches `f` with one value per parameter, one thread per block.
 ///
 /// # Safety
 /// The values must match the kernel's parameters, and the memory the kernel reaches must
 /// outlive it (every caller synchronises the stream before dropping anything).
-unsafe fn launch(m: &Module, name: &str, s: &CudaStream, grid: u32, params: &mut [*mut c_void]) {
-    let f = m.function(name).unwrap();
+unsafe fn launch(f: &Function, s: &CudaStream, grid: u32, params: &mut [*mut c_void]) {
     // SAFETY: the caller's guarantee.
     unsafe { f.launch(s, grid, 1, params).unwrap() };
 }
@@ -63,13 +62,7 @@ fn p<T>(v: &mut T) -> *mut c_void {
 }
 
 /// Two connected QPs on one soft device, each with dedicated CQs, handed to the GPU.
-fn device_pair(
-    cfg: &QpConfig,
-) -> (
-    Device,
-    ProtectionDomain,
-    [gdasync::gdsync::kernel::DeviceQp; 2],
-) {
+fn device_pair(cfg: &QpConfig) -> (Device, ProtectionDomain, [DeviceQp; 2]) {
     let dev = Device::soft().unwrap();
     let pd = dev.alloc_pd();
     let mut qps: Vec<_> = (0..2)
@@ -128,7 +121,7 @@ fn kernel_drives_qps_ping_pong() {
         let start = Instant::now();
         // SAFETY: the parameters match qp_pingpong; the QPs, buffers and `out` outlive the
         // kernel (synchronised below).
-        unsafe { launch(&m, "qp_pingpong", &stream, 2, &mut params) };
+        unsafe { launch(&m.function("qp_pingpong").unwrap(), &stream, 2, &mut params) };
         stream.synchronize().unwrap();
         let took = start.elapsed();
         for (side, at) in [(0, 0), (1, 32)] {
@@ -189,7 +182,7 @@ fn kernel_qp_timeouts_and_errors_are_codes() {
         ];
         let start = Instant::now();
         // SAFETY: the parameters match qp_errors; everything outlives the kernel.
-        unsafe { launch(&m, "qp_errors", &stream, 1, &mut params) };
+        unsafe { launch(&m.function("qp_errors").unwrap(), &stream, 1, &mut params) };
         stream.synchronize().unwrap();
         assert!(start.elapsed() < Duration::from_secs(30));
         let w = words(&out, 0, 7);
@@ -238,12 +231,13 @@ fn kernel_channels_ping_pong_between_rank_kernels() {
                 p(&mut timeout),
                 p(&mut out_addr),
             ];
-            // Every rank has made its CUDA allocations and registrations before
-            // any kernel runs (a running kernel would block them).
+            let f = m.function("peer_pingpong").unwrap();
+            // Every rank has made its CUDA allocations and registrations (and other driver
+            // calls) before any kernel runs: a running kernel could block them.
             comm.barrier().unwrap();
             // SAFETY: the parameters match peer_pingpong; the table, buffers and
             // channels outlive the kernel (synchronised below).
-            unsafe { launch(&m, "peer_pingpong", &stream, 1, &mut params) };
+            unsafe { launch(&f, &stream, 1, &mut params) };
             stream.synchronize().unwrap();
             comm.barrier().unwrap();
             let w = words(&out, 0, 4);

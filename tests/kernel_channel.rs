@@ -1066,25 +1066,32 @@ fn kernel_qp_errors_surface_as_codes_with_the_syndrome() {
     let e = ascq.check().unwrap_err().to_string();
     assert!(e.contains("RemoteAccess"), "{e}");
 
-    // Bad lkey on a fresh pair: a local protection error.
-    let (_dev2, pd2, c, d) = connected(&QpConfig::default());
-    let (cbuf, cmr) = pinned(&pd2, 64);
-    let (c, _d) = (c.qp.into_device().unwrap(), d.qp.into_device().unwrap());
-    let mut qc = c.desc();
-    let rc = twin::qp_post_send(
-        &mut qc,
-        twin::OP_SEND,
-        cbuf.addr(),
-        cmr.lkey() ^ 0x7777,
-        64,
-        0,
-        0,
-        0,
-        twin::SIGNALED,
-    );
-    assert_eq!(rc, code::OK);
-    let rc = twin::cq_wait(&mut qc.send_cq, &mut wc, TIMEOUT_NS);
-    assert_eq!(code::syndrome(rc), Some(Syndrome::LocalProt), "rc {rc:#x}");
+    // Bad lkey, for a send and for an RDMA write (a fresh pair each): a local protection
+    // error, whatever the opcode.
+    for op in [twin::OP_SEND, twin::OP_RDMA_WRITE] {
+        let (_dev2, pd2, c, d) = connected(&QpConfig::default());
+        let (cbuf, cmr) = pinned(&pd2, 128);
+        let (c, _d) = (c.qp.into_device().unwrap(), d.qp.into_device().unwrap());
+        let mut qc = c.desc();
+        let rc = twin::qp_post_send(
+            &mut qc,
+            op,
+            cbuf.addr(),
+            cmr.lkey() ^ 0x7777,
+            64,
+            cbuf.addr() + 64,
+            cmr.rkey(),
+            0,
+            twin::SIGNALED,
+        );
+        assert_eq!(rc, code::OK);
+        let rc = twin::cq_wait(&mut qc.send_cq, &mut wc, TIMEOUT_NS);
+        assert_eq!(
+            code::syndrome(rc),
+            Some(Syndrome::LocalProt),
+            "op {op:#x}: rc {rc:#x}"
+        );
+    }
 }
 
 /// The hand-over rules: a kernel needs dedicated, large-enough CQs and a quiet QP; the QP
