@@ -2,32 +2,20 @@
 //! CUDA IPC, NVRTC. They run only with `GDSYNC_TEST_CUDA=1` (and then require a GPU);
 //! otherwise each prints "skipped".
 
-use gdasync::gdsync::cuda::{Cuda, CudaStream, DeviceBuffer, MemoryKind, Module};
+mod common;
+
+use common::gpu::{gpu, Buf};
+use gdasync::gdsync::cuda::{CudaStream, DeviceBuffer, MemoryKind, Module};
 use gdasync::gdsync::exec::Executor;
 use gdasync::gdsync::format::Syndrome;
 use gdasync::gdsync::kernel::{code, DescRing, RingDesc};
 use gdasync::gdsync::ops::WaitCond;
 use gdasync::gdsync::{
-    Access, Cq, Device, Error, MemoryRegion, PinnedBuffer, ProtectionDomain, Qp, QpConfig, RecvWr,
-    SendWr, SignalWords,
+    Access, Cq, Device, Error, PinnedBuffer, ProtectionDomain, Qp, QpConfig, RecvWr, SendWr,
+    SignalWords,
 };
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
-
-/// One GPU test at a time: a persistent kernel waiting on the host blocks CUDA's implicitly
-/// synchronising calls (freeing or registering memory) in every other thread of the process
-/// until it ends, so concurrent tests could wait on each other forever.
-static GPU_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn gpu(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
-    if std::env::var("GDSYNC_TEST_CUDA").as_deref() != Ok("1") {
-        eprintln!("{test}: skipped (set GDSYNC_TEST_CUDA=1 to run GPU tests)");
-        return None;
-    }
-    let c = Cuda::get().expect("GDSYNC_TEST_CUDA=1 but CUDA is not usable");
-    assert!(!c.gpus.is_empty(), "GDSYNC_TEST_CUDA=1 but no GPU");
-    Some(GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner()))
-}
 
 /// Two connected QPs on one soft device, each queue side with its own CQ (so completion
 /// numbers are known in advance and streams can wait for them).
@@ -61,28 +49,6 @@ fn pair() -> Pair {
         a_scq: cqs[0].clone(),
         b_scq: cqs[2].clone(),
         b_rcq: cqs[3].clone(),
-    }
-}
-
-/// A buffer in host (pinned) or device memory, registered.
-enum Buf {
-    Host(PinnedBuffer),
-    Dev(DeviceBuffer),
-}
-
-impl Buf {
-    fn new(device: bool, len: usize) -> Buf {
-        if device {
-            Buf::Dev(DeviceBuffer::alloc(0, len).unwrap())
-        } else {
-            Buf::Host(PinnedBuffer::new(len))
-        }
-    }
-    fn register<'a>(&'a self, pd: &ProtectionDomain) -> MemoryRegion<'a> {
-        match self {
-            Buf::Host(b) => pd.register_pinned(b, Access::ALL).unwrap(),
-            Buf::Dev(b) => pd.register_device(b, Access::ALL).unwrap(),
-        }
     }
 }
 

@@ -1,11 +1,15 @@
 // gdsync.cuh: kernel-side GPUDirect Async for gdsync (Rust). Descriptors are filled by the
-// host (gdsync::kernel); a kernel rings doorbells and waits for completions with them.
+// host (gdsync::kernel); a kernel rings doorbells and waits for completions with them
+// (gds_send, gds_wait, gds_ring_run), or drives a whole QP by itself: composes the WQEs,
+// rings, and polls the CQs (gds_qp_post_send, gds_qp_post_recv, gds_cq_poll, gds_cq_wait).
 // The layouts below mirror the Rust #[repr(C)] types; the static_asserts are checked against
 // the Rust offsets by a test, and hold when NVRTC compiles this header.
 #pragma once
 #ifdef __CUDACC_RTC__
 typedef unsigned long long uint64_t;
 typedef unsigned int uint32_t;
+typedef unsigned short uint16_t;
+typedef unsigned char uint8_t;
 typedef int int32_t;
 #else
 #include <stdint.h>
@@ -25,6 +29,11 @@ typedef int int32_t;
 #define GDS_OK 0
 #define GDS_TIMEOUT 1
 #define GDS_INVALID 2
+#define GDS_FULL 3          // the ring has no free slot: consume completions first
+#define GDS_EMPTY 4         // gds_cq_poll: no new completion
+#define GDS_ERR_CQE 0x100   // GDS_ERR_CQE | syndrome: an error completion (mlx5 syndrome)
+#define GDS_IS_CQE_ERROR(rc) (((rc) & ~0xFF) == GDS_ERR_CQE)
+#define GDS_SYNDROME(rc) ((rc) & 0xFF)
 
 #define GDS_COND_GEQ 0
 #define GDS_COND_EQ 1
@@ -100,6 +109,155 @@ GDS_OFFSET_CHECK(gds_desc_ring, descs, 0);
 GDS_OFFSET_CHECK(gds_desc_ring, consumed, 8);
 GDS_OFFSET_CHECK(gds_desc_ring, cap, 16);
 
+// A CQ a kernel consumes. ci and wq_ci are the kernel's working counters; the functions
+// store them through to `retired` and `wq_retired` (host memory) after every completion.
+struct gds_cq {
+    uint64_t cqes;        // CQE ring: `entries` entries of 64 bytes
+    uint64_t dbrec;       // consumer-index word of the CQ doorbell record (BE32)
+    uint64_t retired;     // host copy of ci (native u64)
+    uint64_t wq_retired;  // host copy of wq_ci (native u64)
+    uint64_t ci;          // consumer index: next CQE to look at (free-running)
+    uint64_t wq_ci;       // entries of the served ring known complete (send WQEBBs / receives)
+    uint32_t entries;     // a power of two
+    uint32_t cqn;
+    uint64_t reserved;
+};
+static_assert(sizeof(gds_cq) == 64, "gds_cq size");
+GDS_OFFSET_CHECK(gds_cq, cqes, 0);
+GDS_OFFSET_CHECK(gds_cq, dbrec, 8);
+GDS_OFFSET_CHECK(gds_cq, retired, 16);
+GDS_OFFSET_CHECK(gds_cq, wq_retired, 24);
+GDS_OFFSET_CHECK(gds_cq, ci, 32);
+GDS_OFFSET_CHECK(gds_cq, wq_ci, 40);
+GDS_OFFSET_CHECK(gds_cq, entries, 48);
+GDS_OFFSET_CHECK(gds_cq, cqn, 52);
+
+// A QP a kernel drives (gdsync::kernel::DeviceQp::desc). ONE THREAD DRIVES ONE QP (it may drive
+// others too; two threads never share one): copy the descriptor into a local variable of that
+// thread and pass its address to every call; the counters in it are that thread's working
+// copy (stored through to host memory, `state`, so the host sees progress and the next launch
+// resumes). Every WQE posted here is one 64-byte WQEBB.
+struct gds_qp {
+    uint64_t sq;          // send ring: sq_wqebbs WQEBBs of 64 bytes
+    uint64_t rq;          // receive ring: rq_wqes WQEs of rq_stride bytes
+    uint64_t dbrec;       // doorbell record: [RQ][SQ], BE32 each
+    uint64_t db;          // doorbell register (0: a CPU proxy rings, see proxy)
+    uint64_t proxy;       // CPU proxy word (0: the GPU rings): gets the send producer counter
+    uint64_t state;       // host copies of sq_pi (+0) and rq_pi (+8), native u64
+    uint64_t sq_pi;       // send producer counter in WQEBBs (free-running)
+    uint64_t rq_pi;       // receive producer counter (free-running)
+    uint32_t qpn;
+    uint32_t sq_wqebbs;   // a power of two
+    uint32_t rq_wqes;     // a power of two
+    uint32_t rq_stride;   // bytes per receive WQE (16 per scatter entry)
+    uint64_t reserved[2];
+    gds_cq send_cq;       // completions of this QP's sends only
+    gds_cq recv_cq;       // completions of this QP's receives only
+};
+static_assert(sizeof(gds_qp) == 224, "gds_qp size");
+GDS_OFFSET_CHECK(gds_qp, sq, 0);
+GDS_OFFSET_CHECK(gds_qp, rq, 8);
+GDS_OFFSET_CHECK(gds_qp, dbrec, 16);
+GDS_OFFSET_CHECK(gds_qp, db, 24);
+GDS_OFFSET_CHECK(gds_qp, proxy, 32);
+GDS_OFFSET_CHECK(gds_qp, state, 40);
+GDS_OFFSET_CHECK(gds_qp, sq_pi, 48);
+GDS_OFFSET_CHECK(gds_qp, rq_pi, 56);
+GDS_OFFSET_CHECK(gds_qp, qpn, 64);
+GDS_OFFSET_CHECK(gds_qp, sq_wqebbs, 68);
+GDS_OFFSET_CHECK(gds_qp, rq_wqes, 72);
+GDS_OFFSET_CHECK(gds_qp, rq_stride, 76);
+GDS_OFFSET_CHECK(gds_qp, send_cq, 96);
+GDS_OFFSET_CHECK(gds_qp, recv_cq, 160);
+
+// Send opcodes (the mlx5 WQE opcodes) for gds_qp_post_send.
+#define GDS_OP_RDMA_WRITE 0x08
+#define GDS_OP_RDMA_WRITE_IMM 0x09
+#define GDS_OP_SEND 0x0A
+#define GDS_OP_SEND_IMM 0x0B
+#define GDS_OP_RDMA_READ 0x10
+// Flags of gds_qp_post_send. Signal at least one send per ring's worth: slots are freed
+// only by completions (an unsignalled send completes with the next signalled one).
+#define GDS_SIGNALED 1u
+#define GDS_FENCE 2u       // wait for earlier reads to complete first
+#define GDS_SOLICITED 4u
+// Most inline payload: what keeps an inline RDMA write in one WQEBB (ctrl 16 + raddr 16 +
+// 4-byte header + 28).
+#define GDS_MAX_INLINE 28
+// gds_wc.opcode: the CQE opcode.
+#define GDS_WC_SEND_DONE 0x0       // a send, write or read of this QP completed
+#define GDS_WC_RECV_WRITE_IMM 0x1  // an RDMA write with immediate arrived (took a receive)
+#define GDS_WC_RECV 0x2            // a send arrived
+#define GDS_WC_RECV_IMM 0x3        // a send with immediate arrived
+#define GDS_WC_REQ_ERR 0xD
+#define GDS_WC_RESP_ERR 0xE
+
+// One completion, as gds_cq_poll decodes it.
+struct gds_wc {
+    uint32_t byte_len;     // bytes received (receives) or read (RDMA read)
+    uint32_t imm;          // immediate data, host order (GDS_WC_RECV_IMM, _WRITE_IMM)
+    uint32_t qpn;
+    uint16_t wqe_counter;  // send ring index (requester) or receive index (responder)
+    uint8_t opcode;        // GDS_WC_*
+    uint8_t wqe_opcode;    // requester: the GDS_OP_* of the completed send
+    uint8_t syndrome;      // error completions: the mlx5 syndrome (0 otherwise)
+    uint8_t vendor_syndrome;
+    uint16_t reserved;
+};
+
+// The state block of a gds_peer (pinned host memory): its counters, stored through.
+struct gds_peer_state {
+    uint64_t sends;
+    uint64_t sends_done;
+    uint64_t sends_waited;
+    uint64_t recvs;
+    uint64_t recvs_waited;
+    uint32_t error;
+    uint32_t reserved;
+    uint64_t reserved2[2];
+};
+static_assert(sizeof(gds_peer_state) == 64, "gds_peer_state size");
+GDS_OFFSET_CHECK(gds_peer_state, sends, 0);
+GDS_OFFSET_CHECK(gds_peer_state, sends_done, 8);
+GDS_OFFSET_CHECK(gds_peer_state, sends_waited, 16);
+GDS_OFFSET_CHECK(gds_peer_state, recvs, 24);
+GDS_OFFSET_CHECK(gds_peer_state, recvs_waited, 32);
+GDS_OFFSET_CHECK(gds_peer_state, error, 40);
+
+// A connection to one peer with receiver-ready credits (mp: Comm::kernel_channels). One
+// thread drives one peer, with a local copy, as for gds_qp. Sends match the peer's receives
+// in order (FIFO).
+struct gds_peer {
+    gds_qp qp;                    // a QP dedicated to this peer
+    uint64_t credit;              // my credit word: receives the peer posted for me (it writes)
+    uint64_t remote_credit;       // at the peer: its credit word for me (I write my receive count)
+    uint64_t state;               // gds_peer_state in pinned host memory
+    uint64_t sends;               // sends posted
+    uint64_t sends_done;          // send completions consumed
+    uint64_t sends_waited;        // send completions returned by gds_peer_wait_send
+    uint64_t recvs;               // receives posted
+    uint64_t recvs_waited;        // receive completions returned by gds_peer_wait_recv
+    uint64_t credits;             // last credit value read
+    uint32_t remote_credit_rkey;
+    uint32_t rank;                // the peer's rank
+    uint32_t error;               // first error (GDS_ERR_CQE | syndrome), sticky
+    uint32_t reserved[3];
+};
+static_assert(sizeof(gds_peer) == 320, "gds_peer size");
+GDS_OFFSET_CHECK(gds_peer, qp, 0);
+GDS_OFFSET_CHECK(gds_peer, credit, 224);
+GDS_OFFSET_CHECK(gds_peer, remote_credit, 232);
+GDS_OFFSET_CHECK(gds_peer, state, 240);
+GDS_OFFSET_CHECK(gds_peer, sends, 248);
+GDS_OFFSET_CHECK(gds_peer, sends_done, 256);
+GDS_OFFSET_CHECK(gds_peer, sends_waited, 264);
+GDS_OFFSET_CHECK(gds_peer, recvs, 272);
+GDS_OFFSET_CHECK(gds_peer, recvs_waited, 280);
+GDS_OFFSET_CHECK(gds_peer, credits, 288);
+GDS_OFFSET_CHECK(gds_peer, remote_credit_rkey, 296);
+GDS_OFFSET_CHECK(gds_peer, rank, 300);
+GDS_OFFSET_CHECK(gds_peer, error, 304);
+
 #ifdef __CUDACC__
 __device__ __forceinline__ uint64_t gds_now_ns() {
     uint64_t t;
@@ -130,6 +288,18 @@ __device__ __forceinline__ void gds_signal64(uint64_t addr, uint64_t value) {
     __threadfence_system();
 }
 
+// For spin loops: call once per spin; true once timeout_ns have passed since the clock was
+// first read (it is read every 256 spins, so a loop that ends sooner never reads it).
+__device__ __forceinline__ bool gds_expired(uint32_t spins, uint64_t *start, uint64_t timeout_ns) {
+    if ((spins & 255) != 255) return false;
+    uint64_t now = gds_now_ns();
+    if (*start == 0) {
+        *start = now;
+        return false;
+    }
+    return now - *start > timeout_ns;
+}
+
 // Waits until the 32-bit word at addr satisfies cond; GDS_TIMEOUT after timeout_ns.
 __device__ __forceinline__ int gds_wait_value32(uint64_t addr, uint32_t value, uint32_t cond, uint64_t timeout_ns) {
     const volatile uint32_t *w = (const volatile uint32_t *)addr;
@@ -139,11 +309,7 @@ __device__ __forceinline__ int gds_wait_value32(uint64_t addr, uint32_t value, u
             __threadfence_system();
             return GDS_OK;
         }
-        if ((spins & 255) == 255) {
-            uint64_t now = gds_now_ns();
-            if (start == 0) start = now;
-            else if (now - start > timeout_ns) return GDS_TIMEOUT;
-        }
+        if (gds_expired(spins, &start, timeout_ns)) return GDS_TIMEOUT;
     }
 }
 
@@ -187,11 +353,7 @@ __device__ __forceinline__ const gds_desc *gds_ring_get(const gds_desc_ring *r, 
             __threadfence();  // the entry's body is read after its seq
             return d;
         }
-        if ((spins & 255) == 255) {
-            uint64_t now = gds_now_ns();
-            if (start == 0) start = now;
-            else if (now - start > timeout_ns) return 0;
-        }
+        if (gds_expired(spins, &start, timeout_ns)) return 0;
     }
 }
 
@@ -221,5 +383,295 @@ __device__ __forceinline__ int gds_ring_run(const gds_desc_ring *r, uint64_t ind
     gds_desc d;
     int rc = gds_ring_fetch(r, index, &d, timeout_ns);
     return rc != GDS_OK ? rc : gds_run(&d, timeout_ns);
+}
+// ---------------------------------------------------------------- a QP driven by a kernel
+//
+// One thread drives one QP (and its two CQs): the gds_qp is that thread's working copy. The
+// rings, CQs and doorbells are in pinned host memory (the soft device) or NIC memory.
+
+__device__ __forceinline__ uint32_t gds_bswap32(uint32_t x) { return __byte_perm(x, 0, 0x0123); }
+
+// A data segment {BE32 len, BE32 lkey, BE64 addr} as four native words.
+__device__ __forceinline__ void gds_seg_data(uint32_t *w, uint64_t addr, uint32_t len, uint32_t lkey) {
+    w[0] = gds_bswap32(len);
+    w[1] = gds_bswap32(lkey);
+    w[2] = gds_bswap32((uint32_t)(addr >> 32));
+    w[3] = gds_bswap32((uint32_t)addr);
+}
+
+// A remote-address segment {BE64 raddr, BE32 rkey, 0}.
+__device__ __forceinline__ void gds_seg_raddr(uint32_t *w, uint64_t raddr, uint32_t rkey) {
+    w[0] = gds_bswap32((uint32_t)(raddr >> 32));
+    w[1] = gds_bswap32((uint32_t)raddr);
+    w[2] = gds_bswap32(rkey);
+    w[3] = 0;
+}
+
+// Send-ring slots free, given the completions consumed so far.
+__device__ __forceinline__ uint32_t gds_qp_send_room(const gds_qp *qp) {
+    return qp->sq_wqebbs - (uint32_t)(qp->sq_pi - qp->send_cq.wq_ci);
+}
+
+// Fills the control segment (w[0..3]) of a WQE of `ds` units, stores the WQE in the next
+// send slot and rings: (data, WQE) -> fence -> doorbell record -> fence -> doorbell. The
+// first fence also publishes data this thread wrote for the NIC to read.
+__device__ __forceinline__ int gds_qp_submit(gds_qp *qp, uint32_t opcode, uint32_t *w, uint32_t ds, uint32_t imm, uint32_t flags) {
+    uint32_t fm_ce_se = ((flags & GDS_SIGNALED) ? 0x08u : 0u) | ((flags & GDS_SOLICITED) ? 0x02u : 0u) |
+                        ((flags & GDS_FENCE) ? 0x80u : 0u);
+    w[0] = gds_bswap32(((uint32_t)(qp->sq_pi & 0xFFFF) << 8) | opcode);
+    w[1] = gds_bswap32((qp->qpn << 8) | ds);
+    w[2] = fm_ce_se << 24;  // byte 11; signature and stream id (bytes 8..10) stay 0
+    w[3] = (opcode == GDS_OP_SEND_IMM || opcode == GDS_OP_RDMA_WRITE_IMM) ? gds_bswap32(imm) : 0;
+    uint4 *slot = (uint4 *)(qp->sq + (qp->sq_pi & (qp->sq_wqebbs - 1)) * 64);
+    for (uint32_t i = 0; i < ds; i++) slot[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+    qp->sq_pi++;
+    __threadfence_system();
+    if (qp->proxy) {
+        *(volatile uint64_t *)qp->proxy = qp->sq_pi;  // the CPU proxy rings
+    } else {
+        *(volatile uint32_t *)(qp->dbrec + 4) = gds_bswap32((uint32_t)(qp->sq_pi & 0xFFFF));
+        __threadfence_system();
+        // The doorbell carries the first 8 bytes of the WQE's control segment.
+        *(volatile uint64_t *)qp->db = ((uint64_t)w[1] << 32) | w[0];
+    }
+    *(volatile uint64_t *)qp->state = qp->sq_pi;
+    return GDS_OK;
+}
+
+__device__ __forceinline__ bool gds_op_remote(uint32_t opcode) {
+    return opcode == GDS_OP_RDMA_WRITE || opcode == GDS_OP_RDMA_WRITE_IMM || opcode == GDS_OP_RDMA_READ;
+}
+
+// Checks a send of `len` bytes (at most max_len) and fills its remote-address segment:
+// GDS_OK with *ds units of w used, GDS_INVALID (unknown opcode, descriptor without doorbell)
+// or GDS_FULL (the send ring has no free slot).
+__device__ __forceinline__ int gds_qp_begin_send(const gds_qp *qp, uint32_t opcode, uint32_t len, uint32_t max_len,
+                                                 uint64_t raddr, uint32_t rkey, uint32_t *w, uint32_t *ds) {
+    if (!(opcode == GDS_OP_SEND || opcode == GDS_OP_SEND_IMM || gds_op_remote(opcode)) || len > max_len ||
+        qp->sq == 0 || (qp->db == 0 && qp->proxy == 0))
+        return GDS_INVALID;
+    if (gds_qp_send_room(qp) == 0) return GDS_FULL;
+    *ds = 1;
+    if (gds_op_remote(opcode)) gds_seg_raddr(&w[4 * (*ds)++], raddr, rkey);
+    return GDS_OK;
+}
+
+// Posts a send, send with immediate, RDMA write (+ immediate) or RDMA read of `len` bytes at
+// laddr/lkey (raddr/rkey for the remote side; ignored for sends). GDS_FULL, writing
+// nothing, when the send ring has no free slot: consume send completions (gds_cq_poll on
+// qp->send_cq) and try again. GDS_INVALID for an unknown opcode or a descriptor without a
+// doorbell.
+__device__ __forceinline__ int gds_qp_post_send(gds_qp *qp, uint32_t opcode, uint64_t laddr, uint32_t lkey, uint32_t len,
+                                                uint64_t raddr, uint32_t rkey, uint32_t imm, uint32_t flags) {
+    uint32_t w[12];
+    uint32_t ds;
+    int rc = gds_qp_begin_send(qp, opcode, len, 0x7FFFFFFFu, raddr, rkey, w, &ds);
+    if (rc != GDS_OK) return rc;
+    if (len > 0) gds_seg_data(&w[4 * ds++], laddr, len, lkey);  // no zero-length segment
+    return gds_qp_submit(qp, opcode, w, ds, imm, flags);
+}
+
+// Like gds_qp_post_send, with up to GDS_MAX_INLINE bytes copied from `data` (any memory this
+// thread can read) into the WQE: no registration needed, and `data` may be reused at once.
+// Sends and RDMA writes only.
+__device__ __forceinline__ int gds_qp_post_send_inline(gds_qp *qp, uint32_t opcode, const void *data, uint32_t len,
+                                                       uint64_t raddr, uint32_t rkey, uint32_t imm, uint32_t flags) {
+    if (opcode == GDS_OP_RDMA_READ) return GDS_INVALID;
+    uint32_t w[16] = {0};
+    uint32_t ds;
+    int rc = gds_qp_begin_send(qp, opcode, len, GDS_MAX_INLINE, raddr, rkey, w, &ds);
+    if (rc != GDS_OK) return rc;
+    w[4 * ds] = gds_bswap32(len | 0x80000000u);  // inline header, payload at +4
+    unsigned char *payload = (unsigned char *)&w[4 * ds + 1];
+    for (uint32_t i = 0; i < len; i++) payload[i] = ((const unsigned char *)data)[i];
+    ds += (4 + len + 15) / 16;
+    return gds_qp_submit(qp, opcode, w, ds, imm, flags);
+}
+
+// Posts a receive of up to `len` bytes into addr/lkey (len 0: a receive for a message
+// without payload or for an RDMA write with immediate). GDS_FULL when the receive ring has
+// no free slot: consume receive completions first. Receives have no doorbell: the NIC
+// reads the receive counter of the doorbell record.
+__device__ __forceinline__ int gds_qp_post_recv(gds_qp *qp, uint64_t addr, uint32_t len, uint32_t lkey) {
+    if (len > 0x7FFFFFFFu || qp->rq == 0) return GDS_INVALID;
+    if (qp->rq_pi - qp->recv_cq.wq_ci >= qp->rq_wqes) return GDS_FULL;
+    uint4 *wqe = (uint4 *)(qp->rq + (qp->rq_pi & (qp->rq_wqes - 1)) * qp->rq_stride);
+    uint32_t n = 0;
+    if (len > 0) {
+        uint32_t w[4];
+        gds_seg_data(w, addr, len, lkey);
+        wqe[n++] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    if (n * 16 < qp->rq_stride) wqe[n] = make_uint4(0, gds_bswap32(0x100), 0, 0);  // list terminator
+    qp->rq_pi++;
+    __threadfence_system();  // the WQE before the counter the NIC reads
+    *(volatile uint32_t *)qp->dbrec = gds_bswap32((uint32_t)(qp->rq_pi & 0xFFFF));
+    *(volatile uint64_t *)(qp->state + 8) = qp->rq_pi;
+    return GDS_OK;
+}
+
+// Consumes the next completion if the NIC wrote it: GDS_OK (wc filled), GDS_EMPTY, or
+// GDS_ERR_CQE | syndrome for an error completion (wc filled too; the QP is then in error and
+// its later work completes with GDS_ERR_CQE | 0x05, flushed). A CQE is new when its opcode
+// is not INVALID and its owner bit equals the pass parity of ci. Then stores the consumer
+// index to the CQ doorbell record (so the NIC may reuse the slot) and the host copies.
+__device__ __forceinline__ int gds_cq_poll(gds_cq *cq, gds_wc *wc) {
+    uint64_t e = cq->cqes + (cq->ci & (cq->entries - 1)) * 64;
+    uint32_t op_own = *(const volatile uint32_t *)(e + 60) >> 24;
+    if ((op_own >> 4) == 0xF || (op_own & 1) != (uint32_t)((cq->ci & cq->entries) != 0)) return GDS_EMPTY;
+    __threadfence_system();  // the rest of the CQE is read after its owner bit
+    // Two independent 16-byte loads (bytes 32..63): they overlap on the way across PCIe.
+    ulonglong2 lo = __ldcv((const ulonglong2 *)(e + 32));
+    ulonglong2 hi = __ldcv((const ulonglong2 *)(e + 48));
+    uint32_t word60 = (uint32_t)(hi.y >> 32);  // wqe_counter (BE16), signature, op_own
+    uint32_t opcode = word60 >> 28;
+    uint16_t counter = (uint16_t)(((word60 & 0xFF) << 8) | ((word60 >> 8) & 0xFF));
+    uint32_t sop = gds_bswap32((uint32_t)hi.y);  // sop_drop_qpn: WQE opcode | QPN
+    bool err = opcode == GDS_WC_REQ_ERR || opcode == GDS_WC_RESP_ERR;
+    wc->byte_len = err ? 0 : gds_bswap32((uint32_t)(lo.y >> 32));
+    wc->imm = gds_bswap32((uint32_t)(lo.x >> 32));
+    wc->qpn = sop & 0xFFFFFF;
+    wc->wqe_counter = counter;
+    wc->opcode = (uint8_t)opcode;
+    wc->wqe_opcode = (opcode == GDS_WC_SEND_DONE || opcode == GDS_WC_REQ_ERR) ? (uint8_t)(sop >> 24) : 0;
+    wc->syndrome = err ? (uint8_t)(hi.x >> 56) : 0;  // byte 55
+    wc->vendor_syndrome = err ? (uint8_t)(hi.x >> 48) : 0;  // byte 54
+    wc->reserved = 0;
+    cq->ci++;
+    // Work completes in order: everything up to this WQE (one slot each) is done.
+    cq->wq_ci += (uint16_t)(counter + 1 - (uint16_t)cq->wq_ci);
+    __threadfence_system();  // the CQE is read before its slot is handed back
+    *(volatile uint32_t *)cq->dbrec = gds_bswap32((uint32_t)(cq->ci & 0xFFFFFF));
+    *(volatile uint64_t *)cq->retired = cq->ci;
+    *(volatile uint64_t *)cq->wq_retired = cq->wq_ci;
+    return err ? (GDS_ERR_CQE | wc->syndrome) : GDS_OK;
+}
+
+// Waits for the next completion: what gds_cq_poll returns, or GDS_TIMEOUT after timeout_ns.
+// An error completion ends the wait as well (it never hangs on a failed QP).
+__device__ __forceinline__ int gds_cq_wait(gds_cq *cq, gds_wc *wc, uint64_t timeout_ns) {
+    uint64_t start = 0;
+    for (uint32_t spins = 0;; spins++) {
+        int rc = gds_cq_poll(cq, wc);
+        if (rc != GDS_EMPTY) return rc;
+        if (gds_expired(spins, &start, timeout_ns)) return GDS_TIMEOUT;
+    }
+}
+// ---------------------------------------------------------------- a peer, with credits
+
+// The state block: each counter is stored through after it changes (one posted write to host
+// memory), for the host to read progress and the next launch to resume.
+__device__ __forceinline__ volatile gds_peer_state *gds_peer_host(const gds_peer *p) {
+    return (volatile gds_peer_state *)p->state;
+}
+
+// Records the channel's first error (sticky).
+__device__ __forceinline__ void gds_peer_fail(gds_peer *p, int rc) {
+    if (p->error == 0) gds_peer_host(p)->error = p->error = (uint32_t)rc;
+}
+
+// Consumes one send completion if there is one. Completions of sends are counted; those of
+// credit writes only free their slots. The first error is kept (sticky).
+__device__ __forceinline__ int gds_peer_poll_send(gds_peer *p) {
+    gds_wc wc;
+    int rc = gds_cq_poll(&p->qp.send_cq, &wc);
+    if (rc == GDS_EMPTY) return rc;
+    if (wc.wqe_opcode == GDS_OP_SEND) gds_peer_host(p)->sends_done = ++p->sends_done;
+    if (rc != GDS_OK) gds_peer_fail(p, rc);
+    return rc;
+}
+
+// GDS_INVALID for an entry that is no peer (e.g. this rank's own), the channel's error once
+// it failed, else GDS_OK.
+__device__ __forceinline__ int gds_peer_check(const gds_peer *p) {
+    if (p->credit == 0) return GDS_INVALID;
+    return p->error ? (int)p->error : GDS_OK;
+}
+
+// Consumes a send completion, if one came, to free send slots or finish a send: GDS_OK to go
+// on, GDS_TIMEOUT once timeout_ns passed without any (spins/start: the caller's loop), or the
+// channel's error.
+__device__ __forceinline__ int gds_peer_make_room(gds_peer *p, uint32_t spins, uint64_t *start, uint64_t timeout_ns) {
+    if (p->error) return p->error;
+    if (gds_peer_poll_send(p) == GDS_EMPTY && gds_expired(spins, start, timeout_ns)) return GDS_TIMEOUT;
+    return p->error ? (int)p->error : GDS_OK;
+}
+
+// Posts a send of `len` bytes at laddr/lkey to the peer once it has a receive posted for it
+// (waits for the credit), and once the send ring has room (consumes send completions). The
+// message lands in the peer's next receive. GDS_TIMEOUT after timeout_ns (nothing posted),
+// or the channel's error.
+__device__ __forceinline__ int gds_peer_send(gds_peer *p, uint64_t laddr, uint32_t lkey, uint32_t len, uint64_t timeout_ns) {
+    int rc = gds_peer_check(p);
+    if (rc != GDS_OK) return rc;
+    uint64_t start = 0;
+    for (uint32_t spins = 0; p->credits < p->sends + 1; spins++) {
+        p->credits = *(const volatile uint64_t *)p->credit;
+        if (p->credits < p->sends + 1 && gds_expired(spins, &start, timeout_ns)) return GDS_TIMEOUT;
+    }
+    start = 0;
+    for (uint32_t spins = 0;; spins++) {
+        int rc = gds_qp_post_send(&p->qp, GDS_OP_SEND, laddr, lkey, len, 0, 0, 0, GDS_SIGNALED);
+        if (rc == GDS_FULL) rc = gds_peer_make_room(p, spins, &start, timeout_ns);
+        else if (rc == GDS_OK) break;
+        if (rc != GDS_OK) return rc;
+    }
+    gds_peer_host(p)->sends = ++p->sends;
+    return GDS_OK;
+}
+
+// Posts a receive of up to `len` bytes into laddr/lkey for the peer's next send, and gives
+// the peer the credit: an inline RDMA write of the new receive count into its credit word
+// (signalled once the send ring is half used, so that credit writes free their slots).
+// GDS_FULL when the receive ring is full (wait for receives first); GDS_TIMEOUT if the send
+// ring stayed full for timeout_ns (the receive is then posted, its credit goes with the
+// next one).
+__device__ __forceinline__ int gds_peer_recv(gds_peer *p, uint64_t laddr, uint32_t lkey, uint32_t len, uint64_t timeout_ns) {
+    int rc = gds_peer_check(p);
+    if (rc != GDS_OK) return rc;
+    rc = gds_qp_post_recv(&p->qp, laddr, len, lkey);
+    if (rc != GDS_OK) return rc;
+    gds_peer_host(p)->recvs = ++p->recvs;
+    uint64_t start = 0;
+    for (uint32_t spins = 0;; spins++) {
+        uint32_t used = p->qp.sq_wqebbs - gds_qp_send_room(&p->qp);
+        uint32_t flags = used >= p->qp.sq_wqebbs / 2 ? GDS_SIGNALED : 0;
+        rc = gds_qp_post_send_inline(&p->qp, GDS_OP_RDMA_WRITE, &p->recvs, 8, p->remote_credit, p->remote_credit_rkey, 0, flags);
+        if (rc == GDS_FULL) rc = gds_peer_make_room(p, spins, &start, timeout_ns);
+        else if (rc == GDS_OK) return GDS_OK;
+        if (rc != GDS_OK) return rc;
+    }
+}
+
+// Waits for the oldest send not yet waited for to complete. GDS_INVALID if every send was
+// waited for; GDS_TIMEOUT; or the channel's error (a failed send, or any earlier failure).
+__device__ __forceinline__ int gds_peer_wait_send(gds_peer *p, uint64_t timeout_ns) {
+    if (p->credit == 0 || p->sends_waited == p->sends) return GDS_INVALID;
+    uint64_t start = 0;
+    for (uint32_t spins = 0; p->sends_done == p->sends_waited; spins++) {
+        int rc = gds_peer_make_room(p, spins, &start, timeout_ns);
+        if (rc != GDS_OK) return rc;
+    }
+    if (p->error) return p->error;
+    gds_peer_host(p)->sends_waited = ++p->sends_waited;
+    return GDS_OK;
+}
+
+// Waits for the oldest receive not yet waited for; *len gets the bytes received.
+// GDS_INVALID if every receive was waited for; GDS_TIMEOUT; or the channel's error (e.g. a
+// message longer than the receive: GDS_ERR_CQE | 0x01).
+__device__ __forceinline__ int gds_peer_wait_recv(gds_peer *p, uint32_t *len, uint64_t timeout_ns) {
+    if (p->credit == 0 || p->recvs_waited == p->recvs) return GDS_INVALID;
+    if (p->error) return p->error;
+    gds_wc wc;
+    int rc = gds_cq_wait(&p->qp.recv_cq, &wc, timeout_ns);
+    if (rc == GDS_TIMEOUT) return rc;
+    if (rc != GDS_OK) {
+        gds_peer_fail(p, rc);
+        return rc;
+    }
+    gds_peer_host(p)->recvs_waited = ++p->recvs_waited;
+    *len = wc.byte_len;
+    return GDS_OK;
 }
 #endif

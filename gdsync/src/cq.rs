@@ -42,6 +42,9 @@ pub(crate) struct CqShared {
     /// executor retired are never decoded by a CPU poll, yet their errors must be reported.
     pub errors: Mutex<Vec<CqError>>,
     pub has_errors: AtomicBool,
+    /// Set while a GPU kernel consumes this CQ ([`crate::kernel::DeviceQp`]): host polls
+    /// would steal its completions, so they are refused.
+    pub kernel_owned: AtomicBool,
     poll: Mutex<PollState>,
     qps: Arc<QpTable>,
 }
@@ -63,6 +66,46 @@ impl CqShared {
 
     pub(crate) fn keep(self: &Arc<Self>) -> (KeepAlive, KeepAlive) {
         (self.ring.clone(), self.ctrl.clone())
+    }
+
+    /// The consumer index: completions consumed by host polls or executor waits.
+    pub(crate) fn consumed(&self) -> u64 {
+        let st = self.poll.lock();
+        st.ci.max(self.ctrl.u64(CQ_RETIRED).load(Ordering::Acquire))
+    }
+
+    /// Hands the CQ to a kernel: refuses if a kernel already owns it or a completion waits
+    /// unconsumed; else publishes the consumer index in the retired counter (where the kernel
+    /// resumes) and returns it.
+    pub(crate) fn hand_to_kernel(&self) -> Result<u64> {
+        let mut st = self.poll.lock();
+        if self.kernel_owned.load(Ordering::Acquire) {
+            return Err(Error::invalid(format!(
+                "CQ {:#x} is already consumed by a kernel",
+                self.cqn
+            )));
+        }
+        st.ci = st.ci.max(self.ctrl.u64(CQ_RETIRED).load(Ordering::Acquire));
+        let op_own = self
+            .ring
+            .u8(slot_off(0, st.ci, self.cnt, CQE_SIZE) + 63)
+            .load(Ordering::Acquire);
+        if CqeOwner::is_new(op_own, st.ci, self.cnt) {
+            return Err(Error::invalid(format!(
+                "CQ {:#x} holds completions not yet polled: poll them before handing it to a kernel",
+                self.cqn
+            )));
+        }
+        self.ctrl.u64(CQ_RETIRED).store(st.ci, Ordering::Release);
+        self.kernel_owned.store(true, Ordering::Release);
+        Ok(st.ci)
+    }
+
+    /// Takes the CQ back from a kernel: host polls resume where the kernel stopped.
+    pub(crate) fn take_from_kernel(&self) {
+        let mut st = self.poll.lock();
+        st.ci = st.ci.max(self.ctrl.u64(CQ_RETIRED).load(Ordering::Acquire));
+        self.kernel_owned.store(false, Ordering::Release);
     }
 }
 
@@ -195,6 +238,7 @@ impl Cq {
             users: AtomicU32::new(0),
             errors: Mutex::new(Vec::new()),
             has_errors: AtomicBool::new(false),
+            kernel_owned: AtomicBool::new(false),
             poll: Mutex::new(PollState { ci: 0, last: None }),
             qps: dev.qps.clone(),
         });
@@ -214,8 +258,7 @@ impl Cq {
     }
     /// The consumer index: completions consumed so far, by host polls or executor waits.
     pub fn consumer_index(&self) -> u64 {
-        let st = self.shared.poll.lock();
-        st.ci.max(self.retired())
+        self.shared.consumed()
     }
     fn retired(&self) -> u64 {
         self.shared.ctrl.u64(CQ_RETIRED).load(Ordering::Acquire)
@@ -228,6 +271,12 @@ impl Cq {
 
     fn poll_with(&self, max: usize, mut sink: impl FnMut(Completion)) -> Result<usize> {
         let s = &*self.shared;
+        if s.kernel_owned.load(Ordering::Acquire) {
+            return Err(Error::invalid(format!(
+                "CQ {:#x} is consumed by a GPU kernel (DeviceQp): the host cannot poll it",
+                s.cqn
+            )));
+        }
         let mut st = s.poll.lock();
         // Completions an executor retired (its waits stored the retired counter) are consumed.
         let retired = self.retired();

@@ -9,6 +9,17 @@
 //! LibMP's device descriptors were single-use (its example capped a kernel at ~20
 //! iterations). A [`DescRing`] is refilled by the host while the kernel runs: the kernel takes
 //! entry `i` once the host published it (`seq == i + 1`) and reports what it consumed.
+//!
+//! A [`DeviceQp`] goes further: the host fills one descriptor ([`QpDesc`]) and the kernel
+//! posts any number of sends and receives by itself, composing the WQEs, the doorbell record
+//! and the doorbell, and polling the CQs (`gds_qp_post_send`, `gds_cq_wait`, ...), as
+//! NVSHMEM's IBGDA does. [`PeerDesc`] adds receiver-ready credits on top (`gds_peer_send`,
+//! `gds_peer_recv`, ...); the messaging layer builds a table of them, one per peer.
+
+mod device_qp;
+mod peer;
+pub use device_qp::{CqDesc, DeviceQp, DeviceQpProgress, IntoHostError, QpDesc};
+pub use peer::{PeerDesc, PeerState};
 
 use crate::mem::RingMem;
 use crate::ops::{Op, Ops, WaitCond};
@@ -26,8 +37,23 @@ pub mod code {
     pub const OK: i32 = 0;
     /// A wait timed out.
     pub const TIMEOUT: i32 = 1;
-    /// A malformed descriptor.
+    /// A malformed descriptor or argument.
     pub const INVALID: i32 = 2;
+    /// The ring has no free slot (nothing was written): consume completions first.
+    pub const FULL: i32 = 3;
+    /// A poll found no new completion.
+    pub const EMPTY: i32 = 4;
+    /// An error completion: `CQE_ERROR | syndrome`.
+    pub const CQE_ERROR: i32 = 0x100;
+
+    /// The syndrome an error code carries (`GDS_ERR_CQE | syndrome`), if it is one.
+    pub fn syndrome(rc: i32) -> Option<crate::format::Syndrome> {
+        if rc & !0xFF == CQE_ERROR {
+            crate::format::Syndrome::from_u8((rc & 0xFF) as u8)
+        } else {
+            None
+        }
+    }
 }
 
 /// Ring a doorbell: store `dbrec_value` at `dbrec`, fence, store `db_value` at `db`.
@@ -335,6 +361,47 @@ mod tests {
                     ("gds_desc_ring", "descs") => offset_of!(RingDesc, descs),
                     ("gds_desc_ring", "consumed") => offset_of!(RingDesc, consumed),
                     ("gds_desc_ring", "cap") => offset_of!(RingDesc, cap),
+                    ("gds_cq", "cqes") => offset_of!(CqDesc, cqes),
+                    ("gds_cq", "dbrec") => offset_of!(CqDesc, dbrec),
+                    ("gds_cq", "retired") => offset_of!(CqDesc, retired),
+                    ("gds_cq", "wq_retired") => offset_of!(CqDesc, wq_retired),
+                    ("gds_cq", "ci") => offset_of!(CqDesc, ci),
+                    ("gds_cq", "wq_ci") => offset_of!(CqDesc, wq_ci),
+                    ("gds_cq", "entries") => offset_of!(CqDesc, entries),
+                    ("gds_cq", "cqn") => offset_of!(CqDesc, cqn),
+                    ("gds_qp", "sq") => offset_of!(QpDesc, sq),
+                    ("gds_qp", "rq") => offset_of!(QpDesc, rq),
+                    ("gds_qp", "dbrec") => offset_of!(QpDesc, dbrec),
+                    ("gds_qp", "db") => offset_of!(QpDesc, db),
+                    ("gds_qp", "proxy") => offset_of!(QpDesc, proxy),
+                    ("gds_qp", "state") => offset_of!(QpDesc, state),
+                    ("gds_qp", "sq_pi") => offset_of!(QpDesc, sq_pi),
+                    ("gds_qp", "rq_pi") => offset_of!(QpDesc, rq_pi),
+                    ("gds_qp", "qpn") => offset_of!(QpDesc, qpn),
+                    ("gds_qp", "sq_wqebbs") => offset_of!(QpDesc, sq_wqebbs),
+                    ("gds_qp", "rq_wqes") => offset_of!(QpDesc, rq_wqes),
+                    ("gds_qp", "rq_stride") => offset_of!(QpDesc, rq_stride),
+                    ("gds_qp", "send_cq") => offset_of!(QpDesc, send_cq),
+                    ("gds_qp", "recv_cq") => offset_of!(QpDesc, recv_cq),
+                    ("gds_peer_state", "sends") => offset_of!(PeerState, sends),
+                    ("gds_peer_state", "sends_done") => offset_of!(PeerState, sends_done),
+                    ("gds_peer_state", "sends_waited") => offset_of!(PeerState, sends_waited),
+                    ("gds_peer_state", "recvs") => offset_of!(PeerState, recvs),
+                    ("gds_peer_state", "recvs_waited") => offset_of!(PeerState, recvs_waited),
+                    ("gds_peer_state", "error") => offset_of!(PeerState, error),
+                    ("gds_peer", "qp") => offset_of!(PeerDesc, qp),
+                    ("gds_peer", "credit") => offset_of!(PeerDesc, credit),
+                    ("gds_peer", "remote_credit") => offset_of!(PeerDesc, remote_credit),
+                    ("gds_peer", "state") => offset_of!(PeerDesc, state),
+                    ("gds_peer", "sends") => offset_of!(PeerDesc, sends),
+                    ("gds_peer", "sends_done") => offset_of!(PeerDesc, sends_done),
+                    ("gds_peer", "sends_waited") => offset_of!(PeerDesc, sends_waited),
+                    ("gds_peer", "recvs") => offset_of!(PeerDesc, recvs),
+                    ("gds_peer", "recvs_waited") => offset_of!(PeerDesc, recvs_waited),
+                    ("gds_peer", "credits") => offset_of!(PeerDesc, credits),
+                    ("gds_peer", "remote_credit_rkey") => offset_of!(PeerDesc, remote_credit_rkey),
+                    ("gds_peer", "rank") => offset_of!(PeerDesc, rank),
+                    ("gds_peer", "error") => offset_of!(PeerDesc, error),
                     other => panic!("header checks a field the test does not know: {other:?}"),
                 };
                 assert_eq!(rust, off, "{ty}.{field}");
@@ -353,6 +420,10 @@ mod tests {
                     "gds_wait_desc" => size_of::<WaitDesc>(),
                     "gds_desc" => size_of::<DescEntry>(),
                     "gds_desc_ring" => size_of::<RingDesc>(),
+                    "gds_cq" => size_of::<CqDesc>(),
+                    "gds_qp" => size_of::<QpDesc>(),
+                    "gds_peer_state" => size_of::<PeerState>(),
+                    "gds_peer" => size_of::<PeerDesc>(),
                     other => panic!("unknown type {other}"),
                 };
                 assert_eq!(rust, n, "sizeof {ty}");
@@ -360,7 +431,7 @@ mod tests {
             }
         }
         assert_eq!(
-            checked, 23,
+            checked, 68,
             "every layout assertion of the header was checked"
         );
     }

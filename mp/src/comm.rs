@@ -173,29 +173,30 @@ impl std::fmt::Debug for Comm {
 /// Bytes of one endpoint in the connection record.
 const EP_BYTES: usize = Endpoint::WIRE_LEN;
 
-/// A rank's connection record: its control region, then per peer its data QP's endpoint and
-/// its credit QP's endpoint (zeros for itself).
-fn encode_setup(eps: &[Option<(Endpoint, Endpoint)>], ctrl: &RemoteBuf) -> Vec<u8> {
+/// A rank's connection record: its control region, then per rank `per` endpoints of the
+/// QPs that connect to it (zeros for itself).
+pub(crate) fn encode_setup(eps: &[Option<Vec<Endpoint>>], per: usize, ctrl: &RemoteBuf) -> Vec<u8> {
     let mut b = Vec::new();
     b.extend_from_slice(&ctrl.addr.to_le_bytes());
     b.extend_from_slice(&ctrl.len.to_le_bytes());
     b.extend_from_slice(&ctrl.rkey.to_le_bytes());
     for e in eps {
         match e {
-            Some((d, c)) => {
-                b.extend_from_slice(&d.to_bytes());
-                b.extend_from_slice(&c.to_bytes());
+            Some(v) => {
+                debug_assert_eq!(v.len(), per);
+                v.iter().for_each(|e| b.extend_from_slice(&e.to_bytes()));
             }
-            None => b.extend_from_slice(&[0u8; 2 * EP_BYTES]),
+            None => b.extend_from_slice(&vec![0u8; per * EP_BYTES]),
         }
     }
     b
 }
 
-type Setup = (RemoteBuf, Vec<Option<(Endpoint, Endpoint)>>);
+pub(crate) type Setup = (RemoteBuf, Vec<Option<Vec<Endpoint>>>);
 
-fn decode_setup(b: &[u8], size: usize) -> Result<Setup> {
-    if b.len() != 20 + 2 * EP_BYTES * size {
+/// Parses [`encode_setup`]'s record of a communicator of `size` ranks.
+pub(crate) fn decode_setup(b: &[u8], size: usize, per: usize) -> Result<Setup> {
+    if b.len() != 20 + per * EP_BYTES * size {
         return Err(Error::invalid(
             "bootstrap: a rank sent a malformed connection record (another gdasync version?)",
         ));
@@ -205,16 +206,16 @@ fn decode_setup(b: &[u8], size: usize) -> Result<Setup> {
         len: u64::from_le_bytes(b[8..16].try_into().unwrap()),
         rkey: u32::from_le_bytes(b[16..20].try_into().unwrap()),
     };
-    let eps = (0..size)
-        .map(|i| {
-            let e = &b[20 + 2 * EP_BYTES * i..20 + 2 * EP_BYTES * (i + 1)];
+    let eps = b[20..]
+        .chunks(per * EP_BYTES)
+        .map(|e| {
             if e.iter().all(|&x| x == 0) {
                 Ok(None)
             } else {
-                Ok(Some((
-                    Endpoint::from_bytes(&e[..EP_BYTES])?,
-                    Endpoint::from_bytes(&e[EP_BYTES..])?,
-                )))
+                e.chunks(EP_BYTES)
+                    .map(Endpoint::from_bytes)
+                    .collect::<Result<Vec<_>>>()
+                    .map(Some)
             }
         })
         .collect::<Result<_>>()?;
@@ -290,19 +291,20 @@ impl Comm {
         }
         let eps: Vec<_> = peers
             .iter()
-            .map(|p| p.as_ref().map(|p| (p.qp.endpoint(), p.ctl.endpoint())))
+            .map(|p| p.as_ref().map(|p| vec![p.qp.endpoint(), p.ctl.endpoint()]))
             .collect();
-        let all = boot.all_gather(&encode_setup(&eps, &ctrl_mr.remote()))?;
+        let all = boot.all_gather(&encode_setup(&eps, 2, &ctrl_mr.remote()))?;
         let mut remote_ctrl = Vec::with_capacity(size);
         for (p, rec) in all.iter().enumerate() {
-            let (c, their_eps) = decode_setup(rec, size)?;
+            let (c, mut their_eps) = decode_setup(rec, size, 2)?;
             remote_ctrl.push(c);
             if p != rank {
-                let (data, credits) = their_eps[rank]
+                let eps = their_eps[rank]
+                    .take()
                     .ok_or_else(|| Error::invalid(format!("rank {p} has no QP for rank {rank}")))?;
                 let peer = peers[p].as_mut().unwrap();
-                peer.qp.connect(&data)?;
-                peer.ctl.connect(&credits)?;
+                peer.qp.connect(&eps[0])?;
+                peer.ctl.connect(&eps[1])?;
             }
         }
         // Everyone is connected before anyone sends.

@@ -7,7 +7,9 @@
 //! a send never meets an empty receive queue. Every operation has a CPU form and an "on
 //! executor" form (a CUDA stream, or a host stream): the executor waits for the credit, rings
 //! the doorbell and waits for the completion, with no CPU in the loop. One-sided windows give
-//! put, get and put-with-signal; barriers run on the CPU or on an executor.
+//! put, get and put-with-signal; barriers run on the CPU or on an executor. Kernel channels
+//! ([`Comm::kernel_channels`]) give a persistent GPU kernel its own connection per peer, on
+//! which it sends and receives any number of messages by itself (`gds_peer_send`, ...).
 //!
 //! ```
 //! use mp::{bootstrap::ThreadBootstrap, Comm};
@@ -43,9 +45,12 @@ pub mod bootstrap;
 #[cfg(feature = "mpi")]
 pub use mpi as mpi_crate;
 mod comm;
+mod kernel;
 mod registry;
 mod window;
 
 pub use comm::{Comm, Request};
+pub use gdsync::kernel::{PeerDesc, PeerState};
+pub use kernel::KernelChannels;
 pub use registry::RegCacheStats;
 pub use window::Window;

@@ -4,11 +4,15 @@
 //! Each test binary uses a subset of these.
 #![allow(dead_code)]
 
+pub mod gpu;
+
 use gdasync::gdsync::exec::HostStream;
 use gdasync::gdsync::format::Syndrome;
 use gdasync::gdsync::{
     Access, Completion, Cq, Device, ProtectionDomain, Qp, QpConfig, RecvWr, SendWr, WcStatus,
 };
+use gdasync::mp::bootstrap::ThreadBootstrap;
+use gdasync::mp::{Comm, KernelChannels};
 use std::time::{Duration, Instant};
 
 /// How long a test waits for something that should happen promptly. Generous: a loaded,
@@ -356,4 +360,31 @@ pub fn run_example(name: &str, args: &[&str]) -> Option<(bool, String, String)> 
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     ))
+}
+
+/// Runs `f` on two thread ranks, each with a communicator and kernel channels of `depth`;
+/// then a barrier (no rank tears down while its peer's "kernel" still uses the channels).
+pub fn kernel_channel_ranks<T: Send>(
+    depth: u32,
+    f: impl Fn(&mut Comm, &KernelChannels) -> T + Sync,
+) -> Vec<T> {
+    let dev = Device::soft().unwrap();
+    std::thread::scope(|s| {
+        let ranks: Vec<_> = ThreadBootstrap::group(2)
+            .into_iter()
+            .map(|boot| {
+                let (dev, f) = (&dev, &f);
+                s.spawn(move || {
+                    let mut comm = Comm::new(Box::new(boot), dev).unwrap();
+                    let ch = comm.kernel_channels(depth).unwrap();
+                    let out = f(&mut comm, &ch);
+                    comm.barrier().unwrap();
+                    drop(ch);
+                    comm.finalize().unwrap();
+                    out
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|r| r.join().unwrap()).collect()
+    })
 }

@@ -1,0 +1,117 @@
+//! A kernel-driven connection to one peer with receiver-ready credits (`gds_peer` and
+//! `gds_peer_send`, `gds_peer_recv`, `gds_peer_wait_send`, `gds_peer_wait_recv` in the
+//! header): a [`QpDesc`] plus the credit words. The messaging layer (`mp`) builds a table of
+//! these, one per peer.
+//!
+//! Credits: posting a receive for the peer writes the new receive count into the peer's
+//! credit word for this rank (an inline RDMA write the kernel composes), and a send waits
+//! until its own credit word counts a receive for it, so a send never meets an empty
+//! receive queue.
+
+use super::QpDesc;
+
+/// One peer as a kernel sees it (`gds_peer`). The counters are the driving thread's working
+/// copy, stored through to the state block ([`PeerState`]) after every call.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerDesc {
+    /// The QP dedicated to this peer.
+    pub qp: QpDesc,
+    /// Address of this rank's credit word for the peer (native u64, in pinned host memory):
+    /// the receives the peer has posted for this rank, written by the peer.
+    pub credit: u64,
+    /// Address, at the peer, of its credit word for this rank.
+    pub remote_credit: u64,
+    /// Address of the state block ([`PeerState`], pinned host memory).
+    pub state: u64,
+    /// Sends posted.
+    pub sends: u64,
+    /// Send completions consumed (by waits, or while making room in the send ring).
+    pub sends_done: u64,
+    /// Send completions returned by `gds_peer_wait_send`.
+    pub sends_waited: u64,
+    /// Receives posted.
+    pub recvs: u64,
+    /// Receive completions returned by `gds_peer_wait_recv`.
+    pub recvs_waited: u64,
+    /// The last credit value read (a cache, not stored through).
+    pub credits: u64,
+    /// The rkey of `remote_credit`.
+    pub remote_credit_rkey: u32,
+    /// The peer's rank.
+    pub rank: u32,
+    /// The first error (`GDS_ERR_CQE | syndrome`); once set, every call returns it.
+    pub error: u32,
+    /// Zero.
+    pub reserved: [u32; 3],
+}
+const _: () = assert!(std::mem::size_of::<PeerDesc>() == 320);
+
+impl PeerDesc {
+    /// The descriptor's bytes, as a kernel reads them from a table in memory.
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: #[repr(C)] of integers only, with no padding (every field is aligned by the
+        // ones before it; the size assertion above holds the sum), so every byte is
+        // initialised; the slice borrows self.
+        unsafe {
+            std::slice::from_raw_parts(
+                self as *const Self as *const u8,
+                std::mem::size_of::<Self>(),
+            )
+        }
+    }
+}
+
+/// The state block of a [`PeerDesc`] (`gds_peer_state`): the counters a kernel stored
+/// through, where the host reads progress and the next launch resumes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerState {
+    /// Sends posted.
+    pub sends: u64,
+    /// Send completions consumed.
+    pub sends_done: u64,
+    /// Send completions returned by waits.
+    pub sends_waited: u64,
+    /// Receives posted.
+    pub recvs: u64,
+    /// Receive completions returned by waits.
+    pub recvs_waited: u64,
+    /// The first error (`GDS_ERR_CQE | syndrome`), 0 if none.
+    pub error: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// Zero.
+    pub reserved2: [u64; 2],
+}
+const _: () = assert!(std::mem::size_of::<PeerState>() == 64);
+
+impl PeerState {
+    /// Size of the block in bytes.
+    pub const SIZE: usize = 64;
+
+    /// Decodes the block from its bytes (native byte order, as the kernel stores them).
+    pub fn from_bytes(b: &[u8; Self::SIZE]) -> Self {
+        let u64_at = |i: usize| u64::from_ne_bytes(b[8 * i..8 * i + 8].try_into().unwrap());
+        PeerState {
+            sends: u64_at(0),
+            sends_done: u64_at(1),
+            sends_waited: u64_at(2),
+            recvs: u64_at(3),
+            recvs_waited: u64_at(4),
+            error: u32::from_ne_bytes(b[40..44].try_into().unwrap()),
+            reserved: 0,
+            reserved2: [0; 2],
+        }
+    }
+
+    /// Copies the counters into a descriptor (where a new launch resumes).
+    pub fn apply(&self, d: &mut PeerDesc) {
+        d.sends = self.sends;
+        d.sends_done = self.sends_done;
+        d.sends_waited = self.sends_waited;
+        d.recvs = self.recvs;
+        d.recvs_waited = self.recvs_waited;
+        d.error = self.error;
+    }
+}

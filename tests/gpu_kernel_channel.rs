@@ -1,0 +1,267 @@
+//! GPU tests of kernel-driven QPs and kernel channels: persistent kernels (NVRTC-compiled)
+//! compose WQEs, ring doorbells and poll CQs through `gdsync.cuh`, on the soft device, with
+//! host and device memory. They run only with `GDSYNC_TEST_CUDA=1` (and then require a GPU
+//! and NVRTC); otherwise each prints "skipped". `tests/kernel_channel.rs` runs the same
+//! protocol in CI with a CPU thread in the kernel's place.
+
+mod common;
+
+use common::gpu::{gpu, Buf};
+use common::kernel_channel_ranks;
+use gdasync::gdsync::cuda::{CudaStream, Function, Module};
+use gdasync::gdsync::format::Syndrome;
+use gdasync::gdsync::kernel::{code, DeviceQp, QpDesc};
+use gdasync::gdsync::{Device, PinnedBuffer, ProtectionDomain, QpConfig};
+use std::ffi::c_void;
+use std::time::{Duration, Instant};
+
+/// Round trips of the ping-pong tests.
+const ITERS: u64 = 1000;
+/// Largest message, and receive slots kept posted (as `TEST_MAX`, `TEST_SLOTS` below).
+const MAX: usize = 128;
+const SLOTS: u64 = 8;
+/// Timeout of every kernel wait that should pass (ns).
+const TIMEOUT_NS: u64 = 10_000_000_000;
+
+/// The test kernels (compiled with NVRTC after the header).
+const KERNELS: &str = include_str!("kernels/kernel_channel.cu");
+
+/// The byte pattern of `test_byte`: message `i` of `side`.
+fn message(i: u64, side: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|k| (i as u8).wrapping_mul(13) ^ (k as u8).wrapping_mul(7) ^ side)
+        .collect()
+}
+
+fn test_len(i: u64) -> usize {
+    1 + (i as usize * 37) % MAX
+}
+
+fn words(out: &PinnedBuffer, at: usize, n: usize) -> Vec<u64> {
+    (0..n)
+        .map(|k| {
+            let mut b = [0u8; 8];
+            out.read_at(at + 8 * k, &mut b);
+            u64::from_ne_bytes(b)
+        })
+        .collect()
+}
+
+/// Launches `f` with one value per parameter, one thread per block.
+///
+/// # Safety
+/// The values must match the kernel's parameters, and the memory the kernel reaches must
+/// outlive it (every caller synchronises the stream before dropping anything).
+unsafe fn launch(f: &Function, s: &CudaStream, grid: u32, params: &mut [*mut c_void]) {
+    // SAFETY: the caller's guarantee.
+    unsafe { f.launch(s, grid, 1, params).unwrap() };
+}
+
+fn p<T>(v: &mut T) -> *mut c_void {
+    v as *mut T as *mut c_void
+}
+
+/// Two connected QPs on one soft device, each with dedicated CQs, handed to the GPU.
+fn device_pair(cfg: &QpConfig) -> (Device, ProtectionDomain, [DeviceQp; 2]) {
+    let dev = Device::soft().unwrap();
+    let pd = dev.alloc_pd();
+    let mut qps: Vec<_> = (0..2)
+        .map(|_| {
+            let scq = dev.create_cq(cfg.send_wqebbs.max(16)).unwrap();
+            let rcq = dev.create_cq(cfg.recv_wqes).unwrap();
+            pd.create_qp(&scq, &rcq, cfg).unwrap()
+        })
+        .collect();
+    let (ea, eb) = (qps[0].endpoint(), qps[1].endpoint());
+    qps[0].connect(&eb).unwrap();
+    qps[1].connect(&ea).unwrap();
+    let b = qps.pop().unwrap().into_device().unwrap();
+    let a = qps.pop().unwrap().into_device().unwrap();
+    assert!(a.gpu_mapped() && b.gpu_mapped(), "rings must be GPU-mapped");
+    (dev, pd, [a, b])
+}
+
+/// One kernel, two blocks, each driving one QP: 1000 ping-pongs of sends of 1..128 bytes,
+/// data checked in the kernel and (the last messages) on the host; small rings (16) wrap
+/// many times. With host and with device memory.
+#[test]
+fn kernel_drives_qps_ping_pong() {
+    let Some(_gpu) = gpu("kernel_drives_qps_ping_pong") else {
+        return;
+    };
+    let m = Module::compile(0, KERNELS).unwrap();
+    let stream = CudaStream::new(0).unwrap();
+    let cfg = QpConfig {
+        send_wqebbs: 16,
+        recv_wqes: 16,
+        max_recv_sge: 1,
+        ..QpConfig::default()
+    };
+    for device_mem in [false, true] {
+        let (_dev, pd, [a, b]) = device_pair(&cfg);
+        let len = MAX * (1 + SLOTS as usize);
+        let (abuf, bbuf) = (Buf::new(device_mem, len), Buf::new(device_mem, len));
+        let (amr, bmr) = (abuf.register(&pd), bbuf.register(&pd));
+        let out = PinnedBuffer::new(64);
+        let (mut qa, mut qb): (QpDesc, QpDesc) = (a.desc(), b.desc());
+        let (mut aaddr, mut alkey, mut baddr, mut blkey) =
+            (abuf.addr(), amr.lkey(), bbuf.addr(), bmr.lkey());
+        let (mut iters, mut timeout, mut out_addr) = (ITERS, TIMEOUT_NS, out.addr());
+        let mut params = [
+            p(&mut qa),
+            p(&mut qb),
+            p(&mut aaddr),
+            p(&mut alkey),
+            p(&mut baddr),
+            p(&mut blkey),
+            p(&mut iters),
+            p(&mut timeout),
+            p(&mut out_addr),
+        ];
+        let start = Instant::now();
+        // SAFETY: the parameters match qp_pingpong; the QPs, buffers and `out` outlive the
+        // kernel (synchronised below).
+        unsafe { launch(&m.function("qp_pingpong").unwrap(), &stream, 2, &mut params) };
+        stream.synchronize().unwrap();
+        let took = start.elapsed();
+        for (side, at) in [(0, 0), (1, 32)] {
+            let w = words(&out, at, 3);
+            assert_eq!(
+                (w[0] as i32, w[1], w[2]),
+                (code::OK, 0, ITERS),
+                "side {side} (device_mem={device_mem}): rc, bad bytes, iterations"
+            );
+        }
+        // The last SLOTS messages each side received are still in its slots.
+        for (mr, me) in [(&amr, 0u8), (&bmr, 1u8)] {
+            for i in ITERS - SLOTS..ITERS {
+                let mut got = vec![0u8; test_len(i)];
+                mr.read_at(MAX * (1 + (i % SLOTS) as usize), &mut got);
+                assert_eq!(got, message(i, me ^ 1, test_len(i)), "host check {me}/{i}");
+            }
+        }
+        let pa = a.progress();
+        assert_eq!((pa.sends_posted, pa.sends_retired), (ITERS, ITERS));
+        assert_eq!((pa.recvs_posted, pa.recvs_retired), (ITERS + SLOTS, ITERS));
+        eprintln!(
+            "kernel_drives_qps_ping_pong: device_mem={device_mem}: {ITERS} round trips in {took:?} ({:.1} us each)",
+            took.as_secs_f64() * 1e6 / ITERS as f64
+        );
+    }
+}
+
+/// A kernel wait with nothing coming returns GDS_TIMEOUT; a failed RDMA write (bad rkey,
+/// bad lkey) comes back as GDS_ERR_CQE | syndrome, and the next send on the failed QP as a
+/// flush: codes, never a hang.
+#[test]
+fn kernel_qp_timeouts_and_errors_are_codes() {
+    let Some(_gpu) = gpu("kernel_qp_timeouts_and_errors_are_codes") else {
+        return;
+    };
+    let m = Module::compile(0, KERNELS).unwrap();
+    let stream = CudaStream::new(0).unwrap();
+    for bad_rkey in [true, false] {
+        let (_dev, pd, [a, _b]) = device_pair(&QpConfig::default());
+        let buf = Buf::new(true, 4096);
+        let mr = buf.register(&pd);
+        let out = PinnedBuffer::new(64);
+        let mut q = a.desc();
+        let (mut addr, mut raddr, mut out_addr) = (buf.addr(), buf.addr() + 1024, out.addr());
+        let (mut lkey, mut rkey) = if bad_rkey {
+            (mr.lkey(), mr.rkey() ^ 0x5555)
+        } else {
+            (mr.lkey() ^ 0x7777, mr.rkey())
+        };
+        let mut params = [
+            p(&mut q),
+            p(&mut addr),
+            p(&mut lkey),
+            p(&mut raddr),
+            p(&mut rkey),
+            p(&mut out_addr),
+        ];
+        let start = Instant::now();
+        // SAFETY: the parameters match qp_errors; everything outlives the kernel.
+        unsafe { launch(&m.function("qp_errors").unwrap(), &stream, 1, &mut params) };
+        stream.synchronize().unwrap();
+        assert!(start.elapsed() < Duration::from_secs(30));
+        let w = words(&out, 0, 7);
+        assert_eq!(w[0] as i32, code::TIMEOUT, "the empty wait");
+        assert!(w[1] >= 20_000_000, "it waited its timeout: {} ns", w[1]);
+        assert_eq!(w[2] as i32, code::OK, "the post");
+        let want = if bad_rkey {
+            Syndrome::RemoteAccess
+        } else {
+            Syndrome::LocalProt
+        };
+        assert_eq!(code::syndrome(w[3] as i32), Some(want), "rc {:#x}", w[3]);
+        assert_eq!(w[4], want as u64);
+        assert_eq!(w[5] as i32, code::OK);
+        assert_eq!(code::syndrome(w[6] as i32), Some(Syndrome::WrFlush));
+    }
+}
+
+/// Two thread ranks, each with its own persistent kernel, ping-pong 1000 messages through
+/// the mp peer table (credits, any number of messages from one descriptor), with host and
+/// with device memory; data checked in the kernels and on the host.
+#[test]
+fn kernel_channels_ping_pong_between_rank_kernels() {
+    let Some(_gpu) = gpu("kernel_channels_ping_pong_between_rank_kernels") else {
+        return;
+    };
+    let m = Module::compile(0, KERNELS).unwrap();
+    for device_mem in [false, true] {
+        kernel_channel_ranks(8, |comm, ch| {
+            let (me, other) = (comm.rank(), 1 - comm.rank());
+            let buf = Buf::new(device_mem, 2 * MAX);
+            let mr = buf.register(comm.pd());
+            let out = PinnedBuffer::new(64);
+            let stream = CudaStream::new(0).unwrap();
+            assert!(ch.gpu_mapped());
+            let (mut table, mut me32, mut other32) = (ch.table().unwrap(), me as u32, other as u32);
+            let (mut addr, mut lkey) = (buf.addr(), mr.lkey());
+            let (mut iters, mut timeout, mut out_addr) = (ITERS, TIMEOUT_NS, out.addr());
+            let mut params = [
+                p(&mut table),
+                p(&mut me32),
+                p(&mut other32),
+                p(&mut addr),
+                p(&mut lkey),
+                p(&mut iters),
+                p(&mut timeout),
+                p(&mut out_addr),
+            ];
+            let f = m.function("peer_pingpong").unwrap();
+            // Every rank has made its CUDA allocations and registrations (and other driver
+            // calls) before any kernel runs: a running kernel could block them.
+            comm.barrier().unwrap();
+            // SAFETY: the parameters match peer_pingpong; the table, buffers and
+            // channels outlive the kernel (synchronised below).
+            unsafe { launch(&f, &stream, 1, &mut params) };
+            stream.synchronize().unwrap();
+            comm.barrier().unwrap();
+            let w = words(&out, 0, 4);
+            assert_eq!(
+                (w[0] as i32, w[1], w[2]),
+                (code::OK, 0, ITERS),
+                "rank {me} (device_mem={device_mem}): rc, bad bytes, iterations"
+            );
+            assert_eq!(w[3] as i32, code::INVALID, "own entry refused");
+            let last = ITERS - 1;
+            let mut got = vec![0u8; test_len(last)];
+            mr.read_at(MAX, &mut got);
+            assert_eq!(got, message(last, other as u8, test_len(last)));
+            let st = ch.progress(other).unwrap();
+            assert_eq!(
+                (
+                    st.sends,
+                    st.sends_waited,
+                    st.recvs,
+                    st.recvs_waited,
+                    st.error
+                ),
+                (ITERS, ITERS, ITERS, ITERS, 0)
+            );
+        });
+    }
+}

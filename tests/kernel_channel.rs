@@ -1,0 +1,1401 @@
+//! Kernel-driven QPs and kernel channels, without a GPU: a thread plays the kernel. It reads
+//! the descriptors the host filled once (`DeviceQp::desc`, `KernelChannels::desc`) and writes
+//! exactly the bytes the device functions of `gdsync.cuh` write (WQEs, doorbell records,
+//! doorbells, CQ consumer indices, credits), through `twin`, a line-by-line Rust copy of
+//! those functions; the soft device must execute them as a ConnectX would.
+
+mod common;
+
+use common::kernel_channel_ranks;
+use gdasync::gdsync::format::Syndrome;
+use gdasync::gdsync::kernel::{code, DeviceQp, PeerDesc, QpDesc};
+use gdasync::gdsync::{
+    Access, Cq, Device, MemoryRegion, NicHandler, PinnedBuffer, ProtectionDomain, Qp, QpConfig,
+    RecvWr, SendWr,
+};
+use std::time::{Duration, Instant};
+
+/// A wait that should pass promptly (seconds: a loaded 2-core machine must never trip it).
+const TIMEOUT_NS: u64 = 20_000_000_000;
+
+/// The device functions of `gdsync.cuh`, in Rust, line by line: the same loads, stores and
+/// fences on the same addresses. `__threadfence_system()` is a sequentially consistent
+/// fence; volatile loads and stores are relaxed atomics. Where the header reads the GPU
+/// clock (every 256 spins) this copy also yields, to share the test machine's cores.
+mod twin {
+    use gdasync::gdsync::kernel::{code, CqDesc, PeerDesc, QpDesc};
+    use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+    use std::time::Instant;
+
+    pub const OP_RDMA_WRITE: u32 = 0x08;
+    pub const OP_RDMA_WRITE_IMM: u32 = 0x09;
+    pub const OP_SEND: u32 = 0x0A;
+    pub const OP_SEND_IMM: u32 = 0x0B;
+    pub const OP_RDMA_READ: u32 = 0x10;
+    pub const SIGNALED: u32 = 1;
+    pub const FENCE: u32 = 2;
+    pub const SOLICITED: u32 = 4;
+    pub const MAX_INLINE: u32 = 28;
+    pub const WC_SEND_DONE: u8 = 0x0;
+    pub const WC_RECV_WRITE_IMM: u8 = 0x1;
+    pub const WC_RECV: u8 = 0x2;
+    pub const WC_RECV_IMM: u8 = 0x3;
+    pub const WC_REQ_ERR: u8 = 0xD;
+    pub const WC_RESP_ERR: u8 = 0xE;
+
+    /// `gds_wc`.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Wc {
+        pub byte_len: u32,
+        pub imm: u32,
+        pub qpn: u32,
+        pub wqe_counter: u16,
+        pub opcode: u8,
+        pub wqe_opcode: u8,
+        pub syndrome: u8,
+        pub vendor_syndrome: u8,
+    }
+
+    // Memory the descriptors point to: rings, doorbells and counters in pinned host memory,
+    // alive while the DeviceQp / KernelChannels the test holds are.
+    fn st32(addr: u64, v: u32) {
+        // SAFETY: a 4-aligned word of ring or control memory the descriptor points to.
+        unsafe { &*(addr as *const AtomicU32) }.store(v, Ordering::Relaxed)
+    }
+    fn st64(addr: u64, v: u64) {
+        // SAFETY: an 8-aligned word of ring or control memory the descriptor points to.
+        unsafe { &*(addr as *const AtomicU64) }.store(v, Ordering::Relaxed)
+    }
+    fn ld32(addr: u64) -> u32 {
+        // SAFETY: as st32.
+        unsafe { &*(addr as *const AtomicU32) }.load(Ordering::Relaxed)
+    }
+    fn ld64(addr: u64) -> u64 {
+        // SAFETY: as st64.
+        unsafe { &*(addr as *const AtomicU64) }.load(Ordering::Relaxed)
+    }
+    /// A 16-byte vector store (`uint4`): four words at a 16-aligned address.
+    fn st128(addr: u64, w: [u32; 4]) {
+        for (i, x) in w.iter().enumerate() {
+            st32(addr + 4 * i as u64, *x);
+        }
+    }
+    /// A 16-byte load (`__ldcv` of `ulonglong2`).
+    fn ld128(addr: u64) -> (u64, u64) {
+        (ld64(addr), ld64(addr + 8))
+    }
+    fn threadfence_system() {
+        fence(Ordering::SeqCst)
+    }
+    fn bswap32(x: u32) -> u32 {
+        x.swap_bytes()
+    }
+
+    /// `gds_expired`.
+    pub fn expired(spins: u32, start: &mut Option<Instant>, timeout_ns: u64) -> bool {
+        if spins & 255 != 255 {
+            std::hint::spin_loop();
+            return false;
+        }
+        std::thread::yield_now();
+        match start {
+            None => {
+                *start = Some(Instant::now());
+                false
+            }
+            Some(s) => s.elapsed().as_nanos() as u64 > timeout_ns,
+        }
+    }
+
+    fn seg_data(w: &mut [u32], addr: u64, len: u32, lkey: u32) {
+        w[0] = bswap32(len);
+        w[1] = bswap32(lkey);
+        w[2] = bswap32((addr >> 32) as u32);
+        w[3] = bswap32(addr as u32);
+    }
+    fn seg_raddr(w: &mut [u32], raddr: u64, rkey: u32) {
+        w[0] = bswap32((raddr >> 32) as u32);
+        w[1] = bswap32(raddr as u32);
+        w[2] = bswap32(rkey);
+        w[3] = 0;
+    }
+
+    /// `gds_qp_send_room`.
+    pub fn qp_send_room(qp: &QpDesc) -> u32 {
+        qp.sq_wqebbs - (qp.sq_pi - qp.send_cq.wq_ci) as u32
+    }
+
+    /// `gds_qp_submit`.
+    fn qp_submit(
+        qp: &mut QpDesc,
+        opcode: u32,
+        w: &mut [u32],
+        ds: u32,
+        imm: u32,
+        flags: u32,
+    ) -> i32 {
+        let fm_ce_se = if flags & SIGNALED != 0 { 0x08 } else { 0 }
+            | if flags & SOLICITED != 0 { 0x02 } else { 0 }
+            | if flags & FENCE != 0 { 0x80 } else { 0 };
+        w[0] = bswap32((((qp.sq_pi & 0xFFFF) as u32) << 8) | opcode);
+        w[1] = bswap32((qp.qpn << 8) | ds);
+        w[2] = fm_ce_se << 24;
+        w[3] = if opcode == OP_SEND_IMM || opcode == OP_RDMA_WRITE_IMM {
+            bswap32(imm)
+        } else {
+            0
+        };
+        let slot = qp.sq + (qp.sq_pi & (qp.sq_wqebbs as u64 - 1)) * 64;
+        for i in 0..ds as usize {
+            st128(
+                slot + 16 * i as u64,
+                w[4 * i..4 * i + 4].try_into().unwrap(),
+            );
+        }
+        qp.sq_pi += 1;
+        threadfence_system();
+        if qp.proxy != 0 {
+            st64(qp.proxy, qp.sq_pi);
+        } else {
+            st32(qp.dbrec + 4, bswap32((qp.sq_pi & 0xFFFF) as u32));
+            threadfence_system();
+            st64(qp.db, ((w[1] as u64) << 32) | w[0] as u64);
+        }
+        st64(qp.state, qp.sq_pi);
+        code::OK
+    }
+
+    fn op_remote(opcode: u32) -> bool {
+        opcode == OP_RDMA_WRITE || opcode == OP_RDMA_WRITE_IMM || opcode == OP_RDMA_READ
+    }
+
+    /// `gds_qp_begin_send`.
+    #[allow(clippy::too_many_arguments)]
+    fn qp_begin_send(
+        qp: &QpDesc,
+        opcode: u32,
+        len: u32,
+        max_len: u32,
+        raddr: u64,
+        rkey: u32,
+        w: &mut [u32],
+        ds: &mut usize,
+    ) -> i32 {
+        if !(opcode == OP_SEND || opcode == OP_SEND_IMM || op_remote(opcode))
+            || len > max_len
+            || qp.sq == 0
+            || (qp.db == 0 && qp.proxy == 0)
+        {
+            return code::INVALID;
+        }
+        if qp_send_room(qp) == 0 {
+            return code::FULL;
+        }
+        *ds = 1;
+        if op_remote(opcode) {
+            seg_raddr(&mut w[4 * *ds..], raddr, rkey);
+            *ds += 1;
+        }
+        code::OK
+    }
+
+    /// `gds_qp_post_send`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn qp_post_send(
+        qp: &mut QpDesc,
+        opcode: u32,
+        laddr: u64,
+        lkey: u32,
+        len: u32,
+        raddr: u64,
+        rkey: u32,
+        imm: u32,
+        flags: u32,
+    ) -> i32 {
+        let mut w = [0u32; 12];
+        let mut ds = 0;
+        let rc = qp_begin_send(qp, opcode, len, 0x7FFF_FFFF, raddr, rkey, &mut w, &mut ds);
+        if rc != code::OK {
+            return rc;
+        }
+        if len > 0 {
+            seg_data(&mut w[4 * ds..], laddr, len, lkey);
+            ds += 1;
+        }
+        qp_submit(qp, opcode, &mut w, ds as u32, imm, flags)
+    }
+
+    /// `gds_qp_post_send_inline`.
+    pub fn qp_post_send_inline(
+        qp: &mut QpDesc,
+        opcode: u32,
+        data: &[u8],
+        raddr: u64,
+        rkey: u32,
+        imm: u32,
+        flags: u32,
+    ) -> i32 {
+        if opcode == OP_RDMA_READ {
+            return code::INVALID;
+        }
+        let len = data.len() as u32;
+        let mut w = [0u32; 16];
+        let mut ds = 0;
+        let rc = qp_begin_send(qp, opcode, len, MAX_INLINE, raddr, rkey, &mut w, &mut ds);
+        if rc != code::OK {
+            return rc;
+        }
+        w[4 * ds] = bswap32(len | 0x8000_0000);
+        // The payload bytes follow the header, in memory order (native words on x86).
+        let mut bytes = [0u8; 4 * 16];
+        for (i, x) in w.iter().enumerate() {
+            bytes[4 * i..4 * i + 4].copy_from_slice(&x.to_ne_bytes());
+        }
+        bytes[16 * ds + 4..16 * ds + 4 + data.len()].copy_from_slice(data);
+        for (i, x) in w.iter_mut().enumerate() {
+            *x = u32::from_ne_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap());
+        }
+        ds += (4 + len as usize).div_ceil(16);
+        qp_submit(qp, opcode, &mut w, ds as u32, imm, flags)
+    }
+
+    /// `gds_qp_post_recv`.
+    pub fn qp_post_recv(qp: &mut QpDesc, addr: u64, len: u32, lkey: u32) -> i32 {
+        if len > 0x7FFF_FFFF || qp.rq == 0 {
+            return code::INVALID;
+        }
+        if qp.rq_pi - qp.recv_cq.wq_ci >= qp.rq_wqes as u64 {
+            return code::FULL;
+        }
+        let wqe = qp.rq + (qp.rq_pi & (qp.rq_wqes as u64 - 1)) * qp.rq_stride as u64;
+        let mut n = 0;
+        if len > 0 {
+            let mut w = [0u32; 4];
+            seg_data(&mut w, addr, len, lkey);
+            st128(wqe, w);
+            n = 1;
+        }
+        if n * 16 < qp.rq_stride {
+            st128(wqe + 16 * n as u64, [0, bswap32(0x100), 0, 0]);
+        }
+        qp.rq_pi += 1;
+        threadfence_system();
+        st32(qp.dbrec, bswap32((qp.rq_pi & 0xFFFF) as u32));
+        st64(qp.state + 8, qp.rq_pi);
+        code::OK
+    }
+
+    /// `gds_cq_poll`.
+    pub fn cq_poll(cq: &mut CqDesc, wc: &mut Wc) -> i32 {
+        let e = cq.cqes + (cq.ci & (cq.entries as u64 - 1)) * 64;
+        let op_own = ld32(e + 60) >> 24;
+        if (op_own >> 4) == 0xF || (op_own & 1) != ((cq.ci & cq.entries as u64) != 0) as u32 {
+            return code::EMPTY;
+        }
+        threadfence_system();
+        let lo = ld128(e + 32);
+        let hi = ld128(e + 48);
+        let word60 = (hi.1 >> 32) as u32;
+        let opcode = (word60 >> 28) as u8;
+        let counter = (((word60 & 0xFF) << 8) | ((word60 >> 8) & 0xFF)) as u16;
+        let sop = bswap32(hi.1 as u32);
+        let err = opcode == WC_REQ_ERR || opcode == WC_RESP_ERR;
+        wc.byte_len = if err { 0 } else { bswap32((lo.1 >> 32) as u32) };
+        wc.imm = bswap32((lo.0 >> 32) as u32);
+        wc.qpn = sop & 0xFF_FFFF;
+        wc.wqe_counter = counter;
+        wc.opcode = opcode;
+        wc.wqe_opcode = if opcode == WC_SEND_DONE || opcode == WC_REQ_ERR {
+            (sop >> 24) as u8
+        } else {
+            0
+        };
+        wc.syndrome = if err { (hi.0 >> 56) as u8 } else { 0 };
+        wc.vendor_syndrome = if err { (hi.0 >> 48) as u8 } else { 0 };
+        cq.ci += 1;
+        cq.wq_ci += counter.wrapping_add(1).wrapping_sub(cq.wq_ci as u16) as u64;
+        threadfence_system();
+        st32(cq.dbrec, bswap32((cq.ci & 0xFF_FFFF) as u32));
+        st64(cq.retired, cq.ci);
+        st64(cq.wq_retired, cq.wq_ci);
+        if err {
+            code::CQE_ERROR | wc.syndrome as i32
+        } else {
+            code::OK
+        }
+    }
+
+    /// `gds_cq_wait`.
+    pub fn cq_wait(cq: &mut CqDesc, wc: &mut Wc, timeout_ns: u64) -> i32 {
+        let mut start = None;
+        let mut spins = 0u32;
+        loop {
+            let rc = cq_poll(cq, wc);
+            if rc != code::EMPTY {
+                return rc;
+            }
+            if expired(spins, &mut start, timeout_ns) {
+                return code::TIMEOUT;
+            }
+            spins = spins.wrapping_add(1);
+        }
+    }
+
+    /// `gds_peer_fail`.
+    fn peer_fail(p: &mut PeerDesc, rc: i32) {
+        if p.error == 0 {
+            p.error = rc as u32;
+            st32(p.state + 40, p.error);
+        }
+    }
+
+    /// `gds_peer_poll_send`.
+    fn peer_poll_send(p: &mut PeerDesc) -> i32 {
+        let mut wc = Wc::default();
+        let rc = cq_poll(&mut p.qp.send_cq, &mut wc);
+        if rc == code::EMPTY {
+            return rc;
+        }
+        if wc.wqe_opcode as u32 == OP_SEND {
+            p.sends_done += 1;
+            st64(p.state + 8, p.sends_done);
+        }
+        if rc != code::OK {
+            peer_fail(p, rc);
+        }
+        rc
+    }
+
+    /// `gds_peer_check`.
+    fn peer_check(p: &PeerDesc) -> i32 {
+        if p.credit == 0 {
+            return code::INVALID;
+        }
+        if p.error != 0 {
+            p.error as i32
+        } else {
+            code::OK
+        }
+    }
+
+    /// `gds_peer_make_room`.
+    fn peer_make_room(
+        p: &mut PeerDesc,
+        spins: u32,
+        start: &mut Option<Instant>,
+        timeout_ns: u64,
+    ) -> i32 {
+        if p.error != 0 {
+            return p.error as i32;
+        }
+        if peer_poll_send(p) == code::EMPTY && expired(spins, start, timeout_ns) {
+            return code::TIMEOUT;
+        }
+        if p.error != 0 {
+            p.error as i32
+        } else {
+            code::OK
+        }
+    }
+
+    /// `gds_peer_send`.
+    pub fn peer_send(p: &mut PeerDesc, laddr: u64, lkey: u32, len: u32, timeout_ns: u64) -> i32 {
+        let rc = peer_check(p);
+        if rc != code::OK {
+            return rc;
+        }
+        let mut start = None;
+        let mut spins = 0u32;
+        while p.credits < p.sends + 1 {
+            p.credits = ld64(p.credit);
+            if p.credits < p.sends + 1 && expired(spins, &mut start, timeout_ns) {
+                return code::TIMEOUT;
+            }
+            spins = spins.wrapping_add(1);
+        }
+        let mut start = None;
+        let mut spins = 0u32;
+        loop {
+            let mut rc = qp_post_send(&mut p.qp, OP_SEND, laddr, lkey, len, 0, 0, 0, SIGNALED);
+            if rc == code::FULL {
+                rc = peer_make_room(p, spins, &mut start, timeout_ns);
+            } else if rc == code::OK {
+                break;
+            }
+            if rc != code::OK {
+                return rc;
+            }
+            spins = spins.wrapping_add(1);
+        }
+        p.sends += 1;
+        st64(p.state, p.sends);
+        code::OK
+    }
+
+    /// `gds_peer_recv`.
+    pub fn peer_recv(p: &mut PeerDesc, laddr: u64, lkey: u32, len: u32, timeout_ns: u64) -> i32 {
+        let rc = peer_check(p);
+        if rc != code::OK {
+            return rc;
+        }
+        let rc = qp_post_recv(&mut p.qp, laddr, len, lkey);
+        if rc != code::OK {
+            return rc;
+        }
+        p.recvs += 1;
+        st64(p.state + 24, p.recvs);
+        let mut start = None;
+        let mut spins = 0u32;
+        loop {
+            let used = p.qp.sq_wqebbs - qp_send_room(&p.qp);
+            let flags = if used >= p.qp.sq_wqebbs / 2 {
+                SIGNALED
+            } else {
+                0
+            };
+            let (raddr, rkey) = (p.remote_credit, p.remote_credit_rkey);
+            let rc = qp_post_send_inline(
+                &mut p.qp,
+                OP_RDMA_WRITE,
+                &p.recvs.to_ne_bytes(),
+                raddr,
+                rkey,
+                0,
+                flags,
+            );
+            let rc = match rc {
+                code::FULL => peer_make_room(p, spins, &mut start, timeout_ns),
+                code::OK => return code::OK,
+                rc => rc,
+            };
+            if rc != code::OK {
+                return rc;
+            }
+            spins = spins.wrapping_add(1);
+        }
+    }
+
+    /// `gds_peer_wait_send`.
+    pub fn peer_wait_send(p: &mut PeerDesc, timeout_ns: u64) -> i32 {
+        if p.credit == 0 || p.sends_waited == p.sends {
+            return code::INVALID;
+        }
+        let mut start = None;
+        let mut spins = 0u32;
+        while p.sends_done == p.sends_waited {
+            let rc = peer_make_room(p, spins, &mut start, timeout_ns);
+            if rc != code::OK {
+                return rc;
+            }
+            spins = spins.wrapping_add(1);
+        }
+        if p.error != 0 {
+            return p.error as i32;
+        }
+        p.sends_waited += 1;
+        st64(p.state + 16, p.sends_waited);
+        code::OK
+    }
+
+    /// `gds_peer_wait_recv`.
+    pub fn peer_wait_recv(p: &mut PeerDesc, len: &mut u32, timeout_ns: u64) -> i32 {
+        if p.credit == 0 || p.recvs_waited == p.recvs {
+            return code::INVALID;
+        }
+        if p.error != 0 {
+            return p.error as i32;
+        }
+        let mut wc = Wc::default();
+        let rc = cq_wait(&mut p.qp.recv_cq, &mut wc, timeout_ns);
+        if rc == code::TIMEOUT {
+            return rc;
+        }
+        if rc != code::OK {
+            peer_fail(p, rc);
+            return rc;
+        }
+        p.recvs_waited += 1;
+        st64(p.state + 32, p.recvs_waited);
+        *len = wc.byte_len;
+        code::OK
+    }
+}
+
+use twin::Wc;
+
+// ------------------------------------------------------------------ set-up
+
+/// One end: a QP with dedicated CQs sized like its rings (so the CQs wrap as often as the
+/// rings), still on the CPU.
+struct End {
+    qp: Qp,
+    scq: Cq,
+    rcq: Cq,
+}
+
+fn end(dev: &Device, pd: &ProtectionDomain, cfg: &QpConfig) -> End {
+    let scq = dev.create_cq(cfg.send_wqebbs.max(16)).unwrap();
+    let rcq = dev.create_cq(cfg.recv_wqes).unwrap();
+    let qp = pd.create_qp(&scq, &rcq, cfg).unwrap();
+    End { qp, scq, rcq }
+}
+
+/// Two connected ends on one device.
+fn connected(cfg: &QpConfig) -> (Device, ProtectionDomain, End, End) {
+    let dev = Device::soft().unwrap();
+    let pd = dev.alloc_pd();
+    let (mut a, mut b) = (end(&dev, &pd, cfg), end(&dev, &pd, cfg));
+    a.qp.connect(&b.qp.endpoint()).unwrap();
+    b.qp.connect(&a.qp.endpoint()).unwrap();
+    (dev, pd, a, b)
+}
+
+/// Moves `from`'s send counter and `to`'s receive counter forward by `n` with CPU traffic
+/// (empty sends), so the kernel's work then crosses the 16-bit index wrap.
+fn advance(from: &mut End, to: &mut End, n: u64) {
+    let batch = (from.qp.send_ring_size().min(to.qp.recv_ring_size()) / 2) as u64;
+    let mut done = 0;
+    while done < n {
+        let k = batch.min(n - done);
+        for _ in 0..k {
+            to.qp.post_recv(&RecvWr::new()).unwrap();
+            from.qp.post_send(&SendWr::send()).unwrap();
+        }
+        for _ in 0..k {
+            from.scq
+                .wait_one(Duration::from_secs(20))
+                .unwrap()
+                .ok()
+                .unwrap();
+            to.rcq
+                .wait_one(Duration::from_secs(20))
+                .unwrap()
+                .ok()
+                .unwrap();
+        }
+        done += k;
+    }
+}
+
+fn pinned(pd: &ProtectionDomain, len: usize) -> (PinnedBuffer, MemoryRegion<'static>) {
+    let buf = PinnedBuffer::new(len);
+    // SAFETY: the test keeps `buf` (returned alongside) alive longer than the region: every
+    // caller binds the pair and drops the region first (declaration order is reversed).
+    let mr = unsafe { pd.register_raw(buf.addr() as *mut u8, len, Access::ALL) }.unwrap();
+    (buf, mr)
+}
+
+fn message(i: u64, side: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|k| (i as u8).wrapping_mul(13) ^ (k as u8).wrapping_mul(7) ^ side)
+        .collect()
+}
+
+fn read(addr: u64, len: usize) -> Vec<u8> {
+    // SAFETY: `addr..addr+len` lies in a pinned buffer the caller holds; the device wrote it
+    // before the completion the caller consumed.
+    unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.to_vec()
+}
+
+fn write(addr: u64, data: &[u8]) {
+    // SAFETY: `addr..addr+len` lies in a pinned buffer the caller holds and the device does
+    // not access it now (the send that reads it is posted afterwards).
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len()) }
+}
+
+// ------------------------------------------------------------------ kernel-driven QPs
+
+/// One "kernel" per end, each driving its QP: ping-pongs of sends of varying lengths, data
+/// checked on arrival. Small rings and CQs (16) wrap ~60 times, and the counters start just
+/// below 2^16 so the 16-bit WQE and receive indices wrap too.
+#[test]
+fn kernel_qps_ping_pong_across_ring_and_index_wrap() {
+    const ITERS: u64 = 1000;
+    const SLOTS: u64 = 8; // receives kept posted ahead
+    const MAX: usize = 256;
+    let cfg = QpConfig {
+        send_wqebbs: 16,
+        recv_wqes: 16,
+        max_recv_sge: 1,
+        ..QpConfig::default()
+    };
+    let (_dev, pd, mut a, mut b) = connected(&cfg);
+    advance(&mut a, &mut b, 65536 - 300);
+    advance(&mut b, &mut a, 65536 - 200);
+    let (abuf, amr) = pinned(&pd, MAX * (SLOTS as usize + 1));
+    let (bbuf, bmr) = pinned(&pd, MAX * (SLOTS as usize + 1));
+    let (a, b) = (a.qp.into_device().unwrap(), b.qp.into_device().unwrap());
+    let start_a = a.desc();
+    assert_eq!(
+        start_a.sq_pi,
+        65536 - 300,
+        "the descriptor starts where the CPU left"
+    );
+    let side = |dq: &DeviceQp, base: u64, lkey: u32, me: u8, first: bool| {
+        let mut qp = dq.desc();
+        let slot = |i: u64| base + MAX as u64 * (1 + i % SLOTS);
+        let len = |i: u64| 1 + (i as usize * 37) % MAX;
+        let mut wc = Wc::default();
+        for i in 0..SLOTS {
+            assert_eq!(
+                twin::qp_post_recv(&mut qp, slot(i), MAX as u32, lkey),
+                code::OK
+            );
+        }
+        for i in 0..ITERS {
+            let send = |qp: &mut QpDesc, wc: &mut Wc| {
+                let m = message(i, me, len(i));
+                write(base, &m);
+                assert_eq!(
+                    twin::qp_post_send(
+                        qp,
+                        twin::OP_SEND,
+                        base,
+                        lkey,
+                        m.len() as u32,
+                        0,
+                        0,
+                        0,
+                        twin::SIGNALED
+                    ),
+                    code::OK
+                );
+                // The source is reused next time: wait for this send.
+                assert_eq!(twin::cq_wait(&mut qp.send_cq, wc, TIMEOUT_NS), code::OK);
+                assert_eq!(
+                    (wc.opcode, wc.wqe_opcode as u32),
+                    (twin::WC_SEND_DONE, twin::OP_SEND)
+                );
+            };
+            if first {
+                send(&mut qp, &mut wc);
+            }
+            assert_eq!(
+                twin::cq_wait(&mut qp.recv_cq, &mut wc, TIMEOUT_NS),
+                code::OK,
+                "{me}: receive {i}"
+            );
+            assert_eq!((wc.opcode, wc.byte_len as usize), (twin::WC_RECV, len(i)));
+            assert_eq!(
+                read(slot(i), len(i)),
+                message(i, me ^ 1, len(i)),
+                "{me}: data {i}"
+            );
+            assert_eq!(
+                twin::qp_post_recv(&mut qp, slot(i + SLOTS), MAX as u32, lkey),
+                code::OK
+            );
+            if !first {
+                send(&mut qp, &mut wc);
+            }
+        }
+        qp
+    };
+    let (qa, qb) = std::thread::scope(|s| {
+        let ta = s.spawn(|| side(&a, abuf.addr(), amr.lkey(), 0, true));
+        let tb = s.spawn(|| side(&b, bbuf.addr(), bmr.lkey(), 1, false));
+        (ta.join().unwrap(), tb.join().unwrap())
+    });
+    // The kernel stored its counters through: the host sees them, a new launch resumes.
+    let pa = a.progress();
+    assert_eq!(pa.sends_posted, 65536 - 300 + ITERS);
+    assert_eq!(pa.sends_retired, pa.sends_posted);
+    assert_eq!(pa.recvs_posted, 65536 - 200 + ITERS + SLOTS);
+    assert_eq!(pa.recvs_retired, 65536 - 200 + ITERS);
+    assert_eq!(a.desc().sq_pi, qa.sq_pi);
+    assert_eq!(b.desc().recv_cq.ci, qb.recv_cq.ci);
+    assert_eq!(
+        b.desc(),
+        qb,
+        "a fresh descriptor equals the kernel's final copy"
+    );
+}
+
+/// Every operation the header composes, with the completion fields checked: RDMA write,
+/// write with immediate, read, send with immediate, inline send and inline write.
+#[test]
+fn kernel_qp_operations_and_completion_fields() {
+    // The GPU rings the doorbell itself, or asks the CPU proxy to.
+    for handler in [NicHandler::Gpu, NicHandler::Cpu] {
+        operations(handler);
+    }
+}
+
+fn operations(handler: NicHandler) {
+    let cfg = QpConfig {
+        nic_handler: Some(handler),
+        ..QpConfig::default()
+    };
+    let (_dev, pd, a, b) = connected(&cfg);
+    let (abuf, amr) = pinned(&pd, 4096);
+    let (bbuf, bmr) = pinned(&pd, 4096);
+    let (a, b) = (a.qp.into_device().unwrap(), b.qp.into_device().unwrap());
+    let (mut qa, mut qb) = (a.desc(), b.desc());
+    assert_eq!(
+        (qa.db != 0, qa.proxy != 0),
+        (handler == NicHandler::Gpu, handler == NicHandler::Cpu)
+    );
+    let mut wc = Wc::default();
+    let data = message(1, 9, 1000);
+    write(abuf.addr(), &data);
+
+    // RDMA write: 1000 bytes into b at 2048.
+    let rc = twin::qp_post_send(
+        &mut qa,
+        twin::OP_RDMA_WRITE,
+        abuf.addr(),
+        amr.lkey(),
+        1000,
+        bbuf.addr() + 2048,
+        bmr.rkey(),
+        0,
+        twin::SIGNALED,
+    );
+    assert_eq!(rc, code::OK);
+    assert_eq!(
+        twin::cq_wait(&mut qa.send_cq, &mut wc, TIMEOUT_NS),
+        code::OK
+    );
+    assert_eq!(
+        (wc.opcode, wc.wqe_opcode as u32, wc.qpn, wc.wqe_counter),
+        (twin::WC_SEND_DONE, twin::OP_RDMA_WRITE, a.qpn(), 0)
+    );
+    assert_eq!(read(bbuf.addr() + 2048, 1000), data);
+
+    // RDMA read back into a at 1024, 600 bytes.
+    let rc = twin::qp_post_send(
+        &mut qa,
+        twin::OP_RDMA_READ,
+        abuf.addr() + 1024,
+        amr.lkey(),
+        600,
+        bbuf.addr() + 2048,
+        bmr.rkey(),
+        0,
+        twin::SIGNALED | twin::FENCE,
+    );
+    assert_eq!(rc, code::OK);
+    assert_eq!(
+        twin::cq_wait(&mut qa.send_cq, &mut wc, TIMEOUT_NS),
+        code::OK
+    );
+    assert_eq!(
+        (wc.wqe_opcode as u32, wc.byte_len, wc.wqe_counter),
+        (twin::OP_RDMA_READ, 600, 1)
+    );
+    assert_eq!(read(abuf.addr() + 1024, 600), data[..600]);
+
+    // Write with immediate (takes a receive, no data in it) and send with immediate.
+    assert_eq!(twin::qp_post_recv(&mut qb, 0, 0, 0), code::OK);
+    assert_eq!(
+        twin::qp_post_recv(&mut qb, bbuf.addr(), 64, bmr.lkey()),
+        code::OK
+    );
+    let rc = twin::qp_post_send(
+        &mut qa,
+        twin::OP_RDMA_WRITE_IMM,
+        abuf.addr(),
+        amr.lkey(),
+        100,
+        bbuf.addr() + 3000,
+        bmr.rkey(),
+        0xdead_beef,
+        0, // unsignalled: completes with the next signalled send
+    );
+    assert_eq!(rc, code::OK);
+    let rc = twin::qp_post_send(
+        &mut qa,
+        twin::OP_SEND_IMM,
+        abuf.addr() + 10,
+        amr.lkey(),
+        50,
+        0,
+        0,
+        0x0102_0304,
+        twin::SIGNALED | twin::SOLICITED,
+    );
+    assert_eq!(rc, code::OK);
+    assert_eq!(
+        twin::cq_wait(&mut qb.recv_cq, &mut wc, TIMEOUT_NS),
+        code::OK
+    );
+    assert_eq!(
+        (wc.opcode, wc.imm, wc.byte_len, wc.wqe_counter),
+        (twin::WC_RECV_WRITE_IMM, 0xdead_beef, 100, 0)
+    );
+    assert_eq!(read(bbuf.addr() + 3000, 100), data[..100]);
+    assert_eq!(
+        twin::cq_wait(&mut qb.recv_cq, &mut wc, TIMEOUT_NS),
+        code::OK
+    );
+    assert_eq!(
+        (wc.opcode, wc.imm, wc.byte_len, wc.qpn),
+        (twin::WC_RECV_IMM, 0x0102_0304, 50, b.qpn())
+    );
+    assert_eq!(read(bbuf.addr(), 50), data[10..60]);
+    // One completion for both sends; it frees both slots.
+    assert_eq!(
+        twin::cq_wait(&mut qa.send_cq, &mut wc, TIMEOUT_NS),
+        code::OK
+    );
+    assert_eq!(
+        (wc.wqe_opcode as u32, wc.wqe_counter),
+        (twin::OP_SEND_IMM, 3)
+    );
+    assert_eq!(qa.send_cq.wq_ci, 4);
+    assert_eq!(twin::qp_send_room(&qa), qa.sq_wqebbs);
+
+    // Inline: a send of 28 bytes from the "kernel's registers", and an 8-byte write.
+    assert_eq!(
+        twin::qp_post_recv(&mut qb, bbuf.addr() + 100, 64, bmr.lkey()),
+        code::OK
+    );
+    let inline = message(2, 3, 28);
+    assert_eq!(
+        twin::qp_post_send_inline(&mut qa, twin::OP_SEND, &inline, 0, 0, 0, twin::SIGNALED),
+        code::OK
+    );
+    assert_eq!(
+        twin::qp_post_send_inline(
+            &mut qa,
+            twin::OP_RDMA_WRITE,
+            &0x1122_3344_5566_7788u64.to_ne_bytes(),
+            bbuf.addr() + 4000,
+            bmr.rkey(),
+            0,
+            twin::SIGNALED
+        ),
+        code::OK
+    );
+    assert_eq!(
+        twin::cq_wait(&mut qb.recv_cq, &mut wc, TIMEOUT_NS),
+        code::OK
+    );
+    assert_eq!(wc.byte_len, 28);
+    assert_eq!(read(bbuf.addr() + 100, 28), inline);
+    for _ in 0..2 {
+        assert_eq!(
+            twin::cq_wait(&mut qa.send_cq, &mut wc, TIMEOUT_NS),
+            code::OK
+        );
+    }
+    assert_eq!(
+        read(bbuf.addr() + 4000, 8),
+        0x1122_3344_5566_7788u64.to_ne_bytes()
+    );
+    // Arguments the header refuses, writing nothing.
+    let before = qa;
+    assert_eq!(
+        twin::qp_post_send_inline(&mut qa, twin::OP_SEND, &[0; 29], 0, 0, 0, 0),
+        code::INVALID
+    );
+    assert_eq!(
+        twin::qp_post_send_inline(&mut qa, twin::OP_RDMA_READ, &[0; 8], 0, 0, 0, 0),
+        code::INVALID
+    );
+    assert_eq!(
+        twin::qp_post_send(&mut qa, 0x11, 0, 0, 8, 0, 0, 0, 0),
+        code::INVALID
+    );
+    assert_eq!(qa, before);
+}
+
+/// A full send ring refuses a post and writes nothing; completions make room. A full
+/// receive ring refuses too. Nothing outstanding is lost.
+#[test]
+fn kernel_qp_full_rings_are_refused_without_overwriting() {
+    let cfg = QpConfig {
+        send_wqebbs: 16,
+        recv_wqes: 16,
+        ..QpConfig::default()
+    };
+    let (_dev, pd, a, b) = connected(&cfg);
+    let (abuf, amr) = pinned(&pd, 4096);
+    let (bbuf, bmr) = pinned(&pd, 4096);
+    let (a, b) = (a.qp.into_device().unwrap(), b.qp.into_device().unwrap());
+    let (mut qa, mut qb) = (a.desc(), b.desc());
+    for k in 0..16u64 {
+        write(abuf.addr() + 8 * k, &(100 + k).to_ne_bytes());
+    }
+    // 16 writes fill the ring; only the last is signalled.
+    for k in 0..16u64 {
+        let flags = if k == 15 { twin::SIGNALED } else { 0 };
+        let rc = twin::qp_post_send(
+            &mut qa,
+            twin::OP_RDMA_WRITE,
+            abuf.addr() + 8 * k,
+            amr.lkey(),
+            8,
+            bbuf.addr() + 8 * k,
+            bmr.rkey(),
+            0,
+            flags,
+        );
+        assert_eq!(rc, code::OK, "post {k}");
+    }
+    assert_eq!(twin::qp_send_room(&qa), 0);
+    let slot0 = read(qa.sq, 64);
+    let before = qa;
+    let rc = twin::qp_post_send(
+        &mut qa,
+        twin::OP_RDMA_WRITE,
+        abuf.addr(),
+        amr.lkey(),
+        8,
+        bbuf.addr() + 1000,
+        bmr.rkey(),
+        0,
+        twin::SIGNALED,
+    );
+    assert_eq!(rc, code::FULL);
+    assert_eq!(
+        twin::qp_post_send_inline(&mut qa, twin::OP_SEND, &[1], 0, 0, 0, 0),
+        code::FULL
+    );
+    assert_eq!(qa, before, "a refused post changes nothing");
+    assert_eq!(read(qa.sq, 64), slot0, "the oldest WQE was not overwritten");
+    let mut wc = Wc::default();
+    assert_eq!(
+        twin::cq_wait(&mut qa.send_cq, &mut wc, TIMEOUT_NS),
+        code::OK
+    );
+    assert_eq!(wc.wqe_counter, 15);
+    assert_eq!(twin::qp_send_room(&qa), 16, "one completion freed all 16");
+    for k in 0..16u64 {
+        assert_eq!(read(bbuf.addr() + 8 * k, 8), (100 + k).to_ne_bytes());
+    }
+    assert_eq!(
+        read(bbuf.addr() + 1000, 8),
+        [0; 8],
+        "the refused write never ran"
+    );
+    // The receive ring: 16 fit, the 17th is refused.
+    for k in 0..16u64 {
+        assert_eq!(
+            twin::qp_post_recv(&mut qb, bbuf.addr() + 2048 + 64 * k, 64, bmr.lkey()),
+            code::OK
+        );
+    }
+    let before = qb;
+    assert_eq!(
+        twin::qp_post_recv(&mut qb, bbuf.addr(), 64, bmr.lkey()),
+        code::FULL
+    );
+    assert_eq!(qb, before);
+    // The posted receives all work.
+    for k in 0..16u64 {
+        let m = message(k, 5, 40);
+        write(abuf.addr() + 1024, &m);
+        assert_eq!(
+            twin::qp_post_send_inline(&mut qa, twin::OP_SEND, &m[..28], 0, 0, 0, twin::SIGNALED),
+            code::OK
+        );
+        assert_eq!(
+            twin::cq_wait(&mut qb.recv_cq, &mut wc, TIMEOUT_NS),
+            code::OK
+        );
+        assert_eq!(read(bbuf.addr() + 2048 + 64 * k, 28), m[..28]);
+        assert_eq!(
+            twin::cq_wait(&mut qa.send_cq, &mut wc, TIMEOUT_NS),
+            code::OK
+        );
+    }
+}
+
+/// An error completion comes back as `CQE_ERROR | syndrome` (never a hang), later work is
+/// flushed, the host's `Cq::check` reports it, and host polls stay refused meanwhile.
+#[test]
+fn kernel_qp_errors_surface_as_codes_with_the_syndrome() {
+    let (_dev, pd, a, b) = connected(&QpConfig::default());
+    let (abuf, amr) = pinned(&pd, 4096);
+    let (bbuf, bmr) = pinned(&pd, 4096);
+    let ascq = a.scq.clone();
+    assert!(
+        ascq.poll_one().is_ok(),
+        "the CPU polls while it owns the CQ"
+    );
+    let (a, _b) = (a.qp.into_device().unwrap(), b.qp.into_device().unwrap());
+    let mut qa = a.desc();
+    let mut wc = Wc::default();
+    let err = ascq.poll_one().unwrap_err().to_string();
+    assert!(err.contains("kernel"), "{err}");
+    // A kernel wait with nothing coming times out.
+    let t = Instant::now();
+    assert_eq!(
+        twin::cq_wait(&mut qa.send_cq, &mut wc, 20_000_000),
+        code::TIMEOUT
+    );
+    assert!(t.elapsed() < Duration::from_secs(10));
+    // Bad rkey.
+    let rc = twin::qp_post_send(
+        &mut qa,
+        twin::OP_RDMA_WRITE,
+        abuf.addr(),
+        amr.lkey(),
+        64,
+        bbuf.addr(),
+        bmr.rkey() ^ 0x5555,
+        0,
+        twin::SIGNALED,
+    );
+    assert_eq!(rc, code::OK);
+    let rc = twin::cq_wait(&mut qa.send_cq, &mut wc, TIMEOUT_NS);
+    assert_eq!(rc, code::CQE_ERROR | Syndrome::RemoteAccess as i32);
+    assert_eq!(code::syndrome(rc), Some(Syndrome::RemoteAccess));
+    assert_eq!(
+        (wc.opcode, wc.syndrome, wc.wqe_opcode as u32),
+        (twin::WC_REQ_ERR, 0x13, twin::OP_RDMA_WRITE)
+    );
+    // The QP is in error: the next send is flushed, not lost, not hung.
+    let rc = twin::qp_post_send(
+        &mut qa,
+        twin::OP_SEND,
+        abuf.addr(),
+        amr.lkey(),
+        8,
+        0,
+        0,
+        0,
+        twin::SIGNALED,
+    );
+    assert_eq!(rc, code::OK);
+    assert_eq!(
+        twin::cq_wait(&mut qa.send_cq, &mut wc, TIMEOUT_NS),
+        code::CQE_ERROR | Syndrome::WrFlush as i32
+    );
+    let e = ascq.check().unwrap_err().to_string();
+    assert!(e.contains("RemoteAccess"), "{e}");
+
+    // Bad lkey, for a send and for an RDMA write (a fresh pair each): a local protection
+    // error, whatever the opcode.
+    for op in [twin::OP_SEND, twin::OP_RDMA_WRITE] {
+        let (_dev2, pd2, c, d) = connected(&QpConfig::default());
+        let (cbuf, cmr) = pinned(&pd2, 128);
+        let (c, _d) = (c.qp.into_device().unwrap(), d.qp.into_device().unwrap());
+        let mut qc = c.desc();
+        let rc = twin::qp_post_send(
+            &mut qc,
+            op,
+            cbuf.addr(),
+            cmr.lkey() ^ 0x7777,
+            64,
+            cbuf.addr() + 64,
+            cmr.rkey(),
+            0,
+            twin::SIGNALED,
+        );
+        assert_eq!(rc, code::OK);
+        let rc = twin::cq_wait(&mut qc.send_cq, &mut wc, TIMEOUT_NS);
+        assert_eq!(
+            code::syndrome(rc),
+            Some(Syndrome::LocalProt),
+            "op {op:#x}: rc {rc:#x}"
+        );
+    }
+}
+
+/// The hand-over rules: a kernel needs dedicated, large-enough CQs and a quiet QP; the QP
+/// comes back to the CPU only with nothing outstanding, and CPU posting then resumes.
+#[test]
+fn device_qp_hand_over_rules() {
+    let dev = Device::soft().unwrap();
+    let pd = dev.alloc_pd();
+    let cfg = QpConfig::default();
+    // One CQ for both sides.
+    let cq = dev.create_cq(1024).unwrap();
+    let shared = pd.create_qp(&cq, &cq, &cfg).unwrap();
+    let e = shared.into_device().unwrap_err().to_string();
+    assert!(e.contains("alone"), "{e}");
+    // CQs smaller than the rings.
+    let (s, r) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
+    let small = pd.create_qp(&s, &r, &cfg).unwrap();
+    let e = small.into_device().unwrap_err().to_string();
+    assert!(e.contains("overrun"), "{e}");
+    // Outstanding receive; prepared send never committed.
+    let (_d, _pd, mut a, mut b) = connected(&cfg);
+    b.qp.post_recv(&RecvWr::new()).unwrap();
+    let e = b.qp.into_device().unwrap_err().to_string();
+    assert!(e.contains("outstanding"), "{e}");
+    let p = a.qp.prepare_send(&SendWr::send()).unwrap();
+    drop(p);
+    let e = a.qp.into_device().unwrap_err().to_string();
+    assert!(e.contains("never committed"), "{e}");
+
+    // A clean pair goes to the "kernel" and back.
+    let (_d, pd, a, b) = connected(&cfg);
+    let (abuf, amr) = pinned(&pd, 64);
+    let (bbuf, bmr) = pinned(&pd, 64);
+    let (ascq, brcq) = (a.scq.clone(), b.rcq.clone());
+    let (a, b) = (a.qp.into_device().unwrap(), b.qp.into_device().unwrap());
+    let (mut qa, mut qb) = (a.desc(), b.desc());
+    let mut wc = Wc::default();
+    assert_eq!(
+        twin::qp_post_recv(&mut qb, abuf.addr(), 64, amr.lkey()),
+        code::OK
+    );
+    // The receive is outstanding: the QP stays with the kernel, returned in the error.
+    let b = match b.into_host() {
+        Ok(_) => panic!("into_host with a receive outstanding"),
+        Err(e) => {
+            assert!(e.to_string().contains("outstanding"), "{e}");
+            *e.qp
+        }
+    };
+    assert_eq!(
+        twin::qp_post_send_inline(&mut qa, twin::OP_SEND, b"hello", 0, 0, 0, twin::SIGNALED),
+        code::OK
+    );
+    assert_eq!(
+        twin::cq_wait(&mut qb.recv_cq, &mut wc, TIMEOUT_NS),
+        code::OK
+    );
+    assert_eq!(
+        twin::cq_wait(&mut qa.send_cq, &mut wc, TIMEOUT_NS),
+        code::OK
+    );
+    let (mut a, mut b) = (a.into_host().unwrap(), b.into_host().unwrap());
+    assert_eq!(read(abuf.addr(), 5), b"hello");
+    // The CPU posts and polls again, at the counters the kernel left.
+    assert_eq!(ascq.consumer_index(), 1);
+    b.post_recv(&RecvWr::new().sge(bmr.sge(..)).wr_id(5))
+        .unwrap();
+    let t = a
+        .post_send(&SendWr::send().sge(amr.sge(0..5)).wr_id(6))
+        .unwrap();
+    assert_eq!(
+        t.index, 1,
+        "the send ring continues after the kernel's send"
+    );
+    let c = ascq
+        .wait_one(Duration::from_secs(20))
+        .unwrap()
+        .ok()
+        .unwrap();
+    assert_eq!(c.wr_id, 6);
+    let c = brcq
+        .wait_one(Duration::from_secs(20))
+        .unwrap()
+        .ok()
+        .unwrap();
+    assert_eq!((c.wr_id, c.byte_len), (5, 5));
+    assert_eq!(read(bbuf.addr(), 5), b"hello");
+}
+
+// ------------------------------------------------------------------ mp kernel channels
+
+/// Ranks as threads, each a "persistent kernel" driving its peer descriptors: ping-pongs of
+/// messages of varying lengths through credits, data checked on arrival, in two "launches"
+/// (the second resumes from the descriptors the host refreshes).
+#[test]
+fn kernel_channels_ping_pong_between_thread_ranks() {
+    const ITERS: u64 = 1000;
+    const MAX: usize = 512;
+    let results = kernel_channel_ranks(8, |comm, ch| {
+        let (me, peer) = (comm.rank(), 1 - comm.rank());
+        let (buf, mr) = pinned(comm.pd(), 2 * MAX);
+        let len = |i: u64| 1 + (i as usize * 53) % MAX;
+        let table = ch.descs().unwrap();
+        assert_eq!(table.len(), 2);
+        let mut own = table[me];
+        assert_eq!(
+            twin::peer_send(&mut own, 0, 0, 0, 1_000_000),
+            code::INVALID,
+            "this rank's own entry is refused"
+        );
+        let (send_at, recv_at) = (buf.addr(), buf.addr() + MAX as u64);
+        let launch = |range: std::ops::Range<u64>| {
+            let mut p: PeerDesc = ch.desc(peer).unwrap();
+            for i in range {
+                let mut got = 0u32;
+                let recv = |p: &mut PeerDesc, got: &mut u32| {
+                    assert_eq!(
+                        twin::peer_wait_recv(p, got, TIMEOUT_NS),
+                        code::OK,
+                        "{me}: receive {i}"
+                    );
+                    assert_eq!(*got as usize, len(i));
+                    assert_eq!(read(recv_at, len(i)), message(i, peer as u8, len(i)));
+                };
+                assert_eq!(
+                    twin::peer_recv(&mut p, recv_at, mr.lkey(), MAX as u32, TIMEOUT_NS),
+                    code::OK
+                );
+                if me == 1 {
+                    recv(&mut p, &mut got);
+                }
+                write(send_at, &message(i, me as u8, len(i)));
+                assert_eq!(
+                    twin::peer_send(&mut p, send_at, mr.lkey(), len(i) as u32, TIMEOUT_NS),
+                    code::OK,
+                    "{me}: send {i}"
+                );
+                assert_eq!(twin::peer_wait_send(&mut p, TIMEOUT_NS), code::OK);
+                if me == 0 {
+                    recv(&mut p, &mut got);
+                }
+            }
+        };
+        launch(0..ITERS / 2);
+        launch(ITERS / 2..ITERS);
+        ch.progress(peer).unwrap()
+    });
+    for st in results {
+        assert_eq!(
+            (
+                st.sends,
+                st.sends_waited,
+                st.recvs,
+                st.recvs_waited,
+                st.error
+            ),
+            (ITERS, ITERS, ITERS, ITERS, 0)
+        );
+        assert_eq!(st.sends_done, ITERS);
+    }
+}
+
+/// Kernel-channel failures come back as codes: a send with no receive posted times out
+/// (nothing sent), a message longer than the receive fails both sides with their syndromes,
+/// and every later call returns the channel's first error.
+#[test]
+fn kernel_channel_errors_and_timeouts() {
+    kernel_channel_ranks(4, |comm, ch| {
+        let (me, peer) = (comm.rank(), 1 - comm.rank());
+        let (buf, mr) = pinned(comm.pd(), 256);
+        let mut p = ch.desc(peer).unwrap();
+        let mut got = 0;
+        if me == 0 {
+            // No credit yet: the send times out and posts nothing.
+            let t = Instant::now();
+            assert_eq!(
+                twin::peer_send(&mut p, buf.addr(), mr.lkey(), 8, 30_000_000),
+                code::TIMEOUT
+            );
+            assert!(t.elapsed() < Duration::from_secs(10));
+            assert_eq!(p.sends, 0);
+            assert_eq!(twin::peer_wait_send(&mut p, 1000), code::INVALID);
+        }
+        comm.barrier().unwrap();
+        if me == 1 {
+            assert_eq!(
+                twin::peer_recv(&mut p, buf.addr(), mr.lkey(), 16, TIMEOUT_NS),
+                code::OK
+            );
+            let rc = twin::peer_wait_recv(&mut p, &mut got, TIMEOUT_NS);
+            assert_eq!(code::syndrome(rc), Some(Syndrome::LocalLength), "{rc:#x}");
+        } else {
+            assert_eq!(
+                twin::peer_send(&mut p, buf.addr(), mr.lkey(), 200, TIMEOUT_NS),
+                code::OK
+            );
+            let rc = twin::peer_wait_send(&mut p, TIMEOUT_NS);
+            assert_eq!(
+                code::syndrome(rc),
+                Some(Syndrome::RemoteInvalReq),
+                "{rc:#x}"
+            );
+        }
+        // Sticky: the channel reports its error from now on, and the host sees it.
+        let first = p.error as i32;
+        assert_eq!(
+            twin::peer_send(&mut p, buf.addr(), mr.lkey(), 8, 1000),
+            first
+        );
+        assert_eq!(ch.progress(peer).unwrap().error as i32, first);
+    });
+}
+
+// ------------------------------------------------------------------ the header itself
+
+/// Stand-ins for the CUDA declarations the header's device code uses, so that clang can
+/// check it without a CUDA toolkit.
+const CUDA_SHIM: &str = r#"
+#include <__clang_cuda_builtin_vars.h>
+#define __device__ __attribute__((device))
+#define __global__ __attribute__((global))
+#define __forceinline__ __attribute__((always_inline)) inline
+#define __align__(n) __attribute__((aligned(n)))
+struct uint4 { unsigned x, y, z, w; };
+struct ulonglong2 { unsigned long long x, y; };
+__device__ uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w);
+__device__ ulonglong2 __ldcv(const ulonglong2 *);
+__device__ void __threadfence_system();
+__device__ void __threadfence();
+__device__ unsigned __byte_perm(unsigned, unsigned, unsigned);
+"#;
+
+/// A kernel calling every device function of the kernel-driven QP and peer API.
+const CALLS: &str = r#"
+extern "C" __global__ void all(gds_qp q0, gds_peer p0, uint64_t out) {
+    gds_qp q = q0;
+    gds_wc wc;
+    uint64_t v = 5;
+    int rc = gds_qp_post_send(&q, GDS_OP_RDMA_WRITE, 1, 2, 3, 4, 5, 0, GDS_SIGNALED);
+    rc |= gds_qp_post_send_inline(&q, GDS_OP_SEND, &v, 8, 0, 0, 0, 0);
+    rc |= gds_qp_post_recv(&q, 1, 2, 3);
+    rc |= gds_cq_poll(&q.recv_cq, &wc);
+    rc |= gds_cq_wait(&q.send_cq, &wc, 100);
+    gds_peer p = p0;
+    uint32_t len;
+    rc |= gds_peer_recv(&p, 1, 2, 3, 100);
+    rc |= gds_peer_send(&p, 1, 2, 3, 100);
+    rc |= gds_peer_wait_send(&p, 100);
+    rc |= gds_peer_wait_recv(&p, &len, 100);
+    *(int *)out = rc;
+}
+"#;
+
+/// The header's device code, and the kernels of the GPU tests, compile as CUDA (NVRTC mode
+/// and nvcc mode), checked with clang where it is installed: CI has no GPU and no NVRTC, and
+/// code that does not compile would only show on the GPU machine.
+#[test]
+fn header_device_code_compiles_with_clang() {
+    let dir = std::env::temp_dir().join(format!("gdsync-header-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let header = concat!(env!("CARGO_MANIFEST_DIR"), "/gdsync/include/gdsync.cuh");
+    let src = dir.join("all.cu");
+    let gpu_test_kernels = include_str!("kernels/kernel_channel.cu");
+    std::fs::write(
+        &src,
+        format!("{CUDA_SHIM}\n#include \"{header}\"\n{CALLS}\n{gpu_test_kernels}"),
+    )
+    .unwrap();
+    let clang = |extra: &[&str], file: &std::path::Path| {
+        std::process::Command::new("clang++")
+            .args([
+                "-x",
+                "cuda",
+                "--cuda-device-only",
+                "-nocudainc",
+                "-nocudalib",
+                "--cuda-gpu-arch=sm_80",
+                "-std=c++17",
+                "-D__CUDACC__",
+                "-fsyntax-only",
+                "-Werror",
+                "-Wno-pragma-once-outside-header",
+            ])
+            .args(extra)
+            .arg(file)
+            .output()
+    };
+    // Skipped where clang (with its CUDA front end) is missing.
+    let probe = dir.join("probe.cu");
+    std::fs::write(&probe, format!("{CUDA_SHIM}\n__global__ void k() {{}}\n")).unwrap();
+    match clang(&[], &probe) {
+        Ok(o) if o.status.success() => {}
+        _ => {
+            eprintln!("header_device_code_compiles_with_clang: skipped (no clang++ with CUDA)");
+            return;
+        }
+    }
+    for mode in [&["-D__CUDACC_RTC__"][..], &[][..]] {
+        let o = clang(mode, &src).unwrap();
+        assert!(
+            o.status.success(),
+            "{mode:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
