@@ -10,13 +10,15 @@ out=$(mktemp)
 it=${ITERS:-10000}
 trigs="cpu"
 nvidia-smi -L >/dev/null 2>&1 && trigs="cpu host stream"
-for rep in 1 2; do
+for rep in $(seq 1 ${REPS:-2}); do
   for trig in $trigs; do
     mems="host"; [ "$trig" != cpu ] && mems="host device"
     for mem in $mems; do
       for api in gdsync mp; do
-        "$bin/pingpong" --api $api --op send --trigger $trig --mem $mem --sizes 8,4096 \
-          --iters "$it" --json | sed "s/^{/{\"rep\":$rep,\"api\":\"$api\",/" | tee -a "$out"
+        timeout ${RUN_TIMEOUT:-120} "$bin/pingpong" --api $api --op send --trigger $trig \
+          --mem $mem --sizes 8,4096 --iters "$it" --json \
+          | sed "s/^{/{\"rep\":$rep,\"api\":\"$api\",/" | tee -a "$out" \
+          || echo "FAILED: pingpong --api $api --trigger $trig --mem $mem" >&2
       done
     done
   done
@@ -25,8 +27,9 @@ if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
   mpicc -O2 -o /tmp/mpi_pingpong benches/mpi_pingpong.c -ldl
   mems="host"; nvidia-smi -L >/dev/null 2>&1 && mems="host device"
   for mem in $mems; do
-    mpirun --allow-run-as-root --oversubscribe -np 2 /tmp/mpi_pingpong --mem $mem \
-      --sizes 8,4096 --iters "$it" | tee -a "$out"
+    timeout ${RUN_TIMEOUT:-120} mpirun --allow-run-as-root --oversubscribe -np 2 \
+      /tmp/mpi_pingpong --mem $mem --sizes 8,4096 --iters "$it" | tee -a "$out" \
+      || echo "FAILED: mpi_pingpong --mem $mem" >&2
   done
 fi
 python3 - "$out" <<'PY'
