@@ -136,6 +136,11 @@ trait Wire {
     fn wait(&mut self, i: u64, size: usize) -> Result<()>;
     /// Before a new size: clear what the peer writes into.
     fn reset(&mut self, size: usize) -> Result<()>;
+    /// After the last iteration of a size: finish what is still queued (before the ranks
+    /// synchronise, when this rank stops driving its work forward).
+    fn drain(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Spin, but let other threads run when the machine has fewer cores than busy threads.
@@ -385,6 +390,14 @@ impl Wire for MpWire {
     fn reset(&mut self, _size: usize) -> Result<()> {
         self.post_recv()
     }
+    fn drain(&mut self) -> Result<()> {
+        // The last send may still wait for its credit: only calls into the communicator post
+        // it, and the peer waits for it.
+        if let Some(s) = self.send.take() {
+            self.comm.wait(s)?;
+        }
+        Ok(())
+    }
 }
 
 // ---------------------------------------------------------------------------- raw floor
@@ -568,6 +581,7 @@ fn run_rank(
             }
         }
         let cpu = (cpu_time_us() - cpu0) / iters as f64;
+        w.drain()?;
         sync()?;
         samples.sort_by(f64::total_cmp);
         let pct = |p: f64| samples[((samples.len() - 1) as f64 * p).round() as usize];

@@ -10,7 +10,7 @@ use super::gpu::{join_ranks, marker_write, stats, Buf, ProgressClock, TIMEOUT};
 use super::{Args, Stats, Trigger};
 use anyhow::{bail, Context, Result};
 use gdasync::gdsync::cuda::{CudaStream, Function, Module};
-use gdasync::gdsync::exec::{Executor, HostStream};
+use gdasync::gdsync::exec::{Executor, HostStream, OpBatch};
 use gdasync::gdsync::{Device, MemoryRegion, SignalWords};
 use gdasync::mp::bootstrap::ThreadBootstrap;
 use gdasync::mp::{Comm, Request};
@@ -131,6 +131,7 @@ fn stream_rank<E: Executor>(
 ) -> Result<Vec<f64>> {
     let out_word = r.sbuf_addr + size as u64 - 4;
     let mut live: VecDeque<Request> = VecDeque::new();
+    let batch = OpBatch::new();
     r.comm.barrier()?;
     let mut clock = ProgressClock {
         seen: 0,
@@ -140,15 +141,17 @@ fn stream_rank<E: Executor>(
     for i in 0..iters {
         let mine = (2 * i + 1 + rank as u64) as u32;
         let recv = r.recv_for(i, size, iters)?;
+        // One iteration's ops reach the stream as one list (one batch of memory operations).
         if rank == 1 {
-            r.comm.wait_on(recv, &stream)?;
+            r.comm.wait_on(recv, &batch)?;
         }
-        stream.submit(marker_write(out_word, mine))?;
-        let send = r.comm.isend_on(r.sbuf.sge(..size), r.peer, &stream)?;
+        batch.submit(marker_write(out_word, mine))?;
+        let send = r.comm.isend_on(r.sbuf.sge(..size), r.peer, &batch)?;
         if rank == 0 {
-            r.comm.wait_on(recv, &stream)?;
-            stream.submit(progress.write64(0, i + 1))?;
+            r.comm.wait_on(recv, &batch)?;
+            batch.submit(progress.write64(0, i + 1))?;
         }
+        batch.flush(&stream)?;
         live.push_back(send);
         live.push_back(recv);
         // Release what the stream finished; stay at most AHEAD iterations ahead of it.

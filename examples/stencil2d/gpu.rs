@@ -15,11 +15,9 @@ use crate::grid::{self, Layout, Side, C0, C1};
 use crate::{Config, Solver, Trigger};
 use anyhow::{Context, Result};
 use gdasync::gdsync::cuda::{CudaStream, DeviceBuffer, Function, Module};
-use gdasync::gdsync::exec::Executor;
-use gdasync::gdsync::ops::Ops;
+use gdasync::gdsync::exec::OpBatch;
 use gdasync::gdsync::{Access, MemoryRegion};
 use gdasync::mp::{Comm, Request};
-use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::ops::Range;
@@ -116,24 +114,6 @@ enum Arg {
     U64(u64),
     I32(i32),
     F64(f64),
-}
-
-/// An executor that collects op lists, so that one iteration's sends (or waits, or credits)
-/// reach the stream as one batch of memory operations instead of one call each.
-#[derive(Default)]
-struct Batch(RefCell<Ops>);
-
-impl Executor for Batch {
-    fn submit(&self, ops: Ops) -> gdasync::gdsync::Result<()> {
-        self.0.borrow_mut().append(ops);
-        Ok(())
-    }
-}
-
-impl Batch {
-    fn flush(&self, to: &CudaStream) -> Result<()> {
-        Ok(to.submit(self.0.take())?)
-    }
 }
 
 /// One neighbour's messages: byte ranges in the rank's device allocation, by iteration
@@ -358,11 +338,11 @@ impl<'m> GpuRank<'m> {
     /// `--trigger stream`: the stream drives every exchange; the CPU enqueues, at most
     /// [`AHEAD`] iterations ahead, and never synchronises inside the loop.
     fn run_stream(&mut self, comm: &mut Comm, first: u64, end: u64) -> Result<()> {
-        let batch = Batch::default();
+        let batch = OpBatch::new();
         let mut recvs: Vec<[Option<Request>; 2]> = vec![[None, None]; self.links.len()];
         // Receives are posted now (the CPU writes their WQEs); their credits, which let the
         // peer send, are given by the stream once it is done with the buffer.
-        let post = |comm: &mut Comm, l: &Link, p: usize, b: &Batch| {
+        let post = |comm: &mut Comm, l: &Link, p: usize, b: &OpBatch| {
             comm.irecv_on(self.sge(&l.recv[p]), l.peer, b)
         };
         for i in first..end.min(first + 2) {

@@ -4,6 +4,7 @@
 //! |---|---|
 //! | [`HostExecutor`] | now, on the calling thread |
 //! | [`HostStream`] | on a CPU thread, queued in order like a CUDA stream |
+//! | [`OpBatch`] | later: collects them for one submission to another executor |
 //!
 //! Waits never spin forever: each executor has a timeout (default [`DEFAULT_WAIT_TIMEOUT`]),
 //! and waits on completion entries look at the owner bit only, so error completions release
@@ -42,6 +43,38 @@ impl Executor for HostStream {
 impl Executor for CudaStream {
     fn submit(&self, ops: Ops) -> Result<()> {
         self.enqueue(ops)
+    }
+}
+
+/// Collects op lists instead of running them, to hand them to an executor as one list
+/// ([`flush`](Self::flush)): a CUDA stream then runs one batch of memory operations where
+/// it would run one per call, which costs it less per operation.
+#[derive(Default)]
+pub struct OpBatch(std::cell::RefCell<Ops>);
+
+impl OpBatch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Submits everything collected to `exec`, as one op list, and empties the batch.
+    pub fn flush(&self, exec: &impl Executor) -> Result<()> {
+        let ops = self.0.take();
+        if ops.is_empty() {
+            return Ok(());
+        }
+        exec.submit(ops)
+    }
+    /// Whether nothing is collected.
+    pub fn is_empty(&self) -> bool {
+        self.0.borrow().is_empty()
+    }
+}
+
+impl Executor for OpBatch {
+    fn submit(&self, ops: Ops) -> Result<()> {
+        self.0.borrow_mut().append(ops);
+        Ok(())
     }
 }
 
