@@ -3,21 +3,13 @@
 //! ranks sharing one GPU and one soft device. Runs only with `GDSYNC_TEST_CUDA=1`; otherwise
 //! it prints "skipped".
 
-use gdasync::gdsync::cuda::{Cuda, CudaStream, DeviceBuffer};
+use gdasync::gdsync::cuda::{CudaStream, DeviceBuffer};
 use gdasync::gdsync::ops::WaitCond;
-use gdasync::gdsync::{Access, Device};
-use gdasync::mp::bootstrap::ThreadBootstrap;
+use gdasync::gdsync::Access;
 use gdasync::mp::Comm;
 
-fn gpu(test: &str) -> bool {
-    if std::env::var("GDSYNC_TEST_CUDA").as_deref() != Ok("1") {
-        eprintln!("{test}: skipped (set GDSYNC_TEST_CUDA=1 to run GPU tests)");
-        return false;
-    }
-    let c = Cuda::get().expect("GDSYNC_TEST_CUDA=1 but CUDA is not usable");
-    assert!(!c.gpus.is_empty(), "GDSYNC_TEST_CUDA=1 but no GPU");
-    true
-}
+mod common;
+use common::{gpu::gpu, on_threads};
 
 const LEN: usize = 64 * 1024;
 const MSGS: usize = 4;
@@ -35,8 +27,7 @@ fn read(buf: &DeviceBuffer, off: usize, len: usize) -> Vec<u8> {
 /// One rank: all device buffers are allocated before any stream waits and freed after the
 /// last barrier (freeing GPU memory synchronises the device, which would wait for streams
 /// blocked on other ranks).
-fn rank(b: ThreadBootstrap, dev: Device) {
-    let mut comm = Comm::new(Box::new(b), &dev).unwrap();
+fn rank(comm: &mut Comm) {
     let (me, n) = (comm.rank(), comm.size());
     let (right, left) = ((me + 1) % n, (me + n - 1) % n);
     let stream = CudaStream::new(0).unwrap();
@@ -146,29 +137,13 @@ fn rank(b: ThreadBootstrap, dev: Device) {
         "rank {me}: data before its signal"
     );
     comm.barrier().unwrap();
-    drop((smr, rmr, wmr));
-    comm.finalize().unwrap();
-}
-
-fn run(n: usize) {
-    let dev = Device::soft().unwrap();
-    let hs: Vec<_> = ThreadBootstrap::group(n)
-        .into_iter()
-        .map(|b| {
-            let dev = dev.clone();
-            std::thread::spawn(move || rank(b, dev))
-        })
-        .collect();
-    for h in hs {
-        h.join().expect("a rank failed");
-    }
 }
 
 #[test]
 fn mp_on_streams_with_device_memory() {
-    if !gpu("mp_on_streams_with_device_memory") {
+    let Some(_gpu) = gpu("mp_on_streams_with_device_memory") else {
         return;
-    }
-    run(2);
-    run(4);
+    };
+    on_threads(2, rank);
+    on_threads(4, rank);
 }

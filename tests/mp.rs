@@ -10,6 +10,9 @@ use gdasync::mp::bootstrap::{launch_local, Bootstrap, JobInfo, TcpBootstrap, Thr
 use gdasync::mp::Comm;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::on_threads;
+
 /// The workload every rank runs; panics (with the rank) on any mismatch.
 fn workload(comm: &mut Comm) {
     let (me, n) = (comm.rank(), comm.size());
@@ -209,25 +212,6 @@ fn workload(comm: &mut Comm) {
         "rank {me}: data before its signal"
     );
     comm.barrier().unwrap();
-}
-
-/// Runs `f` on `n` thread ranks of one soft device.
-fn on_threads(n: usize, f: fn(&mut Comm)) {
-    let dev = Device::soft().unwrap();
-    let hs: Vec<_> = ThreadBootstrap::group(n)
-        .into_iter()
-        .map(|b| {
-            let dev = dev.clone();
-            std::thread::spawn(move || {
-                let mut comm = Comm::new(Box::new(b), &dev).unwrap();
-                f(&mut comm);
-                comm.finalize().unwrap();
-            })
-        })
-        .collect();
-    for h in hs {
-        h.join().expect("a rank failed");
-    }
 }
 
 fn threads(n: usize) {

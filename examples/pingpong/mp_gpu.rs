@@ -217,9 +217,8 @@ fn host_rank(
         }
     }
     r.comm.wait_all(sends.make_contiguous())?;
-    let rest: Vec<Request> = r.recvs.drain(..).collect();
-    if !rest.is_empty() {
-        bail!("{} receives left over", rest.len());
+    if !r.recvs.is_empty() {
+        bail!("{} receives left over", r.recvs.len());
     }
     r.comm.barrier()?;
     Ok(times)

@@ -431,12 +431,7 @@ impl Comm {
     /// point. The receive itself is posted now; wait for it on the CPU or on an executor.
     pub fn irecv_on(&mut self, dst: Sge, peer: usize, exec: &impl Executor) -> Result<Request> {
         self.peer(peer)?;
-        self.pump(peer)?;
-        if !self.peers[peer].as_ref().unwrap().pending.is_empty() {
-            return Err(Error::invalid(format!(
-                "CPU work to rank {peer} is still queued (sends waiting for credits): wait for it before giving credits on an executor (work to one peer stays in order)"
-            )));
-        }
+        self.no_queued_cpu_work(peer, "giving credits on an executor")?;
         // The credit is prepared first: a full send ring fails before anything is posted.
         let wr = self.credit_wr(peer, false);
         let prepared = self.peers[peer].as_mut().unwrap().qp.prepare_send(&wr)?;
@@ -613,6 +608,18 @@ impl Comm {
         Ok(())
     }
 
+    /// Posts what it can of `peer`'s queued CPU work, then refuses (naming `before`) if any
+    /// is left: executor work would overtake it, and work to one peer stays in order.
+    fn no_queued_cpu_work(&mut self, peer: usize, before: &str) -> Result<()> {
+        self.pump(peer)?;
+        if self.peers[peer].as_ref().unwrap().pending.is_empty() {
+            return Ok(());
+        }
+        Err(Error::invalid(format!(
+            "CPU work to rank {peer} is still queued (sends waiting for credits): wait for it before {before} (work to one peer stays in order)"
+        )))
+    }
+
     /// Submits `pre` (waits the executor does first) and the commit ops of `wrs` to `exec`,
     /// for request `req` of `peer`. Refused while CPU work to that peer is still queued: it
     /// would be overtaken (work to one peer stays in order).
@@ -624,13 +631,8 @@ impl Comm {
         pre: Ops,
         exec: &impl Executor,
     ) -> Result<()> {
-        self.pump(peer)?;
+        self.no_queued_cpu_work(peer, "posting to that rank on an executor")?;
         let p = self.peers[peer].as_mut().unwrap();
-        if !p.pending.is_empty() {
-            return Err(Error::invalid(format!(
-                "CPU work to rank {peer} is still queued (sends waiting for credits): wait for it before posting to that rank on an executor (work to one peer stays in order)"
-            )));
-        }
         let mut ops = pre;
         let mut last = None;
         for wr in wrs {
@@ -653,12 +655,6 @@ impl Comm {
     pub fn isend_on(&mut self, src: Sge, peer: usize, exec: &impl Executor) -> Result<Request> {
         let (sge, len) = (src, src.len);
         self.peer(peer)?;
-        self.pump(peer)?;
-        if !self.peers[peer].as_ref().unwrap().pending.is_empty() {
-            return Err(Error::invalid(format!(
-                "CPU sends to rank {peer} still wait for credits: wait for them before sending to it on an executor (sends to one peer stay in order)"
-            )));
-        }
         let req = self.new_req(peer, Side::Send);
         let wr = Self::send_wr(req, (len > 0).then_some(sge));
         let credit_word = self.ctrl.addr() + self.layout.ready(peer) as u64;
@@ -909,11 +905,7 @@ impl Comm {
     /// round, the partner, the write and the local word to wait on.
     fn barrier_steps(&mut self, epoch: u64) -> Vec<(usize, SendWr, u64)> {
         let mut steps = Vec::new();
-        for k in 0..self.layout.rounds {
-            let to = (self.rank + (1 << k)) % self.size;
-            if to == self.rank {
-                continue;
-            }
+        for (k, to) in self.barrier_partners() {
             let at = self.remote_ctrl[to].at(self.layout.barrier(k) as u64);
             self.scratch_mr.write_at(8 + 8 * k, &epoch.to_ne_bytes());
             let wr = SendWr::write(at)
@@ -924,6 +916,15 @@ impl Comm {
             steps.push((to, wr, (self.ctrl.addr() + self.layout.barrier(k) as u64)));
         }
         steps
+    }
+
+    /// Each round and the rank it writes to (rank me + 2^k); rounds that would write to this
+    /// rank (a communicator of one) are left out.
+    fn barrier_partners(&self) -> Vec<(usize, usize)> {
+        (0..self.layout.rounds)
+            .map(|k| (k, (self.rank + (1 << k)) % self.size))
+            .filter(|&(_, to)| to != self.rank)
+            .collect()
     }
 
     fn barrier_word(&self, k: usize) -> u64 {
@@ -957,13 +958,8 @@ impl Comm {
 
     /// Barrier on an executor: the writes and waits run there, the CPU does not wait.
     pub fn barrier_on(&mut self, exec: &impl Executor) -> Result<()> {
-        for (to, _, _) in self.barrier_steps(self.barrier_epoch + 1) {
-            self.pump(to)?;
-            if !self.peers[to].as_ref().unwrap().pending.is_empty() {
-                return Err(Error::invalid(format!(
-                    "CPU work to rank {to} is still queued: wait for it before a barrier on an executor"
-                )));
-            }
+        for (_, to) in self.barrier_partners() {
+            self.no_queued_cpu_work(to, "a barrier on an executor")?;
         }
         self.barrier_epoch += 1;
         let epoch = self.barrier_epoch;

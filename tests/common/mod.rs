@@ -388,3 +388,22 @@ pub fn kernel_channel_ranks<T: Send>(
         ranks.into_iter().map(|r| r.join().unwrap()).collect()
     })
 }
+
+/// Runs `f` on `n` thread ranks of one soft device.
+pub fn on_threads(n: usize, f: fn(&mut Comm)) {
+    let dev = Device::soft().unwrap();
+    let hs: Vec<_> = ThreadBootstrap::group(n)
+        .into_iter()
+        .map(|b| {
+            let dev = dev.clone();
+            std::thread::spawn(move || {
+                let mut comm = Comm::new(Box::new(b), &dev).unwrap();
+                f(&mut comm);
+                comm.finalize().unwrap();
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().expect("a rank failed");
+    }
+}
