@@ -1307,23 +1307,6 @@ fn kernel_channel_errors_and_timeouts() {
 
 // ------------------------------------------------------------------ the header itself
 
-/// Stand-ins for the CUDA declarations the header's device code uses, so that clang can
-/// check it without a CUDA toolkit.
-const CUDA_SHIM: &str = r#"
-#include <__clang_cuda_builtin_vars.h>
-#define __device__ __attribute__((device))
-#define __global__ __attribute__((global))
-#define __forceinline__ __attribute__((always_inline)) inline
-#define __align__(n) __attribute__((aligned(n)))
-struct uint4 { unsigned x, y, z, w; };
-struct ulonglong2 { unsigned long long x, y; };
-__device__ uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w);
-__device__ ulonglong2 __ldcv(const ulonglong2 *);
-__device__ void __threadfence_system();
-__device__ void __threadfence();
-__device__ unsigned __byte_perm(unsigned, unsigned, unsigned);
-"#;
-
 /// A kernel calling every device function of the kernel-driven QP and peer API.
 const CALLS: &str = r#"
 extern "C" __global__ void all(gds_qp q0, gds_peer p0, uint64_t out) {
@@ -1350,52 +1333,6 @@ extern "C" __global__ void all(gds_qp q0, gds_peer p0, uint64_t out) {
 /// code that does not compile would only show on the GPU machine.
 #[test]
 fn header_device_code_compiles_with_clang() {
-    let dir = std::env::temp_dir().join(format!("gdsync-header-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let header = concat!(env!("CARGO_MANIFEST_DIR"), "/gdsync/include/gdsync.cuh");
-    let src = dir.join("all.cu");
     let gpu_test_kernels = include_str!("kernels/kernel_channel.cu");
-    std::fs::write(
-        &src,
-        format!("{CUDA_SHIM}\n#include \"{header}\"\n{CALLS}\n{gpu_test_kernels}"),
-    )
-    .unwrap();
-    let clang = |extra: &[&str], file: &std::path::Path| {
-        std::process::Command::new("clang++")
-            .args([
-                "-x",
-                "cuda",
-                "--cuda-device-only",
-                "-nocudainc",
-                "-nocudalib",
-                "--cuda-gpu-arch=sm_80",
-                "-std=c++17",
-                "-D__CUDACC__",
-                "-fsyntax-only",
-                "-Werror",
-                "-Wno-pragma-once-outside-header",
-            ])
-            .args(extra)
-            .arg(file)
-            .output()
-    };
-    // Skipped where clang (with its CUDA front end) is missing.
-    let probe = dir.join("probe.cu");
-    std::fs::write(&probe, format!("{CUDA_SHIM}\n__global__ void k() {{}}\n")).unwrap();
-    match clang(&[], &probe) {
-        Ok(o) if o.status.success() => {}
-        _ => {
-            eprintln!("header_device_code_compiles_with_clang: skipped (no clang++ with CUDA)");
-            return;
-        }
-    }
-    for mode in [&["-D__CUDACC_RTC__"][..], &[][..]] {
-        let o = clang(mode, &src).unwrap();
-        assert!(
-            o.status.success(),
-            "{mode:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    common::clang::check_cuda("header", &format!("{CALLS}\n{gpu_test_kernels}"));
 }

@@ -37,6 +37,9 @@ fn bit_exact(args: &[&str], decomposition: &str) {
         "{line}"
     );
     assert_eq!(field(line, "decomposition"), decomposition, "{line}");
+    if let Some(k) = args.iter().position(|a| *a == "--trigger") {
+        assert_eq!(field(line, "trigger"), args[k + 1], "{line}");
+    }
     assert!(
         field(line, "us_per_iter").parse::<f64>().unwrap() > 0.0,
         "{line}"
@@ -112,7 +115,7 @@ fn check_catches_a_one_bit_difference() {
 #[test]
 fn bad_arguments_are_clean_errors() {
     for (args, says) in [
-        (&["--trigger", "kernel"][..], "not yet implemented"),
+        (&["--halo", "disk"][..], "invalid value"),
         (&["--ranks", "0"][..], "--ranks"),
         (&["--iters", "0"][..], "--iters"),
         (&["--n", "3", "--ranks", "16"][..], "cannot give each"),
@@ -126,10 +129,12 @@ fn bad_arguments_are_clean_errors() {
         assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
     }
     if !gdasync::gdsync::cuda::Cuda::available() {
-        let Some((ok, _, err)) = run(&["--trigger", "stream"]) else {
-            return;
-        };
-        assert!(!ok && err.contains("needs a CUDA GPU"), "{err}");
+        for trigger in ["host", "stream", "kernel"] {
+            let Some((ok, _, err)) = run(&["--trigger", trigger]) else {
+                return;
+            };
+            assert!(!ok && err.contains("needs a CUDA GPU"), "{trigger}: {err}");
+        }
     }
 }
 
@@ -151,28 +156,60 @@ fn gpu(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
 }
 
 #[test]
-fn gpu_host_and_stream_are_bit_exact() {
-    let Some(_g) = gpu("gpu_host_and_stream_are_bit_exact") else {
+fn gpu_triggers_are_bit_exact() {
+    let Some(_g) = gpu("gpu_triggers_are_bit_exact") else {
         return;
     };
-    for trigger in ["host", "stream"] {
-        for (ranks, dec) in [("2", "2x1"), ("4", "2x2")] {
-            bit_exact(
-                &[
-                    "--trigger",
-                    trigger,
-                    "--n",
-                    "203",
-                    "--iters",
-                    "50",
-                    "--warmup",
-                    "5",
-                    "--ranks",
-                    ranks,
-                ],
-                dec,
-            );
+    for trigger in ["host", "stream", "kernel"] {
+        for halo in ["device", "host"] {
+            for (ranks, dec) in [("2", "2x1"), ("4", "2x2")] {
+                bit_exact(
+                    &[
+                        "--trigger",
+                        trigger,
+                        "--halo",
+                        halo,
+                        "--n",
+                        "203",
+                        "--iters",
+                        "50",
+                        "--warmup",
+                        "5",
+                        "--ranks",
+                        ranks,
+                    ],
+                    dec,
+                );
+            }
         }
+    }
+}
+
+/// The persistent kernel over many iterations and several launches (warm-up, then timed),
+/// each launch resuming the channels where the last one left them.
+#[test]
+fn gpu_kernel_long_run_is_bit_exact() {
+    let Some(_g) = gpu("gpu_kernel_long_run_is_bit_exact") else {
+        return;
+    };
+    for halo in ["device", "host"] {
+        bit_exact(
+            &[
+                "--trigger",
+                "kernel",
+                "--halo",
+                halo,
+                "--n",
+                "64",
+                "--ranks",
+                "4",
+                "--iters",
+                "3000",
+                "--warmup",
+                "7",
+            ],
+            "2x2",
+        );
     }
 }
 
@@ -205,19 +242,31 @@ fn gpu_stream_processes_are_bit_exact() {
     let Some(_g) = gpu("gpu_stream_processes_are_bit_exact") else {
         return;
     };
-    bit_exact(
-        &[
-            "--trigger",
-            "stream",
-            "--n",
-            "96",
-            "--ranks",
-            "2",
-            "--iters",
-            "50",
-            "--ranks-as",
-            "procs",
-        ],
-        "2x1",
-    );
+    for halo in ["host", "device"] {
+        bit_exact(
+            &[
+                "--trigger",
+                "stream",
+                "--halo",
+                halo,
+                "--n",
+                "96",
+                "--ranks",
+                "2",
+                "--iters",
+                "50",
+                "--ranks-as",
+                "procs",
+            ],
+            "2x1",
+        );
+    }
+}
+
+/// The stencil's kernels (host, stream and the persistent kernel) compile as CUDA: checked
+/// with clang here, where NVRTC and the GPU are not.
+#[test]
+fn kernels_compile_with_clang() {
+    let src = include_str!("../examples/stencil2d/kernels.cu");
+    common::clang::check_cuda("stencil2d", src);
 }

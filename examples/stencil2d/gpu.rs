@@ -1,98 +1,52 @@
 //! The GPU triggers. Each rank owns one CUDA stream and one device allocation (both grids,
-//! and the packed columns), registered as one memory region. Rows travel straight from and
-//! into the grids; columns are packed into contiguous buffers first.
+//! and, with `--halo device`, the packed columns), registered as one memory region; with
+//! `--halo host` every halo message goes through pinned host memory the kernels reach
+//! directly (packed and unpacked there), registered as a second region.
 //!
 //! - `host`: per iteration the CPU synchronises the stream, posts the sends, launches the
 //!   interior, waits for the messages on the CPU, then launches unpack and boundary.
 //! - `stream`: the CPU only enqueues: pack → `isend_on(stream)` → interior →
 //!   `wait_on(stream)` → unpack → boundary → the next receives' credits, all on the stream,
 //!   and at most [`AHEAD`] iterations ahead of it.
+//! - `kernel`: one persistent kernel per rank (cooperative launch, grid-wide barriers) runs
+//!   every iteration: one thread drives mp's kernel channels (`gds_peer_*`) while the others
+//!   compute; the ring cells read the halos straight from the receive buffers.
 //!
-//! Kernels are compiled at run time with NVRTC, with fused multiply-add off (`--fmad=false`)
-//! and the update written in the same order as the CPU's, so every variant gives the same bits.
+//! Kernels (kernels.cu) are compiled at run time with NVRTC, with fused multiply-add off
+//! (`--fmad=false`) and the update written in the same order as the CPU's, so every variant
+//! gives the same bits.
 
 use crate::grid::{self, Layout, Side, C0, C1};
-use crate::{Config, Solver, Trigger};
-use anyhow::{Context, Result};
-use gdasync::gdsync::cuda::{CudaStream, DeviceBuffer, Function, Module};
+use crate::{Config, Halo, Solver, Trigger};
+use anyhow::{bail, Context, Result};
+use gdasync::gdsync::cuda::{Cuda, CudaStream, DeviceBuffer, Function, Module};
 use gdasync::gdsync::exec::OpBatch;
-use gdasync::gdsync::{Access, MemoryRegion};
-use gdasync::mp::{Comm, Request};
+use gdasync::gdsync::kernel::code;
+use gdasync::gdsync::{Access, MemoryRegion, PinnedBuffer, Sge};
+use gdasync::mp::{Comm, KernelChannels, Request};
 use std::collections::VecDeque;
 use std::ffi::c_void;
-use std::ops::Range;
 
 /// How many iterations the CPU may enqueue ahead of the stream (`--trigger stream`). Each
 /// holds a few dozen memory operations; a stream takes at most `cuda::MAX_QUEUED_OPS` (512).
 pub const AHEAD: usize = 4;
 
-const KERNELS: &str = r#"
-typedef unsigned long long u64;
+/// The kernels' source (also checked with clang by tests/stencil.rs).
+pub const KERNELS: &str = include_str!("kernels.cu");
 
-// The update, in the order the CPU evaluates it (grid::update).
-__device__ __forceinline__ void upd(const double *__restrict__ cur, double *__restrict__ nxt,
-                                    long i, long s, double c0, double c1) {
-    double sum = (cur[i - s] + cur[i + s]) + (cur[i - 1] + cur[i + 1]);
-    nxt[i] = c0 * cur[i] + c1 * sum;
-}
+/// Threads per block of every kernel.
+const BLOCK: u32 = 256;
 
-#define FOR_EACH(k, n) \
-    for (long k = blockIdx.x * (long)blockDim.x + threadIdx.x; k < (n); k += (long)gridDim.x * blockDim.x)
-
-// Owned cells touching no halo: rows 2..nx-1, columns 2..ny-1.
-extern "C" __global__ void interior(u64 cur, u64 nxt, int nx, int ny, double c0, double c1) {
-    long w = ny - 2, h = nx - 2, s = ny + 2;
-    if (w <= 0 || h <= 0) return;
-    FOR_EACH(k, w * h) {
-        long r = 2 + k / w, c = 2 + k % w;
-        upd((const double *)cur, (double *)nxt, r * s + c, s, c0, c1);
-    }
-}
-
-// The ring of owned cells next to the halo, numbered as grid::ring_cell does.
-extern "C" __global__ void boundary(u64 cur, u64 nxt, int nx, int ny, double c0, double c1) {
-    long s = ny + 2, top = (long)ny * min(nx, 2);
-    long n = top + (long)max(nx - 2, 0) * min(ny, 2);
-    FOR_EACH(k, n) {
-        long r, c;
-        if (k < ny) { r = 1; c = 1 + k; }
-        else if (nx > 1 && k < 2L * ny) { r = nx; c = 1 + k - ny; }
-        else {
-            long j = k - top, rows = nx - 2;
-            if (j < rows) { r = 2 + j; c = 1; } else { r = 2 + j - rows; c = ny; }
-        }
-        upd((const double *)cur, (double *)nxt, r * s + c, s, c0, c1);
-    }
-}
-
-// Owned columns 1 and ny into the send buffers (0: no neighbour on that side).
-extern "C" __global__ void pack(u64 cur, int nx, int ny, u64 west, u64 east) {
-    const double *g = (const double *)cur;
-    long s = ny + 2;
-    FOR_EACH(k, nx) {
-        if (west) ((double *)west)[k] = g[(1 + k) * s + 1];
-        if (east) ((double *)east)[k] = g[(1 + k) * s + ny];
-    }
-}
-
-// Received columns into halo columns 0 and ny + 1.
-extern "C" __global__ void unpack(u64 cur, int nx, int ny, u64 west, u64 east) {
-    double *g = (double *)cur;
-    long s = ny + 2;
-    FOR_EACH(k, nx) {
-        if (west) g[(1 + k) * s] = ((const double *)west)[k];
-        if (east) g[(1 + k) * s + ny + 1] = ((const double *)east)[k];
-    }
-}
-"#;
+/// Bound on every device-side wait of the persistent kernel.
+const KERNEL_TIMEOUT_NS: u64 = 10_000_000_000;
 
 /// The compiled kernels (one module, shared by the rank threads of a process).
 pub struct Kernels {
     _module: Module,
     interior: Function,
-    boundary: Function,
+    ring: Function,
     pack: Function,
-    unpack: Function,
+    persistent: Function,
 }
 
 impl Kernels {
@@ -101,9 +55,9 @@ impl Kernels {
             .context("compile the stencil kernels with NVRTC")?;
         Ok(Kernels {
             interior: m.function("interior")?,
-            boundary: m.function("boundary")?,
+            ring: m.function("ring")?,
             pack: m.function("pack")?,
-            unpack: m.function("unpack")?,
+            persistent: m.function("persistent")?,
             _module: m,
         })
     }
@@ -114,46 +68,79 @@ enum Arg {
     U64(u64),
     I32(i32),
     F64(f64),
+    Run(Box<PersistentArgs>),
 }
 
-/// One neighbour's messages: byte ranges in the rank's device allocation, by iteration
-/// parity (rows live in the grid read in that iteration).
+/// One side's channel as the persistent kernel reads it (kernels.cu: `StencilSide`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct SideArgs {
+    send: [u64; 2],
+    recv: [u64; 2],
+    send_lkey: u32,
+    recv_lkey: u32,
+    /// Bytes per message; 0: no neighbour on this side.
+    len: u32,
+    peer: u32,
+    packed: u32,
+    pad: u32,
+}
+
+/// The persistent kernel's argument (kernels.cu: `StencilRun`), passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct PersistentArgs {
+    side: [SideArgs; 4],
+    peers: u64,
+    grid: [u64; 2],
+    bar: u64,
+    status: u64,
+    first: i64,
+    end: i64,
+    timeout_ns: u64,
+    nx: i32,
+    ny: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<SideArgs>() == 56);
+const _: () = assert!(std::mem::size_of::<PersistentArgs>() == 296);
+
+/// One neighbour's messages, by iteration parity: what is sent and where it lands.
 struct Link {
+    side: Side,
     peer: usize,
-    send: [Range<usize>; 2],
-    recv: [Range<usize>; 2],
+    send: [Sge; 2],
+    recv: [Sge; 2],
+    /// The send buffer is filled by the pack kernel (else it is a row of the grid itself).
+    packed: bool,
 }
 
-/// Where things are in the device allocation (byte offsets).
+/// Byte offsets in the device allocation: the two grids, then (persistent kernel) its
+/// barrier words, then (`--halo device`) per column side its send and receive buffers.
 struct Offsets {
     grids: [usize; 2],
-    /// West and east: the packed column to send, and the two it is received into.
-    col_send: [Option<usize>; 2],
-    col_recv: [[Option<usize>; 2]; 2],
+    barrier: usize,
     total: usize,
 }
 
 impl Offsets {
     fn new(l: &Layout) -> Offsets {
         let grid = 8 * l.cells();
-        let mut at = 2 * grid;
-        let mut col_send = [None; 2];
-        let mut col_recv = [[None; 2]; 2];
-        for (k, side) in [Side::West, Side::East].into_iter().enumerate() {
-            if l.neighbours[side as usize].is_some() {
-                let len = 8 * l.nx;
-                col_send[k] = Some(at);
-                col_recv[k] = [Some(at + len), Some(at + 2 * len)];
-                at += 3 * len;
-            }
-        }
         Offsets {
             grids: [0, grid],
-            col_send,
-            col_recv,
-            total: at,
+            barrier: 2 * grid,
+            total: 2 * grid + 16,
         }
     }
+}
+
+/// Bytes of halo buffers a rank needs outside its grids: per packed side, two send and two
+/// receive buffers (by parity).
+fn halo_bytes(l: &Layout, halo: Halo) -> usize {
+    l.links()
+        .filter(|(side, _)| halo == Halo::Host || !side.is_row())
+        .map(|(side, _)| 4 * 8 * l.side_len(side))
+        .sum()
 }
 
 /// One rank on the GPU (also the single-rank reference, with no links).
@@ -161,11 +148,21 @@ struct GpuRank<'m> {
     lay: Layout,
     k: &'m Kernels,
     mem: &'m DeviceBuffer,
-    mr: Option<MemoryRegion<'m>>,
     off: Offsets,
     links: Vec<Link>,
     stream: CudaStream,
     trigger: Trigger,
+    // Field order matters: the registrations are dropped before the memory they cover.
+    _mrs: Vec<MemoryRegion<'m>>,
+    /// The persistent kernel's channels and status words (`--trigger kernel`).
+    chans: Option<(KernelChannels, PinnedBuffer)>,
+    /// Ranks whose persistent kernels share this GPU.
+    ranks_on_gpu: u32,
+    /// `--trace`: time the CPU's steps of the stream trigger.
+    trace: bool,
+    /// The sides' buffers, grids and sizes, as the ring, pack and persistent kernels take
+    /// them (the persistent kernel's per-launch fields are set at its launch).
+    run: PersistentArgs,
 }
 
 impl<'m> GpuRank<'m> {
@@ -173,7 +170,8 @@ impl<'m> GpuRank<'m> {
         lay: &Layout,
         k: &'m Kernels,
         mem: &'m DeviceBuffer,
-        comm: Option<&Comm>,
+        host: Option<&'m PinnedBuffer>,
+        comm: Option<&mut Comm>,
         trigger: Trigger,
     ) -> Result<GpuRank<'m>> {
         let off = Offsets::new(lay);
@@ -181,177 +179,239 @@ impl<'m> GpuRank<'m> {
         for g in off.grids {
             mem.copy_from_host(g, &init)?;
         }
-        let mr = comm
-            .map(|c| c.pd().register_device(mem, Access::ALL))
-            .transpose()?;
-        let s = lay.stride();
-        let row = |p: usize, r: usize| {
-            let at = off.grids[p] + 8 * (r * s + 1);
-            at..at + 8 * lay.ny
-        };
-        let col = |at: Option<usize>| {
-            let at = at.expect("a column buffer for every side with a neighbour");
-            at..at + 8 * lay.nx
-        };
-        let links = lay
-            .links()
-            .map(|(side, peer)| {
-                let (send, recv) = match side {
-                    Side::North => ([row(0, 1), row(1, 1)], [row(0, 0), row(1, 0)]),
-                    Side::South => (
-                        [row(0, lay.nx), row(1, lay.nx)],
-                        [row(0, lay.nx + 1), row(1, lay.nx + 1)],
-                    ),
-                    Side::West | Side::East => {
-                        let k = (side == Side::East) as usize;
+        mem.copy_from_host(off.barrier, &[0u8; 16])?;
+        let mut mrs = Vec::new();
+        let mut links = Vec::new();
+        if let Some(comm) = comm.as_deref() {
+            let dev_mr = comm.pd().register_device(mem, Access::ALL)?;
+            let host_mr = host
+                .map(|h| comm.pd().register_pinned(h, Access::ALL))
+                .transpose()?;
+            let s = lay.stride();
+            // Halo buffers are laid out one packed side after another: send[2], recv[2].
+            let (mut at_dev, mut at_host) = (off.total, 0usize);
+            for (side, peer) in lay.links() {
+                let n = 8 * lay.side_len(side);
+                let buffers = |mr: &MemoryRegion, at: &mut usize| {
+                    let sge = |k: usize| mr.sge(*at + k * n..*at + (k + 1) * n);
+                    let b = ([sge(0), sge(1)], [sge(2), sge(3)]);
+                    *at += 4 * n;
+                    b
+                };
+                let (send, recv, packed) = match (&host_mr, side.is_row()) {
+                    (Some(h), _) => {
+                        let (send, recv) = buffers(h, &mut at_host);
+                        (send, recv, true)
+                    }
+                    (None, false) => {
+                        let (send, recv) = buffers(&dev_mr, &mut at_dev);
+                        (send, recv, true)
+                    }
+                    (None, true) => {
+                        // Rows travel straight from and into the grid read in that iteration.
+                        let row = |p: usize, r: usize| {
+                            let at = off.grids[p] + 8 * (r * s + 1);
+                            dev_mr.sge(at..at + n)
+                        };
+                        let (out, halo) = if side == Side::North {
+                            (1, 0)
+                        } else {
+                            (lay.nx, lay.nx + 1)
+                        };
                         (
-                            [col(off.col_send[k]), col(off.col_send[k])],
-                            [col(off.col_recv[k][0]), col(off.col_recv[k][1])],
+                            [row(0, out), row(1, out)],
+                            [row(0, halo), row(1, halo)],
+                            false,
                         )
                     }
                 };
-                Link { peer, send, recv }
-            })
-            .collect();
+                links.push(Link {
+                    side,
+                    peer,
+                    send,
+                    recv,
+                    packed,
+                });
+            }
+            mrs.push(dev_mr);
+            mrs.extend(host_mr);
+        }
+        let chans = match (trigger, comm) {
+            (Trigger::Kernel, Some(comm)) => {
+                // Two receives in flight per peer (iterations i and i + 1), with room.
+                let ch = comm.kernel_channels(4)?;
+                if !ch.gpu_mapped() {
+                    bail!("--trigger kernel: the kernel channels' host memory is not mapped for the GPU (cuMemHostRegister failed)");
+                }
+                Some((ch, PinnedBuffer::new(8)))
+            }
+            _ => None,
+        };
+        let mut run = PersistentArgs {
+            grid: [mem.ptr() + off.grids[0] as u64, mem.ptr() + off.grids[1] as u64],
+            bar: mem.ptr() + off.barrier as u64,
+            timeout_ns: KERNEL_TIMEOUT_NS,
+            nx: lay.nx as i32,
+            ny: lay.ny as i32,
+            ..PersistentArgs::default()
+        };
+        for l in &links {
+            run.side[l.side as usize] = SideArgs {
+                send: l.send.map(|s| s.addr),
+                recv: l.recv.map(|s| s.addr),
+                send_lkey: l.send[0].lkey,
+                recv_lkey: l.recv[0].lkey,
+                len: l.send[0].len,
+                peer: l.peer as u32,
+                packed: l.packed as u32,
+                pad: 0,
+            };
+        }
         Ok(GpuRank {
+            run,
             lay: lay.clone(),
             k,
             mem,
-            mr,
             off,
             links,
             stream: CudaStream::new(0)?,
             trigger,
+            _mrs: mrs,
+            chans,
+            ranks_on_gpu: 1,
+            trace: false,
         })
     }
 
-    fn addr(&self, off: Option<usize>) -> u64 {
-        off.map_or(0, |o| self.mem.ptr() + o as u64)
-    }
-
-    fn sge(&self, r: &Range<usize>) -> gdasync::gdsync::Sge {
-        self.mr.as_ref().expect("a registered rank").sge(r.clone())
-    }
-
-    fn launch(&self, f: &Function, threads: usize, mut args: Vec<Arg>) -> Result<()> {
+    fn launch(&self, f: &Function, threads: usize, args: Vec<Arg>) -> Result<()> {
         if threads == 0 {
             return Ok(());
         }
+        // The kernels loop over their cells, so the grid may be smaller than the work.
+        let blocks = threads.div_ceil(BLOCK as usize).min(1 << 16) as u32;
+        self.launch_blocks(f, blocks, false, args)
+    }
+
+    fn launch_blocks(
+        &self,
+        f: &Function,
+        blocks: u32,
+        cooperative: bool,
+        mut args: Vec<Arg>,
+    ) -> Result<()> {
         let mut ptrs: Vec<*mut c_void> = args
             .iter_mut()
             .map(|a| match a {
                 Arg::U64(x) => x as *mut u64 as *mut c_void,
                 Arg::I32(x) => x as *mut i32 as *mut c_void,
                 Arg::F64(x) => x as *mut f64 as *mut c_void,
+                Arg::Run(x) => &mut **x as *mut PersistentArgs as *mut c_void,
             })
             .collect();
-        const BLOCK: usize = 256;
-        // The kernels loop over their cells, so the grid may be smaller than the work.
-        let blocks = threads.div_ceil(BLOCK).min(1 << 16) as u32;
-        // SAFETY: `args` match the kernel's parameters (KERNELS) in number and type, and the
-        // device memory they point into outlives the stream, which is synchronised before
-        // the allocation is dropped.
-        unsafe { f.launch(&self.stream, blocks, BLOCK as u32, &mut ptrs)? };
+        // SAFETY: `args` match the kernel's parameters (kernels.cu) in number and type, and
+        // the memory they point into outlives the stream, which is synchronised before it
+        // is dropped.
+        unsafe {
+            if cooperative {
+                f.launch_cooperative(&self.stream, blocks, BLOCK, &mut ptrs)?
+            } else {
+                f.launch(&self.stream, blocks, BLOCK, &mut ptrs)?
+            }
+        };
         Ok(())
     }
 
     fn grid(&self, p: usize) -> u64 {
-        self.addr(Some(self.off.grids[p]))
+        self.mem.ptr() + self.off.grids[p] as u64
     }
 
-    /// `interior` or `boundary` of iteration parity `p`.
-    fn update(&self, f: &Function, threads: usize, p: usize) -> Result<()> {
-        let (nx, ny) = (self.lay.nx as i32, self.lay.ny as i32);
-        let args = vec![
-            Arg::U64(self.grid(p)),
-            Arg::U64(self.grid(1 - p)),
-            Arg::I32(nx),
-            Arg::I32(ny),
-            Arg::F64(C0),
-            Arg::F64(C1),
-        ];
-        self.launch(f, threads, args)
-    }
-
+    /// The interior cells of iteration parity `p` (they touch no halo).
     fn interior(&self, p: usize) -> Result<()> {
         let (nx, ny) = (self.lay.nx, self.lay.ny);
         let n = nx.saturating_sub(2) * ny.saturating_sub(2);
-        self.update(&self.k.interior, n, p)
-    }
-
-    fn boundary(&self, p: usize) -> Result<()> {
-        let n = grid::ring_len(self.lay.nx, self.lay.ny);
-        self.update(&self.k.boundary, n, p)
-    }
-
-    /// `pack` (columns out of grid `p`) or `unpack` (received columns of parity `p` into it).
-    fn columns(&self, unpack: bool, p: usize) -> Result<()> {
-        if !self.lay.has_columns() {
-            return Ok(());
-        }
-        let (f, [w, e]) = if unpack {
-            let r = &self.off.col_recv;
-            (&self.k.unpack, [r[0][p], r[1][p]])
-        } else {
-            (&self.k.pack, self.off.col_send)
-        };
         let args = vec![
             Arg::U64(self.grid(p)),
-            Arg::I32(self.lay.nx as i32),
-            Arg::I32(self.lay.ny as i32),
-            Arg::U64(self.addr(w)),
-            Arg::U64(self.addr(e)),
+            Arg::U64(self.grid(1 - p)),
+            Arg::I32(nx as i32),
+            Arg::I32(ny as i32),
+            Arg::F64(C0),
+            Arg::F64(C1),
         ];
-        self.launch(f, self.lay.nx, args)
+        self.launch(&self.k.interior, n, args)
+    }
+
+    /// The ring cells of iteration parity `p`, reading the received halos; with `pack_next`,
+    /// also the send buffers of the next iteration.
+    fn ring(&self, p: usize, pack_next: bool) -> Result<()> {
+        let n = grid::ring_len(self.lay.nx, self.lay.ny);
+        let args = vec![
+            Arg::Run(Box::new(self.run)),
+            Arg::I32(p as i32),
+            Arg::I32(pack_next as i32),
+            Arg::F64(C0),
+            Arg::F64(C1),
+        ];
+        self.launch(&self.k.ring, n, args)
+    }
+
+    /// Packs the send buffers of parity `p` from grid `p` (before the first iteration; later
+    /// ones are packed by [`ring`](Self::ring)).
+    fn pack(&self, p: usize) -> Result<()> {
+        if !self.links.iter().any(|l| l.packed) {
+            return Ok(());
+        }
+        let args = vec![Arg::Run(Box::new(self.run)), Arg::I32(p as i32)];
+        self.launch(&self.k.pack, self.lay.nx.max(self.lay.ny), args)
     }
 
     /// `--trigger host`: the CPU drives every exchange.
     fn run_host(&mut self, comm: &mut Comm, first: u64, end: u64) -> Result<()> {
         let mut recvs: Vec<[Option<Request>; 2]> = vec![[None, None]; self.links.len()];
-        let post = |comm: &mut Comm, l: &Link, p: usize| comm.irecv(self.sge(&l.recv[p]), l.peer);
+        let post = |comm: &mut Comm, l: &Link, p: usize| comm.irecv(l.recv[p], l.peer);
+        let p0 = (first % 2) as usize;
         for (k, l) in self.links.iter().enumerate() {
-            recvs[k][(first % 2) as usize] = Some(post(comm, l, (first % 2) as usize)?);
+            recvs[k][p0] = Some(post(comm, l, p0)?);
         }
+        self.pack(p0)?;
         for i in first..end {
             let p = (i % 2) as usize;
-            self.columns(false, p)?;
-            // The data to send (rows of the last iteration, packed columns) is in memory.
+            // The data to send (packed by the last ring kernel, or rows of its grid) is in
+            // memory, and the last ring kernel is done with the other parity's halos.
             self.stream.synchronize()?;
             let mut reqs = Vec::with_capacity(2 * self.links.len());
             for (k, l) in self.links.iter().enumerate() {
                 if i + 1 < end {
-                    // Iteration i - 1 is done with these buffers (synchronised above).
                     recvs[k][1 - p] = Some(post(comm, l, 1 - p)?);
                 }
-                reqs.push(comm.isend(self.sge(&l.send[p]), l.peer)?);
+                reqs.push(comm.isend(l.send[p], l.peer)?);
             }
             self.interior(p)?;
             reqs.extend(recvs.iter_mut().map(|r| r[p].take().expect("posted ahead")));
             comm.wait_all(&reqs)?;
-            self.columns(true, p)?;
-            self.boundary(p)?;
+            self.ring(p, i + 1 < end)?;
         }
         self.stream.synchronize()?;
         Ok(())
     }
 
     /// `--trigger stream`: the stream drives every exchange; the CPU enqueues, at most
-    /// [`AHEAD`] iterations ahead, and never synchronises inside the loop.
+    /// [`AHEAD`] iterations ahead, and never synchronises inside the loop. Per iteration the
+    /// CPU makes two launches and hands the stream two lists of memory operations.
     fn run_stream(&mut self, comm: &mut Comm, first: u64, end: u64) -> Result<()> {
         let batch = OpBatch::new();
+        let mut trace = (self.trace && end - first > Trace::ITERS).then(|| Trace::new(end));
         let mut recvs: Vec<[Option<Request>; 2]> = vec![[None, None]; self.links.len()];
         // Receives are posted now (the CPU writes their WQEs); their credits, which let the
         // peer send, are given by the stream once it is done with the buffer.
-        let post = |comm: &mut Comm, l: &Link, p: usize, b: &OpBatch| {
-            comm.irecv_on(self.sge(&l.recv[p]), l.peer, b)
-        };
+        let post =
+            |comm: &mut Comm, l: &Link, p: usize, b: &OpBatch| comm.irecv_on(l.recv[p], l.peer, b);
         for i in first..end.min(first + 2) {
             let p = (i % 2) as usize;
             for (k, l) in self.links.iter().enumerate() {
                 recvs[k][p] = Some(post(comm, l, p, &batch)?);
             }
         }
-        batch.flush(&self.stream)?;
+        self.pack((first % 2) as usize)?;
         let mut in_flight: VecDeque<Vec<Request>> = VecDeque::with_capacity(AHEAD + 1);
         for i in first..end {
             let p = (i % 2) as usize;
@@ -361,38 +421,167 @@ impl<'m> GpuRank<'m> {
                 let done = in_flight.pop_front().unwrap();
                 comm.wait_all(&done)?;
             }
-            self.columns(false, p)?;
-            // The stream waits for each peer's credit, then rings: after the pack kernel.
+            let mut mark = |k: usize| {
+                if let Some(t) = trace.as_mut() {
+                    t.mark(i, k)
+                }
+            };
+            mark(0);
+            // The stream waits for each peer's credit, then rings (after the kernel that
+            // packed the data); the last iteration's credits go in the same list.
             let mut reqs = Vec::with_capacity(2 * self.links.len());
             for l in &self.links {
-                reqs.push(comm.isend_on(self.sge(&l.send[p]), l.peer, &batch)?);
+                reqs.push(comm.isend_on(l.send[p], l.peer, &batch)?);
             }
             batch.flush(&self.stream)?;
+            mark(1);
             // The interior needs no halo: it overlaps with the messages in flight.
             self.interior(p)?;
+            mark(2);
             for r in recvs.iter_mut() {
                 reqs.push(r[p].take().expect("posted two iterations ahead"));
             }
             // The stream waits for every receive and send to complete (a send buffer is
-            // rewritten next iteration), consuming the completions itself.
+            // packed again next iteration), consuming the completions itself.
             comm.wait_all_on(&reqs, &batch)?;
             batch.flush(&self.stream)?;
-            self.columns(true, p)?;
-            self.boundary(p)?;
+            mark(3);
+            self.ring(p, i + 1 < end)?;
+            mark(4);
             if i + 2 < end {
                 // Buffers of parity p are read: let the peers fill them for iteration i + 2.
                 for (k, l) in self.links.iter().enumerate() {
                     recvs[k][p] = Some(post(comm, l, p, &batch)?);
                 }
-                batch.flush(&self.stream)?;
             }
+            mark(5);
             in_flight.push_back(reqs);
         }
+        batch.flush(&self.stream)?;
         self.stream.synchronize()?;
         for done in in_flight {
             comm.wait_all(&done)?;
         }
+        if let Some(t) = trace {
+            t.report(comm.rank());
+        }
         Ok(())
+    }
+
+    /// `--trigger kernel`: one cooperative launch runs iterations `first..end`.
+    fn run_kernel(&mut self, first: u64, end: u64) -> Result<()> {
+        let (ch, status) = self
+            .chans
+            .as_ref()
+            .expect("kernel channels for --trigger kernel");
+        let a = PersistentArgs {
+            peers: ch.table()?,
+            status: status.addr(),
+            first: first as i64,
+            end: end as i64,
+            ..self.run
+        };
+        // An earlier launch that stopped early may have left barrier words behind.
+        self.mem.copy_from_host(self.off.barrier, &[0u8; 16])?;
+        status.write_at(0, &[0u8; 8]);
+        let blocks = self.persistent_blocks()?;
+        let args = vec![Arg::Run(Box::new(a)), Arg::F64(C0), Arg::F64(C1)];
+        self.launch_blocks(&self.k.persistent, blocks, true, args)?;
+        self.stream.synchronize()?;
+        let mut b = [0u8; 8];
+        status.read_at(0, &mut b);
+        let rc = u32::from_ne_bytes(b[..4].try_into().unwrap()) as i32;
+        let at = u32::from_ne_bytes(b[4..].try_into().unwrap());
+        if rc != code::OK {
+            bail!(
+                "the persistent kernel stopped at iteration {at}: {}",
+                kernel_error(rc)
+            );
+        }
+        Ok(())
+    }
+
+    /// Blocks of the persistent kernel: enough for the block's cells, but few enough that
+    /// the kernels of every rank sharing the GPU are resident together (their grid-wide
+    /// barriers wait for every block).
+    fn persistent_blocks(&self) -> Result<u32> {
+        let sms = Cuda::get()?.gpu(0)?.multiprocessors;
+        let per_sm = self.k.persistent.max_blocks_per_multiprocessor(BLOCK)?;
+        let ranks = self.ranks_on_gpu.max(1);
+        let room = (sms * per_sm / ranks).max(1);
+        let cells = (self.lay.nx * self.lay.ny).div_ceil(BLOCK as usize) as u32;
+        Ok(cells.clamp(1, room))
+    }
+}
+
+/// `--trace` (stream trigger): the CPU's time in each step of enqueuing an iteration, and in
+/// the run-ahead wait, over the last [`Trace::ITERS`] iterations of a run. (The stream
+/// starves when enqueuing an iteration takes the CPU longer than the GPU takes to run it.)
+struct Trace {
+    from: u64,
+    last: Option<std::time::Instant>,
+    /// Per step: total time.
+    steps: [std::time::Duration; 6],
+    iters: u64,
+}
+
+impl Trace {
+    const ITERS: u64 = 200;
+    const STEPS: [&'static str; 6] = [
+        "run-ahead wait",
+        "isend_on + flush",
+        "interior launch",
+        "wait_all_on + flush",
+        "ring launch",
+        "irecv_on",
+    ];
+
+    fn new(end: u64) -> Trace {
+        Trace {
+            from: end - Self::ITERS,
+            last: None,
+            steps: Default::default(),
+            iters: 0,
+        }
+    }
+
+    /// Step `k` of iteration `i` just ended (0: the run-ahead wait).
+    fn mark(&mut self, i: u64, k: usize) {
+        let now = std::time::Instant::now();
+        if i >= self.from {
+            if let Some(l) = self.last {
+                self.steps[k] += now - l;
+            }
+            self.iters += (k == 0) as u64;
+        }
+        self.last = Some(now);
+    }
+
+    fn report(&self, rank: usize) {
+        let n = self.iters.max(1) as f64;
+        let mut line = format!("trace rank {rank}, CPU µs per iteration:");
+        let mut total = 0.0;
+        for (k, name) in Self::STEPS.iter().enumerate() {
+            let us = self.steps[k].as_secs_f64() * 1e6 / n;
+            total += us;
+            line += &format!(" {name} {us:.2} |");
+        }
+        eprintln!("{line} total {total:.2}");
+    }
+}
+
+/// What a persistent-kernel error code means.
+fn kernel_error(rc: i32) -> String {
+    match rc {
+        code::TIMEOUT => "a device-side wait timed out (a peer stopped or never started)".into(),
+        code::INVALID => "a malformed channel descriptor or argument".into(),
+        code::FULL => "a channel's ring was full".into(),
+        0x1001 => "a grid-wide barrier timed out (blocks not resident together?)".into(),
+        0x1002 => "a halo message had the wrong length".into(),
+        rc => match code::syndrome(rc) {
+            Some(s) => format!("an error completion: {s:?}"),
+            None => format!("error code {rc:#x}"),
+        },
     }
 }
 
@@ -401,6 +590,7 @@ impl Solver for GpuRank<'_> {
         let end = first + count;
         match self.trigger {
             Trigger::Stream => self.run_stream(comm, first, end),
+            Trigger::Kernel => self.run_kernel(first, end),
             _ => self.run_host(comm, first, end),
         }
     }
@@ -416,8 +606,21 @@ impl Solver for GpuRank<'_> {
 
 /// Runs this rank's part: returns the time per iteration and the final owned cells.
 pub fn solve(comm: &mut Comm, lay: &Layout, cfg: &Config, k: &Kernels) -> Result<(f64, Vec<f64>)> {
-    let mem = DeviceBuffer::alloc(0, Offsets::new(lay).total)?;
-    let mut rank = GpuRank::new(lay, k, &mem, Some(comm), cfg.trigger)?;
+    let dev_halo = if cfg.halo == Halo::Device {
+        halo_bytes(lay, cfg.halo)
+    } else {
+        0
+    };
+    let mem = DeviceBuffer::alloc(0, Offsets::new(lay).total + dev_halo)?;
+    let host = (cfg.halo == Halo::Host && lay.links().next().is_some())
+        .then(|| PinnedBuffer::new(halo_bytes(lay, cfg.halo)));
+    if host.as_ref().is_some_and(|h| !h.gpu_mapped()) {
+        bail!("--halo host: pinned host memory could not be mapped for the GPU");
+    }
+    let mut rank = GpuRank::new(lay, k, &mem, host.as_ref(), Some(comm), cfg.trigger)?;
+    // Every rank runs on GPU 0 (threads share it; processes time-share it).
+    rank.ranks_on_gpu = cfg.ranks as u32;
+    rank.trace = cfg.trace;
     let out = crate::drive(comm, &mut rank, cfg);
     // Nothing of this rank may still run when its memory goes.
     rank.stream.synchronize()?;
@@ -428,11 +631,11 @@ pub fn solve(comm: &mut Comm, lay: &Layout, cfg: &Config, k: &Kernels) -> Result
 pub fn reference(k: &Kernels, gx: usize, gy: usize, iters: u64) -> Result<Vec<f64>> {
     let lay = Layout::whole(gx, gy);
     let mem = DeviceBuffer::alloc(0, Offsets::new(&lay).total)?;
-    let rank = GpuRank::new(&lay, k, &mem, None, Trigger::Host)?;
+    let rank = GpuRank::new(&lay, k, &mem, None, None, Trigger::Host)?;
     for i in 0..iters {
         let p = (i % 2) as usize;
         rank.interior(p)?;
-        rank.boundary(p)?;
+        rank.ring(p, false)?;
     }
     rank.owned(iters)
 }

@@ -113,10 +113,6 @@ impl Layout {
             .into_iter()
             .filter_map(|s| self.neighbours[s as usize].map(|p| (s, p)))
     }
-    pub fn has_columns(&self) -> bool {
-        self.neighbours[Side::West as usize].is_some()
-            || self.neighbours[Side::East as usize].is_some()
-    }
 
     /// Grid indices along `side`: the owned cells next to it (`halo = false`, what is sent)
     /// or the halo cells (`halo = true`, what is received).

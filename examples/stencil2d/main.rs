@@ -11,7 +11,10 @@
 //! | `cpu` | CPU | posted on a host stream (`isend_on`/`wait_on`), runs anywhere |
 //! | `host` | GPU | the CPU: synchronise, send, wait, launch (the MPI-style baseline) |
 //! | `stream` | GPU | the CUDA stream itself, with no host synchronisation in the loop |
-//! | `kernel` | GPU | one persistent kernel per rank (not in this build yet) |
+//! | `kernel` | GPU | one persistent kernel per rank: it sends, waits and computes |
+//!
+//! The GPU triggers keep their halo messages in device memory (`--halo device`, the
+//! default) or in pinned host memory that the kernels reach directly (`--halo host`).
 //!
 //! `--check` runs the same problem on a single rank with the same arithmetic and compares
 //! the final grids bit for bit.
@@ -43,8 +46,21 @@ pub enum Trigger {
     Host,
     /// GPU compute; the CUDA stream sends and waits, the CPU only enqueues.
     Stream,
-    /// One persistent kernel per rank packs, sends, waits and computes (not yet).
+    /// One persistent kernel per rank sends, waits and computes; the CPU launches it once.
     Kernel,
+}
+
+/// Where the GPU triggers' halo messages live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Halo {
+    /// Device memory: rows travel straight from and into the grids, columns through packed
+    /// device buffers. On the soft device every such message costs two driver copies
+    /// (device → host → device, ~5 µs each), which a ConnectX would replace by GPUDirect
+    /// RDMA.
+    Device,
+    /// Pinned host memory mapped for the GPU: kernels pack and unpack every side there, and
+    /// the soft device moves the bytes with the CPU, as a NIC would by DMA.
+    Host,
 }
 
 impl Trigger {
@@ -101,6 +117,12 @@ struct Args {
     /// How the ranks run.
     #[arg(long, value_enum, default_value = "threads")]
     ranks_as: RanksAs,
+    /// Where the GPU triggers' halo messages live.
+    #[arg(long, value_enum, default_value = "device")]
+    halo: Halo,
+    /// Diagnostics (`--trigger stream`): print the GPU time of each phase of an iteration.
+    #[arg(long, hide = true)]
+    trace: bool,
     /// Internal: this process is one rank of `--ranks-as procs`.
     #[arg(long, hide = true)]
     child: bool,
@@ -122,6 +144,8 @@ pub struct Config {
     pub warmup: u64,
     pub iters: u64,
     pub trigger: Trigger,
+    pub halo: Halo,
+    pub trace: bool,
     check: bool,
     json: bool,
     ranks_as: RanksAs,
@@ -138,9 +162,6 @@ impl Config {
         }
         if a.iters == 0 {
             bail!("--iters must be at least 1");
-        }
-        if a.trigger == Trigger::Kernel {
-            bail!("--trigger kernel (one persistent kernel per rank) is not yet implemented in this build: it waits for kernel-side peer descriptors in mp; use --trigger stream or host");
         }
         let (px, py) = grid::decompose(a.ranks);
         let (gx, gy) = match a.sub {
@@ -176,6 +197,8 @@ impl Config {
             warmup: a.warmup,
             iters: a.iters,
             trigger: a.trigger,
+            halo: a.halo,
+            trace: a.trace,
             check: a.check,
             json: a.json,
             ranks_as: a.ranks_as,
@@ -281,19 +304,25 @@ fn report(cfg: &Config, us: f64, check: Option<&Check>) {
         RanksAs::Procs => "procs",
         RanksAs::Mpi => "mpi",
     };
+    // The CPU trigger has no GPU halo buffers.
+    let halo = match (cfg.trigger, cfg.halo) {
+        (Trigger::Cpu, _) => "none",
+        (_, Halo::Device) => "device",
+        (_, Halo::Host) => "host",
+    };
     if cfg.json {
         let (diff, mism) = match check {
             Some(c) => (format!("{:e}", c.max_diff), c.mismatches.to_string()),
             None => ("null".into(), "null".into()),
         };
         println!(
-            "{{\"n\":{},\"ny\":{},\"ranks\":{},\"decomposition\":\"{}x{}\",\"ranks_as\":\"{ranks_as}\",\"trigger\":\"{}\",\"iters\":{},\"warmup\":{},\"subdomain\":\"{bx}x{by}\",\"us_per_iter\":{us:.3},\"timing\":\"total/iters\",\"max_diff\":{diff},\"mismatches\":{mism}}}",
-            cfg.gx, cfg.gy, cfg.ranks, cfg.px, cfg.py, cfg.trigger.name(), cfg.iters, cfg.warmup
+            "{{\"n\":{},\"ny\":{},\"ranks\":{},\"decomposition\":\"{}x{}\",\"ranks_as\":\"{ranks_as}\",\"trigger\":\"{}\",\"halo\":\"{}\",\"iters\":{},\"warmup\":{},\"subdomain\":\"{bx}x{by}\",\"us_per_iter\":{us:.3},\"timing\":\"total/iters\",\"max_diff\":{diff},\"mismatches\":{mism}}}",
+            cfg.gx, cfg.gy, cfg.ranks, cfg.px, cfg.py, cfg.trigger.name(), halo, cfg.iters, cfg.warmup
         );
         return;
     }
     println!(
-        "stencil2d: {} x {} grid, {} ranks ({} x {}, {ranks_as}), trigger {}, {} iterations (+{} warm-up)",
+        "stencil2d: {} x {} grid, {} ranks ({} x {}, {ranks_as}), trigger {}, halo in {halo} memory, {} iterations (+{} warm-up)",
         cfg.gx, cfg.gy, cfg.ranks, cfg.px, cfg.py, cfg.trigger.name(), cfg.iters, cfg.warmup
     );
     println!("subdomain per rank: {bx} x {by} (largest)");
@@ -329,12 +358,9 @@ fn rank_main(
     let lay = Layout::new(cfg.gx, cfg.gy, cfg.px, cfg.py, comm.rank());
     let (us, mut block) = match cfg.trigger {
         Trigger::Cpu => cpu::solve(&mut comm, &lay, cfg)?,
-        Trigger::Host | Trigger::Stream => {
+        Trigger::Host | Trigger::Stream | Trigger::Kernel => {
             gpu::solve(&mut comm, &lay, cfg, kernels.context("GPU kernels")?)?
         }
-        // A persistent-kernel solver slots in here (same memory layout and kernels as
-        // gpu::GpuRank, descriptors from mp's kernel-side channel); refused in Config::new.
-        Trigger::Kernel => unreachable!("refused when the arguments are checked"),
     };
     if cfg.corrupt && comm.rank() + 1 == comm.size() {
         let last = block.len() - 1;

@@ -4,6 +4,7 @@
 //! Each test binary uses a subset of these.
 #![allow(dead_code)]
 
+pub mod clang;
 pub mod gpu;
 
 use gdasync::gdsync::exec::HostStream;

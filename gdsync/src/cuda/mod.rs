@@ -8,11 +8,13 @@
 //! machines we support (unified addressing, `CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM`) its
 //! device address is its host address.
 
+mod event;
 mod memory;
 mod module;
 mod stream;
 
 pub(crate) use memory::{copy_dtoh, copy_htod};
+pub use event::TimingEvent;
 pub use memory::{DeviceBuffer, IpcHandle, MemoryKind};
 pub use module::{nvrtc_available, Function, Module};
 pub use stream::{CudaStream, MAX_QUEUED_OPS};
@@ -57,6 +59,8 @@ pub struct GpuInfo {
     pub name: String,
     /// Compute capability (major, minor).
     pub compute_capability: (i32, i32),
+    /// Streaming multiprocessors (bounds how many blocks of a persistent kernel run at once).
+    pub multiprocessors: u32,
     /// Capabilities.
     pub caps: GpuCaps,
 }
@@ -220,6 +224,8 @@ impl Cuda {
                 ordinal,
                 name,
                 compute_capability: cc,
+                multiprocessors: attr(dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).max(1)
+                    as u32,
                 caps,
             });
             ctxs.push(ctx);

@@ -128,6 +128,59 @@ impl Function {
     }
 }
 
+impl Function {
+    /// Launches the kernel with `grid` × `block` threads that all run at once
+    /// (`cuLaunchCooperativeKernel`), so its blocks may wait for each other (a grid-wide
+    /// barrier). Refused with an error if the grid cannot be resident on the GPU at once; it
+    /// cannot account for other kernels running at the same time, so size the grid for them
+    /// too.
+    ///
+    /// # Safety
+    /// As [`launch`](Self::launch).
+    pub unsafe fn launch_cooperative(
+        &self,
+        stream: &CudaStream,
+        grid: u32,
+        block: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        Cuda::get()?.bind(self.ordinal)?;
+        // SAFETY: the caller guarantees the parameters.
+        check(
+            unsafe {
+                sys::cuLaunchCooperativeKernel(
+                    self.raw,
+                    grid,
+                    1,
+                    1,
+                    block,
+                    1,
+                    1,
+                    0,
+                    stream.raw(),
+                    params.as_mut_ptr(),
+                )
+            },
+            "cuLaunchCooperativeKernel",
+        )
+    }
+
+    /// How many blocks of `block` threads (no dynamic shared memory) one multiprocessor can
+    /// hold at once.
+    pub fn max_blocks_per_multiprocessor(&self, block: u32) -> Result<u32> {
+        Cuda::get()?.bind(self.ordinal)?;
+        let mut n = 0;
+        // SAFETY: a loaded function; the result goes into a local.
+        check(
+            unsafe {
+                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, self.raw, block as i32, 0)
+            },
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        )?;
+        Ok(n.max(0) as u32)
+    }
+}
+
 impl Drop for Module {
     fn drop(&mut self) {
         if Cuda::get().and_then(|c| c.bind(self.ordinal)).is_ok() {

@@ -2,11 +2,13 @@
 
 use super::{check, Cuda, GpuCaps};
 use crate::exec::Backoff;
+use crate::mem::RingMem;
 use crate::ops::{Op, Ops, WaitCond};
 use crate::{Error, Result};
 use cudarc::driver::sys;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// `cuStreamBatchMemOp` takes fewer than 256 operations per call.
@@ -20,10 +22,21 @@ const MAX_BATCH: usize = 255;
 /// instead of blocking forever.
 pub const MAX_QUEUED_OPS: usize = 512;
 
+/// An enqueued list, kept alive until the stream has written its sequence number.
 struct Pending {
-    event: sys::CUevent,
+    seq: u32,
     ops: usize,
     _keep: Ops,
+}
+
+/// What the stream has run, as the stream itself reports it: every enqueued list ends with a
+/// write of its sequence number into `word` (pinned host memory), so that knowing which lists
+/// have run is a load, not a driver call (an event per list cost the enqueuing thread
+/// several driver calls, ~10 µs per list with two threads enqueuing on one GPU).
+struct Lists {
+    pending: VecDeque<Pending>,
+    /// Sequence number of the last list enqueued.
+    seq: u32,
 }
 
 /// A CUDA stream that runs op lists: writes as `WRITE_VALUE_32/64`, waits as
@@ -35,7 +48,9 @@ pub struct CudaStream {
     raw: sys::CUstream,
     ordinal: i32,
     caps: GpuCaps,
-    pending: Mutex<VecDeque<Pending>>,
+    lists: Mutex<Lists>,
+    /// The sequence number of the last list the stream ran (32 bits: one write, on any GPU).
+    done: RingMem,
     timeout: Duration,
 }
 
@@ -63,12 +78,22 @@ impl CudaStream {
             ));
         }
         c.bind(ordinal)?;
+        let done = RingMem::new(64);
+        if !done.gpu_mapped() {
+            return Err(Error::Unsupported(
+                "pinned host memory could not be mapped for the GPU (cuMemHostRegister)".into(),
+            ));
+        }
         let raw = super::new_stream()?;
         Ok(Self {
             raw,
             ordinal,
             caps,
-            pending: Mutex::new(VecDeque::new()),
+            lists: Mutex::new(Lists {
+                pending: VecDeque::new(),
+                seq: 0,
+            }),
+            done,
             timeout: crate::exec::DEFAULT_WAIT_TIMEOUT,
         })
     }
@@ -85,9 +110,22 @@ impl CudaStream {
 
     /// Memory operations enqueued and not yet known to have run.
     pub fn queued_ops(&self) -> usize {
-        let mut p = self.pending.lock();
-        reap(&mut p);
-        p.iter().map(|x| x.ops).sum()
+        let mut l = self.lists.lock();
+        self.reap(&mut l);
+        l.pending.iter().map(|x| x.ops).sum()
+    }
+
+    /// Drops the lists the stream has run.
+    fn reap(&self, l: &mut Lists) {
+        let done = self.done.u32(0).load(Ordering::Acquire);
+        // Sequence numbers wrap: compare by distance.
+        while l
+            .pending
+            .front()
+            .is_some_and(|f| (done.wrapping_sub(f.seq) as i32) >= 0)
+        {
+            l.pending.pop_front();
+        }
     }
 
     /// Enqueues `ops` behind everything enqueued on this stream before.
@@ -95,13 +133,25 @@ impl CudaStream {
         if ops.is_empty() {
             return Ok(());
         }
-        let params = self.translate(&ops)?;
+        let mut params = self.translate(&ops)?;
         Cuda::get()?.bind(self.ordinal)?;
-        self.make_room(params.len())?;
+        // One more for the sequence number.
+        self.make_room(params.len() + 1)?;
+        let mut l = self.lists.lock();
+        let seq = l.seq.wrapping_add(1);
+        // SAFETY: an all-zero params union is a valid (empty) value; set as a write below.
+        let mut p: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
+        p.writeValue = write_params(
+            sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32,
+            self.done.addr(0),
+            seq as u64,
+        );
+        params.push(p);
         for chunk in params.chunks(MAX_BATCH) {
             let mut chunk = chunk.to_vec();
             // SAFETY: the params point at memory kept alive by `ops` (stored below until the
-            // stream has passed the recorded event).
+            // stream has written this list's sequence number) and at `done`, which outlives
+            // the stream's work (Drop waits for it).
             check(
                 unsafe {
                     sys::cuStreamBatchMemOp_v2(self.raw, chunk.len() as u32, chunk.as_mut_ptr(), 0)
@@ -109,20 +159,9 @@ impl CudaStream {
                 "cuStreamBatchMemOp_v2",
             )?;
         }
-        let mut event = std::ptr::null_mut();
-        // SAFETY: event creation and recording on our stream.
-        unsafe {
-            check(
-                sys::cuEventCreate(
-                    &mut event,
-                    sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-                ),
-                "cuEventCreate",
-            )?;
-            check(sys::cuEventRecord(event, self.raw), "cuEventRecord")?;
-        }
-        self.pending.lock().push_back(Pending {
-            event,
+        l.seq = seq;
+        l.pending.push_back(Pending {
+            seq,
             ops: params.len(),
             _keep: ops,
         });
@@ -137,8 +176,8 @@ impl CudaStream {
             unsafe { sys::cuStreamSynchronize(self.raw) },
             "cuStreamSynchronize",
         )?;
-        let mut p = self.pending.lock();
-        reap(&mut p);
+        let mut l = self.lists.lock();
+        self.reap(&mut l);
         Ok(())
     }
 
@@ -151,11 +190,7 @@ impl CudaStream {
         let start = Instant::now();
         let mut backoff = Backoff::default();
         loop {
-            let queued: usize = {
-                let mut p = self.pending.lock();
-                reap(&mut p);
-                p.iter().map(|x| x.ops).sum()
-            };
+            let queued = self.queued_ops();
             if queued + n <= MAX_QUEUED_OPS {
                 return Ok(());
             }
@@ -296,19 +331,6 @@ fn barrier_elided(ops: &[Op], k: usize) -> bool {
     )
 }
 
-/// Drops the entries whose events have fired.
-fn reap(p: &mut VecDeque<Pending>) {
-    while let Some(front) = p.front() {
-        // SAFETY: a live event of ours.
-        if unsafe { sys::cuEventQuery(front.event) } != sys::CUresult::CUDA_SUCCESS {
-            break;
-        }
-        let done = p.pop_front().unwrap();
-        // SAFETY: destroyed once, after it fired.
-        unsafe { sys::cuEventDestroy_v2(done.event) };
-    }
-}
-
 impl Drop for CudaStream {
     fn drop(&mut self) {
         let Ok(c) = Cuda::get() else { return };
@@ -319,17 +341,19 @@ impl Drop for CudaStream {
         // freed under a running stream.
         let start = Instant::now();
         loop {
-            let mut p = self.pending.lock();
-            reap(&mut p);
-            if p.is_empty() {
+            let mut l = self.lists.lock();
+            self.reap(&mut l);
+            if l.pending.is_empty() {
                 break;
             }
             if start.elapsed() > Duration::from_secs(5) {
                 tracing::error!("dropping a CUDA stream whose waits never passed: leaking the memory they point to");
-                std::mem::forget(std::mem::take(&mut *p));
+                std::mem::forget(std::mem::take(&mut l.pending));
+                // The stream may still write its progress word: leak that too.
+                std::mem::forget(std::mem::replace(&mut self.done, RingMem::new(64)));
                 break;
             }
-            drop(p);
+            drop(l);
             std::thread::sleep(Duration::from_micros(100));
         }
         // SAFETY: our stream, destroyed once.

@@ -1,0 +1,264 @@
+// The GPU kernels of stencil2d (NVRTC compiles them after gdsync.cuh, with --fmad=false so
+// that every variant computes the same bits as the CPU; tests/stencil.rs checks that they
+// compile, with clang, where no GPU is).
+//
+// Sides are numbered as grid::Side: 0 north (row 0), 1 south (row nx + 1), 2 west (column 0),
+// 3 east (column ny + 1). A grid is (nx + 2) x (ny + 2) doubles, row-major, one-cell halo.
+
+typedef unsigned long long u64;
+
+// The update, in the order the CPU evaluates it (grid::update): north, south, west, east.
+__device__ __forceinline__ double upd_vals(double c, double n, double s, double w, double e, double c0, double c1) {
+    double sum = (n + s) + (w + e);
+    return c0 * c + c1 * sum;
+}
+
+__device__ __forceinline__ void upd(const double *__restrict__ cur, double *__restrict__ nxt, long i, long s,
+                                    double c0, double c1) {
+    nxt[i] = upd_vals(cur[i], cur[i - s], cur[i + s], cur[i - 1], cur[i + 1], c0, c1);
+}
+
+#define FOR_EACH(k, n) \
+    for (long k = blockIdx.x * (long)blockDim.x + threadIdx.x; k < (n); k += (long)gridDim.x * blockDim.x)
+
+// Ring cell k (numbered as grid::ring_cell) of an nx x ny block: its row and column.
+__device__ __forceinline__ void ring_cell(long k, int nx, int ny, long *r, long *c) {
+    long top = (long)ny * min(nx, 2);
+    if (k < ny) {
+        *r = 1;
+        *c = 1 + k;
+    } else if (nx > 1 && k < 2L * ny) {
+        *r = nx;
+        *c = 1 + k - ny;
+    } else {
+        long j = k - top, rows = nx - 2;
+        if (j < rows) {
+            *r = 2 + j;
+            *c = 1;
+        } else {
+            *r = 2 + j - rows;
+            *c = ny;
+        }
+    }
+}
+
+__device__ __forceinline__ long ring_len(int nx, int ny) {
+    return (long)ny * min(nx, 2) + (long)max(nx - 2, 0) * min(ny, 2);
+}
+
+// Owned cells touching no halo: rows 2..nx-1, columns 2..ny-1.
+extern "C" __global__ void interior(u64 cur, u64 nxt, int nx, int ny, double c0, double c1) {
+    long w = ny - 2, h = nx - 2, s = ny + 2;
+    if (w <= 0 || h <= 0) return;
+    FOR_EACH(k, w * h) {
+        long r = 2 + k / w, c = 2 + k % w;
+        upd((const double *)cur, (double *)nxt, r * s + c, s, c0, c1);
+    }
+}
+
+// ------------------------------------------------------------ the halo exchange
+
+// One side's channel (gpu.rs: SideArgs). len 0: no neighbour on that side.
+struct StencilSide {
+    u64 send[2], recv[2];  // buffers by iteration parity
+    unsigned send_lkey, recv_lkey, len, peer;
+    unsigned packed;  // the send buffer is filled from the grid (else it is a grid row)
+    unsigned pad;
+};
+static_assert(sizeof(StencilSide) == 56, "StencilSide size");
+
+// Everything the persistent kernel needs (gpu.rs: PersistentArgs), passed by value.
+struct StencilRun {
+    StencilSide side[4];
+    u64 peers;       // const gds_peer *, indexed by rank (pinned host memory)
+    u64 grid[2];
+    u64 bar;         // 3 words of device memory: arrivals, generation, abort
+    u64 status;      // 2 words of pinned host memory: error code, iteration
+    long first, end;  // iterations
+    u64 timeout_ns;
+    int nx, ny;
+};
+static_assert(sizeof(StencilRun) == 296, "StencilRun size");
+
+// The persistent kernel's error codes beyond gdsync's (GDS_*).
+#define STENCIL_BARRIER_TIMEOUT 0x1001  // a grid barrier waited longer than timeout_ns
+#define STENCIL_SHORT_MESSAGE 0x1002    // a halo message had the wrong length
+
+__device__ void stencil_fail(const StencilRun &a, int rc, long i) {
+    volatile unsigned *st = (volatile unsigned *)a.status;
+    if (atomicCAS((unsigned *)a.bar + 2, 0u, 1u) == 0u) {
+        st[1] = (unsigned)i;
+        st[0] = (unsigned)rc;
+        __threadfence_system();
+    }
+}
+
+// A grid-wide barrier (the kernel is launched cooperatively, so every block is resident).
+// Returns false, in every thread of the block, when the kernel must stop: an error anywhere,
+// or this barrier timed out.
+__device__ bool grid_sync(const StencilRun &a, unsigned *gen, long i) {
+    __shared__ int go;
+    unsigned *bar = (unsigned *)a.bar;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned g = *gen;
+        __threadfence();
+        if (atomicAdd(&bar[0], 1u) == gridDim.x - 1) {
+            atomicExch(&bar[0], 0u);
+            __threadfence();
+            atomicExch(&bar[1], g + 1);
+        } else {
+            uint64_t start = 0;
+            for (unsigned spins = 0; *(volatile unsigned *)&bar[1] == g; spins++) {
+                if (*(volatile unsigned *)&bar[2]) break;
+                if (gds_expired(spins, &start, a.timeout_ns)) {
+                    stencil_fail(a, STENCIL_BARRIER_TIMEOUT, i);
+                    break;
+                }
+            }
+        }
+        __threadfence();
+        *gen = g + 1;
+        go = *(volatile unsigned *)&bar[2] == 0;
+    }
+    __syncthreads();
+    return go;
+}
+
+// Reads that bypass L1: other blocks (and the NIC) wrote these values since this SM last
+// read the same lines.
+__device__ __forceinline__ double ld(const double *p) { return __ldcg(p); }
+
+// A halo value: from the receive buffer of that side when it has a neighbour (the message
+// is never copied into the grid), else from the grid (the fixed global boundary).
+__device__ __forceinline__ double halo(const StencilRun &a, const double *cur, int side, int p, long k, long at) {
+    const StencilSide &sd = a.side[side];
+    if (sd.len) return __ldcv((const double *)sd.recv[p] + k);
+    return ld(cur + at);
+}
+
+// One ring cell of iteration parity p, reading halos from the receive buffers; its value
+// also goes into the send buffers of the next iteration when `pack`. Returns whether it
+// stored into a send buffer.
+__device__ bool ring_update(const StencilRun &a, const double *cur, double *nxt, long r, long c, int p, bool pack,
+                            double c0, double c1) {
+    long s = a.ny + 2, i = r * s + c;
+    double n = r == 1 ? halo(a, cur, 0, p, c - 1, i - s) : ld(cur + i - s);
+    double so = r == a.nx ? halo(a, cur, 1, p, c - 1, i + s) : ld(cur + i + s);
+    double w = c == 1 ? halo(a, cur, 2, p, r - 1, i - 1) : ld(cur + i - 1);
+    double e = c == a.ny ? halo(a, cur, 3, p, r - 1, i + 1) : ld(cur + i + 1);
+    double v = upd_vals(ld(cur + i), n, so, w, e, c0, c1);
+    nxt[i] = v;
+    bool stored = false;
+    if (pack) {
+        const StencilSide *sd = a.side;
+        int q = 1 - p;
+        if (r == 1 && sd[0].packed) ((double *)sd[0].send[q])[c - 1] = v, stored = true;
+        if (r == a.nx && sd[1].packed) ((double *)sd[1].send[q])[c - 1] = v, stored = true;
+        if (c == 1 && sd[2].packed) ((double *)sd[2].send[q])[r - 1] = v, stored = true;
+        if (c == a.ny && sd[3].packed) ((double *)sd[3].send[q])[r - 1] = v, stored = true;
+    }
+    return stored;
+}
+
+// The owned edges of grid p into the send buffers of parity p (the first iteration's: later
+// ones are packed by ring_update). Returns whether this thread stored into one.
+__device__ bool pack_edges(const StencilRun &a, int p) {
+    const double *g = (const double *)a.grid[p];
+    const StencilSide *sd = a.side;
+    long s = a.ny + 2;
+    bool stored = false;
+    FOR_EACH(k, max(a.nx, a.ny)) {
+        if (k < a.ny && sd[0].packed) ((double *)sd[0].send[p])[k] = ld(g + s + 1 + k), stored = true;
+        if (k < a.ny && sd[1].packed) ((double *)sd[1].send[p])[k] = ld(g + a.nx * s + 1 + k), stored = true;
+        if (k < a.nx && sd[2].packed) ((double *)sd[2].send[p])[k] = ld(g + (1 + k) * s + 1), stored = true;
+        if (k < a.nx && sd[3].packed) ((double *)sd[3].send[p])[k] = ld(g + (1 + k) * s + a.ny), stored = true;
+    }
+    return stored;
+}
+
+extern "C" __global__ void pack(StencilRun a, int p) { pack_edges(a, p); }
+
+// The ring cells of iteration parity p (host and stream triggers): halos straight from the
+// receive buffers (no unpack), and the next iteration's edges packed on the way (no pack).
+extern "C" __global__ void ring(StencilRun a, int p, int pack_next, double c0, double c1) {
+    const double *cur = (const double *)a.grid[p];
+    double *nxt = (double *)a.grid[1 - p];
+    FOR_EACH(k, ring_len(a.nx, a.ny)) {
+        long r, c;
+        ring_cell(k, a.nx, a.ny, &r, &c);
+        ring_update(a, cur, nxt, r, c, p, pack_next != 0, c0, c1);
+    }
+}
+
+// One rank's iterations first..end in one kernel. Thread 0 of block 0 drives the channels
+// (gds_peer_*); every thread computes. Per iteration: sends (buffers packed by the previous
+// iteration) -> interior -> wait for the halos and the sends -> barrier -> ring cells from the
+// received halos, packing the next sends -> barrier -> receives for iteration i + 2.
+extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
+    __shared__ unsigned gen;
+    __shared__ gds_peer peer[4];
+    const bool comm = blockIdx.x == 0 && threadIdx.x == 0;
+    if (threadIdx.x == 0) gen = *(volatile unsigned *)((unsigned *)a.bar + 1);
+    int rc = GDS_OK;
+    if (comm) {
+        for (int d = 0; d < 4; d++)
+            if (a.side[d].len) peer[d] = ((const gds_peer *)a.peers)[a.side[d].peer];
+        for (long i = a.first; i < a.end && i < a.first + 2 && rc == GDS_OK; i++)
+            for (int d = 0; d < 4 && rc == GDS_OK; d++)
+                if (a.side[d].len)
+                    rc = gds_peer_recv(&peer[d], a.side[d].recv[i & 1], a.side[d].recv_lkey, a.side[d].len, a.timeout_ns);
+        if (rc != GDS_OK) stencil_fail(a, rc, a.first);
+    }
+    // The first iteration's send buffers, from its grid. The NIC reads them from host memory:
+    // publish this thread's stores.
+    if (pack_edges(a, (int)(a.first & 1))) __threadfence_system();
+    if (!grid_sync(a, &gen, a.first)) return;
+    for (long i = a.first; i < a.end; i++) {
+        int p = (int)(i & 1);
+        const double *cur = (const double *)a.grid[p];
+        double *nxt = (double *)a.grid[1 - p];
+        if (comm) {
+            for (int d = 0; d < 4 && rc == GDS_OK; d++)
+                if (a.side[d].len)
+                    rc = gds_peer_send(&peer[d], a.side[d].send[p], a.side[d].send_lkey, a.side[d].len, a.timeout_ns);
+            if (rc != GDS_OK) stencil_fail(a, rc, i);
+        }
+        {
+            long w = a.ny - 2, h = a.nx - 2, s = a.ny + 2;
+            if (w > 0 && h > 0) FOR_EACH(k, w * h) {
+                    long r = 2 + k / w, c = 2 + k % w, at = r * s + c;
+                    nxt[at] = upd_vals(ld(cur + at), ld(cur + at - s), ld(cur + at + s), ld(cur + at - 1),
+                                       ld(cur + at + 1), c0, c1);
+                }
+        }
+        if (comm && rc == GDS_OK) {
+            for (int d = 0; d < 4 && rc == GDS_OK; d++) {
+                if (!a.side[d].len) continue;
+                unsigned got = 0;
+                rc = gds_peer_wait_recv(&peer[d], &got, a.timeout_ns);
+                if (rc == GDS_OK && got != a.side[d].len) rc = STENCIL_SHORT_MESSAGE;
+                // The buffer is packed again next iteration (rows: rewritten as the next grid).
+                if (rc == GDS_OK) rc = gds_peer_wait_send(&peer[d], a.timeout_ns);
+            }
+            if (rc != GDS_OK) stencil_fail(a, rc, i);
+        }
+        if (!grid_sync(a, &gen, i)) return;
+        bool stored = false;
+        bool pack = i + 1 < a.end;
+        FOR_EACH(k, ring_len(a.nx, a.ny)) {
+            long r, c;
+            ring_cell(k, a.nx, a.ny, &r, &c);
+            stored |= ring_update(a, cur, nxt, r, c, p, pack, c0, c1);
+        }
+        if (stored) __threadfence_system();
+        if (!grid_sync(a, &gen, i)) return;
+        // The halos of parity p are read: the peers may fill them for iteration i + 2.
+        if (comm && i + 2 < a.end) {
+            for (int d = 0; d < 4 && rc == GDS_OK; d++)
+                if (a.side[d].len)
+                    rc = gds_peer_recv(&peer[d], a.side[d].recv[p], a.side[d].recv_lkey, a.side[d].len, a.timeout_ns);
+            if (rc != GDS_OK) stencil_fail(a, rc, i);
+        }
+    }
+}
