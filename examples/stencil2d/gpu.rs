@@ -1,13 +1,14 @@
 //! The GPU triggers. Each rank owns one CUDA stream and one device allocation (both grids,
-//! and, with `--halo device`, the packed columns), registered as one memory region; with
-//! `--halo host` every halo message goes through pinned host memory the kernels reach
-//! directly (packed and unpacked there), registered as a second region.
+//! and, with `--halo device`, the halo buffers), registered as one memory region; with
+//! `--halo host` the halo buffers are pinned host memory the kernels reach directly,
+//! registered as a second region. The ring kernel reads received halos straight from the
+//! receive buffers and packs the next sends as it goes (no pack or unpack kernels).
 //!
 //! - `host`: per iteration the CPU synchronises the stream, posts the sends, launches the
-//!   interior, waits for the messages on the CPU, then launches unpack and boundary.
-//! - `stream`: the CPU only enqueues: pack → `isend_on(stream)` → interior →
-//!   `wait_on(stream)` → unpack → boundary → the next receives' credits, all on the stream,
-//!   and at most [`AHEAD`] iterations ahead of it.
+//!   interior, waits for the messages on the CPU, then launches the ring.
+//! - `stream`: the CPU only enqueues: `isend_on(stream)` → interior → `wait_on(stream)` for
+//!   the halos → ring → the next receives' credits, all on the stream, at most [`AHEAD`]
+//!   iterations ahead of it.
 //! - `kernel`: one persistent kernel per rank (cooperative launch, grid-wide barriers) runs
 //!   every iteration: one thread drives mp's kernel channels (`gds_peer_*`) while the others
 //!   compute; the ring cells read the halos straight from the receive buffers.
@@ -67,6 +68,7 @@ impl Kernels {
 enum Arg {
     U64(u64),
     I32(i32),
+    I64(i64),
     F64(f64),
     Run(Box<PersistentArgs>),
 }
@@ -75,14 +77,15 @@ enum Arg {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 struct SideArgs {
-    send: [u64; 2],
-    recv: [u64; 2],
+    /// [`SENDS`] send buffers, then two receive buffers, each `len` bytes.
+    send: u64,
+    recv: u64,
     send_lkey: u32,
     recv_lkey: u32,
     /// Bytes per message; 0: no neighbour on this side.
     len: u32,
     peer: u32,
-    packed: u32,
+    nsend: u32,
     pad: u32,
 }
 
@@ -102,21 +105,34 @@ struct PersistentArgs {
     ny: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<SideArgs>() == 56);
-const _: () = assert!(std::mem::size_of::<PersistentArgs>() == 296);
+const _: () = assert!(std::mem::size_of::<SideArgs>() == 40);
+const _: () = assert!(std::mem::size_of::<PersistentArgs>() == 232);
 
-/// One neighbour's messages, by iteration parity: what is sent and where it lands.
+/// Send buffers per side: iteration `i` sends from buffer `i % SENDS`. The stream trigger
+/// leaves send completions to the CPU, which has waited for iteration `i - AHEAD` before it
+/// enqueues iteration `i` (whose ring kernel packs buffer `(i + 1) % SENDS`).
+const SENDS: usize = AHEAD + 1;
+
+/// One neighbour's messages: iteration `i` sends `send[i % SENDS]` and receives into
+/// `recv[i % 2]` (the receive for `i + 2` is posted once iteration `i` has read it).
 struct Link {
     side: Side,
     peer: usize,
-    send: [Sge; 2],
+    send: [Sge; SENDS],
     recv: [Sge; 2],
-    /// The send buffer is filled by the pack kernel (else it is a row of the grid itself).
-    packed: bool,
+}
+
+impl Link {
+    fn send(&self, i: u64) -> Sge {
+        self.send[(i % SENDS as u64) as usize]
+    }
+    fn recv(&self, i: u64) -> Sge {
+        self.recv[(i % 2) as usize]
+    }
 }
 
 /// Byte offsets in the device allocation: the two grids, then (persistent kernel) its
-/// barrier words, then (`--halo device`) per column side its send and receive buffers.
+/// barrier words, then (`--halo device`) per side its send and receive buffers.
 struct Offsets {
     grids: [usize; 2],
     barrier: usize,
@@ -134,12 +150,11 @@ impl Offsets {
     }
 }
 
-/// Bytes of halo buffers a rank needs outside its grids: per packed side, two send and two
-/// receive buffers (by parity).
-fn halo_bytes(l: &Layout, halo: Halo) -> usize {
+/// Bytes of halo buffers a rank needs outside its grids: per side, its send and receive
+/// buffers.
+fn halo_bytes(l: &Layout) -> usize {
     l.links()
-        .filter(|(side, _)| halo == Halo::Host || !side.is_row())
-        .map(|(side, _)| 4 * 8 * l.side_len(side))
+        .map(|(side, _)| (SENDS + 2) * 8 * l.side_len(side))
         .sum()
 }
 
@@ -187,50 +202,22 @@ impl<'m> GpuRank<'m> {
             let host_mr = host
                 .map(|h| comm.pd().register_pinned(h, Access::ALL))
                 .transpose()?;
-            let s = lay.stride();
-            // Halo buffers are laid out one packed side after another: send[2], recv[2].
-            let (mut at_dev, mut at_host) = (off.total, 0usize);
+            // Halo buffers, one side after another: its sends, then its receives.
+            let (mr, mut at) = match &host_mr {
+                Some(h) => (h, 0),
+                None => (&dev_mr, off.total),
+            };
             for (side, peer) in lay.links() {
                 let n = 8 * lay.side_len(side);
-                let buffers = |mr: &MemoryRegion, at: &mut usize| {
-                    let sge = |k: usize| mr.sge(*at + k * n..*at + (k + 1) * n);
-                    let b = ([sge(0), sge(1)], [sge(2), sge(3)]);
-                    *at += 4 * n;
-                    b
-                };
-                let (send, recv, packed) = match (&host_mr, side.is_row()) {
-                    (Some(h), _) => {
-                        let (send, recv) = buffers(h, &mut at_host);
-                        (send, recv, true)
-                    }
-                    (None, false) => {
-                        let (send, recv) = buffers(&dev_mr, &mut at_dev);
-                        (send, recv, true)
-                    }
-                    (None, true) => {
-                        // Rows travel straight from and into the grid read in that iteration.
-                        let row = |p: usize, r: usize| {
-                            let at = off.grids[p] + 8 * (r * s + 1);
-                            dev_mr.sge(at..at + n)
-                        };
-                        let (out, halo) = if side == Side::North {
-                            (1, 0)
-                        } else {
-                            (lay.nx, lay.nx + 1)
-                        };
-                        (
-                            [row(0, out), row(1, out)],
-                            [row(0, halo), row(1, halo)],
-                            false,
-                        )
-                    }
+                let mut sge = |_| {
+                    at += n;
+                    mr.sge(at - n..at)
                 };
                 links.push(Link {
                     side,
                     peer,
-                    send,
-                    recv,
-                    packed,
+                    send: std::array::from_fn(&mut sge),
+                    recv: std::array::from_fn(&mut sge),
                 });
             }
             mrs.push(dev_mr);
@@ -248,7 +235,10 @@ impl<'m> GpuRank<'m> {
             _ => None,
         };
         let mut run = PersistentArgs {
-            grid: [mem.ptr() + off.grids[0] as u64, mem.ptr() + off.grids[1] as u64],
+            grid: [
+                mem.ptr() + off.grids[0] as u64,
+                mem.ptr() + off.grids[1] as u64,
+            ],
             bar: mem.ptr() + off.barrier as u64,
             timeout_ns: KERNEL_TIMEOUT_NS,
             nx: lay.nx as i32,
@@ -257,13 +247,13 @@ impl<'m> GpuRank<'m> {
         };
         for l in &links {
             run.side[l.side as usize] = SideArgs {
-                send: l.send.map(|s| s.addr),
-                recv: l.recv.map(|s| s.addr),
+                send: l.send[0].addr,
+                recv: l.recv[0].addr,
                 send_lkey: l.send[0].lkey,
                 recv_lkey: l.recv[0].lkey,
                 len: l.send[0].len,
                 peer: l.peer as u32,
-                packed: l.packed as u32,
+                nsend: SENDS as u32,
                 pad: 0,
             };
         }
@@ -304,6 +294,7 @@ impl<'m> GpuRank<'m> {
             .map(|a| match a {
                 Arg::U64(x) => x as *mut u64 as *mut c_void,
                 Arg::I32(x) => x as *mut i32 as *mut c_void,
+                Arg::I64(x) => x as *mut i64 as *mut c_void,
                 Arg::F64(x) => x as *mut f64 as *mut c_void,
                 Arg::Run(x) => &mut **x as *mut PersistentArgs as *mut c_void,
             })
@@ -340,13 +331,13 @@ impl<'m> GpuRank<'m> {
         self.launch(&self.k.interior, n, args)
     }
 
-    /// The ring cells of iteration parity `p`, reading the received halos; with `pack_next`,
-    /// also the send buffers of the next iteration.
-    fn ring(&self, p: usize, pack_next: bool) -> Result<()> {
+    /// The ring cells of iteration `i`, reading the received halos; with `pack_next`, also
+    /// the send buffers of the next iteration.
+    fn ring(&self, i: u64, pack_next: bool) -> Result<()> {
         let n = grid::ring_len(self.lay.nx, self.lay.ny);
         let args = vec![
             Arg::Run(Box::new(self.run)),
-            Arg::I32(p as i32),
+            Arg::I64(i as i64),
             Arg::I32(pack_next as i32),
             Arg::F64(C0),
             Arg::F64(C1),
@@ -354,41 +345,40 @@ impl<'m> GpuRank<'m> {
         self.launch(&self.k.ring, n, args)
     }
 
-    /// Packs the send buffers of parity `p` from grid `p` (before the first iteration; later
-    /// ones are packed by [`ring`](Self::ring)).
-    fn pack(&self, p: usize) -> Result<()> {
-        if !self.links.iter().any(|l| l.packed) {
+    /// Packs the send buffers of iteration `i` from its grid (before the first iteration;
+    /// later ones are packed by [`ring`](Self::ring)).
+    fn pack(&self, i: u64) -> Result<()> {
+        if self.links.is_empty() {
             return Ok(());
         }
-        let args = vec![Arg::Run(Box::new(self.run)), Arg::I32(p as i32)];
+        let args = vec![Arg::Run(Box::new(self.run)), Arg::I64(i as i64)];
         self.launch(&self.k.pack, self.lay.nx.max(self.lay.ny), args)
     }
 
     /// `--trigger host`: the CPU drives every exchange.
     fn run_host(&mut self, comm: &mut Comm, first: u64, end: u64) -> Result<()> {
         let mut recvs: Vec<[Option<Request>; 2]> = vec![[None, None]; self.links.len()];
-        let post = |comm: &mut Comm, l: &Link, p: usize| comm.irecv(l.recv[p], l.peer);
         let p0 = (first % 2) as usize;
         for (k, l) in self.links.iter().enumerate() {
-            recvs[k][p0] = Some(post(comm, l, p0)?);
+            recvs[k][p0] = Some(comm.irecv(l.recv(first), l.peer)?);
         }
-        self.pack(p0)?;
+        self.pack(first)?;
         for i in first..end {
             let p = (i % 2) as usize;
-            // The data to send (packed by the last ring kernel, or rows of its grid) is in
-            // memory, and the last ring kernel is done with the other parity's halos.
+            // The data to send (packed by the last ring kernel) is in memory, and the last
+            // ring kernel is done with the other receive buffers.
             self.stream.synchronize()?;
             let mut reqs = Vec::with_capacity(2 * self.links.len());
             for (k, l) in self.links.iter().enumerate() {
                 if i + 1 < end {
-                    recvs[k][1 - p] = Some(post(comm, l, 1 - p)?);
+                    recvs[k][1 - p] = Some(comm.irecv(l.recv(i + 1), l.peer)?);
                 }
-                reqs.push(comm.isend(l.send[p], l.peer)?);
+                reqs.push(comm.isend(l.send(i), l.peer)?);
             }
             self.interior(p)?;
             reqs.extend(recvs.iter_mut().map(|r| r[p].take().expect("posted ahead")));
             comm.wait_all(&reqs)?;
-            self.ring(p, i + 1 < end)?;
+            self.ring(i, i + 1 < end)?;
         }
         self.stream.synchronize()?;
         Ok(())
@@ -396,27 +386,25 @@ impl<'m> GpuRank<'m> {
 
     /// `--trigger stream`: the stream drives every exchange; the CPU enqueues, at most
     /// [`AHEAD`] iterations ahead, and never synchronises inside the loop. Per iteration the
-    /// CPU makes two launches and hands the stream two lists of memory operations.
+    /// CPU makes two launches and hands the stream two lists of memory operations; the
+    /// stream waits for receives only (send completions are the CPU's, see [`SENDS`]).
     fn run_stream(&mut self, comm: &mut Comm, first: u64, end: u64) -> Result<()> {
         let batch = OpBatch::new();
         let mut trace = (self.trace && end - first > Trace::ITERS).then(|| Trace::new(end));
         let mut recvs: Vec<[Option<Request>; 2]> = vec![[None, None]; self.links.len()];
         // Receives are posted now (the CPU writes their WQEs); their credits, which let the
         // peer send, are given by the stream once it is done with the buffer.
-        let post =
-            |comm: &mut Comm, l: &Link, p: usize, b: &OpBatch| comm.irecv_on(l.recv[p], l.peer, b);
         for i in first..end.min(first + 2) {
-            let p = (i % 2) as usize;
             for (k, l) in self.links.iter().enumerate() {
-                recvs[k][p] = Some(post(comm, l, p, &batch)?);
+                recvs[k][(i % 2) as usize] = Some(comm.irecv_on(l.recv(i), l.peer, &batch)?);
             }
         }
-        self.pack((first % 2) as usize)?;
+        self.pack(first)?;
         let mut in_flight: VecDeque<Vec<Request>> = VecDeque::with_capacity(AHEAD + 1);
         for i in first..end {
             let p = (i % 2) as usize;
-            // Bound the run-ahead: wait (on the CPU) until iteration i - AHEAD is complete.
-            // Its requests are released here too.
+            // Bound the run-ahead: wait (on the CPU) until iteration i - AHEAD is complete,
+            // its sends included (their buffer is packed again by this iteration's ring).
             while in_flight.len() >= AHEAD {
                 let done = in_flight.pop_front().unwrap();
                 comm.wait_all(&done)?;
@@ -431,27 +419,28 @@ impl<'m> GpuRank<'m> {
             // packed the data); the last iteration's credits go in the same list.
             let mut reqs = Vec::with_capacity(2 * self.links.len());
             for l in &self.links {
-                reqs.push(comm.isend_on(l.send[p], l.peer, &batch)?);
+                reqs.push(comm.isend_on(l.send(i), l.peer, &batch)?);
             }
             batch.flush(&self.stream)?;
             mark(1);
             // The interior needs no halo: it overlaps with the messages in flight.
             self.interior(p)?;
             mark(2);
-            for r in recvs.iter_mut() {
-                reqs.push(r[p].take().expect("posted two iterations ahead"));
-            }
-            // The stream waits for every receive and send to complete (a send buffer is
-            // packed again next iteration), consuming the completions itself.
-            comm.wait_all_on(&reqs, &batch)?;
+            let recvd: Vec<Request> = recvs
+                .iter_mut()
+                .map(|r| r[p].take().expect("posted two iterations ahead"))
+                .collect();
+            // The stream waits for the halos, consuming their completions itself.
+            comm.wait_all_on(&recvd, &batch)?;
             batch.flush(&self.stream)?;
+            reqs.extend(recvd);
             mark(3);
-            self.ring(p, i + 1 < end)?;
+            self.ring(i, i + 1 < end)?;
             mark(4);
             if i + 2 < end {
                 // Buffers of parity p are read: let the peers fill them for iteration i + 2.
                 for (k, l) in self.links.iter().enumerate() {
-                    recvs[k][p] = Some(post(comm, l, p, &batch)?);
+                    recvs[k][p] = Some(comm.irecv_on(l.recv(i), l.peer, &batch)?);
                 }
             }
             mark(5);
@@ -607,13 +596,13 @@ impl Solver for GpuRank<'_> {
 /// Runs this rank's part: returns the time per iteration and the final owned cells.
 pub fn solve(comm: &mut Comm, lay: &Layout, cfg: &Config, k: &Kernels) -> Result<(f64, Vec<f64>)> {
     let dev_halo = if cfg.halo == Halo::Device {
-        halo_bytes(lay, cfg.halo)
+        halo_bytes(lay)
     } else {
         0
     };
     let mem = DeviceBuffer::alloc(0, Offsets::new(lay).total + dev_halo)?;
     let host = (cfg.halo == Halo::Host && lay.links().next().is_some())
-        .then(|| PinnedBuffer::new(halo_bytes(lay, cfg.halo)));
+        .then(|| PinnedBuffer::new(halo_bytes(lay)));
     if host.as_ref().is_some_and(|h| !h.gpu_mapped()) {
         bail!("--halo host: pinned host memory could not be mapped for the GPU");
     }
@@ -635,7 +624,7 @@ pub fn reference(k: &Kernels, gx: usize, gy: usize, iters: u64) -> Result<Vec<f6
     for i in 0..iters {
         let p = (i % 2) as usize;
         rank.interior(p)?;
-        rank.ring(p, false)?;
+        rank.ring(i, false)?;
     }
     rank.owned(iters)
 }

@@ -59,13 +59,20 @@ extern "C" __global__ void interior(u64 cur, u64 nxt, int nx, int ny, double c0,
 // ------------------------------------------------------------ the halo exchange
 
 // One side's channel (gpu.rs: SideArgs). len 0: no neighbour on that side.
+// Iteration i sends from send + (i % nsend) * len and receives into recv + (i % 2) * len.
 struct StencilSide {
-    u64 send[2], recv[2];  // buffers by iteration parity
+    u64 send, recv;
     unsigned send_lkey, recv_lkey, len, peer;
-    unsigned packed;  // the send buffer is filled from the grid (else it is a grid row)
-    unsigned pad;
+    unsigned nsend, pad;
 };
-static_assert(sizeof(StencilSide) == 56, "StencilSide size");
+static_assert(sizeof(StencilSide) == 40, "StencilSide size");
+
+__device__ __forceinline__ double *send_buf(const StencilSide &d, long i) {
+    return (double *)(d.send + (u64)(i % d.nsend) * d.len);
+}
+__device__ __forceinline__ double *recv_buf(const StencilSide &d, long i) {
+    return (double *)(d.recv + (u64)(i & 1) * d.len);
+}
 
 // Everything the persistent kernel needs (gpu.rs: PersistentArgs), passed by value.
 struct StencilRun {
@@ -78,7 +85,7 @@ struct StencilRun {
     u64 timeout_ns;
     int nx, ny;
 };
-static_assert(sizeof(StencilRun) == 296, "StencilRun size");
+static_assert(sizeof(StencilRun) == 232, "StencilRun size");
 
 // The persistent kernel's error codes beyond gdsync's (GDS_*).
 #define STENCIL_BARRIER_TIMEOUT 0x1001  // a grid barrier waited longer than timeout_ns
@@ -131,63 +138,62 @@ __device__ __forceinline__ double ld(const double *p) { return __ldcg(p); }
 
 // A halo value: from the receive buffer of that side when it has a neighbour (the message
 // is never copied into the grid), else from the grid (the fixed global boundary).
-__device__ __forceinline__ double halo(const StencilRun &a, const double *cur, int side, int p, long k, long at) {
+__device__ __forceinline__ double halo(const StencilRun &a, const double *cur, int side, long i, long k, long at) {
     const StencilSide &sd = a.side[side];
-    if (sd.len) return __ldcv((const double *)sd.recv[p] + k);
+    if (sd.len) return __ldcv(recv_buf(sd, i) + k);
     return ld(cur + at);
 }
 
-// One ring cell of iteration parity p, reading halos from the receive buffers; its value
-// also goes into the send buffers of the next iteration when `pack`. Returns whether it
-// stored into a send buffer.
-__device__ bool ring_update(const StencilRun &a, const double *cur, double *nxt, long r, long c, int p, bool pack,
+// One ring cell of iteration `it`, reading halos from the receive buffers; its value also
+// goes into the send buffers of the next iteration when `pack`. Returns whether it stored
+// into a send buffer.
+__device__ bool ring_update(const StencilRun &a, const double *cur, double *nxt, long r, long c, long it, bool pack,
                             double c0, double c1) {
     long s = a.ny + 2, i = r * s + c;
-    double n = r == 1 ? halo(a, cur, 0, p, c - 1, i - s) : ld(cur + i - s);
-    double so = r == a.nx ? halo(a, cur, 1, p, c - 1, i + s) : ld(cur + i + s);
-    double w = c == 1 ? halo(a, cur, 2, p, r - 1, i - 1) : ld(cur + i - 1);
-    double e = c == a.ny ? halo(a, cur, 3, p, r - 1, i + 1) : ld(cur + i + 1);
+    double n = r == 1 ? halo(a, cur, 0, it, c - 1, i - s) : ld(cur + i - s);
+    double so = r == a.nx ? halo(a, cur, 1, it, c - 1, i + s) : ld(cur + i + s);
+    double w = c == 1 ? halo(a, cur, 2, it, r - 1, i - 1) : ld(cur + i - 1);
+    double e = c == a.ny ? halo(a, cur, 3, it, r - 1, i + 1) : ld(cur + i + 1);
     double v = upd_vals(ld(cur + i), n, so, w, e, c0, c1);
     nxt[i] = v;
     bool stored = false;
     if (pack) {
         const StencilSide *sd = a.side;
-        int q = 1 - p;
-        if (r == 1 && sd[0].packed) ((double *)sd[0].send[q])[c - 1] = v, stored = true;
-        if (r == a.nx && sd[1].packed) ((double *)sd[1].send[q])[c - 1] = v, stored = true;
-        if (c == 1 && sd[2].packed) ((double *)sd[2].send[q])[r - 1] = v, stored = true;
-        if (c == a.ny && sd[3].packed) ((double *)sd[3].send[q])[r - 1] = v, stored = true;
+        if (r == 1 && sd[0].len) send_buf(sd[0], it + 1)[c - 1] = v, stored = true;
+        if (r == a.nx && sd[1].len) send_buf(sd[1], it + 1)[c - 1] = v, stored = true;
+        if (c == 1 && sd[2].len) send_buf(sd[2], it + 1)[r - 1] = v, stored = true;
+        if (c == a.ny && sd[3].len) send_buf(sd[3], it + 1)[r - 1] = v, stored = true;
     }
     return stored;
 }
 
-// The owned edges of grid p into the send buffers of parity p (the first iteration's: later
+// The owned edges of iteration i's grid into its send buffers (the first iteration's: later
 // ones are packed by ring_update). Returns whether this thread stored into one.
-__device__ bool pack_edges(const StencilRun &a, int p) {
-    const double *g = (const double *)a.grid[p];
+__device__ bool pack_edges(const StencilRun &a, long i) {
+    const double *g = (const double *)a.grid[i & 1];
     const StencilSide *sd = a.side;
     long s = a.ny + 2;
     bool stored = false;
     FOR_EACH(k, max(a.nx, a.ny)) {
-        if (k < a.ny && sd[0].packed) ((double *)sd[0].send[p])[k] = ld(g + s + 1 + k), stored = true;
-        if (k < a.ny && sd[1].packed) ((double *)sd[1].send[p])[k] = ld(g + a.nx * s + 1 + k), stored = true;
-        if (k < a.nx && sd[2].packed) ((double *)sd[2].send[p])[k] = ld(g + (1 + k) * s + 1), stored = true;
-        if (k < a.nx && sd[3].packed) ((double *)sd[3].send[p])[k] = ld(g + (1 + k) * s + a.ny), stored = true;
+        if (k < a.ny && sd[0].len) send_buf(sd[0], i)[k] = ld(g + s + 1 + k), stored = true;
+        if (k < a.ny && sd[1].len) send_buf(sd[1], i)[k] = ld(g + a.nx * s + 1 + k), stored = true;
+        if (k < a.nx && sd[2].len) send_buf(sd[2], i)[k] = ld(g + (1 + k) * s + 1), stored = true;
+        if (k < a.nx && sd[3].len) send_buf(sd[3], i)[k] = ld(g + (1 + k) * s + a.ny), stored = true;
     }
     return stored;
 }
 
-extern "C" __global__ void pack(StencilRun a, int p) { pack_edges(a, p); }
+extern "C" __global__ void pack(StencilRun a, long i) { pack_edges(a, i); }
 
-// The ring cells of iteration parity p (host and stream triggers): halos straight from the
-// receive buffers (no unpack), and the next iteration's edges packed on the way (no pack).
-extern "C" __global__ void ring(StencilRun a, int p, int pack_next, double c0, double c1) {
-    const double *cur = (const double *)a.grid[p];
-    double *nxt = (double *)a.grid[1 - p];
+// The ring cells of iteration i (host and stream triggers): halos straight from the receive
+// buffers (no unpack), and the next iteration's edges packed on the way (no pack kernel).
+extern "C" __global__ void ring(StencilRun a, long i, int pack_next, double c0, double c1) {
+    const double *cur = (const double *)a.grid[i & 1];
+    double *nxt = (double *)a.grid[1 - (i & 1)];
     FOR_EACH(k, ring_len(a.nx, a.ny)) {
         long r, c;
         ring_cell(k, a.nx, a.ny, &r, &c);
-        ring_update(a, cur, nxt, r, c, p, pack_next != 0, c0, c1);
+        ring_update(a, cur, nxt, r, c, i, pack_next != 0, c0, c1);
     }
 }
 
@@ -207,12 +213,13 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
         for (long i = a.first; i < a.end && i < a.first + 2 && rc == GDS_OK; i++)
             for (int d = 0; d < 4 && rc == GDS_OK; d++)
                 if (a.side[d].len)
-                    rc = gds_peer_recv(&peer[d], a.side[d].recv[i & 1], a.side[d].recv_lkey, a.side[d].len, a.timeout_ns);
+                    rc = gds_peer_recv(&peer[d], (u64)recv_buf(a.side[d], i), a.side[d].recv_lkey, a.side[d].len,
+                                       a.timeout_ns);
         if (rc != GDS_OK) stencil_fail(a, rc, a.first);
     }
     // The first iteration's send buffers, from its grid. The NIC reads them from host memory:
     // publish this thread's stores.
-    if (pack_edges(a, (int)(a.first & 1))) __threadfence_system();
+    if (pack_edges(a, a.first)) __threadfence_system();
     if (!grid_sync(a, &gen, a.first)) return;
     for (long i = a.first; i < a.end; i++) {
         int p = (int)(i & 1);
@@ -221,7 +228,8 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
         if (comm) {
             for (int d = 0; d < 4 && rc == GDS_OK; d++)
                 if (a.side[d].len)
-                    rc = gds_peer_send(&peer[d], a.side[d].send[p], a.side[d].send_lkey, a.side[d].len, a.timeout_ns);
+                    rc = gds_peer_send(&peer[d], (u64)send_buf(a.side[d], i), a.side[d].send_lkey, a.side[d].len,
+                                       a.timeout_ns);
             if (rc != GDS_OK) stencil_fail(a, rc, i);
         }
         {
@@ -249,7 +257,7 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
         FOR_EACH(k, ring_len(a.nx, a.ny)) {
             long r, c;
             ring_cell(k, a.nx, a.ny, &r, &c);
-            stored |= ring_update(a, cur, nxt, r, c, p, pack, c0, c1);
+            stored |= ring_update(a, cur, nxt, r, c, i, pack, c0, c1);
         }
         if (stored) __threadfence_system();
         if (!grid_sync(a, &gen, i)) return;
@@ -257,7 +265,8 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
         if (comm && i + 2 < a.end) {
             for (int d = 0; d < 4 && rc == GDS_OK; d++)
                 if (a.side[d].len)
-                    rc = gds_peer_recv(&peer[d], a.side[d].recv[p], a.side[d].recv_lkey, a.side[d].len, a.timeout_ns);
+                    rc = gds_peer_recv(&peer[d], (u64)recv_buf(a.side[d], i), a.side[d].recv_lkey, a.side[d].len,
+                                       a.timeout_ns);
             if (rc != GDS_OK) stencil_fail(a, rc, i);
         }
     }

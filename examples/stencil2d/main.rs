@@ -53,8 +53,7 @@ pub enum Trigger {
 /// Where the GPU triggers' halo messages live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Halo {
-    /// Device memory: rows travel straight from and into the grids, columns through packed
-    /// device buffers. On the soft device every such message costs two driver copies
+    /// Device memory: kernels pack and unpack every side there. On the soft device every such message costs two driver copies
     /// (device → host → device, ~5 µs each), which a ConnectX would replace by GPUDirect
     /// RDMA.
     Device,

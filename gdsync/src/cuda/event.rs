@@ -1,6 +1,6 @@
 //! Timing events: where a stream's time goes, measured on the GPU.
 
-use super::{check, CudaStream, Cuda};
+use super::{check, Cuda, CudaStream};
 use crate::Result;
 use cudarc::driver::sys;
 
@@ -37,7 +37,10 @@ impl TimingEvent {
     pub fn record(&self, stream: &CudaStream) -> Result<()> {
         Cuda::get()?.bind(self.ordinal)?;
         // SAFETY: our event, a live stream of the same GPU.
-        check(unsafe { sys::cuEventRecord(self.raw, stream.raw()) }, "cuEventRecord")
+        check(
+            unsafe { sys::cuEventRecord(self.raw, stream.raw()) },
+            "cuEventRecord",
+        )
     }
 
     /// Milliseconds of GPU time from `start` to this event (both recorded; waits for this

@@ -13,8 +13,8 @@ mod memory;
 mod module;
 mod stream;
 
-pub(crate) use memory::{copy_dtoh, copy_htod};
 pub use event::TimingEvent;
+pub(crate) use memory::{copy_dtoh, copy_htod};
 pub use memory::{DeviceBuffer, IpcHandle, MemoryKind};
 pub use module::{nvrtc_available, Function, Module};
 pub use stream::{CudaStream, MAX_QUEUED_OPS};
