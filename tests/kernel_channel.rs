@@ -1345,9 +1345,9 @@ extern "C" __global__ void all(gds_qp q0, gds_peer p0, uint64_t out) {
 }
 "#;
 
-/// The header's device code, and the kernels of the GPU tests, compile as CUDA (NVRTC mode
-/// and nvcc mode), checked with clang where it is installed: CI has no GPU and no NVRTC, and
-/// code that does not compile would only show on the GPU machine.
+/// The header's device code, the kernels of the GPU tests and the bandwidth example's kernel
+/// compile as CUDA (NVRTC mode and nvcc mode), checked with clang where it is installed: CI
+/// has no GPU and no NVRTC, and code that does not compile would only show on the GPU machine.
 #[test]
 fn header_device_code_compiles_with_clang() {
     let dir = std::env::temp_dir().join(format!("gdsync-header-{}", std::process::id()));
@@ -1355,9 +1355,12 @@ fn header_device_code_compiles_with_clang() {
     let header = concat!(env!("CARGO_MANIFEST_DIR"), "/gdsync/include/gdsync.cuh");
     let src = dir.join("all.cu");
     let gpu_test_kernels = include_str!("kernels/kernel_channel.cu");
+    let bandwidth_kernel = include_str!("../examples/bandwidth/bandwidth.cu");
     std::fs::write(
         &src,
-        format!("{CUDA_SHIM}\n#include \"{header}\"\n{CALLS}\n{gpu_test_kernels}"),
+        format!(
+            "{CUDA_SHIM}\n#include \"{header}\"\n{CALLS}\n{gpu_test_kernels}\n{bandwidth_kernel}"
+        ),
     )
     .unwrap();
     let clang = |extra: &[&str], file: &std::path::Path| {
