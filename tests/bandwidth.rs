@@ -62,6 +62,11 @@ fn check_line(line: &str, labels: [&str; 3], size: usize, iters: u64, window: u6
 fn check_run(labels: [&str; 3], extra: &[&str]) {
     let sizes = [1usize, 4096, 1 << 20];
     let [op, mem, trigger] = labels;
+    let trigger = if trigger == "host-stream" {
+        "stream"
+    } else {
+        trigger
+    };
     let mut args = vec![
         "--op",
         op,
@@ -79,10 +84,10 @@ fn check_run(labels: [&str; 3], extra: &[&str]) {
         return;
     };
     assert_eq!(lines.len(), sizes.len(), "{args:?}: {lines:?}");
-    let window = match extra {
-        ["--window", w] => w.parse().unwrap(),
-        _ => 64,
-    };
+    let window = extra
+        .iter()
+        .position(|&a| a == "--window")
+        .map_or(64, |k| extra[k + 1].parse().unwrap());
     for (line, size) in lines.iter().zip(sizes) {
         check_line(line, labels, size, 300, window);
     }
@@ -95,6 +100,21 @@ fn every_op_on_the_cpu_trigger_reports_consistent_json() {
     }
     // A window of 1: one message in flight, each signalled.
     check_run(["send", "host", "cpu"], &["--window", "1"]);
+}
+
+/// The stream trigger's loop (chunks, a wait a window back, the progress word), run by a host
+/// stream here: the same code a CUDA stream runs on the GPU machine.
+#[test]
+fn the_stream_loop_runs_on_a_host_stream() {
+    for op in ["write", "read", "send"] {
+        check_run([op, "host", "host-stream"], &["--host-stream"]);
+    }
+    for window in ["1", "5", "128"] {
+        check_run(
+            ["send", "host", "host-stream"],
+            &["--host-stream", "--window", window],
+        );
+    }
 }
 
 #[test]
@@ -146,6 +166,10 @@ fn bad_flags_are_clean_errors() {
         (&["--window", "129"][..], "--window"),
         (&["--op", "atomic"][..], "invalid value"),
         (&["--trigger", "host"][..], "invalid value"),
+        (
+            &["--host-stream"][..],
+            "--host-stream runs --trigger stream",
+        ),
     ] {
         let Some((ok, _, err)) = run(args) else {
             return;

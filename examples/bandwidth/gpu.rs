@@ -8,10 +8,10 @@
 //!   `bandwidth.cu`). For sends, the CPU keeps rank 1's receives posted and tells the kernel
 //!   how many through a credit word.
 
-use super::{exit_now, Link, Measured, Op, Plan, Responder, Stall};
+use super::{exit_now, Link, Measured, Op, Plan, Responder, Stall, TIMEOUT};
 use anyhow::{bail, Context, Result};
 use gdasync::gdsync::cuda::{CudaStream, Function, Module};
-use gdasync::gdsync::exec::{Executor, OpBatch};
+use gdasync::gdsync::exec::{Executor, HostStream, OpBatch};
 use gdasync::gdsync::kernel::{code, DeviceQp};
 use gdasync::gdsync::ops::Ops;
 use gdasync::gdsync::{Error, MemoryRegion, SignalWords};
@@ -33,18 +33,18 @@ const CREDIT: usize = 5;
 // ---------------------------------------------------------------------------- stream
 
 /// The stream and the word its waits advance: chunks known complete since the start.
-struct StreamRun {
-    stream: CudaStream,
+struct StreamRun<E> {
+    stream: E,
     progress: SignalWords,
     /// Chunks enqueued since the start.
     chunks: u64,
 }
 
 /// `n` messages rung by the stream, a window in flight; returns once all completed.
-fn stream_phase(
+fn stream_phase<E: Executor>(
     link: &mut Link,
     plan: &Plan,
-    s: &mut StreamRun,
+    s: &mut StreamRun<E>,
     size: usize,
     n: u64,
 ) -> Result<()> {
@@ -100,9 +100,23 @@ fn stream_phase(
     Ok(())
 }
 
-pub(crate) fn stream_run(mut link: Link, plan: &Plan, out: &mut dyn FnMut(Measured)) -> Result<()> {
+pub(crate) fn stream_run(link: Link, plan: &Plan, out: &mut dyn FnMut(Measured)) -> Result<()> {
+    if plan.host_stream {
+        return run_on(HostStream::with_timeout(TIMEOUT)?, link, plan, out);
+    }
+    run_on(CudaStream::new(0)?, link, plan, out)
+}
+
+/// The stream trigger on `stream` (a CUDA stream, or a host stream to test the loop where
+/// there is no GPU).
+fn run_on<E: Executor>(
+    stream: E,
+    mut link: Link,
+    plan: &Plan,
+    out: &mut dyn FnMut(Measured),
+) -> Result<()> {
     let mut s = StreamRun {
-        stream: CudaStream::new(0)?,
+        stream,
         progress: SignalWords::new(1),
         chunks: 0,
     };
@@ -123,7 +137,6 @@ pub(crate) fn stream_run(mut link: Link, plan: &Plan, out: &mut dyn FnMut(Measur
             seconds,
         });
     }
-    s.stream.synchronize()?;
     Ok(())
 }
 

@@ -132,6 +132,10 @@ struct Args {
     /// One JSON object per line and size instead of a table.
     #[arg(long)]
     json: bool,
+    /// With `--trigger stream`: run the stream loop on a host stream (a CPU thread), to test
+    /// it where there is no GPU.
+    #[arg(long, hide = true)]
+    host_stream: bool,
 }
 
 /// What to run, checked.
@@ -146,6 +150,7 @@ struct Plan {
     /// Messages per chunk: one in this many is signalled.
     chunk: usize,
     json: bool,
+    host_stream: bool,
 }
 
 impl Plan {
@@ -168,8 +173,12 @@ impl Plan {
         if a.window == 0 || a.window > MAX_WINDOW {
             bail!("--window must be 1 to {MAX_WINDOW}");
         }
+        if a.host_stream && (a.trigger != Trigger::Stream || a.mem != Mem::Host) {
+            bail!("--host-stream runs --trigger stream with --mem host");
+        }
         let gpu_need = match (a.trigger, a.mem) {
             (Trigger::Cpu, Mem::Host) => None,
+            (Trigger::Stream, Mem::Host) if a.host_stream => None,
             (Trigger::Cpu, Mem::Device) => Some("--mem device".to_string()),
             (t, _) => Some(format!("--trigger {}", t.name())),
         };
@@ -188,6 +197,7 @@ impl Plan {
             window: a.window,
             chunk: (a.window / 4).max(1),
             json: a.json,
+            host_stream: a.host_stream,
         })
     }
     fn iters(&self, size: usize) -> u64 {
@@ -198,6 +208,15 @@ impl Plan {
         self.warmup
             .map(|w| w as u64)
             .unwrap_or_else(|| self.iters(size).div_ceil(10))
+    }
+    /// The trigger as reported: `host-stream` for the stream loop run by a CPU thread (a
+    /// test, not a measurement of a GPU).
+    fn trigger_label(&self) -> &'static str {
+        if self.host_stream {
+            "host-stream"
+        } else {
+            self.trigger.name()
+        }
     }
     /// Whether message `i` (0-based) of a run of `n` is signalled.
     fn signalled(&self, i: u64, n: u64) -> bool {
@@ -457,7 +476,7 @@ fn report(plan: &Plan, m: &Measured) {
             "{{\"op\":\"{}\",\"mem\":\"{}\",\"trigger\":\"{}\",\"ranks\":\"threads\",\"size\":{},\"iters\":{},\"warmup\":{},\"window\":{},\"signal_every\":{},\"seconds\":{},\"gbps\":{},\"mmsgs\":{}}}",
             plan.op.name(),
             plan.mem.name(),
-            plan.trigger.name(),
+            plan.trigger_label(),
             m.size,
             m.iters,
             m.warmup,
@@ -485,7 +504,7 @@ fn main() -> Result<()> {
         println!(
             "# bandwidth: op {} trigger {} mem {} ranks threads window {} (signal every {})",
             plan.op.name(),
-            plan.trigger.name(),
+            plan.trigger_label(),
             plan.mem.name(),
             plan.window,
             plan.chunk
