@@ -6,9 +6,10 @@
  * at run time (dlopen), so only mpicc is needed to build it:
  *
  *   mpicc -O2 -o mpi_pingpong benches/mpi_pingpong.c -ldl
- *   mpirun --allow-run-as-root -np 2 ./mpi_pingpong --mem host|device --sizes 8,4096 --iters 20000
+ *   mpirun --allow-run-as-root -np 2 ./mpi_pingpong --mem host|device --sizes 8,4096 --iters 20000 [--json]
  *
- * Prints one JSON line per size (the fields pingpong --json uses), medians of per-iteration
+ * Prints a table like pingpong's, or with --json one JSON line per size (the fields pingpong
+ * --json uses, plus "impl":"openmpi" and "staged"): medians and percentiles of per-iteration
  * samples after warm-up iterations.
  */
 #include <dlfcn.h>
@@ -67,7 +68,7 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (size != 2) die("run with exactly 2 ranks");
-    int device = 0;
+    int device = 0, json = 0;
     long iters = 20000, warm = 1000;
     char sizes_arg[256] = "8,4096";
     for (int i = 1; i < argc; i++) {
@@ -75,7 +76,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atol(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warm = atol(argv[++i]);
         else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) snprintf(sizes_arg, sizeof sizes_arg, "%s", argv[++i]);
-        else die("usage: mpi_pingpong [--mem host|device] [--sizes a,b,..] [--iters N] [--warmup N]");
+        else if (!strcmp(argv[i], "--json")) json = 1;
+        else die("usage: mpi_pingpong [--mem host|device] [--sizes a,b,..] [--iters N] [--warmup N] [--json]");
     }
     if (iters < 1) die("--iters must be at least 1");
     if (device) load_cuda();
@@ -103,6 +105,11 @@ int main(int argc, char **argv) {
     memset(sh, rank + 1, max);
     double *t = malloc(sizeof(double) * (size_t)(warm + iters));
     if (!t) die("out of memory");
+    if (rank == 0 && !json) {
+        printf("# mpi_pingpong: Open MPI send/recv, mem %s%s\n", device ? "device" : "host",
+               device ? " (staged through pinned host memory)" : "");
+        printf("%10s %10s %10s %10s %10s %10s\n", "bytes", "iters", "t_min[us]", "t_p50[us]", "t_avg[us]", "t_p99[us]");
+    }
     for (char *p = sizes_arg; *p;) {
         size_t bytes = strtoull(p, &p, 10);
         if (*p == ',') p++;
@@ -128,10 +135,13 @@ int main(int argc, char **argv) {
             double sum = 0;
             for (long i = 0; i < iters; i++) sum += s[i];
             qsort(s, (size_t)iters, sizeof(double), cmp);
-            printf("{\"impl\":\"openmpi\",\"op\":\"send\",\"mem\":\"%s\",\"staged\":%s,\"bytes\":%zu,"
-                   "\"iters\":%ld,\"t_min_us\":%.3f,\"t_p50_us\":%.3f,\"t_avg_us\":%.3f,\"t_p99_us\":%.3f}\n",
-                   device ? "device" : "host", device ? "true" : "false", bytes, iters, s[0],
-                   s[(iters - 1) / 2], sum / (double)iters, s[(long)((double)(iters - 1) * 0.99)]);
+            double p50 = s[(iters - 1) / 2], avg = sum / (double)iters, p99 = s[(long)((double)(iters - 1) * 0.99)];
+            if (json)
+                printf("{\"impl\":\"openmpi\",\"op\":\"send\",\"mem\":\"%s\",\"staged\":%s,\"bytes\":%zu,"
+                       "\"iters\":%ld,\"t_min_us\":%.3f,\"t_p50_us\":%.3f,\"t_avg_us\":%.3f,\"t_p99_us\":%.3f}\n",
+                       device ? "device" : "host", device ? "true" : "false", bytes, iters, s[0], p50, avg, p99);
+            else
+                printf("%10zu %10ld %10.3f %10.3f %10.3f %10.3f\n", bytes, iters, s[0], p50, avg, p99);
             fflush(stdout);
         }
     }

@@ -28,7 +28,7 @@ if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
   mems="host"; nvidia-smi -L >/dev/null 2>&1 && mems="host device"
   for mem in $mems; do
     timeout ${RUN_TIMEOUT:-120} mpirun --allow-run-as-root --oversubscribe -np 2 \
-      /tmp/mpi_pingpong --mem $mem --sizes 8,4096 --iters "$it" | tee -a "$out" \
+      /tmp/mpi_pingpong --mem $mem --sizes 8,4096 --iters "$it" --json | tee -a "$out" \
       || echo "FAILED: mpi_pingpong --mem $mem" >&2
   done
 fi

@@ -1328,11 +1328,16 @@ extern "C" __global__ void all(gds_qp q0, gds_peer p0, uint64_t out) {
 }
 "#;
 
-/// The header's device code, and the kernels of the GPU tests, compile as CUDA (NVRTC mode
-/// and nvcc mode), checked with clang where it is installed: CI has no GPU and no NVRTC, and
-/// code that does not compile would only show on the GPU machine.
+/// The header's device code, the kernels of the GPU tests and the bandwidth example's kernel
+/// compile as CUDA (NVRTC mode and nvcc mode), checked with clang where it is installed: CI
+/// has no GPU and no NVRTC, and code that does not compile would only show on the GPU machine.
 #[test]
 fn header_device_code_compiles_with_clang() {
     let gpu_test_kernels = include_str!("kernels/kernel_channel.cu");
-    common::clang::check_cuda("header", &format!("{CALLS}\n{gpu_test_kernels}"));
+    // The bandwidth example's kernel is checked here too: it drives QPs the same way.
+    let bandwidth_kernel = include_str!("../examples/bandwidth/bandwidth.cu");
+    common::clang::check_cuda(
+        "header",
+        &format!("{CALLS}\n{gpu_test_kernels}\n{bandwidth_kernel}"),
+    );
 }

@@ -4,21 +4,11 @@
 
 mod common;
 
+use common::json_field as field;
 use std::sync::Mutex;
 
 fn run(args: &[&str]) -> Option<(bool, String, String)> {
     common::run_example("stencil2d", args)
-}
-
-/// The value of `key` in the example's JSON line.
-fn field<'a>(json: &'a str, key: &str) -> &'a str {
-    let pat = format!("\"{key}\":");
-    let at = json
-        .find(&pat)
-        .unwrap_or_else(|| panic!("no {key} in {json}"))
-        + pat.len();
-    let rest = &json[at..];
-    rest[..rest.find([',', '}']).unwrap()].trim_matches('"')
 }
 
 /// A `--check --json` run that must succeed bit-exactly.

@@ -363,6 +363,18 @@ pub fn run_example(name: &str, args: &[&str]) -> Option<(bool, String, String)> 
     ))
 }
 
+/// The value of `key` in a flat JSON object on one line (what the examples' `--json` print),
+/// without its quotes.
+pub fn json_field<'a>(json: &'a str, key: &str) -> &'a str {
+    let pat = format!("\"{key}\":");
+    let at = json
+        .find(&pat)
+        .unwrap_or_else(|| panic!("no {key} in {json}"))
+        + pat.len();
+    let rest = &json[at..];
+    rest[..rest.find([',', '}']).unwrap()].trim_matches('"')
+}
+
 /// Runs `f` on two thread ranks, each with a communicator and kernel channels of `depth`;
 /// then a barrier (no rank tears down while its peer's "kernel" still uses the channels).
 pub fn kernel_channel_ranks<T: Send>(

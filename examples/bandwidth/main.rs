@@ -1,0 +1,527 @@
+//! Unidirectional bandwidth and message rate, perftest style (`ib_write_bw`, `ib_read_bw`,
+//! `ib_send_bw`).
+//!
+//! Rank 0 keeps a window of RDMA writes (or reads, or sends) in flight to rank 1 and counts
+//! completions; rank 1 only serves (for sends, its CPU keeps receives posted). The ranks are
+//! threads of this process, each with its own soft device. Who drives rank 0 (`--trigger`):
+//!
+//! - `cpu`: the CPU posts and polls;
+//! - `stream`: the CPU prepares the work requests, a CUDA stream rings the doorbells and waits
+//!   for the completions with memory operations, one chunk of the window at a time;
+//! - `kernel`: a persistent CUDA kernel composes the WQEs, rings the doorbell and polls the
+//!   completion queue itself (`gds_qp_post_send`, `gds_cq_wait`).
+//!
+//! Every trigger signals one send per chunk (a quarter of the window) and the last one, so
+//! their numbers compare. GB/s are decimal (10^9 bytes per second).
+//!
+//! ```text
+//! cargo run --release --example bandwidth                          # 1 B .. 8 MiB, RDMA write
+//! cargo run --release --example bandwidth -- --op read --sizes 4096,1048576 --json
+//! cargo run --release --example bandwidth -- --trigger kernel --mem device   # with a GPU
+//! ```
+
+mod gpu;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, ValueEnum};
+use gdasync::gdsync::cuda::{Cuda, DeviceBuffer};
+use gdasync::gdsync::{
+    Access, Cq, Device, Error, MemoryRegion, PinnedBuffer, PreparedSend, ProtectionDomain, Qp,
+    QpConfig, RecvWr, RemoteBuf, SendWr,
+};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// How long any wait for progress (a completion, ring space, the stream, the kernel) may
+/// last before the run fails.
+const TIMEOUT: Duration = Duration::from_secs(20);
+/// Largest message.
+const MAX_SIZE: usize = 1 << 30;
+/// Largest window (the send ring holds 512 WQEBBs, one per message; the stream trigger has a
+/// window and a chunk prepared at once).
+const MAX_WINDOW: usize = 128;
+/// Bytes moved per size by default (fewer messages for large sizes), and the bounds on the
+/// message count: the default sweep takes seconds on the soft device.
+const DEFAULT_BYTES: usize = 1 << 30;
+const MIN_ITERS: usize = 100;
+const MAX_ITERS: usize = 20_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Op {
+    /// RDMA write.
+    Write,
+    /// RDMA read.
+    Read,
+    /// Send (the responder keeps receives posted).
+    Send,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Mem {
+    /// Pinned host memory.
+    Host,
+    /// GPU memory (needs a CUDA GPU).
+    Device,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Trigger {
+    /// The CPU posts and polls.
+    Cpu,
+    /// A CUDA stream rings the doorbells and waits for the completions.
+    Stream,
+    /// A persistent CUDA kernel posts and polls by itself.
+    Kernel,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Write => "write",
+            Op::Read => "read",
+            Op::Send => "send",
+        }
+    }
+}
+
+impl Mem {
+    fn name(self) -> &'static str {
+        match self {
+            Mem::Host => "host",
+            Mem::Device => "device",
+        }
+    }
+}
+
+impl Trigger {
+    fn name(self) -> &'static str {
+        match self {
+            Trigger::Cpu => "cpu",
+            Trigger::Stream => "stream",
+            Trigger::Kernel => "kernel",
+        }
+    }
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    about = "Unidirectional bandwidth and message rate between two soft devices (perftest style)"
+)]
+struct Args {
+    /// Operation.
+    #[arg(long, value_enum, default_value = "write")]
+    op: Op,
+    /// Where both ranks' buffers live.
+    #[arg(long, value_enum, default_value = "host")]
+    mem: Mem,
+    /// Who posts the work and waits for its completions.
+    #[arg(long, value_enum, default_value = "cpu")]
+    trigger: Trigger,
+    /// Comma-separated message sizes in bytes (default: powers of 2 from 1 B to 8 MiB).
+    #[arg(long, value_delimiter = ',')]
+    sizes: Option<Vec<usize>>,
+    /// Timed messages per size (default: 1 GiB worth, between 100 and 20000).
+    #[arg(long)]
+    iters: Option<usize>,
+    /// Untimed messages first, per size (default: a tenth of the timed ones).
+    #[arg(long)]
+    warmup: Option<usize>,
+    /// Messages in flight (1 to 128).
+    #[arg(long, default_value_t = 64)]
+    window: usize,
+    /// One JSON object per line and size instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// With `--trigger stream`: run the stream loop on a host stream (a CPU thread), to test
+    /// it where there is no GPU.
+    #[arg(long, hide = true)]
+    host_stream: bool,
+}
+
+/// What to run, checked.
+struct Plan {
+    op: Op,
+    mem: Mem,
+    trigger: Trigger,
+    sizes: Vec<usize>,
+    iters: Option<usize>,
+    warmup: Option<usize>,
+    window: usize,
+    /// Messages per chunk: one in this many is signalled.
+    chunk: usize,
+    json: bool,
+    host_stream: bool,
+}
+
+impl Plan {
+    fn new(a: Args) -> Result<Plan> {
+        let sizes = a
+            .sizes
+            .unwrap_or_else(|| (0..=23).map(|k| 1usize << k).collect());
+        if sizes.is_empty() {
+            bail!("--sizes: no sizes given");
+        }
+        if sizes.contains(&0) {
+            bail!("--sizes: 0 bytes; messages must carry at least 1 byte (empty messages have no bandwidth)");
+        }
+        if let Some(&s) = sizes.iter().find(|&&s| s > MAX_SIZE) {
+            bail!("--sizes: {s} bytes; messages are at most 1 GiB");
+        }
+        if a.iters == Some(0) {
+            bail!("--iters must be at least 1");
+        }
+        if a.window == 0 || a.window > MAX_WINDOW {
+            bail!("--window must be 1 to {MAX_WINDOW}");
+        }
+        if a.host_stream && (a.trigger != Trigger::Stream || a.mem != Mem::Host) {
+            bail!("--host-stream runs --trigger stream with --mem host");
+        }
+        let gpu_need = match (a.trigger, a.mem) {
+            (Trigger::Cpu, Mem::Host) => None,
+            (Trigger::Stream, Mem::Host) if a.host_stream => None,
+            (Trigger::Cpu, Mem::Device) => Some("--mem device".to_string()),
+            (t, _) => Some(format!("--trigger {}", t.name())),
+        };
+        if let Some(what) = gpu_need {
+            if let Err(e) = Cuda::get().and_then(|c| c.gpu(0).map(|_| ())) {
+                bail!("{what} needs a CUDA GPU: {e}");
+            }
+        }
+        Ok(Plan {
+            op: a.op,
+            mem: a.mem,
+            trigger: a.trigger,
+            sizes,
+            iters: a.iters,
+            warmup: a.warmup,
+            window: a.window,
+            chunk: (a.window / 4).max(1),
+            json: a.json,
+            host_stream: a.host_stream,
+        })
+    }
+    fn iters(&self, size: usize) -> u64 {
+        self.iters
+            .unwrap_or_else(|| (DEFAULT_BYTES / size).clamp(MIN_ITERS, MAX_ITERS)) as u64
+    }
+    fn warmup(&self, size: usize) -> u64 {
+        self.warmup
+            .map(|w| w as u64)
+            .unwrap_or_else(|| self.iters(size).div_ceil(10))
+    }
+    /// The trigger as reported: `host-stream` for the stream loop run by a CPU thread (a
+    /// test, not a measurement of a GPU).
+    fn trigger_label(&self) -> &'static str {
+        if self.host_stream {
+            "host-stream"
+        } else {
+            self.trigger.name()
+        }
+    }
+    /// Whether message `i` (0-based) of a run of `n` is signalled.
+    fn signalled(&self, i: u64, n: u64) -> bool {
+        i + 1 == n || (i + 1) % self.chunk as u64 == 0
+    }
+}
+
+/// A message buffer in pinned host memory or GPU memory.
+enum Buffer {
+    Host(PinnedBuffer),
+    Device(DeviceBuffer),
+}
+
+impl Buffer {
+    fn new(mem: Mem, len: usize) -> Result<Buffer> {
+        Ok(match mem {
+            Mem::Host => Buffer::Host(PinnedBuffer::new(len)),
+            Mem::Device => Buffer::Device(
+                DeviceBuffer::alloc(0, len)
+                    .with_context(|| format!("allocate {len} bytes of GPU memory"))?,
+            ),
+        })
+    }
+    fn register(&self, pd: &ProtectionDomain) -> Result<MemoryRegion<'_>> {
+        Ok(match self {
+            Buffer::Host(b) => pd.register_pinned(b, Access::ALL)?,
+            Buffer::Device(b) => pd.register_device(b, Access::ALL)?,
+        })
+    }
+}
+
+/// The two ranks: rank 0's QP (with a send CQ of its own, which streams and kernels need)
+/// and buffer; rank 1 serves.
+struct Link<'b> {
+    _devs: (Device, Device),
+    q0: Qp,
+    scq0: Cq,
+    _rcq0: Cq,
+    local: MemoryRegion<'b>,
+    remote: RemoteBuf,
+    /// Messages rank 0 has posted since the start.
+    sent: u64,
+    rx: Responder<'b>,
+}
+
+/// Rank 1: its QP and buffer, and the receives it keeps posted for sends (its CPU does that
+/// whoever drives rank 0).
+struct Responder<'b> {
+    qp: Qp,
+    cq: Cq,
+    buf: MemoryRegion<'b>,
+    posted: u64,
+    done: u64,
+}
+
+impl<'b> Link<'b> {
+    fn new(local: &'b Buffer, remote: &'b Buffer) -> Result<Link<'b>> {
+        let cfg = QpConfig {
+            send_wqebbs: 512,
+            recv_wqes: 512,
+            ..QpConfig::default()
+        };
+        let (d0, d1) = (Device::soft()?, Device::soft()?);
+        let (pd0, pd1) = (d0.alloc_pd(), d1.alloc_pd());
+        let (scq0, rcq0, cq1) = (d0.create_cq(512)?, d0.create_cq(512)?, d1.create_cq(1024)?);
+        let mut q0 = pd0.create_qp(&scq0, &rcq0, &cfg)?;
+        let mut q1 = pd1.create_qp(&cq1, &cq1, &cfg)?;
+        q0.connect(&q1.endpoint())?;
+        q1.connect(&q0.endpoint())?;
+        let local = local.register(&pd0)?;
+        let buf = remote.register(&pd1)?;
+        Ok(Link {
+            remote: buf.remote(),
+            _devs: (d0, d1),
+            q0,
+            scq0,
+            _rcq0: rcq0,
+            local,
+            sent: 0,
+            rx: Responder {
+                qp: q1,
+                cq: cq1,
+                buf,
+                posted: 0,
+                done: 0,
+            },
+        })
+    }
+
+    fn wr(&self, op: Op, size: usize, signalled: bool) -> SendWr {
+        let wr = match op {
+            Op::Write => SendWr::write(self.remote.at(0)),
+            Op::Read => SendWr::read(self.remote.at(0)),
+            Op::Send => SendWr::send(),
+        }
+        .sge(self.local.sge(..size));
+        if signalled {
+            wr
+        } else {
+            wr.unsignaled()
+        }
+    }
+
+    /// Prepares a send on rank 0, waiting for send-ring space (freed by the stream's waits).
+    fn prepare(&mut self, wr: &SendWr) -> Result<PreparedSend> {
+        let start = Instant::now();
+        loop {
+            match self.q0.prepare_send(wr) {
+                Err(Error::RingFull { .. }) if start.elapsed() < TIMEOUT => {
+                    std::thread::yield_now()
+                }
+                r => return Ok(r?),
+            }
+        }
+    }
+}
+
+impl Responder<'_> {
+    /// Counts the receives that completed.
+    fn reap(&mut self) -> Result<()> {
+        while let Some(c) = self.cq.poll_one()? {
+            c.ok().context("a receive failed")?;
+            self.done += 1;
+        }
+        Ok(())
+    }
+
+    /// Posts receives of `size` bytes until `total` were posted since the start, waiting for
+    /// ring space; with `wait` false, only what fits now.
+    fn post(&mut self, total: u64, size: usize, wait: bool) -> Result<()> {
+        let start = Instant::now();
+        let ring = self.qp.recv_ring_size() as u64;
+        while self.posted < total {
+            if self.posted - self.done < ring {
+                self.qp
+                    .post_recv(&RecvWr::new().sge(self.buf.sge(..size)))?;
+                self.posted += 1;
+                continue;
+            }
+            self.reap()?;
+            if !wait {
+                return Ok(());
+            }
+            if start.elapsed() > TIMEOUT {
+                bail!("rank 1: no receive completed in {TIMEOUT:?}");
+            }
+            std::hint::spin_loop();
+        }
+        Ok(())
+    }
+}
+
+/// One size's measurement.
+struct Measured {
+    size: usize,
+    iters: u64,
+    warmup: u64,
+    seconds: f64,
+}
+
+/// Watches a progress counter: an error once it has not moved for [`TIMEOUT`].
+struct Stall {
+    value: u64,
+    since: Instant,
+}
+
+impl Stall {
+    fn new() -> Stall {
+        Stall {
+            value: u64::MAX,
+            since: Instant::now(),
+        }
+    }
+    fn check(&mut self, value: u64, what: &str) -> Result<()> {
+        if value != self.value {
+            self.value = value;
+            self.since = Instant::now();
+        } else if self.since.elapsed() > TIMEOUT {
+            bail!("{what}: no progress in {TIMEOUT:?} (stuck at {value})");
+        }
+        Ok(())
+    }
+}
+
+/// `n` messages from the CPU, at most a window in flight; returns once all completed.
+fn cpu_phase(link: &mut Link, plan: &Plan, size: usize, n: u64) -> Result<()> {
+    let (mut posted, mut done) = (0u64, 0u64);
+    // The message counts at the signalled sends in flight, oldest first.
+    let mut signalled = VecDeque::new();
+    while done < n {
+        while posted < n && posted - done < plan.window as u64 {
+            if plan.op == Op::Send {
+                link.rx.post(link.sent + 1, size, true)?;
+            }
+            let sig = plan.signalled(posted, n);
+            link.q0.post_send(&link.wr(plan.op, size, sig))?;
+            link.sent += 1;
+            posted += 1;
+            if sig {
+                signalled.push_back(posted);
+            }
+        }
+        link.scq0.wait_one(TIMEOUT)?.ok().context("a send failed")?;
+        done = signalled
+            .pop_front()
+            .context("a completion with no signalled send in flight")?;
+        if plan.op == Op::Send {
+            link.rx.reap()?;
+        }
+    }
+    Ok(())
+}
+
+fn cpu_run(mut link: Link, plan: &Plan, out: &mut dyn FnMut(Measured)) -> Result<()> {
+    for &size in &plan.sizes {
+        let (warmup, iters) = (plan.warmup(size), plan.iters(size));
+        cpu_phase(&mut link, plan, size, warmup)?;
+        let start = Instant::now();
+        cpu_phase(&mut link, plan, size, iters)?;
+        out(Measured {
+            size,
+            iters,
+            warmup,
+            seconds: start.elapsed().as_secs_f64(),
+        });
+    }
+    Ok(())
+}
+
+/// Ends the process with `e` at once, without dropping anything: a stream or kernel may still
+/// wait on memory that drops would free, and CUDA's frees would wait for it (a hang).
+fn exit_now(e: anyhow::Error) -> ! {
+    eprintln!("Error: {e:?}");
+    std::process::exit(1)
+}
+
+/// `x` with 6 significant digits (for JSON, which must not round small rates to 0).
+fn sig6(x: f64) -> f64 {
+    format!("{x:.5e}").parse().unwrap_or(x)
+}
+
+/// `x` with 4 significant digits and no exponent (for the table).
+fn fixed4(x: f64) -> String {
+    let decimals = if x > 0.0 {
+        (3 - x.log10().floor() as i32).clamp(0, 9) as usize
+    } else {
+        3
+    };
+    format!("{x:.decimals$}")
+}
+
+fn report(plan: &Plan, m: &Measured) {
+    let bytes = m.size as f64 * m.iters as f64;
+    let (gbps, mmsgs) = (bytes / m.seconds / 1e9, m.iters as f64 / m.seconds / 1e6);
+    if plan.json {
+        println!(
+            "{{\"op\":\"{}\",\"mem\":\"{}\",\"trigger\":\"{}\",\"ranks\":\"threads\",\"size\":{},\"iters\":{},\"warmup\":{},\"window\":{},\"signal_every\":{},\"seconds\":{},\"gbps\":{},\"mmsgs\":{}}}",
+            plan.op.name(),
+            plan.mem.name(),
+            plan.trigger_label(),
+            m.size,
+            m.iters,
+            m.warmup,
+            plan.window,
+            plan.chunk,
+            sig6(m.seconds),
+            sig6(gbps),
+            sig6(mmsgs)
+        );
+    } else {
+        println!(
+            "{:>10} {:>8} {:>12} {:>12} {:>14}",
+            m.size,
+            m.iters,
+            fixed4(m.seconds),
+            fixed4(gbps),
+            fixed4(mmsgs)
+        );
+    }
+}
+
+fn main() -> Result<()> {
+    let plan = Plan::new(Args::parse())?;
+    if !plan.json {
+        println!(
+            "# bandwidth: op {} trigger {} mem {} ranks threads window {} (signal every {})",
+            plan.op.name(),
+            plan.trigger_label(),
+            plan.mem.name(),
+            plan.window,
+            plan.chunk
+        );
+        println!("# GB/s = 10^9 bytes/s; rate in millions of messages/s");
+        println!(
+            "{:>10} {:>8} {:>12} {:>12} {:>14}",
+            "bytes", "iters", "seconds", "BW[GB/s]", "rate[Mmsg/s]"
+        );
+    }
+    let max = *plan.sizes.iter().max().unwrap();
+    let (b0, b1) = (Buffer::new(plan.mem, max)?, Buffer::new(plan.mem, max)?);
+    let link = Link::new(&b0, &b1)?;
+    let mut out = |m: Measured| report(&plan, &m);
+    match plan.trigger {
+        Trigger::Cpu => cpu_run(link, &plan, &mut out),
+        Trigger::Stream => gpu::stream_run(link, &plan, &mut out),
+        Trigger::Kernel => gpu::kernel_run(link, &plan, &mut out),
+    }
+}
