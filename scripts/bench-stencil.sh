@@ -1,10 +1,11 @@
 #!/bin/bash
-# stencil2d on the GPU: time per iteration of the host-driven and stream-triggered halo
-# exchange, for square subdomains of 64² … 4096² per rank and 2 and 4 ranks (threads of one
-# process, one GPU, soft device). Writes one JSON line per run to OUT and prints a summary.
-# Usage: scripts/bench-stencil.sh [BIN_DIR] [OUT]
+# stencil2d on the GPU: time per iteration of the host-driven, stream-triggered and
+# persistent-kernel halo exchange, halos in device or pinned host memory, for square
+# subdomains of 64² … 4096² per rank and 2 and 4 ranks (threads of one process, one GPU, soft
+# device). Writes one JSON line per run to OUT and prints a summary.
+# Usage: scripts/bench-stencil.sh [BIN_DIR] [OUT]   (SUBS="64 256" to pick sizes)
 #   on the GPU machine, after device-pack: bash scripts/bench-stencil.sh .device/bin
-# Takes about 2-3 minutes (each run compiles its kernels with NVRTC first).
+# Takes about 5 minutes (each run compiles its kernels with NVRTC first).
 set -euo pipefail
 bin=${1:-target/release/examples}
 out=${2:-stencil-gpu.jsonl}
@@ -18,24 +19,26 @@ iters_for() {
   esac
 }
 for ranks in 2 4; do
-  for sub in 64 128 256 512 1024 2048 4096; do
+  for sub in ${SUBS:-64 128 256 512 1024 2048 4096}; do
     iters=$(iters_for $sub)
-    for trig in host stream; do
-      timeout 120 "$bin/stencil2d" --trigger $trig --ranks $ranks --sub $sub \
-        --iters $iters --warmup $((iters / 10)) --json | tee -a "$out" \
-        || echo "# FAILED: --trigger $trig --ranks $ranks --sub $sub" | tee -a "$out"
+    for halo in host device; do
+      for trig in host stream kernel; do
+        timeout 120 "$bin/stencil2d" --trigger $trig --halo $halo --ranks $ranks --sub $sub \
+          --iters $iters --warmup $((iters / 10)) --json | tee -a "$out" \
+          || echo "# FAILED: --trigger $trig --halo $halo --ranks $ranks --sub $sub" | tee -a "$out"
+      done
     done
   done
 done
 python3 - "$out" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-t = {(r["ranks"], r["subdomain"], r["trigger"]): r["us_per_iter"] for r in rows}
-print("\ntime per iteration [us] (total / iters); stream vs host")
-print(f"{'ranks':>5} {'subdomain':>10} {'host':>10} {'stream':>10} {'stream faster by':>17}")
-for (ranks, sub) in sorted({(k[0], k[1]) for k in t}, key=lambda k: (k[0], int(k[1].split('x')[0]))):
-    h, s = t.get((ranks, sub, "host")), t.get((ranks, sub, "stream"))
-    gain = f"{100 * (1 - s / h):16.1f}%" if h and s else f"{'-':>17}"
-    fmt = lambda x: f"{x:10.2f}" if x else f"{'-':>10}"
-    print(f"{ranks:>5} {sub:>10} {fmt(h)} {fmt(s)} {gain}")
+t = {(r["ranks"], r["subdomain"], r["halo"], r["trigger"]): r["us_per_iter"] for r in rows}
+print("\ntime per iteration [us] (total / iters); gain = how much faster than host-driven")
+print(f"{'ranks':>5} {'subdomain':>10} {'halo':>6} {'host':>9} {'stream':>9} {'kernel':>9} {'stream gain':>12} {'kernel gain':>12}")
+fmt = lambda x: f"{x:9.2f}" if x else f"{'-':>9}"
+gain = lambda h, x: f"{100 * (1 - x / h):11.1f}%" if h and x else f"{'-':>12}"
+for (ranks, sub, halo) in sorted({k[:3] for k in t}, key=lambda k: (k[0], int(k[1].split('x')[0]), k[2])):
+    h, s, k = (t.get((ranks, sub, halo, x)) for x in ("host", "stream", "kernel"))
+    print(f"{ranks:>5} {sub:>10} {halo:>6} {fmt(h)} {fmt(s)} {fmt(k)} {gain(h, s)} {gain(h, k)}")
 PY
