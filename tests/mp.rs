@@ -233,12 +233,17 @@ fn threads_8() {
     threads(8);
 }
 
-/// The entry point of a launched rank (inert without GDSYNC_MP_TEST).
+/// The entry point of a launched rank (inert without GDSYNC_MP_TEST, and in the test process
+/// itself, which sets GDSYNC_MP_TEST for a moment while it spawns ranks: only launched ranks
+/// have GDSYNC_RANK).
 #[test]
 fn rank_entry() {
     let Ok(mode) = std::env::var("GDSYNC_MP_TEST") else {
         return;
     };
+    if std::env::var_os("GDSYNC_RANK").is_none() {
+        return;
+    }
     // "MODE+tcp": the rank asks for TCP links as a user would, through the environment, before
     // its first device exists (this process runs only this test).
     let mode = match mode.strip_suffix("+tcp") {
@@ -297,14 +302,22 @@ fn rank_entry() {
 }
 
 fn procs(n: usize, mode: &str) -> Vec<std::process::Output> {
+    // The mode reaches the children through the environment they inherit at spawn: tests
+    // running in parallel must not set it for each other's children (seen on 16 cores: a
+    // "dies" rank in a workload job, bootstraps waiting for ranks that never came).
+    static SPAWN: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let exe = std::env::current_exe().unwrap();
-    std::env::set_var("GDSYNC_MP_TEST", mode);
     let args: Vec<String> = ["--exact", "rank_entry", "--nocapture", "--test-threads=1"]
         .iter()
         .map(|s| s.to_string())
         .collect();
-    let children = launch_local(n, &exe, &args).unwrap();
-    std::env::remove_var("GDSYNC_MP_TEST");
+    let children = {
+        let _g = SPAWN.lock().unwrap_or_else(|e| e.into_inner());
+        std::env::set_var("GDSYNC_MP_TEST", mode);
+        let c = launch_local(n, &exe, &args);
+        std::env::remove_var("GDSYNC_MP_TEST");
+        c.unwrap()
+    };
     children
         .into_iter()
         .map(|c| c.wait_with_output().unwrap())
