@@ -38,6 +38,10 @@ pub const KERNELS: &str = include_str!("kernels.cu");
 /// Threads per block of every kernel.
 const BLOCK: u32 = 256;
 
+/// The persistent kernel's own error codes (kernels.cu: `STENCIL_*`), beside gdsync's.
+const BARRIER_TIMEOUT: i32 = 0x1001;
+const SHORT_MESSAGE: i32 = 0x1002;
+
 /// Bound on every device-side wait of the persistent kernel.
 const KERNEL_TIMEOUT_NS: u64 = 10_000_000_000;
 
@@ -194,7 +198,6 @@ impl<'m> GpuRank<'m> {
         for g in off.grids {
             mem.copy_from_host(g, &init)?;
         }
-        mem.copy_from_host(off.barrier, &[0u8; 16])?;
         let mut mrs = Vec::new();
         let mut links = Vec::new();
         if let Some(comm) = comm.as_deref() {
@@ -313,7 +316,7 @@ impl<'m> GpuRank<'m> {
     }
 
     fn grid(&self, p: usize) -> u64 {
-        self.mem.ptr() + self.off.grids[p] as u64
+        self.run.grid[p]
     }
 
     /// The interior cells of iteration parity `p` (they touch no halo).
@@ -470,7 +473,8 @@ impl<'m> GpuRank<'m> {
             end: end as i64,
             ..self.run
         };
-        // An earlier launch that stopped early may have left barrier words behind.
+        // The barrier words start at zero (an earlier launch that stopped early may have left
+        // some behind).
         self.mem.copy_from_host(self.off.barrier, &[0u8; 16])?;
         status.write_at(0, &[0u8; 8]);
         let blocks = self.persistent_blocks()?;
@@ -565,8 +569,8 @@ fn kernel_error(rc: i32) -> String {
         code::TIMEOUT => "a device-side wait timed out (a peer stopped or never started)".into(),
         code::INVALID => "a malformed channel descriptor or argument".into(),
         code::FULL => "a channel's ring was full".into(),
-        0x1001 => "a grid-wide barrier timed out (blocks not resident together?)".into(),
-        0x1002 => "a halo message had the wrong length".into(),
+        BARRIER_TIMEOUT => "a grid-wide barrier timed out (blocks not resident together?)".into(),
+        SHORT_MESSAGE => "a halo message had the wrong length".into(),
         rc => match code::syndrome(rc) {
             Some(s) => format!("an error completion: {s:?}"),
             None => format!("error code {rc:#x}"),

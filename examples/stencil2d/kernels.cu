@@ -87,7 +87,7 @@ struct StencilRun {
 };
 static_assert(sizeof(StencilRun) == 232, "StencilRun size");
 
-// The persistent kernel's error codes beyond gdsync's (GDS_*).
+// The persistent kernel's error codes beyond gdsync's (GDS_*); gpu.rs decodes them.
 #define STENCIL_BARRIER_TIMEOUT 0x1001  // a grid barrier waited longer than timeout_ns
 #define STENCIL_SHORT_MESSAGE 0x1002    // a halo message had the wrong length
 
