@@ -1,7 +1,9 @@
 #!/bin/bash
 # The messaging layer's overhead per trigger (pingpong --api mp next to --api gdsync, both
-# --op send, alternating, two repetitions) and the Open MPI baseline (host buffers, and device
-# buffers staged through pinned host memory), as reported in docs/benchmarks.md.
+# --op send, alternating, two repetitions; the kernel trigger is mp's kernel channels against
+# gdsync's descriptor-ring kernel, both timed by the GPU's clock) and the Open MPI baseline
+# (host buffers, and device buffers staged through pinned host memory), as reported in
+# docs/benchmarks.md.
 # Usage, from the repository root: scripts/bench-mp.sh [BIN_DIR]   (.device/bin on the GPU
 # machine after device-pack; GPU triggers are skipped without a GPU, MPI without mpicc)
 set -euo pipefail
@@ -9,7 +11,7 @@ bin=${1:-target/release/examples}
 out=$(mktemp)
 it=${ITERS:-10000}
 trigs="cpu"
-nvidia-smi -L >/dev/null 2>&1 && trigs="cpu host stream"
+nvidia-smi -L >/dev/null 2>&1 && trigs="cpu host stream kernel"
 for rep in $(seq 1 ${REPS:-2}); do
   for trig in $trigs; do
     mems="host"; [ "$trig" != cpu ] && mems="host device"

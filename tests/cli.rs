@@ -13,19 +13,35 @@ fn gpu_triggers_without_a_gpu_are_clean_errors() {
         eprintln!("skipped: this machine has a GPU");
         return;
     }
-    for trig in ["host", "stream", "kernel"] {
-        let Some((ok, _, err)) = run(
-            "pingpong",
-            &["--trigger", trig, "--size", "8", "--iters", "10"],
-        ) else {
-            return;
-        };
-        assert!(!ok, "--trigger {trig} without a GPU must fail");
-        assert!(err.contains("needs a CUDA GPU"), "--trigger {trig}: {err}");
-        assert!(
-            !err.contains("panicked"),
-            "--trigger {trig} panicked: {err}"
-        );
+    for api in ["gdsync", "mp"] {
+        for trig in ["host", "stream", "kernel"] {
+            let Some((ok, _, err)) = run(
+                "pingpong",
+                &[
+                    "--api",
+                    api,
+                    "--op",
+                    "send",
+                    "--trigger",
+                    trig,
+                    "--size",
+                    "8",
+                    "--iters",
+                    "10",
+                ],
+            ) else {
+                return;
+            };
+            assert!(!ok, "--api {api} --trigger {trig} without a GPU must fail");
+            assert!(
+                err.contains("needs a CUDA GPU"),
+                "--api {api} --trigger {trig}: {err}"
+            );
+            assert!(
+                !err.contains("panicked"),
+                "--api {api} --trigger {trig} panicked: {err}"
+            );
+        }
     }
     let Some((ok, _, err)) = run("pingpong", &["--mem", "device", "--size", "8"]) else {
         return;

@@ -1,7 +1,8 @@
 //! The messaging layer on CUDA streams with GPU memory: every on-stream operation (send,
 //! receive waits, put, get, put with signal, wait on a value, barrier) between 2 and 4 thread
-//! ranks sharing one GPU and one soft device. Runs only with `GDSYNC_TEST_CUDA=1`; otherwise
-//! it prints "skipped".
+//! ranks sharing one GPU and one soft device; and `pingpong --api mp --trigger kernel` (kernel
+//! channels driven by persistent kernels) next to its `--api gdsync` floor. Runs only with
+//! `GDSYNC_TEST_CUDA=1`; otherwise it prints "skipped".
 
 use gdasync::gdsync::cuda::{CudaStream, DeviceBuffer};
 use gdasync::gdsync::ops::WaitCond;
@@ -9,7 +10,7 @@ use gdasync::gdsync::Access;
 use gdasync::mp::Comm;
 
 mod common;
-use common::{gpu::gpu, on_threads};
+use common::{gpu::gpu, json_field, on_threads, run_example};
 
 const LEN: usize = 64 * 1024;
 const MSGS: usize = 4;
@@ -146,4 +147,60 @@ fn mp_on_streams_with_device_memory() {
     };
     on_threads(2, rank);
     on_threads(4, rank);
+}
+
+/// `pingpong --op send --trigger kernel` through the messaging layer (`--api mp`: each rank's
+/// persistent kernel drives its kernel channel) and on the QPs directly (`--api gdsync`, its
+/// floor), host and device memory, a few sizes: every run succeeds and reports, per size, the
+/// iterations asked for and positive, ordered latencies.
+#[test]
+fn pingpong_kernel_trigger_through_mp_and_gdsync() {
+    let Some(_gpu) = gpu("pingpong_kernel_trigger_through_mp_and_gdsync") else {
+        return;
+    };
+    let sizes = [8usize, 64, 4096];
+    let list = sizes.map(|s| s.to_string()).join(",");
+    for api in ["mp", "gdsync"] {
+        for mem in ["host", "device"] {
+            let args = [
+                "--api",
+                api,
+                "--op",
+                "send",
+                "--trigger",
+                "kernel",
+                "--mem",
+                mem,
+                "--sizes",
+                &list,
+                "--iters",
+                "300",
+                "--warmup",
+                "50",
+                "--json",
+            ];
+            let (ok, out, err) = run_example("pingpong", &args)
+                .expect("GDSYNC_TEST_CUDA=1: build the pingpong example first");
+            assert!(ok, "pingpong {args:?} failed:\n{out}\n{err}");
+            let lines: Vec<&str> = out.lines().filter(|l| l.starts_with('{')).collect();
+            assert_eq!(lines.len(), sizes.len(), "one line per size: {out}");
+            for (line, size) in lines.iter().zip(sizes) {
+                let num = |k: &str| -> f64 {
+                    json_field(line, k)
+                        .parse()
+                        .unwrap_or_else(|e| panic!("{k} in {line}: {e}"))
+                };
+                assert_eq!(json_field(line, "trigger"), "kernel", "{line}");
+                assert_eq!(json_field(line, "mem"), mem, "{line}");
+                assert_eq!(num("bytes"), size as f64, "{line}");
+                assert_eq!(num("iters"), 300.0, "{line}");
+                let (min, p50, p99) = (num("t_min_us"), num("t_p50_us"), num("t_p99_us"));
+                assert!(
+                    min > 0.0 && min <= p50 && p50 <= p99 && p99.is_finite(),
+                    "--api {api} --mem {mem}: {line}"
+                );
+            }
+            eprintln!("pingpong --api {api} --trigger kernel --mem {mem}:\n{out}");
+        }
+    }
 }

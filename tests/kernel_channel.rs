@@ -1305,6 +1305,103 @@ fn kernel_channel_errors_and_timeouts() {
     });
 }
 
+/// The schedule of `mp_pp` (`pingpong --api mp --trigger kernel`, in
+/// examples/pingpong/kernels.cu), line by line, with a thread per rank in the kernel's place:
+/// 64 receives posted ahead on a channel of depth 64, then per iteration (rank 1 takes the
+/// message first) the marker, the send, the previous send's wait and the consumed receive
+/// posted again, then (rank 0) the answer; the last send waited at the end. Each rank posts
+/// exactly `iters` receives (none left over), never finds a ring full, and the last message's
+/// marker is in its buffer. The GPU runs the kernel itself in tests/gpu_mp.rs.
+#[test]
+fn pingpong_kernel_schedule_between_thread_ranks() {
+    const AHEAD: u32 = 64;
+    for (size, iters) in [(8u32, 300u64), (4096, 150), (64, 1)] {
+        let results = kernel_channel_ranks(AHEAD, |comm, ch| {
+            let (rank, peer) = (comm.rank() as u64, 1 - comm.rank());
+            let (sbuf, smr) = pinned(comm.pd(), size as usize);
+            let (rbuf, rmr) = pinned(comm.pd(), size as usize);
+            let mut p: PeerDesc = ch.desc(peer).unwrap();
+            let (mut len, mut at, mut step) = (0u32, 0u64, 0);
+            let mut run = || -> i32 {
+                macro_rules! check {
+                    ($s:expr, $x:expr) => {{
+                        step = $s;
+                        let r = $x;
+                        if r != code::OK {
+                            return r;
+                        }
+                    }};
+                }
+                macro_rules! take {
+                    () => {{
+                        check!(4, twin::peer_wait_recv(&mut p, &mut len, TIMEOUT_NS));
+                        if len != size {
+                            return 0x1000;
+                        }
+                    }};
+                }
+                while p.recvs < iters && p.recvs < AHEAD as u64 {
+                    let r = twin::peer_recv(&mut p, rbuf.addr(), rmr.lkey(), size, TIMEOUT_NS);
+                    check!(1, r);
+                }
+                while at < iters {
+                    let i = at;
+                    if rank == 1 {
+                        take!();
+                    }
+                    let marker = (2 * i + 1 + rank) as u32;
+                    write(sbuf.addr() + size as u64 - 4, &marker.to_ne_bytes());
+                    check!(
+                        2,
+                        twin::peer_send(&mut p, sbuf.addr(), smr.lkey(), size, TIMEOUT_NS)
+                    );
+                    if i > 0 {
+                        check!(3, twin::peer_wait_send(&mut p, TIMEOUT_NS));
+                    }
+                    if (rank == 1 || i > 0) && p.recvs < iters {
+                        let r = twin::peer_recv(&mut p, rbuf.addr(), rmr.lkey(), size, TIMEOUT_NS);
+                        check!(1, r);
+                    }
+                    if rank == 0 {
+                        take!();
+                    }
+                    at += 1;
+                }
+                check!(3, twin::peer_wait_send(&mut p, TIMEOUT_NS));
+                code::OK
+            };
+            let rc = run();
+            let last =
+                u32::from_ne_bytes(read(rbuf.addr() + size as u64 - 4, 4).try_into().unwrap());
+            (rc, at, step, last, ch.progress(peer).unwrap())
+        });
+        for (rank, (rc, at, step, last, st)) in results.into_iter().enumerate() {
+            assert_eq!(
+                (rc, at),
+                (code::OK, iters),
+                "size {size}: rank {rank} stopped at step {step}"
+            );
+            assert_eq!(
+                last,
+                (2 * iters - rank as u64) as u32,
+                "size {size}: last marker"
+            );
+            assert_eq!(
+                (
+                    st.sends,
+                    st.sends_done,
+                    st.sends_waited,
+                    st.recvs,
+                    st.recvs_waited,
+                    st.error
+                ),
+                (iters, iters, iters, iters, iters, 0),
+                "size {size}: rank {rank}'s channel"
+            );
+        }
+    }
+}
+
 // ------------------------------------------------------------------ the header itself
 
 /// A kernel calling every device function of the kernel-driven QP and peer API.
@@ -1340,4 +1437,13 @@ fn header_device_code_compiles_with_clang() {
         "header",
         &format!("{CALLS}\n{gpu_test_kernels}\n{bandwidth_kernel}"),
     );
+}
+
+/// The pingpong example's kernels (`--api gdsync` and `--api mp` with `--trigger kernel`,
+/// and the step of `--trigger host`) compile as CUDA: checked with clang here, where NVRTC
+/// and the GPU are not.
+#[test]
+fn pingpong_kernels_compile_with_clang() {
+    let src = include_str!("../examples/pingpong/kernels.cu");
+    common::clang::check_cuda("pingpong", src);
 }

@@ -26,51 +26,16 @@ const SIGNAL_EVERY: u64 = 16;
 const AHEAD: u64 = 16;
 pub(crate) const TIMEOUT: Duration = Duration::from_secs(20);
 
-const KERNEL: &str = r#"
-// One rank of the pingpong. Descriptors are fetched from the ring in the order the host pushed
-// them, each as early as possible (before the wait that precedes its use), so their transfer
-// from host memory is off the critical path.
-extern "C" __global__ void pp(gds_desc_ring ring, int rank, uint64_t iters, uint64_t sig_every,
-        int ring_waits, int raw, uint64_t my_word, uint64_t out_word, uint64_t times,
-        uint64_t timeout_ns, uint64_t rc_addr) {
-    uint64_t idx = 0;
-    gds_desc snd, w, rw;
-    int rc = GDS_OK;
-#define FETCH(d) do { rc = gds_ring_fetch(&ring, idx++, &(d), timeout_ns); if (rc) goto out; } while (0)
-#define CHECK(x) do { rc = (x); if (rc) goto out; } while (0)
-    if (!raw) {
-        if (rank == 1 && ring_waits) FETCH(rw);
-        if (iters > 0) FETCH(snd);
-    }
-    for (uint64_t i = 0; i < iters; i++) {
-        uint32_t mine = (uint32_t)(2 * i + 1 + rank), theirs = (uint32_t)(2 * i + 2 - rank);
-        if (rank == 1)
-            CHECK(ring_waits ? gds_wait(&rw.wait, timeout_ns) : gds_wait_value32(my_word, theirs, GDS_COND_EQ, timeout_ns));
-        if (raw) {
-            gds_signal32(out_word, mine);
-        } else {
-            *(volatile uint32_t *)out_word = mine;
-            CHECK(gds_send(&snd.send));
-            if (i % sig_every == sig_every - 1) {
-                FETCH(w);
-                CHECK(gds_wait(&w.wait, timeout_ns));
-            }
-            if (rank == 0 && ring_waits) FETCH(rw);
-            if (i + 1 < iters) {
-                if (rank == 1 && ring_waits) FETCH(rw);
-                FETCH(snd);
-            }
-        }
-        if (rank == 0) {
-            CHECK(ring_waits ? gds_wait(&rw.wait, timeout_ns) : gds_wait_value32(my_word, theirs, GDS_COND_EQ, timeout_ns));
-            ((volatile uint64_t *)times)[i] = gds_now_ns();
-        }
-    }
-out:
-    gds_signal32(rc_addr, rc ? 1000 + rc : 1);
+/// The kernels of the GPU triggers, `pp` and `step` here and `mp_pp` of mp_gpu.rs (also
+/// checked with clang by tests/kernel_channel.rs).
+pub(crate) const KERNELS: &str = include_str!("kernels.cu");
+/// How long a kernel's wait gives up after (it then reports a code instead of spinning).
+pub(crate) const KERNEL_WAIT_NS: u64 = 10_000_000_000;
+
+/// A kernel parameter as `Function::launch` takes it: a pointer to its value.
+pub(crate) fn param<T>(v: &mut T) -> *mut c_void {
+    v as *mut T as *mut c_void
 }
-extern "C" __global__ void step() {}
-"#;
 
 /// A message buffer in pinned host or device memory.
 pub(crate) enum Buf {
@@ -216,17 +181,23 @@ fn marker_wait(addr: u64, marker: u32) -> Ops {
     })
 }
 
-/// Joins both rank threads; rank 0's samples.
+/// Joins both rank threads; rank 0's samples. When both failed, both errors are reported
+/// (one rank's failure often makes the other time out: the first error alone may be that).
 pub(crate) fn join_ranks(
     t0: std::thread::JoinHandle<Result<Vec<f64>>>,
     t1: std::thread::JoinHandle<Result<Vec<f64>>>,
 ) -> Result<Vec<f64>> {
-    let times = t0
+    let r0 = t0
         .join()
-        .map_err(|_| anyhow::anyhow!("rank 0 panicked"))??;
-    t1.join()
-        .map_err(|_| anyhow::anyhow!("rank 1 panicked"))??;
-    Ok(times)
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("rank 0 panicked")));
+    let r1 = t1
+        .join()
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("rank 1 panicked")));
+    match (r0, r1) {
+        (Ok(times), Ok(_)) => Ok(times),
+        (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
+        (Err(e0), Err(e1)) => bail!("rank 0: {e0:#}; rank 1: {e1:#}"),
+    }
 }
 
 pub(crate) fn stats(size: usize, mut half_rtts: Vec<f64>, cpu: f64) -> Stats {
@@ -253,7 +224,7 @@ pub(crate) fn run(args: &Args) -> Result<Vec<Stats>> {
         bail!("GPU triggers put a 32-bit marker at the end of each message: sizes must be multiples of 4");
     }
     let module = if args.trigger != Trigger::Stream {
-        Some(Module::compile(0, KERNEL).context("compile the pingpong kernels with NVRTC")?)
+        Some(Module::compile(0, KERNELS).context("compile the pingpong kernels with NVRTC")?)
     } else {
         None
     };
@@ -446,21 +417,21 @@ fn kernel_run(
             words[rank],
             out_word,
             times.addr(),
-            10_000_000_000u64,
+            KERNEL_WAIT_NS,
             rcs.addr(rank),
         );
-        let mut params: Vec<*mut c_void> = vec![
-            &mut ring as *mut _ as *mut c_void,
-            &mut rank_i as *mut _ as *mut c_void,
-            &mut n as *mut _ as *mut c_void,
-            &mut sig as *mut _ as *mut c_void,
-            &mut rw as *mut _ as *mut c_void,
-            &mut rawi as *mut _ as *mut c_void,
-            &mut my as *mut _ as *mut c_void,
-            &mut outw as *mut _ as *mut c_void,
-            &mut tms as *mut _ as *mut c_void,
-            &mut to as *mut _ as *mut c_void,
-            &mut rc as *mut _ as *mut c_void,
+        let mut params = [
+            param(&mut ring),
+            param(&mut rank_i),
+            param(&mut n),
+            param(&mut sig),
+            param(&mut rw),
+            param(&mut rawi),
+            param(&mut my),
+            param(&mut outw),
+            param(&mut tms),
+            param(&mut to),
+            param(&mut rc),
         ];
         // SAFETY: the parameters match `pp`; rings, words and buffers outlive the kernels
         // (both streams are synchronised before they are dropped).
@@ -515,6 +486,13 @@ fn kernel_run(
             rcs.load32(1)
         );
     }
+    Ok(kernel_half_rtts(&times, iters))
+}
+
+/// Rank 0's kernel stamps the GPU's global timer after each round trip into `times`; one
+/// sample per iteration is half the time since the previous stamp (the first iteration, with
+/// no stamp before it, gets the second's).
+pub(crate) fn kernel_half_rtts(times: &PinnedBuffer, iters: u64) -> Vec<f64> {
     let mut t = vec![0u8; iters as usize * 8];
     times.read_at(0, &mut t);
     let ns: Vec<u64> = t
@@ -526,7 +504,7 @@ fn kernel_run(
         half.push(ns[i].saturating_sub(ns[i - 1]) as f64 / 2000.0);
     }
     half.insert(0, half.first().copied().unwrap_or(0.0));
-    Ok(half)
+    half
 }
 
 // ---------------------------------------------------------------------------- host

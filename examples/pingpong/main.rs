@@ -9,7 +9,13 @@
 //! cargo run --release --example pingpong                       # soft device, threads
 //! cargo run --release --example pingpong -- --ranks procs --sizes 8,4096
 //! cargo run --release --example pingpong -- --raw --json
+//! cargo run --release --example pingpong -- --api mp --op send --trigger kernel --mem device
 //! ```
+//!
+//! `--api mp` runs the same loop through the messaging layer (`mp::Comm`, send/receive with
+//! credits) on every trigger; with `--trigger kernel` each rank's persistent kernel drives
+//! its kernel channel (`Comm::kernel_channels`) by itself. Its floor is `--api gdsync` with
+//! the same `--op send --trigger` (and that one's `--raw`).
 
 mod gpu;
 mod mp_gpu;
@@ -40,7 +46,8 @@ enum Trigger {
     Host,
     /// Stream-triggered: the CUDA stream rings the doorbell and waits for completions.
     Stream,
-    /// Kernel-initiated: one persistent kernel per rank sends and waits.
+    /// Kernel-initiated: one persistent kernel per rank sends and waits (`--api mp`: through
+    /// its kernel channel, posting its receives and credits too).
     Kernel,
 }
 
@@ -98,7 +105,8 @@ struct Args {
     /// With `--ranks threads`: one soft device (engine) per rank instead of a shared one.
     #[arg(long)]
     separate_devices: bool,
-    /// `gdsync` (queue pairs directly) or `mp` (the messaging layer: send/recv with credits).
+    /// `gdsync` (queue pairs directly) or `mp` (the messaging layer: send/recv with credits;
+    /// `--op send`, ranks as threads, every trigger).
     #[arg(long, value_enum, default_value = "gdsync")]
     api: Api,
     /// One JSON object per size instead of a table.

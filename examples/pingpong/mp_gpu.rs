@@ -2,16 +2,23 @@
 //! (`mp::Comm` send/receive with credits), `--op send` only. Ranks are threads sharing one
 //! GPU and one soft device; each has its own communicator.
 //!
-//! Receives are posted by each rank's CPU 64 ahead (their credits reach the peer early, so
-//! a stream send rarely needs to wait for one); requests are released by the CPU as the
-//! stream finishes them, which also bounds how far each CPU runs ahead of its stream.
+//! `host` and `stream`: receives are posted by each rank's CPU 64 ahead (their credits reach
+//! the peer early, so a stream send rarely needs to wait for one); requests are released by
+//! the CPU as the stream finishes them, which also bounds how far each CPU runs ahead of its
+//! stream. `kernel`: one persistent kernel per rank drives the rank's kernel channel
+//! (`Comm::kernel_channels`, `gds_peer_*`) by itself, receives and credits included, timed as
+//! gpu.rs times `--api gdsync --trigger kernel` (the GPU's global timer in rank 0's kernel).
 
-use super::gpu::{join_ranks, marker_write, stats, Buf, ProgressClock, TIMEOUT};
+use super::gpu::{
+    join_ranks, kernel_half_rtts, marker_write, param, stats, Buf, ProgressClock, KERNELS,
+    KERNEL_WAIT_NS, TIMEOUT,
+};
 use super::{Args, Stats, Trigger};
 use anyhow::{bail, Context, Result};
 use gdasync::gdsync::cuda::{CudaStream, Function, Module};
 use gdasync::gdsync::exec::{Executor, HostStream, OpBatch};
-use gdasync::gdsync::{Device, MemoryRegion, SignalWords};
+use gdasync::gdsync::kernel::code;
+use gdasync::gdsync::{Device, MemoryRegion, PinnedBuffer, SignalWords};
 use gdasync::mp::bootstrap::ThreadBootstrap;
 use gdasync::mp::{Comm, Request};
 use std::collections::VecDeque;
@@ -22,6 +29,25 @@ const RECV_AHEAD: u64 = 64;
 /// Iterations a rank's CPU enqueues ahead of its stream.
 const AHEAD: usize = 16;
 
+/// Receives a kernel keeps posted ahead, and the depth of its kernel channel.
+const KERNEL_RECV_AHEAD: u32 = 64;
+/// Result words of `mp_pp` (as `MP_*` in kernels.cu).
+const MP_DONE: usize = 0;
+const MP_RC: usize = 1;
+const MP_AT: usize = 2;
+const MP_STEP: usize = 3;
+const MP_LEN: usize = 4;
+const MP_WORDS: usize = 5;
+/// `mp_pp`'s code for a message of the wrong length.
+const MP_WRONG_LENGTH: i32 = 0x1000;
+
+/// The GPU function of a trigger: the step of `host`, the persistent loop of `kernel`.
+#[derive(Clone, Copy)]
+enum GpuFn {
+    Step(Function),
+    Loop(Function),
+}
+
 /// One rank: its communicator and registered buffers.
 struct MpRank {
     comm: Comm,
@@ -29,6 +55,7 @@ struct MpRank {
     sbuf: MemoryRegion<'static>,
     sbuf_addr: u64,
     rbuf: MemoryRegion<'static>,
+    rbuf_addr: u64,
     recvs: VecDeque<Request>,
     posted: u64,
 }
@@ -37,13 +64,14 @@ impl MpRank {
     fn new(boot: ThreadBootstrap, dev: &Device, args: &Args, max: usize) -> Result<Self> {
         let comm = Comm::new(Box::new(boot), dev)?;
         let (sbuf_addr, sbuf) = Buf::new(args.mem, max)?.leak_register(comm.pd())?;
-        let (_, rbuf) = Buf::new(args.mem, max)?.leak_register(comm.pd())?;
+        let (rbuf_addr, rbuf) = Buf::new(args.mem, max)?.leak_register(comm.pd())?;
         Ok(Self {
             peer: 1 - comm.rank(),
             comm,
             sbuf,
             sbuf_addr,
             rbuf,
+            rbuf_addr,
             recvs: VecDeque::new(),
             posted: 0,
         })
@@ -60,21 +88,17 @@ impl MpRank {
 }
 
 pub(crate) fn run(args: &Args) -> Result<Vec<Stats>> {
-    // The module stays loaded while its function is launched.
-    let module = if args.trigger == Trigger::Host {
-        Some(
-            Module::compile(0, "extern \"C\" __global__ void step() {}")
-                .context("compile the step kernel with NVRTC")?,
-        )
+    // The module stays loaded while its functions are launched.
+    let module = if args.trigger != Trigger::Stream {
+        Some(Module::compile(0, KERNELS).context("compile the pingpong kernels with NVRTC")?)
     } else {
         None
     };
-    let step = module.as_ref().map(|m| m.function("step")).transpose()?;
-    if args.trigger == Trigger::Kernel {
-        bail!(
-            "--api mp --trigger kernel is not in this build yet: use --api gdsync --trigger kernel"
-        );
-    }
+    let kernel = match args.trigger {
+        Trigger::Host => Some(GpuFn::Step(module.as_ref().unwrap().function("step")?)),
+        Trigger::Kernel => Some(GpuFn::Loop(module.as_ref().unwrap().function("mp_pp")?)),
+        _ => None,
+    };
     if args.sizes().iter().any(|&s| s < 4 || s % 4 != 0) {
         bail!("GPU triggers put a 32-bit marker at the end of each message: sizes must be multiples of 4");
     }
@@ -88,11 +112,12 @@ pub(crate) fn run(args: &Args) -> Result<Vec<Stats>> {
         let mut boots = ThreadBootstrap::group(2);
         let (b1, b0) = (boots.pop().unwrap(), boots.pop().unwrap());
         let spawn = |rank: usize, boot: ThreadBootstrap| {
-            let (dev, args, progress, step) = (dev.clone(), args.clone(), progress.clone(), step);
+            let (dev, args, progress) = (dev.clone(), args.clone(), progress.clone());
             std::thread::spawn(move || -> Result<Vec<f64>> {
                 let r = MpRank::new(boot, &dev, &args, max)?;
-                match step {
-                    Some(step) => host_rank(rank, r, size, warm + iters, &step),
+                match kernel {
+                    Some(GpuFn::Step(step)) => host_rank(rank, r, size, warm + iters, &step),
+                    Some(GpuFn::Loop(f)) => kernel_rank(rank, r, size, warm + iters, &f),
                     None if args.host_stream => {
                         let s = HostStream::new()?;
                         stream_rank(rank, r, size, warm + iters, &progress, s, |s| {
@@ -222,4 +247,118 @@ fn host_rank(
     }
     r.comm.barrier()?;
     Ok(times)
+}
+
+/// Kernel-initiated: one persistent kernel per rank (`mp_pp`) runs every iteration through
+/// the rank's kernel channel, posting its receives (with their credits), sending, and
+/// waiting for completions itself; the CPU only launches it and reads its report. Rank 0's
+/// kernel stamps the GPU's global timer after each round trip, as `pp` does for
+/// `--api gdsync --trigger kernel`.
+fn kernel_rank(
+    rank: usize,
+    mut r: MpRank,
+    size: usize,
+    iters: u64,
+    f: &Function,
+) -> Result<Vec<f64>> {
+    let ch = r.comm.kernel_channels(KERNEL_RECV_AHEAD)?;
+    if !ch.gpu_mapped() {
+        bail!("the kernel channel's rings and words are not reachable from the GPU");
+    }
+    let stream = CudaStream::new(0)?;
+    // Only rank 0's kernel stamps the iterations.
+    let times = PinnedBuffer::new(8 * if rank == 0 { iters.max(1) as usize } else { 1 });
+    let result = SignalWords::new(MP_WORDS);
+    let (mut table, mut me, mut peer) = (ch.table()?, rank as u32, r.peer as u32);
+    let (mut sbuf, mut slkey, mut rbuf, mut rlkey) =
+        (r.sbuf_addr, r.sbuf.lkey(), r.rbuf_addr, r.rbuf.lkey());
+    let (mut len, mut n, mut ahead) = (size as u32, iters, KERNEL_RECV_AHEAD);
+    let (mut times_addr, mut timeout, mut result_addr) = (
+        if rank == 0 { times.addr() } else { 0 },
+        KERNEL_WAIT_NS,
+        result.addr(0),
+    );
+    let mut params = [
+        param(&mut table),
+        param(&mut me),
+        param(&mut peer),
+        param(&mut sbuf),
+        param(&mut slkey),
+        param(&mut rbuf),
+        param(&mut rlkey),
+        param(&mut len),
+        param(&mut n),
+        param(&mut ahead),
+        param(&mut times_addr),
+        param(&mut timeout),
+        param(&mut result_addr),
+    ];
+    // Both ranks have made their CUDA allocations and registrations before either kernel
+    // runs: a running kernel could block them.
+    r.comm.barrier()?;
+    // SAFETY: the parameters match `mp_pp`; the table, channel, buffers, `times` and `result`
+    // outlive the kernel (the stream is synchronised below, before any of them is dropped).
+    unsafe { f.launch(&stream, 1, 1, &mut params)? };
+    let synced = stream.synchronize();
+    // Neither rank drops its channel while the other's kernel may still write credits to it.
+    let after = r.comm.barrier();
+    synced?;
+    after?;
+    if result.load64(MP_DONE) != 1 {
+        bail!("rank {rank}'s pingpong kernel ended without reporting");
+    }
+    let rc = result.load64(MP_RC) as i32;
+    if rc != code::OK {
+        let at = result.load64(MP_AT);
+        let step = match result.load64(MP_STEP) {
+            1 => "posting a receive (gds_peer_recv)",
+            2 => "sending (gds_peer_send)",
+            3 => "waiting for a send (gds_peer_wait_send)",
+            4 => "waiting for a receive (gds_peer_wait_recv)",
+            _ => "checking its arguments",
+        };
+        let why = match rc {
+            code::TIMEOUT => format!(
+                "a wait timed out after {} s (the peer stopped, or no credit or completion came)",
+                KERNEL_WAIT_NS / 1_000_000_000
+            ),
+            code::INVALID => "an invalid argument or channel descriptor".into(),
+            code::FULL => "the receive ring was full".into(),
+            MP_WRONG_LENGTH => format!(
+                "a message of {} bytes arrived, {size} expected",
+                result.load64(MP_LEN)
+            ),
+            rc => match code::syndrome(rc) {
+                Some(s) => format!("an error completion ({s:?})"),
+                None => format!("code {rc:#x}"),
+            },
+        };
+        bail!("rank {rank}'s pingpong kernel stopped at iteration {at} {step}: {why}");
+    }
+    // Every message went through the channel, and the last one's marker is in the buffer.
+    let st = ch.progress(r.peer)?;
+    if (
+        st.sends,
+        st.sends_waited,
+        st.recvs,
+        st.recvs_waited,
+        st.error,
+    ) != (iters, iters, iters, iters, 0)
+    {
+        bail!("rank {rank}: the channel's counters after {iters} iterations: {st:?}");
+    }
+    let mut last = [0u8; 4];
+    r.rbuf.read_at(size - 4, &mut last);
+    let want = (2 * iters - rank as u64) as u32;
+    if u32::from_ne_bytes(last) != want {
+        bail!(
+            "rank {rank}: the last message carries marker {}, not {want}",
+            u32::from_ne_bytes(last)
+        );
+    }
+    Ok(if rank == 0 {
+        kernel_half_rtts(&times, iters)
+    } else {
+        Vec::new()
+    })
 }

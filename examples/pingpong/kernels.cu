@@ -1,0 +1,120 @@
+// The kernels of pingpong's GPU triggers (NVRTC compiles them after gdsync.cuh;
+// tests/kernel_channel.rs checks that they compile, with clang, where no GPU is).
+//
+// Message m of a run carries the 32-bit marker m in its last 4 bytes: rank 0 sends odd
+// markers, rank 1 answers with even ones. Rank 0 stores the GPU's global timer after each
+// round trip into times[i]; the host turns consecutive stamps into half round trips.
+
+// ------------------------------------------------------------ --api gdsync --trigger kernel
+
+// One rank of the pingpong. Descriptors are fetched from the ring in the order the host pushed
+// them, each as early as possible (before the wait that precedes its use), so their transfer
+// from host memory is off the critical path.
+extern "C" __global__ void pp(gds_desc_ring ring, int rank, uint64_t iters, uint64_t sig_every,
+        int ring_waits, int raw, uint64_t my_word, uint64_t out_word, uint64_t times,
+        uint64_t timeout_ns, uint64_t rc_addr) {
+    uint64_t idx = 0;
+    gds_desc snd, w, rw;
+    int rc = GDS_OK;
+#define FETCH(d) do { rc = gds_ring_fetch(&ring, idx++, &(d), timeout_ns); if (rc) goto out; } while (0)
+#define CHECK(x) do { rc = (x); if (rc) goto out; } while (0)
+    if (!raw) {
+        if (rank == 1 && ring_waits) FETCH(rw);
+        if (iters > 0) FETCH(snd);
+    }
+    for (uint64_t i = 0; i < iters; i++) {
+        uint32_t mine = (uint32_t)(2 * i + 1 + rank), theirs = (uint32_t)(2 * i + 2 - rank);
+        if (rank == 1)
+            CHECK(ring_waits ? gds_wait(&rw.wait, timeout_ns) : gds_wait_value32(my_word, theirs, GDS_COND_EQ, timeout_ns));
+        if (raw) {
+            gds_signal32(out_word, mine);
+        } else {
+            *(volatile uint32_t *)out_word = mine;
+            CHECK(gds_send(&snd.send));
+            if (i % sig_every == sig_every - 1) {
+                FETCH(w);
+                CHECK(gds_wait(&w.wait, timeout_ns));
+            }
+            if (rank == 0 && ring_waits) FETCH(rw);
+            if (i + 1 < iters) {
+                if (rank == 1 && ring_waits) FETCH(rw);
+                FETCH(snd);
+            }
+        }
+        if (rank == 0) {
+            CHECK(ring_waits ? gds_wait(&rw.wait, timeout_ns) : gds_wait_value32(my_word, theirs, GDS_COND_EQ, timeout_ns));
+            ((volatile uint64_t *)times)[i] = gds_now_ns();
+        }
+    }
+out:
+    gds_signal32(rc_addr, rc ? 1000 + rc : 1);
+#undef FETCH
+#undef CHECK
+}
+
+// The GPU step of --trigger host (launched and synchronised every iteration).
+extern "C" __global__ void step() {}
+
+// ------------------------------------------------------------ --api mp --trigger kernel
+
+// Result words (8 bytes each) of mp_pp, written when it ends, then MP_DONE set to 1.
+#define MP_DONE 0
+#define MP_RC 1     // GDS_OK, a GDS_* code, or MP_WRONG_LENGTH
+#define MP_AT 2     // the iteration it stopped at (iters when done)
+#define MP_STEP 3   // the call that failed: MP_STEP_*
+#define MP_LEN 4    // bytes of the last message received
+#define MP_WORDS 5
+#define MP_STEP_RECV 1       // gds_peer_recv
+#define MP_STEP_SEND 2       // gds_peer_send
+#define MP_STEP_WAIT_SEND 3  // gds_peer_wait_send
+#define MP_STEP_WAIT_RECV 4  // gds_peer_wait_recv
+#define MP_WRONG_LENGTH 0x1000  // a message of another length than size arrived
+
+// One rank of `pingpong --api mp --trigger kernel`: the loop of pp through the rank's kernel
+// channel to `peer` (peers[peer], mp::Comm::kernel_channels): receives with credits, sends,
+// completions, all driven by this one thread; every wait gives up after timeout_ns and the
+// kernel reports the code and where it stopped instead of spinning forever. The bookkeeping
+// (the previous send's completion, the consumed receive posted again with its credit) comes
+// right after each send, while the peer is busy, as pp fetches its descriptors there.
+extern "C" __global__ void mp_pp(const gds_peer *peers, uint32_t rank, uint32_t peer, uint64_t sbuf,
+        uint32_t slkey, uint64_t rbuf, uint32_t rlkey, uint32_t size, uint64_t iters, uint32_t ahead,
+        uint64_t times, uint64_t timeout_ns, uint64_t result) {
+    gds_peer p = peers[peer];
+    volatile uint64_t *res = (volatile uint64_t *)result;
+    uint64_t i = 0;
+    uint32_t step = 0, len = 0;
+    int rc = size < 4 ? GDS_INVALID : GDS_OK;
+#define MP_CHECK(s, x) do { step = (s); rc = (x); if (rc) goto out; } while (0)
+#define MP_TAKE() do { \
+        MP_CHECK(MP_STEP_WAIT_RECV, gds_peer_wait_recv(&p, &len, timeout_ns)); \
+        if (len != size) { rc = MP_WRONG_LENGTH; goto out; } \
+    } while (0)
+    if (rc) goto out;
+    // Receives posted ahead: their credits reach the peer long before its sends need them.
+    while (p.recvs < iters && p.recvs < ahead) MP_CHECK(MP_STEP_RECV, gds_peer_recv(&p, rbuf, rlkey, size, timeout_ns));
+    for (; i < iters; i++) {
+        if (rank == 1) MP_TAKE();
+        *(volatile uint32_t *)(sbuf + size - 4) = (uint32_t)(2 * i + 1 + rank);
+        MP_CHECK(MP_STEP_SEND, gds_peer_send(&p, sbuf, slkey, size, timeout_ns));
+        // The peer now works on this message: the previous send completed long ago (its
+        // answer came), and the receive consumed last (rank 0) or just now (rank 1) is
+        // posted again, as long as iterations remain that need one.
+        if (i > 0) MP_CHECK(MP_STEP_WAIT_SEND, gds_peer_wait_send(&p, timeout_ns));
+        if ((rank == 1 || i > 0) && p.recvs < iters)
+            MP_CHECK(MP_STEP_RECV, gds_peer_recv(&p, rbuf, rlkey, size, timeout_ns));
+        if (rank == 0) {
+            MP_TAKE();
+            ((volatile uint64_t *)times)[i] = gds_now_ns();
+        }
+    }
+    // The last send; the credit writes were posted before it and completed first (in order).
+    if (iters > 0) MP_CHECK(MP_STEP_WAIT_SEND, gds_peer_wait_send(&p, timeout_ns));
+out:
+    res[MP_RC] = (uint32_t)rc;
+    res[MP_AT] = i;
+    res[MP_STEP] = step;
+    res[MP_LEN] = len;
+    gds_signal64(result + 8 * MP_DONE, 1);
+#undef MP_CHECK
+#undef MP_TAKE
+}
