@@ -56,6 +56,42 @@ fn workload(comm: &mut Comm) {
         }
     }
 
+    // Receives posted in one batch, with one credit for all of them: FIFO order holds.
+    let batch_pattern = |from: usize, k: usize, i: usize| pattern(from, k, i) ^ 0x5A;
+    for k in 0..MSGS {
+        for i in 0..LEN {
+            smr.write_at(k * LEN + i, &[batch_pattern(me, k, i)]);
+        }
+    }
+    rmr.write_at(0, &vec![0u8; MSGS * LEN]);
+    let dsts: Vec<_> = (0..MSGS).map(|k| rmr.sge(k * LEN..(k + 1) * LEN)).collect();
+    let recvs = comm.irecv_batch(&dsts, left).unwrap();
+    assert_eq!(recvs.len(), MSGS);
+    let sends: Vec<_> = (0..MSGS)
+        .map(|k| comm.isend(smr.sge(k * LEN..(k + 1) * LEN), right).unwrap())
+        .collect();
+    let lens = comm.wait_all(&recvs).unwrap();
+    assert!(
+        lens.iter().all(|&l| l as usize == LEN),
+        "rank {me}: {lens:?}"
+    );
+    comm.wait_all(&sends).unwrap();
+    rmr.read_at(0, &mut got);
+    for k in 0..MSGS {
+        for i in (0..LEN).step_by(89) {
+            assert_eq!(
+                got[k * LEN + i],
+                batch_pattern(left, k, i),
+                "rank {me}: batch message {k} from {left}"
+            );
+        }
+    }
+    for k in 0..MSGS {
+        for i in 0..LEN {
+            smr.write_at(k * LEN + i, &[pattern(me, k, i)]);
+        }
+    }
+
     // Point to point on an executor (host stream): credit wait, doorbell and completion wait
     // all run on the stream.
     let stream = HostStream::new().unwrap();
@@ -387,6 +423,11 @@ fn bad_arguments_are_errors() {
     assert!(
         matches!(c.isend(mr.sge(0..64), 0), Err(Error::InvalidArgument(_))),
         "send to self"
+    );
+    let e = c.irecv_batch(&vec![mr.sge(0..64); 100_000], 1).unwrap_err();
+    assert!(
+        matches!(e, Error::RingFull { .. }),
+        "a batch past the ring: {e}"
     );
     let s = c.isend(mr.sge(0..64), 1).unwrap();
     let e = c.wait(s).unwrap_err();

@@ -20,6 +20,7 @@ both!(
     inline,
     inline_send_at_configured_maximum,
     inline_write_at_configured_maximum,
+    inline_host_copies_small_host_payloads_only,
     multi_sge_gather,
     multi_sge_scatter,
     zero_length,
@@ -826,6 +827,41 @@ fn large_write_and_read(t: Topo) {
 
 /// Prepare → commit → run the doorbell ops on a host executor. Nothing runs before the
 /// doorbell; a later doorbell exposes every committed send before it.
+/// `inline_host`: a small host payload is copied when the WQE is written (clobbering the
+/// source before the doorbell changes nothing); one larger than `max_inline` is gathered by
+/// the NIC when the doorbell rings (the clobbered bytes arrive).
+fn inline_host_copies_small_host_payloads_only(t: Topo) {
+    let mut p = Pair::new(t);
+    let max = QpConfig::default().max_inline;
+    let big = max as usize + 1;
+    let mut src = pattern(7, big);
+    let mut dst = vec![0u8; 2 * big];
+    let smr = p.a.pd.register(&mut src, Access::empty()).unwrap();
+    let dmr = p.b.pd.register(&mut dst, RW).unwrap();
+    let exec = HostExecutor::default();
+    for (len, inlined) in [(8usize, true), (max as usize, true), (big, false)] {
+        smr.write_at(0, &pattern(7, big));
+        p.b.qp
+            .post_recv(&RecvWr::new().sge(dmr.sge(..)).wr_id(1))
+            .unwrap();
+        let wr = SendWr::send().sge(smr.sge(..len)).inline_host().wr_id(2);
+        let prepared = p.a.qp.prepare_send(&wr).unwrap();
+        smr.write_at(0, &vec![0xEE; big]);
+        p.a.qp.post_prepared(prepared, &exec).unwrap();
+        let r = poll1(&p.b.rcq);
+        assert!(r.is_ok() && r.byte_len as usize == len, "{r:?}");
+        poll_ok(&p.a.scq, 1);
+        let mut got = vec![0u8; len];
+        dmr.read_at(0, &mut got);
+        let want = if inlined {
+            pattern(7, big)[..len].to_vec()
+        } else {
+            vec![0xEE; len]
+        };
+        assert_eq!(got, want, "{len} bytes: inlined should be {inlined}");
+    }
+}
+
 fn prepare_commit_host_executor(t: Topo) {
     let mut p = Pair::new(t);
     let mut src = vec![0u8; 24];

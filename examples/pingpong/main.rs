@@ -109,6 +109,10 @@ struct Args {
     /// `--op send`, ranks as threads, every trigger).
     #[arg(long, value_enum, default_value = "gdsync")]
     api: Api,
+    /// With `--api mp --trigger cpu`: receives are kept 64 deep and posted again this many
+    /// at a time, with one credit per batch (1: a credit for every message).
+    #[arg(long, default_value_t = 16)]
+    recv_batch: usize,
     /// One JSON object per size instead of a table.
     #[arg(long)]
     json: bool,
@@ -336,22 +340,32 @@ impl Wire for Nic {
 
 // ---------------------------------------------------------------------------- mp
 
-/// The messaging layer: `isend`/`irecv` with credits, waited on the CPU. The next receive is
-/// posted right after each send (whole buffer), sends are waited for one behind.
+/// The messaging layer: `isend`/`irecv` with credits, waited on the CPU. Receives are kept
+/// [`RECVS_AHEAD`] deep, as the gdsync loop keeps its receive ring full, and posted again
+/// `--recv-batch` at a time (`Comm::irecv_batch`: one credit, a request and a response
+/// through the NIC, per batch); sends are waited for one behind.
 struct MpWire {
     comm: gdasync::mp::Comm,
     sbuf: MemoryRegion<'static>,
     rbuf: MemoryRegion<'static>,
-    recv: Option<gdasync::mp::Request>,
+    recvs: std::collections::VecDeque<gdasync::mp::Request>,
     send: Option<gdasync::mp::Request>,
+    batch: usize,
 }
+
+/// Receives `--api mp` keeps posted.
+const RECVS_AHEAD: usize = 64;
 
 impl MpWire {
     fn new(
         boot: Box<dyn gdasync::mp::bootstrap::Bootstrap>,
         dev: &Device,
         max: usize,
+        batch: usize,
     ) -> Result<Self> {
+        if !(1..=RECVS_AHEAD).contains(&batch) {
+            bail!("--recv-batch must be 1..={RECVS_AHEAD}, not {batch}");
+        }
         let comm = gdasync::mp::Comm::new(boot, dev)?;
         let sbuf = comm.register(leak(max))?;
         let rbuf = comm.register(leak(max))?;
@@ -359,16 +373,22 @@ impl MpWire {
             comm,
             sbuf,
             rbuf,
-            recv: None,
+            recvs: Default::default(),
             send: None,
+            batch,
         })
     }
     fn peer(&self) -> usize {
         1 - self.comm.rank()
     }
-    fn post_recv(&mut self) -> Result<()> {
-        if self.recv.is_none() {
-            self.recv = Some(self.comm.irecv(self.rbuf.sge(..), self.peer())?);
+    /// Posts receives again once `batch` of them are used (every one, into the whole
+    /// buffer: messages of one ping-pong never overlap).
+    fn top_up(&mut self, min: usize) -> Result<()> {
+        let missing = RECVS_AHEAD - self.recvs.len();
+        if missing >= min.max(1) {
+            let sges = vec![self.rbuf.sge(..); missing];
+            let peer = self.peer();
+            self.recvs.extend(self.comm.irecv_batch(&sges, peer)?);
         }
         Ok(())
     }
@@ -383,20 +403,23 @@ impl Wire for MpWire {
             self.sbuf.write_volatile_u8(size - 1, marker(i));
         }
         self.send = Some(self.comm.isend(self.sbuf.sge(..size), self.peer())?);
-        // The next receive right behind the send: its credit travels after the message,
-        // not in front of it, and reaches the peer before the peer answers.
-        self.post_recv()
+        // Receives topped up right behind the send: their credit travels after the
+        // message, not in front of it, and reaches the peer before the peer answers.
+        self.top_up(self.batch)
     }
     fn wait(&mut self, _i: u64, size: usize) -> Result<()> {
-        self.post_recv()?;
-        let n = self.comm.wait(self.recv.take().unwrap())?;
+        if self.recvs.is_empty() {
+            self.top_up(1)?;
+        }
+        let r = self.recvs.pop_front().expect("receives posted ahead");
+        let n = self.comm.wait(r)?;
         if n as usize != size {
             bail!("received {n} bytes, expected {size}");
         }
         Ok(())
     }
     fn reset(&mut self, _size: usize) -> Result<()> {
-        self.post_recv()
+        self.top_up(1)
     }
     fn drain(&mut self) -> Result<()> {
         // The last send may still wait for its credit: only calls into the communicator post
@@ -704,6 +727,7 @@ fn check(args: &Args) -> Result<()> {
 
 fn threads(args: &Args) -> Result<()> {
     let max = *args.sizes().iter().max().unwrap();
+    let batch = args.recv_batch;
     let barrier = Arc::new(Barrier::new(2));
     let (w0, w1): (Box<dyn Wire + Send>, Box<dyn Wire + Send>) = if args.raw {
         let (a, b) = (heap_buf(max), heap_buf(max));
@@ -724,8 +748,8 @@ fn threads(args: &Args) -> Result<()> {
         let mut boots = gdasync::mp::bootstrap::ThreadBootstrap::group(2);
         let (b1, b0) = (boots.pop().unwrap(), boots.pop().unwrap());
         let d = dev.clone();
-        let h = std::thread::spawn(move || MpWire::new(Box::new(b1), &d, max));
-        let w0 = MpWire::new(Box::new(b0), &dev, max)?;
+        let h = std::thread::spawn(move || MpWire::new(Box::new(b1), &d, max, batch));
+        let w0 = MpWire::new(Box::new(b0), &dev, max, batch)?;
         let w1 = h.join().map_err(|_| anyhow::anyhow!("rank 1 panicked"))??;
         (Box::new(w0), Box::new(w1))
     } else {

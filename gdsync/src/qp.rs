@@ -393,6 +393,11 @@ impl Qp {
         self.shared.rq_cnt
     }
 
+    /// Receives that can be posted now (free slots in the receive ring).
+    pub fn recv_room(&self) -> u64 {
+        (self.shared.rq_cnt as u64).saturating_sub(self.rq_pi - self.shared.rq_retired())
+    }
+
     /// Writes the WQE for `wr` into the send ring without ringing the doorbell.
     pub fn prepare_send(&mut self, wr: &SendWr) -> Result<PreparedSend> {
         let s = &*self.shared;
@@ -726,6 +731,14 @@ impl Qp {
     }
 }
 
+/// Whether every SGE lies in a registered region of host memory (else it is left to the
+/// encoder's own checks).
+fn in_host_memory(dev: &DeviceShared, sges: &[Sge]) -> bool {
+    let mrs = dev.mrs.read();
+    sges.iter()
+        .all(|g| mrs.get(g.lkey).is_some_and(|e| e.gpu.is_none()))
+}
+
 /// Encodes `wr` as a WQE for producer index `sq_pi` into `out`; returns its ds count.
 fn encode(
     s: &QpShared,
@@ -746,7 +759,6 @@ fn encode(
             "message of {len} bytes exceeds the RC limit of {MAX_MESSAGE}"
         )));
     }
-    let inline = wr.flags.contains(SendFlags::INLINE);
     let (opcode, remote, imm) = match wr.op {
         WrOp::Send => (Opcode::Send, None, 0),
         WrOp::SendImm(i) => (Opcode::SendImm, None, i),
@@ -757,12 +769,17 @@ fn encode(
         WrOp::CompareSwap { remote, .. } => (Opcode::AtomicCs, Some(remote), 0),
         WrOp::Nop => (Opcode::Nop, None, 0),
     };
-    if inline
-        && matches!(
-            opcode,
-            Opcode::RdmaRead | Opcode::AtomicCs | Opcode::AtomicFa | Opcode::Nop
-        )
-    {
+    let inlinable = !matches!(
+        opcode,
+        Opcode::RdmaRead | Opcode::AtomicCs | Opcode::AtomicFa | Opcode::Nop
+    );
+    let inline = wr.flags.contains(SendFlags::INLINE)
+        || (wr.flags.contains(SendFlags::INLINE_HOST)
+            && inlinable
+            && len > 0
+            && len <= s.cfg.max_inline as u64
+            && in_host_memory(dev, &wr.sges));
+    if inline && !inlinable {
         return Err(Error::invalid(format!("{opcode:?} cannot be inline")));
     }
     if opcode.is_atomic() {

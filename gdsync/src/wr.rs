@@ -59,6 +59,10 @@ bitflags::bitflags! {
         const FENCE = 4;
         /// Solicited event at the responder.
         const SOLICITED = 8;
+        /// Inline when the payload fits the QP's `max_inline` and lies in host memory;
+        /// otherwise the NIC gathers it. (Not a verbs flag: a CPU copy of a few bytes is
+        /// cheaper than the NIC's read, a copy out of GPU memory is not.)
+        const INLINE_HOST = 16;
     }
 }
 
@@ -143,6 +147,13 @@ impl SendWr {
     /// Copies the payload into the WQE (small sends and writes).
     pub fn inline(mut self) -> Self {
         self.flags.insert(SendFlags::INLINE);
+        self
+    }
+    /// Copies the payload into the WQE when it is small and in host memory
+    /// ([`SendFlags::INLINE_HOST`]). Like [`inline`](Self::inline), the bytes are taken
+    /// when the request is prepared, not when the doorbell rings.
+    pub fn inline_host(mut self) -> Self {
+        self.flags.insert(SendFlags::INLINE_HOST);
         self
     }
     /// Waits for earlier reads and atomics first.

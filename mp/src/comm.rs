@@ -421,8 +421,44 @@ impl Comm {
     pub fn irecv(&mut self, dst: Sge, peer: usize) -> Result<Request> {
         self.peer(peer)?;
         let req = self.post_receive(dst, peer)?;
-        self.add_credit(peer)?;
+        self.add_credit(peer, 1)?;
         Ok(req)
+    }
+
+    /// Posts one receive per entry of `dsts`, in order, from rank `peer`, and gives the
+    /// sender all their credits in one fetch-and-add. A credit costs the NIC a request and a
+    /// response, so code that keeps receives posted ahead (a ping-pong, a stream of
+    /// messages) and tops them up in batches pays it once per batch instead of once per
+    /// message. Either every receive is posted or none (a full receive ring is an `Err`).
+    pub fn irecv_batch(&mut self, dsts: &[Sge], peer: usize) -> Result<Vec<Request>> {
+        self.peer(peer)?;
+        let p = self.peers[peer].as_ref().unwrap();
+        let room = p.qp.recv_room();
+        if dsts.len() as u64 > room {
+            return Err(Error::RingFull {
+                ring: "receive",
+                qpn: p.qp.qpn(),
+                used: p.qp.recv_ring_size() - room as u32,
+                size: p.qp.recv_ring_size(),
+                hint: "post fewer receives at once, or wait for some first",
+            });
+        }
+        let mut out = Vec::with_capacity(dsts.len());
+        for &d in dsts {
+            match self.post_receive(d, peer) {
+                Ok(r) => out.push(r),
+                Err(e) => {
+                    // Cannot happen after the room check; the posted ones still get credits
+                    // so the sender is not left waiting for them.
+                    self.add_credit(peer, out.len() as u64)?;
+                    return Err(e);
+                }
+            }
+        }
+        if !out.is_empty() {
+            self.add_credit(peer, out.len() as u64)?;
+        }
+        Ok(out)
     }
 
     /// Like [`irecv`](Self::irecv), but the sender's credit is given by `exec` when it gets
@@ -433,7 +469,7 @@ impl Comm {
         self.peer(peer)?;
         self.no_queued_cpu_work(peer, "giving credits on an executor")?;
         // The credit is prepared first: a full send ring fails before anything is posted.
-        let wr = self.credit_wr(peer, false);
+        let wr = self.credit_wr(peer, 1, false);
         let prepared = self.peers[peer].as_mut().unwrap().qp.prepare_send(&wr)?;
         let req = self.post_receive(dst, peer)?;
         let p = self.peers[peer].as_mut().unwrap();
@@ -464,12 +500,12 @@ impl Comm {
         }
     }
 
-    /// One credit for rank `peer`: a fetch-and-add of 1 on its credit word for this rank.
+    /// `n` credits for rank `peer`: a fetch-and-add of `n` on its credit word for this rank.
     /// Adds commute, so credits given by the CPU (credit QP) and by executors (traffic QP)
     /// may land in any order. Unsignalled: a later signalled request retires its slot.
-    fn credit_wr(&self, peer: usize, signaled: bool) -> SendWr {
+    fn credit_wr(&self, peer: usize, n: u64, signaled: bool) -> SendWr {
         let at = self.remote_ctrl[peer].at(self.layout.ready(self.rank) as u64);
-        let wr = SendWr::fetch_add(at, 1)
+        let wr = SendWr::fetch_add(at, n)
             .sge(self.scratch_mr.sge(0..8))
             .wr_id(INTERNAL);
         if signaled {
@@ -479,13 +515,13 @@ impl Comm {
         }
     }
 
-    /// Gives rank `peer` a credit from the CPU, on the credit QP (one in 64 signalled, so
-    /// the ring's slots come back).
-    fn add_credit(&mut self, peer: usize) -> Result<()> {
+    /// Gives rank `peer` `n` credits from the CPU, on the credit QP (one in 64 signalled,
+    /// so the ring's slots come back).
+    fn add_credit(&mut self, peer: usize, n: u64) -> Result<()> {
         let p = self.peers[peer].as_mut().unwrap();
         p.ctl_posted += 1;
         let signal = p.ctl_posted % 64 == 0;
-        let wr = self.credit_wr(peer, signal);
+        let wr = self.credit_wr(peer, n, signal);
         let start = Instant::now();
         loop {
             let p = self.peers[peer].as_mut().unwrap();
@@ -530,7 +566,9 @@ impl Comm {
         let (sge, len) = (src, src.len);
         self.peer(peer)?;
         let req = self.new_req(peer, Side::Send);
-        let wr = Self::send_wr(req, (len > 0).then_some(sge));
+        // Posted by the CPU: a small host-memory payload is copied into the WQE now, which
+        // spares the NIC a read (the buffer is reusable as soon as the send completes anyway).
+        let wr = Self::send_wr(req, (len > 0).then_some(sge)).inline_host();
         let p = self.peers[peer].as_mut().unwrap();
         p.sends += 1;
         let need = p.sends;
