@@ -29,6 +29,7 @@ both!(
     fence_write_after_atomic,
     large_write_and_read,
     prepare_commit_host_executor,
+    adjacent_doorbells_of_one_queue_merge,
     host_stream_waits_for_send,
     host_stream_waits_for_recv,
     host_stream_wraps_rings,
@@ -918,6 +919,48 @@ fn prepare_commit_host_executor(t: Topo) {
     let c = poll_ok(&p.a.scq, 2);
     assert_eq!((c[0].wr_id, c[1].wr_id), (2, 3));
     assert_eq!((slot(1), slot(2)), (2, 3));
+}
+
+/// Two commits of one QP appended back to back ring once (the later doorbell exposes both
+/// requests); a commit of another QP in between keeps all three doorbells.
+fn adjacent_doorbells_of_one_queue_merge(t: Topo) {
+    let mut p = Pair::new(t);
+    let mut q = p.another();
+    let mut src = vec![0u8; 24];
+    let mut dst = vec![0u8; 24];
+    let smr = p.a.pd.register(&mut src, Access::empty()).unwrap();
+    let dmr = p.b.pd.register(&mut dst, RW).unwrap();
+    for i in 0..3u64 {
+        smr.write_at(8 * i as usize, &(i + 1).to_ne_bytes());
+    }
+    let wr = |i: u64| {
+        SendWr::write(dmr.remote().at(8 * i))
+            .sge(smr.sge(8 * i as usize..8 * i as usize + 8))
+            .wr_id(i + 1)
+    };
+    let commit = |qp: &mut gdasync::gdsync::Qp, w: SendWr| {
+        let prepared = qp.prepare_send(&w).unwrap();
+        qp.commit(prepared).unwrap().1
+    };
+    let mut ops = commit(&mut p.a.qp, wr(0));
+    let one = ops.len();
+    ops.append(commit(&mut p.a.qp, wr(1)));
+    assert_eq!(ops.len(), one, "the first doorbell is superseded: {ops:?}");
+    let exec = HostExecutor::default();
+    exec.run(&ops).unwrap();
+    let c = poll_ok(&p.a.scq, 2);
+    assert_eq!((c[0].wr_id, c[1].wr_id), (1, 2));
+    assert_eq!((word(&dmr, 0), word(&dmr, 8)), (1, 2));
+
+    // Another queue's doorbell in between: nothing merges.
+    let mut ops = commit(&mut p.a.qp, wr(2));
+    ops.append(commit(&mut q.a.qp, SendWr::nop().wr_id(9)));
+    ops.append(commit(&mut p.a.qp, wr(2)));
+    assert_eq!(ops.len(), 3 * one, "{ops:?}");
+    exec.run(&ops).unwrap();
+    let c = poll_ok(&p.a.scq, 2);
+    assert_eq!((c[0].wr_id, c[1].wr_id), (3, 3));
+    assert_eq!(poll1(&q.a.scq).wr_id, 9);
 }
 
 /// A host stream waits for a send's completion and retires it: the consumer index moves

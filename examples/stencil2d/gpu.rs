@@ -81,7 +81,7 @@ enum Arg {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 struct SideArgs {
-    /// [`SENDS`] send buffers, then two receive buffers, each `len` bytes.
+    /// [`SENDS`] send buffers, then [`RECVS`] receive buffers, each `len` bytes.
     send: u64,
     recv: u64,
     send_lkey: u32,
@@ -90,7 +90,7 @@ struct SideArgs {
     len: u32,
     peer: u32,
     nsend: u32,
-    pad: u32,
+    nrecv: u32,
 }
 
 /// The persistent kernel's argument (kernels.cu: `StencilRun`), passed by value.
@@ -117,13 +117,20 @@ const _: () = assert!(std::mem::size_of::<PersistentArgs>() == 232);
 /// enqueues iteration `i` (whose ring kernel packs buffer `(i + 1) % SENDS`).
 const SENDS: usize = AHEAD + 1;
 
+/// Receive buffers per side: iteration `i` receives into buffer `i % RECVS`. The stream
+/// trigger gives the credit for receive `i + RECVS` once iteration `i` has read its halos,
+/// so a peer's credit is there before the CPU enqueues the send that needs it (the CPU runs
+/// at most [`AHEAD`] iterations ahead): the stream need not wait for it, and its doorbell
+/// merges with the credit's.
+const RECVS: usize = AHEAD + 2;
+
 /// One neighbour's messages: iteration `i` sends `send[i % SENDS]` and receives into
-/// `recv[i % 2]` (the receive for `i + 2` is posted once iteration `i` has read it).
+/// `recv[i % RECVS]`.
 struct Link {
     side: Side,
     peer: usize,
     send: [Sge; SENDS],
-    recv: [Sge; 2],
+    recv: [Sge; RECVS],
 }
 
 impl Link {
@@ -131,7 +138,7 @@ impl Link {
         self.send[(i % SENDS as u64) as usize]
     }
     fn recv(&self, i: u64) -> Sge {
-        self.recv[(i % 2) as usize]
+        self.recv[(i % RECVS as u64) as usize]
     }
 }
 
@@ -158,7 +165,7 @@ impl Offsets {
 /// buffers.
 fn halo_bytes(l: &Layout) -> usize {
     l.links()
-        .map(|(side, _)| (SENDS + 2) * 8 * l.side_len(side))
+        .map(|(side, _)| (SENDS + RECVS) * 8 * l.side_len(side))
         .sum()
 }
 
@@ -257,7 +264,7 @@ impl<'m> GpuRank<'m> {
                 len: l.send[0].len,
                 peer: l.peer as u32,
                 nsend: SENDS as u32,
-                pad: 0,
+                nrecv: RECVS as u32,
             };
         }
         Ok(GpuRank {
@@ -394,12 +401,14 @@ impl<'m> GpuRank<'m> {
     fn run_stream(&mut self, comm: &mut Comm, first: u64, end: u64) -> Result<()> {
         let batch = OpBatch::new();
         let mut trace = (self.trace && end - first > Trace::ITERS).then(|| Trace::new(end));
-        let mut recvs: Vec<[Option<Request>; 2]> = vec![[None, None]; self.links.len()];
+        let mut recvs: Vec<[Option<Request>; RECVS]> =
+            vec![std::array::from_fn(|_| None); self.links.len()];
+        let slot = |i: u64| (i % RECVS as u64) as usize;
         // Receives are posted now (the CPU writes their WQEs); their credits, which let the
         // peer send, are given by the stream once it is done with the buffer.
-        for i in first..end.min(first + 2) {
+        for i in first..end.min(first + RECVS as u64) {
             for (k, l) in self.links.iter().enumerate() {
-                recvs[k][(i % 2) as usize] = Some(comm.irecv_on(l.recv(i), l.peer, &batch)?);
+                recvs[k][slot(i)] = Some(comm.irecv_on(l.recv(i), l.peer, &batch)?);
             }
         }
         self.pack(first)?;
@@ -431,7 +440,7 @@ impl<'m> GpuRank<'m> {
             mark(2);
             let recvd: Vec<Request> = recvs
                 .iter_mut()
-                .map(|r| r[p].take().expect("posted two iterations ahead"))
+                .map(|r| r[slot(i)].take().expect("posted RECVS iterations ahead"))
                 .collect();
             // The stream waits for the halos, consuming their completions itself.
             comm.wait_all_on(&recvd, &batch)?;
@@ -440,10 +449,12 @@ impl<'m> GpuRank<'m> {
             mark(3);
             self.ring(i, i + 1 < end)?;
             mark(4);
-            if i + 2 < end {
-                // Buffers of parity p are read: let the peers fill them for iteration i + 2.
+            if i + (RECVS as u64) < end {
+                // This iteration's receive buffers are read: let the peers fill them for
+                // iteration i + RECVS.
+                let j = i + RECVS as u64;
                 for (k, l) in self.links.iter().enumerate() {
-                    recvs[k][p] = Some(comm.irecv_on(l.recv(i), l.peer, &batch)?);
+                    recvs[k][slot(j)] = Some(comm.irecv_on(l.recv(j), l.peer, &batch)?);
                 }
             }
             mark(5);

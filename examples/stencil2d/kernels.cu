@@ -59,11 +59,11 @@ extern "C" __global__ void interior(u64 cur, u64 nxt, int nx, int ny, double c0,
 // ------------------------------------------------------------ the halo exchange
 
 // One side's channel (gpu.rs: SideArgs). len 0: no neighbour on that side.
-// Iteration i sends from send + (i % nsend) * len and receives into recv + (i % 2) * len.
+// Iteration i sends from send + (i % nsend) * len and receives into recv + (i % nrecv) * len.
 struct StencilSide {
     u64 send, recv;
     unsigned send_lkey, recv_lkey, len, peer;
-    unsigned nsend, pad;
+    unsigned nsend, nrecv;
 };
 static_assert(sizeof(StencilSide) == 40, "StencilSide size");
 
@@ -71,7 +71,7 @@ __device__ __forceinline__ double *send_buf(const StencilSide &d, long i) {
     return (double *)(d.send + (u64)(i % d.nsend) * d.len);
 }
 __device__ __forceinline__ double *recv_buf(const StencilSide &d, long i) {
-    return (double *)(d.recv + (u64)(i & 1) * d.len);
+    return (double *)(d.recv + (u64)(i % d.nrecv) * d.len);
 }
 
 // Everything the persistent kernel needs (gpu.rs: PersistentArgs), passed by value.
@@ -261,11 +261,12 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
         }
         if (stored) __threadfence_system();
         if (!grid_sync(a, &gen, i)) return;
-        // The halos of parity p are read: the peers may fill them for iteration i + 2.
+        // This iteration's halos are read: receives for iteration i + 2 (into their own
+        // buffers; with two, the ones just read).
         if (comm && i + 2 < a.end) {
             for (int d = 0; d < 4 && rc == GDS_OK; d++)
                 if (a.side[d].len)
-                    rc = gds_peer_recv(&peer[d], (u64)recv_buf(a.side[d], i), a.side[d].recv_lkey, a.side[d].len,
+                    rc = gds_peer_recv(&peer[d], (u64)recv_buf(a.side[d], i + 2), a.side[d].recv_lkey, a.side[d].len,
                                        a.timeout_ns);
             if (rc != GDS_OK) stencil_fail(a, rc, i);
         }

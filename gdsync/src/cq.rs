@@ -71,7 +71,18 @@ impl CqShared {
     /// The consumer index: completions consumed by host polls or executor waits.
     pub(crate) fn consumed(&self) -> u64 {
         let st = self.poll.lock();
-        st.ci.max(self.ctrl.u64(CQ_RETIRED).load(Ordering::Acquire))
+        self.retired_after(st.ci)
+    }
+
+    /// Completions consumed by executors and kernels, as far as they are beyond `ci` (what
+    /// host polls consumed): the retired counter kernels store, and the doorbell record's
+    /// 24-bit consumer index, which an executor's wait stores as it consumes (read relative
+    /// to `ci`, so the free-running count needs no store of its own).
+    pub(crate) fn retired_after(&self, ci: u64) -> u64 {
+        let rec = u64::from(crate::mem::load_be32(&self.ctrl, CQ_DBREC) & 0xFF_FFFF);
+        let ahead = rec.wrapping_sub(ci) & 0xFF_FFFF;
+        let from_rec = if ahead < 0x80_0000 { ci + ahead } else { ci };
+        from_rec.max(self.ctrl.u64(CQ_RETIRED).load(Ordering::Acquire))
     }
 
     /// Hands the CQ to a kernel: refuses if a kernel already owns it or a completion waits
@@ -85,7 +96,7 @@ impl CqShared {
                 self.cqn
             )));
         }
-        st.ci = st.ci.max(self.ctrl.u64(CQ_RETIRED).load(Ordering::Acquire));
+        st.ci = self.retired_after(st.ci);
         let op_own = self
             .ring
             .u8(slot_off(0, st.ci, self.cnt, CQE_SIZE) + 63)
@@ -104,7 +115,7 @@ impl CqShared {
     /// Takes the CQ back from a kernel: host polls resume where the kernel stopped.
     pub(crate) fn take_from_kernel(&self) {
         let mut st = self.poll.lock();
-        st.ci = st.ci.max(self.ctrl.u64(CQ_RETIRED).load(Ordering::Acquire));
+        st.ci = self.retired_after(st.ci);
         self.kernel_owned.store(false, Ordering::Release);
     }
 }
@@ -260,9 +271,6 @@ impl Cq {
     pub fn consumer_index(&self) -> u64 {
         self.shared.consumed()
     }
-    fn retired(&self) -> u64 {
-        self.shared.ctrl.u64(CQ_RETIRED).load(Ordering::Acquire)
-    }
 
     /// Polls up to `max` completions into `out`; returns how many were added.
     pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
@@ -278,11 +286,8 @@ impl Cq {
             )));
         }
         let mut st = s.poll.lock();
-        // Completions an executor retired (its waits stored the retired counter) are consumed.
-        let retired = self.retired();
-        if retired > st.ci {
-            st.ci = retired;
-        }
+        // Completions an executor or kernel retired are consumed.
+        st.ci = s.retired_after(st.ci);
         let mut n = 0;
         while n < max {
             let off = slot_off(0, st.ci, s.cnt, CQE_SIZE);
@@ -362,9 +367,9 @@ impl Cq {
     }
 
     /// The op list that waits for completion number `n` (free-running) and then consumes it:
-    /// a wait on the owner bit of its CQE (which error CQEs satisfy too), a store of the new
-    /// consumer index to the doorbell record, and a store of `n + 1` to the retired counter,
-    /// so no CPU poll is needed afterwards.
+    /// a wait on the owner bit of its CQE (which error CQEs satisfy too) and a store of the
+    /// new consumer index to the doorbell record, which the host reads back, so no CPU poll
+    /// is needed afterwards.
     pub fn wait_ops(&self, n: u64) -> Ops {
         wait_ops(&self.shared, n)
     }
@@ -389,13 +394,6 @@ pub(crate) fn wait_ops(s: &Arc<CqShared>, n: u64) -> Ops {
         Op::Write32 {
             addr: s.ctrl.addr(CQ_DBREC),
             value: cq_ci_value(n + 1).native(),
-        },
-        &ctrl,
-    );
-    ops.push(
-        Op::Write64 {
-            addr: s.ctrl.addr(CQ_RETIRED),
-            value: n + 1,
         },
         &ctrl,
     );

@@ -101,6 +101,9 @@ pub(crate) type KeepAlive = Arc<dyn Any + Send + Sync>;
 pub struct Ops {
     ops: SmallVec<[Op; 4]>,
     keep: SmallVec<[KeepAlive; 2]>,
+    /// `Some((start, qp))`: `ops[start..]` rings the doorbell of the send queue `qp` (its
+    /// doorbell record's address) and nothing follows it.
+    ring_tail: Option<(usize, u64)>,
 }
 
 impl std::fmt::Debug for Ops {
@@ -127,11 +130,29 @@ impl Ops {
         self.ops.is_empty()
     }
     /// Appends every operation of `other` (and what it keeps alive).
+    ///
+    /// A doorbell of a send queue directly followed by another doorbell of the same queue
+    /// is dropped: the later one exposes every request the earlier one did (one doorbell for
+    /// several requests, as `ibv_post_send` rings once for a list), and an executor saves
+    /// the stores.
     pub fn append(&mut self, other: Ops) {
+        let base = match (self.ring_tail, other.ring_tail) {
+            (Some((start, a)), Some((0, b))) if a == b => {
+                self.ops.truncate(start);
+                start
+            }
+            _ => self.ops.len(),
+        };
         self.ops.extend(other.ops);
+        self.ring_tail = other.ring_tail.map(|(s, qp)| (base + s, qp));
         for k in other.keep {
             self.keep_alive(k);
         }
+    }
+    /// Marks the whole list as the ring of the doorbell whose record is at `dbrec`, so that
+    /// [`append`](Self::append) can merge it with a ring of the same queue just before it.
+    pub(crate) fn mark_ring(&mut self, dbrec: u64) {
+        self.ring_tail = Some((0, dbrec));
     }
     /// Appends an operation on arbitrary memory.
     ///
@@ -140,10 +161,12 @@ impl Ops {
     /// every executor that runs this list has finished with it.
     pub unsafe fn push_raw(&mut self, op: Op) {
         self.ops.push(op);
+        self.ring_tail = None;
     }
     /// Appends an op whose memory is kept alive by `keep` (library-internal).
     pub(crate) fn push(&mut self, op: Op, keep: &KeepAlive) {
         self.ops.push(op);
+        self.ring_tail = None;
         self.keep_alive(keep.clone());
     }
     fn keep_alive(&mut self, k: KeepAlive) {

@@ -496,6 +496,7 @@ impl Qp {
                 },
                 &keep,
             );
+            ops.mark_ring(s.ctrl.addr(QP_PROXY));
             return Ok((p.ticket, ops));
         }
         ops.push(
@@ -513,6 +514,7 @@ impl Qp {
             },
             &keep,
         );
+        ops.mark_ring(s.ctrl.addr(QP_DBREC));
         Ok((p.ticket, ops))
     }
 
