@@ -266,7 +266,11 @@ impl<'m> GpuRank<'m> {
                 nsend: SENDS as u32,
                 // The persistent kernel posts each receive two iterations ahead, into the
                 // buffers it has just read: two are enough (the others use RECVS).
-                nrecv: if trigger == Trigger::Kernel { 2 } else { RECVS as u32 },
+                nrecv: if trigger == Trigger::Kernel {
+                    2
+                } else {
+                    RECVS as u32
+                },
             };
         }
         Ok(GpuRank {
