@@ -385,7 +385,7 @@ impl MpWire {
     /// buffer: messages of one ping-pong never overlap).
     fn top_up(&mut self, min: usize) -> Result<()> {
         let missing = RECVS_AHEAD - self.recvs.len();
-        if missing >= min.max(1) {
+        if missing >= min {
             let sges = vec![self.rbuf.sge(..); missing];
             let peer = self.peer();
             self.recvs.extend(self.comm.irecv_batch(&sges, peer)?);

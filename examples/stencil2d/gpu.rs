@@ -264,13 +264,7 @@ impl<'m> GpuRank<'m> {
                 len: l.send[0].len,
                 peer: l.peer as u32,
                 nsend: SENDS as u32,
-                // The persistent kernel posts each receive two iterations ahead, into the
-                // buffers it has just read: two are enough (the others use RECVS).
-                nrecv: if trigger == Trigger::Kernel {
-                    2
-                } else {
-                    RECVS as u32
-                },
+                nrecv: RECVS as u32,
             };
         }
         Ok(GpuRank {

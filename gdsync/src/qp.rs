@@ -395,7 +395,12 @@ impl Qp {
 
     /// Receives that can be posted now (free slots in the receive ring).
     pub fn recv_room(&self) -> u64 {
-        (self.shared.rq_cnt as u64).saturating_sub(self.rq_pi - self.shared.rq_retired())
+        (self.shared.rq_cnt as u64).saturating_sub(self.recv_used())
+    }
+
+    /// Receives posted and not yet retired.
+    fn recv_used(&self) -> u64 {
+        self.rq_pi - self.shared.rq_retired()
     }
 
     /// Writes the WQE for `wr` into the send ring without ringing the doorbell.
@@ -696,7 +701,7 @@ impl Qp {
                 sges.len()
             )));
         }
-        let used = self.rq_pi - s.rq_retired();
+        let used = self.recv_used();
         if used >= s.rq_cnt as u64 {
             return Err(Error::RingFull {
                 ring: "receive",
@@ -735,8 +740,7 @@ impl Qp {
 
 /// Whether every SGE lies in a registered region of host memory (else it is left to the
 /// encoder's own checks).
-fn in_host_memory(dev: &DeviceShared, sges: &[Sge]) -> bool {
-    let mrs = dev.mrs.read();
+fn in_host_memory(mrs: &crate::mr::Slots, sges: &[Sge]) -> bool {
     sges.iter()
         .all(|g| mrs.get(g.lkey).is_some_and(|e| e.gpu.is_none()))
 }
@@ -775,12 +779,17 @@ fn encode(
         opcode,
         Opcode::RdmaRead | Opcode::AtomicCs | Opcode::AtomicFa | Opcode::Nop
     );
+    // The region table, read once: for the inline decision and the inline copy.
+    let mrs = wr
+        .flags
+        .intersects(SendFlags::INLINE | SendFlags::INLINE_HOST)
+        .then(|| dev.mrs.read());
     let inline = wr.flags.contains(SendFlags::INLINE)
         || (wr.flags.contains(SendFlags::INLINE_HOST)
             && inlinable
             && len > 0
             && len <= s.cfg.max_inline as u64
-            && in_host_memory(dev, &wr.sges));
+            && mrs.as_ref().is_some_and(|m| in_host_memory(m, &wr.sges)));
     if inline && !inlinable {
         return Err(Error::invalid(format!("{opcode:?} cannot be inline")));
     }
@@ -832,7 +841,9 @@ fn encode(
         out[pos..pos + 4].copy_from_slice(&InlineHeader::new(len as u32).byte_count.bytes());
         let mut p = pos + 4;
         // Inline payload is copied now, from registered memory only.
-        let mrs = dev.mrs.read();
+        let mrs = mrs
+            .as_ref()
+            .expect("the region table is read for inline sends");
         for g in &wr.sges {
             let n = g.len as usize;
             let ok = mrs
