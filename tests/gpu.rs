@@ -5,7 +5,7 @@
 mod common;
 
 use common::gpu::{gpu, Buf};
-use gdasync::gdsync::cuda::{CudaStream, DeviceBuffer, MemoryKind, Module};
+use gdasync::gdsync::cuda::{CudaEvent, CudaStream, DeviceBuffer, MemoryKind, Module};
 use gdasync::gdsync::exec::Executor;
 use gdasync::gdsync::format::Syndrome;
 use gdasync::gdsync::kernel::{code, DescRing, RingDesc};
@@ -245,6 +245,28 @@ fn stream_write_and_wait_value_all_conditions() {
     w.store64(2, 1 << 41);
     stream.synchronize().unwrap();
     assert_eq!(w.load64(3), 0x1234_5678_9abc);
+}
+
+/// Events time what the stream ran: a stream wait the CPU releases after 50 ms lies between
+/// two events 50 ms apart or more, and events with nothing between them are close.
+#[test]
+fn events_time_the_stream() {
+    let Some(_gpu) = gpu("events_time_the_stream") else {
+        return;
+    };
+    let stream = CudaStream::new(0).unwrap();
+    let w = SignalWords::new(1);
+    let ev: Vec<CudaEvent> = (0..3).map(|_| CudaEvent::new(0).unwrap()).collect();
+    ev[0].record(&stream).unwrap();
+    stream.submit(w.wait32(0, 1, WaitCond::Geq)).unwrap();
+    ev[1].record(&stream).unwrap();
+    ev[2].record(&stream).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    w.store32(0, 1);
+    let waited = ev[1].since(&ev[0]).unwrap();
+    let idle = ev[2].since(&ev[1]).unwrap();
+    assert!(waited >= Duration::from_millis(45), "{waited:?}");
+    assert!(idle < Duration::from_millis(5), "{idle:?}");
 }
 
 #[test]

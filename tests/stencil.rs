@@ -260,3 +260,74 @@ fn kernels_compile_with_clang() {
     let src = include_str!("../examples/stencil2d/kernels.cu");
     common::clang::check_cuda("stencil2d", src);
 }
+
+/// Ranks stay bit-exact while another process computes on the same GPU. The two processes'
+/// contexts are time-sliced, so each one's work runs late: device buffers were once zeroed on
+/// the legacy default stream, which the crate's streams do not wait for, and the late memset
+/// wiped the grids copied in after it (every value wrong, in threads and processes alike).
+#[test]
+fn gpu_bit_exact_beside_another_gpu_process() {
+    let Some(_g) = gpu("gpu_bit_exact_beside_another_gpu_process") else {
+        return;
+    };
+    let exe = common::example("stencil2d").expect("checked by gpu()");
+    let mut other = std::process::Command::new(exe)
+        .args(["--trigger", "host", "--ranks", "1", "--sub", "512"])
+        .args(["--iters", "100000000", "--warmup", "0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the other GPU process");
+    // Let it compile its kernels and start computing.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let busy = other.try_wait().expect("poll the other process").is_none();
+    let runs = std::panic::catch_unwind(|| {
+        for trigger in ["host", "stream"] {
+            bit_exact(
+                &[
+                    "--trigger",
+                    trigger,
+                    "--n",
+                    "96",
+                    "--ranks",
+                    "1",
+                    "--iters",
+                    "50",
+                ],
+                "1x1",
+            );
+            bit_exact(
+                &[
+                    "--trigger",
+                    trigger,
+                    "--halo",
+                    "host",
+                    "--n",
+                    "96",
+                    "--ranks",
+                    "2",
+                ],
+                "2x1",
+            );
+        }
+        bit_exact(
+            &[
+                "--trigger",
+                "host",
+                "--n",
+                "96",
+                "--ranks",
+                "2",
+                "--ranks-as",
+                "procs",
+            ],
+            "2x1",
+        );
+    });
+    let _ = other.kill();
+    let _ = other.wait();
+    assert!(busy, "the other GPU process ended early");
+    if let Err(e) = runs {
+        std::panic::resume_unwind(e);
+    }
+}

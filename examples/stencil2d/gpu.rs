@@ -20,7 +20,7 @@
 use crate::grid::{self, Layout, Side, C0, C1};
 use crate::{Config, Halo, Solver, Trigger};
 use anyhow::{bail, Context, Result};
-use gdasync::gdsync::cuda::{Cuda, CudaStream, DeviceBuffer, Function, Module};
+use gdasync::gdsync::cuda::{Cuda, CudaEvent, CudaStream, DeviceBuffer, Function, Module};
 use gdasync::gdsync::exec::OpBatch;
 use gdasync::gdsync::kernel::code;
 use gdasync::gdsync::{Access, MemoryRegion, PinnedBuffer, Sge};
@@ -367,6 +367,11 @@ impl<'m> GpuRank<'m> {
 
     /// `--trigger host`: the CPU drives every exchange.
     fn run_host(&mut self, comm: &mut Comm, first: u64, end: u64) -> Result<()> {
+        if first == end {
+            // No iteration: post nothing (a receive posted here would take the next run's
+            // first message and leave that run's last receive unmatched).
+            return Ok(());
+        }
         let mut recvs: Vec<[Option<Request>; 2]> = vec![[None, None]; self.links.len()];
         let p0 = (first % 2) as usize;
         for (k, l) in self.links.iter().enumerate() {
@@ -400,7 +405,10 @@ impl<'m> GpuRank<'m> {
     /// stream waits for receives only (send completions are the CPU's, see [`SENDS`]).
     fn run_stream(&mut self, comm: &mut Comm, first: u64, end: u64) -> Result<()> {
         let batch = OpBatch::new();
-        let mut trace = (self.trace && end - first > Trace::ITERS).then(|| Trace::new(end));
+        let mut trace = match self.trace && end - first > Trace::ITERS {
+            true => Some(Trace::new(end)?),
+            false => None,
+        };
         let mut recvs: Vec<[Option<Request>; RECVS]> =
             vec![std::array::from_fn(|_| None); self.links.len()];
         let slot = |i: u64| (i % RECVS as u64) as usize;
@@ -421,12 +429,14 @@ impl<'m> GpuRank<'m> {
                 let done = in_flight.pop_front().unwrap();
                 comm.wait_all(&done)?;
             }
-            let mut mark = |k: usize| {
-                if let Some(t) = trace.as_mut() {
-                    t.mark(i, k)
+            let stream = &self.stream;
+            let mut mark = |k: usize| -> Result<()> {
+                match trace.as_mut() {
+                    Some(t) => t.mark(i, k, stream),
+                    None => Ok(()),
                 }
             };
-            mark(0);
+            mark(0)?;
             // The stream waits for each peer's credit, then rings (after the kernel that
             // packed the data); the last iteration's credits go in the same list.
             let mut reqs = Vec::with_capacity(2 * self.links.len());
@@ -434,10 +444,10 @@ impl<'m> GpuRank<'m> {
                 reqs.push(comm.isend_on(l.send(i), l.peer, &batch)?);
             }
             batch.flush(&self.stream)?;
-            mark(1);
+            mark(1)?;
             // The interior needs no halo: it overlaps with the messages in flight.
             self.interior(p)?;
-            mark(2);
+            mark(2)?;
             let recvd: Vec<Request> = recvs
                 .iter_mut()
                 .map(|r| r[slot(i)].take().expect("posted RECVS iterations ahead"))
@@ -446,9 +456,9 @@ impl<'m> GpuRank<'m> {
             comm.wait_all_on(&recvd, &batch)?;
             batch.flush(&self.stream)?;
             reqs.extend(recvd);
-            mark(3);
+            mark(3)?;
             self.ring(i, i + 1 < end)?;
-            mark(4);
+            mark(4)?;
             if i + (RECVS as u64) < end {
                 // This iteration's receive buffers are read: let the peers fill them for
                 // iteration i + RECVS.
@@ -457,7 +467,7 @@ impl<'m> GpuRank<'m> {
                     recvs[k][slot(j)] = Some(comm.irecv_on(l.recv(j), l.peer, &batch)?);
                 }
             }
-            mark(5);
+            mark(5)?;
             in_flight.push_back(reqs);
         }
         batch.flush(&self.stream)?;
@@ -466,7 +476,7 @@ impl<'m> GpuRank<'m> {
             comm.wait_all(&done)?;
         }
         if let Some(t) = trace {
-            t.report(comm.rank());
+            t.report(comm.rank())?;
         }
         Ok(())
     }
@@ -518,15 +528,19 @@ impl<'m> GpuRank<'m> {
     }
 }
 
-/// `--trace` (stream trigger): the CPU's time in each step of enqueuing an iteration, and in
-/// the run-ahead wait, over the last [`Trace::ITERS`] iterations of a run. (The stream
-/// starves when enqueuing an iteration takes the CPU longer than the GPU takes to run it.)
+/// `--trace` (stream trigger), over the last [`Trace::ITERS`] iterations of a run: the CPU's
+/// time in each step of enqueuing an iteration and in the run-ahead wait, and the GPU's time in
+/// each step of running it (CUDA events recorded between the steps). The stream starves when
+/// enqueuing an iteration takes the CPU longer than the GPU takes to run it.
 struct Trace {
     from: u64,
     last: Option<std::time::Instant>,
-    /// Per step: total time.
+    /// Per CPU step: total time.
     steps: [std::time::Duration; 6],
     iters: u64,
+    /// Per traced iteration: events recorded after its send list, interior, wait list and
+    /// ring (the send list's time runs from the previous iteration's ring event).
+    gpu: Vec<[CudaEvent; 4]>,
 }
 
 impl Trace {
@@ -539,29 +553,45 @@ impl Trace {
         "ring launch",
         "irecv_on",
     ];
+    const GPU_STEPS: [&'static str; 4] = ["credits + send list", "interior", "wait list", "ring"];
 
-    fn new(end: u64) -> Trace {
-        Trace {
+    fn new(end: u64) -> Result<Trace> {
+        let gpu = (0..Self::ITERS)
+            .map(|_| -> Result<[CudaEvent; 4]> {
+                Ok([
+                    CudaEvent::new(0)?,
+                    CudaEvent::new(0)?,
+                    CudaEvent::new(0)?,
+                    CudaEvent::new(0)?,
+                ])
+            })
+            .collect::<Result<_>>()?;
+        Ok(Trace {
             from: end - Self::ITERS,
             last: None,
             steps: Default::default(),
             iters: 0,
-        }
+            gpu,
+        })
     }
 
-    /// Step `k` of iteration `i` just ended (0: the run-ahead wait).
-    fn mark(&mut self, i: u64, k: usize) {
+    /// Step `k` of iteration `i` was just enqueued (0: the run-ahead wait ended).
+    fn mark(&mut self, i: u64, k: usize, stream: &CudaStream) -> Result<()> {
         let now = std::time::Instant::now();
         if i >= self.from {
             if let Some(l) = self.last {
                 self.steps[k] += now - l;
             }
             self.iters += (k == 0) as u64;
+            if (1..=4).contains(&k) {
+                self.gpu[(i - self.from) as usize][k - 1].record(stream)?;
+            }
         }
-        self.last = Some(now);
+        self.last = Some(std::time::Instant::now());
+        Ok(())
     }
 
-    fn report(&self, rank: usize) {
+    fn report(&self, rank: usize) -> Result<()> {
         let n = self.iters.max(1) as f64;
         let mut line = format!("trace rank {rank}, CPU µs per iteration:");
         let mut total = 0.0;
@@ -571,6 +601,25 @@ impl Trace {
             line += &format!(" {name} {us:.2} |");
         }
         eprintln!("{line} total {total:.2}");
+        // GPU: median per step over the traced iterations (the first has no previous ring).
+        let mut per: [Vec<f64>; 4] = Default::default();
+        for w in self.gpu.windows(2) {
+            let (prev, cur) = (&w[0], &w[1]);
+            per[0].push(cur[0].since(&prev[3])?.as_secs_f64() * 1e6);
+            for k in 1..4 {
+                per[k].push(cur[k].since(&cur[k - 1])?.as_secs_f64() * 1e6);
+            }
+        }
+        let mut line = format!("trace rank {rank}, GPU µs per iteration (median):");
+        let mut total = 0.0;
+        for (k, name) in Self::GPU_STEPS.iter().enumerate() {
+            per[k].sort_by(f64::total_cmp);
+            let us = per[k].get(per[k].len() / 2).copied().unwrap_or(0.0);
+            total += us;
+            line += &format!(" {name} {us:.2} |");
+        }
+        eprintln!("{line} sum {total:.2}");
+        Ok(())
     }
 }
 

@@ -378,11 +378,21 @@ fn rank_main(
     let check = match global {
         Some(got) => {
             let total = cfg.warmup + cfg.iters;
-            let want = match cfg.trigger {
-                Trigger::Cpu => cpu::reference(cfg.gx, cfg.gy, total),
-                _ => gpu::reference(kernels.context("GPU kernels")?, cfg.gx, cfg.gy, total)?,
-            };
-            Some(compare(&got, &want))
+            // The GPU kernels do the CPU's arithmetic in the CPU's order (no fused multiply-add),
+            // so every trigger is checked against the CPU's single-rank run.
+            let want = cpu::reference(cfg.gx, cfg.gy, total);
+            let c = compare(&got, &want);
+            if c.mismatches > 0 && cfg.trigger.gpu() {
+                // Tell the exchange's faults from the GPU's.
+                let k = kernels.context("GPU kernels")?;
+                let one = gpu::reference(k, cfg.gx, cfg.gy, total)?;
+                let verdict = match compare(&one, &want).mismatches {
+                    0 => "matches it: the exchange is at fault",
+                    _ => "differs from it too: the kernels or the GPU are at fault",
+                };
+                eprintln!("check: a single-rank run on the GPU {verdict}");
+            }
+            Some(c)
         }
         None => None,
     };

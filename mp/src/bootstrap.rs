@@ -320,6 +320,10 @@ impl Bootstrap for TcpBootstrap {
 
 /// Starts `n` local processes of `program` with `args`, each with `GDSYNC_RANK`,
 /// `GDSYNC_SIZE` and `GDSYNC_ROOT` set (a free loopback port), for [`TcpBootstrap`].
+///
+/// On Linux the ranks are killed if the thread that started them dies (`PR_SET_PDEATHSIG`),
+/// so a launcher stopped by a signal or a timeout leaves no rank behind waiting for its peers.
+/// Call it from a thread that outlives the ranks (the main thread).
 pub fn launch_local(
     n: usize,
     program: &std::path::Path,
@@ -332,16 +336,36 @@ pub fn launch_local(
     let root = format!("127.0.0.1:{port}");
     (0..n)
         .map(|rank| {
-            std::process::Command::new(program)
-                .args(args)
+            let mut cmd = std::process::Command::new(program);
+            cmd.args(args)
                 .env("GDSYNC_RANK", rank.to_string())
                 .env("GDSYNC_SIZE", n.to_string())
-                .env("GDSYNC_ROOT", &root)
-                .spawn()
+                .env("GDSYNC_ROOT", &root);
+            die_with_parent(&mut cmd);
+            cmd.spawn()
                 .map_err(|e| Error::os(format!("start rank {rank} ({})", program.display()), e))
         })
         .collect()
 }
+
+/// Asks the kernel to kill the child when the thread that started it dies.
+#[cfg(target_os = "linux")]
+fn die_with_parent(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl, which is
+    // async-signal-safe; it touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_parent(_: &mut std::process::Command) {}
 
 // ---------------------------------------------------------------------------- MPI
 

@@ -112,8 +112,16 @@ impl DeviceBuffer {
             ordinal,
             imported: false,
         };
-        // SAFETY: ptr/len is the allocation just made.
-        check(unsafe { sys::cuMemsetD8_v2(ptr, 0, len) }, "cuMemsetD8")?;
+        // Zeroed on the thread's copy stream, and waited for. (`cuMemsetD8` would go to the
+        // legacy default stream and return before it ran; the streams this crate uses do not
+        // wait for that one, so a late memset could wipe data copied in or computed after it:
+        // seen on a GPU time-shared with another process.)
+        let s = copy_stream(ordinal)?;
+        // SAFETY: ptr/len is the allocation just made; the stream is this thread's.
+        unsafe {
+            check(sys::cuMemsetD8Async(ptr, 0, len, s), "cuMemsetD8Async")?;
+            check(sys::cuStreamSynchronize(s), "cuStreamSynchronize")?;
+        }
         Ok(b)
     }
 

@@ -8,10 +8,12 @@
 //! machines we support (unified addressing, `CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM`) its
 //! device address is its host address.
 
+mod event;
 mod memory;
 mod module;
 mod stream;
 
+pub use event::CudaEvent;
 pub(crate) use memory::{copy_dtoh, copy_htod};
 pub use memory::{DeviceBuffer, IpcHandle, MemoryKind};
 pub use module::{nvrtc_available, Function, Module};
