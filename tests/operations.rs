@@ -32,6 +32,7 @@ both!(
     adjacent_doorbells_of_one_queue_merge,
     host_stream_waits_for_send,
     host_stream_waits_for_recv,
+    host_stream_recv_waits_retire_by_completion_count,
     host_stream_wraps_rings,
     writes_to_one_location_last_wins,
     sends_arrive_in_order,
@@ -1071,6 +1072,62 @@ fn host_stream_waits_for_recv(t: Topo) {
         dmr.read_at(0, &mut got);
         assert_eq!(got, pattern(15, 512));
     }
+}
+
+/// Receives that a host stream waits for are retired by the receive CQ's consumption alone
+/// (the CQ serves only that receive queue): the wait stores no retired counter of its own, and
+/// the 8-slot receive ring is reused many times with no host poll of the receive CQ.
+fn host_stream_recv_waits_retire_by_completion_count(t: Topo) {
+    let cfg = QpConfig {
+        recv_wqes: 8,
+        ..QpConfig::default()
+    };
+    let dev_a = gdasync::gdsync::Device::soft().unwrap();
+    let dev_b = match t {
+        Topo::Loopback => dev_a.clone(),
+        Topo::TwoDevices => gdasync::gdsync::Device::soft().unwrap(),
+    };
+    let (pd_a, pd_b) = (dev_a.alloc_pd(), dev_b.alloc_pd());
+    let (scq, rcq_a) = (dev_a.create_cq(64).unwrap(), dev_a.create_cq(64).unwrap());
+    let (scq_b, rcq) = (dev_b.create_cq(64).unwrap(), dev_b.create_cq(64).unwrap());
+    let mut a = pd_a.create_qp(&scq, &rcq_a, &cfg).unwrap();
+    let mut b = pd_b.create_qp(&scq_b, &rcq, &cfg).unwrap();
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    let mut src = vec![0u8; 8];
+    let mut dst = vec![0u8; 8 * 8];
+    let smr = pd_a.register(&mut src, Access::empty()).unwrap();
+    let dmr = pd_b.register(&mut dst, Access::LOCAL_WRITE).unwrap();
+    let stream = host_stream();
+    for i in 0..40u64 {
+        assert_eq!(
+            b.recv_room(),
+            8,
+            "receive {i}: the earlier ones are retired"
+        );
+        let slot = 8 * (i % 8) as usize;
+        let rt = b
+            .post_recv(&RecvWr::new().sge(dmr.sge(slot..slot + 8)).wr_id(i))
+            .unwrap();
+        let ops = b.recv_wait_ops(&rt).unwrap();
+        assert_eq!(
+            ops.len(),
+            2,
+            "a completion wait and the CQ doorbell record only: {ops:?}"
+        );
+        stream.enqueue(ops);
+        smr.write_at(0, &i.to_ne_bytes());
+        a.post_send(&SendWr::send().sge(smr.sge(..)).wr_id(i))
+            .unwrap();
+        poll_ok(&scq, 1);
+        stream.synchronize().unwrap();
+        assert_eq!(word(&dmr, slot), i);
+    }
+    assert_eq!(
+        rcq.poll_one().unwrap(),
+        None,
+        "the stream consumed every completion"
+    );
 }
 
 /// Many sends driven by a host stream only (doorbells and waits), with a 16-slot send ring

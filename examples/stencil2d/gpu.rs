@@ -445,7 +445,9 @@ impl<'m> GpuRank<'m> {
             }
             batch.flush(&self.stream)?;
             mark(1)?;
-            // The interior needs no halo: it overlaps with the messages in flight.
+            // The interior needs no halo: it overlaps with the messages in flight. (One list
+            // per iteration, the sends and waits together after the interior, measured slower
+            // with device halos: 37 vs 34 µs at 64², the messages no longer overlap anything.)
             self.interior(p)?;
             mark(2)?;
             let recvd: Vec<Request> = recvs

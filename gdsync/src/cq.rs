@@ -38,6 +38,9 @@ pub(crate) struct CqShared {
     pub reserved: AtomicU64,
     /// Number of queue sides (send or receive of a QP) that complete here.
     pub users: AtomicU32,
+    /// Set once a second queue side completes here (never cleared): from then on its
+    /// completions cannot be told apart by their count alone.
+    pub shared_ever: AtomicBool,
     /// Error completions the device wrote, kept for [`Cq::take_errors`]: completions an
     /// executor retired are never decoded by a CPU poll, yet their errors must be reported.
     pub errors: Mutex<Vec<CqError>>,
@@ -247,6 +250,7 @@ impl Cq {
             overrun: AtomicBool::new(false),
             reserved: AtomicU64::new(0),
             users: AtomicU32::new(0),
+            shared_ever: AtomicBool::new(false),
             errors: Mutex::new(Vec::new()),
             has_errors: AtomicBool::new(false),
             kernel_owned: AtomicBool::new(false),

@@ -108,11 +108,20 @@ pub(crate) struct QpShared {
     /// Free-running counters of what host polls have retired.
     sq_polled: AtomicU64,
     rq_polled: AtomicU64,
+    /// While the receive CQ serves only this receive queue, receive `i` completes as that
+    /// CQ's completion `i + rq_cqe_base`, so the CQ's consumption tells which receives are
+    /// retired, and executors need not store a retired counter of their own. [`NO_BASE`]
+    /// until the first receive; [`BAD_BASE`] for good once the numbering stopped matching.
+    rq_cqe_base: AtomicU64,
     pub state: AtomicU8,
     pub cfg: QpConfig,
     /// Who rings for committed op lists.
     pub handler: crate::NicHandler,
 }
+
+/// `QpShared::rq_cqe_base`: no receive yet; numbering that stopped matching.
+const NO_BASE: u64 = u64::MAX;
+const BAD_BASE: u64 = u64::MAX - 1;
 
 impl QpShared {
     /// Host poll saw the requester CQE for `wqe_counter`: frees its slots, returns its wr_id.
@@ -142,9 +151,29 @@ impl QpShared {
             .max(self.ctrl.u64(QP_SQ_RETIRED).load(Ordering::Acquire))
     }
     fn rq_retired(&self) -> u64 {
-        self.rq_polled
+        let r = self
+            .rq_polled
             .load(Ordering::Acquire)
-            .max(self.ctrl.u64(QP_RQ_RETIRED).load(Ordering::Acquire))
+            .max(self.ctrl.u64(QP_RQ_RETIRED).load(Ordering::Acquire));
+        match self.rq_base() {
+            Some(base) => r.max(self.recv_cq.consumed().saturating_sub(base)),
+            None => r,
+        }
+    }
+    /// `rq_cqe_base`, if the receive CQ's consumption counts this queue's retired receives.
+    fn rq_base(&self) -> Option<u64> {
+        let base = self.rq_cqe_base.load(Ordering::Acquire);
+        (base < BAD_BASE && !self.recv_cq.shared_ever.load(Ordering::Acquire)).then_some(base)
+    }
+    /// Receive `index` was given completion number `cqe`.
+    fn note_rq_cqe(&self, index: u64, cqe: u64) {
+        let base = cqe.wrapping_sub(index);
+        let old = self.rq_cqe_base.load(Ordering::Relaxed);
+        if old == NO_BASE && base < BAD_BASE {
+            self.rq_cqe_base.store(base, Ordering::Release);
+        } else if old != base {
+            self.rq_cqe_base.store(BAD_BASE, Ordering::Release);
+        }
     }
     pub(crate) fn keep(&self) -> KeepAlive {
         self.ctrl.clone()
@@ -335,12 +364,16 @@ impl Qp {
             rq_wrid: (0..rq_cnt).map(|_| AtomicU64::new(0)).collect(),
             sq_polled: AtomicU64::new(0),
             rq_polled: AtomicU64::new(0),
+            rq_cqe_base: AtomicU64::new(NO_BASE),
             state: AtomicU8::new(QpState::Init as u8),
             cfg: cfg.clone(),
             handler,
         });
-        send_cq.shared.users.fetch_add(1, Ordering::AcqRel);
-        recv_cq.shared.users.fetch_add(1, Ordering::AcqRel);
+        for cq in [&send_cq.shared, &recv_cq.shared] {
+            if cq.users.fetch_add(1, Ordering::AcqRel) > 0 {
+                cq.shared_ever.store(true, Ordering::Release);
+            }
+        }
         dev.add_qp(&shared)?;
         if handler == crate::NicHandler::Cpu {
             dev.proxy.watch(&shared, dev)?;
@@ -678,14 +711,18 @@ impl Qp {
             "the receive CQ also serves other queues (use a dedicated receive CQ)",
         ))?;
         let mut ops = wait_ops(&self.shared.recv_cq, n);
-        let keep = self.shared.keep();
-        ops.push(
-            Op::Write64 {
-                addr: self.shared.ctrl.addr(QP_RQ_RETIRED),
-                value: t.index + 1,
-            },
-            &keep,
-        );
+        // The CQ's consumption, which the wait stores, retires the receive, unless the
+        // numbering does not tell (then the receive ring's retired counter is stored too).
+        if self.shared.rq_base() != Some(n.wrapping_sub(t.index)) {
+            let keep = self.shared.keep();
+            ops.push(
+                Op::Write64 {
+                    addr: self.shared.ctrl.addr(QP_RQ_RETIRED),
+                    value: t.index + 1,
+                },
+                &keep,
+            );
+        }
         Ok(ops)
     }
 
@@ -729,6 +766,10 @@ impl Qp {
         self.rq_pi += 1;
         let cqe = (s.recv_cq.users.load(Ordering::Acquire) == 1)
             .then(|| s.recv_cq.reserved.fetch_add(1, Ordering::AcqRel));
+        match cqe {
+            Some(n) => s.note_rq_cqe(index, n),
+            None => s.rq_cqe_base.store(BAD_BASE, Ordering::Release),
+        }
         // The release store orders the segments before the counter the device reads.
         s.ctrl
             .u32(QP_DBREC + 4 * DBREC_RQ)

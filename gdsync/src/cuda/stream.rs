@@ -22,21 +22,32 @@ const MAX_BATCH: usize = 255;
 /// instead of blocking forever.
 pub const MAX_QUEUED_OPS: usize = 512;
 
-/// An enqueued list, kept alive until the stream has written its sequence number.
+/// The stream writes its progress word at the end of at least one list in this many (and after
+/// at most [`MARK_OPS`] operations): each write costs the GPU ~0.6 µs (H200), as much as a
+/// doorbell, so most lists go without one. A list without its own write is known to have run
+/// once a later list's write lands, or once the stream is idle (`cuStreamQuery`).
+const MARK_EVERY: u32 = 8;
+/// See [`MARK_EVERY`].
+const MARK_OPS: usize = 128;
+
+/// An enqueued list, kept alive until the stream is known to have run it.
 struct Pending {
     seq: u32,
     ops: usize,
     _keep: Ops,
 }
 
-/// What the stream has run, as the stream itself reports it: every enqueued list ends with a
-/// write of its sequence number into `word` (pinned host memory), so that knowing which lists
-/// have run is a load, not a driver call (an event per list cost the enqueuing thread
+/// What the stream has run, as the stream itself reports it: every few enqueued lists end with
+/// a write of their sequence number into `done` (pinned host memory), so that knowing which
+/// lists have run is a load, not a driver call (an event per list cost the enqueuing thread
 /// several driver calls, ~10 µs per list with two threads enqueuing on one GPU).
 struct Lists {
     pending: VecDeque<Pending>,
     /// Sequence number of the last list enqueued.
     seq: u32,
+    /// Lists, and their operations, enqueued since the last one that writes its number.
+    unmarked: u32,
+    unmarked_ops: usize,
 }
 
 /// A CUDA stream that runs op lists: writes as `WRITE_VALUE_32/64`, waits as
@@ -92,6 +103,8 @@ impl CudaStream {
             lists: Mutex::new(Lists {
                 pending: VecDeque::new(),
                 seq: 0,
+                unmarked: 0,
+                unmarked_ops: 0,
             }),
             done,
             timeout: crate::exec::DEFAULT_WAIT_TIMEOUT,
@@ -139,14 +152,20 @@ impl CudaStream {
         self.make_room(params.len() + 1)?;
         let mut l = self.lists.lock();
         let seq = l.seq.wrapping_add(1);
-        // SAFETY: an all-zero params union is a valid (empty) value; set as a write below.
-        let mut p: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
-        p.writeValue = write_params(
-            sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32,
-            self.done.addr(0),
-            seq as u64,
-        );
-        params.push(p);
+        l.unmarked += 1;
+        l.unmarked_ops += params.len();
+        if l.unmarked >= MARK_EVERY || l.unmarked_ops >= MARK_OPS {
+            // SAFETY: an all-zero params union is a valid (empty) value; set as a write below.
+            let mut p: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
+            p.writeValue = write_params(
+                sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32,
+                self.done.addr(0),
+                seq as u64,
+            );
+            params.push(p);
+            l.unmarked = 0;
+            l.unmarked_ops = 0;
+        }
         for chunk in params.chunks(MAX_BATCH) {
             let mut chunk = chunk.to_vec();
             // SAFETY: the params point at memory kept alive by `ops` (stored below until the
@@ -176,9 +195,28 @@ impl CudaStream {
             unsafe { sys::cuStreamSynchronize(self.raw) },
             "cuStreamSynchronize",
         )?;
-        let mut l = self.lists.lock();
-        self.reap(&mut l);
+        // Everything enqueued has run, marked or not.
+        self.lists.lock().pending.clear();
         Ok(())
+    }
+
+    /// Whether the stream has run everything enqueued on it (`cuStreamQuery`).
+    fn idle(&self) -> bool {
+        if Cuda::get().and_then(|c| c.bind(self.ordinal)).is_err() {
+            return false;
+        }
+        // SAFETY: our stream; the query has no side effects.
+        let r = unsafe { sys::cuStreamQuery(self.raw) };
+        r == sys::CUresult::CUDA_SUCCESS
+    }
+
+    /// Forgets the pending lists if the stream is idle (those after the last marked one are
+    /// known to have run only that way).
+    fn reap_idle(&self) {
+        let mut l = self.lists.lock();
+        if !l.pending.is_empty() && self.idle() {
+            l.pending.clear();
+        }
     }
 
     fn make_room(&self, n: usize) -> Result<()> {
@@ -194,6 +232,7 @@ impl CudaStream {
             if queued + n <= MAX_QUEUED_OPS {
                 return Ok(());
             }
+            self.reap_idle();
             if start.elapsed() > self.timeout {
                 return Err(Error::Timeout {
                     what: format!("room on the stream: {queued} memory operations are queued behind waits that have not passed (bound {MAX_QUEUED_OPS})"),
@@ -341,6 +380,7 @@ impl Drop for CudaStream {
         // freed under a running stream.
         let start = Instant::now();
         loop {
+            self.reap_idle();
             let mut l = self.lists.lock();
             self.reap(&mut l);
             if l.pending.is_empty() {
