@@ -53,10 +53,15 @@ fn main() -> Result<()> {
     let f = m.function("empty")?;
     let s = CudaStream::new(0)?;
     let w = SignalWords::new(GATE + 1);
-    let ev: Vec<CudaEvent> = (0..3).map(|_| CudaEvent::new(0)).collect::<Result<_, _>>()?;
+    let ev: Vec<CudaEvent> = (0..3)
+        .map(|_| CudaEvent::new(0))
+        .collect::<Result<_, _>>()?;
     let us = |a: &CudaEvent, b: &CudaEvent| -> Result<f64> { Ok(b.since(a)?.as_secs_f64() * 1e6) };
     println!("GPU µs (median of 300): kernel, event, [list of n ops], event, kernel, event");
-    println!("{:>6} {:>3} {:>10} {:>12}", "ops", "n", "list", "next kernel");
+    println!(
+        "{:>6} {:>3} {:>10} {:>12}",
+        "ops", "n", "list", "next kernel"
+    );
     for kind in ["write", "wait"] {
         for n in [0usize, 1, 2, 4, 8] {
             let (mut a, mut b) = (vec![], vec![]);

@@ -45,8 +45,15 @@ const SHORT_MESSAGE: i32 = 0x1002;
 /// Bound on every device-side wait of the persistent kernel.
 const KERNEL_TIMEOUT_NS: u64 = 10_000_000_000;
 
-/// The compiled kernels (one module, shared by the rank threads of a process).
+/// The compiled kernels, one module per GPU of the machine (shared by the rank threads of a
+/// process). Rank `r` runs on GPU `r % GPUs`.
 pub struct Kernels {
+    per_gpu: Vec<GpuKernels>,
+}
+
+/// The kernels loaded on one GPU.
+struct GpuKernels {
+    ordinal: i32,
     _module: Module,
     interior: Function,
     ring: Function,
@@ -56,15 +63,29 @@ pub struct Kernels {
 
 impl Kernels {
     pub fn compile() -> Result<Kernels> {
-        let m = Module::compile_with_options(0, KERNELS, &["--fmad=false"])
-            .context("compile the stencil kernels with NVRTC")?;
-        Ok(Kernels {
-            interior: m.function("interior")?,
-            ring: m.function("ring")?,
-            pack: m.function("pack")?,
-            persistent: m.function("persistent")?,
-            _module: m,
-        })
+        let gpus = Cuda::get()?.gpus.len() as i32;
+        let per_gpu = (0..gpus)
+            .map(|ordinal| {
+                let m = Module::compile_with_options(ordinal, KERNELS, &["--fmad=false"])
+                    .with_context(|| {
+                        format!("compile the stencil kernels with NVRTC for GPU {ordinal}")
+                    })?;
+                Ok(GpuKernels {
+                    ordinal,
+                    interior: m.function("interior")?,
+                    ring: m.function("ring")?,
+                    pack: m.function("pack")?,
+                    persistent: m.function("persistent")?,
+                    _module: m,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Kernels { per_gpu })
+    }
+
+    /// The kernels of the GPU rank `rank` runs on.
+    fn for_rank(&self, rank: usize) -> &GpuKernels {
+        &self.per_gpu[rank % self.per_gpu.len()]
     }
 }
 
@@ -172,7 +193,7 @@ fn halo_bytes(l: &Layout) -> usize {
 /// One rank on the GPU (also the single-rank reference, with no links).
 struct GpuRank<'m> {
     lay: Layout,
-    k: &'m Kernels,
+    k: &'m GpuKernels,
     mem: &'m DeviceBuffer,
     off: Offsets,
     links: Vec<Link>,
@@ -194,7 +215,7 @@ struct GpuRank<'m> {
 impl<'m> GpuRank<'m> {
     fn new(
         lay: &Layout,
-        k: &'m Kernels,
+        k: &'m GpuKernels,
         mem: &'m DeviceBuffer,
         host: Option<&'m PinnedBuffer>,
         comm: Option<&mut Comm>,
@@ -274,7 +295,7 @@ impl<'m> GpuRank<'m> {
             mem,
             off,
             links,
-            stream: CudaStream::new(0)?,
+            stream: CudaStream::new(k.ordinal)?,
             trigger,
             _mrs: mrs,
             chans,
@@ -406,7 +427,7 @@ impl<'m> GpuRank<'m> {
     fn run_stream(&mut self, comm: &mut Comm, first: u64, end: u64) -> Result<()> {
         let batch = OpBatch::new();
         let mut trace = match self.trace && end - first > Trace::ITERS {
-            true => Some(Trace::new(end)?),
+            true => Some(Trace::new(end, self.k.ordinal)?),
             false => None,
         };
         let mut recvs: Vec<[Option<Request>; RECVS]> =
@@ -521,7 +542,7 @@ impl<'m> GpuRank<'m> {
     /// the kernels of every rank sharing the GPU are resident together (their grid-wide
     /// barriers wait for every block).
     fn persistent_blocks(&self) -> Result<u32> {
-        let sms = Cuda::get()?.gpu(0)?.multiprocessors;
+        let sms = Cuda::get()?.gpu(self.k.ordinal)?.multiprocessors;
         let per_sm = self.k.persistent.max_blocks_per_multiprocessor(BLOCK)?;
         let ranks = self.ranks_on_gpu.max(1);
         let room = (sms * per_sm / ranks).max(1);
@@ -557,14 +578,14 @@ impl Trace {
     ];
     const GPU_STEPS: [&'static str; 4] = ["credits + send list", "interior", "wait list", "ring"];
 
-    fn new(end: u64) -> Result<Trace> {
+    fn new(end: u64, ordinal: i32) -> Result<Trace> {
         let gpu = (0..Self::ITERS)
             .map(|_| -> Result<[CudaEvent; 4]> {
                 Ok([
-                    CudaEvent::new(0)?,
-                    CudaEvent::new(0)?,
-                    CudaEvent::new(0)?,
-                    CudaEvent::new(0)?,
+                    CudaEvent::new(ordinal)?,
+                    CudaEvent::new(ordinal)?,
+                    CudaEvent::new(ordinal)?,
+                    CudaEvent::new(ordinal)?,
                 ])
             })
             .collect::<Result<_>>()?;
@@ -661,20 +682,22 @@ impl Solver for GpuRank<'_> {
 
 /// Runs this rank's part: returns the time per iteration and the final owned cells.
 pub fn solve(comm: &mut Comm, lay: &Layout, cfg: &Config, k: &Kernels) -> Result<(f64, Vec<f64>)> {
+    let gpus = k.per_gpu.len();
+    let k = k.for_rank(comm.rank());
     let dev_halo = if cfg.halo == Halo::Device {
         halo_bytes(lay)
     } else {
         0
     };
-    let mem = DeviceBuffer::alloc(0, Offsets::new(lay).total + dev_halo)?;
+    let mem = DeviceBuffer::alloc(k.ordinal, Offsets::new(lay).total + dev_halo)?;
     let host = (cfg.halo == Halo::Host && lay.links().next().is_some())
         .then(|| PinnedBuffer::new(halo_bytes(lay)));
     if host.as_ref().is_some_and(|h| !h.gpu_mapped()) {
         bail!("--halo host: pinned host memory could not be mapped for the GPU");
     }
     let mut rank = GpuRank::new(lay, k, &mem, host.as_ref(), Some(comm), cfg.trigger)?;
-    // Every rank runs on GPU 0 (threads share it; processes time-share it).
-    rank.ranks_on_gpu = cfg.ranks as u32;
+    // Ranks are spread over the GPUs round robin (threads share a GPU; processes time-share it).
+    rank.ranks_on_gpu = cfg.ranks.div_ceil(gpus) as u32;
     rank.trace = cfg.trace;
     let out = crate::drive(comm, &mut rank, cfg);
     // Nothing of this rank may still run when its memory goes.
@@ -684,8 +707,9 @@ pub fn solve(comm: &mut Comm, lay: &Layout, cfg: &Config, k: &Kernels) -> Result
 
 /// The single-rank run `--check` compares with, with the same kernels.
 pub fn reference(k: &Kernels, gx: usize, gy: usize, iters: u64) -> Result<Vec<f64>> {
+    let k = k.for_rank(0);
     let lay = Layout::whole(gx, gy);
-    let mem = DeviceBuffer::alloc(0, Offsets::new(&lay).total)?;
+    let mem = DeviceBuffer::alloc(k.ordinal, Offsets::new(&lay).total)?;
     let rank = GpuRank::new(&lay, k, &mem, None, None, Trigger::Host)?;
     for i in 0..iters {
         let p = (i % 2) as usize;

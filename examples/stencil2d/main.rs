@@ -421,16 +421,23 @@ fn threads(cfg: &Config) -> Result<()> {
             std::thread::spawn(move || rank_main(&cfg, Box::new(b), &dev, (*kernels).as_ref()))
         })
         .collect();
-    let mut first = None;
-    for (r, h) in handles.into_iter().enumerate() {
-        let res = h
-            .join()
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("rank {r} panicked")));
-        if let Err(e) = res {
-            first.get_or_insert(e.context(format!("rank {r}")));
+    // The first rank to fail ends the run (its peers may wait for it forever, as MPI ranks
+    // would: returning ends the process and them).
+    let mut handles: Vec<Option<_>> = handles.into_iter().map(Some).collect();
+    while handles.iter().any(Option::is_some) {
+        for (r, slot) in handles.iter_mut().enumerate() {
+            if slot.as_ref().is_some_and(|h| h.is_finished()) {
+                let res = slot
+                    .take()
+                    .unwrap()
+                    .join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("rank {r} panicked")));
+                res.with_context(|| format!("rank {r}"))?;
+            }
         }
+        std::thread::sleep(Duration::from_millis(1));
     }
-    first.map_or(Ok(()), Err)
+    Ok(())
 }
 
 /// `--ranks-as procs`: start the ranks as local processes and wait for all of them; the

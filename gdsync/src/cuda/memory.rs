@@ -231,7 +231,7 @@ fn copy_stream(ordinal: i32) -> Result<sys::CUstream> {
         return Ok(s as sys::CUstream);
     }
     // Never destroyed: it lives as long as the thread, and the driver reclaims it at exit.
-    let raw = super::new_stream()?;
+    let raw = super::new_stream(ordinal)?;
     STREAMS.with(|v| v.borrow_mut().push((ordinal, raw as usize)));
     Ok(raw)
 }

@@ -109,8 +109,10 @@ pub(crate) fn check(r: sys::CUresult, call: &'static str) -> Result<()> {
     })
 }
 
-/// A new non-blocking stream in the current context.
-pub(crate) fn new_stream() -> Result<sys::CUstream> {
+/// A new non-blocking stream in GPU `ordinal`'s context (bound here: a call between an
+/// earlier bind and this one, such as a host registration, may have bound another GPU).
+pub(crate) fn new_stream(ordinal: i32) -> Result<sys::CUstream> {
+    Cuda::get()?.bind(ordinal)?;
     let mut raw = std::ptr::null_mut();
     // SAFETY: creates a stream into a local.
     check(

@@ -95,7 +95,7 @@ impl CudaStream {
                 "pinned host memory could not be mapped for the GPU (cuMemHostRegister)".into(),
             ));
         }
-        let raw = super::new_stream()?;
+        let raw = super::new_stream(ordinal)?;
         Ok(Self {
             raw,
             ordinal,
