@@ -45,10 +45,11 @@ const SHORT_MESSAGE: i32 = 0x1002;
 /// Bound on every device-side wait of the persistent kernel.
 const KERNEL_TIMEOUT_NS: u64 = 10_000_000_000;
 
-/// The compiled kernels, one module per GPU of the machine (shared by the rank threads of a
-/// process). Rank `r` runs on GPU `r % GPUs`.
+/// The compiled kernels, one module per GPU that this process's ranks use (shared by the rank
+/// threads of a process). Rank `r` runs on GPU `r % GPUs`.
 pub struct Kernels {
-    per_gpu: Vec<GpuKernels>,
+    /// Indexed by GPU; `None` for GPUs none of this process's ranks runs on.
+    per_gpu: Vec<Option<GpuKernels>>,
 }
 
 /// The kernels loaded on one GPU.
@@ -62,30 +63,41 @@ struct GpuKernels {
 }
 
 impl Kernels {
-    pub fn compile() -> Result<Kernels> {
-        let gpus = Cuda::get()?.gpus.len() as i32;
-        let per_gpu = (0..gpus)
+    /// Compiles and loads the kernels on the GPUs of `ranks` (the ranks this process runs).
+    pub fn compile(ranks: impl IntoIterator<Item = usize>) -> Result<Kernels> {
+        let gpus = Cuda::get()?.gpus.len();
+        let mut used = vec![false; gpus];
+        for r in ranks {
+            used[r % gpus] = true;
+        }
+        let per_gpu = (0..gpus as i32)
             .map(|ordinal| {
+                if !used[ordinal as usize] {
+                    return Ok(None);
+                }
                 let m = Module::compile_with_options(ordinal, KERNELS, &["--fmad=false"])
                     .with_context(|| {
                         format!("compile the stencil kernels with NVRTC for GPU {ordinal}")
                     })?;
-                Ok(GpuKernels {
+                Ok(Some(GpuKernels {
                     ordinal,
                     interior: m.function("interior")?,
                     ring: m.function("ring")?,
                     pack: m.function("pack")?,
                     persistent: m.function("persistent")?,
                     _module: m,
-                })
+                }))
             })
             .collect::<Result<_>>()?;
         Ok(Kernels { per_gpu })
     }
 
     /// The kernels of the GPU rank `rank` runs on.
-    fn for_rank(&self, rank: usize) -> &GpuKernels {
-        &self.per_gpu[rank % self.per_gpu.len()]
+    fn for_rank(&self, rank: usize) -> Result<&GpuKernels> {
+        let gpu = rank % self.per_gpu.len();
+        self.per_gpu[gpu]
+            .as_ref()
+            .with_context(|| format!("the kernels were not compiled for GPU {gpu} (rank {rank})"))
     }
 }
 
@@ -610,6 +622,7 @@ impl Trace {
                 self.gpu[(i - self.from) as usize][k - 1].record(stream)?;
             }
         }
+        // The event's record is left out of every CPU step.
         self.last = Some(std::time::Instant::now());
         Ok(())
     }
@@ -683,7 +696,7 @@ impl Solver for GpuRank<'_> {
 /// Runs this rank's part: returns the time per iteration and the final owned cells.
 pub fn solve(comm: &mut Comm, lay: &Layout, cfg: &Config, k: &Kernels) -> Result<(f64, Vec<f64>)> {
     let gpus = k.per_gpu.len();
-    let k = k.for_rank(comm.rank());
+    let k = k.for_rank(comm.rank())?;
     let dev_halo = if cfg.halo == Halo::Device {
         halo_bytes(lay)
     } else {
@@ -707,7 +720,7 @@ pub fn solve(comm: &mut Comm, lay: &Layout, cfg: &Config, k: &Kernels) -> Result
 
 /// The single-rank run `--check` compares with, with the same kernels.
 pub fn reference(k: &Kernels, gx: usize, gy: usize, iters: u64) -> Result<Vec<f64>> {
-    let k = k.for_rank(0);
+    let k = k.for_rank(0)?;
     let lay = Layout::whole(gx, gy);
     let mem = DeviceBuffer::alloc(k.ordinal, Offsets::new(&lay).total)?;
     let rank = GpuRank::new(&lay, k, &mem, None, None, Trigger::Host)?;

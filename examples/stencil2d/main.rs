@@ -407,13 +407,20 @@ fn rank_main(
     Ok(())
 }
 
-fn kernels_for(cfg: &Config) -> Result<Option<gpu::Kernels>> {
-    cfg.trigger.gpu().then(gpu::Kernels::compile).transpose()
+/// The GPU kernels for `ranks` (the ranks this process runs), if the trigger uses the GPU.
+fn kernels_for(
+    cfg: &Config,
+    ranks: impl IntoIterator<Item = usize>,
+) -> Result<Option<gpu::Kernels>> {
+    cfg.trigger
+        .gpu()
+        .then(|| gpu::Kernels::compile(ranks))
+        .transpose()
 }
 
 fn threads(cfg: &Config) -> Result<()> {
     let dev = Device::soft()?;
-    let kernels = Arc::new(kernels_for(cfg)?);
+    let kernels = Arc::new(kernels_for(cfg, 0..cfg.ranks)?);
     let handles: Vec<_> = ThreadBootstrap::group(cfg.ranks)
         .into_iter()
         .map(|b| {
@@ -475,7 +482,7 @@ fn procs(cfg: &Config) -> Result<()> {
 fn child(cfg: &Config) -> Result<()> {
     let info = JobInfo::from_env()?;
     let boot = TcpBootstrap::connect(&info, Duration::from_secs(60))?;
-    let kernels = kernels_for(cfg)?;
+    let kernels = kernels_for(cfg, [info.rank])?;
     rank_main(cfg, Box::new(boot), &Device::soft()?, kernels.as_ref())
 }
 
@@ -492,7 +499,7 @@ fn mpi(cfg: &Config) -> Result<()> {
             boot.size()
         );
     }
-    let kernels = kernels_for(cfg)?;
+    let kernels = kernels_for(cfg, [boot.rank()])?;
     rank_main(cfg, Box::new(boot), &Device::soft()?, kernels.as_ref())
 }
 

@@ -766,9 +766,9 @@ impl Qp {
         self.rq_pi += 1;
         let cqe = (s.recv_cq.users.load(Ordering::Acquire) == 1)
             .then(|| s.recv_cq.reserved.fetch_add(1, Ordering::AcqRel));
-        match cqe {
-            Some(n) => s.note_rq_cqe(index, n),
-            None => s.rq_cqe_base.store(BAD_BASE, Ordering::Release),
+        // (Without a number the CQ serves other queues too, which `shared_ever` records.)
+        if let Some(n) = cqe {
+            s.note_rq_cqe(index, n);
         }
         // The release store orders the segments before the counter the device reads.
         s.ctrl
