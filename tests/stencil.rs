@@ -30,6 +30,15 @@ fn bit_exact(args: &[&str], decomposition: &str) {
     if let Some(k) = args.iter().position(|a| *a == "--trigger") {
         assert_eq!(field(line, "trigger"), args[k + 1], "{line}");
     }
+    // The run really used the overlap asked for.
+    if let Some(k) = args.iter().position(|a| *a == "--overlap") {
+        let want = match args[k + 1] {
+            "on" => "true",
+            "off" => "false",
+            _ => field(line, "overlap"),
+        };
+        assert_eq!(field(line, "overlap"), want, "{line}");
+    }
     assert!(
         field(line, "us_per_iter").parse::<f64>().unwrap() > 0.0,
         "{line}"
@@ -106,6 +115,7 @@ fn check_catches_a_one_bit_difference() {
 fn bad_arguments_are_clean_errors() {
     for (args, says) in [
         (&["--halo", "disk"][..], "invalid value"),
+        (&["--overlap", "sometimes"][..], "invalid value"),
         (&["--ranks", "0"][..], "--ranks"),
         (&["--iters", "0"][..], "--iters"),
         (&["--n", "3", "--ranks", "16"][..], "cannot give each"),
@@ -150,13 +160,23 @@ fn gpu_triggers_are_bit_exact() {
     let Some(_g) = gpu("gpu_triggers_are_bit_exact") else {
         return;
     };
-    for trigger in ["host", "stream", "kernel"] {
+    // The persistent kernel has no interior kernel to overlap; the others run both ways.
+    let runs = [
+        ("host", "on"),
+        ("host", "off"),
+        ("stream", "on"),
+        ("stream", "off"),
+        ("kernel", "auto"),
+    ];
+    for (trigger, overlap) in runs {
         for halo in ["device", "host"] {
             for (ranks, dec) in [("2", "2x1"), ("4", "2x2")] {
                 bit_exact(
                     &[
                         "--trigger",
                         trigger,
+                        "--overlap",
+                        overlap,
                         "--halo",
                         halo,
                         "--n",
@@ -183,47 +203,27 @@ fn gpu_kernel_long_run_is_bit_exact() {
         return;
     };
     for halo in ["device", "host"] {
-        bit_exact(
-            &[
-                "--trigger",
-                "kernel",
-                "--halo",
-                halo,
-                "--n",
-                "64",
-                "--ranks",
-                "4",
-                "--iters",
-                "3000",
-                "--warmup",
-                "7",
-            ],
-            "2x2",
-        );
+        long_run("kernel", ["--halo", halo], "7");
     }
 }
 
-/// The stream variant many times around the rings, with the CPU never synchronising.
+/// 3000 iterations of `trigger` with 4 ranks on a 64 × 64 grid, bit-exact.
+fn long_run(trigger: &str, option: [&str; 2], warmup: &str) {
+    let args = ["--trigger", trigger, option[0], option[1], "--n", "64"];
+    let more = ["--ranks", "4", "--iters", "3000", "--warmup", warmup];
+    bit_exact(&[&args[..], &more[..]].concat(), "2x2");
+}
+
+/// The stream variant many times around the rings, with the CPU never synchronising, with
+/// one list of memory operations per iteration and with two.
 #[test]
 fn gpu_stream_long_run_is_bit_exact() {
     let Some(_g) = gpu("gpu_stream_long_run_is_bit_exact") else {
         return;
     };
-    bit_exact(
-        &[
-            "--trigger",
-            "stream",
-            "--n",
-            "64",
-            "--ranks",
-            "4",
-            "--iters",
-            "3000",
-            "--warmup",
-            "0",
-        ],
-        "2x2",
-    );
+    for overlap in ["off", "on"] {
+        long_run("stream", ["--overlap", overlap], "0");
+    }
 }
 
 /// Ranks as processes (each with its own CUDA context on the same GPU).

@@ -9,6 +9,12 @@
 //! - `stream`: the CPU only enqueues: `isend_on(stream)` → interior → `wait_on(stream)` for
 //!   the halos → ring → the next receives' credits, all on the stream, at most [`AHEAD`]
 //!   iterations ahead of it.
+//!
+//! With `--overlap off` (the default for small blocks, see [`crate::OVERLAP_MIN_CELLS`]) both
+//! run one kernel per iteration, [`whole`](GpuRank::whole), after the halos arrived, instead
+//! of the interior and the ring: on the stream the sends and the waits then make one list of
+//! memory operations. Each kernel and each list costs the GPU ~1.5–2 µs of front-end time;
+//! a small interior does not hide that much.
 //! - `kernel`: one persistent kernel per rank (cooperative launch, grid-wide barriers) runs
 //!   every iteration: one thread drives mp's kernel channels (`gds_peer_*`) while the others
 //!   compute; the ring cells read the halos straight from the receive buffers.
@@ -58,6 +64,7 @@ struct GpuKernels {
     _module: Module,
     interior: Function,
     ring: Function,
+    whole: Function,
     pack: Function,
     persistent: Function,
 }
@@ -83,6 +90,7 @@ impl Kernels {
                     ordinal,
                     interior: m.function("interior")?,
                     ring: m.function("ring")?,
+                    whole: m.function("whole")?,
                     pack: m.function("pack")?,
                     persistent: m.function("persistent")?,
                     _module: m,
@@ -219,6 +227,9 @@ struct GpuRank<'m> {
     ranks_on_gpu: u32,
     /// `--trace`: time the CPU's steps of the stream trigger.
     trace: bool,
+    /// `--overlap`: an interior kernel while the halos fly, then a ring kernel; else one
+    /// [`whole`](Self::whole) kernel once they arrived.
+    overlap: bool,
     /// The sides' buffers, grids and sizes, as the ring, pack and persistent kernels take
     /// them (the persistent kernel's per-launch fields are set at its launch).
     run: PersistentArgs,
@@ -313,6 +324,7 @@ impl<'m> GpuRank<'m> {
             chans,
             ranks_on_gpu: 1,
             trace: false,
+            overlap: true,
         })
     }
 
@@ -378,6 +390,19 @@ impl<'m> GpuRank<'m> {
     /// the send buffers of the next iteration.
     fn ring(&self, i: u64, pack_next: bool) -> Result<()> {
         let n = grid::ring_len(self.lay.nx, self.lay.ny);
+        self.halo_kernel(&self.k.ring, n, i, pack_next)
+    }
+
+    /// Every cell of iteration `i` in one kernel (ring and interior), reading the received
+    /// halos; with `pack_next`, also the send buffers of the next iteration.
+    fn whole(&self, i: u64, pack_next: bool) -> Result<()> {
+        let (nx, ny) = (self.lay.nx, self.lay.ny);
+        let n = grid::ring_len(nx, ny) + nx.saturating_sub(2) * ny.saturating_sub(2);
+        self.halo_kernel(&self.k.whole, n, i, pack_next)
+    }
+
+    /// Launches `ring` or `whole` (same parameters) over `n` cells.
+    fn halo_kernel(&self, f: &Function, n: usize, i: u64, pack_next: bool) -> Result<()> {
         let args = vec![
             Arg::Run(Box::new(self.run)),
             Arg::I64(i as i64),
@@ -385,7 +410,7 @@ impl<'m> GpuRank<'m> {
             Arg::F64(C0),
             Arg::F64(C1),
         ];
-        self.launch(&self.k.ring, n, args)
+        self.launch(f, n, args)
     }
 
     /// Packs the send buffers of iteration `i` from its grid (before the first iteration;
@@ -423,10 +448,16 @@ impl<'m> GpuRank<'m> {
                 }
                 reqs.push(comm.isend(l.send(i), l.peer)?);
             }
-            self.interior(p)?;
+            if self.overlap {
+                self.interior(p)?;
+            }
             reqs.extend(recvs.iter_mut().map(|r| r[p].take().expect("posted ahead")));
             comm.wait_all(&reqs)?;
-            self.ring(i, i + 1 < end)?;
+            if self.overlap {
+                self.ring(i, i + 1 < end)?;
+            } else {
+                self.whole(i, i + 1 < end)?;
+            }
         }
         self.stream.synchronize()?;
         Ok(())
@@ -476,12 +507,17 @@ impl<'m> GpuRank<'m> {
             for l in &self.links {
                 reqs.push(comm.isend_on(l.send(i), l.peer, &batch)?);
             }
-            batch.flush(&self.stream)?;
+            if self.overlap {
+                batch.flush(&self.stream)?;
+            }
             mark(1)?;
-            // The interior needs no halo: it overlaps with the messages in flight. (One list
-            // per iteration, the sends and waits together after the interior, measured slower
-            // with device halos: 37 vs 34 µs at 64², the messages no longer overlap anything.)
-            self.interior(p)?;
+            // The interior needs no halo: it overlaps with the messages in flight. Without
+            // overlap the sends and the waits make one list. (One list per iteration with
+            // the interior kernel before it measured slower with device halos, 37 vs 34 µs
+            // at 64²: the messages overlap nothing and the GPU keeps both kernels.)
+            if self.overlap {
+                self.interior(p)?;
+            }
             mark(2)?;
             let recvd: Vec<Request> = recvs
                 .iter_mut()
@@ -492,7 +528,11 @@ impl<'m> GpuRank<'m> {
             batch.flush(&self.stream)?;
             reqs.extend(recvd);
             mark(3)?;
-            self.ring(i, i + 1 < end)?;
+            if self.overlap {
+                self.ring(i, i + 1 < end)?;
+            } else {
+                self.whole(i, i + 1 < end)?;
+            }
             mark(4)?;
             if i + (RECVS as u64) < end {
                 // This iteration's receive buffers are read: let the peers fill them for
@@ -511,7 +551,7 @@ impl<'m> GpuRank<'m> {
             comm.wait_all(&done)?;
         }
         if let Some(t) = trace {
-            t.report(comm.rank())?;
+            t.report(comm.rank(), self.overlap)?;
         }
         Ok(())
     }
@@ -627,7 +667,10 @@ impl Trace {
         Ok(())
     }
 
-    fn report(&self, rank: usize) -> Result<()> {
+    fn report(&self, rank: usize, overlap: bool) -> Result<()> {
+        if !overlap {
+            eprintln!("trace rank {rank}: overlap off: the sends and the waits are one list (the wait list), the kernel is `whole` (the ring), nothing runs between them");
+        }
         let n = self.iters.max(1) as f64;
         let mut line = format!("trace rank {rank}, CPU µs per iteration:");
         let mut total = 0.0;
@@ -712,6 +755,7 @@ pub fn solve(comm: &mut Comm, lay: &Layout, cfg: &Config, k: &Kernels) -> Result
     // Ranks are spread over the GPUs round robin (threads share a GPU; processes time-share it).
     rank.ranks_on_gpu = cfg.ranks.div_ceil(gpus) as u32;
     rank.trace = cfg.trace;
+    rank.overlap = cfg.overlap;
     let out = crate::drive(comm, &mut rank, cfg);
     // Nothing of this rank may still run when its memory goes.
     rank.stream.synchronize()?;

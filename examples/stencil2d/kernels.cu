@@ -197,6 +197,25 @@ extern "C" __global__ void ring(StencilRun a, long i, int pack_next, double c0, 
     }
 }
 
+// The whole block of iteration i in one launch (`--overlap off`): the ring cells as `ring`
+// does them (halos from the receive buffers, the next sends packed), then the interior.
+extern "C" __global__ void whole(StencilRun a, long i, int pack_next, double c0, double c1) {
+    const double *cur = (const double *)a.grid[i & 1];
+    double *nxt = (double *)a.grid[1 - (i & 1)];
+    long nr = ring_len(a.nx, a.ny), w = a.ny - 2, h = a.nx - 2, s = a.ny + 2;
+    long ni = w > 0 && h > 0 ? w * h : 0;
+    FOR_EACH(k, nr + ni) {
+        if (k < nr) {
+            long r, c;
+            ring_cell(k, a.nx, a.ny, &r, &c);
+            ring_update(a, cur, nxt, r, c, i, pack_next != 0, c0, c1);
+        } else {
+            long j = k - nr, r = 2 + j / w, c = 2 + j % w;
+            upd(cur, nxt, r * s + c, s, c0, c1);
+        }
+    }
+}
+
 // One rank's iterations first..end in one kernel. Thread 0 of block 0 drives the channels
 // (gds_peer_*); every thread computes. Per iteration: sends (buffers packed by the previous
 // iteration) -> interior -> wait for the halos and the sends -> barrier -> ring cells from the
