@@ -150,9 +150,10 @@ fn mp_on_streams_with_device_memory() {
 }
 
 /// `pingpong --op send --trigger kernel` through the messaging layer (`--api mp`: each rank's
-/// persistent kernel drives its kernel channel) and on the QPs directly (`--api gdsync`, its
-/// floor), host and device memory, a few sizes: every run succeeds and reports, per size, the
-/// iterations asked for and positive, ordered latencies.
+/// persistent kernel drives its kernel channel, crediting receives 16 at a time, and once one
+/// at a time) and on the QPs directly (`--api gdsync`, its floor), host and device memory, a
+/// few sizes: every run succeeds and reports, per size, the iterations asked for and
+/// positive, ordered latencies.
 #[test]
 fn pingpong_kernel_trigger_through_mp_and_gdsync() {
     let Some(_gpu) = gpu("pingpong_kernel_trigger_through_mp_and_gdsync") else {
@@ -160,47 +161,56 @@ fn pingpong_kernel_trigger_through_mp_and_gdsync() {
     };
     let sizes = [8usize, 64, 4096];
     let list = sizes.map(|s| s.to_string()).join(",");
-    for api in ["mp", "gdsync"] {
-        for mem in ["host", "device"] {
-            let args = [
-                "--api",
-                api,
-                "--op",
-                "send",
-                "--trigger",
-                "kernel",
-                "--mem",
-                mem,
-                "--sizes",
-                &list,
-                "--iters",
-                "300",
-                "--warmup",
-                "50",
-                "--json",
-            ];
-            let (ok, out, err) = run_example("pingpong", &args)
-                .expect("GDSYNC_TEST_CUDA=1: build the pingpong example first");
-            assert!(ok, "pingpong {args:?} failed:\n{out}\n{err}");
-            let lines: Vec<&str> = out.lines().filter(|l| l.starts_with('{')).collect();
-            assert_eq!(lines.len(), sizes.len(), "one line per size: {out}");
-            for (line, size) in lines.iter().zip(sizes) {
-                let num = |k: &str| -> f64 {
-                    json_field(line, k)
-                        .parse()
-                        .unwrap_or_else(|e| panic!("{k} in {line}: {e}"))
-                };
-                assert_eq!(json_field(line, "trigger"), "kernel", "{line}");
-                assert_eq!(json_field(line, "mem"), mem, "{line}");
-                assert_eq!(num("bytes"), size as f64, "{line}");
-                assert_eq!(num("iters"), 300.0, "{line}");
-                let (min, p50, p99) = (num("t_min_us"), num("t_p50_us"), num("t_p99_us"));
-                assert!(
-                    min > 0.0 && min <= p50 && p50 <= p99 && p99.is_finite(),
-                    "--api {api} --mem {mem}: {line}"
-                );
-            }
-            eprintln!("pingpong --api {api} --trigger kernel --mem {mem}:\n{out}");
+    let runs = [
+        ("mp", "host", "16"),
+        ("mp", "device", "16"),
+        ("mp", "host", "1"),
+        ("gdsync", "host", "16"),
+        ("gdsync", "device", "16"),
+    ];
+    for (api, mem, recv_batch) in runs {
+        let args = [
+            "--recv-batch",
+            recv_batch,
+            "--api",
+            api,
+            "--op",
+            "send",
+            "--trigger",
+            "kernel",
+            "--mem",
+            mem,
+            "--sizes",
+            &list,
+            "--iters",
+            "300",
+            "--warmup",
+            "50",
+            "--json",
+        ];
+        let (ok, out, err) = run_example("pingpong", &args)
+            .expect("GDSYNC_TEST_CUDA=1: build the pingpong example first");
+        assert!(ok, "pingpong {args:?} failed:\n{out}\n{err}");
+        let lines: Vec<&str> = out.lines().filter(|l| l.starts_with('{')).collect();
+        assert_eq!(lines.len(), sizes.len(), "one line per size: {out}");
+        for (line, size) in lines.iter().zip(sizes) {
+            let num = |k: &str| -> f64 {
+                json_field(line, k)
+                    .parse()
+                    .unwrap_or_else(|e| panic!("{k} in {line}: {e}"))
+            };
+            assert_eq!(json_field(line, "trigger"), "kernel", "{line}");
+            assert_eq!(json_field(line, "mem"), mem, "{line}");
+            assert_eq!(num("bytes"), size as f64, "{line}");
+            assert_eq!(num("iters"), 300.0, "{line}");
+            let (min, p50, p99) = (num("t_min_us"), num("t_p50_us"), num("t_p99_us"));
+            assert!(
+                min > 0.0 && min <= p50 && p50 <= p99 && p99.is_finite(),
+                "--api {api} --mem {mem} --recv-batch {recv_batch}: {line}"
+            );
         }
+        eprintln!(
+            "pingpong --api {api} --trigger kernel --mem {mem} --recv-batch {recv_batch}:\n{out}"
+        );
     }
 }

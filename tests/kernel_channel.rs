@@ -27,6 +27,7 @@ mod twin {
     use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
     use std::time::Instant;
 
+    pub const OP_NOP: u32 = 0x00;
     pub const OP_RDMA_WRITE: u32 = 0x08;
     pub const OP_RDMA_WRITE_IMM: u32 = 0x09;
     pub const OP_SEND: u32 = 0x0A;
@@ -259,6 +260,18 @@ mod twin {
         qp_submit(qp, opcode, &mut w, ds as u32, imm, flags)
     }
 
+    /// `gds_qp_post_nop`.
+    pub fn qp_post_nop(qp: &mut QpDesc, flags: u32) -> i32 {
+        if qp.sq == 0 || (qp.db == 0 && qp.proxy == 0) {
+            return code::INVALID;
+        }
+        if qp_send_room(qp) == 0 {
+            return code::FULL;
+        }
+        let mut w = [0u32; 4];
+        qp_submit(qp, OP_NOP, &mut w, 1, 0, flags)
+    }
+
     /// `gds_qp_post_recv`.
     pub fn qp_post_recv(qp: &mut QpDesc, addr: u64, len: u32, lkey: u32) -> i32 {
         if len > 0x7FFF_FFFF || qp.rq == 0 {
@@ -349,6 +362,24 @@ mod twin {
         }
     }
 
+    /// `gds_peer_wqe_flags`.
+    fn peer_wqe_flags(p: &PeerDesc, flags: u32) -> u32 {
+        if p.qp.sq_pi + 1 - p.signaled_pi >= (p.qp.sq_wqebbs / 2) as u64 {
+            flags | SIGNALED
+        } else {
+            flags
+        }
+    }
+
+    /// `gds_peer_posted`.
+    fn peer_posted(p: &mut PeerDesc, flags: u32) {
+        if flags & SIGNALED == 0 {
+            return;
+        }
+        p.signaled_pi = p.qp.sq_pi;
+        p.signaled_sends = p.sends;
+    }
+
     /// `gds_peer_poll_send`.
     fn peer_poll_send(p: &mut PeerDesc) -> i32 {
         let mut wc = Wc::default();
@@ -356,8 +387,13 @@ mod twin {
         if rc == code::EMPTY {
             return rc;
         }
-        if wc.wqe_opcode as u32 == OP_SEND {
-            p.sends_done += 1;
+        let outstanding = p.qp.sq_pi - p.qp.send_cq.wq_ci;
+        let mut done = p.sends.saturating_sub(outstanding);
+        if p.qp.send_cq.wq_ci >= p.signaled_pi && p.signaled_sends > done {
+            done = p.signaled_sends;
+        }
+        if done > p.sends_done {
+            p.sends_done = done;
             st64(p.state + 8, p.sends_done);
         }
         if rc != code::OK {
@@ -398,8 +434,15 @@ mod twin {
         }
     }
 
-    /// `gds_peer_send`.
-    pub fn peer_send(p: &mut PeerDesc, laddr: u64, lkey: u32, len: u32, timeout_ns: u64) -> i32 {
+    /// `gds_peer_send_flags`.
+    pub fn peer_send_flags(
+        p: &mut PeerDesc,
+        laddr: u64,
+        lkey: u32,
+        len: u32,
+        flags: u32,
+        timeout_ns: u64,
+    ) -> i32 {
         let rc = peer_check(p);
         if rc != code::OK {
             return rc;
@@ -416,24 +459,31 @@ mod twin {
         let mut start = None;
         let mut spins = 0u32;
         loop {
-            let mut rc = qp_post_send(&mut p.qp, OP_SEND, laddr, lkey, len, 0, 0, 0, SIGNALED);
-            if rc == code::FULL {
-                rc = peer_make_room(p, spins, &mut start, timeout_ns);
-            } else if rc == code::OK {
-                break;
-            }
+            let f = peer_wqe_flags(p, flags);
+            let rc = match qp_post_send(&mut p.qp, OP_SEND, laddr, lkey, len, 0, 0, 0, f) {
+                code::FULL => peer_make_room(p, spins, &mut start, timeout_ns),
+                code::OK => {
+                    p.sends += 1;
+                    st64(p.state, p.sends);
+                    peer_posted(p, f);
+                    return code::OK;
+                }
+                rc => rc,
+            };
             if rc != code::OK {
                 return rc;
             }
             spins = spins.wrapping_add(1);
         }
-        p.sends += 1;
-        st64(p.state, p.sends);
-        code::OK
     }
 
-    /// `gds_peer_recv`.
-    pub fn peer_recv(p: &mut PeerDesc, laddr: u64, lkey: u32, len: u32, timeout_ns: u64) -> i32 {
+    /// `gds_peer_send`.
+    pub fn peer_send(p: &mut PeerDesc, laddr: u64, lkey: u32, len: u32, timeout_ns: u64) -> i32 {
+        peer_send_flags(p, laddr, lkey, len, SIGNALED, timeout_ns)
+    }
+
+    /// `gds_peer_post_recv`.
+    pub fn peer_post_recv(p: &mut PeerDesc, laddr: u64, lkey: u32, len: u32) -> i32 {
         let rc = peer_check(p);
         if rc != code::OK {
             return rc;
@@ -444,15 +494,19 @@ mod twin {
         }
         p.recvs += 1;
         st64(p.state + 24, p.recvs);
+        code::OK
+    }
+
+    /// `gds_peer_give_credit`.
+    pub fn peer_give_credit(p: &mut PeerDesc, timeout_ns: u64) -> i32 {
+        let rc = peer_check(p);
+        if rc != code::OK || p.credited == p.recvs {
+            return rc;
+        }
         let mut start = None;
         let mut spins = 0u32;
         loop {
-            let used = p.qp.sq_wqebbs - qp_send_room(&p.qp);
-            let flags = if used >= p.qp.sq_wqebbs / 2 {
-                SIGNALED
-            } else {
-                0
-            };
+            let f = peer_wqe_flags(p, 0);
             let (raddr, rkey) = (p.remote_credit, p.remote_credit_rkey);
             let rc = qp_post_send_inline(
                 &mut p.qp,
@@ -461,11 +515,15 @@ mod twin {
                 raddr,
                 rkey,
                 0,
-                flags,
+                f,
             );
             let rc = match rc {
                 code::FULL => peer_make_room(p, spins, &mut start, timeout_ns),
-                code::OK => return code::OK,
+                code::OK => {
+                    p.credited = p.recvs;
+                    peer_posted(p, f);
+                    return code::OK;
+                }
                 rc => rc,
             };
             if rc != code::OK {
@@ -475,14 +533,32 @@ mod twin {
         }
     }
 
-    /// `gds_peer_wait_send`.
-    pub fn peer_wait_send(p: &mut PeerDesc, timeout_ns: u64) -> i32 {
-        if p.credit == 0 || p.sends_waited == p.sends {
+    /// `gds_peer_recv`.
+    pub fn peer_recv(p: &mut PeerDesc, laddr: u64, lkey: u32, len: u32, timeout_ns: u64) -> i32 {
+        let rc = peer_post_recv(p, laddr, lkey, len);
+        if rc != code::OK {
+            rc
+        } else {
+            peer_give_credit(p, timeout_ns)
+        }
+    }
+
+    /// `gds_peer_wait_sends`.
+    pub fn peer_wait_sends(p: &mut PeerDesc, n: u64, timeout_ns: u64) -> i32 {
+        if p.credit == 0 || n == 0 || n > p.sends - p.sends_waited {
             return code::INVALID;
         }
+        let target = p.sends_waited + n;
         let mut start = None;
         let mut spins = 0u32;
-        while p.sends_done == p.sends_waited {
+        while p.sends_done < target {
+            if p.signaled_sends < target && p.error == 0 {
+                match qp_post_nop(&mut p.qp, SIGNALED) {
+                    code::OK => peer_posted(p, SIGNALED),
+                    code::FULL => {}
+                    rc => return rc,
+                }
+            }
             let rc = peer_make_room(p, spins, &mut start, timeout_ns);
             if rc != code::OK {
                 return rc;
@@ -492,9 +568,14 @@ mod twin {
         if p.error != 0 {
             return p.error as i32;
         }
-        p.sends_waited += 1;
+        p.sends_waited = target;
         st64(p.state + 16, p.sends_waited);
         code::OK
+    }
+
+    /// `gds_peer_wait_send`.
+    pub fn peer_wait_send(p: &mut PeerDesc, timeout_ns: u64) -> i32 {
+        peer_wait_sends(p, 1, timeout_ns)
     }
 
     /// `gds_peer_wait_recv`.
@@ -1307,21 +1388,35 @@ fn kernel_channel_errors_and_timeouts() {
 
 /// The schedule of `mp_pp` (`pingpong --api mp --trigger kernel`, in
 /// examples/pingpong/kernels.cu), line by line, with a thread per rank in the kernel's place:
-/// 64 receives posted ahead on a channel of depth 64, then per iteration (rank 1 takes the
-/// message first) the marker, the send, the previous send's wait and the consumed receive
-/// posted again, then (rank 0) the answer; the last send waited at the end. Each rank posts
-/// exactly `iters` receives (none left over), never finds a ring full, and the last message's
-/// marker is in its buffer. The GPU runs the kernel itself in tests/gpu_mp.rs.
+/// 64 receives posted ahead on a channel of depth 64 with one credit, then per iteration (rank
+/// 1 takes the message first) the marker, the send (one in `sig_every` signalled, and the
+/// last), the wait for the sends up to the previous one when it was signalled, and the
+/// consumed receive posted again with a credit per `recv_batch`, then (rank 0) the answer;
+/// the sends left waited at the end. Each rank posts exactly `iters` receives (none left
+/// over), never finds a ring full, and the last message's marker is in its buffer. The GPU
+/// runs the kernel itself in tests/gpu_mp.rs.
 #[test]
 fn pingpong_kernel_schedule_between_thread_ranks() {
     const AHEAD: u32 = 64;
-    for (size, iters) in [(8u32, 300u64), (4096, 150), (64, 1)] {
+    // (size, iters, recv_batch, sig_every): the defaults, one credit per receive, every send
+    // signalled (the former schedule), and a batch as deep as the ring with a period longer
+    // than half the send ring (the header then signals on its own).
+    for (size, iters, batch, sig_every) in [
+        (8u32, 300u64, 16u32, 16u64),
+        (4096, 150, 16, 16),
+        (64, 1, 16, 16),
+        (8, 200, 1, 16),
+        (8, 100, 1, 1),
+        (8, 300, 64, 100),
+        (8, 37, 5, 7),
+    ] {
         let results = kernel_channel_ranks(AHEAD, |comm, ch| {
             let (rank, peer) = (comm.rank() as u64, 1 - comm.rank());
             let (sbuf, smr) = pinned(comm.pd(), size as usize);
             let (rbuf, rmr) = pinned(comm.pd(), size as usize);
             let mut p: PeerDesc = ch.desc(peer).unwrap();
             let (mut len, mut at, mut step) = (0u32, 0u64, 0);
+            let mut credits_given = 0u64;
             let mut run = || -> i32 {
                 macro_rules! check {
                     ($s:expr, $x:expr) => {{
@@ -1341,9 +1436,11 @@ fn pingpong_kernel_schedule_between_thread_ranks() {
                     }};
                 }
                 while p.recvs < iters && p.recvs < AHEAD as u64 {
-                    let r = twin::peer_recv(&mut p, rbuf.addr(), rmr.lkey(), size, TIMEOUT_NS);
+                    let r = twin::peer_post_recv(&mut p, rbuf.addr(), rmr.lkey(), size);
                     check!(1, r);
                 }
+                check!(5, twin::peer_give_credit(&mut p, TIMEOUT_NS));
+                credits_given += 1;
                 while at < iters {
                     let i = at;
                     if rank == 1 {
@@ -1351,40 +1448,67 @@ fn pingpong_kernel_schedule_between_thread_ranks() {
                     }
                     let marker = (2 * i + 1 + rank) as u32;
                     write(sbuf.addr() + size as u64 - 4, &marker.to_ne_bytes());
+                    let signaled = i % sig_every == sig_every - 1 || i + 1 == iters;
+                    let flags = if signaled { twin::SIGNALED } else { 0 };
                     check!(
                         2,
-                        twin::peer_send(&mut p, sbuf.addr(), smr.lkey(), size, TIMEOUT_NS)
+                        twin::peer_send_flags(
+                            &mut p,
+                            sbuf.addr(),
+                            smr.lkey(),
+                            size,
+                            flags,
+                            TIMEOUT_NS
+                        )
                     );
-                    if i > 0 {
-                        check!(3, twin::peer_wait_send(&mut p, TIMEOUT_NS));
+                    if i > 0 && (i - 1) % sig_every == sig_every - 1 {
+                        let n = p.sends - 1 - p.sends_waited;
+                        check!(3, twin::peer_wait_sends(&mut p, n, TIMEOUT_NS));
                     }
                     if (rank == 1 || i > 0) && p.recvs < iters {
-                        let r = twin::peer_recv(&mut p, rbuf.addr(), rmr.lkey(), size, TIMEOUT_NS);
+                        let r = twin::peer_post_recv(&mut p, rbuf.addr(), rmr.lkey(), size);
                         check!(1, r);
+                        if p.recvs - p.credited >= batch as u64 || p.recvs == iters {
+                            check!(5, twin::peer_give_credit(&mut p, TIMEOUT_NS));
+                            credits_given += 1;
+                        }
                     }
                     if rank == 0 {
                         take!();
                     }
                     at += 1;
                 }
-                check!(3, twin::peer_wait_send(&mut p, TIMEOUT_NS));
+                if p.sends > p.sends_waited {
+                    let n = p.sends - p.sends_waited;
+                    check!(3, twin::peer_wait_sends(&mut p, n, TIMEOUT_NS));
+                }
                 code::OK
             };
             let rc = run();
             let last =
                 u32::from_ne_bytes(read(rbuf.addr() + size as u64 - 4, 4).try_into().unwrap());
-            (rc, at, step, last, ch.progress(peer).unwrap())
+            let cqes = p.qp.send_cq.ci;
+            (
+                rc,
+                at,
+                step,
+                last,
+                ch.progress(peer).unwrap(),
+                credits_given,
+                cqes,
+            )
         });
-        for (rank, (rc, at, step, last, st)) in results.into_iter().enumerate() {
+        let what = format!("size {size}, {iters} iterations, batch {batch}, period {sig_every}");
+        for (rank, (rc, at, step, last, st, credits, cqes)) in results.into_iter().enumerate() {
             assert_eq!(
                 (rc, at),
                 (code::OK, iters),
-                "size {size}: rank {rank} stopped at step {step}"
+                "{what}: rank {rank} stopped at step {step}"
             );
             assert_eq!(
                 last,
                 (2 * iters - rank as u64) as u32,
-                "size {size}: last marker"
+                "{what}: last marker"
             );
             assert_eq!(
                 (
@@ -1396,10 +1520,285 @@ fn pingpong_kernel_schedule_between_thread_ranks() {
                     st.error
                 ),
                 (iters, iters, iters, iters, iters, 0),
-                "size {size}: rank {rank}'s channel"
+                "{what}: rank {rank}'s channel"
+            );
+            // One credit for the receives posted ahead, then one per batch posted again.
+            let again = iters.saturating_sub(AHEAD as u64);
+            assert!(
+                credits <= 2 + again / batch as u64,
+                "{what}: rank {rank} gave {credits} credits"
+            );
+            // Completions: at most one per signalled send (plus the forced signals of a long
+            // period) and per forced credit signal, far fewer than sends when sends are batched.
+            let signalled_sends = iters.div_ceil(sig_every.min(32));
+            assert!(
+                cqes <= signalled_sends + 1 + credits / 32,
+                "{what}: rank {rank} consumed {cqes} send completions"
             );
         }
     }
+}
+
+/// Batched credits: receives posted without a credit do not let the peer send (its send
+/// times out, posting nothing); one `give_credit` then covers all of them, with a single
+/// credit write; a credit with nothing new to announce writes nothing.
+#[test]
+fn kernel_channel_one_credit_covers_a_batch_of_receives() {
+    const N: u64 = 8;
+    kernel_channel_ranks(16, |comm, ch| {
+        let (me, peer) = (comm.rank(), 1 - comm.rank());
+        let (buf, mr) = pinned(comm.pd(), 64 * (N as usize + 1));
+        let mut p = ch.desc(peer).unwrap();
+        if me == 1 {
+            for k in 0..N {
+                let at = buf.addr() + 64 * k;
+                assert_eq!(twin::peer_post_recv(&mut p, at, mr.lkey(), 64), code::OK);
+            }
+            assert_eq!(
+                (p.recvs, p.credited, p.qp.sq_pi),
+                (N, 0, 0),
+                "no credit yet"
+            );
+        }
+        comm.barrier().unwrap();
+        if me == 0 {
+            // Receives are posted at the peer, but not credited: no send goes out.
+            assert_eq!(
+                twin::peer_send(&mut p, buf.addr(), mr.lkey(), 8, 30_000_000),
+                code::TIMEOUT
+            );
+            assert_eq!((p.sends, p.qp.sq_pi), (0, 0));
+        }
+        comm.barrier().unwrap();
+        if me == 1 {
+            assert_eq!(twin::peer_give_credit(&mut p, TIMEOUT_NS), code::OK);
+            assert_eq!((p.credited, p.qp.sq_pi), (N, 1), "one credit write");
+            assert_eq!(twin::peer_give_credit(&mut p, TIMEOUT_NS), code::OK);
+            assert_eq!(p.qp.sq_pi, 1, "nothing new to credit: nothing written");
+            for k in 0..N {
+                let mut got = 0;
+                assert_eq!(twin::peer_wait_recv(&mut p, &mut got, TIMEOUT_NS), code::OK);
+                assert_eq!(got, 8 + k as u32);
+                let data = read(buf.addr() + 64 * k, got as usize);
+                assert_eq!(data, message(k, 0, got as usize), "message {k}");
+            }
+        } else {
+            for k in 0..N {
+                let at = buf.addr() + 64 * (k + 1);
+                write(at, &message(k, 0, 8 + k as usize));
+                assert_eq!(
+                    twin::peer_send(&mut p, at, mr.lkey(), 8 + k as u32, TIMEOUT_NS),
+                    code::OK,
+                    "send {k}: the one credit covers it"
+                );
+            }
+            assert_eq!(p.credits, N);
+            // Credit for N receives only: the next send waits (and times out).
+            assert_eq!(
+                twin::peer_send(&mut p, buf.addr(), mr.lkey(), 8, 30_000_000),
+                code::TIMEOUT
+            );
+            assert_eq!(twin::peer_wait_sends(&mut p, N, TIMEOUT_NS), code::OK);
+            assert_eq!((p.sends, p.sends_done, p.sends_waited), (N, N, N));
+        }
+    });
+}
+
+/// Selective signalling: 100 sends with one in 16 signalled through a send ring of 16 slots
+/// (it wraps 6 times), then one wait for all of them: every send is counted, no post finds
+/// the ring full for good (the header signals one WQE per half ring by itself), and far
+/// fewer completions are written than sends. The receiver keeps 8 receives posted and
+/// credits them 4 at a time.
+#[test]
+fn kernel_channel_unsignalled_sends_wrap_the_ring_and_are_counted() {
+    const SENDS: u64 = 100;
+    const DEPTH: u32 = 8;
+    let results = kernel_channel_ranks(DEPTH, |comm, ch| {
+        let (me, peer) = (comm.rank(), 1 - comm.rank());
+        let (buf, mr) = pinned(comm.pd(), 64 * DEPTH as usize);
+        let mut p = ch.desc(peer).unwrap();
+        let slot = |k: u64| buf.addr() + 64 * (k % DEPTH as u64);
+        if me == 1 {
+            for k in 0..DEPTH as u64 {
+                assert_eq!(
+                    twin::peer_post_recv(&mut p, slot(k), mr.lkey(), 64),
+                    code::OK
+                );
+            }
+            assert_eq!(twin::peer_give_credit(&mut p, TIMEOUT_NS), code::OK);
+            for k in 0..SENDS {
+                let mut got = 0;
+                assert_eq!(twin::peer_wait_recv(&mut p, &mut got, TIMEOUT_NS), code::OK);
+                assert_eq!(read(slot(k), 8), k.to_ne_bytes(), "message {k}");
+                if p.recvs < SENDS {
+                    let at = slot(p.recvs);
+                    assert_eq!(twin::peer_post_recv(&mut p, at, mr.lkey(), 64), code::OK);
+                    if p.recvs - p.credited >= 4 || p.recvs == SENDS {
+                        assert_eq!(twin::peer_give_credit(&mut p, TIMEOUT_NS), code::OK);
+                    }
+                }
+            }
+        } else {
+            assert_eq!(p.qp.sq_wqebbs, 16);
+            for k in 0..SENDS {
+                // Each message from its own source slot, reused only once the sends of a
+                // ring's worth before it are known complete (waited below).
+                write(slot(k), &k.to_ne_bytes());
+                let flags = if k % 16 == 15 { twin::SIGNALED } else { 0 };
+                let rc = twin::peer_send_flags(&mut p, slot(k), mr.lkey(), 8, flags, TIMEOUT_NS);
+                assert_eq!(rc, code::OK, "send {k}");
+                assert!(p.sends_done <= p.sends);
+                if k % DEPTH as u64 == DEPTH as u64 - 1 {
+                    // The sources are reused next: wait for the sends so far.
+                    let n = p.sends - p.sends_waited;
+                    assert_eq!(twin::peer_wait_sends(&mut p, n, TIMEOUT_NS), code::OK);
+                }
+            }
+            let n = p.sends - p.sends_waited;
+            assert_eq!(twin::peer_wait_sends(&mut p, n, TIMEOUT_NS), code::OK);
+            assert_eq!(
+                (p.sends, p.sends_done, p.sends_waited),
+                (SENDS, SENDS, SENDS)
+            );
+            assert_eq!(twin::peer_wait_send(&mut p, 1000), code::INVALID);
+            assert!(p.qp.sq_pi > 6 * 16, "the ring wrapped");
+            // Sends are signalled one in 8 at most (16 asked; half the ring forces it), and
+            // the waits every 8 sends find them signalled: no NOP was needed but the last.
+            assert!(
+                p.qp.send_cq.ci <= SENDS / 8 + 1,
+                "{} completions for {SENDS} sends",
+                p.qp.send_cq.ci
+            );
+        }
+        ch.progress(peer).unwrap()
+    });
+    assert_eq!(
+        (results[0].sends, results[0].sends_done, results[0].error),
+        (SENDS, SENDS, 0),
+        "the host sees the counts"
+    );
+    assert_eq!((results[1].recvs_waited, results[1].error), (SENDS, 0));
+}
+
+/// Waiting for a send with no signalled WQE after it posts a signalled NOP, whose completion
+/// finishes the send: the wait returns OK promptly, the NOP is the only completion, and
+/// sends_done counts the sends (not the NOP). A wait covered by a signalled send posts none.
+#[test]
+fn kernel_channel_wait_for_a_trailing_unsignalled_send_posts_a_nop() {
+    kernel_channel_ranks(16, |comm, ch| {
+        let (me, peer) = (comm.rank(), 1 - comm.rank());
+        let (buf, mr) = pinned(comm.pd(), 256);
+        let mut p = ch.desc(peer).unwrap();
+        if me == 1 {
+            for _ in 0..4 {
+                assert_eq!(
+                    twin::peer_recv(&mut p, buf.addr(), mr.lkey(), 64, TIMEOUT_NS),
+                    code::OK
+                );
+            }
+            for _ in 0..4 {
+                let mut got = 0;
+                assert_eq!(twin::peer_wait_recv(&mut p, &mut got, TIMEOUT_NS), code::OK);
+            }
+        } else {
+            for _ in 0..3 {
+                let rc = twin::peer_send_flags(&mut p, buf.addr(), mr.lkey(), 8, 0, TIMEOUT_NS);
+                assert_eq!(rc, code::OK);
+            }
+            assert_eq!(
+                (p.qp.sq_pi, p.signaled_pi),
+                (3, 0),
+                "three unsignalled sends"
+            );
+            let t = Instant::now();
+            assert_eq!(twin::peer_wait_send(&mut p, TIMEOUT_NS), code::OK);
+            assert!(t.elapsed() < Duration::from_secs(10));
+            assert_eq!(p.qp.sq_pi, 4, "a NOP was posted after them");
+            assert_eq!(
+                (p.qp.send_cq.ci, p.qp.send_cq.wq_ci),
+                (1, 4),
+                "its completion"
+            );
+            // It finished all three; the next waits need no completion.
+            assert_eq!((p.sends_done, p.sends_waited), (3, 1));
+            assert_eq!(twin::peer_wait_sends(&mut p, 2, TIMEOUT_NS), code::OK);
+            assert_eq!((p.qp.sq_pi, p.sends_waited), (4, 3));
+            // A signalled send: its own completion ends the wait, no NOP.
+            assert_eq!(
+                twin::peer_send(&mut p, buf.addr(), mr.lkey(), 8, TIMEOUT_NS),
+                code::OK
+            );
+            assert_eq!(twin::peer_wait_send(&mut p, TIMEOUT_NS), code::OK);
+            assert_eq!((p.qp.sq_pi, p.qp.send_cq.ci, p.sends_done), (5, 2, 4));
+            assert_eq!(
+                twin::peer_wait_sends(&mut p, 1, TIMEOUT_NS),
+                code::INVALID,
+                "nothing left to wait for"
+            );
+            let st = ch.progress(peer).unwrap();
+            assert_eq!((st.sends, st.sends_done, st.sends_waited), (4, 4, 4));
+        }
+    });
+}
+
+/// The soft device executes a NOP WQE the kernel composes (`gds_qp_post_nop`) as a ConnectX
+/// does: no data moves, and its completion (opcode NOP, its own index) comes only after the
+/// unsignalled RDMA writes before it are complete (their data is at the target), freeing
+/// their slots too. Unsignalled, it completes silently with the next signalled WQE.
+#[test]
+fn kernel_qp_nop_completes_after_the_work_before_it() {
+    const WRITES: u64 = 6;
+    const LEN: usize = 64 * 1024;
+    let (_dev, pd, a, b) = connected(&QpConfig::default());
+    let (abuf, amr) = pinned(&pd, LEN * WRITES as usize);
+    let (bbuf, bmr) = pinned(&pd, LEN * WRITES as usize);
+    let (a, _b) = (a.qp.into_device().unwrap(), b.qp.into_device().unwrap());
+    let mut qa = a.desc();
+    let mut wc = Wc::default();
+    for k in 0..WRITES {
+        let off = k * LEN as u64;
+        write(abuf.addr() + off, &message(k, 5, LEN));
+        let rc = twin::qp_post_send(
+            &mut qa,
+            twin::OP_RDMA_WRITE,
+            abuf.addr() + off,
+            amr.lkey(),
+            LEN as u32,
+            bbuf.addr() + off,
+            bmr.rkey(),
+            0,
+            0,
+        );
+        assert_eq!(rc, code::OK);
+    }
+    assert_eq!(
+        twin::qp_post_nop(&mut qa, 0),
+        code::OK,
+        "an unsignalled NOP"
+    );
+    assert_eq!(twin::qp_post_nop(&mut qa, twin::SIGNALED), code::OK);
+    assert_eq!(
+        twin::cq_wait(&mut qa.send_cq, &mut wc, TIMEOUT_NS),
+        code::OK
+    );
+    assert_eq!(
+        (wc.opcode, wc.wqe_opcode as u32, wc.qpn, wc.wqe_counter),
+        (twin::WC_SEND_DONE, twin::OP_NOP, a.qpn(), WRITES as u16 + 1)
+    );
+    assert_eq!(qa.send_cq.wq_ci, WRITES + 2, "every slot before it is free");
+    for k in 0..WRITES {
+        let off = k * LEN as u64;
+        assert_eq!(
+            read(bbuf.addr() + off, LEN),
+            message(k, 5, LEN),
+            "write {k}"
+        );
+    }
+    assert_eq!(
+        twin::cq_poll(&mut qa.send_cq, &mut wc),
+        code::EMPTY,
+        "one completion only"
+    );
 }
 
 // ------------------------------------------------------------------ the header itself
@@ -1417,9 +1816,14 @@ extern "C" __global__ void all(gds_qp q0, gds_peer p0, uint64_t out) {
     rc |= gds_cq_wait(&q.send_cq, &wc, 100);
     gds_peer p = p0;
     uint32_t len;
+    rc |= gds_qp_post_nop(&q, GDS_SIGNALED);
     rc |= gds_peer_recv(&p, 1, 2, 3, 100);
+    rc |= gds_peer_post_recv(&p, 1, 2, 3);
+    rc |= gds_peer_give_credit(&p, 100);
     rc |= gds_peer_send(&p, 1, 2, 3, 100);
+    rc |= gds_peer_send_flags(&p, 1, 2, 3, 0, 100);
     rc |= gds_peer_wait_send(&p, 100);
+    rc |= gds_peer_wait_sends(&p, 2, 100);
     rc |= gds_peer_wait_recv(&p, &len, 100);
     *(int *)out = rc;
 }

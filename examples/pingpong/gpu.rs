@@ -20,8 +20,9 @@ use std::ffi::c_void;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-/// A signalled send every this many (the waits on them retire send-ring slots).
-const SIGNAL_EVERY: u64 = 16;
+/// A signalled send every this many (the waits on them retire send-ring slots); `mp_pp`
+/// signals as often.
+pub(crate) const SIGNAL_EVERY: u64 = 16;
 /// How many iterations a rank's CPU enqueues ahead of its stream.
 const AHEAD: u64 = 16;
 pub(crate) const TIMEOUT: Duration = Duration::from_secs(20);

@@ -64,51 +64,62 @@ extern "C" __global__ void step() {}
 #define MP_STEP 3   // the call that failed: MP_STEP_*
 #define MP_LEN 4    // bytes of the last message received
 #define MP_WORDS 5
-#define MP_STEP_RECV 1       // gds_peer_recv
-#define MP_STEP_SEND 2       // gds_peer_send
-#define MP_STEP_WAIT_SEND 3  // gds_peer_wait_send
+#define MP_STEP_RECV 1       // gds_peer_post_recv
+#define MP_STEP_SEND 2       // gds_peer_send_flags
+#define MP_STEP_WAIT_SEND 3  // gds_peer_wait_sends
 #define MP_STEP_WAIT_RECV 4  // gds_peer_wait_recv
+#define MP_STEP_CREDIT 5     // gds_peer_give_credit
 #define MP_WRONG_LENGTH 0x1000  // a message of another length than size arrived
 
 // One rank of `pingpong --api mp --trigger kernel`: the loop of pp through the rank's kernel
 // channel to `peer` (peers[peer], mp::Comm::kernel_channels): receives with credits, sends,
 // completions, all driven by this one thread; every wait gives up after timeout_ns and the
 // kernel reports the code and where it stopped instead of spinning forever. The bookkeeping
-// (the previous send's completion, the consumed receive posted again with its credit) comes
-// right after each send, while the peer is busy, as pp fetches its descriptors there.
+// (completions of earlier sends, the consumed receive posted again) comes right after each
+// send, while the peer is busy, as pp fetches its descriptors there. As pp, it signals one
+// send in sig_every (and the last) and waits for sends only after those; and it gives the peer
+// one credit per recv_batch receives posted again (1 <= recv_batch <= ahead), not one each.
 extern "C" __global__ void mp_pp(const gds_peer *peers, uint32_t rank, uint32_t peer, uint64_t sbuf,
         uint32_t slkey, uint64_t rbuf, uint32_t rlkey, uint32_t size, uint64_t iters, uint32_t ahead,
-        uint64_t times, uint64_t timeout_ns, uint64_t result) {
+        uint32_t recv_batch, uint64_t sig_every, uint64_t times, uint64_t timeout_ns, uint64_t result) {
     gds_peer p = peers[peer];
     volatile uint64_t *res = (volatile uint64_t *)result;
     uint64_t i = 0;
     uint32_t step = 0, len = 0;
-    int rc = size < 4 ? GDS_INVALID : GDS_OK;
+    int rc = size < 4 || recv_batch == 0 || recv_batch > ahead || sig_every == 0 ? GDS_INVALID : GDS_OK;
 #define MP_CHECK(s, x) do { step = (s); rc = (x); if (rc) goto out; } while (0)
 #define MP_TAKE() do { \
         MP_CHECK(MP_STEP_WAIT_RECV, gds_peer_wait_recv(&p, &len, timeout_ns)); \
         if (len != size) { rc = MP_WRONG_LENGTH; goto out; } \
     } while (0)
     if (rc) goto out;
-    // Receives posted ahead: their credits reach the peer long before its sends need them.
-    while (p.recvs < iters && p.recvs < ahead) MP_CHECK(MP_STEP_RECV, gds_peer_recv(&p, rbuf, rlkey, size, timeout_ns));
+    // Receives posted ahead, with one credit: it reaches the peer long before its sends need it.
+    while (p.recvs < iters && p.recvs < ahead) MP_CHECK(MP_STEP_RECV, gds_peer_post_recv(&p, rbuf, rlkey, size));
+    MP_CHECK(MP_STEP_CREDIT, gds_peer_give_credit(&p, timeout_ns));
     for (; i < iters; i++) {
         if (rank == 1) MP_TAKE();
         *(volatile uint32_t *)(sbuf + size - 4) = (uint32_t)(2 * i + 1 + rank);
-        MP_CHECK(MP_STEP_SEND, gds_peer_send(&p, sbuf, slkey, size, timeout_ns));
-        // The peer now works on this message: the previous send completed long ago (its
-        // answer came), and the receive consumed last (rank 0) or just now (rank 1) is
-        // posted again, as long as iterations remain that need one.
-        if (i > 0) MP_CHECK(MP_STEP_WAIT_SEND, gds_peer_wait_send(&p, timeout_ns));
-        if ((rank == 1 || i > 0) && p.recvs < iters)
-            MP_CHECK(MP_STEP_RECV, gds_peer_recv(&p, rbuf, rlkey, size, timeout_ns));
+        bool signaled = i % sig_every == sig_every - 1 || i + 1 == iters;
+        MP_CHECK(MP_STEP_SEND, gds_peer_send_flags(&p, sbuf, slkey, size, signaled ? GDS_SIGNALED : 0, timeout_ns));
+        // The peer now works on this message. The previous send, if signalled, completed
+        // long ago (its answer came): its completion finishes the sends up to it. The receive
+        // consumed last (rank 0) or just now (rank 1) is posted again, as long as iterations
+        // remain that need one, and credited in batches (the peer has ahead - recv_batch
+        // credits in hand, at least); the last receive's credit goes at once.
+        if (i > 0 && (i - 1) % sig_every == sig_every - 1)
+            MP_CHECK(MP_STEP_WAIT_SEND, gds_peer_wait_sends(&p, p.sends - 1 - p.sends_waited, timeout_ns));
+        if ((rank == 1 || i > 0) && p.recvs < iters) {
+            MP_CHECK(MP_STEP_RECV, gds_peer_post_recv(&p, rbuf, rlkey, size));
+            if (p.recvs - p.credited >= recv_batch || p.recvs == iters)
+                MP_CHECK(MP_STEP_CREDIT, gds_peer_give_credit(&p, timeout_ns));
+        }
         if (rank == 0) {
             MP_TAKE();
             ((volatile uint64_t *)times)[i] = gds_now_ns();
         }
     }
-    // The last send; the credit writes were posted before it and completed first (in order).
-    if (iters > 0) MP_CHECK(MP_STEP_WAIT_SEND, gds_peer_wait_send(&p, timeout_ns));
+    // The sends not waited for yet; the last one is signalled.
+    if (p.sends > p.sends_waited) MP_CHECK(MP_STEP_WAIT_SEND, gds_peer_wait_sends(&p, p.sends - p.sends_waited, timeout_ns));
 out:
     res[MP_RC] = (uint32_t)rc;
     res[MP_AT] = i;

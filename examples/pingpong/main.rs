@@ -109,8 +109,8 @@ struct Args {
     /// `--op send`, ranks as threads, every trigger).
     #[arg(long, value_enum, default_value = "gdsync")]
     api: Api,
-    /// With `--api mp --trigger cpu`: receives are kept 64 deep and posted again this many
-    /// at a time, with one credit per batch (1: a credit for every message).
+    /// With `--api mp --trigger cpu` or `kernel`: receives are kept 64 deep and posted again
+    /// this many at a time, with one credit per batch (1: a credit for every message).
     #[arg(long, default_value_t = 16)]
     recv_batch: usize,
     /// One JSON object per size instead of a table.

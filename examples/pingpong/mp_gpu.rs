@@ -6,12 +6,14 @@
 //! the peer early, so a stream send rarely needs to wait for one); requests are released by
 //! the CPU as the stream finishes them, which also bounds how far each CPU runs ahead of its
 //! stream. `kernel`: one persistent kernel per rank drives the rank's kernel channel
-//! (`Comm::kernel_channels`, `gds_peer_*`) by itself, receives and credits included, timed as
-//! gpu.rs times `--api gdsync --trigger kernel` (the GPU's global timer in rank 0's kernel).
+//! (`Comm::kernel_channels`, `gds_peer_*`) by itself, receives and credits included (one
+//! credit per `--recv-batch` receives; one send in 16 signalled, as `--api gdsync` does),
+//! timed as gpu.rs times `--api gdsync --trigger kernel` (the GPU's global timer in rank 0's
+//! kernel).
 
 use super::gpu::{
     join_ranks, kernel_half_rtts, marker_write, param, stats, Buf, ProgressClock, KERNELS,
-    KERNEL_WAIT_NS, TIMEOUT,
+    KERNEL_WAIT_NS, SIGNAL_EVERY, TIMEOUT,
 };
 use super::{Args, Stats, Trigger};
 use anyhow::{bail, Context, Result};
@@ -99,6 +101,16 @@ pub(crate) fn run(args: &Args) -> Result<Vec<Stats>> {
         Trigger::Kernel => Some(GpuFn::Loop(module.as_ref().unwrap().function("mp_pp")?)),
         _ => None,
     };
+    // `kernel` gives credits in batches, as the CPU loop of `--api mp` does (`irecv_batch`).
+    let recv_batch = u32::try_from(args.recv_batch)
+        .ok()
+        .filter(|b| (1..=KERNEL_RECV_AHEAD).contains(b))
+        .with_context(|| {
+            format!(
+                "--recv-batch must be 1..={KERNEL_RECV_AHEAD}, not {}",
+                args.recv_batch
+            )
+        })?;
     if args.sizes().iter().any(|&s| s < 4 || s % 4 != 0) {
         bail!("GPU triggers put a 32-bit marker at the end of each message: sizes must be multiples of 4");
     }
@@ -117,7 +129,9 @@ pub(crate) fn run(args: &Args) -> Result<Vec<Stats>> {
                 let r = MpRank::new(boot, &dev, &args, max)?;
                 match kernel {
                     Some(GpuFn::Step(step)) => host_rank(rank, r, size, warm + iters, &step),
-                    Some(GpuFn::Loop(f)) => kernel_rank(rank, r, size, warm + iters, &f),
+                    Some(GpuFn::Loop(f)) => {
+                        kernel_rank(rank, r, size, warm + iters, recv_batch, &f)
+                    }
                     None if args.host_stream => {
                         let s = HostStream::new()?;
                         stream_rank(rank, r, size, warm + iters, &progress, s, |s| {
@@ -259,6 +273,7 @@ fn kernel_rank(
     mut r: MpRank,
     size: usize,
     iters: u64,
+    mut recv_batch: u32,
     f: &Function,
 ) -> Result<Vec<f64>> {
     let ch = r.comm.kernel_channels(KERNEL_RECV_AHEAD)?;
@@ -272,6 +287,7 @@ fn kernel_rank(
     let (mut table, mut me, mut peer) = (ch.table()?, rank as u32, r.peer as u32);
     let (mut sbuf, mut slkey, mut rbuf, mut rlkey) =
         (r.sbuf_addr, r.sbuf.lkey(), r.rbuf_addr, r.rbuf.lkey());
+    let mut sig_every = SIGNAL_EVERY;
     let (mut len, mut n, mut ahead) = (size as u32, iters, KERNEL_RECV_AHEAD);
     let (mut times_addr, mut timeout, mut result_addr) = (
         if rank == 0 { times.addr() } else { 0 },
@@ -289,6 +305,8 @@ fn kernel_rank(
         param(&mut len),
         param(&mut n),
         param(&mut ahead),
+        param(&mut recv_batch),
+        param(&mut sig_every),
         param(&mut times_addr),
         param(&mut timeout),
         param(&mut result_addr),
@@ -311,10 +329,11 @@ fn kernel_rank(
     if rc != code::OK {
         let at = result.load64(MP_AT);
         let step = match result.load64(MP_STEP) {
-            1 => "posting a receive (gds_peer_recv)",
-            2 => "sending (gds_peer_send)",
-            3 => "waiting for a send (gds_peer_wait_send)",
+            1 => "posting a receive (gds_peer_post_recv)",
+            2 => "sending (gds_peer_send_flags)",
+            3 => "waiting for sends (gds_peer_wait_sends)",
             4 => "waiting for a receive (gds_peer_wait_recv)",
+            5 => "giving credit (gds_peer_give_credit)",
             _ => "checking its arguments",
         };
         let why = match rc {
@@ -339,11 +358,12 @@ fn kernel_rank(
     let st = ch.progress(r.peer)?;
     if (
         st.sends,
+        st.sends_done,
         st.sends_waited,
         st.recvs,
         st.recvs_waited,
         st.error,
-    ) != (iters, iters, iters, iters, 0)
+    ) != (iters, iters, iters, iters, iters, 0)
     {
         bail!("rank {rank}: the channel's counters after {iters} iterations: {st:?}");
     }

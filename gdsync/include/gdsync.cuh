@@ -170,7 +170,8 @@ GDS_OFFSET_CHECK(gds_qp, rq_stride, 76);
 GDS_OFFSET_CHECK(gds_qp, send_cq, 96);
 GDS_OFFSET_CHECK(gds_qp, recv_cq, 160);
 
-// Send opcodes (the mlx5 WQE opcodes) for gds_qp_post_send.
+// Send opcodes (the mlx5 WQE opcodes) for gds_qp_post_send (GDS_OP_NOP: gds_qp_post_nop).
+#define GDS_OP_NOP 0x00
 #define GDS_OP_RDMA_WRITE 0x08
 #define GDS_OP_RDMA_WRITE_IMM 0x09
 #define GDS_OP_SEND 0x0A
@@ -226,7 +227,10 @@ GDS_OFFSET_CHECK(gds_peer_state, error, 40);
 
 // A connection to one peer with receiver-ready credits (mp: Comm::kernel_channels). One
 // thread drives one peer, with a local copy, as for gds_qp. Sends match the peer's receives
-// in order (FIFO).
+// in order (FIFO). A send waits for a credit: the peer's count of receives posted for it,
+// which the peer writes with an inline RDMA write (gds_peer_give_credit: one write may cover
+// many receives). Sends may go unsignalled (gds_peer_send_flags): fewer completions to write
+// and poll; waits still count every send (see gds_peer_poll_send).
 struct gds_peer {
     gds_qp qp;                    // a QP dedicated to this peer
     uint64_t credit;              // my credit word: receives the peer posted for me (it writes)
@@ -241,9 +245,14 @@ struct gds_peer {
     uint32_t remote_credit_rkey;
     uint32_t rank;                // the peer's rank
     uint32_t error;               // first error (GDS_ERR_CQE | syndrome), sticky
-    uint32_t reserved[3];
+    uint32_t reserved;
+    // Working state of the kernel, not stored through (a new descriptor starts at 0, which
+    // costs at most one repeated credit write and one NOP):
+    uint64_t credited;            // receives the last credit write announced
+    uint64_t signaled_pi;         // sq_pi right after the latest signalled WQE (0: none)
+    uint64_t signaled_sends;      // sends posted up to and including that WQE
 };
-static_assert(sizeof(gds_peer) == 320, "gds_peer size");
+static_assert(sizeof(gds_peer) == 336, "gds_peer size");
 GDS_OFFSET_CHECK(gds_peer, qp, 0);
 GDS_OFFSET_CHECK(gds_peer, credit, 224);
 GDS_OFFSET_CHECK(gds_peer, remote_credit, 232);
@@ -257,6 +266,9 @@ GDS_OFFSET_CHECK(gds_peer, credits, 288);
 GDS_OFFSET_CHECK(gds_peer, remote_credit_rkey, 296);
 GDS_OFFSET_CHECK(gds_peer, rank, 300);
 GDS_OFFSET_CHECK(gds_peer, error, 304);
+GDS_OFFSET_CHECK(gds_peer, credited, 312);
+GDS_OFFSET_CHECK(gds_peer, signaled_pi, 320);
+GDS_OFFSET_CHECK(gds_peer, signaled_sends, 328);
 
 #ifdef __CUDACC__
 __device__ __forceinline__ uint64_t gds_now_ns() {
@@ -488,6 +500,16 @@ __device__ __forceinline__ int gds_qp_post_send_inline(gds_qp *qp, uint32_t opco
     return gds_qp_submit(qp, opcode, w, ds, imm, flags);
 }
 
+// Posts a NOP: a WQE of one control segment that moves no data. Signalled, its completion
+// tells that every WQE posted before it completed (work completes in order), e.g. unsignalled
+// sends with no signalled WQE after them. GDS_FULL or GDS_INVALID as gds_qp_post_send.
+__device__ __forceinline__ int gds_qp_post_nop(gds_qp *qp, uint32_t flags) {
+    if (qp->sq == 0 || (qp->db == 0 && qp->proxy == 0)) return GDS_INVALID;
+    if (gds_qp_send_room(qp) == 0) return GDS_FULL;
+    uint32_t w[4];
+    return gds_qp_submit(qp, GDS_OP_NOP, w, 1, 0, flags);
+}
+
 // Posts a receive of up to `len` bytes into addr/lkey (len 0: a receive for a message
 // without payload or for an RDMA write with immediate). GDS_FULL when the receive ring has
 // no free slot: consume receive completions first. Receives have no doorbell: the NIC
@@ -570,13 +592,34 @@ __device__ __forceinline__ void gds_peer_fail(gds_peer *p, int rc) {
     if (p->error == 0) gds_peer_host(p)->error = p->error = (uint32_t)rc;
 }
 
-// Consumes one send completion if there is one. Completions of sends are counted; those of
-// credit writes only free their slots. The first error is kept (sticky).
+// Flags for a WQE of the peer's send ring: those asked for, plus GDS_SIGNALED once half a ring
+// of WQEs would go unsignalled. So a full ring always holds a signalled WQE whose completion
+// frees it, whatever the caller signals.
+__device__ __forceinline__ uint32_t gds_peer_wqe_flags(const gds_peer *p, uint32_t flags) {
+    return p->qp.sq_pi + 1 - p->signaled_pi >= p->qp.sq_wqebbs / 2 ? flags | GDS_SIGNALED : flags;
+}
+
+// Call after posting a WQE with `flags` (and counting it, if a send): remembers the latest
+// signalled WQE, whose completion tells exactly how many sends are done.
+__device__ __forceinline__ void gds_peer_posted(gds_peer *p, uint32_t flags) {
+    if (!(flags & GDS_SIGNALED)) return;
+    p->signaled_pi = p->qp.sq_pi;
+    p->signaled_sends = p->sends;
+}
+
+// Consumes one send completion if there is one. Work completes in order, so a completion
+// (of a send, credit write or NOP) tells that every WQE before wq_ci is done: the sends among
+// them are at least all but those still outstanding, and exactly signaled_sends once the
+// latest signalled WQE is done. sends_done counts completed sends only. The first error is
+// kept (sticky).
 __device__ __forceinline__ int gds_peer_poll_send(gds_peer *p) {
     gds_wc wc;
     int rc = gds_cq_poll(&p->qp.send_cq, &wc);
     if (rc == GDS_EMPTY) return rc;
-    if (wc.wqe_opcode == GDS_OP_SEND) gds_peer_host(p)->sends_done = ++p->sends_done;
+    uint64_t outstanding = p->qp.sq_pi - p->qp.send_cq.wq_ci;
+    uint64_t done = p->sends > outstanding ? p->sends - outstanding : 0;
+    if (p->qp.send_cq.wq_ci >= p->signaled_pi && p->signaled_sends > done) done = p->signaled_sends;
+    if (done > p->sends_done) gds_peer_host(p)->sends_done = p->sends_done = done;
     if (rc != GDS_OK) gds_peer_fail(p, rc);
     return rc;
 }
@@ -599,9 +642,12 @@ __device__ __forceinline__ int gds_peer_make_room(gds_peer *p, uint32_t spins, u
 
 // Posts a send of `len` bytes at laddr/lkey to the peer once it has a receive posted for it
 // (waits for the credit), and once the send ring has room (consumes send completions). The
-// message lands in the peer's next receive. GDS_TIMEOUT after timeout_ns (nothing posted),
-// or the channel's error.
-__device__ __forceinline__ int gds_peer_send(gds_peer *p, uint64_t laddr, uint32_t lkey, uint32_t len, uint64_t timeout_ns) {
+// message lands in the peer's next receive. `flags`: GDS_SIGNALED or 0 (and GDS_FENCE,
+// GDS_SOLICITED). An unsignalled send costs no completion to write and poll; it completes
+// with the next signalled WQE, and gds_peer_wait_send finishes it with a NOP if none
+// follows. GDS_TIMEOUT after timeout_ns (nothing posted), or the channel's error.
+__device__ __forceinline__ int gds_peer_send_flags(gds_peer *p, uint64_t laddr, uint32_t lkey, uint32_t len, uint32_t flags,
+                                                   uint64_t timeout_ns) {
     int rc = gds_peer_check(p);
     if (rc != GDS_OK) return rc;
     uint64_t start = 0;
@@ -611,50 +657,90 @@ __device__ __forceinline__ int gds_peer_send(gds_peer *p, uint64_t laddr, uint32
     }
     start = 0;
     for (uint32_t spins = 0;; spins++) {
-        int rc = gds_qp_post_send(&p->qp, GDS_OP_SEND, laddr, lkey, len, 0, 0, 0, GDS_SIGNALED);
+        uint32_t f = gds_peer_wqe_flags(p, flags);
+        int rc = gds_qp_post_send(&p->qp, GDS_OP_SEND, laddr, lkey, len, 0, 0, 0, f);
         if (rc == GDS_FULL) rc = gds_peer_make_room(p, spins, &start, timeout_ns);
-        else if (rc == GDS_OK) break;
+        else if (rc == GDS_OK) {
+            gds_peer_host(p)->sends = ++p->sends;
+            gds_peer_posted(p, f);
+            return GDS_OK;
+        }
         if (rc != GDS_OK) return rc;
     }
-    gds_peer_host(p)->sends = ++p->sends;
-    return GDS_OK;
 }
 
-// Posts a receive of up to `len` bytes into laddr/lkey for the peer's next send, and gives
-// the peer the credit: an inline RDMA write of the new receive count into its credit word
-// (signalled once the send ring is half used, so that credit writes free their slots).
-// GDS_FULL when the receive ring is full (wait for receives first); GDS_TIMEOUT if the send
-// ring stayed full for timeout_ns (the receive is then posted, its credit goes with the
-// next one).
-__device__ __forceinline__ int gds_peer_recv(gds_peer *p, uint64_t laddr, uint32_t lkey, uint32_t len, uint64_t timeout_ns) {
+// gds_peer_send_flags with GDS_SIGNALED: every send completes on its own.
+__device__ __forceinline__ int gds_peer_send(gds_peer *p, uint64_t laddr, uint32_t lkey, uint32_t len, uint64_t timeout_ns) {
+    return gds_peer_send_flags(p, laddr, lkey, len, GDS_SIGNALED, timeout_ns);
+}
+
+// Posts a receive of up to `len` bytes into laddr/lkey for the peer's next send, without a
+// credit: the peer cannot use it before gds_peer_give_credit. GDS_FULL when the receive ring
+// is full (wait for receives first).
+__device__ __forceinline__ int gds_peer_post_recv(gds_peer *p, uint64_t laddr, uint32_t lkey, uint32_t len) {
     int rc = gds_peer_check(p);
     if (rc != GDS_OK) return rc;
     rc = gds_qp_post_recv(&p->qp, laddr, len, lkey);
     if (rc != GDS_OK) return rc;
     gds_peer_host(p)->recvs = ++p->recvs;
+    return GDS_OK;
+}
+
+// Gives the peer credit for every receive posted so far: one inline RDMA write of the receive
+// count into its credit word, however many receives it covers (nothing if none was posted
+// since the last credit). GDS_TIMEOUT if the send ring stayed full for timeout_ns (nothing
+// written: call again), or the channel's error.
+__device__ __forceinline__ int gds_peer_give_credit(gds_peer *p, uint64_t timeout_ns) {
+    int rc = gds_peer_check(p);
+    if (rc != GDS_OK || p->credited == p->recvs) return rc;
     uint64_t start = 0;
     for (uint32_t spins = 0;; spins++) {
-        uint32_t used = p->qp.sq_wqebbs - gds_qp_send_room(&p->qp);
-        uint32_t flags = used >= p->qp.sq_wqebbs / 2 ? GDS_SIGNALED : 0;
-        rc = gds_qp_post_send_inline(&p->qp, GDS_OP_RDMA_WRITE, &p->recvs, 8, p->remote_credit, p->remote_credit_rkey, 0, flags);
+        uint32_t f = gds_peer_wqe_flags(p, 0);
+        rc = gds_qp_post_send_inline(&p->qp, GDS_OP_RDMA_WRITE, &p->recvs, 8, p->remote_credit, p->remote_credit_rkey, 0, f);
         if (rc == GDS_FULL) rc = gds_peer_make_room(p, spins, &start, timeout_ns);
-        else if (rc == GDS_OK) return GDS_OK;
+        else if (rc == GDS_OK) {
+            p->credited = p->recvs;
+            gds_peer_posted(p, f);
+            return GDS_OK;
+        }
         if (rc != GDS_OK) return rc;
     }
 }
 
-// Waits for the oldest send not yet waited for to complete. GDS_INVALID if every send was
-// waited for; GDS_TIMEOUT; or the channel's error (a failed send, or any earlier failure).
-__device__ __forceinline__ int gds_peer_wait_send(gds_peer *p, uint64_t timeout_ns) {
-    if (p->credit == 0 || p->sends_waited == p->sends) return GDS_INVALID;
+// gds_peer_post_recv then gds_peer_give_credit: a receive with its own credit. GDS_FULL as
+// gds_peer_post_recv; GDS_TIMEOUT as gds_peer_give_credit (the receive is then posted, and
+// the next credit covers it).
+__device__ __forceinline__ int gds_peer_recv(gds_peer *p, uint64_t laddr, uint32_t lkey, uint32_t len, uint64_t timeout_ns) {
+    int rc = gds_peer_post_recv(p, laddr, lkey, len);
+    return rc != GDS_OK ? rc : gds_peer_give_credit(p, timeout_ns);
+}
+
+// Waits until the next n sends not yet waited for (1 <= n <= sends - sends_waited) completed.
+// If the last of them is unsignalled and no signalled WQE follows it, posts a signalled NOP
+// (its completion tells that the sends before it completed). GDS_INVALID for a bad n;
+// GDS_TIMEOUT; or the channel's error (a failed send, or any earlier failure).
+__device__ __forceinline__ int gds_peer_wait_sends(gds_peer *p, uint64_t n, uint64_t timeout_ns) {
+    if (p->credit == 0 || n == 0 || n > p->sends - p->sends_waited) return GDS_INVALID;
+    uint64_t target = p->sends_waited + n;
     uint64_t start = 0;
-    for (uint32_t spins = 0; p->sends_done == p->sends_waited; spins++) {
+    for (uint32_t spins = 0; p->sends_done < target; spins++) {
+        if (p->signaled_sends < target && p->error == 0) {
+            int rc = gds_qp_post_nop(&p->qp, GDS_SIGNALED);
+            if (rc == GDS_OK) gds_peer_posted(p, GDS_SIGNALED);
+            else if (rc != GDS_FULL) return rc;
+        }
         int rc = gds_peer_make_room(p, spins, &start, timeout_ns);
         if (rc != GDS_OK) return rc;
     }
     if (p->error) return p->error;
-    gds_peer_host(p)->sends_waited = ++p->sends_waited;
+    gds_peer_host(p)->sends_waited = p->sends_waited = target;
     return GDS_OK;
+}
+
+// Waits for the oldest send not yet waited for to complete: gds_peer_wait_sends(p, 1, ..).
+// GDS_INVALID if every send was waited for.
+__device__ __forceinline__ int gds_peer_wait_send(gds_peer *p, uint64_t timeout_ns) {
+    return gds_peer_wait_sends(p, 1, timeout_ns);
 }
 
 // Waits for the oldest receive not yet waited for; *len gets the bytes received.

@@ -402,6 +402,9 @@ mod tests {
                     ("gds_peer", "remote_credit_rkey") => offset_of!(PeerDesc, remote_credit_rkey),
                     ("gds_peer", "rank") => offset_of!(PeerDesc, rank),
                     ("gds_peer", "error") => offset_of!(PeerDesc, error),
+                    ("gds_peer", "credited") => offset_of!(PeerDesc, credited),
+                    ("gds_peer", "signaled_pi") => offset_of!(PeerDesc, signaled_pi),
+                    ("gds_peer", "signaled_sends") => offset_of!(PeerDesc, signaled_sends),
                     other => panic!("header checks a field the test does not know: {other:?}"),
                 };
                 assert_eq!(rust, off, "{ty}.{field}");
@@ -431,7 +434,7 @@ mod tests {
             }
         }
         assert_eq!(
-            checked, 68,
+            checked, 71,
             "every layout assertion of the header was checked"
         );
     }

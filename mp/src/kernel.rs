@@ -5,9 +5,13 @@
 //! (`gdsync.cuh`); the host prepares nothing per message (LibMP's kernel descriptors were
 //! single-use, one prepared by the CPU per message).
 //!
-//! The credits are those of the CPU path ([`Comm::irecv`]): posting a receive writes the
+//! The credits are those of the CPU path ([`Comm::irecv`]): giving credit writes the
 //! receiver's receive count into the sender's credit word for it (an inline RDMA write,
-//! composed here by the kernel), and a send goes out only once its credit arrived.
+//! composed here by the kernel), and a send goes out only once its credit arrived. As
+//! [`Comm::irecv_batch`] does on the CPU, a kernel may post receives with
+//! `gds_peer_post_recv` and credit them all with one `gds_peer_give_credit`; and it may leave
+//! sends unsignalled (`gds_peer_send_flags`), waiting for several at once with
+//! `gds_peer_wait_sends` (a NOP finishes a trailing unsignalled send).
 
 use crate::comm::{decode_setup, encode_setup, Comm};
 use gdsync::kernel::{DeviceQp, PeerDesc, PeerState};

@@ -102,7 +102,8 @@ __device__ int peer_round(gds_peer *p, uint64_t buf, uint32_t lkey, uint64_t i, 
     if (rc == GDS_OK && me == 1) rc = peer_take(p, recv_at, i, me, timeout_ns, bad);
     if (rc == GDS_OK) {
         test_fill(buf, i, me);
-        rc = gds_peer_send(p, buf, lkey, test_len(i), timeout_ns);
+        // One send in three signalled: the waits for the others post a NOP.
+        rc = gds_peer_send_flags(p, buf, lkey, test_len(i), i % 3 == 2 ? GDS_SIGNALED : 0, timeout_ns);
     }
     if (rc == GDS_OK) rc = gds_peer_wait_send(p, timeout_ns);
     if (rc == GDS_OK && me == 0) rc = peer_take(p, recv_at, i, me, timeout_ns, bad);

@@ -1,12 +1,19 @@
 //! A kernel-driven connection to one peer with receiver-ready credits (`gds_peer` and
-//! `gds_peer_send`, `gds_peer_recv`, `gds_peer_wait_send`, `gds_peer_wait_recv` in the
-//! header): a [`QpDesc`] plus the credit words. The messaging layer (`mp`) builds a table of
+//! `gds_peer_send(_flags)`, `gds_peer_recv` or `gds_peer_post_recv` + `gds_peer_give_credit`,
+//! `gds_peer_wait_send(s)`, `gds_peer_wait_recv` in the header): a [`QpDesc`] plus the
+//! credit words. The messaging layer (`mp`) builds a table of
 //! these, one per peer.
 //!
-//! Credits: posting a receive for the peer writes the new receive count into the peer's
-//! credit word for this rank (an inline RDMA write the kernel composes), and a send waits
-//! until its own credit word counts a receive for it, so a send never meets an empty
+//! Credits: giving credit writes this rank's receive count into the peer's credit word for
+//! this rank (an inline RDMA write the kernel composes; `gds_peer_give_credit` covers every
+//! receive posted since the last one, `gds_peer_recv` gives one per receive), and a send
+//! waits until its own credit word counts a receive for it, so a send never meets an empty
 //! receive queue.
+//!
+//! Sends may be unsignalled (`gds_peer_send_flags`): they complete with the next signalled
+//! WQE, and `gds_peer_wait_send(s)` posts a signalled NOP when none follows. The kernel
+//! signals at least one WQE per half ring by itself, so the ring never fills with WQEs that
+//! no completion would free.
 
 use super::QpDesc;
 
@@ -43,9 +50,19 @@ pub struct PeerDesc {
     /// The first error (`GDS_ERR_CQE | syndrome`); once set, every call returns it.
     pub error: u32,
     /// Zero.
-    pub reserved: [u32; 3],
+    pub reserved: u32,
+    /// Receives the last credit write announced to the peer (kernel working state, not
+    /// stored through: a new descriptor starts at 0, so its first credit write may repeat a
+    /// count the peer already has, which is harmless).
+    pub credited: u64,
+    /// The send ring's producer counter right after the latest signalled WQE (0: none yet;
+    /// working state, as `credited`).
+    pub signaled_pi: u64,
+    /// Sends posted up to and including the latest signalled WQE: all of them are done once
+    /// its completion comes (working state, as `credited`).
+    pub signaled_sends: u64,
 }
-const _: () = assert!(std::mem::size_of::<PeerDesc>() == 320);
+const _: () = assert!(std::mem::size_of::<PeerDesc>() == 336);
 
 impl PeerDesc {
     /// The descriptor's bytes, as a kernel reads them from a table in memory.
