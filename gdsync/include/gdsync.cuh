@@ -537,21 +537,30 @@ __device__ __forceinline__ int gds_qp_post_recv(gds_qp *qp, uint64_t addr, uint3
 // its later work completes with GDS_ERR_CQE | 0x05, flushed). A CQE is new when its opcode
 // is not INVALID and its owner bit equals the pass parity of ci. Then stores the consumer
 // index to the CQ doorbell record (so the NIC may reuse the slot) and the host copies.
-__device__ __forceinline__ int gds_cq_poll(gds_cq *cq, gds_wc *wc) {
+// With body == false, wc->byte_len and wc->imm are left 0: the poll reads one aligned 8-byte
+// word (bytes 56..63: QPN and WQE opcode, WQE counter, owner and opcode), one read across
+// PCIe, where the byte count and immediate (bytes 32..47) take a second one after the owner
+// is seen. An error CQE's syndromes (bytes 54, 55) are read after the owner too.
+__device__ __forceinline__ int gds_cq_poll_fields(gds_cq *cq, gds_wc *wc, bool body) {
     uint64_t e = cq->cqes + (cq->ci & (cq->entries - 1)) * 64;
-    uint32_t op_own = *(const volatile uint32_t *)(e + 60) >> 24;
+    // One 8-byte load polls the owner byte and brings the fields beside it.
+    uint64_t tail = *(const volatile uint64_t *)(e + 56);
+    uint32_t word60 = (uint32_t)(tail >> 32);  // wqe_counter (BE16), signature, op_own
+    uint32_t op_own = word60 >> 24;
     if ((op_own >> 4) == 0xF || (op_own & 1) != (uint32_t)((cq->ci & cq->entries) != 0)) return GDS_EMPTY;
     __threadfence_system();  // the rest of the CQE is read after its owner bit
-    // Two independent 16-byte loads (bytes 32..63): they overlap on the way across PCIe.
-    ulonglong2 lo = __ldcv((const ulonglong2 *)(e + 32));
-    ulonglong2 hi = __ldcv((const ulonglong2 *)(e + 48));
-    uint32_t word60 = (uint32_t)(hi.y >> 32);  // wqe_counter (BE16), signature, op_own
     uint32_t opcode = word60 >> 28;
-    uint16_t counter = (uint16_t)(((word60 & 0xFF) << 8) | ((word60 >> 8) & 0xFF));
-    uint32_t sop = gds_bswap32((uint32_t)hi.y);  // sop_drop_qpn: WQE opcode | QPN
     bool err = opcode == GDS_WC_REQ_ERR || opcode == GDS_WC_RESP_ERR;
-    wc->byte_len = err ? 0 : gds_bswap32((uint32_t)(lo.y >> 32));
-    wc->imm = gds_bswap32((uint32_t)(lo.x >> 32));
+    // Two independent 16-byte loads (bytes 32..63) when more is needed: they overlap.
+    ulonglong2 lo = {0, 0}, hi = {0, 0};
+    if (body || err) {
+        lo = __ldcv((const ulonglong2 *)(e + 32));
+        hi = __ldcv((const ulonglong2 *)(e + 48));
+    }
+    uint16_t counter = (uint16_t)(((word60 & 0xFF) << 8) | ((word60 >> 8) & 0xFF));
+    uint32_t sop = gds_bswap32((uint32_t)tail);  // sop_drop_qpn: WQE opcode | QPN
+    wc->byte_len = err || !body ? 0 : gds_bswap32((uint32_t)(lo.y >> 32));
+    wc->imm = body ? gds_bswap32((uint32_t)(lo.x >> 32)) : 0;
     wc->qpn = sop & 0xFFFFFF;
     wc->wqe_counter = counter;
     wc->opcode = (uint8_t)opcode;
@@ -568,6 +577,9 @@ __device__ __forceinline__ int gds_cq_poll(gds_cq *cq, gds_wc *wc) {
     *(volatile uint64_t *)cq->wq_retired = cq->wq_ci;
     return err ? (GDS_ERR_CQE | wc->syndrome) : GDS_OK;
 }
+
+// gds_cq_poll_fields with every field of wc.
+__device__ __forceinline__ int gds_cq_poll(gds_cq *cq, gds_wc *wc) { return gds_cq_poll_fields(cq, wc, true); }
 
 // Waits for the next completion: what gds_cq_poll returns, or GDS_TIMEOUT after timeout_ns.
 // An error completion ends the wait as well (it never hangs on a failed QP).
@@ -614,7 +626,7 @@ __device__ __forceinline__ void gds_peer_posted(gds_peer *p, uint32_t flags) {
 // kept (sticky).
 __device__ __forceinline__ int gds_peer_poll_send(gds_peer *p) {
     gds_wc wc;
-    int rc = gds_cq_poll(&p->qp.send_cq, &wc);
+    int rc = gds_cq_poll_fields(&p->qp.send_cq, &wc, false);  // sends carry no byte count
     if (rc == GDS_EMPTY) return rc;
     uint64_t outstanding = p->qp.sq_pi - p->qp.send_cq.wq_ci;
     uint64_t done = p->sends > outstanding ? p->sends - outstanding : 0;
@@ -743,21 +755,28 @@ __device__ __forceinline__ int gds_peer_wait_send(gds_peer *p, uint64_t timeout_
     return gds_peer_wait_sends(p, 1, timeout_ns);
 }
 
-// Waits for the oldest receive not yet waited for; *len gets the bytes received.
+// Waits for the oldest receive not yet waited for; *len gets the bytes received (len may be
+// null: the wait then skips reading the byte count, one read across PCIe less).
 // GDS_INVALID if every receive was waited for; GDS_TIMEOUT; or the channel's error (e.g. a
 // message longer than the receive: GDS_ERR_CQE | 0x01).
 __device__ __forceinline__ int gds_peer_wait_recv(gds_peer *p, uint32_t *len, uint64_t timeout_ns) {
     if (p->credit == 0 || p->recvs_waited == p->recvs) return GDS_INVALID;
     if (p->error) return p->error;
     gds_wc wc;
-    int rc = gds_cq_wait(&p->qp.recv_cq, &wc, timeout_ns);
+    uint64_t start = 0;
+    int rc;
+    for (uint32_t spins = 0;; spins++) {
+        rc = gds_cq_poll_fields(&p->qp.recv_cq, &wc, len != nullptr);
+        if (rc != GDS_EMPTY) break;
+        if (gds_expired(spins, &start, timeout_ns)) return GDS_TIMEOUT;
+    }
     if (rc == GDS_TIMEOUT) return rc;
     if (rc != GDS_OK) {
         gds_peer_fail(p, rc);
         return rc;
     }
     gds_peer_host(p)->recvs_waited = ++p->recvs_waited;
-    *len = wc.byte_len;
+    if (len) *len = wc.byte_len;
     return GDS_OK;
 }
 #endif
