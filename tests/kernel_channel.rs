@@ -71,6 +71,11 @@ mod twin {
         // SAFETY: as st64.
         unsafe { &*(addr as *const AtomicU64) }.load(Ordering::Relaxed)
     }
+    /// `gds_ld_acquire64`.
+    fn ld_acquire64(addr: u64) -> u64 {
+        // SAFETY: as st64.
+        unsafe { &*(addr as *const AtomicU64) }.load(Ordering::Acquire)
+    }
     /// A 16-byte vector store (`uint4`): four words at a 16-aligned address.
     fn st128(addr: u64, w: [u32; 4]) {
         for (i, x) in w.iter().enumerate() {
@@ -302,19 +307,19 @@ mod twin {
     /// `gds_cq_poll_fields`.
     pub fn cq_poll_fields(cq: &mut CqDesc, wc: &mut Wc, body: bool) -> i32 {
         let e = cq.cqes + (cq.ci & (cq.entries as u64 - 1)) * 64;
-        let tail = ld64(e + 56);
+        let tail = ld_acquire64(e + 56);
         let word60 = (tail >> 32) as u32;
         let op_own = word60 >> 24;
         if (op_own >> 4) == 0xF || (op_own & 1) != ((cq.ci & cq.entries as u64) != 0) as u32 {
             return code::EMPTY;
         }
-        threadfence_system();
         let opcode = (word60 >> 28) as u8;
         let err = opcode == WC_REQ_ERR || opcode == WC_RESP_ERR;
         let (mut lo, mut hi) = ((0, 0), (0, 0));
         if body || err {
             lo = ld128(e + 32);
             hi = ld128(e + 48);
+            threadfence_system();
         }
         let counter = (((word60 & 0xFF) << 8) | ((word60 >> 8) & 0xFF)) as u16;
         let sop = bswap32(tail as u32);
@@ -340,7 +345,6 @@ mod twin {
         wc.vendor_syndrome = if err { (hi.0 >> 48) as u8 } else { 0 };
         cq.ci += 1;
         cq.wq_ci += counter.wrapping_add(1).wrapping_sub(cq.wq_ci as u16) as u64;
-        threadfence_system();
         st32(cq.dbrec, bswap32((cq.ci & 0xFF_FFFF) as u32));
         st64(cq.retired, cq.ci);
         st64(cq.wq_retired, cq.wq_ci);
