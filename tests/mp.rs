@@ -596,3 +596,87 @@ fn receives_behind_a_held_stream_send() {
         }
     });
 }
+
+/// The stencil's stream pattern with its largest halos (32 KiB) between four thread ranks on
+/// one soft device: per iteration each rank sends to two neighbours and waits for theirs on
+/// a host stream, receives are credited by the stream `RECVS` iterations ahead, and the CPU
+/// stays at most `AHEAD` iterations ahead. Every iteration must complete (no stall).
+#[test]
+fn four_ranks_large_halos_on_a_host_stream() {
+    use gdasync::gdsync::exec::OpBatch;
+    const AHEAD: usize = 4;
+    const RECVS: usize = AHEAD + 2;
+    const SENDS: usize = AHEAD + 1;
+    const LEN: usize = 32 << 10;
+    const ITERS: u64 = 300;
+    let dev = Device::soft().unwrap();
+    let hs: Vec<_> = ThreadBootstrap::group(4)
+        .into_iter()
+        .map(|b| {
+            let dev = dev.clone();
+            std::thread::spawn(move || {
+                let mut comm = Comm::new(Box::new(b), &dev).unwrap();
+                let me = comm.rank();
+                let peers = [(me + 1) % 4, (me + 3) % 4];
+                let stream = HostStream::new().unwrap();
+                let batch = OpBatch::new();
+                let mut sbuf = vec![0u8; 2 * SENDS * LEN];
+                let mut rbuf = vec![0u8; 2 * RECVS * LEN];
+                let smr = comm.register(&mut sbuf).unwrap();
+                let rmr = comm.register(&mut rbuf).unwrap();
+                let send = |k: usize, i: u64| {
+                    let at = (k * SENDS + (i as usize % SENDS)) * LEN;
+                    smr.sge(at..at + LEN)
+                };
+                let recv = |k: usize, i: u64| {
+                    let at = (k * RECVS + (i as usize % RECVS)) * LEN;
+                    rmr.sge(at..at + LEN)
+                };
+                let mut recvs: Vec<Vec<Option<_>>> = vec![vec![None; RECVS]; 2];
+                for i in 0..RECVS as u64 {
+                    for (k, &p) in peers.iter().enumerate() {
+                        recvs[k][i as usize % RECVS] =
+                            Some(comm.irecv_on(recv(k, i), p, &batch).unwrap());
+                    }
+                }
+                let mut in_flight = std::collections::VecDeque::new();
+                for i in 0..ITERS {
+                    while in_flight.len() >= AHEAD {
+                        let done: Vec<_> = in_flight.pop_front().unwrap();
+                        comm.wait_all(&done)
+                            .unwrap_or_else(|e| panic!("rank {me}, iteration {i}: {e}"));
+                    }
+                    let mut reqs: Vec<_> = peers
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &p)| comm.isend_on(send(k, i), p, &batch).unwrap())
+                        .collect();
+                    batch.flush(&stream).unwrap();
+                    let got: Vec<_> = (0..2)
+                        .map(|k| recvs[k][i as usize % RECVS].take().unwrap())
+                        .collect();
+                    comm.wait_all_on(&got, &batch).unwrap();
+                    batch.flush(&stream).unwrap();
+                    reqs.extend(got);
+                    if i + (RECVS as u64) < ITERS {
+                        let j = i + RECVS as u64;
+                        for (k, &p) in peers.iter().enumerate() {
+                            recvs[k][j as usize % RECVS] =
+                                Some(comm.irecv_on(recv(k, j), p, &batch).unwrap());
+                        }
+                    }
+                    in_flight.push_back(reqs);
+                }
+                batch.flush(&stream).unwrap();
+                stream.synchronize().unwrap();
+                for done in in_flight {
+                    comm.wait_all(&done).unwrap();
+                }
+                comm.barrier().unwrap();
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+}

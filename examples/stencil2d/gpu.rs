@@ -24,6 +24,7 @@
 //! gives the same bits.
 
 use crate::grid::{self, Layout, Side, C0, C1};
+use crate::progress::{self, Step};
 use crate::{Config, Halo, Solver, Trigger};
 use anyhow::{bail, Context, Result};
 use gdasync::gdsync::cuda::{Cuda, CudaEvent, CudaStream, DeviceBuffer, Function, Module};
@@ -225,6 +226,8 @@ struct GpuRank<'m> {
     chans: Option<(KernelChannels, PinnedBuffer)>,
     /// Ranks whose persistent kernels share this GPU.
     ranks_on_gpu: u32,
+    /// This rank (its line in the stall report, [`progress`]).
+    rank: usize,
     /// `--trace`: time the CPU's steps of the stream trigger.
     trace: bool,
     /// `--overlap`: an interior kernel while the halos fly, then a ring kernel; else one
@@ -323,6 +326,7 @@ impl<'m> GpuRank<'m> {
             _mrs: mrs,
             chans,
             ranks_on_gpu: 1,
+            rank: 0,
             trace: false,
             overlap: true,
         })
@@ -365,6 +369,11 @@ impl<'m> GpuRank<'m> {
             }
         };
         Ok(())
+    }
+
+    /// Notes where this rank's CPU is (see [`progress`]).
+    fn at(&self, i: u64, step: Step) {
+        progress::at(self.rank, i, step);
     }
 
     fn grid(&self, p: usize) -> u64 {
@@ -432,6 +441,7 @@ impl<'m> GpuRank<'m> {
         }
         let mut recvs: Vec<[Option<Request>; 2]> = vec![[None, None]; self.links.len()];
         let p0 = (first % 2) as usize;
+        self.at(first, Step::Recv);
         for (k, l) in self.links.iter().enumerate() {
             recvs[k][p0] = Some(comm.irecv(l.recv(first), l.peer)?);
         }
@@ -440,7 +450,9 @@ impl<'m> GpuRank<'m> {
             let p = (i % 2) as usize;
             // The data to send (packed by the last ring kernel) is in memory, and the last
             // ring kernel is done with the other receive buffers.
+            self.at(i, Step::Synchronize);
             self.stream.synchronize()?;
+            self.at(i, Step::Send);
             let mut reqs = Vec::with_capacity(2 * self.links.len());
             for (k, l) in self.links.iter().enumerate() {
                 if i + 1 < end {
@@ -449,17 +461,22 @@ impl<'m> GpuRank<'m> {
                 reqs.push(comm.isend(l.send(i), l.peer)?);
             }
             if self.overlap {
+                self.at(i, Step::Interior);
                 self.interior(p)?;
             }
             reqs.extend(recvs.iter_mut().map(|r| r[p].take().expect("posted ahead")));
+            self.at(i, Step::WaitAll);
             comm.wait_all(&reqs)?;
+            self.at(i, Step::Ring);
             if self.overlap {
                 self.ring(i, i + 1 < end)?;
             } else {
                 self.whole(i, i + 1 < end)?;
             }
         }
+        self.at(end, Step::Synchronize);
         self.stream.synchronize()?;
+        self.at(end, Step::Out);
         Ok(())
     }
 
@@ -489,10 +506,12 @@ impl<'m> GpuRank<'m> {
             let p = (i % 2) as usize;
             // Bound the run-ahead: wait (on the CPU) until iteration i - AHEAD is complete,
             // its sends included (their buffer is packed again by this iteration's ring).
+            self.at(i, Step::RunAheadWait);
             while in_flight.len() >= AHEAD {
                 let done = in_flight.pop_front().unwrap();
                 comm.wait_all(&done)?;
             }
+            self.at(i, Step::Send);
             let stream = &self.stream;
             let mut mark = |k: usize| -> Result<()> {
                 match trace.as_mut() {
@@ -508,6 +527,7 @@ impl<'m> GpuRank<'m> {
                 reqs.push(comm.isend_on(l.send(i), l.peer, &batch)?);
             }
             if self.overlap {
+                self.at(i, Step::Flush);
                 batch.flush(&self.stream)?;
             }
             mark(1)?;
@@ -516,24 +536,29 @@ impl<'m> GpuRank<'m> {
             // the interior kernel before it measured slower with device halos, 37 vs 34 µs
             // at 64²: the messages overlap nothing and the GPU keeps both kernels.)
             if self.overlap {
+                self.at(i, Step::Interior);
                 self.interior(p)?;
             }
             mark(2)?;
+            self.at(i, Step::WaitOn);
             let recvd: Vec<Request> = recvs
                 .iter_mut()
                 .map(|r| r[slot(i)].take().expect("posted RECVS iterations ahead"))
                 .collect();
             // The stream waits for the halos, consuming their completions itself.
             comm.wait_all_on(&recvd, &batch)?;
+            self.at(i, Step::Flush);
             batch.flush(&self.stream)?;
             reqs.extend(recvd);
             mark(3)?;
+            self.at(i, Step::Ring);
             if self.overlap {
                 self.ring(i, i + 1 < end)?;
             } else {
                 self.whole(i, i + 1 < end)?;
             }
             mark(4)?;
+            self.at(i, Step::Recv);
             if i + (RECVS as u64) < end {
                 // This iteration's receive buffers are read: let the peers fill them for
                 // iteration i + RECVS.
@@ -545,11 +570,15 @@ impl<'m> GpuRank<'m> {
             mark(5)?;
             in_flight.push_back(reqs);
         }
+        self.at(end, Step::Flush);
         batch.flush(&self.stream)?;
+        self.at(end, Step::Synchronize);
         self.stream.synchronize()?;
+        self.at(end, Step::RunAheadWait);
         for done in in_flight {
             comm.wait_all(&done)?;
         }
+        self.at(end, Step::Out);
         if let Some(t) = trace {
             t.report(comm.rank(), self.overlap)?;
         }
@@ -575,8 +604,10 @@ impl<'m> GpuRank<'m> {
         status.write_at(0, &[0u8; 8]);
         let blocks = self.persistent_blocks()?;
         let args = vec![Arg::Run(Box::new(a)), Arg::F64(C0), Arg::F64(C1)];
+        self.at(first, Step::Kernel);
         self.launch_blocks(&self.k.persistent, blocks, true, args)?;
         self.stream.synchronize()?;
+        self.at(end, Step::Out);
         let mut b = [0u8; 8];
         status.read_at(0, &mut b);
         let rc = u32::from_ne_bytes(b[..4].try_into().unwrap()) as i32;
@@ -756,6 +787,7 @@ pub fn solve(comm: &mut Comm, lay: &Layout, cfg: &Config, k: &Kernels) -> Result
     rank.ranks_on_gpu = cfg.ranks.div_ceil(gpus) as u32;
     rank.trace = cfg.trace;
     rank.overlap = cfg.overlap;
+    rank.rank = comm.rank();
     let out = crate::drive(comm, &mut rank, cfg);
     // Nothing of this rank may still run when its memory goes.
     rank.stream.synchronize()?;

@@ -28,6 +28,7 @@
 mod cpu;
 mod gpu;
 mod grid;
+mod progress;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
@@ -467,7 +468,19 @@ fn threads(cfg: &Config) -> Result<()> {
     // The first rank to fail ends the run (its peers may wait for it forever, as MPI ranks
     // would: returning ends the process and them).
     let mut handles: Vec<Option<_>> = handles.into_iter().map(Some).collect();
+    // A run in which no rank moves for progress::STALL ends with where each rank is.
+    let (mut last, mut since) = (progress::snapshot(cfg.ranks), Instant::now());
     while handles.iter().any(Option::is_some) {
+        let now = progress::snapshot(cfg.ranks);
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if since.elapsed() > progress::STALL && progress::watched(&now) {
+            bail!(
+                "stalled: no rank moved for {} s\n{}",
+                progress::STALL.as_secs(),
+                progress::report(cfg.ranks)
+            );
+        }
         for (r, slot) in handles.iter_mut().enumerate() {
             if slot.as_ref().is_some_and(|h| h.is_finished()) {
                 let res = slot

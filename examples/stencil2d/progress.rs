@@ -1,0 +1,125 @@
+//! Where each rank of this process is, for a report instead of a silent hang: the GPU triggers
+//! note every step of their loops here (one relaxed store), and the launcher ends the run with
+//! the table when no rank of the process has moved for [`STALL`] while one is inside such a
+//! loop (a stream wait that nothing satisfies blocks the CPU in `cuStreamSynchronize`, or in a
+//! launch once the GPU's queue is full, where no library timeout reaches it).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// How long every rank may stay at the same step before the run is called stalled. The
+/// slowest step measured (a 4096² kernel with four ranks on one GPU) takes under a
+/// millisecond; a wait for a peer is bounded by the library's own timeouts well below this.
+pub const STALL: Duration = Duration::from_secs(30);
+
+/// Ranks of one process that are tracked (threads); others are not.
+const TRACKED: usize = 64;
+
+/// Per rank: iteration << 8 | step + 1 (0: not started).
+static AT: [AtomicU64; TRACKED] = [const { AtomicU64::new(0) }; TRACKED];
+
+/// The steps of the GPU triggers' loops.
+#[derive(Clone, Copy, Debug)]
+#[repr(u8)]
+pub enum Step {
+    /// The CPU waits for an earlier iteration's requests (run-ahead bound).
+    RunAheadWait,
+    /// `isend_on` / `isend`: posting the sends.
+    Send,
+    /// Handing a list of memory operations to the stream.
+    Flush,
+    /// Launching the interior kernel.
+    Interior,
+    /// `wait_all_on`: enqueuing the waits for the halos.
+    WaitOn,
+    /// Launching the ring (or whole) kernel.
+    Ring,
+    /// `irecv_on` / `irecv`: posting the next receives.
+    Recv,
+    /// `cuStreamSynchronize` of the rank's stream.
+    Synchronize,
+    /// The CPU waits for the messages (host trigger).
+    WaitAll,
+    /// The persistent kernel runs (its own waits time out on the GPU: not watched).
+    Kernel,
+    /// Out of the loop (done, checking, or tearing down: not watched).
+    Out,
+}
+
+const NAMES: [&str; 11] = [
+    "run-ahead wait (CPU waits for an earlier iteration's requests)",
+    "posting sends",
+    "handing a list of memory operations to the stream",
+    "launching the interior kernel",
+    "enqueuing the stream's waits for the halos",
+    "launching the ring kernel",
+    "posting receives",
+    "cuStreamSynchronize",
+    "waiting on the CPU for the messages",
+    "the persistent kernel",
+    "out of the loop",
+];
+
+/// Rank `rank` is at `step` of iteration `i`.
+pub fn at(rank: usize, i: u64, step: Step) {
+    if let Some(a) = AT.get(rank) {
+        a.store(i << 8 | (step as u64 + 1), Ordering::Relaxed);
+    }
+}
+
+/// Every tracked rank's position (0: not started).
+pub fn snapshot(ranks: usize) -> Vec<u64> {
+    AT.iter()
+        .take(ranks)
+        .map(|a| a.load(Ordering::Relaxed))
+        .collect()
+}
+
+/// Whether the ranks at `now` are in a watched step (a GPU loop's CPU side).
+pub fn watched(now: &[u64]) -> bool {
+    let unwatched = [0, Step::Kernel as u64 + 1, Step::Out as u64 + 1];
+    now.iter().any(|v| !unwatched.contains(&(v & 0xFF)))
+}
+
+/// The table of where each rank stopped.
+pub fn report(ranks: usize) -> String {
+    snapshot(ranks)
+        .iter()
+        .enumerate()
+        .map(|(r, &v)| match v & 0xFF {
+            0 => format!("rank {r}: not in a GPU loop"),
+            s => format!("rank {r}: iteration {}, {}", v >> 8, NAMES[s as usize - 1]),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_says_where_each_rank_is_and_which_steps_are_watched() {
+        // Ranks 40.. of the table: no other test of this binary notes them.
+        at(41, 7, Step::Synchronize);
+        at(42, 3, Step::Out);
+        let now = snapshot(43);
+        assert!(
+            watched(&now[41..]),
+            "a rank in cuStreamSynchronize is watched"
+        );
+        assert!(!watched(&now[42..]), "a rank out of its loop is not");
+        at(41, 9, Step::Kernel);
+        assert!(
+            !watched(&snapshot(43)[40..]),
+            "nor one in the persistent kernel"
+        );
+        let r = report(43);
+        assert!(r.contains("rank 40: not in a GPU loop"), "{r}");
+        assert!(
+            r.contains("rank 41: iteration 9, the persistent kernel"),
+            "{r}"
+        );
+        assert!(r.contains("rank 42: iteration 3, out of the loop"), "{r}");
+    }
+}
