@@ -58,6 +58,18 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// Streams get a hardware queue each (up to 32): the driver was started with
+/// CUDA_DEVICE_MAX_CONNECTIONS set by gdsync (run the tests without setting it yourself).
+#[test]
+fn streams_get_their_own_hardware_queues() {
+    let Some(_gpu) = gpu("streams_get_their_own_hardware_queues") else {
+        return;
+    };
+    use gdasync::gdsync::cuda::{MAX_CONNECTIONS, MAX_CONNECTIONS_VAR};
+    let v = std::env::var(MAX_CONNECTIONS_VAR).expect("set before the driver started");
+    assert_eq!(v, MAX_CONNECTIONS.to_string(), "{MAX_CONNECTIONS_VAR}");
+}
+
 #[test]
 fn memory_kinds_are_detected() {
     let Some(_gpu) = gpu("memory_kinds_are_detected") else {

@@ -109,6 +109,14 @@ pub(crate) fn check(r: sys::CUresult, call: &'static str) -> Result<()> {
     })
 }
 
+/// The driver's variable for how many hardware queues a context spreads its streams over.
+pub const MAX_CONNECTIONS_VAR: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
+
+/// What [`Cuda::get`] sets [`MAX_CONNECTIONS_VAR`] to when it is not set: the driver's maximum,
+/// so that up to this many streams of a context never share a queue (and never wait for each
+/// other's memory waits).
+pub const MAX_CONNECTIONS: u32 = 32;
+
 /// A new non-blocking stream in GPU `ordinal`'s context (bound here: a call between an
 /// earlier bind and this one, such as a host registration, may have bound another GPU).
 pub(crate) fn new_stream(ordinal: i32) -> Result<sys::CUstream> {
@@ -157,6 +165,15 @@ impl Cuda {
         // which this check prevents.
         if !unsafe { sys::is_culib_present() } {
             return Err("the CUDA driver library (libcuda.so) is not installed".into());
+        }
+        // A stream waiting on memory blocks every stream that shares its hardware queue, and a
+        // context maps its streams onto CUDA_DEVICE_MAX_CONNECTIONS queues (8 by default):
+        // with more streams than that (four ranks' streams and their copy streams are eight),
+        // one rank's wait for a message can hold back the peer's stream that sends it, a
+        // deadlock (seen on the H200: four ranks, stencil2d, 4096² blocks). The driver reads
+        // the variable when it starts; 32 is its largest value. A value the user set is kept.
+        if std::env::var_os(MAX_CONNECTIONS_VAR).is_none() {
+            std::env::set_var(MAX_CONNECTIONS_VAR, MAX_CONNECTIONS.to_string());
         }
         let e = |r: Result<()>| r.map_err(|e| e.to_string());
         // SAFETY: cuInit with flags 0 is always valid.
