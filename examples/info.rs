@@ -112,10 +112,12 @@ fn main() -> Result<()> {
     match &cuda {
         Ok(c) => {
             println!(
-                "CUDA driver: {}.{} ({} GPU(s))",
+                "CUDA driver: {}.{} ({} GPU(s)); hardware queues per context ({}): {}",
                 c.driver_version / 1000,
                 (c.driver_version % 1000) / 10,
-                c.gpus.len()
+                c.gpus.len(),
+                gdasync::gdsync::cuda::MAX_CONNECTIONS_VAR,
+                std::env::var(gdasync::gdsync::cuda::MAX_CONNECTIONS_VAR).unwrap_or("unset".into())
             );
             for g in &c.gpus {
                 let k = &g.caps;
