@@ -92,8 +92,9 @@ pub enum Overlap {
 
 /// Smallest block (cells) for which `--overlap auto` overlaps: below it the interior takes
 /// the GPU less time than the step it adds. Measured on an H200 with 2 ranks: without
-/// overlap both GPU triggers are faster at 64² and 256² (halos in host memory: stream
-/// 12.2 vs 14.2 µs at 64²), with it at 1024² (halos in device memory: 39.7 vs 42.4 µs).
+/// overlap both GPU triggers are faster at 64² (halos in host memory: stream 12.2 vs 14.2 µs)
+/// and at 256² with host halos (with device halos host-driven was faster with overlap, 40.8
+/// vs 42.6 µs, two noisy repetitions), with it at 1024² (device halos: 39.7 vs 42.4 µs).
 pub const OVERLAP_MIN_CELLS: usize = 512 * 512;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

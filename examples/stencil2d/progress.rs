@@ -9,8 +9,9 @@ use std::time::Duration;
 
 /// How long every rank may stay at the same step before the run is called stalled. The
 /// slowest step measured (a 4096² kernel with four ranks on one GPU) takes under a
-/// millisecond; a wait for a peer is bounded by the library's own timeouts well below this.
-pub const STALL: Duration = Duration::from_secs(30);
+/// millisecond; a CPU wait for a peer ends with mp's own, more specific timeout error first
+/// (60 s by default), so only waits no library timeout reaches get here.
+pub const STALL: Duration = Duration::from_secs(75);
 
 /// Ranks of one process that are tracked (threads); others are not.
 const TRACKED: usize = 64;

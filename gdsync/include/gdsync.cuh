@@ -785,7 +785,6 @@ __device__ __forceinline__ int gds_peer_wait_recv(gds_peer *p, uint32_t *len, ui
         if (rc != GDS_EMPTY) break;
         if (gds_expired(spins, &start, timeout_ns)) return GDS_TIMEOUT;
     }
-    if (rc == GDS_TIMEOUT) return rc;
     if (rc != GDS_OK) {
         gds_peer_fail(p, rc);
         return rc;

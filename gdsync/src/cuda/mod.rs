@@ -172,7 +172,18 @@ impl Cuda {
         // one rank's wait for a message can hold back the peer's stream that sends it, a
         // deadlock (seen on the H200: four ranks, stencil2d, 4096² blocks). The driver reads
         // the variable when it starts; 32 is its largest value. A value the user set is kept.
-        if std::env::var_os(MAX_CONNECTIONS_VAR).is_none() {
+        // (std serialises this with every Rust reader of the environment; C code reading it on
+        // another thread at this very moment is the remaining, accepted risk.)
+        let mut n = 0;
+        // SAFETY: a query into a local; before any cuInit it fails with NOT_INITIALIZED.
+        let started = unsafe { sys::cuDeviceGetCount(&mut n) } == sys::CUresult::CUDA_SUCCESS;
+        let set = std::env::var(MAX_CONNECTIONS_VAR).ok();
+        if started {
+            // Another library (an MPI, a framework) started the driver: too late to choose.
+            if set.as_deref().and_then(|v| v.parse::<u32>().ok()) < Some(MAX_CONNECTIONS) {
+                tracing::warn!("the CUDA driver was started before gdsync with {MAX_CONNECTIONS_VAR}={}: streams may share hardware queues, and a stream's memory wait then blocks the others (set {MAX_CONNECTIONS_VAR}={MAX_CONNECTIONS} in the environment)", set.as_deref().unwrap_or("unset (8)"));
+            }
+        } else if set.is_none() {
             std::env::set_var(MAX_CONNECTIONS_VAR, MAX_CONNECTIONS.to_string());
         }
         let e = |r: Result<()>| r.map_err(|e| e.to_string());
