@@ -58,8 +58,12 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-/// Streams get a hardware queue each (up to 32): the driver was started with
-/// CUDA_DEVICE_MAX_CONNECTIONS set by gdsync (run the tests without setting it yourself).
+/// Streams get a hardware queue each (up to 32), so one stream's memory wait never holds back
+/// another's work: 16 streams each wait for a word that the next stream writes, enqueued so
+/// that in any queue two of them shared, the wait that passes last would stand in front of the
+/// write that releases the other. With the driver's default of 8 queues this deadlocks (16
+/// streams cannot all have their own); gdsync starts the driver with 32. Run it without
+/// CUDA_DEVICE_MAX_CONNECTIONS set yourself.
 #[test]
 fn streams_get_their_own_hardware_queues() {
     let Some(_gpu) = gpu("streams_get_their_own_hardware_queues") else {
@@ -68,6 +72,33 @@ fn streams_get_their_own_hardware_queues() {
     use gdasync::gdsync::cuda::{MAX_CONNECTIONS, MAX_CONNECTIONS_VAR};
     let v = std::env::var(MAX_CONNECTIONS_VAR).expect("set before the driver started");
     assert_eq!(v, MAX_CONNECTIONS.to_string(), "{MAX_CONNECTIONS_VAR}");
+    const N: usize = 16;
+    let streams: Vec<CudaStream> = (0..N).map(|_| CudaStream::new(0).unwrap()).collect();
+    // Stream k waits for word k, then writes word k + 1; the host writes word 0.
+    let w = SignalWords::new(N + 1);
+    for k in (0..N).rev() {
+        streams[k].submit(w.wait32(k, 1, WaitCond::Eq)).unwrap();
+        streams[k].submit(w.write32(k + 1, 1)).unwrap();
+    }
+    w.store32(0, 1);
+    let start = Instant::now();
+    while w.load32(N) != 1 && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let done = (0..=N).filter(|&k| w.load32(k) == 1).count();
+    // Release every wait (so the streams can be synchronised and dropped), then judge.
+    for k in 0..=N {
+        w.store32(k, 1);
+    }
+    for s in &streams {
+        s.synchronize().unwrap();
+    }
+    assert_eq!(
+        done,
+        N + 1,
+        "the chain of stream waits stopped after {} of {N} streams: streams share hardware queues",
+        done - 1
+    );
 }
 
 #[test]
