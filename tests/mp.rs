@@ -680,3 +680,41 @@ fn four_ranks_large_halos_on_a_host_stream() {
         h.join().unwrap();
     }
 }
+
+/// A wait that never passes ends with a report of the connection: rank 1 posts receives
+/// that rank 0 never matches. `wait_all` bounds the whole call by one timeout (four
+/// requests that each waited the full timeout would take four), and the error names the
+/// credits, posts and queue states of the connection.
+#[test]
+fn unmatched_waits_time_out_once_with_the_connections_state() {
+    on_threads(2, |comm| {
+        if comm.rank() == 0 {
+            return;
+        }
+        comm.set_timeout(Duration::from_millis(300));
+        let mut buf = vec![0u8; 64];
+        let mr = comm.register(&mut buf).unwrap();
+        let rs: Vec<_> = (0..4)
+            .map(|k| comm.irecv(mr.sge(16 * k..16 * (k + 1)), 0).unwrap())
+            .collect();
+        let start = Instant::now();
+        let e = comm.wait_all(&rs).unwrap_err();
+        let took = start.elapsed();
+        assert!(
+            took < Duration::from_millis(900),
+            "wait_all took {took:?}: each request waited its own timeout"
+        );
+        let Error::Timeout { what, .. } = &e else {
+            panic!("expected a timeout, got {e}");
+        };
+        for part in [
+            "Recv request with rank 0",
+            "receives posted for it 4",
+            "credits given by the CPU 4",
+            "receive CQ",
+            "completion 0 not written yet",
+        ] {
+            assert!(what.contains(part), "{part:?} missing from: {what}");
+        }
+    });
+}

@@ -751,11 +751,25 @@ fn kernel_error(rc: i32) -> String {
 impl Solver for GpuRank<'_> {
     fn run(&mut self, comm: &mut Comm, first: u64, count: u64) -> Result<()> {
         let end = first + count;
-        match self.trigger {
-            Trigger::Stream => self.run_stream(comm, first, end),
+        let r = match self.trigger {
+            Trigger::Stream => self.run_stream(comm, first, end).map_err(|e| {
+                // Where this rank's stream sits, if it is held up by a wait.
+                match self.stream.unmet_wait() {
+                    Some((op, now)) => e.context(format!(
+                        "its stream waits for {op:?} (the word holds {now:#x})"
+                    )),
+                    None => e,
+                }
+            }),
             Trigger::Kernel => self.run_kernel(first, end),
             _ => self.run_host(comm, first, end),
+        };
+        // Noted now: tearing down behind a stream stuck in a wait blocks (freeing memory
+        // waits for the GPU), so the error might never be returned.
+        if let Err(e) = &r {
+            progress::failed(self.rank, e);
         }
+        r
     }
 
     fn owned(&self, done: u64) -> Result<Vec<f64>> {

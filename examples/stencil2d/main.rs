@@ -144,6 +144,10 @@ struct Args {
     /// (`on`), or the whole block once they arrived (`off`).
     #[arg(long, value_enum, default_value = "auto")]
     overlap: Overlap,
+    /// Seconds a rank waits for a peer's message before it fails (mp's timeout). A run in
+    /// which no rank moves for 15 s longer ends with where each rank is.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
     /// Diagnostics (`--trigger stream`): print the GPU time of each phase of an iteration.
     #[arg(long, hide = true)]
     trace: bool,
@@ -172,6 +176,8 @@ pub struct Config {
     /// `--overlap`, resolved (`auto` decided by the block size).
     pub overlap: bool,
     pub trace: bool,
+    /// `--timeout`.
+    timeout: Duration,
     check: bool,
     json: bool,
     ranks_as: RanksAs,
@@ -230,6 +236,7 @@ impl Config {
                 Overlap::Auto => bx * by >= OVERLAP_MIN_CELLS,
             },
             trace: a.trace,
+            timeout: Duration::from_secs(a.timeout.max(1)),
             check: a.check,
             json: a.json,
             ranks_as: a.ranks_as,
@@ -392,6 +399,7 @@ fn rank_main(
     kernels: Option<&gpu::Kernels>,
 ) -> Result<()> {
     let mut comm = Comm::new(boot, dev)?;
+    comm.set_timeout(cfg.timeout);
     let lay = Layout::new(cfg.gx, cfg.gy, cfg.px, cfg.py, comm.rank());
     let (us, mut block) = match cfg.trigger {
         Trigger::Cpu => cpu::solve(&mut comm, &lay, cfg)?,
@@ -467,18 +475,23 @@ fn threads(cfg: &Config) -> Result<()> {
         })
         .collect();
     // The first rank to fail ends the run (its peers may wait for it forever, as MPI ranks
-    // would: returning ends the process and them).
+    // would: returning ends the process and them), after a moment in which ranks that fail
+    // with it (timeouts of one stall) add their errors: each says what its side waits for.
     let mut handles: Vec<Option<_>> = handles.into_iter().map(Some).collect();
-    // A run in which no rank moves for progress::STALL ends with where each rank is.
+    let mut failed: Vec<anyhow::Error> = Vec::new();
+    let mut failed_at = None;
+    // A run in which no rank moves for longer than mp's own timeouts ends with where each
+    // rank is.
+    let stall = cfg.timeout + progress::STALL_MARGIN;
     let (mut last, mut since) = (progress::snapshot(cfg.ranks), Instant::now());
     while handles.iter().any(Option::is_some) {
         let now = progress::snapshot(cfg.ranks);
         if now != last {
             (last, since) = (now, Instant::now());
-        } else if since.elapsed() > progress::STALL && progress::watched(&now) {
+        } else if since.elapsed() > stall && progress::watched(&now) {
             bail!(
                 "stalled: no rank moved for {} s\n{}",
-                progress::STALL.as_secs(),
+                stall.as_secs(),
                 progress::report(cfg.ranks)
             );
         }
@@ -489,12 +502,22 @@ fn threads(cfg: &Config) -> Result<()> {
                     .unwrap()
                     .join()
                     .unwrap_or_else(|_| Err(anyhow::anyhow!("rank {r} panicked")));
-                res.with_context(|| format!("rank {r}"))?;
+                if let Err(e) = res.with_context(|| format!("rank {r}")) {
+                    failed.push(e);
+                    failed_at.get_or_insert_with(Instant::now);
+                }
             }
+        }
+        if failed_at.is_some_and(|t| t.elapsed() > Duration::from_secs(2)) {
+            break;
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    Ok(())
+    let mut failed = failed.into_iter();
+    match failed.next() {
+        None => Ok(()),
+        Some(first) => Err(failed.fold(first, |acc, e| acc.context(format!("{e:#}")))),
+    }
 }
 
 /// `--ranks-as procs`: start the ranks as local processes and wait for all of them; the

@@ -1,17 +1,17 @@
 //! Where each rank of this process is, for a report instead of a silent hang: the GPU triggers
 //! note every step of their loops here (one relaxed store), and the launcher ends the run with
-//! the table when no rank of the process has moved for [`STALL`] while one is inside such a
-//! loop (a stream wait that nothing satisfies blocks the CPU in `cuStreamSynchronize`, or in a
+//! the table when no rank of the process has moved for longer than mp's timeout plus
+//! [`STALL_MARGIN`] while one is inside such a loop (a stream wait that nothing satisfies blocks the CPU in `cuStreamSynchronize`, or in a
 //! launch once the GPU's queue is full, where no library timeout reaches it).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// How long every rank may stay at the same step before the run is called stalled. The
-/// slowest step measured (a 4096² kernel with four ranks on one GPU) takes under a
-/// millisecond; a CPU wait for a peer ends with mp's own, more specific timeout error first
-/// (60 s by default), so only waits no library timeout reaches get here.
-pub const STALL: Duration = Duration::from_secs(75);
+/// How much longer than mp's timeout (`--timeout`) every rank may stay at the same step
+/// before the run is called stalled. The slowest step measured (a 4096² kernel with four
+/// ranks on one GPU) takes under a millisecond; a CPU wait for a peer ends with mp's own,
+/// more specific timeout error first, so only waits no library timeout reaches get here.
+pub const STALL_MARGIN: Duration = Duration::from_secs(15);
 
 /// Ranks of one process that are tracked (threads); others are not.
 const TRACKED: usize = 64;
@@ -61,6 +61,17 @@ const NAMES: [&str; 11] = [
     "out of the loop",
 ];
 
+/// Per rank: the error its GPU loop failed with, if any.
+static FAILED: std::sync::Mutex<Vec<(usize, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// Rank `rank`'s GPU loop failed with `e` (reported with the table: a rank whose stream
+/// is stuck may never get to return its error).
+pub fn failed(rank: usize, e: &anyhow::Error) {
+    if let Ok(mut f) = FAILED.lock() {
+        f.push((rank, format!("{e:#}")));
+    }
+}
+
 /// Rank `rank` is at `step` of iteration `i`.
 pub fn at(rank: usize, i: u64, step: Step) {
     if let Some(a) = AT.get(rank) {
@@ -82,8 +93,9 @@ pub fn watched(now: &[u64]) -> bool {
     now.iter().any(|v| !unwatched.contains(&(v & 0xFF)))
 }
 
-/// The table of where each rank stopped.
+/// The table of where each rank stopped, and the errors ranks failed with.
 pub fn report(ranks: usize) -> String {
+    let failed = FAILED.lock().map(|f| f.clone()).unwrap_or_default();
     snapshot(ranks)
         .iter()
         .enumerate()
@@ -91,6 +103,12 @@ pub fn report(ranks: usize) -> String {
             0 => format!("rank {r}: not in a GPU loop"),
             s => format!("rank {r}: iteration {}, {}", v >> 8, NAMES[s as usize - 1]),
         })
+        .chain(
+            failed
+                .iter()
+                .filter(|(r, _)| *r < ranks)
+                .map(|(r, e)| format!("rank {r} failed: {e}")),
+        )
         .collect::<Vec<_>>()
         .join("\n")
 }

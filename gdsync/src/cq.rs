@@ -276,6 +276,23 @@ impl Cq {
         self.shared.consumed()
     }
 
+    /// One line for error reports: completions consumed, whether the next one is written,
+    /// and the ring addresses (to match against a stalled executor's wait).
+    pub fn describe(&self) -> String {
+        let s = &*self.shared;
+        let ci = s.consumed();
+        let off = slot_off(0, ci, s.cnt, CQE_SIZE);
+        let written = CqeOwner::is_new(s.ring.u8(off + 63).load(Ordering::Acquire), ci, s.cnt);
+        format!(
+            "CQ {:#x}: {ci} consumed, completion {ci} {} (its owner word at {:#x}), ring {:#x}..{:#x}",
+            s.cqn,
+            if written { "written" } else { "not written yet" },
+            s.ring.addr(off + CQE_OWNER_WORD_OFFSET),
+            s.ring.addr(0),
+            s.ring.addr(0) + (s.cnt as usize * CQE_SIZE) as u64,
+        )
+    }
+
     /// Polls up to `max` completions into `out`; returns how many were added.
     pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
         self.poll_with(max, |c| out.push(c))

@@ -426,6 +426,27 @@ impl Qp {
         self.shared.rq_cnt
     }
 
+    /// One line for error reports: the state, how far the send ring is prepared, committed
+    /// and rung (the doorbell record, which executors store), and receives posted.
+    pub fn describe(&self) -> String {
+        let rec = u32::from_be(
+            self.shared
+                .ctrl
+                .u32(QP_DBREC + 4 * DBREC_SQ)
+                .load(Ordering::Acquire),
+        ) as u16;
+        format!(
+            "QP {:#x} {:?}: send ring prepared to {}, committed to {}, doorbell record {} (low 16 bits, at {:#x}); {} receives posted",
+            self.shared.qpn,
+            self.state(),
+            self.sq_pi,
+            self.committed,
+            rec,
+            self.shared.ctrl.addr(QP_DBREC + 4 * DBREC_SQ),
+            self.rq_pi,
+        )
+    }
+
     /// Receives that can be posted now (free slots in the receive ring).
     pub fn recv_room(&self) -> u64 {
         (self.shared.rq_cnt as u64).saturating_sub(self.recv_used())

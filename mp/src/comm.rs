@@ -881,8 +881,34 @@ impl Comm {
     /// Waits for `r` on the CPU; returns the bytes received (receives) and releases it.
     /// Polls `r`'s peer first, and every peer now and then (queued work to others moves on).
     pub fn wait(&mut self, r: Request) -> Result<u32> {
+        self.wait_until(r, Instant::now() + self.timeout)
+    }
+
+    /// One line on the connection to rank `peer`, for error reports: credits, posts, and
+    /// the state of its queues (a request that never completes is usually explained here,
+    /// or by the peer's line about this rank).
+    pub fn describe_peer(&self, peer: usize) -> String {
+        let Some(Some(p)) = self.peers.get(peer) else {
+            return format!("rank {peer}: no connection");
+        };
+        format!(
+            "rank {peer}: credits from it {} (word at {:#x}), sends to it {}, receives posted for it {}, credits given by the CPU {}, CPU posts queued {}, executor waits (send, receive) {:?}; traffic {}; send {}; receive {}",
+            self.credit(peer),
+            self.ctrl.addr() + self.layout.ready(peer) as u64,
+            p.sends,
+            p.recvs,
+            p.ctl_posted,
+            p.pending.len(),
+            p.exec_waits,
+            p.qp.describe(),
+            p.scq.describe(),
+            p.rcq.describe(),
+        )
+    }
+
+    /// [`wait`](Self::wait) with a deadline (shared by the requests of one `wait_all`).
+    fn wait_until(&mut self, r: Request, deadline: Instant) -> Result<u32> {
         let peer = self.state(r)?.peer;
-        let start = Instant::now();
         let mut spins = 0u32;
         loop {
             if spins % 64 == 0 {
@@ -894,13 +920,14 @@ impl Comm {
                 return Ok(n);
             }
             spins += 1;
-            if spins % 1024 == 0 && start.elapsed() > self.timeout {
-                let st = self.state(r)?;
+            if spins % 1024 == 0 && Instant::now() > deadline {
+                let side = self.state(r)?.side;
+                let what = format!(
+                    "{side:?} request with rank {peer} (its peer never matched it?); {}",
+                    self.describe_peer(peer)
+                );
                 return Err(Error::Timeout {
-                    what: format!(
-                        "{:?} request with rank {} (its peer never matched it?)",
-                        st.side, st.peer
-                    ),
+                    what,
                     timeout_ms: self.timeout.as_millis() as u64,
                 });
             }
@@ -915,11 +942,13 @@ impl Comm {
     }
 
     /// Waits for every request; the first error is returned after all were waited for.
+    /// The timeout bounds the whole call, not each request.
     pub fn wait_all(&mut self, rs: &[Request]) -> Result<Vec<u32>> {
+        let deadline = Instant::now() + self.timeout;
         let mut out = Vec::with_capacity(rs.len());
         let mut first = None;
         for &r in rs {
-            match self.wait(r) {
+            match self.wait_until(r, deadline) {
                 Ok(n) => out.push(n),
                 Err(e) => {
                     out.push(0);

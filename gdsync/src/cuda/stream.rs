@@ -128,6 +128,35 @@ impl CudaStream {
         l.pending.iter().map(|x| x.ops).sum()
     }
 
+    /// For error reports when the stream seems stalled: the first wait, in enqueue order
+    /// among the lists not known to have run, whose condition does not hold now, with the
+    /// word's current value. Waits on device memory are skipped (the CPU cannot read it);
+    /// `None` if the stream is idle or every such wait holds. A hint, not a proof: a wait
+    /// that passed can fail again later (a CQE slot reused once the CQ wrapped).
+    pub fn unmet_wait(&self) -> Option<(Op, u64)> {
+        if self.idle() {
+            return None;
+        }
+        let l = self.lists.lock();
+        l.pending
+            .iter()
+            .flat_map(|p| p._keep.as_slice().iter().copied())
+            .find_map(|op| {
+                let (cur, holds) = match op {
+                    Op::Wait32 { addr, value, cond } => {
+                        let cur = read_host::<u32>(addr)?;
+                        (cur as u64, cond.test32(cur, value))
+                    }
+                    Op::Wait64 { addr, value, cond } => {
+                        let cur = read_host::<u64>(addr)?;
+                        (cur, cond.test64(cur, value))
+                    }
+                    _ => return None,
+                };
+                (!holds).then_some((op, cur))
+            })
+    }
+
     /// Drops the lists the stream has run.
     fn reap(&self, l: &mut Lists) {
         let done = self.done.u32(0).load(Ordering::Acquire);
@@ -321,6 +350,21 @@ impl CudaStream {
             }
         })
     }
+}
+
+/// A word of host memory that a pending list's wait points at, or `None` for device memory.
+fn read_host<T: Copy>(addr: u64) -> Option<T> {
+    use super::MemoryKind;
+    if !matches!(
+        MemoryKind::of(addr),
+        MemoryKind::Host | MemoryKind::PinnedHost
+    ) {
+        return None;
+    }
+    // SAFETY: host memory that an enqueued list waits on: the list keeps it alive (the
+    // caller holds the lists lock, so it is not dropped meanwhile) and ops are aligned for
+    // their size (Op's contract).
+    Some(unsafe { std::ptr::read_volatile(addr as *const T) })
 }
 
 fn write_params(
