@@ -96,3 +96,17 @@ fn info_reports_the_soft_device_and_the_handler() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("Cpu (set by GDSYNC_NIC_HANDLER)"));
 }
+
+#[test]
+fn launch_probe_without_a_gpu_is_a_clean_error() {
+    if Cuda::available() {
+        eprintln!("skipped: this machine has a GPU");
+        return;
+    }
+    let Some((ok, _, err)) = run("launch_probe", &["local-big"]) else {
+        return;
+    };
+    assert!(!ok, "launch_probe without a GPU must fail");
+    assert!(err.contains("CUDA not available"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -165,6 +165,25 @@ impl Function {
         )
     }
 
+    /// Local memory each thread of the kernel uses (bytes; `CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`):
+    /// arrays indexed at run time, including kernel parameters indexed so.
+    pub fn local_bytes(&self) -> Result<u32> {
+        Cuda::get()?.bind(self.ordinal)?;
+        let mut n = 0;
+        // SAFETY: a loaded function; the result goes into a local.
+        check(
+            unsafe {
+                sys::cuFuncGetAttribute(
+                    &mut n,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                    self.raw,
+                )
+            },
+            "cuFuncGetAttribute",
+        )?;
+        Ok(n.max(0) as u32)
+    }
+
     /// How many blocks of `block` threads (no dynamic shared memory) one multiprocessor can
     /// hold at once.
     pub fn max_blocks_per_multiprocessor(&self, block: u32) -> Result<u32> {

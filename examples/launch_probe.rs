@@ -1,0 +1,89 @@
+//! Probes whether a kernel's first launch in a context runs while another stream of the
+//! context waits (a stream memory wait that the host releases only after 3 s), for kernels
+//! with and without local memory; prints one line. One probe per process (first launches
+//! happen once per context). Also prints the stencil kernels' local memory.
+//!
+//! ```text
+//! cargo run --release --example launch_probe -- plain|local-small|local-big|stencil
+//! ```
+
+use anyhow::{bail, Result};
+use gdasync::gdsync::cuda::{CudaStream, Function, Module};
+use gdasync::gdsync::exec::Executor;
+use gdasync::gdsync::ops::WaitCond;
+use gdasync::gdsync::SignalWords;
+use std::ffi::c_void;
+use std::time::{Duration, Instant};
+
+const KERNELS: &str = r#"
+extern "C" __global__ void plain(unsigned int* p, int k) { *p = 1; }
+extern "C" __global__ void local_small(unsigned int* p, int k) {
+    volatile unsigned int a[64];
+    for (int i = 0; i < 64; i++) a[i] = i;
+    *p = a[k & 63] == (unsigned)(k & 63) ? 1 : 2;
+}
+extern "C" __global__ void local_big(unsigned int* p, int k) {
+    volatile unsigned int a[4096];
+    for (int i = 0; i < 4096; i++) a[i] = i;
+    *p = a[k & 4095] == (unsigned)(k & 4095) ? 1 : 2;
+}
+"#;
+
+fn main() -> Result<()> {
+    let mode = std::env::args().nth(1).unwrap_or_else(|| "plain".into());
+    if mode == "stencil" {
+        let src = include_str!("stencil2d/kernels.cu");
+        let m = Module::compile_with_options(0, src, &["--fmad=false"])?;
+        for name in ["pack", "interior", "ring", "whole", "persistent"] {
+            println!(
+                "stencil kernel {name}: {} local bytes per thread",
+                m.function(name)?.local_bytes()?
+            );
+        }
+        return Ok(());
+    }
+    let name = match mode.as_str() {
+        "plain" => "plain",
+        "local-small" => "local_small",
+        "local-big" => "local_big",
+        _ => bail!("mode: plain | local-small | local-big | stencil"),
+    };
+    let m = Module::compile(0, KERNELS)?;
+    let f: Function = m.function(name)?;
+    let local = f.local_bytes()?;
+    let (a, b) = (CudaStream::new(0)?, CudaStream::new(0)?);
+    let w = SignalWords::new(3);
+    a.submit(w.wait32(0, 1, WaitCond::Eq))?;
+    let start = Instant::now();
+    let returned = std::thread::scope(|sc| {
+        let h = sc.spawn(|| {
+            let mut p = w.addr(1);
+            let mut k = 1i32;
+            let mut params = [
+                &mut p as *mut u64 as *mut c_void,
+                &mut k as *mut i32 as *mut c_void,
+            ];
+            // SAFETY: (pointer to a pinned word that outlives the kernel, int) as declared.
+            let r = unsafe { f.launch(&b, 1, 1, &mut params) };
+            w.store32(2, 1);
+            r
+        });
+        while w.load32(1) == 0 && start.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let returned = w.load32(2) == 1;
+        let ran = w.load32(1);
+        println!(
+            "probe {mode}: {local} local bytes; launch call returned before the release: {returned}; kernel ran while the other stream waited: {} ({:?})",
+            ran != 0,
+            start.elapsed()
+        );
+        w.store32(0, 1);
+        h.join().expect("launch thread")
+    });
+    returned?;
+    a.synchronize()?;
+    b.synchronize()?;
+    println!("probe {mode}: done after release, word {}", w.load32(1));
+    Ok(())
+}
