@@ -169,9 +169,10 @@ impl Cuda {
         // A stream waiting on memory blocks every stream that shares its hardware queue, and a
         // context maps its streams onto CUDA_DEVICE_MAX_CONNECTIONS queues (8 by default):
         // with more streams than that (four ranks' streams and their copy streams are eight),
-        // one rank's wait for a message can hold back the peer's stream that sends it, a
-        // deadlock (seen on the H200: four ranks, stencil2d, 4096² blocks). The driver reads
-        // the variable when it starts; 32 is its largest value. A value the user set is kept.
+        // one rank's wait for a message could hold back the peer's stream that sends it. A
+        // precaution: stencil2d's start-up stall, first blamed on this, occurred with 32 queues
+        // too (docs/benchmarks.md). The driver reads the variable when it starts; 32 is
+        // its largest value. A value the user set is kept.
         // (std serialises this with every Rust reader of the environment; C code reading it on
         // another thread at this very moment is the remaining, accepted risk.)
         let mut n = 0;
