@@ -503,7 +503,7 @@ impl<'m> GpuRank<'m> {
         self.pack(first)?;
         // A start-up fence: every rank's stream has run its first kernel and given its first
         // credits before any stream waits for a peer. Without it, 4 ranks on one GPU stalled
-        // in about one run in eight (H100, 4096² blocks): some ranks' streams never ran their
+        // in about one run in ten (H100, 4096² blocks): some ranks' streams never ran their
         // first list while the others' waited for those credits (see docs/benchmarks.md).
         batch.flush(&self.stream)?;
         self.at(first, Step::Synchronize);

@@ -1,8 +1,9 @@
 //! Where each rank of this process is, for a report instead of a silent hang: the GPU triggers
 //! note every step of their loops here (one relaxed store), and the launcher ends the run with
 //! the table when no rank of the process has moved for longer than mp's timeout plus
-//! [`STALL_MARGIN`] while one is inside such a loop (a stream wait that nothing satisfies blocks the CPU in `cuStreamSynchronize`, or in a
-//! launch once the GPU's queue is full, where no library timeout reaches it).
+//! [`STALL_MARGIN`] while one is inside such a loop (a stream wait that nothing satisfies
+//! blocks the CPU in `cuStreamSynchronize`, or in a launch once the GPU's queue is full, where
+//! no library timeout reaches it).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -429,12 +429,7 @@ impl Qp {
     /// One line for error reports: the state, how far the send ring is prepared, committed
     /// and rung (the doorbell record, which executors store), and receives posted.
     pub fn describe(&self) -> String {
-        let rec = u32::from_be(
-            self.shared
-                .ctrl
-                .u32(QP_DBREC + 4 * DBREC_SQ)
-                .load(Ordering::Acquire),
-        ) as u16;
+        let rec = self.sq_doorbell_record();
         format!(
             "QP {:#x} {:?}: send ring prepared to {}, committed to {}, doorbell record {} (low 16 bits, at {:#x}); {} receives posted",
             self.shared.qpn,
@@ -613,14 +608,18 @@ impl Qp {
     /// executor has not rung yet (the record would otherwise expose them early, then move
     /// backwards).
     pub fn doorbell_reached(&self, end: u64) -> bool {
+        self.sq_doorbell_record().wrapping_sub(end as u16) as i16 >= 0
+    }
+
+    /// The send doorbell record: the low 16 bits of the producer counter (big-endian in
+    /// memory) as last exposed to the device.
+    fn sq_doorbell_record(&self) -> u16 {
         let native = self
             .shared
             .ctrl
             .u32(QP_DBREC + 4 * DBREC_SQ)
             .load(Ordering::Acquire);
-        // The record holds the low 16 bits of the producer counter (big-endian).
-        let rec = u32::from_be(native) as u16;
-        rec.wrapping_sub(end as u16) as i16 >= 0
+        u32::from_be(native) as u16
     }
 
     /// Whether sends committed for an executor ([`commit`](Self::commit)) are not visible to

@@ -34,7 +34,8 @@ const MARK_OPS: usize = 128;
 struct Pending {
     seq: u32,
     ops: usize,
-    _keep: Ops,
+    /// The list itself: keeps the memory it points into alive, and says what it waits for.
+    list: Ops,
 }
 
 /// What the stream has run, as the stream itself reports it: every few enqueued lists end with
@@ -140,7 +141,7 @@ impl CudaStream {
         let l = self.lists.lock();
         l.pending
             .iter()
-            .flat_map(|p| p._keep.as_slice().iter().copied())
+            .flat_map(|p| p.list.as_slice().iter().copied())
             .find_map(|op| {
                 let (cur, holds) = match op {
                     Op::Wait32 { addr, value, cond } => {
@@ -211,7 +212,7 @@ impl CudaStream {
         l.pending.push_back(Pending {
             seq,
             ops: params.len(),
-            _keep: ops,
+            list: ops,
         });
         Ok(())
     }
