@@ -329,6 +329,11 @@ impl Cq {
         if n == 0 && s.overrun.load(Ordering::Acquire) {
             return Err(Error::CqOverrun { cqn: s.cqn });
         }
+        if n == 0 {
+            // Nothing yet: where soft engines progress on shared threads, this is one.
+            drop(st);
+            crate::device::soft::help();
+        }
         Ok(n)
     }
 

@@ -124,6 +124,9 @@ pub(crate) struct MrTable {
     version: Padded<AtomicU64>,
     seen: Padded<AtomicU64>,
     engine: Mutex<Option<std::thread::Thread>>,
+    /// Registered regions in GPU memory: only the engine's own thread copies to and from
+    /// them (a copy binds a CUDA context to the thread that makes it).
+    gpu_regions: AtomicU64,
 }
 
 /// The engine's private copy of the table.
@@ -183,6 +186,9 @@ impl MrTable {
             n => n,
         };
         slot.1 = Some(e);
+        if e.gpu.is_some() {
+            self.gpu_regions.fetch_add(1, Ordering::Relaxed);
+        }
         let key = ((idx as u32) << 8) | slot.0 as u32;
         self.version.0.fetch_add(1, Ordering::AcqRel);
         key
@@ -199,7 +205,9 @@ impl MrTable {
             {
                 return;
             }
-            t.slots[idx].1 = None;
+            if t.slots[idx].1.take().is_some_and(|e| e.gpu.is_some()) {
+                self.gpu_regions.fetch_sub(1, Ordering::Relaxed);
+            }
             t.free.push(idx);
             self.version.0.fetch_add(1, Ordering::AcqRel) + 1
         };
@@ -217,6 +225,11 @@ impl MrTable {
                 std::thread::yield_now();
             }
         }
+    }
+
+    /// Whether a region in GPU memory is registered.
+    pub fn has_gpu_regions(&self) -> bool {
+        self.gpu_regions.load(Ordering::Relaxed) != 0
     }
 
     /// Called by the engine thread when it starts (`Some`) and stops (`None`): while no

@@ -15,7 +15,6 @@
 use super::link::{flag, kind, Link, PktHeader, MTU};
 use super::{Cmd, EngineCtl};
 use crate::cq::CqShared;
-use crate::exec::Backoff;
 use crate::format::*;
 use crate::mem::slot_off;
 use crate::mr::{Access, MrCache, MrTable, Slots};
@@ -166,65 +165,76 @@ impl Engine {
         self.mrc.slots.clone()
     }
 
-    pub(crate) fn run(mut self) {
+    /// One polling round, as the NIC's processing loop: control commands, the region table,
+    /// every QP's doorbell, every link (send, receive, send again), and on a `tick` the
+    /// clock and the timers. Returns whether anything happened.
+    pub(crate) fn round(&mut self, tick: bool) -> bool {
+        if self.ctl.has_cmds.load(Ordering::Acquire) {
+            self.commands();
+        }
+        // Between rounds: no region from an older table copy is in use.
+        self.mrc.sync(&self.mrs);
+        if tick {
+            self.now = Instant::now();
+        }
+        let mut work = false;
+        for i in 0..self.active.len() {
+            work |= self.poll_qp(self.active[i]);
+        }
+        for li in 0..self.links.len() {
+            // Send what the send rings produced before looking at the wire: a peek at
+            // the receive ring may wait for a cache line the peer just wrote.
+            work |= self.pump(li);
+            work |= self.poll_link(li);
+            work |= self.pump(li);
+        }
+        if tick {
+            work |= self.timers(Instant::now());
+        }
+        work
+    }
+
+    /// The look before a nap (after `sleeping` was announced): whether a doorbell or a
+    /// command arrived meanwhile.
+    pub(crate) fn last_look(&mut self) -> bool {
+        let mut again = false;
+        for i in 0..self.active.len() {
+            again |= self.poll_qp(self.active[i]);
+        }
+        again || self.ctl.has_cmds.load(Ordering::Acquire)
+    }
+
+    /// The calling thread is the engine's own: deregistrations wake it to see the new table.
+    pub(crate) fn attach_thread(&self) {
         self.mrs.set_engine(Some(std::thread::current()));
-        self.run_loop();
+    }
+
+    /// The engine's thread ends: deregistrations have nobody to wait for.
+    pub(crate) fn detach_thread(&self) {
         self.mrs.set_engine(None);
     }
 
-    fn run_loop(&mut self) {
-        let mut backoff = Backoff::default();
-        let mut round = 0u32;
-        loop {
-            if self.ctl.has_cmds.load(Ordering::Acquire) {
-                self.commands();
-            }
-            if self.ctl.stop.load(Ordering::Acquire) {
-                break;
-            }
-            // Between rounds: no region from an older table copy is in use.
-            self.mrc.sync(&self.mrs);
-            // The coarse clock: every 64 rounds while spinning, every round once the engine
-            // yields or sleeps between rounds (a round may then start milliseconds later).
-            round = round.wrapping_add(1);
-            let tick = round % 64 == 0 || !backoff.spinning();
-            if tick {
-                self.now = Instant::now();
-            }
-            let mut work = false;
-            for i in 0..self.active.len() {
-                work |= self.poll_qp(self.active[i]);
-            }
-            for li in 0..self.links.len() {
-                // Send what the send rings produced before looking at the wire: a peek at
-                // the receive ring may wait for a cache line the peer just wrote.
-                work |= self.pump(li);
-                work |= self.poll_link(li);
-                work |= self.pump(li);
-            }
-            if tick {
-                work |= self.timers(Instant::now());
-            }
-            if work {
-                backoff.reset();
-            } else if backoff_would_sleep(&backoff) {
-                // Announce the nap, then look once more so a doorbell rung meanwhile is seen.
-                self.ctl.sleeping.store(true, Ordering::SeqCst);
-                let mut again = false;
-                for i in 0..self.active.len() {
-                    again |= self.poll_qp(self.active[i]);
-                }
-                if !again && !self.ctl.has_cmds.load(Ordering::Acquire) {
-                    backoff.snooze_parked();
-                    self.now = Instant::now();
-                } else {
-                    backoff.reset();
-                }
-                self.ctl.sleeping.store(false, Ordering::Relaxed);
-            } else {
-                backoff.snooze_busy();
-            }
-        }
+    /// Drops every QP, link and queued packet (the device is gone).
+    pub(crate) fn clear(&mut self) {
+        self.qps.clear();
+        self.active.clear();
+        self.links.clear();
+    }
+
+    /// Refreshes the coarse clock (after a nap).
+    pub(crate) fn touch_clock(&mut self) {
+        self.now = Instant::now();
+    }
+
+    /// Whether a link leads to another process (whose engine nobody here can drive).
+    pub(crate) fn has_remote_links(&self) -> bool {
+        self.links.iter().any(|l| l.link.is_remote())
+    }
+
+    /// Whether the device holds regions in GPU memory (copies to them bind a CUDA context,
+    /// so only the engine's own thread may run rounds).
+    pub(crate) fn has_gpu_regions(&self) -> bool {
+        self.mrs.has_gpu_regions()
     }
 
     fn commands(&mut self) {
@@ -1104,10 +1114,6 @@ enum Step {
 
 fn q_sq_ci(qps: &[Option<EQp>], qpn: u32) -> u64 {
     qps[qpn as usize].as_ref().unwrap().sq_ci
-}
-
-fn backoff_would_sleep(b: &Backoff) -> bool {
-    b.would_sleep()
 }
 
 fn load_be32(hw: &QpShared, off: usize) -> u32 {

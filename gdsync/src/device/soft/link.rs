@@ -390,6 +390,12 @@ pub(crate) struct Link {
 }
 
 impl Link {
+    /// Whether the far end is an engine of another process (shared memory or a transport),
+    /// which only that process's threads drive.
+    pub(crate) fn is_remote(&self) -> bool {
+        matches!(self.live, Liveness::Process { .. } | Liveness::Bridged(_))
+    }
+
     pub(crate) fn loopback(uid: u64) -> Self {
         let map = Arc::new(Mapping::heap(Mapping::size_for(1)));
         Self::new(uid, &map, 0, 0, 0, Liveness::Loopback)

@@ -7,7 +7,11 @@
 
 mod engine;
 mod link;
+mod progress;
 pub(crate) mod tcp;
+
+pub(crate) use progress::help;
+pub use progress::{progress_mode, ProgressMode};
 
 pub(crate) use link::{Link, PEER_WAIT};
 
@@ -37,9 +41,12 @@ pub(crate) struct EngineCtl {
     stop: AtomicBool,
     /// Set while the engine sleeps between polls; posters then unpark it.
     sleeping: AtomicBool,
+    /// The engine's thread, once started.
+    thread: std::sync::OnceLock<Thread>,
 }
 
 pub(crate) struct EngineHandle {
+    core: Arc<progress::EngineCore>,
     waker: EngineWaker,
     join: Mutex<Option<JoinHandle<()>>>,
 }
@@ -54,10 +61,24 @@ pub(crate) struct EngineWaker {
 
 impl EngineWaker {
     pub(crate) fn wake(&self) {
+        self.ctl.wake_thread(&self.thread);
+    }
+}
+
+impl EngineCtl {
+    /// Unparks the engine thread if it announced a nap.
+    fn wake_thread(&self, thread: &Thread) {
         // Pairs with the engine's SeqCst store of `sleeping` before its last look.
         fence(Ordering::SeqCst);
-        if self.ctl.sleeping.load(Ordering::Relaxed) {
-            self.thread.unpark();
+        if self.sleeping.load(Ordering::Relaxed) {
+            thread.unpark();
+        }
+    }
+
+    /// Wakes the engine thread (whichever thread calls it).
+    pub(crate) fn wake(&self) {
+        if let Some(t) = self.thread.get() {
+            self.wake_thread(t);
         }
     }
 }
@@ -69,13 +90,18 @@ impl EngineHandle {
             has_cmds: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
+            thread: std::sync::OnceLock::new(),
         });
-        let c = ctl.clone();
+        let core = progress::EngineCore::new(ctl.clone(), engine::Engine::new(ctl.clone(), mrs));
+        let c = core.clone();
         let join = std::thread::Builder::new()
             .name(format!("gdsync-soft-{:04x}", uid as u16))
-            .spawn(move || engine::Engine::new(c, mrs).run())
+            .spawn(move || progress::engine_thread(c))
             .map_err(|e| Error::os("spawn soft-device engine", e))?;
+        let _ = ctl.thread.set(join.thread().clone());
+        core.register();
         Ok(Self {
+            core,
             waker: EngineWaker {
                 ctl,
                 thread: join.thread().clone(),
@@ -97,9 +123,13 @@ impl EngineHandle {
         Ok(())
     }
 
-    /// Wakes the engine if it sleeps (after a CPU-side doorbell).
+    /// After a CPU-side doorbell: wakes the engine if it sleeps, or, when engines progress
+    /// on shared threads, runs the rounds here.
     pub(crate) fn kick(&self) {
-        self.waker.wake();
+        match progress_mode() {
+            ProgressMode::Thread => self.waker.wake(),
+            ProgressMode::Shared => help(),
+        }
     }
 
     /// A handle that wakes the engine, for threads that feed it packets.
@@ -114,6 +144,7 @@ impl EngineHandle {
             if j.thread().id() != std::thread::current().id() {
                 let _ = j.join();
             }
+            self.core.unregister();
         }
     }
 }

@@ -1,0 +1,282 @@
+//! Who runs a soft engine's rounds: its own thread, or the threads that post and poll.
+//!
+//! A NIC has its own processors; the soft device borrows the host's. With a core to spare,
+//! each engine's thread spins on its doorbells (the lowest latency). When the engines and
+//! the ranks' polling threads outnumber the cores, spinning engines take turns with the
+//! ranks on the scheduler and a round trip costs tens of microseconds. Then the process
+//! switches to **shared progress**: a thread that rings a doorbell or finds nothing to poll
+//! runs the engines' rounds itself, as software RDMA providers progress on the caller's
+//! thread, and the engine threads nap between short looks (they still serve doorbells that
+//! streams, kernels and other processes ring, and the timers).
+//!
+//! `GDSYNC_SOFT_PROGRESS=thread|shared|auto` chooses; `auto` (the default) shares when
+//! `cores < engines + 2` (an engine thread beside two polling ranks).
+
+use super::engine::Engine;
+use super::EngineCtl;
+use crate::exec::Backoff;
+use parking_lot::{Mutex, RwLock};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How this process's soft engines make progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgressMode {
+    /// Each engine's own thread spins on its doorbells and links.
+    Thread,
+    /// The threads that post and poll run the engines' rounds; engine threads nap.
+    Shared,
+}
+
+impl std::fmt::Display for ProgressMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ProgressMode::Thread => "engine threads",
+            ProgressMode::Shared => "shared (posting and polling threads run the engines)",
+        })
+    }
+}
+
+/// The current mode of this process's soft engines.
+pub fn progress_mode() -> ProgressMode {
+    if SHARED.load(Ordering::Relaxed) {
+        ProgressMode::Shared
+    } else {
+        ProgressMode::Thread
+    }
+}
+
+/// An engine and what its thread and its helpers share.
+pub(crate) struct EngineCore {
+    pub(super) ctl: Arc<EngineCtl>,
+    engine: Mutex<Engine>,
+    /// A round was asked for while another thread held the engine; the holder runs it.
+    asked: AtomicBool,
+}
+
+/// Whether engines progress on shared threads now.
+static SHARED: AtomicBool = AtomicBool::new(false);
+/// Engines alive in this process.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+/// The engines helpers may drive, and a generation that changes with the list.
+static ENGINES: RwLock<Vec<Arc<EngineCore>>> = RwLock::new(Vec::new());
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// This thread's copy of the engine list (refreshed when the generation changes), so a
+    /// helper takes no lock that other helpers write.
+    static MINE: RefCell<(u64, Vec<Arc<EngineCore>>)> = const { RefCell::new((u64::MAX, Vec::new())) };
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Setting {
+    Auto,
+    Thread,
+    Shared,
+}
+
+fn setting() -> Setting {
+    static S: OnceLock<Setting> = OnceLock::new();
+    *S.get_or_init(|| match std::env::var("GDSYNC_SOFT_PROGRESS").as_deref() {
+        Err(_) | Ok("") | Ok("auto") => Setting::Auto,
+        Ok("thread") => Setting::Thread,
+        Ok("shared") => Setting::Shared,
+        Ok(other) => {
+            tracing::warn!(
+                "GDSYNC_SOFT_PROGRESS={other:?} is not auto, thread or shared: using auto"
+            );
+            Setting::Auto
+        }
+    })
+}
+
+/// The cores this process may run on (affinity and cgroup quota included).
+pub fn cores() -> usize {
+    static C: OnceLock<usize> = OnceLock::new();
+    *C.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Re-decides the mode after an engine started or stopped; says once when sharing starts.
+fn update_mode() {
+    let live = LIVE.load(Ordering::Acquire);
+    let shared = match setting() {
+        Setting::Thread => false,
+        Setting::Shared => true,
+        Setting::Auto => cores() < live + 2,
+    };
+    let was = SHARED.swap(shared, Ordering::AcqRel);
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if shared && !was && !SAID.swap(true, Ordering::Relaxed) {
+        let why = match setting() {
+            Setting::Shared => "GDSYNC_SOFT_PROGRESS=shared".to_string(),
+            _ => format!(
+                "{live} soft engine(s) and the ranks' polling threads outnumber the {} core(s)",
+                cores()
+            ),
+        };
+        tracing::warn!(
+            "{why}: engines run on the posting and polling threads instead of spinning \
+             (latency is best with a free core per engine; GDSYNC_SOFT_PROGRESS=thread \
+             keeps spinning engine threads)"
+        );
+    }
+}
+
+impl EngineCore {
+    pub(super) fn new(ctl: Arc<EngineCtl>, engine: Engine) -> Arc<Self> {
+        Arc::new(Self {
+            ctl,
+            engine: Mutex::new(engine),
+            asked: AtomicBool::new(false),
+        })
+    }
+
+    /// Makes the engine visible to helpers and counts it.
+    pub(super) fn register(self: &Arc<Self>) {
+        ENGINES.write().push(self.clone());
+        GENERATION.fetch_add(1, Ordering::AcqRel);
+        LIVE.fetch_add(1, Ordering::AcqRel);
+        update_mode();
+    }
+
+    /// After the engine thread ended: forgets the engine and drops its queues and links
+    /// (helpers may still hold the core for a moment).
+    pub(super) fn unregister(self: &Arc<Self>) {
+        ENGINES.write().retain(|c| !Arc::ptr_eq(c, self));
+        GENERATION.fetch_add(1, Ordering::AcqRel);
+        LIVE.fetch_sub(1, Ordering::AcqRel);
+        update_mode();
+        if let Some(mut e) = self.engine.try_lock() {
+            e.clear();
+        }
+    }
+
+    /// Runs rounds until one finds nothing to do, unless another thread holds the engine
+    /// (that thread then runs the rounds asked for here). Returns whether anything happened.
+    fn help(&self, helper: bool) -> bool {
+        self.asked.store(true, Ordering::SeqCst);
+        let mut work = false;
+        loop {
+            let Some(mut e) = self.engine.try_lock() else {
+                return work;
+            };
+            if self.ctl.stop.load(Ordering::Acquire) || (helper && e.has_gpu_regions()) {
+                // Copies to GPU memory bind a CUDA context: only the engine's thread runs.
+                drop(e);
+                self.ctl.wake();
+                return work;
+            }
+            while self.asked.swap(false, Ordering::SeqCst) {
+                let mut tick = true;
+                for _ in 0..1024 {
+                    if !e.round(tick) {
+                        break;
+                    }
+                    work = true;
+                    tick = false;
+                }
+            }
+            drop(e);
+            // A request that failed to take the lock after our last look is ours to run.
+            if !self.asked.load(Ordering::SeqCst) {
+                return work;
+            }
+        }
+    }
+}
+
+/// Lends the calling thread to this process's engines, when they progress on shared
+/// threads: runs their pending rounds. A no-op (one load) otherwise.
+#[inline]
+pub(crate) fn help() {
+    if SHARED.load(Ordering::Relaxed) {
+        help_all();
+    }
+}
+
+#[cold]
+fn help_all() {
+    MINE.with(|m| {
+        let Ok(mut m) = m.try_borrow_mut() else {
+            return; // re-entered from inside a round: the outer call drives
+        };
+        let gen = GENERATION.load(Ordering::Acquire);
+        if m.0 != gen {
+            m.1 = ENGINES.read().clone();
+            m.0 = gen;
+        }
+        for core in &m.1 {
+            core.help(true);
+        }
+    });
+}
+
+/// The engine thread: spins on its doorbells and links while the process has cores for it,
+/// else runs rounds only when nobody else does and naps in between.
+pub(super) fn engine_thread(core: Arc<EngineCore>) {
+    core.engine.lock().attach_thread();
+    let mut backoff = Backoff::default();
+    let mut round = 0u32;
+    let mut idle_since: Option<Instant> = None;
+    while !core.ctl.stop.load(Ordering::Acquire) {
+        if SHARED.load(Ordering::Relaxed) {
+            shared_step(&core, &mut idle_since);
+            continue;
+        }
+        idle_since = None;
+        // The coarse clock: every 64 rounds while spinning, every round once the engine
+        // yields or sleeps between rounds (a round may then start milliseconds later).
+        round = round.wrapping_add(1);
+        let tick = round % 64 == 0 || !backoff.spinning();
+        let work = core.engine.lock().round(tick);
+        if work {
+            backoff.reset();
+        } else if backoff.would_sleep() {
+            nap(&core, &mut backoff);
+        } else {
+            backoff.snooze_busy();
+        }
+    }
+    core.engine.lock().detach_thread();
+}
+
+/// Thread mode's nap: announce it, look once more so a doorbell rung meanwhile is seen,
+/// then sleep until a poster's `wake` or the timeout.
+fn nap(core: &EngineCore, backoff: &mut Backoff) {
+    core.ctl.sleeping.store(true, Ordering::SeqCst);
+    let again = core.engine.lock().last_look();
+    if again || core.ctl.has_cmds.load(Ordering::Acquire) {
+        backoff.reset();
+    } else {
+        backoff.snooze_parked();
+        core.engine.lock().touch_clock();
+    }
+    core.ctl.sleeping.store(false, Ordering::Relaxed);
+}
+
+/// Shared mode: run what is pending (timers included), then give the cores to the ranks.
+/// With links to other processes (whose packets no thread here is woken for) the engine
+/// yields for a while before it naps; otherwise it naps at once.
+fn shared_step(core: &EngineCore, idle_since: &mut Option<Instant>) {
+    if core.help(false) {
+        *idle_since = None;
+        std::thread::yield_now();
+        return;
+    }
+    let now = Instant::now();
+    let idle = now.duration_since(*idle_since.get_or_insert(now));
+    let remote = core.engine.try_lock().is_some_and(|e| e.has_remote_links());
+    if remote && idle < Duration::from_millis(2) {
+        std::thread::yield_now();
+        return;
+    }
+    core.ctl.sleeping.store(true, Ordering::SeqCst);
+    let again = core.engine.try_lock().is_none_or(|mut e| e.last_look());
+    if !again && !core.ctl.has_cmds.load(Ordering::Acquire) {
+        let k = (idle.as_micros() / 200).min(5) as u32;
+        std::thread::park_timeout(Duration::from_micros(32 << k));
+    }
+    core.ctl.sleeping.store(false, Ordering::Relaxed);
+}
