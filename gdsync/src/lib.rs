@@ -52,7 +52,9 @@ mod signal;
 mod wr;
 
 pub use cq::{Completion, CompletionOp, Cq, CqError, WcStatus};
-pub use device::{progress_mode, Device, DeviceInfo, Endpoint, LinkKind, LinkPolicy, ProgressMode};
+pub use device::{
+    progress, progress_mode, Device, DeviceInfo, Endpoint, LinkKind, LinkPolicy, ProgressMode,
+};
 pub use error::{Error, Result};
 pub use handler::NicHandler;
 pub use mr::{Access, MemoryRegion, ProtectionDomain, RemoteAddr, RemoteBuf};

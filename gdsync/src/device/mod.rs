@@ -5,7 +5,7 @@ mod endpoint;
 pub(crate) mod soft;
 
 pub use endpoint::{Endpoint, LinkKind, LinkPolicy};
-pub use soft::{progress_mode, ProgressMode};
+pub use soft::{progress, progress_mode, ProgressMode};
 
 use crate::cq::Cq;
 use crate::mr::{MrTable, ProtectionDomain};

@@ -54,6 +54,10 @@ pub(crate) struct EngineCore {
     engine: Mutex<Engine>,
     /// A round was asked for while another thread held the engine; the holder runs it.
     asked: AtomicBool,
+    /// The engine thread asks for the timers to run (they then run in the next round).
+    timers_asked: AtomicBool,
+    /// A helper ran rounds since the engine thread last looked: the ranks drive the engine.
+    helped: AtomicBool,
 }
 
 /// Whether engines progress on shared threads now.
@@ -130,6 +134,8 @@ impl EngineCore {
             ctl,
             engine: Mutex::new(engine),
             asked: AtomicBool::new(false),
+            timers_asked: AtomicBool::new(false),
+            helped: AtomicBool::new(false),
         })
     }
 
@@ -168,8 +174,14 @@ impl EngineCore {
                 self.ctl.wake();
                 return work;
             }
+            if helper && !self.helped.load(Ordering::Relaxed) {
+                self.helped.store(true, Ordering::Relaxed);
+            }
+            // Helpers refresh the clock; the timers run when the engine thread asked for
+            // them (each time it wakes), whoever holds the engine then.
+            e.touch_clock();
             while self.asked.swap(false, Ordering::SeqCst) {
-                let mut tick = true;
+                let mut tick = self.timers_asked.swap(false, Ordering::AcqRel);
                 for _ in 0..1024 {
                     if !e.round(tick) {
                         break;
@@ -187,8 +199,16 @@ impl EngineCore {
     }
 }
 
-/// Lends the calling thread to this process's engines, when they progress on shared
-/// threads: runs their pending rounds. A no-op (one load) otherwise.
+/// Lends the calling thread to this process's soft engines: when they progress on shared
+/// threads ([`ProgressMode::Shared`], on machines with fewer cores than engines and polling
+/// ranks), runs their pending rounds. Posting and polling do this by themselves; a thread
+/// that waits by spinning on memory (as perftest's write latency test does) calls it in its
+/// loop. A no-op (one load) otherwise.
+#[inline]
+pub fn progress() {
+    help();
+}
+
 #[inline]
 pub(crate) fn help() {
     if SHARED.load(Ordering::Relaxed) {
@@ -256,18 +276,19 @@ fn nap(core: &EngineCore, backoff: &mut Backoff) {
     core.ctl.sleeping.store(false, Ordering::Relaxed);
 }
 
-/// Shared mode: run what is pending (timers included), then give the cores to the ranks.
-/// With links to other processes (whose packets no thread here is woken for) the engine
-/// yields for a while before it naps; otherwise it naps at once.
+/// Shared mode: run what is pending (timers included), then leave the cores to the ranks,
+/// whose posts and polls run the rounds. Packets from other processes wake nobody here, so
+/// an engine with such links yields for a while after the last sign of life before it naps,
+/// unless the ranks themselves drive it (they poll, or call [`progress`]).
 fn shared_step(core: &EngineCore, idle_since: &mut Option<Instant>) {
-    if core.help(false) {
-        *idle_since = None;
-        std::thread::yield_now();
-        return;
-    }
     let now = Instant::now();
+    core.timers_asked.store(true, Ordering::Release);
+    if core.help(false) {
+        *idle_since = Some(now);
+    }
     let idle = now.duration_since(*idle_since.get_or_insert(now));
-    let remote = core.engine.try_lock().is_some_and(|e| e.has_remote_links());
+    let driven = core.helped.swap(false, Ordering::Relaxed);
+    let remote = !driven && core.engine.try_lock().is_some_and(|e| e.has_remote_links());
     if remote && idle < Duration::from_millis(2) {
         std::thread::yield_now();
         return;
