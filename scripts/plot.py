@@ -10,21 +10,26 @@ Usage:
     python3 scripts/plot.py stencil   FILE... -o docs/img/stencil.png   --machine "..."
     python3 scripts/plot.py bandwidth FILE... -o docs/img/bandwidth.png --machine "..."
 
-Inputs are JSON-lines files; lines that do not start with '{' (comments, FAILED notes) are
-skipped. What each kind reads:
+Inputs are JSON-lines files; lines that do not start with '{' (comments) are skipped, except
+'# FAILED: --flag value ...' lines the benchmark scripts write for a run that failed: those are
+listed under the plot as not plotted. What each kind reads:
   latency    pingpong --json (also with --raw, and bench-mp.sh's "api"/"rep" fields) and
              benches/mpi_pingpong.c --json ("impl":"openmpi"): half round trip vs message
              size, one line per trigger / api / mem / raw, one panel per op; log-log.
+             --stat picks the statistic (the field t_<STAT>_us; default p50).
   stencil    stencil2d --json: time per iteration vs subdomain edge, one line per trigger
              and rank count; log-log.
   bandwidth  bandwidth --json: GB/s (top) and million messages/s (bottom) vs message size,
-             one line per trigger and memory, one column per op; log-log.
+             one line per trigger and memory, one column per op; log-log. Lines that coincide
+             stay visible: each trigger has its own width and marker positions.
 Repeated measurements of one point (several runs, reps) are reduced to their median.
 --filter KEY=VALUE (repeatable) keeps only the lines whose field KEY equals VALUE.
+--note TEXT (repeatable) adds a footnote, e.g. where a line comes from or why one is short.
 """
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from collections import defaultdict
@@ -47,12 +52,30 @@ TRIGGER_COLOR = {
 OP_ORDER = ["write", "write-imm", "read", "send"]
 
 
+def parse_flags(text):
+    """{flag: value} from a command line's '--flag value' pairs; a bare '--flag' is 'true'."""
+    words, flags = text.split(), {}
+    for i, w in enumerate(words):
+        if w.startswith("--"):
+            nxt = words[i + 1] if i + 1 < len(words) else None
+            flags[w[2:]] = nxt if nxt is not None and not nxt.startswith("--") else "true"
+    return flags
+
+
 def read_rows(paths, filters):
-    rows = []
+    """The JSON lines of the files that pass the filters, and the runs the benchmark scripts
+    marked '# FAILED: --flag value ...' that the filters do not exclude (shown as missing)."""
+    rows, failed = [], []
     for path in paths:
         with open(path) as f:
             for n, line in enumerate(f, 1):
                 line = line.strip()
+                if line.startswith("#") and "FAILED:" in line:
+                    cmd = line.split("FAILED:", 1)[1].strip()
+                    flags = parse_flags(cmd)
+                    if all(flags.get(k, v).lower() == v.lower() for k, v in filters):
+                        failed.append(cmd)
+                    continue
                 if not line.startswith("{"):
                     continue
                 try:
@@ -61,7 +84,7 @@ def read_rows(paths, filters):
                     sys.exit(f"{path}:{n}: not JSON: {e}")
                 if all(str(row.get(k)).lower() == v.lower() for k, v in filters):
                     rows.append(row)
-    return rows
+    return rows, failed
 
 
 def human_bytes(x, _pos=None):
@@ -78,6 +101,22 @@ def size_axis(ax, label="message size"):
     ax.xaxis.set_major_formatter(FuncFormatter(human_bytes))
     ax.set_xlabel(f"{label} (bytes, log scale)")
     ax.tick_params(axis="x", labelrotation=45)
+
+
+def log_y(ax, label):
+    """A log y axis labelled in plain numbers (400, not 4 × 10²); on axes spanning three
+    decades or less, the 2 and 5 of each decade are labelled too."""
+    ax.set_yscale("log")
+    ax.set_ylabel(label)
+    plain = FuncFormatter(lambda y, _p: f"{y:g}")
+
+    def minor(y, _p):
+        lo, hi = ax.get_ylim()
+        mantissa = round(y / 10 ** math.floor(math.log10(y)), 6)
+        return f"{y:g}" if hi / lo <= 1000 and mantissa in (2, 5) else ""
+
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(FuncFormatter(minor))
 
 
 def thin_ticks(ax, values):
@@ -131,24 +170,42 @@ class Styler:
         return chosen
 
 
-def finish(fig, axes, title, machine, out):
-    """Title with the machine, grids, one legend (inside a lone panel when short, else one
-    for the whole figure, below the panels), and the PNG."""
-    fig.suptitle(f"{title}\n{machine}", fontsize=12)
+def finish(fig, axes, title, args, legend_order=None, ncol=3):
+    """Title with the machine, grids, one legend (a lone panel's inside it when short, beside it
+    when long; several panels' below them), footnotes below everything (--note, and the runs the
+    data marks as failed), and the PNG."""
+    fig.suptitle(f"{title}\n{args.machine}", fontsize=13)
     handles = {}
     for ax in axes:
         ax.grid(True, which="major", alpha=0.4)
         ax.grid(True, which="minor", alpha=0.15)
         for h, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, h)
+    if legend_order:
+        handles = {k: handles[k] for k in legend_order if k in handles}
     fig.tight_layout()
+    artists = list(axes)
     if len(axes) == 1 and len(handles) <= 6:
-        axes[0].legend(fontsize=8)
+        axes[0].legend(fontsize=9, handlelength=3.5, loc="best")
+    elif len(axes) == 1:  # a long legend would cover lines: beside the panel
+        artists.append(axes[0].legend(fontsize=9, handlelength=3.5, loc="upper left",
+                                      bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0))
     else:
-        fig.legend(list(handles.values()), list(handles.keys()), loc="upper center",
-                   bbox_to_anchor=(0.5, 0.0), ncol=min(3, len(handles)), fontsize=8)
-    fig.savefig(out, dpi=130, bbox_inches="tight")
-    print(f"wrote {out}")
+        artists.append(fig.legend(list(handles.values()), list(handles.keys()), loc="upper center",
+                                  bbox_to_anchor=(0.5, 0.0), ncol=min(ncol, len(handles)),
+                                  fontsize=11, handlelength=4.5, markerscale=1.4))
+    notes = [f"not plotted, the run failed: {cmd}" for cmd in args.failed] + list(args.note)
+    if notes:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        inv = fig.transFigure.inverted()
+        bottom = min(inv.transform(a.get_tightbbox(renderer))[0][1] for a in artists)
+        line = 9 * 1.5 / 72 / fig.get_figheight()  # 9-point lines, in figure heights
+        for i, note in enumerate(notes):
+            fig.text(0.0, bottom - line * (i + 0.5), note, ha="left", va="top", fontsize=9,
+                     style="italic")
+    fig.savefig(args.output, dpi=130, bbox_inches="tight")
+    print(f"wrote {args.output}")
 
 
 def panels(n_cols, n_rows=1, width=6.4, height=4.8):
@@ -158,8 +215,18 @@ def panels(n_cols, n_rows=1, width=6.4, height=4.8):
 
 # ---------------------------------------------------------------------------- latency
 
+def stat_field(rows, stat):
+    """The JSON field of a latency statistic: t_<stat>_us (p99.9 may be spelled p99_9)."""
+    names = [f"t_{stat}_us", f"t_{stat.replace('.', '_')}_us", f"t_{stat.replace('.', '')}_us"]
+    for name in names:
+        if any(name in r for r in rows):
+            return name
+    have = sorted({k[2:-3] for r in rows for k in r if k.startswith("t_") and k.endswith("_us")})
+    sys.exit(f"latency: no field {names[0]} in the input (statistics there: {', '.join(have) or 'none'})")
+
+
 def latency(rows, args):
-    stat = f"t_{args.stat}_us"
+    stat = stat_field(rows, args.stat)
     names = ["trigger", "api", "mem", "raw", "ranks"]
     rows = [r for r in rows if stat in r and "bytes" in r and ("trigger" in r or r.get("impl") == "openmpi")]
 
@@ -205,10 +272,9 @@ def latency(rows, args):
             ax.plot(xs, ys, ms=4, label=name, **style(name, TRIGGER_COLOR.get(trig), ls, marker))
         size_axis(ax)
         thin_ticks(ax, [r["bytes"] for r in sel])
-        ax.set_yscale("log")
-        ax.set_ylabel(f"half round trip, {args.stat} (µs, log scale)")
+        log_y(ax, f"half round trip, {args.stat} (µs, log scale)")
         ax.set_title(f"op: {op}")
-    finish(fig, axes[0], "pingpong: half round-trip latency vs message size", args.machine, args.output)
+    finish(fig, axes[0], "pingpong: half round-trip latency vs message size", args)
 
 
 # ---------------------------------------------------------------------------- stencil
@@ -240,48 +306,74 @@ def stencil(rows, args):
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _p: f"{x:g}²"))
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel("subdomain per rank (edge² cells, log scale)")
-    ax.set_yscale("log")
-    ax.set_ylabel("time per iteration (µs, log scale)")
-    finish(fig, [ax], "stencil2d: time per Jacobi iteration vs subdomain", args.machine, args.output)
+    log_y(ax, "time per iteration (µs, log scale)")
+    finish(fig, [ax], "stencil2d: time per Jacobi iteration vs subdomain", args)
 
 
 # ---------------------------------------------------------------------------- bandwidth
+
+# Bandwidth lines often coincide (stream and kernel post the same chunks): each trigger gets its
+# own width, drawn widest first, and its markers at other sizes, so coinciding lines stay visible.
+BW_TRIGGER_STYLE = {
+    "cpu": dict(lw=5.0, marker="o", ms=7, every=(0, 3)),
+    "stream": dict(lw=3.0, marker="s", ms=6, every=(1, 3)),
+    "kernel": dict(lw=1.3, marker="^", ms=6, every=(2, 3)),
+    "host-stream": dict(lw=1.0, marker="x", ms=6, every=(0, 3)),
+}
+# The JSON field of the bandwidth, by the names the example has used.
+GBPS_FIELDS = ["gbps", "gb_per_s", "gbytes_per_s"]
+
 
 def bandwidth(rows, args):
     def size(r):
         return r.get("size", r.get("bytes"))
 
-    rows = [r for r in rows if size(r) is not None and ("gbps" in r or "gbytes_per_s" in r)]
+    def gbps(r):
+        return next((r[k] for k in GBPS_FIELDS if k in r), None)
+
+    rows = [r for r in rows if size(r) is not None and gbps(r) is not None]
     if not rows:
-        sys.exit("bandwidth: no bandwidth JSON lines in the input")
+        sys.exit(f"bandwidth: no bandwidth JSON lines (with one of {', '.join(GBPS_FIELDS)}) in the input")
     ops = sorted({r["op"].lower() for r in rows}, key=lambda o: OP_ORDER.index(o) if o in OP_ORDER else 99)
     key = lambda r: (r["trigger"], r.get("mem", "host"), r.get("window", 64))  # noqa: E731
     show_window = len({key(r)[2] for r in rows}) > 1
-    fig, axes = panels(len(ops), 2, width=6.0, height=4.4)
-    style = Styler()
+    fig, axes = panels(len(ops), 2, width=5.2, height=4.2)
     metrics = [
-        (lambda r: r.get("gbps", r.get("gbytes_per_s")), "bandwidth (GB/s = 10⁹ B/s, log scale)"),
+        (gbps, "bandwidth (GB/s = 10⁹ B/s, log scale)"),
         (lambda r: r.get("mmsgs", r.get("mmsg_per_s")), "message rate (million messages/s, log scale)"),
     ]
+
+    def order(k):
+        return (TRIGGER_ORDER.index(k[0]) if k[0] in TRIGGER_ORDER else 99, k[1] != "host", k[2])
+
+    labels = []
     for col, op in enumerate(ops):
         sel = [r for r in rows if r["op"].lower() == op]
         for row, (metric, ylabel) in enumerate(metrics):
             ax = axes[row][col]
             series = median_points(sel, key, size, metric)
-            for k in sorted(series, key=lambda k: (TRIGGER_ORDER.index(k[0]) if k[0] in TRIGGER_ORDER else 99, k[1], k[2])):
+            for k in sorted(series, key=order):
                 trig, mem, window = k
                 xs, ys = zip(*series[k])
-                label = f"{trig}, {mem} mem" + (f", window {window}" if show_window else "")
-                ax.plot(xs, ys, ms=3.5, label=label,
-                        **style(label, TRIGGER_COLOR.get(trig), "-." if mem == "device" else "-",
-                                "s" if mem == "device" else "o"))
+                label = f"{trig}, {mem} memory" + (f", window {window}" if show_window else "")
+                if label not in labels:
+                    labels.append(label)
+                st = BW_TRIGGER_STYLE.get(trig, dict(lw=1.0, marker="D", ms=5, every=(0, 3)))
+                color = TRIGGER_COLOR.get(trig)
+                ax.plot(xs, ys, label=label, color=color, lw=st["lw"],
+                        linestyle=(0, (4, 2)) if mem == "device" else "-",
+                        marker=st["marker"], ms=st["ms"], markevery=st["every"],
+                        markerfacecolor="white" if mem == "device" else color,
+                        markeredgecolor=color, markeredgewidth=1.5)
             size_axis(ax)
             thin_ticks(ax, [size(r) for r in sel])
-            ax.set_yscale("log")
-            ax.set_ylabel(ylabel)
+            log_y(ax, ylabel)
             ax.set_title(f"op: {op}")
+    # Legend columns: one per trigger (host memory above device memory).
+    labels.sort(key=lambda lab: next((i for i, t in enumerate(TRIGGER_ORDER) if lab.startswith(t + ",")), 99))
+    ncol = len({lab.split(",")[0] for lab in labels})
     finish(fig, [a for row in axes for a in row], "bandwidth: one-way RDMA throughput vs message size",
-           args.machine, args.output)
+           args, legend_order=labels, ncol=ncol)
 
 
 def main():
@@ -290,7 +382,10 @@ def main():
     p.add_argument("files", nargs="+", help="JSON-lines files")
     p.add_argument("-o", "--output", required=True, help="the PNG to write")
     p.add_argument("--machine", required=True, help="machine name shown under the title, e.g. 'H200, soft device'")
-    p.add_argument("--stat", default="p50", choices=["min", "p50", "avg", "p99"], help="latency statistic (default p50)")
+    p.add_argument("--stat", default="p50",
+                   help="latency statistic: the field t_<STAT>_us (min, p50, avg, p99, ...; default p50)")
+    p.add_argument("--note", action="append", default=[], metavar="TEXT",
+                   help="a footnote under the plot, e.g. where a line comes from (repeatable)")
     p.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
                    help="keep only lines whose field KEY equals VALUE (repeatable)")
     args = p.parse_args()
@@ -299,7 +394,7 @@ def main():
         if "=" not in f:
             p.error(f"--filter {f!r}: expected KEY=VALUE")
         filters.append(tuple(f.split("=", 1)))
-    rows = read_rows(args.files, filters)
+    rows, args.failed = read_rows(args.files, filters)
     {"latency": latency, "stencil": stencil, "bandwidth": bandwidth}[args.kind](rows, args)
 
 
