@@ -156,7 +156,9 @@ trait Wire {
 }
 
 /// Spin, but let other threads run when the machine has fewer cores than busy threads.
+/// Where soft engines progress on shared threads (few cores), lends this one to them.
 fn relax(spins: u32) {
+    gdasync::gdsync::progress();
     if spins < 2000 {
         std::hint::spin_loop();
     } else {
