@@ -27,7 +27,7 @@ use gdasync::gdsync::{
 };
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{fence, AtomicU8, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -155,10 +155,16 @@ trait Wire {
     }
 }
 
+/// Set with ranks as processes: packets from the peer process reach this process's soft
+/// engine only through a thread that runs it, so a rank spinning on memory lends itself.
+static DRIVE_ENGINE: AtomicBool = AtomicBool::new(false);
+
 /// Spin, but let other threads run when the machine has fewer cores than busy threads.
-/// Where soft engines progress on shared threads (few cores), lends this one to them.
 fn relax(spins: u32) {
-    gdasync::gdsync::progress();
+    if DRIVE_ENGINE.load(Ordering::Relaxed) {
+        // A no-op unless the soft engines progress on shared threads (few cores).
+        gdasync::gdsync::progress();
+    }
     if spins < 2000 {
         std::hint::spin_loop();
     } else {
@@ -927,6 +933,9 @@ fn child(args: &Args) -> Result<()> {
 fn main() -> Result<()> {
     let args = Args::parse();
     check(&args)?;
+    if args.child || args.ranks == Ranks::Procs {
+        DRIVE_ENGINE.store(true, Ordering::Relaxed);
+    }
     if args.child {
         return child(&args);
     }

@@ -123,7 +123,7 @@ impl Backoff {
     /// One step of backing off; returns whether the caller is now sleeping between polls.
     /// When soft engines progress on shared threads, the step runs their rounds first.
     pub(crate) fn snooze(&mut self) -> bool {
-        crate::device::soft::help();
+        crate::device::soft::help(crate::device::soft::Why::Poll);
         self.n = self.n.saturating_add(1);
         if self.n < Self::SPINS {
             std::hint::spin_loop();

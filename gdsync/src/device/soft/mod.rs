@@ -10,7 +10,7 @@ mod link;
 mod progress;
 pub(crate) mod tcp;
 
-pub(crate) use progress::help;
+pub(crate) use progress::{help, Why};
 pub use progress::{progress, progress_mode, ProgressMode};
 
 pub(crate) use link::{Link, PEER_WAIT};
@@ -128,7 +128,7 @@ impl EngineHandle {
     pub(crate) fn kick(&self) {
         match progress_mode() {
             ProgressMode::Thread => self.waker.wake(),
-            ProgressMode::Shared => help(),
+            ProgressMode::Shared => help(Why::Doorbell),
         }
     }
 

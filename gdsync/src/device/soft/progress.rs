@@ -159,28 +159,36 @@ impl EngineCore {
         }
     }
 
-    /// Runs rounds until one finds nothing to do, unless another thread holds the engine
-    /// (that thread then runs the rounds asked for here). Returns whether anything happened.
-    fn help(&self, helper: bool) -> bool {
-        self.asked.store(true, Ordering::SeqCst);
+    /// Runs rounds until one finds nothing to do. When another thread holds the engine,
+    /// a `Why::Doorbell` is handed to it (it runs the rounds asked for here); a `Why::Poll`
+    /// just leaves: the holder is already driving. Returns whether anything happened.
+    fn help(&self, who: Who, why: Why) -> bool {
+        if why == Why::Doorbell {
+            self.asked.store(true, Ordering::SeqCst);
+        }
+        // A poller that finds the engine busy leaves without touching the lock's line.
+        if why == Why::Poll && self.engine.is_locked() {
+            return false;
+        }
         let mut work = false;
         loop {
             let Some(mut e) = self.engine.try_lock() else {
                 return work;
             };
-            if self.ctl.stop.load(Ordering::Acquire) || (helper && e.has_gpu_regions()) {
+            if self.ctl.stop.load(Ordering::Acquire) || (who == Who::Helper && e.has_gpu_regions()) {
                 // Copies to GPU memory bind a CUDA context: only the engine's thread runs.
                 drop(e);
                 self.ctl.wake();
                 return work;
             }
-            if helper && !self.helped.load(Ordering::Relaxed) {
+            if who == Who::Helper && !self.helped.load(Ordering::Relaxed) {
                 self.helped.store(true, Ordering::Relaxed);
             }
             // Helpers refresh the clock; the timers run when the engine thread asked for
             // them (each time it wakes), whoever holds the engine then.
             e.touch_clock();
-            while self.asked.swap(false, Ordering::SeqCst) {
+            self.asked.store(false, Ordering::SeqCst);
+            loop {
                 let mut tick = self.timers_asked.swap(false, Ordering::AcqRel);
                 for _ in 0..1024 {
                     if !e.round(tick) {
@@ -189,14 +197,31 @@ impl EngineCore {
                     work = true;
                     tick = false;
                 }
+                if !self.asked.swap(false, Ordering::SeqCst) {
+                    break;
+                }
             }
             drop(e);
-            // A request that failed to take the lock after our last look is ours to run.
+            // A doorbell whose thread failed to take the lock after our last look is ours.
             if !self.asked.load(Ordering::SeqCst) {
                 return work;
             }
         }
     }
+}
+
+/// Who runs a round: the engine's own thread, or a posting or polling thread.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Who {
+    Engine,
+    Helper,
+}
+
+/// Why a thread helps: it rang a doorbell (which must not be left unseen), or it polls.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Why {
+    Doorbell,
+    Poll,
 }
 
 /// Lends the calling thread to this process's soft engines: when they progress on shared
@@ -206,18 +231,19 @@ impl EngineCore {
 /// loop. A no-op (one load) otherwise.
 #[inline]
 pub fn progress() {
-    help();
+    help(Why::Poll);
 }
 
+/// Runs the engines' pending rounds on this thread, in shared mode (see [`progress`]).
 #[inline]
-pub(crate) fn help() {
+pub(crate) fn help(why: Why) {
     if SHARED.load(Ordering::Relaxed) {
-        help_all();
+        help_all(why);
     }
 }
 
 #[cold]
-fn help_all() {
+fn help_all(why: Why) {
     MINE.with(|m| {
         let Ok(mut m) = m.try_borrow_mut() else {
             return; // re-entered from inside a round: the outer call drives
@@ -228,7 +254,7 @@ fn help_all() {
             m.0 = gen;
         }
         for core in &m.1 {
-            core.help(true);
+            core.help(Who::Helper, why);
         }
     });
 }
@@ -283,7 +309,8 @@ fn nap(core: &EngineCore, backoff: &mut Backoff) {
 fn shared_step(core: &EngineCore, idle_since: &mut Option<Instant>) {
     let now = Instant::now();
     core.timers_asked.store(true, Ordering::Release);
-    if core.help(false) {
+    core.asked.store(true, Ordering::SeqCst);
+    if core.help(Who::Engine, Why::Poll) {
         *idle_since = Some(now);
     }
     let idle = now.duration_since(*idle_since.get_or_insert(now));
