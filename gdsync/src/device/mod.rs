@@ -214,15 +214,20 @@ impl DeviceShared {
         }
         let why = link_reason(here, remote, kind);
         let name = self.name();
-        let (peer, pid) = (remote.device, remote.pid);
-        let at = match (kind, remote.addr) {
-            (LinkKind::Tcp, Some(a)) => format!(" at {a}"),
-            _ => String::new(),
+        let to = match (kind, remote.addr) {
+            (LinkKind::Loopback, _) => String::new(),
+            (LinkKind::Tcp, Some(a)) => {
+                format!(
+                    " to device {:016x} (pid {} at {a})",
+                    remote.device, remote.pid
+                )
+            }
+            _ => format!(" to device {:016x} (pid {})", remote.device, remote.pid),
         };
         if FIRST_OF_KIND[kind as usize].swap(false, Ordering::Relaxed) {
-            tracing::info!("{name}: {kind} link to device {peer:016x} (pid {pid}{at}): {why}");
+            tracing::info!("{name}: {kind} link{to}: {why}");
         } else {
-            tracing::debug!("{name}: {kind} link to device {peer:016x} (pid {pid}{at}): {why}");
+            tracing::debug!("{name}: {kind} link{to}: {why}");
         }
     }
 
@@ -351,7 +356,12 @@ impl DeviceShared {
 fn on_tcp_dial(hello: tcp::Hello, mut stream: TcpStream) {
     let target = registry().lock().get(&hello.target).and_then(Weak::upgrade);
     let refuse = |mut s: TcpStream, a: tcp::Answer| {
-        tracing::debug!(?hello, ?a, "soft device: refused a TCP link");
+        tracing::debug!(
+            "soft device: refused a TCP link from device {:016x} (pid {}) to device {:016x}: {a:?}",
+            hello.dialer,
+            hello.pid,
+            hello.target
+        );
         let _ = tcp::answer(&mut s, a);
     };
     let Some(dev) = target else {
@@ -389,8 +399,10 @@ fn on_tcp_dial(hello: tcp::Hello, mut stream: TcpStream) {
             );
         }
         Err(e) => tracing::warn!(
-            ?hello,
-            "soft device: cannot set up an accepted TCP link: {e}"
+            "{}: cannot set up the TCP link device {:016x} (pid {}) dialed: {e}",
+            dev.name(),
+            hello.dialer,
+            hello.pid
         ),
     }
 }
