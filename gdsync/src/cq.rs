@@ -45,6 +45,9 @@ pub(crate) struct CqShared {
     /// executor retired are never decoded by a CPU poll, yet their errors must be reported.
     pub errors: Mutex<Vec<CqError>>,
     pub has_errors: AtomicBool,
+    /// Error completions a CPU poll decoded and logged, so that [`Cq::take_errors`] does not
+    /// log them again (cleared with `errors`).
+    logged: Mutex<Vec<CqError>>,
     /// Set while a GPU kernel consumes this CQ ([`crate::kernel::DeviceQp`]): host polls
     /// would steal its completions, so they are refused.
     pub kernel_owned: AtomicBool,
@@ -253,6 +256,7 @@ impl Cq {
             shared_ever: AtomicBool::new(false),
             errors: Mutex::new(Vec::new()),
             has_errors: AtomicBool::new(false),
+            logged: Mutex::new(Vec::new()),
             kernel_owned: AtomicBool::new(false),
             poll: Mutex::new(PollState { ci: 0, last: None }),
             qps: dev.qps.clone(),
@@ -319,6 +323,10 @@ impl Cq {
             let mut cqe = Cqe64([0; 64]);
             s.ring.read(off, &mut cqe.0);
             let c = decode(&cqe, st.ci, &mut st.last, &s.qps);
+            if !c.is_ok() {
+                let qp_state = st.last.as_ref().map(|(_, q)| q.state());
+                log_polled_error(s, &c, qp_state);
+            }
             st.ci += 1;
             s.ctrl
                 .u32(CQ_DBREC)
@@ -344,7 +352,9 @@ impl Cq {
         if !self.shared.has_errors.swap(false, Ordering::AcqRel) {
             return Vec::new();
         }
-        std::mem::take(&mut *self.shared.errors.lock())
+        let errors = std::mem::take(&mut *self.shared.errors.lock());
+        log_taken_errors(&self.shared, &errors);
+        errors
     }
 
     /// `Err` with the first error completion since the last check (see
@@ -398,6 +408,57 @@ impl Cq {
     /// is needed afterwards.
     pub fn wait_ops(&self, n: u64) -> Ops {
         wait_ops(&self.shared, n)
+    }
+}
+
+/// Logs an error completion a CPU poll decoded: at error level with its syndrome and what it
+/// means, or at debug level for flushed work (the first error says why).
+#[cold]
+fn log_polled_error(s: &CqShared, c: &Completion, qp_state: Option<crate::QpState>) {
+    let WcStatus::Error(syndrome) = c.status else {
+        return;
+    };
+    s.logged.lock().push(CqError {
+        qpn: c.qpn,
+        wqe_counter: c.wqe_counter,
+        syndrome,
+        responder: matches!(c.opcode, CompletionOp::Recv | CompletionOp::RecvWriteImm),
+    });
+    let e = Error::Completion {
+        wr_id: c.wr_id,
+        qpn: c.qpn,
+        syndrome,
+    };
+    let (cqn, wqe, vendor) = (s.cqn, c.wqe_counter, c.vendor_err);
+    let state = match qp_state {
+        Some(crate::QpState::Error) => "; the QP is in the error state",
+        _ => "",
+    };
+    if syndrome == Syndrome::WrFlush {
+        tracing::debug!("CQ {cqn:#x}: {e} (WQE {wqe}){state}");
+    } else {
+        tracing::error!("CQ {cqn:#x}: {e} (WQE {wqe}, vendor syndrome {vendor:#x}){state}");
+    }
+}
+
+/// Logs the error completions [`Cq::take_errors`] hands out that no CPU poll logged (an
+/// executor consumed them), as [`log_polled_error`] does.
+#[cold]
+fn log_taken_errors(s: &CqShared, errors: &[CqError]) {
+    let mut logged = std::mem::take(&mut *s.logged.lock());
+    for e in errors {
+        if let Some(i) = logged.iter().position(|l| l == e) {
+            logged.swap_remove(i);
+            continue;
+        }
+        let side = if e.responder { "receive" } else { "send" };
+        let what = crate::error::describe_syndrome(e.syndrome);
+        let (cqn, qpn, wqe) = (s.cqn, e.qpn, e.wqe_counter);
+        if e.syndrome == Syndrome::WrFlush {
+            tracing::debug!("CQ {cqn:#x}: a {side} on QP {qpn:#x} (WQE {wqe}) failed with {what}");
+        } else {
+            tracing::error!("CQ {cqn:#x}: a {side} on QP {qpn:#x} (WQE {wqe}) failed with {what}");
+        }
     }
 }
 

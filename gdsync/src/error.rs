@@ -19,7 +19,7 @@ pub enum Error {
         qpn: u32,
     },
     /// The QP is in the error state; posted work is flushed.
-    #[error("QP {qpn:#x} is in the error state (its work completes with WR_FLUSH)")]
+    #[error("QP {qpn:#x} is in the error state after a failed work request (its other work completes with WR_FLUSH): look at the first error completion, then create and connect a new QP")]
     QpInError {
         /// The QP number.
         qpn: u32,
@@ -58,9 +58,10 @@ pub enum Error {
         timeout_ms: u64,
     },
     /// A completion reported an error status.
-    #[error("work request {wr_id} on QP {qpn:#x} completed with {syndrome:?}")]
+    #[error("{} on QP {qpn:#x} failed with {}", work_request(*.wr_id), describe_syndrome(*.syndrome))]
     Completion {
-        /// The work request id.
+        /// The work request id (`u64::MAX` where it is not known: [`crate::Cq::check`],
+        /// requests of the messaging layer).
         wr_id: u64,
         /// The QP number.
         qpn: u32,
@@ -104,6 +105,42 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// `wr_id` as a message names it (`u64::MAX`: not known, as in [`crate::Cq::check`]).
+fn work_request(wr_id: u64) -> String {
+    if wr_id == u64::MAX {
+        "a work request".into()
+    } else {
+        format!("work request {wr_id}")
+    }
+}
+
+/// A syndrome as messages and logs name it: its name, the `ibv_wc_status` rdma-core reports
+/// for it, and what to check.
+pub(crate) fn describe_syndrome(s: Syndrome) -> String {
+    let (ibv, hint) = syndrome_meaning(s);
+    format!("{s:?} ({ibv}): {hint}")
+}
+
+/// The `ibv_wc_status` name of a syndrome and what it usually means.
+fn syndrome_meaning(s: Syndrome) -> (&'static str, &'static str) {
+    use Syndrome::*;
+    match s {
+        LocalLength => ("IBV_WC_LOC_LEN_ERR", "the message is longer than the receive buffer: post larger receives"),
+        LocalQpOp => ("IBV_WC_LOC_QP_OP_ERR", "the device could not execute the WQE (bad opcode or format)"),
+        LocalProt => ("IBV_WC_LOC_PROT_ERR", "a local SGE is outside its memory region, or its lkey or protection domain is wrong"),
+        WrFlush => ("IBV_WC_WR_FLUSH_ERR", "not executed because the QP was already in the error state: the first error completion says why"),
+        MwBind => ("IBV_WC_MW_BIND_ERR", "a memory window bind failed"),
+        BadResp => ("IBV_WC_BAD_RESP_ERR", "the peer sent an unexpected response"),
+        LocalAccess => ("IBV_WC_LOC_ACCESS_ERR", "a local memory access failed (a region without LOCAL_WRITE for a receive or read?)"),
+        RemoteInvalReq => ("IBV_WC_REM_INV_REQ_ERR", "the peer rejected the request (longer than its receive buffer, or an operation its region does not allow)"),
+        RemoteAccess => ("IBV_WC_REM_ACCESS_ERR", "the peer refused the access: check the rkey, the bounds and the region's REMOTE_* access rights"),
+        RemoteOp => ("IBV_WC_REM_OP_ERR", "the peer could not complete the operation"),
+        TransportRetryExc => ("IBV_WC_RETRY_EXC_ERR", "the peer stopped answering: its process died, it dropped its device or QP, or it did not connect within QpConfig::timeout"),
+        RnrRetryExc => ("IBV_WC_RNR_RETRY_EXC_ERR", "the peer had no receive posted and the retries ran out: post receives before the sends, or raise QpConfig::rnr_retry"),
+        RemoteAborted => ("IBV_WC_REM_ABORT_ERR", "the peer aborted the operation"),
+    }
 }
 
 impl Error {

@@ -47,6 +47,22 @@ impl NicHandler {
     }
 }
 
+/// Logs who rings for GPU-posted work, once per process and handler: a CPU proxy at warn level
+/// (a thread polls for the GPU's requests, which costs a core and a hop of latency), the GPU
+/// at debug level.
+pub(crate) fn log_choice(h: NicHandler, why: &str) {
+    static LOGGED: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
+    if LOGGED[h as usize].swap(true, Ordering::Relaxed) {
+        return;
+    }
+    match h {
+        NicHandler::Gpu => tracing::debug!("NIC handler: the GPU rings the doorbell ({why})"),
+        NicHandler::Cpu => tracing::warn!(
+            "NIC handler: a CPU proxy thread rings the doorbell for GPU-posted work ({why}): it costs a CPU core and adds latency"
+        ),
+    }
+}
+
 /// The CPU proxy of one device: a thread that rings doorbells GPUs asked for.
 #[derive(Default)]
 pub(crate) struct Proxy {
@@ -65,6 +81,7 @@ impl Proxy {
         self.qps.lock().push(Arc::downgrade(qp));
         let mut t = self.thread.lock();
         if t.is_none() {
+            tracing::debug!("{}: CPU proxy thread started", dev.name());
             let me = Arc::downgrade(self);
             let dev = Arc::downgrade(dev);
             let stop = self.stop.clone();

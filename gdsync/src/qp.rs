@@ -343,10 +343,11 @@ impl Qp {
         let rq_stride = (SEG_SIZE as u32 * cfg.max_recv_sge).next_power_of_two();
         let rq_bytes = (rq_cnt * rq_stride) as usize;
         let sq_off = rq_bytes.max(64);
-        let handler = match cfg.nic_handler {
-            Some(h) => h,
-            None => crate::NicHandler::choose_soft()?.0,
+        let (handler, why) = match cfg.nic_handler {
+            Some(h) => (h, "set in QpConfig::nic_handler"),
+            None => crate::NicHandler::choose_soft()?,
         };
+        crate::handler::log_choice(handler, why);
         let buf = Arc::new(RingMem::new(sq_off + sq_cnt as usize * WQEBB));
         let shared = Arc::new(QpShared {
             qpn,

@@ -20,6 +20,10 @@ pub trait Bootstrap: Send {
     fn barrier(&mut self) -> Result<()> {
         self.all_gather(&[]).map(|_| ())
     }
+    /// What kind of bootstrap this is, for logs ("threads", "TCP via 10.0.0.1:29510", "MPI").
+    fn describe(&self) -> String {
+        "a custom bootstrap".into()
+    }
 }
 
 // ---------------------------------------------------------------------------- threads
@@ -73,6 +77,9 @@ impl Bootstrap for ThreadBootstrap {
     }
     fn size(&self) -> usize {
         self.shared.n
+    }
+    fn describe(&self) -> String {
+        "threads of this process".into()
     }
     fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         let s = &*self.shared;
@@ -135,7 +142,11 @@ impl JobInfo {
     /// Open MPI (`OMPI_COMM_WORLD_RANK/SIZE`), PMI (`PMI_RANK/SIZE`) or Slurm
     /// (`SLURM_PROCID`/`SLURM_NTASKS`) set; the root defaults to [`DEFAULT_ROOT`].
     pub fn from_env() -> Result<JobInfo> {
-        let get = |names: &[&str]| names.iter().find_map(|n| std::env::var(n).ok());
+        let get = |names: &[&'static str]| {
+            names
+                .iter()
+                .find_map(|&n| std::env::var(n).ok().map(|v| (n, v)))
+        };
         let rank = get(&[
             "GDSYNC_RANK",
             "OMPI_COMM_WORLD_RANK",
@@ -151,15 +162,16 @@ impl JobInfo {
         let (Some(rank), Some(size)) = (rank, size) else {
             return Err(Error::invalid("no rank/size in the environment: set GDSYNC_RANK and GDSYNC_SIZE (or run under mpirun or srun)"));
         };
-        let parse = |v: &str, what: &str| {
+        let parse = |(name, v): &(&str, String)| {
             v.trim()
                 .parse::<usize>()
-                .map_err(|_| Error::invalid(format!("{what}={v:?} is not a number")))
+                .map_err(|_| Error::invalid(format!("{name}={v:?} is not a number")))
         };
-        let (rank, size) = (parse(&rank, "rank")?, parse(&size, "size")?);
+        let (rank_var, size_var) = (rank.0, size.0);
+        let (rank, size) = (parse(&rank)?, parse(&size)?);
         if size == 0 || rank >= size {
             return Err(Error::invalid(format!(
-                "rank {rank} out of range for size {size}"
+                "rank {rank} ({rank_var}) out of range for {size} ranks ({size_var}): ranks count from 0 to size - 1"
             )));
         }
         Ok(JobInfo {
@@ -174,6 +186,7 @@ impl JobInfo {
 pub struct TcpBootstrap {
     rank: usize,
     size: usize,
+    root: String,
     /// Rank 0: a stream per other rank (index rank - 1). Others: the stream to rank 0.
     streams: Vec<TcpStream>,
 }
@@ -183,10 +196,21 @@ fn put(s: &mut TcpStream, b: &[u8]) -> std::io::Result<()> {
     s.write_all(b)
 }
 
+/// Largest message a bootstrap reads (connection records are small: a bigger length comes
+/// from something that is not a rank of this job).
+const MAX_MESSAGE: usize = 1 << 30;
+
 fn get(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
     let mut n = [0u8; 4];
     s.read_exact(&mut n)?;
-    let mut b = vec![0u8; u32::from_le_bytes(n) as usize];
+    let n = u32::from_le_bytes(n) as usize;
+    if n > MAX_MESSAGE {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a message of {n} bytes announced (not a gdasync rank?)"),
+        ));
+    }
+    let mut b = vec![0u8; n];
     s.read_exact(&mut b)?;
     Ok(b)
 }
@@ -202,11 +226,27 @@ impl TcpBootstrap {
         let addr: SocketAddr = info
             .root
             .to_socket_addrs()
-            .map_err(|e| Error::invalid(format!("root address {:?}: {e}", info.root)))?
+            .map_err(|e| {
+                Error::invalid(format!(
+                    "root address {:?}: {e} (GDSYNC_ROOT takes host:port)",
+                    info.root
+                ))
+            })?
             .next()
             .ok_or_else(|| {
                 Error::invalid(format!("root address {:?} resolves to nothing", info.root))
             })?;
+        tracing::debug!(
+            "bootstrap: rank {} of {}: {} {}",
+            info.rank,
+            info.size,
+            if info.rank == 0 {
+                "waiting for the other ranks at"
+            } else {
+                "connecting to rank 0 at"
+            },
+            info.root
+        );
         let mut streams = Vec::new();
         if info.rank == 0 {
             let l = TcpListener::bind(addr).map_err(io("bind the root address"))?;
@@ -220,14 +260,20 @@ impl TcpBootstrap {
                         s.set_read_timeout(Some(timeout)).map_err(io("accept"))?;
                         s.set_nodelay(true).ok();
                         let hello = get(&mut s).map_err(io("read a rank's hello"))?;
-                        let r = u32::from_le_bytes(
-                            hello[..4]
-                                .try_into()
-                                .map_err(|_| Error::invalid("bad hello"))?,
-                        ) as usize;
+                        let r = hello
+                            .get(..4)
+                            .and_then(|b| b.try_into().ok())
+                            .map(|b| u32::from_le_bytes(b) as usize)
+                            .ok_or_else(|| {
+                                Error::invalid(format!(
+                                    "bootstrap: a connection to {} sent a malformed hello (not a gdasync rank?)",
+                                    info.root
+                                ))
+                            })?;
                         if r == 0 || r >= info.size || by_rank[r - 1].is_some() {
                             return Err(Error::invalid(format!(
-                                "bootstrap: unexpected hello from rank {r}"
+                                "bootstrap: a process said it is rank {r}, which is out of range for {} ranks or already here: does another job use {}? (set GDSYNC_ROOT to a free address)",
+                                info.size, info.root
                             )));
                         }
                         by_rank[r - 1] = Some(s);
@@ -270,6 +316,7 @@ impl TcpBootstrap {
         Ok(TcpBootstrap {
             rank: info.rank,
             size: info.size,
+            root: info.root.clone(),
             streams,
         })
     }
@@ -281,6 +328,9 @@ impl Bootstrap for TcpBootstrap {
     }
     fn size(&self) -> usize {
         self.size
+    }
+    fn describe(&self) -> String {
+        format!("TCP via rank 0 at {}", self.root)
     }
     fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         if self.rank == 0 {
@@ -301,21 +351,27 @@ impl Bootstrap for TcpBootstrap {
             let s = &mut self.streams[0];
             put(s, mine).map_err(io("write to the root"))?;
             let packed = get(s).map_err(io("read from the root"))?;
-            let mut all = Vec::with_capacity(self.size);
-            let mut p = 0;
-            while p + 4 <= packed.len() {
-                let n = u32::from_le_bytes(packed[p..p + 4].try_into().unwrap()) as usize;
-                all.push(packed[p + 4..p + 4 + n].to_vec());
-                p += 4 + n;
-            }
-            if all.len() != self.size {
-                return Err(Error::invalid(
-                    "bootstrap: malformed exchange from the root",
-                ));
-            }
-            Ok(all)
+            unpack(&packed, self.size).ok_or_else(|| {
+                Error::invalid(
+                    "bootstrap: rank 0 sent a malformed exchange (a rank of another gdasync version?)",
+                )
+            })
         }
     }
+}
+
+/// Splits rank 0's packed exchange (a length-prefixed contribution per rank) into `size`
+/// contributions; `None` if it is not exactly that.
+fn unpack(packed: &[u8], size: usize) -> Option<Vec<Vec<u8>>> {
+    let mut all = Vec::with_capacity(size);
+    let mut rest = packed;
+    while !rest.is_empty() {
+        let (n, tail) = rest.split_first_chunk::<4>()?;
+        let n = u32::from_le_bytes(*n) as usize;
+        all.push(tail.get(..n)?.to_vec());
+        rest = &tail[n..];
+    }
+    (all.len() == size).then_some(all)
 }
 
 /// Starts `n` local processes of `program` with `args`, each with `GDSYNC_RANK`,
@@ -342,8 +398,15 @@ pub fn launch_local(
                 .env("GDSYNC_SIZE", n.to_string())
                 .env("GDSYNC_ROOT", &root);
             die_with_parent(&mut cmd);
-            cmd.spawn()
-                .map_err(|e| Error::os(format!("start rank {rank} ({})", program.display()), e))
+            let child = cmd
+                .spawn()
+                .map_err(|e| Error::os(format!("start rank {rank} ({})", program.display()), e))?;
+            tracing::debug!(
+                "launched rank {rank} of {n} as pid {} ({}), root {root}",
+                child.id(),
+                program.display()
+            );
+            Ok(child)
         })
         .collect()
 }
@@ -404,6 +467,9 @@ impl Bootstrap for MpiBootstrap {
     }
     fn size(&self) -> usize {
         self.size
+    }
+    fn describe(&self) -> String {
+        "MPI".into()
     }
     fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         use mpi::datatype::PartitionMut;

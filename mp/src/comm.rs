@@ -115,6 +115,8 @@ struct Peer {
     /// Requests an executor waits for (send side, receive side) not yet known to be done: the
     /// CPU does not poll a CQ an executor is consuming.
     exec_waits: [usize; 2],
+    /// The connection was found in the error state (and the log said so).
+    lost: bool,
 }
 
 /// Words of the control region every rank exposes to its peers.
@@ -168,6 +170,13 @@ impl std::fmt::Debug for Comm {
             .field("size", &self.size)
             .finish_non_exhaustive()
     }
+}
+
+/// Logs a bootstrap failure during set-up (the ranks it waits for are the likely culprits)
+/// and passes the error on.
+fn bootstrap_failed(rank: usize, during: &str, e: Error) -> Error {
+    tracing::error!("rank {rank}: bootstrap failed while {during}: {e}");
+    e
 }
 
 /// Bytes of one endpoint in the connection record.
@@ -233,6 +242,12 @@ impl Comm {
                 "rank {rank} out of range for size {size}"
             )));
         }
+        let start = Instant::now();
+        tracing::debug!(
+            "rank {rank} of {size}: setting up a communicator on {} (bootstrap: {})",
+            dev.info().name,
+            boot.describe()
+        );
         let pd = dev.alloc_pd();
         let rounds = usize::BITS as usize - (size.max(2) - 1).leading_zeros() as usize;
         let layout = CtrlLayout { size, rounds };
@@ -287,28 +302,49 @@ impl Comm {
                 pending: VecDeque::new(),
                 exec_end: None,
                 exec_waits: [0; 2],
+                lost: false,
             }));
         }
         let eps: Vec<_> = peers
             .iter()
             .map(|p| p.as_ref().map(|p| vec![p.qp.endpoint(), p.ctl.endpoint()]))
             .collect();
-        let all = boot.all_gather(&encode_setup(&eps, 2, &ctrl_mr.remote()))?;
+        let all = boot
+            .all_gather(&encode_setup(&eps, 2, &ctrl_mr.remote()))
+            .map_err(|e| bootstrap_failed(rank, "exchanging connection records", e))?;
         let mut remote_ctrl = Vec::with_capacity(size);
         for (p, rec) in all.iter().enumerate() {
             let (c, mut their_eps) = decode_setup(rec, size, 2)?;
             remote_ctrl.push(c);
             if p != rank {
-                let eps = their_eps[rank]
-                    .take()
-                    .ok_or_else(|| Error::invalid(format!("rank {p} has no QP for rank {rank}")))?;
+                let eps = their_eps[rank].take().ok_or_else(|| {
+                    Error::invalid(format!(
+                        "bootstrap: rank {p}'s connection record has no QP for rank {rank} (do the ranks agree on the size?)"
+                    ))
+                })?;
                 let peer = peers[p].as_mut().unwrap();
                 peer.qp.connect(&eps[0])?;
                 peer.ctl.connect(&eps[1])?;
+                tracing::debug!(
+                    "rank {rank}: connected to rank {p}: traffic QP {:#x} -> {:#x}, credit QP {:#x} -> {:#x}",
+                    peer.qp.qpn(),
+                    eps[0].qpn,
+                    peer.ctl.qpn(),
+                    eps[1].qpn
+                );
             }
         }
         // Everyone is connected before anyone sends.
-        boot.barrier()?;
+        boot.barrier()
+            .map_err(|e| bootstrap_failed(rank, "waiting for every rank to connect", e))?;
+        tracing::info!(
+            "rank {rank} of {size}: communicator ready on {}, connected to {} peer{} in {:.1} ms (bootstrap: {})",
+            dev.info().name,
+            size - 1,
+            if size == 2 { "" } else { "s" },
+            start.elapsed().as_secs_f64() * 1e3,
+            boot.describe()
+        );
         Ok(Comm {
             rank,
             size,
@@ -408,7 +444,9 @@ impl Comm {
     fn state(&mut self, r: Request) -> Result<&mut ReqState> {
         match self.reqs.get_mut(r.slot as usize) {
             Some(s) if s.live && s.generation == r.generation => Ok(s),
-            _ => Err(Error::invalid("unknown or already completed request")),
+            _ => Err(Error::invalid(
+                "unknown request, or one already completed (wait and test release a request once they return its result)",
+            )),
         }
     }
 
@@ -596,7 +634,9 @@ impl Comm {
     /// allow. Fails it all if the connection is in error (it would wait forever).
     fn pump(&mut self, peer: usize) -> Result<()> {
         let credit = self.credit(peer);
-        let Comm { peers, reqs, .. } = self;
+        let Comm {
+            peers, reqs, rank, ..
+        } = self;
         let p = peers[peer].as_mut().unwrap();
         if p.pending.is_empty() {
             return Ok(());
@@ -604,6 +644,10 @@ impl Comm {
         if p.qp.state() == QpState::Error || p.ctl.state() == QpState::Error {
             // The peer is gone or the connection failed: work that never went out fails
             // too, rather than waiting forever.
+            if !p.lost {
+                p.lost = true;
+                log_lost_peer(*rank, peer, p);
+            }
             while let Some(w) = p.pending.pop_front() {
                 if let Some(r) = w.req {
                     reqs[r.slot as usize].status =
@@ -741,7 +785,7 @@ impl Comm {
         let (peer, ticket) = (st.peer, st.ticket);
         let Some(n) = st.cqe() else {
             return Err(Error::invalid(
-                "this request was not posted on an executor (its completion number is not known)",
+                "this request was not posted on an executor (its completion number is not known): wait for it with wait() or test()",
             ));
         };
         let p = self.peers[peer].as_mut().unwrap();
@@ -862,9 +906,10 @@ impl Comm {
                 let peer = st.peer;
                 st.live = false;
                 self.free.push(r.slot);
+                // The wr_id is internal (a request's slot): not one the user could match.
                 Err(Error::Completion {
-                    wr_id: r.wr_id(),
-                    qpn: peer as u32,
+                    wr_id: u64::MAX,
+                    qpn: self.peers[peer].as_ref().map_or(0, |p| p.qp.qpn()),
                     syndrome: s,
                 })
             }
@@ -1006,8 +1051,11 @@ impl Comm {
             while self.barrier_word(k) < epoch {
                 self.progress()?;
                 if start.elapsed() > self.timeout {
+                    let from = (self.rank + self.size - (1 << k) % self.size) % self.size;
                     return Err(Error::Timeout {
-                        what: format!("barrier round {k} (a rank did not arrive)"),
+                        what: format!(
+                            "barrier round {k}: rank {from} did not arrive (it stopped, or does not call barrier)"
+                        ),
                         timeout_ms: self.timeout.as_millis() as u64,
                     });
                 }
@@ -1056,6 +1104,19 @@ impl Comm {
     pub(crate) fn new_put(&mut self, peer: usize) -> Request {
         self.new_req(peer, Side::Send)
     }
+}
+
+/// Says once that the connection from rank `me` to rank `peer` failed: its work fails from
+/// now on.
+#[cold]
+fn log_lost_peer(me: usize, peer: usize, p: &Peer) {
+    tracing::warn!(
+        "rank {me}: the connection to rank {peer} failed (traffic QP {:#x} {:?}, credit QP {:#x} {:?}): its work fails from now on; rank {peer}'s process died or dropped its communicator, or else the first error completion says why",
+        p.qp.qpn(),
+        p.qp.state(),
+        p.ctl.qpn(),
+        p.ctl.state()
+    );
 }
 
 impl Comm {

@@ -147,8 +147,12 @@ impl Cuda {
     /// The driver, loaded and initialised on first use. [`Error::NoCuda`] says why not.
     pub fn get() -> Result<&'static Cuda> {
         static C: OnceLock<std::result::Result<Cuda, String>> = OnceLock::new();
-        C.get_or_init(Self::load)
-            .as_ref()
+        C.get_or_init(|| {
+            Self::load().inspect_err(|e| {
+                tracing::info!("CUDA not available ({e}): stream and kernel triggers need a GPU; CPU triggers work")
+            })
+        })
+        .as_ref()
             .map_err(|e| Error::NoCuda(e.clone()))
     }
 
@@ -179,6 +183,13 @@ impl Cuda {
         // SAFETY: a query into a local; before any cuInit it fails with NOT_INITIALIZED.
         let started = unsafe { sys::cuDeviceGetCount(&mut n) } == sys::CUresult::CUDA_SUCCESS;
         let set = std::env::var(MAX_CONNECTIONS_VAR).ok();
+        let queues = match (&set, started) {
+            (Some(v), _) => format!("{MAX_CONNECTIONS_VAR}={v} (from the environment)"),
+            (None, true) => {
+                format!("{MAX_CONNECTIONS_VAR} unset (8: the driver was started before gdsync)")
+            }
+            (None, false) => format!("{MAX_CONNECTIONS_VAR}={MAX_CONNECTIONS} (set by gdsync)"),
+        };
         if started {
             // Another library (an MPI, a framework) started the driver: too late to choose.
             if set.as_deref().and_then(|v| v.parse::<u32>().ok()) < Some(MAX_CONNECTIONS) {
@@ -261,6 +272,20 @@ impl Cuda {
             });
             ctxs.push(ctx);
         }
+        let names: Vec<String> = gpus
+            .iter()
+            .map(|g| {
+                let (major, minor) = g.compute_capability;
+                format!("{}: {} (sm_{major}{minor})", g.ordinal, g.name)
+            })
+            .collect();
+        tracing::info!(
+            "CUDA driver {}.{} loaded: {} GPU(s) [{}]; {queues}",
+            driver_version / 1000,
+            driver_version % 1000 / 10,
+            gpus.len(),
+            names.join(", ")
+        );
         Ok(Cuda {
             driver_version,
             gpus,

@@ -70,6 +70,17 @@ pub enum LinkKind {
     Tcp,
 }
 
+impl std::fmt::Display for LinkKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Loopback => "loopback",
+            Self::InProcess => "in-process",
+            Self::SharedMemory => "shared memory",
+            Self::Tcp => "TCP",
+        })
+    }
+}
+
 /// What a peer needs to reach a QP: plain data, exchanged out of band (a thread channel, a
 /// file, a socket, MPI). Encodes to [`Endpoint::WIRE_LEN`] bytes ([`Endpoint::to_bytes`]) or
 /// a string (`Display`, `FromStr`).
@@ -265,6 +276,20 @@ pub(crate) fn choose_link(here: &Here, remote: &Endpoint) -> Result<LinkKind> {
     } else {
         LinkKind::Tcp
     })
+}
+
+/// Why [`choose_link`] chose `kind` between `here` and `remote` (for the log).
+pub(crate) fn link_reason(here: &Here, remote: &Endpoint, kind: LinkKind) -> &'static str {
+    match kind {
+        LinkKind::Loopback => "the peer QP is on this device",
+        LinkKind::InProcess => "the peer device is in this process",
+        LinkKind::SharedMemory => "the peer is another process on this host",
+        LinkKind::Tcp if here.link == LinkPolicy::Tcp => "this process has GDSYNC_SOFT_LINK=tcp",
+        LinkKind::Tcp if remote.link == LinkPolicy::Tcp => {
+            "the peer asks for TCP (its process has GDSYNC_SOFT_LINK=tcp)"
+        }
+        LinkKind::Tcp => "the peer is on another host",
+    }
 }
 
 #[cfg(test)]

@@ -11,12 +11,12 @@ use crate::cq::Cq;
 use crate::mr::{MrTable, ProtectionDomain};
 use crate::qp::{Qp, QpConfig, QpShared};
 use crate::{Error, Result};
-use endpoint::{choose_link, Here};
+use endpoint::{choose_link, link_reason, Here};
 use parking_lot::{Condvar, Mutex, RwLock};
 use soft::{tcp, EngineHandle, Link};
 use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
@@ -63,9 +63,15 @@ fn link_policy() -> Result<LinkPolicy> {
     .map_err(Error::InvalidArgument)
 }
 
-/// Where this process accepts TCP links (starting the listener on first use), or why not.
+/// Where this process accepts TCP links (starting the listener on first use), or why not
+/// (the listener logs why it failed).
 fn tcp_address() -> Result<SocketAddr> {
-    tcp::listen(on_tcp_dial)
+    static LOGGED: AtomicBool = AtomicBool::new(false);
+    let addr = tcp::listen(on_tcp_dial)?;
+    if !LOGGED.swap(true, Ordering::Relaxed) {
+        tracing::debug!("soft device: this process accepts TCP links at {addr}");
+    }
+    Ok(addr)
 }
 
 fn new_uid() -> u64 {
@@ -115,9 +121,16 @@ struct Links {
     up: HashSet<u64>,
     /// TCP dials in progress (made without the lock held).
     dialing: HashSet<u64>,
+    /// Peers whose link a QP of this device has used (and the log has named).
+    announced: HashSet<u64>,
 }
 
 impl DeviceShared {
+    /// The device's name in messages and logs.
+    pub(crate) fn name(&self) -> String {
+        format!("soft-{:016x}", self.uid)
+    }
+
     pub(crate) fn endpoint(&self, qpn: u32) -> Endpoint {
         // An invalid GDSYNC_SOFT_LINK is reported by connect; the endpoint says auto.
         let link = link_policy().unwrap_or_default();
@@ -137,15 +150,19 @@ impl DeviceShared {
         }
     }
 
-    /// The link a connect to `remote` uses.
-    fn link_kind(&self, remote: &Endpoint) -> Result<LinkKind> {
-        let here = Here {
+    /// This device's half of the link choice.
+    fn here(&self) -> Result<Here> {
+        Ok(Here {
             host: host_id(),
             pid: std::process::id(),
             device: self.uid,
             link: link_policy()?,
-        };
-        choose_link(&here, remote)
+        })
+    }
+
+    /// The link a connect to `remote` uses.
+    fn link_kind(&self, remote: &Endpoint) -> Result<LinkKind> {
+        choose_link(&self.here()?, remote)
     }
 
     pub(crate) fn kick(&self) {
@@ -164,16 +181,55 @@ impl DeviceShared {
 
     /// Makes sure a link to `remote`'s device exists, then connects the QP over it.
     pub(crate) fn connect(self: &Arc<Self>, qp: &Arc<QpShared>, remote: &Endpoint) -> Result<()> {
-        match self.link_kind(remote)? {
+        let here = self.here()?;
+        let kind = choose_link(&here, remote)?;
+        match kind {
             LinkKind::Loopback | LinkKind::InProcess => self.link_in_process(remote)?,
             LinkKind::SharedMemory => self.link_shared_memory(remote)?,
             LinkKind::Tcp => self.link_tcp(remote)?,
         }
+        self.announce_link(&here, remote, kind);
         self.engine.send(soft::Cmd::Connect {
             qpn: qp.qpn,
             peer: remote.device,
             rqpn: remote.qpn,
-        })
+        })?;
+        tracing::debug!(
+            "{}: QP {:#x} connected to QP {:#x} of device {:016x} (pid {}) over the {kind} link",
+            self.name(),
+            qp.qpn,
+            remote.qpn,
+            remote.device,
+            remote.pid
+        );
+        Ok(())
+    }
+
+    /// Logs the link to `remote`'s device when a QP of this device first uses it: at info
+    /// level for the first link of its kind in this process (a choice made once a run), at
+    /// debug level for the others.
+    fn announce_link(&self, here: &Here, remote: &Endpoint, kind: LinkKind) {
+        static FIRST_OF_KIND: [AtomicBool; 4] = [const { AtomicBool::new(true) }; 4];
+        if !self.links.lock().announced.insert(remote.device) {
+            return;
+        }
+        let why = link_reason(here, remote, kind);
+        let name = self.name();
+        let to = match (kind, remote.addr) {
+            (LinkKind::Loopback, _) => String::new(),
+            (LinkKind::Tcp, Some(a)) => {
+                format!(
+                    " to device {:016x} (pid {} at {a})",
+                    remote.device, remote.pid
+                )
+            }
+            _ => format!(" to device {:016x} (pid {})", remote.device, remote.pid),
+        };
+        if FIRST_OF_KIND[kind as usize].swap(false, Ordering::Relaxed) {
+            tracing::info!("{name}: {kind} link{to}: {why}");
+        } else {
+            tracing::debug!("{name}: {kind} link{to}: {why}");
+        }
     }
 
     fn link_in_process(self: &Arc<Self>, remote: &Endpoint) -> Result<()> {
@@ -237,9 +293,11 @@ impl DeviceShared {
     /// [`soft::PEER_WAIT`]).
     fn link_tcp(&self, remote: &Endpoint) -> Result<()> {
         let peer = remote.device;
+        // Endpoints with policy shm never get here (choose_link refuses TCP for them), so a
+        // missing address means the peer's listener failed; its process logged why.
         let addr = remote.addr.ok_or_else(|| {
             Error::Unreachable(format!(
-                "{remote} has no TCP address (its process has GDSYNC_SOFT_LINK=shm, or its listener failed: see its log)"
+                "{remote} has no TCP address: its process could not start a TCP listener (it logs why at level warn: run it with GDSYNC_LOG=warn; GDSYNC_SOFT_ADDR sets where it listens)"
             ))
         })?;
         // This process must accept links too: a crossed dial leaves it waiting for the peer's.
@@ -258,6 +316,11 @@ impl DeviceShared {
             }
         }
         let hello = tcp::Hello::new(self.uid, peer, host_id(), std::process::id());
+        tracing::debug!(
+            "{}: dialing device {peer:016x} (pid {}) at {addr}",
+            self.name(),
+            remote.pid
+        );
         let dialed = tcp::dial(addr, &hello, self.engine.waker());
         let mut l = self.links.lock();
         l.dialing.remove(&peer);
@@ -269,6 +332,10 @@ impl DeviceShared {
                 Ok(())
             }
             tcp::Dialed::TheirDial => {
+                tracing::debug!(
+                    "{}: device {peer:016x} is dialing this device too: waiting for its dial",
+                    self.name()
+                );
                 let deadline = Instant::now() + soft::PEER_WAIT;
                 while !l.up.contains(&peer) {
                     if self.links_changed.wait_until(&mut l, deadline).timed_out() {
@@ -290,7 +357,12 @@ impl DeviceShared {
 fn on_tcp_dial(hello: tcp::Hello, mut stream: TcpStream) {
     let target = registry().lock().get(&hello.target).and_then(Weak::upgrade);
     let refuse = |mut s: TcpStream, a: tcp::Answer| {
-        tracing::debug!(?hello, ?a, "soft device: refused a TCP link");
+        tracing::debug!(
+            "soft device: refused a TCP link from device {:016x} (pid {}) to device {:016x}: {a:?}",
+            hello.dialer,
+            hello.pid,
+            hello.target
+        );
         let _ = tcp::answer(&mut s, a);
     };
     let Some(dev) = target else {
@@ -320,10 +392,18 @@ fn on_tcp_dial(hello: tcp::Hello, mut stream: TcpStream) {
         Ok(()) => {
             l.up.insert(hello.dialer);
             dev.links_changed.notify_all();
+            tracing::debug!(
+                "{}: accepted a TCP link from device {:016x} (pid {})",
+                dev.name(),
+                hello.dialer,
+                hello.pid
+            );
         }
         Err(e) => tracing::warn!(
-            ?hello,
-            "soft device: cannot set up an accepted TCP link: {e}"
+            "{}: cannot set up the TCP link device {:016x} (pid {}) dialed: {e}",
+            dev.name(),
+            hello.dialer,
+            hello.pid
         ),
     }
 }
@@ -369,6 +449,7 @@ impl Device {
             engine,
         });
         registry().lock().insert(uid, Arc::downgrade(&shared));
+        log_soft_device(&shared.name());
         Ok(Device { shared })
     }
 
@@ -381,7 +462,7 @@ impl Device {
     /// Name and id.
     pub fn info(&self) -> DeviceInfo {
         DeviceInfo {
-            name: format!("soft-{:016x}", self.shared.uid),
+            name: self.shared.name(),
             uid: self.shared.uid,
         }
     }
@@ -401,6 +482,35 @@ impl Device {
             self.shared.next_cqn.fetch_add(1, Ordering::Relaxed),
             entries,
         )
+    }
+}
+
+/// Logs a new soft device: the first of the process at info level, with why no RDMA NIC is
+/// used (warn where one exists: this build drives none), the others at debug level.
+fn log_soft_device(name: &str) {
+    static FIRST: AtomicBool = AtomicBool::new(true);
+    if !FIRST.swap(false, Ordering::Relaxed) {
+        tracing::debug!("{name}: soft device created");
+        return;
+    }
+    // The probe loads libibverbs: only when an event would be recorded.
+    if !tracing::enabled!(tracing::Level::WARN) {
+        return;
+    }
+    match crate::probe::rdma() {
+        crate::probe::RdmaStatus::LibraryMissing(e) => tracing::info!(
+            "{name}: soft device (a software NIC) created: rdma-core is not installed ({e})"
+        ),
+        crate::probe::RdmaStatus::NoDevice => tracing::info!(
+            "{name}: soft device (a software NIC) created: no RDMA device in /sys/class/infiniband"
+        ),
+        crate::probe::RdmaStatus::Devices(d) => {
+            let names: Vec<&str> = d.iter().map(|d| d.name.as_str()).collect();
+            tracing::warn!(
+                "{name}: soft device (a software NIC) created: this build drives no RDMA hardware, so {} stays unused",
+                names.join(", ")
+            );
+        }
     }
 }
 
