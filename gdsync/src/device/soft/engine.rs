@@ -284,7 +284,7 @@ impl Engine {
                         q.rqpn = rqpn;
                         q.pending = true;
                         if li.is_none() {
-                            tracing::error!(qpn, "connect: no link to peer {peer:016x}");
+                            tracing::error!("soft device: connect of QP {qpn:#x}: no link to peer device {peer:016x}");
                         }
                     }
                 }
@@ -664,7 +664,7 @@ impl Engine {
                 .queue
                 .retain(|j| !(j.hdr.kind == kind::REQ && j.hdr.src_qpn == qpn));
         }
-        tracing::debug!(qpn, ?failed, "QP to error");
+        tracing::debug!("soft device: QP {qpn:#x} to the error state ({failed:?})");
     }
 
     /// Rewinds the requester to resend from outstanding WQE `k` after `delay`.
@@ -1070,7 +1070,11 @@ impl Engine {
         let mut work = false;
         for li in 0..self.links.len() {
             if !self.links[li].link.dead && !self.links[li].link.check_alive(now) {
-                tracing::debug!(peer = self.links[li].link.peer, "link down");
+                tracing::warn!(
+                    "soft device: link to peer device {:016x} is down ({}): its QPs fail with transport retries exceeded",
+                    self.links[li].link.peer,
+                    self.links[li].link.down_reason()
+                );
                 self.links[li].queue.clear();
                 for i in 0..self.active.len() {
                     let qpn = self.active[i];
@@ -1097,7 +1101,11 @@ impl Engine {
                 && waiting
                 && now.duration_since(q.progress_at) > q.hw.cfg.timeout + Duration::from_millis(1)
             {
-                tracing::debug!(qpn, "no answer from the peer: transport retries exceeded");
+                tracing::warn!(
+                    "soft device: QP {qpn:#x}: no answer from peer QP {:#x} within {:?}: transport retries exceeded",
+                    q.rqpn,
+                    q.hw.cfg.timeout
+                );
                 self.fail_first(qpn, Syndrome::TransportRetryExc);
                 work = true;
             }

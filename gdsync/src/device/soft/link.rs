@@ -553,6 +553,24 @@ impl Link {
         self.dead = gone;
         !gone
     }
+
+    /// Why a dead link died, for the log.
+    pub(crate) fn down_reason(&self) -> String {
+        let closed = self
+            .map
+            .u32(OFF_CLOSED + 4 * (1 - self.side))
+            .load(Ordering::Acquire)
+            != 0;
+        match &self.live {
+            Liveness::Loopback => "loopback".into(),
+            Liveness::InProcess => "the peer device was dropped".into(),
+            Liveness::Process { pid, .. } if closed => {
+                format!("process {pid} dropped the peer device")
+            }
+            Liveness::Process { pid, .. } => format!("process {pid} exited"),
+            Liveness::Bridged(_) => "the TCP connection closed or failed".into(),
+        }
+    }
 }
 
 fn process_gone(pid: u32, pidfd: Option<&OwnedFd>) -> bool {

@@ -175,7 +175,8 @@ impl EngineCore {
             let Some(mut e) = self.engine.try_lock() else {
                 return work;
             };
-            if self.ctl.stop.load(Ordering::Acquire) || (who == Who::Helper && e.has_gpu_regions()) {
+            if self.ctl.stop.load(Ordering::Acquire) || (who == Who::Helper && e.has_gpu_regions())
+            {
                 // Copies to GPU memory bind a CUDA context: only the engine's thread runs.
                 drop(e);
                 self.ctl.wake();
