@@ -664,7 +664,8 @@ impl Engine {
                 .queue
                 .retain(|j| !(j.hdr.kind == kind::REQ && j.hdr.src_qpn == qpn));
         }
-        tracing::debug!("soft device: QP {qpn:#x} to the error state ({failed:?})");
+        // (The host logs the error completion with its syndrome; this marks the transition.)
+        tracing::debug!("soft device: QP {qpn:#x} to the error state");
     }
 
     /// Rewinds the requester to resend from outstanding WQE `k` after `delay`.
