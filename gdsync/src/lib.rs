@@ -48,6 +48,7 @@ mod mr;
 pub mod ops;
 pub mod probe;
 mod qp;
+mod shm;
 mod signal;
 mod wr;
 
@@ -59,5 +60,6 @@ pub use error::{Error, Result};
 pub use handler::NicHandler;
 pub use mr::{Access, MemoryRegion, ProtectionDomain, RemoteAddr, RemoteBuf};
 pub use qp::{CommitError, PreparedSend, Qp, QpConfig, QpState, RecvTicket, SendTicket};
+pub use shm::SharedMemory;
 pub use signal::{PinnedBuffer, SignalWords};
 pub use wr::{RecvWr, SendFlags, SendWr, Sge, WrOp};

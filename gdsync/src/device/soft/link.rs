@@ -11,6 +11,7 @@
 //! it has read, which the producer checks only when the ring looks full.
 
 use crate::mem::RingMem;
+use crate::shm::SharedMemory;
 use crate::{Error, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -75,10 +76,13 @@ pub(crate) mod flag {
 struct Mapping {
     ptr: *mut u8,
     len: usize,
-    /// Keeps a heap allocation alive, or None for an mmap that Drop unmaps.
-    _heap: Option<RingMem>,
-    /// Name of the shared-memory file while it may still need unlinking.
-    shm_path: Option<std::path::PathBuf>,
+    /// Keeps the memory alive: a heap allocation, or a shared-memory file's mapping.
+    _mem: Backing,
+}
+
+enum Backing {
+    Heap(#[allow(dead_code)] RingMem),
+    Shared(#[allow(dead_code)] SharedMemory),
 }
 
 // SAFETY: the mapping is plain memory; all shared words are accessed as atomics and record
@@ -90,12 +94,17 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     fn heap(len: usize) -> Self {
         let mem = RingMem::new(len);
-        let ptr = mem.addr(0) as *mut u8;
         Self {
-            ptr,
+            ptr: mem.addr(0) as *mut u8,
             len: mem.len(),
-            _heap: Some(mem),
-            shm_path: None,
+            _mem: Backing::Heap(mem),
+        }
+    }
+    fn shared(mem: SharedMemory) -> Self {
+        Self {
+            ptr: mem.as_ptr(),
+            len: mem.len(),
+            _mem: Backing::Shared(mem),
         }
     }
     fn u32(&self, off: usize) -> &AtomicU32 {
@@ -110,18 +119,6 @@ impl Mapping {
     }
     fn size_for(rings: usize) -> usize {
         DATA_OFF + rings * RING_BYTES
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        if let Some(p) = &self.shm_path {
-            let _ = std::fs::remove_file(p);
-        }
-        if self._heap.is_none() {
-            // SAFETY: ptr/len came from a successful mmap in shared_memory().
-            unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
-        }
     }
 }
 
@@ -452,50 +449,30 @@ impl Link {
         let path = std::path::PathBuf::from(format!("/dev/shm/gdsync-link-{lo:016x}-{hi:016x}"));
         let size = Mapping::size_for(2);
         let creator = me < peer;
-        let file = if creator {
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(&path)
-                .map_err(|e| Error::os(format!("create {}", path.display()), e))?;
-            f.set_len(size as u64)
-                .map_err(|e| Error::os("size shared-memory link", e))?;
-            f
+        let mut mem = if creator {
+            SharedMemory::create(&path, size)?
         } else {
             let start = Instant::now();
             loop {
-                match std::fs::OpenOptions::new().read(true).write(true).open(&path) {
-                    Ok(f) if f.metadata().map(|m| m.len() == size as u64).unwrap_or(false) => break f,
-                    Ok(_) | Err(_) if start.elapsed() < PEER_WAIT => std::thread::sleep(Duration::from_millis(2)),
-                    Ok(_) => return Err(Error::Unreachable(format!("{} has the wrong size", path.display()))),
-                    Err(e) => return Err(Error::Unreachable(format!("peer device {peer:016x} (pid {pid}) did not create {} within 30 s: did it call connect()? ({e})", path.display()))),
+                if let Some(m) = SharedMemory::open(&path, size)? {
+                    break m;
                 }
+                if start.elapsed() >= PEER_WAIT {
+                    return Err(Error::Unreachable(format!(
+                        "peer device {peer:016x} (pid {pid}) did not create {} within {} s: did it call connect()?",
+                        path.display(),
+                        PEER_WAIT.as_secs()
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(2));
             }
         };
-        // SAFETY: mapping a regular file we opened read-write, with its full length.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(Error::os(
-                "mmap shared-memory link",
-                std::io::Error::last_os_error(),
-            ));
+        if !creator {
+            // Both ends will hold the mapping once this side checked it: the name can go
+            // (after the magic check below; the creator's drop removes it otherwise).
+            mem.unlink(&path);
         }
-        let map = Arc::new(Mapping {
-            ptr: ptr as *mut u8,
-            len: size,
-            _heap: None,
-            shm_path: Some(path.clone()),
-        });
+        let map = Arc::new(Mapping::shared(mem));
         if creator {
             map.u32(OFF_CAP).store(RING_BYTES as u32, Ordering::Relaxed);
             map.u64(OFF_MAGIC).store(SEG_MAGIC, Ordering::Release);
@@ -515,8 +492,6 @@ impl Link {
                     "peer uses another link ring size (different gdsync version?)".into(),
                 ));
             }
-            // Both ends are mapped now; the name is no longer needed.
-            let _ = std::fs::remove_file(&path);
         }
         // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
