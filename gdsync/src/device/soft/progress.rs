@@ -322,7 +322,8 @@ fn shared_step(core: &EngineCore, idle_since: &mut Option<Instant>) {
         return;
     }
     core.ctl.sleeping.store(true, Ordering::SeqCst);
-    let again = core.engine.try_lock().is_none_or(|mut e| e.last_look());
+    // (A thread that holds the engine now is driving it: no reason to stay awake.)
+    let again = core.engine.try_lock().is_some_and(|mut e| e.last_look());
     if !again && !core.ctl.has_cmds.load(Ordering::Acquire) {
         let k = (idle.as_micros() / 200).min(5) as u32;
         std::thread::park_timeout(Duration::from_micros(32 << k));
