@@ -254,8 +254,17 @@ fn help_all(why: Why) {
             m.1 = ENGINES.read().clone();
             m.0 = gen;
         }
-        for core in &m.1 {
-            core.help(Who::Helper, why);
+        // Engines of this process feed each other through in-process links: pass over all
+        // of them until a pass finds nothing more to do (bounded; the engine threads and
+        // later calls take over from there).
+        for _ in 0..8 {
+            let mut work = false;
+            for core in &m.1 {
+                work |= core.help(Who::Helper, why);
+            }
+            if !work || m.1.len() == 1 {
+                break;
+            }
         }
     });
 }
