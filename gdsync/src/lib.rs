@@ -52,7 +52,9 @@ mod signal;
 mod wr;
 
 pub use cq::{Completion, CompletionOp, Cq, CqError, WcStatus};
-pub use device::{Device, DeviceInfo, Endpoint, LinkKind, LinkPolicy};
+pub use device::{
+    Device, DeviceAttr, DeviceInfo, Endpoint, LinkKind, LinkLayer, LinkPolicy, PortAttr, PortState,
+};
 pub use error::{Error, Result};
 pub use handler::NicHandler;
 pub use mr::{Access, MemoryRegion, ProtectionDomain, RemoteAddr, RemoteBuf};
