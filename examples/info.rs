@@ -23,6 +23,7 @@ use std::process::ExitCode;
 
 #[derive(Parser)]
 #[command(
+    name = "info",
     version,
     about = "What GPUDirect Async can use on this machine (as ibv_devinfo -v)"
 )]

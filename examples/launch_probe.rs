@@ -10,11 +10,11 @@
 #[path = "common/mod.rs"]
 mod common;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
 use common::out::outln;
 use common::ToolArgs;
-use gdasync::gdsync::cuda::{CudaStream, Function, Module};
+use gdasync::gdsync::cuda::{Cuda, CudaStream, Function, Module};
 use gdasync::gdsync::exec::Executor;
 use gdasync::gdsync::ops::WaitCond;
 use gdasync::gdsync::SignalWords;
@@ -37,6 +37,7 @@ enum Mode {
 
 #[derive(Parser)]
 #[command(
+    name = "launch_probe",
     version,
     about = "Whether a kernel's first launch runs while another stream of the context waits (needs a CUDA GPU)"
 )]
@@ -81,6 +82,9 @@ fn stencil_locals() -> Result<()> {
 }
 
 fn probe(mode: Mode) -> Result<()> {
+    Cuda::get()
+        .and_then(|c| c.gpu(0).map(|_| ()))
+        .context("launch_probe needs a CUDA GPU")?;
     let name = match mode {
         Mode::Plain => "plain",
         Mode::LocalSmall => "local_small",

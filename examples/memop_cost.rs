@@ -24,6 +24,7 @@ use std::process::ExitCode;
 
 #[derive(Parser)]
 #[command(
+    name = "memop_cost",
     version,
     about = "What stream memory operations cost the GPU, timed with CUDA events (needs a CUDA GPU)"
 )]

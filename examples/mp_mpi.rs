@@ -15,6 +15,7 @@ use std::process::ExitCode;
 
 #[derive(Parser)]
 #[command(
+    name = "mp_mpi",
     version,
     about = "The messaging layer over the MPI bootstrap: a ring exchange, a put and barriers (run under mpirun; needs the mpi feature)"
 )]

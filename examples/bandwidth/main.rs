@@ -69,6 +69,7 @@ enum Op {
 
 #[derive(Parser, Debug)]
 #[command(
+    name = "bandwidth",
     version,
     about = "Unidirectional bandwidth and message rate between two soft devices (perftest style)"
 )]

@@ -14,6 +14,7 @@ pub mod log;
 pub mod out;
 pub mod progress;
 pub mod sizes;
+pub mod stats;
 pub mod tool;
 
 pub use cli::{name, one_of, Mem, RanksAs, Trigger};

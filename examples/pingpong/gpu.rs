@@ -6,8 +6,8 @@
 //! markers, rank 1 answers with even ones. The receiver (stream, kernel or CPU) waits for the
 //! marker word (`--op write`) or for its receive completion (`write-imm`, `send`).
 
-use super::stats::{cpu_time_us, Stats};
 use super::{Args, Mem, Op, Trigger};
+use crate::common::stats::{cpu_time_us, Stats};
 use anyhow::{bail, Context, Result};
 use gdasync::gdsync::cuda::{Cuda, CudaStream, DeviceBuffer, Function, Module};
 use gdasync::gdsync::exec::Executor;

@@ -30,7 +30,6 @@ mod ranks;
 mod raw;
 mod report;
 mod shm;
-mod stats;
 mod wire;
 
 use anyhow::{bail, Context, Result};
@@ -72,6 +71,7 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Parser, Debug, Clone)]
 #[command(
+    name = "pingpong",
     version,
     about = "Half round-trip latency between two ranks (perftest style)"
 )]
@@ -420,7 +420,7 @@ fn run(cli: &Cli) -> Result<()> {
         return child(&args, &report);
     }
     report.header();
-    let mut emit = |s: stats::Stats| {
+    let mut emit = |s: common::stats::Stats| {
         report.row(&s);
         Ok(())
     };

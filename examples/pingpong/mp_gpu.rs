@@ -15,8 +15,8 @@ use super::gpu::{
     join_ranks, kernel_half_rtts, marker_write, param, Buf, ProgressClock, KERNELS, KERNEL_WAIT_NS,
     SIGNAL_EVERY, TIMEOUT,
 };
-use super::stats::{cpu_time_us, Stats};
 use super::{Args, Trigger};
+use crate::common::stats::{cpu_time_us, Stats};
 use anyhow::{bail, Context, Result};
 use gdasync::gdsync::cuda::{CudaStream, Function, Module};
 use gdasync::gdsync::exec::{Executor, HostStream, OpBatch};

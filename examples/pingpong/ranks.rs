@@ -2,9 +2,9 @@
 //! warm-up, then `--iters` round trips or as many as fit in `--duration`, then the figures
 //! (rank 0 reports them at once).
 
-use super::stats::{cpu_time_us, Stats};
 use super::wire::Wire;
 use super::{Args, MAX_SAMPLES};
+use crate::common::stats::{cpu_time_us, Stats};
 use anyhow::{Context, Result};
 use gdasync::mp::bootstrap::Bootstrap;
 use std::time::{Duration, Instant};

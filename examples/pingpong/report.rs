@@ -1,10 +1,10 @@
 //! pingpong's output: the header at once, then one row per size as soon as it is measured
 //! (a table, or with `--json` one object per line carrying the header's fields).
 
-use super::stats::Stats;
 use crate::common::header::Header;
 use crate::common::json::{Object, Value};
 use crate::common::out::outln;
+use crate::common::stats::Stats;
 
 /// Prints the rows of one run.
 pub(crate) struct Report {

@@ -82,6 +82,7 @@ pub const OVERLAP_MIN_CELLS: usize = 512 * 512;
 
 #[derive(Parser, Debug, Clone)]
 #[command(
+    name = "stencil2d",
     version,
     about = "2D Jacobi solver with a halo exchange every iteration (GPUDirect Async demo)"
 )]

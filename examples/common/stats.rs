@@ -1,10 +1,10 @@
-//! One size's latency figures, as perftest reports them: minimum, maximum, median (perftest's
-//! "typical"), mean, standard deviation, 99th and 99.9th percentiles of the half round trips;
-//! and the CPU time spent per iteration.
+//! Latency figures of one measurement, as perftest reports them: minimum, maximum, median
+//! (perftest's "typical"), mean, standard deviation, 99th and 99.9th percentiles of the half
+//! round trips; and the CPU time spent per iteration.
 
 /// The figures of one size, in microseconds.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Stats {
+pub struct Stats {
     pub bytes: usize,
     pub iters: usize,
     pub min: f64,
@@ -20,7 +20,7 @@ pub(crate) struct Stats {
 impl Stats {
     /// From the half round trips of `bytes`-byte messages (µs); `cpu` µs of CPU time per
     /// iteration. No samples give NaNs (printed as `null` in JSON).
-    pub(crate) fn new(bytes: usize, mut half_rtts: Vec<f64>, cpu: f64) -> Stats {
+    pub fn new(bytes: usize, mut half_rtts: Vec<f64>, cpu: f64) -> Stats {
         half_rtts.sort_by(f64::total_cmp);
         let n = half_rtts.len();
         let pct = |p: f64| match n {
@@ -45,7 +45,7 @@ impl Stats {
 }
 
 /// CPU time (user and system) this process has used, in µs.
-pub(crate) fn cpu_time_us() -> f64 {
+pub fn cpu_time_us() -> f64 {
     // SAFETY: getrusage fills the struct we pass; all-zero bytes are a valid rusage.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
