@@ -75,7 +75,7 @@ impl NicSetup {
         let mut it = card.split_whitespace();
         let ep: Endpoint = it.next().with_context(bad)?.parse().with_context(bad)?;
         let mut num = || -> Result<u64> {
-            Ok(u64::from_str_radix(it.next().with_context(bad)?, 16).with_context(bad)?)
+            u64::from_str_radix(it.next().with_context(bad)?, 16).with_context(bad)
         };
         let remote = RemoteBuf {
             addr: num()?,
