@@ -176,58 +176,9 @@ impl Args {
             (Api::Mp, _) => Op::Send,
             (Api::Gdsync, op) => op.unwrap_or(Op::Write),
         };
-        refuse_if(
-            c.api == Api::Mp && c.raw,
-            "--raw is the floor of --api gdsync (--api gdsync --op send --raw)",
-        )?;
-        refuse_if(
-            c.api == Api::Mp && c.ranks_as == RanksAs::Procs,
-            "--api mp runs its ranks as threads",
-        )?;
-        refuse_if(
-            c.raw && op != Op::Write,
-            "--raw stores into the peer's memory: --op does not apply",
-        )?;
-        refuse_if(
-            c.raw && c.separate_devices,
-            "--raw uses no device: --separate-devices does not apply",
-        )?;
-        refuse_if(c.separate_devices && (c.ranks_as != RanksAs::Threads || c.api == Api::Mp || c.trigger.gpu()),
-            "--separate-devices applies to --ranks-as threads --api gdsync --trigger cpu (processes always have their own device)")?;
-        refuse_if(
-            c.trigger == Trigger::Cpu && c.mem != Mem::Host,
-            "--trigger cpu polls host memory: use --mem host, or a GPU trigger for --mem device",
-        )?;
-        refuse_if(
-            c.host_stream && !(c.api == Api::Mp && c.trigger == Trigger::Stream),
-            "--host-stream applies to --api mp --trigger stream",
-        )?;
-        refuse_if(
-            c.recv_batch.is_some()
-                && !(c.api == Api::Mp && matches!(c.trigger, Trigger::Cpu | Trigger::Kernel)),
-            "--recv-batch applies to --api mp with --trigger cpu or kernel",
-        )?;
-        refuse_if(c.duration.is_some() && c.trigger != Trigger::Cpu,
-            "--duration applies to --trigger cpu (GPU triggers enqueue a fixed number of round trips: use --iters)")?;
-        refuse_if(c.trigger.gpu() && !c.host_stream && c.ranks_as != RanksAs::Threads,
-            "GPU triggers run the ranks as threads of one process sharing a soft device (CUDA time-slices separate processes on one GPU)")?;
-        let sizes = c.sizes.or(|| vec![8, 64, 512, 4096, 65536, 1 << 20]);
-        let gpu = c.trigger.gpu();
-        let (min, why) = if gpu {
-            (
-                4,
-                "GPU triggers put a 32-bit marker at the end of each message",
-            )
-        } else if op == Op::Write || c.raw {
-            (1, "--op write and --raw poll the message's last byte")
-        } else {
-            (0, "")
-        };
-        common::sizes::check(&sizes, min, MAX_SIZE, why)?;
-        if gpu && sizes.iter().any(|s| s % 4 != 0) {
-            bail!("GPU triggers put a 32-bit marker at the end of each message: sizes must be multiples of 4");
-        }
-        if gpu && !c.host_stream {
+        check_flags(c, op)?;
+        let sizes = check_sizes(c, op)?;
+        if c.trigger.gpu() && !c.host_stream {
             if let Err(e) = gdasync::gdsync::cuda::Cuda::get().and_then(|c| c.gpu(0).map(|_| ())) {
                 bail!("--trigger {} needs a CUDA GPU: {e}", name(c.trigger));
             }
@@ -263,6 +214,67 @@ impl Args {
     fn max_size(&self) -> usize {
         self.sizes.iter().copied().max().unwrap_or(0)
     }
+}
+
+/// Refuses flags that do not apply to the chosen mode.
+fn check_flags(c: &Cli, op: Op) -> Result<()> {
+    refuse_if(
+        c.api == Api::Mp && c.raw,
+        "--raw is the floor of --api gdsync (--api gdsync --op send --raw)",
+    )?;
+    refuse_if(
+        c.api == Api::Mp && c.ranks_as == RanksAs::Procs,
+        "--api mp runs its ranks as threads",
+    )?;
+    refuse_if(
+        c.raw && op != Op::Write,
+        "--raw stores into the peer's memory: --op does not apply",
+    )?;
+    refuse_if(
+        c.raw && c.separate_devices,
+        "--raw uses no device: --separate-devices does not apply",
+    )?;
+    refuse_if(c.separate_devices && (c.ranks_as != RanksAs::Threads || c.api == Api::Mp || c.trigger.gpu()),
+        "--separate-devices applies to --ranks-as threads --api gdsync --trigger cpu (processes always have their own device)")?;
+    refuse_if(
+        c.trigger == Trigger::Cpu && c.mem != Mem::Host,
+        "--trigger cpu polls host memory: use --mem host, or a GPU trigger for --mem device",
+    )?;
+    refuse_if(
+        c.host_stream && !(c.api == Api::Mp && c.trigger == Trigger::Stream),
+        "--host-stream applies to --api mp --trigger stream",
+    )?;
+    refuse_if(
+        c.recv_batch.is_some()
+            && !(c.api == Api::Mp && matches!(c.trigger, Trigger::Cpu | Trigger::Kernel)),
+        "--recv-batch applies to --api mp with --trigger cpu or kernel",
+    )?;
+    refuse_if(c.duration.is_some() && c.trigger != Trigger::Cpu,
+        "--duration applies to --trigger cpu (GPU triggers enqueue a fixed number of round trips: use --iters)")?;
+    refuse_if(c.trigger.gpu() && !c.host_stream && c.ranks_as != RanksAs::Threads,
+        "GPU triggers run the ranks as threads of one process sharing a soft device (CUDA time-slices separate processes on one GPU)")?;
+    Ok(())
+}
+
+/// The sizes, checked against what the chosen mode can move.
+fn check_sizes(c: &Cli, op: Op) -> Result<Vec<usize>> {
+    let sizes = c.sizes.or(|| vec![8, 64, 512, 4096, 65536, 1 << 20]);
+    let gpu = c.trigger.gpu();
+    let (min, why) = if gpu {
+        (
+            4,
+            "GPU triggers put a 32-bit marker at the end of each message",
+        )
+    } else if op == Op::Write || c.raw {
+        (1, "--op write and --raw poll the message's last byte")
+    } else {
+        (0, "")
+    };
+    common::sizes::check(&sizes, min, MAX_SIZE, why)?;
+    if gpu && sizes.iter().any(|s| s % 4 != 0) {
+        bail!("GPU triggers put a 32-bit marker at the end of each message: sizes must be multiples of 4");
+    }
+    Ok(sizes)
 }
 
 /// An error saying `why` when a flag does not apply to the chosen mode.

@@ -167,6 +167,23 @@ pub struct Config {
 /// Largest block a rank may hold (cells, halo included): two grids of 8 GiB.
 const MAX_BLOCK_CELLS: usize = 1 << 30;
 
+/// Refuses flags that do not apply to the chosen trigger.
+fn check_flags(a: &Args) -> Result<()> {
+    if a.halo.is_some() && !a.trigger.gpu() {
+        bail!("--halo applies to the GPU triggers (host, stream, kernel): --trigger cpu computes and exchanges in host memory");
+    }
+    if a.overlap.is_some() && !matches!(a.trigger, Trigger::Host | Trigger::Stream) {
+        bail!("--overlap applies to --trigger host and stream (the kernel trigger always overlaps, the CPU trigger computes the interior while the host stream exchanges)");
+    }
+    if a.trace && a.trigger != Trigger::Stream {
+        bail!("--trace applies to --trigger stream");
+    }
+    if a.corrupt && !a.check {
+        bail!("--corrupt is a test of --check: add --check");
+    }
+    Ok(())
+}
+
 /// Most ranks of one run (processes of one host, or threads of one process).
 const MAX_RANKS: usize = 4096;
 
@@ -178,21 +195,7 @@ impl Config {
         if a.ranks > MAX_RANKS {
             bail!("--ranks {}: at most {MAX_RANKS}", a.ranks);
         }
-        let gpu_only = |flag: &str| {
-            format!("{flag} applies to the GPU triggers (host, stream, kernel): --trigger cpu computes and exchanges in host memory")
-        };
-        if a.halo.is_some() && !a.trigger.gpu() {
-            bail!("{}", gpu_only("--halo"));
-        }
-        if a.overlap.is_some() && !matches!(a.trigger, Trigger::Host | Trigger::Stream) {
-            bail!("--overlap applies to --trigger host and stream (the kernel trigger always overlaps, the CPU trigger computes the interior while the host stream exchanges)");
-        }
-        if a.trace && a.trigger != Trigger::Stream {
-            bail!("--trace applies to --trigger stream");
-        }
-        if a.corrupt && !a.check {
-            bail!("--corrupt is a test of --check: add --check");
-        }
+        check_flags(a)?;
         let (px, py) = grid::decompose(a.ranks);
         let (gx, gy) = match a.sub {
             Some(s) => (s.saturating_mul(px), s.saturating_mul(py)),
