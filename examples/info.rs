@@ -1,24 +1,69 @@
-//! What GPUDirect Async can use on this machine, and why not, in the manner of `ibv_devinfo`:
-//! the CUDA driver and GPUs with their capabilities, RDMA devices, gdrcopy, NVRTC, the devices
-//! gdasync can drive and the NIC handler it would choose.
+//! What GPUDirect Async can use on this machine, and why not, in the manner of
+//! `ibv_devinfo -v`: every device gdasync can drive with its limits and port, the RDMA devices
+//! found, the CUDA driver and GPUs with their capabilities, gdrcopy, NVRTC, and (where a GPU
+//! exists) the NIC handler the GPU triggers would use.
 //!
 //! ```text
 //! cargo run --release --example info
 //! cargo run --release --example info -- --json
 //! ```
 
+#[path = "common/mod.rs"]
+mod common;
+
 use anyhow::Result;
 use clap::Parser;
-use gdasync::gdsync::cuda::{nvrtc_available, Cuda};
+use common::json::{array, Object, Value};
+use common::out::outln;
+use common::ToolArgs;
+use gdasync::gdsync::cuda::{nvrtc_available, Cuda, GpuInfo};
 use gdasync::gdsync::probe::{rdma, Gdrcopy, RdmaStatus};
-use gdasync::gdsync::NicHandler;
+use gdasync::gdsync::{Device, DeviceAttr, LinkLayer, NicHandler, PortAttr, PortState};
+use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(about = "What GPUDirect Async can use on this machine")]
+#[command(
+    name = "info",
+    version,
+    about = "What GPUDirect Async can use on this machine (as ibv_devinfo -v)"
+)]
 struct Args {
     /// One JSON object instead of text.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    tool: ToolArgs,
+}
+
+/// Everything probed, once.
+struct Machine {
+    cuda: Result<&'static Cuda, String>,
+    rdma: RdmaStatus,
+    gdr: Gdrcopy,
+    nvrtc: bool,
+    dev: DeviceAttr,
+    port: PortAttr,
+    /// `GDSYNC_SOFT_LINK`, as set.
+    link_policy: String,
+}
+
+impl Machine {
+    fn probe() -> Result<Machine> {
+        let soft = Device::soft()?;
+        Ok(Machine {
+            cuda: Cuda::get().map_err(|e| e.to_string()),
+            rdma: rdma(),
+            gdr: Gdrcopy::probe(),
+            nvrtc: nvrtc_available(),
+            dev: soft.query(),
+            port: soft.query_port(1)?,
+            link_policy: std::env::var("GDSYNC_SOFT_LINK").unwrap_or_else(|_| "auto".into()),
+        })
+    }
+    /// The GPUs, if CUDA works and has any.
+    fn gpus(&self) -> &[GpuInfo] {
+        self.cuda.as_ref().map_or(&[], |c| &c.gpus)
+    }
 }
 
 fn yes(b: bool) -> &'static str {
@@ -29,167 +74,248 @@ fn yes(b: bool) -> &'static str {
     }
 }
 
-fn esc(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"")
+fn state(s: PortState) -> &'static str {
+    match s {
+        PortState::Active => "PORT_ACTIVE",
+    }
 }
 
-fn main() -> Result<()> {
-    let args = Args::parse();
-    let cuda = Cuda::get();
-    let rdma = rdma();
-    let gdr = Gdrcopy::probe();
-    let nvrtc = nvrtc_available();
-    let handler = NicHandler::choose_soft();
-    let rdma_count = match &rdma {
-        RdmaStatus::Devices(d) => d.len(),
-        _ => 0,
-    };
-
-    if args.json {
-        let mut o = String::from("{");
-        match &cuda {
-            Ok(c) => {
-                o += &format!(
-                    "\"cuda\":{{\"driver_version\":{},\"gpus\":[",
-                    c.driver_version
-                );
-                for (i, g) in c.gpus.iter().enumerate() {
-                    let k = &g.caps;
-                    o += &format!(
-                        "{}{{\"ordinal\":{},\"name\":\"{}\",\"compute_capability\":\"{}.{}\",\"mem_ops_64\":{},\"wait_nor\":{},\"flush_remote_writes\":{},\"gpudirect_rdma\":{},\"gpudirect_rdma_writes_ordering\":{},\"dma_buf\":{},\"unified_addressing\":{},\"host_pointer_for_registered_mem\":{},\"stream_mem_ops_v1\":{}}}",
-                        if i > 0 { "," } else { "" },
-                        g.ordinal,
-                        esc(&g.name),
-                        g.compute_capability.0,
-                        g.compute_capability.1,
-                        k.mem_ops_64,
-                        k.wait_nor,
-                        k.flush_remote_writes,
-                        k.gpudirect_rdma,
-                        k.gpudirect_rdma_writes_ordering,
-                        k.dma_buf,
-                        k.unified_addressing,
-                        k.host_pointer_for_registered_mem,
-                        k.stream_mem_ops_v1
-                    );
-                }
-                o += "]},";
-            }
-            Err(e) => o += &format!("\"cuda\":{{\"error\":\"{}\"}},", esc(&e.to_string())),
-        }
-        o += &match &rdma {
-            RdmaStatus::LibraryMissing(e) => format!(
-                "\"rdma\":{{\"status\":\"library missing\",\"detail\":\"{}\"}},",
-                esc(e)
-            ),
-            RdmaStatus::NoDevice => "\"rdma\":{\"status\":\"no device\"},".to_string(),
-            RdmaStatus::Devices(d) => format!(
-                "\"rdma\":{{\"status\":\"devices\",\"devices\":[{}]}},",
-                d.iter()
-                    .map(|x| format!("\"{}\"", esc(&x.name)))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
-        };
-        o += &format!(
-            "\"gdrcopy\":{{\"library\":{},\"driver\":{}}},\"nvrtc\":{},",
-            gdr.library, gdr.driver, nvrtc
-        );
-        o += "\"devices\":[\"soft\"],";
-        o += &match &handler {
-            Ok((h, why)) => format!(
-                "\"nic_handler\":{{\"soft\":\"{h:?}\",\"why\":\"{}\"}}",
-                esc(why)
-            ),
-            Err(e) => format!("\"nic_handler\":{{\"error\":\"{}\"}}", esc(&e.to_string())),
-        };
-        o += "}";
-        println!("{o}");
-        return Ok(());
+fn link_layer(l: LinkLayer) -> &'static str {
+    match l {
+        LinkLayer::Soft => "soft",
     }
+}
 
-    println!("gdasync {}", env!("CARGO_PKG_VERSION"));
-    match &cuda {
+// ---------------------------------------------------------------------------- text
+
+fn text(m: &Machine) {
+    outln!("gdasync {}", env!("CARGO_PKG_VERSION"));
+    let (d, p) = (&m.dev, &m.port);
+    outln!("hca_id: soft (software model of the mlx5 RC data path; always available)");
+    outln!("\ttransport:\t\tRC over the soft device's links");
+    outln!("\tmax_qp:\t\t\t{}", d.max_qp);
+    outln!("\tmax_qp_wr:\t\t{}", d.max_qp_wr);
+    outln!("\tmax_sge:\t\t{}", d.max_sge);
+    outln!("\tmax_cqe:\t\t{}", d.max_cqe);
+    outln!("\tmax_inline_data:\t{}", d.max_inline_data);
+    outln!("\tphys_port_cnt:\t\t{}", d.phys_port_cnt);
+    outln!("\t\tport:\t1");
+    outln!("\t\t\tstate:\t\t{}", state(p.state));
+    outln!("\t\t\tmax_mtu:\t{}", p.max_mtu);
+    outln!("\t\t\tactive_mtu:\t{}", p.active_mtu);
+    outln!("\t\t\tmax_msg_sz:\t{:#x}", p.max_msg_sz);
+    outln!(
+        "\t\t\tlink_layer:\t{} (in-process rings, shared memory between processes, TCP between hosts; GDSYNC_SOFT_LINK={})",
+        link_layer(p.link_layer),
+        m.link_policy
+    );
+    match &m.rdma {
+        RdmaStatus::LibraryMissing(e) => outln!("RDMA devices: rdma-core not installed ({e})"),
+        RdmaStatus::NoDevice => {
+            outln!("RDMA devices: none (rdma-core installed, /sys/class/infiniband is empty)")
+        }
+        RdmaStatus::Devices(list) => {
+            for x in list {
+                outln!(
+                    "hca_id: {} (found; this build has no hardware path yet: the soft device is used)",
+                    x.name
+                );
+                outln!("\tfw_ver:\t\t\t{}", x.fw_ver.as_deref().unwrap_or("?"));
+                for (k, port) in x.ports.iter().enumerate() {
+                    outln!("\t\tport:\t{}", k + 1);
+                    outln!("\t\t\tstate:\t\t{port}");
+                }
+            }
+        }
+    }
+    match &m.cuda {
         Ok(c) => {
-            println!(
+            outln!(
                 "CUDA driver: {}.{} ({} GPU(s)); hardware queues per context ({}): {}",
                 c.driver_version / 1000,
                 (c.driver_version % 1000) / 10,
                 c.gpus.len(),
                 gdasync::gdsync::cuda::MAX_CONNECTIONS_VAR,
-                std::env::var(gdasync::gdsync::cuda::MAX_CONNECTIONS_VAR).unwrap_or("unset".into())
+                std::env::var(gdasync::gdsync::cuda::MAX_CONNECTIONS_VAR)
+                    .unwrap_or("unset".into())
             );
             for g in &c.gpus {
-                let k = &g.caps;
-                println!(
-                    "  GPU {}: {} (sm_{}{})",
-                    g.ordinal, g.name, g.compute_capability.0, g.compute_capability.1
-                );
-                println!("    stream memops (v2 API) ............ yes (64-bit: {}, NOR waits: {}, flush remote writes: {})", yes(k.mem_ops_64), yes(k.wait_nor), yes(k.flush_remote_writes));
-                println!(
-                    "    legacy v1 memops enabled .......... {}",
-                    yes(k.stream_mem_ops_v1)
-                );
-                println!(
-                    "    GPUDirect RDMA .................... {} (writes ordering {})",
-                    yes(k.gpudirect_rdma),
-                    k.gpudirect_rdma_writes_ordering
-                );
-                println!("    dma-buf export .................... {}", yes(k.dma_buf));
-                println!(
-                    "    unified addressing ................ {} (host pointers usable: {})",
-                    yes(k.unified_addressing),
-                    yes(k.host_pointer_for_registered_mem)
-                );
+                gpu_text(g);
             }
         }
-        Err(e) => println!(
-            "CUDA: not usable ({e}); stream and kernel triggers unavailable, CPU paths work"
+        Err(e) => outln!(
+            "CUDA: not usable ({e}); the stream and kernel triggers are unavailable, the CPU paths work"
         ),
     }
-    println!(
+    outln!(
         "NVRTC (run-time kernel compiler): {}",
-        if nvrtc {
+        if m.nvrtc {
             "available"
         } else {
             "missing (kernel-initiated mode unavailable)"
         }
     );
-    match &rdma {
-        RdmaStatus::LibraryMissing(e) => println!("RDMA: rdma-core not installed ({e})"),
-        RdmaStatus::NoDevice => {
-            println!("RDMA: rdma-core installed, no RDMA device (/sys/class/infiniband is empty)")
-        }
-        RdmaStatus::Devices(d) => {
-            println!("RDMA: {} device(s)", d.len());
-            for x in d {
-                println!(
-                    "  {} fw {} ports [{}]",
-                    x.name,
-                    x.fw_ver.as_deref().unwrap_or("?"),
-                    x.ports.join(", ")
-                );
-            }
-        }
-    }
-    println!(
+    outln!(
         "gdrcopy: {} (library libgdrapi.so.2: {}, driver /dev/gdrdrv: {})",
-        if gdr.usable() { "usable" } else { "not usable" },
-        yes(gdr.library),
-        yes(gdr.driver)
+        if m.gdr.usable() {
+            "usable"
+        } else {
+            "not usable"
+        },
+        yes(m.gdr.library),
+        yes(m.gdr.driver)
     );
-    println!("Devices gdasync can use:");
-    println!("  soft   software model of the mlx5 RC data path (always available)");
-    if rdma_count > 0 {
-        println!(
-            "  mlx5   {rdma_count} RDMA device(s) found, but this build has no hardware path yet"
-        );
-    } else {
-        println!("  mlx5   none (no RDMA device): using the soft device");
+    if !m.gpus().is_empty() {
+        match NicHandler::choose_soft() {
+            Ok((h, why)) => outln!("NIC handler (who rings the soft device's doorbells for GPU triggers): {h:?} ({why})"),
+            Err(e) => outln!("NIC handler: {e}"),
+        }
     }
-    match handler {
-        Ok((h, why)) => println!("NIC handler (soft device): {h:?} ({why})"),
-        Err(e) => println!("NIC handler: {e}"),
+}
+
+fn gpu_text(g: &GpuInfo) {
+    let k = &g.caps;
+    outln!(
+        "  GPU {}: {} (sm_{}{})",
+        g.ordinal,
+        g.name,
+        g.compute_capability.0,
+        g.compute_capability.1
+    );
+    outln!(
+        "    stream memops (v2 API) ............ yes (64-bit: {}, NOR waits: {}, flush remote writes: {})",
+        yes(k.mem_ops_64),
+        yes(k.wait_nor),
+        yes(k.flush_remote_writes)
+    );
+    outln!(
+        "    legacy v1 memops enabled .......... {}",
+        yes(k.stream_mem_ops_v1)
+    );
+    outln!(
+        "    GPUDirect RDMA .................... {} (writes ordering {})",
+        yes(k.gpudirect_rdma),
+        k.gpudirect_rdma_writes_ordering
+    );
+    outln!("    dma-buf export .................... {}", yes(k.dma_buf));
+    outln!(
+        "    unified addressing ................ {} (host pointers usable: {})",
+        yes(k.unified_addressing),
+        yes(k.host_pointer_for_registered_mem)
+    );
+}
+
+// ---------------------------------------------------------------------------- JSON
+
+fn json(m: &Machine) -> Object {
+    let (d, p) = (&m.dev, &m.port);
+    let port = Object::new()
+        .set("port", 1u32)
+        .set("state", state(p.state))
+        .set("max_mtu", p.max_mtu)
+        .set("active_mtu", p.active_mtu)
+        .set("max_msg_sz", p.max_msg_sz)
+        .set("link_layer", link_layer(p.link_layer))
+        .set("link_policy", m.link_policy.as_str());
+    let soft = Object::new()
+        .set("name", "soft")
+        .set("usable", true)
+        .set("max_qp", d.max_qp)
+        .set("max_qp_wr", d.max_qp_wr)
+        .set("max_sge", d.max_sge)
+        .set("max_cqe", d.max_cqe)
+        .set("max_inline_data", d.max_inline_data)
+        .set("phys_port_cnt", d.phys_port_cnt)
+        .set("ports", array([port]));
+    let mut devices = vec![Value::from(soft)];
+    if let RdmaStatus::Devices(list) = &m.rdma {
+        devices.extend(list.iter().map(|x| {
+            Value::from(
+                Object::new()
+                    .set("name", x.name.as_str())
+                    .set("usable", false)
+                    .set("fw_ver", x.fw_ver.clone())
+                    .set("ports", array(x.ports.iter().map(String::as_str))),
+            )
+        }));
+    }
+    let rdma = match &m.rdma {
+        RdmaStatus::LibraryMissing(e) => Object::new()
+            .set("status", "library missing")
+            .set("detail", e.as_str()),
+        RdmaStatus::NoDevice => Object::new().set("status", "no device"),
+        RdmaStatus::Devices(_) => Object::new().set("status", "devices"),
+    };
+    let cuda = match &m.cuda {
+        Ok(c) => Object::new()
+            .set("driver_version", c.driver_version)
+            .set("gpus", array(c.gpus.iter().map(gpu_json))),
+        Err(e) => Object::new().set("error", e.as_str()),
+    };
+    let handler = if m.gpus().is_empty() {
+        Value::Null
+    } else {
+        match NicHandler::choose_soft() {
+            Ok((h, why)) => Object::new()
+                .set("soft", format!("{h:?}"))
+                .set("why", why)
+                .into(),
+            Err(e) => Object::new().set("error", e.to_string()).into(),
+        }
+    };
+    Object::new()
+        .set("version", env!("CARGO_PKG_VERSION"))
+        .set("devices", array(devices))
+        .set("rdma", rdma)
+        .set("cuda", cuda)
+        .set(
+            "gdrcopy",
+            Object::new()
+                .set("library", m.gdr.library)
+                .set("driver", m.gdr.driver),
+        )
+        .set("nvrtc", m.nvrtc)
+        .set("nic_handler", handler)
+}
+
+fn gpu_json(g: &GpuInfo) -> Value {
+    let k = &g.caps;
+    Object::new()
+        .set("ordinal", g.ordinal)
+        .set("name", g.name.as_str())
+        .set(
+            "compute_capability",
+            format!("{}.{}", g.compute_capability.0, g.compute_capability.1),
+        )
+        .set("mem_ops_64", k.mem_ops_64)
+        .set("wait_nor", k.wait_nor)
+        .set("flush_remote_writes", k.flush_remote_writes)
+        .set("gpudirect_rdma", k.gpudirect_rdma)
+        .set(
+            "gpudirect_rdma_writes_ordering",
+            k.gpudirect_rdma_writes_ordering,
+        )
+        .set("dma_buf", k.dma_buf)
+        .set("unified_addressing", k.unified_addressing)
+        .set(
+            "host_pointer_for_registered_mem",
+            k.host_pointer_for_registered_mem,
+        )
+        .set("stream_mem_ops_v1", k.stream_mem_ops_v1)
+        .into()
+}
+
+fn run(args: &Args) -> Result<()> {
+    let m = Machine::probe()?;
+    if args.json {
+        outln!("{}", json(&m));
+    } else {
+        text(&m);
     }
     Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    args.tool.run(|| run(&args))
 }

@@ -7,13 +7,47 @@
 //! cargo run --release --example launch_probe -- plain|local-small|local-big|stencil
 //! ```
 
-use anyhow::{bail, Result};
-use gdasync::gdsync::cuda::{CudaStream, Function, Module};
+#[path = "common/mod.rs"]
+mod common;
+
+use anyhow::{Context, Result};
+use clap::{Parser, ValueEnum};
+use common::out::outln;
+use common::ToolArgs;
+use gdasync::gdsync::cuda::{Cuda, CudaStream, Function, Module};
 use gdasync::gdsync::exec::Executor;
 use gdasync::gdsync::ops::WaitCond;
 use gdasync::gdsync::SignalWords;
 use std::ffi::c_void;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
+
+/// What to probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    /// A kernel without local memory.
+    Plain,
+    /// A kernel with 256 bytes of local memory per thread.
+    LocalSmall,
+    /// A kernel with 16 KiB of local memory per thread.
+    LocalBig,
+    /// Print the local memory of the stencil2d kernels (no probe).
+    Stencil,
+}
+
+#[derive(Parser)]
+#[command(
+    name = "launch_probe",
+    version,
+    about = "Whether a kernel's first launch runs while another stream of the context waits (needs a CUDA GPU)"
+)]
+struct Args {
+    /// What to probe.
+    #[arg(value_enum, default_value = "plain")]
+    mode: Mode,
+    #[command(flatten)]
+    tool: ToolArgs,
+}
 
 const KERNELS: &str = r#"
 extern "C" __global__ void plain(unsigned int* p, int k) { *p = 1; }
@@ -29,25 +63,35 @@ extern "C" __global__ void local_big(unsigned int* p, int k) {
 }
 "#;
 
-fn main() -> Result<()> {
-    let mode = std::env::args().nth(1).unwrap_or_else(|| "plain".into());
-    if mode == "stencil" {
-        let src = include_str!("stencil2d/kernels.cu");
-        let m = Module::compile_with_options(0, src, &["--fmad=false"])?;
-        for name in ["pack", "interior", "ring", "whole", "persistent"] {
-            println!(
-                "stencil kernel {name}: {} local bytes per thread",
-                m.function(name)?.local_bytes()?
-            );
-        }
-        return Ok(());
+fn main() -> ExitCode {
+    let args = Args::parse();
+    args.tool.run(|| probe(args.mode))
+}
+
+/// The local memory of the stencil2d kernels.
+fn stencil_locals() -> Result<()> {
+    let src = include_str!("stencil2d/kernels.cu");
+    let m = Module::compile_with_options(0, src, &["--fmad=false"])?;
+    for name in ["pack", "interior", "ring", "whole", "persistent"] {
+        outln!(
+            "stencil kernel {name}: {} local bytes per thread",
+            m.function(name)?.local_bytes()?
+        );
     }
-    let name = match mode.as_str() {
-        "plain" => "plain",
-        "local-small" => "local_small",
-        "local-big" => "local_big",
-        _ => bail!("mode: plain | local-small | local-big | stencil"),
+    Ok(())
+}
+
+fn probe(mode: Mode) -> Result<()> {
+    Cuda::get()
+        .and_then(|c| c.gpu(0).map(|_| ()))
+        .context("launch_probe needs a CUDA GPU")?;
+    let name = match mode {
+        Mode::Plain => "plain",
+        Mode::LocalSmall => "local_small",
+        Mode::LocalBig => "local_big",
+        Mode::Stencil => return stencil_locals(),
     };
+    let mode = common::name(mode);
     let m = Module::compile(0, KERNELS)?;
     let f: Function = m.function(name)?;
     let local = f.local_bytes()?;
@@ -73,7 +117,7 @@ fn main() -> Result<()> {
         }
         let returned = w.load32(2) == 1;
         let ran = w.load32(1);
-        println!(
+        outln!(
             "probe {mode}: {local} local bytes; launch call returned before the release: {returned}; kernel ran while the other stream waited: {} ({:?})",
             ran != 0,
             start.elapsed()
@@ -84,6 +128,6 @@ fn main() -> Result<()> {
     returned?;
     a.synchronize()?;
     b.synchronize()?;
-    println!("probe {mode}: done after release, word {}", w.load32(1));
+    outln!("probe {mode}: done after release, word {}", w.load32(1));
     Ok(())
 }

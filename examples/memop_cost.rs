@@ -8,12 +8,30 @@
 //! cargo run --release --example memop_cost
 //! ```
 
-use anyhow::{bail, Result};
+#[path = "common/mod.rs"]
+mod common;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use common::out::outln;
+use common::ToolArgs;
 use gdasync::gdsync::cuda::{Cuda, CudaEvent, CudaStream, Function, Module};
 use gdasync::gdsync::exec::Executor;
 use gdasync::gdsync::ops::{Ops, WaitCond};
 use gdasync::gdsync::SignalWords;
 use std::ffi::c_void;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "memop_cost",
+    version,
+    about = "What stream memory operations cost the GPU, timed with CUDA events (needs a CUDA GPU)"
+)]
+struct Args {
+    #[command(flatten)]
+    tool: ToolArgs,
+}
 
 const EMPTY: &str = "extern \"C\" __global__ void empty(unsigned long long x) {}";
 /// Signal words: 0..8 written by the lists, 8 waited on (always satisfied), 9 the gate.
@@ -45,10 +63,15 @@ fn list(w: &SignalWords, kind: &str, n: usize, v: u32) -> Ops {
     ops
 }
 
-fn main() -> Result<()> {
-    if !Cuda::available() {
-        bail!("memop_cost needs a CUDA GPU");
-    }
+fn main() -> ExitCode {
+    let args = Args::parse();
+    args.tool.run(measure)
+}
+
+fn measure() -> Result<()> {
+    Cuda::get()
+        .and_then(|c| c.gpu(0).map(|_| ()))
+        .context("memop_cost needs a CUDA GPU")?;
     let m = Module::compile(0, EMPTY)?;
     let f = m.function("empty")?;
     let s = CudaStream::new(0)?;
@@ -57,10 +80,13 @@ fn main() -> Result<()> {
         .map(|_| CudaEvent::new(0))
         .collect::<Result<_, _>>()?;
     let us = |a: &CudaEvent, b: &CudaEvent| -> Result<f64> { Ok(b.since(a)?.as_secs_f64() * 1e6) };
-    println!("GPU µs (median of 300): kernel, event, [list of n ops], event, kernel, event");
-    println!(
+    outln!("GPU µs (median of 300): kernel, event, [list of n ops], event, kernel, event");
+    outln!(
         "{:>6} {:>3} {:>10} {:>12}",
-        "ops", "n", "list", "next kernel"
+        "ops",
+        "n",
+        "list",
+        "next kernel"
     );
     for kind in ["write", "wait"] {
         for n in [0usize, 1, 2, 4, 8] {
@@ -77,10 +103,10 @@ fn main() -> Result<()> {
                 a.push(us(&ev[0], &ev[1])?);
                 b.push(us(&ev[1], &ev[2])?);
             }
-            println!("{kind:>6} {n:>3} {:>10.2} {:>12.2}", median(a), median(b));
+            outln!("{kind:>6} {n:>3} {:>10.2} {:>12.2}", median(a), median(b));
         }
     }
-    println!("\nchains of 50 steps queued behind a gate: GPU µs per step (median of 20)");
+    outln!("\nchains of 50 steps queued behind a gate: GPU µs per step (median of 20)");
     for writes in [0usize, 1, 3, 6] {
         let mut v = vec![];
         for i in 0..20u32 {
@@ -101,7 +127,7 @@ fn main() -> Result<()> {
             0 => "kernel".to_string(),
             n => format!("kernel + list of {n} writes"),
         };
-        println!("{what:>28} {:>6.2}", median(v));
+        outln!("{what:>28} {:>6.2}", median(v));
     }
     s.synchronize()?;
     Ok(())

@@ -6,8 +6,32 @@
 //! mpirun -np 2 target/release/examples/mp_mpi
 //! ```
 
+#[path = "common/mod.rs"]
+mod common;
+
+use clap::Parser;
+use common::ToolArgs;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "mp_mpi",
+    version,
+    about = "The messaging layer over the MPI bootstrap: a ring exchange, a put and barriers (run under mpirun; needs the mpi feature)"
+)]
+struct Args {
+    #[command(flatten)]
+    tool: ToolArgs,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    args.tool.run(ring)
+}
+
 #[cfg(feature = "mpi")]
-fn main() -> anyhow::Result<()> {
+fn ring() -> anyhow::Result<()> {
+    use common::out::outln;
     use gdasync::gdsync::Device;
     use gdasync::mp::bootstrap::MpiBootstrap;
     use gdasync::mp::{mpi_crate as mpi, Comm};
@@ -39,15 +63,14 @@ fn main() -> anyhow::Result<()> {
         got[0],
         put[0]
     );
-    println!("rank {me} of {n}: ok (MPI bootstrap)");
+    outln!("rank {me} of {n}: ok (MPI bootstrap)");
     comm.finalize()?;
     Ok(())
 }
 
 #[cfg(not(feature = "mpi"))]
-fn main() {
-    eprintln!(
-        "built without the `mpi` feature: cargo build --release --features mpi --example mp_mpi"
-    );
-    std::process::exit(2);
+fn ring() -> anyhow::Result<()> {
+    anyhow::bail!(
+        "built without the mpi feature: cargo build --release --features mpi --example mp_mpi, then mpirun -np 2 target/release/examples/mp_mpi"
+    )
 }

@@ -1,112 +1,635 @@
-//! The examples' command lines: clean errors for what this machine cannot do, never a panic.
+//! The examples' command lines: `--help` and `--version` everywhere, bad input answered by
+//! one `error:` line (never a panic or a backtrace, even with `RUST_BACKTRACE=1`), a closed
+//! pipe ending a tool quietly, headers printed before the first row and rows streamed as
+//! they are measured, the same JSON field names in every tool, and valid JSON from `info`.
+//!
+//! The paths without a GPU run everywhere: `GDSYNC_CUDA=off` hides CUDA from the examples.
+//! Tests of the paths with a GPU are ignored unless asked for (`--include-ignored`).
 
 mod common;
 
-use common::{example, run_example as run};
-use gdasync::gdsync::cuda::{Cuda, CudaStream, DeviceBuffer};
-use gdasync::gdsync::Error;
-use std::process::Command;
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Output, Stdio};
 
-#[test]
-fn gpu_triggers_without_a_gpu_are_clean_errors() {
-    if Cuda::available() {
-        eprintln!("skipped: this machine has a GPU");
-        return;
+/// The tools, as `cargo build --release --examples` builds them.
+const TOOLS: [&str; 7] = [
+    "pingpong",
+    "bandwidth",
+    "stencil2d",
+    "info",
+    "launch_probe",
+    "memop_cost",
+    "mp_mpi",
+];
+
+/// Example `name` as a command that sees no GPU and would print backtraces if it panicked.
+fn tool(name: &str) -> Command {
+    let exe = common::example(name).unwrap_or_else(|| {
+        panic!("the {name} example is not built (cargo build --release --examples)")
+    });
+    let mut c = Command::new(exe);
+    c.env("GDSYNC_CUDA", "off")
+        .env("RUST_BACKTRACE", "1")
+        .env_remove("GDSYNC_LOG");
+    c
+}
+
+fn output(name: &str, args: &[&str]) -> Output {
+    tool(name).args(args).output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Asserts that `name args` fails with an error that says `says`, without a panic or a
+/// backtrace. Errors of the tools themselves are one line; clap's argument errors add its
+/// usage hint after their first line.
+fn refused(name: &str, args: &[&str], says: &str) {
+    let out = output(name, args);
+    let err = text(&out.stderr);
+    let what = format!("{name} {}", args.join(" "));
+    assert!(!out.status.success(), "{what} must fail:\n{err}");
+    assert_ne!(out.status.code(), Some(101), "{what} panicked:\n{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{what}:\n{err}"
+    );
+    let first = err.lines().next().unwrap_or("");
+    assert!(first.starts_with("error: "), "{what}: {err}");
+    assert!(first.contains(says), "{what}: want {says:?} in\n{err}");
+    if out.status.code() == Some(1) {
+        assert_eq!(err.lines().count(), 1, "{what}: more than one line:\n{err}");
     }
-    for api in ["gdsync", "mp"] {
-        for trig in ["host", "stream", "kernel"] {
-            let Some((ok, _, err)) = run(
-                "pingpong",
-                &[
-                    "--api",
-                    api,
-                    "--op",
-                    "send",
-                    "--trigger",
-                    trig,
-                    "--size",
-                    "8",
-                    "--iters",
-                    "10",
-                ],
-            ) else {
-                return;
-            };
-            assert!(!ok, "--api {api} --trigger {trig} without a GPU must fail");
-            assert!(
-                err.contains("needs a CUDA GPU"),
-                "--api {api} --trigger {trig}: {err}"
-            );
-            assert!(
-                !err.contains("panicked"),
-                "--api {api} --trigger {trig} panicked: {err}"
-            );
-        }
-    }
-    let Some((ok, _, err)) = run("pingpong", &["--mem", "device", "--size", "8"]) else {
-        return;
-    };
-    assert!(!ok && err.contains("--mem"), "{err}");
+    assert!(out.stdout.is_empty() || !text(&out.stdout).contains("panicked"));
 }
 
 #[test]
-fn cuda_calls_without_a_gpu_return_errors() {
-    if Cuda::available() {
-        eprintln!("skipped: this machine has a GPU");
-        return;
+fn every_tool_has_help_and_version() {
+    for name in TOOLS {
+        let help = output(name, &["--help"]);
+        assert!(
+            help.status.success(),
+            "{name} --help: {}",
+            text(&help.stderr)
+        );
+        let h = text(&help.stdout);
+        assert!(
+            h.contains("Usage:") && h.contains("--version"),
+            "{name}:\n{h}"
+        );
+        let v = output(name, &["--version"]);
+        assert!(v.status.success(), "{name} --version");
+        assert_eq!(
+            text(&v.stdout).trim(),
+            format!("{name} {}", env!("CARGO_PKG_VERSION")),
+            "{name} --version"
+        );
     }
-    assert!(matches!(CudaStream::new(0), Err(Error::NoCuda(_))));
-    assert!(matches!(DeviceBuffer::alloc(0, 64), Err(Error::NoCuda(_))));
+}
+
+#[test]
+fn iteration_counts_that_cannot_work_are_refused() {
+    let huge = "18446744073709551615";
+    refused("pingpong", &["--iters", huge], "--iters");
+    refused("stencil2d", &["--iters", huge, "--n", "16"], "--iters");
+    refused("bandwidth", &["--iters", huge], "--iters");
+    refused("stencil2d", &["--warmup", huge], "--warmup");
+    refused("pingpong", &["--iters", "0", "--size", "8"], "--iters");
+    refused("bandwidth", &["--iters", "0"], "--iters");
+    refused("stencil2d", &["--iters", "0"], "--iters");
+    refused("stencil2d", &["--timeout", "0"], "--timeout");
 }
 
 #[test]
 fn bad_pingpong_arguments_are_clean_errors() {
-    for args in [
-        &["--op", "write", "--size", "0"][..],
-        &["--iters", "0", "--size", "8"][..],
-        &["--ranks", "procs", "--separate-devices"][..],
-        &["--size", "8", "--sizes", "16"][..],
+    for (args, says) in [
+        (&["--op", "write", "--size", "0"][..], "at least 1"),
+        (&["--ranks", "procs"][..], "--ranks-as procs"),
+        (&["--ranks", "3"][..], "2 ranks"),
+        (&["--ranks-as", "mpi"][..], "invalid value"),
+        (
+            &["--ranks-as", "procs", "--separate-devices"][..],
+            "--separate-devices",
+        ),
+        (&["--raw", "--separate-devices"][..], "--separate-devices"),
+        (&["--size", "8", "--sizes", "16"][..], "cannot be used with"),
+        (&["--sizes", "4X"][..], "not a size"),
+        (&["--size", "2G"][..], "at most 1 GiB"),
+        (&["--api", "mp", "--op", "write"][..], "does not apply"),
+        (&["--api", "mp", "--raw"][..], "--raw"),
+        (&["--api", "mp", "--ranks-as", "procs"][..], "threads"),
+        (&["--raw", "--op", "send"][..], "does not apply"),
+        (&["--recv-batch", "4"][..], "--recv-batch applies"),
+        (&["--api", "mp", "--recv-batch", "65"][..], "--recv-batch"),
+        (&["--host-stream"][..], "--host-stream applies"),
+        (
+            &["--duration", "1", "--iters", "5"][..],
+            "cannot be used with",
+        ),
+        (&["--duration", "0"][..], "more than 0"),
+        (
+            &["--trigger", "stream", "--duration", "1"][..],
+            "--duration applies",
+        ),
+        (&["--mem", "device"][..], "--mem"),
     ] {
-        let Some((ok, _, err)) = run("pingpong", args) else {
-            return;
-        };
-        assert!(!ok, "{args:?} must fail");
-        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-        assert!(!err.trim().is_empty(), "{args:?}: no message");
+        refused("pingpong", args, says);
     }
 }
 
 #[test]
-fn info_reports_the_soft_device_and_the_handler() {
-    let Some((ok, out, err)) = run("info", &[]) else {
-        return;
-    };
-    assert!(ok, "{err}");
-    assert!(out.contains("soft") && out.contains("NIC handler"), "{out}");
-    let Some((ok, json, _)) = run("info", &["--json"]) else {
-        return;
-    };
-    assert!(
-        ok && json.trim().starts_with('{') && json.contains("\"devices\":[\"soft\"]"),
-        "{json}"
+fn bad_bandwidth_and_stencil_arguments_are_clean_errors() {
+    for (args, says) in [
+        (&["--sizes", "0"][..], "at least 1"),
+        (&["--size", "2G"][..], "at most 1 GiB"),
+        (&["--trigger", "host"][..], "invalid value"),
+        (
+            &["--trigger", "kernel", "--duration", "1"][..],
+            "--duration applies",
+        ),
+        (&["--window", "0"][..], "--window"),
+        (&["--host-stream"][..], "--host-stream"),
+    ] {
+        refused("bandwidth", args, says);
+    }
+    for (args, says) in [
+        (&["--halo", "host"][..], "--halo applies"),
+        (&["--overlap", "on"][..], "--overlap applies"),
+        (
+            &["--trigger", "kernel", "--overlap", "off"][..],
+            "--overlap applies",
+        ),
+        (&["--trace"][..], "--trace applies"),
+        (&["--corrupt"][..], "--check"),
+        (&["--ranks", "0"][..], "--ranks"),
+        (&["--ranks", "200"][..], "at most 181 ranks"),
+        (&["--ranks", "100000"][..], "at most 4096"),
+    ] {
+        refused("stencil2d", args, says);
+    }
+    refused("launch_probe", &["sideways"], "invalid value");
+}
+
+#[test]
+fn gpu_paths_without_a_gpu_are_clean_errors() {
+    for api in ["gdsync", "mp"] {
+        for trigger in ["host", "stream", "kernel"] {
+            let args = [
+                "--api",
+                api,
+                "--trigger",
+                trigger,
+                "--size",
+                "8",
+                "--iters",
+                "10",
+            ];
+            refused("pingpong", &args, "needs a CUDA GPU");
+        }
+    }
+    refused(
+        "pingpong",
+        &["--mem", "device", "--trigger", "kernel"],
+        "needs a CUDA GPU",
     );
-    let out = Command::new(example("info").unwrap())
+    for trigger in ["stream", "kernel"] {
+        refused("bandwidth", &["--trigger", trigger], "needs a CUDA GPU");
+    }
+    refused("bandwidth", &["--mem", "device"], "needs a CUDA GPU");
+    for trigger in ["host", "stream", "kernel"] {
+        refused("stencil2d", &["--trigger", trigger], "needs a CUDA GPU");
+    }
+    refused("launch_probe", &["local-big"], "needs a CUDA GPU");
+    refused("memop_cost", &[], "needs a CUDA GPU");
+}
+
+/// Checks in a child process that sees no CUDA (`GDSYNC_CUDA=off`) that CUDA calls return
+/// `NoCuda`; on any machine, with a GPU or without.
+#[test]
+fn cuda_calls_without_a_gpu_return_errors() {
+    use gdasync::gdsync::cuda::{CudaStream, DeviceBuffer};
+    use gdasync::gdsync::Error;
+    if std::env::var("GDSYNC_CUDA").as_deref() == Ok("off") {
+        assert!(matches!(CudaStream::new(0), Err(Error::NoCuda(_))));
+        assert!(matches!(DeviceBuffer::alloc(0, 64), Err(Error::NoCuda(_))));
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "cuda_calls_without_a_gpu_return_errors"])
+        .args(["--nocapture", "--test-threads=1"])
+        .env("GDSYNC_CUDA", "off")
+        .output()
+        .unwrap();
+    let all = text(&out.stdout) + &text(&out.stderr);
+    assert!(out.status.success() && all.contains("1 passed"), "{all}");
+}
+
+#[test]
+fn a_closed_pipe_ends_a_tool_quietly() {
+    for (name, args) in [
+        (
+            "bandwidth",
+            &["--sizes", "1,2,4,8,16,32,64", "--iters", "200"][..],
+        ),
+        ("pingpong", &["--sizes", "8,16,32,64", "--iters", "200"][..]),
+    ] {
+        let mut child = tool(name)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        // The reader is gone (dropped with the line read): the next row hits a closed pipe.
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        let status = child.wait().unwrap();
+        assert!(first.starts_with("# "), "{name}: {first}");
+        assert!(err.is_empty(), "{name} | head -1 printed:\n{err}");
+        assert_ne!(status.code(), Some(101), "{name} panicked");
+    }
+}
+
+/// Reads `cmd`'s stdout line by line: the header arrives while the run goes on, and each row
+/// before the run ends (each size lasts `--duration 1`, so the tool is still running when a
+/// streamed line arrives).
+fn header_then_streamed_rows(name: &str, args: &[&str], header_says: &[&str]) {
+    let mut child = tool(name)
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let header = lines.next().unwrap().unwrap();
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "{name}: the header came only after the run ended"
+    );
+    for word in header_says {
+        assert!(
+            header.contains(word),
+            "{name} header lacks {word}: {header}"
+        );
+    }
+    let first_row = lines
+        .by_ref()
+        .map(Result::unwrap)
+        .find(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .expect("a row");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "{name}: the first row came only after the run ended: {first_row}"
+    );
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    assert!(child.wait().unwrap().success(), "{name} failed");
+    assert_eq!(rest.len(), 1, "{name}: one more row: {rest:?}");
+}
+
+#[test]
+fn pingpong_prints_its_header_first_and_streams_rows() {
+    let fields = [
+        "device soft",
+        "link",
+        "trigger cpu",
+        "mem host",
+        "ranks 2",
+        "cores",
+    ];
+    let args = ["--sizes", "8,64", "--duration", "1"];
+    header_then_streamed_rows("pingpong", &args, &fields);
+    let procs = ["--ranks-as", "procs", "--sizes", "8,64", "--duration", "1"];
+    header_then_streamed_rows(
+        "pingpong",
+        &procs,
+        &["link shared memory", "ranks_as procs"],
+    );
+}
+
+#[test]
+fn bandwidth_prints_its_header_first_and_streams_rows() {
+    let args = ["--sizes", "64,128", "--duration", "1"];
+    header_then_streamed_rows(
+        "bandwidth",
+        &args,
+        &["device soft", "link in-process", "cores"],
+    );
+}
+
+/// The `--json` lines of a successful run, each checked to be one valid JSON object.
+fn json_lines(name: &str, args: &[&str]) -> Vec<String> {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let out = output(name, &all);
+    assert!(
+        out.status.success(),
+        "{name} {all:?}: {}",
+        text(&out.stderr)
+    );
+    let stdout = text(&out.stdout);
+    for line in stdout.lines() {
+        json::check(line).unwrap_or_else(|e| panic!("{name}: {e} in {line}"));
+        assert!(line.starts_with('{'), "{name}: not an object: {line}");
+    }
+    stdout.lines().map(String::from).collect()
+}
+
+#[test]
+fn json_rows_use_the_same_names_in_every_tool() {
+    let pp = json_lines("pingpong", &["--sizes", "8,64", "--iters", "100"]);
+    let bw = json_lines("bandwidth", &["--sizes", "64", "--iters", "100"]);
+    let st = json_lines("stencil2d", &["--n", "16", "--iters", "2"]);
+    assert_eq!((pp.len(), bw.len(), st.len()), (2, 1, 1));
+    for line in pp.iter().chain(&bw).chain(&st) {
+        assert!(
+            line.contains("\"ranks\":") && line.contains("\"ranks_as\":"),
+            "{line}"
+        );
+        assert!(
+            !line.contains("\"gbps\"") && !line.contains("\"size\""),
+            "{line}"
+        );
+    }
+    for line in pp.iter().chain(&bw) {
+        assert!(
+            line.contains("\"bytes\":") && line.contains("\"cores\":"),
+            "{line}"
+        );
+    }
+    for key in [
+        "t_min_us",
+        "t_max_us",
+        "t_p50_us",
+        "t_avg_us",
+        "t_stdev_us",
+        "t_p99_us",
+        "t_p999_us",
+    ] {
+        assert!(pp[0].contains(&format!("\"{key}\":")), "{key}: {}", pp[0]);
+    }
+    let f = |line: &str, key: &str| common::json_field(line, key).parse::<f64>().unwrap();
+    let (gb, gbit) = (f(&bw[0], "gbytes_per_s"), f(&bw[0], "gbits_per_s"));
+    assert!(gb > 0.0 && (gbit / gb - 8.0).abs() < 1e-3, "{}", bw[0]);
+    assert!(f(&bw[0], "mmsg_per_s") > 0.0, "{}", bw[0]);
+}
+
+#[test]
+fn api_mp_picks_its_operation() {
+    let rows = json_lines(
+        "pingpong",
+        &["--api", "mp", "--size", "64", "--iters", "100"],
+    );
+    assert_eq!(common::json_field(&rows[0], "op"), "send", "{}", rows[0]);
+    assert_eq!(common::json_field(&rows[0], "api"), "mp", "{}", rows[0]);
+}
+
+#[test]
+fn logging_goes_to_stderr_filtered_by_gdsync_log() {
+    let out = tool("pingpong")
+        .args(["--size", "8", "--iters", "10", "--json"])
+        .env("GDSYNC_LOG", "debug")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(stderr.contains("DEBUG"), "no debug events:\n{stderr}");
+    assert_eq!(stdout.lines().count(), 1, "logs on stdout:\n{stdout}");
+    json::check(stdout.trim()).unwrap();
+    let quiet = output("pingpong", &["--size", "8", "--iters", "10", "--json"]);
+    assert!(
+        !text(&quiet.stderr).contains("DEBUG"),
+        "{}",
+        text(&quiet.stderr)
+    );
+    let bad = tool("pingpong")
+        .args(["--size", "8", "--iters", "10"])
+        .env("GDSYNC_LOG", "gdsync=loudest")
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(
+        text(&bad.stderr).starts_with("error: GDSYNC_LOG="),
+        "{}",
+        text(&bad.stderr)
+    );
+}
+
+#[test]
+fn info_lists_the_soft_device_with_its_limits() {
+    let out = output("info", &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let t = text(&out.stdout);
+    for key in [
+        "hca_id: soft",
+        "max_qp:",
+        "max_qp_wr:",
+        "max_sge:",
+        "max_inline_data:",
+        "max_msg_sz:",
+        "active_mtu:",
+        "PORT_ACTIVE",
+        "link_layer:",
+    ] {
+        assert!(t.contains(key), "info lacks {key}:\n{t}");
+    }
+    assert!(
+        !t.contains("NIC handler"),
+        "no GPU, yet a NIC handler:\n{t}"
+    );
+    let json = json_lines("info", &[]);
+    assert_eq!(json.len(), 1);
+    let j = &json[0];
+    assert!(j.contains("\"devices\":[{\"name\":\"soft\""), "{j}");
+    assert!(
+        j.contains("\"max_qp\":65536") && j.contains("\"nic_handler\":null"),
+        "{j}"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test cli -- --include-ignored"]
+fn info_names_the_nic_handler_where_a_gpu_exists() {
+    let out = tool("info")
+        .env_remove("GDSYNC_CUDA")
         .env("GDSYNC_NIC_HANDLER", "cpu")
         .output()
         .unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout).contains("Cpu (set by GDSYNC_NIC_HANDLER)"));
+    let t = text(&out.stdout);
+    assert!(t.contains("Cpu (set by GDSYNC_NIC_HANDLER)"), "{t}");
 }
 
 #[test]
-fn launch_probe_without_a_gpu_is_a_clean_error() {
-    if Cuda::available() {
-        eprintln!("skipped: this machine has a GPU");
-        return;
+fn stencil_json_is_one_line_on_stdout() {
+    let rows = json_lines(
+        "stencil2d",
+        &["--n", "32", "--ranks", "4", "--iters", "5", "--check"],
+    );
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        common::json_field(&rows[0], "mismatches"),
+        "0",
+        "{}",
+        rows[0]
+    );
+    assert_eq!(common::json_field(&rows[0], "halo"), "null", "{}", rows[0]);
+}
+
+/// A small JSON checker (RFC 8259 grammar), so that `--json` output is tested to parse.
+mod json {
+    pub fn check(s: &str) -> Result<(), String> {
+        let b = s.as_bytes();
+        let mut i = 0;
+        value(b, &mut i)?;
+        ws(b, &mut i);
+        if i != b.len() {
+            return Err(format!("trailing text at {i}"));
+        }
+        Ok(())
     }
-    let Some((ok, _, err)) = run("launch_probe", &["local-big"]) else {
-        return;
-    };
-    assert!(!ok, "launch_probe without a GPU must fail");
-    assert!(err.contains("CUDA not available"), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
+
+    fn ws(b: &[u8], i: &mut usize) {
+        while *i < b.len() && b" \t\r\n".contains(&b[*i]) {
+            *i += 1;
+        }
+    }
+
+    fn eat(b: &[u8], i: &mut usize, c: u8) -> Result<(), String> {
+        ws(b, i);
+        if b.get(*i) != Some(&c) {
+            return Err(format!("expected {:?} at {}", c as char, *i));
+        }
+        *i += 1;
+        Ok(())
+    }
+
+    fn value(b: &[u8], i: &mut usize) -> Result<(), String> {
+        ws(b, i);
+        match b.get(*i) {
+            Some(b'{') => seq(b, i, b'}', |b, i| {
+                string(b, i)?;
+                eat(b, i, b':')?;
+                value(b, i)
+            }),
+            Some(b'[') => seq(b, i, b']', value),
+            Some(b'"') => string(b, i),
+            Some(b't') => word(b, i, "true"),
+            Some(b'f') => word(b, i, "false"),
+            Some(b'n') => word(b, i, "null"),
+            _ => number(b, i),
+        }
+    }
+
+    fn seq(
+        b: &[u8],
+        i: &mut usize,
+        close: u8,
+        item: impl Fn(&[u8], &mut usize) -> Result<(), String>,
+    ) -> Result<(), String> {
+        *i += 1;
+        ws(b, i);
+        if b.get(*i) == Some(&close) {
+            *i += 1;
+            return Ok(());
+        }
+        loop {
+            item(b, i)?;
+            ws(b, i);
+            match b.get(*i) {
+                Some(&c) if c == close => {
+                    *i += 1;
+                    return Ok(());
+                }
+                Some(b',') => *i += 1,
+                _ => return Err(format!("expected , or {} at {}", close as char, *i)),
+            }
+        }
+    }
+
+    fn string(b: &[u8], i: &mut usize) -> Result<(), String> {
+        eat(b, i, b'"')?;
+        while let Some(&c) = b.get(*i) {
+            *i += 1;
+            match c {
+                b'"' => return Ok(()),
+                b'\\' => {
+                    let e = *b.get(*i).ok_or("unterminated escape")?;
+                    *i += if e == b'u' { 5 } else { 1 };
+                    if !b"\"\\/bfnrtu".contains(&e) {
+                        return Err(format!("bad escape at {}", *i));
+                    }
+                }
+                c if c < 0x20 => return Err(format!("control character at {}", *i)),
+                _ => {}
+            }
+        }
+        Err("unterminated string".into())
+    }
+
+    fn word(b: &[u8], i: &mut usize, w: &str) -> Result<(), String> {
+        if !b[*i..].starts_with(w.as_bytes()) {
+            return Err(format!("bad literal at {}", *i));
+        }
+        *i += w.len();
+        Ok(())
+    }
+
+    fn number(b: &[u8], i: &mut usize) -> Result<(), String> {
+        let start = *i;
+        let digits = |i: &mut usize| {
+            let s = *i;
+            while b.get(*i).is_some_and(u8::is_ascii_digit) {
+                *i += 1;
+            }
+            *i > s
+        };
+        if b.get(*i) == Some(&b'-') {
+            *i += 1;
+        }
+        if b.get(*i) == Some(&b'0') {
+            *i += 1;
+        } else if !digits(i) {
+            return Err(format!("bad value at {start}"));
+        }
+        if b.get(*i) == Some(&b'.') {
+            *i += 1;
+            if !digits(i) {
+                return Err(format!("bad fraction at {start}"));
+            }
+        }
+        if matches!(b.get(*i), Some(b'e' | b'E')) {
+            *i += 1;
+            if matches!(b.get(*i), Some(b'+' | b'-')) {
+                *i += 1;
+            }
+            if !digits(i) {
+                return Err(format!("bad exponent at {start}"));
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn the_checker_tells_json_from_not() {
+        for ok in [r#"{"a":[1,-2.5e3,true,null,"x\"y"],"b":{}}"#, "0", "[]"] {
+            assert_eq!(check(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "{",
+            r#"{"a":inf}"#,
+            r#"{"a":1,}"#,
+            "01",
+            r#"{"a" 1}"#,
+            "[1] x",
+        ] {
+            assert!(check(bad).is_err(), "{bad}");
+        }
+    }
 }

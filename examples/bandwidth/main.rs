@@ -12,24 +12,35 @@
 //!   completion queue itself (`gds_qp_post_send`, `gds_cq_wait`).
 //!
 //! Every trigger signals one send per chunk (a quarter of the window) and the last one, so
-//! their numbers compare. GB/s are decimal (10^9 bytes per second).
+//! their numbers compare. GB/s are decimal (10^9 bytes per second). The default sizes are the
+//! powers of 2 from 1 B to 8 MiB.
 //!
 //! ```text
 //! cargo run --release --example bandwidth                          # 1 B .. 8 MiB, RDMA write
-//! cargo run --release --example bandwidth -- --op read --sizes 4096,1048576 --json
+//! cargo run --release --example bandwidth -- --op read --sizes 4K,1M --json
+//! cargo run --release --example bandwidth -- --size 64K --duration 2
 //! cargo run --release --example bandwidth -- --trigger kernel --mem device   # with a GPU
 //! ```
 
+#[path = "../common/mod.rs"]
+mod common;
 mod gpu;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
+use common::header::{cores, Header};
+use common::json::{Object, Value};
+use common::out::outln;
+use common::sizes::SizeArgs;
+use common::tool::exit_now;
+use common::{iters, name, one_of, Mem, ToolArgs, Trigger};
 use gdasync::gdsync::cuda::{Cuda, DeviceBuffer};
 use gdasync::gdsync::{
     Access, Cq, Device, Error, MemoryRegion, PinnedBuffer, PreparedSend, ProtectionDomain, Qp,
     QpConfig, RecvWr, RemoteBuf, SendWr,
 };
 use std::collections::VecDeque;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 /// How long any wait for progress (a completion, ring space, the stream, the kernel) may
@@ -56,55 +67,10 @@ enum Op {
     Send,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Mem {
-    /// Pinned host memory.
-    Host,
-    /// GPU memory (needs a CUDA GPU).
-    Device,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Trigger {
-    /// The CPU posts and polls.
-    Cpu,
-    /// A CUDA stream rings the doorbells and waits for the completions.
-    Stream,
-    /// A persistent CUDA kernel posts and polls by itself.
-    Kernel,
-}
-
-impl Op {
-    fn name(self) -> &'static str {
-        match self {
-            Op::Write => "write",
-            Op::Read => "read",
-            Op::Send => "send",
-        }
-    }
-}
-
-impl Mem {
-    fn name(self) -> &'static str {
-        match self {
-            Mem::Host => "host",
-            Mem::Device => "device",
-        }
-    }
-}
-
-impl Trigger {
-    fn name(self) -> &'static str {
-        match self {
-            Trigger::Cpu => "cpu",
-            Trigger::Stream => "stream",
-            Trigger::Kernel => "kernel",
-        }
-    }
-}
-
 #[derive(Parser, Debug)]
 #[command(
+    name = "bandwidth",
+    version,
     about = "Unidirectional bandwidth and message rate between two soft devices (perftest style)"
 )]
 struct Args {
@@ -115,17 +81,19 @@ struct Args {
     #[arg(long, value_enum, default_value = "host")]
     mem: Mem,
     /// Who posts the work and waits for its completions.
-    #[arg(long, value_enum, default_value = "cpu")]
+    #[arg(long, value_parser = one_of(&[Trigger::Cpu, Trigger::Stream, Trigger::Kernel]), default_value = "cpu")]
     trigger: Trigger,
-    /// Comma-separated message sizes in bytes (default: powers of 2 from 1 B to 8 MiB).
-    #[arg(long, value_delimiter = ',')]
-    sizes: Option<Vec<usize>>,
+    #[command(flatten)]
+    sizes: SizeArgs,
     /// Timed messages per size (default: 1 GiB worth, between 100 and 20000).
-    #[arg(long)]
-    iters: Option<usize>,
+    #[arg(long, value_parser = iters::count(1, iters::MAX_ITERS), conflicts_with = "duration")]
+    iters: Option<u64>,
+    /// Instead of --iters: send for this many seconds per size (--trigger cpu).
+    #[arg(long, value_parser = iters::parse_duration)]
+    duration: Option<Duration>,
     /// Untimed messages first, per size (default: a tenth of the timed ones).
-    #[arg(long)]
-    warmup: Option<usize>,
+    #[arg(long, value_parser = iters::count(0, iters::MAX_ITERS))]
+    warmup: Option<u64>,
     /// Messages in flight (1 to 128).
     #[arg(long, default_value_t = 64)]
     window: usize,
@@ -136,6 +104,8 @@ struct Args {
     /// it where there is no GPU.
     #[arg(long, hide = true)]
     host_stream: bool,
+    #[command(flatten)]
+    tool: ToolArgs,
 }
 
 /// What to run, checked.
@@ -144,8 +114,9 @@ struct Plan {
     mem: Mem,
     trigger: Trigger,
     sizes: Vec<usize>,
-    iters: Option<usize>,
-    warmup: Option<usize>,
+    iters: Option<u64>,
+    duration: Option<Duration>,
+    warmup: Option<u64>,
     window: usize,
     /// Messages per chunk: one in this many is signalled.
     chunk: usize,
@@ -154,33 +125,23 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(a: Args) -> Result<Plan> {
-        let sizes = a
-            .sizes
-            .unwrap_or_else(|| (0..=23).map(|k| 1usize << k).collect());
-        if sizes.is_empty() {
-            bail!("--sizes: no sizes given");
-        }
-        if sizes.contains(&0) {
-            bail!("--sizes: 0 bytes; messages must carry at least 1 byte (empty messages have no bandwidth)");
-        }
-        if let Some(&s) = sizes.iter().find(|&&s| s > MAX_SIZE) {
-            bail!("--sizes: {s} bytes; messages are at most 1 GiB");
-        }
-        if a.iters == Some(0) {
-            bail!("--iters must be at least 1");
-        }
+    fn new(a: &Args) -> Result<Plan> {
+        let sizes = a.sizes.or(|| (0..=23).map(|k| 1usize << k).collect());
+        common::sizes::check(&sizes, 1, MAX_SIZE, "empty messages have no bandwidth")?;
         if a.window == 0 || a.window > MAX_WINDOW {
             bail!("--window must be 1 to {MAX_WINDOW}");
         }
         if a.host_stream && (a.trigger != Trigger::Stream || a.mem != Mem::Host) {
             bail!("--host-stream runs --trigger stream with --mem host");
         }
+        if a.duration.is_some() && a.trigger != Trigger::Cpu {
+            bail!("--duration applies to --trigger cpu (GPU triggers enqueue a fixed number of messages: use --iters)");
+        }
         let gpu_need = match (a.trigger, a.mem) {
             (Trigger::Cpu, Mem::Host) => None,
             (Trigger::Stream, Mem::Host) if a.host_stream => None,
             (Trigger::Cpu, Mem::Device) => Some("--mem device".to_string()),
-            (t, _) => Some(format!("--trigger {}", t.name())),
+            (t, _) => Some(format!("--trigger {}", name(t))),
         };
         if let Some(what) = gpu_need {
             if let Err(e) = Cuda::get().and_then(|c| c.gpu(0).map(|_| ())) {
@@ -193,6 +154,7 @@ impl Plan {
             trigger: a.trigger,
             sizes,
             iters: a.iters,
+            duration: a.duration,
             warmup: a.warmup,
             window: a.window,
             chunk: (a.window / 4).max(1),
@@ -202,25 +164,38 @@ impl Plan {
     }
     fn iters(&self, size: usize) -> u64 {
         self.iters
-            .unwrap_or_else(|| (DEFAULT_BYTES / size).clamp(MIN_ITERS, MAX_ITERS)) as u64
+            .unwrap_or_else(|| (DEFAULT_BYTES / size).clamp(MIN_ITERS, MAX_ITERS) as u64)
     }
     fn warmup(&self, size: usize) -> u64 {
-        self.warmup
-            .map(|w| w as u64)
-            .unwrap_or_else(|| self.iters(size).div_ceil(10))
+        self.warmup.unwrap_or_else(|| self.iters(size).div_ceil(10))
     }
     /// The trigger as reported: `host-stream` for the stream loop run by a CPU thread (a
     /// test, not a measurement of a GPU).
-    fn trigger_label(&self) -> &'static str {
+    fn trigger_label(&self) -> String {
         if self.host_stream {
-            "host-stream"
+            "host-stream".into()
         } else {
-            self.trigger.name()
+            name(self.trigger)
         }
     }
     /// Whether message `i` (0-based) of a run of `n` is signalled.
     fn signalled(&self, i: u64, n: u64) -> bool {
         i + 1 == n || (i + 1) % self.chunk as u64 == 0
+    }
+    /// What runs where, for the header and every JSON row.
+    fn header(&self) -> Header {
+        Header::new("bandwidth")
+            .field("op", name(self.op))
+            .field("trigger", self.trigger_label())
+            .field("mem", name(self.mem))
+            .field("device", "soft")
+            .field("link", "in-process")
+            .field("ranks", 2u32)
+            .field("ranks_as", "threads")
+            .field("window", self.window)
+            .field("signal_every", self.chunk)
+            .field("cores", cores())
+            .note("rank 0 sends, rank 1 serves; GB/s = 10^9 bytes/s, Gb/s = 10^9 bits/s; rate in millions of messages/s")
     }
 }
 
@@ -401,8 +376,16 @@ impl Stall {
     }
 }
 
-/// `n` messages from the CPU, at most a window in flight; returns once all completed.
-fn cpu_phase(link: &mut Link, plan: &Plan, size: usize, n: u64) -> Result<()> {
+/// Up to `n` messages from the CPU, at most a window in flight, or fewer if `deadline` passes
+/// first (posting stops at the end of a chunk, whose last message is signalled); returns how
+/// many were sent, once all completed.
+fn cpu_phase(
+    link: &mut Link,
+    plan: &Plan,
+    size: usize,
+    mut n: u64,
+    deadline: Option<Instant>,
+) -> Result<u64> {
     let (mut posted, mut done) = (0u64, 0u64);
     // The message counts at the signalled sends in flight, oldest first.
     let mut signalled = VecDeque::new();
@@ -417,6 +400,9 @@ fn cpu_phase(link: &mut Link, plan: &Plan, size: usize, n: u64) -> Result<()> {
             posted += 1;
             if sig {
                 signalled.push_back(posted);
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    n = posted;
+                }
             }
         }
         link.scq0.wait_one(TIMEOUT)?.ok().context("a send failed")?;
@@ -427,15 +413,27 @@ fn cpu_phase(link: &mut Link, plan: &Plan, size: usize, n: u64) -> Result<()> {
             link.rx.reap()?;
         }
     }
-    Ok(())
+    Ok(n)
 }
+
+/// Messages a `--duration` run may send per size at most.
+const DURATION_MAX_MESSAGES: u64 = iters::MAX_ITERS;
 
 fn cpu_run(mut link: Link, plan: &Plan, out: &mut dyn FnMut(Measured)) -> Result<()> {
     for &size in &plan.sizes {
-        let (warmup, iters) = (plan.warmup(size), plan.iters(size));
-        cpu_phase(&mut link, plan, size, warmup)?;
+        let warmup = plan.warmup(size);
+        cpu_phase(&mut link, plan, size, warmup, None)?;
         let start = Instant::now();
-        cpu_phase(&mut link, plan, size, iters)?;
+        let iters = match plan.duration {
+            None => cpu_phase(&mut link, plan, size, plan.iters(size), None)?,
+            Some(d) => cpu_phase(
+                &mut link,
+                plan,
+                size,
+                DURATION_MAX_MESSAGES,
+                Some(start + d),
+            )?,
+        };
         out(Measured {
             size,
             iters,
@@ -444,18 +442,6 @@ fn cpu_run(mut link: Link, plan: &Plan, out: &mut dyn FnMut(Measured)) -> Result
         });
     }
     Ok(())
-}
-
-/// Ends the process with `e` at once, without dropping anything: a stream or kernel may still
-/// wait on memory that drops would free, and CUDA's frees would wait for it (a hang).
-fn exit_now(e: anyhow::Error) -> ! {
-    eprintln!("Error: {e:?}");
-    std::process::exit(1)
-}
-
-/// `x` with 6 significant digits (for JSON, which must not round small rates to 0).
-fn sig6(x: f64) -> f64 {
-    format!("{x:.5e}").parse().unwrap_or(x)
 }
 
 /// `x` with 4 significant digits and no exponent (for the table).
@@ -468,60 +454,62 @@ fn fixed4(x: f64) -> String {
     format!("{x:.decimals$}")
 }
 
-fn report(plan: &Plan, m: &Measured) {
+const COLUMNS: [&str; 6] = [
+    "bytes",
+    "iters",
+    "seconds",
+    "BW[GB/s]",
+    "BW[Gb/s]",
+    "rate[Mmsg/s]",
+];
+
+fn report(plan: &Plan, header: &Header, m: &Measured) {
     let bytes = m.size as f64 * m.iters as f64;
-    let (gbps, mmsgs) = (bytes / m.seconds / 1e9, m.iters as f64 / m.seconds / 1e6);
+    let (gbytes, mmsgs) = (bytes / m.seconds / 1e9, m.iters as f64 / m.seconds / 1e6);
     if plan.json {
-        println!(
-            "{{\"op\":\"{}\",\"mem\":\"{}\",\"trigger\":\"{}\",\"ranks\":\"threads\",\"size\":{},\"iters\":{},\"warmup\":{},\"window\":{},\"signal_every\":{},\"seconds\":{},\"gbps\":{},\"mmsgs\":{}}}",
-            plan.op.name(),
-            plan.mem.name(),
-            plan.trigger_label(),
-            m.size,
-            m.iters,
-            m.warmup,
-            plan.window,
-            plan.chunk,
-            sig6(m.seconds),
-            sig6(gbps),
-            sig6(mmsgs)
-        );
+        let o = Object::new()
+            .extend(header.json())
+            .set("bytes", m.size)
+            .set("iters", m.iters)
+            .set("warmup", m.warmup)
+            .set("seconds", Value::Sig(m.seconds))
+            .set("gbytes_per_s", Value::Sig(gbytes))
+            .set("gbits_per_s", Value::Sig(gbytes * 8.0))
+            .set("mmsg_per_s", Value::Sig(mmsgs));
+        outln!("{o}");
     } else {
-        println!(
-            "{:>10} {:>8} {:>12} {:>12} {:>14}",
+        outln!(
+            "{:>10} {:>10} {:>12} {:>12} {:>12} {:>14}",
             m.size,
             m.iters,
             fixed4(m.seconds),
-            fixed4(gbps),
+            fixed4(gbytes),
+            fixed4(gbytes * 8.0),
             fixed4(mmsgs)
         );
     }
 }
 
-fn main() -> Result<()> {
-    let plan = Plan::new(Args::parse())?;
+fn run(args: &Args) -> Result<()> {
+    let plan = Plan::new(args)?;
+    let header = plan.header();
     if !plan.json {
-        println!(
-            "# bandwidth: op {} trigger {} mem {} ranks threads window {} (signal every {})",
-            plan.op.name(),
-            plan.trigger_label(),
-            plan.mem.name(),
-            plan.window,
-            plan.chunk
-        );
-        println!("# GB/s = 10^9 bytes/s; rate in millions of messages/s");
-        println!(
-            "{:>10} {:>8} {:>12} {:>12} {:>14}",
-            "bytes", "iters", "seconds", "BW[GB/s]", "rate[Mmsg/s]"
-        );
+        outln!("{}", header.text());
+        let [a, b, c, d, e, f] = COLUMNS;
+        outln!("{a:>10} {b:>10} {c:>12} {d:>12} {e:>12} {f:>14}");
     }
-    let max = *plan.sizes.iter().max().unwrap();
+    let max = *plan.sizes.iter().max().context("no sizes")?;
     let (b0, b1) = (Buffer::new(plan.mem, max)?, Buffer::new(plan.mem, max)?);
     let link = Link::new(&b0, &b1)?;
-    let mut out = |m: Measured| report(&plan, &m);
+    let mut out = |m: Measured| report(&plan, &header, &m);
     match plan.trigger {
-        Trigger::Cpu => cpu_run(link, &plan, &mut out),
         Trigger::Stream => gpu::stream_run(link, &plan, &mut out),
         Trigger::Kernel => gpu::kernel_run(link, &plan, &mut out),
+        _ => cpu_run(link, &plan, &mut out),
     }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    args.tool.run(|| run(&args))
 }

@@ -6,7 +6,8 @@
 //! markers, rank 1 answers with even ones. The receiver (stream, kernel or CPU) waits for the
 //! marker word (`--op write`) or for its receive completion (`write-imm`, `send`).
 
-use super::{Args, Mem, Op, Stats, Trigger};
+use super::{Args, Mem, Op, Trigger};
+use crate::common::stats::{cpu_time_us, Stats};
 use anyhow::{bail, Context, Result};
 use gdasync::gdsync::cuda::{Cuda, CudaStream, DeviceBuffer, Function, Module};
 use gdasync::gdsync::exec::Executor;
@@ -201,28 +202,11 @@ pub(crate) fn join_ranks(
     }
 }
 
-pub(crate) fn stats(size: usize, mut half_rtts: Vec<f64>, cpu: f64) -> Stats {
-    half_rtts.sort_by(f64::total_cmp);
-    let n = half_rtts.len().max(1);
-    let pct = |p: f64| half_rtts[((n - 1) as f64 * p).round() as usize];
-    Stats {
-        bytes: size,
-        iters: half_rtts.len(),
-        min: half_rtts[0],
-        p50: pct(0.5),
-        avg: half_rtts.iter().sum::<f64>() / n as f64,
-        p99: pct(0.99),
-        cpu_us_per_iter: cpu,
-    }
-}
-
-pub(crate) fn run(args: &Args) -> Result<Vec<Stats>> {
+/// Runs every size; each size's figures go to `emit` as soon as they are measured.
+pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Result<()> {
     let c = Cuda::get().context("--trigger host|stream|kernel need a CUDA GPU")?;
     if c.gpus.is_empty() {
         bail!("--trigger {:?} needs a GPU; none found", args.trigger);
-    }
-    if args.sizes().iter().any(|&s| s < 4 || s % 4 != 0) {
-        bail!("GPU triggers put a 32-bit marker at the end of each message: sizes must be multiples of 4");
     }
     let module = if args.trigger != Trigger::Stream {
         Some(Module::compile(0, KERNELS).context("compile the pingpong kernels with NVRTC")?)
@@ -231,11 +215,10 @@ pub(crate) fn run(args: &Args) -> Result<Vec<Stats>> {
     };
     let max = *args.sizes().iter().max().unwrap();
     let dev = Device::soft()?;
-    let mut out = Vec::new();
     for size in args.sizes() {
         let (warm, iters) = (args.warmup(size) as u64, args.iters(size) as u64);
         let (r0, r1) = setup(&dev, args, max)?;
-        let cpu0 = super::cpu_time_us();
+        let cpu0 = cpu_time_us();
         let samples = match args.trigger {
             Trigger::Stream => stream_run(args, size, warm + iters, r0, r1)?,
             Trigger::Kernel => {
@@ -251,10 +234,10 @@ pub(crate) fn run(args: &Args) -> Result<Vec<Stats>> {
             )?,
             Trigger::Cpu => unreachable!(),
         };
-        let cpu = (super::cpu_time_us() - cpu0) / (warm + iters) as f64;
-        out.push(stats(size, samples[warm as usize..].to_vec(), cpu));
+        let cpu = (cpu_time_us() - cpu0) / (warm + iters) as f64;
+        emit(Stats::new(size, samples[warm as usize..].to_vec(), cpu))?;
     }
-    Ok(out)
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------- stream

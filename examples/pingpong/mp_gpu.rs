@@ -12,10 +12,11 @@
 //! kernel).
 
 use super::gpu::{
-    join_ranks, kernel_half_rtts, marker_write, param, stats, Buf, ProgressClock, KERNELS,
-    KERNEL_WAIT_NS, SIGNAL_EVERY, TIMEOUT,
+    join_ranks, kernel_half_rtts, marker_write, param, Buf, ProgressClock, KERNELS, KERNEL_WAIT_NS,
+    SIGNAL_EVERY, TIMEOUT,
 };
-use super::{Args, Stats, Trigger};
+use super::{Args, Trigger};
+use crate::common::stats::{cpu_time_us, Stats};
 use anyhow::{bail, Context, Result};
 use gdasync::gdsync::cuda::{CudaStream, Function, Module};
 use gdasync::gdsync::exec::{Executor, HostStream, OpBatch};
@@ -89,7 +90,8 @@ impl MpRank {
     }
 }
 
-pub(crate) fn run(args: &Args) -> Result<Vec<Stats>> {
+/// Runs every size; each size's figures go to `emit` as soon as they are measured.
+pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Result<()> {
     // The module stays loaded while its functions are launched.
     let module = if args.trigger != Trigger::Stream {
         Some(Module::compile(0, KERNELS).context("compile the pingpong kernels with NVRTC")?)
@@ -111,15 +113,11 @@ pub(crate) fn run(args: &Args) -> Result<Vec<Stats>> {
                 args.recv_batch
             )
         })?;
-    if args.sizes().iter().any(|&s| s < 4 || s % 4 != 0) {
-        bail!("GPU triggers put a 32-bit marker at the end of each message: sizes must be multiples of 4");
-    }
     let max = *args.sizes().iter().max().unwrap();
     let dev = Device::soft()?;
-    let mut out = Vec::new();
     for size in args.sizes() {
         let (warm, iters) = (args.warmup(size) as u64, args.iters(size) as u64);
-        let cpu0 = super::cpu_time_us();
+        let cpu0 = cpu_time_us();
         let progress = SignalWords::new(1);
         let mut boots = ThreadBootstrap::group(2);
         let (b1, b0) = (boots.pop().unwrap(), boots.pop().unwrap());
@@ -150,10 +148,10 @@ pub(crate) fn run(args: &Args) -> Result<Vec<Stats>> {
         let t1 = spawn(1, b1);
         let t0 = spawn(0, b0);
         let samples = join_ranks(t0, t1)?;
-        let cpu = (super::cpu_time_us() - cpu0) / (warm + iters) as f64;
-        out.push(stats(size, samples[warm as usize..].to_vec(), cpu));
+        let cpu = (cpu_time_us() - cpu0) / (warm + iters) as f64;
+        emit(Stats::new(size, samples[warm as usize..].to_vec(), cpu))?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Stream-triggered: per iteration the CPU enqueues (rank 1) wait for the receive, write the

@@ -4,6 +4,7 @@
 //! interior meanwhile and synchronises with the stream before it needs the halo.
 
 use crate::grid::{self, Layout};
+use crate::progress::{self, Step};
 use crate::{Config, Solver};
 use anyhow::Result;
 use gdasync::gdsync::exec::HostStream;
@@ -112,7 +113,9 @@ impl Solver for CpuRank<'_> {
                 recvs[k][(i % 2) as usize] = Some(post(comm, l, (i % 2) as usize)?);
             }
         }
+        let rank = comm.rank();
         for i in first..end {
+            progress::at(rank, i, Step::Cpu);
             let p = (i % 2) as usize;
             let (a, b) = grids.split_at_mut(1);
             let (cur, nxt) = if p == 0 {
@@ -151,6 +154,7 @@ impl Solver for CpuRank<'_> {
             }
             boundary(lay, cur, nxt);
         }
+        progress::at(rank, end, Step::Out);
         Ok(())
     }
 

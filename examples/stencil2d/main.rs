@@ -25,31 +25,28 @@
 //! cargo run --release --example stencil2d -- --trigger stream --ranks 2 --sub 1024 --iters 1000
 //! ```
 
+#[path = "../common/mod.rs"]
+mod common;
 mod cpu;
 mod gpu;
 mod grid;
+mod limits;
 mod progress;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
+use common::header::cores;
+use common::json::{Object, Value};
+use common::out::outln;
+pub use common::Trigger;
+use common::{iters, name, RanksAs, ToolArgs};
 use gdasync::gdsync::Device;
-use gdasync::mp::bootstrap::{launch_local, Bootstrap, JobInfo, TcpBootstrap, ThreadBootstrap};
+use gdasync::mp::bootstrap::{Bootstrap, JobInfo, TcpBootstrap, ThreadBootstrap};
 use gdasync::mp::Comm;
 use grid::Layout;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Trigger {
-    /// CPU compute; the exchange is posted on a host stream.
-    Cpu,
-    /// GPU compute; the CPU synchronises, sends, waits and launches.
-    Host,
-    /// GPU compute; the CUDA stream sends and waits, the CPU only enqueues.
-    Stream,
-    /// One persistent kernel per rank sends, waits and computes; the CPU launches it once.
-    Kernel,
-}
 
 /// Where the GPU triggers' halo messages live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -61,20 +58,6 @@ pub enum Halo {
     /// Pinned host memory mapped for the GPU: kernels pack and unpack every side there, and
     /// the soft device moves the bytes with the CPU, as a NIC would by DMA.
     Host,
-}
-
-impl Trigger {
-    fn name(self) -> &'static str {
-        match self {
-            Trigger::Cpu => "cpu",
-            Trigger::Host => "host",
-            Trigger::Stream => "stream",
-            Trigger::Kernel => "kernel",
-        }
-    }
-    fn gpu(self) -> bool {
-        self != Trigger::Cpu
-    }
 }
 
 /// Whether the GPU triggers compute the interior while the halos are in flight.
@@ -97,18 +80,12 @@ pub enum Overlap {
 /// vs 42.6 µs, two noisy repetitions), with it at 1024² (device halos: 39.7 vs 42.4 µs).
 pub const OVERLAP_MIN_CELLS: usize = 512 * 512;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum RanksAs {
-    /// Threads of this process sharing one soft device.
-    Threads,
-    /// Local processes meeting over the TCP bootstrap (shared-memory links).
-    Procs,
-    /// The processes of an MPI job (`mpirun -np R`; needs the `mpi` feature).
-    Mpi,
-}
-
 #[derive(Parser, Debug, Clone)]
-#[command(about = "2D Jacobi solver with a halo exchange every iteration (GPUDirect Async demo)")]
+#[command(
+    name = "stencil2d",
+    version,
+    about = "2D Jacobi solver with a halo exchange every iteration (GPUDirect Async demo)"
+)]
 struct Args {
     /// Global grid size N (an N × N grid).
     #[arg(long, default_value_t = 256)]
@@ -120,12 +97,13 @@ struct Args {
     #[arg(long, default_value_t = 2)]
     ranks: usize,
     /// Timed iterations.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = iters::count(1, iters::MAX_ITERS))]
     iters: u64,
     /// Untimed iterations before them.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = iters::count(0, iters::MAX_ITERS))]
     warmup: u64,
-    /// Who computes and who drives the exchange.
+    /// Who computes and who drives the exchange (cpu: the CPU computes, a host stream
+    /// exchanges; the others compute on the GPU).
     #[arg(long, value_enum, default_value = "cpu")]
     trigger: Trigger,
     /// Compare the result with a single-rank run of the same arithmetic, bit for bit.
@@ -137,16 +115,16 @@ struct Args {
     /// How the ranks run.
     #[arg(long, value_enum, default_value = "threads")]
     ranks_as: RanksAs,
-    /// Where the GPU triggers' halo messages live.
-    #[arg(long, value_enum, default_value = "device")]
-    halo: Halo,
-    /// GPU triggers `host` and `stream`: compute the interior while the halos are in flight
-    /// (`on`), or the whole block once they arrived (`off`).
-    #[arg(long, value_enum, default_value = "auto")]
-    overlap: Overlap,
-    /// Seconds a rank waits for a peer's message before it fails (mp's timeout). A run in
-    /// which no rank moves for 15 s longer ends with where each rank is.
-    #[arg(long, default_value_t = 60)]
+    /// GPU triggers: where the halo messages live (default: device).
+    #[arg(long, value_enum)]
+    halo: Option<Halo>,
+    /// GPU triggers host and stream: compute the interior while the halos are in flight
+    /// (on), or the whole block once they arrived (off) (default: auto).
+    #[arg(long, value_enum)]
+    overlap: Option<Overlap>,
+    /// Seconds a rank waits for a peer (at start-up, and for each message) before it fails.
+    /// A run in which no rank moves for 15 s longer ends with where each rank is.
+    #[arg(long, default_value_t = 60, value_parser = iters::count(1, 86_400))]
     timeout: u64,
     /// Diagnostics (`--trigger stream`): print the GPU time of each phase of an iteration.
     #[arg(long, hide = true)]
@@ -158,6 +136,8 @@ struct Args {
     /// `--check` must fail.
     #[arg(long, hide = true)]
     corrupt: bool,
+    #[command(flatten)]
+    tool: ToolArgs,
 }
 
 /// The validated run.
@@ -187,14 +167,35 @@ pub struct Config {
 /// Largest block a rank may hold (cells, halo included): two grids of 8 GiB.
 const MAX_BLOCK_CELLS: usize = 1 << 30;
 
+/// Refuses flags that do not apply to the chosen trigger.
+fn check_flags(a: &Args) -> Result<()> {
+    if a.halo.is_some() && !a.trigger.gpu() {
+        bail!("--halo applies to the GPU triggers (host, stream, kernel): --trigger cpu computes and exchanges in host memory");
+    }
+    if a.overlap.is_some() && !matches!(a.trigger, Trigger::Host | Trigger::Stream) {
+        bail!("--overlap applies to --trigger host and stream (the kernel trigger always overlaps, the CPU trigger computes the interior while the host stream exchanges)");
+    }
+    if a.trace && a.trigger != Trigger::Stream {
+        bail!("--trace applies to --trigger stream");
+    }
+    if a.corrupt && !a.check {
+        bail!("--corrupt is a test of --check: add --check");
+    }
+    Ok(())
+}
+
+/// Most ranks of one run (processes of one host, or threads of one process).
+const MAX_RANKS: usize = 4096;
+
 impl Config {
     fn new(a: &Args) -> Result<Config> {
         if a.ranks == 0 {
             bail!("--ranks must be at least 1");
         }
-        if a.iters == 0 {
-            bail!("--iters must be at least 1");
+        if a.ranks > MAX_RANKS {
+            bail!("--ranks {}: at most {MAX_RANKS}", a.ranks);
         }
+        check_flags(a)?;
         let (px, py) = grid::decompose(a.ranks);
         let (gx, gy) = match a.sub {
             Some(s) => (s.saturating_mul(px), s.saturating_mul(py)),
@@ -207,17 +208,32 @@ impl Config {
             bail!("a {gx} x {gy} grid cannot give each of {px} x {py} ranks a row and a column: use a larger --n or fewer --ranks");
         }
         let (bx, by) = Layout::largest_block(gx, gy, px, py);
-        if (bx + 2).saturating_mul(by + 2) > MAX_BLOCK_CELLS {
+        let block_cells = (bx + 2).saturating_mul(by + 2);
+        if block_cells > MAX_BLOCK_CELLS {
             bail!("blocks of {bx} x {by} cells are larger than this example allows ({MAX_BLOCK_CELLS} cells per grid)");
         }
+        // Host memory for the grids: the CPU trigger's blocks (two grids per rank), and for
+        // --check the gathered grid, its copies and the single-rank reference.
+        let grids = if a.trigger.gpu() {
+            0
+        } else {
+            a.ranks.saturating_mul(2 * 8 * block_cells)
+        };
+        let check = if a.check {
+            gx.saturating_mul(gy).saturating_mul(5 * 8)
+        } else {
+            0
+        };
+        limits::check(
+            a.ranks,
+            a.ranks_as == RanksAs::Threads,
+            grids.saturating_add(check),
+        )?;
         if a.trigger.gpu() {
             let c = gdasync::gdsync::cuda::Cuda::get()
-                .with_context(|| format!("--trigger {} needs a CUDA GPU", a.trigger.name()))?;
+                .with_context(|| format!("--trigger {} needs a CUDA GPU", name(a.trigger)))?;
             if c.gpus.is_empty() {
-                bail!(
-                    "--trigger {} needs a CUDA GPU; none found",
-                    a.trigger.name()
-                );
+                bail!("--trigger {} needs a CUDA GPU; none found", name(a.trigger));
             }
         }
         Ok(Config {
@@ -229,14 +245,14 @@ impl Config {
             warmup: a.warmup,
             iters: a.iters,
             trigger: a.trigger,
-            halo: a.halo,
-            overlap: match a.overlap {
+            halo: a.halo.unwrap_or(Halo::Device),
+            overlap: match a.overlap.unwrap_or(Overlap::Auto) {
                 Overlap::On => true,
                 Overlap::Off => false,
                 Overlap::Auto => bx * by >= OVERLAP_MIN_CELLS,
             },
             trace: a.trace,
-            timeout: Duration::from_secs(a.timeout.max(1)),
+            timeout: Duration::from_secs(a.timeout),
             check: a.check,
             json: a.json,
             ranks_as: a.ranks_as,
@@ -335,59 +351,91 @@ fn compare(got: &[f64], want: &[f64]) -> Check {
     c
 }
 
-fn report(cfg: &Config, us: f64, check: Option<&Check>) {
-    let (bx, by) = Layout::largest_block(cfg.gx, cfg.gy, cfg.px, cfg.py);
-    let ranks_as = match cfg.ranks_as {
-        RanksAs::Threads => "threads",
-        RanksAs::Procs => "procs",
-        RanksAs::Mpi => "mpi",
-    };
-    // The CPU trigger has no GPU halo buffers.
-    let halo = match (cfg.trigger, cfg.halo) {
-        (Trigger::Cpu, _) => "none",
-        (_, Halo::Device) => "device",
-        (_, Halo::Host) => "host",
-    };
-    // Only the host and stream triggers choose.
-    let (overlap, overlap_text) = match (cfg.trigger, cfg.overlap) {
-        (Trigger::Host | Trigger::Stream, true) => ("true", "on"),
-        (Trigger::Host | Trigger::Stream, false) => ("false", "off"),
-        _ => ("null", "n/a"),
-    };
+/// `--halo` as it applies: the GPU triggers' choice (the CPU trigger has no GPU halo
+/// buffers).
+fn halo_name(cfg: &Config) -> Option<String> {
+    cfg.trigger.gpu().then(|| name(cfg.halo))
+}
+
+/// `--overlap` as it applies: only the host and stream triggers choose.
+fn overlap_used(cfg: &Config) -> Option<bool> {
+    matches!(cfg.trigger, Trigger::Host | Trigger::Stream).then_some(cfg.overlap)
+}
+
+/// The run's description, printed before it starts (the JSON line carries the same).
+fn print_header(cfg: &Config) {
     if cfg.json {
-        let (diff, mism) = match check {
-            Some(c) => (format!("{:e}", c.max_diff), c.mismatches.to_string()),
-            None => ("null".into(), "null".into()),
-        };
-        println!(
-            "{{\"n\":{},\"ny\":{},\"ranks\":{},\"decomposition\":\"{}x{}\",\"ranks_as\":\"{ranks_as}\",\"trigger\":\"{}\",\"halo\":\"{}\",\"overlap\":{overlap},\"iters\":{},\"warmup\":{},\"subdomain\":\"{bx}x{by}\",\"us_per_iter\":{us:.3},\"timing\":\"total/iters\",\"max_diff\":{diff},\"mismatches\":{mism}}}",
-            cfg.gx, cfg.gy, cfg.ranks, cfg.px, cfg.py, cfg.trigger.name(), halo, cfg.iters, cfg.warmup
-        );
         return;
     }
-    println!(
-        "stencil2d: {} x {} grid, {} ranks ({} x {}, {ranks_as}), trigger {}, halo in {halo} memory, overlap {overlap_text}, {} iterations (+{} warm-up)",
-        cfg.gx, cfg.gy, cfg.ranks, cfg.px, cfg.py, cfg.trigger.name(), cfg.iters, cfg.warmup
+    let (bx, by) = Layout::largest_block(cfg.gx, cfg.gy, cfg.px, cfg.py);
+    let halo = halo_name(cfg).map_or(String::new(), |h| format!(", halo in {h} memory"));
+    let overlap = overlap_used(cfg).map_or(String::new(), |o| {
+        format!(", overlap {}", if o { "on" } else { "off" })
+    });
+    outln!(
+        "stencil2d: {} x {} grid, {} ranks ({} x {}, {}), trigger {}{halo}{overlap}, {} iterations (+{} warm-up), {} cores",
+        cfg.gx,
+        cfg.gy,
+        cfg.ranks,
+        cfg.px,
+        cfg.py,
+        name(cfg.ranks_as),
+        name(cfg.trigger),
+        cfg.iters,
+        cfg.warmup,
+        cores()
     );
-    println!("subdomain per rank: {bx} x {by} (largest)");
-    println!(
+    outln!("subdomain per rank: {bx} x {by} (largest)");
+}
+
+/// The result: the time per iteration and the check (a JSON line with `--json`).
+fn report(cfg: &Config, us: f64, check: Option<&Check>) {
+    if cfg.json {
+        let (bx, by) = Layout::largest_block(cfg.gx, cfg.gy, cfg.px, cfg.py);
+        let o = Object::new()
+            .set("n", cfg.gx)
+            .set("ny", cfg.gy)
+            .set("ranks", cfg.ranks)
+            .set("decomposition", format!("{}x{}", cfg.px, cfg.py))
+            .set("ranks_as", name(cfg.ranks_as))
+            .set("trigger", name(cfg.trigger))
+            .set("halo", halo_name(cfg))
+            .set("overlap", overlap_used(cfg))
+            .set("iters", cfg.iters)
+            .set("warmup", cfg.warmup)
+            .set("subdomain", format!("{bx}x{by}"))
+            .set("device", "soft")
+            .set("cores", cores())
+            .set("us_per_iter", Value::Fixed(us, 3))
+            .set("timing", "total/iters")
+            .set(
+                "max_diff",
+                check.map(|c| match c.max_diff {
+                    d if d.is_finite() => Value::Raw(format!("{d:e}")),
+                    _ => Value::Null,
+                }),
+            )
+            .set("mismatches", check.map(|c| c.mismatches));
+        outln!("{o}");
+        return;
+    }
+    outln!(
         "time per iteration: {us:.3} us (wall time of the timed iterations / {}, on rank 0 between barriers)",
         cfg.iters
     );
-    if let Some(c) = check {
-        if c.mismatches == 0 {
-            println!("check: bit-exact against a single-rank run (max |diff| 0)");
-        } else {
-            let (i, g, w) = c.first.unwrap();
-            println!(
-                "check: FAILED: {} of {} values differ from the single-rank run, max |diff| {:e} (first at row {}, column {}: {g:e}, want {w:e})",
-                c.mismatches,
-                cfg.gx * cfg.gy,
-                c.max_diff,
-                i / cfg.gy,
-                i % cfg.gy
-            );
-        }
+    let Some(c) = check else {
+        return;
+    };
+    match c.first {
+        None => outln!("check: bit-exact against a single-rank run (max |diff| 0)"),
+        Some((i, g, w)) => outln!(
+            "check: FAILED: {} of {} values differ from the single-rank run, max |diff| {:e} (first at row {}, column {}: {g:e}, want {w:e})",
+            c.mismatches,
+            cfg.gx * cfg.gy,
+            c.max_diff,
+            i / cfg.gy,
+            i % cfg.gy
+        ),
     }
 }
 
@@ -400,6 +448,7 @@ fn rank_main(
 ) -> Result<()> {
     let mut comm = Comm::new(boot, dev)?;
     comm.set_timeout(cfg.timeout);
+    progress::started();
     let lay = Layout::new(cfg.gx, cfg.gy, cfg.px, cfg.py, comm.rank());
     let (us, mut block) = match cfg.trigger {
         Trigger::Cpu => cpu::solve(&mut comm, &lay, cfg)?,
@@ -484,8 +533,22 @@ fn threads(cfg: &Config) -> Result<()> {
     // rank is.
     let stall = cfg.timeout + progress::STALL_MARGIN;
     let (mut last, mut since) = (progress::snapshot(cfg.ranks), Instant::now());
+    let mut shown = progress::Display::new(cfg.warmup + cfg.iters);
+    let begun = Instant::now();
     while handles.iter().any(Option::is_some) {
         let now = progress::snapshot(cfg.ranks);
+        shown.tick(cfg.ranks);
+        if failed.is_empty()
+            && progress::started_ranks() < cfg.ranks
+            && begun.elapsed() > cfg.timeout
+        {
+            bail!(
+                "start-up: {} of {} ranks connected within --timeout {} s",
+                progress::started_ranks(),
+                cfg.ranks,
+                cfg.timeout.as_secs()
+            );
+        }
         if now != last {
             (last, since) = (now, Instant::now());
         } else if since.elapsed() > stall && progress::watched(&now) {
@@ -520,43 +583,20 @@ fn threads(cfg: &Config) -> Result<()> {
     }
 }
 
-/// `--ranks-as procs`: start the ranks as local processes and wait for all of them; the
-/// first that fails stops the others.
-fn procs(cfg: &Config) -> Result<()> {
-    let exe = std::env::current_exe()?;
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
-    args.push("--child".into());
-    let mut children = launch_local(cfg.ranks, &exe, &args)?;
-    let mut done = vec![false; children.len()];
-    while done.iter().any(|d| !d) {
-        for (r, c) in children.iter_mut().enumerate() {
-            if done[r] {
-                continue;
-            }
-            if let Some(st) = c.try_wait()? {
-                done[r] = true;
-                if !st.success() {
-                    for (k, other) in children.iter_mut().enumerate() {
-                        if !done[k] {
-                            let _ = other.kill();
-                            let _ = other.wait();
-                        }
-                    }
-                    bail!("rank {r} failed ({st})");
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    Ok(())
-}
-
-/// One process of `--ranks-as procs`.
+/// One process of `--ranks-as procs` (started by [`common::launch::run_local`]).
 fn child(cfg: &Config) -> Result<()> {
-    let info = JobInfo::from_env()?;
-    let boot = TcpBootstrap::connect(&info, Duration::from_secs(60))?;
-    let kernels = kernels_for(cfg, [info.rank])?;
+    let info = JobInfo::from_env().context("--child is for the processes stencil2d starts")?;
+    let rank = info.rank;
+    let _shown = (rank == 0).then(|| progress::Shown::start(cfg.warmup + cfg.iters));
+    let boot = TcpBootstrap::connect(&info, cfg.timeout).with_context(|| {
+        format!(
+            "rank {rank}: start-up (--timeout {} s)",
+            cfg.timeout.as_secs()
+        )
+    })?;
+    let kernels = kernels_for(cfg, [rank])?;
     rank_main(cfg, Box::new(boot), &Device::soft()?, kernels.as_ref())
+        .with_context(|| format!("rank {rank}"))
 }
 
 #[cfg(feature = "mpi")]
@@ -573,6 +613,10 @@ fn mpi(cfg: &Config) -> Result<()> {
         );
     }
     let kernels = kernels_for(cfg, [boot.rank()])?;
+    let _shown = (boot.rank() == 0).then(|| progress::Shown::start(cfg.warmup + cfg.iters));
+    if boot.rank() == 0 {
+        print_header(cfg);
+    }
     rank_main(cfg, Box::new(boot), &Device::soft()?, kernels.as_ref())
 }
 
@@ -581,15 +625,22 @@ fn mpi(_: &Config) -> Result<()> {
     bail!("--ranks-as mpi needs the mpi feature: cargo build --release --features mpi --example stencil2d, then mpirun -np R target/release/examples/stencil2d --ranks-as mpi --ranks R")
 }
 
-fn main() -> Result<()> {
-    let args = Args::parse();
-    let cfg = Config::new(&args)?;
+fn run(args: &Args) -> Result<()> {
+    let cfg = Config::new(args)?;
     if args.child {
         return child(&cfg);
     }
+    if cfg.ranks_as != RanksAs::Mpi {
+        print_header(&cfg);
+    }
     match cfg.ranks_as {
         RanksAs::Threads => threads(&cfg),
-        RanksAs::Procs => procs(&cfg),
+        RanksAs::Procs => common::launch::run_local(cfg.ranks),
         RanksAs::Mpi => mpi(&cfg),
     }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    args.tool.run(|| run(&args))
 }

@@ -1,11 +1,13 @@
-//! Where each rank of this process is, for a report instead of a silent hang: the GPU triggers
-//! note every step of their loops here (one relaxed store), and the launcher ends the run with
-//! the table when no rank of the process has moved for longer than mp's timeout plus
-//! [`STALL_MARGIN`] while one is inside such a loop (a stream wait that nothing satisfies
-//! blocks the CPU in `cuStreamSynchronize`, or in a launch once the GPU's queue is full, where
-//! no library timeout reaches it).
+//! Where each rank of this process is, for a report instead of a silent hang and for the
+//! progress shown on stderr: the triggers note every step of their loops here (one relaxed
+//! store), and the launcher ends the run with the table when no rank of the process has moved
+//! for longer than mp's timeout plus [`STALL_MARGIN`] while one is inside such a loop (a
+//! stream wait that nothing satisfies blocks the CPU in `cuStreamSynchronize`, or in a launch
+//! once the GPU's queue is full, where no library timeout reaches it).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::common::progress::Progress;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How much longer than mp's timeout (`--timeout`) every rank may stay at the same step
@@ -46,9 +48,11 @@ pub enum Step {
     Kernel,
     /// Out of the loop (done, checking, or tearing down: not watched).
     Out,
+    /// The CPU trigger's loop: computing, and exchanging through its host stream.
+    Cpu,
 }
 
-const NAMES: [&str; 11] = [
+const NAMES: [&str; 12] = [
     "run-ahead wait (CPU waits for an earlier iteration's requests)",
     "posting sends",
     "handing a list of memory operations to the stream",
@@ -60,7 +64,21 @@ const NAMES: [&str; 11] = [
     "waiting on the CPU for the messages",
     "the persistent kernel",
     "out of the loop",
+    "the CPU loop (computing, exchanging on the host stream)",
 ];
+
+/// Ranks of this process whose communicator is connected.
+static STARTED: AtomicUsize = AtomicUsize::new(0);
+
+/// A rank of this process finished its start-up (its communicator is connected).
+pub fn started() {
+    STARTED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// How many ranks of this process finished their start-up.
+pub fn started_ranks() -> usize {
+    STARTED.load(Ordering::Relaxed)
+}
 
 /// Per rank: the error its GPU loop failed with, if any.
 static FAILED: std::sync::Mutex<Vec<(usize, String)>> = std::sync::Mutex::new(Vec::new());
@@ -112,6 +130,64 @@ pub fn report(ranks: usize) -> String {
         )
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// The slowest rank's iteration, shown on stderr (common's [`Progress`]).
+pub struct Display {
+    shown: Progress,
+    total: u64,
+}
+
+impl Display {
+    /// For runs of `total` iterations (warm-up included).
+    pub fn new(total: u64) -> Display {
+        Display {
+            shown: Progress::new("stencil2d"),
+            total,
+        }
+    }
+    /// Shows where the first `ranks` ranks of this process are, when it is time to.
+    pub fn tick(&mut self, ranks: usize) {
+        let now = snapshot(ranks);
+        let total = self.total;
+        self.shown.show(|| match now.iter().min() {
+            Some(0) | None => "starting up".to_string(),
+            Some(v) => format!("iteration {} of {total}", (v >> 8).min(total)),
+        });
+    }
+}
+
+/// A thread that shows rank 0's progress until dropped (a process that runs only rank 0).
+pub struct Shown {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Shown {
+    pub fn start(total: u64) -> Shown {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut d = Display::new(total);
+            while !s.load(Ordering::Relaxed) {
+                d.tick(1);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        Shown {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Shown {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 #[cfg(test)]

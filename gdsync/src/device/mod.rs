@@ -1,9 +1,11 @@
 //! Devices: the NIC below the queues. Only the soft device exists so far: a software model
 //! of the mlx5 RC data path (see `docs/soft-device.md`).
 
+mod attr;
 mod endpoint;
 pub(crate) mod soft;
 
+pub use attr::{DeviceAttr, LinkLayer, PortAttr, PortState};
 pub use endpoint::{Endpoint, LinkKind, LinkPolicy};
 pub use soft::{progress, progress_mode, ProgressMode};
 

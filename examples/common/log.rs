@@ -1,0 +1,36 @@
+//! Logging: a `tracing` subscriber writing to stderr, filtered by `GDSYNC_LOG` (e.g.
+//! `GDSYNC_LOG=debug`, `GDSYNC_LOG=gdsync::device=trace`, the `RUST_LOG` syntax); without it,
+//! warnings only, or debug with `--debug`.
+
+use std::io::IsTerminal;
+use tracing_subscriber::EnvFilter;
+
+/// The variable that sets the log filter.
+pub const LOG_VAR: &str = "GDSYNC_LOG";
+
+/// Installs the subscriber. An invalid `GDSYNC_LOG` is an error.
+pub fn init(debug: bool) -> anyhow::Result<()> {
+    let set = std::env::var(LOG_VAR).ok().filter(|v| !v.trim().is_empty());
+    let filter = match &set {
+        Some(v) => EnvFilter::try_new(v)
+            .map_err(|e| anyhow::anyhow!("{LOG_VAR}={v:?} is not a log filter: {e}"))?,
+        None if debug => EnvFilter::new("debug"),
+        None => EnvFilter::new("warn"),
+    };
+    let detailed = set.is_some() || debug;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(detailed)
+        .with_thread_names(detailed);
+    // A subscriber installed already (a second call) keeps its settings.
+    let _ = if detailed {
+        builder
+            .with_timer(tracing_subscriber::fmt::time::uptime())
+            .try_init()
+    } else {
+        builder.without_time().try_init()
+    };
+    Ok(())
+}

@@ -1,0 +1,21 @@
+//! What every example shares: the command-line vocabulary (value types, size and iteration
+//! parsing), start-up (logging, errors, exit codes), output that ends quietly on a closed
+//! pipe, JSON lines, run headers, progress on stderr and the local process launcher.
+//!
+//! Each example includes this module with `#[path]`; each uses a subset of it.
+#![allow(dead_code, unused_imports, unused_macros)]
+
+pub mod cli;
+pub mod header;
+pub mod iters;
+pub mod json;
+pub mod launch;
+pub mod log;
+pub mod out;
+pub mod progress;
+pub mod sizes;
+pub mod stats;
+pub mod tool;
+
+pub use cli::{name, one_of, Mem, RanksAs, Trigger};
+pub use tool::ToolArgs;

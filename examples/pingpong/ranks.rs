@@ -1,0 +1,120 @@
+//! The measurement loop both ranks run, with the bootstrap separating sizes: per size, a
+//! warm-up, then `--iters` round trips or as many as fit in `--duration`, then the figures
+//! (rank 0 reports them at once).
+
+use super::wire::Wire;
+use super::{Args, MAX_SAMPLES};
+use crate::common::stats::{cpu_time_us, Stats};
+use anyhow::{Context, Result};
+use gdasync::mp::bootstrap::Bootstrap;
+use std::time::{Duration, Instant};
+
+/// Round trips in the first chunk of a `--duration` run; later chunks are sized from the
+/// measured rate to end near the deadline.
+const FIRST_CHUNK: u64 = 64;
+
+/// Runs every size on rank `rank`; rank 0 hands each size's figures to `emit` as soon as
+/// they are measured. `own_cpu`: whether this rank's CPU time is not already counted by rank
+/// 0's (ranks in separate processes).
+pub(crate) fn run_rank(
+    rank: usize,
+    w: &mut dyn Wire,
+    args: &Args,
+    boot: &mut dyn Bootstrap,
+    own_cpu: bool,
+    emit: &mut dyn FnMut(Stats) -> Result<()>,
+) -> Result<()> {
+    let mut i = 0u64;
+    for size in args.sizes() {
+        w.reset(size)?;
+        boot.barrier().context("start of a size")?;
+        round_trips(rank, w, &mut i, size, args.warmup(size) as u64, None)?;
+        let cpu0 = cpu_time_us();
+        let samples = match args.duration {
+            None => {
+                let n = args.iters(size) as u64;
+                let mut s = Vec::with_capacity(n as usize);
+                round_trips(rank, w, &mut i, size, n, Some(&mut s))?;
+                s
+            }
+            Some(d) => for_duration(rank, w, &mut i, size, d, boot)?,
+        };
+        let cpu = (cpu_time_us() - cpu0) / samples.len().max(1) as f64;
+        w.drain()?;
+        let mine = if own_cpu || rank == 0 { cpu } else { 0.0 };
+        let all = boot
+            .all_gather(&mine.to_le_bytes())
+            .context("end of a size")?;
+        if rank == 0 {
+            let total: f64 = all
+                .iter()
+                .filter_map(|b| Some(f64::from_le_bytes(b.as_slice().try_into().ok()?)))
+                .sum();
+            emit(Stats::new(size, samples, total))?;
+        }
+    }
+    Ok(())
+}
+
+/// `n` round trips starting at message `*i`; their half round trips (µs) go to `samples`.
+fn round_trips(
+    rank: usize,
+    w: &mut dyn Wire,
+    i: &mut u64,
+    size: usize,
+    n: u64,
+    mut samples: Option<&mut Vec<f64>>,
+) -> Result<()> {
+    for _ in 0..n {
+        let t0 = Instant::now();
+        if rank == 0 {
+            w.send(*i, size)?;
+            w.wait(*i + 1, size)?;
+        } else {
+            w.wait(*i, size)?;
+            w.send(*i + 1, size)?;
+        }
+        *i += 2;
+        if let Some(s) = samples.as_deref_mut() {
+            s.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
+        }
+    }
+    Ok(())
+}
+
+/// Round trips in chunks until `d` has passed (or [`MAX_SAMPLES`] were taken): after each
+/// chunk rank 0 sizes the next from the rate so far, 0 to stop, and both ranks follow it.
+fn for_duration(
+    rank: usize,
+    w: &mut dyn Wire,
+    i: &mut u64,
+    size: usize,
+    d: Duration,
+    boot: &mut dyn Bootstrap,
+) -> Result<Vec<f64>> {
+    let mut samples = Vec::new();
+    let (start, mut busy) = (Instant::now(), Duration::ZERO);
+    let mut chunk = FIRST_CHUNK;
+    while chunk > 0 {
+        let t = Instant::now();
+        round_trips(rank, w, i, size, chunk, Some(&mut samples))?;
+        busy += t.elapsed();
+        let next = if rank == 0 {
+            let left = d.saturating_sub(start.elapsed());
+            let per = busy.as_secs_f64() / samples.len() as f64;
+            let room = MAX_SAMPLES - samples.len() as u64;
+            (left.as_secs_f64() / per).min(room as f64) as u64
+        } else {
+            0
+        };
+        let all = boot
+            .all_gather(&next.to_le_bytes())
+            .context("--duration: agreeing on the next chunk")?;
+        chunk = all
+            .first()
+            .and_then(|b| Some(u64::from_le_bytes(b.as_slice().try_into().ok()?)))
+            .context("--duration: a malformed chunk size from rank 0")?
+            .min(MAX_SAMPLES - samples.len() as u64);
+    }
+    Ok(samples)
+}

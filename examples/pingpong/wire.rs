@@ -1,0 +1,46 @@
+//! One rank's side of the exchange, whatever carries it (the soft device, the messaging
+//! layer, or direct stores for the `--raw` floor).
+
+use anyhow::Result;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Send message `i` of `size` bytes, wait for the peer's.
+pub(crate) trait Wire {
+    fn send(&mut self, i: u64, size: usize) -> Result<()>;
+    fn wait(&mut self, i: u64, size: usize) -> Result<()>;
+    /// Before a new size: clear what the peer writes into.
+    fn reset(&mut self, size: usize) -> Result<()>;
+    /// After the last iteration of a size: finish what is still queued (before the ranks
+    /// synchronise, when this rank stops driving its work forward).
+    fn drain(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Set with ranks as processes: packets from the peer process reach this process's soft
+/// engine only through a thread that runs it, so a rank spinning on memory lends itself.
+pub(crate) static DRIVE_ENGINE: AtomicBool = AtomicBool::new(false);
+
+/// Spin, but let other threads run when the machine has fewer cores than busy threads.
+pub(crate) fn relax(spins: u32) {
+    if DRIVE_ENGINE.load(Ordering::Relaxed) {
+        // A no-op unless the soft engines progress on shared threads (few cores).
+        gdasync::gdsync::progress();
+    }
+    if spins < 2000 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+/// The byte message `i` ends with (never 0, the cleared value).
+pub(crate) fn marker(i: u64) -> u8 {
+    (i % 251) as u8 + 1
+}
+
+/// A zeroed buffer of at least `n` bytes that lives as long as the process (registered
+/// memory must outlive its registration; the benchmark keeps it to the end).
+pub(crate) fn leak(n: usize) -> &'static mut [u8] {
+    Box::leak(vec![0u8; n.max(64)].into_boxed_slice())
+}
