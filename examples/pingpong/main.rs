@@ -320,6 +320,15 @@ fn header(a: &Args) -> Result<Header> {
         .field("ranks", 2u32)
         .field("ranks_as", name(a.ranks_as))
         .field("cores", cores());
+    if !a.raw {
+        // Where the soft device's engine runs: its own spinning thread, or the ranks'
+        // threads when the cores are too few for both.
+        let engines = if a.separate_devices { 2 } else { 1 };
+        h = h.field(
+            "progress",
+            gdasync::gdsync::progress_mode_for(engines).to_string(),
+        );
+    }
     if a.trigger.gpu() && !a.host_stream {
         let c = gdasync::gdsync::cuda::Cuda::get()?;
         h = h.field("gpu", c.gpu(0)?.name.clone());

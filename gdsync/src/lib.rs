@@ -54,8 +54,8 @@ mod wr;
 
 pub use cq::{Completion, CompletionOp, Cq, CqError, WcStatus};
 pub use device::{
-    progress, progress_mode, Device, DeviceAttr, DeviceInfo, Endpoint, LinkKind, LinkLayer,
-    LinkPolicy, PortAttr, PortState, ProgressMode,
+    progress, progress_mode, progress_mode_for, Device, DeviceAttr, DeviceInfo, Endpoint, LinkKind,
+    LinkLayer, LinkPolicy, PortAttr, PortState, ProgressMode,
 };
 pub use error::{Error, Result};
 pub use handler::NicHandler;

@@ -7,7 +7,7 @@ pub(crate) mod soft;
 
 pub use attr::{DeviceAttr, LinkLayer, PortAttr, PortState};
 pub use endpoint::{Endpoint, LinkKind, LinkPolicy};
-pub use soft::{progress, progress_mode, ProgressMode};
+pub use soft::{progress, progress_mode, progress_mode_for, ProgressMode};
 
 use crate::cq::Cq;
 use crate::mr::{MrTable, ProtectionDomain};

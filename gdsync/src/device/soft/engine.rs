@@ -1071,11 +1071,14 @@ impl Engine {
         let mut work = false;
         for li in 0..self.links.len() {
             if !self.links[li].link.dead && !self.links[li].link.check_alive(now) {
-                tracing::warn!(
-                    "soft device: link to peer device {:016x} is down ({}): its QPs fail with transport retries exceeded",
-                    self.links[li].link.peer,
-                    self.links[li].link.down_reason()
-                );
+                let (peer, why) = (self.links[li].link.peer, self.links[li].link.down_reason());
+                // A peer that dropped its device closed the link in order; anything else
+                // (a process that died, a failed connection) is a fault.
+                if self.links[li].link.peer_closed() {
+                    tracing::debug!("soft device: link to peer device {peer:016x} closed ({why})");
+                } else {
+                    tracing::warn!("soft device: link to peer device {peer:016x} is down ({why}): its QPs fail with transport retries exceeded");
+                }
                 self.links[li].queue.clear();
                 for i in 0..self.active.len() {
                     let qpn = self.active[i];

@@ -529,13 +529,17 @@ impl Link {
         !gone
     }
 
-    /// Why a dead link died, for the log.
-    pub(crate) fn down_reason(&self) -> String {
-        let closed = self
-            .map
+    /// Whether the other end closed the link (its device was dropped).
+    pub(crate) fn peer_closed(&self) -> bool {
+        self.map
             .u32(OFF_CLOSED + 4 * (1 - self.side))
             .load(Ordering::Acquire)
-            != 0;
+            != 0
+    }
+
+    /// Why a dead link died, for the log.
+    pub(crate) fn down_reason(&self) -> String {
+        let closed = self.peer_closed();
         match &self.live {
             Liveness::Loopback => "loopback".into(),
             Liveness::InProcess => "the peer device was dropped".into(),

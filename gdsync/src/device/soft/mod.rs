@@ -11,7 +11,7 @@ mod progress;
 pub(crate) mod tcp;
 
 pub(crate) use progress::{help, Why};
-pub use progress::{progress, progress_mode, ProgressMode};
+pub use progress::{progress, progress_mode, progress_mode_for, ProgressMode};
 
 pub(crate) use link::{Link, PEER_WAIT};
 

@@ -33,8 +33,8 @@ pub enum ProgressMode {
 impl std::fmt::Display for ProgressMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            ProgressMode::Thread => "engine threads",
-            ProgressMode::Shared => "shared (posting and polling threads run the engines)",
+            ProgressMode::Thread => "thread",
+            ProgressMode::Shared => "shared",
         })
     }
 }
@@ -45,6 +45,24 @@ pub fn progress_mode() -> ProgressMode {
         ProgressMode::Shared
     } else {
         ProgressMode::Thread
+    }
+}
+
+/// The mode this process's engines take once `engines` soft devices are open (what
+/// `GDSYNC_SOFT_PROGRESS` asks for, or what `auto` chooses on this machine's cores).
+pub fn progress_mode_for(engines: usize) -> ProgressMode {
+    if decide(engines) {
+        ProgressMode::Shared
+    } else {
+        ProgressMode::Thread
+    }
+}
+
+fn decide(live: usize) -> bool {
+    match setting() {
+        Setting::Thread => false,
+        Setting::Shared => true,
+        Setting::Auto => cores() < live + 2,
     }
 }
 
@@ -105,11 +123,7 @@ pub fn cores() -> usize {
 /// Re-decides the mode after an engine started or stopped; says once when sharing starts.
 fn update_mode() {
     let live = LIVE.load(Ordering::Acquire);
-    let shared = match setting() {
-        Setting::Thread => false,
-        Setting::Shared => true,
-        Setting::Auto => cores() < live + 2,
-    };
+    let shared = decide(live);
     let was = SHARED.swap(shared, Ordering::AcqRel);
     static SAID: AtomicBool = AtomicBool::new(false);
     if shared && !was && !SAID.swap(true, Ordering::Relaxed) {
