@@ -39,8 +39,8 @@ print("\npeak bandwidth (GB/s = 10^9 B/s) at its size; message rate at 8 B (mill
 print(f"{'op':6} {'mem':7} {'trigger':8} {'peak GB/s':>10} {'at bytes':>9} {'Mmsg/s 8 B':>11}")
 for k in keys:
     sel = [r for r in rows if (r["op"], r["mem"], r["trigger"]) == k]
-    peak = max(sel, key=lambda r: r["gbps"])
-    small = [r["mmsgs"] for r in sel if r["size"] == 8]
+    peak = max(sel, key=lambda r: r["gbytes_per_s"])
+    small = [r["mmsg_per_s"] for r in sel if r["bytes"] == 8]
     rate = f"{small[0]:11.4f}" if small else f"{'-':>11}"
-    print(f"{k[0]:6} {k[1]:7} {k[2]:8} {peak['gbps']:10.3f} {peak['size']:>9} {rate}")
+    print(f"{k[0]:6} {k[1]:7} {k[2]:8} {peak['gbytes_per_s']:10.3f} {peak['bytes']:>9} {rate}")
 PY

@@ -6,28 +6,26 @@ set -euo pipefail
 bin=${1:-target/release/examples}
 out=$(mktemp)
 echo "# $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-for ranks in threads procs; do
+for ranks_as in threads procs; do
   for op in write write-imm send; do
-    "$bin/pingpong" --op "$op" --ranks "$ranks" --sizes 8,4096,1048576 --json | tee -a "$out"
+    "$bin/pingpong" --op "$op" --ranks-as "$ranks_as" --sizes 8,4096,1048576 --json | tee -a "$out"
   done
-  "$bin/pingpong" --raw --ranks "$ranks" --sizes 8,4096,1048576 --json | tee -a "$out"
+  "$bin/pingpong" --raw --ranks-as "$ranks_as" --sizes 8,4096,1048576 --json | tee -a "$out"
 done
-"$bin/pingpong" --op write --ranks threads --separate-devices --sizes 8,4096,1048576 --json | tee -a "$out"
+"$bin/pingpong" --op write --ranks-as threads --separate-devices --sizes 8,4096,1048576 --json | tee -a "$out"
 "$bin/bandwidth" --op write --sizes 65536,1048576 --json | tee -a "$out"
 "$bin/bandwidth" --op read --sizes 65536,1048576 --json | tee -a "$out"
 python3 - "$out" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 lat = [r for r in rows if "t_p50_us" in r]
-raw = {(r["ranks"], r["bytes"]): r["t_p50_us"] for r in lat if r["raw"]}
-for (k, b), v in list(raw.items()):
-    if k == "threads": raw[("threads-2dev", b)] = v
+raw = {(r["ranks_as"], r["bytes"]): r["t_p50_us"] for r in lat if r["raw"]}
 print("\nhalf round trip, p50 [us] (ratio to --raw of the same ranks and size)")
-print(f"{'ranks':12} {'op':10} {'bytes':>8} {'p50':>9} {'p99':>9} {'raw p50':>8} {'ratio':>6} {'cpu/iter':>9}")
+print(f"{'ranks_as':9} {'link':14} {'op':10} {'bytes':>8} {'p50':>9} {'p99':>9} {'raw p50':>8} {'ratio':>6} {'cpu/iter':>9}")
 for r in lat:
     if r["raw"]: continue
-    fl = raw.get((r["ranks"], r["bytes"]))
-    print(f"{r['ranks']:12} {r['op']:10} {r['bytes']:>8} {r['t_p50_us']:>9.3f} {r['t_p99_us']:>9.3f} {fl:>8.3f} {r['t_p50_us']/fl:>6.1f} {r['cpu_us_per_iter']:>9.3f}")
+    fl = raw.get((r["ranks_as"], r["bytes"]))
+    print(f"{r['ranks_as']:9} {r['link']:14} {r['op']:10} {r['bytes']:>8} {r['t_p50_us']:>9.3f} {r['t_p99_us']:>9.3f} {fl:>8.3f} {r['t_p50_us']/fl:>6.1f} {r['cpu_us_per_iter']:>9.3f}")
 print("\nbandwidth")
 for r in rows:
     if "gbytes_per_s" in r:

@@ -233,8 +233,8 @@ def latency(rows, args):
     def key(r):
         if r.get("impl") == "openmpi":
             return ("openmpi", "Open MPI", r.get("mem", "host"), False, "procs")
-        # pingpong reports --api mp runs as ranks "threads-mp": the api field says that already.
-        ranks = r.get("ranks", "threads").removesuffix("-mp")
+        # pingpong reports how ranks run in ranks_as (older output: ranks "threads-mp").
+        ranks = r.get("ranks_as") or str(r.get("ranks", "threads")).removesuffix("-mp")
         return (r["trigger"], r.get("api", "gdsync"), r.get("mem", "host"), bool(r.get("raw")), ranks)
 
     def label(k, show):

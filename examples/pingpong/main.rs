@@ -405,16 +405,21 @@ fn child(args: &Args, report: &Report) -> Result<()> {
     let mut wire: Box<dyn Wire> = if args.raw {
         const PREFIX: &str = "/dev/shm/gdsync-pingpong-raw-";
         let mine = format!("{PREFIX}{}", std::process::id());
-        if rank == 0 {
-            // Created before the exchange, so that it exists when rank 1 opens it.
-            shm::shm_bufs(&mine, max, true)?;
-        }
+        // Created before the exchange, so that it exists when rank 1 opens it.
+        let created = if rank == 0 {
+            Some(shm::shm_bufs(&mine, max, true)?)
+        } else {
+            None
+        };
         let all = boot.all_gather(mine.as_bytes())?;
         let path = String::from_utf8(all[0].clone())
             .ok()
             .filter(|p| p.starts_with(PREFIX))
             .context("bad shared-memory path from rank 0")?;
-        let (a, b) = shm::shm_bufs(&path, max, false)?;
+        let (a, b) = match created {
+            Some(bufs) => bufs,
+            None => shm::shm_bufs(&path, max, false)?,
+        };
         boot.barrier()?;
         if rank == 0 {
             let _ = std::fs::remove_file(&path);
