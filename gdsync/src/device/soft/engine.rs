@@ -159,12 +159,6 @@ impl Engine {
         }
     }
 
-    /// The engine's copy of the memory-region table, refreshed if it changed.
-    fn slots(&mut self) -> Arc<Slots> {
-        self.mrc.sync(&self.mrs);
-        self.mrc.slots.clone()
-    }
-
     /// One polling round, as the NIC's processing loop: control commands, the region table,
     /// every QP's doorbell, every link (send, receive, send again), and on a `tick` the
     /// clock and the timers. Returns whether anything happened.
@@ -716,13 +710,16 @@ impl Engine {
             return false;
         }
         let mut work = false;
-        let slots = self.slots();
+        self.mrc.sync(&self.mrs);
         loop {
+            // Borrowed, not cloned: a clone's reference count is a line every helper thread
+            // would write.
+            let slots = &*self.mrc.slots;
             let link = &mut self.links[li];
             let Some(job) = link.queue.front_mut() else {
                 break;
             };
-            match emit(job, &mut link.link.tx, &slots) {
+            match emit(job, &mut link.link.tx, slots) {
                 Emit::Done => {
                     link.queue.pop_front();
                     work = true;
@@ -735,7 +732,6 @@ impl Engine {
                         // A requester's lkey vanished under a posted WQE.
                         let (qpn, psn) = (job.hdr.src_qpn, job.hdr.psn);
                         if self.qps.get(qpn as usize).is_some_and(Option::is_some) {
-                            drop(slots);
                             self.enter_error(qpn, Some((psn, Syndrome::LocalProt)));
                             return true;
                         }
