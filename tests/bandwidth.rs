@@ -39,7 +39,7 @@ fn check_line(line: &str, labels: [&str; 3], size: usize, iters: u64, window: u6
     for (key, want) in ["op", "mem", "trigger"].iter().zip(labels) {
         assert_eq!(field(line, key), want, "{key}: {line}");
     }
-    assert_eq!(num(line, "size"), size as f64, "{line}");
+    assert_eq!(num(line, "bytes"), size as f64, "{line}");
     assert_eq!(num(line, "iters"), iters as f64, "{line}");
     assert_eq!(num(line, "window"), window as f64, "{line}");
     assert_eq!(
@@ -47,7 +47,11 @@ fn check_line(line: &str, labels: [&str; 3], size: usize, iters: u64, window: u6
         (window / 4).max(1) as f64,
         "{line}"
     );
-    let (secs, gbps, mmsgs) = (num(line, "seconds"), num(line, "gbps"), num(line, "mmsgs"));
+    let (secs, gbps, mmsgs) = (
+        num(line, "seconds"),
+        num(line, "gbytes_per_s"),
+        num(line, "mmsg_per_s"),
+    );
     assert!(secs > 0.0 && gbps > 0.0 && mmsgs > 0.0, "{line}");
     let bytes = size as f64 * iters as f64;
     let close = |a: f64, b: f64| (a - b).abs() <= 1e-4 * b.abs();
@@ -125,7 +129,7 @@ fn the_default_sweep_is_1_byte_to_8_mib() {
     };
     let sizes: Vec<usize> = lines
         .iter()
-        .map(|l| field(l, "size").parse().unwrap())
+        .map(|l| field(l, "bytes").parse().unwrap())
         .collect();
     assert_eq!(sizes, (0..=23).map(|k| 1usize << k).collect::<Vec<_>>());
     // The table: the header says what the units are, one row per size.

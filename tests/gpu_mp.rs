@@ -169,9 +169,13 @@ fn pingpong_kernel_trigger_through_mp_and_gdsync() {
         ("gdsync", "device", "16"),
     ];
     for (api, mem, recv_batch) in runs {
+        // --recv-batch applies to the messaging layer only.
+        let batch: &[&str] = if api == "mp" {
+            &["--recv-batch", recv_batch]
+        } else {
+            &[]
+        };
         let args = [
-            "--recv-batch",
-            recv_batch,
             "--api",
             api,
             "--op",
@@ -188,6 +192,7 @@ fn pingpong_kernel_trigger_through_mp_and_gdsync() {
             "50",
             "--json",
         ];
+        let args = [batch, &args[..]].concat();
         let (ok, out, err) = run_example("pingpong", &args)
             .expect("GDSYNC_TEST_CUDA=1: build the pingpong example first");
         assert!(ok, "pingpong {args:?} failed:\n{out}\n{err}");
