@@ -195,6 +195,10 @@ impl Plan {
             .field("window", self.window)
             .field("signal_every", self.chunk)
             .field("cores", cores())
+            .field(
+                "progress",
+                gdasync::gdsync::progress_mode_for(2).to_string(),
+            )
             .note("rank 0 sends, rank 1 serves; GB/s = 10^9 bytes/s, Gb/s = 10^9 bits/s; rate in millions of messages/s")
     }
 }

@@ -406,6 +406,7 @@ fn report(cfg: &Config, us: f64, check: Option<&Check>) {
             .set("subdomain", format!("{bx}x{by}"))
             .set("device", "soft")
             .set("cores", cores())
+            .set("progress", gdasync::gdsync::progress_mode().to_string())
             .set("us_per_iter", Value::Fixed(us, 3))
             .set("timing", "total/iters")
             .set(

@@ -4,7 +4,7 @@
 //! each engine's thread spins on its doorbells (the lowest latency). When the engines and
 //! the ranks' polling threads outnumber the cores, spinning engines take turns with the
 //! ranks on the scheduler and a round trip costs tens of microseconds. Then the process
-//! switches to **shared progress**: a thread that rings a doorbell or finds nothing to poll
+//! switches to **shared progress** (logged once at info level): a thread that rings a doorbell or finds nothing to poll
 //! runs the engines' rounds itself, as software RDMA providers progress on the caller's
 //! thread, and the engine threads nap between short looks (they still serve doorbells that
 //! streams, kernels and other processes ring, and the timers).
@@ -134,7 +134,9 @@ fn update_mode() {
                 cores()
             ),
         };
-        tracing::warn!(
+        // Info, not a warning: it is the right choice for the machine, and tools print the
+        // mode in their headers.
+        tracing::info!(
             "{why}: engines run on the posting and polling threads instead of spinning \
              (latency is best with a free core per engine; GDSYNC_SOFT_PROGRESS=thread \
              keeps spinning engine threads)"
