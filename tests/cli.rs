@@ -455,7 +455,7 @@ fn info_lists_the_soft_device_with_its_limits() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test cli -- --include-ignored"]
+#[ignore = "needs a CUDA GPU: cargo test --release --test cli -- --include-ignored"]
 fn info_names_the_nic_handler_where_a_gpu_exists() {
     let out = tool("info")
         .env_remove("GDSYNC_CUDA")

@@ -1,6 +1,6 @@
 //! GPU tests: stream-triggered and kernel-initiated work on the soft device, GPU memory,
-//! CUDA IPC, NVRTC. They run only with `GDSYNC_TEST_CUDA=1` (and then require a GPU);
-//! otherwise each prints "skipped".
+//! CUDA IPC, NVRTC. Each is ignored unless asked for (`cargo test --release --test gpu --
+//! --include-ignored`), and then requires a GPU.
 
 mod common;
 
@@ -66,10 +66,9 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 /// first blamed on shared queues, did not depend on the number.) Run it without
 /// CUDA_DEVICE_MAX_CONNECTIONS set yourself.
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
 fn streams_get_their_own_hardware_queues() {
-    let Some(_gpu) = gpu("streams_get_their_own_hardware_queues") else {
-        return;
-    };
+    let _gpu = gpu();
     use gdasync::gdsync::cuda::{MAX_CONNECTIONS, MAX_CONNECTIONS_VAR};
     let v = std::env::var(MAX_CONNECTIONS_VAR).expect("set before the driver started");
     assert_eq!(v, MAX_CONNECTIONS.to_string(), "{MAX_CONNECTIONS_VAR}");
@@ -103,10 +102,9 @@ fn streams_get_their_own_hardware_queues() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
 fn memory_kinds_are_detected() {
-    let Some(_gpu) = gpu("memory_kinds_are_detected") else {
-        return;
-    };
+    let _gpu = gpu();
     let d = DeviceBuffer::alloc(0, 4096).unwrap();
     assert_eq!(MemoryKind::of(d.ptr()), MemoryKind::Device { ordinal: 0 });
     let p = PinnedBuffer::new(4096);
@@ -117,10 +115,9 @@ fn memory_kinds_are_detected() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
 fn every_operation_stream_triggered_host_and_device_memory() {
-    let Some(_gpu) = gpu("every_operation_stream_triggered_host_and_device_memory") else {
-        return;
-    };
+    let _gpu = gpu();
     const N: usize = 64 * 1024 + 40;
     let stream = CudaStream::new(0).unwrap();
     for (src_dev, dst_dev) in [(false, false), (false, true), (true, false), (true, true)] {
@@ -177,10 +174,9 @@ fn every_operation_stream_triggered_host_and_device_memory() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
 fn atomics_stream_triggered() {
-    let Some(_gpu) = gpu("atomics_stream_triggered") else {
-        return;
-    };
+    let _gpu = gpu();
     let stream = CudaStream::new(0).unwrap();
     let mut p = pair();
     let (word, old) = (PinnedBuffer::new(8), PinnedBuffer::new(16));
@@ -211,10 +207,9 @@ fn atomics_stream_triggered() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
 fn error_cqe_releases_stream_wait_and_is_reported() {
-    let Some(_gpu) = gpu("error_cqe_releases_stream_wait_and_is_reported") else {
-        return;
-    };
+    let _gpu = gpu();
     let stream = CudaStream::new(0).unwrap();
     let mut p = pair();
     let buf = PinnedBuffer::new(64);
@@ -252,10 +247,9 @@ fn error_cqe_releases_stream_wait_and_is_reported() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
 fn stream_write_and_wait_value_all_conditions() {
-    let Some(_gpu) = gpu("stream_write_and_wait_value_all_conditions") else {
-        return;
-    };
+    let _gpu = gpu();
     let stream = CudaStream::new(0).unwrap();
     let w = SignalWords::new(8);
     for (k, (cond, set, v)) in [
@@ -294,10 +288,9 @@ fn stream_write_and_wait_value_all_conditions() {
 /// Events time what the stream ran: a stream wait the CPU releases after 50 ms lies between
 /// two events 50 ms apart or more, and events with nothing between them are close.
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
 fn events_time_the_stream() {
-    let Some(_gpu) = gpu("events_time_the_stream") else {
-        return;
-    };
+    let _gpu = gpu();
     let stream = CudaStream::new(0).unwrap();
     let w = SignalWords::new(1);
     let ev: Vec<CudaEvent> = (0..3).map(|_| CudaEvent::new(0).unwrap()).collect();
@@ -314,10 +307,9 @@ fn events_time_the_stream() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
 fn stream_runs_hundreds_of_iterations_without_cpu_progress() {
-    let Some(_gpu) = gpu("stream_runs_hundreds_of_iterations_without_cpu_progress") else {
-        return;
-    };
+    let _gpu = gpu();
     let stream = CudaStream::new(0).unwrap();
     let mut p = pair();
     let (src, dst) = (PinnedBuffer::new(64), PinnedBuffer::new(64));
@@ -350,10 +342,9 @@ fn stream_runs_hundreds_of_iterations_without_cpu_progress() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
 fn nvrtc_compiles_the_header() {
-    let Some(_gpu) = gpu("nvrtc_compiles_the_header") else {
-        return;
-    };
+    let _gpu = gpu();
     let m = Module::compile(
         0,
         "extern \"C\" __global__ void noop(gds_desc_ring r) { (void)r; }",
@@ -391,10 +382,9 @@ fn launch_ring(m: &Module, s: &CudaStream, ring: RingDesc, n: u64, timeout: u64,
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
 fn kernel_initiated_sends_and_waits_many_times() {
-    let Some(_gpu) = gpu("kernel_initiated_sends_and_waits_many_times") else {
-        return;
-    };
+    let _gpu = gpu();
     let m = Module::compile(0, KERNELS).unwrap();
     let stream = CudaStream::new(0).unwrap();
     for device_mem in [false, true] {
@@ -451,10 +441,9 @@ fn kernel_initiated_sends_and_waits_many_times() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
 fn kernel_wait_times_out_with_an_error_code() {
-    let Some(_gpu) = gpu("kernel_wait_times_out_with_an_error_code") else {
-        return;
-    };
+    let _gpu = gpu();
     let m = Module::compile(0, KERNELS).unwrap();
     let f = m.function("wait_word").unwrap();
     let stream = CudaStream::new(0).unwrap();
@@ -475,10 +464,9 @@ fn kernel_wait_times_out_with_an_error_code() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
 fn kernel_wait_error_completion_releases() {
-    let Some(_gpu) = gpu("kernel_wait_error_completion_releases") else {
-        return;
-    };
+    let _gpu = gpu();
     let m = Module::compile(0, KERNELS).unwrap();
     let stream = CudaStream::new(0).unwrap();
     let mut p = pair();
@@ -512,7 +500,9 @@ fn kernel_wait_error_completion_releases() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
 fn ipc_import_between_processes() {
+    let _gpu = gpu();
     if let Ok(h) = std::env::var("GDSYNC_IPC_CHILD") {
         // Child: open the parent's buffer, register it on a soft device, read it through an
         // RDMA read into host memory, print a checksum.
@@ -537,9 +527,6 @@ fn ipc_import_between_processes() {
         println!("CHECKSUM {}", got.iter().map(|&b| b as u64).sum::<u64>());
         return;
     }
-    let Some(_gpu) = gpu("ipc_import_between_processes") else {
-        return;
-    };
     let d = DeviceBuffer::alloc(0, 4096).unwrap();
     let data = pattern(4096, 3);
     d.copy_from_host(0, &data).unwrap();
@@ -549,6 +536,7 @@ fn ipc_import_between_processes() {
         .args([
             "--exact",
             "ipc_import_between_processes",
+            "--include-ignored",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -569,10 +557,9 @@ fn ipc_import_between_processes() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
 fn stream_triggered_with_a_cpu_proxy_handler() {
-    let Some(_gpu) = gpu("stream_triggered_with_a_cpu_proxy_handler") else {
-        return;
-    };
+    let _gpu = gpu();
     let stream = CudaStream::new(0).unwrap();
     let dev = Device::soft().unwrap();
     let pd = dev.alloc_pd();

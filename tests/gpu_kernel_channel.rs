@@ -1,8 +1,9 @@
 //! GPU tests of kernel-driven QPs and kernel channels: persistent kernels (NVRTC-compiled)
 //! compose WQEs, ring doorbells and poll CQs through `gdsync.cuh`, on the soft device, with
-//! host and device memory. They run only with `GDSYNC_TEST_CUDA=1` (and then require a GPU
-//! and NVRTC); otherwise each prints "skipped". `tests/kernel_channel.rs` runs the same
-//! protocol in CI with a CPU thread in the kernel's place.
+//! host and device memory. Each is ignored unless asked for (`cargo test --release --test
+//! gpu_kernel_channel -- --include-ignored`), and then requires a GPU and NVRTC.
+//! `tests/kernel_channel.rs` runs the same protocol in CI with a CPU thread in the kernel's
+//! place.
 
 mod common;
 
@@ -85,10 +86,9 @@ fn device_pair(cfg: &QpConfig) -> (Device, ProtectionDomain, [DeviceQp; 2]) {
 /// data checked in the kernel and (the last messages) on the host; small rings (16) wrap
 /// many times. With host and with device memory.
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu_kernel_channel -- --include-ignored"]
 fn kernel_drives_qps_ping_pong() {
-    let Some(_gpu) = gpu("kernel_drives_qps_ping_pong") else {
-        return;
-    };
+    let _gpu = gpu();
     let m = Module::compile(0, KERNELS).unwrap();
     let stream = CudaStream::new(0).unwrap();
     let cfg = QpConfig {
@@ -154,10 +154,9 @@ fn kernel_drives_qps_ping_pong() {
 /// bad lkey) comes back as GDS_ERR_CQE | syndrome, and the next send on the failed QP as a
 /// flush: codes, never a hang.
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu_kernel_channel -- --include-ignored"]
 fn kernel_qp_timeouts_and_errors_are_codes() {
-    let Some(_gpu) = gpu("kernel_qp_timeouts_and_errors_are_codes") else {
-        return;
-    };
+    let _gpu = gpu();
     let m = Module::compile(0, KERNELS).unwrap();
     let stream = CudaStream::new(0).unwrap();
     for bad_rkey in [true, false] {
@@ -206,10 +205,9 @@ fn kernel_qp_timeouts_and_errors_are_codes() {
 /// signalled, so the waits for the others post NOPs), with host and with device memory; data
 /// checked in the kernels and on the host, every send counted done.
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu_kernel_channel -- --include-ignored"]
 fn kernel_channels_ping_pong_between_rank_kernels() {
-    let Some(_gpu) = gpu("kernel_channels_ping_pong_between_rank_kernels") else {
-        return;
-    };
+    let _gpu = gpu();
     let m = Module::compile(0, KERNELS).unwrap();
     for device_mem in [false, true] {
         kernel_channel_ranks(8, |comm, ch| {

@@ -1,8 +1,9 @@
 //! The messaging layer on CUDA streams with GPU memory: every on-stream operation (send,
 //! receive waits, put, get, put with signal, wait on a value, barrier) between 2 and 4 thread
 //! ranks sharing one GPU and one soft device; and `pingpong --api mp --trigger kernel` (kernel
-//! channels driven by persistent kernels) next to its `--api gdsync` floor. Runs only with
-//! `GDSYNC_TEST_CUDA=1`; otherwise it prints "skipped".
+//! channels driven by persistent kernels) next to its `--api gdsync` floor. Each test is
+//! ignored unless asked for (`cargo test --release --test gpu_mp -- --include-ignored`), and
+//! then requires a GPU.
 
 use gdasync::gdsync::cuda::{CudaStream, DeviceBuffer};
 use gdasync::gdsync::ops::WaitCond;
@@ -10,7 +11,7 @@ use gdasync::gdsync::Access;
 use gdasync::mp::Comm;
 
 mod common;
-use common::{gpu::gpu, json_field, on_threads, run_example};
+use common::{example, gpu::gpu, json_field, on_threads};
 
 const LEN: usize = 64 * 1024;
 const MSGS: usize = 4;
@@ -141,10 +142,9 @@ fn rank(comm: &mut Comm) {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu_mp -- --include-ignored"]
 fn mp_on_streams_with_device_memory() {
-    let Some(_gpu) = gpu("mp_on_streams_with_device_memory") else {
-        return;
-    };
+    let _gpu = gpu();
     on_threads(2, rank);
     on_threads(4, rank);
 }
@@ -155,10 +155,9 @@ fn mp_on_streams_with_device_memory() {
 /// few sizes: every run succeeds and reports, per size, the iterations asked for and
 /// positive, ordered latencies.
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu_mp -- --include-ignored"]
 fn pingpong_kernel_trigger_through_mp_and_gdsync() {
-    let Some(_gpu) = gpu("pingpong_kernel_trigger_through_mp_and_gdsync") else {
-        return;
-    };
+    let _gpu = gpu();
     let sizes = [8usize, 64, 4096];
     let list = sizes.map(|s| s.to_string()).join(",");
     let runs = [
@@ -193,8 +192,7 @@ fn pingpong_kernel_trigger_through_mp_and_gdsync() {
             "--json",
         ];
         let args = [batch, &args[..]].concat();
-        let (ok, out, err) = run_example("pingpong", &args)
-            .expect("GDSYNC_TEST_CUDA=1: build the pingpong example first");
+        let (ok, out, err) = example::run("pingpong", &args);
         assert!(ok, "pingpong {args:?} failed:\n{out}\n{err}");
         let lines: Vec<&str> = out.lines().filter(|l| l.starts_with('{')).collect();
         assert_eq!(lines.len(), sizes.len(), "one line per size: {out}");

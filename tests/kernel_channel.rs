@@ -1871,10 +1871,15 @@ extern "C" __global__ void all(gds_qp q0, gds_peer p0, uint64_t out) {
 "#;
 
 /// The header's device code, the kernels of the GPU tests and the bandwidth example's kernel
-/// compile as CUDA (NVRTC mode and nvcc mode), checked with clang where it is installed: CI
-/// has no GPU and no NVRTC, and code that does not compile would only show on the GPU machine.
+/// compile as CUDA (NVRTC mode and nvcc mode), checked with clang (`common::clang::check_cuda`):
+/// CI has no GPU and no NVRTC, and code that does not compile would only show on the GPU
+/// machine.
 #[test]
-fn header_device_code_compiles_with_clang() {
+#[cfg_attr(
+    not(clang_cuda),
+    ignore = "needs clang++ with its CUDA front end when the tests are built (apt-get install clang, then touch build.rs)"
+)]
+fn header_device_code_compiles_as_cuda() {
     let gpu_test_kernels = include_str!("kernels/kernel_channel.cu");
     // The bandwidth example's kernel is checked here too: it drives QPs the same way.
     let bandwidth_kernel = include_str!("../examples/bandwidth/bandwidth.cu");
@@ -1885,10 +1890,14 @@ fn header_device_code_compiles_with_clang() {
 }
 
 /// The pingpong example's kernels (`--api gdsync` and `--api mp` with `--trigger kernel`,
-/// and the step of `--trigger host`) compile as CUDA: checked with clang here, where NVRTC
-/// and the GPU are not.
+/// and the step of `--trigger host`) compile as CUDA: checked with clang where NVRTC and the
+/// GPU are not (`common::clang::check_cuda`).
 #[test]
-fn pingpong_kernels_compile_with_clang() {
+#[cfg_attr(
+    not(clang_cuda),
+    ignore = "needs clang++ with its CUDA front end when the tests are built (apt-get install clang, then touch build.rs)"
+)]
+fn pingpong_kernels_compile_as_cuda() {
     let src = include_str!("../examples/pingpong/kernels.cu");
     common::clang::check_cuda("pingpong", src);
 }

@@ -269,10 +269,12 @@ fn threads_8() {
     threads(8);
 }
 
-/// The entry point of a launched rank (inert without GDSYNC_MP_TEST, and in the test process
-/// itself, which sets GDSYNC_MP_TEST for a moment while it spawns ranks: only launched ranks
-/// have GDSYNC_RANK).
+/// The entry point of a launched rank (ignored, so that the test process does not count it as
+/// a test; ranks run it with `--ignored`). Inert without GDSYNC_MP_TEST, and in the test
+/// process itself, which sets GDSYNC_MP_TEST for a moment while it spawns ranks: only launched
+/// ranks have GDSYNC_RANK.
 #[test]
+#[ignore = "the rank processes of the other tests in this file, not a test itself"]
 fn rank_entry() {
     let Ok(mode) = std::env::var("GDSYNC_MP_TEST") else {
         return;
@@ -343,10 +345,16 @@ fn procs(n: usize, mode: &str) -> Vec<std::process::Output> {
     // "dies" rank in a workload job, bootstraps waiting for ranks that never came).
     static SPAWN: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let exe = std::env::current_exe().unwrap();
-    let args: Vec<String> = ["--exact", "rank_entry", "--nocapture", "--test-threads=1"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let args: Vec<String> = [
+        "--exact",
+        "rank_entry",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     let children = {
         let _g = SPAWN.lock().unwrap_or_else(|e| e.into_inner());
         std::env::set_var("GDSYNC_MP_TEST", mode);

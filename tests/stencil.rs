@@ -1,23 +1,22 @@
 //! The stencil2d example: every decomposition gives the single-rank result bit for bit
 //! (`--check`), with ranks as threads and as processes; bad arguments are clean errors.
-//! GPU variants (`host`, `stream`) run only with `GDSYNC_TEST_CUDA=1`.
+//! The GPU variants (`host`, `stream`, `kernel`) are ignored unless asked for (`cargo test
+//! --release --test stencil -- --include-ignored`), and then require a GPU.
 
 mod common;
 
+use common::gpu::gpu;
 use common::json_field as field;
-use std::sync::Mutex;
 
-fn run(args: &[&str]) -> Option<(bool, String, String)> {
-    common::run_example("stencil2d", args)
+fn run(args: &[&str]) -> (bool, String, String) {
+    common::example::run("stencil2d", args)
 }
 
 /// A `--check --json` run that must succeed bit-exactly.
 fn bit_exact(args: &[&str], decomposition: &str) {
     let mut all = vec!["--check", "--json"];
     all.extend_from_slice(args);
-    let Some((ok, out, err)) = run(&all) else {
-        return;
-    };
+    let (ok, out, err) = run(&all);
     assert!(ok, "{all:?} failed:\n{out}\n{err}");
     let line = out.lines().last().unwrap_or("");
     assert_eq!(field(line, "mismatches"), "0", "{all:?}: {line}");
@@ -92,7 +91,7 @@ fn cpu_long_run_reuses_the_rings() {
 
 #[test]
 fn check_catches_a_one_bit_difference() {
-    let Some((ok, out, _)) = run(&[
+    let (ok, out, _) = run(&[
         "--n",
         "20",
         "--ranks",
@@ -102,9 +101,7 @@ fn check_catches_a_one_bit_difference() {
         "--check",
         "--json",
         "--corrupt",
-    ]) else {
-        return;
-    };
+    ]);
     assert!(!ok, "a corrupted result must fail the check: {out}");
     let line = out.lines().last().unwrap_or("");
     assert_eq!(field(line, "mismatches"), "1", "{line}");
@@ -121,45 +118,34 @@ fn bad_arguments_are_clean_errors() {
         (&["--n", "3", "--ranks", "16"][..], "cannot give each"),
         (&["--n", "8", "--sub", "4"][..], "cannot be used with"),
     ] {
-        let Some((ok, _, err)) = run(args) else {
-            return;
-        };
+        let (ok, _, err) = run(args);
         assert!(!ok, "{args:?} must fail");
         assert!(err.contains(says), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
     }
-    if !gdasync::gdsync::cuda::Cuda::available() {
-        for trigger in ["host", "stream", "kernel"] {
-            let Some((ok, _, err)) = run(&["--trigger", trigger]) else {
-                return;
-            };
-            assert!(!ok && err.contains("needs a CUDA GPU"), "{trigger}: {err}");
-        }
+}
+
+/// The GPU triggers where CUDA is not usable (switched off for the run, so that machines with
+/// a GPU check this too).
+#[test]
+fn triggers_needing_a_gpu_fail_cleanly_without_cuda() {
+    for trigger in ["host", "stream", "kernel"] {
+        let (ok, _, err) = common::example::run_env(
+            "stencil2d",
+            &["--trigger", trigger],
+            &[common::gpu::NO_CUDA],
+        );
+        assert!(!ok && err.contains("needs a CUDA GPU"), "{trigger}: {err}");
+        assert!(!err.contains("panicked"), "{trigger} panicked: {err}");
     }
 }
 
 // ---------------------------------------------------------------------------- GPU
 
-/// One GPU run at a time (each is a process with its own context on the one GPU).
-static GPU: Mutex<()> = Mutex::new(());
-
-fn gpu(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
-    if std::env::var("GDSYNC_TEST_CUDA").as_deref() != Ok("1") {
-        eprintln!("{test}: skipped (set GDSYNC_TEST_CUDA=1 to run GPU tests)");
-        return None;
-    }
-    assert!(
-        common::example("stencil2d").is_some(),
-        "GDSYNC_TEST_CUDA=1 but the stencil2d example is not built (or staged by device-pack)"
-    );
-    Some(GPU.lock().unwrap_or_else(|e| e.into_inner()))
-}
-
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test stencil -- --include-ignored"]
 fn gpu_triggers_are_bit_exact() {
-    let Some(_g) = gpu("gpu_triggers_are_bit_exact") else {
-        return;
-    };
+    let _g = gpu();
     // The persistent kernel has no interior kernel to overlap; the others run both ways.
     let runs = [
         ("host", "on"),
@@ -198,10 +184,9 @@ fn gpu_triggers_are_bit_exact() {
 /// The persistent kernel over many iterations and several launches (warm-up, then timed),
 /// each launch resuming the channels where the last one left them.
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test stencil -- --include-ignored"]
 fn gpu_kernel_long_run_is_bit_exact() {
-    let Some(_g) = gpu("gpu_kernel_long_run_is_bit_exact") else {
-        return;
-    };
+    let _g = gpu();
     for halo in ["device", "host"] {
         long_run("kernel", ["--halo", halo], "7");
     }
@@ -217,10 +202,9 @@ fn long_run(trigger: &str, option: [&str; 2], warmup: &str) {
 /// The stream variant many times around the rings, with the CPU never synchronising, with
 /// one list of memory operations per iteration and with two.
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test stencil -- --include-ignored"]
 fn gpu_stream_long_run_is_bit_exact() {
-    let Some(_g) = gpu("gpu_stream_long_run_is_bit_exact") else {
-        return;
-    };
+    let _g = gpu();
     for overlap in ["off", "on"] {
         long_run("stream", ["--overlap", overlap], "0");
     }
@@ -228,10 +212,9 @@ fn gpu_stream_long_run_is_bit_exact() {
 
 /// Ranks as processes (each with its own CUDA context on the same GPU).
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test stencil -- --include-ignored"]
 fn gpu_stream_processes_are_bit_exact() {
-    let Some(_g) = gpu("gpu_stream_processes_are_bit_exact") else {
-        return;
-    };
+    let _g = gpu();
     for halo in ["host", "device"] {
         bit_exact(
             &[
@@ -254,9 +237,13 @@ fn gpu_stream_processes_are_bit_exact() {
 }
 
 /// The stencil's kernels (host, stream and the persistent kernel) compile as CUDA: checked
-/// with clang here, where NVRTC and the GPU are not.
+/// with clang where NVRTC and the GPU are not (`common::clang::check_cuda`).
 #[test]
-fn kernels_compile_with_clang() {
+#[cfg_attr(
+    not(clang_cuda),
+    ignore = "needs clang++ with its CUDA front end when the tests are built (apt-get install clang, then touch build.rs)"
+)]
+fn kernels_compile_as_cuda() {
     let src = include_str!("../examples/stencil2d/kernels.cu");
     common::clang::check_cuda("stencil2d", src);
 }
@@ -266,11 +253,10 @@ fn kernels_compile_with_clang() {
 /// the legacy default stream, which the crate's streams do not wait for, and the late memset
 /// wiped the grids copied in after it (every value wrong, in threads and processes alike).
 #[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test stencil -- --include-ignored"]
 fn gpu_bit_exact_beside_another_gpu_process() {
-    let Some(_g) = gpu("gpu_bit_exact_beside_another_gpu_process") else {
-        return;
-    };
-    let exe = common::example("stencil2d").expect("checked by gpu()");
+    let _g = gpu();
+    let exe = common::example::path("stencil2d");
     let mut other = std::process::Command::new(exe)
         .args(["--trigger", "host", "--ranks", "1", "--sub", "512"])
         .args(["--iters", "100000000", "--warmup", "0"])

@@ -1,11 +1,25 @@
 //! Helpers shared by the integration tests: connected QP pairs on the soft device, completion
-//! polling with a deadline, deterministic data.
+//! polling with a deadline, deterministic data, the examples' binaries (`example`), the GPU
+//! gate (`gpu`), CUDA compile checks (`clang`).
 //!
 //! Each test binary uses a subset of these.
 #![allow(dead_code)]
 
 pub mod clang;
+pub mod clang_cuda;
+pub mod example;
 pub mod gpu;
+
+/// [`example::path`] in an `Option`, always `Some` (a missing example is built, or the test
+/// fails): the form tests/cli.rs was written against, when a missing example was skipped.
+pub fn example(name: &str) -> Option<std::path::PathBuf> {
+    Some(example::path(name))
+}
+
+/// [`example::run`] in an `Option`, always `Some`, as [`example()`].
+pub fn run_example(name: &str, args: &[&str]) -> Option<(bool, String, String)> {
+    Some(example::run(name, args))
+}
 
 use gdasync::gdsync::exec::HostStream;
 use gdasync::gdsync::format::Syndrome;
@@ -322,45 +336,6 @@ macro_rules! both {
             }
         }
     )*};
-}
-
-/// An example binary built next to the test binaries (cargo builds examples with the tests;
-/// a test target run alone may not have them: then the caller skips).
-pub fn example(name: &str) -> Option<std::path::PathBuf> {
-    // Integration tests live in target/<profile>/deps and cargo builds examples next to it;
-    // device-pack stages tests in .device/tests and examples in .device/bin.
-    let up = std::env::current_exe()
-        .ok()?
-        .parent()?
-        .parent()?
-        .to_path_buf();
-    let p = up.join("examples").join(name);
-    let staged = up.join("bin").join(name);
-    if p.exists() {
-        Some(p)
-    } else if staged.exists() {
-        Some(staged)
-    } else {
-        eprintln!(
-            "skipped: example {name} not built ({}); cargo build --release --example {name}",
-            p.display()
-        );
-        None
-    }
-}
-
-/// Runs example `name` with `args`: (success, stdout, stderr); `None` if it is not built.
-pub fn run_example(name: &str, args: &[&str]) -> Option<(bool, String, String)> {
-    let out = std::process::Command::new(example(name)?)
-        .args(args)
-        .env("RUST_BACKTRACE", "0")
-        .output()
-        .unwrap();
-    Some((
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    ))
 }
 
 /// The value of `key` in a flat JSON object on one line (what the examples' `--json` print),
