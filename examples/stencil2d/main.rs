@@ -172,7 +172,11 @@ fn check_flags(a: &Args) -> Result<()> {
     if a.halo.is_some() && !a.trigger.gpu() {
         bail!("--halo applies to the GPU triggers (host, stream, kernel): --trigger cpu computes and exchanges in host memory");
     }
-    if a.overlap.is_some() && !matches!(a.trigger, Trigger::Host | Trigger::Stream) {
+    // `auto` (the default, said out loud) fits every trigger; on and off only where they
+    // choose something.
+    if a.overlap.is_some_and(|o| o != Overlap::Auto)
+        && !matches!(a.trigger, Trigger::Host | Trigger::Stream)
+    {
         bail!("--overlap applies to --trigger host and stream (the kernel trigger always overlaps, the CPU trigger computes the interior while the host stream exchanges)");
     }
     if a.trace && a.trigger != Trigger::Stream {

@@ -552,26 +552,60 @@ impl Link {
     }
 }
 
+/// Whether process `pid` has ended or is ending. A killed process is readable on its pidfd
+/// only once its exit completes, which can take seconds when the kernel tears down device
+/// state (a GPU context); its `PF_EXITING` flag in `/proc/<pid>/stat` is set at the start.
 fn process_gone(pid: u32, pidfd: Option<&OwnedFd>) -> bool {
-    match pidfd {
-        Some(fd) => {
-            let mut p = libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd, zero timeout.
-            let r = unsafe { libc::poll(&mut p, 1, 0) };
-            r > 0 && p.revents & libc::POLLIN != 0
+    if let Some(fd) = pidfd {
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, zero timeout.
+        let r = unsafe { libc::poll(&mut p, 1, 0) };
+        if r > 0 && p.revents & libc::POLLIN != 0 {
+            return true;
         }
-        // Without pidfds: gone when /proc has no such process or it is a zombie.
-        None => match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            Ok(s) => s
-                .rsplit(')')
-                .next()
-                .is_some_and(|r| r.trim_start().starts_with('Z')),
-            Err(_) => true,
-        },
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => stat_says_exiting(&s),
+        // No such process (reaped), unless pidfds say otherwise: then trust them.
+        Err(_) => pidfd.is_none(),
+    }
+}
+
+/// Reads `/proc/<pid>/stat`: a zombie or dead state, or the `PF_EXITING` flag.
+fn stat_says_exiting(stat: &str) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    // The command name (field 2) may hold spaces and parentheses: fields follow the last ')'.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return false;
+    };
+    let mut fields = rest.split_whitespace();
+    let state = fields.next().unwrap_or("");
+    // Field 9, flags: the sixth after the state.
+    let flags = fields
+        .nth(5)
+        .and_then(|f| f.parse::<u64>().ok())
+        .unwrap_or(0);
+    matches!(state, "Z" | "X" | "x") || flags & PF_EXITING != 0
+}
+
+#[cfg(test)]
+mod liveness_tests {
+    use super::stat_says_exiting;
+
+    #[test]
+    fn proc_stat_states_and_the_exiting_flag() {
+        // pid (comm) state ppid pgrp session tty tpgid flags ...
+        let live = "42 (a (b) c) S 1 42 42 0 -1 4194560 100 0";
+        assert!(!stat_says_exiting(live));
+        assert!(stat_says_exiting("42 (x) Z 1 42 42 0 -1 4194560 1 0"));
+        assert!(stat_says_exiting("42 (x) R 1 42 42 0 -1 4194564 1 0"));
+        assert!(!stat_says_exiting("garbage"));
+        let me = std::fs::read_to_string("/proc/self/stat").unwrap();
+        assert!(!stat_says_exiting(&me), "{me}");
     }
 }
 
