@@ -284,6 +284,8 @@ pub struct Qp {
     rq_pi: u64,
     /// Where a WQE is assembled before it is copied into the ring.
     scratch: Box<[u8; MAX_WQE_WQEBBS * WQEBB]>,
+    /// Where an inline payload is gathered before it is encoded.
+    inline: Box<[u8; MAX_WQE_DS * SEG_SIZE]>,
     /// Prepared, not yet committed sends, in ring order: (start, end).
     uncommitted: std::collections::VecDeque<(u64, u64)>,
     /// Starts of prepared sends dropped without a commit.
@@ -386,6 +388,7 @@ impl Qp {
             committed: 0,
             rq_pi: 0,
             scratch: Box::new([0; MAX_WQE_WQEBBS * WQEBB]),
+            inline: Box::new([0; MAX_WQE_DS * SEG_SIZE]),
             uncommitted: Default::default(),
             abandoned: Default::default(),
         })
@@ -459,7 +462,14 @@ impl Qp {
         if s.state() == QpState::Init {
             return Err(Error::NotConnected { qpn: s.qpn });
         }
-        let ds = encode(s, &self.dev, self.sq_pi, wr, &mut self.scratch[..])?;
+        let ds = encode(
+            s,
+            &self.dev,
+            self.sq_pi,
+            wr,
+            &mut self.scratch[..],
+            &mut self.inline[..],
+        )?;
         let wqe = &self.scratch[..];
         let nbb = wqebbs_for_ds(ds) as u64;
         let used = self.sq_pi - s.sq_retired();
@@ -769,19 +779,18 @@ impl Qp {
                 hint: "",
             });
         }
+        let segs: smallvec::SmallVec<[DataSeg; MAX_SGE]> = sges
+            .iter()
+            .map(|g| DataSeg::new(g.addr, g.len, g.lkey))
+            .collect();
+        let mut slot = [0u8; MAX_SGE * SEG_SIZE];
+        let n = RecvWqe {
+            segs: DataSegs::from_segs(&segs),
+        }
+        .write_to(&mut slot[..s.rq_stride as usize])
+        .map_err(|e| Error::invalid(e.to_string()))?;
         let base = slot_off(0, self.rq_pi, s.rq_cnt, s.rq_stride as usize);
-        for (i, g) in sges.iter().enumerate() {
-            s.buf.write(
-                base + i * SEG_SIZE,
-                &DataSeg::new(g.addr, g.len, g.lkey).to_bytes(),
-            );
-        }
-        if sges.len() < max {
-            s.buf.write(
-                base + sges.len() * SEG_SIZE,
-                &DataSeg::terminator().to_bytes(),
-            );
-        }
+        s.buf.write(base, &slot[..n]);
         s.rq_wrid[(self.rq_pi & (s.rq_cnt as u64 - 1)) as usize].store(wr.wr_id, Ordering::Relaxed);
         let index = self.rq_pi;
         self.rq_pi += 1;
@@ -808,12 +817,14 @@ fn in_host_memory(mrs: &crate::mr::Slots, sges: &[Sge]) -> bool {
 }
 
 /// Encodes `wr` as a WQE for producer index `sq_pi` into `out`; returns its ds count.
+/// Inline payload is gathered into `inline` first.
 fn encode(
     s: &QpShared,
     dev: &DeviceShared,
     sq_pi: u64,
     wr: &SendWr,
     out: &mut [u8],
+    inline: &mut [u8],
 ) -> Result<usize> {
     if wr.sges.len() > MAX_SGE {
         return Err(Error::invalid(format!(
@@ -837,22 +848,19 @@ fn encode(
         WrOp::CompareSwap { remote, .. } => (Opcode::AtomicCs, Some(remote), 0),
         WrOp::Nop => (Opcode::Nop, None, 0),
     };
-    let inlinable = !matches!(
-        opcode,
-        Opcode::RdmaRead | Opcode::AtomicCs | Opcode::AtomicFa | Opcode::Nop
-    );
+    let inlinable = opcode.carries_payload();
     // The region table, read once: for the inline decision and the inline copy.
     let mrs = wr
         .flags
         .intersects(SendFlags::INLINE | SendFlags::INLINE_HOST)
         .then(|| dev.mrs.read());
-    let inline = wr.flags.contains(SendFlags::INLINE)
+    let inline_it = wr.flags.contains(SendFlags::INLINE)
         || (wr.flags.contains(SendFlags::INLINE_HOST)
             && inlinable
             && len > 0
             && len <= s.cfg.max_inline as u64
             && mrs.as_ref().is_some_and(|m| in_host_memory(m, &wr.sges)));
-    if inline && !inlinable {
+    if inline_it && !inlinable {
         return Err(Error::invalid(format!("{opcode:?} cannot be inline")));
     }
     if opcode.is_atomic() {
@@ -867,85 +875,83 @@ fn encode(
             ));
         }
     }
-    let mut flags = FmCeSe::empty();
-    if wr.flags.contains(SendFlags::SIGNALED) {
-        flags |= FmCeSe::CQ_UPDATE;
-    }
-    if wr.flags.contains(SendFlags::SOLICITED) {
-        flags |= FmCeSe::SOLICITED;
-    }
-    if wr.flags.contains(SendFlags::FENCE) {
-        flags |= FmCeSe::FENCE;
-    }
-    let mut pos = SEG_SIZE;
-    if let Some(r) = remote {
-        out[pos..pos + 16].copy_from_slice(&RaddrSeg::new(r.addr, r.rkey).to_bytes());
-        pos += 16;
-    }
-    match wr.op {
-        WrOp::FetchAdd { add, .. } => {
-            out[pos..pos + 16].copy_from_slice(&AtomicSeg::new(add, 0).to_bytes());
-            pos += 16;
-        }
-        WrOp::CompareSwap { compare, swap, .. } => {
-            out[pos..pos + 16].copy_from_slice(&AtomicSeg::new(swap, compare).to_bytes());
-            pos += 16;
-        }
-        _ => {}
-    }
-    if inline {
-        if len > s.cfg.max_inline as u64 {
-            return Err(Error::invalid(format!(
-                "{len} bytes inline; this QP takes at most {} (max_inline)",
-                s.cfg.max_inline
-            )));
-        }
-        out[pos..pos + 4].copy_from_slice(&InlineHeader::new(len as u32).byte_count.bytes());
-        let mut p = pos + 4;
-        // Inline payload is copied now, from registered memory only.
+    let atomic = match wr.op {
+        WrOp::FetchAdd { add, .. } => Some(AtomicSeg::new(add, 0)),
+        WrOp::CompareSwap { compare, swap, .. } => Some(AtomicSeg::new(swap, compare)),
+        _ => None,
+    };
+    let segs: smallvec::SmallVec<[DataSeg; MAX_SGE]>;
+    let data = if inline_it {
         let mrs = mrs
             .as_ref()
             .expect("the region table is read for inline sends");
-        for g in &wr.sges {
-            let n = g.len as usize;
-            let ok = mrs
-                .get(g.lkey)
-                .is_some_and(|e| e.pd == s.pd && e.read(g.addr, &mut out[p..p + n]));
-            if !ok {
-                return Err(Error::invalid(format!(
-                    "inline SGE {:#x}+{} is not inside a region of this PD with lkey {:#x}",
-                    g.addr, g.len, g.lkey
-                )));
-            }
-            p += n;
-        }
-        pos += InlineHeader::ds_for(len as usize) * SEG_SIZE;
+        WqeData::Inline(gather_inline(s, mrs, wr, len, inline)?)
     } else {
-        for g in wr.sges.iter().filter(|g| g.len > 0 || opcode.is_atomic()) {
-            if pos + SEG_SIZE > MAX_WQE_DS * SEG_SIZE {
-                return Err(Error::invalid("too many SGEs for one WQE"));
-            }
-            let len = if opcode.is_atomic() { 8 } else { g.len };
-            out[pos..pos + 16].copy_from_slice(&DataSeg::new(g.addr, len, g.lkey).to_bytes());
-            pos += 16;
-        }
-    }
-    let ds = pos / SEG_SIZE;
-    if ds > MAX_WQE_DS || wqebbs_for_ds(ds) > MAX_WQE_WQEBBS {
-        return Err(Error::invalid(format!(
+        // An atomic's SGE receives the 8-byte old value, whatever length it names.
+        segs = wr
+            .sges
+            .iter()
+            .filter(|g| g.len > 0 || opcode.is_atomic())
+            .map(|g| DataSeg::new(g.addr, if opcode.is_atomic() { 8 } else { g.len }, g.lkey))
+            .collect();
+        WqeData::Gather(DataSegs::from_segs(&segs))
+    };
+    let wqe = SendWqe {
+        wqe_index: idx16(sq_pi),
+        opcode,
+        qpn: s.qpn,
+        flags: fm_ce_se(wr.flags),
+        imm: imm.to_be_bytes(),
+        raddr: remote.map(|r| RaddrSeg::new(r.addr, r.rkey)),
+        atomic,
+        data,
+    };
+    wqe.write_to(out).map_err(|e| match e {
+        WqeError::TooLarge { ds } => Error::invalid(format!(
             "work request needs {ds} DS; a WQE holds at most {MAX_WQE_DS}"
+        )),
+        e => Error::invalid(e.to_string()),
+    })
+}
+
+/// The ctrl segment's fence, completion and solicited bits for the work request's flags.
+fn fm_ce_se(f: SendFlags) -> FmCeSe {
+    let mut flags = FmCeSe::empty();
+    flags.set(FmCeSe::CQ_UPDATE, f.contains(SendFlags::SIGNALED));
+    flags.set(FmCeSe::SOLICITED, f.contains(SendFlags::SOLICITED));
+    flags.set(FmCeSe::FENCE, f.contains(SendFlags::FENCE));
+    flags
+}
+
+/// Copies an inline send's payload from registered memory of the QP's PD into `buf`.
+fn gather_inline<'b>(
+    s: &QpShared,
+    mrs: &crate::mr::Slots,
+    wr: &SendWr,
+    len: u64,
+    buf: &'b mut [u8],
+) -> Result<&'b [u8]> {
+    if len > s.cfg.max_inline as u64 {
+        return Err(Error::invalid(format!(
+            "{len} bytes inline; this QP takes at most {} (max_inline)",
+            s.cfg.max_inline
         )));
     }
-    let ctrl = CtrlSeg::new(
-        idx16(sq_pi),
-        opcode as u8,
-        s.qpn,
-        ds as u8,
-        flags,
-        imm.to_be_bytes(),
-    );
-    out[..16].copy_from_slice(&ctrl.to_bytes());
-    Ok(ds)
+    let mut p = 0;
+    for g in &wr.sges {
+        let n = g.len as usize;
+        let ok = mrs
+            .get(g.lkey)
+            .is_some_and(|e| e.pd == s.pd && e.read(g.addr, &mut buf[p..p + n]));
+        if !ok {
+            return Err(Error::invalid(format!(
+                "inline SGE {:#x}+{} is not inside a region of this PD with lkey {:#x}",
+                g.addr, g.len, g.lkey
+            )));
+        }
+        p += n;
+    }
+    Ok(&buf[..p])
 }
 
 impl Qp {

@@ -405,14 +405,7 @@ impl Engine {
             return Step::Advanced;
         }
         // Fence: wait until earlier reads and atomics have completed.
-        if ctrl.flags().fence_mode() != 0
-            && q.out.iter().any(|o| {
-                matches!(
-                    o.opcode,
-                    Opcode::RdmaRead | Opcode::AtomicCs | Opcode::AtomicFa
-                )
-            })
-        {
+        if ctrl.flags().fence_mode() != 0 && q.out.iter().any(|o| o.opcode.returns_data()) {
             return Step::Stalled;
         }
         // Most WQEs are one or two blocks: keep them on the stack, zero only what is read.
@@ -426,8 +419,13 @@ impl Engine {
             );
         }
         let wqe = &wqe[..ds * SEG_SIZE];
-        let seg = |o: usize| -> &[u8; 16] { wqe[o..o + 16].try_into().unwrap() };
-        let mut pos = SEG_SIZE;
+        let bad = |e: &mut Self| {
+            e.malformed(qpn, Some(&ctrl), sq_ci, pi);
+            Step::Stop
+        };
+        let Ok(w) = SendWqe::parse(wqe) else {
+            return bad(self);
+        };
         let mut hdr = PktHeader {
             kind: kind::REQ,
             op: opcode as u8,
@@ -436,34 +434,17 @@ impl Engine {
             psn: q.next_psn,
             ..Default::default()
         };
-        if ctrl.flags().contains(FmCeSe::SOLICITED) {
+        if w.flags.contains(FmCeSe::SOLICITED) {
             hdr.flags |= flag::SOLICITED;
         }
-        hdr.imm = ctrl.imm;
-        let bad = |e: &mut Self| {
-            e.malformed(qpn, Some(&ctrl), sq_ci, pi);
-            Step::Stop
-        };
-        if opcode.has_raddr() {
-            if pos + 16 > wqe.len() {
-                return bad(self);
-            }
-            let r = RaddrSeg::from_bytes(seg(pos));
+        hdr.imm = w.imm;
+        if let Some(r) = w.raddr {
             hdr.raddr = r.raddr.get();
             hdr.rkey = r.rkey.get();
-            pos += 16;
         }
-        if opcode.is_atomic() {
-            if pos + 16 > wqe.len() {
-                return bad(self);
-            }
-            pos += 16;
-        }
-        // The rest: an inline segment, or data segments.
         let mut body = Body::Empty;
-        if opcode.is_atomic() {
+        if let Some(a) = w.atomic {
             // Operands travel as the request's payload: swap/add, then compare.
-            let a = AtomicSeg::from_bytes(seg(pos - 16));
             let mut ops = SmallVec::new();
             ops.extend_from_slice(&a.swap_add.get().to_ne_bytes());
             ops.extend_from_slice(&a.compare.get().to_ne_bytes());
@@ -471,46 +452,26 @@ impl Engine {
         }
         let mut sges: SmallVec<[Sge; 2]> = SmallVec::new();
         let mut len: u64 = 0;
-        if opcode == Opcode::Nop {
-            // A no-op ignores whatever segments it carries (a neutralised WQE keeps its own).
-        } else if pos < wqe.len() && DataSeg::from_bytes(seg(pos)).is_inline() {
-            if matches!(
-                opcode,
-                Opcode::RdmaRead | Opcode::AtomicCs | Opcode::AtomicFa
-            ) {
-                return bad(self);
+        match w.data {
+            WqeData::Inline(p) => {
+                body = Body::Inline(SmallVec::from_slice(p));
+                len = p.len() as u64;
             }
-            let h = InlineHeader {
-                byte_count: Be32::new(u32::from_be_bytes(wqe[pos..pos + 4].try_into().unwrap())),
-            };
-            let n = h.len() as usize;
-            if pos + 4 + n > wqe.len() {
-                return bad(self);
-            }
-            body = Body::Inline(SmallVec::from_slice(&wqe[pos + 4..pos + 4 + n]));
-            len = n as u64;
-        } else {
-            while pos < wqe.len() {
-                let d = DataSeg::from_bytes(seg(pos));
-                pos += 16;
-                if d.byte_count.get() == 0 {
-                    continue;
+            WqeData::Gather(segs) => {
+                for d in segs.iter().filter(|d| d.byte_count.get() != 0) {
+                    sges.push(Sge {
+                        addr: d.addr.get(),
+                        len: d.byte_count.get(),
+                        lkey: d.lkey.get(),
+                    });
+                    len += d.byte_count.get() as u64;
                 }
-                sges.push(Sge {
-                    addr: d.addr.get(),
-                    len: d.byte_count.get(),
-                    lkey: d.lkey.get(),
-                });
-                len += d.byte_count.get() as u64;
             }
         }
         if len > crate::qp::MAX_MESSAGE {
             return self.fail_new(qpn, &ctrl, opcode, nbb, Syndrome::LocalLength);
         }
-        let writes_local = matches!(
-            opcode,
-            Opcode::RdmaRead | Opcode::AtomicCs | Opcode::AtomicFa
-        );
+        let writes_local = opcode.returns_data();
         if opcode.is_atomic() && (sges.len() != 1 || sges[0].len != 8) {
             return bad(self);
         }
@@ -541,14 +502,12 @@ impl Engine {
             got: 0,
             scatter: SmallVec::new(),
         };
-        match opcode {
-            Opcode::Nop => o.done = true,
-            Opcode::RdmaRead | Opcode::AtomicCs | Opcode::AtomicFa => o.scatter = sges,
-            _ => {
-                if matches!(body, Body::Empty) {
-                    body = Body::Gather(sges);
-                }
-            }
+        if opcode == Opcode::Nop {
+            o.done = true;
+        } else if writes_local {
+            o.scatter = sges;
+        } else if matches!(body, Body::Empty) {
+            body = Body::Gather(sges);
         }
         if q.out.is_empty() && !q.not_ready {
             q.progress_at = self.now;
@@ -941,12 +900,7 @@ impl Engine {
             return;
         }
         let m = q.inmsg.take().unwrap();
-        if m.op.consumes_recv() {
-            let op = match m.op {
-                Opcode::RdmaWriteImm => CqeOpcode::RespWrImm,
-                Opcode::SendImm => CqeOpcode::RespSendImm,
-                _ => CqeOpcode::RespSend,
-            };
+        if let Some(op) = m.op.responder_cqe() {
             let mut cqe = Cqe64([0; 64]);
             cqe.set_byte_cnt(m.len);
             if m.op.has_imm() {
@@ -998,10 +952,7 @@ impl Engine {
                     if !psn_le(o.psn, h.psn) {
                         break;
                     }
-                    if !matches!(
-                        o.opcode,
-                        Opcode::RdmaRead | Opcode::AtomicCs | Opcode::AtomicFa
-                    ) {
+                    if !o.opcode.returns_data() {
                         o.done = true;
                     }
                 }
@@ -1132,27 +1083,27 @@ fn rq_producer(hw: &QpShared) -> u16 {
     (load_be32(hw, QP_DBREC + 4 * DBREC_RQ) & 0xFFFF) as u16
 }
 
+/// Largest receive WQE stride (16 scatter entries).
+const MAX_RQ_STRIDE: usize = crate::qp::MAX_SGE * SEG_SIZE;
+
 /// The scatter list of the receive WQE at `rq_ci`: data segments up to the terminator or
-/// the end of the stride.
+/// the end of the stride (zero-length ones skipped).
 fn read_recv_wqe(hw: &QpShared, rq_ci: u64) -> SmallVec<[Sge; 4]> {
-    let base = slot_off(0, rq_ci, hw.rq_cnt, hw.rq_stride as usize);
-    let mut out = SmallVec::new();
-    for i in 0..hw.rq_stride as usize / SEG_SIZE {
-        let mut b = [0u8; 16];
-        hw.buf.read(base + i * SEG_SIZE, &mut b);
-        let d = DataSeg::from_bytes(&b);
-        if d.is_terminator() {
-            break;
-        }
-        if d.byte_count.get() > 0 {
-            out.push(Sge {
-                addr: d.addr.get(),
-                len: d.byte_count.get(),
-                lkey: d.lkey.get(),
-            });
-        }
-    }
-    out
+    let stride = (hw.rq_stride as usize).min(MAX_RQ_STRIDE);
+    let mut slot = [0u8; MAX_RQ_STRIDE];
+    hw.buf.read(
+        slot_off(0, rq_ci, hw.rq_cnt, hw.rq_stride as usize),
+        &mut slot[..stride],
+    );
+    let segs = RecvWqe::parse(&slot[..stride]).map_or(DataSegs::EMPTY, |w| w.segs);
+    segs.iter()
+        .filter(|d| d.byte_count.get() > 0)
+        .map(|d| Sge {
+            addr: d.addr.get(),
+            len: d.byte_count.get(),
+            lkey: d.lkey.get(),
+        })
+        .collect()
 }
 
 /// Whether every SGE lies in a region of `pd` with `need` rights.
