@@ -28,7 +28,7 @@ pub struct QpConfig {
     /// How long outstanding work may go without any answer from the peer before it completes
     /// with `TRANSPORT_RETRY_EXC` (a dead peer process or a closed device is detected sooner).
     pub timeout: Duration,
-    /// Who rings the doorbell for op lists from [`Qp::commit`]; `None`: chosen automatically
+    /// Who rings the doorbell for op lists from [`Qp::commit`](super::Qp::commit); `None`: chosen automatically
     /// (`GDSYNC_NIC_HANDLER`, else the GPU).
     pub nic_handler: Option<crate::NicHandler>,
 }
