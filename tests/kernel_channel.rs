@@ -7,7 +7,9 @@
 mod common;
 
 use common::kernel_channel_ranks;
-use gdasync::gdsync::format::Syndrome;
+use gdasync::gdsync::format::{
+    DataSeg, DataSegs, FmCeSe, Opcode, RaddrSeg, RecvWqe, SendWqe, Syndrome, WqeData,
+};
 use gdasync::gdsync::kernel::{code, DeviceQp, PeerDesc, QpDesc};
 use gdasync::gdsync::{
     Access, Cq, Device, MemoryRegion, NicHandler, PinnedBuffer, ProtectionDomain, Qp, QpConfig,
@@ -1840,6 +1842,154 @@ fn kernel_qp_nop_completes_after_the_work_before_it() {
         code::EMPTY,
         "one completion only"
     );
+}
+
+/// The WQEs the header writes read back, through the soft device's own reader
+/// (`format::SendWqe::parse`, `format::RecvWqe::parse`), as the requests the kernel made:
+/// write, write with immediate, read, send with immediate, inline send and write, NOP, and
+/// the receive the send lands in.
+#[test]
+fn kernel_qp_wqes_read_back_through_the_device_reader() {
+    let (_dev, pd, a, b) = connected(&QpConfig::default());
+    let (abuf, amr) = pinned(&pd, 4096);
+    let (bbuf, bmr) = pinned(&pd, 4096);
+    let (a, b) = (a.qp.into_device().unwrap(), b.qp.into_device().unwrap());
+    let (mut qa, mut qb) = (a.desc(), b.desc());
+    let segs = |addr: u64, len: u32, lkey: u32| [DataSeg::new(addr, len, lkey)];
+    let (la, lb, rb) = (amr.lkey(), bmr.lkey(), bmr.rkey());
+    let last_wqe = |q: &QpDesc| read(q.sq + ((q.sq_pi - 1) & (q.sq_wqebbs as u64 - 1)) * 64, 64);
+    let expect = |q: &QpDesc, opcode, raddr: Option<u64>, imm: u32, data| SendWqe {
+        wqe_index: (q.sq_pi - 1) as u16,
+        opcode,
+        qpn: a.qpn(),
+        flags: FmCeSe::CQ_UPDATE,
+        imm: imm.to_be_bytes(),
+        raddr: raddr.map(|r| RaddrSeg::new(r, rb)),
+        atomic: None,
+        data,
+    };
+    let mut signalled = 0;
+
+    let g = segs(abuf.addr(), 100, la);
+    let ops = [
+        (twin::OP_RDMA_WRITE, Opcode::RdmaWrite, 0),
+        (twin::OP_RDMA_WRITE_IMM, Opcode::RdmaWriteImm, 0x0A0B_0C0D),
+        (twin::OP_RDMA_READ, Opcode::RdmaRead, 0),
+    ];
+    for (op, opcode, imm) in ops {
+        if opcode.consumes_recv() {
+            assert_eq!(twin::qp_post_recv(&mut qb, 0, 0, 0), code::OK);
+        }
+        let rc = twin::qp_post_send(
+            &mut qa,
+            op,
+            abuf.addr(),
+            la,
+            100,
+            bbuf.addr() + 512,
+            rb,
+            imm,
+            twin::SIGNALED,
+        );
+        assert_eq!(rc, code::OK);
+        let want = expect(
+            &qa,
+            opcode,
+            Some(bbuf.addr() + 512),
+            if opcode.has_imm() { imm } else { 0 },
+            WqeData::Gather(DataSegs::from_segs(&g)),
+        );
+        assert_eq!(SendWqe::parse(&last_wqe(&qa)), Ok(want), "{opcode:?}");
+        signalled += 1;
+    }
+
+    // A send with immediate and the receive it lands in.
+    assert_eq!(twin::qp_post_recv(&mut qb, bbuf.addr(), 256, lb), code::OK);
+    let slot = read(
+        qb.rq + ((qb.rq_pi - 1) & (qb.rq_wqes as u64 - 1)) * qb.rq_stride as u64,
+        qb.rq_stride as usize,
+    );
+    let r = segs(bbuf.addr(), 256, lb);
+    assert_eq!(
+        RecvWqe::parse(&slot),
+        Ok(RecvWqe {
+            segs: DataSegs::from_segs(&r)
+        })
+    );
+    let rc = twin::qp_post_send(
+        &mut qa,
+        twin::OP_SEND_IMM,
+        abuf.addr(),
+        la,
+        100,
+        0,
+        0,
+        7,
+        twin::SIGNALED,
+    );
+    assert_eq!(rc, code::OK);
+    let want = expect(
+        &qa,
+        Opcode::SendImm,
+        None,
+        7,
+        WqeData::Gather(DataSegs::from_segs(&g)),
+    );
+    assert_eq!(SendWqe::parse(&last_wqe(&qa)), Ok(want));
+    signalled += 1;
+
+    // Inline: a send, then a write.
+    assert_eq!(
+        twin::qp_post_recv(&mut qb, bbuf.addr() + 1024, 64, lb),
+        code::OK
+    );
+    let inline = message(4, 1, 28);
+    let rc = twin::qp_post_send_inline(&mut qa, twin::OP_SEND, &inline, 0, 0, 0, twin::SIGNALED);
+    assert_eq!(rc, code::OK);
+    let want = expect(&qa, Opcode::Send, None, 0, WqeData::Inline(&inline));
+    assert_eq!(SendWqe::parse(&last_wqe(&qa)), Ok(want));
+    let rc = twin::qp_post_send_inline(
+        &mut qa,
+        twin::OP_RDMA_WRITE,
+        &inline[..8],
+        bbuf.addr() + 2048,
+        rb,
+        0,
+        twin::SIGNALED,
+    );
+    assert_eq!(rc, code::OK);
+    let want = expect(
+        &qa,
+        Opcode::RdmaWrite,
+        Some(bbuf.addr() + 2048),
+        0,
+        WqeData::Inline(&inline[..8]),
+    );
+    assert_eq!(SendWqe::parse(&last_wqe(&qa)), Ok(want));
+    signalled += 2;
+
+    assert_eq!(twin::qp_post_nop(&mut qa, twin::SIGNALED), code::OK);
+    let want = expect(&qa, Opcode::Nop, None, 0, WqeData::Gather(DataSegs::EMPTY));
+    assert_eq!(SendWqe::parse(&last_wqe(&qa)), Ok(want));
+    signalled += 1;
+
+    // The device executed them all, as read.
+    let mut wc = Wc::default();
+    for _ in 0..signalled {
+        assert_eq!(
+            twin::cq_wait(&mut qa.send_cq, &mut wc, TIMEOUT_NS),
+            code::OK
+        );
+        assert_eq!(wc.opcode, twin::WC_SEND_DONE, "{wc:?}");
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            twin::cq_wait(&mut qb.recv_cq, &mut wc, TIMEOUT_NS),
+            code::OK
+        );
+    }
+    assert_eq!(read(bbuf.addr() + 1024, 28), inline);
+    drop(b);
 }
 
 // ------------------------------------------------------------------ the header itself

@@ -18,6 +18,7 @@
 
 mod device_qp;
 mod peer;
+mod qp_handover;
 pub use device_qp::{CqDesc, DeviceQp, DeviceQpProgress, IntoHostError, QpDesc};
 pub use peer::{PeerDesc, PeerState};
 

@@ -1,5 +1,6 @@
-//! The mlx5 data-path formats, byte for byte: send and receive WQE segments, CQEs, opcodes,
-//! syndromes, doorbell values and ring-index arithmetic.
+//! The mlx5 data-path formats, byte for byte: send and receive WQEs and their segments (one
+//! writer and one reader each), CQEs, opcodes, syndromes, doorbell values and ring-index
+//! arithmetic.
 //!
 //! Pure types, no I/O. Every multi-byte field is big-endian in memory, as the HCA reads it;
 //! [`Be16`], [`Be32`] and [`Be64`] keep that visible in the types. Immediate data and inline
@@ -10,15 +11,19 @@ mod cqe;
 mod doorbell;
 mod index;
 mod opcode;
+mod recv_wqe;
+mod send_wqe;
 mod wqe;
 
 pub use cqe::{Cqe64, CqeOwner, CQE_INIT_OP_OWN, CQE_OWNER_WORD_OFFSET, CQE_SIZE};
 pub use doorbell::{cq_ci_value, doorbell_value, qp_dbrec_value, DBREC_CQ_CI, DBREC_RQ, DBREC_SQ};
 pub use index::{idx16, idx16_diff, wqebbs_for_ds};
 pub use opcode::{CqeOpcode, Opcode, Syndrome};
+pub use recv_wqe::RecvWqe;
+pub use send_wqe::{SendWqe, WqeData};
 pub use wqe::{
-    AtomicSeg, CtrlSeg, DataSeg, FmCeSe, InlineHeader, RaddrSeg, INLINE_SEG_FLAG, INVALID_LKEY,
-    MAX_WQE_DS, MAX_WQE_WQEBBS, SEG_SIZE, WQEBB,
+    AtomicSeg, CtrlSeg, DataSeg, DataSegIter, DataSegs, FmCeSe, InlineHeader, RaddrSeg, WqeError,
+    INLINE_SEG_FLAG, INVALID_LKEY, MAX_WQE_DS, MAX_WQE_WQEBBS, SEG_SIZE, WQEBB,
 };
 
 /// A big-endian 16-bit field as it lies in memory.
@@ -71,3 +76,5 @@ const _: () = assert!(core::mem::size_of::<Be32>() == 4);
 const _: () = assert!(core::mem::size_of::<Be64>() == 8);
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod wqe_tests;

@@ -145,6 +145,37 @@ impl Opcode {
     pub const fn has_imm(self) -> bool {
         matches!(self, Self::SendImm | Self::RdmaWriteImm)
     }
+    /// Whether the responder reads its memory through the rkey (RDMA read).
+    pub const fn reads_remote(self) -> bool {
+        matches!(self, Self::RdmaRead)
+    }
+    /// Whether the payload lands in the responder's memory through the rkey (RDMA write).
+    pub const fn writes_remote(self) -> bool {
+        matches!(self, Self::RdmaWrite | Self::RdmaWriteImm)
+    }
+    /// Whether the answer carries data into the requester's memory (read data, an atomic's
+    /// old value): the data segments are a scatter list, the WQE cannot be inline, it
+    /// completes when that data has arrived, and a fence waits for it.
+    pub const fn returns_data(self) -> bool {
+        matches!(self, Self::RdmaRead | Self::AtomicCs | Self::AtomicFa)
+    }
+    /// Whether the requester sends a payload of its own (sends and writes): its data
+    /// segments are a gather list, or the payload is inline.
+    pub const fn carries_payload(self) -> bool {
+        matches!(
+            self,
+            Self::Send | Self::SendImm | Self::SendInval | Self::RdmaWrite | Self::RdmaWriteImm
+        )
+    }
+    /// The CQE opcode of the responder's completion, for operations that consume a receive.
+    pub const fn responder_cqe(self) -> Option<CqeOpcode> {
+        match self {
+            Self::Send => Some(CqeOpcode::RespSend),
+            Self::SendImm => Some(CqeOpcode::RespSendImm),
+            Self::RdmaWriteImm => Some(CqeOpcode::RespWrImm),
+            _ => None,
+        }
+    }
 }
 
 impl CqeOpcode {

@@ -291,3 +291,146 @@ impl InlineHeader {
         (4 + len).div_ceil(SEG_SIZE)
     }
 }
+
+/// A run of data segments: read from WQE bytes, or given as segments to write. Iterating
+/// decodes one segment at a time; nothing is copied or allocated.
+#[derive(Clone, Copy, Debug)]
+pub struct DataSegs<'a>(SegsRepr<'a>);
+
+#[derive(Clone, Copy, Debug)]
+enum SegsRepr<'a> {
+    Bytes(&'a [u8]),
+    Segs(&'a [DataSeg]),
+}
+
+impl<'a> DataSegs<'a> {
+    /// No segments.
+    pub const EMPTY: DataSegs<'static> = DataSegs(SegsRepr::Segs(&[]));
+
+    /// The segments to write.
+    pub const fn from_segs(segs: &'a [DataSeg]) -> Self {
+        Self(SegsRepr::Segs(segs))
+    }
+    /// The segments laid out in `bytes`, 16 bytes each (a partial last one is not a segment).
+    pub const fn from_bytes(bytes: &'a [u8]) -> Self {
+        let whole = bytes.len() / SEG_SIZE * SEG_SIZE;
+        Self(SegsRepr::Bytes(bytes.split_at(whole).0))
+    }
+    /// Number of segments.
+    pub const fn len(&self) -> usize {
+        match self.0 {
+            SegsRepr::Bytes(b) => b.len() / SEG_SIZE,
+            SegsRepr::Segs(s) => s.len(),
+        }
+    }
+    /// Whether there are none.
+    pub const fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The segments, in order.
+    pub fn iter(&self) -> DataSegIter<'a> {
+        DataSegIter(self.0)
+    }
+    /// Writes the segments at the start of `out`; returns the bytes written.
+    pub(super) fn write_to(&self, out: &mut [u8]) -> usize {
+        let n = self.len() * SEG_SIZE;
+        match self.0 {
+            SegsRepr::Bytes(b) => out[..n].copy_from_slice(b),
+            SegsRepr::Segs(s) => {
+                for (d, o) in s.iter().zip(out.chunks_exact_mut(SEG_SIZE)) {
+                    o.copy_from_slice(&d.to_bytes());
+                }
+            }
+        }
+        n
+    }
+}
+
+impl PartialEq for DataSegs<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+impl Eq for DataSegs<'_> {}
+
+/// Iterator over [`DataSegs`].
+#[derive(Clone, Debug)]
+pub struct DataSegIter<'a>(SegsRepr<'a>);
+
+impl Iterator for DataSegIter<'_> {
+    type Item = DataSeg;
+    fn next(&mut self) -> Option<DataSeg> {
+        match &mut self.0 {
+            SegsRepr::Bytes(b) => {
+                let (head, rest) = b.split_first_chunk::<SEG_SIZE>()?;
+                *b = rest;
+                Some(DataSeg::from_bytes(head))
+            }
+            SegsRepr::Segs(s) => {
+                let (head, rest) = s.split_first()?;
+                *s = rest;
+                Some(*head)
+            }
+        }
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = DataSegs(self.0).len();
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for DataSegIter<'_> {}
+
+/// Why bytes are not a WQE this model executes, or a request cannot be written as one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WqeError {
+    /// Fewer bytes than the WQE's size.
+    #[error("a WQE of {need} bytes does not fit in {have}")]
+    Truncated {
+        /// Bytes the WQE takes.
+        need: usize,
+        /// Bytes there are.
+        have: usize,
+    },
+    /// A ds count of 0 (a WQE has at least its control segment).
+    #[error("ds is 0: a WQE has at least its control segment")]
+    EmptyDs,
+    /// More 16-byte units than a WQE holds.
+    #[error("the WQE needs {ds} DS; a WQE holds at most {MAX_WQE_DS}")]
+    TooLarge {
+        /// The units needed.
+        ds: usize,
+    },
+    /// An opcode byte no mlx5 send opcode has.
+    #[error("opcode {0:#04x} is not a send opcode")]
+    UnknownOpcode(u8),
+    /// An opcode whose WQE layout this model does not know.
+    #[error("opcode {0:?} is not modelled")]
+    Unsupported(Opcode),
+    /// A segment the opcode needs is missing, or one it does not take is present.
+    #[error("{op:?} WQE: {what}")]
+    Shape {
+        /// The opcode.
+        op: Opcode,
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// Inline data for an operation whose data segments are a scatter list.
+    #[error("{0:?} cannot carry inline data")]
+    InlineNotAllowed(Opcode),
+    /// An inline payload that runs past the end of the WQE.
+    #[error("inline payload of {len} bytes overruns the WQE ({room} bytes left)")]
+    InlineOverrun {
+        /// Payload length the header claims.
+        len: usize,
+        /// Bytes left in the WQE after the header.
+        room: usize,
+    },
+    /// A receive WQE that is not a whole number of segments.
+    #[error("a receive WQE of {0} bytes is not a whole number of 16-byte segments")]
+    RecvStride(usize),
+    /// A data segment a reader would take for something else (an inline header or the
+    /// receive-list terminator).
+    #[error("data segment {0} would read as an inline header or a terminator")]
+    AmbiguousSeg(usize),
+}

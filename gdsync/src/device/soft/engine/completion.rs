@@ -1,0 +1,163 @@
+//! Completion, requester step 6 of `docs/soft-device.md`: the peer's answers (acknowledgement,
+//! read data, an atomic's old value, NAKs and their retries) mark outstanding WQEs done;
+//! work completes in order and signalled WQEs write CQEs into the CQ ring.
+
+use super::super::link::PktHeader;
+use super::memory::scatter;
+use super::{psn_le, resp, EQp, Engine, NAK_NOT_READY, NAK_RNR, NOT_READY_DELAY};
+use crate::cq::CqShared;
+use crate::format::*;
+use crate::mem::slot_off;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+impl Engine {
+    /// A response from the peer's responder, for an outstanding WQE of one of this link's
+    /// QPs.
+    pub(super) fn on_response(&mut self, li: usize, h: &PktHeader, payload: &[u8]) {
+        let qpn = h.dst_qpn;
+        let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if q.err || q.link != Some(li) || q.rqpn != h.src_qpn {
+            return;
+        }
+        if !(h.op == resp::NAK && h.syndrome == NAK_NOT_READY) {
+            q.progress_at = self.now;
+            q.not_ready = false;
+        }
+        match h.op {
+            resp::ACK => acknowledge(q, h.psn, self.now),
+            resp::READ | resp::ATOMIC => self.on_data(qpn, h, payload),
+            resp::NAK => self.on_nak(qpn, h),
+            _ => {}
+        }
+    }
+
+    /// Read data or an atomic's old value: scattered into the WQE's local segments; the
+    /// WQE is done when all of it has arrived.
+    fn on_data(&mut self, qpn: u32, h: &PktHeader, payload: &[u8]) {
+        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let pd = q.hw.pd;
+        let Some(o) = q.out.iter_mut().find(|o| o.psn == h.psn && !o.done) else {
+            return;
+        };
+        self.mrc.sync(&self.mrs);
+        let slots = &*self.mrc.slots;
+        let ok = if h.op == resp::READ {
+            h.offset == o.got && scatter(slots, pd, &o.scatter, h.offset as u64, payload)
+        } else {
+            payload.len() == 8 && scatter(slots, pd, &o.scatter, 0, payload)
+        };
+        if !ok {
+            let psn = o.psn;
+            self.enter_error(qpn, Some((psn, Syndrome::LocalProt)));
+            return;
+        }
+        o.got += payload.len() as u32;
+        if h.op == resp::ATOMIC || o.got >= o.len {
+            o.done = true;
+        }
+        q.rnr_left = q.hw.cfg.rnr_retry;
+        complete_front(q, self.now);
+    }
+
+    /// A NAK: receiver not ready or peer not ready (rewind and retry later), or an error
+    /// (the WQE fails with the syndrome, the QP goes to error).
+    fn on_nak(&mut self, qpn: u32, h: &PktHeader) {
+        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(k) = q.out.iter().position(|o| o.psn == h.psn) else {
+            return;
+        };
+        match h.syndrome {
+            NAK_RNR if q.rnr_left > 0 => {
+                if q.rnr_left != u8::MAX {
+                    q.rnr_left -= 1;
+                }
+                let t = q.hw.cfg.rnr_timer;
+                self.rewind(qpn, k, t);
+            }
+            NAK_RNR => self.enter_error(qpn, Some((h.psn, Syndrome::RnrRetryExc))),
+            NAK_NOT_READY => {
+                // Not progress: the QP's timeout keeps running.
+                q.not_ready = true;
+                self.rewind(qpn, k, NOT_READY_DELAY);
+            }
+            s => {
+                let s = Syndrome::from_u8(s).unwrap_or(Syndrome::RemoteOp);
+                self.enter_error(qpn, Some((h.psn, s)));
+            }
+        }
+    }
+}
+
+/// An acknowledgement up to `psn`: sends and writes up to it are done (reads and atomics are
+/// done when their data arrives).
+fn acknowledge(q: &mut EQp, psn: u32, now: Instant) {
+    for o in q.out.iter_mut() {
+        if !psn_le(o.psn, psn) {
+            break;
+        }
+        if !o.opcode.returns_data() {
+            o.done = true;
+        }
+    }
+    q.rnr_left = q.hw.cfg.rnr_retry;
+    complete_front(q, now);
+}
+
+/// Pops completed WQEs off the front, writing CQEs for the signalled ones.
+pub(super) fn complete_front(q: &mut EQp, now: Instant) {
+    while q.out.front().is_some_and(|o| o.done) {
+        let o = q.out.pop_front().unwrap();
+        if o.signalled {
+            let mut cqe = Cqe64([0; 64]);
+            if o.opcode == Opcode::RdmaRead {
+                cqe.set_byte_cnt(o.len);
+            }
+            cqe.set_sop_drop_qpn(((o.opcode as u32) << 24) | q.hw.qpn);
+            cqe.set_wqe_counter(o.idx);
+            cqe.set_op_own(CqeOpcode::Req, false, 0);
+            push_cqe(&q.hw.send_cq, &mut cqe);
+        }
+        q.progress_at = now;
+    }
+}
+
+/// An error CQE: the syndrome, the WQE opcode and QPN, the WQE counter.
+pub(super) fn err_cqe(op: CqeOpcode, s: Syndrome, wqe_opcode: u8, qpn: u32, counter: u16) -> Cqe64 {
+    let mut c = Cqe64([0; 64]);
+    c.set_syndrome(s, 0);
+    c.set_sop_drop_qpn(((wqe_opcode as u32) << 24) | (qpn & 0xFF_FFFF));
+    c.set_wqe_counter(counter);
+    c.set_op_own(op, false, 0);
+    c
+}
+
+/// Writes a CQE at the CQ's producer index: bytes 0..63 first, then `op_own` with the
+/// owner bit of this pass, with release order. Refuses (and flags the CQ) on overrun.
+pub(super) fn push_cqe(cq: &CqShared, cqe: &mut Cqe64) {
+    let pi = cq.hw_pi.load(Ordering::Relaxed);
+    let ci = crate::mem::load_be32(&cq.ctrl, crate::cq::CQ_DBREC) & 0xFF_FFFF;
+    if ((pi as u32).wrapping_sub(ci) & 0xFF_FFFF) >= cq.cnt {
+        if !cq.overrun.swap(true, Ordering::AcqRel) {
+            tracing::error!(cqn = cq.cqn, "CQ overrun: completion dropped");
+        }
+        return;
+    }
+    if cqe.is_error() {
+        cq.errors.lock().push(crate::cq::CqError {
+            qpn: cqe.qpn(),
+            wqe_counter: cqe.wqe_counter(),
+            syndrome: cqe.syndrome().unwrap_or(Syndrome::LocalQpOp),
+            responder: cqe.opcode() == Some(CqeOpcode::RespErr),
+        });
+        cq.has_errors.store(true, Ordering::Release);
+    }
+    let owner = CqeOwner::expected(pi, cq.cnt);
+    let op_own = (cqe.op_own() & !1) | owner;
+    let off = slot_off(0, pi, cq.cnt, CQE_SIZE);
+    cq.ring.write(off, &cqe.0[..63]);
+    cq.ring.u8(off + 63).store(op_own, Ordering::Release);
+    cq.hw_pi.store(pi + 1, Ordering::Relaxed);
+}

@@ -1,0 +1,140 @@
+//! Failures and the error state: malformed WQEs, work that fails before or after it is sent,
+//! and the flushes of everything else posted (`docs/soft-device.md`, "Errors and the error
+//! state").
+
+use super::super::link::kind;
+use super::completion::{complete_front, err_cqe, push_cqe};
+use super::{rq_producer, EQp, Engine, Step};
+use crate::format::*;
+use crate::qp::QpState;
+use std::sync::atomic::Ordering;
+
+impl Engine {
+    /// A WQE the device cannot parse (or a doorbell record past the ring): error CQE with
+    /// LOCAL_QP_OP, QP to error. After a bad WQE the rest of the ring up to the doorbell
+    /// record is dropped (its WQEs cannot be trusted); after a bad doorbell record (`ctrl` is
+    /// `None`) the consumer index stays, and later doorbells flush what follows it.
+    pub(super) fn malformed(&mut self, qpn: u32, ctrl: Option<&CtrlSeg>, sq_ci: u64, pi: u16) {
+        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let hw = q.hw.clone();
+        self.enter_error(qpn, None);
+        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let opcode = ctrl.map_or(0, |c| c.opcode_byte());
+        let mut cqe = err_cqe(
+            CqeOpcode::ReqErr,
+            Syndrome::LocalQpOp,
+            opcode,
+            hw.qpn,
+            sq_ci as u16,
+        );
+        push_cqe(&hw.send_cq, &mut cqe);
+        if ctrl.is_some() {
+            q.sq_ci += pi.wrapping_sub(sq_ci as u16) as u64;
+        }
+    }
+
+    /// A WQE that fails before anything is sent: its error CQE, then QP to error.
+    pub(super) fn fail_new(
+        &mut self,
+        qpn: u32,
+        ctrl: &CtrlSeg,
+        opcode: Opcode,
+        nbb: u32,
+        s: Syndrome,
+    ) -> Step {
+        self.enter_error(qpn, None);
+        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let mut cqe = err_cqe(
+            CqeOpcode::ReqErr,
+            s,
+            opcode as u8,
+            q.hw.qpn,
+            ctrl.wqe_index(),
+        );
+        push_cqe(&q.hw.send_cq, &mut cqe);
+        q.sq_ci += nbb as u64;
+        Step::Advanced
+    }
+
+    /// Moves a QP to the error state because its first unfinished WQE failed with `s`: the
+    /// oldest outstanding one, or, when none is outstanding (an RNR wait rewound them), the
+    /// next one in the send ring.
+    pub(super) fn fail_first(&mut self, qpn: u32, s: Syndrome) {
+        let q = self.qps[qpn as usize].as_mut().unwrap();
+        complete_front(q, self.now);
+        match q.out.front().map(|o| o.psn) {
+            Some(psn) => self.enter_error(qpn, Some((psn, s))),
+            None => {
+                if !q.err {
+                    q.fail_next = Some(s);
+                }
+                self.enter_error(qpn, None);
+            }
+        }
+    }
+
+    /// Moves a QP to the error state. Completed work at the front completes normally; the
+    /// outstanding WQE with `failed` = (psn, syndrome) gets that error, the others WR_FLUSH.
+    pub(super) fn enter_error(&mut self, qpn: u32, failed: Option<(u32, Syndrome)>) {
+        let q = self.qps[qpn as usize].as_mut().unwrap();
+        if q.err {
+            return;
+        }
+        complete_front(q, self.now);
+        q.err = true;
+        q.hw.state.store(QpState::Error as u8, Ordering::Release);
+        q.inmsg = None;
+        q.retry_at = None;
+        q.pending = true;
+        while let Some(o) = q.out.pop_front() {
+            let s = match failed {
+                Some((psn, s)) if psn == o.psn => s,
+                _ => Syndrome::WrFlush,
+            };
+            let mut cqe = err_cqe(CqeOpcode::ReqErr, s, o.opcode as u8, q.hw.qpn, o.idx);
+            push_cqe(&q.hw.send_cq, &mut cqe);
+        }
+        if let Some(li) = q.link {
+            self.links[li]
+                .queue
+                .retain(|j| !(j.hdr.kind == kind::REQ && j.hdr.src_qpn == qpn));
+        }
+        // (The host logs the error completion with its syndrome; this marks the transition.)
+        tracing::debug!("soft device: QP {qpn:#x} to the error state");
+    }
+}
+
+/// Flushes the receive ring of a QP in error: every posted receive completes with WR_FLUSH.
+/// Returns whether there was any.
+pub(super) fn flush_recv_ring(q: &mut EQp) -> bool {
+    let hw = &*q.hw;
+    let rq_pi = rq_producer(hw);
+    let mut work = false;
+    while rq_pi.wrapping_sub(q.rq_ci as u16) != 0 {
+        let mut cqe = err_cqe(
+            CqeOpcode::RespErr,
+            Syndrome::WrFlush,
+            0,
+            hw.qpn,
+            q.rq_ci as u16,
+        );
+        push_cqe(&hw.recv_cq, &mut cqe);
+        q.rq_ci += 1;
+        work = true;
+    }
+    work
+}
+
+/// Flushes the WQE at the consumer index of a QP in error: it completes with WR_FLUSH (or
+/// the syndrome the error left for it), signalled or not.
+pub(super) fn flush_wqe(q: &mut EQp, ctrl: &CtrlSeg, opcode: Opcode, nbb: u32) {
+    let mut cqe = err_cqe(
+        CqeOpcode::ReqErr,
+        q.fail_next.take().unwrap_or(Syndrome::WrFlush),
+        opcode as u8,
+        q.hw.qpn,
+        ctrl.wqe_index(),
+    );
+    push_cqe(&q.hw.send_cq, &mut cqe);
+    q.sq_ci += nbb as u64;
+}

@@ -1,0 +1,174 @@
+//! Packets in and out of the links: each round reads what arrived (requests to the
+//! responder, responses to completion) and sends what the QPs queued, gathering payload from
+//! memory as each packet goes out.
+
+use super::super::link::{flag, kind, PktHeader, Producer, MTU};
+use super::memory::gather;
+use super::{resp, Body, Engine, TxJob};
+use crate::format::Syndrome;
+use crate::mr::{Access, Slots};
+
+/// What sending a queued message came to.
+enum Emit {
+    /// Every packet is in the ring.
+    Done,
+    /// The ring is full: resume later.
+    Full,
+    /// A key no longer names the memory: the message cannot be sent.
+    Fault,
+}
+
+impl Engine {
+    /// Takes up to 64 packets off the link's receive ring.
+    #[inline]
+    pub(super) fn poll_link(&mut self, li: usize) -> bool {
+        let mut n = 0;
+        while let Some((h, payload)) = self.links[li].link.rx.peek() {
+            // The payload borrows the ring: copy small headers, hand the slice down.
+            let payload: *const [u8] = payload;
+            // SAFETY: the record stays valid until pop() below; nothing else touches the ring.
+            let payload = unsafe { &*payload };
+            if h.kind == kind::REQ {
+                self.on_request(li, &h, payload);
+            } else {
+                self.on_response(li, &h, payload);
+            }
+            self.links[li].link.rx.pop(&h);
+            n += 1;
+            if n == 64 {
+                break;
+            }
+        }
+        n > 0
+    }
+
+    /// Sends queued packets while the ring has room.
+    #[inline]
+    pub(super) fn pump(&mut self, li: usize) -> bool {
+        if self.links[li].queue.is_empty() {
+            return false;
+        }
+        let mut work = false;
+        self.mrc.sync(&self.mrs);
+        loop {
+            // Borrowed, not cloned: a clone's reference count is a line every helper thread
+            // would write.
+            let slots = &*self.mrc.slots;
+            let link = &mut self.links[li];
+            let Some(job) = link.queue.front_mut() else {
+                break;
+            };
+            match emit(job, &mut link.link.tx, slots) {
+                Emit::Done => {
+                    link.queue.pop_front();
+                    work = true;
+                }
+                Emit::Full => break,
+                Emit::Fault => {
+                    let job = link.queue.pop_front().unwrap();
+                    work = true;
+                    if job.hdr.kind == kind::REQ {
+                        // A requester's lkey vanished under a posted WQE.
+                        let (qpn, psn) = (job.hdr.src_qpn, job.hdr.psn);
+                        if self.qps.get(qpn as usize).is_some_and(Option::is_some) {
+                            self.enter_error(qpn, Some((psn, Syndrome::LocalProt)));
+                            return true;
+                        }
+                    } else {
+                        // A read response's region was deregistered: NAK instead.
+                        link.queue
+                            .push_front(nak(&job.hdr, Syndrome::RemoteAccess as u8));
+                    }
+                }
+            }
+        }
+        work
+    }
+}
+
+/// Payload bytes of a queued message.
+fn body_len(j: &TxJob) -> u32 {
+    match &j.body {
+        Body::Empty => 0,
+        Body::Inline(b) => b.len() as u32,
+        Body::Gather(_) | Body::Memory { .. } => j.hdr.msg_len,
+    }
+}
+
+/// Sends the packets of one queued message while the ring has room.
+fn emit(job: &mut TxJob, tx: &mut Producer, slots: &Slots) -> Emit {
+    let total = body_len(job);
+    loop {
+        let seg = (total - job.sent).min(MTU as u32);
+        let mut h = job.hdr;
+        h.offset = job.sent;
+        h.seg_len = seg;
+        if job.sent == 0 {
+            h.flags |= flag::FIRST;
+        }
+        if job.sent + seg == total {
+            h.flags |= flag::LAST;
+        }
+        let off = job.sent as u64;
+        let pd = job.pd;
+        let body = &job.body;
+        let r = tx.try_push(&h, seg as usize, |buf| match body {
+            Body::Empty => true,
+            Body::Inline(b) => {
+                buf.copy_from_slice(&b[off as usize..off as usize + buf.len()]);
+                true
+            }
+            Body::Gather(sges) => gather(slots, pd, sges, off, buf),
+            Body::Memory { rkey, addr } => {
+                let a = addr + off;
+                slots
+                    .get(*rkey)
+                    .is_some_and(|e| e.access.contains(Access::REMOTE_READ) && e.read(a, buf))
+            }
+        });
+        match r {
+            None => return Emit::Full,
+            Some(false) => return Emit::Fault,
+            Some(true) => {}
+        }
+        job.sent += seg;
+        if job.sent >= total {
+            return Emit::Done;
+        }
+    }
+}
+
+/// The header of a response to request `h`.
+pub(super) fn reply(h: &PktHeader, op: u8) -> PktHeader {
+    PktHeader {
+        kind: kind::RESP,
+        op,
+        dst_qpn: h.src_qpn,
+        src_qpn: h.dst_qpn,
+        psn: h.psn,
+        ..Default::default()
+    }
+}
+
+/// A NAK of request (or read response) `h` with `code`.
+pub(super) fn nak(h: &PktHeader, code: u8) -> TxJob {
+    let mut r = reply(h, resp::NAK);
+    if h.kind == kind::RESP {
+        // Turning a read response into a NAK: it keeps the requester's addressing.
+        r = PktHeader {
+            kind: kind::RESP,
+            op: resp::NAK,
+            dst_qpn: h.dst_qpn,
+            src_qpn: h.src_qpn,
+            psn: h.psn,
+            ..Default::default()
+        };
+    }
+    r.syndrome = code;
+    TxJob {
+        hdr: r,
+        body: Body::Empty,
+        pd: 0,
+        sent: 0,
+    }
+}

@@ -1,0 +1,327 @@
+//! The engine: one per soft device, polling doorbells and links as a ConnectX's processing
+//! loop does. The steps of `docs/soft-device.md` are functions of their own, by concern:
+//!
+//! - [`requester`]: doorbell, parse, local checks, fence, send (requester steps 1 to 5);
+//! - [`responder`]: admission and checks of a request's first packet, its payload, the
+//!   receive it consumes and the answer;
+//! - [`completion`]: responses from the peer, in-order completion and CQE writes (step 6);
+//! - [`errors`]: malformed WQEs, failures and the error state with its flushes;
+//! - [`links`]: packets in and out of the links;
+//! - [`memory`]: key checks and copies between the wire and registered memory;
+//! - [`timers`]: dead links, retry delays and the transport timeout.
+//!
+//! Errors put the QP in the error state: the failing WQE gets an error CQE, everything else
+//! posted (send and receive) completes with WR_FLUSH.
+
+mod completion;
+mod errors;
+mod links;
+mod memory;
+mod requester;
+mod responder;
+mod timers;
+
+use super::link::{Link, PktHeader};
+use super::{Cmd, EngineCtl};
+use crate::format::*;
+use crate::mr::{MrCache, MrTable};
+use crate::qp::QpShared;
+use crate::wr::Sge;
+use smallvec::SmallVec;
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Response codes (the `op` of a response packet).
+pub(crate) mod resp {
+    pub const ACK: u8 = 1;
+    pub const NAK: u8 = 2;
+    pub const READ: u8 = 3;
+    pub const ATOMIC: u8 = 4;
+}
+
+/// NAK codes beyond the error syndromes: retry later.
+const NAK_RNR: u8 = 0xF0;
+/// The responder QP exists but is not connected yet (a real responder drops such packets
+/// and the requester's transport retries; here the retry is explicit).
+const NAK_NOT_READY: u8 = 0xF1;
+
+/// Most messages queued on a link before a QP stops reading its send ring.
+const MAX_QUEUED: usize = 256;
+/// Retry delay after a NOT_READY NAK.
+const NOT_READY_DELAY: Duration = Duration::from_millis(1);
+
+/// A WQE the requester has started and not completed.
+struct OutWqe {
+    psn: u32,
+    idx: u16,
+    sq_pos: u64,
+    opcode: Opcode,
+    signalled: bool,
+    done: bool,
+    /// Read or atomic: total length and where results land.
+    len: u32,
+    got: u32,
+    scatter: SmallVec<[Sge; 2]>,
+}
+
+/// A message being received (after its first packet was accepted).
+struct InMsg {
+    op: Opcode,
+    len: u32,
+    got: u32,
+    solicited: bool,
+    imm: [u8; 4],
+    dest: Dest,
+}
+
+enum Dest {
+    Memory { rkey: u32, addr: u64 },
+    Recv { sges: SmallVec<[Sge; 4]> },
+}
+
+/// What a queued message sends as payload.
+enum Body {
+    Empty,
+    Inline(SmallVec<[u8; 64]>),
+    /// From local memory through the requester's lkeys.
+    Gather(SmallVec<[Sge; 2]>),
+    /// From local memory through an rkey (read responses).
+    Memory {
+        rkey: u32,
+        addr: u64,
+    },
+}
+
+struct TxJob {
+    hdr: PktHeader,
+    body: Body,
+    pd: u32,
+    sent: u32,
+}
+
+struct EQp {
+    hw: Arc<QpShared>,
+    link: Option<usize>,
+    rqpn: u32,
+    err: bool,
+    // requester
+    sq_ci: u64,
+    last_db: u64,
+    pending: bool,
+    next_psn: u32,
+    out: VecDeque<OutWqe>,
+    rnr_left: u8,
+    retry_at: Option<Instant>,
+    progress_at: Instant,
+    // responder
+    exp_psn: u32,
+    rq_ci: u64,
+    inmsg: Option<InMsg>,
+    /// After entering the error state with nothing outstanding (e.g. during an RNR wait):
+    /// the syndrome the next WQE of the ring completes with, instead of WR_FLUSH.
+    fail_next: Option<Syndrome>,
+    /// The peer answered "not ready" and nothing else since: retries are not progress, so
+    /// the QP's timeout keeps running across them.
+    not_ready: bool,
+}
+
+struct ELink {
+    link: Link,
+    queue: VecDeque<TxJob>,
+}
+
+pub(crate) struct Engine {
+    ctl: Arc<EngineCtl>,
+    mrs: Arc<MrTable>,
+    mrc: MrCache,
+    qps: Vec<Option<EQp>>,
+    active: Vec<u32>,
+    links: Vec<ELink>,
+    /// Coarse clock, refreshed every few dozen polling rounds (timeouts are milliseconds).
+    now: Instant,
+}
+
+fn psn_le(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) <= 0
+}
+
+impl Engine {
+    pub(crate) fn new(ctl: Arc<EngineCtl>, mrs: Arc<MrTable>) -> Self {
+        Self {
+            ctl,
+            mrs,
+            mrc: MrCache::default(),
+            qps: Vec::new(),
+            active: Vec::new(),
+            links: Vec::new(),
+            now: Instant::now(),
+        }
+    }
+
+    /// One polling round, as the NIC's processing loop: control commands, the region table,
+    /// every QP's doorbell, every link (send, receive, send again), and on a `tick` the
+    /// clock and the timers. Returns whether anything happened.
+    pub(crate) fn round(&mut self, tick: bool) -> bool {
+        if self.ctl.has_cmds.load(Ordering::Acquire) {
+            self.commands();
+        }
+        // Between rounds: no region from an older table copy is in use.
+        self.mrc.sync(&self.mrs);
+        if tick {
+            self.now = Instant::now();
+        }
+        let mut work = false;
+        for i in 0..self.active.len() {
+            work |= self.poll_qp(self.active[i]);
+        }
+        for li in 0..self.links.len() {
+            // Send what the send rings produced before looking at the wire: a peek at
+            // the receive ring may wait for a cache line the peer just wrote.
+            work |= self.pump(li);
+            work |= self.poll_link(li);
+            work |= self.pump(li);
+        }
+        if tick {
+            work |= self.timers(Instant::now());
+        }
+        work
+    }
+
+    /// The look before a nap (after `sleeping` was announced): whether a doorbell or a
+    /// command arrived meanwhile.
+    pub(crate) fn last_look(&mut self) -> bool {
+        let mut again = false;
+        for i in 0..self.active.len() {
+            again |= self.poll_qp(self.active[i]);
+        }
+        again || self.ctl.has_cmds.load(Ordering::Acquire)
+    }
+
+    /// The calling thread is the engine's own: deregistrations wake it to see the new table.
+    pub(crate) fn attach_thread(&self) {
+        self.mrs.set_engine(Some(std::thread::current()));
+    }
+
+    /// The engine's thread ends: deregistrations have nobody to wait for.
+    pub(crate) fn detach_thread(&self) {
+        self.mrs.set_engine(None);
+    }
+
+    /// Drops every QP, link and queued packet (the device is gone).
+    pub(crate) fn clear(&mut self) {
+        self.qps.clear();
+        self.active.clear();
+        self.links.clear();
+    }
+
+    /// Refreshes the coarse clock (after a nap).
+    pub(crate) fn touch_clock(&mut self) {
+        self.now = Instant::now();
+    }
+
+    /// Whether a link leads to another process (whose engine nobody here can drive).
+    pub(crate) fn has_remote_links(&self) -> bool {
+        self.links.iter().any(|l| l.link.is_remote())
+    }
+
+    /// Whether the device holds regions in GPU memory (copies to them bind a CUDA context,
+    /// so only the engine's own thread may run rounds).
+    pub(crate) fn has_gpu_regions(&self) -> bool {
+        self.mrs.has_gpu_regions()
+    }
+
+    /// Applies the control commands queued since the last round.
+    fn commands(&mut self) {
+        let cmds = std::mem::take(&mut *self.ctl.cmds.lock());
+        self.ctl.has_cmds.store(false, Ordering::Release);
+        for c in cmds {
+            match c {
+                Cmd::AddQp(hw) => self.add_qp(hw),
+                Cmd::RemoveQp(qpn) => self.remove_qp(qpn),
+                Cmd::Connect { qpn, peer, rqpn } => self.connect(qpn, peer, rqpn),
+                Cmd::AddLink(l) => self.links.push(ELink {
+                    link: *l,
+                    queue: VecDeque::new(),
+                }),
+            }
+        }
+    }
+
+    /// A new QP, in the QP table and polled from now on.
+    fn add_qp(&mut self, hw: Arc<QpShared>) {
+        let n = hw.qpn as usize;
+        if self.qps.len() <= n {
+            self.qps.resize_with(n + 1, || None);
+        }
+        let rnr = hw.cfg.rnr_retry;
+        self.qps[n] = Some(EQp {
+            hw,
+            link: None,
+            rqpn: 0,
+            err: false,
+            sq_ci: 0,
+            last_db: 0,
+            pending: false,
+            next_psn: 0,
+            out: VecDeque::new(),
+            rnr_left: rnr,
+            retry_at: None,
+            progress_at: self.now,
+            exp_psn: 0,
+            rq_ci: 0,
+            inmsg: None,
+            fail_next: None,
+            not_ready: false,
+        });
+        self.active.push(n as u32);
+    }
+
+    /// A destroyed QP: out of the table, its queued packets dropped.
+    fn remove_qp(&mut self, qpn: u32) {
+        if let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::take) {
+            if let Some(li) = q.link {
+                self.links[li].queue.retain(|j| j.hdr.src_qpn != qpn);
+            }
+        }
+        self.active.retain(|&n| n != qpn);
+    }
+
+    /// A QP connected to peer QP `rqpn` of the device at the other end of the link to `peer`.
+    fn connect(&mut self, qpn: u32, peer: u64, rqpn: u32) {
+        let li = self.links.iter().position(|l| l.link.peer == peer);
+        if let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) {
+            q.link = li;
+            q.rqpn = rqpn;
+            q.pending = true;
+            if li.is_none() {
+                tracing::error!(
+                    "soft device: connect of QP {qpn:#x}: no link to peer device {peer:016x}"
+                );
+            }
+        }
+    }
+}
+
+/// What starting one WQE came to.
+enum Step {
+    /// The WQE was started, completed or flushed: go on with the next.
+    Advanced,
+    /// The WQE must wait (fence): resume later without a new doorbell.
+    Stalled,
+    /// The ring is malformed: stop reading it.
+    Stop,
+}
+
+fn q_sq_ci(qps: &[Option<EQp>], qpn: u32) -> u64 {
+    qps[qpn as usize].as_ref().unwrap().sq_ci
+}
+
+fn load_be32(hw: &QpShared, off: usize) -> u32 {
+    crate::mem::load_be32(&hw.ctrl, off)
+}
+
+fn rq_producer(hw: &QpShared) -> u16 {
+    (load_be32(hw, crate::qp::QP_DBREC + 4 * DBREC_RQ) & 0xFFFF) as u16
+}

@@ -1,0 +1,341 @@
+//! The requester: after a doorbell, reads the send ring as the HCA does and turns each WQE
+//! into a message on the QP's link (requester steps 1 to 5 of `docs/soft-device.md`; step 6,
+//! completion, is in [`completion`](super::completion)).
+
+use super::super::link::{flag, kind, PktHeader};
+use super::memory::sges_ok;
+use super::{load_be32, psn_le, q_sq_ci, Body, EQp, Engine, OutWqe, Step, TxJob, MAX_QUEUED};
+use crate::format::*;
+use crate::mem::slot_off;
+use crate::mr::Access;
+use crate::qp::{QpShared, MAX_MESSAGE, QP_DBREC, QP_DOORBELL};
+use crate::wr::Sge;
+use smallvec::SmallVec;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// A WQE read and decoded: the message it sends and the local memory it names.
+struct Request {
+    hdr: PktHeader,
+    body: Body,
+    sges: SmallVec<[Sge; 2]>,
+    len: u64,
+}
+
+/// The WQE being started: its control segment, opcode, size and place in the ring.
+#[derive(Clone, Copy)]
+struct At {
+    ctrl: CtrlSeg,
+    opcode: Opcode,
+    nbb: u32,
+    sq_ci: u64,
+    /// The doorbell record's producer index (what a malformed WQE drops up to).
+    pi: u16,
+}
+
+impl Engine {
+    /// Step 1, doorbell: reads new WQEs of one QP after a doorbell, or resumes a stalled
+    /// ring. The common case, nothing new, costs one load of the doorbell's cache line.
+    #[inline]
+    pub(super) fn poll_qp(&mut self, qpn: u32) -> bool {
+        let Some(q) = self.qps[qpn as usize].as_mut() else {
+            return false;
+        };
+        // The next WQE slot is prefetched so that, when a doorbell comes, both lines travel
+        // at once.
+        q.hw.buf
+            .prefetch(slot_off(q.hw.sq_off, q.sq_ci, q.hw.sq_cnt, WQEBB));
+        let db = q.hw.ctrl.u64(QP_DOORBELL).load(Ordering::Acquire);
+        if db == q.last_db && !q.pending && !q.err {
+            return false;
+        }
+        // Receive ring of a QP in error: flush what is posted.
+        let work = q.err && super::errors::flush_recv_ring(q);
+        if db == q.last_db && !q.pending {
+            return work;
+        }
+        q.last_db = db;
+        if q.link.is_none() || q.retry_at.is_some() {
+            q.pending = true;
+            return work;
+        }
+        let pi = u16::try_from(load_be32(&q.hw, QP_DBREC + 4 * DBREC_SQ) & 0xFFFF).unwrap();
+        q.pending = false;
+        self.drain_send_ring(qpn, pi) || work
+    }
+
+    /// Starts the WQEs up to the send doorbell record `pi` while the link has room (the
+    /// engine never reads past the record). Returns whether anything happened.
+    fn drain_send_ring(&mut self, qpn: u32, pi: u16) -> bool {
+        let sq_cnt = self.qps[qpn as usize].as_ref().unwrap().hw.sq_cnt;
+        let mut work = false;
+        loop {
+            let avail = pi.wrapping_sub(q_sq_ci(&self.qps, qpn) as u16) as u32;
+            if avail == 0 {
+                break;
+            }
+            if avail > sq_cnt {
+                // The doorbell record claims more WQEs than the ring holds (or went backwards).
+                if !self.qps[qpn as usize].as_ref().unwrap().err {
+                    self.malformed(qpn, None, q_sq_ci(&self.qps, qpn), pi);
+                }
+                return true;
+            }
+            let li = self.qps[qpn as usize].as_ref().unwrap().link.unwrap();
+            if self.links[li].queue.len() >= MAX_QUEUED {
+                self.qps[qpn as usize].as_mut().unwrap().pending = true;
+                break;
+            }
+            match self.next_wqe(qpn, avail) {
+                Step::Advanced => work = true,
+                Step::Stalled => {
+                    self.qps[qpn as usize].as_mut().unwrap().pending = true;
+                    break;
+                }
+                Step::Stop => return true,
+            }
+        }
+        work
+    }
+
+    /// Steps 2 to 5 for the WQE at the QP's send consumer index (`avail` WQEBBs exposed).
+    fn next_wqe(&mut self, qpn: u32, avail: u32) -> Step {
+        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let sq_ci = q.sq_ci;
+        let pi = (sq_ci as u16).wrapping_add(avail as u16);
+        let ctrl = read_ctrl(&q.hw, sq_ci);
+        let Some(opcode) = check_ctrl(&q.hw, &ctrl, sq_ci, avail) else {
+            self.malformed(qpn, Some(&ctrl), sq_ci, pi);
+            return Step::Stop;
+        };
+        let at = At {
+            ctrl,
+            opcode,
+            nbb: wqebbs_for_ds(ctrl.ds() as usize) as u32,
+            sq_ci,
+            pi,
+        };
+        if q.err {
+            super::errors::flush_wqe(q, &at.ctrl, opcode, at.nbb);
+            return Step::Advanced;
+        }
+        if fenced(q, &ctrl) {
+            return Step::Stalled;
+        }
+        // Most WQEs are one or two blocks: keep them on the stack, zero only what is read.
+        let mut wqe: SmallVec<[u8; 2 * WQEBB]> = SmallVec::new();
+        read_wqe(&q.hw, sq_ci, at.nbb, &mut wqe);
+        let req = match SendWqe::parse(&wqe[..ctrl.ds() as usize * SEG_SIZE]) {
+            Ok(w) => decode(q, opcode, &w),
+            Err(_) => {
+                self.malformed(qpn, Some(&ctrl), sq_ci, pi);
+                return Step::Stop;
+            }
+        };
+        if let Some(step) = self.local_checks(qpn, &at, &req) {
+            return step;
+        }
+        self.start_message(qpn, &at, req)
+    }
+
+    /// Step 3, local checks: the length, an atomic's result segment, the lkeys (and that
+    /// the link is up). A failure completes the WQE with an error and the QP goes to error.
+    fn local_checks(&mut self, qpn: u32, at: &At, req: &Request) -> Option<Step> {
+        let (ctrl, opcode, nbb) = (&at.ctrl, at.opcode, at.nbb);
+        if req.len > MAX_MESSAGE {
+            return Some(self.fail_new(qpn, ctrl, opcode, nbb, Syndrome::LocalLength));
+        }
+        if opcode.is_atomic() && (req.sges.len() != 1 || req.sges[0].len != 8) {
+            self.malformed(qpn, Some(ctrl), at.sq_ci, at.pi);
+            return Some(Step::Stop);
+        }
+        let need = if opcode.returns_data() {
+            Access::LOCAL_WRITE
+        } else {
+            Access::empty()
+        };
+        let pd = self.qps[qpn as usize].as_ref().unwrap().hw.pd;
+        self.mrc.sync(&self.mrs);
+        if !sges_ok(&self.mrc.slots, pd, &req.sges, need) {
+            return Some(self.fail_new(qpn, ctrl, opcode, nbb, Syndrome::LocalProt));
+        }
+        let li = self.qps[qpn as usize].as_ref().unwrap().link.unwrap();
+        if self.links[li].link.dead {
+            return Some(self.fail_new(qpn, ctrl, opcode, nbb, Syndrome::TransportRetryExc));
+        }
+        None
+    }
+
+    /// Step 5, send: the WQE becomes outstanding and its message is queued on the link (a
+    /// NOP completes at once, in order).
+    fn start_message(&mut self, qpn: u32, at: &At, req: Request) -> Step {
+        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let li = q.link.unwrap();
+        let Request {
+            mut hdr,
+            mut body,
+            sges,
+            len,
+        } = req;
+        hdr.msg_len = len as u32;
+        let mut o = OutWqe {
+            psn: q.next_psn,
+            idx: at.ctrl.wqe_index(),
+            sq_pos: at.sq_ci,
+            opcode: at.opcode,
+            signalled: at.ctrl.flags().signalled(),
+            done: false,
+            len: len as u32,
+            got: 0,
+            scatter: SmallVec::new(),
+        };
+        if at.opcode == Opcode::Nop {
+            o.done = true;
+        } else if at.opcode.returns_data() {
+            o.scatter = sges;
+        } else if matches!(body, Body::Empty) {
+            body = Body::Gather(sges);
+        }
+        if q.out.is_empty() && !q.not_ready {
+            q.progress_at = self.now;
+        }
+        q.out.push_back(o);
+        q.sq_ci += at.nbb as u64;
+        if at.opcode != Opcode::Nop {
+            q.next_psn = q.next_psn.wrapping_add(1);
+            let pd = q.hw.pd;
+            self.links[li].queue.push_back(TxJob {
+                hdr,
+                body,
+                pd,
+                sent: 0,
+            });
+        } else {
+            super::completion::complete_front(q, self.now);
+        }
+        Step::Advanced
+    }
+
+    /// Rewinds the requester to resend from outstanding WQE `k` after `delay`.
+    pub(super) fn rewind(&mut self, qpn: u32, k: usize, delay: Duration) {
+        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let o = &q.out[k];
+        let (pos, psn) = (o.sq_pos, o.psn);
+        q.sq_ci = pos;
+        q.next_psn = psn;
+        q.out.truncate(k);
+        q.retry_at = Some(self.now + delay);
+        q.pending = true;
+        if let Some(li) = q.link {
+            self.links[li].queue.retain(|j| {
+                !(j.hdr.kind == kind::REQ
+                    && j.hdr.src_qpn == qpn
+                    && !psn_le(j.hdr.psn.wrapping_add(1), psn))
+            });
+        }
+    }
+}
+
+/// Step 2, parse (first half): the control segment at the consumer index.
+fn read_ctrl(hw: &QpShared, sq_ci: u64) -> CtrlSeg {
+    let mut b = [0u8; SEG_SIZE];
+    hw.buf
+        .read(slot_off(hw.sq_off, sq_ci, hw.sq_cnt, WQEBB), &mut b);
+    CtrlSeg::from_bytes(&b)
+}
+
+/// Step 2, parse: whether the control segment is the one expected there (index, QPN, a
+/// size within what the doorbell record exposes and a WQE can have) with an opcode this
+/// model serves; the opcode if so.
+fn check_ctrl(hw: &QpShared, ctrl: &CtrlSeg, sq_ci: u64, avail: u32) -> Option<Opcode> {
+    let ds = ctrl.ds() as usize;
+    let nbb = wqebbs_for_ds(ds) as u32;
+    if ctrl.wqe_index() != sq_ci as u16
+        || ctrl.qpn() != hw.qpn
+        || ds == 0
+        || nbb > avail
+        || nbb as usize > MAX_WQE_WQEBBS
+    {
+        tracing::warn!(qpn = hw.qpn, ?ctrl, "malformed WQE");
+        return None;
+    }
+    let opcode = ctrl.opcode().filter(|o| o.is_supported());
+    if opcode.is_none() {
+        tracing::warn!(
+            qpn = hw.qpn,
+            opcode = ctrl.opcode_byte(),
+            "unsupported opcode"
+        );
+    }
+    opcode
+}
+
+/// Step 4, fence: a fenced WQE waits while an earlier read or atomic is outstanding.
+fn fenced(q: &EQp, ctrl: &CtrlSeg) -> bool {
+    ctrl.flags().fence_mode() != 0 && q.out.iter().any(|o| o.opcode.returns_data())
+}
+
+/// Step 2, parse (second half): the WQE's `nbb` blocks, contiguous modulo the ring.
+fn read_wqe(hw: &QpShared, sq_ci: u64, nbb: u32, wqe: &mut SmallVec<[u8; 2 * WQEBB]>) {
+    wqe.resize(nbb as usize * WQEBB, 0);
+    for i in 0..nbb as u64 {
+        let o = i as usize * WQEBB;
+        hw.buf.read(
+            slot_off(hw.sq_off, sq_ci + i, hw.sq_cnt, WQEBB),
+            &mut wqe[o..o + WQEBB],
+        );
+    }
+}
+
+/// The message a parsed WQE sends: its header, its payload (inline bytes, atomic operands,
+/// or a gather list) and the local segments it names.
+fn decode(q: &EQp, opcode: Opcode, w: &SendWqe) -> Request {
+    let mut hdr = PktHeader {
+        kind: kind::REQ,
+        op: opcode as u8,
+        src_qpn: q.hw.qpn,
+        dst_qpn: q.rqpn,
+        psn: q.next_psn,
+        ..Default::default()
+    };
+    if w.flags.contains(FmCeSe::SOLICITED) {
+        hdr.flags |= flag::SOLICITED;
+    }
+    hdr.imm = w.imm;
+    if let Some(r) = w.raddr {
+        hdr.raddr = r.raddr.get();
+        hdr.rkey = r.rkey.get();
+    }
+    let mut body = Body::Empty;
+    if let Some(a) = w.atomic {
+        // Operands travel as the request's payload: swap/add, then compare.
+        let mut ops = SmallVec::new();
+        ops.extend_from_slice(&a.swap_add.get().to_ne_bytes());
+        ops.extend_from_slice(&a.compare.get().to_ne_bytes());
+        body = Body::Inline(ops);
+    }
+    let mut sges: SmallVec<[Sge; 2]> = SmallVec::new();
+    let mut len: u64 = 0;
+    match w.data {
+        WqeData::Inline(p) => {
+            body = Body::Inline(SmallVec::from_slice(p));
+            len = p.len() as u64;
+        }
+        WqeData::Gather(segs) => {
+            for d in segs.iter().filter(|d| d.byte_count.get() != 0) {
+                sges.push(Sge {
+                    addr: d.addr.get(),
+                    len: d.byte_count.get(),
+                    lkey: d.lkey.get(),
+                });
+                len += d.byte_count.get() as u64;
+            }
+        }
+    }
+    Request {
+        hdr,
+        body,
+        sges,
+        len,
+    }
+}

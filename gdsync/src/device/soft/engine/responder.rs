@@ -1,0 +1,324 @@
+//! The responder: requests arrive in sequence; the first packet of a message is checked
+//! (rkey, bounds, access rights, or the receive it consumes) before any memory is touched,
+//! and answered with an acknowledgement, read data, an atomic's old value, or a NAK
+//! (`docs/soft-device.md`, "Responder").
+
+use super::super::link::{flag, PktHeader};
+use super::completion::{err_cqe, push_cqe};
+use super::links::{nak, reply};
+use super::memory::{scatter, sges_ok};
+use super::{resp, rq_producer, Body, Dest, EQp, Engine, InMsg, TxJob, NAK_NOT_READY, NAK_RNR};
+use crate::format::*;
+use crate::mem::slot_off;
+use crate::mr::{Access, Slots};
+use crate::qp::QpShared;
+use crate::wr::Sge;
+use smallvec::SmallVec;
+use std::sync::atomic::Ordering;
+
+/// A request's first packet, accepted.
+enum Accepted {
+    /// The payload goes to memory or a receive as it arrives.
+    Incoming(Dest),
+    /// Answered at once (read data, an atomic's old value).
+    Answered(TxJob),
+}
+
+/// A request's first packet, refused.
+enum Refusal {
+    /// NAK with this code; the responder QP is unaffected.
+    Nak(u8),
+    /// The receive at the head of the ring fails with the syndrome (the QP goes to error);
+    /// NAK with the code.
+    Fail(Syndrome, u8),
+}
+
+impl Engine {
+    /// One request packet from link `li`.
+    pub(super) fn on_request(&mut self, li: usize, h: &PktHeader, payload: &[u8]) {
+        let Some(op) = self.admit(li, h) else {
+            return;
+        };
+        self.mrc.sync(&self.mrs);
+        if h.offset == 0 && !self.first_packet(li, h, op, payload) {
+            return;
+        }
+        self.receive_payload(li, h, payload);
+    }
+
+    /// Whether the request is for a connected QP of this link, in sequence, with an opcode
+    /// this model knows: its opcode if so; otherwise it is NAKed or (out of sequence, after a
+    /// NAK) dropped.
+    fn admit(&mut self, li: usize, h: &PktHeader) -> Option<Opcode> {
+        let qpn = h.dst_qpn;
+        if self.qps.get(qpn as usize).is_none_or(Option::is_none)
+            && self.ctl.has_cmds.load(Ordering::Acquire)
+        {
+            self.commands();
+        }
+        let code = match self.qps.get(qpn as usize).and_then(Option::as_ref) {
+            None => Syndrome::TransportRetryExc as u8,
+            Some(q) if q.link.is_none() => NAK_NOT_READY,
+            Some(q) if q.link != Some(li) || q.rqpn != h.src_qpn || q.err => {
+                Syndrome::TransportRetryExc as u8
+            }
+            // After a NAK: dropped until the requester resends this psn.
+            Some(q) if h.psn != q.exp_psn => return None,
+            Some(_) => match Opcode::from_u8(h.op) {
+                Some(op) => return Some(op),
+                None => Syndrome::RemoteInvalReq as u8,
+            },
+        };
+        self.links[li].queue.push_back(nak(h, code));
+        None
+    }
+
+    /// The checks on a message's first packet, by request (the responder table of the
+    /// spec). Returns whether payload follows into memory or a receive.
+    fn first_packet(&mut self, li: usize, h: &PktHeader, op: Opcode, payload: &[u8]) -> bool {
+        let qpn = h.dst_qpn;
+        let q = self.qps[qpn as usize].as_mut().unwrap();
+        q.inmsg = None;
+        let slots = &*self.mrc.slots;
+        let r = match op {
+            Opcode::RdmaWrite | Opcode::RdmaWriteImm => accept_write(q, slots, h, op),
+            Opcode::Send | Opcode::SendImm => accept_send(q, slots, h),
+            Opcode::RdmaRead => serve_read(q, slots, h),
+            Opcode::AtomicCs | Opcode::AtomicFa => serve_atomic(q, slots, h, op, payload),
+            _ => Err(Refusal::Nak(Syndrome::RemoteInvalReq as u8)),
+        };
+        match r {
+            Ok(Accepted::Incoming(dest)) => {
+                q.inmsg = Some(InMsg {
+                    op,
+                    len: h.msg_len,
+                    got: 0,
+                    solicited: h.flags & flag::SOLICITED != 0,
+                    imm: h.imm,
+                    dest,
+                });
+                true
+            }
+            Ok(Accepted::Answered(job)) => {
+                q.exp_psn = q.exp_psn.wrapping_add(1);
+                self.links[li].queue.push_back(job);
+                false
+            }
+            Err(Refusal::Nak(code)) => {
+                self.links[li].queue.push_back(nak(h, code));
+                false
+            }
+            Err(Refusal::Fail(s, code)) => {
+                self.responder_error(qpn, s);
+                self.links[li].queue.push_back(nak(h, code));
+                false
+            }
+        }
+    }
+
+    /// A packet of the message being received: its payload into memory or the receive's
+    /// scatter list, at its offset; the last one completes the message.
+    fn receive_payload(&mut self, li: usize, h: &PktHeader, payload: &[u8]) {
+        let qpn = h.dst_qpn;
+        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let slots = &*self.mrc.slots;
+        let Some(m) = q.inmsg.as_mut() else { return };
+        if h.offset != m.got || payload.len() as u64 > (m.len - m.got) as u64 {
+            return;
+        }
+        let ok = match &m.dest {
+            Dest::Memory { rkey, addr } => {
+                let a = addr + m.got as u64;
+                slots
+                    .get(*rkey)
+                    .is_some_and(|e| e.access.contains(Access::REMOTE_WRITE) && e.write(a, payload))
+            }
+            Dest::Recv { sges } => scatter(slots, q.hw.pd, sges, m.got as u64, payload),
+        };
+        if !ok {
+            let recv = matches!(m.dest, Dest::Recv { .. });
+            q.inmsg = None;
+            if recv {
+                self.responder_error(qpn, Syndrome::LocalProt);
+                self.links[li]
+                    .queue
+                    .push_back(nak(h, Syndrome::RemoteOp as u8));
+            } else {
+                self.links[li]
+                    .queue
+                    .push_back(nak(h, Syndrome::RemoteAccess as u8));
+            }
+            return;
+        }
+        m.got += payload.len() as u32;
+        if m.got < m.len {
+            return;
+        }
+        let m = q.inmsg.take().unwrap();
+        complete_message(q, h, &m);
+        q.exp_psn = q.exp_psn.wrapping_add(1);
+        self.links[li].queue.push_back(TxJob {
+            hdr: reply(h, resp::ACK),
+            body: Body::Empty,
+            pd: 0,
+            sent: 0,
+        });
+    }
+
+    /// A responder-side error on the receive at the head of the receive ring: its error
+    /// CQE, then the QP to error.
+    pub(super) fn responder_error(&mut self, qpn: u32, s: Syndrome) {
+        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let mut cqe = err_cqe(CqeOpcode::RespErr, s, 0, q.hw.qpn, q.rq_ci as u16);
+        push_cqe(&q.hw.recv_cq, &mut cqe);
+        q.rq_ci += 1;
+        self.enter_error(qpn, None);
+    }
+}
+
+/// An RDMA write (with immediate): a receive posted if it consumes one, and the rkey names
+/// a region of the QP's PD with `REMOTE_WRITE` covering the range.
+fn accept_write(q: &EQp, slots: &Slots, h: &PktHeader, op: Opcode) -> Result<Accepted, Refusal> {
+    if op.consumes_recv() && !rq_ready(q) {
+        return Err(Refusal::Nak(NAK_RNR));
+    }
+    if !remote_ok(&q.hw, slots, h, Access::REMOTE_WRITE, h.msg_len as u64) {
+        return Err(Refusal::Nak(Syndrome::RemoteAccess as u8));
+    }
+    Ok(Accepted::Incoming(Dest::Memory {
+        rkey: h.rkey,
+        addr: h.raddr,
+    }))
+}
+
+/// A send: a receive posted, its scatter list valid, and the message fits in it.
+fn accept_send(q: &EQp, slots: &Slots, h: &PktHeader) -> Result<Accepted, Refusal> {
+    if !rq_ready(q) {
+        return Err(Refusal::Nak(NAK_RNR));
+    }
+    let hw = &*q.hw;
+    let sges = read_recv_wqe(hw, q.rq_ci);
+    let cap: u64 = sges.iter().map(|s| s.len as u64).sum();
+    if !sges_ok(slots, hw.pd, &sges, Access::LOCAL_WRITE) {
+        return Err(Refusal::Fail(Syndrome::LocalProt, Syndrome::RemoteOp as u8));
+    }
+    if h.msg_len as u64 > cap {
+        return Err(Refusal::Fail(
+            Syndrome::LocalLength,
+            Syndrome::RemoteInvalReq as u8,
+        ));
+    }
+    Ok(Accepted::Incoming(Dest::Recv { sges }))
+}
+
+/// An RDMA read: `REMOTE_READ` covering the range; answered with the data, read from
+/// memory as the response's packets go out.
+fn serve_read(q: &EQp, slots: &Slots, h: &PktHeader) -> Result<Accepted, Refusal> {
+    if !remote_ok(&q.hw, slots, h, Access::REMOTE_READ, h.msg_len as u64) {
+        return Err(Refusal::Nak(Syndrome::RemoteAccess as u8));
+    }
+    let mut r = reply(h, resp::READ);
+    r.msg_len = h.msg_len;
+    Ok(Accepted::Answered(TxJob {
+        hdr: r,
+        body: Body::Memory {
+            rkey: h.rkey,
+            addr: h.raddr,
+        },
+        pd: q.hw.pd,
+        sent: 0,
+    }))
+}
+
+/// An atomic: `REMOTE_ATOMIC`, 8-byte aligned, covering 8 bytes; executed on the native
+/// 8-byte word, answered with its old value.
+fn serve_atomic(
+    q: &EQp,
+    slots: &Slots,
+    h: &PktHeader,
+    op: Opcode,
+    payload: &[u8],
+) -> Result<Accepted, Refusal> {
+    if payload.len() < 16 {
+        return Err(Refusal::Nak(Syndrome::RemoteInvalReq as u8));
+    }
+    let operand = |i: usize| u64::from_ne_bytes(payload[i..i + 8].try_into().unwrap());
+    let (swap_add, compare) = (operand(0), operand(8));
+    if h.raddr % 8 != 0 || !remote_ok(&q.hw, slots, h, Access::REMOTE_ATOMIC, 8) {
+        return Err(Refusal::Nak(Syndrome::RemoteAccess as u8));
+    }
+    let e = slots.get(h.rkey).unwrap();
+    let Some(old) = e.atomic(h.raddr, |old| {
+        if op == Opcode::AtomicFa {
+            old.wrapping_add(swap_add)
+        } else if old == compare {
+            swap_add
+        } else {
+            old
+        }
+    }) else {
+        return Err(Refusal::Nak(Syndrome::RemoteOp as u8));
+    };
+    Ok(Accepted::Answered(TxJob {
+        hdr: reply(h, resp::ATOMIC),
+        body: Body::Inline(SmallVec::from_slice(&old.to_ne_bytes())),
+        pd: q.hw.pd,
+        sent: 0,
+    }))
+}
+
+/// A message received in full: if it consumed a receive, the responder CQE (byte count,
+/// immediate, remote QPN, receive index, solicited bit) and the receive is retired.
+fn complete_message(q: &mut EQp, h: &PktHeader, m: &InMsg) {
+    let Some(op) = m.op.responder_cqe() else {
+        return;
+    };
+    let hw = &*q.hw;
+    let mut cqe = Cqe64([0; 64]);
+    cqe.set_byte_cnt(m.len);
+    if m.op.has_imm() {
+        cqe.set_imm(m.imm);
+    }
+    cqe.set_flags_rqpn(h.src_qpn & 0xFF_FFFF);
+    cqe.set_sop_drop_qpn(hw.qpn);
+    cqe.set_wqe_counter(q.rq_ci as u16);
+    cqe.set_op_own(op, m.solicited, 0);
+    push_cqe(&hw.recv_cq, &mut cqe);
+    q.rq_ci += 1;
+}
+
+/// Whether a receive is posted (`rq_ci` behind the receive doorbell record).
+fn rq_ready(q: &EQp) -> bool {
+    rq_producer(&q.hw).wrapping_sub(q.rq_ci as u16) != 0
+}
+
+/// Whether the rkey names a region of the QP's PD with `need` rights covering `len` bytes
+/// at the request's remote address.
+fn remote_ok(hw: &QpShared, slots: &Slots, h: &PktHeader, need: Access, len: u64) -> bool {
+    slots
+        .get(h.rkey)
+        .is_some_and(|e| e.pd == hw.pd && e.access.contains(need) && e.covers(h.raddr, len))
+}
+
+/// Largest receive WQE stride (16 scatter entries).
+const MAX_RQ_STRIDE: usize = crate::qp::MAX_SGE * SEG_SIZE;
+
+/// The scatter list of the receive WQE at `rq_ci`: data segments up to the terminator or
+/// the end of the stride (zero-length ones skipped).
+fn read_recv_wqe(hw: &QpShared, rq_ci: u64) -> SmallVec<[Sge; 4]> {
+    let stride = (hw.rq_stride as usize).min(MAX_RQ_STRIDE);
+    let mut slot = [0u8; MAX_RQ_STRIDE];
+    hw.buf.read(
+        slot_off(0, rq_ci, hw.rq_cnt, hw.rq_stride as usize),
+        &mut slot[..stride],
+    );
+    let segs = RecvWqe::parse(&slot[..stride]).map_or(DataSegs::EMPTY, |w| w.segs);
+    segs.iter()
+        .filter(|d| d.byte_count.get() > 0)
+        .map(|d| Sge {
+            addr: d.addr.get(),
+            len: d.byte_count.get(),
+            lkey: d.lkey.get(),
+        })
+        .collect()
+}

@@ -1,0 +1,80 @@
+//! Timers, run on a polling round's tick: links whose peer died or closed, retry delays that
+//! ran out (RNR, peer not ready), and the transport timeout of QPs whose peer went silent.
+
+use super::Engine;
+use crate::format::Syndrome;
+use std::time::{Duration, Instant};
+
+impl Engine {
+    /// Checks links and QP timers at `now`. Returns whether anything happened.
+    pub(super) fn timers(&mut self, now: Instant) -> bool {
+        let links = self.check_links(now);
+        self.qp_timers(now) || links
+    }
+
+    /// Fails the QPs of every link found down since the last check.
+    fn check_links(&mut self, now: Instant) -> bool {
+        let mut work = false;
+        for li in 0..self.links.len() {
+            if !self.links[li].link.dead && !self.links[li].link.check_alive(now) {
+                work |= self.link_down(li);
+            }
+        }
+        work
+    }
+
+    /// Link `li` went down: its queue is dropped and its QPs fail with transport retries
+    /// exceeded. Returns whether a QP failed.
+    fn link_down(&mut self, li: usize) -> bool {
+        let (peer, why) = (self.links[li].link.peer, self.links[li].link.down_reason());
+        // A peer that dropped its device closed the link in order; anything else (a process
+        // that died, a failed connection) is a fault.
+        if self.links[li].link.peer_closed() {
+            tracing::debug!("soft device: link to peer device {peer:016x} closed ({why})");
+        } else {
+            tracing::warn!("soft device: link to peer device {peer:016x} is down ({why}): its QPs fail with transport retries exceeded");
+        }
+        self.links[li].queue.clear();
+        let mut work = false;
+        for i in 0..self.active.len() {
+            let qpn = self.active[i];
+            let q = self.qps[qpn as usize].as_ref().unwrap();
+            if q.link == Some(li) && !q.err {
+                self.fail_first(qpn, Syndrome::TransportRetryExc);
+                work = true;
+            }
+        }
+        work
+    }
+
+    /// Ends retry delays that ran out and fails QPs whose peer has not answered within
+    /// their timeout.
+    fn qp_timers(&mut self, now: Instant) -> bool {
+        let mut work = false;
+        for i in 0..self.active.len() {
+            let qpn = self.active[i];
+            let q = self.qps[qpn as usize].as_mut().unwrap();
+            if q.retry_at.is_some_and(|t| now >= t) {
+                q.retry_at = None;
+                q.pending = true;
+                work = true;
+            }
+            let waiting = !q.out.is_empty() || q.not_ready;
+            // The stamp comes from the coarse clock (up to ~64 rounds old): one
+            // millisecond of slack so the timeout never fires early.
+            if !q.err
+                && waiting
+                && now.duration_since(q.progress_at) > q.hw.cfg.timeout + Duration::from_millis(1)
+            {
+                tracing::warn!(
+                    "soft device: QP {qpn:#x}: no answer from peer QP {:#x} within {:?}: transport retries exceeded",
+                    q.rqpn,
+                    q.hw.cfg.timeout
+                );
+                self.fail_first(qpn, Syndrome::TransportRetryExc);
+                work = true;
+            }
+        }
+        work
+    }
+}

@@ -1,0 +1,97 @@
+//! A QP's sizes and transport settings, its limits, and its states.
+
+use crate::format::{MAX_WQE_DS, MAX_WQE_WQEBBS, SEG_SIZE};
+use crate::{Error, Result};
+use std::time::Duration;
+
+/// Largest message the soft device moves (2 GiB - 1, the RC limit).
+pub const MAX_MESSAGE: u64 = (1 << 31) - 1;
+/// Most SGEs in one work request.
+pub const MAX_SGE: usize = 16;
+
+/// QP sizes and transport settings.
+#[derive(Clone, Debug)]
+pub struct QpConfig {
+    /// Send ring size in 64-byte WQEBBs (rounded up to a power of two).
+    pub send_wqebbs: u32,
+    /// Receive ring size in WQEs (rounded up to a power of two).
+    pub recv_wqes: u32,
+    /// Most SGEs per receive (sets the receive WQE stride).
+    pub max_recv_sge: u32,
+    /// Most bytes of inline payload per send.
+    pub max_inline: u32,
+    /// How often a send is retried while the peer has no receive posted; then the work
+    /// completes with `RNR_RETRY_EXC`. Unlike verbs, 7 is not "infinite": `u8::MAX` is.
+    pub rnr_retry: u8,
+    /// Delay between receiver-not-ready retries.
+    pub rnr_timer: Duration,
+    /// How long outstanding work may go without any answer from the peer before it completes
+    /// with `TRANSPORT_RETRY_EXC` (a dead peer process or a closed device is detected sooner).
+    pub timeout: Duration,
+    /// Who rings the doorbell for op lists from [`Qp::commit`](super::Qp::commit); `None`: chosen automatically
+    /// (`GDSYNC_NIC_HANDLER`, else the GPU).
+    pub nic_handler: Option<crate::NicHandler>,
+}
+
+impl Default for QpConfig {
+    fn default() -> Self {
+        Self {
+            send_wqebbs: 256,
+            recv_wqes: 256,
+            max_recv_sge: 4,
+            max_inline: 220,
+            rnr_retry: 7,
+            rnr_timer: Duration::from_millis(2),
+            timeout: Duration::from_secs(5),
+            nic_handler: None,
+        }
+    }
+}
+
+/// State of a QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum QpState {
+    /// Created; receives may be posted.
+    Init = 0,
+    /// Connected: ready to send.
+    Rts = 1,
+    /// In error: remaining and new work completes with `WR_FLUSH`.
+    Error = 2,
+}
+
+impl QpConfig {
+    /// Whether the sizes are ones a QP can have.
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.send_wqebbs == 0
+            || self.send_wqebbs > 1 << 15
+            || self.recv_wqes == 0
+            || self.recv_wqes > 1 << 15
+        {
+            return Err(Error::invalid(
+                "send_wqebbs and recv_wqes must be in 1..=32768",
+            ));
+        }
+        if self.max_recv_sge == 0 || self.max_recv_sge as usize > MAX_SGE {
+            return Err(Error::invalid(format!(
+                "max_recv_sge must be in 1..={MAX_SGE}"
+            )));
+        }
+        // ctrl + raddr + the inline header must fit in the 63 DS a WQE can have.
+        let max_inline = (MAX_WQE_DS * SEG_SIZE - 2 * SEG_SIZE - 4) as u32;
+        if self.max_inline > max_inline {
+            return Err(Error::invalid(format!(
+                "max_inline {} exceeds {max_inline}",
+                self.max_inline
+            )));
+        }
+        Ok(())
+    }
+
+    /// The send ring's size in WQEBBs: a power of two, at least the largest WQE.
+    pub(crate) fn sq_cnt(&self) -> u32 {
+        self.send_wqebbs
+            .next_power_of_two()
+            .max(MAX_WQE_WQEBBS as u32)
+    }
+}

@@ -1,0 +1,403 @@
+//! Posting: prepare a send (its WQE into the send ring), commit it (the op list that rings
+//! the doorbell, for any executor) or post it from the CPU at once; post receives.
+
+use super::encode::encode;
+use super::{Qp, QpState, MAX_SGE, QP_DBREC, QP_DOORBELL, QP_PROXY};
+use crate::format::*;
+use crate::mem::slot_off;
+use crate::ops::{Op, Ops};
+use crate::wr::{RecvWr, SendFlags, SendWr, Sge};
+use crate::{Error, Result};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A send that was prepared (its WQE is in the send ring) but not yet made visible to the
+/// device. Commit it ([`Qp::commit`]) to get the op list that rings the doorbell.
+///
+/// Dropping it uncommitted turns its WQE into a no-op, exposed with the next commit (it then
+/// completes as a no-op, with its wr_id, if it was signalled).
+#[derive(Debug)]
+#[must_use = "a prepared send does nothing until it is committed and its ops run"]
+pub struct PreparedSend {
+    qpn: u32,
+    start: u64,
+    end: u64,
+    head: [u8; 8],
+    ticket: SendTicket,
+    /// Where an uncommitted drop records itself.
+    abandoned: Arc<parking_lot::Mutex<Vec<u64>>>,
+    committed: bool,
+}
+
+impl Drop for PreparedSend {
+    fn drop(&mut self) {
+        if !self.committed {
+            self.abandoned.lock().push(self.start);
+        }
+    }
+}
+
+/// A commit refused (out of order, or another QP's send): the error and the prepared send,
+/// to commit later. Converts into [`Error`] for `?`.
+#[derive(Debug)]
+pub struct CommitError {
+    /// Why.
+    pub error: Error,
+    /// The send, still prepared.
+    pub prepared: PreparedSend,
+}
+
+impl std::fmt::Display for CommitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for CommitError {}
+
+impl From<CommitError> for Error {
+    fn from(e: CommitError) -> Error {
+        let CommitError { error, prepared: _ } = e;
+        error
+    }
+}
+
+impl PreparedSend {
+    /// The ticket the send will have.
+    pub fn ticket(&self) -> SendTicket {
+        self.ticket
+    }
+}
+
+/// Identifies a posted send: where it is in the ring and which completion it will produce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendTicket {
+    /// Producer counter (WQEBBs, free-running) of the WQE's first block.
+    pub index: u64,
+    /// Producer counter just after the WQE.
+    pub end: u64,
+    /// Its completion number on the send CQ, when the send is signalled and the CQ serves
+    /// this QP's sends only (so completion order is known in advance).
+    pub cqe: Option<u64>,
+}
+
+/// Identifies a posted receive and its completion number, as [`SendTicket`] does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvTicket {
+    /// Receive counter (free-running).
+    pub index: u64,
+    /// Its completion number on the receive CQ, when that CQ serves this QP's receives only.
+    pub cqe: Option<u64>,
+}
+
+impl Qp {
+    /// Receives that can be posted now (free slots in the receive ring).
+    pub fn recv_room(&self) -> u64 {
+        (self.shared.rq_cnt as u64).saturating_sub(self.recv_used())
+    }
+
+    /// Receives posted and not yet retired.
+    pub(super) fn recv_used(&self) -> u64 {
+        self.rq_pi - self.shared.rq_retired()
+    }
+
+    /// Writes the WQE for `wr` into the send ring without ringing the doorbell.
+    pub fn prepare_send(&mut self, wr: &SendWr) -> Result<PreparedSend> {
+        let s = &*self.shared;
+        if s.state() == QpState::Init {
+            return Err(Error::NotConnected { qpn: s.qpn });
+        }
+        let ds = encode(
+            s,
+            &self.dev,
+            self.sq_pi,
+            wr,
+            &mut self.scratch[..],
+            &mut self.inline[..],
+        )?;
+        let wqe = &self.scratch[..];
+        let nbb = wqebbs_for_ds(ds) as u64;
+        let used = self.sq_pi - s.sq_retired();
+        if used + nbb > s.sq_cnt as u64 {
+            return Err(Error::RingFull {
+                ring: "send",
+                qpn: s.qpn,
+                used: used as u32,
+                size: s.sq_cnt,
+                hint: if wr.flags.contains(SendFlags::SIGNALED) {
+                    ""
+                } else {
+                    " (signal a send at least once per ring, or slots can never be freed)"
+                },
+            });
+        }
+        let start = self.sq_pi;
+        for i in 0..nbb {
+            let off = slot_off(s.sq_off, start + i, s.sq_cnt, WQEBB);
+            let chunk = &wqe[i as usize * WQEBB..(i as usize + 1) * WQEBB];
+            s.buf.write(
+                off,
+                &chunk[..(ds * SEG_SIZE)
+                    .saturating_sub(i as usize * WQEBB)
+                    .min(WQEBB)],
+            );
+        }
+        let slot = (start & (s.sq_cnt as u64 - 1)) as usize;
+        s.sq_wrid[slot].store(wr.wr_id, Ordering::Relaxed);
+        s.sq_wqebbs[slot].store(nbb as u8, Ordering::Relaxed);
+        self.sq_pi += nbb;
+        let cqe = (wr.flags.contains(SendFlags::SIGNALED)
+            && s.send_cq.users.load(Ordering::Acquire) == 1)
+            .then(|| s.send_cq.reserved.fetch_add(1, Ordering::AcqRel));
+        let head: [u8; 8] = wqe[..8].try_into().unwrap();
+        self.uncommitted.push_back((start, self.sq_pi));
+        Ok(PreparedSend {
+            qpn: s.qpn,
+            start,
+            end: self.sq_pi,
+            head,
+            ticket: SendTicket {
+                index: start,
+                end: self.sq_pi,
+                cqe,
+            },
+            abandoned: self.abandoned.clone(),
+            committed: false,
+        })
+    }
+
+    /// Commits a prepared send: returns its ticket and the op list that exposes it (and any
+    /// earlier committed-in-order sends) to the device: store the doorbell record, barrier,
+    /// store the 8-byte doorbell. Prepared sends must be committed in the order prepared.
+    ///
+    /// The returned ops must also run in commit order: running an older commit's ops after a
+    /// newer one's moves the doorbell record backwards, which the device treats as a
+    /// malformed ring (`LOCAL_QP_OP_ERR`, QP to error). A refused commit hands the prepared
+    /// send back in the [`CommitError`].
+    pub fn commit(&mut self, mut p: PreparedSend) -> Result<(SendTicket, Ops), CommitError> {
+        if p.qpn != self.shared.qpn {
+            return Err(CommitError {
+                error: Error::invalid("prepared send belongs to another QP"),
+                prepared: p,
+            });
+        }
+        if let Err(error) = self.take_commit(&mut p) {
+            return Err(CommitError { error, prepared: p });
+        }
+        let s = &*self.shared;
+        let keep = s.keep();
+        let mut ops = Ops::new();
+        if s.handler == crate::NicHandler::Cpu {
+            // The proxy rings: what ran before is visible first, then the request.
+            ops.push(Op::Barrier, &keep);
+            ops.push(
+                Op::Write64 {
+                    addr: s.ctrl.addr(QP_PROXY),
+                    value: p.end,
+                },
+                &keep,
+            );
+            ops.mark_ring(s.ctrl.addr(QP_PROXY));
+            return Ok((p.ticket, ops));
+        }
+        ops.push(
+            Op::Write32 {
+                addr: s.ctrl.addr(QP_DBREC + 4 * DBREC_SQ),
+                value: qp_dbrec_value(p.end).native(),
+            },
+            &keep,
+        );
+        ops.push(Op::Barrier, &keep);
+        ops.push(
+            Op::Write64 {
+                addr: s.ctrl.addr(QP_DOORBELL),
+                value: doorbell_value(p.head),
+            },
+            &keep,
+        );
+        ops.mark_ring(s.ctrl.addr(QP_DBREC));
+        Ok((p.ticket, ops))
+    }
+
+    /// The bookkeeping of a commit, shared by [`commit`](Self::commit) and
+    /// [`post_send`](Self::post_send): `p` must be next in ring order (prepared sends dropped
+    /// before it become no-ops); it is then committed.
+    fn take_commit(&mut self, p: &mut PreparedSend) -> Result<()> {
+        if !self.skip_abandoned(p.start) {
+            return Err(Error::OutOfOrder {
+                expected: self.committed,
+                got: p.start,
+            });
+        }
+        p.committed = true;
+        self.uncommitted.pop_front();
+        self.committed = p.end;
+        Ok(())
+    }
+
+    /// Whether the send prepared at `start` is next, once prepared sends dropped without a
+    /// commit in front of it are turned into no-ops and passed over.
+    fn skip_abandoned(&mut self, start: u64) -> bool {
+        // Prepared sends dropped without a commit become no-ops and leave the queue.
+        let abandoned = std::mem::take(&mut *self.abandoned.lock());
+        for a in abandoned {
+            if let Some(i) = self.uncommitted.iter().position(|&(s, _)| s == a) {
+                let (s, e) = self.uncommitted.remove(i).unwrap();
+                self.neutralise(s, e);
+            }
+        }
+        // `uncommitted` holds the live ones in ring order: `start` is next if it is first.
+        if self.uncommitted.front().map(|&(s, _)| s) == Some(start) {
+            self.committed = start;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Rewrites the WQE at `[start, end)` as a no-op of the same size (same completion).
+    fn neutralise(&mut self, start: u64, _end: u64) {
+        let s = &*self.shared;
+        let off = slot_off(s.sq_off, start, s.sq_cnt, WQEBB);
+        let mut b = [0u8; 16];
+        s.buf.read(off, &mut b);
+        b[3] = Opcode::Nop as u8;
+        s.buf.write(off, &b);
+    }
+
+    /// Whether the send doorbell record has reached `end` (a [`SendTicket::end`]): every send
+    /// before it is exposed to the device, whether this thread posted it or an executor ran
+    /// its commit ops. A CPU post must wait for this before it moves the record past sends an
+    /// executor has not rung yet (the record would otherwise expose them early, then move
+    /// backwards).
+    pub fn doorbell_reached(&self, end: u64) -> bool {
+        self.sq_doorbell_record().wrapping_sub(end as u16) as i16 >= 0
+    }
+
+    /// The send doorbell record: the low 16 bits of the producer counter (big-endian in
+    /// memory) as last exposed to the device.
+    pub(super) fn sq_doorbell_record(&self) -> u16 {
+        let native = self
+            .shared
+            .ctrl
+            .u32(QP_DBREC + 4 * DBREC_SQ)
+            .load(Ordering::Acquire);
+        u32::from_be(native) as u16
+    }
+
+    /// Whether sends committed for an executor ([`commit`](Self::commit)) are not visible to
+    /// the device yet (their ops have not run). A CPU post now would ring past them, so they
+    /// would go out before whatever the executor waits for, and the executor's own doorbell
+    /// would later move backwards: [`post_send`](Self::post_send) refuses then.
+    /// (A QP in error flushes all work anyway: never then.)
+    pub fn has_unrung_commits(&self) -> bool {
+        if self.shared.state() == QpState::Error {
+            return false;
+        }
+        let c = &self.shared.ctrl;
+        // Rung once the record has reached the last commit (or passed it, had something
+        // else rung).
+        let rung = || self.doorbell_reached(self.committed);
+        if rung() {
+            return false;
+        }
+        if self.shared.handler == crate::NicHandler::Cpu
+            && c.u64(QP_PROXY).load(Ordering::Acquire) == self.committed
+        {
+            // The executor has asked the proxy thread to ring; it does within microseconds.
+            let start = std::time::Instant::now();
+            while start.elapsed() < Duration::from_secs(1) {
+                if rung() {
+                    return false;
+                }
+                std::thread::yield_now();
+            }
+        }
+        true
+    }
+
+    /// Posts a send from the CPU: prepare, then do what the commit ops describe (store the
+    /// doorbell record, order, store the doorbell) directly on this thread. Refused while
+    /// sends committed for an executor are not rung yet ([`has_unrung_commits`](Self::has_unrung_commits)).
+    pub fn post_send(&mut self, wr: &SendWr) -> Result<SendTicket> {
+        if self.has_unrung_commits() {
+            return Err(Error::invalid(format!(
+                "QP {}: sends committed for an executor have not been rung yet; a CPU post now would expose them early. Post on that executor too (prepare_send + commit), or let it run first",
+                self.shared.qpn
+            )));
+        }
+        let mut p = self.prepare_send(wr)?;
+        self.take_commit(&mut p)?;
+        let c = &self.shared.ctrl;
+        c.u32(QP_DBREC + 4 * DBREC_SQ)
+            .store(qp_dbrec_value(p.end).native(), Ordering::Release);
+        c.u64(QP_DOORBELL)
+            .store(doorbell_value(p.head), Ordering::Release);
+        self.dev.kick();
+        Ok(p.ticket)
+    }
+
+    /// Commits a prepared send and submits its doorbell ops to `exec` (a stream: the send
+    /// goes out when the stream reaches it).
+    pub fn post_prepared(
+        &mut self,
+        p: PreparedSend,
+        exec: &impl crate::exec::Executor,
+    ) -> Result<SendTicket> {
+        let (t, ops) = self.commit(p)?;
+        exec.submit(ops)?;
+        Ok(t)
+    }
+
+    /// Posts a receive: writes the scatter list into the receive ring and updates the
+    /// doorbell record (receives have no doorbell register).
+    pub fn post_recv(&mut self, wr: &RecvWr) -> Result<RecvTicket> {
+        let s = &*self.shared;
+        let max = (s.rq_stride as usize) / SEG_SIZE;
+        let sges: smallvec::SmallVec<[&Sge; 4]> = wr.sges.iter().filter(|g| g.len > 0).collect();
+        if sges.len() > max {
+            return Err(Error::invalid(format!(
+                "{} SGEs in a receive; this QP takes at most {max} (max_recv_sge)",
+                sges.len()
+            )));
+        }
+        let used = self.recv_used();
+        if used >= s.rq_cnt as u64 {
+            return Err(Error::RingFull {
+                ring: "receive",
+                qpn: s.qpn,
+                used: used as u32,
+                size: s.rq_cnt,
+                hint: "",
+            });
+        }
+        let segs: smallvec::SmallVec<[DataSeg; MAX_SGE]> = sges
+            .iter()
+            .map(|g| DataSeg::new(g.addr, g.len, g.lkey))
+            .collect();
+        let mut slot = [0u8; MAX_SGE * SEG_SIZE];
+        let n = RecvWqe {
+            segs: DataSegs::from_segs(&segs),
+        }
+        .write_to(&mut slot[..s.rq_stride as usize])
+        .map_err(|e| Error::invalid(e.to_string()))?;
+        let base = slot_off(0, self.rq_pi, s.rq_cnt, s.rq_stride as usize);
+        s.buf.write(base, &slot[..n]);
+        s.rq_wrid[(self.rq_pi & (s.rq_cnt as u64 - 1)) as usize].store(wr.wr_id, Ordering::Relaxed);
+        let index = self.rq_pi;
+        self.rq_pi += 1;
+        let cqe = (s.recv_cq.users.load(Ordering::Acquire) == 1)
+            .then(|| s.recv_cq.reserved.fetch_add(1, Ordering::AcqRel));
+        // (Without a number the CQ serves other queues too, which `shared_ever` records.)
+        if let Some(n) = cqe {
+            s.note_rq_cqe(index, n);
+        }
+        // The release store orders the segments before the counter the device reads.
+        s.ctrl
+            .u32(QP_DBREC + 4 * DBREC_RQ)
+            .store(qp_dbrec_value(self.rq_pi).native(), Ordering::Release);
+        self.dev.kick();
+        Ok(RecvTicket { index, cqe })
+    }
+}

@@ -1,0 +1,176 @@
+//! What the user's QP handle, the engine and CQ polls share: the rings and control page,
+//! the work-request ids, and the counters that say which slots are free again.
+
+use super::{QpConfig, QpState};
+use crate::cq::CqShared;
+use crate::format::{SEG_SIZE, WQEBB};
+use crate::mem::RingMem;
+use crate::ops::KeepAlive;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+/// Offsets in a QP's control page: the doorbell record (`[RQ][SQ]`, BE32), the soft
+/// device's doorbell register, and the retired counters executors store (native u64).
+/// On an HCA the doorbell register is in the UAR page; the soft device's stand-in shares the
+/// doorbell record's cache line, so ringing costs the engine one line transfer, not two.
+pub(crate) const QP_DBREC: usize = 0;
+pub(crate) const QP_DOORBELL: usize = 8;
+pub(crate) const QP_SQ_RETIRED: usize = 64;
+pub(crate) const QP_RQ_RETIRED: usize = 128;
+/// With a CPU proxy ([`crate::NicHandler::Cpu`]): the producer index the GPU asks the proxy to
+/// ring (native u64).
+pub(crate) const QP_PROXY: usize = 192;
+/// With a kernel driving the QP ([`crate::kernel::DeviceQp`]): its send and receive producer
+/// counters (native u64, free-running), stored through by the kernel so that the host reads
+/// progress and the next launch resumes.
+pub(crate) const QP_KERNEL_SQ_PI: usize = 256;
+pub(crate) const QP_KERNEL_RQ_PI: usize = 264;
+
+/// The QP as the user handle, the engine and CQ polls share it.
+///
+/// Aligned so that the `Arc`'s counters (which the engine touches) do not share a cache line
+/// with the fields posting threads read.
+#[repr(C, align(128))]
+pub(crate) struct QpShared {
+    pub qpn: u32,
+    pub pd: u32,
+    /// RQ at offset 0, SQ at `sq_off` (the mlx5 layout).
+    pub buf: Arc<RingMem>,
+    pub ctrl: Arc<RingMem>,
+    pub sq_off: usize,
+    pub sq_cnt: u32,
+    pub rq_cnt: u32,
+    pub rq_stride: u32,
+    pub send_cq: Arc<CqShared>,
+    pub recv_cq: Arc<CqShared>,
+    pub(super) sq_wrid: Box<[AtomicU64]>,
+    pub(super) sq_wqebbs: Box<[AtomicU8]>,
+    pub(super) rq_wrid: Box<[AtomicU64]>,
+    /// Free-running counters of what host polls have retired.
+    pub(crate) sq_polled: AtomicU64,
+    pub(crate) rq_polled: AtomicU64,
+    /// While the receive CQ serves only this receive queue, receive `i` completes as that
+    /// CQ's completion `i + rq_cqe_base`, so the CQ's consumption tells which receives are
+    /// retired, and executors need not store a retired counter of their own. [`NO_BASE`]
+    /// until the first receive; [`BAD_BASE`] for good once the numbering stopped matching.
+    rq_cqe_base: AtomicU64,
+    pub state: AtomicU8,
+    pub cfg: QpConfig,
+    /// Who rings for committed op lists.
+    pub handler: crate::NicHandler,
+}
+
+/// `QpShared::rq_cqe_base`: no receive yet; numbering that stopped matching.
+const NO_BASE: u64 = u64::MAX;
+const BAD_BASE: u64 = u64::MAX - 1;
+
+impl QpShared {
+    /// The shared state of a new QP: its rings laid out as mlx5 does (receive ring at
+    /// offset 0, send ring after it) and its control page.
+    pub(super) fn new(
+        qpn: u32,
+        pd: u32,
+        send_cq: &Arc<CqShared>,
+        recv_cq: &Arc<CqShared>,
+        cfg: &QpConfig,
+        handler: crate::NicHandler,
+    ) -> Self {
+        let sq_cnt = cfg.sq_cnt();
+        let rq_cnt = cfg.recv_wqes.next_power_of_two();
+        let rq_stride = (SEG_SIZE as u32 * cfg.max_recv_sge).next_power_of_two();
+        let rq_bytes = (rq_cnt * rq_stride) as usize;
+        let sq_off = rq_bytes.max(64);
+        let buf = Arc::new(RingMem::new(sq_off + sq_cnt as usize * WQEBB));
+        QpShared {
+            qpn,
+            pd,
+            buf,
+            ctrl: Arc::new(RingMem::new(crate::mem::PAGE)),
+            sq_off,
+            sq_cnt,
+            rq_cnt,
+            rq_stride,
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            sq_wrid: (0..sq_cnt).map(|_| AtomicU64::new(0)).collect(),
+            sq_wqebbs: (0..sq_cnt).map(|_| AtomicU8::new(0)).collect(),
+            rq_wrid: (0..rq_cnt).map(|_| AtomicU64::new(0)).collect(),
+            sq_polled: AtomicU64::new(0),
+            rq_polled: AtomicU64::new(0),
+            rq_cqe_base: AtomicU64::new(NO_BASE),
+            state: AtomicU8::new(QpState::Init as u8),
+            cfg: cfg.clone(),
+            handler,
+        }
+    }
+    /// Host poll saw the requester CQE for `wqe_counter`: frees its slots, returns its wr_id.
+    pub(crate) fn retire_send(&self, wqe_counter: u16) -> u64 {
+        let slot = (wqe_counter as u32 & (self.sq_cnt - 1)) as usize;
+        let wr_id = self.sq_wrid[slot].load(Ordering::Relaxed);
+        let end = wqe_counter.wrapping_add(self.sq_wqebbs[slot].load(Ordering::Relaxed) as u16);
+        advance16(&self.sq_polled, end);
+        wr_id
+    }
+    /// Host poll saw the responder CQE for RQ index `c`.
+    pub(crate) fn retire_recv(&self, c: u16) -> u64 {
+        let wr_id = self.rq_wrid[(c as u32 & (self.rq_cnt - 1)) as usize].load(Ordering::Relaxed);
+        advance16(&self.rq_polled, c.wrapping_add(1));
+        wr_id
+    }
+    pub(crate) fn state(&self) -> QpState {
+        match self.state.load(Ordering::Acquire) {
+            0 => QpState::Init,
+            1 => QpState::Rts,
+            _ => QpState::Error,
+        }
+    }
+    pub(crate) fn sq_retired(&self) -> u64 {
+        self.sq_polled
+            .load(Ordering::Acquire)
+            .max(self.ctrl.u64(QP_SQ_RETIRED).load(Ordering::Acquire))
+    }
+    pub(crate) fn rq_retired(&self) -> u64 {
+        let r = self
+            .rq_polled
+            .load(Ordering::Acquire)
+            .max(self.ctrl.u64(QP_RQ_RETIRED).load(Ordering::Acquire));
+        match self.rq_base() {
+            Some(base) => r.max(self.recv_cq.consumed().saturating_sub(base)),
+            None => r,
+        }
+    }
+    /// `rq_cqe_base`, if the receive CQ's consumption counts this queue's retired receives.
+    pub(crate) fn rq_base(&self) -> Option<u64> {
+        let base = self.rq_cqe_base.load(Ordering::Acquire);
+        (base < BAD_BASE && !self.recv_cq.shared_ever.load(Ordering::Acquire)).then_some(base)
+    }
+    /// Receive `index` was given completion number `cqe`.
+    pub(crate) fn note_rq_cqe(&self, index: u64, cqe: u64) {
+        let base = cqe.wrapping_sub(index);
+        let old = self.rq_cqe_base.load(Ordering::Relaxed);
+        if old == NO_BASE && base < BAD_BASE {
+            self.rq_cqe_base.store(base, Ordering::Release);
+        } else if old != base {
+            self.rq_cqe_base.store(BAD_BASE, Ordering::Release);
+        }
+    }
+    pub(crate) fn keep(&self) -> KeepAlive {
+        self.ctrl.clone()
+    }
+    /// The retired counters executors and kernels store (send WQEBBs, receives).
+    pub(crate) fn kernel_retired(&self) -> (u64, u64) {
+        (
+            self.ctrl.u64(QP_SQ_RETIRED).load(Ordering::Acquire),
+            self.ctrl.u64(QP_RQ_RETIRED).load(Ordering::Acquire),
+        )
+    }
+}
+
+/// Moves a free-running counter forward to the 16-bit value `to` (never backwards).
+pub(super) fn advance16(c: &AtomicU64, to: u16) {
+    let cur = c.load(Ordering::Relaxed);
+    let d = to.wrapping_sub(cur as u16);
+    if d != 0 && d < 0x8000 {
+        c.store(cur + d as u64, Ordering::Release);
+    }
+}
