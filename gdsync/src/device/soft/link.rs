@@ -387,6 +387,11 @@ pub(crate) struct Link {
 }
 
 impl Link {
+    /// Whether the far end is this engine itself.
+    pub(crate) fn is_loopback(&self) -> bool {
+        matches!(self.live, Liveness::Loopback)
+    }
+
     /// Whether the far end is an engine of another process (shared memory or a transport),
     /// which only that process's threads drive.
     pub(crate) fn is_remote(&self) -> bool {

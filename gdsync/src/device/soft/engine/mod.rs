@@ -182,6 +182,11 @@ impl Engine {
             work |= self.pump(li);
             work |= self.poll_link(li);
             work |= self.pump(li);
+            // On the loopback link the answers just sent are this engine's to read: take
+            // them now (an acknowledgement completes its WQE in this round, not the next).
+            if self.links[li].link.is_loopback() {
+                work |= self.poll_link(li);
+            }
         }
         if tick {
             work |= self.timers(Instant::now());
