@@ -43,7 +43,10 @@ pub(crate) struct CqShared {
     pub shared_ever: AtomicBool,
     /// Error completions the device wrote, kept for [`Cq::take_errors`]: completions an
     /// executor retired are never decoded by a CPU poll, yet their errors must be reported.
+    /// At most [`MAX_KEPT_ERRORS`] between two `take_errors` (a program that only polls
+    /// never takes them); the rest are counted in `errors_dropped`.
     pub errors: Mutex<Vec<CqError>>,
+    pub errors_dropped: std::sync::atomic::AtomicU64,
     pub has_errors: AtomicBool,
     /// Error completions a CPU poll decoded and logged, so that [`Cq::take_errors`] does not
     /// log them again (cleared with `errors`).
@@ -255,6 +258,7 @@ impl Cq {
             users: AtomicU32::new(0),
             shared_ever: AtomicBool::new(false),
             errors: Mutex::new(Vec::new()),
+            errors_dropped: Default::default(),
             has_errors: AtomicBool::new(false),
             logged: Mutex::new(Vec::new()),
             kernel_owned: AtomicBool::new(false),
@@ -354,6 +358,13 @@ impl Cq {
         }
         let errors = std::mem::take(&mut *self.shared.errors.lock());
         log_taken_errors(&self.shared, &errors);
+        let dropped = self.shared.errors_dropped.swap(0, Ordering::AcqRel);
+        if dropped > 0 {
+            tracing::warn!(
+                "CQ {:#x}: {dropped} more error completions since the last take_errors than the {MAX_KEPT_ERRORS} kept: the first ones are returned",
+                self.shared.cqn
+            );
+        }
         errors
     }
 
@@ -411,6 +422,9 @@ impl Cq {
     }
 }
 
+/// Most error completions a CQ keeps for [`Cq::take_errors`] between two calls.
+pub const MAX_KEPT_ERRORS: usize = 1024;
+
 /// Logs an error completion a CPU poll decoded: at error level with its syndrome and what it
 /// means, or at debug level for flushed work (the first error says why).
 #[cold]
@@ -418,12 +432,19 @@ fn log_polled_error(s: &CqShared, c: &Completion, qp_state: Option<crate::QpStat
     let WcStatus::Error(syndrome) = c.status else {
         return;
     };
-    s.logged.lock().push(CqError {
+    let mut logged = s.logged.lock();
+    if logged.len() >= MAX_KEPT_ERRORS {
+        // Only polled, never taken: forget the oldest (they are only there to avoid
+        // logging one error twice).
+        logged.drain(..MAX_KEPT_ERRORS / 2);
+    }
+    logged.push(CqError {
         qpn: c.qpn,
         wqe_counter: c.wqe_counter,
         syndrome,
         responder: matches!(c.opcode, CompletionOp::Recv | CompletionOp::RecvWriteImm),
     });
+    drop(logged);
     let e = Error::Completion {
         wr_id: c.wr_id,
         qpn: c.qpn,

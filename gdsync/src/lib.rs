@@ -52,7 +52,7 @@ mod shm;
 mod signal;
 mod wr;
 
-pub use cq::{Completion, CompletionOp, Cq, CqError, WcStatus};
+pub use cq::{Completion, CompletionOp, Cq, CqError, WcStatus, MAX_KEPT_ERRORS};
 pub use device::{
     progress, progress_mode, progress_mode_for, Device, DeviceAttr, DeviceInfo, Endpoint, LinkKind,
     LinkLayer, LinkPolicy, PortAttr, PortState, ProgressMode,

@@ -105,7 +105,8 @@ pub(crate) struct DeviceShared {
     pub uid: u64,
     pub mrs: Arc<MrTable>,
     pub qps: Arc<QpTable>,
-    next_qpn: AtomicU32,
+    /// QP numbers in use and free for reuse.
+    qpns: Mutex<QpNumbers>,
     next_cqn: AtomicU32,
     next_pd: AtomicU32,
     /// Peers this device has a link to, or is dialing.
@@ -115,6 +116,35 @@ pub(crate) struct DeviceShared {
     /// The CPU proxy for QPs whose doorbells a CPU rings on the GPU's behalf.
     pub proxy: Arc<crate::handler::Proxy>,
     engine: EngineHandle,
+}
+
+/// A device's QP numbers. As an HCA does, numbers of destroyed QPs are used again (the
+/// oldest freed first, so a number rests as long as possible before it names a new QP), so
+/// the numbers and the engine's tables stay as small as the most QPs alive at once.
+#[derive(Default)]
+struct QpNumbers {
+    /// The smallest number never handed out (0 is never a QPN).
+    next: u32,
+    free: std::collections::VecDeque<u32>,
+}
+
+impl QpNumbers {
+    fn take(&mut self) -> Result<u32> {
+        if let Some(n) = self.free.pop_front() {
+            return Ok(n);
+        }
+        if self.next >= soft::MAX_QPS {
+            return Err(Error::invalid(format!(
+                "a soft device serves at most {} QPs at a time: destroy some first",
+                soft::MAX_QPS
+            )));
+        }
+        self.next += 1;
+        Ok(self.next)
+    }
+    fn give_back(&mut self, n: u32) {
+        self.free.push_back(n);
+    }
 }
 
 /// A device's links by peer uid.
@@ -176,9 +206,18 @@ impl DeviceShared {
         self.engine.send(soft::Cmd::AddQp(qp.clone()))
     }
 
+    /// A destroyed QP: out of the tables, its number free for a later QP.
     pub(crate) fn remove_qp(&self, qpn: u32) {
+        self.forget_qp(qpn);
+        self.qpns.lock().give_back(qpn);
+    }
+
+    /// Takes a QP out of the device's tables (its number stays taken).
+    pub(crate) fn forget_qp(&self, qpn: u32) {
         self.qps.0.write().remove(&qpn);
-        let _ = self.engine.send(soft::Cmd::RemoveQp(qpn));
+        // The engine drops the QP before it sees a later AddQp that reuses the number:
+        // commands are applied in order.
+        self.engine.send_and_wait(soft::Cmd::RemoveQp(qpn));
     }
 
     /// Makes sure a link to `remote`'s device exists, then connects the QP over it.
@@ -442,7 +481,7 @@ impl Device {
             uid,
             mrs,
             qps: Arc::new(QpTable::default()),
-            next_qpn: AtomicU32::new(1),
+            qpns: Mutex::new(QpNumbers::default()),
             next_cqn: AtomicU32::new(1),
             next_pd: AtomicU32::new(1),
             links: Mutex::new(Links::default()),
@@ -519,14 +558,11 @@ fn log_soft_device(name: &str) {
 impl ProtectionDomain {
     /// A reliable-connected QP completing sends on `send_cq` and receives on `recv_cq`.
     pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, cfg: &QpConfig) -> Result<Qp> {
-        let qpn = self.dev.next_qpn.fetch_add(1, Ordering::Relaxed);
-        if qpn > soft::MAX_QPS {
-            return Err(Error::invalid(format!(
-                "a soft device serves at most {} QPs",
-                soft::MAX_QPS
-            )));
-        }
-        Qp::create(&self.dev, self.id, qpn, send_cq, recv_cq, cfg)
+        let qpn = self.dev.qpns.lock().take()?;
+        Qp::create(&self.dev, self.id, qpn, send_cq, recv_cq, cfg).inspect_err(|_| {
+            // Never created (its drop will not give the number back).
+            self.dev.qpns.lock().give_back(qpn)
+        })
     }
 }
 

@@ -85,9 +85,17 @@ impl Qp {
                 cq.shared_ever.store(true, Ordering::Release);
             }
         }
-        dev.add_qp(&shared)?;
-        if handler == crate::NicHandler::Cpu {
-            dev.proxy.watch(&shared, dev)?;
+        let attached = dev.add_qp(&shared).and_then(|()| match handler {
+            crate::NicHandler::Cpu => dev.proxy.watch(&shared, dev),
+            _ => Ok(()),
+        });
+        if let Err(e) = attached {
+            // Undo what the device and the CQs hold (the caller gives the number back).
+            dev.forget_qp(qpn);
+            for cq in [&send_cq.shared, &recv_cq.shared] {
+                cq.users.fetch_sub(1, Ordering::AcqRel);
+            }
+            return Err(e);
         }
         Ok(Qp {
             shared,

@@ -38,6 +38,9 @@ pub(crate) enum Cmd {
 pub(crate) struct EngineCtl {
     cmds: Mutex<Vec<Cmd>>,
     has_cmds: AtomicBool,
+    /// Commands sent so far (counted under the `cmds` lock) and applied by the engine.
+    sent: std::sync::atomic::AtomicU64,
+    applied: std::sync::atomic::AtomicU64,
     stop: AtomicBool,
     /// Set while the engine sleeps between polls; posters then unpark it.
     sleeping: AtomicBool,
@@ -88,6 +91,8 @@ impl EngineHandle {
         let ctl = Arc::new(EngineCtl {
             cmds: Mutex::new(Vec::new()),
             has_cmds: AtomicBool::new(false),
+            sent: Default::default(),
+            applied: Default::default(),
             stop: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             thread: std::sync::OnceLock::new(),
@@ -117,10 +122,50 @@ impl EngineHandle {
                 "the soft device's engine has stopped".into(),
             ));
         }
-        ctl.cmds.lock().push(cmd);
-        ctl.has_cmds.store(true, Ordering::Release);
-        self.waker.thread.unpark();
+        self.post(cmd);
         Ok(())
+    }
+
+    /// Queues a command; returns its sequence number.
+    fn post(&self, cmd: Cmd) -> u64 {
+        let ctl = &self.waker.ctl;
+        let seq = {
+            let mut q = ctl.cmds.lock();
+            q.push(cmd);
+            ctl.sent.fetch_add(1, Ordering::AcqRel) + 1
+        };
+        ctl.has_cmds.store(true, Ordering::SeqCst);
+        self.waker.thread.unpark();
+        seq
+    }
+
+    /// Sends a command and returns once the engine applied it, as a verbs destroy returns
+    /// once the HCA let go of the object: the caller may then free what the command named,
+    /// and a loop of creates and destroys cannot pile up work for the engine.
+    pub(crate) fn send_and_wait(&self, cmd: Cmd) {
+        let ctl = &self.waker.ctl;
+        if ctl.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let seq = self.post(cmd);
+        let start = std::time::Instant::now();
+        let mut spins = 0u32;
+        while ctl.applied.load(Ordering::Acquire) < seq && !ctl.stop.load(Ordering::Acquire) {
+            match progress_mode() {
+                ProgressMode::Shared => help(Why::Doorbell),
+                ProgressMode::Thread => self.waker.thread.unpark(),
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+            if spins % 4096 == 0 && start.elapsed() > std::time::Duration::from_secs(10) {
+                tracing::warn!("soft device: the engine has not applied a command for 10 s; going on without it");
+                return;
+            }
+        }
     }
 
     /// After a CPU-side doorbell: wakes the engine if it sleeps, or, when engines progress

@@ -146,12 +146,18 @@ pub(super) fn push_cqe(cq: &CqShared, cqe: &mut Cqe64) {
         return;
     }
     if cqe.is_error() {
-        cq.errors.lock().push(crate::cq::CqError {
-            qpn: cqe.qpn(),
-            wqe_counter: cqe.wqe_counter(),
-            syndrome: cqe.syndrome().unwrap_or(Syndrome::LocalQpOp),
-            responder: cqe.opcode() == Some(CqeOpcode::RespErr),
-        });
+        let mut kept = cq.errors.lock();
+        if kept.len() < crate::cq::MAX_KEPT_ERRORS {
+            kept.push(crate::cq::CqError {
+                qpn: cqe.qpn(),
+                wqe_counter: cqe.wqe_counter(),
+                syndrome: cqe.syndrome().unwrap_or(Syndrome::LocalQpOp),
+                responder: cqe.opcode() == Some(CqeOpcode::RespErr),
+            });
+        } else {
+            cq.errors_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(kept);
         cq.has_errors.store(true, Ordering::Release);
     }
     let owner = CqeOwner::expected(pi, cq.cnt);

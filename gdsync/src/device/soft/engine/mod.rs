@@ -239,8 +239,10 @@ impl Engine {
 
     /// Applies the control commands queued since the last round.
     fn commands(&mut self) {
+        // Cleared before the take: a command pushed after it sets the flag again.
+        self.ctl.has_cmds.store(false, Ordering::SeqCst);
         let cmds = std::mem::take(&mut *self.ctl.cmds.lock());
-        self.ctl.has_cmds.store(false, Ordering::Release);
+        let n = cmds.len() as u64;
         for c in cmds {
             match c {
                 Cmd::AddQp(hw) => self.add_qp(hw),
@@ -252,6 +254,7 @@ impl Engine {
                 }),
             }
         }
+        self.ctl.applied.fetch_add(n, Ordering::AcqRel);
     }
 
     /// A new QP, in the QP table and polled from now on.
