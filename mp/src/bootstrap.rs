@@ -24,6 +24,12 @@ pub trait Bootstrap: Send {
     fn describe(&self) -> String {
         "a custom bootstrap".into()
     }
+    /// Ranks known to have left the job (their bootstrap is gone: a communicator dropped,
+    /// with or without `finalize`), so that waits for them end at once instead of at the
+    /// timeout. Bootstraps that cannot tell return none.
+    fn departed(&self) -> Vec<usize> {
+        Vec::new()
+    }
 }
 
 // ---------------------------------------------------------------------------- threads
@@ -33,6 +39,29 @@ struct Round {
     slots: Vec<Option<Vec<u8>>>,
     result: Option<Arc<Vec<Vec<u8>>>>,
     taken: usize,
+    /// Which ranks took this round's result.
+    took: Vec<bool>,
+    /// Ranks whose bootstrap was dropped.
+    left: Vec<bool>,
+}
+
+impl Round {
+    /// Rank `k` took the result; the last taker opens the next round.
+    fn take(&mut self, k: usize, n: usize) {
+        if !self.took[k] {
+            self.took[k] = true;
+            self.taken += 1;
+        }
+        if self.taken == n {
+            self.result = None;
+            self.generation += 1;
+            self.took.iter_mut().for_each(|t| *t = false);
+        }
+    }
+    /// A rank that left before contributing to the round being gathered.
+    fn missing(&self) -> Option<usize> {
+        (0..self.slots.len()).find(|&j| self.left[j] && self.slots[j].is_none())
+    }
 }
 
 struct Shared {
@@ -58,6 +87,8 @@ impl ThreadBootstrap {
                 slots: vec![None; n],
                 result: None,
                 taken: 0,
+                took: vec![false; n],
+                left: vec![false; n],
             }),
             cv: Condvar::new(),
         });
@@ -94,6 +125,9 @@ impl Bootstrap for ThreadBootstrap {
                 });
             }
         }
+        if let Some(j) = r.missing() {
+            return Err(gone(j));
+        }
         let generation = r.generation;
         r.slots[self.rank] = Some(mine.to_vec());
         if r.slots.iter().all(Option::is_some) {
@@ -103,6 +137,11 @@ impl Bootstrap for ThreadBootstrap {
             s.cv.notify_all();
         }
         while r.result.is_none() || r.generation != generation {
+            if let Some(j) = r.missing().filter(|_| r.generation == generation) {
+                // This round can never complete: take our contribution back.
+                r.slots[self.rank] = None;
+                return Err(gone(j));
+            }
             if s.cv.wait_until(&mut r, deadline).timed_out() {
                 return Err(Error::Timeout {
                     what: format!("all {} thread ranks to join the bootstrap exchange", s.n),
@@ -111,13 +150,33 @@ impl Bootstrap for ThreadBootstrap {
             }
         }
         let out = (**r.result.as_ref().unwrap()).clone();
-        r.taken += 1;
-        if r.taken == s.n {
-            r.result = None;
-            r.generation += 1;
-            s.cv.notify_all();
-        }
+        r.take(self.rank, s.n);
+        s.cv.notify_all();
         Ok(out)
+    }
+    fn departed(&self) -> Vec<usize> {
+        let r = self.shared.round.lock();
+        (0..self.shared.n).filter(|&j| r.left[j]).collect()
+    }
+}
+
+/// The error of a bootstrap round that a departed rank never joins.
+fn gone(rank: usize) -> Error {
+    Error::Unreachable(format!(
+        "rank {rank} left the job (its communicator was dropped) before joining this bootstrap exchange"
+    ))
+}
+
+impl Drop for ThreadBootstrap {
+    fn drop(&mut self) {
+        let s = &*self.shared;
+        let mut r = s.round.lock();
+        r.left[self.rank] = true;
+        // A result this rank will never take must not hold the next round up.
+        if r.result.is_some() {
+            r.take(self.rank, s.n);
+        }
+        s.cv.notify_all();
     }
 }
 

@@ -965,6 +965,16 @@ impl Comm {
                 return Ok(n);
             }
             spins += 1;
+            if spins % 4096 == 0 && self.boot.departed().contains(&peer) {
+                self.progress()?;
+                if let Some(n) = self.finish(r)? {
+                    return Ok(n);
+                }
+                let side = self.state(r)?.side;
+                return Err(Error::Unreachable(format!(
+                    "{side:?} request with rank {peer}: rank {peer} left the job (dropped its communicator) before the request completed"
+                )));
+            }
             if spins % 1024 == 0 && Instant::now() > deadline {
                 let side = self.state(r)?.side;
                 let what = format!(
@@ -1048,10 +1058,17 @@ impl Comm {
             // The write is inline: its bytes are copied when posted, so the scratch word
             // may be reused by the next round even while this write is still queued.
             self.post_cpu(to, None, vec![wr], None)?;
+            let from = (self.rank + self.size - (1 << k) % self.size) % self.size;
+            let mut spins = 0u32;
             while self.barrier_word(k) < epoch {
                 self.progress()?;
+                spins += 1;
+                if spins % 256 == 0 && self.boot.departed().contains(&from) {
+                    return Err(Error::Unreachable(format!(
+                        "barrier round {k}: rank {from} left the job (dropped its communicator) and will not arrive"
+                    )));
+                }
                 if start.elapsed() > self.timeout {
-                    let from = (self.rank + self.size - (1 << k) % self.size) % self.size;
                     return Err(Error::Timeout {
                         what: format!(
                             "barrier round {k}: rank {from} did not arrive (it stopped, or does not call barrier)"
