@@ -971,6 +971,13 @@ impl Comm {
                     return Ok(n);
                 }
                 let side = self.state(r)?.side;
+                let me = self.rank;
+                if let Some(p) = self.peers[peer].as_mut().filter(|p| !p.lost) {
+                    p.lost = true;
+                    tracing::warn!(
+                        "rank {me}: the connection to rank {peer} failed: rank {peer} left the job (dropped its communicator); its work fails from now on"
+                    );
+                }
                 return Err(Error::Unreachable(format!(
                     "{side:?} request with rank {peer}: rank {peer} left the job (dropped its communicator) before the request completed"
                 )));
