@@ -44,8 +44,9 @@ fn qp_numbers_are_reused_and_memory_stays_flat() {
     eprintln!(
         "{cycles} QP create/destroy cycles: RSS {before} KiB -> {after} KiB, largest QPN {most:#x}"
     );
+    // Freed numbers rest behind 1024 others before they are used again.
     assert!(
-        most <= keep.qpn() + 2,
+        most <= keep.qpn() + 1026,
         "QP numbers are not reused: {most:#x} after {cycles} cycles"
     );
     assert!(

@@ -29,7 +29,7 @@ pub(crate) struct SharedBuf {
     pub(crate) len: usize,
     pub(crate) _keep: Arc<dyn Send + Sync>,
 }
-// SAFETY: the pointer refers to memory kept alive by `_keep`; accesses are byte-wise volatile
+// SAFETY: the pointer refers to memory kept alive by `_keep`; accesses are byte-wise atomics
 // or bulk copies ordered by fences, as a NIC's DMA would be.
 unsafe impl Send for SharedBuf {}
 
@@ -74,16 +74,29 @@ impl Wire for Raw {
     }
 }
 
-struct HeapBuf(#[allow(dead_code)] Box<[u8]>);
+/// A heap buffer owned through its raw pointer (both ranks write it through `SharedBuf`, so
+/// no `Box` may claim it meanwhile); freed on drop.
+struct HeapBuf {
+    ptr: *mut [u8],
+}
+// SAFETY: plain bytes, accessed through atomics and fenced copies by the ranks.
+unsafe impl Send for HeapBuf {}
+// SAFETY: as above.
+unsafe impl Sync for HeapBuf {}
+impl Drop for HeapBuf {
+    fn drop(&mut self) {
+        // SAFETY: from Box::into_raw in heap_buf, freed once.
+        drop(unsafe { Box::from_raw(self.ptr) });
+    }
+}
 
 /// A zeroed heap buffer of at least `n` bytes, for two thread ranks.
 pub(crate) fn heap_buf(n: usize) -> SharedBuf {
-    let mut b = vec![0u8; n.max(64)].into_boxed_slice();
-    let ptr = b.as_mut_ptr();
-    let len = b.len();
+    let raw = Box::into_raw(vec![0u8; n.max(64)].into_boxed_slice());
+    let len = raw.len();
     SharedBuf {
-        ptr,
+        ptr: raw as *mut u8,
         len,
-        _keep: Arc::new(std::sync::Mutex::new(HeapBuf(b))),
+        _keep: Arc::new(HeapBuf { ptr: raw }),
     }
 }

@@ -78,7 +78,11 @@ impl Proxy {
         qp: &Arc<QpShared>,
         dev: &Arc<DeviceShared>,
     ) -> Result<()> {
-        self.qps.lock().push(Arc::downgrade(qp));
+        let mut qps = self.qps.lock();
+        // Destroyed QPs leave (the list would otherwise grow with every QP ever watched).
+        qps.retain(|w| w.strong_count() > 0);
+        qps.push(Arc::downgrade(qp));
+        drop(qps);
         let mut t = self.thread.lock();
         if t.is_none() {
             tracing::debug!("{}: CPU proxy thread started", dev.name());

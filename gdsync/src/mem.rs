@@ -1,6 +1,7 @@
 //! Ring memory: page-aligned, zeroed allocations for the rings, doorbell records and doorbell
 //! words that the device and the executors share. All raw access to it lives here.
 
+use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 /// Alignment of every ring allocation (one host page).
@@ -37,27 +38,12 @@ impl RingMem {
     /// Allocates `len` zeroed bytes (rounded up to a page).
     pub(crate) fn new(len: usize) -> Self {
         let len = len.max(1).next_multiple_of(PAGE);
-        // Pages of their own, straight from the kernel (zeroed) and back to it on drop: rings
-        // come and go with queues, and page-aligned blocks from the heap allocator fragment
-        // it (a million QP lifetimes grew the resident set by 100 MB).
-        // SAFETY: an anonymous private mapping; the kernel checks the arguments.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            panic!(
-                "out of memory: mapping {len} bytes of ring memory failed: {}",
-                std::io::Error::last_os_error()
-            );
+        let layout = Layout::from_size_align(len, PAGE).expect("ring layout");
+        // SAFETY: layout has a nonzero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
         }
-        let ptr = ptr as *mut u8;
         // Streams and kernels write doorbells and wait on CQEs here: pin and map it for GPUs.
         let cuda = crate::cuda::Cuda::available()
             && crate::cuda::Cuda::get().is_ok_and(|c| {
@@ -152,8 +138,8 @@ impl Drop for RingMem {
                 c.unregister_host(self.ptr);
             }
         }
-        // SAFETY: mapped in new() with this length, unmapped once.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        // SAFETY: allocated in new() with this exact layout.
+        unsafe { dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, PAGE)) }
     }
 }
 

@@ -966,9 +966,14 @@ impl Comm {
             }
             spins += 1;
             if spins % 4096 == 0 && self.boot.departed().contains(&peer) {
-                self.progress()?;
-                if let Some(n) = self.finish(r)? {
-                    return Ok(n);
+                // What the peer sent before it left may still be on its way: a short grace.
+                let until = Instant::now() + DEPARTED_GRACE;
+                while Instant::now() < until {
+                    self.progress()?;
+                    if let Some(n) = self.finish(r)? {
+                        return Ok(n);
+                    }
+                    std::thread::yield_now();
                 }
                 let side = self.state(r)?.side;
                 let me = self.rank;
@@ -1050,6 +1055,20 @@ impl Comm {
             .collect()
     }
 
+    /// Whether barrier round `k` reaches `epoch` within `grace` (a departed peer's last write
+    /// may still be on its way).
+    fn arrives_within(&mut self, grace: Duration, k: usize, epoch: u64) -> Result<bool> {
+        let until = Instant::now() + grace;
+        while Instant::now() < until {
+            self.progress()?;
+            if self.barrier_word(k) >= epoch {
+                return Ok(true);
+            }
+            std::thread::yield_now();
+        }
+        Ok(false)
+    }
+
     fn barrier_word(&self, k: usize) -> u64 {
         let mut b = [0u8; 8];
         self.ctrl.read_at(self.layout.barrier(k), &mut b);
@@ -1070,7 +1089,10 @@ impl Comm {
             while self.barrier_word(k) < epoch {
                 self.progress()?;
                 spins += 1;
-                if spins % 256 == 0 && self.boot.departed().contains(&from) {
+                if spins % 256 == 0
+                    && self.boot.departed().contains(&from)
+                    && !self.arrives_within(DEPARTED_GRACE, k, epoch)?
+                {
                     return Err(Error::Unreachable(format!(
                         "barrier round {k}: rank {from} left the job (dropped its communicator) and will not arrive"
                     )));
@@ -1129,6 +1151,10 @@ impl Comm {
         self.new_req(peer, Side::Send)
     }
 }
+
+/// How long a wait goes on after its peer left the job: what the peer sent before it left
+/// may still be on its way.
+const DEPARTED_GRACE: Duration = Duration::from_millis(50);
 
 /// Says once that the connection from rank `me` to rank `peer` failed: its work fails from
 /// now on.

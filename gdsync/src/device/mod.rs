@@ -118,9 +118,11 @@ pub(crate) struct DeviceShared {
     engine: EngineHandle,
 }
 
-/// A device's QP numbers. As an HCA does, numbers of destroyed QPs are used again (the
-/// oldest freed first, so a number rests as long as possible before it names a new QP), so
-/// the numbers and the engine's tables stay as small as the most QPs alive at once.
+/// A device's QP numbers. As an HCA does, numbers of destroyed QPs are used again, so the
+/// numbers and the engine's tables stay bounded by the most QPs alive at once (plus
+/// [`QPN_REST`]). A freed number rests behind at least `QPN_REST` others before it names a
+/// new QP: packets of its old life still on a link are long gone by then (every QP's packet
+/// sequence starts at 0, so the sequence alone would not tell an old packet from a new one).
 #[derive(Default)]
 struct QpNumbers {
     /// The smallest number never handed out (0 is never a QPN).
@@ -128,12 +130,16 @@ struct QpNumbers {
     free: std::collections::VecDeque<u32>,
 }
 
+/// How many freed QP numbers wait before the oldest is used again.
+const QPN_REST: usize = 1024;
+
 impl QpNumbers {
     fn take(&mut self) -> Result<u32> {
-        if let Some(n) = self.free.pop_front() {
-            return Ok(n);
+        let fresh_left = self.next < soft::MAX_QPS;
+        if self.free.len() > QPN_REST || (!fresh_left && !self.free.is_empty()) {
+            return Ok(self.free.pop_front().expect("checked"));
         }
-        if self.next >= soft::MAX_QPS {
+        if !fresh_left {
             return Err(Error::invalid(format!(
                 "a soft device serves at most {} QPs at a time: destroy some first",
                 soft::MAX_QPS

@@ -157,22 +157,28 @@ impl EngineCore {
 
     /// Makes the engine visible to helpers and counts it.
     pub(super) fn register(self: &Arc<Self>) {
-        ENGINES.write().push(self.clone());
+        let mut all = ENGINES.write();
+        all.push(self.clone());
         GENERATION.fetch_add(1, Ordering::AcqRel);
         LIVE.fetch_add(1, Ordering::AcqRel);
+        // Under the list's lock: concurrent starts and stops decide in turn.
         update_mode();
+        drop(all);
     }
 
     /// After the engine thread ended: forgets the engine and drops its queues and links
     /// (helpers may still hold the core for a moment).
     pub(super) fn unregister(self: &Arc<Self>) {
-        ENGINES.write().retain(|c| !Arc::ptr_eq(c, self));
+        let mut all = ENGINES.write();
+        all.retain(|c| !Arc::ptr_eq(c, self));
         GENERATION.fetch_add(1, Ordering::AcqRel);
         LIVE.fetch_sub(1, Ordering::AcqRel);
+        // Under the list's lock: concurrent starts and stops decide in turn.
         update_mode();
-        if let Some(mut e) = self.engine.try_lock() {
-            e.clear();
-        }
+        drop(all);
+        // Blocking: helpers let go at once when they see `stop`, and the links must close
+        // now (an in-process peer learns of the loss from their closed flags).
+        self.engine.lock().clear();
     }
 
     /// Runs rounds until one finds nothing to do. When another thread holds the engine,
@@ -208,6 +214,14 @@ impl EngineCore {
             loop {
                 let mut tick = self.timers_asked.swap(false, Ordering::AcqRel);
                 for _ in 0..1024 {
+                    // A region in GPU memory registered meanwhile: leave it to the engine's
+                    // thread (a copy would bind a CUDA context to this one).
+                    if who == Who::Helper && e.has_gpu_regions() {
+                        self.asked.store(true, Ordering::SeqCst);
+                        drop(e);
+                        self.ctl.wake();
+                        return work;
+                    }
                     if !e.round(tick) {
                         break;
                     }
@@ -261,7 +275,9 @@ pub(crate) fn help(why: Why) {
 
 #[cold]
 fn help_all(why: Why) {
-    MINE.with(|m| {
+    // (`try_with`: a queue dropped by another thread-local's destructor late in a thread's
+    // exit finds this one gone; the engine thread then does the work.)
+    let _ = MINE.try_with(|m| {
         let Ok(mut m) = m.try_borrow_mut() else {
             return; // re-entered from inside a round: the outer call drives
         };
@@ -349,7 +365,8 @@ fn shared_step(core: &EngineCore, idle_since: &mut Option<Instant>) {
     core.ctl.sleeping.store(true, Ordering::SeqCst);
     // (A thread that holds the engine now is driving it: no reason to stay awake.)
     let again = core.engine.try_lock().is_some_and(|mut e| e.last_look());
-    if !again && !core.ctl.has_cmds.load(Ordering::Acquire) {
+    // (A doorbell whose thread found the engine busy during the last look is waiting.)
+    if !again && !core.ctl.has_cmds.load(Ordering::Acquire) && !core.asked.load(Ordering::SeqCst) {
         let k = (idle.as_micros() / 200).min(5) as u32;
         std::thread::park_timeout(Duration::from_micros(32 << k));
     }
