@@ -35,6 +35,7 @@
 
 #![warn(missing_docs)]
 
+mod bounds;
 mod cq;
 pub mod cuda;
 mod device;

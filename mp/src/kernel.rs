@@ -160,7 +160,8 @@ impl KernelChannels {
         let mut d = PeerDesc {
             qp: qp.desc(),
             credit: self.credit.addr() + 8 * peer as u64,
-            remote_credit: self.remote_credit[peer].addr + 8 * self.rank as u64,
+            // A peer's address: wrapping, its device checks the access.
+            remote_credit: self.remote_credit[peer].at(8 * self.rank as u64).addr,
             state: self.state.addr() + (PeerState::SIZE * peer) as u64,
             remote_credit_rkey: self.remote_credit[peer].rkey,
             rank: peer as u32,

@@ -22,8 +22,13 @@ impl Window {
     }
 }
 
+/// Whether `len` bytes at `off` lie inside `total` bytes, without overflow.
+fn fits(off: u64, len: u64, total: u64) -> bool {
+    off.checked_add(len).is_some_and(|end| end <= total)
+}
+
 fn range(r: &RemoteBuf, off: u64, len: u64, p: usize) -> Result<()> {
-    if off.checked_add(len).is_none_or(|e| e > r.len) {
+    if !fits(off, len, r.len) {
         return Err(Error::invalid(format!(
             "{off}+{len} bytes is outside rank {p}'s window of {} bytes",
             r.len
@@ -225,7 +230,7 @@ impl Comm {
         cond: WaitCond,
         exec: &impl Executor,
     ) -> Result<()> {
-        if off % 8 != 0 || off + 8 > mr.len() {
+        if off % 8 != 0 || !fits(off as u64, 8, mr.len() as u64) {
             return Err(Error::invalid(
                 "the word must be 8-byte aligned and inside the buffer",
             ));
@@ -240,5 +245,31 @@ impl Comm {
             })
         };
         exec.submit(ops)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn edge() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            Just(0u64),
+            Just(u64::MAX),
+            (u64::MAX - 64..=u64::MAX),
+            0u64..=4096,
+            any::<u64>(),
+        ]
+    }
+
+    proptest! {
+        /// A window range is accepted exactly when it lies inside, at every edge of `u64`.
+        #[test]
+        fn window_ranges_never_wrap(off in edge(), len in edge(), total in edge()) {
+            let r = RemoteBuf { addr: 0x1000, len: total, rkey: 1 };
+            let inside = off as u128 + len as u128 <= total as u128;
+            prop_assert_eq!(range(&r, off, len, 0).is_ok(), inside);
+        }
     }
 }

@@ -108,12 +108,12 @@ impl Mapping {
         }
     }
     fn u32(&self, off: usize) -> &AtomicU32 {
-        assert!(off + 4 <= self.len && off % 4 == 0);
+        assert!(crate::bounds::fits(off, 4, self.len) && off % 4 == 0);
         // SAFETY: in bounds and aligned (checked; the base is page-aligned).
         unsafe { &*(self.ptr.add(off) as *const AtomicU32) }
     }
     fn u64(&self, off: usize) -> &AtomicU64 {
-        assert!(off + 8 <= self.len && off % 8 == 0);
+        assert!(crate::bounds::fits(off, 8, self.len) && off % 8 == 0);
         // SAFETY: in bounds and aligned (checked).
         unsafe { &*(self.ptr.add(off) as *const AtomicU64) }
     }
