@@ -42,6 +42,9 @@ mod device;
 mod error;
 pub mod exec;
 pub mod format;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzz;
 mod handler;
 pub mod kernel;
 mod mem;

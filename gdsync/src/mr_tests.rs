@@ -27,7 +27,7 @@ fn edge() -> impl Strategy<Value = usize> {
 fn with_guarded_region(f: impl FnOnce(&MemoryRegion<'_>)) {
     let dev = Device::soft().unwrap();
     let pd = dev.alloc_pd();
-    let mut buf = vec![CANARY; GUARD + LEN + GUARD];
+    let mut buf = [CANARY; GUARD + LEN + GUARD];
     {
         let (below, rest) = buf.split_at_mut(GUARD);
         let (region, above) = rest.split_at_mut(LEN);

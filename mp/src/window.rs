@@ -1,7 +1,7 @@
 //! One-sided communication: windows of registered memory every rank exposes, put and get
 //! (RDMA write and read), put with signal, and waiting for a value on an executor.
 
-use crate::comm::{Comm, Request};
+use crate::comm::{check_gathered, decode_remote, encode_remote, Comm, Request, REMOTE_BYTES};
 use gdsync::exec::Executor;
 use gdsync::ops::{Op, Ops, WaitCond};
 use gdsync::{Error, MemoryRegion, RemoteBuf, Result, SendWr, Sge};
@@ -41,22 +41,14 @@ impl Comm {
     /// Creates a window over `mr` (collective: every rank calls it, each with its region).
     pub fn window(&mut self, mr: &MemoryRegion<'_>) -> Result<Window> {
         let r = mr.remote();
-        let mut b = Vec::with_capacity(20);
-        b.extend_from_slice(&r.addr.to_le_bytes());
-        b.extend_from_slice(&r.len.to_le_bytes());
-        b.extend_from_slice(&r.rkey.to_le_bytes());
+        let mut b = Vec::with_capacity(REMOTE_BYTES);
+        encode_remote(&r, &mut b);
         let all = self.boot().all_gather(&b)?;
+        check_gathered(&all, self.size())?;
         let remotes = all
             .iter()
             .map(|b| {
-                if b.len() != 20 {
-                    return Err(Error::invalid("window exchange: malformed record"));
-                }
-                Ok(RemoteBuf {
-                    addr: u64::from_le_bytes(b[0..8].try_into().unwrap()),
-                    len: u64::from_le_bytes(b[8..16].try_into().unwrap()),
-                    rkey: u32::from_le_bytes(b[16..20].try_into().unwrap()),
-                })
+                decode_remote(b).ok_or_else(|| Error::invalid("window exchange: malformed record"))
             })
             .collect::<Result<_>>()?;
         Ok(Window { remotes })
