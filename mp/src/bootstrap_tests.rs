@@ -108,3 +108,33 @@ fn oversized_contributions_are_refused_before_sending() {
     assert!(e.to_string().contains("over the limit"), "{e}");
     assert_eq!(b.all_gather(b"ok").unwrap(), [b"ok".to_vec()]);
 }
+
+/// A connection that never says which rank it is gets dropped when the hello's time is up
+/// (here the root's whole timeout, 2 s, which is shorter than the hello's 5 s); the rank
+/// queued behind it still joins.
+#[test]
+fn the_root_drops_silent_connections() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let info = move |rank| JobInfo {
+        rank,
+        size: 2,
+        root: format!("127.0.0.1:{port}"),
+    };
+    let root = std::thread::spawn(move || {
+        let mut b = TcpBootstrap::connect(&info(0), Duration::from_secs(2))?;
+        b.all_gather(b"root")
+    });
+    let silent = loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => break s,
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    };
+    let mut rank1 = TcpBootstrap::connect(&info(1), Duration::from_secs(20)).unwrap();
+    let all = rank1.all_gather(b"one").unwrap();
+    assert_eq!(root.join().unwrap().unwrap(), all);
+    drop(silent);
+}
