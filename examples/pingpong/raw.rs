@@ -48,8 +48,11 @@ impl SharedBuf {
 
 impl Wire for Raw {
     fn send(&mut self, i: u64, size: usize) -> Result<()> {
-        if size == 0 {
-            bail!("--raw needs a size of at least 1 byte");
+        if size == 0 || size > self.src.len().min(self.peer.len) {
+            bail!(
+                "--raw sends 1 to {} bytes, not {size}",
+                self.src.len().min(self.peer.len)
+            );
         }
         self.src[size - 1] = marker(i);
         self.peer.copy_in(&self.src[..size - 1]);
@@ -58,6 +61,9 @@ impl Wire for Raw {
         Ok(())
     }
     fn wait(&mut self, i: u64, size: usize) -> Result<()> {
+        if size == 0 || size > self.local.len {
+            bail!("--raw waits for 1 to {} bytes, not {size}", self.local.len);
+        }
         let m = marker(i);
         let mut spins = 0u32;
         while self.local.byte(size - 1).load(Ordering::Acquire) != m {

@@ -35,12 +35,16 @@
 
 #![warn(missing_docs)]
 
+mod bounds;
 mod cq;
 pub mod cuda;
 mod device;
 mod error;
 pub mod exec;
 pub mod format;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzz;
 mod handler;
 pub mod kernel;
 mod mem;

@@ -113,12 +113,12 @@ impl Mapping {
         }
     }
     fn u32(&self, off: usize) -> &AtomicU32 {
-        assert!(off + 4 <= self.len && off % 4 == 0);
+        assert!(crate::bounds::fits(off, 4, self.len) && off % 4 == 0);
         // SAFETY: in bounds and aligned (checked; the base is page-aligned).
         unsafe { &*(self.ptr.add(off) as *const AtomicU32) }
     }
     fn u64(&self, off: usize) -> &AtomicU64 {
-        assert!(off + 8 <= self.len && off % 8 == 0);
+        assert!(crate::bounds::fits(off, 8, self.len) && off % 8 == 0);
         // SAFETY: in bounds and aligned (checked).
         unsafe { &*(self.ptr.add(off) as *const AtomicU64) }
     }
@@ -185,11 +185,13 @@ impl Producer {
     }
 
     fn has_room(&mut self, bytes: u64) -> bool {
-        if self.pos + bytes - self.cached_head <= self.cap {
+        // Saturating: the head is the consumer's, in memory another process may share.
+        let used = |head: u64| (self.pos + bytes).saturating_sub(head);
+        if used(self.cached_head) <= self.cap {
             return true;
         }
         self.cached_head = self.map.u64(self.head_off).load(Ordering::Acquire);
-        self.pos + bytes - self.cached_head <= self.cap
+        used(self.cached_head) <= self.cap
     }
 
     /// Appends a record of `hdr` and `len` payload bytes filled by `fill`, if there is room.
@@ -280,8 +282,11 @@ impl Consumer {
                 self.pos += self.cap - off;
                 continue;
             }
-            let len = (h.seg_len as usize).min(MTU);
-            // SAFETY: as above; the payload lies inside the record.
+            // A shared-memory ring is written by another process: a length that runs past
+            // the ring's end is cut there rather than trusted.
+            let room = (self.cap - off) as usize - HDR;
+            let len = (h.seg_len as usize).min(MTU).min(room);
+            // SAFETY: as above; the payload lies inside the ring (off + HDR + len <= cap).
             let payload =
                 unsafe { std::slice::from_raw_parts(self.base.add(off as usize + HDR), len) };
             return Some((h, payload));
