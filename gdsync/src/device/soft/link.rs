@@ -33,6 +33,10 @@ const OFF_MAGIC: usize = 0;
 const OFF_CAP: usize = 8;
 /// The creator's pid (u32): whoever finds the file after its creator died may remove it.
 const OFF_CREATOR: usize = 12;
+/// The creator's PID namespace (the inode of `/proc/self/ns/pid`, u64): its pid means
+/// something only to processes of the same namespace (containers may share `/dev/shm` and
+/// not their pids).
+const OFF_PIDNS: usize = 16;
 /// Where the files of links between processes live, and how their names start.
 const SHM_DIR: &str = "/dev/shm";
 const SHM_PREFIX: &str = "gdsync-link-";
@@ -509,6 +513,7 @@ impl Link {
             map.u32(OFF_CAP).store(RING_BYTES as u32, Ordering::Relaxed);
             map.u32(OFF_CREATOR)
                 .store(std::process::id(), Ordering::Relaxed);
+            map.u64(OFF_PIDNS).store(pid_namespace(), Ordering::Relaxed);
             map.u64(OFF_MAGIC).store(SEG_MAGIC, Ordering::Release);
         } else {
             let start = Instant::now();
@@ -613,7 +618,7 @@ fn sweep_orphaned_links() {
 /// Whether a link file's creator is gone (or the file never got a header in a long time).
 fn link_file_orphaned(path: &std::path::Path) -> bool {
     use std::io::Read;
-    let mut head = [0u8; 16];
+    let mut head = [0u8; 24];
     let Ok(mut f) = std::fs::File::open(path) else {
         return false; // not ours to judge (another user's, or gone already)
     };
@@ -626,7 +631,20 @@ fn link_file_orphaned(path: &std::path::Path) -> bool {
         return age.is_some_and(|a| a > 2 * PEER_WAIT);
     }
     let creator = u32::from_ne_bytes(head[12..16].try_into().unwrap_or_default());
-    creator != 0 && creator != std::process::id() && process_gone(creator, None)
+    let namespace = u64::from_ne_bytes(head[16..24].try_into().unwrap_or_default());
+    // Only pids of our own namespace can be judged from our /proc.
+    let ours = pid_namespace();
+    ours != 0
+        && namespace == ours
+        && creator != 0
+        && creator != std::process::id()
+        && process_gone(creator, None)
+}
+
+/// This process's PID namespace: the inode of `/proc/self/ns/pid` (0 if unknown).
+fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
 }
 
 /// Whether process `pid` has ended or is ending. A killed process is readable on its pidfd
@@ -713,20 +731,26 @@ mod liveness_tests {
 
     #[test]
     fn link_files_of_dead_creators_are_swept() {
-        let write = |name: &str, pid: u32| {
+        let write = |name: &str, pid: u32, namespace: u64| {
             let path = std::path::PathBuf::from(format!("{SHM_DIR}/{SHM_PREFIX}{name}"));
             let mut head = SEG_MAGIC.to_ne_bytes().to_vec();
             head.extend_from_slice(&(RING_BYTES as u32).to_ne_bytes());
             head.extend_from_slice(&pid.to_ne_bytes());
+            head.extend_from_slice(&namespace.to_ne_bytes());
             std::fs::write(&path, head).unwrap();
             path
         };
-        let orphan = write("test-orphan-0000000000000001", dead_pid());
-        let mine = write("test-live-0000000000000001", std::process::id());
+        let ns = pid_namespace();
+        let orphan = write("test-orphan-0000000000000001", dead_pid(), ns);
+        let mine = write("test-live-0000000000000001", std::process::id(), ns);
+        // A dead pid of another PID namespace may be a live process there.
+        let foreign = write("test-foreign-0000000000000001", dead_pid(), ns ^ 1);
         sweep_orphaned_links();
         assert!(!orphan.exists(), "the dead creator's file stays");
         assert!(mine.exists(), "a live creator's file was removed");
+        assert!(foreign.exists(), "another namespace's file was removed");
         std::fs::remove_file(mine).unwrap();
+        std::fs::remove_file(foreign).unwrap();
     }
 
     #[test]
