@@ -402,7 +402,8 @@ impl Cq {
                 if let Some(c) = self.poll_one()? {
                     return Ok(c);
                 }
-                backoff.snooze();
+                // (An empty poll already lent the thread to the engines.)
+                backoff.pause();
             }
             if start.elapsed() > timeout {
                 return Err(Error::Timeout {

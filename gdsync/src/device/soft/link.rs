@@ -482,7 +482,10 @@ impl Link {
             })
         };
         let mut mem = if creator {
-            sweep_orphaned_links();
+            // Once per process: a job of many processes creates many links, and what a
+            // crashed process left is found by the next process that creates one.
+            static SWEPT: std::sync::Once = std::sync::Once::new();
+            SWEPT.call_once(sweep_orphaned_links);
             SharedMemory::create(&path, size)?
         } else {
             let start = Instant::now();
@@ -552,11 +555,7 @@ impl Link {
             return !self.dead;
         }
         self.next_check = now + Duration::from_millis(5);
-        let closed = self
-            .map
-            .u32(OFF_CLOSED + 4 * (1 - self.side))
-            .load(Ordering::Acquire)
-            != 0;
+        let closed = self.peer_closed();
         let gone = match &self.live {
             Liveness::Loopback => false,
             Liveness::InProcess => closed,

@@ -59,29 +59,28 @@ pub(crate) struct EngineHandle {
 #[derive(Clone)]
 pub(crate) struct EngineWaker {
     ctl: Arc<EngineCtl>,
-    thread: Thread,
 }
 
 impl EngineWaker {
     pub(crate) fn wake(&self) {
-        self.ctl.wake_thread(&self.thread);
+        self.ctl.wake();
     }
 }
 
 impl EngineCtl {
-    /// Unparks the engine thread if it announced a nap.
-    fn wake_thread(&self, thread: &Thread) {
+    /// Unparks the engine thread if it announced a nap (whichever thread calls it).
+    pub(crate) fn wake(&self) {
         // Pairs with the engine's SeqCst store of `sleeping` before its last look.
         fence(Ordering::SeqCst);
         if self.sleeping.load(Ordering::Relaxed) {
-            thread.unpark();
+            self.unpark();
         }
     }
 
-    /// Wakes the engine thread (whichever thread calls it).
-    pub(crate) fn wake(&self) {
+    /// Unparks the engine thread, asleep or not.
+    fn unpark(&self) {
         if let Some(t) = self.thread.get() {
-            self.wake_thread(t);
+            t.unpark();
         }
     }
 }
@@ -107,10 +106,7 @@ impl EngineHandle {
         core.register();
         Ok(Self {
             core,
-            waker: EngineWaker {
-                ctl,
-                thread: join.thread().clone(),
-            },
+            waker: EngineWaker { ctl },
             join: Mutex::new(Some(join)),
         })
     }
@@ -135,7 +131,7 @@ impl EngineHandle {
             ctl.sent.fetch_add(1, Ordering::AcqRel) + 1
         };
         ctl.has_cmds.store(true, Ordering::SeqCst);
-        self.waker.thread.unpark();
+        ctl.unpark();
         seq
     }
 
@@ -151,10 +147,7 @@ impl EngineHandle {
         let start = std::time::Instant::now();
         let mut spins = 0u32;
         while ctl.applied.load(Ordering::Acquire) < seq && !ctl.stop.load(Ordering::Acquire) {
-            match progress_mode() {
-                ProgressMode::Shared => help(Why::Doorbell),
-                ProgressMode::Thread => self.waker.thread.unpark(),
-            }
+            self.kick();
             spins += 1;
             if spins < 64 {
                 std::hint::spin_loop();
@@ -184,7 +177,7 @@ impl EngineHandle {
 
     pub(crate) fn stop(&self) {
         self.waker.ctl.stop.store(true, Ordering::Release);
-        self.waker.thread.unpark();
+        self.waker.ctl.unpark();
         if let Some(j) = self.join.lock().take() {
             if j.thread().id() != std::thread::current().id() {
                 let _ = j.join();

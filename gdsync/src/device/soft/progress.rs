@@ -4,9 +4,9 @@
 //! each engine's thread spins on its doorbells (the lowest latency). When the engines and
 //! the ranks' polling threads outnumber the cores, spinning engines take turns with the
 //! ranks on the scheduler and a round trip costs tens of microseconds. Then the process
-//! switches to **shared progress** (logged once at info level): a thread that rings a doorbell or finds nothing to poll
-//! runs the engines' rounds itself, as software RDMA providers progress on the caller's
-//! thread, and the engine threads nap between short looks (they still serve doorbells that
+//! switches to **shared progress** (logged once at info level): a thread that rings a
+//! doorbell or finds nothing to poll runs the engines' rounds itself, as software RDMA
+//! providers progress on the caller's thread, and the engine threads nap between short looks (they still serve doorbells that
 //! streams, kernels and other processes ring, and the timers).
 //!
 //! `GDSYNC_SOFT_PROGRESS=thread|shared|auto` chooses; `auto` (the default) shares when
@@ -197,15 +197,8 @@ impl EngineCore {
             let Some(mut e) = self.engine.try_lock() else {
                 return work;
             };
-            if self.ctl.stop.load(Ordering::Acquire) || (who == Who::Helper && e.has_gpu_regions())
-            {
-                // Copies to GPU memory bind a CUDA context: only the engine's thread runs.
-                drop(e);
-                self.ctl.wake();
+            if self.ctl.stop.load(Ordering::Acquire) {
                 return work;
-            }
-            if who == Who::Helper && !self.helped.load(Ordering::Relaxed) {
-                self.helped.store(true, Ordering::Relaxed);
             }
             // Helpers refresh the clock; the timers run when the engine thread asked for
             // them (each time it wakes), whoever holds the engine then.
@@ -214,13 +207,17 @@ impl EngineCore {
             loop {
                 let mut tick = self.timers_asked.swap(false, Ordering::AcqRel);
                 for _ in 0..1024 {
-                    // A region in GPU memory registered meanwhile: leave it to the engine's
-                    // thread (a copy would bind a CUDA context to this one).
+                    // Copies to GPU memory bind a CUDA context to the thread that makes
+                    // them: with GPU regions (checked before every round, one may have been
+                    // registered meanwhile) only the engine's own thread runs rounds.
                     if who == Who::Helper && e.has_gpu_regions() {
                         self.asked.store(true, Ordering::SeqCst);
                         drop(e);
                         self.ctl.wake();
                         return work;
+                    }
+                    if who == Who::Helper && !self.helped.load(Ordering::Relaxed) {
+                        self.helped.store(true, Ordering::Relaxed);
                     }
                     if !e.round(tick) {
                         break;
@@ -351,8 +348,8 @@ fn nap(core: &EngineCore, backoff: &mut Backoff) {
 fn shared_step(core: &EngineCore, idle_since: &mut Option<Instant>) {
     let now = Instant::now();
     core.timers_asked.store(true, Ordering::Release);
-    core.asked.store(true, Ordering::SeqCst);
-    if core.help(Who::Engine, Why::Poll) {
+    // As a doorbell: if a helper holds the engine, it runs the rounds (timers included).
+    if core.help(Who::Engine, Why::Doorbell) {
         *idle_since = Some(now);
     }
     let idle = now.duration_since(*idle_since.get_or_insert(now));
