@@ -313,12 +313,7 @@ fn rank_entry() {
         }
         "dies" if comm.rank() == 1 => std::process::exit(0), // leaves without a word
         "dies" => {
-            let mut buf = vec![0u8; 64];
-            let mr = comm.register(&mut buf).unwrap();
-            let r = comm.irecv(mr.sge(0..64), 1).unwrap();
-            let start = Instant::now();
-            let e = comm.wait(r).unwrap_err();
-            let took = start.elapsed();
+            let (e, took) = failed_receive_from(&mut comm, 1);
             assert!(
                 matches!(
                     e,
@@ -742,20 +737,24 @@ fn a_thread_rank_that_leaves_without_finalize_is_noticed_at_once() {
         drop(comm); // leaves without a word
     });
     let mut comm = Comm::new(Box::new(b0), &dev).unwrap();
-    let mut buf = vec![0u8; 64];
-    let mr = comm.register(&mut buf).unwrap();
-    let r = comm.irecv(mr.sge(0..64), 1).unwrap();
-    let start = Instant::now();
-    let e = comm.wait(r).unwrap_err();
-    let took = start.elapsed();
+    let (e, took) = failed_receive_from(&mut comm, 1);
     assert!(took < Duration::from_secs(2), "noticed after {took:?}: {e}");
     assert!(e.to_string().contains("rank 1 left"), "{e}");
     leaver.join().unwrap();
     let start = Instant::now();
     let e = comm.barrier().unwrap_err();
     assert!(e.to_string().contains("rank 1 left"), "{e}");
-    drop(mr);
     let e = comm.finalize().unwrap_err();
     assert!(start.elapsed() < Duration::from_secs(2), "{e}");
     assert!(e.to_string().contains("rank 1 left"), "{e}");
+}
+
+/// Waits for a 64-byte message from `peer` that must fail: the error and how long it took.
+fn failed_receive_from(comm: &mut Comm, peer: usize) -> (Error, Duration) {
+    let mut buf = vec![0u8; 64];
+    let mr = comm.register(&mut buf).unwrap();
+    let r = comm.irecv(mr.sge(0..64), peer).unwrap();
+    let start = Instant::now();
+    let e = comm.wait(r).unwrap_err();
+    (e, start.elapsed())
 }

@@ -5,6 +5,33 @@
 use super::*;
 use std::io::Cursor;
 
+/// A local port free now (the root binds it next).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port()
+}
+
+/// Rank `rank` of a `size`-rank job whose root listens on local `port`.
+fn job(rank: usize, size: usize, port: u16) -> JobInfo {
+    JobInfo {
+        rank,
+        size,
+        root: format!("127.0.0.1:{port}"),
+    }
+}
+
+/// A raw connection to the root on local `port`, once it listens.
+fn connect_to(port: u16) -> TcpStream {
+    loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => break s,
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
 fn framed(len: u32, body: &[u8]) -> Vec<u8> {
     let mut b = len.to_le_bytes().to_vec();
     b.extend_from_slice(body);
@@ -62,26 +89,14 @@ fn packed_exchanges_must_match_the_job() {
 /// rank that connects after them still joins, and the exchange completes.
 #[test]
 fn the_root_drops_connections_that_are_not_ranks() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
-    let info = move |rank| JobInfo {
-        rank,
-        size: 2,
-        root: format!("127.0.0.1:{port}"),
-    };
+    let port = free_port();
+    let info = move |rank| job(rank, 2, port);
     let timeout = Duration::from_secs(20);
     let root = std::thread::spawn(move || {
         let mut b = TcpBootstrap::connect(&info(0), timeout)?;
         b.all_gather(b"root")
     });
-    let connect = || loop {
-        match TcpStream::connect(("127.0.0.1", port)) {
-            Ok(s) => break s,
-            Err(_) => std::thread::sleep(Duration::from_millis(10)),
-        }
-    };
+    let connect = || connect_to(port);
     // Closes at once; then a 4 GiB hello; then a hello of the wrong length.
     drop(connect());
     connect().write_all(&u32::MAX.to_le_bytes()).unwrap();
@@ -94,15 +109,7 @@ fn the_root_drops_connections_that_are_not_ranks() {
 
 #[test]
 fn oversized_contributions_are_refused_before_sending() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
-    let info = JobInfo {
-        rank: 0,
-        size: 1,
-        root: format!("127.0.0.1:{port}"),
-    };
+    let info = job(0, 1, free_port());
     let mut b = TcpBootstrap::connect(&info, Duration::from_secs(5)).unwrap();
     let e = b.all_gather(&vec![0; MAX_RECORD + 1]).unwrap_err();
     assert!(e.to_string().contains("over the limit"), "{e}");
@@ -114,25 +121,13 @@ fn oversized_contributions_are_refused_before_sending() {
 /// queued behind it still joins.
 #[test]
 fn the_root_drops_silent_connections() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
-    let info = move |rank| JobInfo {
-        rank,
-        size: 2,
-        root: format!("127.0.0.1:{port}"),
-    };
+    let port = free_port();
+    let info = move |rank| job(rank, 2, port);
     let root = std::thread::spawn(move || {
         let mut b = TcpBootstrap::connect(&info(0), Duration::from_secs(2))?;
         b.all_gather(b"root")
     });
-    let silent = loop {
-        match TcpStream::connect(("127.0.0.1", port)) {
-            Ok(s) => break s,
-            Err(_) => std::thread::sleep(Duration::from_millis(10)),
-        }
-    };
+    let silent = connect_to(port);
     let mut rank1 = TcpBootstrap::connect(&info(1), Duration::from_secs(20)).unwrap();
     let all = rank1.all_gather(b"one").unwrap();
     assert_eq!(root.join().unwrap().unwrap(), all);

@@ -1004,13 +1004,8 @@ impl Comm {
             spins += 1;
             if spins % 4096 == 0 && self.boot.departed().contains(&peer) {
                 // What the peer sent before it left may still be on its way: a short grace.
-                let until = Instant::now() + DEPARTED_GRACE;
-                while Instant::now() < until {
-                    self.progress()?;
-                    if let Some(n) = self.finish(r)? {
-                        return Ok(n);
-                    }
-                    std::thread::yield_now();
+                if let Some(n) = self.progress_within(DEPARTED_GRACE, |c| c.finish(r))? {
+                    return Ok(n);
                 }
                 let side = self.state(r)?.side;
                 let me = self.rank;
@@ -1092,18 +1087,22 @@ impl Comm {
             .collect()
     }
 
-    /// Whether barrier round `k` reaches `epoch` within `grace` (a departed peer's last write
-    /// may still be on its way).
-    fn arrives_within(&mut self, grace: Duration, k: usize, epoch: u64) -> Result<bool> {
+    /// Makes progress until `done` gives a value or `grace` passes (a departed peer's last
+    /// messages may still be on their way).
+    fn progress_within<T>(
+        &mut self,
+        grace: Duration,
+        mut done: impl FnMut(&mut Self) -> Result<Option<T>>,
+    ) -> Result<Option<T>> {
         let until = Instant::now() + grace;
         while Instant::now() < until {
             self.progress()?;
-            if self.barrier_word(k) >= epoch {
-                return Ok(true);
+            if let Some(v) = done(self)? {
+                return Ok(Some(v));
             }
             std::thread::yield_now();
         }
-        Ok(false)
+        Ok(None)
     }
 
     fn barrier_word(&self, k: usize) -> u64 {
@@ -1128,7 +1127,11 @@ impl Comm {
                 spins += 1;
                 if spins % 256 == 0
                     && self.boot.departed().contains(&from)
-                    && !self.arrives_within(DEPARTED_GRACE, k, epoch)?
+                    && self
+                        .progress_within(DEPARTED_GRACE, |c| {
+                            Ok((c.barrier_word(k) >= epoch).then_some(()))
+                        })?
+                        .is_none()
                 {
                     return Err(Error::Unreachable(format!(
                         "barrier round {k}: rank {from} left the job (dropped its communicator) and will not arrive"
