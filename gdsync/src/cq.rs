@@ -344,7 +344,7 @@ impl Cq {
         if n == 0 {
             // Nothing yet: where soft engines progress on shared threads, this is one.
             drop(st);
-            crate::device::soft::help(crate::device::soft::Why::Poll);
+            self._dev.help_poll();
         }
         Ok(n)
     }

@@ -207,6 +207,12 @@ impl DeviceShared {
         self.engine.kick();
     }
 
+    /// An empty poll of one of this device's CQs: where engines progress on shared
+    /// threads, runs this device's engine here.
+    pub(crate) fn help_poll(&self) {
+        self.engine.help_poll();
+    }
+
     pub(crate) fn add_qp(&self, qp: &Arc<QpShared>) -> Result<()> {
         self.qps.0.write().insert(qp.qpn, Arc::downgrade(qp));
         self.engine.send(soft::Cmd::AddQp(qp.clone()))

@@ -166,8 +166,14 @@ impl EngineHandle {
     pub(crate) fn kick(&self) {
         match progress_mode() {
             ProgressMode::Thread => self.waker.wake(),
-            ProgressMode::Shared => help(Why::Doorbell),
+            ProgressMode::Shared => progress::help_engine(&self.core, Why::Doorbell),
         }
+    }
+
+    /// Where engines progress on shared threads: runs this engine's pending rounds here (an
+    /// empty poll of one of its CQs).
+    pub(crate) fn help_poll(&self) {
+        progress::help_engine(&self.core, Why::Poll);
     }
 
     /// A handle that wakes the engine, for threads that feed it packets.

@@ -5,9 +5,14 @@
 //! the ranks' polling threads outnumber the cores, spinning engines take turns with the
 //! ranks on the scheduler and a round trip costs tens of microseconds. Then the process
 //! switches to **shared progress** (logged once at info level): a thread that rings a
-//! doorbell or finds nothing to poll runs the engines' rounds itself, as software RDMA
-//! providers progress on the caller's thread, and the engine threads nap between short looks (they still serve doorbells that
-//! streams, kernels and other processes ring, and the timers).
+//! doorbell or finds nothing to poll runs the engine's rounds itself, as software RDMA
+//! providers progress on the caller's thread, and the engine threads nap between short
+//! looks (they still serve doorbells that streams, kernels and other processes ring, and
+//! the timers).
+//!
+//! A thread runs the engines of the queues it posts to and polls, not every engine: an
+//! engine's state then stays in the cache of the core that uses it, and only the link's
+//! ring crosses between ranks, as the wire between two NICs would.
 //!
 //! `GDSYNC_SOFT_PROGRESS=thread|shared|auto` chooses; `auto` (the default) shares when
 //! `cores < engines + 2` (an engine thread beside two polling ranks).
@@ -18,7 +23,7 @@ use crate::exec::Backoff;
 use parking_lot::{Mutex, RwLock};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 /// How this process's soft engines make progress.
@@ -200,9 +205,9 @@ impl EngineCore {
             if self.ctl.stop.load(Ordering::Acquire) {
                 return work;
             }
-            // Helpers refresh the clock; the timers run when the engine thread asked for
-            // them (each time it wakes), whoever holds the engine then.
-            e.touch_clock();
+            // The timers run, and the engine's coarse clock is read, when the engine thread
+            // asked for them (each time it wakes), whoever holds the engine then: a clock
+            // read per help would cost the ranks more than the rest of an idle round.
             self.asked.store(false, Ordering::SeqCst);
             loop {
                 let mut tick = self.timers_asked.swap(false, Ordering::AcqRel);
@@ -254,9 +259,10 @@ pub(crate) enum Why {
 
 /// Lends the calling thread to this process's soft engines: when they progress on shared
 /// threads ([`ProgressMode::Shared`], on machines with fewer cores than engines and polling
-/// ranks), runs their pending rounds. Posting and polling do this by themselves; a thread
-/// that waits by spinning on memory (as perftest's write latency test does) calls it in its
-/// loop. A no-op (one load) otherwise.
+/// ranks), runs the pending rounds of the engines whose queues this thread posted to or
+/// polled (of every engine, for a thread that used none yet). Posting and polling do this
+/// by themselves; a thread that waits by spinning on memory (as perftest's write latency
+/// test does) calls it in its loop. A no-op (one load) otherwise.
 #[inline]
 pub fn progress() {
     help(Why::Poll);
@@ -266,6 +272,64 @@ pub fn progress() {
 #[inline]
 pub(crate) fn help(why: Why) {
     if SHARED.load(Ordering::Relaxed) {
+        help_own_or_all(why);
+    }
+}
+
+/// Runs one engine's pending rounds on this thread, in shared mode: the engine of a queue
+/// this thread posted to or polls. The thread then prefers it in [`help`].
+#[inline]
+pub(crate) fn help_engine(core: &Arc<EngineCore>, why: Why) {
+    if SHARED.load(Ordering::Relaxed) {
+        adopt(core);
+        core.help(Who::Helper, why);
+    }
+}
+
+thread_local! {
+    /// The engines of the queues this thread posts to and polls, most recent first.
+    static OWN: RefCell<Vec<Weak<EngineCore>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// How many engines a thread remembers as its own.
+const OWN_MAX: usize = 4;
+
+/// Remembers `core` as one of this thread's engines (a comparison when it already is the
+/// most recent).
+#[inline]
+fn adopt(core: &Arc<EngineCore>) {
+    let _ = OWN.try_with(|o| {
+        let Ok(mut o) = o.try_borrow_mut() else {
+            return;
+        };
+        if o.first()
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(core)))
+        {
+            return;
+        }
+        o.retain(|w| !std::ptr::eq(w.as_ptr(), Arc::as_ptr(core)) && w.strong_count() > 0);
+        o.insert(0, Arc::downgrade(core));
+        o.truncate(OWN_MAX);
+    });
+}
+
+/// Helps this thread's engines, or every engine if it has none (alive).
+#[cold]
+fn help_own_or_all(why: Why) {
+    let helped = OWN
+        .try_with(|o| {
+            let Ok(o) = o.try_borrow() else { return true };
+            let mut any = false;
+            for w in o.iter() {
+                if let Some(c) = w.upgrade() {
+                    any = true;
+                    c.help(Who::Helper, why);
+                }
+            }
+            any
+        })
+        .unwrap_or(true);
+    if !helped {
         help_all(why);
     }
 }
@@ -348,12 +412,15 @@ fn nap(core: &EngineCore, backoff: &mut Backoff) {
 fn shared_step(core: &EngineCore, idle_since: &mut Option<Instant>) {
     let now = Instant::now();
     core.timers_asked.store(true, Ordering::Release);
+    // Ranks that drove the engine since the last look run the timers (asked above) and
+    // whatever comes next: running rounds here too would only pull the engine's state
+    // away from their cores, and work found meanwhile is theirs.
+    let driven = core.helped.swap(false, Ordering::Relaxed);
     // As a doorbell: if a helper holds the engine, it runs the rounds (timers included).
-    if core.help(Who::Engine, Why::Doorbell) {
+    if !driven && core.help(Who::Engine, Why::Doorbell) {
         *idle_since = Some(now);
     }
     let idle = now.duration_since(*idle_since.get_or_insert(now));
-    let driven = core.helped.swap(false, Ordering::Relaxed);
     let remote = !driven && core.engine.try_lock().is_some_and(|e| e.has_remote_links());
     if remote && idle < Duration::from_millis(2) {
         std::thread::yield_now();
@@ -361,7 +428,7 @@ fn shared_step(core: &EngineCore, idle_since: &mut Option<Instant>) {
     }
     core.ctl.sleeping.store(true, Ordering::SeqCst);
     // (A thread that holds the engine now is driving it: no reason to stay awake.)
-    let again = core.engine.try_lock().is_some_and(|mut e| e.last_look());
+    let again = !driven && core.engine.try_lock().is_some_and(|mut e| e.last_look());
     // (A doorbell whose thread found the engine busy during the last look is waiting.)
     if !again && !core.ctl.has_cmds.load(Ordering::Acquire) && !core.asked.load(Ordering::SeqCst) {
         let k = (idle.as_micros() / 200).min(5) as u32;
