@@ -23,7 +23,7 @@ use crate::exec::Backoff;
 use parking_lot::{Mutex, RwLock};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How this process's soft engines make progress.
@@ -81,6 +81,10 @@ pub(crate) struct EngineCore {
     timers_asked: AtomicBool,
     /// A helper ran rounds since the engine thread last looked: the ranks drive the engine.
     helped: AtomicBool,
+    /// A thread that uses the engine's queues ran it since the engine thread last looked.
+    /// Other threads leave such an engine alone; an engine nobody owns (its rank only waits
+    /// for data to land) is run by whichever threads feed it.
+    owned: AtomicBool,
 }
 
 /// Whether engines progress on shared threads now.
@@ -157,6 +161,7 @@ impl EngineCore {
             asked: AtomicBool::new(false),
             timers_asked: AtomicBool::new(false),
             helped: AtomicBool::new(false),
+            owned: AtomicBool::new(false),
         })
     }
 
@@ -186,31 +191,30 @@ impl EngineCore {
         self.engine.lock().clear();
     }
 
-    /// Runs rounds until one finds nothing to do. When another thread holds the engine,
-    /// a `Why::Doorbell` is handed to it (it runs the rounds asked for here); a `Why::Poll`
-    /// just leaves: the holder is already driving. Returns whether anything happened.
+    /// Runs rounds until one finds nothing to do (see [`take`](Self::take) for an engine
+    /// another thread holds). Returns whether anything happened.
     fn help(&self, who: Who, why: Why) -> bool {
-        if why == Why::Doorbell {
-            self.asked.store(true, Ordering::SeqCst);
-        }
-        // A poller that finds the engine busy leaves without touching the lock's line.
-        if why == Why::Poll && self.engine.is_locked() {
-            return false;
-        }
         let mut work = false;
         loop {
-            let Some(mut e) = self.engine.try_lock() else {
+            let Some(mut e) = self.take(why) else {
                 return work;
             };
             if self.ctl.stop.load(Ordering::Acquire) {
                 return work;
             }
-            // The timers run, and the engine's coarse clock is read, when the engine thread
-            // asked for them (each time it wakes), whoever holds the engine then: a clock
-            // read per help would cost the ranks more than the rest of an idle round.
-            self.asked.store(false, Ordering::SeqCst);
+            e.clock_may_be_stale();
+            // (Atomics are read before they are written: on the ranks' path an idle help
+            // costs the lock and one round, not a string of read-modify-writes.)
+            if self.asked.load(Ordering::Relaxed) {
+                self.asked.store(false, Ordering::SeqCst);
+            }
             loop {
-                let mut tick = self.timers_asked.swap(false, Ordering::AcqRel);
+                // The timers run when the engine thread asked for them (each time it
+                // wakes), whoever holds the engine then; the clock is read only for a
+                // round's first timestamp (a read per help would cost the ranks more than
+                // an idle round).
+                let mut tick = self.timers_asked.load(Ordering::Relaxed)
+                    && self.timers_asked.swap(false, Ordering::AcqRel);
                 for _ in 0..1024 {
                     // Copies to GPU memory bind a CUDA context to the thread that makes
                     // them: with GPU regions (checked before every round, one may have been
@@ -230,7 +234,8 @@ impl EngineCore {
                     work = true;
                     tick = false;
                 }
-                if !self.asked.swap(false, Ordering::SeqCst) {
+                if !(self.asked.load(Ordering::SeqCst) && self.asked.swap(false, Ordering::SeqCst))
+                {
                     break;
                 }
             }
@@ -239,6 +244,29 @@ impl EngineCore {
             if !self.asked.load(Ordering::SeqCst) {
                 return work;
             }
+        }
+    }
+
+    /// [`help`](Self::help) by a thread that uses the engine's queues: marks it owned.
+    fn help_as_owner(&self, why: Why) -> bool {
+        if !self.owned.load(Ordering::Relaxed) {
+            self.owned.store(true, Ordering::Relaxed);
+        }
+        self.help(Who::Helper, why)
+    }
+
+    /// Takes the engine if it is free. A doorbell that finds it held is handed to the
+    /// holder (`asked`), which runs the rounds before it lets go; a poll just leaves, as
+    /// the holder is already driving (and does not touch the lock's line to find out).
+    fn take(&self, why: Why) -> Option<parking_lot::MutexGuard<'_, Engine>> {
+        match why {
+            Why::Poll if self.engine.is_locked() => None,
+            Why::Poll => self.engine.try_lock(),
+            Why::Doorbell => self.engine.try_lock().or_else(|| {
+                self.asked.store(true, Ordering::SeqCst);
+                // The holder may have let go before it could see the request.
+                self.engine.try_lock()
+            }),
         }
     }
 }
@@ -282,13 +310,16 @@ pub(crate) fn help(why: Why) {
 pub(crate) fn help_engine(core: &Arc<EngineCore>, why: Why) {
     if SHARED.load(Ordering::Relaxed) {
         adopt(core);
-        core.help(Who::Helper, why);
+        core.help_as_owner(why);
+        help_unowned(why);
     }
 }
 
 thread_local! {
-    /// The engines of the queues this thread posts to and polls, most recent first.
-    static OWN: RefCell<Vec<Weak<EngineCore>>> = const { RefCell::new(Vec::new()) };
+    /// The engines of the queues this thread posts to and polls, most recent first. (Held
+    /// strongly, to spare every help two reference-count updates: a stopped engine is
+    /// dropped from the list when next seen, its core is small once its engine is cleared.)
+    static OWN: RefCell<Vec<Arc<EngineCore>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// How many engines a thread remembers as its own.
@@ -302,35 +333,61 @@ fn adopt(core: &Arc<EngineCore>) {
         let Ok(mut o) = o.try_borrow_mut() else {
             return;
         };
-        if o.first()
-            .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(core)))
-        {
+        if o.first().is_some_and(|c| Arc::ptr_eq(c, core)) {
             return;
         }
-        o.retain(|w| !std::ptr::eq(w.as_ptr(), Arc::as_ptr(core)) && w.strong_count() > 0);
-        o.insert(0, Arc::downgrade(core));
+        o.retain(|c| !Arc::ptr_eq(c, core) && !c.ctl.stop.load(Ordering::Relaxed));
+        o.insert(0, core.clone());
         o.truncate(OWN_MAX);
     });
 }
 
-/// Helps this thread's engines, or every engine if it has none (alive).
+/// Helps this thread's engines, or every engine if it has none (running).
 #[cold]
 fn help_own_or_all(why: Why) {
     let helped = OWN
         .try_with(|o| {
-            let Ok(o) = o.try_borrow() else { return true };
-            let mut any = false;
-            for w in o.iter() {
-                if let Some(c) = w.upgrade() {
-                    any = true;
-                    c.help(Who::Helper, why);
-                }
+            let Ok(mut o) = o.try_borrow_mut() else {
+                return true; // re-entered from inside a round: the outer call drives
+            };
+            if o.iter().any(|c| c.ctl.stop.load(Ordering::Relaxed)) {
+                o.retain(|c| !c.ctl.stop.load(Ordering::Relaxed));
             }
-            any
+            for c in o.iter() {
+                c.help_as_owner(why);
+            }
+            !o.is_empty()
         })
         .unwrap_or(true);
-    if !helped {
+    if helped {
+        help_unowned(why);
+    } else {
         help_all(why);
+    }
+}
+
+/// Runs the engines no thread owns at the moment: a device whose rank only waits for data
+/// to land (an RDMA write's target) is progressed by the threads that feed it.
+fn help_unowned(why: Why) {
+    let _ = MINE.try_with(|m| {
+        let Ok(mut m) = m.try_borrow_mut() else {
+            return;
+        };
+        refresh(&mut m);
+        for core in &m.1 {
+            if !core.owned.load(Ordering::Relaxed) {
+                core.help(Who::Helper, why);
+            }
+        }
+    });
+}
+
+/// This thread's copy of the engine list, refreshed when the list changed.
+fn refresh(m: &mut (u64, Vec<Arc<EngineCore>>)) {
+    let gen = GENERATION.load(Ordering::Acquire);
+    if m.0 != gen {
+        m.1 = ENGINES.read().clone();
+        m.0 = gen;
     }
 }
 
@@ -342,11 +399,7 @@ fn help_all(why: Why) {
         let Ok(mut m) = m.try_borrow_mut() else {
             return; // re-entered from inside a round: the outer call drives
         };
-        let gen = GENERATION.load(Ordering::Acquire);
-        if m.0 != gen {
-            m.1 = ENGINES.read().clone();
-            m.0 = gen;
-        }
+        refresh(&mut m);
         // Engines of this process feed each other through in-process links: pass over all
         // of them until a pass finds nothing more to do (bounded; the engine threads and
         // later calls take over from there).
@@ -416,6 +469,9 @@ fn shared_step(core: &EngineCore, idle_since: &mut Option<Instant>) {
     // whatever comes next: running rounds here too would only pull the engine's state
     // away from their cores, and work found meanwhile is theirs.
     let driven = core.helped.swap(false, Ordering::Relaxed);
+    if core.owned.load(Ordering::Relaxed) {
+        core.owned.store(false, Ordering::Relaxed);
+    }
     // As a doorbell: if a helper holds the engine, it runs the rounds (timers included).
     if !driven && core.help(Who::Engine, Why::Doorbell) {
         *idle_since = Some(now);

@@ -16,6 +16,7 @@ impl Engine {
     /// QPs.
     pub(super) fn on_response(&mut self, li: usize, h: &PktHeader, payload: &[u8]) {
         let qpn = h.dst_qpn;
+        let now = self.stamp();
         let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) else {
             return;
         };
@@ -23,11 +24,11 @@ impl Engine {
             return;
         }
         if !(h.op == resp::NAK && h.syndrome == NAK_NOT_READY) {
-            q.progress_at = self.now;
+            q.progress_at = now;
             q.not_ready = false;
         }
         match h.op {
-            resp::ACK => acknowledge(q, h.psn, self.now),
+            resp::ACK => acknowledge(q, h.psn, now),
             resp::READ | resp::ATOMIC => self.on_data(qpn, h, payload),
             resp::NAK => self.on_nak(qpn, h),
             _ => {}
@@ -37,6 +38,7 @@ impl Engine {
     /// Read data or an atomic's old value: scattered into the WQE's local segments; the
     /// WQE is done when all of it has arrived.
     fn on_data(&mut self, qpn: u32, h: &PktHeader, payload: &[u8]) {
+        let now = self.stamp();
         let q = self.qps[qpn as usize].as_mut().unwrap();
         let pd = q.hw.pd;
         let Some(o) = q.out.iter_mut().find(|o| o.psn == h.psn && !o.done) else {
@@ -59,7 +61,7 @@ impl Engine {
             o.done = true;
         }
         q.rnr_left = q.hw.cfg.rnr_retry;
-        complete_front(q, self.now);
+        complete_front(q, now);
     }
 
     /// A NAK: receiver not ready or peer not ready (rewind and retry later), or an error

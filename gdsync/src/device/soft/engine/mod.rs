@@ -139,8 +139,12 @@ pub(crate) struct Engine {
     qps: Vec<Option<EQp>>,
     active: Vec<u32>,
     links: Vec<ELink>,
-    /// Coarse clock, refreshed every few dozen polling rounds (timeouts are milliseconds).
+    /// Coarse clock for the timers, refreshed every few dozen polling rounds and on each
+    /// timer tick (timeouts are milliseconds).
     now: Instant,
+    /// Whether `now` may be older than the current round (threads that help read no clock
+    /// for idle rounds): the first timestamp of a round's work reads it again.
+    clock_stale: bool,
 }
 
 fn psn_le(a: u32, b: u32) -> bool {
@@ -157,6 +161,7 @@ impl Engine {
             active: Vec::new(),
             links: Vec::new(),
             now: Instant::now(),
+            clock_stale: false,
         }
     }
 
@@ -170,7 +175,7 @@ impl Engine {
         // Between rounds: no region from an older table copy is in use.
         self.mrc.sync(&self.mrs);
         if tick {
-            self.now = Instant::now();
+            self.touch_clock();
         }
         let mut work = false;
         for i in 0..self.active.len() {
@@ -224,6 +229,22 @@ impl Engine {
     /// Refreshes the coarse clock (after a nap).
     pub(crate) fn touch_clock(&mut self) {
         self.now = Instant::now();
+        self.clock_stale = false;
+    }
+
+    /// Marks the clock as possibly old: a thread that lends itself to the engine reads the
+    /// clock only when a round has work to stamp.
+    pub(crate) fn clock_may_be_stale(&mut self) {
+        self.clock_stale = true;
+    }
+
+    /// The time for a stamp that starts or restarts a wait (a transport timeout, an RNR
+    /// delay): never older than the work it times, so a timeout never fires early.
+    fn stamp(&mut self) -> Instant {
+        if self.clock_stale {
+            self.touch_clock();
+        }
+        self.now
     }
 
     /// Whether a link leads to another process (whose engine nobody here can drive).
@@ -276,7 +297,7 @@ impl Engine {
             out: VecDeque::new(),
             rnr_left: rnr,
             retry_at: None,
-            progress_at: self.now,
+            progress_at: self.stamp(),
             exp_psn: 0,
             rq_ci: 0,
             inmsg: None,

@@ -169,6 +169,7 @@ impl Engine {
     /// Step 5, send: the WQE becomes outstanding and its message is queued on the link (a
     /// NOP completes at once, in order).
     fn start_message(&mut self, qpn: u32, at: &At, req: Request) -> Step {
+        let now = self.stamp();
         let q = self.qps[qpn as usize].as_mut().unwrap();
         let li = q.link.unwrap();
         let Request {
@@ -197,7 +198,7 @@ impl Engine {
             body = Body::Gather(sges);
         }
         if q.out.is_empty() && !q.not_ready {
-            q.progress_at = self.now;
+            q.progress_at = now;
         }
         q.out.push_back(o);
         q.sq_ci += at.nbb as u64;
@@ -211,20 +212,21 @@ impl Engine {
                 sent: 0,
             });
         } else {
-            super::completion::complete_front(q, self.now);
+            super::completion::complete_front(q, now);
         }
         Step::Advanced
     }
 
     /// Rewinds the requester to resend from outstanding WQE `k` after `delay`.
     pub(super) fn rewind(&mut self, qpn: u32, k: usize, delay: Duration) {
+        let now = self.stamp();
         let q = self.qps[qpn as usize].as_mut().unwrap();
         let o = &q.out[k];
         let (pos, psn) = (o.sq_pos, o.psn);
         q.sq_ci = pos;
         q.next_psn = psn;
         q.out.truncate(k);
-        q.retry_at = Some(self.now + delay);
+        q.retry_at = Some(now + delay);
         q.pending = true;
         if let Some(li) = q.link {
             self.links[li].queue.retain(|j| {
