@@ -3,6 +3,7 @@
 
 mod attr;
 mod endpoint;
+pub mod mlx5;
 pub(crate) mod soft;
 
 pub use attr::{DeviceAttr, LinkLayer, PortAttr, PortState};
