@@ -1,5 +1,5 @@
 //! The mlx5 backend's control path: rdma-core (libibverbs and libmlx5) loaded at run time, in
-//! three layers as the CUDA bindings are: [`sys`] (the FFI bindgen generated from rdma-core's
+//! three layers as the CUDA bindings are: `sys` (the FFI bindgen generated from rdma-core's
 //! headers), the loaded libraries ([`Rdma`]), and safe RAII types over them — device list,
 //! [`Context`] (query device, port, GID table), [`Pd`], [`Mr`], [`Cq`] and [`Qp`] created with
 //! `mlx5dv_create_qp`, whose rings, doorbell records and BlueFlame register `mlx5dv_init_obj`
