@@ -318,8 +318,8 @@ impl Context {
             };
             match rc {
                 0 => {}
-                // An empty or unusable slot.
-                libc::ENODATA | libc::EINVAL => continue,
+                // An empty slot, or one whose network device is gone.
+                libc::ENODATA | libc::EINVAL | libc::ENODEV => continue,
                 rc => RdmaError::check("ibv_query_gid_ex", rc)?,
             }
             // SAFETY: reading the raw bytes of the GID union (every bit pattern is valid).
