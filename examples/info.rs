@@ -17,6 +17,7 @@ use common::json::{array, Object, Value};
 use common::out::outln;
 use common::ToolArgs;
 use gdasync::gdsync::cuda::{nvrtc_available, Cuda, GpuInfo};
+use gdasync::gdsync::mlx5::{self, Context, PortInfo};
 use gdasync::gdsync::probe::{rdma, Gdrcopy, RdmaStatus};
 use gdasync::gdsync::{Device, DeviceAttr, LinkLayer, NicHandler, PortAttr, PortState};
 use std::process::ExitCode;
@@ -88,6 +89,71 @@ fn link_layer(l: LinkLayer) -> &'static str {
 
 // ---------------------------------------------------------------------------- text
 
+/// `ibv_mtu` of a size in bytes, as ibv_devinfo prints it next to the size.
+fn mtu_code(bytes: u32) -> u32 {
+    bytes.checked_ilog2().map_or(0, |l| l.saturating_sub(7))
+}
+
+/// The RDMA devices rdma-core finds, printed as `ibv_devinfo` does, or why there are none.
+fn rdma_text() {
+    let list = match mlx5::devices() {
+        Ok(l) if l.is_empty() => return outln!("RDMA devices: none (rdma-core found no device)"),
+        Ok(l) => l,
+        Err(e) => return outln!("RDMA devices: none ({e})"),
+    };
+    for d in list {
+        outln!(
+            "hca_id:\t{} (rdma-core; the queues do not drive it yet: the soft device is used)",
+            d.name
+        );
+        if let Err(e) = device_text(&d.name) {
+            outln!("\t{e}");
+        }
+    }
+}
+
+fn device_text(name: &str) -> Result<(), mlx5::RdmaError> {
+    let ctx = Context::open(name)?;
+    let a = ctx.query_device()?;
+    outln!("\ttransport:\t\t\tInfiniBand (0)");
+    outln!("\tfw_ver:\t\t\t\t{}", a.fw_ver);
+    outln!("\tnode_guid:\t\t\t{}", a.node_guid);
+    outln!("\tsys_image_guid:\t\t\t{}", a.sys_image_guid);
+    outln!("\tvendor_id:\t\t\t{:#06x}", a.vendor_id);
+    outln!("\tvendor_part_id:\t\t\t{}", a.vendor_part_id);
+    outln!("\thw_ver:\t\t\t\t{:#x}", a.hw_ver);
+    outln!("\tphys_port_cnt:\t\t\t{}", a.phys_port_cnt);
+    for port in 1..=a.phys_port_cnt {
+        port_text(&ctx, &ctx.query_port(port)?);
+    }
+    Ok(())
+}
+
+fn port_text(ctx: &Context, p: &PortInfo) {
+    outln!("\t\tport:\t{}", p.port);
+    outln!("\t\t\tstate:\t\t\t{}", p.state);
+    outln!("\t\t\tmax_mtu:\t\t{} ({})", p.max_mtu, mtu_code(p.max_mtu));
+    outln!(
+        "\t\t\tactive_mtu:\t\t{} ({})",
+        p.active_mtu,
+        mtu_code(p.active_mtu)
+    );
+    outln!("\t\t\tsm_lid:\t\t\t{}", p.sm_lid);
+    outln!("\t\t\tport_lid:\t\t{}", p.lid);
+    outln!("\t\t\tport_lmc:\t\t{:#04x}", p.lmc);
+    outln!("\t\t\tlink_layer:\t\t{}", p.link_layer);
+    match ctx.choose_gid(p.port, None) {
+        Ok(g) => outln!(
+            "\t\t\tGID[{:>3}]:\t\t{}, {} (used for connections: {})",
+            g.entry.index,
+            g.entry.gid,
+            g.entry.kind,
+            g.why
+        ),
+        Err(e) => outln!("\t\t\tGID:\t\t\t{e}"),
+    }
+}
+
 fn text(m: &Machine) {
     outln!("gdasync {}", env!("CARGO_PKG_VERSION"));
     let (d, p) = (&m.dev, &m.port);
@@ -109,25 +175,7 @@ fn text(m: &Machine) {
         link_layer(p.link_layer),
         m.link_policy
     );
-    match &m.rdma {
-        RdmaStatus::LibraryMissing(e) => outln!("RDMA devices: rdma-core not installed ({e})"),
-        RdmaStatus::NoDevice => {
-            outln!("RDMA devices: none (rdma-core installed, /sys/class/infiniband is empty)")
-        }
-        RdmaStatus::Devices(list) => {
-            for x in list {
-                outln!(
-                    "hca_id: {} (found; this build has no hardware path yet: the soft device is used)",
-                    x.name
-                );
-                outln!("\tfw_ver:\t\t\t{}", x.fw_ver.as_deref().unwrap_or("?"));
-                for (k, port) in x.ports.iter().enumerate() {
-                    outln!("\t\tport:\t{}", k + 1);
-                    outln!("\t\t\tstate:\t\t{port}");
-                }
-            }
-        }
-    }
+    rdma_text();
     match &m.cuda {
         Ok(c) => {
             outln!(

@@ -103,6 +103,21 @@ fn mlx5_control_path_on_a_roce_port() {
         "remote write without local write is refused: {bad:?}"
     );
 
+    // ibv_reg_dmabuf_mr is ioctl-only: the driver's one ioctl method. Any descriptor stands
+    // in for the dma-buf a GPU export would give.
+    let dmabuf = std::fs::File::open("/dev/null").unwrap();
+    let dm = pd
+        .reg_dmabuf_mr(
+            std::os::fd::AsFd::as_fd(&dmabuf),
+            0,
+            4096,
+            0,
+            Access::LOCAL_WRITE,
+        )
+        .unwrap();
+    assert_ne!(dm.lkey(), mr.lkey());
+    assert_eq!(dm.len(), 4096);
+
     let cq = ctx.create_cq(100).unwrap();
     let ring = cq.ring();
     assert_eq!((ring.cqe_cnt, ring.cqe_size), (128, 64));
@@ -123,7 +138,7 @@ fn mlx5_control_path_on_a_roce_port() {
         "RQ first, SQ after"
     );
     assert_eq!(
-        r.bf_reg % 4096 & !0x3ff,
+        (r.bf_reg % 4096) & !0x3ff,
         0x800,
         "BlueFlame registers are at +0x800 of a UAR page"
     );
@@ -178,7 +193,7 @@ fn mlx5_control_path_on_a_roce_port() {
 
     // Destroyed in verbs order by ownership: the QP, then the CQ, the MR, the PD, the context.
     drop(qp);
-    drop((cq, mr));
+    drop((cq, mr, dm));
     assert_eq!(Arc::strong_count(&pd), 1);
 }
 
