@@ -10,41 +10,10 @@ use gdsync::mlx5::{
 };
 use gdsync::Access;
 use std::sync::Arc;
-use uverbs_emu::{parse_devices, Emulator};
 
-/// Set in the child that runs a test's body under the emulator.
-const CHILD: &str = "GDASYNC_MLX5_TEST_CHILD";
-
-/// In the parent: runs test `name` again in a child under the emulator serving `spec`, checks
-/// it ran and passed, and returns true. In that child: returns false (run the body).
-fn in_child_under_emulator(name: &str, spec: &str) -> bool {
-    if std::env::var_os(CHILD).is_some() {
-        return false;
-    }
-    let emu = Emulator::new(&parse_devices(spec).unwrap()).unwrap_or_else(|e| {
-        panic!("rdma-core is installed but the emulated driver is not usable: {e}")
-    });
-    let out = emu
-        .command(std::env::current_exe().unwrap())
-        .args([name, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD, "1")
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "{name} under the emulator failed:\n{text}"
-    );
-    assert!(
-        text.contains("1 passed"),
-        "{name} did not run in the child:\n{text}"
-    );
-    true
-}
+#[path = "common/emulated.rs"]
+mod emulated;
+use emulated::in_child_under_emulator;
 
 #[test]
 #[cfg_attr(

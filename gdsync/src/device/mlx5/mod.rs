@@ -17,6 +17,7 @@ mod gid;
 mod loader;
 mod pd;
 mod port;
+mod post;
 mod qp;
 #[allow(
     non_camel_case_types,

@@ -151,7 +151,7 @@ pub struct Qp {
     // Held so that the CQs outlive the QP (verbs destroys a QP before its CQs).
     _send_cq: Arc<Cq>,
     _recv_cq: Arc<Cq>,
-    raw: NonNull<sys::ibv_qp>,
+    pub(super) raw: NonNull<sys::ibv_qp>,
     rings: QpRings,
 }
 

@@ -1099,6 +1099,14 @@ pub const IBV_WC_DRIVER1: ibv_wc_opcode = 135;
 pub const IBV_WC_DRIVER2: ibv_wc_opcode = 136;
 pub const IBV_WC_DRIVER3: ibv_wc_opcode = 137;
 pub type ibv_wc_opcode = ::std::os::raw::c_uint;
+pub const IBV_WC_GRH: ibv_wc_flags = 1;
+pub const IBV_WC_WITH_IMM: ibv_wc_flags = 2;
+pub const IBV_WC_IP_CSUM_OK: ibv_wc_flags = 4;
+pub const IBV_WC_WITH_INV: ibv_wc_flags = 8;
+pub const IBV_WC_TM_SYNC_REQ: ibv_wc_flags = 16;
+pub const IBV_WC_TM_MATCH: ibv_wc_flags = 32;
+pub const IBV_WC_TM_DATA_VALID: ibv_wc_flags = 64;
+pub type ibv_wc_flags = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub struct ibv_wc {
@@ -2021,6 +2029,12 @@ pub const IBV_WR_TSO: ibv_wr_opcode = 10;
 pub const IBV_WR_DRIVER1: ibv_wr_opcode = 11;
 pub const IBV_WR_ATOMIC_WRITE: ibv_wr_opcode = 15;
 pub type ibv_wr_opcode = ::std::os::raw::c_uint;
+pub const IBV_SEND_FENCE: ibv_send_flags = 1;
+pub const IBV_SEND_SIGNALED: ibv_send_flags = 2;
+pub const IBV_SEND_SOLICITED: ibv_send_flags = 4;
+pub const IBV_SEND_INLINE: ibv_send_flags = 8;
+pub const IBV_SEND_IP_CSUM: ibv_send_flags = 16;
+pub type ibv_send_flags = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct ibv_sge {
