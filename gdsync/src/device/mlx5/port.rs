@@ -77,18 +77,25 @@ impl PortState {
     }
 }
 
-impl std::fmt::Display for PortState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // As ibv_devinfo prints it: "PORT_ACTIVE (4)".
-        let (name, v) = match self {
+impl PortState {
+    /// The name `ibv_devinfo` prints (`PORT_ACTIVE`), and the `ibv_port_state` value.
+    pub fn name_and_value(&self) -> (&'static str, u32) {
+        match *self {
             PortState::Nop => ("PORT_NOP", 0),
             PortState::Down => ("PORT_DOWN", 1),
             PortState::Init => ("PORT_INIT", 2),
             PortState::Armed => ("PORT_ARMED", 3),
             PortState::Active => ("PORT_ACTIVE", 4),
             PortState::ActiveDefer => ("PORT_ACTIVE_DEFER", 5),
-            PortState::Other(v) => return write!(f, "unknown ({v})"),
-        };
+            PortState::Other(v) => ("unknown", v),
+        }
+    }
+}
+
+impl std::fmt::Display for PortState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // As ibv_devinfo prints it: "PORT_ACTIVE (4)".
+        let (name, v) = self.name_and_value();
         write!(f, "{name} ({v})")
     }
 }
