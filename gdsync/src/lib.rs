@@ -57,6 +57,7 @@ mod signal;
 mod wr;
 
 pub use cq::{Completion, CompletionOp, Cq, CqError, WcStatus, MAX_KEPT_ERRORS};
+pub use device::mlx5;
 pub use device::{
     progress, progress_mode, progress_mode_for, Device, DeviceAttr, DeviceInfo, Endpoint, LinkKind,
     LinkLayer, LinkPolicy, PortAttr, PortState, ProgressMode,

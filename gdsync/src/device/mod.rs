@@ -3,6 +3,7 @@
 
 mod attr;
 mod endpoint;
+pub mod mlx5;
 pub(crate) mod soft;
 
 pub use attr::{DeviceAttr, LinkLayer, PortAttr, PortState};
@@ -555,7 +556,7 @@ fn log_soft_device(name: &str) {
             "{name}: soft device (a software NIC) created: rdma-core is not installed ({e})"
         ),
         crate::probe::RdmaStatus::NoDevice => tracing::info!(
-            "{name}: soft device (a software NIC) created: no RDMA device in /sys/class/infiniband"
+            "{name}: soft device (a software NIC) created: rdma-core found no RDMA device"
         ),
         crate::probe::RdmaStatus::Devices(d) => {
             let names: Vec<&str> = d.iter().map(|d| d.name.as_str()).collect();
