@@ -71,10 +71,22 @@ fn decide(live: usize) -> bool {
     }
 }
 
+/// A value on cache lines of its own: threads that only read it (other ranks looking for
+/// engines nobody owns) then never pull the lines the owner writes.
+#[repr(align(128))]
+struct Lines<T>(T);
+
+impl<T> std::ops::Deref for Lines<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// An engine and what its thread and its helpers share.
 pub(crate) struct EngineCore {
     pub(super) ctl: Arc<EngineCtl>,
-    engine: Mutex<Engine>,
+    engine: Lines<Mutex<Engine>>,
     /// A round was asked for while another thread held the engine; the holder runs it.
     asked: AtomicBool,
     /// The engine thread asks for the timers to run (they then run in the next round).
@@ -83,8 +95,9 @@ pub(crate) struct EngineCore {
     helped: AtomicBool,
     /// A thread that uses the engine's queues ran it since the engine thread last looked.
     /// Other threads leave such an engine alone; an engine nobody owns (its rank only waits
-    /// for data to land) is run by whichever threads feed it.
-    owned: AtomicBool,
+    /// for data to land) is run by whichever threads feed it. (Read by every helper, written
+    /// about once a millisecond.)
+    owned: Lines<AtomicBool>,
 }
 
 /// Whether engines progress on shared threads now.
@@ -157,11 +170,11 @@ impl EngineCore {
     pub(super) fn new(ctl: Arc<EngineCtl>, engine: Engine) -> Arc<Self> {
         Arc::new(Self {
             ctl,
-            engine: Mutex::new(engine),
+            engine: Lines(Mutex::new(engine)),
             asked: AtomicBool::new(false),
             timers_asked: AtomicBool::new(false),
             helped: AtomicBool::new(false),
-            owned: AtomicBool::new(false),
+            owned: Lines(AtomicBool::new(false)),
         })
     }
 
@@ -191,8 +204,9 @@ impl EngineCore {
         self.engine.lock().clear();
     }
 
-    /// Runs rounds until one finds nothing to do (see [`take`](Self::take) for an engine
-    /// another thread holds). Returns whether anything happened.
+    /// Runs rounds until one finds nothing to do, or, for a helper, until one did something
+    /// (see [`take`](Self::take) for an engine another thread holds). Returns whether
+    /// anything happened.
     fn help(&self, who: Who, why: Why) -> bool {
         let mut work = false;
         loop {
@@ -233,6 +247,12 @@ impl EngineCore {
                     }
                     work = true;
                     tick = false;
+                    // A helper leaves after a round that did something: the data it
+                    // delivered is what its caller polls for, and the caller comes back
+                    // (another round here would only delay the caller's next look).
+                    if who == Who::Helper {
+                        break;
+                    }
                 }
                 if !(self.asked.load(Ordering::SeqCst) && self.asked.swap(false, Ordering::SeqCst))
                 {
