@@ -592,6 +592,21 @@ fn stat_says_exiting(stat: &str) -> bool {
     matches!(state, "Z" | "X" | "x") || flags & PF_EXITING != 0
 }
 
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.map
+            .u32(OFF_CLOSED + 4 * self.side)
+            .store(1, Ordering::Release);
+        if let Liveness::Bridged(s) = &self.live {
+            // The device is gone: close the connection (the peer sees the link die) and let
+            // the threads go.
+            s.engine_gone.store(true, Ordering::Release);
+            s.close_transport();
+            s.unpark_outbound();
+        }
+    }
+}
+
 #[cfg(test)]
 mod liveness_tests {
     use super::stat_says_exiting;
@@ -606,20 +621,5 @@ mod liveness_tests {
         assert!(!stat_says_exiting("garbage"));
         let me = std::fs::read_to_string("/proc/self/stat").unwrap();
         assert!(!stat_says_exiting(&me), "{me}");
-    }
-}
-
-impl Drop for Link {
-    fn drop(&mut self) {
-        self.map
-            .u32(OFF_CLOSED + 4 * self.side)
-            .store(1, Ordering::Release);
-        if let Liveness::Bridged(s) = &self.live {
-            // The device is gone: close the connection (the peer sees the link die) and let
-            // the threads go.
-            s.engine_gone.store(true, Ordering::Release);
-            s.close_transport();
-            s.unpark_outbound();
-        }
     }
 }

@@ -4,8 +4,9 @@
 
 use super::super::link::PktHeader;
 use super::memory::scatter;
+use super::CqHw;
 use super::{psn_le, resp, EQp, Engine, NAK_NOT_READY, NAK_RNR, NOT_READY_DELAY};
-use crate::cq::CqShared;
+use crate::device::provider::AsyncEvent;
 use crate::format::*;
 use crate::mem::slot_off;
 use std::sync::atomic::Ordering;
@@ -58,7 +59,7 @@ impl Engine {
         if h.op == resp::ATOMIC || o.got >= o.len {
             o.done = true;
         }
-        q.rnr_left = q.hw.cfg.rnr_retry;
+        q.rnr_left = q.hw.timers.rnr_retry;
         complete_front(q, self.now);
     }
 
@@ -74,7 +75,7 @@ impl Engine {
                 if q.rnr_left != u8::MAX {
                     q.rnr_left -= 1;
                 }
-                let t = q.hw.cfg.rnr_timer;
+                let t = q.hw.timers.min_rnr_timer;
                 self.rewind(qpn, k, t);
             }
             NAK_RNR => self.enter_error(qpn, Some((h.psn, Syndrome::RnrRetryExc))),
@@ -102,7 +103,7 @@ fn acknowledge(q: &mut EQp, psn: u32, now: Instant) {
             o.done = true;
         }
     }
-    q.rnr_left = q.hw.cfg.rnr_retry;
+    q.rnr_left = q.hw.timers.rnr_retry;
     complete_front(q, now);
 }
 
@@ -136,28 +137,20 @@ pub(super) fn err_cqe(op: CqeOpcode, s: Syndrome, wqe_opcode: u8, qpn: u32, coun
 
 /// Writes a CQE at the CQ's producer index: bytes 0..63 first, then `op_own` with the
 /// owner bit of this pass, with release order. Refuses (and flags the CQ) on overrun.
-pub(super) fn push_cqe(cq: &CqShared, cqe: &mut Cqe64) {
-    let pi = cq.hw_pi.load(Ordering::Relaxed);
-    let ci = crate::mem::load_be32(&cq.ctrl, crate::cq::CQ_DBREC) & 0xFF_FFFF;
+pub(super) fn push_cqe(cq: &CqHw, cqe: &mut Cqe64) {
+    let pi = cq.pi.load(Ordering::Relaxed);
+    let ci = crate::mem::load_be32(&cq.dbrec, cq.dbrec_off) & 0xFF_FFFF;
     if ((pi as u32).wrapping_sub(ci) & 0xFF_FFFF) >= cq.cnt {
         if !cq.overrun.swap(true, Ordering::AcqRel) {
             tracing::error!(cqn = cq.cqn, "CQ overrun: completion dropped");
+            cq.ctl.event(AsyncEvent::CqError { cqn: cq.cqn });
         }
         return;
-    }
-    if cqe.is_error() {
-        cq.errors.lock().push(crate::cq::CqError {
-            qpn: cqe.qpn(),
-            wqe_counter: cqe.wqe_counter(),
-            syndrome: cqe.syndrome().unwrap_or(Syndrome::LocalQpOp),
-            responder: cqe.opcode() == Some(CqeOpcode::RespErr),
-        });
-        cq.has_errors.store(true, Ordering::Release);
     }
     let owner = CqeOwner::expected(pi, cq.cnt);
     let op_own = (cqe.op_own() & !1) | owner;
     let off = slot_off(0, pi, cq.cnt, CQE_SIZE);
     cq.ring.write(off, &cqe.0[..63]);
     cq.ring.u8(off + 63).store(op_own, Ordering::Release);
-    cq.hw_pi.store(pi + 1, Ordering::Relaxed);
+    cq.pi.store(pi + 1, Ordering::Relaxed);
 }

@@ -4,10 +4,9 @@
 
 use super::super::link::kind;
 use super::completion::{complete_front, err_cqe, push_cqe};
-use super::{rq_producer, EQp, Engine, Step};
+use super::{EQp, Engine, Step};
+use crate::device::provider::{AsyncEvent, HwQpState};
 use crate::format::*;
-use crate::qp::QpState;
-use std::sync::atomic::Ordering;
 
 impl Engine {
     /// A WQE the device cannot parse (or a doorbell record past the ring): error CQE with
@@ -15,10 +14,9 @@ impl Engine {
     /// record is dropped (its WQEs cannot be trusted); after a bad doorbell record (`ctrl` is
     /// `None`) the consumer index stays, and later doorbells flush what follows it.
     pub(super) fn malformed(&mut self, qpn: u32, ctrl: Option<&CtrlSeg>, sq_ci: u64, pi: u16) {
-        let q = self.qps[qpn as usize].as_mut().unwrap();
-        let hw = q.hw.clone();
         self.enter_error(qpn, None);
         let q = self.qps[qpn as usize].as_mut().unwrap();
+        let hw = &q.hw;
         let opcode = ctrl.map_or(0, |c| c.opcode_byte());
         let mut cqe = err_cqe(
             CqeOpcode::ReqErr,
@@ -82,7 +80,8 @@ impl Engine {
         }
         complete_front(q, self.now);
         q.err = true;
-        q.hw.state.store(QpState::Error as u8, Ordering::Release);
+        self.ctl.set_state(qpn, HwQpState::Error);
+        self.ctl.event(AsyncEvent::QpFatal { qpn });
         q.inmsg = None;
         q.retry_at = None;
         q.pending = true;
@@ -107,8 +106,8 @@ impl Engine {
 /// Flushes the receive ring of a QP in error: every posted receive completes with WR_FLUSH.
 /// Returns whether there was any.
 pub(super) fn flush_recv_ring(q: &mut EQp) -> bool {
-    let hw = &*q.hw;
-    let rq_pi = rq_producer(hw);
+    let hw = &q.hw;
+    let rq_pi = hw.rq_producer();
     let mut work = false;
     while rq_pi.wrapping_sub(q.rq_ci as u16) != 0 {
         let mut cqe = err_cqe(

@@ -22,16 +22,66 @@ mod responder;
 mod timers;
 
 use super::link::{Link, PktHeader};
+use super::mr_table::{MrCache, MrTable};
 use super::{Cmd, EngineCtl};
+use crate::device::provider::{AsyncEvent, HwQpState, QpTimers};
 use crate::format::*;
-use crate::mr::{MrCache, MrTable};
-use crate::qp::QpShared;
-use crate::wr::Sge;
+use crate::mem::RingMem;
+use memory::Seg;
 use smallvec::SmallVec;
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// A CQ as the device knows it (its CQ context): the ring and doorbell record the host
+/// placed, and the producer index and overrun flag, which are the device's own.
+pub(crate) struct CqHw {
+    pub cqn: u32,
+    pub cnt: u32,
+    pub ring: Arc<RingMem>,
+    pub dbrec: Arc<RingMem>,
+    pub dbrec_off: usize,
+    /// Producer index (free-running): the device's own counter.
+    pub pi: crate::mem::Padded<AtomicU64>,
+    pub overrun: AtomicBool,
+    /// Where the device reports an overrun.
+    pub ctl: Arc<EngineCtl>,
+}
+
+/// A QP as the device knows it (its QP context): ring addresses and sizes, the doorbell
+/// record the host placed, the doorbell register page the device handed out, its CQs and
+/// the transport settings of its last modify.
+pub(crate) struct QpHw {
+    pub qpn: u32,
+    pub pd: u32,
+    /// RQ at offset 0, SQ at `sq_off` (the mlx5 layout).
+    pub buf: Arc<RingMem>,
+    pub sq_off: usize,
+    pub sq_cnt: u32,
+    pub rq_cnt: u32,
+    pub rq_stride: u32,
+    /// The doorbell record (`[RQ][SQ]`, BE32) at `dbrec_off`.
+    pub dbrec: Arc<RingMem>,
+    pub dbrec_off: usize,
+    /// The UAR page: the doorbell register at `doorbell_off`.
+    pub uar: Arc<RingMem>,
+    pub doorbell_off: usize,
+    pub send_cq: Arc<CqHw>,
+    pub recv_cq: Arc<CqHw>,
+    pub timers: QpTimers,
+}
+
+impl QpHw {
+    /// The receive doorbell record's producer index.
+    fn rq_producer(&self) -> u16 {
+        (crate::mem::load_be32(&self.dbrec, self.dbrec_off + 4 * DBREC_RQ) & 0xFFFF) as u16
+    }
+    /// The send doorbell record's producer index.
+    fn sq_producer(&self) -> u16 {
+        (crate::mem::load_be32(&self.dbrec, self.dbrec_off + 4 * DBREC_SQ) & 0xFFFF) as u16
+    }
+}
 
 /// Response codes (the `op` of a response packet).
 pub(crate) mod resp {
@@ -63,7 +113,7 @@ struct OutWqe {
     /// Read or atomic: total length and where results land.
     len: u32,
     got: u32,
-    scatter: SmallVec<[Sge; 2]>,
+    scatter: SmallVec<[Seg; 2]>,
 }
 
 /// A message being received (after its first packet was accepted).
@@ -78,7 +128,7 @@ struct InMsg {
 
 enum Dest {
     Memory { rkey: u32, addr: u64 },
-    Recv { sges: SmallVec<[Sge; 4]> },
+    Recv { sges: SmallVec<[Seg; 4]> },
 }
 
 /// What a queued message sends as payload.
@@ -86,7 +136,7 @@ enum Body {
     Empty,
     Inline(SmallVec<[u8; 64]>),
     /// From local memory through the requester's lkeys.
-    Gather(SmallVec<[Sge; 2]>),
+    Gather(SmallVec<[Seg; 2]>),
     /// From local memory through an rkey (read responses).
     Memory {
         rkey: u32,
@@ -102,7 +152,7 @@ struct TxJob {
 }
 
 struct EQp {
-    hw: Arc<QpShared>,
+    hw: QpHw,
     link: Option<usize>,
     rqpn: u32,
     err: bool,
@@ -238,9 +288,21 @@ impl Engine {
         self.ctl.has_cmds.store(false, Ordering::Release);
         for c in cmds {
             match c {
-                Cmd::AddQp(hw) => self.add_qp(hw),
+                Cmd::AddQp(hw) => self.add_qp(*hw),
                 Cmd::RemoveQp(qpn) => self.remove_qp(qpn),
-                Cmd::Connect { qpn, peer, rqpn } => self.connect(qpn, peer, rqpn),
+                Cmd::Connect {
+                    qpn,
+                    peer,
+                    rqpn,
+                    rq_psn,
+                } => self.connect(qpn, peer, rqpn, rq_psn),
+                Cmd::Timers { qpn, timers } => {
+                    if let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) {
+                        q.hw.timers = timers;
+                        q.rnr_left = timers.rnr_retry;
+                        q.next_psn = timers.sq_psn;
+                    }
+                }
                 Cmd::AddLink(l) => self.links.push(ELink {
                     link: *l,
                     queue: VecDeque::new(),
@@ -250,12 +312,12 @@ impl Engine {
     }
 
     /// A new QP, in the QP table and polled from now on.
-    fn add_qp(&mut self, hw: Arc<QpShared>) {
+    fn add_qp(&mut self, hw: QpHw) {
         let n = hw.qpn as usize;
         if self.qps.len() <= n {
             self.qps.resize_with(n + 1, || None);
         }
-        let rnr = hw.cfg.rnr_retry;
+        let rnr = hw.timers.rnr_retry;
         self.qps[n] = Some(EQp {
             hw,
             link: None,
@@ -289,11 +351,12 @@ impl Engine {
     }
 
     /// A QP connected to peer QP `rqpn` of the device at the other end of the link to `peer`.
-    fn connect(&mut self, qpn: u32, peer: u64, rqpn: u32) {
+    fn connect(&mut self, qpn: u32, peer: u64, rqpn: u32, rq_psn: u32) {
         let li = self.links.iter().position(|l| l.link.peer == peer);
         if let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) {
             q.link = li;
             q.rqpn = rqpn;
+            q.exp_psn = rq_psn;
             q.pending = true;
             if li.is_none() {
                 tracing::error!(
@@ -318,10 +381,17 @@ fn q_sq_ci(qps: &[Option<EQp>], qpn: u32) -> u64 {
     qps[qpn as usize].as_ref().unwrap().sq_ci
 }
 
-fn load_be32(hw: &QpShared, off: usize) -> u32 {
-    crate::mem::load_be32(&hw.ctrl, off)
-}
+impl EngineCtl {
+    /// The QP's state in the device's QP table (the engine moves QPs to error).
+    pub(crate) fn set_state(&self, qpn: u32, st: HwQpState) {
+        if let Some(s) = self.states.get(qpn as usize) {
+            s.store(st as u8, Ordering::Release);
+        }
+    }
 
-fn rq_producer(hw: &QpShared) -> u16 {
-    (load_be32(hw, crate::qp::QP_DBREC + 4 * DBREC_RQ) & 0xFFFF) as u16
+    /// Queues an asynchronous event for the host.
+    pub(crate) fn event(&self, e: AsyncEvent) {
+        self.events.lock().push_back(e);
+        self.has_events.store(true, Ordering::Release);
+    }
 }
