@@ -4,7 +4,7 @@
 # --trigger stream|kernel) are skipped where nvidia-smi finds none. Each run has a time limit.
 # Usage, from the repository root:
 #   scripts/bench-bandwidth.sh [BIN_DIR] [OUT]
-#     BIN_DIR: target/release/examples here, .device/bin on the GPU machine after device-pack
+#     BIN_DIR: target/release/examples, or the directory of binaries built elsewhere
 #     OUT: default bandwidth.jsonl
 # Plot: python3 scripts/plot.py bandwidth OUT -o bandwidth.png --machine "..."
 set -euo pipefail

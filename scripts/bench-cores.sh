@@ -4,7 +4,7 @@
 # process pinned to CORES (taskset), REPS times. Prints JSON lines, then medians and ratios.
 # Usage: scripts/bench-cores.sh CORES [REPS] [BIN_DIR]
 #   scripts/bench-cores.sh 0,1          # two cores
-#   scripts/bench-cores.sh 0-15 3 .device/bin
+#   scripts/bench-cores.sh 0-15 3 path/to/examples   # sixteen, binaries built elsewhere
 set -euo pipefail
 cores=${1:?usage: scripts/bench-cores.sh CORES [REPS] [BIN_DIR]}
 reps=${2:-3}

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The CPU-triggered latency and bandwidth runs reported in docs/benchmarks.md.
-# Usage: scripts/bench-cpu.sh [BIN_DIR]   (default target/release/examples; on the GPU
-# machine: .device/bin after ../shared/tools/device-pack). Prints JSON lines, then a table.
+# Usage: scripts/bench-cpu.sh [BIN_DIR]   (default target/release/examples; for
+# binaries built elsewhere: their directory). Prints JSON lines, then a table.
 set -euo pipefail
 bin=${1:-target/release/examples}
 out=$(mktemp)

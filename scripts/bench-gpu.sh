@@ -1,6 +1,6 @@
 #!/bin/bash
 # The GPU-trigger latency runs reported in docs/benchmarks.md (needs a CUDA GPU and NVRTC).
-# Usage: scripts/bench-gpu.sh [BIN_DIR]  (on the GPU machine: .device/bin after device-pack)
+# Usage: scripts/bench-gpu.sh [BIN_DIR]  (the directory of the built examples)
 set -euo pipefail
 bin=${1:-target/release/examples}
 out=$(mktemp)

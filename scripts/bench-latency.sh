@@ -7,12 +7,11 @@ set -euo pipefail
 bin=${1:-target/release/examples}
 out=${2:-latency.jsonl}
 : > "$out"
-sizes=8,64,512,4096,32768,262144
+sizes=8,64,512,4096,32768,262144,1048576
 triggers=cpu
 nvidia-smi -L >/dev/null 2>&1 && triggers="cpu host stream kernel"
 for trig in $triggers; do
   for raw in "" "--raw"; do
-    [ "$trig" = cpu ] && [ -n "$raw" ] && continue
     timeout "${RUN_TIMEOUT:-120}" "$bin/pingpong" --trigger $trig $raw --sizes $sizes \
       --iters "${ITERS:-3000}" --warmup 200 --json | tee -a "$out" \
       || echo "# FAILED: --trigger $trig $raw" | tee -a "$out"

@@ -4,7 +4,7 @@
 # subdomains of 64² … 4096² per rank and 2 and 4 ranks (threads of one process, one GPU, soft
 # device). Writes one JSON line per run to OUT and prints a summary.
 # Usage: scripts/bench-stencil.sh [BIN_DIR] [OUT]   (SUBS="64 256" to pick sizes)
-#   on the GPU machine, after device-pack: bash scripts/bench-stencil.sh .device/bin
+#   with binaries built elsewhere: bash scripts/bench-stencil.sh path/to/examples
 # Takes about 5 minutes (each run compiles its kernels with NVRTC first).
 set -euo pipefail
 bin=${1:-target/release/examples}

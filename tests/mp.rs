@@ -313,12 +313,7 @@ fn rank_entry() {
         }
         "dies" if comm.rank() == 1 => std::process::exit(0), // leaves without a word
         "dies" => {
-            let mut buf = vec![0u8; 64];
-            let mr = comm.register(&mut buf).unwrap();
-            let r = comm.irecv(mr.sge(0..64), 1).unwrap();
-            let start = Instant::now();
-            let e = comm.wait(r).unwrap_err();
-            let took = start.elapsed();
+            let (e, took) = failed_receive_from(&mut comm, 1);
             assert!(
                 matches!(
                     e,
@@ -725,4 +720,41 @@ fn unmatched_waits_time_out_once_with_the_connections_state() {
             assert!(what.contains(part), "{part:?} missing from: {what}");
         }
     });
+}
+
+/// A thread rank that drops its communicator without `finalize`: the peer waiting for it
+/// learns so at once (not at the 60 s timeout), and the peer's own `finalize` and barriers
+/// end with an error naming the rank instead of blocking.
+#[test]
+fn a_thread_rank_that_leaves_without_finalize_is_noticed_at_once() {
+    let dev = Device::soft().unwrap();
+    let mut boots = ThreadBootstrap::group(2).into_iter();
+    let (b0, b1) = (boots.next().unwrap(), boots.next().unwrap());
+    let d1 = dev.clone();
+    let leaver = std::thread::spawn(move || {
+        let comm = Comm::new(Box::new(b1), &d1).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        drop(comm); // leaves without a word
+    });
+    let mut comm = Comm::new(Box::new(b0), &dev).unwrap();
+    let (e, took) = failed_receive_from(&mut comm, 1);
+    assert!(took < Duration::from_secs(2), "noticed after {took:?}: {e}");
+    assert!(e.to_string().contains("rank 1 left"), "{e}");
+    leaver.join().unwrap();
+    let start = Instant::now();
+    let e = comm.barrier().unwrap_err();
+    assert!(e.to_string().contains("rank 1 left"), "{e}");
+    let e = comm.finalize().unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(2), "{e}");
+    assert!(e.to_string().contains("rank 1 left"), "{e}");
+}
+
+/// Waits for a 64-byte message from `peer` that must fail: the error and how long it took.
+fn failed_receive_from(comm: &mut Comm, peer: usize) -> (Error, Duration) {
+    let mut buf = vec![0u8; 64];
+    let mr = comm.register(&mut buf).unwrap();
+    let r = comm.irecv(mr.sge(0..64), peer).unwrap();
+    let start = Instant::now();
+    let e = comm.wait(r).unwrap_err();
+    (e, start.elapsed())
 }

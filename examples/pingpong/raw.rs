@@ -29,7 +29,7 @@ pub(crate) struct SharedBuf {
     pub(crate) len: usize,
     pub(crate) _keep: Arc<dyn Send + Sync>,
 }
-// SAFETY: the pointer refers to memory kept alive by `_keep`; accesses are byte-wise volatile
+// SAFETY: the pointer refers to memory kept alive by `_keep`; accesses are byte-wise atomics
 // or bulk copies ordered by fences, as a NIC's DMA would be.
 unsafe impl Send for SharedBuf {}
 
@@ -48,8 +48,11 @@ impl SharedBuf {
 
 impl Wire for Raw {
     fn send(&mut self, i: u64, size: usize) -> Result<()> {
-        if size == 0 {
-            bail!("--raw needs a size of at least 1 byte");
+        if size == 0 || size > self.src.len().min(self.peer.len) {
+            bail!(
+                "--raw sends 1 to {} bytes, not {size}",
+                self.src.len().min(self.peer.len)
+            );
         }
         self.src[size - 1] = marker(i);
         self.peer.copy_in(&self.src[..size - 1]);
@@ -58,6 +61,9 @@ impl Wire for Raw {
         Ok(())
     }
     fn wait(&mut self, i: u64, size: usize) -> Result<()> {
+        if size == 0 || size > self.local.len {
+            bail!("--raw waits for 1 to {} bytes, not {size}", self.local.len);
+        }
         let m = marker(i);
         let mut spins = 0u32;
         while self.local.byte(size - 1).load(Ordering::Acquire) != m {
@@ -74,16 +80,29 @@ impl Wire for Raw {
     }
 }
 
-struct HeapBuf(#[allow(dead_code)] Box<[u8]>);
+/// A heap buffer owned through its raw pointer (both ranks write it through `SharedBuf`, so
+/// no `Box` may claim it meanwhile); freed on drop.
+struct HeapBuf {
+    ptr: *mut [u8],
+}
+// SAFETY: plain bytes, accessed through atomics and fenced copies by the ranks.
+unsafe impl Send for HeapBuf {}
+// SAFETY: as above.
+unsafe impl Sync for HeapBuf {}
+impl Drop for HeapBuf {
+    fn drop(&mut self) {
+        // SAFETY: from Box::into_raw in heap_buf, freed once.
+        drop(unsafe { Box::from_raw(self.ptr) });
+    }
+}
 
 /// A zeroed heap buffer of at least `n` bytes, for two thread ranks.
 pub(crate) fn heap_buf(n: usize) -> SharedBuf {
-    let mut b = vec![0u8; n.max(64)].into_boxed_slice();
-    let ptr = b.as_mut_ptr();
-    let len = b.len();
+    let raw = Box::into_raw(vec![0u8; n.max(64)].into_boxed_slice());
+    let len = raw.len();
     SharedBuf {
-        ptr,
+        ptr: raw as *mut u8,
         len,
-        _keep: Arc::new(std::sync::Mutex::new(HeapBuf(b))),
+        _keep: Arc::new(HeapBuf { ptr: raw }),
     }
 }

@@ -7,7 +7,11 @@ use std::sync::Arc;
 
 /// Two buffers of `n` bytes in a shared-memory file: rank 0 creates it, rank 1 maps it.
 pub(crate) fn shm_bufs(path: &str, n: usize, create: bool) -> Result<(SharedBuf, SharedBuf)> {
-    let len = 2 * n.max(64).next_multiple_of(4096);
+    let len = n
+        .max(64)
+        .checked_next_multiple_of(4096)
+        .and_then(|half| half.checked_mul(2))
+        .with_context(|| format!("two buffers of {n} bytes do not fit in memory"))?;
     let mem = if create {
         SharedMemory::create(path, len)?
     } else {

@@ -212,7 +212,7 @@ impl Config {
             bail!("a {gx} x {gy} grid cannot give each of {px} x {py} ranks a row and a column: use a larger --n or fewer --ranks");
         }
         let (bx, by) = Layout::largest_block(gx, gy, px, py);
-        let block_cells = (bx + 2).saturating_mul(by + 2);
+        let block_cells = bx.saturating_add(2).saturating_mul(by.saturating_add(2));
         if block_cells > MAX_BLOCK_CELLS {
             bail!("blocks of {bx} x {by} cells are larger than this example allows ({MAX_BLOCK_CELLS} cells per grid)");
         }

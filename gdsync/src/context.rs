@@ -25,7 +25,7 @@ impl HostRegion {
         let inside = addr >= self.addr
             && addr
                 .checked_add(dst.len() as u64)
-                .is_some_and(|end| end <= self.addr + self.len);
+                .is_some_and(|end| self.addr.checked_add(self.len).is_some_and(|e| end <= e));
         // SAFETY: inside a registered region (checked above), lent for the registration's life.
         inside && unsafe { crate::mem::read_region(self.gpu, addr, dst) }
     }

@@ -69,8 +69,22 @@ struct PollState {
     scanned: u64,
     /// The queue side of the last completion (cleared when that QP is destroyed).
     last: Option<(u32, Arc<dyn CqUser>)>,
-    /// Error completions found and not yet taken, with whether a poll logged them.
+    /// Error completions found and not yet taken, with whether a poll logged them: at most
+    /// [`MAX_KEPT_ERRORS`] between two [`Cq::take_errors`] (a program that only polls never
+    /// takes them); the rest are counted in `errors_dropped`.
     errors: Vec<(CqError, bool)>,
+    errors_dropped: u64,
+}
+
+impl PollState {
+    /// Keeps an error completion for [`Cq::take_errors`], if there is room.
+    fn keep_error(&mut self, e: CqError, logged: bool) {
+        if self.errors.len() < MAX_KEPT_ERRORS {
+            self.errors.push((e, logged));
+        } else {
+            self.errors_dropped += 1;
+        }
+    }
 }
 
 impl CqShared {
@@ -152,7 +166,7 @@ impl CqShared {
             if CqeOpcode::from_u8(op_own >> 4).is_some_and(CqeOpcode::is_error) {
                 let mut cqe = Cqe64([0; 64]);
                 self.ring.read(off, &mut cqe.0);
-                st.errors.push((cq_error(&cqe), false));
+                st.keep_error(cq_error(&cqe), false);
             }
             st.scanned = i + 1;
         }
@@ -351,6 +365,7 @@ impl Cq {
                 scanned: 0,
                 last: None,
                 errors: Vec::new(),
+                errors_dropped: 0,
             }),
             users_by_qpn: RwLock::new(HashMap::new()),
             ctx: ctx.clone(),
@@ -418,7 +433,7 @@ impl Cq {
                 let in_error = st.last.as_ref().is_some_and(|(_, q)| q.in_error());
                 log_polled_error(s, &c, in_error);
                 if st.ci >= st.scanned {
-                    st.errors.push((cq_error(&cqe), true));
+                    st.keep_error(cq_error(&cqe), true);
                 }
             }
             st.ci += 1;
@@ -455,8 +470,15 @@ impl Cq {
         let end = st.scanned.max(st.ci) + s.cnt as u64;
         s.scan(&mut st, end);
         let errors = std::mem::take(&mut st.errors);
+        let dropped = std::mem::take(&mut st.errors_dropped);
         drop(st);
         log_taken_errors(s, &errors);
+        if dropped > 0 {
+            tracing::warn!(
+                "CQ {:#x}: {dropped} more error completions since the last take_errors than the {MAX_KEPT_ERRORS} kept: the first ones are returned",
+                s.cqn
+            );
+        }
         errors.into_iter().map(|(e, _)| e).collect()
     }
 
@@ -494,7 +516,8 @@ impl Cq {
                 if let Some(c) = self.poll_one()? {
                     return Ok(c);
                 }
-                backoff.snooze();
+                // (An empty poll already lent the thread to the engines.)
+                backoff.pause();
             }
             if start.elapsed() > timeout {
                 return Err(Error::Timeout {
@@ -513,6 +536,9 @@ impl Cq {
         wait_ops(&self.shared, n)
     }
 }
+
+/// Most error completions a CQ keeps for [`Cq::take_errors`] between two calls.
+pub const MAX_KEPT_ERRORS: usize = 1024;
 
 /// Logs an error completion a CPU poll decoded: at error level with its syndrome and what it
 /// means, or at debug level for flushed work (the first error says why).

@@ -72,11 +72,19 @@ pub(crate) struct ProxyTarget {
     pub doorbell: MemAt,
 }
 
+/// The QPs a proxy watches.
+#[derive(Default)]
+struct Targets {
+    /// Held weakly through their QP's control page (gone with the QP).
+    targets: Vec<(Weak<RingMem>, Arc<ProxyTarget>)>,
+    /// Counts changes, so the proxy thread knows when to take a new copy.
+    generation: u64,
+}
+
 /// The CPU proxy of one device: a thread that rings doorbells GPUs asked for.
 #[derive(Default)]
 pub(crate) struct Proxy {
-    /// Targets, held weakly through their QP's control page (gone with the QP).
-    qps: Mutex<Vec<(Weak<RingMem>, Arc<ProxyTarget>)>>,
+    qps: Mutex<Targets>,
     thread: Mutex<Option<JoinHandle<()>>>,
     stop: Arc<AtomicBool>,
 }
@@ -89,7 +97,12 @@ impl Proxy {
         dev: &Arc<dyn Provider>,
     ) -> Result<()> {
         let life = Arc::downgrade(&target.request.mem);
-        self.qps.lock().push((life, Arc::new(target)));
+        let mut qps = self.qps.lock();
+        // Destroyed QPs leave (the list would otherwise grow with every QP ever watched).
+        qps.targets.retain(|(w, _)| w.strong_count() > 0);
+        qps.targets.push((life, Arc::new(target)));
+        qps.generation += 1;
+        drop(qps);
         let mut t = self.thread.lock();
         if t.is_none() {
             tracing::debug!("{}: CPU proxy thread started", dev.name());
@@ -122,12 +135,23 @@ impl Drop for Proxy {
 fn run(me: Weak<Proxy>, dev: Weak<dyn Provider>, stop: Arc<AtomicBool>) {
     let mut backoff = Backoff::default();
     let mut rung: Vec<(Weak<RingMem>, Arc<ProxyTarget>, u64)> = Vec::new();
+    let mut seen = 0;
     while !stop.load(Ordering::Acquire) {
         let Some(p) = me.upgrade() else { return };
         {
             let qps = p.qps.lock();
-            if qps.len() != rung.len() {
-                rung = qps.iter().map(|(w, t)| (w.clone(), t.clone(), 0)).collect();
+            if qps.generation != seen {
+                seen = qps.generation;
+                let last = |t: &Arc<ProxyTarget>| {
+                    rung.iter()
+                        .find(|(_, r, _)| Arc::ptr_eq(r, t))
+                        .map_or(0, |(_, _, l)| *l)
+                };
+                rung = qps
+                    .targets
+                    .iter()
+                    .map(|(w, t)| (w.clone(), t.clone(), last(t)))
+                    .collect();
             }
         }
         drop(p);

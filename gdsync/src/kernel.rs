@@ -256,7 +256,9 @@ impl DescRing {
     }
     /// Whether a push would have to wait for the kernel.
     pub fn is_full(&self) -> bool {
-        self.pushed - self.consumed() >= self.cap as u64
+        // Saturating: `consumed` is written by the kernel, and one that overshoots must not
+        // wrap the count into "full forever".
+        self.pushed.saturating_sub(self.consumed()) >= self.cap as u64
     }
     /// Pushes the send for a commit's op list.
     pub fn push_send(&mut self, ops: Ops, timeout: Duration) -> Result<u64> {

@@ -35,6 +35,7 @@
 
 #![warn(missing_docs)]
 
+mod bounds;
 mod context;
 mod cq;
 pub mod cuda;
@@ -42,6 +43,9 @@ mod device;
 mod error;
 pub mod exec;
 pub mod format;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzz;
 mod handler;
 pub mod kernel;
 mod mem;
@@ -54,7 +58,7 @@ mod shm;
 mod signal;
 mod wr;
 
-pub use cq::{Completion, CompletionOp, Cq, CqError, WcStatus};
+pub use cq::{Completion, CompletionOp, Cq, CqError, WcStatus, MAX_KEPT_ERRORS};
 pub use device::{
     progress, progress_mode, progress_mode_for, Access, DeviceAttr, DeviceInfo, Endpoint, LinkKind,
     LinkLayer, LinkPolicy, PortAttr, PortState, ProgressMode,

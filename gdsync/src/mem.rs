@@ -78,7 +78,7 @@ impl RingMem {
 
     fn check(&self, off: usize, len: usize, align: usize) {
         assert!(
-            off + len <= self.len && off % align == 0,
+            crate::bounds::fits(off, len, self.len) && off % align == 0,
             "ring access {off}+{len} out of {}",
             self.len
         );

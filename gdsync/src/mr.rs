@@ -2,12 +2,13 @@
 //! and `reg_mr` commands. The device keeps the translation table; the host keeps the keys and
 //! its own record of each region (for inline sends).
 
+use crate::bounds;
 use crate::context::{DeviceContext, HostRegion};
 use crate::device::provider::{MrMemory, MrSpec};
 use crate::wr::{RemoteBuf, Sge};
 use crate::{Access, Error, Result};
 use std::marker::PhantomData;
-use std::ops::{Bound, RangeBounds};
+use std::ops::RangeBounds;
 use std::sync::Arc;
 
 /// A protection domain: QPs only reach memory regions of their own domain.
@@ -196,57 +197,85 @@ impl MemoryRegion<'_> {
     /// A scatter/gather entry for `range` of the region.
     ///
     /// # Panics
-    /// If the range is out of bounds or longer than 4 GiB - 1, as slice indexing does.
+    /// If the range is inverted, out of bounds (`..=usize::MAX` included) or longer than
+    /// 4 GiB - 1, as slice indexing does; [`try_sge`](Self::try_sge) returns the error instead.
     pub fn sge(&self, range: impl RangeBounds<usize>) -> Sge {
-        let start = match range.start_bound() {
-            Bound::Included(&s) => s,
-            Bound::Excluded(&s) => s + 1,
-            Bound::Unbounded => 0,
-        };
-        let end = match range.end_bound() {
-            Bound::Included(&e) => e + 1,
-            Bound::Excluded(&e) => e,
-            Bound::Unbounded => self.len,
-        };
-        assert!(
-            start <= end && end <= self.len,
-            "range {start}..{end} out of region of {} bytes",
-            self.len
-        );
-        let len = u32::try_from(end - start).expect("an SGE is at most 4 GiB - 1");
-        Sge {
-            addr: self.addr() + start as u64,
+        self.try_sge(range).unwrap_or_else(|e| panic!("{e}"))
+    }
+    /// A scatter/gather entry for `range` of the region, or an error if the range is
+    /// inverted, out of bounds or longer than 4 GiB - 1.
+    pub fn try_sge(&self, range: impl RangeBounds<usize>) -> Result<Sge> {
+        let r = bounds::resolve(&range, self.len).ok_or_else(|| {
+            Error::invalid(format!(
+                "range {} is outside the region of {} bytes",
+                bounds::describe(&range),
+                self.len
+            ))
+        })?;
+        let len = u32::try_from(r.len()).map_err(|_| {
+            Error::invalid(format!(
+                "range {} is {} bytes: an SGE is at most 4 GiB - 1",
+                bounds::describe(&range),
+                r.len()
+            ))
+        })?;
+        Ok(Sge {
+            addr: self.addr() + r.start as u64,
             len,
             lkey: self.key,
+        })
+    }
+    /// An error unless `len` bytes at `offset` lie inside the region.
+    fn check(&self, offset: usize, len: usize, what: &str) -> Result<()> {
+        if bounds::fits(offset, len, self.len) {
+            return Ok(());
         }
+        Err(Error::invalid(format!(
+            "{what} of {len} bytes at offset {offset} is outside the region of {} bytes",
+            self.len
+        )))
     }
     /// Copies bytes of the region at `offset` into `dst`.
     ///
     /// # Panics
-    /// Out of bounds, or (device memory) when the CUDA copy fails.
+    /// Out of bounds, or (device memory) when the CUDA copy fails;
+    /// [`try_read_at`](Self::try_read_at) returns the error instead.
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) {
-        assert!(offset + dst.len() <= self.len, "read out of region");
+        self.try_read_at(offset, dst)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+    /// Copies bytes of the region at `offset` into `dst`, or an error if they are out of
+    /// bounds or (device memory) the CUDA copy fails.
+    pub fn try_read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.check(offset, dst.len(), "a read")?;
         if let Some(ordinal) = self.gpu {
-            crate::cuda::copy_dtoh(ordinal, dst, self.addr() + offset as u64).expect("device read");
-            return;
+            return crate::cuda::copy_dtoh(ordinal, dst, self.addr() + offset as u64);
         }
-        // SAFETY: in bounds; the region owns access to the memory for its lifetime. The device
-        // may write concurrently: data is defined once its completion has been seen.
+        // SAFETY: in bounds (checked without overflow); the region owns access to the memory
+        // for its lifetime. The device may write concurrently: data is defined once its
+        // completion has been seen.
         unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), dst.as_mut_ptr(), dst.len()) }
+        Ok(())
     }
     /// Copies `src` into the region at `offset`.
     ///
     /// # Panics
-    /// Out of bounds, or (device memory) when the CUDA copy fails.
+    /// Out of bounds, or (device memory) when the CUDA copy fails;
+    /// [`try_write_at`](Self::try_write_at) returns the error instead.
     pub fn write_at(&self, offset: usize, src: &[u8]) {
-        assert!(offset + src.len() <= self.len, "write out of region");
+        self.try_write_at(offset, src)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+    /// Copies `src` into the region at `offset`, or an error if it is out of bounds or
+    /// (device memory) the CUDA copy fails.
+    pub fn try_write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.check(offset, src.len(), "a write")?;
         if let Some(ordinal) = self.gpu {
-            crate::cuda::copy_htod(ordinal, self.addr() + offset as u64, src)
-                .expect("device write");
-            return;
+            return crate::cuda::copy_htod(ordinal, self.addr() + offset as u64, src);
         }
-        // SAFETY: in bounds; see read_at.
+        // SAFETY: in bounds (checked without overflow); see try_read_at.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(offset), src.len()) }
+        Ok(())
     }
     /// The GPU whose memory this is, `None` for host memory.
     pub fn gpu(&self) -> Option<i32> {
@@ -281,3 +310,7 @@ impl Drop for MemoryRegion<'_> {
         self.ctx.provider.dereg_mr(self.key);
     }
 }
+
+#[cfg(test)]
+#[path = "mr_tests.rs"]
+mod tests;

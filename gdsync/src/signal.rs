@@ -160,12 +160,22 @@ impl PinnedBuffer {
     /// Copies bytes at `offset` into `dst` (a GPU or the device may write concurrently: data
     /// is defined once their work is known to be done).
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) {
-        assert!(offset + dst.len() <= self.len, "read out of the buffer");
+        assert!(
+            crate::bounds::fits(offset, dst.len(), self.len),
+            "a read of {} bytes at offset {offset} is outside the buffer of {} bytes",
+            dst.len(),
+            self.len
+        );
         self.mem.read(offset, dst)
     }
     /// Copies `src` into the buffer at `offset`.
     pub fn write_at(&self, offset: usize, src: &[u8]) {
-        assert!(offset + src.len() <= self.len, "write out of the buffer");
+        assert!(
+            crate::bounds::fits(offset, src.len(), self.len),
+            "a write of {} bytes at offset {offset} is outside the buffer of {} bytes",
+            src.len(),
+            self.len
+        );
         self.mem.write(offset, src)
     }
     /// Whether GPUs can reach it (CUDA present and the registration succeeded).
@@ -184,5 +194,29 @@ impl crate::ProtectionDomain {
         // SAFETY: the borrow keeps the allocation (an Arc'd RingMem) alive for 'buf; it is
         // reached only through the region and the device meanwhile.
         unsafe { self.register_raw(buf.addr() as *mut u8, buf.len.max(1), access) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PinnedBuffer;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    /// Offsets whose end wraps past `usize::MAX` panic (the documented misuse) instead of
+    /// writing before the buffer; what fits is copied.
+    #[test]
+    fn pinned_buffer_bounds_do_not_wrap() {
+        let b = PinnedBuffer::new(64);
+        for off in [usize::MAX, usize::MAX - 3, 60, 65] {
+            let w = catch_unwind(AssertUnwindSafe(|| b.write_at(off, &[1, 2, 3, 4, 5])));
+            assert!(w.is_err(), "write at {off}");
+            let r = catch_unwind(AssertUnwindSafe(|| b.read_at(off, &mut [0; 5])));
+            assert!(r.is_err(), "read at {off}");
+        }
+        b.write_at(59, &[9; 5]);
+        b.write_at(64, &[]);
+        let mut back = [0u8; 5];
+        b.read_at(59, &mut back);
+        assert_eq!(back, [9; 5]);
     }
 }

@@ -222,10 +222,12 @@ pub struct RemoteBuf {
 }
 
 impl RemoteBuf {
-    /// The address `offset` bytes into the region.
+    /// The address `offset` bytes into the region. Not checked here: the peer's device
+    /// checks every access against the region, and an address that wraps past `u64::MAX`
+    /// fails there with a remote access error, as any out-of-bounds access does.
     pub fn at(&self, offset: u64) -> RemoteAddr {
         RemoteAddr {
-            addr: self.addr + offset,
+            addr: self.addr.wrapping_add(offset),
             rkey: self.rkey,
         }
     }

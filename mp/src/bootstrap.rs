@@ -24,6 +24,12 @@ pub trait Bootstrap: Send {
     fn describe(&self) -> String {
         "a custom bootstrap".into()
     }
+    /// Ranks known to have left the job (their bootstrap is gone: a communicator dropped,
+    /// with or without `finalize`), so that waits for them end at once instead of at the
+    /// timeout. Bootstraps that cannot tell return none.
+    fn departed(&self) -> Vec<usize> {
+        Vec::new()
+    }
 }
 
 // ---------------------------------------------------------------------------- threads
@@ -33,6 +39,29 @@ struct Round {
     slots: Vec<Option<Vec<u8>>>,
     result: Option<Arc<Vec<Vec<u8>>>>,
     taken: usize,
+    /// Which ranks took this round's result.
+    took: Vec<bool>,
+    /// Ranks whose bootstrap was dropped.
+    left: Vec<bool>,
+}
+
+impl Round {
+    /// Rank `k` took the result; the last taker opens the next round.
+    fn take(&mut self, k: usize, n: usize) {
+        if !self.took[k] {
+            self.took[k] = true;
+            self.taken += 1;
+        }
+        if self.taken == n {
+            self.result = None;
+            self.generation += 1;
+            self.took.iter_mut().for_each(|t| *t = false);
+        }
+    }
+    /// A rank that left before contributing to the round being gathered.
+    fn missing(&self) -> Option<usize> {
+        (0..self.slots.len()).find(|&j| self.left[j] && self.slots[j].is_none())
+    }
 }
 
 struct Shared {
@@ -58,6 +87,8 @@ impl ThreadBootstrap {
                 slots: vec![None; n],
                 result: None,
                 taken: 0,
+                took: vec![false; n],
+                left: vec![false; n],
             }),
             cv: Condvar::new(),
         });
@@ -94,6 +125,9 @@ impl Bootstrap for ThreadBootstrap {
                 });
             }
         }
+        if let Some(j) = r.missing() {
+            return Err(gone(j));
+        }
         let generation = r.generation;
         r.slots[self.rank] = Some(mine.to_vec());
         if r.slots.iter().all(Option::is_some) {
@@ -103,6 +137,11 @@ impl Bootstrap for ThreadBootstrap {
             s.cv.notify_all();
         }
         while r.result.is_none() || r.generation != generation {
+            if let Some(j) = r.missing().filter(|_| r.generation == generation) {
+                // This round can never complete: take our contribution back.
+                r.slots[self.rank] = None;
+                return Err(gone(j));
+            }
             if s.cv.wait_until(&mut r, deadline).timed_out() {
                 return Err(Error::Timeout {
                     what: format!("all {} thread ranks to join the bootstrap exchange", s.n),
@@ -111,13 +150,33 @@ impl Bootstrap for ThreadBootstrap {
             }
         }
         let out = (**r.result.as_ref().unwrap()).clone();
-        r.taken += 1;
-        if r.taken == s.n {
-            r.result = None;
-            r.generation += 1;
-            s.cv.notify_all();
-        }
+        r.take(self.rank, s.n);
+        s.cv.notify_all();
         Ok(out)
+    }
+    fn departed(&self) -> Vec<usize> {
+        let r = self.shared.round.lock();
+        (0..self.shared.n).filter(|&j| r.left[j]).collect()
+    }
+}
+
+/// The error of a bootstrap round that a departed rank never joins.
+fn gone(rank: usize) -> Error {
+    Error::Unreachable(format!(
+        "rank {rank} left the job (its communicator was dropped) before joining this bootstrap exchange"
+    ))
+}
+
+impl Drop for ThreadBootstrap {
+    fn drop(&mut self) {
+        let s = &*self.shared;
+        let mut r = s.round.lock();
+        r.left[self.rank] = true;
+        // A result this rank will never take must not hold the next round up.
+        if r.result.is_some() {
+            r.take(self.rank, s.n);
+        }
+        s.cv.notify_all();
     }
 }
 
@@ -192,27 +251,81 @@ pub struct TcpBootstrap {
 }
 
 fn put(s: &mut TcpStream, b: &[u8]) -> std::io::Result<()> {
-    s.write_all(&(b.len() as u32).to_le_bytes())?;
+    let n = u32::try_from(b.len()).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "a message of {} bytes does not fit a 4-byte length",
+                b.len()
+            ),
+        )
+    })?;
+    s.write_all(&n.to_le_bytes())?;
     s.write_all(b)
 }
 
-/// Largest message a bootstrap reads (connection records are small: a bigger length comes
-/// from something that is not a rank of this job).
-const MAX_MESSAGE: usize = 1 << 30;
+/// Bytes of a hello: the rank, u32 LE.
+const HELLO_LEN: usize = 4;
+/// Longest wait for a connection to the root to say which rank it is: a connection that
+/// sends nothing (a port scanner, a stray client) is dropped after this, not waited for.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest contribution of one rank to an exchange. Connection records take about 100 bytes
+/// per peer (20 bytes, then two 48-byte endpoints), so 64 MiB is room for 600,000 ranks; a
+/// longer length prefix comes from something that is not a rank of this job.
+pub(crate) const MAX_RECORD: usize = 64 << 20;
+/// Bytes allocated ahead of the data that arrives: a length prefix alone never makes a
+/// reader allocate more than this; the rest grows only as the bytes actually come.
+const READ_CHUNK: usize = 64 << 10;
 
-fn get(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+/// The largest packed exchange rank 0 may send to a job of `size` ranks: a length prefix
+/// and a record per rank.
+fn max_exchange(size: usize) -> usize {
+    size.saturating_mul(4 + MAX_RECORD)
+}
+
+/// Reads one length-prefixed message of at most `max` bytes.
+pub(crate) fn get(s: &mut impl Read, max: usize) -> std::io::Result<Vec<u8>> {
     let mut n = [0u8; 4];
     s.read_exact(&mut n)?;
     let n = u32::from_le_bytes(n) as usize;
-    if n > MAX_MESSAGE {
+    if n > max {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            format!("a message of {n} bytes announced (not a gdasync rank?)"),
+            format!(
+                "a message of {n} bytes announced, at most {max} expected (not a gdasync rank?)"
+            ),
         ));
     }
-    let mut b = vec![0u8; n];
-    s.read_exact(&mut b)?;
+    let mut b = Vec::with_capacity(n.min(READ_CHUNK));
+    s.take(n as u64).read_to_end(&mut b)?;
+    if b.len() != n {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!(
+                "the connection closed {} bytes into a message of {n}",
+                b.len()
+            ),
+        ));
+    }
     Ok(b)
+}
+
+/// The rank a hello names; `None` unless it is exactly [`HELLO_LEN`] bytes.
+pub(crate) fn decode_hello(hello: &[u8]) -> Option<usize> {
+    let b: [u8; HELLO_LEN] = hello.try_into().ok()?;
+    usize::try_from(u32::from_le_bytes(b)).ok()
+}
+
+/// Reads a connection's hello, bounded by [`HELLO_TIMEOUT`] (or `timeout` if shorter).
+fn read_hello(s: &mut TcpStream, timeout: Duration) -> std::result::Result<usize, String> {
+    s.set_nonblocking(false).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(timeout.min(HELLO_TIMEOUT)))
+        .map_err(|e| e.to_string())?;
+    let hello = get(s, HELLO_LEN).map_err(|e| e.to_string())?;
+    let rank = decode_hello(&hello).ok_or("a malformed hello")?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    Ok(rank)
 }
 
 fn io(what: &str) -> impl Fn(std::io::Error) -> Error + '_ {
@@ -255,21 +368,20 @@ impl TcpBootstrap {
             let mut by_rank: Vec<Option<TcpStream>> = (1..info.size).map(|_| None).collect();
             while by_rank.iter().any(Option::is_none) {
                 match l.accept() {
-                    Ok((mut s, _)) => {
-                        s.set_nonblocking(false).map_err(io("accept"))?;
-                        s.set_read_timeout(Some(timeout)).map_err(io("accept"))?;
+                    Ok((mut s, from)) => {
                         s.set_nodelay(true).ok();
-                        let hello = get(&mut s).map_err(io("read a rank's hello"))?;
-                        let r = hello
-                            .get(..4)
-                            .and_then(|b| b.try_into().ok())
-                            .map(|b| u32::from_le_bytes(b) as usize)
-                            .ok_or_else(|| {
-                                Error::invalid(format!(
-                                    "bootstrap: a connection to {} sent a malformed hello (not a gdasync rank?)",
+                        let r = match read_hello(&mut s, timeout) {
+                            Ok(r) => r,
+                            Err(e) => {
+                                // Not a rank of this job (or one too slow to say which): drop
+                                // it and keep waiting for the real ones.
+                                tracing::warn!(
+                                    "bootstrap: dropped a connection from {from} to {}: {e} (not a gdasync rank?)",
                                     info.root
-                                ))
-                            })?;
+                                );
+                                continue;
+                            }
+                        };
                         if r == 0 || r >= info.size || by_rank[r - 1].is_some() {
                             return Err(Error::invalid(format!(
                                 "bootstrap: a process said it is rank {r}, which is out of range for {} ranks or already here: does another job use {}? (set GDSYNC_ROOT to a free address)",
@@ -333,10 +445,16 @@ impl Bootstrap for TcpBootstrap {
         format!("TCP via rank 0 at {}", self.root)
     }
     fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        if mine.len() > MAX_RECORD {
+            return Err(Error::invalid(format!(
+                "bootstrap: a contribution of {} bytes is over the limit of {MAX_RECORD}",
+                mine.len()
+            )));
+        }
         if self.rank == 0 {
             let mut all = vec![mine.to_vec()];
             for (i, s) in self.streams.iter_mut().enumerate() {
-                all.push(get(s).map_err(io(&format!("read from rank {}", i + 1)))?);
+                all.push(get(s, MAX_RECORD).map_err(io(&format!("read from rank {}", i + 1)))?);
             }
             let mut packed = Vec::new();
             for a in &all {
@@ -350,7 +468,7 @@ impl Bootstrap for TcpBootstrap {
         } else {
             let s = &mut self.streams[0];
             put(s, mine).map_err(io("write to the root"))?;
-            let packed = get(s).map_err(io("read from the root"))?;
+            let packed = get(s, max_exchange(self.size)).map_err(io("read from the root"))?;
             unpack(&packed, self.size).ok_or_else(|| {
                 Error::invalid(
                     "bootstrap: rank 0 sent a malformed exchange (a rank of another gdasync version?)",
@@ -362,8 +480,8 @@ impl Bootstrap for TcpBootstrap {
 
 /// Splits rank 0's packed exchange (a length-prefixed contribution per rank) into `size`
 /// contributions; `None` if it is not exactly that.
-fn unpack(packed: &[u8], size: usize) -> Option<Vec<Vec<u8>>> {
-    let mut all = Vec::with_capacity(size);
+pub(crate) fn unpack(packed: &[u8], size: usize) -> Option<Vec<Vec<u8>>> {
+    let mut all = Vec::with_capacity(size.min(packed.len() / 4));
     let mut rest = packed;
     while !rest.is_empty() {
         let (n, tail) = rest.split_first_chunk::<4>()?;
@@ -502,3 +620,7 @@ impl Bootstrap for MpiBootstrap {
             .collect())
     }
 }
+
+#[cfg(test)]
+#[path = "bootstrap_tests.rs"]
+mod tests;

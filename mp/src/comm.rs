@@ -182,13 +182,45 @@ fn bootstrap_failed(rank: usize, during: &str, e: Error) -> Error {
 /// Bytes of one endpoint in the connection record.
 const EP_BYTES: usize = Endpoint::WIRE_LEN;
 
+/// Bytes of a region's record: address, length (u64 LE each) and key (u32 LE).
+pub(crate) const REMOTE_BYTES: usize = 20;
+
+/// Appends `r`'s record ([`REMOTE_BYTES`] bytes).
+pub(crate) fn encode_remote(r: &RemoteBuf, out: &mut Vec<u8>) {
+    out.extend_from_slice(&r.addr.to_le_bytes());
+    out.extend_from_slice(&r.len.to_le_bytes());
+    out.extend_from_slice(&r.rkey.to_le_bytes());
+}
+
+/// Parses a region's record; `None` unless `b` is exactly [`REMOTE_BYTES`] long.
+pub(crate) fn decode_remote(b: &[u8]) -> Option<RemoteBuf> {
+    let b: &[u8; REMOTE_BYTES] = b.try_into().ok()?;
+    let (addr, rest) = b.split_first_chunk::<8>()?;
+    let (len, rkey) = rest.split_first_chunk::<8>()?;
+    Some(RemoteBuf {
+        addr: u64::from_le_bytes(*addr),
+        len: u64::from_le_bytes(*len),
+        rkey: u32::from_le_bytes(rkey.try_into().ok()?),
+    })
+}
+
+/// An error unless a bootstrap exchange returned one contribution per rank (a custom
+/// [`Bootstrap`] may not).
+pub(crate) fn check_gathered(all: &[Vec<u8>], size: usize) -> Result<()> {
+    if all.len() != size {
+        return Err(Error::invalid(format!(
+            "bootstrap: an exchange returned {} contributions for {size} ranks",
+            all.len()
+        )));
+    }
+    Ok(())
+}
+
 /// A rank's connection record: its control region, then per rank `per` endpoints of the
 /// QPs that connect to it (zeros for itself).
 pub(crate) fn encode_setup(eps: &[Option<Vec<Endpoint>>], per: usize, ctrl: &RemoteBuf) -> Vec<u8> {
     let mut b = Vec::new();
-    b.extend_from_slice(&ctrl.addr.to_le_bytes());
-    b.extend_from_slice(&ctrl.len.to_le_bytes());
-    b.extend_from_slice(&ctrl.rkey.to_le_bytes());
+    encode_remote(ctrl, &mut b);
     for e in eps {
         match e {
             Some(v) => {
@@ -205,17 +237,21 @@ pub(crate) type Setup = (RemoteBuf, Vec<Option<Vec<Endpoint>>>);
 
 /// Parses [`encode_setup`]'s record of a communicator of `size` ranks.
 pub(crate) fn decode_setup(b: &[u8], size: usize, per: usize) -> Result<Setup> {
-    if b.len() != 20 + per * EP_BYTES * size {
-        return Err(Error::invalid(
+    let malformed = || {
+        Error::invalid(
             "bootstrap: a rank sent a malformed connection record (another gdasync version?)",
-        ));
-    }
-    let ctrl = RemoteBuf {
-        addr: u64::from_le_bytes(b[0..8].try_into().unwrap()),
-        len: u64::from_le_bytes(b[8..16].try_into().unwrap()),
-        rkey: u32::from_le_bytes(b[16..20].try_into().unwrap()),
+        )
     };
-    let eps = b[20..]
+    let want = per
+        .checked_mul(EP_BYTES)
+        .and_then(|row| row.checked_mul(size))
+        .and_then(|rows| rows.checked_add(REMOTE_BYTES));
+    if per == 0 || want != Some(b.len()) {
+        return Err(malformed());
+    }
+    let (ctrl, rows) = b.split_at(REMOTE_BYTES);
+    let ctrl = decode_remote(ctrl).ok_or_else(malformed)?;
+    let eps = rows
         .chunks(per * EP_BYTES)
         .map(|e| {
             if e.iter().all(|&x| x == 0) {
@@ -312,6 +348,7 @@ impl Comm {
         let all = boot
             .all_gather(&encode_setup(&eps, 2, &ctrl_mr.remote()))
             .map_err(|e| bootstrap_failed(rank, "exchanging connection records", e))?;
+        check_gathered(&all, size)?;
         let mut remote_ctrl = Vec::with_capacity(size);
         for (p, rec) in all.iter().enumerate() {
             let (c, mut their_eps) = decode_setup(rec, size, 2)?;
@@ -965,6 +1002,23 @@ impl Comm {
                 return Ok(n);
             }
             spins += 1;
+            if spins % 4096 == 0 && self.boot.departed().contains(&peer) {
+                // What the peer sent before it left may still be on its way: a short grace.
+                if let Some(n) = self.progress_within(DEPARTED_GRACE, |c| c.finish(r))? {
+                    return Ok(n);
+                }
+                let side = self.state(r)?.side;
+                let me = self.rank;
+                if let Some(p) = self.peers[peer].as_mut().filter(|p| !p.lost) {
+                    p.lost = true;
+                    tracing::warn!(
+                        "rank {me}: the connection to rank {peer} failed: rank {peer} left the job (dropped its communicator); its work fails from now on"
+                    );
+                }
+                return Err(Error::Unreachable(format!(
+                    "{side:?} request with rank {peer}: rank {peer} left the job (dropped its communicator) before the request completed"
+                )));
+            }
             if spins % 1024 == 0 && Instant::now() > deadline {
                 let side = self.state(r)?.side;
                 let what = format!(
@@ -1033,6 +1087,24 @@ impl Comm {
             .collect()
     }
 
+    /// Makes progress until `done` gives a value or `grace` passes (a departed peer's last
+    /// messages may still be on their way).
+    fn progress_within<T>(
+        &mut self,
+        grace: Duration,
+        mut done: impl FnMut(&mut Self) -> Result<Option<T>>,
+    ) -> Result<Option<T>> {
+        let until = Instant::now() + grace;
+        while Instant::now() < until {
+            self.progress()?;
+            if let Some(v) = done(self)? {
+                return Ok(Some(v));
+            }
+            std::thread::yield_now();
+        }
+        Ok(None)
+    }
+
     fn barrier_word(&self, k: usize) -> u64 {
         let mut b = [0u8; 8];
         self.ctrl.read_at(self.layout.barrier(k), &mut b);
@@ -1048,10 +1120,24 @@ impl Comm {
             // The write is inline: its bytes are copied when posted, so the scratch word
             // may be reused by the next round even while this write is still queued.
             self.post_cpu(to, None, vec![wr], None)?;
+            let from = (self.rank + self.size - (1 << k) % self.size) % self.size;
+            let mut spins = 0u32;
             while self.barrier_word(k) < epoch {
                 self.progress()?;
+                spins += 1;
+                if spins % 256 == 0
+                    && self.boot.departed().contains(&from)
+                    && self
+                        .progress_within(DEPARTED_GRACE, |c| {
+                            Ok((c.barrier_word(k) >= epoch).then_some(()))
+                        })?
+                        .is_none()
+                {
+                    return Err(Error::Unreachable(format!(
+                        "barrier round {k}: rank {from} left the job (dropped its communicator) and will not arrive"
+                    )));
+                }
                 if start.elapsed() > self.timeout {
-                    let from = (self.rank + self.size - (1 << k) % self.size) % self.size;
                     return Err(Error::Timeout {
                         what: format!(
                             "barrier round {k}: rank {from} did not arrive (it stopped, or does not call barrier)"
@@ -1105,6 +1191,10 @@ impl Comm {
         self.new_req(peer, Side::Send)
     }
 }
+
+/// How long a wait goes on after its peer left the job: what the peer sent before it left
+/// may still be on its way.
+const DEPARTED_GRACE: Duration = Duration::from_millis(50);
 
 /// Says once that the connection from rank `me` to rank `peer` failed: its work fails from
 /// now on.

@@ -13,7 +13,7 @@
 //! sends unsignalled (`gds_peer_send_flags`), waiting for several at once with
 //! `gds_peer_wait_sends` (a NOP finishes a trailing unsignalled send).
 
-use crate::comm::{decode_setup, encode_setup, Comm};
+use crate::comm::{check_gathered, decode_setup, encode_setup, Comm};
 use gdsync::kernel::{DeviceQp, PeerDesc, PeerState};
 use gdsync::{Access, Endpoint, Error, MemoryRegion, PinnedBuffer, QpConfig, RemoteBuf, Result};
 
@@ -93,6 +93,7 @@ impl Comm {
         let all = self
             .boot()
             .all_gather(&encode_setup(&eps, 1, &credit_mr.remote()))?;
+        check_gathered(&all, size)?;
         let mut remote_credit = Vec::with_capacity(size);
         for (p, rec) in all.iter().enumerate() {
             let (c, mut their_eps) = decode_setup(rec, size, 1)?;
@@ -160,7 +161,8 @@ impl KernelChannels {
         let mut d = PeerDesc {
             qp: qp.desc(),
             credit: self.credit.addr() + 8 * peer as u64,
-            remote_credit: self.remote_credit[peer].addr + 8 * self.rank as u64,
+            // A peer's address: wrapping, its device checks the access.
+            remote_credit: self.remote_credit[peer].at(8 * self.rank as u64).addr,
             state: self.state.addr() + (PeerState::SIZE * peer) as u64,
             remote_credit_rkey: self.remote_credit[peer].rkey,
             rank: peer as u32,

@@ -45,6 +45,9 @@ pub mod bootstrap;
 #[cfg(feature = "mpi")]
 pub use mpi as mpi_crate;
 mod comm;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzz;
 mod kernel;
 mod registry;
 mod window;

@@ -37,7 +37,11 @@ impl RegCache {
             .range(..=addr)
             .rev()
             .map(|(_, mr)| mr)
-            .find(|mr| addr + len <= mr.addr() + mr.len() as u64)
+            .find(|mr| {
+                let region_end = mr.addr().checked_add(mr.len() as u64);
+                addr.checked_add(len)
+                    .is_some_and(|end| region_end.is_some_and(|r| end <= r))
+            })
     }
 }
 

@@ -1,7 +1,7 @@
 //! One-sided communication: windows of registered memory every rank exposes, put and get
 //! (RDMA write and read), put with signal, and waiting for a value on an executor.
 
-use crate::comm::{Comm, Request};
+use crate::comm::{check_gathered, decode_remote, encode_remote, Comm, Request, REMOTE_BYTES};
 use gdsync::exec::Executor;
 use gdsync::ops::{Op, Ops, WaitCond};
 use gdsync::{Error, MemoryRegion, RemoteBuf, Result, SendWr, Sge};
@@ -22,8 +22,13 @@ impl Window {
     }
 }
 
+/// Whether `len` bytes at `off` lie inside `total` bytes, without overflow.
+fn fits(off: u64, len: u64, total: u64) -> bool {
+    off.checked_add(len).is_some_and(|end| end <= total)
+}
+
 fn range(r: &RemoteBuf, off: u64, len: u64, p: usize) -> Result<()> {
-    if off.checked_add(len).is_none_or(|e| e > r.len) {
+    if !fits(off, len, r.len) {
         return Err(Error::invalid(format!(
             "{off}+{len} bytes is outside rank {p}'s window of {} bytes",
             r.len
@@ -36,22 +41,14 @@ impl Comm {
     /// Creates a window over `mr` (collective: every rank calls it, each with its region).
     pub fn window(&mut self, mr: &MemoryRegion<'_>) -> Result<Window> {
         let r = mr.remote();
-        let mut b = Vec::with_capacity(20);
-        b.extend_from_slice(&r.addr.to_le_bytes());
-        b.extend_from_slice(&r.len.to_le_bytes());
-        b.extend_from_slice(&r.rkey.to_le_bytes());
+        let mut b = Vec::with_capacity(REMOTE_BYTES);
+        encode_remote(&r, &mut b);
         let all = self.boot().all_gather(&b)?;
+        check_gathered(&all, self.size())?;
         let remotes = all
             .iter()
             .map(|b| {
-                if b.len() != 20 {
-                    return Err(Error::invalid("window exchange: malformed record"));
-                }
-                Ok(RemoteBuf {
-                    addr: u64::from_le_bytes(b[0..8].try_into().unwrap()),
-                    len: u64::from_le_bytes(b[8..16].try_into().unwrap()),
-                    rkey: u32::from_le_bytes(b[16..20].try_into().unwrap()),
-                })
+                decode_remote(b).ok_or_else(|| Error::invalid("window exchange: malformed record"))
             })
             .collect::<Result<_>>()?;
         Ok(Window { remotes })
@@ -225,7 +222,7 @@ impl Comm {
         cond: WaitCond,
         exec: &impl Executor,
     ) -> Result<()> {
-        if off % 8 != 0 || off + 8 > mr.len() {
+        if off % 8 != 0 || !fits(off as u64, 8, mr.len() as u64) {
             return Err(Error::invalid(
                 "the word must be 8-byte aligned and inside the buffer",
             ));
@@ -240,5 +237,31 @@ impl Comm {
             })
         };
         exec.submit(ops)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn edge() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            Just(0u64),
+            Just(u64::MAX),
+            (u64::MAX - 64..=u64::MAX),
+            0u64..=4096,
+            any::<u64>(),
+        ]
+    }
+
+    proptest! {
+        /// A window range is accepted exactly when it lies inside, at every edge of `u64`.
+        #[test]
+        fn window_ranges_never_wrap(off in edge(), len in edge(), total in edge()) {
+            let r = RemoteBuf { addr: 0x1000, len: total, rkey: 1 };
+            let inside = off as u128 + len as u128 <= total as u128;
+            prop_assert_eq!(range(&r, off, len, 0).is_ok(), inside);
+        }
     }
 }

@@ -187,14 +187,14 @@ impl DeviceBuffer {
     }
     /// Copies `src` into the buffer at `offset` (synchronously).
     pub fn copy_from_host(&self, offset: usize, src: &[u8]) -> Result<()> {
-        if offset + src.len() > self.len {
+        if !crate::bounds::fits(offset, src.len(), self.len) {
             return Err(Error::invalid("copy out of the device buffer"));
         }
         copy_htod(self.ordinal, self.ptr + offset as u64, src)
     }
     /// Copies from the buffer at `offset` into `dst` (synchronously).
     pub fn copy_to_host(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        if offset + dst.len() > self.len {
+        if !crate::bounds::fits(offset, dst.len(), self.len) {
             return Err(Error::invalid("copy out of the device buffer"));
         }
         copy_dtoh(self.ordinal, dst, self.ptr + offset as u64)

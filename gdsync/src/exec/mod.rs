@@ -116,7 +116,7 @@ impl Backoff {
         if self.n < 256 {
             self.n += 1;
         } else {
-            self.snooze();
+            self.pause();
         }
     }
 
@@ -124,6 +124,12 @@ impl Backoff {
     /// When soft engines progress on shared threads, the step runs their rounds first.
     pub(crate) fn snooze(&mut self) -> bool {
         crate::device::soft::help(crate::device::soft::Why::Poll);
+        self.pause()
+    }
+
+    /// [`snooze`](Self::snooze) without lending the thread to the engines: for callers
+    /// that just did (an empty CQ poll) or are an engine.
+    pub(crate) fn pause(&mut self) -> bool {
         self.n = self.n.saturating_add(1);
         if self.n < Self::SPINS {
             std::hint::spin_loop();

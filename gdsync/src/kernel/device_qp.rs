@@ -240,8 +240,10 @@ impl DeviceQp {
                 error: Error::invalid(format!(
                     "QP {:#x}: the kernel left work outstanding ({} sends, {} receives): poll their completions in the kernel first",
                     self.qpn(),
-                    p.sends_posted - p.sends_retired,
-                    p.recvs_posted - p.recvs_retired
+                    // Wrapping: the counters are the kernel's, and one that overshot must
+                    // give a message, not an overflow.
+                    p.sends_posted.wrapping_sub(p.sends_retired),
+                    p.recvs_posted.wrapping_sub(p.recvs_retired)
                 )),
                 qp: Box::new(self),
             });

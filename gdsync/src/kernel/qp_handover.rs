@@ -47,8 +47,8 @@ impl Qp {
             return Err(Error::invalid(format!(
                 "QP {:#x}: work is outstanding ({} send WQEBBs, {} receives): wait for its completions before handing the QP to a kernel",
                 s.qpn,
-                self.sq_pi - s.sq_retired(),
-                self.rq_pi - s.rq_retired()
+                self.sq_pi.wrapping_sub(s.sq_retired()),
+                self.rq_pi.wrapping_sub(s.rq_retired())
             )));
         }
         s.send_cq.hand_to_kernel()?;

@@ -3,7 +3,8 @@
 
 use super::engine::{CqHw, QpHw};
 use super::mr_table::MrTable;
-use super::{help, tcp, Cmd, EngineHandle, Link, Why, MAX_QPS, PEER_WAIT};
+use super::qp_numbers::QpNumbers;
+use super::{help, tcp, Cmd, EngineHandle, Link, Why, PEER_WAIT};
 use crate::device::endpoint::{choose_link, link_reason, Here};
 use crate::device::provider::*;
 use crate::device::{DeviceAttr, Endpoint, LinkKind, LinkPolicy, PortAttr};
@@ -84,11 +85,10 @@ pub(crate) struct SoftDevice {
     uid: u64,
     /// The translation table (the engine reads its own copy).
     mrs: Arc<MrTable>,
-    /// The QP numbers in use (in-process peers check that a QP exists before linking).
-    qpns: Mutex<HashSet<u32>>,
+    /// QP numbers in use and free for reuse.
+    qpns: Mutex<QpNumbers>,
     /// CQ contexts by number, for the QPs created on them.
     cqs: Mutex<HashMap<u32, Arc<CqHw>>>,
-    next_qpn: AtomicU32,
     next_cqn: AtomicU32,
     next_pd: AtomicU32,
     /// Peers this device has a link to, or is dialing.
@@ -208,7 +208,7 @@ impl SoftDevice {
                     remote.device
                 ))
             })?;
-        if !peer.qpns.lock().contains(&remote.qpn) {
+        if !peer.qpns.lock().is_live(remote.qpn) {
             return Err(Error::Unreachable(format!(
                 "device {:016x} has no QP {:#x}",
                 remote.device, remote.qpn
@@ -418,9 +418,8 @@ impl SoftDevice {
         let dev = Arc::new(SoftDevice {
             uid,
             mrs,
-            qpns: Mutex::new(HashSet::new()),
+            qpns: Mutex::new(QpNumbers::default()),
             cqs: Mutex::new(HashMap::new()),
-            next_qpn: AtomicU32::new(1),
             next_cqn: AtomicU32::new(1),
             next_pd: AtomicU32::new(1),
             links: Mutex::new(Links::default()),
@@ -506,12 +505,7 @@ impl Provider for SoftDevice {
             };
             (cq(spec.send_cqn)?, cq(spec.recv_cqn)?)
         };
-        let qpn = self.next_qpn.fetch_add(1, Ordering::Relaxed);
-        if qpn > MAX_QPS {
-            return Err(Error::invalid(format!(
-                "a soft device serves at most {MAX_QPS} QPs"
-            )));
-        }
+        let qpn = self.qpns.lock().take()?;
         // The QP's own UAR page: the doorbell register at the BlueFlame offset.
         let uar = Arc::new(RingMem::new(PAGE));
         let hw = QpHw {
@@ -537,8 +531,10 @@ impl Provider for SoftDevice {
             },
         };
         self.engine.ctl().set_state(qpn, HwQpState::Reset);
-        self.qpns.lock().insert(qpn);
-        self.engine.send(Cmd::AddQp(Box::new(hw)))?;
+        if let Err(e) = self.engine.send(Cmd::AddQp(Box::new(hw))) {
+            self.qpns.lock().give_back(qpn);
+            return Err(e);
+        }
         Ok(QpCreated {
             qpn,
             doorbell: MemAt {
@@ -588,8 +584,10 @@ impl Provider for SoftDevice {
     }
 
     fn destroy_qp(&self, qpn: u32) {
-        self.qpns.lock().remove(&qpn);
-        let _ = self.engine.send(Cmd::RemoveQp(qpn));
+        // Returns once the engine let go of the QP, as a verbs destroy does; commands are
+        // applied in order, so the engine drops it before an AddQp that reuses the number.
+        self.engine.send_and_wait(Cmd::RemoveQp(qpn));
+        self.qpns.lock().give_back(qpn);
     }
 
     fn get_async_event(&self) -> Option<AsyncEvent> {

@@ -31,6 +31,15 @@ const SEG_MAGIC: u64 = u64::from_le_bytes(*b"GDSLINK1");
 const DATA_OFF: usize = 4096;
 const OFF_MAGIC: usize = 0;
 const OFF_CAP: usize = 8;
+/// The creator's pid (u32): whoever finds the file after its creator died may remove it.
+const OFF_CREATOR: usize = 12;
+/// The creator's PID namespace (the inode of `/proc/self/ns/pid`, u64): its pid means
+/// something only to processes of the same namespace (containers may share `/dev/shm` and
+/// not their pids).
+const OFF_PIDNS: usize = 16;
+/// Where the files of links between processes live, and how their names start.
+const SHM_DIR: &str = "/dev/shm";
+const SHM_PREFIX: &str = "gdsync-link-";
 const OFF_CLOSED: usize = 64; // two u32, one per side
 const OFF_HEAD: usize = 128; // two u64 on their own cache lines: 128 and 192
 
@@ -108,12 +117,12 @@ impl Mapping {
         }
     }
     fn u32(&self, off: usize) -> &AtomicU32 {
-        assert!(off + 4 <= self.len && off % 4 == 0);
+        assert!(crate::bounds::fits(off, 4, self.len) && off % 4 == 0);
         // SAFETY: in bounds and aligned (checked; the base is page-aligned).
         unsafe { &*(self.ptr.add(off) as *const AtomicU32) }
     }
     fn u64(&self, off: usize) -> &AtomicU64 {
-        assert!(off + 8 <= self.len && off % 8 == 0);
+        assert!(crate::bounds::fits(off, 8, self.len) && off % 8 == 0);
         // SAFETY: in bounds and aligned (checked).
         unsafe { &*(self.ptr.add(off) as *const AtomicU64) }
     }
@@ -180,11 +189,13 @@ impl Producer {
     }
 
     fn has_room(&mut self, bytes: u64) -> bool {
-        if self.pos + bytes - self.cached_head <= self.cap {
+        // Saturating: the head is the consumer's, in memory another process may share.
+        let used = |head: u64| (self.pos + bytes).saturating_sub(head);
+        if used(self.cached_head) <= self.cap {
             return true;
         }
         self.cached_head = self.map.u64(self.head_off).load(Ordering::Acquire);
-        self.pos + bytes - self.cached_head <= self.cap
+        used(self.cached_head) <= self.cap
     }
 
     /// Appends a record of `hdr` and `len` payload bytes filled by `fill`, if there is room.
@@ -275,8 +286,11 @@ impl Consumer {
                 self.pos += self.cap - off;
                 continue;
             }
-            let len = (h.seg_len as usize).min(MTU);
-            // SAFETY: as above; the payload lies inside the record.
+            // A shared-memory ring is written by another process: a length that runs past
+            // the ring's end is cut there rather than trusted.
+            let room = (self.cap - off) as usize - HDR;
+            let len = (h.seg_len as usize).min(MTU).min(room);
+            // SAFETY: as above; the payload lies inside the ring (off + HDR + len <= cap).
             let payload =
                 unsafe { std::slice::from_raw_parts(self.base.add(off as usize + HDR), len) };
             return Some((h, payload));
@@ -387,6 +401,11 @@ pub(crate) struct Link {
 }
 
 impl Link {
+    /// Whether the far end is this engine itself.
+    pub(crate) fn is_loopback(&self) -> bool {
+        matches!(self.live, Liveness::Loopback)
+    }
+
     /// Whether the far end is an engine of another process (shared memory or a transport),
     /// which only that process's threads drive.
     pub(crate) fn is_remote(&self) -> bool {
@@ -446,16 +465,36 @@ impl Link {
     /// up to 30 s) and unlinks it once mapped.
     pub(crate) fn shared_memory(me: u64, peer: u64, pid: u32) -> Result<Self> {
         let (lo, hi) = (me.min(peer), me.max(peer));
-        let path = std::path::PathBuf::from(format!("/dev/shm/gdsync-link-{lo:016x}-{hi:016x}"));
+        let path = std::path::PathBuf::from(format!("{SHM_DIR}/{SHM_PREFIX}{lo:016x}-{hi:016x}"));
         let size = Mapping::size_for(2);
         let creator = me < peer;
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        // SAFETY: a nonnegative return is a new fd we own.
+        let pidfd = (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) });
+        // While waiting for the peer's half: a peer that died during set-up ends the wait.
+        let peer_gone = |what: &str| {
+            process_gone(pid, pidfd.as_ref()).then(|| {
+                Error::Unreachable(format!(
+                    "peer device {peer:016x}: its process {pid} exited before it {what} {}",
+                    path.display()
+                ))
+            })
+        };
         let mut mem = if creator {
+            // Once per process: a job of many processes creates many links, and what a
+            // crashed process left is found by the next process that creates one.
+            static SWEPT: std::sync::Once = std::sync::Once::new();
+            SWEPT.call_once(sweep_orphaned_links);
             SharedMemory::create(&path, size)?
         } else {
             let start = Instant::now();
             loop {
                 if let Some(m) = SharedMemory::open(&path, size)? {
                     break m;
+                }
+                if let Some(e) = peer_gone("created") {
+                    return Err(e);
                 }
                 if start.elapsed() >= PEER_WAIT {
                     return Err(Error::Unreachable(format!(
@@ -475,10 +514,16 @@ impl Link {
         let map = Arc::new(Mapping::shared(mem));
         if creator {
             map.u32(OFF_CAP).store(RING_BYTES as u32, Ordering::Relaxed);
+            map.u32(OFF_CREATOR)
+                .store(std::process::id(), Ordering::Relaxed);
+            map.u64(OFF_PIDNS).store(pid_namespace(), Ordering::Relaxed);
             map.u64(OFF_MAGIC).store(SEG_MAGIC, Ordering::Release);
         } else {
             let start = Instant::now();
             while map.u64(OFF_MAGIC).load(Ordering::Acquire) != SEG_MAGIC {
+                if let Some(e) = peer_gone("initialised") {
+                    return Err(e);
+                }
                 if start.elapsed() > PEER_WAIT {
                     return Err(Error::Unreachable(format!(
                         "{} was never initialised",
@@ -493,10 +538,6 @@ impl Link {
                 ));
             }
         }
-        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-        // SAFETY: a nonnegative return is a new fd we own.
-        let pidfd = (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) });
         let (side, tx, rx) = if creator { (0, 0, 1) } else { (1, 1, 0) };
         Ok(Self::new(
             peer,
@@ -514,11 +555,7 @@ impl Link {
             return !self.dead;
         }
         self.next_check = now + Duration::from_millis(5);
-        let closed = self
-            .map
-            .u32(OFF_CLOSED + 4 * (1 - self.side))
-            .load(Ordering::Acquire)
-            != 0;
+        let closed = self.peer_closed();
         let gone = match &self.live {
             Liveness::Loopback => false,
             Liveness::InProcess => closed,
@@ -550,6 +587,63 @@ impl Link {
             Liveness::Bridged(_) => "the TCP connection closed or failed".into(),
         }
     }
+}
+
+/// Removes link files whose creator died before its peer mapped them (a crash or Ctrl-C
+/// early in a run): the creator's pid is in the file's header. Files still being set up
+/// (no header yet) are left alone unless older than the set-up wait.
+fn sweep_orphaned_links() {
+    let Ok(dir) = std::fs::read_dir(SHM_DIR) else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().starts_with(SHM_PREFIX) {
+            continue;
+        }
+        let path = entry.path();
+        if link_file_orphaned(&path) {
+            match std::fs::remove_file(&path) {
+                Ok(()) => tracing::info!(
+                    "soft device: removed {} (its creator is gone)",
+                    path.display()
+                ),
+                Err(e) => tracing::debug!("soft device: could not remove {}: {e}", path.display()),
+            }
+        }
+    }
+}
+
+/// Whether a link file's creator is gone (or the file never got a header in a long time).
+fn link_file_orphaned(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 24];
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return false; // not ours to judge (another user's, or gone already)
+    };
+    if f.read_exact(&mut head).is_err() || head[..8] != SEG_MAGIC.to_ne_bytes() {
+        let age = f
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok());
+        return age.is_some_and(|a| a > 2 * PEER_WAIT);
+    }
+    let creator = u32::from_ne_bytes(head[12..16].try_into().unwrap_or_default());
+    let namespace = u64::from_ne_bytes(head[16..24].try_into().unwrap_or_default());
+    // Only pids of our own namespace can be judged from our /proc.
+    let ours = pid_namespace();
+    ours != 0
+        && namespace == ours
+        && creator != 0
+        && creator != std::process::id()
+        && process_gone(creator, None)
+}
+
+/// This process's PID namespace: the inode of `/proc/self/ns/pid` (0 if unknown).
+fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
 }
 
 /// Whether process `pid` has ended or is ending. A killed process is readable on its pidfd
@@ -609,7 +703,54 @@ impl Drop for Link {
 
 #[cfg(test)]
 mod liveness_tests {
-    use super::stat_says_exiting;
+    use super::*;
+
+    /// The pid of a process that has exited and been reaped.
+    fn dead_pid() -> u32 {
+        let mut c = std::process::Command::new("true").spawn().unwrap();
+        let pid = c.id();
+        c.wait().unwrap();
+        pid
+    }
+
+    #[test]
+    fn connecting_to_a_peer_that_died_during_set_up_fails_at_once() {
+        // The larger uid opens the file the smaller one creates: this side waits for it.
+        let (me, peer) = (0xFFFF_0000_0000_0001u64 | 1, 0x0000_1111_0000_0001u64);
+        let pid = dead_pid();
+        let start = Instant::now();
+        let err = Link::shared_memory(me, peer, pid)
+            .err()
+            .expect("no link to a dead peer");
+        let took = start.elapsed();
+        assert!(took < Duration::from_secs(2), "took {took:?}");
+        let msg = err.to_string();
+        assert!(msg.contains(&format!("process {pid} exited")), "{msg}");
+    }
+
+    #[test]
+    fn link_files_of_dead_creators_are_swept() {
+        let write = |name: &str, pid: u32, namespace: u64| {
+            let path = std::path::PathBuf::from(format!("{SHM_DIR}/{SHM_PREFIX}{name}"));
+            let mut head = SEG_MAGIC.to_ne_bytes().to_vec();
+            head.extend_from_slice(&(RING_BYTES as u32).to_ne_bytes());
+            head.extend_from_slice(&pid.to_ne_bytes());
+            head.extend_from_slice(&namespace.to_ne_bytes());
+            std::fs::write(&path, head).unwrap();
+            path
+        };
+        let ns = pid_namespace();
+        let orphan = write("test-orphan-0000000000000001", dead_pid(), ns);
+        let mine = write("test-live-0000000000000001", std::process::id(), ns);
+        // A dead pid of another PID namespace may be a live process there.
+        let foreign = write("test-foreign-0000000000000001", dead_pid(), ns ^ 1);
+        sweep_orphaned_links();
+        assert!(!orphan.exists(), "the dead creator's file stays");
+        assert!(mine.exists(), "a live creator's file was removed");
+        assert!(foreign.exists(), "another namespace's file was removed");
+        std::fs::remove_file(mine).unwrap();
+        std::fs::remove_file(foreign).unwrap();
+    }
 
     #[test]
     fn proc_stat_states_and_the_exiting_flag() {

@@ -14,6 +14,7 @@ mod engine;
 mod link;
 mod mr_table;
 mod progress;
+mod qp_numbers;
 pub(crate) mod tcp;
 
 pub(crate) use device::SoftDevice;
@@ -58,6 +59,9 @@ pub(crate) enum Cmd {
 pub(crate) struct EngineCtl {
     cmds: Mutex<Vec<Cmd>>,
     has_cmds: AtomicBool,
+    /// Commands sent so far (counted under the `cmds` lock) and applied by the engine.
+    sent: std::sync::atomic::AtomicU64,
+    applied: std::sync::atomic::AtomicU64,
     stop: AtomicBool,
     /// Set while the engine sleeps between polls; posters then unpark it.
     sleeping: AtomicBool,
@@ -81,12 +85,11 @@ pub(crate) struct EngineHandle {
 #[derive(Clone)]
 pub(crate) struct EngineWaker {
     ctl: Arc<EngineCtl>,
-    thread: Thread,
 }
 
 impl EngineWaker {
     pub(crate) fn wake(&self) {
-        self.ctl.wake_thread(&self.thread);
+        self.ctl.wake();
     }
 }
 
@@ -113,19 +116,19 @@ impl EngineCtl {
         self.has_events.load(Ordering::Acquire)
     }
 
-    /// Unparks the engine thread if it announced a nap.
-    fn wake_thread(&self, thread: &Thread) {
+    /// Unparks the engine thread if it announced a nap (whichever thread calls it).
+    pub(crate) fn wake(&self) {
         // Pairs with the engine's SeqCst store of `sleeping` before its last look.
         fence(Ordering::SeqCst);
         if self.sleeping.load(Ordering::Relaxed) {
-            thread.unpark();
+            self.unpark();
         }
     }
 
-    /// Wakes the engine thread (whichever thread calls it).
-    pub(crate) fn wake(&self) {
+    /// Unparks the engine thread, asleep or not.
+    fn unpark(&self) {
         if let Some(t) = self.thread.get() {
-            self.wake_thread(t);
+            t.unpark();
         }
     }
 }
@@ -135,6 +138,8 @@ impl EngineHandle {
         let ctl = Arc::new(EngineCtl {
             cmds: Mutex::new(Vec::new()),
             has_cmds: AtomicBool::new(false),
+            sent: Default::default(),
+            applied: Default::default(),
             stop: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             thread: std::sync::OnceLock::new(),
@@ -152,10 +157,7 @@ impl EngineHandle {
         core.register();
         Ok(Self {
             core,
-            waker: EngineWaker {
-                ctl,
-                thread: join.thread().clone(),
-            },
+            waker: EngineWaker { ctl },
             join: Mutex::new(Some(join)),
         })
     }
@@ -167,10 +169,47 @@ impl EngineHandle {
                 "the soft device's engine has stopped".into(),
             ));
         }
-        ctl.cmds.lock().push(cmd);
-        ctl.has_cmds.store(true, Ordering::Release);
-        self.waker.thread.unpark();
+        self.post(cmd);
         Ok(())
+    }
+
+    /// Queues a command; returns its sequence number.
+    fn post(&self, cmd: Cmd) -> u64 {
+        let ctl = &self.waker.ctl;
+        let seq = {
+            let mut q = ctl.cmds.lock();
+            q.push(cmd);
+            ctl.sent.fetch_add(1, Ordering::AcqRel) + 1
+        };
+        ctl.has_cmds.store(true, Ordering::SeqCst);
+        ctl.unpark();
+        seq
+    }
+
+    /// Sends a command and returns once the engine applied it, as a verbs destroy returns
+    /// once the HCA let go of the object: the caller may then free what the command named,
+    /// and a loop of creates and destroys cannot pile up work for the engine.
+    pub(crate) fn send_and_wait(&self, cmd: Cmd) {
+        let ctl = &self.waker.ctl;
+        if ctl.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let seq = self.post(cmd);
+        let start = std::time::Instant::now();
+        let mut spins = 0u32;
+        while ctl.applied.load(Ordering::Acquire) < seq && !ctl.stop.load(Ordering::Acquire) {
+            self.kick();
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+            if spins % 4096 == 0 && start.elapsed() > std::time::Duration::from_secs(10) {
+                tracing::warn!("soft device: the engine has not applied a command for 10 s; going on without it");
+                return;
+            }
+        }
     }
 
     /// After a CPU-side doorbell: wakes the engine if it sleeps, or, when engines progress
@@ -194,7 +233,7 @@ impl EngineHandle {
 
     pub(crate) fn stop(&self) {
         self.waker.ctl.stop.store(true, Ordering::Release);
-        self.waker.thread.unpark();
+        self.waker.ctl.unpark();
         if let Some(j) = self.join.lock().take() {
             if j.thread().id() != std::thread::current().id() {
                 let _ = j.join();

@@ -24,7 +24,7 @@ impl MrEntry {
         addr >= self.addr
             && addr
                 .checked_add(len)
-                .is_some_and(|end| end <= self.addr + self.len)
+                .is_some_and(|end| self.addr.checked_add(self.len).is_some_and(|e| end <= e))
     }
 
     /// The device's DMA write: copies `src` to `addr`, which must lie inside the region.

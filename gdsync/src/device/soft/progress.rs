@@ -4,9 +4,9 @@
 //! each engine's thread spins on its doorbells (the lowest latency). When the engines and
 //! the ranks' polling threads outnumber the cores, spinning engines take turns with the
 //! ranks on the scheduler and a round trip costs tens of microseconds. Then the process
-//! switches to **shared progress** (logged once at info level): a thread that rings a doorbell or finds nothing to poll
-//! runs the engines' rounds itself, as software RDMA providers progress on the caller's
-//! thread, and the engine threads nap between short looks (they still serve doorbells that
+//! switches to **shared progress** (logged once at info level): a thread that rings a
+//! doorbell or finds nothing to poll runs the engines' rounds itself, as software RDMA
+//! providers progress on the caller's thread, and the engine threads nap between short looks (they still serve doorbells that
 //! streams, kernels and other processes ring, and the timers).
 //!
 //! `GDSYNC_SOFT_PROGRESS=thread|shared|auto` chooses; `auto` (the default) shares when
@@ -157,22 +157,28 @@ impl EngineCore {
 
     /// Makes the engine visible to helpers and counts it.
     pub(super) fn register(self: &Arc<Self>) {
-        ENGINES.write().push(self.clone());
+        let mut all = ENGINES.write();
+        all.push(self.clone());
         GENERATION.fetch_add(1, Ordering::AcqRel);
         LIVE.fetch_add(1, Ordering::AcqRel);
+        // Under the list's lock: concurrent starts and stops decide in turn.
         update_mode();
+        drop(all);
     }
 
     /// After the engine thread ended: forgets the engine and drops its queues and links
     /// (helpers may still hold the core for a moment).
     pub(super) fn unregister(self: &Arc<Self>) {
-        ENGINES.write().retain(|c| !Arc::ptr_eq(c, self));
+        let mut all = ENGINES.write();
+        all.retain(|c| !Arc::ptr_eq(c, self));
         GENERATION.fetch_add(1, Ordering::AcqRel);
         LIVE.fetch_sub(1, Ordering::AcqRel);
+        // Under the list's lock: concurrent starts and stops decide in turn.
         update_mode();
-        if let Some(mut e) = self.engine.try_lock() {
-            e.clear();
-        }
+        drop(all);
+        // Blocking: helpers let go at once when they see `stop`, and the links must close
+        // now (an in-process peer learns of the loss from their closed flags).
+        self.engine.lock().clear();
     }
 
     /// Runs rounds until one finds nothing to do. When another thread holds the engine,
@@ -191,15 +197,8 @@ impl EngineCore {
             let Some(mut e) = self.engine.try_lock() else {
                 return work;
             };
-            if self.ctl.stop.load(Ordering::Acquire) || (who == Who::Helper && e.has_gpu_regions())
-            {
-                // Copies to GPU memory bind a CUDA context: only the engine's thread runs.
-                drop(e);
-                self.ctl.wake();
+            if self.ctl.stop.load(Ordering::Acquire) {
                 return work;
-            }
-            if who == Who::Helper && !self.helped.load(Ordering::Relaxed) {
-                self.helped.store(true, Ordering::Relaxed);
             }
             // Helpers refresh the clock; the timers run when the engine thread asked for
             // them (each time it wakes), whoever holds the engine then.
@@ -208,6 +207,18 @@ impl EngineCore {
             loop {
                 let mut tick = self.timers_asked.swap(false, Ordering::AcqRel);
                 for _ in 0..1024 {
+                    // Copies to GPU memory bind a CUDA context to the thread that makes
+                    // them: with GPU regions (checked before every round, one may have been
+                    // registered meanwhile) only the engine's own thread runs rounds.
+                    if who == Who::Helper && e.has_gpu_regions() {
+                        self.asked.store(true, Ordering::SeqCst);
+                        drop(e);
+                        self.ctl.wake();
+                        return work;
+                    }
+                    if who == Who::Helper && !self.helped.load(Ordering::Relaxed) {
+                        self.helped.store(true, Ordering::Relaxed);
+                    }
                     if !e.round(tick) {
                         break;
                     }
@@ -261,7 +272,9 @@ pub(crate) fn help(why: Why) {
 
 #[cold]
 fn help_all(why: Why) {
-    MINE.with(|m| {
+    // (`try_with`: a queue dropped by another thread-local's destructor late in a thread's
+    // exit finds this one gone; the engine thread then does the work.)
+    let _ = MINE.try_with(|m| {
         let Ok(mut m) = m.try_borrow_mut() else {
             return; // re-entered from inside a round: the outer call drives
         };
@@ -335,8 +348,8 @@ fn nap(core: &EngineCore, backoff: &mut Backoff) {
 fn shared_step(core: &EngineCore, idle_since: &mut Option<Instant>) {
     let now = Instant::now();
     core.timers_asked.store(true, Ordering::Release);
-    core.asked.store(true, Ordering::SeqCst);
-    if core.help(Who::Engine, Why::Poll) {
+    // As a doorbell: if a helper holds the engine, it runs the rounds (timers included).
+    if core.help(Who::Engine, Why::Doorbell) {
         *idle_since = Some(now);
     }
     let idle = now.duration_since(*idle_since.get_or_insert(now));
@@ -349,7 +362,8 @@ fn shared_step(core: &EngineCore, idle_since: &mut Option<Instant>) {
     core.ctl.sleeping.store(true, Ordering::SeqCst);
     // (A thread that holds the engine now is driving it: no reason to stay awake.)
     let again = core.engine.try_lock().is_some_and(|mut e| e.last_look());
-    if !again && !core.ctl.has_cmds.load(Ordering::Acquire) {
+    // (A doorbell whose thread found the engine busy during the last look is waiting.)
+    if !again && !core.ctl.has_cmds.load(Ordering::Acquire) && !core.asked.load(Ordering::SeqCst) {
         let k = (idle.as_micros() / 200).min(5) as u32;
         std::thread::park_timeout(Duration::from_micros(32 << k));
     }

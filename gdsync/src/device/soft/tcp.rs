@@ -111,11 +111,35 @@ pub(crate) fn decode_header(b: &[u8; FRAME_HDR]) -> std::result::Result<PktHeade
     Ok(h)
 }
 
+/// A buffer for [`read_frame`]: room for the largest payload a frame may carry (one MTU).
+pub(crate) fn payload_buffer() -> Vec<u8> {
+    vec![0u8; MTU]
+}
+
+/// Reads the next frame from `rd`: its header, and its payload into the start of `payload`
+/// (at least one MTU). An error for a stream that ends or is corrupt: every field the reader
+/// relies on is checked ([`decode_header`]) before a byte of payload is read.
+pub(crate) fn read_frame(
+    rd: &mut impl Read,
+    payload: &mut [u8],
+) -> std::result::Result<PktHeader, String> {
+    let mut hb = [0u8; FRAME_HDR];
+    rd.read_exact(&mut hb)
+        .map_err(|e| format!("connection closed: {e}"))?;
+    let h = decode_header(&hb).map_err(|e| format!("corrupt stream: {e}"))?;
+    let body = payload
+        .get_mut(..h.seg_len as usize)
+        .ok_or_else(|| format!("a segment of {} bytes does not fit the buffer", h.seg_len))?;
+    rd.read_exact(body)
+        .map_err(|e| format!("connection closed inside a frame: {e}"))?;
+    Ok(h)
+}
+
 // ---------------------------------------------------------------------------- hello
 
 const HELLO_MAGIC: [u8; 8] = *b"GDSTCP01";
-const HELLO_LEN: usize = 48;
-const ANSWER_LEN: usize = 16;
+pub(crate) const HELLO_LEN: usize = 48;
+pub(crate) const ANSWER_LEN: usize = 16;
 
 /// The dialer's first message: who dials whom, and what the frames will look like.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,7 +176,7 @@ impl Hello {
 
     /// `GDSTCP01`, dialer uid, target uid, host id (u64 LE each), pid, MTU (u32 LE), byte
     /// order (1 little-endian, 2 big-endian), 7 zero bytes.
-    fn to_bytes(self) -> [u8; HELLO_LEN] {
+    pub(crate) fn to_bytes(self) -> [u8; HELLO_LEN] {
         let mut b = [0u8; HELLO_LEN];
         b[..8].copy_from_slice(&HELLO_MAGIC);
         b[8..16].copy_from_slice(&self.dialer.to_le_bytes());
@@ -164,7 +188,7 @@ impl Hello {
         b
     }
 
-    fn from_bytes(b: &[u8; HELLO_LEN]) -> Option<Self> {
+    pub(crate) fn from_bytes(b: &[u8; HELLO_LEN]) -> Option<Self> {
         if b[..8] != HELLO_MAGIC {
             return None;
         }
@@ -211,7 +235,14 @@ impl Answer {
         b
     }
 
-    fn describe(code: u32) -> String {
+    /// The code of an answer's bytes; `None` if they do not start with the hello marker.
+    pub(crate) fn code_of(b: &[u8; ANSWER_LEN]) -> Option<u32> {
+        let (magic, rest) = b.split_first_chunk::<8>()?;
+        let code = rest.first_chunk::<4>()?;
+        (*magic == HELLO_MAGIC).then(|| u32::from_le_bytes(*code))
+    }
+
+    pub(crate) fn describe(code: u32) -> String {
         match Self::ALL.into_iter().find(|a| *a as u32 == code) {
             Some(Answer::Accepted) => "accepted".into(),
             Some(Answer::NoDevice) => "its process has no such device (dropped?)".into(),
@@ -258,10 +289,10 @@ pub(crate) fn dial(addr: SocketAddr, hello: &Hello, engine: EngineWaker) -> Resu
         .map_err(|e| fail("send hello", &e))?;
     let mut a = [0u8; ANSWER_LEN];
     s.read_exact(&mut a).map_err(|e| fail("no answer", &e))?;
-    if a[..8] != HELLO_MAGIC {
+    let Some(code) = Answer::code_of(&a) else {
         return Err(fail("answer", &"not a gdsync soft-device listener"));
-    }
-    match u32::from_le_bytes(a[8..12].try_into().unwrap()) {
+    };
+    match code {
         code if code == Answer::Accepted as u32 => bridge(s, target, engine).map(Dialed::Linked),
         code if code == Answer::Crossed as u32 || code == Answer::AlreadyLinked as u32 => {
             Ok(Dialed::TheirDial)
@@ -435,20 +466,13 @@ fn outbound(mut ring: Consumer, mut sock: TcpStream, signal: &BridgeSignal) {
 /// Socket → engine's receive ring, in stream order; waits for room when the ring is full.
 fn inbound(mut ring: Producer, sock: TcpStream, signal: &BridgeSignal, engine: &EngineWaker) {
     let mut rd = BufReader::with_capacity(READ_BUF, sock);
-    let mut payload = vec![0u8; MTU];
+    let mut payload = payload_buffer();
     let why = loop {
-        let mut hb = [0u8; FRAME_HDR];
-        if let Err(e) = rd.read_exact(&mut hb) {
-            break format!("connection closed: {e}");
-        }
-        let h = match decode_header(&hb) {
+        let h = match read_frame(&mut rd, &mut payload) {
             Ok(h) => h,
-            Err(e) => break format!("corrupt stream: {e}"),
+            Err(e) => break e,
         };
-        let body = &mut payload[..h.seg_len as usize];
-        if let Err(e) = rd.read_exact(body) {
-            break format!("connection closed inside a frame: {e}");
-        }
+        let body = &payload[..h.seg_len as usize];
         if !deliver(&mut ring, &h, body, signal, engine) {
             break "the link closed".into();
         }

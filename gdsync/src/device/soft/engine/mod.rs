@@ -232,6 +232,11 @@ impl Engine {
             work |= self.pump(li);
             work |= self.poll_link(li);
             work |= self.pump(li);
+            // On the loopback link the answers just sent are this engine's to read: take
+            // them now (an acknowledgement completes its WQE in this round, not the next).
+            if self.links[li].link.is_loopback() {
+                work |= self.poll_link(li);
+            }
         }
         if tick {
             work |= self.timers(Instant::now());
@@ -284,8 +289,10 @@ impl Engine {
 
     /// Applies the control commands queued since the last round.
     fn commands(&mut self) {
+        // Cleared before the take: a command pushed after it sets the flag again.
+        self.ctl.has_cmds.store(false, Ordering::SeqCst);
         let cmds = std::mem::take(&mut *self.ctl.cmds.lock());
-        self.ctl.has_cmds.store(false, Ordering::Release);
+        let n = cmds.len() as u64;
         for c in cmds {
             match c {
                 Cmd::AddQp(hw) => self.add_qp(*hw),
@@ -309,6 +316,7 @@ impl Engine {
                 }),
             }
         }
+        self.ctl.applied.fetch_add(n, Ordering::AcqRel);
     }
 
     /// A new QP, in the QP table and polled from now on.

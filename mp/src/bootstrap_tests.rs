@@ -1,0 +1,135 @@
+//! The TCP bootstrap's decoding of bytes from other processes: length prefixes bounded before
+//! allocation, short and malformed messages as errors, and connections that are not ranks
+//! dropped while the job's ranks still meet.
+
+use super::*;
+use std::io::Cursor;
+
+/// A local port free now (the root binds it next).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port()
+}
+
+/// Rank `rank` of a `size`-rank job whose root listens on local `port`.
+fn job(rank: usize, size: usize, port: u16) -> JobInfo {
+    JobInfo {
+        rank,
+        size,
+        root: format!("127.0.0.1:{port}"),
+    }
+}
+
+/// A raw connection to the root on local `port`, once it listens.
+fn connect_to(port: u16) -> TcpStream {
+    loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => break s,
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+fn framed(len: u32, body: &[u8]) -> Vec<u8> {
+    let mut b = len.to_le_bytes().to_vec();
+    b.extend_from_slice(body);
+    b
+}
+
+#[test]
+fn lengths_are_bounded_before_allocation() {
+    // A 4 GiB prefix with nothing behind it: refused from the prefix alone.
+    let e = get(&mut Cursor::new(framed(u32::MAX, &[])), MAX_RECORD).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+    assert!(e.to_string().contains("4294967295 bytes announced"), "{e}");
+    // Within the bound but cut short: an error, and only what arrived was allocated.
+    let e = get(&mut Cursor::new(framed(1000, &[7; 10])), MAX_RECORD).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+    // A prefix cut short, and an empty stream.
+    assert!(get(&mut Cursor::new(vec![1, 0]), MAX_RECORD).is_err());
+    assert!(get(&mut Cursor::new(vec![]), MAX_RECORD).is_err());
+    // Exactly the bound, and an empty message.
+    let m = get(&mut Cursor::new(framed(4, &[1, 2, 3, 4])), 4).unwrap();
+    assert_eq!(m, [1, 2, 3, 4]);
+    assert!(get(&mut Cursor::new(framed(5, &[0; 5])), 4).is_err());
+    assert!(get(&mut Cursor::new(framed(0, &[])), 0).unwrap().is_empty());
+}
+
+#[test]
+fn hellos_are_exactly_four_bytes() {
+    assert_eq!(decode_hello(&3u32.to_le_bytes()), Some(3));
+    assert_eq!(decode_hello(&[1, 0, 0]), None);
+    assert_eq!(decode_hello(&[1, 0, 0, 0, 0]), None);
+    assert_eq!(decode_hello(&[]), None);
+}
+
+#[test]
+fn packed_exchanges_must_match_the_job() {
+    let packed = [framed(2, b"ab"), framed(0, &[]), framed(1, b"c")].concat();
+    let all = unpack(&packed, 3).unwrap();
+    assert_eq!(all, [b"ab".to_vec(), vec![], b"c".to_vec()]);
+    assert_eq!(unpack(&packed, 2), None, "one contribution too many");
+    assert_eq!(
+        unpack(&packed[..packed.len() - 1], 3),
+        None,
+        "cut in a record"
+    );
+    assert_eq!(unpack(&packed[..3], 1), None, "cut in a prefix");
+    assert_eq!(
+        unpack(&framed(u32::MAX, b"x"), 1),
+        None,
+        "a length past the end"
+    );
+    assert_eq!(unpack(&[], 0), Some(vec![]));
+}
+
+/// Connections that close before a hello, or announce a huge one, are dropped; the real
+/// rank that connects after them still joins, and the exchange completes.
+#[test]
+fn the_root_drops_connections_that_are_not_ranks() {
+    let port = free_port();
+    let info = move |rank| job(rank, 2, port);
+    let timeout = Duration::from_secs(20);
+    let root = std::thread::spawn(move || {
+        let mut b = TcpBootstrap::connect(&info(0), timeout)?;
+        b.all_gather(b"root")
+    });
+    let connect = || connect_to(port);
+    // Closes at once; then a 4 GiB hello; then a hello of the wrong length.
+    drop(connect());
+    connect().write_all(&u32::MAX.to_le_bytes()).unwrap();
+    connect().write_all(&framed(3, &[1, 0, 0])).unwrap();
+    let mut rank1 = TcpBootstrap::connect(&info(1), timeout).unwrap();
+    let all = rank1.all_gather(b"one").unwrap();
+    assert_eq!(all, [b"root".to_vec(), b"one".to_vec()]);
+    assert_eq!(root.join().unwrap().unwrap(), all);
+}
+
+#[test]
+fn oversized_contributions_are_refused_before_sending() {
+    let info = job(0, 1, free_port());
+    let mut b = TcpBootstrap::connect(&info, Duration::from_secs(5)).unwrap();
+    let e = b.all_gather(&vec![0; MAX_RECORD + 1]).unwrap_err();
+    assert!(e.to_string().contains("over the limit"), "{e}");
+    assert_eq!(b.all_gather(b"ok").unwrap(), [b"ok".to_vec()]);
+}
+
+/// A connection that never says which rank it is gets dropped when the hello's time is up
+/// (here the root's whole timeout, 2 s, which is shorter than the hello's 5 s); the rank
+/// queued behind it still joins.
+#[test]
+fn the_root_drops_silent_connections() {
+    let port = free_port();
+    let info = move |rank| job(rank, 2, port);
+    let root = std::thread::spawn(move || {
+        let mut b = TcpBootstrap::connect(&info(0), Duration::from_secs(2))?;
+        b.all_gather(b"root")
+    });
+    let silent = connect_to(port);
+    let mut rank1 = TcpBootstrap::connect(&info(1), Duration::from_secs(20)).unwrap();
+    let all = rank1.all_gather(b"one").unwrap();
+    assert_eq!(root.join().unwrap().unwrap(), all);
+    drop(silent);
+}
