@@ -12,14 +12,15 @@ use crate::mem::{slot_off, RingMem};
 use crate::ops::{KeepAlive, Op, Ops, WaitCond};
 use crate::{Error, Result};
 use parking_lot::{Mutex, RwLock};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// Offsets in a CQ's control block: the doorbell record (`[ci][arm]`, BE32), which the
-/// device reads before it writes a CQE and only the host's polls store, and the retired
-/// counter (native u64), which executors' waits and kernels store as they consume.
+/// device reads before it writes a CQE and whoever consumes a CQE stores (host polls,
+/// executors' waits, kernels), and the retired counter (native u64, free-running), which
+/// kernels store beside it.
 pub(crate) const CQ_DBREC: usize = 0;
 pub(crate) const CQ_RETIRED: usize = 64;
 
@@ -32,6 +33,9 @@ pub(crate) trait CqUser: Send + Sync {
     fn retire_recv(&self, c: u16) -> u64;
     /// Whether the QP is in the error state (for the log line of an error completion).
     fn in_error(&self) -> bool;
+    /// The QP's first error as the device keeps it, if the QP is in the error state and
+    /// that error completed on CQ `cqn` (for errors whose CQE was overwritten).
+    fn first_error_on(&self, cqn: u32) -> Option<CqError>;
 }
 
 /// The CQ as every handle shares it.
@@ -53,9 +57,6 @@ pub(crate) struct CqShared {
     /// Set while a GPU kernel consumes this CQ ([`crate::kernel::DeviceQp`]): host polls
     /// would steal its completions, so they are refused.
     pub kernel_owned: AtomicBool,
-    /// The consumer index as the host last stored it in the doorbell record (a copy of
-    /// `PollState::ci`, for the lock-free check whether executors consumed more).
-    freed: AtomicU64,
     poll: Mutex<PollState>,
     /// The queue sides completing here, by QPN.
     users_by_qpn: RwLock<HashMap<u32, Weak<dyn CqUser>>>,
@@ -63,10 +64,13 @@ pub(crate) struct CqShared {
 }
 
 struct PollState {
-    /// Completions consumed and freed to the device (the doorbell record's index).
+    /// Completions consumed, by host polls or (as far as the host has looked) executors.
     ci: u64,
-    /// Completions whose CQE the host has looked at for errors (at least `ci`).
+    /// Completions whose CQE the host has looked at for errors.
     scanned: u64,
+    /// QPs whose first error is among `errors` (or was taken): a QP's first error read from
+    /// the device after its CQE was overwritten is then not reported twice.
+    reported: HashSet<u32>,
     /// The queue side of the last completion (cleared when that QP is destroyed).
     last: Option<(u32, Arc<dyn CqUser>)>,
     /// Error completions found and not yet taken, with whether a poll logged them: at most
@@ -79,6 +83,9 @@ struct PollState {
 impl PollState {
     /// Keeps an error completion for [`Cq::take_errors`], if there is room.
     fn keep_error(&mut self, e: CqError, logged: bool) {
+        if e.syndrome != Syndrome::WrFlush {
+            self.reported.insert(e.qpn);
+        }
         if self.errors.len() < MAX_KEPT_ERRORS {
             self.errors.push((e, logged));
         } else {
@@ -100,6 +107,8 @@ impl CqShared {
         if st.last.as_ref().is_some_and(|(n, _)| *n == qpn) {
             st.last = None;
         }
+        // (Its number may name a new QP later.)
+        st.reported.remove(&qpn);
     }
 
     /// The device this CQ belongs to.
@@ -118,57 +127,72 @@ impl CqShared {
         st.ci
     }
 
-    /// What executors and kernels consumed: the retired counter they store.
-    fn retired(&self) -> u64 {
-        self.ctrl.u64(CQ_RETIRED).load(Ordering::Acquire)
-    }
-
-    /// Frees the slots of completions executors consumed since the last look, if any (one
-    /// load when there are none).
-    pub(crate) fn catch_up_quick(&self) {
-        if self.retired() > self.freed.load(Ordering::Relaxed) {
-            let mut st = self.poll.lock();
-            self.catch_up(&mut st);
-        }
-    }
-
-    /// Completions executors and kernels consumed beyond `st.ci`: their CQEs are looked at
-    /// for errors (each once), then their slots are freed to the device by storing the
-    /// consumer index in the doorbell record. Until then the device cannot overwrite them,
-    /// so no error an executor stepped over is lost. A kernel stores the doorbell record
-    /// itself (it consumes more than a ring's worth in one launch): its CQEs are looked at
-    /// while the ring still holds them, and its own return codes report every error.
+    /// Takes in what executors and kernels consumed beyond `st.ci`: the doorbell record's
+    /// 24-bit consumer index, which they store as they consume (read relative to `st.ci`:
+    /// they run at most 2^23 completions ahead of the host's last look), and the retired
+    /// counter kernels store beside it. Their CQEs are looked at for errors only when
+    /// errors are asked for ([`Cq::take_errors`]).
     fn catch_up(&self, st: &mut PollState) {
-        let r = self.retired();
-        if r <= st.ci {
-            return;
+        let rec = u64::from(crate::mem::load_be32(&self.ctrl, CQ_DBREC) & 0xFF_FFFF);
+        let ahead = rec.wrapping_sub(st.ci) & 0xFF_FFFF;
+        if ahead < 0x80_0000 {
+            st.ci += ahead;
         }
-        self.scan(st, r);
-        st.ci = r;
-        self.freed.store(r, Ordering::Relaxed);
-        if !self.kernel_owned.load(Ordering::Acquire) {
-            self.ctrl
-                .u32(CQ_DBREC)
-                .store(cq_ci_value(r).native(), Ordering::Release);
-        }
+        st.ci = st.ci.max(self.ctrl.u64(CQ_RETIRED).load(Ordering::Acquire));
     }
 
-    /// Looks at the CQEs from `st.scanned` up to `end` for errors (stopping at one not
-    /// written yet, or overwritten by a later pass).
-    fn scan(&self, st: &mut PollState, end: u64) {
-        while st.scanned < end {
+    /// Looks at the CQEs from `st.scanned` on for errors: those consumed (up to `st.ci`) and
+    /// those written and not consumed yet. A consumed CQE may have been overwritten by the
+    /// device's next pass through the ring (its owner bit then says so, or the host fell
+    /// more than a ring behind): returns whether any was, so the caller asks the device for
+    /// the QPs' first errors instead.
+    fn scan(&self, st: &mut PollState) -> bool {
+        let cnt = self.cnt as u64;
+        let mut lost = false;
+        if st.ci > st.scanned + cnt {
+            lost = true;
+            st.scanned = st.ci - cnt;
+        }
+        while st.scanned < st.ci + cnt {
             let i = st.scanned;
+            let consumed = i < st.ci;
             let off = slot_off(0, i, self.cnt, CQE_SIZE);
             let op_own = self.ring.u8(off + 63).load(Ordering::Acquire);
             if !CqeOwner::is_new(op_own, i, self.cnt) {
-                return;
-            }
-            if CqeOpcode::from_u8(op_own >> 4).is_some_and(CqeOpcode::is_error) {
+                if !consumed {
+                    break; // not written yet
+                }
+                lost = true; // the next pass wrote over it
+            } else if CqeOpcode::from_u8(op_own >> 4).is_some_and(CqeOpcode::is_error) {
                 let mut cqe = Cqe64([0; 64]);
                 self.ring.read(off, &mut cqe.0);
-                st.keep_error(cq_error(&cqe), false);
+                // Still the same CQE after the read: the device did not start writing over it.
+                if self.ring.u8(off + 63).load(Ordering::Acquire) == op_own {
+                    st.keep_error(cq_error(&cqe), false);
+                } else {
+                    lost = true;
+                }
             }
             st.scanned = i + 1;
+        }
+        lost
+    }
+
+    /// The first errors of this CQ's QPs, from the device (`query_qp`), for QPs whose error
+    /// CQE was overwritten before the host looked at it. Each QP's once.
+    fn recover_lost_errors(&self, st: &mut PollState) {
+        let users: Vec<Arc<dyn CqUser>> = self
+            .users_by_qpn
+            .read()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for u in users {
+            if let Some(e) = u.first_error_on(self.cqn) {
+                if !st.reported.contains(&e.qpn) {
+                    st.keep_error(e, false);
+                }
+            }
         }
     }
 
@@ -359,13 +383,13 @@ impl Cq {
             users: AtomicU32::new(0),
             shared_ever: AtomicBool::new(false),
             kernel_owned: AtomicBool::new(false),
-            freed: AtomicU64::new(0),
             poll: Mutex::new(PollState {
                 ci: 0,
                 scanned: 0,
                 last: None,
                 errors: Vec::new(),
                 errors_dropped: 0,
+                reported: HashSet::new(),
             }),
             users_by_qpn: RwLock::new(HashMap::new()),
             ctx: ctx.clone(),
@@ -417,7 +441,7 @@ impl Cq {
             )));
         }
         let mut st = s.poll.lock();
-        // Completions an executor or kernel retired are consumed.
+        // Completions an executor or kernel consumed are consumed.
         s.catch_up(&mut st);
         let mut n = 0;
         while n < max {
@@ -438,7 +462,6 @@ impl Cq {
             }
             st.ci += 1;
             st.scanned = st.scanned.max(st.ci);
-            s.freed.store(st.ci, Ordering::Relaxed);
             s.ctrl
                 .u32(CQ_DBREC)
                 .store(cq_ci_value(st.ci).native(), Ordering::Release);
@@ -461,14 +484,17 @@ impl Cq {
     /// waited for failed (a wait on a completion passes for errors too).
     ///
     /// Errors are learnt from the CQEs themselves: those a CPU poll decoded, those an executor
-    /// or kernel consumed (looked at before their slots are freed), and those written and not
-    /// consumed yet.
+    /// or kernel consumed (still in the ring), and those written and not consumed yet. Where
+    /// the device has since written over a consumed CQE (executors ran more than a ring
+    /// ahead of the last call), each QP's first error comes from the device, which keeps it
+    /// in the QP's context; the flushes that followed it are then not reported.
     pub fn take_errors(&self) -> Vec<CqError> {
         let s = &*self.shared;
         let mut st = s.poll.lock();
         s.catch_up(&mut st);
-        let end = st.scanned.max(st.ci) + s.cnt as u64;
-        s.scan(&mut st, end);
+        if s.scan(&mut st) {
+            s.recover_lost_errors(&mut st);
+        }
         let errors = std::mem::take(&mut st.errors);
         let dropped = std::mem::take(&mut st.errors_dropped);
         drop(st);
@@ -599,12 +625,12 @@ pub(crate) fn wait_ops(s: &Arc<CqShared>, n: u64) -> Ops {
         },
         &ring,
     );
-    // The consumption goes to the retired counter, not the doorbell record: the host frees
-    // the slot (after looking at the CQE for an error) on its next look at the CQ.
+    // Consumed: the slot is the device's again (an error it held is found by the host's
+    // scan while the ring still holds it, else from the QP's context).
     ops.push(
-        Op::Write64 {
-            addr: s.ctrl.addr(CQ_RETIRED),
-            value: n + 1,
+        Op::Write32 {
+            addr: s.ctrl.addr(CQ_DBREC),
+            value: cq_ci_value(n + 1).native(),
         },
         &ctrl,
     );

@@ -10,6 +10,7 @@
 //! tell the host otherwise it reports through [`Provider::query_qp`] and asynchronous events.
 
 use super::{DeviceAttr, Endpoint, LinkKind, PortAttr};
+use crate::format::Syndrome;
 use crate::mem::RingMem;
 use crate::Result;
 use std::sync::Arc;
@@ -132,6 +133,29 @@ impl HwQpState {
     }
 }
 
+/// The first error of a QP, as the device keeps it in the QP's context (a NIC's "last
+/// error" of the QP): what its error CQE said. The host reads it with
+/// [`Provider::query_qp`] when the CQE itself is gone (an executor consumed it and the
+/// device has since written over its slot).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct QpLastError {
+    pub syndrome: Syndrome,
+    /// The WQE opcode (requester errors; 0 for responder errors).
+    pub wqe_opcode: u8,
+    /// The send ring index, or the receive index for responder errors.
+    pub wqe_counter: u16,
+    /// A responder (receive-side) error: its CQE went to the receive CQ.
+    pub responder: bool,
+}
+
+/// `ibv_query_qp`: the QP's state and, once it is in ERROR, its first error (if a WQE or
+/// receive failed; a QP can also go to error without one, e.g. on a CQ overrun).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct QpAttr {
+    pub state: HwQpState,
+    pub last_error: Option<QpLastError>,
+}
+
 /// The path to the peer QP (RTR): its address and number, the starting PSNs and the MTU.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct QpPath {
@@ -203,8 +227,8 @@ pub(crate) trait Provider: Send + Sync {
     fn create_qp(&self, spec: QpSpec) -> Result<QpCreated>;
     /// `ibv_modify_qp`.
     fn modify_qp(&self, qpn: u32, to: QpModify) -> Result<()>;
-    /// `ibv_query_qp`: the QP's state.
-    fn query_qp(&self, qpn: u32) -> HwQpState;
+    /// `ibv_query_qp`: the QP's state (and its first error, once in ERROR).
+    fn query_qp(&self, qpn: u32) -> QpAttr;
     /// `ibv_destroy_qp`.
     fn destroy_qp(&self, qpn: u32);
 

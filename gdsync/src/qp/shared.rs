@@ -4,7 +4,7 @@
 
 use super::{QpConfig, QpState};
 use crate::context::DeviceContext;
-use crate::cq::{CqShared, CqUser};
+use crate::cq::{CqError, CqShared, CqUser};
 use crate::device::provider::{HwQpState, MemAt, QpCreated, QpSpec};
 use crate::format::{SEG_SIZE, WQEBB};
 use crate::mem::RingMem;
@@ -173,15 +173,13 @@ impl QpShared {
     }
     /// The QP's state, as the device reports it (`query_qp`).
     pub(crate) fn state(&self) -> QpState {
-        match self.ctx.provider.query_qp(self.qpn) {
+        match self.ctx.provider.query_qp(self.qpn).state {
             HwQpState::Reset | HwQpState::Init | HwQpState::Rtr => QpState::Init,
             HwQpState::Rts => QpState::Rts,
             HwQpState::Error => QpState::Error,
         }
     }
     pub(crate) fn sq_retired(&self) -> u64 {
-        // Completions a stream consumed free their CQ slots once the host has looked at them.
-        self.send_cq.catch_up_quick();
         self.sq_polled
             .load(Ordering::Acquire)
             .max(self.ctrl.u64(QP_SQ_RETIRED).load(Ordering::Acquire))
@@ -236,6 +234,20 @@ impl CqUser for QpShared {
     }
     fn in_error(&self) -> bool {
         self.state() == QpState::Error
+    }
+    fn first_error_on(&self, cqn: u32) -> Option<CqError> {
+        let e = self.ctx.provider.query_qp(self.qpn).last_error?;
+        let cq = if e.responder {
+            &self.recv_cq
+        } else {
+            &self.send_cq
+        };
+        (cq.cqn == cqn).then_some(CqError {
+            qpn: self.qpn,
+            wqe_counter: e.wqe_counter,
+            syndrome: e.syndrome,
+            responder: e.responder,
+        })
     }
 }
 

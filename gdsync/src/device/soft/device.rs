@@ -530,7 +530,7 @@ impl Provider for SoftDevice {
                 min_rnr_timer: std::time::Duration::from_millis(2),
             },
         };
-        self.engine.ctl().set_state(qpn, HwQpState::Reset);
+        self.engine.ctl().reset_qp(qpn);
         if let Err(e) = self.engine.send(Cmd::AddQp(Box::new(hw))) {
             self.qpns.lock().give_back(qpn);
             return Err(e);
@@ -573,14 +573,14 @@ impl Provider for SoftDevice {
             }
         };
         // The engine's own move to error wins over a later command.
-        if self.query_qp(qpn) != HwQpState::Error {
+        if self.engine.ctl().state(qpn) != HwQpState::Error {
             self.engine.ctl().set_state(qpn, st);
         }
         Ok(())
     }
 
-    fn query_qp(&self, qpn: u32) -> HwQpState {
-        self.engine.ctl().state(qpn)
+    fn query_qp(&self, qpn: u32) -> QpAttr {
+        self.engine.ctl().attr(qpn)
     }
 
     fn destroy_qp(&self, qpn: u32) {

@@ -24,12 +24,12 @@ pub use progress::{progress, progress_mode, progress_mode_for, ProgressMode};
 
 pub(crate) use link::{Link, PEER_WAIT};
 
-use crate::device::provider::{AsyncEvent, QpTimers};
+use crate::device::provider::{AsyncEvent, HwQpState, QpAttr, QpLastError, QpTimers};
 use crate::{Error, Result};
 use engine::QpHw;
 use mr_table::MrTable;
 use parking_lot::Mutex;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicU8;
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::Arc;
@@ -69,6 +69,8 @@ pub(crate) struct EngineCtl {
     thread: std::sync::OnceLock<Thread>,
     /// The QP table's states, by QPN (the device's own memory; `query_qp` reads it).
     states: Box<[AtomicU8]>,
+    /// The first error of each QP in ERROR (the QP context's "last error"), by QPN.
+    last_errors: Mutex<HashMap<u32, QpLastError>>,
     /// Asynchronous events not yet read by the host.
     events: Mutex<VecDeque<AsyncEvent>>,
     has_events: AtomicBool,
@@ -95,12 +97,33 @@ impl EngineWaker {
 
 impl EngineCtl {
     /// The QP's state in the device's QP table.
-    pub(crate) fn state(&self, qpn: u32) -> crate::device::provider::HwQpState {
+    pub(crate) fn state(&self, qpn: u32) -> HwQpState {
         let v = self
             .states
             .get(qpn as usize)
             .map_or(0, |s| s.load(Ordering::Acquire));
-        crate::device::provider::HwQpState::from_u8(v)
+        HwQpState::from_u8(v)
+    }
+
+    /// The QP's state and, in ERROR, its first error (`query_qp`).
+    pub(crate) fn attr(&self, qpn: u32) -> QpAttr {
+        let state = self.state(qpn);
+        let last_error = match state {
+            HwQpState::Error => self.last_errors.lock().get(&qpn).copied(),
+            _ => None,
+        };
+        QpAttr { state, last_error }
+    }
+
+    /// Keeps a QP's first error in its context (later ones leave it).
+    pub(crate) fn note_error(&self, qpn: u32, e: QpLastError) {
+        self.last_errors.lock().entry(qpn).or_insert(e);
+    }
+
+    /// A new QP's context: RESET, no error.
+    pub(crate) fn reset_qp(&self, qpn: u32) {
+        self.last_errors.lock().remove(&qpn);
+        self.set_state(qpn, HwQpState::Reset);
     }
 
     /// The oldest asynchronous event the host has not read.
@@ -144,6 +167,7 @@ impl EngineHandle {
             sleeping: AtomicBool::new(false),
             thread: std::sync::OnceLock::new(),
             states: (0..=MAX_QPS).map(|_| AtomicU8::new(0)).collect(),
+            last_errors: Mutex::new(HashMap::new()),
             events: Mutex::new(VecDeque::new()),
             has_events: AtomicBool::new(false),
         });

@@ -175,6 +175,8 @@ struct EQp {
     /// The peer answered "not ready" and nothing else since: retries are not progress, so
     /// the QP's timeout keeps running across them.
     not_ready: bool,
+    /// A CQE of this QP was dropped because its CQ overran: the QP goes to error.
+    cq_overrun: bool,
 }
 
 struct ELink {
@@ -344,6 +346,7 @@ impl Engine {
             inmsg: None,
             fail_next: None,
             not_ready: false,
+            cq_overrun: false,
         });
         self.active.push(n as u32);
     }

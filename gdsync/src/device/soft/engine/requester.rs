@@ -48,6 +48,12 @@ impl Engine {
         if db == q.last_db && !q.pending && !q.err {
             return false;
         }
+        if q.cq_overrun && !q.err {
+            // A CQE of this QP found its CQ overrun: the QP goes to error (the flushes that
+            // follow are dropped as well while the CQ is in error).
+            self.enter_error(qpn, None);
+            return true;
+        }
         // Receive ring of a QP in error: flush what is posted.
         let work = q.err && super::errors::flush_recv_ring(q);
         if db == q.last_db && !q.pending {
@@ -115,7 +121,7 @@ impl Engine {
             pi,
         };
         if q.err {
-            super::errors::flush_wqe(q, &at.ctrl, opcode, at.nbb);
+            super::errors::flush_wqe(&self.ctl, q, &at.ctrl, opcode, at.nbb);
             return Step::Advanced;
         }
         if fenced(q, &ctrl) {

@@ -5,7 +5,8 @@
 
 use super::super::link::{flag, PktHeader};
 use super::super::mr_table::Slots;
-use super::completion::{err_cqe, push_cqe};
+use super::completion::{err_cqe, Side};
+use super::errors::complete_error;
 use super::links::{nak, reply};
 use super::memory::Seg;
 use super::memory::{scatter, sges_ok};
@@ -169,8 +170,8 @@ impl Engine {
     /// CQE, then the QP to error.
     pub(super) fn responder_error(&mut self, qpn: u32, s: Syndrome) {
         let q = self.qps[qpn as usize].as_mut().unwrap();
-        let mut cqe = err_cqe(CqeOpcode::RespErr, s, 0, q.hw.qpn, q.rq_ci as u16);
-        push_cqe(&q.hw.recv_cq, &mut cqe);
+        let cqe = err_cqe(CqeOpcode::RespErr, s, 0, q.hw.qpn, q.rq_ci as u16);
+        complete_error(&self.ctl, q, Side::Recv, cqe);
         q.rq_ci += 1;
         self.enter_error(qpn, None);
     }
@@ -273,17 +274,16 @@ fn complete_message(q: &mut EQp, h: &PktHeader, m: &InMsg) {
     let Some(op) = m.op.responder_cqe() else {
         return;
     };
-    let hw = &q.hw;
     let mut cqe = Cqe64([0; 64]);
     cqe.set_byte_cnt(m.len);
     if m.op.has_imm() {
         cqe.set_imm(m.imm);
     }
     cqe.set_flags_rqpn(h.src_qpn & 0xFF_FFFF);
-    cqe.set_sop_drop_qpn(hw.qpn);
+    cqe.set_sop_drop_qpn(q.hw.qpn);
     cqe.set_wqe_counter(q.rq_ci as u16);
     cqe.set_op_own(op, m.solicited, 0);
-    push_cqe(&hw.recv_cq, &mut cqe);
+    q.complete(Side::Recv, &mut cqe);
     q.rq_ci += 1;
 }
 
