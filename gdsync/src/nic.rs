@@ -116,6 +116,29 @@ mod tests {
     }
 
     #[test]
+    fn qps_ring_bfregs_of_a_uar_page_and_cpu_posts_alternate_halves() {
+        let dev = Device::soft().unwrap();
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq(64).unwrap();
+        let mut a = pd.create_qp(&cq, &cq, &QpConfig::default()).unwrap();
+        let mut b = pd.create_qp(&cq, &cq, &QpConfig::default()).unwrap();
+        let (da, db) = (&a.shared.doorbell, &b.shared.doorbell);
+        assert!(Arc::ptr_eq(&da.mem, &db.mem), "one UAR page");
+        assert_eq!(da.mem.addr(0) % 4096, 0);
+        assert_eq!((da.off, db.off), (0x800, 0xA00));
+        assert_eq!(a.shared.bf_size, 0x100);
+        a.connect(&b.endpoint()).unwrap();
+        b.connect(&a.endpoint()).unwrap();
+        // Each post rings the other half; the device serves both.
+        for (i, half) in [(0u64, 0x100), (1, 0), (2, 0x100)] {
+            a.post_send(&crate::SendWr::nop().wr_id(i)).unwrap();
+            assert_eq!(a.bf_offset, half);
+            let c = cq.wait_one(std::time::Duration::from_secs(20)).unwrap();
+            assert!(c.is_ok() && c.wr_id == i, "{c:?}");
+        }
+    }
+
+    #[test]
     fn one_active_port() {
         let dev = Device::soft().unwrap();
         let p = dev.query_port(1).unwrap();

@@ -107,10 +107,14 @@ pub(crate) struct QpSpec {
 }
 
 /// What the device returns for a new QP: its number and the doorbell register to ring (an
-/// 8-byte store of the WQE's first 8 bytes), in the device's UAR page.
+/// 8-byte store of the last WQE's first 8 bytes), a bfreg in one of the device's UAR pages.
+/// A CPU poster alternates between the register and the one `bf_size` bytes after it, as
+/// libmlx5 does; streams and kernels ring the register itself.
 pub(crate) struct QpCreated {
     pub qpn: u32,
     pub doorbell: MemAt,
+    /// Distance to the bfreg's second half (0: one register only).
+    pub bf_size: usize,
 }
 
 /// QP states, as `ibv_modify_qp` moves them.

@@ -45,6 +45,8 @@ pub struct Qp {
     pub(crate) uncommitted: std::collections::VecDeque<(u64, u64)>,
     /// Starts of prepared sends dropped without a commit.
     abandoned: Arc<parking_lot::Mutex<Vec<u64>>>,
+    /// The half of the doorbell register the next CPU post rings (libmlx5's `bf.offset`).
+    pub(crate) bf_offset: usize,
 }
 
 impl std::fmt::Debug for Qp {
@@ -117,6 +119,7 @@ impl Qp {
             inline: Box::new([0; MAX_WQE_DS * SEG_SIZE]),
             uncommitted: Default::default(),
             abandoned: Default::default(),
+            bf_offset: 0,
         };
         ctx.provider.modify_qp(qpn, QpModify::Init)?;
         if handler == crate::NicHandler::Cpu {

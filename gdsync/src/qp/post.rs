@@ -329,10 +329,12 @@ impl Qp {
         let c = &self.shared.ctrl;
         c.u32(QP_DBREC + 4 * DBREC_SQ)
             .store(qp_dbrec_value(p.end).native(), Ordering::Release);
+        // The register's halves in turn, as libmlx5 rings (executors ring the first).
         let db = &self.shared.doorbell;
         db.mem
-            .u64(db.off)
+            .u64(db.off + self.bf_offset)
             .store(doorbell_value(p.head), Ordering::Release);
+        self.bf_offset ^= self.shared.bf_size;
         self.ctx.provider.kick();
         Ok(p.ticket)
     }

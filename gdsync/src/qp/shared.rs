@@ -90,6 +90,8 @@ pub(crate) struct QpShared {
     pub rq_stride: u32,
     /// The doorbell register the device handed out (in its UAR page).
     pub doorbell: MemAt,
+    /// Where the register's second half lies, which CPU posts alternate with (0: none).
+    pub bf_size: usize,
     pub send_cq: Arc<CqShared>,
     pub recv_cq: Arc<CqShared>,
     pub(super) sq_wrid: Box<[AtomicU64]>,
@@ -144,6 +146,7 @@ impl QpShared {
             rq_cnt,
             rq_stride,
             doorbell: created.doorbell,
+            bf_size: created.bf_size,
             send_cq: send_cq.clone(),
             recv_cq: recv_cq.clone(),
             sq_wrid: (0..sq_cnt).map(|_| AtomicU64::new(0)).collect(),

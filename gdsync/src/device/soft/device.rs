@@ -4,11 +4,11 @@
 use super::engine::{CqHw, QpHw};
 use super::mr_table::MrTable;
 use super::qp_numbers::QpNumbers;
+use super::uar::{UarPages, BF_SIZE};
 use super::{help, tcp, Cmd, EngineHandle, Link, Why, PEER_WAIT};
 use crate::device::endpoint::{choose_link, link_reason, Here};
 use crate::device::provider::*;
 use crate::device::{DeviceAttr, Endpoint, LinkKind, LinkPolicy, PortAttr};
-use crate::mem::{RingMem, PAGE};
 use crate::{Error, Result};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet};
@@ -16,9 +16,6 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
-
-/// Where the doorbell register lies in a UAR page: the BlueFlame offset of mlx5.
-pub(crate) const UAR_DOORBELL: usize = 0x800;
 
 /// The process's devices, by uid, so in-process peers can find each other.
 fn registry() -> &'static Mutex<HashMap<u64, Weak<SoftDevice>>> {
@@ -87,6 +84,8 @@ pub(crate) struct SoftDevice {
     mrs: Arc<MrTable>,
     /// QP numbers in use and free for reuse.
     qpns: Mutex<QpNumbers>,
+    /// The doorbell pages and the QPs' bfregs in them.
+    uars: Mutex<UarPages>,
     /// CQ contexts by number, for the QPs created on them.
     cqs: Mutex<HashMap<u32, Arc<CqHw>>>,
     next_cqn: AtomicU32,
@@ -419,6 +418,7 @@ impl SoftDevice {
             uid,
             mrs,
             qpns: Mutex::new(QpNumbers::default()),
+            uars: Mutex::new(UarPages::default()),
             cqs: Mutex::new(HashMap::new()),
             next_cqn: AtomicU32::new(1),
             next_pd: AtomicU32::new(1),
@@ -506,8 +506,7 @@ impl Provider for SoftDevice {
             (cq(spec.send_cqn)?, cq(spec.recv_cqn)?)
         };
         let qpn = self.qpns.lock().take()?;
-        // The QP's own UAR page: the doorbell register at the BlueFlame offset.
-        let uar = Arc::new(RingMem::new(PAGE));
+        let bfreg = self.uars.lock().alloc(qpn);
         let hw = QpHw {
             qpn,
             pd: spec.pd,
@@ -518,8 +517,7 @@ impl Provider for SoftDevice {
             rq_stride: spec.rq_stride,
             dbrec: spec.dbrec.mem,
             dbrec_off: spec.dbrec.off,
-            uar: uar.clone(),
-            doorbell_off: UAR_DOORBELL,
+            bfreg: bfreg.clone(),
             send_cq,
             recv_cq,
             timers: QpTimers {
@@ -532,15 +530,17 @@ impl Provider for SoftDevice {
         };
         self.engine.ctl().reset_qp(qpn);
         if let Err(e) = self.engine.send(Cmd::AddQp(Box::new(hw))) {
+            self.uars.lock().release(qpn);
             self.qpns.lock().give_back(qpn);
             return Err(e);
         }
         Ok(QpCreated {
             qpn,
             doorbell: MemAt {
-                mem: uar,
-                off: UAR_DOORBELL,
+                mem: bfreg.page,
+                off: bfreg.off,
             },
+            bf_size: BF_SIZE,
         })
     }
 
@@ -587,6 +587,7 @@ impl Provider for SoftDevice {
         // Returns once the engine let go of the QP, as a verbs destroy does; commands are
         // applied in order, so the engine drops it before an AddQp that reuses the number.
         self.engine.send_and_wait(Cmd::RemoveQp(qpn));
+        self.uars.lock().release(qpn);
         self.qpns.lock().give_back(qpn);
     }
 

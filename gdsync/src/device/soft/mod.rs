@@ -16,6 +16,7 @@ mod mr_table;
 mod progress;
 mod qp_numbers;
 pub(crate) mod tcp;
+mod uar;
 
 pub(crate) use device::SoftDevice;
 

@@ -23,6 +23,7 @@ mod timers;
 
 use super::link::{Link, PktHeader};
 use super::mr_table::{MrCache, MrTable};
+use super::uar::{Bfreg, BF_SIZE};
 use super::{Cmd, EngineCtl};
 use crate::device::provider::{AsyncEvent, HwQpState, QpTimers};
 use crate::format::*;
@@ -64,15 +65,23 @@ pub(crate) struct QpHw {
     /// The doorbell record (`[RQ][SQ]`, BE32) at `dbrec_off`.
     pub dbrec: Arc<RingMem>,
     pub dbrec_off: usize,
-    /// The UAR page: the doorbell register at `doorbell_off`.
-    pub uar: Arc<RingMem>,
-    pub doorbell_off: usize,
+    /// The doorbell register the device handed out: both halves of a bfreg in a UAR page.
+    pub bfreg: Bfreg,
     pub send_cq: Arc<CqHw>,
     pub recv_cq: Arc<CqHw>,
     pub timers: QpTimers,
 }
 
 impl QpHw {
+    /// Both halves of the QP's doorbell register (a CPU poster alternates between them).
+    #[inline]
+    fn doorbell(&self) -> [u64; 2] {
+        let b = &self.bfreg;
+        [
+            b.page.u64(b.off).load(Ordering::Acquire),
+            b.page.u64(b.off + BF_SIZE).load(Ordering::Acquire),
+        ]
+    }
     /// The receive doorbell record's producer index.
     fn rq_producer(&self) -> u16 {
         (crate::mem::load_be32(&self.dbrec, self.dbrec_off + 4 * DBREC_RQ) & 0xFFFF) as u16
@@ -158,7 +167,8 @@ struct EQp {
     err: bool,
     // requester
     sq_ci: u64,
-    last_db: u64,
+    /// The doorbell register's halves as last seen.
+    last_db: [u64; 2],
     pending: bool,
     next_psn: u32,
     out: VecDeque<OutWqe>,
@@ -328,13 +338,15 @@ impl Engine {
             self.qps.resize_with(n + 1, || None);
         }
         let rnr = hw.timers.rnr_retry;
+        // (A bfreg of a destroyed QP keeps what was last rung there.)
+        let last_db = hw.doorbell();
         self.qps[n] = Some(EQp {
             hw,
             link: None,
             rqpn: 0,
             err: false,
             sq_ci: 0,
-            last_db: 0,
+            last_db,
             pending: false,
             next_psn: 0,
             out: VecDeque::new(),

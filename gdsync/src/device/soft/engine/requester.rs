@@ -10,7 +10,6 @@ use crate::device::provider::{Access, MAX_MESSAGE};
 use crate::format::*;
 use crate::mem::slot_off;
 use smallvec::SmallVec;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// A WQE read and decoded: the message it sends and the local memory it names.
@@ -44,7 +43,7 @@ impl Engine {
         // at once.
         q.hw.buf
             .prefetch(slot_off(q.hw.sq_off, q.sq_ci, q.hw.sq_cnt, WQEBB));
-        let db = q.hw.uar.u64(q.hw.doorbell_off).load(Ordering::Acquire);
+        let db = q.hw.doorbell();
         if db == q.last_db && !q.pending && !q.err {
             return false;
         }
