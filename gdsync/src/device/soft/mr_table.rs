@@ -120,11 +120,37 @@ impl MrCache {
 
 #[derive(Default, Clone)]
 pub(crate) struct Slots {
+    /// (key byte, region) by index.
     slots: Vec<(u8, Option<MrEntry>)>,
     free: Vec<usize>,
+    /// State of the generator of key bytes (0: not seeded yet).
+    key_rng: u64,
 }
 
 impl Slots {
+    /// A random key byte, nonzero and other than `old`.
+    fn key_byte(&mut self, old: u8) -> u8 {
+        if self.key_rng == 0 {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos() as u64;
+            self.key_rng = (t ^ (self as *const Self as u64).rotate_left(32)) | 1;
+        }
+        loop {
+            // xorshift64
+            let mut x = self.key_rng;
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            self.key_rng = x;
+            let b = (x >> 56) as u8;
+            if b != 0 && b != old {
+                return b;
+            }
+        }
+    }
+
     /// The region `key` names, if it is registered.
     pub fn get(&self, key: u32) -> Option<&MrEntry> {
         let (tag, e) = self.slots.get((key >> 8) as usize)?;
@@ -163,12 +189,12 @@ impl MrTable {
                 t.slots.len() - 1
             }
         };
+        // As mlx5 makes keys: index << 8 | a key byte, random, nonzero and new for the slot,
+        // so a stale or guessed key does not name the region now at that index.
+        let old = t.slots[idx].0;
+        let tag = t.key_byte(old);
         let slot = &mut t.slots[idx];
-        // A fresh, nonzero tag per use of the slot, so stale keys do not alias new regions.
-        slot.0 = match slot.0.wrapping_add(1) {
-            0 => 1,
-            n => n,
-        };
+        slot.0 = tag;
         slot.1 = Some(e);
         if e.gpu.is_some() {
             self.gpu_regions.fetch_add(1, Ordering::Relaxed);
@@ -221,5 +247,37 @@ impl MrTable {
     /// engine runs, deregistration has nobody to wait for.
     pub fn set_engine(&self, t: Option<std::thread::Thread>) {
         *self.engine.lock() = t;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> MrSpec {
+        MrSpec {
+            pd: 1,
+            addr: 0x1000,
+            len: 64,
+            access: Access::ALL,
+            memory: MrMemory::Host,
+        }
+    }
+
+    #[test]
+    fn keys_are_an_index_and_a_key_byte_new_for_each_use_of_the_slot() {
+        let t = MrTable::default();
+        let first = t.register(&spec());
+        let mut prev = first;
+        for _ in 0..64 {
+            t.remove(prev);
+            let k = t.register(&spec());
+            assert_eq!(k >> 8, first >> 8, "the freed slot is used again");
+            assert_ne!(k & 0xFF, 0);
+            assert_ne!(k & 0xFF, prev & 0xFF, "a stale key names the new region");
+            assert!(t.inner.read().get(prev).is_none());
+            assert!(t.inner.read().get(k).is_some());
+            prev = k;
+        }
     }
 }
