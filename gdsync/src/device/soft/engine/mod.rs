@@ -106,6 +106,8 @@ const NAK_RNR: u8 = 0xF0;
 /// and the requester's transport retries; here the retry is explicit).
 const NAK_NOT_READY: u8 = 0xF1;
 
+/// Most asynchronous events kept for the host.
+const MAX_EVENTS: usize = 4096;
 /// Most messages queued on a link before a QP stops reading its send ring.
 const MAX_QUEUED: usize = 256;
 /// Retry delay after a NOT_READY NAK.
@@ -412,9 +414,15 @@ impl EngineCtl {
         }
     }
 
-    /// Queues an asynchronous event for the host.
+    /// Queues an asynchronous event for the host. The queue is bounded, as a NIC's event
+    /// queue is: a host that never reads events loses the oldest.
     pub(crate) fn event(&self, e: AsyncEvent) {
-        self.events.lock().push_back(e);
+        let mut q = self.events.lock();
+        if q.len() >= MAX_EVENTS {
+            q.pop_front();
+        }
+        q.push_back(e);
+        drop(q);
         self.has_events.store(true, Ordering::Release);
     }
 }
