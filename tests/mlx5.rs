@@ -1,15 +1,19 @@
 //! The mlx5 control path through gdsync's safe layer, against the real libibverbs and libmlx5
 //! under the emulated kernel driver (uverbs-emu): device list, query device and port, GID
-//! choice, PD, MRs, CQ ring, mlx5dv QP rings, INIT/RTR/RTS and the driver's refusals; and what
-//! is reported without a device. The preload must be in a process's environment from its
+//! choice, PD, MRs, CQ ring, mlx5dv QP rings, INIT/RTR/RTS and the driver's refusals,
+//! `ibv_query_qp`, the async events (port down and up, QP fatal); and what is reported without
+//! a device. The preload must be in a process's environment from its
 //! start, so each test runs its body in a child (this test binary again, with the emulator's
 //! environment). Ignored where rdma-core is not installed.
 
 use gdsync::mlx5::{
-    devices, Context, GidType, LinkLayer, PortState, RdmaError, RemoteQp, RtrAttr, RtsAttr,
+    devices, AsyncEvent, Context, GidType, LinkLayer, PortState, QpState, RdmaError, RemoteQp,
+    RtrAttr, RtsAttr,
 };
 use gdsync::Access;
 use std::sync::Arc;
+use std::time::Duration;
+use uverbs_emu::control;
 
 #[path = "common/emulated.rs"]
 mod emulated;
@@ -249,4 +253,135 @@ fn mlx5_without_a_device_says_so() {
     assert_eq!(e.to_string(), "no RDMA device: no mlx5 device found");
     let e = Context::open("mlx5_0").unwrap_err();
     assert!(e.to_string().contains("present: none"), "{e}");
+}
+
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn mlx5_query_qp_follows_the_connection() {
+    if in_child_under_emulator("mlx5_query_qp_follows_the_connection", "mlx5_0") {
+        return;
+    }
+    let ctx = Context::open("mlx5_0").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let qp = pd.create_qp(&cq, &cq, &Default::default()).unwrap();
+    assert_eq!(qp.query().unwrap().state, QpState::Reset);
+    qp.to_init(1, Access::LOCAL_WRITE | Access::REMOTE_READ)
+        .unwrap();
+    let a = qp.query().unwrap();
+    assert_eq!(
+        (a.state, a.port, a.access),
+        (QpState::Init, 1, Access::LOCAL_WRITE | Access::REMOTE_READ)
+    );
+    let gid = ctx.choose_gid(1, None).unwrap().entry;
+    let peer = RemoteQp {
+        qpn: 0xabc,
+        psn: 0x4242,
+        lid: 0,
+        gid: Some(gid.gid),
+    };
+    qp.to_rtr(&RtrAttr {
+        sgid_index: gid.index as u8,
+        max_dest_rd_atomic: 4,
+        min_rnr_timer: 7,
+        ..RtrAttr::new(peer, 1, 1024)
+    })
+    .unwrap();
+    let a = qp.query().unwrap();
+    assert_eq!(a.state, QpState::Rtr);
+    assert_eq!(
+        (a.remote, a.mtu, a.sgid_index),
+        (peer, 1024, gid.index as u8)
+    );
+    assert_eq!((a.max_dest_rd_atomic, a.min_rnr_timer), (4, 7));
+    qp.to_rts(&RtsAttr {
+        sq_psn: 0x777,
+        timeout: 18,
+        retry_cnt: 5,
+        rnr_retry: 6,
+        max_rd_atomic: 2,
+    })
+    .unwrap();
+    let a = qp.query().unwrap();
+    assert_eq!(a.state, QpState::Rts);
+    assert_eq!(
+        (
+            a.sq_psn,
+            a.timeout,
+            a.retry_cnt,
+            a.rnr_retry,
+            a.max_rd_atomic
+        ),
+        (0x777, 18, 5, 6, 2)
+    );
+    qp.to_error().unwrap();
+    assert_eq!(qp.query().unwrap().state, QpState::Error);
+}
+
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn mlx5_async_events_port_down_and_up_and_qp_fatal() {
+    if in_child_under_emulator(
+        "mlx5_async_events_port_down_and_up_and_qp_fatal",
+        "mlx5_0,mlx5_1:ib:roce",
+    ) {
+        return;
+    }
+    let wait = Duration::from_secs(10);
+    let ctx = Context::open("mlx5_1").unwrap();
+    let other = Context::open("mlx5_1").unwrap();
+    let elsewhere = Context::open("mlx5_0").unwrap();
+    assert_eq!(ctx.next_async_event(Duration::ZERO).unwrap(), None);
+    assert_eq!(
+        ctx.next_async_event(Duration::from_millis(20)).unwrap(),
+        None,
+        "nothing happened"
+    );
+
+    // The link of port 2 goes down: every context of the device hears it, the port says so.
+    control::set_port_state("mlx5_1", 2, false).unwrap();
+    for c in [&ctx, &other] {
+        assert_eq!(
+            c.next_async_event(wait).unwrap(),
+            Some(AsyncEvent::PortError { port: 2 })
+        );
+    }
+    assert_eq!(ctx.query_port(2).unwrap().state, PortState::Down);
+    assert_eq!(ctx.query_port(1).unwrap().state, PortState::Active);
+    assert_eq!(elsewhere.next_async_event(Duration::ZERO).unwrap(), None);
+    let (_, port) = Context::open_first_active().unwrap();
+    assert_eq!(port, 1, "mlx5_0's port is still active");
+    control::set_port_state("mlx5_1", 2, true).unwrap();
+    for c in [&ctx, &other] {
+        let up = c.next_async_event(wait).unwrap().unwrap();
+        assert_eq!(up, AsyncEvent::PortActive { port: 2 });
+        assert_eq!(up.to_string(), "port 2: active");
+    }
+    assert_eq!(ctx.query_port(2).unwrap().state, PortState::Active);
+    assert!(control::set_port_state("mlx5_1", 3, false).is_err());
+
+    // A fatal QP error: the event names the QP, which is now in error; it is acknowledged,
+    // so the QP can be destroyed.
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let qp = pd.create_qp(&cq, &cq, &Default::default()).unwrap();
+    qp.to_init(1, Access::ALL).unwrap();
+    control::qp_fatal(qp.qpn()).unwrap();
+    let fatal = ctx.next_async_event(wait).unwrap().unwrap();
+    assert_eq!(fatal, AsyncEvent::QpFatal { qpn: qp.qpn() });
+    assert!(fatal.to_string().contains("fatal error"), "{fatal}");
+    assert_eq!(qp.query().unwrap().state, QpState::Error);
+    drop(qp);
+    assert!(control::qp_fatal(0xffffff).is_err(), "no such QP");
+    assert_eq!(
+        other.next_async_event(Duration::ZERO).unwrap(),
+        None,
+        "a QP's event goes to its own context only"
+    );
 }

@@ -12,7 +12,9 @@
  *     object in per-context tables (uvemu.h) with the checks the kernel makes: handles of the
  *     right type and context, references that forbid destroying a PD or CQ still in use, QP
  *     state transitions with their required attributes, response lengths honoured;
- *   - backs UAR mmaps with anonymous shared pages and records them.
+ *   - backs UAR mmaps with anonymous shared pages and records them;
+ *   - raises async events (port up/down, QP fatal) on the contexts' async fds when a test
+ *     asks through uvemu_set_port_state() / uvemu_qp_fatal() (uvemu.h).
  * No data path: nothing executes WQEs yet. UVEMU_LOG=1 traces every command to stderr.
  */
 #define _GNU_SOURCE
@@ -57,6 +59,8 @@ enum {
 /* QP states and link layers, as enum ib_qp_state and the port's link_layer name them. */
 enum { QPS_RESET = 0, QPS_INIT = 1, QPS_RTR = 2, QPS_RTS = 3, QPS_ERR = 6 };
 enum { LINK_LAYER_INFINIBAND = 1, LINK_LAYER_ETHERNET = 2 };
+/* Async event types, as enum ib_event_type names them (not in the uapi headers either). */
+enum { IB_EVENT_QP_FATAL = 1, IB_EVENT_PORT_ACTIVE = 9, IB_EVENT_PORT_ERR = 10 };
 
 static int (*r_open)(const char *, int, ...);
 static int (*r_close)(int);
@@ -475,6 +479,8 @@ static int cmd_create_cq(struct cmd *m)
 	struct uvemu_obj *o = obj_new(m->c, UVEMU_CQ, &h);
 	if (!o) return ENOMEM;
 	o->u.cq.buf = d->buf_addr; o->u.cq.dbrec = d->db_addr;
+	o->u.cq.user_handle = m->ex ? ((const struct ib_uverbs_ex_create_cq *)m->in)->user_handle
+				    : ((const struct ib_uverbs_create_cq *)m->in)->user_handle;
 	o->u.cq.entries = cqe + 1; o->u.cq.cqe_size = d->cqe_size; o->u.cq.cqn = next_cqn++;
 	struct ib_uverbs_ex_create_cq_resp r = {0};
 	r.base.cq_handle = h; r.base.cqe = cqe;
@@ -513,6 +519,7 @@ static int cmd_create_qp(struct cmd *m)
 	pd->refs++; scq->refs++; rcq->refs++;
 	o->u.qp.pd = q->pd_handle; o->u.qp.send_cq = q->send_cq_handle; o->u.qp.recv_cq = q->recv_cq_handle;
 	o->u.qp.qpn = next_qpn++;
+	o->u.qp.user_handle = q->user_handle;
 	o->u.qp.buf = d->buf_addr; o->u.qp.dbrec = d->db_addr;
 	o->u.qp.sq_wqebbs = d->sq_wqe_count; o->u.qp.rq_wqes = d->rq_wqe_count;
 	o->u.qp.rq_stride = 1u << d->rq_wqe_shift;
@@ -576,6 +583,9 @@ static int cmd_modify_qp(struct cmd *m)
 		o->u.qp.dlid = q->dest.dlid;
 		o->u.qp.is_global = q->dest.is_global;
 		o->u.qp.sgid_index = q->dest.sgid_index;
+		o->u.qp.hop_limit = q->dest.hop_limit;
+		o->u.qp.traffic_class = q->dest.traffic_class;
+		o->u.qp.sl = q->dest.sl;
 	}
 	if (q->attr_mask & IB_QP_PATH_MTU_MASK) {
 		if (q->path_mtu < 1 || q->path_mtu > 5) return EINVAL;
@@ -589,6 +599,8 @@ static int cmd_modify_qp(struct cmd *m)
 	if (q->attr_mask & IB_QP_RETRY_CNT_MASK) o->u.qp.retry_cnt = q->retry_cnt;
 	if (q->attr_mask & IB_QP_RNR_RETRY_MASK) o->u.qp.rnr_retry = q->rnr_retry;
 	if (q->attr_mask & IB_QP_MIN_RNR_TIMER_MASK) o->u.qp.min_rnr_timer = q->min_rnr_timer;
+	if (q->attr_mask & IB_QP_MAX_QP_RD_ATOMIC_MASK) o->u.qp.max_rd_atomic = q->max_rd_atomic;
+	if (q->attr_mask & IB_QP_MAX_DEST_RD_ATOMIC_MASK) o->u.qp.max_dest_rd_atomic = q->max_dest_rd_atomic;
 	o->u.qp.state = next;
 	if (m->ex && m->out) {
 		struct ib_uverbs_ex_modify_qp_resp r = { .response_length = (uint32_t)m->out_len };
@@ -612,20 +624,28 @@ static int cmd_query_qp(struct cmd *m)
 	r.retry_cnt = o->u.qp.retry_cnt; r.rnr_retry = o->u.qp.rnr_retry; r.min_rnr_timer = o->u.qp.min_rnr_timer;
 	memcpy(r.dest.dgid, o->u.qp.dgid, 16);
 	r.dest.dlid = o->u.qp.dlid; r.dest.is_global = o->u.qp.is_global; r.dest.sgid_index = o->u.qp.sgid_index;
+	r.dest.hop_limit = o->u.qp.hop_limit; r.dest.traffic_class = o->u.qp.traffic_class; r.dest.sl = o->u.qp.sl;
 	r.dest.port_num = o->u.qp.port;
+	r.max_rd_atomic = o->u.qp.max_rd_atomic; r.max_dest_rd_atomic = o->u.qp.max_dest_rd_atomic;
 	put(m->out, m->out_len, &r, sizeof(r));
 	return 0;
 }
 
 /* DEALLOC_PD, DEREG_MR: the handle is the first word; DESTROY_CQ/QP: after the response
- * pointer, with a response of event counts. */
+ * pointer, with a response of the async events raised about the object (completion events
+ * are never raised: there are no completion channels). */
 static int cmd_destroy(struct cmd *m, enum uvemu_obj_type t, int has_response)
 {
 	const uint32_t *w = m->in;
 	uint32_t h = has_response ? w[2] : w[0];
+	struct uvemu_obj *o = obj_get(m->c, h, t);
+	uint32_t events = o ? o->async_events : 0;
 	int rc = obj_destroy(m->c, h, t);
-	if (!rc && has_response) {
-		struct ib_uverbs_destroy_cq_resp r = {0}; /* the QP response has the same size */
+	if (!rc && t == UVEMU_CQ) {
+		struct ib_uverbs_destroy_cq_resp r = { .async_events_reported = events };
+		put(m->out, m->out_len, &r, sizeof(r));
+	} else if (!rc && t == UVEMU_QP) {
+		struct ib_uverbs_destroy_qp_resp r = { .events_reported = events };
 		put(m->out, m->out_len, &r, sizeof(r));
 	}
 	L("   handle %u -> %s", h, rc ? strerror(rc) : "destroyed");
@@ -742,6 +762,57 @@ ssize_t write(int fd, const void *buf, size_t count)
 	pthread_mutex_unlock(&lock);
 	errno = e;
 	return n;
+}
+
+/* ------------------------------------------------------------------ async events */
+
+/* Queues an event on context `c`'s async fd (what libibverbs' ibv_get_async_event reads). */
+static int raise_event(struct uvemu_context *c, uint32_t type, uint64_t element)
+{
+	struct ib_uverbs_async_event_desc ev = { .element = element, .event_type = type };
+	if (c->async_wr < 0) return ENODEV;
+	ssize_t n = r_write(c->async_wr, &ev, sizeof(ev));
+	L("async event %u (element %#llx) on cmd fd %d", type, (unsigned long long)element, c->cmd_fd);
+	return n == (ssize_t)sizeof(ev) ? 0 : EIO;
+}
+
+int uvemu_set_port_state(const char *name, int port, int active)
+{
+	ensure_init();
+	int rc = ENODEV;
+	pthread_mutex_lock(&lock);
+	for (int d = 0; d < ndevices; d++) {
+		if (!name || strcmp(devices[d].name, name)) continue;
+		if (port < 1 || port > devices[d].nports) { rc = EINVAL; break; }
+		devices[d].port[port - 1].active = !!active;
+		rc = 0;
+		for (int i = 0; i < MAX_CONTEXTS && !rc; i++)
+			if (contexts[i].in_use && contexts[i].dev == d && contexts[i].async_wr >= 0)
+				rc = raise_event(&contexts[i], active ? IB_EVENT_PORT_ACTIVE : IB_EVENT_PORT_ERR, (uint64_t)port);
+		break;
+	}
+	pthread_mutex_unlock(&lock);
+	return rc;
+}
+
+int uvemu_qp_fatal(uint32_t qpn)
+{
+	ensure_init();
+	int rc = ENOENT;
+	pthread_mutex_lock(&lock);
+	for (int i = 0; i < MAX_CONTEXTS && rc == ENOENT; i++) {
+		if (!contexts[i].in_use) continue;
+		for (int h = 0; h < UVEMU_MAX_OBJECTS; h++) {
+			struct uvemu_obj *o = &contexts[i].obj[h];
+			if (o->type != UVEMU_QP || o->u.qp.qpn != qpn) continue;
+			o->u.qp.state = QPS_ERR;
+			rc = raise_event(&contexts[i], IB_EVENT_QP_FATAL, o->u.qp.user_handle);
+			o->async_events += !rc;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&lock);
+	return rc;
 }
 
 /* ------------------------------------------------------------------ ioctl, mmap */

@@ -6,8 +6,10 @@
 //! asked for ([`DeviceSpec`]) and runs commands with `SYSFS_PATH` set and the preload library
 //! (`c/uvemu.c`) in `LD_PRELOAD`; the library blocks RDMA netlink, fakes the character devices
 //! and serves the verbs commands of the control path (see its header comment). The preload
-//! must be in a process's environment when it starts: run the work in a child process.
+//! must be in a process's environment when it starts: run the work in a child process. There,
+//! [`control`] raises the events a HCA raises on its own (port down and up, QP fatal).
 
+pub mod control;
 mod sysfs;
 
 pub use sysfs::{parse_devices, write_sysfs, DeviceSpec, PortKind};
