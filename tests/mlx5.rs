@@ -1,8 +1,8 @@
 //! The mlx5 control path through gdsync's safe layer, against the real libibverbs and libmlx5
 //! under the emulated kernel driver (uverbs-emu): device list, query device and port, GID
 //! choice, PD, MRs, CQ ring, mlx5dv QP rings, INIT/RTR/RTS and the driver's refusals,
-//! `ibv_query_qp`, the async events (port down and up, QP fatal); and what is reported without
-//! a device. The preload must be in a process's environment from its
+//! `ibv_query_qp`, the async events (port down and up, QP fatal), the device selection
+//! (`Device::open`, `GDSYNC_DEVICE`, `Device::default`); and what is reported without a device. The preload must be in a process's environment from its
 //! start, so each test runs its body in a child (this test binary again, with the emulator's
 //! environment). Ignored where rdma-core is not installed.
 
@@ -10,7 +10,7 @@ use gdsync::mlx5::{
     devices, AsyncEvent, Context, GidType, LinkLayer, PortState, QpState, RdmaError, RemoteQp,
     RtrAttr, RtsAttr,
 };
-use gdsync::Access;
+use gdsync::{Access, Device, DeviceName, DeviceSelection, DEVICE_VAR};
 use std::sync::Arc;
 use std::time::Duration;
 use uverbs_emu::control;
@@ -384,4 +384,65 @@ fn mlx5_async_events_port_down_and_up_and_qp_fatal() {
         None,
         "a QP's event goes to its own context only"
     );
+}
+
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn mlx5_device_selection_by_name_and_environment() {
+    if in_child_under_emulator(
+        "mlx5_device_selection_by_name_and_environment",
+        "mlx5_0,mlx5_1:ib:roce",
+    ) {
+        return;
+    }
+    // This build drives no mlx5 data path: named, an mlx5 device is a clear error (after its
+    // name and port are checked); chosen automatically, the soft device stays, saying why.
+    let e = Device::open("mlx5_0").unwrap_err();
+    assert!(matches!(e, gdsync::Error::Unsupported(_)), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "unsupported: mlx5_0 port 1: the mlx5 data path is not available in this build \
+         (the soft device is: GDSYNC_DEVICE=soft)"
+    );
+    let e = Device::open("mlx5_9").unwrap_err().to_string();
+    assert!(
+        e.contains("no RDMA device named \"mlx5_9\" (present: mlx5_0, mlx5_1)"),
+        "{e}"
+    );
+    let e = Device::open("mlx5_1:3").unwrap_err().to_string();
+    assert!(e.contains("mlx5_1 has 2 port(s), not 3"), "{e}");
+    control::set_port_state("mlx5_1", 2, false).unwrap();
+    let e = Device::open("mlx5_1:2").unwrap_err().to_string();
+    assert!(
+        e.contains("mlx5_1: no active port (port 2 is PORT_DOWN (1))"),
+        "{e}"
+    );
+    assert!(Device::open("soft").is_ok());
+
+    std::env::remove_var(DEVICE_VAR);
+    let s = DeviceSelection::for_process().unwrap();
+    assert_eq!(s.device, DeviceName::Soft);
+    assert_eq!(
+        s.why,
+        "mlx5_0 port 1 is active, but this build has no mlx5 data path"
+    );
+    assert!(Device::default().is_ok());
+    std::env::set_var(DEVICE_VAR, "mlx5_1:1");
+    let s = DeviceSelection::for_process().unwrap();
+    assert_eq!(
+        (s.device.to_string(), s.why.as_str()),
+        ("mlx5_1:1".into(), "GDSYNC_DEVICE=mlx5_1:1")
+    );
+    assert!(matches!(
+        Device::default(),
+        Err(gdsync::Error::Unsupported(_))
+    ));
+    std::env::set_var(DEVICE_VAR, "mlx5_1:x");
+    let e = Device::default().unwrap_err().to_string();
+    assert!(e.contains("GDSYNC_DEVICE=\"mlx5_1:x\": port \"x\""), "{e}");
+    std::env::set_var(DEVICE_VAR, "soft");
+    assert!(Device::default().is_ok());
 }

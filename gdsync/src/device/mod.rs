@@ -4,10 +4,12 @@
 mod attr;
 mod endpoint;
 pub mod mlx5;
+mod select;
 pub(crate) mod soft;
 
 pub use attr::{DeviceAttr, LinkLayer, PortAttr, PortState};
 pub use endpoint::{Endpoint, LinkKind, LinkPolicy};
+pub use select::{DeviceName, DeviceSelection, DEVICE_VAR};
 pub use soft::{progress, progress_mode, progress_mode_for, ProgressMode};
 
 use crate::cq::Cq;
