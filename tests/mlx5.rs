@@ -15,9 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use uverbs_emu::control;
 
-#[path = "common/emulated.rs"]
-mod emulated;
-use emulated::in_child_under_emulator;
+use uverbs_emu::in_child_under_emulator;
 
 #[test]
 #[cfg_attr(

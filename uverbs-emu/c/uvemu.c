@@ -33,6 +33,7 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include <linux/netlink.h>
 #include <rdma/ib_user_verbs.h>
@@ -46,6 +47,8 @@
 #define MAX_CONTEXTS 64
 #define BFREGS_PER_PAGE 2   /* legacy static UARs: two BlueFlame registers per 4 KiB page */
 #define GID_TABLE_LEN 16    /* what QUERY_PORT reports; the fake sysfs writes that many */
+#define MAX_CMD_BYTES (1u << 20) /* a write() command larger than any verbs command */
+#define MAX_IOCTL_ATTRS 64
 
 /* Mask bits, as enum ib_qp_attr_mask names them (not in the uapi headers). */
 enum {
@@ -256,6 +259,40 @@ int close(int fd)
 	}
 	pthread_mutex_unlock(&lock);
 	return r_close(fd);
+}
+
+/* ------------------------------------------------------------------ the caller's memory */
+
+/* The kernel answers a bad pointer in a command with EFAULT (copy_from_user, copy_to_user),
+ * never a crash; so does the emulator: it reaches the caller's memory through
+ * process_vm_readv/writev on its own process, which check the range. Where a seccomp profile
+ * forbids those calls, it trusts the pointers. */
+static int user_copy(void *dst, const void *src, size_t n, int to_user)
+{
+	if (!n) return 0;
+	struct iovec local = { to_user ? (void *)src : dst, n };
+	struct iovec remote = { to_user ? dst : (void *)src, n };
+	ssize_t got = to_user ? process_vm_writev(getpid(), &local, 1, &remote, 1, 0)
+			      : process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+	if (got == (ssize_t)n) return 0;
+	if (got < 0 && (errno == ENOSYS || errno == EPERM)) {
+		memcpy(dst, src, n);
+		return 0;
+	}
+	return EFAULT;
+}
+
+/* Whether the caller's `n` bytes at `p` can be written: read, then written back unchanged. */
+static int user_writable(void *p, size_t n)
+{
+	char tmp[4096];
+	for (size_t off = 0; off < n; off += sizeof(tmp)) {
+		size_t k = n - off < sizeof(tmp) ? n - off : sizeof(tmp);
+		int rc = user_copy(tmp, (char *)p + off, k, 0);
+		if (!rc) rc = user_copy((char *)p + off, tmp, k, 1);
+		if (rc) return rc;
+	}
+	return 0;
 }
 
 /* ------------------------------------------------------------------ object tables */
@@ -695,7 +732,8 @@ static void core_sizes(uint32_t op, size_t *req, size_t *resp)
 #undef S
 }
 
-/* Frames one write(): headers, core and driver parts, with the kernel's length checks. */
+/* Frames one write() (its bytes copied in already): headers, core and driver parts, with the
+ * kernel's length checks; the response buffer must be writable. */
 static int frame(struct cmd *m, const void *buf, size_t count)
 {
 	const struct ib_uverbs_cmd_hdr *h = buf;
@@ -720,6 +758,7 @@ static int frame(struct cmd *m, const void *buf, size_t count)
 			m->out_len = cresp;
 			m->dout = (char *)m->out + cresp;
 			m->dout_len = out_bytes - cresp;
+			return user_writable(m->out, out_bytes);
 		}
 		return 0;
 	}
@@ -733,7 +772,7 @@ static int frame(struct cmd *m, const void *buf, size_t count)
 	m->din = (const char *)m->in + cin; m->din_len = pin;
 	m->out = (void *)(uintptr_t)eh->response; m->out_len = cout;
 	m->dout = m->out ? (char *)m->out + cout : NULL; m->dout_len = m->out ? pout : 0;
-	if ((cout || pout) && !m->out) return EFAULT;
+	if ((cout || pout) && (!m->out || user_writable(m->out, cout + pout))) return EFAULT;
 	/* Extended commands served: QUERY_DEVICE (its core request is comp_mask + reserved). */
 	if (m->op != IB_USER_VERBS_CMD_QUERY_DEVICE && m->op != IB_USER_VERBS_CMD_MODIFY_QP) return EOPNOTSUPP;
 	if (m->op == IB_USER_VERBS_CMD_MODIFY_QP && cin < sizeof(struct ib_uverbs_ex_modify_qp)) return EINVAL;
@@ -743,10 +782,14 @@ static int frame(struct cmd *m, const void *buf, size_t count)
 static ssize_t uv_write(struct uvemu_context *c, const void *buf, size_t count)
 {
 	struct cmd m = { .c = c };
-	int rc = frame(&m, buf, count);
+	/* The command is read once, into memory of our own, as the kernel copies it in. */
+	void *req = count <= MAX_CMD_BYTES ? malloc(count ? count : 1) : NULL;
+	int rc = count > MAX_CMD_BYTES ? EINVAL : !req ? ENOMEM : user_copy(req, buf, count, 0);
+	if (!rc) rc = frame(&m, req, count);
 	if (!rc && m.op != IB_USER_VERBS_CMD_GET_CONTEXT && c->async_rd < 0) rc = EINVAL; /* no context yet */
 	L("write(fd %d, %zu B) %s%u", c->cmd_fd, count, m.ex ? "EX_" : "", m.op);
 	if (!rc) rc = do_cmd(&m);
+	free(req);
 	if (rc) { L("   -> %s", strerror(rc)); errno = rc; return -1; }
 	return (ssize_t)count;
 }
@@ -833,6 +876,10 @@ static int reg_dmabuf_mr(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 	if (a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->len < 4 || a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->len < 4 ||
 	    !v[UVERBS_ATTR_REG_DMABUF_MR_LENGTH])
 		return EINVAL;
+	/* The key outputs are checked before the region exists, so a bad pointer leaves none. */
+	if (user_writable((void *)(uintptr_t)v[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY], 4) ||
+	    user_writable((void *)(uintptr_t)v[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY], 4))
+		return EFAULT;
 	uint32_t handle;
 	int err;
 	struct uvemu_obj *o = new_mr(c, (uint32_t)v[UVERBS_ATTR_REG_DMABUF_MR_PD_HANDLE],
@@ -843,13 +890,36 @@ static int reg_dmabuf_mr(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 	o->u.mr.iova = v[UVERBS_ATTR_REG_DMABUF_MR_IOVA];
 	o->u.mr.dmabuf_fd = (int)v[UVERBS_ATTR_REG_DMABUF_MR_FD];
 	a[UVERBS_ATTR_REG_DMABUF_MR_HANDLE]->data = handle;
-	memcpy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->data, &o->u.mr.lkey, 4);
-	memcpy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->data, &o->u.mr.rkey, 4);
+	user_copy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->data, &o->u.mr.lkey, 4, 1);
+	user_copy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->data, &o->u.mr.rkey, 4, 1);
 	a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
 	a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
 	L("ioctl MR/REG_DMABUF_MR fd %d offset %#llx len %llu -> mr %u key %#x", o->u.mr.dmabuf_fd,
 	  (unsigned long long)o->u.mr.start, (unsigned long long)o->u.mr.length, handle, o->u.mr.lkey);
 	return 0;
+}
+
+/* One RDMA_VERBS_IOCTL: its header and attributes copied in (with the kernel's length check),
+ * the method run, the attributes copied back (outputs, flags). Methods other than
+ * REG_DMABUF_MR answer ENOTTY: "no ioctl framework", and libibverbs falls back to write(). */
+static int ioctl_method(struct uvemu_context *c, void *arg)
+{
+	union {
+		struct ib_uverbs_ioctl_hdr h;
+		char bytes[sizeof(struct ib_uverbs_ioctl_hdr) + MAX_IOCTL_ATTRS * sizeof(struct ib_uverbs_attr)];
+	} local;
+	struct ib_uverbs_ioctl_hdr *h = &local.h, *user = arg;
+	if (user_copy(h, user, sizeof(*h), 0)) return EFAULT;
+	if (h->object_id != UVERBS_OBJECT_MR || h->method_id != UVERBS_METHOD_REG_DMABUF_MR) {
+		L("ioctl object %#x method %#x -> ENOTTY", h->object_id, h->method_id);
+		return ENOTTY;
+	}
+	size_t attrs = h->num_attrs * sizeof(h->attrs[0]);
+	if (h->num_attrs > MAX_IOCTL_ATTRS || h->length != sizeof(*h) + attrs) return EINVAL;
+	if (user_copy(h->attrs, user->attrs, attrs, 0)) return EFAULT;
+	if (c->async_rd < 0) return EINVAL; /* no context yet */
+	int rc = reg_dmabuf_mr(c, h);
+	return rc ? rc : user_copy(user->attrs, h->attrs, attrs, 1);
 }
 
 int ioctl(int fd, unsigned long req, ...)
@@ -862,14 +932,7 @@ int ioctl(int fd, unsigned long req, ...)
 	pthread_mutex_lock(&lock);
 	struct uvemu_context *c = context_of(fd);
 	if (!c) { pthread_mutex_unlock(&lock); return r_ioctl(fd, req, arg); }
-	int rc = ENOTTY; /* "no ioctl framework": libibverbs falls back to write() */
-	if (req == RDMA_VERBS_IOCTL && arg) {
-		struct ib_uverbs_ioctl_hdr *h = arg;
-		if (h->object_id == UVERBS_OBJECT_MR && h->method_id == UVERBS_METHOD_REG_DMABUF_MR)
-			rc = c->async_rd < 0 ? EINVAL : reg_dmabuf_mr(c, h);
-		else
-			L("ioctl object %#x method %#x -> ENOTTY", h->object_id, h->method_id);
-	}
+	int rc = req == RDMA_VERBS_IOCTL ? ioctl_method(c, arg) : ENOTTY;
 	pthread_mutex_unlock(&lock);
 	if (rc) { errno = rc; return -1; }
 	return 0;
