@@ -109,10 +109,10 @@ fn bad_pingpong_arguments_are_clean_errors() {
         (&["--ranks", "3"][..], "2 ranks"),
         (&["--ranks-as", "mpi"][..], "invalid value"),
         (
-            &["--ranks-as", "procs", "--separate-devices"][..],
-            "--separate-devices",
+            &["--ranks-as", "procs", "--shared-device"][..],
+            "--shared-device",
         ),
-        (&["--raw", "--separate-devices"][..], "--separate-devices"),
+        (&["--raw", "--shared-device"][..], "--shared-device"),
         (&["--size", "8", "--sizes", "16"][..], "cannot be used with"),
         (&["--sizes", "4X"][..], "not a size"),
         (&["--size", "2G"][..], "at most 1 GiB"),

@@ -36,6 +36,7 @@
 #![warn(missing_docs)]
 
 mod bounds;
+mod context;
 mod cq;
 pub mod cuda;
 mod device;
@@ -49,6 +50,7 @@ mod handler;
 pub mod kernel;
 mod mem;
 mod mr;
+mod nic;
 pub mod ops;
 pub mod probe;
 mod qp;
@@ -59,14 +61,15 @@ mod wr;
 pub use cq::{Completion, CompletionOp, Cq, CqError, WcStatus, MAX_KEPT_ERRORS};
 pub use device::mlx5;
 pub use device::{
-    progress, progress_mode, progress_mode_for, Device, DeviceAttr, DeviceInfo, DeviceName,
+    progress, progress_mode, progress_mode_for, Access, DeviceAttr, DeviceInfo, DeviceName,
     DeviceSelection, Endpoint, LinkKind, LinkLayer, LinkPolicy, PortAttr, PortState, ProgressMode,
     DEVICE_VAR,
 };
 pub use error::{Error, Result};
 pub use handler::NicHandler;
-pub use mr::{Access, MemoryRegion, ProtectionDomain, RemoteAddr, RemoteBuf};
+pub use mr::{MemoryRegion, ProtectionDomain};
+pub use nic::Device;
 pub use qp::{CommitError, PreparedSend, Qp, QpConfig, QpState, RecvTicket, SendTicket};
 pub use shm::SharedMemory;
 pub use signal::{PinnedBuffer, SignalWords};
-pub use wr::{RecvWr, SendFlags, SendWr, Sge, WrOp};
+pub use wr::{RecvWr, RemoteAddr, RemoteBuf, SendFlags, SendWr, Sge, WrOp};

@@ -6,8 +6,8 @@
 //! The mlx5 data path plugs in through [`MLX5_DATA_PATH`]; where a build has none, naming an
 //! mlx5 device is an error that says so, and the automatic choice stays on the soft device.
 
-use super::Device;
 use crate::mlx5::{Context, PortState, RdmaError};
+use crate::Device;
 use crate::{Error, Result};
 
 /// The environment variable that picks the device.

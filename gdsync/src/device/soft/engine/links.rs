@@ -3,10 +3,11 @@
 //! memory as each packet goes out.
 
 use super::super::link::{flag, kind, PktHeader, Producer, MTU};
+use super::super::mr_table::Slots;
 use super::memory::gather;
 use super::{resp, Body, Engine, TxJob};
+use crate::device::provider::Access;
 use crate::format::Syndrome;
-use crate::mr::{Access, Slots};
 
 /// What sending a queued message came to.
 enum Emit {
