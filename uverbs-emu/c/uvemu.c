@@ -33,7 +33,6 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/types.h>
-#include <sys/uio.h>
 #include <unistd.h>
 #include <linux/netlink.h>
 #include <rdma/ib_user_verbs.h>
@@ -264,22 +263,29 @@ int close(int fd)
 /* ------------------------------------------------------------------ the caller's memory */
 
 /* The kernel answers a bad pointer in a command with EFAULT (copy_from_user, copy_to_user),
- * never a crash; so does the emulator: it reaches the caller's memory through
- * process_vm_readv/writev on its own process, which check the range. Where a seccomp profile
- * forbids those calls, it trusts the pointers. */
-static int user_copy(void *dst, const void *src, size_t n, int to_user)
+ * never a crash; so does the emulator: it moves the caller's bytes through a pipe of its own,
+ * and the kernel checks both ends (write() from unreadable memory and read() into unwritable
+ * memory fail with EFAULT), with no permission needed. Called with the lock held. */
+static int copy_pipe[2] = { -1, -1 };
+
+static void drain_copy_pipe(void)
 {
-	if (!n) return 0;
-	struct iovec local = { to_user ? (void *)src : dst, n };
-	struct iovec remote = { to_user ? dst : (void *)src, n };
-	ssize_t got = to_user ? process_vm_writev(getpid(), &local, 1, &remote, 1, 0)
-			      : process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
-	if (got == (ssize_t)n) return 0;
-	if (got < 0 && (errno == ENOSYS || errno == EPERM)) {
-		memcpy(dst, src, n);
-		return 0;
+	char b[4096];
+	while (read(copy_pipe[0], b, sizeof(b)) > 0) {}
+}
+
+static int user_copy(void *dst, const void *src, size_t n)
+{
+	if (copy_pipe[0] < 0 && pipe2(copy_pipe, O_CLOEXEC | O_NONBLOCK) < 0) return errno;
+	for (size_t off = 0; off < n; off += 4096) {
+		size_t k = n - off < 4096 ? n - off : 4096; /* at most PIPE_BUF: all or nothing */
+		if (r_write(copy_pipe[1], (const char *)src + off, k) != (ssize_t)k ||
+		    read(copy_pipe[0], (char *)dst + off, k) != (ssize_t)k) {
+			drain_copy_pipe();
+			return EFAULT;
+		}
 	}
-	return EFAULT;
+	return 0;
 }
 
 /* Whether the caller's `n` bytes at `p` can be written: read, then written back unchanged. */
@@ -288,8 +294,8 @@ static int user_writable(void *p, size_t n)
 	char tmp[4096];
 	for (size_t off = 0; off < n; off += sizeof(tmp)) {
 		size_t k = n - off < sizeof(tmp) ? n - off : sizeof(tmp);
-		int rc = user_copy(tmp, (char *)p + off, k, 0);
-		if (!rc) rc = user_copy((char *)p + off, tmp, k, 1);
+		int rc = user_copy(tmp, (char *)p + off, k);
+		if (!rc) rc = user_copy((char *)p + off, tmp, k);
 		if (rc) return rc;
 	}
 	return 0;
@@ -784,7 +790,7 @@ static ssize_t uv_write(struct uvemu_context *c, const void *buf, size_t count)
 	struct cmd m = { .c = c };
 	/* The command is read once, into memory of our own, as the kernel copies it in. */
 	void *req = count <= MAX_CMD_BYTES ? malloc(count ? count : 1) : NULL;
-	int rc = count > MAX_CMD_BYTES ? EINVAL : !req ? ENOMEM : user_copy(req, buf, count, 0);
+	int rc = count > MAX_CMD_BYTES ? EINVAL : !req ? ENOMEM : user_copy(req, buf, count);
 	if (!rc) rc = frame(&m, req, count);
 	if (!rc && m.op != IB_USER_VERBS_CMD_GET_CONTEXT && c->async_rd < 0) rc = EINVAL; /* no context yet */
 	L("write(fd %d, %zu B) %s%u", c->cmd_fd, count, m.ex ? "EX_" : "", m.op);
@@ -890,8 +896,8 @@ static int reg_dmabuf_mr(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 	o->u.mr.iova = v[UVERBS_ATTR_REG_DMABUF_MR_IOVA];
 	o->u.mr.dmabuf_fd = (int)v[UVERBS_ATTR_REG_DMABUF_MR_FD];
 	a[UVERBS_ATTR_REG_DMABUF_MR_HANDLE]->data = handle;
-	user_copy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->data, &o->u.mr.lkey, 4, 1);
-	user_copy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->data, &o->u.mr.rkey, 4, 1);
+	user_copy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->data, &o->u.mr.lkey, 4);
+	user_copy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->data, &o->u.mr.rkey, 4);
 	a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
 	a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
 	L("ioctl MR/REG_DMABUF_MR fd %d offset %#llx len %llu -> mr %u key %#x", o->u.mr.dmabuf_fd,
@@ -909,17 +915,17 @@ static int ioctl_method(struct uvemu_context *c, void *arg)
 		char bytes[sizeof(struct ib_uverbs_ioctl_hdr) + MAX_IOCTL_ATTRS * sizeof(struct ib_uverbs_attr)];
 	} local;
 	struct ib_uverbs_ioctl_hdr *h = &local.h, *user = arg;
-	if (user_copy(h, user, sizeof(*h), 0)) return EFAULT;
+	if (user_copy(h, user, sizeof(*h))) return EFAULT;
 	if (h->object_id != UVERBS_OBJECT_MR || h->method_id != UVERBS_METHOD_REG_DMABUF_MR) {
 		L("ioctl object %#x method %#x -> ENOTTY", h->object_id, h->method_id);
 		return ENOTTY;
 	}
 	size_t attrs = h->num_attrs * sizeof(h->attrs[0]);
 	if (h->num_attrs > MAX_IOCTL_ATTRS || h->length != sizeof(*h) + attrs) return EINVAL;
-	if (user_copy(h->attrs, user->attrs, attrs, 0)) return EFAULT;
+	if (user_copy(h->attrs, user->attrs, attrs)) return EFAULT;
 	if (c->async_rd < 0) return EINVAL; /* no context yet */
 	int rc = reg_dmabuf_mr(c, h);
-	return rc ? rc : user_copy(user->attrs, h->attrs, attrs, 1);
+	return rc ? rc : user_copy(user->attrs, h->attrs, attrs);
 }
 
 int ioctl(int fd, unsigned long req, ...)
