@@ -35,6 +35,7 @@
 
 #![warn(missing_docs)]
 
+pub mod auth;
 mod bounds;
 mod cq;
 pub mod cuda;
@@ -58,8 +59,8 @@ mod wr;
 
 pub use cq::{Completion, CompletionOp, Cq, CqError, WcStatus, MAX_KEPT_ERRORS};
 pub use device::{
-    progress, progress_mode, progress_mode_for, Device, DeviceAttr, DeviceInfo, Endpoint, LinkKind,
-    LinkLayer, LinkPolicy, PortAttr, PortState, ProgressMode,
+    accept_tcp_links, host_id, progress, progress_mode, progress_mode_for, Device, DeviceAttr,
+    DeviceInfo, Endpoint, LinkKind, LinkLayer, LinkPolicy, PortAttr, PortState, ProgressMode,
 };
 pub use error::{Error, Result};
 pub use handler::NicHandler;

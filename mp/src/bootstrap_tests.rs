@@ -19,6 +19,7 @@ fn job(rank: usize, size: usize, port: u16) -> JobInfo {
         rank,
         size,
         root: format!("127.0.0.1:{port}"),
+        secret: secret(),
     }
 }
 
@@ -30,6 +31,12 @@ fn connect_to(port: u16) -> TcpStream {
             Err(_) => std::thread::sleep(Duration::from_millis(10)),
         }
     }
+}
+
+/// The secret of the jobs of these tests.
+fn secret() -> JobSecret {
+    static S: std::sync::OnceLock<JobSecret> = std::sync::OnceLock::new();
+    S.get_or_init(|| JobSecret::generate().unwrap()).clone()
 }
 
 fn framed(len: u32, body: &[u8]) -> Vec<u8> {
@@ -132,4 +139,42 @@ fn the_root_drops_silent_connections() {
     let all = rank1.all_gather(b"one").unwrap();
     assert_eq!(root.join().unwrap().unwrap(), all);
     drop(silent);
+}
+
+/// Connections that do not prove the job's secret are dropped, whatever they send: a rank of
+/// another job (another secret), a hello with a proof of zeros, a handshake cut short in the
+/// hello or in the nonce. The real rank that connects after them still joins.
+#[test]
+fn the_root_drops_connections_without_the_job_secret() {
+    let port = free_port();
+    let info = move |rank| job(rank, 2, port);
+    let timeout = Duration::from_secs(20);
+    let root = std::thread::spawn(move || {
+        let mut b = TcpBootstrap::connect(&info(0), timeout)?;
+        b.all_gather(b"root")
+    });
+    let other_job = JobInfo {
+        secret: JobSecret::generate().unwrap(),
+        ..info(1)
+    };
+    let e = TcpBootstrap::connect(&other_job, timeout).err().unwrap();
+    assert!(e.to_string().contains("authentication"), "{e}");
+    let hello = framed(4, &1u32.to_le_bytes());
+    let mut zeros = connect_to(port);
+    zeros.write_all(&hello).unwrap();
+    zeros.write_all(&[0; 32]).unwrap();
+    let mut nonce = [0u8; 32];
+    zeros.read_exact(&mut nonce).unwrap();
+    zeros.write_all(&[0; 32]).unwrap();
+    let mut rest = Vec::new();
+    zeros.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "a proof of zeros got an answer");
+    drop(zeros);
+    connect_to(port).write_all(&hello[..6]).unwrap();
+    connect_to(port)
+        .write_all(&[hello.as_slice(), &[0; 9]].concat())
+        .unwrap();
+    let mut rank1 = TcpBootstrap::connect(&info(1), timeout).unwrap();
+    let all = rank1.all_gather(b"one").unwrap();
+    assert_eq!(root.join().unwrap().unwrap(), all);
 }
