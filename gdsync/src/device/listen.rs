@@ -10,18 +10,21 @@
 use super::soft::tcp::{self, Hello};
 use crate::{Error, Result};
 use parking_lot::Mutex;
+use std::collections::VecDeque;
 use std::ffi::CStr;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::net::{
+    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket,
+};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// `ip` or `ip:port`: where to listen, and the IP endpoints advertise.
 pub(crate) const ADDR_ENV: &str = "GDSYNC_SOFT_ADDR";
 /// An interface name (as `ip link` shows it): listen on its address.
 pub(crate) const IFACE_ENV: &str = "GDSYNC_SOFT_IFACE";
-/// Connections whose handshake is under way at once; more are closed at once (a flood of
-/// connections that say nothing would otherwise hold a thread each, up to the handshake's
-/// timeout).
+/// Connections whose handshake is under way at once; each new one past this closes the oldest
+/// (a flood of connections that say nothing would otherwise hold a thread each, up to the
+/// handshake's timeout, and a legitimate dial still gets through).
 pub(crate) const MAX_HANDSHAKES: usize = 64;
 
 /// The address peers dial, once the listener runs.
@@ -179,35 +182,62 @@ fn interface_addresses() -> Result<Vec<(String, IpAddr)>> {
     Ok(out)
 }
 
+/// Connections in their handshake, oldest first, with a handle to close each.
+struct Pending {
+    next: u64,
+    conns: VecDeque<(u64, TcpStream)>,
+}
+
+static PENDING: Mutex<Pending> = Mutex::new(Pending {
+    next: 0,
+    conns: VecDeque::new(),
+});
+
+/// Files a new connection as in its handshake; past [`MAX_HANDSHAKES`], the oldest is closed
+/// (its thread then ends at once). Returns the new one's id.
+fn admit(stream: &TcpStream, from: SocketAddr) -> u64 {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    let mut p = PENDING.lock();
+    if p.conns.len() >= MAX_HANDSHAKES {
+        if let Some((_, oldest)) = p.conns.pop_front() {
+            let _ = oldest.shutdown(Shutdown::Both);
+        }
+        if !WARNED.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "soft device: {MAX_HANDSHAKES} TCP connections are in their handshake at once: closing the oldest for each new one (the latest from {from}; a connection flood?)"
+            );
+        }
+    }
+    p.next += 1;
+    let id = p.next;
+    if let Ok(s) = stream.try_clone() {
+        p.conns.push_back((id, s));
+    }
+    id
+}
+
+fn finished(id: u64) {
+    PENDING.lock().conns.retain(|(i, _)| *i != id);
+}
+
 /// Accepts connections for ever; each is served on a thread of its own (a silent client must
-/// not hold up other dials), at most [`MAX_HANDSHAKES`] at once.
+/// not hold up other dials); at most [`MAX_HANDSHAKES`] are in their handshake at once.
 fn accept_loop(l: TcpListener, on_dial: OnDial) {
-    static IN_HANDSHAKE: AtomicUsize = AtomicUsize::new(0);
-    static WARNED_FULL: AtomicBool = AtomicBool::new(false);
     loop {
         match l.accept() {
             Ok((stream, from)) => {
-                if IN_HANDSHAKE.fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKES {
-                    IN_HANDSHAKE.fetch_sub(1, Ordering::AcqRel);
-                    if !WARNED_FULL.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(
-                            "soft device: {MAX_HANDSHAKES} TCP connections are in their handshake at once: closing new ones (first from {from}) until some finish (a connection flood?)"
-                        );
-                    }
-                    continue;
-                }
-                WARNED_FULL.store(false, Ordering::Relaxed);
+                let id = admit(&stream, from);
                 let r = std::thread::Builder::new()
                     .name("gdsync-tcp-hello".into())
                     .spawn(move || {
                         let hello = tcp::handshake_accepted(&stream, from);
-                        IN_HANDSHAKE.fetch_sub(1, Ordering::AcqRel);
+                        finished(id);
                         if let Some(h) = hello {
                             on_dial(h, stream);
                         }
                     });
                 if let Err(e) = r {
-                    IN_HANDSHAKE.fetch_sub(1, Ordering::AcqRel);
+                    finished(id);
                     tracing::warn!("soft device: cannot serve a TCP dial: {e}");
                 }
             }

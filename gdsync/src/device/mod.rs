@@ -608,4 +608,6 @@ impl ProtectionDomain {
 }
 
 #[cfg(test)]
+mod flood_tests;
+#[cfg(test)]
 mod tcp_tests;
