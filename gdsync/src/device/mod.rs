@@ -351,7 +351,8 @@ impl DeviceShared {
     /// A TCP link to `remote`'s device. The device that connects first dials the other's
     /// listener ([`on_tcp_dial`] accepts); the other's `connect` then finds the link. If both
     /// dial at once, the smaller uid's dial wins and the other device waits for it (up to
-    /// [`soft::PEER_WAIT`]).
+    /// [`soft::PEER_WAIT`]). A peer whose endpoint has no address (its process does not
+    /// listen) always dials this one.
     fn link_tcp(&self, remote: &Endpoint) -> Result<()> {
         let peer = remote.device;
         let Some(addr) = dialable(remote)? else {
