@@ -36,6 +36,8 @@ const QP_TIMEOUT: Duration = Duration::from_millis(800);
 /// The longest a survivor may take to see a fault.
 const NOTICE: Duration = Duration::from_secs(2);
 const WAIT: Duration = Duration::from_secs(20);
+/// Peers killed in one run, each at a random moment of its traffic.
+const KILLS: usize = 3;
 
 // ---------------------------------------------------------------------------- the child
 
@@ -464,9 +466,9 @@ fn random_delay(max_ms: u64) -> Duration {
 /// A hub in one namespace, two peers in the other, a QP pair between the hub and each, all
 /// writing and reading back at once. A 100 ms cut of the veth link: every QP goes on. A cut
 /// longer than the QPs' timeout: every QP fails with TRANSPORT_RETRY_EXC within 2 s; back up,
-/// new QPs over the same links work. Then one peer is killed (SIGKILL) at a random moment: the
-/// hub's QP to it fails within 2 s, its QP to the other peer goes on, and no byte outside a
-/// region changed in the survivors.
+/// new QPs over the same links work. Then peers are killed (SIGKILL) at random moments, one
+/// after the other: each time the hub's QP to it fails within 2 s, its QP to the other peer goes
+/// on, no byte outside a region changed in the survivors, and a fresh peer links to the hub.
 #[test]
 #[ignore = "needs root and ip netns: cargo test --release --test netns -- --include-ignored"]
 fn netns_tcp_link_cut_and_killed_peer() {
@@ -516,19 +518,29 @@ fn netns_tcp_link_cut_and_killed_peer() {
     let qps = connect_all(&mut ps);
     all_progress(&mut ps, &qps);
 
-    // A peer killed at a random moment.
-    let delay = random_delay(300);
-    println!("killing a peer {delay:?} into its traffic");
-    std::thread::sleep(delay);
-    ps[1].kill();
-    let killed = Instant::now();
-    let s = fails(&mut ps[HUB], qps[0].1, killed, "peer killed");
-    assert!(s == "TransportRetryExc" || s == "WrFlush", "{s}");
-    progresses(&mut ps[HUB], qps[1].1);
-    progresses(&mut ps[2], qps[3].1);
-    for p in [HUB, 2] {
-        ps[p].send("CHECK");
-        assert_eq!(ps[p].expect("CANARY "), "ok", "process {p}");
+    // Peers killed at random moments: the first of this run's, then fresh ones.
+    let mut victim = (1, qps[0].1);
+    for round in 0..KILLS {
+        let delay = random_delay(300);
+        println!("kill {round}: a peer {delay:?} into its traffic");
+        std::thread::sleep(delay);
+        ps[victim.0].kill();
+        let killed = Instant::now();
+        let s = fails(&mut ps[HUB], victim.1, killed, "peer killed");
+        assert!(s == "TransportRetryExc" || s == "WrFlush", "{s}");
+        progresses(&mut ps[HUB], qps[1].1);
+        progresses(&mut ps[2], qps[3].1);
+        for p in [HUB, 2] {
+            ps[p].send("CHECK");
+            assert_eq!(ps[p].expect("CANARY "), "ok", "process {p}");
+        }
+        ps[1] = net.spawn(1, "peer", &[]);
+        let [hub, fresh, _] = &mut ps;
+        let (h, p) = pair(hub, fresh, 0);
+        hub.send(&format!("RUN {h}"));
+        fresh.send(&format!("RUN {p}"));
+        progresses(hub, h);
+        victim = (1, h);
     }
 }
 
