@@ -335,14 +335,9 @@ pub(crate) fn decode_hello(hello: &[u8]) -> Option<usize> {
     usize::try_from(u32::from_le_bytes(b)).ok()
 }
 
-/// What the job-secret proofs of a bootstrap connection are for ([`gdsync::auth`]).
+/// What the job-secret proofs of a bootstrap connection are for ([`gdsync::auth`]); they also
+/// cover the rank's hello. (Not the root's address: ranks may name the root differently.)
 const AUTH_PURPOSE: &[u8] = b"gdasync TCP bootstrap";
-
-/// What both sides of a bootstrap connection bind its proofs to: the root's address as the
-/// job names it, and the rank's hello.
-fn auth_context(root: &str, hello: &[u8]) -> Vec<u8> {
-    [root.as_bytes(), b"\0", hello].concat()
-}
 
 /// Reads a connection's hello and checks that it knows the job's secret, all bounded by
 /// [`HELLO_TIMEOUT`] (or `timeout` if shorter).
@@ -358,13 +353,9 @@ fn read_hello(
         .map_err(|e| e.to_string())?;
     let hello = get(s, HELLO_LEN).map_err(|e| e.to_string())?;
     let rank = decode_hello(&hello).ok_or("a malformed hello")?;
-    auth::accept(
-        s,
-        &info.secret,
-        AUTH_PURPOSE,
-        &auth_context(&info.root, &hello),
-    )
-    .map_err(|e| format!("authentication failed ({e}): another job's rank, or no {SECRET_ENV}?"))?;
+    auth::accept(s, &info.secret, AUTH_PURPOSE, &hello).map_err(|e| {
+        format!("authentication failed ({e}): another job's rank, or no {SECRET_ENV}?")
+    })?;
     s.set_read_timeout(Some(timeout))
         .map_err(|e| e.to_string())?;
     s.set_write_timeout(None).map_err(|e| e.to_string())?;
@@ -375,7 +366,7 @@ fn read_hello(
 fn send_hello(s: &mut TcpStream, info: &JobInfo) -> Result<()> {
     let hello = (info.rank as u32).to_le_bytes();
     put(s, &hello).map_err(io("send hello"))?;
-    auth::dial(s, &info.secret, AUTH_PURPOSE, &auth_context(&info.root, &hello)).map_err(|e| {
+    auth::dial(s, &info.secret, AUTH_PURPOSE, &hello).map_err(|e| {
         Error::Unreachable(format!(
             "bootstrap: authentication with the root at {} failed: {e} (does every rank have the same {SECRET_ENV}?)",
             info.root
