@@ -378,6 +378,85 @@ fn io(what: &str) -> impl Fn(std::io::Error) -> Error + '_ {
     move |e| Error::Unreachable(format!("bootstrap: {what}: {e}"))
 }
 
+/// Connections to the root in their handshake at once; each new one past this closes the
+/// oldest (connections that say nothing cost a thread each until their hello's time is up).
+const MAX_HANDSHAKES: usize = 64;
+
+/// A connection to the root whose handshake ended: where from, the socket, and its rank or
+/// why it was refused.
+type Handshake = (SocketAddr, TcpStream, std::result::Result<usize, String>);
+
+/// Rank 0: accepts the other ranks' connections until every rank is there. Each connection's
+/// hello and proof are read on a thread of its own, so a silent or slow connection (a port
+/// scanner, a process without the job's secret) never holds up the ranks behind it.
+fn gather_ranks(l: &TcpListener, info: &JobInfo, timeout: Duration) -> Result<Vec<TcpStream>> {
+    let deadline = Instant::now() + timeout;
+    let (tx, done) = std::sync::mpsc::channel::<Handshake>();
+    let mut pending: std::collections::VecDeque<(SocketAddr, TcpStream)> = Default::default();
+    let mut by_rank: Vec<Option<TcpStream>> = (1..info.size).map(|_| None).collect();
+    while by_rank.iter().any(Option::is_none) {
+        let accepted = match l.accept() {
+            Ok((s, from)) => {
+                s.set_nodelay(true).ok();
+                if pending.len() >= MAX_HANDSHAKES {
+                    if let Some((_, oldest)) = pending.pop_front() {
+                        let _ = oldest.shutdown(std::net::Shutdown::Both);
+                    }
+                }
+                if let Ok(c) = s.try_clone() {
+                    pending.push_back((from, c));
+                }
+                let (tx, info) = (tx.clone(), info.clone());
+                std::thread::Builder::new()
+                    .name("gdasync-boot-hello".into())
+                    .spawn(move || {
+                        let mut s = s;
+                        let r = read_hello(&mut s, &info, timeout);
+                        let _ = tx.send((from, s, r));
+                    })
+                    .map_err(|e| Error::os("spawn a bootstrap thread", e))?;
+                true
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+            Err(e) => return Err(io("accept")(e)),
+        };
+        while let Ok((from, s, r)) = done.try_recv() {
+            pending.retain(|(a, _)| *a != from);
+            match r {
+                // Not a rank of this job (or one too slow to say which): dropped; the real
+                // ones are still awaited.
+                Err(e) => tracing::warn!(
+                    "bootstrap: dropped a connection from {from} to {}: {e} (not a gdasync rank?)",
+                    info.root
+                ),
+                Ok(r) if r == 0 || r >= info.size || by_rank[r - 1].is_some() => {
+                    return Err(Error::invalid(format!(
+                        "bootstrap: a process said it is rank {r}, which is out of range for {} ranks or already here: does another job use {}? (set GDSYNC_ROOT to a free address)",
+                        info.size, info.root
+                    )));
+                }
+                Ok(r) => by_rank[r - 1] = Some(s),
+            }
+        }
+        if Instant::now() > deadline {
+            let missing: Vec<usize> = by_rank
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.is_none())
+                .map(|(i, _)| i + 1)
+                .collect();
+            return Err(Error::Timeout {
+                what: format!("ranks {missing:?} to connect to {}", info.root),
+                timeout_ms: timeout.as_millis() as u64,
+            });
+        }
+        if !accepted {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    Ok(by_rank.into_iter().flatten().collect())
+}
+
 impl TcpBootstrap {
     /// Joins the job `info`: rank 0 listens at `info.root`, the others connect (retrying for
     /// up to `timeout`). Every socket read is bounded by `timeout` too. Each connection proves
@@ -414,51 +493,7 @@ impl TcpBootstrap {
         if info.rank == 0 {
             let l = TcpListener::bind(addr).map_err(io("bind the root address"))?;
             l.set_nonblocking(true).map_err(io("listen"))?;
-            let deadline = Instant::now() + timeout;
-            let mut by_rank: Vec<Option<TcpStream>> = (1..info.size).map(|_| None).collect();
-            while by_rank.iter().any(Option::is_none) {
-                match l.accept() {
-                    Ok((mut s, from)) => {
-                        s.set_nodelay(true).ok();
-                        let r = match read_hello(&mut s, info, timeout) {
-                            Ok(r) => r,
-                            Err(e) => {
-                                // Not a rank of this job (or one too slow to say which): drop
-                                // it and keep waiting for the real ones.
-                                tracing::warn!(
-                                    "bootstrap: dropped a connection from {from} to {}: {e} (not a gdasync rank?)",
-                                    info.root
-                                );
-                                continue;
-                            }
-                        };
-                        if r == 0 || r >= info.size || by_rank[r - 1].is_some() {
-                            return Err(Error::invalid(format!(
-                                "bootstrap: a process said it is rank {r}, which is out of range for {} ranks or already here: does another job use {}? (set GDSYNC_ROOT to a free address)",
-                                info.size, info.root
-                            )));
-                        }
-                        by_rank[r - 1] = Some(s);
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        if Instant::now() > deadline {
-                            let missing: Vec<usize> = by_rank
-                                .iter()
-                                .enumerate()
-                                .filter(|(_, s)| s.is_none())
-                                .map(|(i, _)| i + 1)
-                                .collect();
-                            return Err(Error::Timeout {
-                                what: format!("ranks {missing:?} to connect to {}", info.root),
-                                timeout_ms: timeout.as_millis() as u64,
-                            });
-                        }
-                        std::thread::sleep(Duration::from_millis(2));
-                    }
-                    Err(e) => return Err(io("accept")(e)),
-                }
-            }
-            streams = by_rank.into_iter().map(Option::unwrap).collect();
+            streams = gather_ranks(&l, info, timeout)?;
         } else {
             let deadline = Instant::now() + timeout;
             let mut s = loop {

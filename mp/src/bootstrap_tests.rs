@@ -125,7 +125,7 @@ fn oversized_contributions_are_refused_before_sending() {
 
 /// A connection that never says which rank it is gets dropped when the hello's time is up
 /// (here the root's whole timeout, 2 s, which is shorter than the hello's 5 s); the rank
-/// queued behind it still joins.
+/// that connects after it joins meanwhile.
 #[test]
 fn the_root_drops_silent_connections() {
     let port = free_port();
@@ -177,4 +177,28 @@ fn the_root_drops_connections_without_the_job_secret() {
     let mut rank1 = TcpBootstrap::connect(&info(1), timeout).unwrap();
     let all = rank1.all_gather(b"one").unwrap();
     assert_eq!(root.join().unwrap().unwrap(), all);
+}
+
+/// Connections that say nothing are handled beside the ranks, not before them: with ten of
+/// them in front, the rank behind still joins, long before the silent ones' hellos time out
+/// (each would have held the root for 5 s, 50 s in all, past the root's 20 s).
+#[test]
+fn silent_connections_do_not_hold_up_the_ranks_behind_them() {
+    let port = free_port();
+    let info = move |rank| job(rank, 2, port);
+    let timeout = Duration::from_secs(20);
+    let root = std::thread::spawn(move || {
+        let mut b = TcpBootstrap::connect(&info(0), timeout)?;
+        b.all_gather(b"root")
+    });
+    let silent: Vec<TcpStream> = (0..10).map(|_| connect_to(port)).collect();
+    let mut rank1 = TcpBootstrap::connect(&info(1), timeout).unwrap();
+    let all = rank1.all_gather(b"one").unwrap();
+    assert_eq!(root.join().unwrap().unwrap(), all);
+    // The silent connections are still open: the root did not wait for them to time out.
+    for mut s in silent {
+        s.set_nonblocking(true).unwrap();
+        let e = s.read(&mut [0u8; 1]).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+    }
 }
