@@ -609,6 +609,4 @@ impl ProtectionDomain {
 }
 
 #[cfg(test)]
-mod flood_tests;
-#[cfg(test)]
 mod tcp_tests;

@@ -11,14 +11,14 @@ use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(20);
 
-pub(super) struct Side {
-    pub dev: Device,
-    pub pd: ProtectionDomain,
-    pub cq: Cq,
-    pub qp: Qp,
+struct Side {
+    dev: Device,
+    pd: ProtectionDomain,
+    cq: Cq,
+    qp: Qp,
 }
 
-pub(super) fn side() -> Side {
+fn side() -> Side {
     // The endpoints of these tests ask for TCP by hand: this process must listen.
     accept_tcp_links(None).unwrap();
     let dev = Device::soft().unwrap();
@@ -38,7 +38,7 @@ fn tcp_endpoint(s: &Side) -> Endpoint {
 
 /// Connects two sides over TCP, both at once (lined up on a barrier, so their dials often
 /// cross).
-pub(super) fn connect(a: &mut Side, b: &mut Side) {
+fn connect(a: &mut Side, b: &mut Side) {
     let (ea, eb) = (tcp_endpoint(a), tcp_endpoint(b));
     assert_eq!(a.dev.link_kind(&eb).unwrap(), LinkKind::Tcp);
     assert_eq!(b.dev.link_kind(&ea).unwrap(), LinkKind::Tcp);
@@ -56,7 +56,7 @@ pub(super) fn connect(a: &mut Side, b: &mut Side) {
 }
 
 /// A write from `a` into `b` and a send from `b` to `a` work.
-pub(super) fn assert_pair_works(a: &mut Side, b: &mut Side) {
+fn assert_pair_works(a: &mut Side, b: &mut Side) {
     let mut src = pattern(9, 5000);
     let mut dst = vec![0u8; 5000];
     let src_mr = a.pd.register(&mut src, Access::empty()).unwrap();
