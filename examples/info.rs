@@ -17,7 +17,8 @@ use common::json::{array, Object, Value};
 use common::out::outln;
 use common::ToolArgs;
 use gdasync::gdsync::cuda::{nvrtc_available, Cuda, GpuInfo};
-use gdasync::gdsync::probe::{rdma, Gdrcopy, RdmaStatus};
+use gdasync::gdsync::mlx5::{self, Context, DeviceLimits, GidChoice, PortInfo, RdmaError};
+use gdasync::gdsync::probe::Gdrcopy;
 use gdasync::gdsync::{Device, DeviceAttr, LinkLayer, NicHandler, PortAttr, PortState};
 use std::process::ExitCode;
 
@@ -38,7 +39,8 @@ struct Args {
 /// Everything probed, once.
 struct Machine {
     cuda: Result<&'static Cuda, String>,
-    rdma: RdmaStatus,
+    /// The RDMA devices rdma-core finds, or why it finds none.
+    rdma: Result<Vec<RdmaDevice>, RdmaError>,
     gdr: Gdrcopy,
     nvrtc: bool,
     dev: DeviceAttr,
@@ -52,7 +54,7 @@ impl Machine {
         let soft = Device::soft()?;
         Ok(Machine {
             cuda: Cuda::get().map_err(|e| e.to_string()),
-            rdma: rdma(),
+            rdma: RdmaDevice::probe(),
             gdr: Gdrcopy::probe(),
             nvrtc: nvrtc_available(),
             dev: soft.query(),
@@ -88,6 +90,109 @@ fn link_layer(l: LinkLayer) -> &'static str {
 
 // ---------------------------------------------------------------------------- text
 
+/// `ibv_mtu` of a size in bytes, as ibv_devinfo prints it next to the size.
+fn mtu_code(bytes: u32) -> u32 {
+    bytes.checked_ilog2().map_or(0, |l| l.saturating_sub(7))
+}
+
+/// An RDMA device rdma-core finds, queried once for the text and the JSON.
+struct RdmaDevice {
+    name: String,
+    /// Its limits and ports, or the call that failed.
+    query: Result<(DeviceLimits, Vec<RdmaPort>), RdmaError>,
+}
+
+struct RdmaPort {
+    info: PortInfo,
+    /// The GID connections on the port use.
+    gid: Result<GidChoice, RdmaError>,
+}
+
+/// Why an RDMA device is listed but not used.
+const RDMA_UNUSED: &str = "the queues do not drive it yet: the soft device is used";
+
+impl RdmaDevice {
+    fn probe() -> Result<Vec<RdmaDevice>, RdmaError> {
+        Ok(mlx5::devices()?
+            .into_iter()
+            .map(|d| RdmaDevice {
+                query: Self::query(&d.name),
+                name: d.name,
+            })
+            .collect())
+    }
+
+    fn query(name: &str) -> Result<(DeviceLimits, Vec<RdmaPort>), RdmaError> {
+        let ctx = Context::open(name)?;
+        let limits = ctx.query_device()?;
+        let ports = (1..=limits.phys_port_cnt)
+            .map(|p| {
+                Ok(RdmaPort {
+                    info: ctx.query_port(p)?,
+                    gid: ctx.choose_gid(p, None),
+                })
+            })
+            .collect::<Result<_, RdmaError>>()?;
+        Ok((limits, ports))
+    }
+}
+
+/// The RDMA devices rdma-core finds, printed as `ibv_devinfo` does, or why there are none.
+fn rdma_text(rdma: &Result<Vec<RdmaDevice>, RdmaError>) {
+    let list = match rdma {
+        Ok(l) if l.is_empty() => return outln!("RDMA devices: none (rdma-core found no device)"),
+        Ok(l) => l,
+        Err(e) => return outln!("RDMA devices: none ({e})"),
+    };
+    for d in list {
+        outln!("hca_id:\t{} (rdma-core; {RDMA_UNUSED})", d.name);
+        match &d.query {
+            Ok((a, ports)) => device_text(a, ports),
+            Err(e) => outln!("\t{e}"),
+        }
+    }
+}
+
+fn device_text(a: &DeviceLimits, ports: &[RdmaPort]) {
+    outln!("\ttransport:\t\t\tInfiniBand (0)");
+    outln!("\tfw_ver:\t\t\t\t{}", a.fw_ver);
+    outln!("\tnode_guid:\t\t\t{}", a.node_guid);
+    outln!("\tsys_image_guid:\t\t\t{}", a.sys_image_guid);
+    outln!("\tvendor_id:\t\t\t{:#06x}", a.vendor_id);
+    outln!("\tvendor_part_id:\t\t\t{}", a.vendor_part_id);
+    outln!("\thw_ver:\t\t\t\t{:#x}", a.hw_ver);
+    outln!("\tphys_port_cnt:\t\t\t{}", a.phys_port_cnt);
+    for p in ports {
+        port_text(p);
+    }
+}
+
+fn port_text(port: &RdmaPort) {
+    let p = &port.info;
+    outln!("\t\tport:\t{}", p.port);
+    outln!("\t\t\tstate:\t\t\t{}", p.state);
+    outln!("\t\t\tmax_mtu:\t\t{} ({})", p.max_mtu, mtu_code(p.max_mtu));
+    outln!(
+        "\t\t\tactive_mtu:\t\t{} ({})",
+        p.active_mtu,
+        mtu_code(p.active_mtu)
+    );
+    outln!("\t\t\tsm_lid:\t\t\t{}", p.sm_lid);
+    outln!("\t\t\tport_lid:\t\t{}", p.lid);
+    outln!("\t\t\tport_lmc:\t\t{:#04x}", p.lmc);
+    outln!("\t\t\tlink_layer:\t\t{}", p.link_layer);
+    match &port.gid {
+        Ok(g) => outln!(
+            "\t\t\tGID[{:>3}]:\t\t{}, {} (used for connections: {})",
+            g.entry.index,
+            g.entry.gid,
+            g.entry.kind,
+            g.why
+        ),
+        Err(e) => outln!("\t\t\tGID:\t\t\t{e}"),
+    }
+}
+
 fn text(m: &Machine) {
     outln!("gdasync {}", env!("CARGO_PKG_VERSION"));
     let (d, p) = (&m.dev, &m.port);
@@ -109,25 +214,7 @@ fn text(m: &Machine) {
         link_layer(p.link_layer),
         m.link_policy
     );
-    match &m.rdma {
-        RdmaStatus::LibraryMissing(e) => outln!("RDMA devices: rdma-core not installed ({e})"),
-        RdmaStatus::NoDevice => {
-            outln!("RDMA devices: none (rdma-core installed, /sys/class/infiniband is empty)")
-        }
-        RdmaStatus::Devices(list) => {
-            for x in list {
-                outln!(
-                    "hca_id: {} (found; this build has no hardware path yet: the soft device is used)",
-                    x.name
-                );
-                outln!("\tfw_ver:\t\t\t{}", x.fw_ver.as_deref().unwrap_or("?"));
-                for (k, port) in x.ports.iter().enumerate() {
-                    outln!("\t\tport:\t{}", k + 1);
-                    outln!("\t\t\tstate:\t\t{port}");
-                }
-            }
-        }
-    }
+    rdma_text(&m.rdma);
     match &m.cuda {
         Ok(c) => {
             outln!(
@@ -228,23 +315,23 @@ fn json(m: &Machine) -> Object {
         .set("phys_port_cnt", d.phys_port_cnt)
         .set("ports", array([port]));
     let mut devices = vec![Value::from(soft)];
-    if let RdmaStatus::Devices(list) = &m.rdma {
-        devices.extend(list.iter().map(|x| {
-            Value::from(
-                Object::new()
-                    .set("name", x.name.as_str())
-                    .set("usable", false)
-                    .set("fw_ver", x.fw_ver.clone())
-                    .set("ports", array(x.ports.iter().map(String::as_str))),
-            )
-        }));
+    if let Ok(list) = &m.rdma {
+        devices.extend(list.iter().map(rdma_device_json));
     }
     let rdma = match &m.rdma {
-        RdmaStatus::LibraryMissing(e) => Object::new()
-            .set("status", "library missing")
-            .set("detail", e.as_str()),
-        RdmaStatus::NoDevice => Object::new().set("status", "no device"),
-        RdmaStatus::Devices(_) => Object::new().set("status", "devices"),
+        Err(e @ (RdmaError::LibraryMissing { .. } | RdmaError::LibraryTooOld { .. })) => {
+            Object::new()
+                .set("status", "library missing")
+                .set("detail", e.to_string())
+        }
+        Err(e @ RdmaError::NoDevice(_)) => Object::new()
+            .set("status", "no device")
+            .set("detail", e.to_string()),
+        Err(e) => Object::new()
+            .set("status", "error")
+            .set("detail", e.to_string()),
+        Ok(l) if l.is_empty() => Object::new().set("status", "no device"),
+        Ok(_) => Object::new().set("status", "devices"),
     };
     let cuda = match &m.cuda {
         Ok(c) => Object::new()
@@ -276,6 +363,54 @@ fn json(m: &Machine) -> Object {
         )
         .set("nvrtc", m.nvrtc)
         .set("nic_handler", handler)
+}
+
+/// An RDMA device as `ibv_devinfo` describes it, with the GID each port's connections use.
+fn rdma_device_json(d: &RdmaDevice) -> Value {
+    let o = Object::new()
+        .set("name", d.name.as_str())
+        .set("usable", false)
+        .set("why", RDMA_UNUSED);
+    let (a, ports) = match &d.query {
+        Ok(q) => q,
+        Err(e) => return o.set("error", e.to_string()).into(),
+    };
+    o.set("fw_ver", a.fw_ver.as_str())
+        .set("node_guid", a.node_guid.as_str())
+        .set("sys_image_guid", a.sys_image_guid.as_str())
+        .set("vendor_id", a.vendor_id)
+        .set("vendor_part_id", a.vendor_part_id)
+        .set("hw_ver", a.hw_ver)
+        .set("max_qp", a.max_qp)
+        .set("max_qp_wr", a.max_qp_wr)
+        .set("max_sge", a.max_sge)
+        .set("max_cqe", a.max_cqe)
+        .set("phys_port_cnt", a.phys_port_cnt)
+        .set("ports", array(ports.iter().map(rdma_port_json)))
+        .into()
+}
+
+fn rdma_port_json(port: &RdmaPort) -> Value {
+    let p = &port.info;
+    let gid = match &port.gid {
+        Ok(g) => Object::new()
+            .set("index", g.entry.index)
+            .set("gid", g.entry.gid.to_string())
+            .set("type", g.entry.kind.to_string())
+            .set("why", g.why),
+        Err(e) => Object::new().set("error", e.to_string()),
+    };
+    Object::new()
+        .set("port", p.port)
+        .set("state", p.state.name_and_value().0)
+        .set("max_mtu", p.max_mtu)
+        .set("active_mtu", p.active_mtu)
+        .set("max_msg_sz", p.max_msg_sz)
+        .set("link_layer", p.link_layer.to_string())
+        .set("lid", p.lid)
+        .set("sm_lid", p.sm_lid)
+        .set("gid", gid)
+        .into()
 }
 
 fn gpu_json(g: &GpuInfo) -> Value {

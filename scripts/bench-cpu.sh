@@ -12,7 +12,7 @@ for ranks_as in threads procs; do
   done
   "$bin/pingpong" --raw --ranks-as "$ranks_as" --sizes 8,4096,1048576 --json | tee -a "$out"
 done
-"$bin/pingpong" --op write --ranks-as threads --separate-devices --sizes 8,4096,1048576 --json | tee -a "$out"
+"$bin/pingpong" --op write --ranks-as threads --shared-device --sizes 8,4096,1048576 --json | tee -a "$out"
 "$bin/bandwidth" --op write --sizes 65536,1048576 --json | tee -a "$out"
 "$bin/bandwidth" --op read --sizes 65536,1048576 --json | tee -a "$out"
 python3 - "$out" <<'PY'

@@ -109,10 +109,10 @@ fn bad_pingpong_arguments_are_clean_errors() {
         (&["--ranks", "3"][..], "2 ranks"),
         (&["--ranks-as", "mpi"][..], "invalid value"),
         (
-            &["--ranks-as", "procs", "--separate-devices"][..],
-            "--separate-devices",
+            &["--ranks-as", "procs", "--shared-device"][..],
+            "--shared-device",
         ),
-        (&["--raw", "--separate-devices"][..], "--separate-devices"),
+        (&["--raw", "--shared-device"][..], "--shared-device"),
         (&["--size", "8", "--sizes", "16"][..], "cannot be used with"),
         (&["--sizes", "4X"][..], "not a size"),
         (&["--size", "2G"][..], "at most 1 GiB"),
@@ -452,6 +452,41 @@ fn info_lists_the_soft_device_with_its_limits() {
         j.contains("\"max_qp\":65536") && j.contains("\"nic_handler\":null"),
         "{j}"
     );
+}
+
+/// `info --json` under the emulated RDMA driver: `spec`'s devices as rdma-core shows them.
+fn info_json_under_emulated_hca(spec: &str) -> String {
+    let emu = uverbs_emu::Emulator::new(&uverbs_emu::parse_devices(spec).unwrap()).unwrap();
+    let out = tool("info").envs(emu.env()).arg("--json").output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let j = text(&out.stdout);
+    json::check(j.trim()).unwrap_or_else(|e| panic!("{e} in {j}"));
+    j
+}
+
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn info_json_lists_the_emulated_mlx5_devices() {
+    let j = info_json_under_emulated_hca("mlx5_0,mlx5_1:ib:roce");
+    assert!(j.contains("\"rdma\":{\"status\":\"devices\"}"), "{j}");
+    for want in [
+        "{\"name\":\"mlx5_0\",\"usable\":false,",
+        "{\"name\":\"mlx5_1\",\"usable\":false,",
+        "\"fw_ver\":\"22.36.1010\"",
+        "\"phys_port_cnt\":2,",
+        "\"link_layer\":\"InfiniBand\",\"lid\":",
+        "\"state\":\"PORT_ACTIVE\"",
+        // mlx5_0's RoCE port: the RoCE v2 entry with its IPv4 address (10.0.1.1).
+        "\"gid\":{\"index\":3,\"gid\":\"0000:0000:0000:0000:0000:ffff:0a00:0101\",\"type\":\"RoCE v2\"",
+    ] {
+        assert!(j.contains(want), "info --json lacks {want}:\n{j}");
+    }
+    let j = info_json_under_emulated_hca("");
+    assert!(j.contains("\"rdma\":{\"status\":\"no device\"}"), "{j}");
+    assert!(!j.contains("mlx5"), "{j}");
 }
 
 #[test]

@@ -9,8 +9,8 @@ use common::*;
 use gdasync::gdsync::exec::HostExecutor;
 use gdasync::gdsync::format::Syndrome;
 use gdasync::gdsync::{
-    Access, CompletionOp, Device, Endpoint, Error, LinkKind, MemoryRegion, QpConfig, QpState,
-    RecvWr, RemoteAddr, SendWr, Sge, WcStatus,
+    Access, CompletionOp, CqError, Device, Endpoint, Error, LinkKind, MemoryRegion, QpConfig,
+    QpState, RecvWr, RemoteAddr, SendWr, Sge, WcStatus,
 };
 use std::time::{Duration, Instant};
 
@@ -28,6 +28,9 @@ both!(
     bad_local_sge,
     read_into_region_without_local_write,
     error_completion_releases_stream_wait,
+    executors_free_cq_slots_without_the_host,
+    executor_consumed_error_is_found_in_the_ring,
+    executor_consumed_error_is_found_after_it_was_overwritten,
     stale_doorbell_is_local_qp_op,
     stale_doorbell_then_new_work_flushed_once,
 );
@@ -489,6 +492,109 @@ fn error_completion_releases_stream_wait(t: Topo) {
     assert_eq!(p.a.scq.consumer_index(), 1);
     assert_eq!(p.a.qp.state(), QpState::Error);
     assert_eq!(p.a.scq.poll_one().unwrap(), None);
+}
+
+/// A pair whose `a` completes its sends on a CQ of `entries` entries.
+fn pair_with_small_send_cq(t: Topo, entries: u32) -> Pair {
+    let dev_a = Device::soft().unwrap();
+    let dev_b = match t {
+        Topo::Loopback => dev_a.clone(),
+        Topo::TwoDevices => Device::soft().unwrap(),
+    };
+    let pd = dev_a.alloc_pd();
+    let scq = dev_a.create_cq(entries).unwrap();
+    let rcq = dev_a.create_cq(entries).unwrap();
+    let qp = pd.create_qp(&scq, &rcq, &QpConfig::default()).unwrap();
+    let mut a = Side {
+        dev: dev_a,
+        pd,
+        qp,
+        scq,
+        rcq,
+    };
+    let mut b = Side::new(&dev_b, &QpConfig::default());
+    a.qp.connect(&b.qp.endpoint()).unwrap();
+    b.qp.connect(&a.qp.endpoint()).unwrap();
+    Pair { a, b }
+}
+
+/// Posts `n` signalled no-ops on `a`, each consumed by an executor's wait (the host never
+/// polls the send CQ).
+fn nops_consumed_by_an_executor(p: &mut Pair, n: u64) {
+    let exec = HostExecutor::default();
+    for i in 0..n {
+        let t = p.a.qp.post_send(&SendWr::nop().wr_id(i)).unwrap();
+        exec.run(&p.a.qp.send_wait_ops(&t).unwrap()).unwrap();
+    }
+}
+
+/// Executors' waits hand consumed CQ slots back to the device through the CQ's doorbell
+/// record: many rings' worth of completions pass through a small CQ with no CPU poll and
+/// no overrun.
+fn executors_free_cq_slots_without_the_host(t: Topo) {
+    let mut p = pair_with_small_send_cq(t, 8);
+    nops_consumed_by_an_executor(&mut p, 200);
+    assert_eq!(p.a.scq.consumer_index(), 200);
+    assert_eq!(p.a.qp.state(), QpState::Rts);
+    p.a.scq.check().expect("no error, no overrun");
+    assert_eq!(p.a.scq.poll_one().unwrap(), None);
+}
+
+/// A write to a region without REMOTE_WRITE, run and waited for by an executor: the QP is
+/// in error and its error CQE (send ring index 0) consumed.
+fn failed_write_consumed_by_an_executor(p: &mut Pair) -> CqError {
+    let mut src = pattern(17, 64);
+    let mut dst = vec![0u8; 64];
+    let smr = p.a.pd.register(&mut src, Access::empty()).unwrap();
+    let dmr = p.b.pd.register(&mut dst, Access::LOCAL_WRITE).unwrap();
+    let exec = HostExecutor::default();
+    let pr =
+        p.a.qp
+            .prepare_send(&SendWr::write(dmr.remote().at(0)).sge(smr.sge(..)))
+            .unwrap();
+    let (t1, ops) = p.a.qp.commit(pr).unwrap();
+    exec.run(&ops).unwrap();
+    exec.run(&p.a.qp.send_wait_ops(&t1).unwrap()).unwrap();
+    assert_eq!(p.a.qp.state(), QpState::Error);
+    CqError {
+        qpn: p.a.qp.qpn(),
+        wqe_counter: 0,
+        syndrome: Syndrome::RemoteAccess,
+        responder: false,
+    }
+}
+
+/// `take_errors` decodes an error CQE an executor consumed while the ring still holds it.
+fn executor_consumed_error_is_found_in_the_ring(t: Topo) {
+    let mut p = pair_with_small_send_cq(t, 8);
+    let want = failed_write_consumed_by_an_executor(&mut p);
+    // Two flushes behind it, consumed as well: a ring's worth of CQEs is still there.
+    nops_consumed_by_an_executor(&mut p, 2);
+    let errs = p.a.scq.take_errors();
+    assert_eq!(errs.len(), 3, "{errs:?}");
+    assert_eq!(errs[0], want);
+    for e in &errs[1..] {
+        assert_eq!(e.syndrome, Syndrome::WrFlush, "{e:?}");
+    }
+    assert!(p.a.scq.take_errors().is_empty(), "reported twice");
+}
+
+/// Executors consume more than a ring of completions after an error CQE before anyone asks:
+/// the device has written over it, and `take_errors` still reports the QP's first error (the
+/// device keeps it in the QP's context), once.
+fn executor_consumed_error_is_found_after_it_was_overwritten(t: Topo) {
+    let mut p = pair_with_small_send_cq(t, 8);
+    let want = failed_write_consumed_by_an_executor(&mut p);
+    nops_consumed_by_an_executor(&mut p, 30);
+    let errs = p.a.scq.take_errors();
+    let firsts: Vec<_> = errs
+        .iter()
+        .filter(|e| e.syndrome != Syndrome::WrFlush)
+        .collect();
+    assert_eq!(firsts, [&want], "{errs:?}");
+    assert!(p.a.scq.take_errors().is_empty(), "reported twice");
+    let e = p.a.scq.check();
+    assert!(e.is_ok(), "{e:?}");
 }
 
 /// Runs two writes, then an older commit's doorbell ops after the newer one's: the doorbell
@@ -1120,8 +1226,8 @@ fn post_after_out_of_order_commit() {
     }
 }
 
-/// More completions than the CQ holds: the extra ones are dropped and the CQ reports
-/// `CqOverrun` once the valid ones are polled.
+/// More completions than the CQ holds: the extra ones are dropped, the QP goes to the error
+/// state, and the CQ reports `CqOverrun` once the valid ones are polled.
 #[test]
 fn cq_overrun_is_reported() {
     let dev = Device::soft().unwrap();
@@ -1132,16 +1238,27 @@ fn cq_overrun_is_reported() {
     let mut r = pd.create_qp(&other, &other, &QpConfig::default()).unwrap();
     q.connect(&r.endpoint()).unwrap();
     r.connect(&q.endpoint()).unwrap();
-    for i in 0..8 {
+    for i in 0..4 {
         q.post_send(&SendWr::nop().wr_id(i)).unwrap();
     }
     // A send behind the no-ops: once it has arrived, the device has completed all of them
-    // (in order), without anyone polling the small CQ. Unsignalled: its own completion
-    // would come with its acknowledgement, later, and land in the room the polls below free.
+    // (in order), without anyone polling the small CQ, which is now full. Unsignalled: it
+    // writes no completion.
     r.post_recv(&RecvWr::new().wr_id(100)).unwrap();
     q.post_send(&SendWr::send().wr_id(8).unsignaled()).unwrap();
     let c = poll1(&other);
     assert!(c.is_ok() && c.wr_id == 100, "{c:?}");
+    // Four more: the first finds the CQ full. As on a ConnectX, the CQ overruns (no more
+    // completions are written to it) and the QP whose completion was dropped goes to the
+    // error state.
+    for i in 4..8 {
+        q.post_send(&SendWr::nop().wr_id(i)).unwrap();
+    }
+    let start = Instant::now();
+    while q.state() != QpState::Error {
+        assert!(start.elapsed() < TIMEOUT, "QP still {:?}", q.state());
+        std::thread::yield_now();
+    }
     let mut got = Vec::new();
     let n = small.poll(&mut got, 16).unwrap();
     assert_eq!(n, 4, "a 4-entry CQ holds 4 completions: {got:?}");

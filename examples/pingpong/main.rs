@@ -105,9 +105,11 @@ struct Cli {
     /// Untimed round trips first, per size (at most a fifth of --iters, plus one).
     #[arg(long, value_parser = iters::count(0, MAX_SAMPLES), default_value_t = 1000)]
     warmup: u64,
-    /// With --ranks-as threads: one soft device (engine) per rank instead of a shared one.
+    /// With --ranks-as threads: both ranks on one soft device (one engine, a loopback link)
+    /// instead of one device per rank as on two hosts. Faster with a free core for the
+    /// engine; slower on few cores, where the ranks' threads take turns running its rounds.
     #[arg(long)]
-    separate_devices: bool,
+    shared_device: bool,
     /// The queue pairs directly, or the messaging layer.
     #[arg(long, value_enum, default_value = "gdsync")]
     api: Api,
@@ -154,7 +156,7 @@ struct Args {
     iters: Option<u64>,
     duration: Option<Duration>,
     warmup: u64,
-    separate_devices: bool,
+    shared_device: bool,
     api: Api,
     recv_batch: usize,
     json: bool,
@@ -193,7 +195,7 @@ impl Args {
             iters: c.iters,
             duration: c.duration,
             warmup: c.warmup,
-            separate_devices: c.separate_devices,
+            shared_device: c.shared_device,
             api: c.api,
             recv_batch: c.recv_batch.unwrap_or(16) as usize,
             json: c.json,
@@ -231,11 +233,11 @@ fn check_flags(c: &Cli, op: Op) -> Result<()> {
         "--raw stores into the peer's memory: --op does not apply",
     )?;
     refuse_if(
-        c.raw && c.separate_devices,
-        "--raw uses no device: --separate-devices does not apply",
+        c.raw && c.shared_device,
+        "--raw uses no device: --shared-device does not apply",
     )?;
-    refuse_if(c.separate_devices && (c.ranks_as != RanksAs::Threads || c.api == Api::Mp || c.trigger.gpu()),
-        "--separate-devices applies to --ranks-as threads --api gdsync --trigger cpu (processes always have their own device)")?;
+    refuse_if(c.shared_device && (c.ranks_as != RanksAs::Threads || c.api == Api::Mp || c.trigger.gpu()),
+        "--shared-device applies to --ranks-as threads --api gdsync --trigger cpu (processes always have their own device)")?;
     refuse_if(
         c.trigger == Trigger::Cpu && c.mem != Mem::Host,
         "--trigger cpu polls host memory: use --mem host, or a GPU trigger for --mem device",
@@ -297,10 +299,10 @@ fn header(a: &Args) -> Result<Header> {
             LinkPolicy::Tcp => "TCP",
             _ => "shared memory",
         }
-    } else if a.separate_devices {
-        "in-process"
-    } else {
+    } else if a.shared_device {
         "loopback"
+    } else {
+        "in-process"
     };
     let mut h = Header::new("pingpong")
         .field("op", name(a.op))
@@ -323,7 +325,7 @@ fn header(a: &Args) -> Result<Header> {
     if !a.raw {
         // Where the soft device's engine runs: its own spinning thread, or the ranks'
         // threads when the cores are too few for both.
-        let engines = if a.separate_devices { 2 } else { 1 };
+        let engines = if a.shared_device { 1 } else { 2 };
         h = h.field(
             "progress",
             gdasync::gdsync::progress_mode_for(engines).to_string(),
@@ -362,11 +364,12 @@ fn threads(args: &Args, report: &Report) -> Result<()> {
         let w1 = h.join().map_err(|_| anyhow::anyhow!("rank 1 panicked"))??;
         (Box::new(w0), Box::new(w1))
     } else {
+        // One device per rank, as on two hosts, unless asked to share one.
         let d0 = Device::soft()?;
-        let d1 = if args.separate_devices {
-            Device::soft()?
-        } else {
+        let d1 = if args.shared_device {
             d0.clone()
+        } else {
+            Device::soft()?
         };
         let (s0, s1) = (nic::NicSetup::new(&d0, max)?, nic::NicSetup::new(&d1, max)?);
         let (e0, e1) = (s0.qp.endpoint(), s1.qp.endpoint());
@@ -442,9 +445,6 @@ fn child(args: &Args, report: &Report) -> Result<()> {
 fn run(cli: &Cli) -> Result<()> {
     let args = Args::new(cli)?;
     let report = Report::new(header(&args)?, args.json);
-    if cli.child || args.ranks_as == RanksAs::Procs {
-        wire::DRIVE_ENGINE.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
     if cli.child {
         return child(&args, &report);
     }

@@ -2,7 +2,6 @@
 //! layer, or direct stores for the `--raw` floor).
 
 use anyhow::Result;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Send message `i` of `size` bytes, wait for the peer's.
 pub(crate) trait Wire {
@@ -17,16 +16,11 @@ pub(crate) trait Wire {
     }
 }
 
-/// Set with ranks as processes: packets from the peer process reach this process's soft
-/// engine only through a thread that runs it, so a rank spinning on memory lends itself.
-pub(crate) static DRIVE_ENGINE: AtomicBool = AtomicBool::new(false);
-
 /// Spin, but let other threads run when the machine has fewer cores than busy threads.
+/// A rank spinning on memory lends its thread to its soft engine: on few cores, packets
+/// reach the engine only through a thread that runs it (a no-op with a core per engine).
 pub(crate) fn relax(spins: u32) {
-    if DRIVE_ENGINE.load(Ordering::Relaxed) {
-        // A no-op unless the soft engines progress on shared threads (few cores).
-        gdasync::gdsync::progress();
-    }
+    gdasync::gdsync::progress();
     if spins < 2000 {
         std::hint::spin_loop();
     } else {

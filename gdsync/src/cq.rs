@@ -1,7 +1,8 @@
 //! Completion queues: a ring of 64-byte mlx5 CQEs the device writes, polled on the host or
 //! waited for by an executor.
 
-use crate::device::{DeviceShared, QpTable};
+use crate::context::DeviceContext;
+use crate::device::provider::{CqSpec, MemAt};
 use crate::exec::Backoff;
 use crate::format::{
     cq_ci_value, Cqe64, CqeOpcode, CqeOwner, Opcode, Syndrome, CQE_INIT_OP_OWN,
@@ -9,31 +10,43 @@ use crate::format::{
 };
 use crate::mem::{slot_off, RingMem};
 use crate::ops::{KeepAlive, Op, Ops, WaitCond};
-use crate::qp::QpShared;
 use crate::{Error, Result};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-/// Offsets in a CQ's control block.
+/// Offsets in a CQ's control block: the doorbell record (`[ci][arm]`, BE32), which the
+/// device reads before it writes a CQE and whoever consumes a CQE stores (host polls,
+/// executors' waits, kernels), and the retired counter (native u64, free-running), which
+/// kernels store beside it.
 pub(crate) const CQ_DBREC: usize = 0;
 pub(crate) const CQ_RETIRED: usize = 64;
 
-/// The CQ as the device and every handle share it. Aligned so that the `Arc`'s counters
-/// and the fields the engine writes do not share cache lines with what pollers read.
+/// A queue side (the send or receive queue of a QP) that completes on a CQ: a poll hands it
+/// the completions it decodes.
+pub(crate) trait CqUser: Send + Sync {
+    /// The requester CQE for `wqe_counter` was polled: frees its slots, returns its wr_id.
+    fn retire_send(&self, wqe_counter: u16) -> u64;
+    /// The responder CQE for receive index `c` was polled: returns its wr_id.
+    fn retire_recv(&self, c: u16) -> u64;
+    /// Whether the QP is in the error state (for the log line of an error completion).
+    fn in_error(&self) -> bool;
+    /// The QP's first error as the device keeps it, if the QP is in the error state and
+    /// that error completed on CQ `cqn` (for errors whose CQE was overwritten).
+    fn first_error_on(&self, cqn: u32) -> Option<CqError>;
+}
+
+/// The CQ as every handle shares it.
 #[repr(C, align(128))]
 pub(crate) struct CqShared {
     pub cqn: u32,
     pub cnt: u32,
     /// The CQE ring.
     pub ring: Arc<RingMem>,
-    /// Doorbell record (`[ci][arm]`, BE32) at 0; retired counter (native u64) at 64.
+    /// Doorbell record at [`CQ_DBREC`]; retired counter at [`CQ_RETIRED`].
     pub ctrl: Arc<RingMem>,
-    /// Producer index: written by the device's engine only (on its own cache line).
-    pub hw_pi: crate::mem::Padded<AtomicU64>,
-    /// Set by the engine when a CQE could not be written.
-    pub overrun: AtomicBool,
     /// Next completion number handed to a ticket (see `QpShared` tickets).
     pub reserved: AtomicU64,
     /// Number of queue sides (send or receive of a QP) that complete here.
@@ -41,36 +54,66 @@ pub(crate) struct CqShared {
     /// Set once a second queue side completes here (never cleared): from then on its
     /// completions cannot be told apart by their count alone.
     pub shared_ever: AtomicBool,
-    /// Error completions the device wrote, kept for [`Cq::take_errors`]: completions an
-    /// executor retired are never decoded by a CPU poll, yet their errors must be reported.
-    /// At most [`MAX_KEPT_ERRORS`] between two `take_errors` (a program that only polls
-    /// never takes them); the rest are counted in `errors_dropped`.
-    pub errors: Mutex<Vec<CqError>>,
-    pub errors_dropped: std::sync::atomic::AtomicU64,
-    pub has_errors: AtomicBool,
-    /// Error completions a CPU poll decoded and logged, so that [`Cq::take_errors`] does not
-    /// log them again (cleared with `errors`).
-    logged: Mutex<Vec<CqError>>,
     /// Set while a GPU kernel consumes this CQ ([`crate::kernel::DeviceQp`]): host polls
     /// would steal its completions, so they are refused.
     pub kernel_owned: AtomicBool,
     poll: Mutex<PollState>,
-    qps: Arc<QpTable>,
+    /// The queue sides completing here, by QPN.
+    users_by_qpn: RwLock<HashMap<u32, Weak<dyn CqUser>>>,
+    ctx: Arc<DeviceContext>,
 }
 
 struct PollState {
+    /// Completions consumed, by host polls or (as far as the host has looked) executors.
     ci: u64,
-    /// The QP of the last completion (cleared when that QP is destroyed).
-    last: Option<(u32, Arc<QpShared>)>,
+    /// Completions whose CQE the host has looked at for errors.
+    scanned: u64,
+    /// QPs whose first error is among `errors` (or was taken): a QP's first error read from
+    /// the device after its CQE was overwritten is then not reported twice.
+    reported: HashSet<u32>,
+    /// The queue side of the last completion (cleared when that QP is destroyed).
+    last: Option<(u32, Arc<dyn CqUser>)>,
+    /// Error completions found and not yet taken, with whether a poll logged them: at most
+    /// [`MAX_KEPT_ERRORS`] between two [`Cq::take_errors`] (a program that only polls never
+    /// takes them); the rest are counted in `errors_dropped`.
+    errors: Vec<(CqError, bool)>,
+    errors_dropped: u64,
+}
+
+impl PollState {
+    /// Keeps an error completion for [`Cq::take_errors`], if there is room.
+    fn keep_error(&mut self, e: CqError, logged: bool) {
+        if e.syndrome != Syndrome::WrFlush {
+            self.reported.insert(e.qpn);
+        }
+        if self.errors.len() < MAX_KEPT_ERRORS {
+            self.errors.push((e, logged));
+        } else {
+            self.errors_dropped += 1;
+        }
+    }
 }
 
 impl CqShared {
-    /// Drops the poll cache's reference to a QP being destroyed.
+    /// A queue side starts completing here.
+    pub(crate) fn attach(&self, qpn: u32, user: Weak<dyn CqUser>) {
+        self.users_by_qpn.write().insert(qpn, user);
+    }
+
+    /// Drops the CQ's references to a QP being destroyed.
     pub(crate) fn forget_qp(&self, qpn: u32) {
+        self.users_by_qpn.write().remove(&qpn);
         let mut st = self.poll.lock();
         if st.last.as_ref().is_some_and(|(n, _)| *n == qpn) {
             st.last = None;
         }
+        // (Its number may name a new QP later.)
+        st.reported.remove(&qpn);
+    }
+
+    /// The device this CQ belongs to.
+    pub(crate) fn ctx(&self) -> &Arc<DeviceContext> {
+        &self.ctx
     }
 
     pub(crate) fn keep(self: &Arc<Self>) -> (KeepAlive, KeepAlive) {
@@ -79,19 +122,78 @@ impl CqShared {
 
     /// The consumer index: completions consumed by host polls or executor waits.
     pub(crate) fn consumed(&self) -> u64 {
-        let st = self.poll.lock();
-        self.retired_after(st.ci)
+        let mut st = self.poll.lock();
+        self.catch_up(&mut st);
+        st.ci
     }
 
-    /// Completions consumed by executors and kernels, as far as they are beyond `ci` (what
-    /// host polls consumed): the retired counter kernels store, and the doorbell record's
-    /// 24-bit consumer index, which an executor's wait stores as it consumes (read relative
-    /// to `ci`, so the free-running count needs no store of its own).
-    pub(crate) fn retired_after(&self, ci: u64) -> u64 {
+    /// Takes in what executors and kernels consumed beyond `st.ci`: the doorbell record's
+    /// 24-bit consumer index, which they store as they consume (read relative to `st.ci`:
+    /// they run at most 2^23 completions ahead of the host's last look), and the retired
+    /// counter kernels store beside it. Their CQEs are looked at for errors only when
+    /// errors are asked for ([`Cq::take_errors`]).
+    fn catch_up(&self, st: &mut PollState) {
         let rec = u64::from(crate::mem::load_be32(&self.ctrl, CQ_DBREC) & 0xFF_FFFF);
-        let ahead = rec.wrapping_sub(ci) & 0xFF_FFFF;
-        let from_rec = if ahead < 0x80_0000 { ci + ahead } else { ci };
-        from_rec.max(self.ctrl.u64(CQ_RETIRED).load(Ordering::Acquire))
+        let ahead = rec.wrapping_sub(st.ci) & 0xFF_FFFF;
+        if ahead < 0x80_0000 {
+            st.ci += ahead;
+        }
+        st.ci = st.ci.max(self.ctrl.u64(CQ_RETIRED).load(Ordering::Acquire));
+    }
+
+    /// Looks at the CQEs from `st.scanned` on for errors: those consumed (up to `st.ci`) and
+    /// those written and not consumed yet. A consumed CQE may have been overwritten by the
+    /// device's next pass through the ring (its owner bit then says so, or the host fell
+    /// more than a ring behind): returns whether any was, so the caller asks the device for
+    /// the QPs' first errors instead.
+    fn scan(&self, st: &mut PollState) -> bool {
+        let cnt = self.cnt as u64;
+        let mut lost = false;
+        if st.ci > st.scanned + cnt {
+            lost = true;
+            st.scanned = st.ci - cnt;
+        }
+        while st.scanned < st.ci + cnt {
+            let i = st.scanned;
+            let consumed = i < st.ci;
+            let off = slot_off(0, i, self.cnt, CQE_SIZE);
+            let op_own = self.ring.u8(off + 63).load(Ordering::Acquire);
+            if !CqeOwner::is_new(op_own, i, self.cnt) {
+                if !consumed {
+                    break; // not written yet
+                }
+                lost = true; // the next pass wrote over it
+            } else if CqeOpcode::from_u8(op_own >> 4).is_some_and(CqeOpcode::is_error) {
+                let mut cqe = Cqe64([0; 64]);
+                self.ring.read(off, &mut cqe.0);
+                // Still the same CQE after the read: the device did not start writing over it.
+                if self.ring.u8(off + 63).load(Ordering::Acquire) == op_own {
+                    st.keep_error(cq_error(&cqe), false);
+                } else {
+                    lost = true;
+                }
+            }
+            st.scanned = i + 1;
+        }
+        lost
+    }
+
+    /// The first errors of this CQ's QPs, from the device (`query_qp`), for QPs whose error
+    /// CQE was overwritten before the host looked at it. Each QP's once.
+    fn recover_lost_errors(&self, st: &mut PollState) {
+        let users: Vec<Arc<dyn CqUser>> = self
+            .users_by_qpn
+            .read()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for u in users {
+            if let Some(e) = u.first_error_on(self.cqn) {
+                if !st.reported.contains(&e.qpn) {
+                    st.keep_error(e, false);
+                }
+            }
+        }
     }
 
     /// Hands the CQ to a kernel: refuses if a kernel already owns it or a completion waits
@@ -105,7 +207,7 @@ impl CqShared {
                 self.cqn
             )));
         }
-        st.ci = self.retired_after(st.ci);
+        self.catch_up(&mut st);
         let op_own = self
             .ring
             .u8(slot_off(0, st.ci, self.cnt, CQE_SIZE) + 63)
@@ -124,12 +226,28 @@ impl CqShared {
     /// Takes the CQ back from a kernel: host polls resume where the kernel stopped.
     pub(crate) fn take_from_kernel(&self) {
         let mut st = self.poll.lock();
-        st.ci = self.retired_after(st.ci);
+        self.catch_up(&mut st);
         self.kernel_owned.store(false, Ordering::Release);
     }
 }
 
-/// An error completion, as recorded by the device.
+impl Drop for CqShared {
+    fn drop(&mut self) {
+        self.ctx.provider.destroy_cq(self.cqn);
+    }
+}
+
+/// The error a CQE reports.
+fn cq_error(cqe: &Cqe64) -> CqError {
+    CqError {
+        qpn: cqe.qpn(),
+        wqe_counter: cqe.wqe_counter(),
+        syndrome: cqe.syndrome().unwrap_or(Syndrome::LocalQpOp),
+        responder: cqe.opcode() == Some(CqeOpcode::RespErr),
+    }
+}
+
+/// An error completion, as its CQE reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CqError {
     /// The QP.
@@ -220,7 +338,6 @@ impl Completion {
 #[derive(Clone)]
 pub struct Cq {
     pub(crate) shared: Arc<CqShared>,
-    pub(crate) _dev: Arc<DeviceShared>,
 }
 
 impl std::fmt::Debug for Cq {
@@ -233,10 +350,11 @@ impl std::fmt::Debug for Cq {
 }
 
 impl Cq {
-    pub(crate) fn create(dev: &Arc<DeviceShared>, cqn: u32, entries: u32) -> Result<Self> {
-        if entries == 0 || entries > 1 << 22 {
+    pub(crate) fn create(ctx: &Arc<DeviceContext>, entries: u32) -> Result<Self> {
+        let max = ctx.provider.query_device().max_cqe;
+        if entries == 0 || entries > max {
             return Err(Error::invalid(format!(
-                "CQ size {entries} out of 1..=4194304"
+                "CQ size {entries} out of 1..={max}"
             )));
         }
         let cnt = entries.next_power_of_two();
@@ -247,28 +365,36 @@ impl Cq {
             ring.u8(i * CQE_SIZE + 63)
                 .store(CQE_INIT_OP_OWN, Ordering::Relaxed);
         }
+        let ctrl = Arc::new(RingMem::new(128));
+        let cqn = ctx.provider.create_cq(CqSpec {
+            ring: ring.clone(),
+            entries: cnt,
+            dbrec: MemAt {
+                mem: ctrl.clone(),
+                off: CQ_DBREC,
+            },
+        })?;
         let shared = Arc::new(CqShared {
             cqn,
             cnt,
             ring,
-            ctrl: Arc::new(RingMem::new(128)),
-            hw_pi: crate::mem::Padded(AtomicU64::new(0)),
-            overrun: AtomicBool::new(false),
+            ctrl,
             reserved: AtomicU64::new(0),
             users: AtomicU32::new(0),
             shared_ever: AtomicBool::new(false),
-            errors: Mutex::new(Vec::new()),
-            errors_dropped: Default::default(),
-            has_errors: AtomicBool::new(false),
-            logged: Mutex::new(Vec::new()),
             kernel_owned: AtomicBool::new(false),
-            poll: Mutex::new(PollState { ci: 0, last: None }),
-            qps: dev.qps.clone(),
+            poll: Mutex::new(PollState {
+                ci: 0,
+                scanned: 0,
+                last: None,
+                errors: Vec::new(),
+                errors_dropped: 0,
+                reported: HashSet::new(),
+            }),
+            users_by_qpn: RwLock::new(HashMap::new()),
+            ctx: ctx.clone(),
         });
-        Ok(Cq {
-            shared,
-            _dev: dev.clone(),
-        })
+        Ok(Cq { shared })
     }
 
     /// CQ number.
@@ -315,8 +441,8 @@ impl Cq {
             )));
         }
         let mut st = s.poll.lock();
-        // Completions an executor or kernel retired are consumed.
-        st.ci = s.retired_after(st.ci);
+        // Completions an executor or kernel consumed are consumed.
+        s.catch_up(&mut st);
         let mut n = 0;
         while n < max {
             let off = slot_off(0, st.ci, s.cnt, CQE_SIZE);
@@ -326,25 +452,29 @@ impl Cq {
             }
             let mut cqe = Cqe64([0; 64]);
             s.ring.read(off, &mut cqe.0);
-            let c = decode(&cqe, st.ci, &mut st.last, &s.qps);
+            let c = decode(&cqe, st.ci, &mut st.last, &s.users_by_qpn);
             if !c.is_ok() {
-                let qp_state = st.last.as_ref().map(|(_, q)| q.state());
-                log_polled_error(s, &c, qp_state);
+                let in_error = st.last.as_ref().is_some_and(|(_, q)| q.in_error());
+                log_polled_error(s, &c, in_error);
+                if st.ci >= st.scanned {
+                    st.keep_error(cq_error(&cqe), true);
+                }
             }
             st.ci += 1;
+            st.scanned = st.scanned.max(st.ci);
             s.ctrl
                 .u32(CQ_DBREC)
                 .store(cq_ci_value(st.ci).native(), Ordering::Release);
             sink(c);
             n += 1;
         }
-        if n == 0 && s.overrun.load(Ordering::Acquire) {
+        if n == 0 && s.ctx.cq_overran(s.cqn) {
             return Err(Error::CqOverrun { cqn: s.cqn });
         }
         if n == 0 {
-            // Nothing yet: where soft engines progress on shared threads, this is one.
+            // Nothing yet: where the device is served by the host's threads, this is one.
             drop(st);
-            crate::device::soft::help(crate::device::soft::Why::Poll);
+            s.ctx.provider.idle();
         }
         Ok(n)
     }
@@ -352,26 +482,36 @@ impl Cq {
     /// The error completions written since the last call, whether a CPU poll or an executor's
     /// wait consumed them. Call it after a stream synchronises to learn whether work it
     /// waited for failed (a wait on a completion passes for errors too).
+    ///
+    /// Errors are learnt from the CQEs themselves: those a CPU poll decoded, those an executor
+    /// or kernel consumed (still in the ring), and those written and not consumed yet. Where
+    /// the device has since written over a consumed CQE (executors ran more than a ring
+    /// ahead of the last call), each QP's first error comes from the device, which keeps it
+    /// in the QP's context; the flushes that followed it are then not reported.
     pub fn take_errors(&self) -> Vec<CqError> {
-        if !self.shared.has_errors.swap(false, Ordering::AcqRel) {
-            return Vec::new();
+        let s = &*self.shared;
+        let mut st = s.poll.lock();
+        s.catch_up(&mut st);
+        if s.scan(&mut st) {
+            s.recover_lost_errors(&mut st);
         }
-        let errors = std::mem::take(&mut *self.shared.errors.lock());
-        log_taken_errors(&self.shared, &errors);
-        let dropped = self.shared.errors_dropped.swap(0, Ordering::AcqRel);
+        let errors = std::mem::take(&mut st.errors);
+        let dropped = std::mem::take(&mut st.errors_dropped);
+        drop(st);
+        log_taken_errors(s, &errors);
         if dropped > 0 {
             tracing::warn!(
                 "CQ {:#x}: {dropped} more error completions since the last take_errors than the {MAX_KEPT_ERRORS} kept: the first ones are returned",
-                self.shared.cqn
+                s.cqn
             );
         }
-        errors
+        errors.into_iter().map(|(e, _)| e).collect()
     }
 
     /// `Err` with the first error completion since the last check (see
     /// [`take_errors`](Self::take_errors)), also when the CQ overran.
     pub fn check(&self) -> Result<()> {
-        if self.shared.overrun.load(Ordering::Acquire) {
+        if self.shared.ctx.cq_overran(self.shared.cqn) {
             return Err(Error::CqOverrun {
                 cqn: self.shared.cqn,
             });
@@ -429,32 +569,20 @@ pub const MAX_KEPT_ERRORS: usize = 1024;
 /// Logs an error completion a CPU poll decoded: at error level with its syndrome and what it
 /// means, or at debug level for flushed work (the first error says why).
 #[cold]
-fn log_polled_error(s: &CqShared, c: &Completion, qp_state: Option<crate::QpState>) {
+fn log_polled_error(s: &CqShared, c: &Completion, in_error: bool) {
     let WcStatus::Error(syndrome) = c.status else {
         return;
     };
-    let mut logged = s.logged.lock();
-    if logged.len() >= MAX_KEPT_ERRORS {
-        // Only polled, never taken: forget the oldest (they are only there to avoid
-        // logging one error twice).
-        logged.drain(..MAX_KEPT_ERRORS / 2);
-    }
-    logged.push(CqError {
-        qpn: c.qpn,
-        wqe_counter: c.wqe_counter,
-        syndrome,
-        responder: matches!(c.opcode, CompletionOp::Recv | CompletionOp::RecvWriteImm),
-    });
-    drop(logged);
     let e = Error::Completion {
         wr_id: c.wr_id,
         qpn: c.qpn,
         syndrome,
     };
     let (cqn, wqe, vendor) = (s.cqn, c.wqe_counter, c.vendor_err);
-    let state = match qp_state {
-        Some(crate::QpState::Error) => "; the QP is in the error state",
-        _ => "",
+    let state = if in_error {
+        "; the QP is in the error state"
+    } else {
+        ""
     };
     if syndrome == Syndrome::WrFlush {
         tracing::debug!("CQ {cqn:#x}: {e} (WQE {wqe}){state}");
@@ -466,11 +594,9 @@ fn log_polled_error(s: &CqShared, c: &Completion, qp_state: Option<crate::QpStat
 /// Logs the error completions [`Cq::take_errors`] hands out that no CPU poll logged (an
 /// executor consumed them), as [`log_polled_error`] does.
 #[cold]
-fn log_taken_errors(s: &CqShared, errors: &[CqError]) {
-    let mut logged = std::mem::take(&mut *s.logged.lock());
-    for e in errors {
-        if let Some(i) = logged.iter().position(|l| l == e) {
-            logged.swap_remove(i);
+fn log_taken_errors(s: &CqShared, errors: &[(CqError, bool)]) {
+    for (e, logged) in errors {
+        if *logged {
             continue;
         }
         let side = if e.responder { "receive" } else { "send" };
@@ -499,6 +625,8 @@ pub(crate) fn wait_ops(s: &Arc<CqShared>, n: u64) -> Ops {
         },
         &ring,
     );
+    // Consumed: the slot is the device's again (an error it held is found by the host's
+    // scan while the ring still holds it, else from the QP's context).
     ops.push(
         Op::Write32 {
             addr: s.ctrl.addr(CQ_DBREC),
@@ -513,12 +641,16 @@ pub(crate) fn wait_ops(s: &Arc<CqShared>, n: u64) -> Ops {
 fn decode(
     cqe: &Cqe64,
     index: u64,
-    last: &mut Option<(u32, Arc<QpShared>)>,
-    qps: &QpTable,
+    last: &mut Option<(u32, Arc<dyn CqUser>)>,
+    users: &RwLock<HashMap<u32, Weak<dyn CqUser>>>,
 ) -> Completion {
     let qpn = cqe.qpn();
     if last.as_ref().is_none_or(|(n, _)| *n != qpn) {
-        *last = qps.get(qpn).and_then(|w| w.upgrade()).map(|q| (qpn, q));
+        *last = users
+            .read()
+            .get(&qpn)
+            .and_then(Weak::upgrade)
+            .map(|q| (qpn, q));
     }
     let qp = last.as_ref().map(|(_, q)| q);
     let op = cqe.opcode().unwrap_or(CqeOpcode::Invalid);

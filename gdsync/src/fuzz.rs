@@ -7,7 +7,7 @@
 //! Built for tests and with the `fuzzing` feature only: not part of the API.
 
 use crate::device::soft::tcp::{self, Answer, Hello, ANSWER_LEN, HELLO_LEN};
-use crate::format::{Cqe64, CqeOwner, RecvWqe, SendWqe, CQE_SIZE};
+use crate::format::{Cqe64, CqeOwner, DataSegs, RecvWqe, SendWqe, WqeData, CQE_SIZE};
 use crate::Endpoint;
 
 /// The first `N` bytes of `data`, zero-padded: every input reaches the decoder.
@@ -58,7 +58,7 @@ pub fn cqe(data: &[u8]) {
 
 /// A send WQE as the device reads it from a send ring; one that checks out writes back to
 /// bytes that read the same (but for the remote-address segment's reserved bytes, which the
-/// reader keeps and the writer zeroes).
+/// reader keeps and the writer zeroes, and an empty inline segment, which it writes as none).
 pub fn send_wqe(data: &[u8]) {
     let Ok(mut w) = SendWqe::parse(data) else {
         return;
@@ -69,6 +69,10 @@ pub fn send_wqe(data: &[u8]) {
         assert_eq!(w.write_to(&mut out), Ok(ds));
         if let Some(r) = w.raddr.as_mut() {
             r.reserved = [0; 4];
+        }
+        // An empty inline segment is written as none: a zero-length gather list.
+        if w.data == WqeData::Inline(&[]) {
+            w.data = WqeData::Gather(DataSegs::EMPTY);
         }
         assert_eq!(SendWqe::parse(&out), Ok(w));
     }

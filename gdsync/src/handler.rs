@@ -2,10 +2,10 @@
 //! thread the GPU signals through a host word (for when the GPU may not write the doorbell
 //! page, e.g. a UAR that cannot be mapped without `PeerMappingOverride` or root).
 
-use crate::device::DeviceShared;
+use crate::device::provider::{MemAt, Provider};
 use crate::exec::Backoff;
-use crate::format::{doorbell_value, qp_dbrec_value, Be32, DBREC_SQ};
-use crate::qp::{QpShared, QP_DBREC, QP_DOORBELL, QP_PROXY};
+use crate::format::{doorbell_value, qp_dbrec_value, Be32};
+use crate::mem::RingMem;
 use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -63,10 +63,28 @@ pub(crate) fn log_choice(h: NicHandler, why: &str) {
     }
 }
 
+/// What the proxy rings for one QP: the word the GPU stores its producer index to, the send
+/// doorbell record, and the doorbell register.
+pub(crate) struct ProxyTarget {
+    pub qpn: u32,
+    pub request: MemAt,
+    pub sq_dbrec: MemAt,
+    pub doorbell: MemAt,
+}
+
+/// The QPs a proxy watches.
+#[derive(Default)]
+struct Targets {
+    /// Held weakly through their QP's control page (gone with the QP).
+    targets: Vec<(Weak<RingMem>, Arc<ProxyTarget>)>,
+    /// Counts changes, so the proxy thread knows when to take a new copy.
+    generation: u64,
+}
+
 /// The CPU proxy of one device: a thread that rings doorbells GPUs asked for.
 #[derive(Default)]
 pub(crate) struct Proxy {
-    qps: Mutex<Vec<Weak<QpShared>>>,
+    qps: Mutex<Targets>,
     thread: Mutex<Option<JoinHandle<()>>>,
     stop: Arc<AtomicBool>,
 }
@@ -75,13 +93,15 @@ impl Proxy {
     /// Starts watching `qp`'s proxy word (and the thread, on first use).
     pub(crate) fn watch(
         self: &Arc<Self>,
-        qp: &Arc<QpShared>,
-        dev: &Arc<DeviceShared>,
+        target: ProxyTarget,
+        dev: &Arc<dyn Provider>,
     ) -> Result<()> {
+        let life = Arc::downgrade(&target.request.mem);
         let mut qps = self.qps.lock();
         // Destroyed QPs leave (the list would otherwise grow with every QP ever watched).
-        qps.retain(|w| w.strong_count() > 0);
-        qps.push(Arc::downgrade(qp));
+        qps.targets.retain(|(w, _)| w.strong_count() > 0);
+        qps.targets.push((life, Arc::new(target)));
+        qps.generation += 1;
         drop(qps);
         let mut t = self.thread.lock();
         if t.is_none() {
@@ -112,33 +132,46 @@ impl Drop for Proxy {
     }
 }
 
-fn run(me: Weak<Proxy>, dev: Weak<DeviceShared>, stop: Arc<AtomicBool>) {
+fn run(me: Weak<Proxy>, dev: Weak<dyn Provider>, stop: Arc<AtomicBool>) {
     let mut backoff = Backoff::default();
-    let mut rung: Vec<(Weak<QpShared>, u64)> = Vec::new();
+    let mut rung: Vec<(Weak<RingMem>, Arc<ProxyTarget>, u64)> = Vec::new();
+    let mut seen = 0;
     while !stop.load(Ordering::Acquire) {
         let Some(p) = me.upgrade() else { return };
         {
             let qps = p.qps.lock();
-            if qps.len() != rung.len() {
-                rung = qps.iter().map(|w| (w.clone(), 0)).collect();
+            if qps.generation != seen {
+                seen = qps.generation;
+                let last = |t: &Arc<ProxyTarget>| {
+                    rung.iter()
+                        .find(|(_, r, _)| Arc::ptr_eq(r, t))
+                        .map_or(0, |(_, _, l)| *l)
+                };
+                rung = qps
+                    .targets
+                    .iter()
+                    .map(|(w, t)| (w.clone(), t.clone(), last(t)))
+                    .collect();
             }
         }
         drop(p);
         let mut work = false;
-        for (w, last) in rung.iter_mut() {
-            let Some(qp) = w.upgrade() else { continue };
-            let want = qp.ctrl.u64(QP_PROXY).load(Ordering::Acquire);
+        for (w, qp, last) in rung.iter_mut() {
+            let Some(_alive) = w.upgrade() else { continue };
+            let want = qp.request.mem.u64(qp.request.off).load(Ordering::Acquire);
             if want != *last {
                 // What the GPU would have stored: the doorbell record, then a doorbell whose
                 // index is the new producer index (as NVSHMEM and DOCA ring).
-                qp.ctrl
-                    .u32(QP_DBREC + 4 * DBREC_SQ)
+                qp.sq_dbrec
+                    .mem
+                    .u32(qp.sq_dbrec.off)
                     .store(qp_dbrec_value(want).native(), Ordering::Release);
                 let mut head = [0u8; 8];
                 head[..4].copy_from_slice(&Be32::new(((want as u32) & 0xFFFF) << 8).bytes());
                 head[4..].copy_from_slice(&Be32::new((qp.qpn & 0xFF_FFFF) << 8).bytes());
-                qp.ctrl
-                    .u64(QP_DOORBELL)
+                qp.doorbell
+                    .mem
+                    .u64(qp.doorbell.off)
                     .store(doorbell_value(head), Ordering::Release);
                 *last = want;
                 work = true;

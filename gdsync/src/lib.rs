@@ -37,6 +37,7 @@
 
 pub mod auth;
 mod bounds;
+mod context;
 mod cq;
 pub mod cuda;
 mod device;
@@ -50,6 +51,7 @@ mod handler;
 pub mod kernel;
 mod mem;
 mod mr;
+mod nic;
 pub mod ops;
 pub mod probe;
 mod qp;
@@ -58,14 +60,16 @@ mod signal;
 mod wr;
 
 pub use cq::{Completion, CompletionOp, Cq, CqError, WcStatus, MAX_KEPT_ERRORS};
+pub use device::mlx5;
 pub use device::{
-    accept_tcp_links, host_id, progress, progress_mode, progress_mode_for, Device, DeviceAttr,
+    accept_tcp_links, host_id, progress, progress_mode, progress_mode_for, Access, DeviceAttr,
     DeviceInfo, Endpoint, LinkKind, LinkLayer, LinkPolicy, PortAttr, PortState, ProgressMode,
 };
 pub use error::{Error, Result};
 pub use handler::NicHandler;
-pub use mr::{Access, MemoryRegion, ProtectionDomain, RemoteAddr, RemoteBuf};
+pub use mr::{MemoryRegion, ProtectionDomain};
+pub use nic::Device;
 pub use qp::{CommitError, PreparedSend, Qp, QpConfig, QpState, RecvTicket, SendTicket};
 pub use shm::SharedMemory;
 pub use signal::{PinnedBuffer, SignalWords};
-pub use wr::{RecvWr, SendFlags, SendWr, Sge, WrOp};
+pub use wr::{RecvWr, RemoteAddr, RemoteBuf, SendFlags, SendWr, Sge, WrOp};

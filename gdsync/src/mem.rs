@@ -152,3 +152,22 @@ pub(crate) fn slot_off(base: usize, i: u64, cnt: u32, size: usize) -> usize {
 pub(crate) fn load_be32(mem: &RingMem, off: usize) -> u32 {
     u32::from_be(mem.u32(off).load(Ordering::Acquire))
 }
+
+/// Copies `dst.len()` bytes at `addr` into `dst`: host memory, or memory of GPU `gpu`
+/// (through the CUDA driver). Returns whether the copy succeeded.
+///
+/// # Safety
+/// For host memory, the range must be readable: inside a registered region, whose owner lent
+/// it to the device for the registration's lifetime.
+pub(crate) unsafe fn read_region(gpu: Option<i32>, addr: u64, dst: &mut [u8]) -> bool {
+    match gpu {
+        Some(ordinal) => crate::cuda::copy_dtoh(ordinal, dst, addr).is_ok(),
+        None => {
+            // SAFETY: the caller's contract.
+            unsafe {
+                std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len())
+            };
+            true
+        }
+    }
+}

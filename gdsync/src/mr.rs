@@ -1,255 +1,35 @@
-//! Registration: protection domains and memory regions.
+//! Registration: protection domains and memory regions, through the provider's `alloc_pd`
+//! and `reg_mr` commands. The device keeps the translation table; the host keeps the keys and
+//! its own record of each region (for inline sends).
 
 use crate::bounds;
-use crate::device::DeviceShared;
-use crate::wr::Sge;
-use crate::{Error, Result};
-use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use crate::context::{DeviceContext, HostRegion};
+use crate::device::provider::{MrMemory, MrSpec};
+use crate::wr::{RemoteBuf, Sge};
+use crate::{Access, Error, Result};
 use std::marker::PhantomData;
 use std::ops::RangeBounds;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-bitflags::bitflags! {
-    /// Access rights of a memory region (`ibv_access_flags`).
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-    pub struct Access: u32 {
-        /// The local device may write it (receive buffers, read and atomic results).
-        const LOCAL_WRITE = 1;
-        /// Peers may RDMA-write it (needs LOCAL_WRITE).
-        const REMOTE_WRITE = 2;
-        /// Peers may RDMA-read it.
-        const REMOTE_READ = 4;
-        /// Peers may run atomics on it (needs LOCAL_WRITE).
-        const REMOTE_ATOMIC = 8;
-    }
-}
-
-impl Access {
-    /// Every right.
-    pub const ALL: Access = Access::all();
-}
-
-/// One registered region, as the device's translation table holds it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct MrEntry {
-    pub addr: u64,
-    pub len: u64,
-    pub access: Access,
-    pub pd: u32,
-    /// Device memory of this GPU, moved through the CUDA driver; `None`: host memory.
-    pub gpu: Option<i32>,
-}
-
-impl MrEntry {
-    /// Whether `[addr, addr+len)` lies inside the region.
-    pub fn covers(&self, addr: u64, len: u64) -> bool {
-        addr >= self.addr
-            && addr
-                .checked_add(len)
-                .is_some_and(|end| self.addr.checked_add(self.len).is_some_and(|e| end <= e))
-    }
-
-    /// The device's DMA write: copies `src` to `addr`, which must lie inside the region.
-    /// Callers hold the table (or the engine's copy of it), so the region is registered.
-    pub fn write(&self, addr: u64, src: &[u8]) -> bool {
-        if !self.covers(addr, src.len() as u64) {
-            return false;
-        }
-        match self.gpu {
-            Some(ordinal) => crate::cuda::copy_htod(ordinal, addr, src).is_ok(),
-            None => {
-                // SAFETY: inside a registered host region (checked above), whose owner lent it
-                // to the device for the registration's lifetime.
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
-                true
-            }
-        }
-    }
-
-    /// The device's DMA read from `addr` into `dst`.
-    pub fn read(&self, addr: u64, dst: &mut [u8]) -> bool {
-        if !self.covers(addr, dst.len() as u64) {
-            return false;
-        }
-        match self.gpu {
-            Some(ordinal) => crate::cuda::copy_dtoh(ordinal, dst, addr).is_ok(),
-            None => {
-                // SAFETY: as in write().
-                unsafe {
-                    std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len())
-                };
-                true
-            }
-        }
-    }
-
-    /// An 8-byte atomic at `addr` (8-aligned, inside the region): stores `f(old)`, returns
-    /// `old`. Atomic against host CPUs; on device memory it is a read and a write through
-    /// the driver, not atomic against GPU kernels.
-    pub fn atomic(&self, addr: u64, f: impl Fn(u64) -> u64) -> Option<u64> {
-        if addr % 8 != 0 || !self.covers(addr, 8) {
-            return None;
-        }
-        match self.gpu {
-            Some(_) => {
-                let mut b = [0u8; 8];
-                self.read(addr, &mut b).then_some(())?;
-                let old = u64::from_ne_bytes(b);
-                self.write(addr, &f(old).to_ne_bytes()).then_some(old)
-            }
-            None => {
-                // SAFETY: 8 aligned bytes inside a registered host region (checked above).
-                let w = unsafe { &*(addr as *const AtomicU64) };
-                let r = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(f(v)));
-                Some(r.unwrap_or_else(|v| v))
-            }
-        }
-    }
-}
-
-/// A value on its own cache line, so writers of neighbours do not steal it.
-#[repr(align(64))]
-#[derive(Default)]
-struct Padded<T>(T);
-
-/// The device's key → region table (the model of the HCA's memory translation table).
-///
-/// The engine works from its own copy ([`MrCache`]) so that its hot path writes no cache
-/// line that posting threads also write. Every change bumps `version`; a deregistration
-/// then waits until the engine has taken a copy at least that new (`seen`), which it does
-/// only between polling rounds, so it can no longer touch the removed region.
-#[derive(Default)]
-pub(crate) struct MrTable {
-    inner: RwLock<Slots>,
-    version: Padded<AtomicU64>,
-    seen: Padded<AtomicU64>,
-    engine: Mutex<Option<std::thread::Thread>>,
-    /// Registered regions in GPU memory: only the engine's own thread copies to and from
-    /// them (a copy binds a CUDA context to the thread that makes it).
-    gpu_regions: AtomicU64,
-}
-
-/// The engine's private copy of the table.
-#[derive(Default)]
-pub(crate) struct MrCache {
-    version: u64,
-    pub slots: Arc<Slots>,
-}
-
-impl MrCache {
-    /// Refreshes the copy if the table changed; cheap (one load) when it did not.
-    pub fn sync(&mut self, t: &MrTable) {
-        let v = t.version.0.load(Ordering::Acquire);
-        if v != self.version {
-            self.slots = Arc::new(t.inner.read().clone());
-            self.version = v;
-            t.seen.0.store(v, Ordering::Release);
-        }
-    }
-}
-
-#[derive(Default, Clone)]
-pub(crate) struct Slots {
-    slots: Vec<(u8, Option<MrEntry>)>,
-    free: Vec<usize>,
-}
-
-impl Slots {
-    /// The region `key` names, if it is registered.
-    pub fn get(&self, key: u32) -> Option<&MrEntry> {
-        let (tag, e) = self.slots.get((key >> 8) as usize)?;
-        if *tag != key as u8 {
-            return None;
-        }
-        e.as_ref()
-    }
-}
-
-impl MrTable {
-    fn insert(&self, e: MrEntry) -> u32 {
-        let mut t = self.inner.write();
-        let idx = match t.free.pop() {
-            Some(i) => i,
-            None => {
-                // Index 0 and 1 are never used, so no key is 0 or the terminator lkey 0x100.
-                if t.slots.len() < 2 {
-                    t.slots.resize(2, (0, None));
-                }
-                t.slots.push((0, None));
-                t.slots.len() - 1
-            }
-        };
-        let slot = &mut t.slots[idx];
-        // A fresh, nonzero tag per use of the slot, so stale keys do not alias new regions.
-        slot.0 = match slot.0.wrapping_add(1) {
-            0 => 1,
-            n => n,
-        };
-        slot.1 = Some(e);
-        if e.gpu.is_some() {
-            self.gpu_regions.fetch_add(1, Ordering::Relaxed);
-        }
-        let key = ((idx as u32) << 8) | slot.0 as u32;
-        self.version.0.fetch_add(1, Ordering::AcqRel);
-        key
-    }
-
-    fn remove(&self, key: u32) {
-        let v = {
-            let mut t = self.inner.write();
-            let idx = (key >> 8) as usize;
-            if !t
-                .slots
-                .get(idx)
-                .is_some_and(|s| s.0 == key as u8 && s.1.is_some())
-            {
-                return;
-            }
-            if t.slots[idx].1.take().is_some_and(|e| e.gpu.is_some()) {
-                self.gpu_regions.fetch_sub(1, Ordering::Relaxed);
-            }
-            t.free.push(idx);
-            self.version.0.fetch_add(1, Ordering::AcqRel) + 1
-        };
-        // Wait until the engine works from a copy without the region.
-        let mut spins = 0u32;
-        while self.seen.0.load(Ordering::Acquire) < v {
-            let Some(engine) = self.engine.lock().clone() else {
-                return;
-            };
-            engine.unpark();
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
-    }
-
-    /// Whether a region in GPU memory is registered.
-    pub fn has_gpu_regions(&self) -> bool {
-        self.gpu_regions.load(Ordering::Relaxed) != 0
-    }
-
-    /// Called by the engine thread when it starts (`Some`) and stops (`None`): while no
-    /// engine runs, deregistration has nobody to wait for.
-    pub fn set_engine(&self, t: Option<std::thread::Thread>) {
-        *self.engine.lock() = t;
-    }
-
-    /// Shared read access (posting threads; the engine uses its [`MrCache`]).
-    pub fn read(&self) -> RwLockReadGuard<'_, Slots> {
-        self.inner.read()
-    }
-}
 
 /// A protection domain: QPs only reach memory regions of their own domain.
 #[derive(Clone)]
 pub struct ProtectionDomain {
-    pub(crate) dev: Arc<DeviceShared>,
+    pub(crate) ctx: Arc<DeviceContext>,
     pub(crate) id: u32,
+    /// Deallocates the domain when the last handle goes.
+    _owner: Arc<PdOwner>,
+}
+
+/// The last handle of a domain deallocates it (`dealloc_pd`).
+struct PdOwner {
+    ctx: Arc<DeviceContext>,
+    id: u32,
+}
+
+impl Drop for PdOwner {
+    fn drop(&mut self) {
+        self.ctx.provider.dealloc_pd(self.id);
+    }
 }
 
 impl std::fmt::Debug for ProtectionDomain {
@@ -261,6 +41,19 @@ impl std::fmt::Debug for ProtectionDomain {
 }
 
 impl ProtectionDomain {
+    /// A new domain of the device (`alloc_pd`).
+    pub(crate) fn alloc(ctx: &Arc<DeviceContext>) -> Self {
+        let id = ctx.provider.alloc_pd();
+        ProtectionDomain {
+            ctx: ctx.clone(),
+            id,
+            _owner: Arc::new(PdOwner {
+                ctx: ctx.clone(),
+                id,
+            }),
+        }
+    }
+
     /// Registers `buf` with `access` rights. The region borrows the buffer: it cannot
     /// outlive it, and the buffer is reached only through the region while it exists.
     pub fn register<'buf>(
@@ -300,22 +93,29 @@ impl ProtectionDomain {
             crate::cuda::MemoryKind::Device { ordinal } => Some(ordinal),
             _ => None,
         };
-        let e = MrEntry {
+        let keys = self.ctx.provider.reg_mr(&MrSpec {
+            pd: self.id,
             addr: ptr as u64,
             len: len as u64,
             access,
-            pd: self.id,
-            gpu,
-        };
-        let key = self.dev.mrs.insert(e);
-        let entry = e;
+            memory: gpu.map_or(MrMemory::Host, |ordinal| MrMemory::Gpu { ordinal }),
+        })?;
+        self.ctx.regions.write().insert(
+            keys.lkey,
+            HostRegion {
+                addr: ptr as u64,
+                len: len as u64,
+                pd: self.id,
+                gpu,
+            },
+        );
         Ok(MemoryRegion {
-            dev: self.dev.clone(),
-            key,
+            ctx: self.ctx.clone(),
+            key: keys.lkey,
             ptr,
             len,
             access,
-            gpu: entry.gpu,
+            gpu,
             _buf: PhantomData,
         })
     }
@@ -332,42 +132,10 @@ impl ProtectionDomain {
     }
 }
 
-/// Where in a peer's memory region an operation goes: address and rkey.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct RemoteAddr {
-    /// Remote virtual address.
-    pub addr: u64,
-    /// Remote key.
-    pub rkey: u32,
-}
-
-/// A peer's whole memory region, as exchanged between ranks: address, length and rkey.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct RemoteBuf {
-    /// Start address.
-    pub addr: u64,
-    /// Length in bytes.
-    pub len: u64,
-    /// Remote key.
-    pub rkey: u32,
-}
-
-impl RemoteBuf {
-    /// The address `offset` bytes into the region. Not checked here: the peer's device
-    /// checks every access against the region, and an address that wraps past `u64::MAX`
-    /// fails there with a remote access error, as any out-of-bounds access does.
-    pub fn at(&self, offset: u64) -> RemoteAddr {
-        RemoteAddr {
-            addr: self.addr.wrapping_add(offset),
-            rkey: self.rkey,
-        }
-    }
-}
-
 /// A registered memory region. Dropping it deregisters: the device no longer touches the
 /// memory, and work that still names its key fails with a protection or access error.
 pub struct MemoryRegion<'buf> {
-    dev: Arc<DeviceShared>,
+    ctx: Arc<DeviceContext>,
     key: u32,
     ptr: *mut u8,
     len: usize,
@@ -537,8 +305,9 @@ impl MemoryRegion<'_> {
 
 impl Drop for MemoryRegion<'_> {
     fn drop(&mut self) {
-        // Takes the table's write lock: once this returns the engine cannot touch the memory.
-        self.dev.mrs.remove(self.key);
+        self.ctx.regions.write().remove(&self.key);
+        // Once this returns the device no longer touches the memory.
+        self.ctx.provider.dereg_mr(self.key);
     }
 }
 

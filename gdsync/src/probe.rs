@@ -4,23 +4,23 @@
 use std::ffi::CString;
 use std::path::Path;
 
-/// One RDMA device under `/sys/class/infiniband`.
+/// One RDMA device, as rdma-core finds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RdmaDevice {
     /// Name (e.g. `mlx5_0`).
     pub name: String,
-    /// Firmware version, if reported.
+    /// Firmware version, if the device could be queried.
     pub fw_ver: Option<String>,
-    /// Port states (`4: ACTIVE`, ...), port by port.
+    /// Port states (`1: PORT_ACTIVE`, ...), port by port.
     pub ports: Vec<String>,
 }
 
 /// Whether RDMA hardware is usable, and why not.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RdmaStatus {
-    /// rdma-core's `libibverbs.so.1` does not load.
+    /// rdma-core (`libibverbs.so.1`, `libmlx5.so.1`) does not load, or is too old.
     LibraryMissing(String),
-    /// The library loads but the kernel exposes no RDMA device.
+    /// rdma-core loads but finds no RDMA device.
     NoDevice,
     /// Devices found.
     Devices(Vec<RdmaDevice>),
@@ -49,42 +49,38 @@ pub fn library_loads(lib: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// RDMA devices, or why there are none.
+/// RDMA devices, or why there are none: rdma-core's device list (sysfs and RDMA netlink, as
+/// `ibv_devices` sees them), each device queried for its firmware and port states.
 pub fn rdma() -> RdmaStatus {
-    if let Err(e) = library_loads("libibverbs.so.1") {
-        return RdmaStatus::LibraryMissing(e);
-    }
-    let dir = Path::new("/sys/class/infiniband");
-    let mut devs = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            let read = |f: &str| {
-                std::fs::read_to_string(p.join(f))
-                    .ok()
-                    .map(|s| s.trim().to_string())
-            };
-            let mut ports = Vec::new();
-            if let Ok(pr) = std::fs::read_dir(p.join("ports")) {
-                for port in pr.flatten() {
-                    let state =
-                        std::fs::read_to_string(port.path().join("state")).unwrap_or_default();
-                    ports.push(format!(
-                        "{}: {}",
-                        port.file_name().to_string_lossy(),
-                        state.trim()
-                    ));
-                }
-            }
-            ports.sort();
-            devs.push(RdmaDevice {
-                name: e.file_name().to_string_lossy().into_owned(),
-                fw_ver: read("fw_ver"),
-                ports,
-            });
+    use crate::mlx5::{devices, Context, RdmaError};
+    let list = match devices() {
+        Ok(l) => l,
+        Err(e @ (RdmaError::LibraryMissing { .. } | RdmaError::LibraryTooOld { .. })) => {
+            return RdmaStatus::LibraryMissing(e.to_string())
         }
-    }
-    devs.sort_by(|a, b| a.name.cmp(&b.name));
+        Err(_) => return RdmaStatus::NoDevice,
+    };
+    let devs: Vec<RdmaDevice> = list
+        .into_iter()
+        .map(|d| {
+            let ctx = Context::open(&d.name).ok();
+            let limits = ctx.as_ref().and_then(|c| c.query_device().ok());
+            let ports = match (&ctx, &limits) {
+                (Some(c), Some(l)) => (1..=l.phys_port_cnt)
+                    .map(|p| match c.query_port(p) {
+                        Ok(info) => format!("{p}: {}", info.state.name_and_value().0),
+                        Err(e) => format!("{p}: {e}"),
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            RdmaDevice {
+                name: d.name,
+                fw_ver: limits.map(|l| l.fw_ver),
+                ports,
+            }
+        })
+        .collect();
     if devs.is_empty() {
         RdmaStatus::NoDevice
     } else {

@@ -1,6 +1,5 @@
 //! Work requests: builders for send-queue and receive-queue entries.
 
-use crate::mr::RemoteAddr;
 use smallvec::SmallVec;
 
 /// A scatter/gather entry: `len` bytes at `addr` in the region with local key `lkey`.
@@ -199,5 +198,37 @@ impl RecvWr {
     pub fn sge(mut self, sge: Sge) -> Self {
         self.sges.push(sge);
         self
+    }
+}
+
+/// Where in a peer's memory region an operation goes: address and rkey.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteAddr {
+    /// Remote virtual address.
+    pub addr: u64,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+/// A peer's whole memory region, as exchanged between ranks: address, length and rkey.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteBuf {
+    /// Start address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+impl RemoteBuf {
+    /// The address `offset` bytes into the region. Not checked here: the peer's device
+    /// checks every access against the region, and an address that wraps past `u64::MAX`
+    /// fails there with a remote access error, as any out-of-bounds access does.
+    pub fn at(&self, offset: u64) -> RemoteAddr {
+        RemoteAddr {
+            addr: self.addr.wrapping_add(offset),
+            rkey: self.rkey,
+        }
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! Layout (`mlx5dv.h`): the control segment, then a remote-address segment for RDMA and
 //! atomics, an atomic segment for atomics, then either one inline segment (header and
-//! payload, padded to 16 bytes) or data segments. A NOP's segments after the control one are
+//! payload, padded to 16 bytes; none for an empty payload) or data segments. A NOP's segments after the control one are
 //! not read: a send neutralised into a NOP keeps the segments it had.
 
 use super::{
@@ -47,6 +47,9 @@ impl<'a> SendWqe<'a> {
         1 + self.raddr.is_some() as usize
             + self.atomic.is_some() as usize
             + match self.data {
+                // An empty inline payload takes no segment, as libmlx5 and the kernel's
+                // mlx5 driver write it: the WQE is a zero-length send.
+                WqeData::Inline([]) => 0,
                 WqeData::Inline(p) => InlineHeader::ds_for(p.len()),
                 WqeData::Gather(s) => s.len(),
             }
@@ -125,6 +128,7 @@ impl<'a> SendWqe<'a> {
             put(a.to_bytes());
         }
         match self.data {
+            WqeData::Inline([]) => {}
             WqeData::Inline(p) => {
                 let end = pos + InlineHeader::ds_for(p.len()) * SEG_SIZE;
                 let h = InlineHeader::new(p.len() as u32).byte_count.bytes();

@@ -168,6 +168,31 @@ fn nop_segments_are_not_read() {
 }
 
 #[test]
+fn an_empty_inline_payload_takes_no_segment() {
+    // libmlx5 and the kernel's mlx5 driver write no inline segment for zero bytes.
+    let w = SendWqe {
+        wqe_index: 9,
+        opcode: Opcode::Send,
+        qpn: 2,
+        flags: FmCeSe::CQ_UPDATE,
+        imm: [0; 4],
+        raddr: None,
+        atomic: None,
+        data: WqeData::Inline(&[]),
+    };
+    let mut out = [0xA5u8; 32];
+    assert_eq!(w.write_to(&mut out), Ok(1));
+    assert_eq!(w.ctrl().ds(), 1);
+    assert!(out[16..].iter().all(|&b| b == 0xA5));
+    let back = SendWqe::parse(&out).unwrap();
+    assert_eq!(back.data, WqeData::Gather(DataSegs::EMPTY));
+    // A foreign writer's empty inline segment still reads as an empty payload.
+    out[16..20].copy_from_slice(&InlineHeader::new(0).byte_count.bytes());
+    out[7] = 2;
+    assert_eq!(SendWqe::parse(&out).unwrap().data, WqeData::Inline(&[]));
+}
+
+#[test]
 fn send_wqe_writer_refuses_what_it_cannot_read_back() {
     let segs = [DataSeg::new(0, 8, 1)];
     let w = SendWqe {
@@ -317,8 +342,14 @@ proptest! {
             Ok(n) => {
                 prop_assert_eq!(n, ds);
                 prop_assert!(ds <= MAX_WQE_DS);
-                prop_assert_eq!(SendWqe::parse(&out[..ds * SEG_SIZE]), Ok(w));
-                prop_assert_eq!(SendWqe::parse(&out), Ok(w));
+                // An empty inline payload is written as no segment: it reads back as an
+                // empty gather list.
+                let back = match w.data {
+                    WqeData::Inline([]) => SendWqe { data: WqeData::Gather(DataSegs::EMPTY), ..w },
+                    _ => w,
+                };
+                prop_assert_eq!(SendWqe::parse(&out[..ds * SEG_SIZE]), Ok(back));
+                prop_assert_eq!(SendWqe::parse(&out), Ok(back));
                 prop_assert!(out[ds * SEG_SIZE..].iter().all(|&b| b == 0xA5));
                 prop_assert_eq!(CtrlSeg::from_bytes(out[..16].try_into().unwrap()), w.ctrl());
             }

@@ -5,8 +5,7 @@
 
 use crate::cq::{CqShared, CQ_DBREC, CQ_RETIRED};
 use crate::qp::{
-    Qp, QpState, QP_DBREC, QP_DOORBELL, QP_KERNEL_RQ_PI, QP_KERNEL_SQ_PI, QP_PROXY, QP_RQ_RETIRED,
-    QP_SQ_RETIRED,
+    Qp, QpState, QP_DBREC, QP_KERNEL_RQ_PI, QP_KERNEL_SQ_PI, QP_PROXY, QP_RQ_RETIRED, QP_SQ_RETIRED,
 };
 use crate::{Error, NicHandler};
 use std::sync::atomic::Ordering;
@@ -201,11 +200,7 @@ impl DeviceQp {
             sq: s.buf.addr(s.sq_off),
             rq: s.buf.addr(0),
             dbrec: s.ctrl.addr(QP_DBREC),
-            db: if gpu_rings {
-                s.ctrl.addr(QP_DOORBELL)
-            } else {
-                0
-            },
+            db: if gpu_rings { s.doorbell.addr() } else { 0 },
             proxy: if gpu_rings { 0 } else { s.ctrl.addr(QP_PROXY) },
             state: s.ctrl.addr(QP_KERNEL_SQ_PI),
             sq_pi: s.ctrl.u64(QP_KERNEL_SQ_PI).load(Ordering::Acquire),

@@ -4,10 +4,7 @@ use crate::format::{MAX_WQE_DS, MAX_WQE_WQEBBS, SEG_SIZE};
 use crate::{Error, Result};
 use std::time::Duration;
 
-/// Largest message the soft device moves (2 GiB - 1, the RC limit).
-pub const MAX_MESSAGE: u64 = (1 << 31) - 1;
-/// Most SGEs in one work request.
-pub const MAX_SGE: usize = 16;
+pub use crate::device::{MAX_MESSAGE, MAX_SGE};
 
 /// QP sizes and transport settings.
 #[derive(Clone, Debug)]

@@ -3,24 +3,27 @@
 //! registered memory.
 
 use super::{QpShared, MAX_MESSAGE, MAX_SGE};
-use crate::device::DeviceShared;
+use crate::context::{DeviceContext, HostRegion};
 use crate::format::*;
-use crate::mr::RemoteAddr;
-use crate::wr::{SendFlags, SendWr, Sge, WrOp};
+use crate::wr::{RemoteAddr, SendFlags, SendWr, Sge, WrOp};
 use crate::{Error, Result};
+use std::collections::HashMap;
+
+/// The host's record of registered regions, by lkey.
+type Regions = HashMap<u32, HostRegion>;
 
 /// Whether every SGE lies in a registered region of host memory (else it is left to the
 /// encoder's own checks).
-fn in_host_memory(mrs: &crate::mr::Slots, sges: &[Sge]) -> bool {
+fn in_host_memory(mrs: &Regions, sges: &[Sge]) -> bool {
     sges.iter()
-        .all(|g| mrs.get(g.lkey).is_some_and(|e| e.gpu.is_none()))
+        .all(|g| mrs.get(&g.lkey).is_some_and(|e| e.gpu.is_none()))
 }
 
 /// Encodes `wr` as a WQE for producer index `sq_pi` into `out`; returns its ds count.
 /// Inline payload is gathered into `inline` first.
 pub(super) fn encode(
     s: &QpShared,
-    dev: &DeviceShared,
+    ctx: &DeviceContext,
     sq_pi: u64,
     wr: &SendWr,
     out: &mut [u8],
@@ -44,7 +47,7 @@ pub(super) fn encode(
     let mrs = wr
         .flags
         .intersects(SendFlags::INLINE | SendFlags::INLINE_HOST)
-        .then(|| dev.mrs.read());
+        .then(|| ctx.regions.read());
     let inline_it = wr.flags.contains(SendFlags::INLINE)
         || (wr.flags.contains(SendFlags::INLINE_HOST)
             && inlinable
@@ -101,7 +104,7 @@ fn fm_ce_se(f: SendFlags) -> FmCeSe {
 /// Copies an inline send's payload from registered memory of the QP's PD into `buf`.
 fn gather_inline<'b>(
     s: &QpShared,
-    mrs: &crate::mr::Slots,
+    mrs: &Regions,
     wr: &SendWr,
     len: u64,
     buf: &'b mut [u8],
@@ -116,7 +119,7 @@ fn gather_inline<'b>(
     for g in &wr.sges {
         let n = g.len as usize;
         let ok = mrs
-            .get(g.lkey)
+            .get(&g.lkey)
             .is_some_and(|e| e.pd == s.pd && e.read(g.addr, &mut buf[p..p + n]));
         if !ok {
             return Err(Error::invalid(format!(

@@ -15,21 +15,25 @@ mod wait;
 pub use config::{QpConfig, QpState, MAX_MESSAGE, MAX_SGE};
 pub use post::{CommitError, PreparedSend, RecvTicket, SendTicket};
 pub(crate) use shared::{
-    QpShared, QP_DBREC, QP_DOORBELL, QP_KERNEL_RQ_PI, QP_KERNEL_SQ_PI, QP_PROXY, QP_RQ_RETIRED,
-    QP_SQ_RETIRED,
+    QpShared, QP_DBREC, QP_KERNEL_RQ_PI, QP_KERNEL_SQ_PI, QP_PROXY, QP_RQ_RETIRED, QP_SQ_RETIRED,
 };
 
-use crate::cq::Cq;
-use crate::device::{DeviceShared, Endpoint};
+use crate::context::DeviceContext;
+use crate::cq::{Cq, CqUser};
+use crate::device::provider::{MemAt, QpModify, QpPath, QpTimers};
+use crate::device::Endpoint;
 use crate::format::*;
+use crate::handler::ProxyTarget;
+use crate::mr::ProtectionDomain;
 use crate::{Error, Result};
+use shared::QpRings;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// A reliable-connected queue pair.
 pub struct Qp {
     pub(crate) shared: Arc<QpShared>,
-    pub(crate) dev: Arc<DeviceShared>,
+    pub(crate) ctx: Arc<DeviceContext>,
     pub(crate) sq_pi: u64,
     pub(crate) committed: u64,
     pub(crate) rq_pi: u64,
@@ -41,6 +45,8 @@ pub struct Qp {
     pub(crate) uncommitted: std::collections::VecDeque<(u64, u64)>,
     /// Starts of prepared sends dropped without a commit.
     abandoned: Arc<parking_lot::Mutex<Vec<u64>>>,
+    /// The half of the doorbell register the next CPU post rings (libmlx5's `bf.offset`).
+    pub(crate) bf_offset: usize,
 }
 
 impl std::fmt::Debug for Qp {
@@ -52,16 +58,24 @@ impl std::fmt::Debug for Qp {
     }
 }
 
+impl ProtectionDomain {
+    /// A reliable-connected QP completing sends on `send_cq` and receives on `recv_cq`.
+    pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, cfg: &QpConfig) -> Result<Qp> {
+        Qp::create(&self.ctx, self.id, send_cq, recv_cq, cfg)
+    }
+}
+
 impl Qp {
+    /// `create_qp` on rings this layer allocates, then `modify_qp` to INIT (receives may be
+    /// posted from then on).
     pub(crate) fn create(
-        dev: &Arc<DeviceShared>,
+        ctx: &Arc<DeviceContext>,
         pd: u32,
-        qpn: u32,
         send_cq: &Cq,
         recv_cq: &Cq,
         cfg: &QpConfig,
     ) -> Result<Self> {
-        if !Arc::ptr_eq(&send_cq._dev, dev) || !Arc::ptr_eq(&recv_cq._dev, dev) {
+        if !Arc::ptr_eq(send_cq.shared.ctx(), ctx) || !Arc::ptr_eq(recv_cq.shared.ctx(), ctx) {
             return Err(Error::invalid(
                 "the QP's CQs must belong to the same device",
             ));
@@ -72,34 +86,32 @@ impl Qp {
             None => crate::NicHandler::choose_soft()?,
         };
         crate::handler::log_choice(handler, why);
+        let rings = QpRings::new(cfg);
+        let created =
+            ctx.provider
+                .create_qp(rings.spec(pd, send_cq.shared.cqn, recv_cq.shared.cqn))?;
         let shared = Arc::new(QpShared::new(
-            qpn,
+            rings,
+            created,
             pd,
             &send_cq.shared,
             &recv_cq.shared,
             cfg,
             handler,
+            ctx,
         ));
+        let qpn = shared.qpn;
+        let user: Weak<dyn CqUser> = Arc::downgrade(&shared) as Weak<dyn CqUser>;
         for cq in [&send_cq.shared, &recv_cq.shared] {
             if cq.users.fetch_add(1, Ordering::AcqRel) > 0 {
                 cq.shared_ever.store(true, Ordering::Release);
             }
+            cq.attach(qpn, user.clone());
         }
-        let attached = dev.add_qp(&shared).and_then(|()| match handler {
-            crate::NicHandler::Cpu => dev.proxy.watch(&shared, dev),
-            _ => Ok(()),
-        });
-        if let Err(e) = attached {
-            // Undo what the device and the CQs hold (the caller gives the number back).
-            dev.forget_qp(qpn);
-            for cq in [&send_cq.shared, &recv_cq.shared] {
-                cq.users.fetch_sub(1, Ordering::AcqRel);
-            }
-            return Err(e);
-        }
-        Ok(Qp {
+        // From here on the QP's drop destroys it.
+        let qp = Qp {
             shared,
-            dev: dev.clone(),
+            ctx: ctx.clone(),
             sq_pi: 0,
             committed: 0,
             rq_pi: 0,
@@ -107,7 +119,24 @@ impl Qp {
             inline: Box::new([0; MAX_WQE_DS * SEG_SIZE]),
             uncommitted: Default::default(),
             abandoned: Default::default(),
-        })
+            bf_offset: 0,
+        };
+        ctx.provider.modify_qp(qpn, QpModify::Init)?;
+        if handler == crate::NicHandler::Cpu {
+            let s = &qp.shared;
+            let at = |off| MemAt {
+                mem: s.ctrl.clone(),
+                off,
+            };
+            let target = ProxyTarget {
+                qpn,
+                request: at(QP_PROXY),
+                sq_dbrec: at(QP_DBREC + 4 * DBREC_SQ),
+                doorbell: s.doorbell.clone(),
+            };
+            ctx.proxy.watch(target, &ctx.provider)?;
+        }
+        Ok(qp)
     }
 
     /// QP number.
@@ -122,7 +151,7 @@ impl Qp {
 
     /// What a peer needs to connect to this QP: plain data to exchange out of band.
     pub fn endpoint(&self) -> Endpoint {
-        self.dev.endpoint(self.shared.qpn)
+        self.ctx.provider.endpoint(self.shared.qpn)
     }
 
     /// Connects to the peer QP described by `remote` and moves to RTS.
@@ -134,11 +163,23 @@ impl Qp {
                 self.state()
             )));
         }
-        self.dev.connect(&self.shared, remote)?;
-        self.shared
-            .state
-            .store(QpState::Rts as u8, Ordering::Release);
-        Ok(())
+        let p = &self.ctx.provider;
+        let mtu = p.query_port(1)?.active_mtu;
+        let path = QpPath {
+            remote: *remote,
+            rq_psn: 0,
+            mtu,
+        };
+        p.modify_qp(self.qpn(), QpModify::Rtr(path))?;
+        let cfg = &self.shared.cfg;
+        let timers = QpTimers {
+            sq_psn: 0,
+            timeout: cfg.timeout,
+            retry_cnt: 7,
+            rnr_retry: cfg.rnr_retry,
+            min_rnr_timer: cfg.rnr_timer,
+        };
+        p.modify_qp(self.qpn(), QpModify::Rts(timers))
     }
 
     /// Send ring size in WQEBBs.
@@ -174,6 +215,6 @@ impl Drop for Qp {
         self.shared.recv_cq.forget_qp(self.shared.qpn);
         self.shared.send_cq.users.fetch_sub(1, Ordering::AcqRel);
         self.shared.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
-        self.dev.remove_qp(self.shared.qpn);
+        self.ctx.provider.destroy_qp(self.shared.qpn);
     }
 }

@@ -2,7 +2,7 @@
 //! the doorbell, for any executor) or post it from the CPU at once; post receives.
 
 use super::encode::encode;
-use super::{Qp, QpState, MAX_SGE, QP_DBREC, QP_DOORBELL, QP_PROXY};
+use super::{Qp, QpState, MAX_SGE, QP_DBREC, QP_PROXY};
 use crate::format::*;
 use crate::mem::slot_off;
 use crate::ops::{Op, Ops};
@@ -110,7 +110,7 @@ impl Qp {
         }
         let ds = encode(
             s,
-            &self.dev,
+            &self.ctx,
             self.sq_pi,
             wr,
             &mut self.scratch[..],
@@ -211,10 +211,10 @@ impl Qp {
         ops.push(Op::Barrier, &keep);
         ops.push(
             Op::Write64 {
-                addr: s.ctrl.addr(QP_DOORBELL),
+                addr: s.doorbell.addr(),
                 value: doorbell_value(p.head),
             },
-            &keep,
+            &s.keep_doorbell(),
         );
         ops.mark_ring(s.ctrl.addr(QP_DBREC));
         Ok((p.ticket, ops))
@@ -292,14 +292,11 @@ impl Qp {
     /// would later move backwards: [`post_send`](Self::post_send) refuses then.
     /// (A QP in error flushes all work anyway: never then.)
     pub fn has_unrung_commits(&self) -> bool {
-        if self.shared.state() == QpState::Error {
-            return false;
-        }
         let c = &self.shared.ctrl;
         // Rung once the record has reached the last commit (or passed it, had something
         // else rung).
         let rung = || self.doorbell_reached(self.committed);
-        if rung() {
+        if rung() || self.shared.state() == QpState::Error {
             return false;
         }
         if self.shared.handler == crate::NicHandler::Cpu
@@ -332,9 +329,13 @@ impl Qp {
         let c = &self.shared.ctrl;
         c.u32(QP_DBREC + 4 * DBREC_SQ)
             .store(qp_dbrec_value(p.end).native(), Ordering::Release);
-        c.u64(QP_DOORBELL)
+        // The register's halves in turn, as libmlx5 rings (executors ring the first).
+        let db = &self.shared.doorbell;
+        db.mem
+            .u64(db.off + self.bf_offset)
             .store(doorbell_value(p.head), Ordering::Release);
-        self.dev.kick();
+        self.bf_offset ^= self.shared.bf_size;
+        self.ctx.provider.kick();
         Ok(p.ticket)
     }
 
@@ -397,7 +398,7 @@ impl Qp {
         s.ctrl
             .u32(QP_DBREC + 4 * DBREC_RQ)
             .store(qp_dbrec_value(self.rq_pi).native(), Ordering::Release);
-        self.dev.kick();
+        self.ctx.provider.kick();
         Ok(RecvTicket { index, cqe })
     }
 }

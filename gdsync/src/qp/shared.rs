@@ -1,20 +1,20 @@
-//! What the user's QP handle, the engine and CQ polls share: the rings and control page,
-//! the work-request ids, and the counters that say which slots are free again.
+//! What the user's QP handle and CQ polls share: the rings and control page the queue layer
+//! allocated, the doorbell register the device handed out, the work-request ids, and the
+//! counters that say which slots are free again.
 
 use super::{QpConfig, QpState};
-use crate::cq::CqShared;
+use crate::context::DeviceContext;
+use crate::cq::{CqError, CqShared, CqUser};
+use crate::device::provider::{HwQpState, MemAt, QpCreated, QpSpec};
 use crate::format::{SEG_SIZE, WQEBB};
 use crate::mem::RingMem;
 use crate::ops::KeepAlive;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
-/// Offsets in a QP's control page: the doorbell record (`[RQ][SQ]`, BE32), the soft
-/// device's doorbell register, and the retired counters executors store (native u64).
-/// On an HCA the doorbell register is in the UAR page; the soft device's stand-in shares the
-/// doorbell record's cache line, so ringing costs the engine one line transfer, not two.
+/// Offsets in a QP's control page: the doorbell record (`[RQ][SQ]`, BE32, the device reads
+/// it), and the retired counters executors store (native u64).
 pub(crate) const QP_DBREC: usize = 0;
-pub(crate) const QP_DOORBELL: usize = 8;
 pub(crate) const QP_SQ_RETIRED: usize = 64;
 pub(crate) const QP_RQ_RETIRED: usize = 128;
 /// With a CPU proxy ([`crate::NicHandler::Cpu`]): the producer index the GPU asks the proxy to
@@ -26,10 +26,57 @@ pub(crate) const QP_PROXY: usize = 192;
 pub(crate) const QP_KERNEL_SQ_PI: usize = 256;
 pub(crate) const QP_KERNEL_RQ_PI: usize = 264;
 
-/// The QP as the user handle, the engine and CQ polls share it.
+/// A QP's rings and control page, laid out as mlx5 does (receive ring at offset 0, send
+/// ring after it), before the device knows them.
+pub(crate) struct QpRings {
+    pub buf: Arc<RingMem>,
+    pub ctrl: Arc<RingMem>,
+    pub sq_off: usize,
+    pub sq_cnt: u32,
+    pub rq_cnt: u32,
+    pub rq_stride: u32,
+}
+
+impl QpRings {
+    pub(super) fn new(cfg: &QpConfig) -> Self {
+        let sq_cnt = cfg.sq_cnt();
+        let rq_cnt = cfg.recv_wqes.next_power_of_two();
+        let rq_stride = (SEG_SIZE as u32 * cfg.max_recv_sge).next_power_of_two();
+        let rq_bytes = (rq_cnt * rq_stride) as usize;
+        let sq_off = rq_bytes.max(64);
+        QpRings {
+            buf: Arc::new(RingMem::new(sq_off + sq_cnt as usize * WQEBB)),
+            ctrl: Arc::new(RingMem::new(crate::mem::PAGE)),
+            sq_off,
+            sq_cnt,
+            rq_cnt,
+            rq_stride,
+        }
+    }
+
+    /// The `create_qp` command for these rings.
+    pub(super) fn spec(&self, pd: u32, send_cqn: u32, recv_cqn: u32) -> QpSpec {
+        QpSpec {
+            pd,
+            buf: self.buf.clone(),
+            rq_wqes: self.rq_cnt,
+            rq_stride: self.rq_stride,
+            sq_off: self.sq_off,
+            sq_wqebbs: self.sq_cnt,
+            dbrec: MemAt {
+                mem: self.ctrl.clone(),
+                off: QP_DBREC,
+            },
+            send_cqn,
+            recv_cqn,
+        }
+    }
+}
+
+/// The QP as the user handle and CQ polls share it.
 ///
-/// Aligned so that the `Arc`'s counters (which the engine touches) do not share a cache line
-/// with the fields posting threads read.
+/// Aligned so that the `Arc`'s counters do not share a cache line with the fields posting
+/// threads read.
 #[repr(C, align(128))]
 pub(crate) struct QpShared {
     pub qpn: u32,
@@ -41,6 +88,10 @@ pub(crate) struct QpShared {
     pub sq_cnt: u32,
     pub rq_cnt: u32,
     pub rq_stride: u32,
+    /// The doorbell register the device handed out (in its UAR page).
+    pub doorbell: MemAt,
+    /// Where the register's second half lies, which CPU posts alternate with (0: none).
+    pub bf_size: usize,
     pub send_cq: Arc<CqShared>,
     pub recv_cq: Arc<CqShared>,
     pub(super) sq_wrid: Box<[AtomicU64]>,
@@ -54,10 +105,10 @@ pub(crate) struct QpShared {
     /// retired, and executors need not store a retired counter of their own. [`NO_BASE`]
     /// until the first receive; [`BAD_BASE`] for good once the numbering stopped matching.
     rq_cqe_base: AtomicU64,
-    pub state: AtomicU8,
     pub cfg: QpConfig,
     /// Who rings for committed op lists.
     pub handler: crate::NicHandler,
+    pub ctx: Arc<DeviceContext>,
 }
 
 /// `QpShared::rq_cqe_base`: no receive yet; numbering that stopped matching.
@@ -65,31 +116,37 @@ const NO_BASE: u64 = u64::MAX;
 const BAD_BASE: u64 = u64::MAX - 1;
 
 impl QpShared {
-    /// The shared state of a new QP: its rings laid out as mlx5 does (receive ring at
-    /// offset 0, send ring after it) and its control page.
+    /// The shared state of a QP the device created on `rings`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
-        qpn: u32,
+        rings: QpRings,
+        created: QpCreated,
         pd: u32,
         send_cq: &Arc<CqShared>,
         recv_cq: &Arc<CqShared>,
         cfg: &QpConfig,
         handler: crate::NicHandler,
+        ctx: &Arc<DeviceContext>,
     ) -> Self {
-        let sq_cnt = cfg.sq_cnt();
-        let rq_cnt = cfg.recv_wqes.next_power_of_two();
-        let rq_stride = (SEG_SIZE as u32 * cfg.max_recv_sge).next_power_of_two();
-        let rq_bytes = (rq_cnt * rq_stride) as usize;
-        let sq_off = rq_bytes.max(64);
-        let buf = Arc::new(RingMem::new(sq_off + sq_cnt as usize * WQEBB));
-        QpShared {
-            qpn,
-            pd,
+        let QpRings {
             buf,
-            ctrl: Arc::new(RingMem::new(crate::mem::PAGE)),
+            ctrl,
             sq_off,
             sq_cnt,
             rq_cnt,
             rq_stride,
+        } = rings;
+        QpShared {
+            qpn: created.qpn,
+            pd,
+            buf,
+            ctrl,
+            sq_off,
+            sq_cnt,
+            rq_cnt,
+            rq_stride,
+            doorbell: created.doorbell,
+            bf_size: created.bf_size,
             send_cq: send_cq.clone(),
             recv_cq: recv_cq.clone(),
             sq_wrid: (0..sq_cnt).map(|_| AtomicU64::new(0)).collect(),
@@ -98,9 +155,9 @@ impl QpShared {
             sq_polled: AtomicU64::new(0),
             rq_polled: AtomicU64::new(0),
             rq_cqe_base: AtomicU64::new(NO_BASE),
-            state: AtomicU8::new(QpState::Init as u8),
             cfg: cfg.clone(),
             handler,
+            ctx: ctx.clone(),
         }
     }
     /// Host poll saw the requester CQE for `wqe_counter`: frees its slots, returns its wr_id.
@@ -117,11 +174,12 @@ impl QpShared {
         advance16(&self.rq_polled, c.wrapping_add(1));
         wr_id
     }
+    /// The QP's state, as the device reports it (`query_qp`).
     pub(crate) fn state(&self) -> QpState {
-        match self.state.load(Ordering::Acquire) {
-            0 => QpState::Init,
-            1 => QpState::Rts,
-            _ => QpState::Error,
+        match self.ctx.provider.query_qp(self.qpn).state {
+            HwQpState::Reset | HwQpState::Init | HwQpState::Rtr => QpState::Init,
+            HwQpState::Rts => QpState::Rts,
+            HwQpState::Error => QpState::Error,
         }
     }
     pub(crate) fn sq_retired(&self) -> u64 {
@@ -157,12 +215,42 @@ impl QpShared {
     pub(crate) fn keep(&self) -> KeepAlive {
         self.ctrl.clone()
     }
+    /// Keeps the device's doorbell page alive for an op list that rings it.
+    pub(crate) fn keep_doorbell(&self) -> KeepAlive {
+        self.doorbell.mem.clone()
+    }
     /// The retired counters executors and kernels store (send WQEBBs, receives).
     pub(crate) fn kernel_retired(&self) -> (u64, u64) {
         (
             self.ctrl.u64(QP_SQ_RETIRED).load(Ordering::Acquire),
             self.ctrl.u64(QP_RQ_RETIRED).load(Ordering::Acquire),
         )
+    }
+}
+
+impl CqUser for QpShared {
+    fn retire_send(&self, wqe_counter: u16) -> u64 {
+        QpShared::retire_send(self, wqe_counter)
+    }
+    fn retire_recv(&self, c: u16) -> u64 {
+        QpShared::retire_recv(self, c)
+    }
+    fn in_error(&self) -> bool {
+        self.state() == QpState::Error
+    }
+    fn first_error_on(&self, cqn: u32) -> Option<CqError> {
+        let e = self.ctx.provider.query_qp(self.qpn).last_error?;
+        let cq = if e.responder {
+            &self.recv_cq
+        } else {
+            &self.send_cq
+        };
+        (cq.cqn == cqn).then_some(CqError {
+            qpn: self.qpn,
+            wqe_counter: e.wqe_counter,
+            syndrome: e.syndrome,
+            responder: e.responder,
+        })
     }
 }
 

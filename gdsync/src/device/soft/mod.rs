@@ -1,24 +1,39 @@
 //! The soft device: a software model of the mlx5 RC data path.
 //!
-//! Each device owns an engine thread ([`engine`]) that watches its QPs' doorbells, executes
-//! the WQEs it finds in the send rings, talks to peer engines over [`link`]s, and writes
+//! [`SoftDevice`] serves the provider commands ([`crate::device::provider::Provider`]); each
+//! device owns an engine thread ([`engine`]) that watches its QPs' doorbells, executes the
+//! WQEs it finds in the send rings, talks to peer engines over [`link`]s, and writes
 //! mlx5-format CQEs. It plays both roles of an RC connection: requester (send ring) and
-//! responder (receive ring, memory access checks).
+//! responder (receive ring, memory access checks). It knows only what a ConnectX knows: the
+//! ring addresses and sizes and doorbell records the host gave it, the UAR page it handed out,
+//! its translation table ([`mr_table`]) and its QP and CQ contexts.
 
+mod attr;
+mod device;
 mod engine;
 mod link;
+mod listen;
+mod mr_table;
 mod progress;
+mod qp_numbers;
 pub(crate) mod tcp;
+mod uar;
+
+pub(crate) use device::SoftDevice;
+pub use device::{accept_tcp_links, host_id};
 
 pub(crate) use progress::{help, Why};
 pub use progress::{progress, progress_mode, progress_mode_for, ProgressMode};
 
 pub(crate) use link::{Link, PEER_WAIT};
 
-use crate::mr::MrTable;
-use crate::qp::QpShared;
+use crate::device::provider::{AsyncEvent, HwQpState, QpAttr, QpLastError, QpTimers};
 use crate::{Error, Result};
+use engine::QpHw;
+use mr_table::MrTable;
 use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::AtomicU8;
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{JoinHandle, Thread};
@@ -28,9 +43,18 @@ pub(crate) const MAX_QPS: u32 = 1 << 16;
 
 /// Control-path requests to an engine, applied in order between polling rounds.
 pub(crate) enum Cmd {
-    AddQp(Arc<QpShared>),
+    AddQp(Box<QpHw>),
     RemoveQp(u32),
-    Connect { qpn: u32, peer: u64, rqpn: u32 },
+    Connect {
+        qpn: u32,
+        peer: u64,
+        rqpn: u32,
+        rq_psn: u32,
+    },
+    Timers {
+        qpn: u32,
+        timers: QpTimers,
+    },
     AddLink(Box<Link>),
 }
 
@@ -46,6 +70,13 @@ pub(crate) struct EngineCtl {
     sleeping: AtomicBool,
     /// The engine's thread, once started.
     thread: std::sync::OnceLock<Thread>,
+    /// The QP table's states, by QPN (the device's own memory; `query_qp` reads it).
+    states: Box<[AtomicU8]>,
+    /// The first error of each QP in ERROR (the QP context's "last error"), by QPN.
+    last_errors: Mutex<HashMap<u32, QpLastError>>,
+    /// Asynchronous events not yet read by the host.
+    events: Mutex<VecDeque<AsyncEvent>>,
+    has_events: AtomicBool,
 }
 
 pub(crate) struct EngineHandle {
@@ -68,6 +99,49 @@ impl EngineWaker {
 }
 
 impl EngineCtl {
+    /// The QP's state in the device's QP table.
+    pub(crate) fn state(&self, qpn: u32) -> HwQpState {
+        let v = self
+            .states
+            .get(qpn as usize)
+            .map_or(0, |s| s.load(Ordering::Acquire));
+        HwQpState::from_u8(v)
+    }
+
+    /// The QP's state and, in ERROR, its first error (`query_qp`).
+    pub(crate) fn attr(&self, qpn: u32) -> QpAttr {
+        let state = self.state(qpn);
+        let last_error = match state {
+            HwQpState::Error => self.last_errors.lock().get(&qpn).copied(),
+            _ => None,
+        };
+        QpAttr { state, last_error }
+    }
+
+    /// Keeps a QP's first error in its context (later ones leave it).
+    pub(crate) fn note_error(&self, qpn: u32, e: QpLastError) {
+        self.last_errors.lock().entry(qpn).or_insert(e);
+    }
+
+    /// A new QP's context: RESET, no error.
+    pub(crate) fn reset_qp(&self, qpn: u32) {
+        self.last_errors.lock().remove(&qpn);
+        self.set_state(qpn, HwQpState::Reset);
+    }
+
+    /// The oldest asynchronous event the host has not read.
+    pub(crate) fn next_event(&self) -> Option<AsyncEvent> {
+        let mut q = self.events.lock();
+        let e = q.pop_front();
+        self.has_events.store(!q.is_empty(), Ordering::Release);
+        e
+    }
+
+    /// Whether an asynchronous event waits.
+    pub(crate) fn has_event(&self) -> bool {
+        self.has_events.load(Ordering::Acquire)
+    }
+
     /// Unparks the engine thread if it announced a nap (whichever thread calls it).
     pub(crate) fn wake(&self) {
         // Pairs with the engine's SeqCst store of `sleeping` before its last look.
@@ -95,6 +169,10 @@ impl EngineHandle {
             stop: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             thread: std::sync::OnceLock::new(),
+            states: (0..=MAX_QPS).map(|_| AtomicU8::new(0)).collect(),
+            last_errors: Mutex::new(HashMap::new()),
+            events: Mutex::new(VecDeque::new()),
+            has_events: AtomicBool::new(false),
         });
         let core = progress::EngineCore::new(ctl.clone(), engine::Engine::new(ctl.clone(), mrs));
         let c = core.clone();
@@ -166,8 +244,19 @@ impl EngineHandle {
     pub(crate) fn kick(&self) {
         match progress_mode() {
             ProgressMode::Thread => self.waker.wake(),
-            ProgressMode::Shared => help(Why::Doorbell),
+            ProgressMode::Shared => progress::help_engine(&self.core, Why::Doorbell),
         }
+    }
+
+    /// Where engines progress on shared threads: runs this engine's pending rounds here (an
+    /// empty poll of one of its CQs).
+    pub(crate) fn help_poll(&self) {
+        progress::help_engine(&self.core, Why::Poll);
+    }
+
+    /// The device's shared control state (QP states, events).
+    pub(crate) fn ctl(&self) -> &Arc<EngineCtl> {
+        &self.waker.ctl
     }
 
     /// A handle that wakes the engine, for threads that feed it packets.

@@ -5,9 +5,14 @@
 //! the ranks' polling threads outnumber the cores, spinning engines take turns with the
 //! ranks on the scheduler and a round trip costs tens of microseconds. Then the process
 //! switches to **shared progress** (logged once at info level): a thread that rings a
-//! doorbell or finds nothing to poll runs the engines' rounds itself, as software RDMA
-//! providers progress on the caller's thread, and the engine threads nap between short looks (they still serve doorbells that
-//! streams, kernels and other processes ring, and the timers).
+//! doorbell or finds nothing to poll runs the engine's rounds itself, as software RDMA
+//! providers progress on the caller's thread, and the engine threads nap between short
+//! looks (they still serve doorbells that streams, kernels and other processes ring, and
+//! the timers).
+//!
+//! A thread runs the engines of the queues it posts to and polls, not every engine: an
+//! engine's state then stays in the cache of the core that uses it, and only the link's
+//! ring crosses between ranks, as the wire between two NICs would.
 //!
 //! `GDSYNC_SOFT_PROGRESS=thread|shared|auto` chooses; `auto` (the default) shares when
 //! `cores < engines + 2` (an engine thread beside two polling ranks).
@@ -66,16 +71,33 @@ fn decide(live: usize) -> bool {
     }
 }
 
+/// A value on cache lines of its own: threads that only read it (other ranks looking for
+/// engines nobody owns) then never pull the lines the owner writes.
+#[repr(align(128))]
+struct Lines<T>(T);
+
+impl<T> std::ops::Deref for Lines<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// An engine and what its thread and its helpers share.
 pub(crate) struct EngineCore {
     pub(super) ctl: Arc<EngineCtl>,
-    engine: Mutex<Engine>,
+    engine: Lines<Mutex<Engine>>,
     /// A round was asked for while another thread held the engine; the holder runs it.
     asked: AtomicBool,
     /// The engine thread asks for the timers to run (they then run in the next round).
     timers_asked: AtomicBool,
     /// A helper ran rounds since the engine thread last looked: the ranks drive the engine.
     helped: AtomicBool,
+    /// A thread that uses the engine's queues ran it since the engine thread last looked.
+    /// Other threads leave such an engine alone; an engine nobody owns (its rank only waits
+    /// for data to land) is run by whichever threads feed it. (Read by every helper, written
+    /// about once a millisecond.)
+    owned: Lines<AtomicBool>,
 }
 
 /// Whether engines progress on shared threads now.
@@ -148,10 +170,11 @@ impl EngineCore {
     pub(super) fn new(ctl: Arc<EngineCtl>, engine: Engine) -> Arc<Self> {
         Arc::new(Self {
             ctl,
-            engine: Mutex::new(engine),
+            engine: Lines(Mutex::new(engine)),
             asked: AtomicBool::new(false),
             timers_asked: AtomicBool::new(false),
             helped: AtomicBool::new(false),
+            owned: Lines(AtomicBool::new(false)),
         })
     }
 
@@ -181,31 +204,31 @@ impl EngineCore {
         self.engine.lock().clear();
     }
 
-    /// Runs rounds until one finds nothing to do. When another thread holds the engine,
-    /// a `Why::Doorbell` is handed to it (it runs the rounds asked for here); a `Why::Poll`
-    /// just leaves: the holder is already driving. Returns whether anything happened.
+    /// Runs rounds until one finds nothing to do, or, for a helper, until one did something
+    /// (see [`take`](Self::take) for an engine another thread holds). Returns whether
+    /// anything happened.
     fn help(&self, who: Who, why: Why) -> bool {
-        if why == Why::Doorbell {
-            self.asked.store(true, Ordering::SeqCst);
-        }
-        // A poller that finds the engine busy leaves without touching the lock's line.
-        if why == Why::Poll && self.engine.is_locked() {
-            return false;
-        }
         let mut work = false;
         loop {
-            let Some(mut e) = self.engine.try_lock() else {
+            let Some(mut e) = self.take(why) else {
                 return work;
             };
             if self.ctl.stop.load(Ordering::Acquire) {
                 return work;
             }
-            // Helpers refresh the clock; the timers run when the engine thread asked for
-            // them (each time it wakes), whoever holds the engine then.
-            e.touch_clock();
-            self.asked.store(false, Ordering::SeqCst);
+            e.clock_may_be_stale();
+            // (Atomics are read before they are written: on the ranks' path an idle help
+            // costs the lock and one round, not a string of read-modify-writes.)
+            if self.asked.load(Ordering::Relaxed) {
+                self.asked.store(false, Ordering::SeqCst);
+            }
             loop {
-                let mut tick = self.timers_asked.swap(false, Ordering::AcqRel);
+                // The timers run when the engine thread asked for them (each time it
+                // wakes), whoever holds the engine then; the clock is read only for a
+                // round's first timestamp (a read per help would cost the ranks more than
+                // an idle round).
+                let mut tick = self.timers_asked.load(Ordering::Relaxed)
+                    && self.timers_asked.swap(false, Ordering::AcqRel);
                 for _ in 0..1024 {
                     // Copies to GPU memory bind a CUDA context to the thread that makes
                     // them: with GPU regions (checked before every round, one may have been
@@ -224,8 +247,15 @@ impl EngineCore {
                     }
                     work = true;
                     tick = false;
+                    // A helper leaves after a round that did something: the data it
+                    // delivered is what its caller polls for, and the caller comes back
+                    // (another round here would only delay the caller's next look).
+                    if who == Who::Helper {
+                        break;
+                    }
                 }
-                if !self.asked.swap(false, Ordering::SeqCst) {
+                if !(self.asked.load(Ordering::SeqCst) && self.asked.swap(false, Ordering::SeqCst))
+                {
                     break;
                 }
             }
@@ -234,6 +264,29 @@ impl EngineCore {
             if !self.asked.load(Ordering::SeqCst) {
                 return work;
             }
+        }
+    }
+
+    /// [`help`](Self::help) by a thread that uses the engine's queues: marks it owned.
+    fn help_as_owner(&self, why: Why) -> bool {
+        if !self.owned.load(Ordering::Relaxed) {
+            self.owned.store(true, Ordering::Relaxed);
+        }
+        self.help(Who::Helper, why)
+    }
+
+    /// Takes the engine if it is free. A doorbell that finds it held is handed to the
+    /// holder (`asked`), which runs the rounds before it lets go; a poll just leaves, as
+    /// the holder is already driving (and does not touch the lock's line to find out).
+    fn take(&self, why: Why) -> Option<parking_lot::MutexGuard<'_, Engine>> {
+        match why {
+            Why::Poll if self.engine.is_locked() => None,
+            Why::Poll => self.engine.try_lock(),
+            Why::Doorbell => self.engine.try_lock().or_else(|| {
+                self.asked.store(true, Ordering::SeqCst);
+                // The holder may have let go before it could see the request.
+                self.engine.try_lock()
+            }),
         }
     }
 }
@@ -254,9 +307,10 @@ pub(crate) enum Why {
 
 /// Lends the calling thread to this process's soft engines: when they progress on shared
 /// threads ([`ProgressMode::Shared`], on machines with fewer cores than engines and polling
-/// ranks), runs their pending rounds. Posting and polling do this by themselves; a thread
-/// that waits by spinning on memory (as perftest's write latency test does) calls it in its
-/// loop. A no-op (one load) otherwise.
+/// ranks), runs the pending rounds of the engines whose queues this thread posted to or
+/// polled (of every engine, for a thread that used none yet). Posting and polling do this
+/// by themselves; a thread that waits by spinning on memory (as perftest's write latency
+/// test does) calls it in its loop. A no-op (one load) otherwise.
 #[inline]
 pub fn progress() {
     help(Why::Poll);
@@ -266,7 +320,94 @@ pub fn progress() {
 #[inline]
 pub(crate) fn help(why: Why) {
     if SHARED.load(Ordering::Relaxed) {
+        help_own_or_all(why);
+    }
+}
+
+/// Runs one engine's pending rounds on this thread, in shared mode: the engine of a queue
+/// this thread posted to or polls. The thread then prefers it in [`help`].
+#[inline]
+pub(crate) fn help_engine(core: &Arc<EngineCore>, why: Why) {
+    if SHARED.load(Ordering::Relaxed) {
+        adopt(core);
+        core.help_as_owner(why);
+        help_unowned(why);
+    }
+}
+
+thread_local! {
+    /// The engines of the queues this thread posts to and polls, most recent first. (Held
+    /// strongly, to spare every help two reference-count updates: a stopped engine is
+    /// dropped from the list when next seen, its core is small once its engine is cleared.)
+    static OWN: RefCell<Vec<Arc<EngineCore>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// How many engines a thread remembers as its own.
+const OWN_MAX: usize = 4;
+
+/// Remembers `core` as one of this thread's engines (a comparison when it already is the
+/// most recent).
+#[inline]
+fn adopt(core: &Arc<EngineCore>) {
+    let _ = OWN.try_with(|o| {
+        let Ok(mut o) = o.try_borrow_mut() else {
+            return;
+        };
+        if o.first().is_some_and(|c| Arc::ptr_eq(c, core)) {
+            return;
+        }
+        o.retain(|c| !Arc::ptr_eq(c, core) && !c.ctl.stop.load(Ordering::Relaxed));
+        o.insert(0, core.clone());
+        o.truncate(OWN_MAX);
+    });
+}
+
+/// Helps this thread's engines, or every engine if it has none (running).
+#[cold]
+fn help_own_or_all(why: Why) {
+    let helped = OWN
+        .try_with(|o| {
+            let Ok(mut o) = o.try_borrow_mut() else {
+                return true; // re-entered from inside a round: the outer call drives
+            };
+            if o.iter().any(|c| c.ctl.stop.load(Ordering::Relaxed)) {
+                o.retain(|c| !c.ctl.stop.load(Ordering::Relaxed));
+            }
+            for c in o.iter() {
+                c.help_as_owner(why);
+            }
+            !o.is_empty()
+        })
+        .unwrap_or(true);
+    if helped {
+        help_unowned(why);
+    } else {
         help_all(why);
+    }
+}
+
+/// Runs the engines no thread owns at the moment: a device whose rank only waits for data
+/// to land (an RDMA write's target) is progressed by the threads that feed it.
+fn help_unowned(why: Why) {
+    let _ = MINE.try_with(|m| {
+        let Ok(mut m) = m.try_borrow_mut() else {
+            return;
+        };
+        refresh(&mut m);
+        for core in &m.1 {
+            if !core.owned.load(Ordering::Relaxed) {
+                core.help(Who::Helper, why);
+            }
+        }
+    });
+}
+
+/// This thread's copy of the engine list, refreshed when the list changed.
+fn refresh(m: &mut (u64, Vec<Arc<EngineCore>>)) {
+    let gen = GENERATION.load(Ordering::Acquire);
+    if m.0 != gen {
+        m.1 = ENGINES.read().clone();
+        m.0 = gen;
     }
 }
 
@@ -278,11 +419,7 @@ fn help_all(why: Why) {
         let Ok(mut m) = m.try_borrow_mut() else {
             return; // re-entered from inside a round: the outer call drives
         };
-        let gen = GENERATION.load(Ordering::Acquire);
-        if m.0 != gen {
-            m.1 = ENGINES.read().clone();
-            m.0 = gen;
-        }
+        refresh(&mut m);
         // Engines of this process feed each other through in-process links: pass over all
         // of them until a pass finds nothing more to do (bounded; the engine threads and
         // later calls take over from there).
@@ -348,12 +485,18 @@ fn nap(core: &EngineCore, backoff: &mut Backoff) {
 fn shared_step(core: &EngineCore, idle_since: &mut Option<Instant>) {
     let now = Instant::now();
     core.timers_asked.store(true, Ordering::Release);
+    // Ranks that drove the engine since the last look run the timers (asked above) and
+    // whatever comes next: running rounds here too would only pull the engine's state
+    // away from their cores, and work found meanwhile is theirs.
+    let driven = core.helped.swap(false, Ordering::Relaxed);
+    if core.owned.load(Ordering::Relaxed) {
+        core.owned.store(false, Ordering::Relaxed);
+    }
     // As a doorbell: if a helper holds the engine, it runs the rounds (timers included).
-    if core.help(Who::Engine, Why::Doorbell) {
+    if !driven && core.help(Who::Engine, Why::Doorbell) {
         *idle_since = Some(now);
     }
     let idle = now.duration_since(*idle_since.get_or_insert(now));
-    let driven = core.helped.swap(false, Ordering::Relaxed);
     let remote = !driven && core.engine.try_lock().is_some_and(|e| e.has_remote_links());
     if remote && idle < Duration::from_millis(2) {
         std::thread::yield_now();
@@ -361,7 +504,7 @@ fn shared_step(core: &EngineCore, idle_since: &mut Option<Instant>) {
     }
     core.ctl.sleeping.store(true, Ordering::SeqCst);
     // (A thread that holds the engine now is driving it: no reason to stay awake.)
-    let again = core.engine.try_lock().is_some_and(|mut e| e.last_look());
+    let again = !driven && core.engine.try_lock().is_some_and(|mut e| e.last_look());
     // (A doorbell whose thread found the engine busy during the last look is waiting.)
     if !again && !core.ctl.has_cmds.load(Ordering::Acquire) && !core.asked.load(Ordering::SeqCst) {
         let k = (idle.as_micros() / 200).min(5) as u32;

@@ -11,7 +11,7 @@
 //! as for a dead process. Dropping the engine's end shuts the socket down, which the peer
 //! sees as the end of the stream.
 //!
-//! A process accepts links on one listening socket shared by its devices (`device::listen`).
+//! A process accepts links on one listening socket shared by its devices (`soft::listen`).
 //! The device that connects first dials ([`dial`]) and names both devices in a hello; both
 //! sides then prove they know the job's secret ([`crate::auth`]), and the listener hands the
 //! connection to the named device. When both dial at the same moment, the

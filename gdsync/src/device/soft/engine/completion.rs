@@ -4,8 +4,9 @@
 
 use super::super::link::PktHeader;
 use super::memory::scatter;
+use super::CqHw;
 use super::{psn_le, resp, EQp, Engine, NAK_NOT_READY, NAK_RNR, NOT_READY_DELAY};
-use crate::cq::CqShared;
+use crate::device::provider::AsyncEvent;
 use crate::format::*;
 use crate::mem::slot_off;
 use std::sync::atomic::Ordering;
@@ -16,6 +17,7 @@ impl Engine {
     /// QPs.
     pub(super) fn on_response(&mut self, li: usize, h: &PktHeader, payload: &[u8]) {
         let qpn = h.dst_qpn;
+        let now = self.stamp();
         let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) else {
             return;
         };
@@ -23,11 +25,11 @@ impl Engine {
             return;
         }
         if !(h.op == resp::NAK && h.syndrome == NAK_NOT_READY) {
-            q.progress_at = self.now;
+            q.progress_at = now;
             q.not_ready = false;
         }
         match h.op {
-            resp::ACK => acknowledge(q, h.psn, self.now),
+            resp::ACK => acknowledge(q, h.psn, now),
             resp::READ | resp::ATOMIC => self.on_data(qpn, h, payload),
             resp::NAK => self.on_nak(qpn, h),
             _ => {}
@@ -37,6 +39,7 @@ impl Engine {
     /// Read data or an atomic's old value: scattered into the WQE's local segments; the
     /// WQE is done when all of it has arrived.
     fn on_data(&mut self, qpn: u32, h: &PktHeader, payload: &[u8]) {
+        let now = self.stamp();
         let q = self.qps[qpn as usize].as_mut().unwrap();
         let pd = q.hw.pd;
         let Some(o) = q.out.iter_mut().find(|o| o.psn == h.psn && !o.done) else {
@@ -58,8 +61,8 @@ impl Engine {
         if h.op == resp::ATOMIC || o.got >= o.len {
             o.done = true;
         }
-        q.rnr_left = q.hw.cfg.rnr_retry;
-        complete_front(q, self.now);
+        q.rnr_left = q.hw.timers.rnr_retry;
+        complete_front(q, now);
     }
 
     /// A NAK: receiver not ready or peer not ready (rewind and retry later), or an error
@@ -74,7 +77,7 @@ impl Engine {
                 if q.rnr_left != u8::MAX {
                     q.rnr_left -= 1;
                 }
-                let t = q.hw.cfg.rnr_timer;
+                let t = q.hw.timers.min_rnr_timer;
                 self.rewind(qpn, k, t);
             }
             NAK_RNR => self.enter_error(qpn, Some((h.psn, Syndrome::RnrRetryExc))),
@@ -102,7 +105,7 @@ fn acknowledge(q: &mut EQp, psn: u32, now: Instant) {
             o.done = true;
         }
     }
-    q.rnr_left = q.hw.cfg.rnr_retry;
+    q.rnr_left = q.hw.timers.rnr_retry;
     complete_front(q, now);
 }
 
@@ -118,7 +121,7 @@ pub(super) fn complete_front(q: &mut EQp, now: Instant) {
             cqe.set_sop_drop_qpn(((o.opcode as u32) << 24) | q.hw.qpn);
             cqe.set_wqe_counter(o.idx);
             cqe.set_op_own(CqeOpcode::Req, false, 0);
-            push_cqe(&q.hw.send_cq, &mut cqe);
+            q.complete(Side::Send, &mut cqe);
         }
         q.progress_at = now;
     }
@@ -134,36 +137,54 @@ pub(super) fn err_cqe(op: CqeOpcode, s: Syndrome, wqe_opcode: u8, qpn: u32, coun
     c
 }
 
-/// Writes a CQE at the CQ's producer index: bytes 0..63 first, then `op_own` with the
-/// owner bit of this pass, with release order. Refuses (and flags the CQ) on overrun.
-pub(super) fn push_cqe(cq: &CqShared, cqe: &mut Cqe64) {
-    let pi = cq.hw_pi.load(Ordering::Relaxed);
-    let ci = crate::mem::load_be32(&cq.ctrl, crate::cq::CQ_DBREC) & 0xFF_FFFF;
-    if ((pi as u32).wrapping_sub(ci) & 0xFF_FFFF) >= cq.cnt {
-        if !cq.overrun.swap(true, Ordering::AcqRel) {
-            tracing::error!(cqn = cq.cqn, "CQ overrun: completion dropped");
+/// Which of a QP's CQs a completion goes to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Side {
+    /// The send CQ (requester completions).
+    Send,
+    /// The receive CQ (responder completions).
+    Recv,
+}
+
+impl EQp {
+    /// Writes a CQE to the QP's send or receive CQ. If the CQ overran, the CQE is dropped
+    /// and the QP goes to the error state at its next look ([`Engine::poll_qp`]), as a
+    /// ConnectX moves the QPs of an overrun CQ to error.
+    pub(super) fn complete(&mut self, side: Side, cqe: &mut Cqe64) {
+        let cq = match side {
+            Side::Send => &self.hw.send_cq,
+            Side::Recv => &self.hw.recv_cq,
+        };
+        if !push_cqe(cq, cqe) {
+            self.cq_overrun = true;
+            self.pending = true;
         }
-        return;
     }
-    if cqe.is_error() {
-        let mut kept = cq.errors.lock();
-        if kept.len() < crate::cq::MAX_KEPT_ERRORS {
-            kept.push(crate::cq::CqError {
-                qpn: cqe.qpn(),
-                wqe_counter: cqe.wqe_counter(),
-                syndrome: cqe.syndrome().unwrap_or(Syndrome::LocalQpOp),
-                responder: cqe.opcode() == Some(CqeOpcode::RespErr),
-            });
-        } else {
-            cq.errors_dropped.fetch_add(1, Ordering::Relaxed);
-        }
-        drop(kept);
-        cq.has_errors.store(true, Ordering::Release);
+}
+
+/// Writes a CQE at the CQ's producer index: bytes 0..63 first, then `op_own` with the
+/// owner bit of this pass, with release order. Only while the producer is less than a
+/// ring ahead of the consumer index the host or an executor stored in the CQ's doorbell
+/// record: else the CQ overran (a CQ error, reported as [`AsyncEvent::CqError`]) and takes
+/// no more CQEs. Returns whether the CQE was written.
+#[must_use]
+fn push_cqe(cq: &CqHw, cqe: &mut Cqe64) -> bool {
+    if cq.overrun.load(Ordering::Relaxed) {
+        return false;
+    }
+    let pi = cq.pi.load(Ordering::Relaxed);
+    let ci = crate::mem::load_be32(&cq.dbrec, cq.dbrec_off) & 0xFF_FFFF;
+    if ((pi as u32).wrapping_sub(ci) & 0xFF_FFFF) >= cq.cnt {
+        cq.overrun.store(true, Ordering::Relaxed);
+        tracing::error!(cqn = cq.cqn, "CQ overrun: completion dropped");
+        cq.ctl.event(AsyncEvent::CqError { cqn: cq.cqn });
+        return false;
     }
     let owner = CqeOwner::expected(pi, cq.cnt);
     let op_own = (cqe.op_own() & !1) | owner;
     let off = slot_off(0, pi, cq.cnt, CQE_SIZE);
     cq.ring.write(off, &cqe.0[..63]);
     cq.ring.u8(off + 63).store(op_own, Ordering::Release);
-    cq.hw_pi.store(pi + 1, Ordering::Relaxed);
+    cq.pi.store(pi + 1, Ordering::Relaxed);
+    true
 }

@@ -3,11 +3,28 @@
 //! state").
 
 use super::super::link::kind;
-use super::completion::{complete_front, err_cqe, push_cqe};
-use super::{rq_producer, EQp, Engine, Step};
+use super::completion::{complete_front, err_cqe, Side};
+use super::{EQp, Engine, EngineCtl, Step};
+use crate::device::provider::{AsyncEvent, HwQpState, QpLastError};
 use crate::format::*;
-use crate::qp::QpState;
-use std::sync::atomic::Ordering;
+
+/// Writes an error CQE of `q`; the QP's first error that is not a flush is also kept in its
+/// context, where [`Provider::query_qp`](crate::device::provider::Provider::query_qp)
+/// reads it (the CQE may be overwritten before the host looks at it).
+pub(super) fn complete_error(ctl: &EngineCtl, q: &mut EQp, side: Side, mut cqe: Cqe64) {
+    if let Some(syndrome) = cqe.syndrome().filter(|s| *s != Syndrome::WrFlush) {
+        ctl.note_error(
+            q.hw.qpn,
+            QpLastError {
+                syndrome,
+                wqe_opcode: cqe.wqe_opcode(),
+                wqe_counter: cqe.wqe_counter(),
+                responder: side == Side::Recv,
+            },
+        );
+    }
+    q.complete(side, &mut cqe);
+}
 
 impl Engine {
     /// A WQE the device cannot parse (or a doorbell record past the ring): error CQE with
@@ -15,19 +32,17 @@ impl Engine {
     /// record is dropped (its WQEs cannot be trusted); after a bad doorbell record (`ctrl` is
     /// `None`) the consumer index stays, and later doorbells flush what follows it.
     pub(super) fn malformed(&mut self, qpn: u32, ctrl: Option<&CtrlSeg>, sq_ci: u64, pi: u16) {
-        let q = self.qps[qpn as usize].as_mut().unwrap();
-        let hw = q.hw.clone();
         self.enter_error(qpn, None);
         let q = self.qps[qpn as usize].as_mut().unwrap();
         let opcode = ctrl.map_or(0, |c| c.opcode_byte());
-        let mut cqe = err_cqe(
+        let cqe = err_cqe(
             CqeOpcode::ReqErr,
             Syndrome::LocalQpOp,
             opcode,
-            hw.qpn,
+            q.hw.qpn,
             sq_ci as u16,
         );
-        push_cqe(&hw.send_cq, &mut cqe);
+        complete_error(&self.ctl, q, Side::Send, cqe);
         if ctrl.is_some() {
             q.sq_ci += pi.wrapping_sub(sq_ci as u16) as u64;
         }
@@ -44,14 +59,14 @@ impl Engine {
     ) -> Step {
         self.enter_error(qpn, None);
         let q = self.qps[qpn as usize].as_mut().unwrap();
-        let mut cqe = err_cqe(
+        let cqe = err_cqe(
             CqeOpcode::ReqErr,
             s,
             opcode as u8,
             q.hw.qpn,
             ctrl.wqe_index(),
         );
-        push_cqe(&q.hw.send_cq, &mut cqe);
+        complete_error(&self.ctl, q, Side::Send, cqe);
         q.sq_ci += nbb as u64;
         Step::Advanced
     }
@@ -60,8 +75,9 @@ impl Engine {
     /// oldest outstanding one, or, when none is outstanding (an RNR wait rewound them), the
     /// next one in the send ring.
     pub(super) fn fail_first(&mut self, qpn: u32, s: Syndrome) {
+        let now = self.stamp();
         let q = self.qps[qpn as usize].as_mut().unwrap();
-        complete_front(q, self.now);
+        complete_front(q, now);
         match q.out.front().map(|o| o.psn) {
             Some(psn) => self.enter_error(qpn, Some((psn, s))),
             None => {
@@ -76,13 +92,15 @@ impl Engine {
     /// Moves a QP to the error state. Completed work at the front completes normally; the
     /// outstanding WQE with `failed` = (psn, syndrome) gets that error, the others WR_FLUSH.
     pub(super) fn enter_error(&mut self, qpn: u32, failed: Option<(u32, Syndrome)>) {
+        let now = self.stamp();
         let q = self.qps[qpn as usize].as_mut().unwrap();
         if q.err {
             return;
         }
-        complete_front(q, self.now);
+        complete_front(q, now);
         q.err = true;
-        q.hw.state.store(QpState::Error as u8, Ordering::Release);
+        self.ctl.set_state(qpn, HwQpState::Error);
+        self.ctl.event(AsyncEvent::QpFatal { qpn });
         q.inmsg = None;
         q.retry_at = None;
         q.pending = true;
@@ -91,8 +109,8 @@ impl Engine {
                 Some((psn, s)) if psn == o.psn => s,
                 _ => Syndrome::WrFlush,
             };
-            let mut cqe = err_cqe(CqeOpcode::ReqErr, s, o.opcode as u8, q.hw.qpn, o.idx);
-            push_cqe(&q.hw.send_cq, &mut cqe);
+            let cqe = err_cqe(CqeOpcode::ReqErr, s, o.opcode as u8, q.hw.qpn, o.idx);
+            complete_error(&self.ctl, q, Side::Send, cqe);
         }
         if let Some(li) = q.link {
             self.links[li]
@@ -107,18 +125,17 @@ impl Engine {
 /// Flushes the receive ring of a QP in error: every posted receive completes with WR_FLUSH.
 /// Returns whether there was any.
 pub(super) fn flush_recv_ring(q: &mut EQp) -> bool {
-    let hw = &*q.hw;
-    let rq_pi = rq_producer(hw);
+    let rq_pi = q.hw.rq_producer();
     let mut work = false;
     while rq_pi.wrapping_sub(q.rq_ci as u16) != 0 {
         let mut cqe = err_cqe(
             CqeOpcode::RespErr,
             Syndrome::WrFlush,
             0,
-            hw.qpn,
+            q.hw.qpn,
             q.rq_ci as u16,
         );
-        push_cqe(&hw.recv_cq, &mut cqe);
+        q.complete(Side::Recv, &mut cqe);
         q.rq_ci += 1;
         work = true;
     }
@@ -127,14 +144,14 @@ pub(super) fn flush_recv_ring(q: &mut EQp) -> bool {
 
 /// Flushes the WQE at the consumer index of a QP in error: it completes with WR_FLUSH (or
 /// the syndrome the error left for it), signalled or not.
-pub(super) fn flush_wqe(q: &mut EQp, ctrl: &CtrlSeg, opcode: Opcode, nbb: u32) {
-    let mut cqe = err_cqe(
+pub(super) fn flush_wqe(ctl: &EngineCtl, q: &mut EQp, ctrl: &CtrlSeg, opcode: Opcode, nbb: u32) {
+    let cqe = err_cqe(
         CqeOpcode::ReqErr,
         q.fail_next.take().unwrap_or(Syndrome::WrFlush),
         opcode as u8,
         q.hw.qpn,
         ctrl.wqe_index(),
     );
-    push_cqe(&q.hw.send_cq, &mut cqe);
+    complete_error(ctl, q, Side::Send, cqe);
     q.sq_ci += nbb as u64;
 }

@@ -3,10 +3,11 @@
 //! memory as each packet goes out.
 
 use super::super::link::{flag, kind, PktHeader, Producer, MTU};
+use super::super::mr_table::Slots;
 use super::memory::gather;
 use super::{resp, Body, Engine, TxJob};
+use crate::device::provider::Access;
 use crate::format::Syndrome;
-use crate::mr::{Access, Slots};
 
 /// Most messages queued on a link (answers that wait for room in its send ring, mostly)
 /// before the engine stops reading its receive ring: a peer that sends requests and does not

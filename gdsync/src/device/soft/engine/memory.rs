@@ -1,11 +1,32 @@
 //! Key checks and copies between the wire and registered memory: a scatter or gather list
 //! through lkeys, checked against the QP's protection domain and access rights.
 
-use crate::mr::{Access, Slots};
-use crate::wr::Sge;
+use super::super::mr_table::Slots;
+use crate::device::provider::Access;
+use crate::format::DataSeg;
+
+/// A scatter or gather entry as the device reads it from a WQE: `len` bytes at `addr` in
+/// the region with local key `lkey`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Seg {
+    pub addr: u64,
+    pub len: u32,
+    pub lkey: u32,
+}
+
+impl Seg {
+    /// The entry a WQE's data segment names.
+    pub(super) fn of(d: DataSeg) -> Self {
+        Seg {
+            addr: d.addr.get(),
+            len: d.byte_count.get(),
+            lkey: d.lkey.get(),
+        }
+    }
+}
 
 /// Whether every SGE lies in a region of `pd` with `need` rights.
-pub(super) fn sges_ok(slots: &Slots, pd: u32, sges: &[Sge], need: Access) -> bool {
+pub(super) fn sges_ok(slots: &Slots, pd: u32, sges: &[Seg], need: Access) -> bool {
     sges.iter().all(|s| {
         slots.get(s.lkey).is_some_and(|e| {
             e.pd == pd && e.access.contains(need) && e.covers(s.addr, s.len as u64)
@@ -15,7 +36,7 @@ pub(super) fn sges_ok(slots: &Slots, pd: u32, sges: &[Sge], need: Access) -> boo
 
 /// Copies `src` into the scatter list at message offset `off`.
 #[inline]
-pub(super) fn scatter(slots: &Slots, pd: u32, sges: &[Sge], mut off: u64, mut src: &[u8]) -> bool {
+pub(super) fn scatter(slots: &Slots, pd: u32, sges: &[Seg], mut off: u64, mut src: &[u8]) -> bool {
     for s in sges {
         if src.is_empty() {
             break;
@@ -42,7 +63,7 @@ pub(super) fn scatter(slots: &Slots, pd: u32, sges: &[Sge], mut off: u64, mut sr
 pub(super) fn gather(
     slots: &Slots,
     pd: u32,
-    sges: &[Sge],
+    sges: &[Seg],
     mut off: u64,
     mut dst: &mut [u8],
 ) -> bool {

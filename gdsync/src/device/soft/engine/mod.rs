@@ -22,16 +22,75 @@ mod responder;
 mod timers;
 
 use super::link::{Link, PktHeader};
+use super::mr_table::{MrCache, MrTable};
+use super::uar::{Bfreg, BF_SIZE};
 use super::{Cmd, EngineCtl};
+use crate::device::provider::{AsyncEvent, HwQpState, QpTimers};
 use crate::format::*;
-use crate::mr::{MrCache, MrTable};
-use crate::qp::QpShared;
-use crate::wr::Sge;
+use crate::mem::RingMem;
+use memory::Seg;
 use smallvec::SmallVec;
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// A CQ as the device knows it (its CQ context): the ring and doorbell record the host
+/// placed, and the producer index and overrun flag, which are the device's own.
+pub(crate) struct CqHw {
+    pub cqn: u32,
+    pub cnt: u32,
+    pub ring: Arc<RingMem>,
+    pub dbrec: Arc<RingMem>,
+    pub dbrec_off: usize,
+    /// Producer index (free-running): the device's own counter.
+    pub pi: crate::mem::Padded<AtomicU64>,
+    pub overrun: AtomicBool,
+    /// Where the device reports an overrun.
+    pub ctl: Arc<EngineCtl>,
+}
+
+/// A QP as the device knows it (its QP context): ring addresses and sizes, the doorbell
+/// record the host placed, the doorbell register page the device handed out, its CQs and
+/// the transport settings of its last modify.
+pub(crate) struct QpHw {
+    pub qpn: u32,
+    pub pd: u32,
+    /// RQ at offset 0, SQ at `sq_off` (the mlx5 layout).
+    pub buf: Arc<RingMem>,
+    pub sq_off: usize,
+    pub sq_cnt: u32,
+    pub rq_cnt: u32,
+    pub rq_stride: u32,
+    /// The doorbell record (`[RQ][SQ]`, BE32) at `dbrec_off`.
+    pub dbrec: Arc<RingMem>,
+    pub dbrec_off: usize,
+    /// The doorbell register the device handed out: both halves of a bfreg in a UAR page.
+    pub bfreg: Bfreg,
+    pub send_cq: Arc<CqHw>,
+    pub recv_cq: Arc<CqHw>,
+    pub timers: QpTimers,
+}
+
+impl QpHw {
+    /// Both halves of the QP's doorbell register (a CPU poster alternates between them).
+    #[inline]
+    fn doorbell(&self) -> [u64; 2] {
+        let b = &self.bfreg;
+        [
+            b.page.u64(b.off).load(Ordering::Acquire),
+            b.page.u64(b.off + BF_SIZE).load(Ordering::Acquire),
+        ]
+    }
+    /// The receive doorbell record's producer index.
+    fn rq_producer(&self) -> u16 {
+        (crate::mem::load_be32(&self.dbrec, self.dbrec_off + 4 * DBREC_RQ) & 0xFFFF) as u16
+    }
+    /// The send doorbell record's producer index.
+    fn sq_producer(&self) -> u16 {
+        (crate::mem::load_be32(&self.dbrec, self.dbrec_off + 4 * DBREC_SQ) & 0xFFFF) as u16
+    }
+}
 
 /// Response codes (the `op` of a response packet).
 pub(crate) mod resp {
@@ -47,6 +106,8 @@ const NAK_RNR: u8 = 0xF0;
 /// and the requester's transport retries; here the retry is explicit).
 const NAK_NOT_READY: u8 = 0xF1;
 
+/// Most asynchronous events kept for the host.
+const MAX_EVENTS: usize = 4096;
 /// Most messages queued on a link before a QP stops reading its send ring.
 const MAX_QUEUED: usize = 256;
 /// Retry delay after a NOT_READY NAK.
@@ -63,7 +124,7 @@ struct OutWqe {
     /// Read or atomic: total length and where results land.
     len: u32,
     got: u32,
-    scatter: SmallVec<[Sge; 2]>,
+    scatter: SmallVec<[Seg; 2]>,
 }
 
 /// A message being received (after its first packet was accepted).
@@ -78,7 +139,7 @@ struct InMsg {
 
 enum Dest {
     Memory { rkey: u32, addr: u64 },
-    Recv { sges: SmallVec<[Sge; 4]> },
+    Recv { sges: SmallVec<[Seg; 4]> },
 }
 
 /// What a queued message sends as payload.
@@ -86,7 +147,7 @@ enum Body {
     Empty,
     Inline(SmallVec<[u8; 64]>),
     /// From local memory through the requester's lkeys.
-    Gather(SmallVec<[Sge; 2]>),
+    Gather(SmallVec<[Seg; 2]>),
     /// From local memory through an rkey (read responses).
     Memory {
         rkey: u32,
@@ -102,13 +163,14 @@ struct TxJob {
 }
 
 struct EQp {
-    hw: Arc<QpShared>,
+    hw: QpHw,
     link: Option<usize>,
     rqpn: u32,
     err: bool,
     // requester
     sq_ci: u64,
-    last_db: u64,
+    /// The doorbell register's halves as last seen.
+    last_db: [u64; 2],
     pending: bool,
     next_psn: u32,
     out: VecDeque<OutWqe>,
@@ -125,6 +187,8 @@ struct EQp {
     /// The peer answered "not ready" and nothing else since: retries are not progress, so
     /// the QP's timeout keeps running across them.
     not_ready: bool,
+    /// A CQE of this QP was dropped because its CQ overran: the QP goes to error.
+    cq_overrun: bool,
 }
 
 struct ELink {
@@ -139,8 +203,12 @@ pub(crate) struct Engine {
     qps: Vec<Option<EQp>>,
     active: Vec<u32>,
     links: Vec<ELink>,
-    /// Coarse clock, refreshed every few dozen polling rounds (timeouts are milliseconds).
+    /// Coarse clock for the timers, refreshed every few dozen polling rounds and on each
+    /// timer tick (timeouts are milliseconds).
     now: Instant,
+    /// Whether `now` may be older than the current round (threads that help read no clock
+    /// for idle rounds): the first timestamp of a round's work reads it again.
+    clock_stale: bool,
 }
 
 fn psn_le(a: u32, b: u32) -> bool {
@@ -157,6 +225,7 @@ impl Engine {
             active: Vec::new(),
             links: Vec::new(),
             now: Instant::now(),
+            clock_stale: false,
         }
     }
 
@@ -170,7 +239,7 @@ impl Engine {
         // Between rounds: no region from an older table copy is in use.
         self.mrc.sync(&self.mrs);
         if tick {
-            self.now = Instant::now();
+            self.touch_clock();
         }
         let mut work = false;
         for i in 0..self.active.len() {
@@ -224,6 +293,22 @@ impl Engine {
     /// Refreshes the coarse clock (after a nap).
     pub(crate) fn touch_clock(&mut self) {
         self.now = Instant::now();
+        self.clock_stale = false;
+    }
+
+    /// Marks the clock as possibly old: a thread that lends itself to the engine reads the
+    /// clock only when a round has work to stamp.
+    pub(crate) fn clock_may_be_stale(&mut self) {
+        self.clock_stale = true;
+    }
+
+    /// The time for a stamp that starts or restarts a wait (a transport timeout, an RNR
+    /// delay): never older than the work it times, so a timeout never fires early.
+    fn stamp(&mut self) -> Instant {
+        if self.clock_stale {
+            self.touch_clock();
+        }
+        self.now
     }
 
     /// Whether a link leads to another process (whose engine nobody here can drive).
@@ -245,9 +330,21 @@ impl Engine {
         let n = cmds.len() as u64;
         for c in cmds {
             match c {
-                Cmd::AddQp(hw) => self.add_qp(hw),
+                Cmd::AddQp(hw) => self.add_qp(*hw),
                 Cmd::RemoveQp(qpn) => self.remove_qp(qpn),
-                Cmd::Connect { qpn, peer, rqpn } => self.connect(qpn, peer, rqpn),
+                Cmd::Connect {
+                    qpn,
+                    peer,
+                    rqpn,
+                    rq_psn,
+                } => self.connect(qpn, peer, rqpn, rq_psn),
+                Cmd::Timers { qpn, timers } => {
+                    if let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) {
+                        q.hw.timers = timers;
+                        q.rnr_left = timers.rnr_retry;
+                        q.next_psn = timers.sq_psn;
+                    }
+                }
                 Cmd::AddLink(l) => self.links.push(ELink {
                     link: *l,
                     queue: VecDeque::new(),
@@ -258,30 +355,33 @@ impl Engine {
     }
 
     /// A new QP, in the QP table and polled from now on.
-    fn add_qp(&mut self, hw: Arc<QpShared>) {
+    fn add_qp(&mut self, hw: QpHw) {
         let n = hw.qpn as usize;
         if self.qps.len() <= n {
             self.qps.resize_with(n + 1, || None);
         }
-        let rnr = hw.cfg.rnr_retry;
+        let rnr = hw.timers.rnr_retry;
+        // (A bfreg of a destroyed QP keeps what was last rung there.)
+        let last_db = hw.doorbell();
         self.qps[n] = Some(EQp {
             hw,
             link: None,
             rqpn: 0,
             err: false,
             sq_ci: 0,
-            last_db: 0,
+            last_db,
             pending: false,
             next_psn: 0,
             out: VecDeque::new(),
             rnr_left: rnr,
             retry_at: None,
-            progress_at: self.now,
+            progress_at: self.stamp(),
             exp_psn: 0,
             rq_ci: 0,
             inmsg: None,
             fail_next: None,
             not_ready: false,
+            cq_overrun: false,
         });
         self.active.push(n as u32);
     }
@@ -297,11 +397,12 @@ impl Engine {
     }
 
     /// A QP connected to peer QP `rqpn` of the device at the other end of the link to `peer`.
-    fn connect(&mut self, qpn: u32, peer: u64, rqpn: u32) {
+    fn connect(&mut self, qpn: u32, peer: u64, rqpn: u32, rq_psn: u32) {
         let li = self.links.iter().position(|l| l.link.peer == peer);
         if let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) {
             q.link = li;
             q.rqpn = rqpn;
+            q.exp_psn = rq_psn;
             q.pending = true;
             if li.is_none() {
                 tracing::error!(
@@ -326,10 +427,23 @@ fn q_sq_ci(qps: &[Option<EQp>], qpn: u32) -> u64 {
     qps[qpn as usize].as_ref().unwrap().sq_ci
 }
 
-fn load_be32(hw: &QpShared, off: usize) -> u32 {
-    crate::mem::load_be32(&hw.ctrl, off)
-}
+impl EngineCtl {
+    /// The QP's state in the device's QP table (the engine moves QPs to error).
+    pub(crate) fn set_state(&self, qpn: u32, st: HwQpState) {
+        if let Some(s) = self.states.get(qpn as usize) {
+            s.store(st as u8, Ordering::Release);
+        }
+    }
 
-fn rq_producer(hw: &QpShared) -> u16 {
-    (load_be32(hw, crate::qp::QP_DBREC + 4 * DBREC_RQ) & 0xFFFF) as u16
+    /// Queues an asynchronous event for the host. The queue is bounded, as a NIC's event
+    /// queue is: a host that never reads events loses the oldest.
+    pub(crate) fn event(&self, e: AsyncEvent) {
+        let mut q = self.events.lock();
+        if q.len() >= MAX_EVENTS {
+            q.pop_front();
+        }
+        q.push_back(e);
+        drop(q);
+        self.has_events.store(true, Ordering::Release);
+    }
 }

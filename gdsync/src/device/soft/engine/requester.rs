@@ -4,21 +4,19 @@
 
 use super::super::link::{flag, kind, PktHeader};
 use super::memory::sges_ok;
-use super::{load_be32, psn_le, q_sq_ci, Body, EQp, Engine, OutWqe, Step, TxJob, MAX_QUEUED};
+use super::memory::Seg;
+use super::{psn_le, q_sq_ci, Body, EQp, Engine, OutWqe, QpHw, Step, TxJob, MAX_QUEUED};
+use crate::device::provider::{Access, MAX_MESSAGE};
 use crate::format::*;
 use crate::mem::slot_off;
-use crate::mr::Access;
-use crate::qp::{QpShared, MAX_MESSAGE, QP_DBREC, QP_DOORBELL};
-use crate::wr::Sge;
 use smallvec::SmallVec;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// A WQE read and decoded: the message it sends and the local memory it names.
 struct Request {
     hdr: PktHeader,
     body: Body,
-    sges: SmallVec<[Sge; 2]>,
+    sges: SmallVec<[Seg; 2]>,
     len: u64,
 }
 
@@ -45,9 +43,15 @@ impl Engine {
         // at once.
         q.hw.buf
             .prefetch(slot_off(q.hw.sq_off, q.sq_ci, q.hw.sq_cnt, WQEBB));
-        let db = q.hw.ctrl.u64(QP_DOORBELL).load(Ordering::Acquire);
+        let db = q.hw.doorbell();
         if db == q.last_db && !q.pending && !q.err {
             return false;
+        }
+        if q.cq_overrun && !q.err {
+            // A CQE of this QP found its CQ overrun: the QP goes to error (the flushes that
+            // follow are dropped as well while the CQ is in error).
+            self.enter_error(qpn, None);
+            return true;
         }
         // Receive ring of a QP in error: flush what is posted.
         let work = q.err && super::errors::flush_recv_ring(q);
@@ -59,7 +63,7 @@ impl Engine {
             q.pending = true;
             return work;
         }
-        let pi = u16::try_from(load_be32(&q.hw, QP_DBREC + 4 * DBREC_SQ) & 0xFFFF).unwrap();
+        let pi = q.hw.sq_producer();
         q.pending = false;
         self.drain_send_ring(qpn, pi) || work
     }
@@ -116,7 +120,7 @@ impl Engine {
             pi,
         };
         if q.err {
-            super::errors::flush_wqe(q, &at.ctrl, opcode, at.nbb);
+            super::errors::flush_wqe(&self.ctl, q, &at.ctrl, opcode, at.nbb);
             return Step::Advanced;
         }
         if fenced(q, &ctrl) {
@@ -169,6 +173,7 @@ impl Engine {
     /// Step 5, send: the WQE becomes outstanding and its message is queued on the link (a
     /// NOP completes at once, in order).
     fn start_message(&mut self, qpn: u32, at: &At, req: Request) -> Step {
+        let now = self.stamp();
         let q = self.qps[qpn as usize].as_mut().unwrap();
         let li = q.link.unwrap();
         let Request {
@@ -197,7 +202,7 @@ impl Engine {
             body = Body::Gather(sges);
         }
         if q.out.is_empty() && !q.not_ready {
-            q.progress_at = self.now;
+            q.progress_at = now;
         }
         q.out.push_back(o);
         q.sq_ci += at.nbb as u64;
@@ -211,20 +216,21 @@ impl Engine {
                 sent: 0,
             });
         } else {
-            super::completion::complete_front(q, self.now);
+            super::completion::complete_front(q, now);
         }
         Step::Advanced
     }
 
     /// Rewinds the requester to resend from outstanding WQE `k` after `delay`.
     pub(super) fn rewind(&mut self, qpn: u32, k: usize, delay: Duration) {
+        let now = self.stamp();
         let q = self.qps[qpn as usize].as_mut().unwrap();
         let o = &q.out[k];
         let (pos, psn) = (o.sq_pos, o.psn);
         q.sq_ci = pos;
         q.next_psn = psn;
         q.out.truncate(k);
-        q.retry_at = Some(self.now + delay);
+        q.retry_at = Some(now + delay);
         q.pending = true;
         if let Some(li) = q.link {
             self.links[li].queue.retain(|j| {
@@ -237,7 +243,7 @@ impl Engine {
 }
 
 /// Step 2, parse (first half): the control segment at the consumer index.
-fn read_ctrl(hw: &QpShared, sq_ci: u64) -> CtrlSeg {
+fn read_ctrl(hw: &QpHw, sq_ci: u64) -> CtrlSeg {
     let mut b = [0u8; SEG_SIZE];
     hw.buf
         .read(slot_off(hw.sq_off, sq_ci, hw.sq_cnt, WQEBB), &mut b);
@@ -247,7 +253,7 @@ fn read_ctrl(hw: &QpShared, sq_ci: u64) -> CtrlSeg {
 /// Step 2, parse: whether the control segment is the one expected there (index, QPN, a
 /// size within what the doorbell record exposes and a WQE can have) with an opcode this
 /// model serves; the opcode if so.
-fn check_ctrl(hw: &QpShared, ctrl: &CtrlSeg, sq_ci: u64, avail: u32) -> Option<Opcode> {
+fn check_ctrl(hw: &QpHw, ctrl: &CtrlSeg, sq_ci: u64, avail: u32) -> Option<Opcode> {
     let ds = ctrl.ds() as usize;
     let nbb = wqebbs_for_ds(ds) as u32;
     if ctrl.wqe_index() != sq_ci as u16
@@ -276,7 +282,7 @@ fn fenced(q: &EQp, ctrl: &CtrlSeg) -> bool {
 }
 
 /// Step 2, parse (second half): the WQE's `nbb` blocks, contiguous modulo the ring.
-fn read_wqe(hw: &QpShared, sq_ci: u64, nbb: u32, wqe: &mut SmallVec<[u8; 2 * WQEBB]>) {
+fn read_wqe(hw: &QpHw, sq_ci: u64, nbb: u32, wqe: &mut SmallVec<[u8; 2 * WQEBB]>) {
     wqe.resize(nbb as usize * WQEBB, 0);
     for i in 0..nbb as u64 {
         let o = i as usize * WQEBB;
@@ -314,7 +320,7 @@ fn decode(q: &EQp, opcode: Opcode, w: &SendWqe) -> Request {
         ops.extend_from_slice(&a.compare.get().to_ne_bytes());
         body = Body::Inline(ops);
     }
-    let mut sges: SmallVec<[Sge; 2]> = SmallVec::new();
+    let mut sges: SmallVec<[Seg; 2]> = SmallVec::new();
     let mut len: u64 = 0;
     match w.data {
         WqeData::Inline(p) => {
@@ -323,11 +329,7 @@ fn decode(q: &EQp, opcode: Opcode, w: &SendWqe) -> Request {
         }
         WqeData::Gather(segs) => {
             for d in segs.iter().filter(|d| d.byte_count.get() != 0) {
-                sges.push(Sge {
-                    addr: d.addr.get(),
-                    len: d.byte_count.get(),
-                    lkey: d.lkey.get(),
-                });
+                sges.push(Seg::of(d));
                 len += d.byte_count.get() as u64;
             }
         }

@@ -4,15 +4,16 @@
 //! (`docs/soft-device.md`, "Responder").
 
 use super::super::link::{flag, PktHeader};
-use super::completion::{err_cqe, push_cqe};
+use super::super::mr_table::Slots;
+use super::completion::{err_cqe, Side};
+use super::errors::complete_error;
 use super::links::{nak, reply};
+use super::memory::Seg;
 use super::memory::{scatter, sges_ok};
-use super::{resp, rq_producer, Body, Dest, EQp, Engine, InMsg, TxJob, NAK_NOT_READY, NAK_RNR};
+use super::{resp, Body, Dest, EQp, Engine, InMsg, QpHw, TxJob, NAK_NOT_READY, NAK_RNR};
+use crate::device::provider::{Access, MAX_SGE};
 use crate::format::*;
 use crate::mem::slot_off;
-use crate::mr::{Access, Slots};
-use crate::qp::QpShared;
-use crate::wr::Sge;
 use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
 
@@ -169,8 +170,8 @@ impl Engine {
     /// CQE, then the QP to error.
     pub(super) fn responder_error(&mut self, qpn: u32, s: Syndrome) {
         let q = self.qps[qpn as usize].as_mut().unwrap();
-        let mut cqe = err_cqe(CqeOpcode::RespErr, s, 0, q.hw.qpn, q.rq_ci as u16);
-        push_cqe(&q.hw.recv_cq, &mut cqe);
+        let cqe = err_cqe(CqeOpcode::RespErr, s, 0, q.hw.qpn, q.rq_ci as u16);
+        complete_error(&self.ctl, q, Side::Recv, cqe);
         q.rq_ci += 1;
         self.enter_error(qpn, None);
     }
@@ -196,7 +197,7 @@ fn accept_send(q: &EQp, slots: &Slots, h: &PktHeader) -> Result<Accepted, Refusa
     if !rq_ready(q) {
         return Err(Refusal::Nak(NAK_RNR));
     }
-    let hw = &*q.hw;
+    let hw = &q.hw;
     let sges = read_recv_wqe(hw, q.rq_ci);
     let cap: u64 = sges.iter().map(|s| s.len as u64).sum();
     if !sges_ok(slots, hw.pd, &sges, Access::LOCAL_WRITE) {
@@ -273,39 +274,38 @@ fn complete_message(q: &mut EQp, h: &PktHeader, m: &InMsg) {
     let Some(op) = m.op.responder_cqe() else {
         return;
     };
-    let hw = &*q.hw;
     let mut cqe = Cqe64([0; 64]);
     cqe.set_byte_cnt(m.len);
     if m.op.has_imm() {
         cqe.set_imm(m.imm);
     }
     cqe.set_flags_rqpn(h.src_qpn & 0xFF_FFFF);
-    cqe.set_sop_drop_qpn(hw.qpn);
+    cqe.set_sop_drop_qpn(q.hw.qpn);
     cqe.set_wqe_counter(q.rq_ci as u16);
     cqe.set_op_own(op, m.solicited, 0);
-    push_cqe(&hw.recv_cq, &mut cqe);
+    q.complete(Side::Recv, &mut cqe);
     q.rq_ci += 1;
 }
 
 /// Whether a receive is posted (`rq_ci` behind the receive doorbell record).
 fn rq_ready(q: &EQp) -> bool {
-    rq_producer(&q.hw).wrapping_sub(q.rq_ci as u16) != 0
+    q.hw.rq_producer().wrapping_sub(q.rq_ci as u16) != 0
 }
 
 /// Whether the rkey names a region of the QP's PD with `need` rights covering `len` bytes
 /// at the request's remote address.
-fn remote_ok(hw: &QpShared, slots: &Slots, h: &PktHeader, need: Access, len: u64) -> bool {
+fn remote_ok(hw: &QpHw, slots: &Slots, h: &PktHeader, need: Access, len: u64) -> bool {
     slots
         .get(h.rkey)
         .is_some_and(|e| e.pd == hw.pd && e.access.contains(need) && e.covers(h.raddr, len))
 }
 
 /// Largest receive WQE stride (16 scatter entries).
-const MAX_RQ_STRIDE: usize = crate::qp::MAX_SGE * SEG_SIZE;
+const MAX_RQ_STRIDE: usize = MAX_SGE * SEG_SIZE;
 
 /// The scatter list of the receive WQE at `rq_ci`: data segments up to the terminator or
 /// the end of the stride (zero-length ones skipped).
-fn read_recv_wqe(hw: &QpShared, rq_ci: u64) -> SmallVec<[Sge; 4]> {
+fn read_recv_wqe(hw: &QpHw, rq_ci: u64) -> SmallVec<[Seg; 4]> {
     let stride = (hw.rq_stride as usize).min(MAX_RQ_STRIDE);
     let mut slot = [0u8; MAX_RQ_STRIDE];
     hw.buf.read(
@@ -315,10 +315,6 @@ fn read_recv_wqe(hw: &QpShared, rq_ci: u64) -> SmallVec<[Sge; 4]> {
     let segs = RecvWqe::parse(&slot[..stride]).map_or(DataSegs::EMPTY, |w| w.segs);
     segs.iter()
         .filter(|d| d.byte_count.get() > 0)
-        .map(|d| Sge {
-            addr: d.addr.get(),
-            len: d.byte_count.get(),
-            lkey: d.lkey.get(),
-        })
+        .map(Seg::of)
         .collect()
 }

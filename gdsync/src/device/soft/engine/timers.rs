@@ -2,6 +2,7 @@
 //! ran out (RNR, peer not ready), and the transport timeout of QPs whose peer went silent.
 
 use super::Engine;
+use crate::device::provider::AsyncEvent;
 use crate::format::Syndrome;
 use std::time::{Duration, Instant};
 
@@ -35,6 +36,7 @@ impl Engine {
             tracing::warn!("soft device: link to peer device {peer:016x} is down ({why}): its QPs fail with transport retries exceeded");
         }
         self.links[li].queue.clear();
+        self.ctl.event(AsyncEvent::PeerLost { peer });
         let mut work = false;
         for i in 0..self.active.len() {
             let qpn = self.active[i];
@@ -64,12 +66,13 @@ impl Engine {
             // millisecond of slack so the timeout never fires early.
             if !q.err
                 && waiting
-                && now.duration_since(q.progress_at) > q.hw.cfg.timeout + Duration::from_millis(1)
+                && now.duration_since(q.progress_at)
+                    > q.hw.timers.timeout + Duration::from_millis(1)
             {
                 tracing::warn!(
                     "soft device: QP {qpn:#x}: no answer from peer QP {:#x} within {:?}: transport retries exceeded",
                     q.rqpn,
-                    q.hw.cfg.timeout
+                    q.hw.timers.timeout
                 );
                 self.fail_first(qpn, Syndrome::TransportRetryExc);
                 work = true;

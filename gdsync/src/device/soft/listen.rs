@@ -4,10 +4,10 @@
 //!
 //! The listener starts when an endpoint is made under `GDSYNC_SOFT_LINK=tcp`, when
 //! `GDSYNC_SOFT_ADDR` or `GDSYNC_SOFT_IFACE` names where to listen, or when asked
-//! ([`accept_tcp_links`]: mp does when its ranks span hosts). Threads of one process, and
-//! processes of one host under the default policy, never listen.
+//! ([`accept_tcp_links`](crate::accept_tcp_links): mp does when its ranks span hosts). Threads
+//! of one process, and processes of one host under the default policy, never listen.
 
-use super::soft::tcp::{self, Hello};
+use super::tcp::{self, Hello};
 use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::VecDeque;

@@ -3,11 +3,23 @@
 //! under back-pressure, the listener's refusals, connections that fail authentication, and a
 //! dropped peer device.
 
-use super::soft::tcp::{self, Dialed, Hello, HELLO_LEN};
 use super::*;
 use crate::format::Syndrome;
-use crate::{Access, Completion, MemoryRegion, QpConfig, RecvWr, RemoteBuf, SendWr, WcStatus};
+use crate::{
+    Access, Completion, Cq, Device, MemoryRegion, ProtectionDomain, Qp, QpConfig, RecvWr,
+    RemoteBuf, SendWr, WcStatus,
+};
 use std::time::Duration;
+use tcp::{Dialed, Hello, HELLO_LEN};
+
+/// The soft device behind a device handle.
+fn soft(d: &Device) -> Arc<SoftDevice> {
+    registry()
+        .lock()
+        .get(&d.info().uid)
+        .and_then(Weak::upgrade)
+        .expect("a soft device")
+}
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -83,7 +95,7 @@ fn assert_pair_works(a: &mut Side, b: &mut Side) {
 fn tcp_connects_in_sequence_in_either_order() {
     for first_is_smaller in [true, false] {
         let (mut a, mut b) = (side(), side());
-        if (a.dev.shared.uid < b.dev.shared.uid) != first_is_smaller {
+        if (a.dev.info().uid < b.dev.info().uid) != first_is_smaller {
             std::mem::swap(&mut a, &mut b);
         }
         let (ea, eb) = (tcp_endpoint(&a), tcp_endpoint(&b));
@@ -257,14 +269,14 @@ fn tcp_listener_refuses_what_it_cannot_serve() {
     let (mut a, mut b) = (side(), side());
     connect(&mut a, &mut b);
     let addr = accept_tcp_links(None).unwrap();
-    let (lo, hi) = if a.dev.shared.uid < b.dev.shared.uid {
+    let (lo, hi) = if a.dev.info().uid < b.dev.info().uid {
         (&a, &b)
     } else {
         (&b, &a)
     };
-    let (lo_uid, hi_uid) = (lo.dev.shared.uid, hi.dev.shared.uid);
+    let (lo_uid, hi_uid) = (lo.dev.info().uid, hi.dev.info().uid);
     let dial = |hello: Hello| {
-        let waker = lo.dev.shared.engine.waker();
+        let waker = soft(&lo.dev).engine.waker();
         match tcp::dial(addr, &hello, waker) {
             Err(Error::Unreachable(m)) => m,
             other => panic!("{hello:?}: {:?}", other.map(|_| "a link")),
@@ -273,13 +285,13 @@ fn tcp_listener_refuses_what_it_cannot_serve() {
     let hello = |dialer, target| Hello::new(dialer, target, host_id(), std::process::id());
     assert!(dial(hello(lo_uid, u64::MAX)).contains("no such device"));
     // Already linked: the dialer then waits for the link its listener accepted.
-    let again = tcp::dial(addr, &hello(lo_uid, hi_uid), lo.dev.shared.engine.waker());
+    let again = tcp::dial(addr, &hello(lo_uid, hi_uid), soft(&lo.dev).engine.waker());
     assert!(matches!(again, Ok(Dialed::TheirDial)));
     // A dial that crosses one from the target, which has the smaller uid, loses.
     let fake = u64::MAX;
-    lo.dev.shared.links.lock().dialing.insert(fake);
-    let crossed = tcp::dial(addr, &hello(fake, lo_uid), hi.dev.shared.engine.waker());
-    lo.dev.shared.links.lock().dialing.remove(&fake);
+    soft(&lo.dev).links.lock().dialing.insert(fake);
+    let crossed = tcp::dial(addr, &hello(fake, lo_uid), soft(&hi.dev).engine.waker());
+    soft(&lo.dev).links.lock().dialing.remove(&fake);
     assert!(matches!(crossed, Ok(Dialed::TheirDial)));
     let odd = Hello {
         mtu: 1500,
@@ -291,7 +303,7 @@ fn tcp_listener_refuses_what_it_cannot_serve() {
     let mr = hi.pd.register(&mut buf, Access::ALL).unwrap();
     let mut mine = vec![0u8; 64];
     let lmr = lo.pd.register(&mut mine, Access::LOCAL_WRITE).unwrap();
-    let lo = if a.dev.shared.uid == lo_uid {
+    let lo = if a.dev.info().uid == lo_uid {
         &mut a
     } else {
         &mut b
@@ -345,7 +357,7 @@ fn tcp_connections_without_the_job_secret_are_dropped() {
     let (mut a, mut b) = (side(), side());
     connect(&mut a, &mut b);
     let addr = accept_tcp_links(None).unwrap();
-    let hello = Hello::new(1, a.dev.shared.uid, host_id(), 1).to_bytes();
+    let hello = Hello::new(1, a.dev.info().uid, host_id(), 1).to_bytes();
     let open = |first: &[u8]| {
         let mut s = std::net::TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(WAIT)).unwrap();

@@ -1,0 +1,46 @@
+//! The mlx5 backend's control path: rdma-core (libibverbs and libmlx5) loaded at run time, in
+//! three layers as the CUDA bindings are: `sys` (the FFI bindgen generated from rdma-core's
+//! headers), the loaded libraries ([`Rdma`]), and safe RAII types over them — device list,
+//! [`Context`] (query device, port, GID table), [`Pd`], [`Mr`], [`Cq`] and [`Qp`] created with
+//! `mlx5dv_create_qp`, whose rings, doorbell records and BlueFlame register `mlx5dv_init_obj`
+//! hands out.
+//!
+//! Nothing here needs rdma-core to build: without the libraries, or without a device, every
+//! entry point returns an [`RdmaError`] that says what is missing and what to install.
+//! Objects are destroyed in the order verbs requires (a QP before its CQs and PD, an MR before
+//! its PD, everything before the context) because each holds the objects it was made from.
+
+mod context;
+mod cq;
+mod error;
+mod gid;
+mod loader;
+mod pd;
+mod port;
+mod post;
+mod qp;
+#[allow(
+    non_camel_case_types,
+    non_snake_case,
+    non_upper_case_globals,
+    dead_code,
+    unsafe_op_in_unsafe_fn,
+    clippy::all,
+    missing_docs
+)]
+mod sys;
+
+pub use context::{devices, Context, DeviceLimits, RdmaDeviceInfo};
+pub use cq::{Cq, CqRing};
+pub use error::RdmaError;
+pub use gid::{choose_gid, Gid, GidChoice, GidEntry, GidType};
+pub use loader::Rdma;
+pub use pd::{Mr, Pd};
+pub use port::{LinkLayer, PortInfo, PortState};
+pub use qp::{Qp, QpCaps, QpRings, RemoteQp, RtrAttr, RtsAttr};
+
+/// Result of the mlx5 control path.
+pub type RdmaResult<T> = std::result::Result<T, RdmaError>;
+
+#[cfg(test)]
+mod layout_tests;

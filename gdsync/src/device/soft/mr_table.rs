@@ -1,0 +1,283 @@
+//! The soft device's memory translation table: key → region, as a ConnectX holds it in its
+//! own memory. Registration inserts (the `reg_mr` command), deregistration removes and waits
+//! until the engine has stopped using the region; the engine works from its own copy.
+
+use crate::device::provider::{Access, MrMemory, MrSpec};
+use parking_lot::{Mutex, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// One registered region, as the device's translation table holds it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MrEntry {
+    pub addr: u64,
+    pub len: u64,
+    pub access: Access,
+    pub pd: u32,
+    /// Device memory of this GPU, moved through the CUDA driver; `None`: host memory.
+    pub gpu: Option<i32>,
+}
+
+impl MrEntry {
+    /// Whether `[addr, addr+len)` lies inside the region.
+    pub fn covers(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| self.addr.checked_add(self.len).is_some_and(|e| end <= e))
+    }
+
+    /// The device's DMA write: copies `src` to `addr`, which must lie inside the region.
+    /// Callers hold the table (or the engine's copy of it), so the region is registered.
+    pub fn write(&self, addr: u64, src: &[u8]) -> bool {
+        if !self.covers(addr, src.len() as u64) {
+            return false;
+        }
+        match self.gpu {
+            Some(ordinal) => crate::cuda::copy_htod(ordinal, addr, src).is_ok(),
+            None => {
+                // SAFETY: inside a registered host region (checked above), whose owner lent it
+                // to the device for the registration's lifetime.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
+                true
+            }
+        }
+    }
+
+    /// The device's DMA read from `addr` into `dst`.
+    pub fn read(&self, addr: u64, dst: &mut [u8]) -> bool {
+        if !self.covers(addr, dst.len() as u64) {
+            return false;
+        }
+        // SAFETY: inside the registered region (checked above).
+        unsafe { crate::mem::read_region(self.gpu, addr, dst) }
+    }
+
+    /// An 8-byte atomic at `addr` (8-aligned, inside the region): stores `f(old)`, returns
+    /// `old`. Atomic against host CPUs; on device memory it is a read and a write through
+    /// the driver, not atomic against GPU kernels.
+    pub fn atomic(&self, addr: u64, f: impl Fn(u64) -> u64) -> Option<u64> {
+        if addr % 8 != 0 || !self.covers(addr, 8) {
+            return None;
+        }
+        match self.gpu {
+            Some(_) => {
+                let mut b = [0u8; 8];
+                self.read(addr, &mut b).then_some(())?;
+                let old = u64::from_ne_bytes(b);
+                self.write(addr, &f(old).to_ne_bytes()).then_some(old)
+            }
+            None => {
+                // SAFETY: 8 aligned bytes inside a registered host region (checked above).
+                let w = unsafe { &*(addr as *const AtomicU64) };
+                let r = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(f(v)));
+                Some(r.unwrap_or_else(|v| v))
+            }
+        }
+    }
+}
+
+/// A value on its own cache line, so writers of neighbours do not steal it.
+#[repr(align(64))]
+#[derive(Default)]
+struct Padded<T>(T);
+
+/// The device's key → region table (the model of the HCA's memory translation table).
+///
+/// The engine works from its own copy ([`MrCache`]) so that its hot path writes no cache
+/// line that posting threads also write. Every change bumps `version`; a deregistration
+/// then waits until the engine has taken a copy at least that new (`seen`), which it does
+/// only between polling rounds, so it can no longer touch the removed region.
+#[derive(Default)]
+pub(crate) struct MrTable {
+    inner: RwLock<Slots>,
+    version: Padded<AtomicU64>,
+    seen: Padded<AtomicU64>,
+    engine: Mutex<Option<std::thread::Thread>>,
+    /// Registered regions in GPU memory: only the engine's own thread copies to and from
+    /// them (a copy binds a CUDA context to the thread that makes it).
+    gpu_regions: AtomicU64,
+}
+
+/// The engine's private copy of the table.
+#[derive(Default)]
+pub(crate) struct MrCache {
+    version: u64,
+    pub slots: Arc<Slots>,
+}
+
+impl MrCache {
+    /// Refreshes the copy if the table changed; cheap (one load) when it did not.
+    pub fn sync(&mut self, t: &MrTable) {
+        let v = t.version.0.load(Ordering::Acquire);
+        if v != self.version {
+            self.slots = Arc::new(t.inner.read().clone());
+            self.version = v;
+            t.seen.0.store(v, Ordering::Release);
+        }
+    }
+}
+
+#[derive(Default, Clone)]
+pub(crate) struct Slots {
+    /// (key byte, region) by index.
+    slots: Vec<(u8, Option<MrEntry>)>,
+    free: Vec<usize>,
+    /// State of the generator of key bytes (0: not seeded yet).
+    key_rng: u64,
+}
+
+impl Slots {
+    /// A random key byte, nonzero and other than `old`.
+    fn key_byte(&mut self, old: u8) -> u8 {
+        if self.key_rng == 0 {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos() as u64;
+            self.key_rng = (t ^ (self as *const Self as u64).rotate_left(32)) | 1;
+        }
+        loop {
+            // xorshift64
+            let mut x = self.key_rng;
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            self.key_rng = x;
+            let b = (x >> 56) as u8;
+            if b != 0 && b != old {
+                return b;
+            }
+        }
+    }
+
+    /// The region `key` names, if it is registered.
+    pub fn get(&self, key: u32) -> Option<&MrEntry> {
+        let (tag, e) = self.slots.get((key >> 8) as usize)?;
+        if *tag != key as u8 {
+            return None;
+        }
+        e.as_ref()
+    }
+}
+
+impl MrTable {
+    /// Registers a region: its key (lkey and rkey are the same, as on mlx5).
+    pub fn register(&self, s: &MrSpec) -> u32 {
+        self.insert(MrEntry {
+            addr: s.addr,
+            len: s.len,
+            access: s.access,
+            pd: s.pd,
+            gpu: match s.memory {
+                MrMemory::Host => None,
+                MrMemory::Gpu { ordinal } => Some(ordinal),
+            },
+        })
+    }
+
+    fn insert(&self, e: MrEntry) -> u32 {
+        let mut t = self.inner.write();
+        let idx = match t.free.pop() {
+            Some(i) => i,
+            None => {
+                // Index 0 and 1 are never used, so no key is 0 or the terminator lkey 0x100.
+                if t.slots.len() < 2 {
+                    t.slots.resize(2, (0, None));
+                }
+                t.slots.push((0, None));
+                t.slots.len() - 1
+            }
+        };
+        // As mlx5 makes keys: index << 8 | a key byte, random, nonzero and new for the slot,
+        // so a stale or guessed key does not name the region now at that index.
+        let old = t.slots[idx].0;
+        let tag = t.key_byte(old);
+        let slot = &mut t.slots[idx];
+        slot.0 = tag;
+        slot.1 = Some(e);
+        if e.gpu.is_some() {
+            self.gpu_regions.fetch_add(1, Ordering::Relaxed);
+        }
+        let key = ((idx as u32) << 8) | slot.0 as u32;
+        self.version.0.fetch_add(1, Ordering::AcqRel);
+        key
+    }
+
+    /// Deregisters `key`; returns once the engine no longer uses the region.
+    pub fn remove(&self, key: u32) {
+        let v = {
+            let mut t = self.inner.write();
+            let idx = (key >> 8) as usize;
+            if !t
+                .slots
+                .get(idx)
+                .is_some_and(|s| s.0 == key as u8 && s.1.is_some())
+            {
+                return;
+            }
+            if t.slots[idx].1.take().is_some_and(|e| e.gpu.is_some()) {
+                self.gpu_regions.fetch_sub(1, Ordering::Relaxed);
+            }
+            t.free.push(idx);
+            self.version.0.fetch_add(1, Ordering::AcqRel) + 1
+        };
+        // Wait until the engine works from a copy without the region.
+        let mut spins = 0u32;
+        while self.seen.0.load(Ordering::Acquire) < v {
+            let Some(engine) = self.engine.lock().clone() else {
+                return;
+            };
+            engine.unpark();
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Whether a region in GPU memory is registered.
+    pub fn has_gpu_regions(&self) -> bool {
+        self.gpu_regions.load(Ordering::Relaxed) != 0
+    }
+
+    /// Called by the engine thread when it starts (`Some`) and stops (`None`): while no
+    /// engine runs, deregistration has nobody to wait for.
+    pub fn set_engine(&self, t: Option<std::thread::Thread>) {
+        *self.engine.lock() = t;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> MrSpec {
+        MrSpec {
+            pd: 1,
+            addr: 0x1000,
+            len: 64,
+            access: Access::ALL,
+            memory: MrMemory::Host,
+        }
+    }
+
+    #[test]
+    fn keys_are_an_index_and_a_key_byte_new_for_each_use_of_the_slot() {
+        let t = MrTable::default();
+        let first = t.register(&spec());
+        let mut prev = first;
+        for _ in 0..64 {
+            t.remove(prev);
+            let k = t.register(&spec());
+            assert_eq!(k >> 8, first >> 8, "the freed slot is used again");
+            assert_ne!(k & 0xFF, 0);
+            assert_ne!(k & 0xFF, prev & 0xFF, "a stale key names the new region");
+            assert!(t.inner.read().get(prev).is_none());
+            assert!(t.inner.read().get(k).is_some());
+            prev = k;
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! The soft device's doorbell pages, laid out as mlx5's UAR pages: 4 KiB each, with the
+//! BlueFlame registers ("bfregs") from offset 0x800, 0x200 bytes apart, each made of two
+//! 0x100-byte halves that a CPU poster alternates between (libmlx5's `bf.offset ^= bf.size`).
+//! Each QP gets a bfreg of its own; the engine watches both halves of the bfregs it handed
+//! out. Streams, kernels and the CPU proxy ring the first half, the address `create_qp`
+//! returned, as libgdsync and NVSHMEM ring a DEVX UAR.
+
+use crate::mem::RingMem;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Size of a UAR page.
+pub(crate) const UAR_SIZE: usize = 4096;
+/// Offset of the first bfreg in a UAR page (`MLX5_BF_OFFSET`).
+pub(crate) const BF_OFFSET: usize = 0x800;
+/// Bytes between bfregs (`bf_reg_size`: two BlueFlame buffers).
+pub(crate) const BF_REG_SIZE: usize = 0x200;
+/// Size of one BlueFlame buffer (`bf.size`): the second half of a bfreg lies this far
+/// after the first.
+pub(crate) const BF_SIZE: usize = 0x100;
+/// Bfregs in a UAR page.
+pub(crate) const BFREGS_PER_UAR: usize = 4;
+
+/// A QP's doorbell register: the page and the offset of its bfreg's first half.
+#[derive(Clone)]
+pub(crate) struct Bfreg {
+    pub page: Arc<RingMem>,
+    pub off: usize,
+}
+
+/// A device's UAR pages and which QP holds which bfreg.
+#[derive(Default)]
+pub(crate) struct UarPages {
+    pages: Vec<Arc<RingMem>>,
+    /// Free bfreg numbers (page * BFREGS_PER_UAR + bfreg in the page).
+    free: Vec<usize>,
+    by_qpn: HashMap<u32, usize>,
+}
+
+impl UarPages {
+    /// A bfreg for QP `qpn`: a free one, or the first of a new page.
+    pub(crate) fn alloc(&mut self, qpn: u32) -> Bfreg {
+        let n = self.free.pop().unwrap_or_else(|| {
+            self.pages.push(Arc::new(RingMem::new(UAR_SIZE)));
+            let first = (self.pages.len() - 1) * BFREGS_PER_UAR;
+            self.free.extend((first + 1..first + BFREGS_PER_UAR).rev());
+            first
+        });
+        self.by_qpn.insert(qpn, n);
+        Bfreg {
+            page: self.pages[n / BFREGS_PER_UAR].clone(),
+            off: BF_OFFSET + (n % BFREGS_PER_UAR) * BF_REG_SIZE,
+        }
+    }
+
+    /// QP `qpn` was destroyed: its bfreg serves a later QP.
+    pub(crate) fn release(&mut self, qpn: u32) {
+        if let Some(n) = self.by_qpn.remove(&qpn) {
+            self.free.push(n);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bfregs_lie_where_mlx5_puts_them_and_are_reused() {
+        let mut u = UarPages::default();
+        let regs: Vec<Bfreg> = (1..=5).map(|q| u.alloc(q)).collect();
+        let offs: Vec<usize> = regs.iter().map(|b| b.off).collect();
+        assert_eq!(offs, [0x800, 0xA00, 0xC00, 0xE00, 0x800]);
+        for b in &regs {
+            // Both halves inside the page.
+            assert!(b.off + BF_SIZE + 8 <= UAR_SIZE);
+        }
+        assert!(Arc::ptr_eq(&regs[0].page, &regs[3].page));
+        assert!(
+            !Arc::ptr_eq(&regs[0].page, &regs[4].page),
+            "a fifth QP opens a page"
+        );
+        u.release(2);
+        let again = u.alloc(6);
+        assert!(Arc::ptr_eq(&again.page, &regs[1].page) && again.off == 0xA00);
+    }
+}

@@ -1,0 +1,252 @@
+//! The mlx5 control path through gdsync's safe layer, against the real libibverbs and libmlx5
+//! under the emulated kernel driver (uverbs-emu): device list, query device and port, GID
+//! choice, PD, MRs, CQ ring, mlx5dv QP rings, INIT/RTR/RTS and the driver's refusals; and what
+//! is reported without a device. The preload must be in a process's environment from its
+//! start, so each test runs its body in a child (this test binary again, with the emulator's
+//! environment). Ignored where rdma-core is not installed.
+
+use gdsync::mlx5::{
+    devices, Context, GidType, LinkLayer, PortState, RdmaError, RemoteQp, RtrAttr, RtsAttr,
+};
+use gdsync::Access;
+use std::sync::Arc;
+
+#[path = "common/emulated.rs"]
+mod emulated;
+use emulated::in_child_under_emulator;
+
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn mlx5_control_path_on_a_roce_port() {
+    if in_child_under_emulator("mlx5_control_path_on_a_roce_port", "mlx5_0") {
+        return;
+    }
+    let list = devices().unwrap();
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(
+        (list[0].name.as_str(), list[0].uverbs.as_str()),
+        ("mlx5_0", "uverbs0")
+    );
+    assert!(list[0].mlx5);
+
+    let ctx = Context::open("mlx5_0").unwrap();
+    let dev = ctx.query_device().unwrap();
+    assert_eq!(
+        (dev.vendor_id, dev.vendor_part_id, dev.phys_port_cnt),
+        (0x02c9, 4125, 1)
+    );
+    assert_eq!(dev.fw_ver, "22.36.1010");
+    let port = ctx.query_port(1).unwrap();
+    assert_eq!(port.state, PortState::Active);
+    assert_eq!(port.link_layer, LinkLayer::Ethernet);
+    assert_eq!((port.active_mtu, port.max_mtu), (2048, 4096));
+    assert!(ctx.query_port(2).is_err(), "the device has one port");
+
+    // The RoCE v2 entry with the port's IPv4 address, read from the (fake) sysfs GID table.
+    let table = ctx.gid_table(1).unwrap();
+    assert_eq!(table.len(), 4, "{table:?}");
+    let gid = ctx.choose_gid(1, None).unwrap();
+    assert_eq!(gid.entry.index, 3);
+    assert_eq!(gid.entry.kind, GidType::RoceV2);
+    assert_eq!(gid.entry.gid.ipv4(), Some([10, 0, 1, 1].into()));
+    assert_eq!(ctx.choose_gid(1, Some(1)).unwrap().entry.index, 1);
+    assert!(ctx.choose_gid(1, Some(7)).is_err(), "entry 7 is empty");
+
+    let pd = ctx.alloc_pd().unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    let mr = pd.reg_mr(&mut buf, Access::ALL).unwrap();
+    assert_ne!(mr.lkey(), 0);
+    assert_eq!(mr.len(), 1 << 16);
+    let bad = pd.reg_mr(&mut [0u8; 64], Access::REMOTE_WRITE).err();
+    assert!(
+        matches!(
+            bad,
+            Some(RdmaError::Verbs {
+                call: "ibv_reg_mr",
+                errno: libc::EINVAL
+            })
+        ),
+        "remote write without local write is refused: {bad:?}"
+    );
+
+    // ibv_reg_dmabuf_mr is ioctl-only: the driver's one ioctl method. Any descriptor stands
+    // in for the dma-buf a GPU export would give.
+    let dmabuf = std::fs::File::open("/dev/null").unwrap();
+    let dm = pd
+        .reg_dmabuf_mr(
+            std::os::fd::AsFd::as_fd(&dmabuf),
+            0,
+            4096,
+            0,
+            Access::LOCAL_WRITE,
+        )
+        .unwrap();
+    assert_ne!(dm.lkey(), mr.lkey());
+    assert_eq!(dm.len(), 4096);
+
+    let cq = ctx.create_cq(100).unwrap();
+    let ring = cq.ring();
+    assert_eq!((ring.cqe_cnt, ring.cqe_size), (128, 64));
+    for i in 0..ring.cqe_cnt as usize {
+        // SAFETY: the ring is cqe_cnt entries of 64 bytes, alive while `cq` is.
+        let op_own = unsafe { *((ring.buf + i * 64 + 63) as *const u8) };
+        assert_eq!(op_own, 0xff, "CQE {i} is not marked unwritten");
+    }
+
+    let qp = pd.create_qp(&cq, &cq, &Default::default()).unwrap();
+    let r = qp.rings();
+    assert_eq!(r.qpn, qp.qpn());
+    assert_eq!(r.sq_stride, 64);
+    assert!(r.sq_wqe_cnt.is_power_of_two() && r.rq_wqe_cnt >= 64);
+    assert_eq!(
+        r.sq_buf,
+        r.rq_buf + (r.rq_wqe_cnt * r.rq_stride) as usize,
+        "RQ first, SQ after"
+    );
+    assert_eq!(
+        (r.bf_reg % 4096) & !0x3ff,
+        0x800,
+        "BlueFlame registers are at +0x800 of a UAR page"
+    );
+    assert_eq!(r.bf_size, 256);
+
+    // Out of order: RTS before INIT is refused by the driver, with the call and errno.
+    let early = qp.to_rts(&RtsAttr::default()).unwrap_err();
+    assert!(
+        matches!(
+            early,
+            RdmaError::Verbs {
+                errno: libc::EINVAL,
+                ..
+            }
+        ),
+        "{early:?}"
+    );
+    assert!(
+        early.to_string().starts_with("ibv_modify_qp(RTS) failed"),
+        "{early}"
+    );
+
+    // Connect to itself (loopback), as a RoCE v2 connection.
+    qp.to_init(1, Access::ALL).unwrap();
+    let me = RemoteQp {
+        qpn: qp.qpn(),
+        psn: 0x123,
+        lid: 0,
+        gid: Some(gid.entry.gid),
+    };
+    let rtr = RtrAttr {
+        sgid_index: gid.entry.index as u8,
+        ..RtrAttr::new(me, 1, port.active_mtu)
+    };
+    assert!(
+        qp.to_rtr(&RtrAttr { mtu: 1500, ..rtr }).is_err(),
+        "not an IB MTU"
+    );
+    qp.to_rtr(&rtr).unwrap();
+    qp.to_rts(&RtsAttr {
+        sq_psn: 0x123,
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(qp
+        .to_rts(&RtsAttr {
+            retry_cnt: 8,
+            ..Default::default()
+        })
+        .is_err());
+    qp.to_error().unwrap();
+
+    // Destroyed in verbs order by ownership: the QP, then the CQ, the MR, the PD, the context.
+    drop(qp);
+    drop((cq, mr, dm));
+    assert_eq!(Arc::strong_count(&pd), 1);
+}
+
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn mlx5_several_devices_and_infiniband_ports() {
+    if in_child_under_emulator(
+        "mlx5_several_devices_and_infiniband_ports",
+        "mlx5_0,mlx5_1:roce:ib",
+    ) {
+        return;
+    }
+    let names: Vec<String> = devices().unwrap().into_iter().map(|d| d.name).collect();
+    assert_eq!(names, ["mlx5_0", "mlx5_1"]);
+    let e = Context::open("mlx5_9").unwrap_err();
+    assert!(e.to_string().contains("present: mlx5_0, mlx5_1"), "{e}");
+
+    let ctx = Context::open("mlx5_1").unwrap();
+    assert_eq!(ctx.query_device().unwrap().phys_port_cnt, 2);
+    let ib = ctx.query_port(2).unwrap();
+    assert_eq!(ib.link_layer, LinkLayer::InfiniBand);
+    assert_ne!(ib.lid, 0);
+    assert_eq!(ctx.choose_gid(2, None).unwrap().entry.index, 0);
+    assert_eq!(
+        ctx.choose_gid(1, None).unwrap().entry.gid.ipv4(),
+        Some([10, 1, 1, 1].into())
+    );
+
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let remote = |gid| RemoteQp {
+        qpn: 0x999,
+        psn: 0,
+        lid: ib.lid,
+        gid,
+    };
+    // InfiniBand: addressed by LID, no global header.
+    let qp = pd.create_qp(&cq, &cq, &Default::default()).unwrap();
+    qp.to_init(2, Access::ALL).unwrap();
+    qp.to_rtr(&RtrAttr::new(remote(None), 2, ib.active_mtu))
+        .unwrap();
+    qp.to_rts(&RtsAttr::default()).unwrap();
+    // RoCE without a GID: the driver refuses (a RoCE path needs a global header).
+    let qp = pd.create_qp(&cq, &cq, &Default::default()).unwrap();
+    qp.to_init(1, Access::ALL).unwrap();
+    let e = qp.to_rtr(&RtrAttr::new(remote(None), 1, 1024)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RdmaError::Verbs {
+                errno: libc::EINVAL,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+
+    // Two contexts of two devices at once; a CQ of one cannot serve a QP of the other.
+    let other = Context::open("mlx5_0").unwrap();
+    let other_cq = other.create_cq(16).unwrap();
+    assert!(pd.create_qp(&other_cq, &cq, &Default::default()).is_err());
+    assert_ne!(
+        other.query_device().unwrap().node_guid,
+        ctx.query_device().unwrap().node_guid
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn mlx5_without_a_device_says_so() {
+    if in_child_under_emulator("mlx5_without_a_device_says_so", "") {
+        return;
+    }
+    // rdma-core loads and finds nothing: an empty list, and a reason where a device is needed.
+    assert_eq!(devices().unwrap(), vec![]);
+    let e = Context::open_first_active().unwrap_err();
+    assert!(matches!(e, RdmaError::NoDevice(_)), "{e:?}");
+    assert_eq!(e.to_string(), "no RDMA device: no mlx5 device found");
+    let e = Context::open("mlx5_0").unwrap_err();
+    assert!(e.to_string().contains("present: none"), "{e}");
+}

@@ -1,0 +1,829 @@
+/* uvemu.c - an emulated kernel driver for the real libibverbs + libmlx5 (LD_PRELOAD).
+ *
+ * rdma-core finds devices through RDMA netlink, else through sysfs under $SYSFS_PATH; it opens
+ * /dev/infiniband/uverbsN, and when the ioctl ABI answers ENOTTY it speaks the legacy write()
+ * command ABI. This library:
+ *   - refuses socket(AF_NETLINK, NETLINK_RDMA), so that sysfs discovery runs;
+ *   - fakes stat/open/fstat/close of /dev/infiniband/uverbsN for each device the fake sysfs
+ *     lists (a memfd dressed as character device 231:192+N);
+ *   - answers RDMA_VERBS_IOCTL with ENOTTY, except MR/REG_DMABUF_MR (ibv_reg_dmabuf_mr is
+ *     ioctl-only);
+ *   - serves the write() commands of the control path with mlx5 driver data, keeping every
+ *     object in per-context tables (uvemu.h) with the checks the kernel makes: handles of the
+ *     right type and context, references that forbid destroying a PD or CQ still in use, QP
+ *     state transitions with their required attributes, response lengths honoured;
+ *   - backs UAR mmaps with anonymous shared pages and records them.
+ * No data path: nothing executes WQEs yet. UVEMU_LOG=1 traces every command to stderr.
+ */
+#define _GNU_SOURCE
+#include "uvemu.h"
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/types.h>
+#include <unistd.h>
+#include <linux/netlink.h>
+#include <rdma/ib_user_verbs.h>
+#include <rdma/ib_user_ioctl_cmds.h>
+#include <rdma/mlx5-abi.h>
+#include <rdma/rdma_user_ioctl_cmds.h>
+
+#define DEV_PREFIX "/dev/infiniband/uverbs"
+#define DEV_MAJOR 231
+#define DEV_MINOR0 192
+#define MAX_CONTEXTS 64
+#define BFREGS_PER_PAGE 2   /* legacy static UARs: two BlueFlame registers per 4 KiB page */
+#define GID_TABLE_LEN 16    /* what QUERY_PORT reports; the fake sysfs writes that many */
+
+/* Mask bits, as enum ib_qp_attr_mask names them (not in the uapi headers). */
+enum {
+	IB_QP_STATE_MASK = 1, IB_QP_ACCESS_FLAGS_MASK = 8, IB_QP_PKEY_INDEX_MASK = 16, IB_QP_PORT_MASK = 32,
+	IB_QP_AV_MASK = 128, IB_QP_PATH_MTU_MASK = 256, IB_QP_TIMEOUT_MASK = 512, IB_QP_RETRY_CNT_MASK = 1024,
+	IB_QP_RNR_RETRY_MASK = 2048, IB_QP_RQ_PSN_MASK = 4096, IB_QP_MAX_QP_RD_ATOMIC_MASK = 8192,
+	IB_QP_MIN_RNR_TIMER_MASK = 32768, IB_QP_SQ_PSN_MASK = 65536, IB_QP_MAX_DEST_RD_ATOMIC_MASK = 131072,
+	IB_QP_DEST_QPN_MASK = 1048576,
+};
+
+/* QP states and link layers, as enum ib_qp_state and the port's link_layer name them. */
+enum { QPS_RESET = 0, QPS_INIT = 1, QPS_RTR = 2, QPS_RTS = 3, QPS_ERR = 6 };
+enum { LINK_LAYER_INFINIBAND = 1, LINK_LAYER_ETHERNET = 2 };
+
+static int (*r_open)(const char *, int, ...);
+static int (*r_close)(int);
+static int (*r_ioctl)(int, unsigned long, ...);
+static ssize_t (*r_write)(int, const void *, size_t);
+static void *(*r_mmap)(void *, size_t, int, int, int, off_t);
+static int (*r_socket)(int, int, int);
+static int (*r_stat)(const char *, struct stat *);
+static int (*r_fstat)(int, struct stat *);
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int logging;
+static int ndevices;
+static struct uvemu_device devices[UVEMU_MAX_DEVICES];
+static struct uvemu_context contexts[MAX_CONTEXTS];
+static uint32_t next_qpn = 0x100, next_cqn = 0x400, next_key = 0x1000, next_pdn = 0x10;
+
+static void L(const char *fmt, ...)
+{
+	if (!logging) return;
+	va_list ap;
+	va_start(ap, fmt);
+	fprintf(stderr, "[uvemu] ");
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+}
+
+/* ------------------------------------------------------------------ devices from sysfs */
+
+/* First line of $SYSFS_PATH/<rel>, or "" (returns 0 when absent). */
+static int read_sysfs(const char *rel, char *out, size_t n)
+{
+	const char *root = getenv("SYSFS_PATH");
+	char path[512];
+	out[0] = 0;
+	if (!root || snprintf(path, sizeof(path), "%s/%s", root, rel) >= (int)sizeof(path)) return 0;
+	FILE *f = fopen(path, "r");
+	if (!f) return 0;
+	if (!fgets(out, (int)n, f)) out[0] = 0;
+	fclose(f);
+	out[strcspn(out, "\n")] = 0;
+	return 1;
+}
+
+static void load_devices(void)
+{
+	char rel[256], v[64];
+	for (int d = 0; d < UVEMU_MAX_DEVICES; d++) {
+		snprintf(rel, sizeof(rel), "class/infiniband_verbs/uverbs%d/ibdev", d);
+		if (!read_sysfs(rel, v, sizeof(v)) || !v[0]) break;
+		struct uvemu_device *dev = &devices[ndevices++];
+		snprintf(dev->name, sizeof(dev->name), "%s", v);
+		for (int p = 1; p <= UVEMU_MAX_PORTS; p++) {
+			snprintf(rel, sizeof(rel), "class/infiniband/%s/ports/%d/link_layer", dev->name, p);
+			if (!read_sysfs(rel, v, sizeof(v))) break;
+			struct uvemu_port *port = &dev->port[dev->nports++];
+			port->ethernet = !strcmp(v, "Ethernet");
+			snprintf(rel, sizeof(rel), "class/infiniband/%s/ports/%d/lid", dev->name, p);
+			port->lid = read_sysfs(rel, v, sizeof(v)) ? (uint16_t)strtoul(v, NULL, 0) : 0;
+			snprintf(rel, sizeof(rel), "class/infiniband/%s/ports/%d/state", dev->name, p);
+			port->active = read_sysfs(rel, v, sizeof(v)) && v[0] == '4';
+		}
+		L("device uverbs%d = %s, %d port(s)", d, dev->name, dev->nports);
+	}
+}
+
+static void init(void)
+{
+	r_open = dlsym(RTLD_NEXT, "open");
+	r_close = dlsym(RTLD_NEXT, "close");
+	r_ioctl = dlsym(RTLD_NEXT, "ioctl");
+	r_write = dlsym(RTLD_NEXT, "write");
+	r_mmap = dlsym(RTLD_NEXT, "mmap");
+	r_socket = dlsym(RTLD_NEXT, "socket");
+	r_stat = dlsym(RTLD_NEXT, "stat");
+	r_fstat = dlsym(RTLD_NEXT, "fstat");
+	const char *e = getenv("UVEMU_LOG");
+	logging = e && strcmp(e, "0") != 0;
+	load_devices();
+}
+
+static void ensure_init(void) { pthread_once(&once, init); }
+
+/* The device index of /dev/infiniband/uverbsN, or -1. */
+static int device_of_path(const char *path)
+{
+	if (!path || strncmp(path, DEV_PREFIX, strlen(DEV_PREFIX))) return -1;
+	char *end;
+	long n = strtol(path + strlen(DEV_PREFIX), &end, 10);
+	return (*end || end == path + strlen(DEV_PREFIX) || n < 0 || n >= ndevices) ? -1 : (int)n;
+}
+
+static struct uvemu_context *context_of(int fd)
+{
+	for (int i = 0; i < MAX_CONTEXTS; i++)
+		if (contexts[i].in_use && contexts[i].cmd_fd == fd) return &contexts[i];
+	return NULL;
+}
+
+const struct uvemu_context *uvemu_context(int fd) { return context_of(fd); }
+const struct uvemu_device *uvemu_device(int index)
+{
+	return index >= 0 && index < ndevices ? &devices[index] : NULL;
+}
+
+static void fake_chr(struct stat *st, int dev)
+{
+	memset(st, 0, sizeof(*st));
+	st->st_mode = S_IFCHR | 0666;
+	st->st_rdev = makedev(DEV_MAJOR, DEV_MINOR0 + dev);
+	st->st_blksize = 4096;
+}
+
+/* ------------------------------------------------------------------ libc entry points */
+
+int socket(int domain, int type, int protocol)
+{
+	ensure_init();
+	if (domain == AF_NETLINK && protocol == NETLINK_RDMA) {
+		L("socket(AF_NETLINK, NETLINK_RDMA) -> EPROTONOSUPPORT (sysfs discovery)");
+		errno = EPROTONOSUPPORT;
+		return -1;
+	}
+	return r_socket(domain, type, protocol);
+}
+
+int stat(const char *path, struct stat *st)
+{
+	ensure_init();
+	int dev = device_of_path(path);
+	if (dev >= 0) { fake_chr(st, dev); return 0; }
+	return r_stat(path, st);
+}
+int stat64(const char *path, struct stat64 *st) __attribute__((alias("stat")));
+
+int fstat(int fd, struct stat *st)
+{
+	ensure_init();
+	pthread_mutex_lock(&lock);
+	struct uvemu_context *c = context_of(fd);
+	int dev = c ? c->dev : -1;
+	pthread_mutex_unlock(&lock);
+	if (dev >= 0) { fake_chr(st, dev); return 0; }
+	return r_fstat(fd, st);
+}
+int fstat64(int fd, struct stat64 *st) __attribute__((alias("fstat")));
+
+int open(const char *path, int flags, ...)
+{
+	ensure_init();
+	mode_t mode = 0;
+	if (flags & (O_CREAT | O_TMPFILE)) {
+		va_list ap;
+		va_start(ap, flags);
+		mode = va_arg(ap, int);
+		va_end(ap);
+	}
+	int dev = device_of_path(path);
+	if (dev < 0) return r_open(path, flags, mode);
+	int fd = memfd_create("uverbs", (flags & O_CLOEXEC) ? MFD_CLOEXEC : 0);
+	if (fd < 0) return -1;
+	pthread_mutex_lock(&lock);
+	struct uvemu_context *c = NULL;
+	for (int i = 0; i < MAX_CONTEXTS && !c; i++)
+		if (!contexts[i].in_use) c = &contexts[i];
+	if (c) {
+		memset(c, 0, sizeof(*c));
+		c->in_use = 1;
+		c->cmd_fd = fd;
+		c->dev = dev;
+		c->async_rd = c->async_wr = -1;
+	}
+	pthread_mutex_unlock(&lock);
+	if (!c) { r_close(fd); errno = EMFILE; return -1; }
+	L("open(%s) -> fd %d (%s)", path, fd, devices[dev].name);
+	return fd;
+}
+int open64(const char *path, int flags, ...) __attribute__((alias("open")));
+
+int close(int fd)
+{
+	ensure_init();
+	pthread_mutex_lock(&lock);
+	struct uvemu_context *c = context_of(fd);
+	if (c) {
+		/* The kernel tears down whatever the process left; UAR pages stay mapped until
+		 * libmlx5 unmaps them (it did before closing). */
+		if (c->async_wr >= 0) r_close(c->async_wr);
+		L("close(cmd fd %d): context of %s released", fd, devices[c->dev].name);
+		c->in_use = 0;
+	}
+	pthread_mutex_unlock(&lock);
+	return r_close(fd);
+}
+
+/* ------------------------------------------------------------------ object tables */
+
+static struct uvemu_obj *obj_get(struct uvemu_context *c, uint32_t handle, enum uvemu_obj_type t)
+{
+	if (handle == 0 || handle > UVEMU_MAX_OBJECTS) return NULL;
+	struct uvemu_obj *o = &c->obj[handle - 1];
+	return o->type == t ? o : NULL;
+}
+
+/* A free slot of type `t`; its handle in *handle. */
+static struct uvemu_obj *obj_new(struct uvemu_context *c, enum uvemu_obj_type t, uint32_t *handle)
+{
+	for (uint32_t i = 0; i < UVEMU_MAX_OBJECTS; i++)
+		if (c->obj[i].type == UVEMU_FREE) {
+			memset(&c->obj[i], 0, sizeof(c->obj[i]));
+			c->obj[i].type = t;
+			*handle = i + 1;
+			return &c->obj[i];
+		}
+	return NULL;
+}
+
+/* Destroys `handle` of type `t` if nothing refers to it: 0, ENOENT-like EINVAL or EBUSY. */
+static int obj_destroy(struct uvemu_context *c, uint32_t handle, enum uvemu_obj_type t)
+{
+	struct uvemu_obj *o = obj_get(c, handle, t);
+	if (!o) return EINVAL;
+	if (o->refs) return EBUSY;
+	struct uvemu_obj *pd = NULL, *scq = NULL, *rcq = NULL;
+	if (t == UVEMU_MR) pd = obj_get(c, o->u.mr.pd, UVEMU_PD);
+	if (t == UVEMU_QP) {
+		pd = obj_get(c, o->u.qp.pd, UVEMU_PD);
+		scq = obj_get(c, o->u.qp.send_cq, UVEMU_CQ);
+		rcq = obj_get(c, o->u.qp.recv_cq, UVEMU_CQ);
+	}
+	if (pd) pd->refs--;
+	if (scq) scq->refs--;
+	if (rcq) rcq->refs--;
+	o->type = UVEMU_FREE;
+	return 0;
+}
+
+/* ------------------------------------------------------------------ write() commands */
+
+struct cmd {
+	struct uvemu_context *c;
+	uint32_t op;
+	int ex;
+	const void *in;  size_t in_len;   /* core request */
+	const void *din; size_t din_len;  /* mlx5 request */
+	void *out;       size_t out_len;  /* core response (user buffer) */
+	void *dout;      size_t dout_len; /* mlx5 response */
+};
+
+/* Copies a response of `size` bytes into a buffer of `room` bytes (the rest zeroed). */
+static void put(void *dst, size_t room, const void *src, size_t size)
+{
+	if (!dst) return;
+	memcpy(dst, src, room < size ? room : size);
+	if (room > size) memset((char *)dst + size, 0, room - size);
+}
+
+static const struct uvemu_port *port_of(const struct uvemu_context *c, uint32_t port)
+{
+	const struct uvemu_device *d = &devices[c->dev];
+	return port >= 1 && port <= (uint32_t)d->nports ? &d->port[port - 1] : NULL;
+}
+
+static void device_attr(const struct uvemu_context *c, struct ib_uverbs_query_device_resp *r)
+{
+	memset(r, 0, sizeof(*r));
+	r->fw_ver = (22ULL << 32) | (36ULL << 16) | 1010;
+	r->node_guid = __builtin_bswap64(0x0c42a10300aa0001ULL + ((uint64_t)c->dev << 8));
+	r->sys_image_guid = r->node_guid;
+	r->max_mr_size = ~0ULL;
+	r->page_size_cap = ~0xfffULL;
+	r->vendor_id = 0x02c9;
+	r->vendor_part_id = 4125;
+	r->max_qp = 1 << 18; r->max_qp_wr = 1 << 15; r->device_cap_flags = 0x21361c36;
+	r->max_sge = 30; r->max_sge_rd = 30; r->max_cq = 1 << 24; r->max_cqe = (1 << 22) - 1;
+	r->max_mr = 1 << 24; r->max_pd = 1 << 24; r->max_qp_rd_atom = 16;
+	r->max_res_rd_atom = 16 << 18; r->max_qp_init_rd_atom = 16; r->atomic_cap = 1;
+	r->max_mcast_grp = 1 << 21; r->max_mcast_qp_attach = 240; r->max_total_mcast_qp_attach = 240 << 21;
+	r->max_srq = 1 << 23; r->max_srq_wr = (1 << 15) - 1; r->max_srq_sge = 31; r->max_pkeys = 128;
+	r->local_ca_ack_delay = 16;
+	r->phys_port_cnt = (uint8_t)devices[c->dev].nports;
+}
+
+static int cmd_get_context(struct cmd *m)
+{
+	struct mlx5_ib_alloc_ucontext_req_v2 rq = {0};
+	memcpy(&rq, m->din, m->din_len < sizeof(rq) ? m->din_len : sizeof(rq));
+	if (m->c->async_rd >= 0) return EINVAL; /* one context per open */
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) < 0) return errno;
+	m->c->async_rd = p[0];
+	m->c->async_wr = p[1];
+	uint32_t bfregs = rq.total_num_bfregs ? rq.total_num_bfregs : 4;
+	if (bfregs > UVEMU_MAX_UAR_PAGES * BFREGS_PER_PAGE || bfregs < rq.num_low_latency_bfregs + 2) return EINVAL;
+	m->c->tot_bfregs = bfregs;
+	struct ib_uverbs_get_context_resp r = { .async_fd = (uint32_t)p[0], .num_comp_vectors = 4 };
+	put(m->out, m->out_len, &r, sizeof(r));
+	struct mlx5_ib_alloc_ucontext_resp d = {0};
+	d.qp_tab_size = 1 << 18; d.bf_reg_size = 512; d.tot_bfregs = bfregs;
+	d.cache_line_size = 64; d.max_sq_desc_sz = 512; d.max_rq_desc_sz = 512;
+	d.max_send_wqebb = 1 << 15; d.max_recv_wr = 1 << 15; d.max_srq_recv_wr = (1 << 15) - 1;
+	d.num_ports = (uint16_t)devices[m->c->dev].nports;
+	d.cqe_version = rq.max_cqe_version ? 1 : 0;
+	d.cmds_supp_uhw = MLX5_USER_CMDS_SUPP_UHW_QUERY_DEVICE | MLX5_USER_CMDS_SUPP_UHW_CREATE_AH;
+	d.eth_min_inline = MLX5_USER_INLINE_MODE_NONE + 1;
+	d.log_uar_size = 12; d.num_uars_per_page = 1;
+	d.response_length = (uint32_t)(m->dout_len < sizeof(d) ? m->dout_len : sizeof(d));
+	put(m->dout, m->dout_len, &d, sizeof(d));
+	L("   bfregs=%u (low latency %u) cqe_version=%u -> async_fd=%d", bfregs, rq.num_low_latency_bfregs,
+	  d.cqe_version, p[0]);
+	return 0;
+}
+
+static int cmd_query_device(struct cmd *m)
+{
+	if (!m->ex) {
+		struct ib_uverbs_query_device_resp r;
+		device_attr(m->c, &r);
+		put(m->out, m->out_len, &r, sizeof(r));
+		return 0;
+	}
+	struct ib_uverbs_ex_query_device_resp r = {0};
+	device_attr(m->c, &r.base);
+	r.response_length = (uint32_t)(m->out_len < sizeof(r) ? m->out_len : sizeof(r));
+	put(m->out, m->out_len, &r, sizeof(r));
+	struct mlx5_ib_query_device_resp d = {0};
+	d.response_length = (uint32_t)(m->dout_len < sizeof(d) ? m->dout_len : sizeof(d));
+	put(m->dout, m->dout_len, &d, sizeof(d));
+	return 0;
+}
+
+static int cmd_query_port(struct cmd *m)
+{
+	const struct ib_uverbs_query_port *q = m->in;
+	const struct uvemu_port *p = port_of(m->c, q->port_num);
+	if (!p) return EINVAL;
+	struct ib_uverbs_query_port_resp r = {0};
+	r.port_cap_flags = p->ethernet ? 0x04010000 : 0x2651e848;
+	r.max_msg_sz = 1 << 30; r.gid_tbl_len = GID_TABLE_LEN; r.pkey_tbl_len = 1;
+	r.state = p->active ? 4 /* ACTIVE */ : 1 /* DOWN */;
+	r.max_mtu = 5; r.active_mtu = p->ethernet ? 4 /* 2048: a 4200-byte Ethernet MTU */ : 5;
+	r.lid = p->lid; r.sm_lid = p->ethernet ? 0 : 1; r.lmc = 0;
+	r.active_width = 2; r.active_speed = 64; r.phys_state = p->active ? 5 : 3;
+	r.link_layer = p->ethernet ? LINK_LAYER_ETHERNET : LINK_LAYER_INFINIBAND;
+	put(m->out, m->out_len, &r, sizeof(r));
+	L("   port %u: %s, %s", q->port_num, p->ethernet ? "Ethernet" : "InfiniBand", p->active ? "ACTIVE" : "DOWN");
+	return 0;
+}
+
+static int cmd_alloc_pd(struct cmd *m)
+{
+	uint32_t h;
+	struct uvemu_obj *o = obj_new(m->c, UVEMU_PD, &h);
+	if (!o) return ENOMEM;
+	o->u.pd.pdn = next_pdn++;
+	struct ib_uverbs_alloc_pd_resp r = { .pd_handle = h };
+	put(m->out, m->out_len, &r, sizeof(r));
+	struct mlx5_ib_alloc_pd_resp d = { .pdn = o->u.pd.pdn };
+	put(m->dout, m->dout_len, &d, sizeof(d));
+	L("   -> pd %u (pdn %#x)", h, o->u.pd.pdn);
+	return 0;
+}
+
+/* Access flags the kernel accepts: remote write and atomics need local write. */
+static int access_ok(uint32_t a)
+{
+	int needs_local = a & (IB_UVERBS_ACCESS_REMOTE_WRITE | IB_UVERBS_ACCESS_REMOTE_ATOMIC);
+	return !(needs_local && !(a & IB_UVERBS_ACCESS_LOCAL_WRITE));
+}
+
+static struct uvemu_obj *new_mr(struct uvemu_context *c, uint32_t pd_handle, uint32_t access,
+				uint32_t *handle, int *err)
+{
+	struct uvemu_obj *pd = obj_get(c, pd_handle, UVEMU_PD);
+	*err = !pd || !access_ok(access) ? EINVAL : 0;
+	if (*err) return NULL;
+	struct uvemu_obj *o = obj_new(c, UVEMU_MR, handle);
+	if (!o) { *err = ENOMEM; return NULL; }
+	pd->refs++;
+	o->u.mr.pd = pd_handle;
+	o->u.mr.access = access;
+	o->u.mr.lkey = o->u.mr.rkey = next_key;
+	o->u.mr.dmabuf_fd = -1;
+	next_key += 0x100;
+	return o;
+}
+
+static int cmd_reg_mr(struct cmd *m)
+{
+	const struct ib_uverbs_reg_mr *q = m->in;
+	if (!q->length) return EINVAL;
+	uint32_t h;
+	int err;
+	struct uvemu_obj *o = new_mr(m->c, q->pd_handle, q->access_flags, &h, &err);
+	if (!o) return err;
+	o->u.mr.start = q->start; o->u.mr.length = q->length; o->u.mr.iova = q->hca_va;
+	struct ib_uverbs_reg_mr_resp r = { .mr_handle = h, .lkey = o->u.mr.lkey, .rkey = o->u.mr.rkey };
+	put(m->out, m->out_len, &r, sizeof(r));
+	L("   %#llx + %llu pd %u access %#x -> mr %u key %#x", (unsigned long long)q->start,
+	  (unsigned long long)q->length, q->pd_handle, q->access_flags, h, r.lkey);
+	return 0;
+}
+
+static int cmd_create_cq(struct cmd *m)
+{
+	const struct mlx5_ib_create_cq *d = m->din;
+	if (m->din_len < offsetof(struct mlx5_ib_create_cq, cqe_size) + sizeof(d->cqe_size)) return EINVAL;
+	uint32_t cqe = m->ex ? ((const struct ib_uverbs_ex_create_cq *)m->in)->cqe
+			     : ((const struct ib_uverbs_create_cq *)m->in)->cqe;
+	if (cqe == 0 || cqe >= (1u << 22) || !d->buf_addr || !d->db_addr ||
+	    (d->cqe_size != 64 && d->cqe_size != 128))
+		return EINVAL;
+	uint32_t h;
+	struct uvemu_obj *o = obj_new(m->c, UVEMU_CQ, &h);
+	if (!o) return ENOMEM;
+	o->u.cq.buf = d->buf_addr; o->u.cq.dbrec = d->db_addr;
+	o->u.cq.entries = cqe + 1; o->u.cq.cqe_size = d->cqe_size; o->u.cq.cqn = next_cqn++;
+	struct ib_uverbs_ex_create_cq_resp r = {0};
+	r.base.cq_handle = h; r.base.cqe = cqe;
+	r.response_length = (uint32_t)m->out_len;
+	put(m->out, m->out_len, &r, sizeof(r));
+	struct mlx5_ib_create_cq_resp dr = { .cqn = o->u.cq.cqn };
+	put(m->dout, m->dout_len, &dr, sizeof(dr));
+	L("   %u CQEs of %u B, ring %#llx dbrec %#llx -> cq %u (cqn %#x)", cqe + 1, d->cqe_size,
+	  (unsigned long long)d->buf_addr, (unsigned long long)d->db_addr, h, o->u.cq.cqn);
+	return 0;
+}
+
+/* The BlueFlame register a new QP gets: the non-low-latency bfregs past bfreg 0 (which has
+ * no BlueFlame buffer), in turn. */
+static uint32_t next_bfreg(struct uvemu_context *c, uint32_t n)
+{
+	uint32_t shared = c->tot_bfregs > 5 ? c->tot_bfregs - 5 : 1; /* 4 low-latency + bfreg 0 */
+	return 1 + n % shared;
+}
+
+static int cmd_create_qp(struct cmd *m)
+{
+	const struct mlx5_ib_create_qp *d = m->din;
+	if (m->din_len < offsetof(struct mlx5_ib_create_qp, flags)) return EINVAL;
+	const struct ib_uverbs_create_qp *q = m->in; /* the extended form starts the same way */
+	if (m->ex) return EOPNOTSUPP;
+	if (q->qp_type != IB_UVERBS_QPT_RC) return EOPNOTSUPP;
+	struct uvemu_obj *pd = obj_get(m->c, q->pd_handle, UVEMU_PD);
+	struct uvemu_obj *scq = obj_get(m->c, q->send_cq_handle, UVEMU_CQ);
+	struct uvemu_obj *rcq = obj_get(m->c, q->recv_cq_handle, UVEMU_CQ);
+	if (!pd || !scq || !rcq || q->srq_handle || !d->buf_addr || !d->db_addr) return EINVAL;
+	if (!d->sq_wqe_count || (d->sq_wqe_count & (d->sq_wqe_count - 1)) || d->rq_wqe_shift > 12) return EINVAL;
+	uint32_t h;
+	struct uvemu_obj *o = obj_new(m->c, UVEMU_QP, &h);
+	if (!o) return ENOMEM;
+	pd->refs++; scq->refs++; rcq->refs++;
+	o->u.qp.pd = q->pd_handle; o->u.qp.send_cq = q->send_cq_handle; o->u.qp.recv_cq = q->recv_cq_handle;
+	o->u.qp.qpn = next_qpn++;
+	o->u.qp.buf = d->buf_addr; o->u.qp.dbrec = d->db_addr;
+	o->u.qp.sq_wqebbs = d->sq_wqe_count; o->u.qp.rq_wqes = d->rq_wqe_count;
+	o->u.qp.rq_stride = 1u << d->rq_wqe_shift;
+	o->u.qp.bfreg = next_bfreg(m->c, o->u.qp.qpn);
+	o->u.qp.state = QPS_RESET;
+	struct ib_uverbs_create_qp_resp r = {0};
+	r.qp_handle = h; r.qpn = o->u.qp.qpn;
+	r.max_send_wr = q->max_send_wr; r.max_recv_wr = q->max_recv_wr;
+	r.max_send_sge = q->max_send_sge; r.max_recv_sge = q->max_recv_sge;
+	r.max_inline_data = q->max_inline_data;
+	put(m->out, m->out_len, &r, sizeof(r));
+	struct mlx5_ib_create_qp_resp dr = { .bfreg_index = o->u.qp.bfreg };
+	put(m->dout, m->dout_len, &dr, sizeof(dr));
+	uint32_t page = o->u.qp.bfreg / BFREGS_PER_PAGE;
+	if (page < UVEMU_MAX_UAR_PAGES && m->c->uar[page])
+		o->u.qp.bf_reg = (uint64_t)(uintptr_t)m->c->uar[page] + 0x800 + (o->u.qp.bfreg % BFREGS_PER_PAGE) * 0x100 * 2;
+	L("   RC pd %u cq %u/%u ring %#llx (SQ %u WQEBBs, RQ %u x %u B) dbrec %#llx flags %#x -> qp %u qpn %#x bfreg %u",
+	  q->pd_handle, q->send_cq_handle, q->recv_cq_handle, (unsigned long long)d->buf_addr, d->sq_wqe_count,
+	  d->rq_wqe_count, o->u.qp.rq_stride, (unsigned long long)d->db_addr, d->flags, h, r.qpn, o->u.qp.bfreg);
+	return 0;
+}
+
+/* The attributes a transition requires (IB spec, as the kernel's ib_modify_qp_is_ok). */
+static int transition_ok(uint8_t cur, uint8_t next, uint32_t mask)
+{
+	const uint32_t init = IB_QP_PKEY_INDEX_MASK | IB_QP_PORT_MASK | IB_QP_ACCESS_FLAGS_MASK;
+	const uint32_t rtr = IB_QP_AV_MASK | IB_QP_PATH_MTU_MASK | IB_QP_DEST_QPN_MASK | IB_QP_RQ_PSN_MASK |
+			     IB_QP_MAX_DEST_RD_ATOMIC_MASK | IB_QP_MIN_RNR_TIMER_MASK;
+	const uint32_t rts = IB_QP_SQ_PSN_MASK | IB_QP_TIMEOUT_MASK | IB_QP_RETRY_CNT_MASK |
+			     IB_QP_RNR_RETRY_MASK | IB_QP_MAX_QP_RD_ATOMIC_MASK;
+	if (next == QPS_RESET || next == QPS_ERR) return 1;
+	if (cur == QPS_RESET && next == QPS_INIT) return (mask & init) == init;
+	if (cur == QPS_INIT && next == QPS_INIT) return 1;
+	if (cur == QPS_INIT && next == QPS_RTR) return (mask & rtr) == rtr;
+	if (cur == QPS_RTR && next == QPS_RTS) return (mask & rts) == rts;
+	if (cur == QPS_RTS && next == QPS_RTS) return 1;
+	return 0;
+}
+
+
+static int cmd_modify_qp(struct cmd *m)
+{
+	const struct ib_uverbs_modify_qp *q =
+		m->ex ? &((const struct ib_uverbs_ex_modify_qp *)m->in)->base : m->in;
+	struct uvemu_obj *o = obj_get(m->c, q->qp_handle, UVEMU_QP);
+	if (!o) return EINVAL;
+	uint8_t cur = o->u.qp.state;
+	uint8_t next = (q->attr_mask & IB_QP_STATE_MASK) ? q->qp_state : cur;
+	if (next > QPS_ERR || !transition_ok(cur, next, q->attr_mask)) {
+		L("   qp %u: %u -> %u with mask %#x refused", q->qp_handle, cur, next, q->attr_mask);
+		return EINVAL;
+	}
+	if (q->attr_mask & IB_QP_PORT_MASK) {
+		if (!port_of(m->c, q->port_num)) return EINVAL;
+		o->u.qp.port = q->port_num;
+	}
+	if (q->attr_mask & IB_QP_AV_MASK) {
+		const struct uvemu_port *p = port_of(m->c, q->dest.port_num ? q->dest.port_num : o->u.qp.port);
+		if (!p || (p->ethernet && !q->dest.is_global)) return EINVAL; /* RoCE needs a GRH */
+		memcpy(o->u.qp.dgid, q->dest.dgid, 16);
+		o->u.qp.dlid = q->dest.dlid;
+		o->u.qp.is_global = q->dest.is_global;
+		o->u.qp.sgid_index = q->dest.sgid_index;
+	}
+	if (q->attr_mask & IB_QP_PATH_MTU_MASK) {
+		if (q->path_mtu < 1 || q->path_mtu > 5) return EINVAL;
+		o->u.qp.path_mtu = q->path_mtu;
+	}
+	if (q->attr_mask & IB_QP_ACCESS_FLAGS_MASK) o->u.qp.access = q->qp_access_flags;
+	if (q->attr_mask & IB_QP_DEST_QPN_MASK) o->u.qp.dest_qpn = q->dest_qp_num & 0xffffff;
+	if (q->attr_mask & IB_QP_RQ_PSN_MASK) o->u.qp.rq_psn = q->rq_psn & 0xffffff;
+	if (q->attr_mask & IB_QP_SQ_PSN_MASK) o->u.qp.sq_psn = q->sq_psn & 0xffffff;
+	if (q->attr_mask & IB_QP_TIMEOUT_MASK) o->u.qp.timeout = q->timeout;
+	if (q->attr_mask & IB_QP_RETRY_CNT_MASK) o->u.qp.retry_cnt = q->retry_cnt;
+	if (q->attr_mask & IB_QP_RNR_RETRY_MASK) o->u.qp.rnr_retry = q->rnr_retry;
+	if (q->attr_mask & IB_QP_MIN_RNR_TIMER_MASK) o->u.qp.min_rnr_timer = q->min_rnr_timer;
+	o->u.qp.state = next;
+	if (m->ex && m->out) {
+		struct ib_uverbs_ex_modify_qp_resp r = { .response_length = (uint32_t)m->out_len };
+		put(m->out, m->out_len, &r, sizeof(r));
+	}
+	L("   qp %u: %u -> %u (mask %#x, dest qpn %#x, mtu %u, port %u)", q->qp_handle, cur, next, q->attr_mask,
+	  o->u.qp.dest_qpn, o->u.qp.path_mtu, o->u.qp.port);
+	return 0;
+}
+
+static int cmd_query_qp(struct cmd *m)
+{
+	const struct ib_uverbs_query_qp *q = m->in;
+	struct uvemu_obj *o = obj_get(m->c, q->qp_handle, UVEMU_QP);
+	if (!o) return EINVAL;
+	struct ib_uverbs_query_qp_resp r = {0};
+	r.qp_state = r.cur_qp_state = o->u.qp.state;
+	r.path_mtu = o->u.qp.path_mtu; r.port_num = o->u.qp.port;
+	r.dest_qp_num = o->u.qp.dest_qpn; r.rq_psn = o->u.qp.rq_psn; r.sq_psn = o->u.qp.sq_psn;
+	r.qp_access_flags = o->u.qp.access; r.timeout = o->u.qp.timeout;
+	r.retry_cnt = o->u.qp.retry_cnt; r.rnr_retry = o->u.qp.rnr_retry; r.min_rnr_timer = o->u.qp.min_rnr_timer;
+	memcpy(r.dest.dgid, o->u.qp.dgid, 16);
+	r.dest.dlid = o->u.qp.dlid; r.dest.is_global = o->u.qp.is_global; r.dest.sgid_index = o->u.qp.sgid_index;
+	r.dest.port_num = o->u.qp.port;
+	put(m->out, m->out_len, &r, sizeof(r));
+	return 0;
+}
+
+/* DEALLOC_PD, DEREG_MR: the handle is the first word; DESTROY_CQ/QP: after the response
+ * pointer, with a response of event counts. */
+static int cmd_destroy(struct cmd *m, enum uvemu_obj_type t, int has_response)
+{
+	const uint32_t *w = m->in;
+	uint32_t h = has_response ? w[2] : w[0];
+	int rc = obj_destroy(m->c, h, t);
+	if (!rc && has_response) {
+		struct ib_uverbs_destroy_cq_resp r = {0}; /* the QP response has the same size */
+		put(m->out, m->out_len, &r, sizeof(r));
+	}
+	L("   handle %u -> %s", h, rc ? strerror(rc) : "destroyed");
+	return rc;
+}
+
+static int do_cmd(struct cmd *m)
+{
+	switch (m->op) {
+	case IB_USER_VERBS_CMD_GET_CONTEXT: return cmd_get_context(m);
+	case IB_USER_VERBS_CMD_QUERY_DEVICE: return cmd_query_device(m);
+	case IB_USER_VERBS_CMD_QUERY_PORT: return cmd_query_port(m);
+	case IB_USER_VERBS_CMD_ALLOC_PD: return cmd_alloc_pd(m);
+	case IB_USER_VERBS_CMD_DEALLOC_PD: return cmd_destroy(m, UVEMU_PD, 0);
+	case IB_USER_VERBS_CMD_REG_MR: return cmd_reg_mr(m);
+	case IB_USER_VERBS_CMD_DEREG_MR: return cmd_destroy(m, UVEMU_MR, 0);
+	case IB_USER_VERBS_CMD_CREATE_CQ: return cmd_create_cq(m);
+	case IB_USER_VERBS_CMD_DESTROY_CQ: return cmd_destroy(m, UVEMU_CQ, 1);
+	case IB_USER_VERBS_CMD_CREATE_QP: return cmd_create_qp(m);
+	case IB_USER_VERBS_CMD_MODIFY_QP: return cmd_modify_qp(m);
+	case IB_USER_VERBS_CMD_QUERY_QP: return cmd_query_qp(m);
+	case IB_USER_VERBS_CMD_DESTROY_QP: return cmd_destroy(m, UVEMU_QP, 1);
+	default: return EOPNOTSUPP;
+	}
+}
+
+/* Core request and response sizes of the legacy commands served. */
+static void core_sizes(uint32_t op, size_t *req, size_t *resp)
+{
+	*req = *resp = 0;
+#define S(cmd, rq, rs) case IB_USER_VERBS_CMD_##cmd: *req = sizeof(struct rq); *resp = rs; break
+	switch (op) {
+	S(GET_CONTEXT, ib_uverbs_get_context, sizeof(struct ib_uverbs_get_context_resp));
+	S(QUERY_DEVICE, ib_uverbs_query_device, sizeof(struct ib_uverbs_query_device_resp));
+	S(QUERY_PORT, ib_uverbs_query_port, sizeof(struct ib_uverbs_query_port_resp));
+	S(ALLOC_PD, ib_uverbs_alloc_pd, sizeof(struct ib_uverbs_alloc_pd_resp));
+	S(DEALLOC_PD, ib_uverbs_dealloc_pd, 0);
+	S(REG_MR, ib_uverbs_reg_mr, sizeof(struct ib_uverbs_reg_mr_resp));
+	S(DEREG_MR, ib_uverbs_dereg_mr, 0);
+	S(CREATE_CQ, ib_uverbs_create_cq, sizeof(struct ib_uverbs_create_cq_resp));
+	S(DESTROY_CQ, ib_uverbs_destroy_cq, sizeof(struct ib_uverbs_destroy_cq_resp));
+	S(CREATE_QP, ib_uverbs_create_qp, sizeof(struct ib_uverbs_create_qp_resp));
+	S(MODIFY_QP, ib_uverbs_modify_qp, 0);
+	S(QUERY_QP, ib_uverbs_query_qp, sizeof(struct ib_uverbs_query_qp_resp));
+	S(DESTROY_QP, ib_uverbs_destroy_qp, sizeof(struct ib_uverbs_destroy_qp_resp));
+	}
+#undef S
+}
+
+/* Frames one write(): headers, core and driver parts, with the kernel's length checks. */
+static int frame(struct cmd *m, const void *buf, size_t count)
+{
+	const struct ib_uverbs_cmd_hdr *h = buf;
+	if (count < sizeof(*h)) return EINVAL;
+	m->ex = !!(h->command & IB_USER_VERBS_CMD_FLAG_EXTENDED);
+	m->op = h->command & IB_USER_VERBS_CMD_COMMAND_MASK;
+	if (!m->ex) {
+		size_t creq, cresp;
+		core_sizes(m->op, &creq, &cresp);
+		if (!creq) return EOPNOTSUPP;
+		size_t in_bytes = h->in_words * 4u, out_bytes = h->out_words * 4u;
+		if (in_bytes != count || count < sizeof(*h) + creq) return EINVAL;
+		m->in = (const char *)buf + sizeof(*h);
+		m->in_len = creq;
+		m->din = (const char *)m->in + creq;
+		m->din_len = count - sizeof(*h) - creq;
+		if (cresp) {
+			uint64_t resp = *(const uint64_t *)m->in; /* every such request starts with it */
+			if (!resp) return EFAULT;
+			if (out_bytes < cresp) return ENOSPC;
+			m->out = (void *)(uintptr_t)resp;
+			m->out_len = cresp;
+			m->dout = (char *)m->out + cresp;
+			m->dout_len = out_bytes - cresp;
+		}
+		return 0;
+	}
+	const struct ib_uverbs_ex_cmd_hdr *eh = (const void *)(h + 1);
+	size_t hdr = sizeof(*h) + sizeof(*eh);
+	if (count < hdr) return EINVAL;
+	size_t cin = h->in_words * 8u, cout = h->out_words * 8u;
+	size_t pin = eh->provider_in_words * 8u, pout = eh->provider_out_words * 8u;
+	if (hdr + cin + pin != count) return EINVAL;
+	m->in = (const char *)buf + hdr; m->in_len = cin;
+	m->din = (const char *)m->in + cin; m->din_len = pin;
+	m->out = (void *)(uintptr_t)eh->response; m->out_len = cout;
+	m->dout = m->out ? (char *)m->out + cout : NULL; m->dout_len = m->out ? pout : 0;
+	if ((cout || pout) && !m->out) return EFAULT;
+	/* Extended commands served: QUERY_DEVICE (its core request is comp_mask + reserved). */
+	if (m->op != IB_USER_VERBS_CMD_QUERY_DEVICE && m->op != IB_USER_VERBS_CMD_MODIFY_QP) return EOPNOTSUPP;
+	if (m->op == IB_USER_VERBS_CMD_MODIFY_QP && cin < sizeof(struct ib_uverbs_ex_modify_qp)) return EINVAL;
+	return 0;
+}
+
+static ssize_t uv_write(struct uvemu_context *c, const void *buf, size_t count)
+{
+	struct cmd m = { .c = c };
+	int rc = frame(&m, buf, count);
+	if (!rc && m.op != IB_USER_VERBS_CMD_GET_CONTEXT && c->async_rd < 0) rc = EINVAL; /* no context yet */
+	L("write(fd %d, %zu B) %s%u", c->cmd_fd, count, m.ex ? "EX_" : "", m.op);
+	if (!rc) rc = do_cmd(&m);
+	if (rc) { L("   -> %s", strerror(rc)); errno = rc; return -1; }
+	return (ssize_t)count;
+}
+
+ssize_t write(int fd, const void *buf, size_t count)
+{
+	ensure_init();
+	pthread_mutex_lock(&lock);
+	struct uvemu_context *c = context_of(fd);
+	if (!c) { pthread_mutex_unlock(&lock); return r_write(fd, buf, count); }
+	ssize_t n = uv_write(c, buf, count);
+	int e = errno;
+	pthread_mutex_unlock(&lock);
+	errno = e;
+	return n;
+}
+
+/* ------------------------------------------------------------------ ioctl, mmap */
+
+/* MR/REG_DMABUF_MR: the one ioctl-only method (ibv_reg_dmabuf_mr). */
+static int reg_dmabuf_mr(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
+{
+	uint64_t v[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY + 1] = {0};
+	struct ib_uverbs_attr *a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY + 1] = {0};
+	for (int i = 0; i < h->num_attrs; i++) {
+		struct ib_uverbs_attr *x = &h->attrs[i];
+		if (x->attr_id > UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY) return EINVAL;
+		a[x->attr_id] = x;
+		v[x->attr_id] = x->data; /* inline values (<= 8 bytes) and handles */
+	}
+	for (int i = 0; i <= UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY; i++)
+		if (!a[i]) return EINVAL;
+	if (a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->len < 4 || a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->len < 4 ||
+	    !v[UVERBS_ATTR_REG_DMABUF_MR_LENGTH])
+		return EINVAL;
+	uint32_t handle;
+	int err;
+	struct uvemu_obj *o = new_mr(c, (uint32_t)v[UVERBS_ATTR_REG_DMABUF_MR_PD_HANDLE],
+				     (uint32_t)v[UVERBS_ATTR_REG_DMABUF_MR_ACCESS_FLAGS], &handle, &err);
+	if (!o) return err;
+	o->u.mr.start = v[UVERBS_ATTR_REG_DMABUF_MR_OFFSET];
+	o->u.mr.length = v[UVERBS_ATTR_REG_DMABUF_MR_LENGTH];
+	o->u.mr.iova = v[UVERBS_ATTR_REG_DMABUF_MR_IOVA];
+	o->u.mr.dmabuf_fd = (int)v[UVERBS_ATTR_REG_DMABUF_MR_FD];
+	a[UVERBS_ATTR_REG_DMABUF_MR_HANDLE]->data = handle;
+	memcpy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->data, &o->u.mr.lkey, 4);
+	memcpy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->data, &o->u.mr.rkey, 4);
+	a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
+	a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
+	L("ioctl MR/REG_DMABUF_MR fd %d offset %#llx len %llu -> mr %u key %#x", o->u.mr.dmabuf_fd,
+	  (unsigned long long)o->u.mr.start, (unsigned long long)o->u.mr.length, handle, o->u.mr.lkey);
+	return 0;
+}
+
+int ioctl(int fd, unsigned long req, ...)
+{
+	ensure_init();
+	va_list ap;
+	va_start(ap, req);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	pthread_mutex_lock(&lock);
+	struct uvemu_context *c = context_of(fd);
+	if (!c) { pthread_mutex_unlock(&lock); return r_ioctl(fd, req, arg); }
+	int rc = ENOTTY; /* "no ioctl framework": libibverbs falls back to write() */
+	if (req == RDMA_VERBS_IOCTL && arg) {
+		struct ib_uverbs_ioctl_hdr *h = arg;
+		if (h->object_id == UVERBS_OBJECT_MR && h->method_id == UVERBS_METHOD_REG_DMABUF_MR)
+			rc = c->async_rd < 0 ? EINVAL : reg_dmabuf_mr(c, h);
+		else
+			L("ioctl object %#x method %#x -> ENOTTY", h->object_id, h->method_id);
+	}
+	pthread_mutex_unlock(&lock);
+	if (rc) { errno = rc; return -1; }
+	return 0;
+}
+
+void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	ensure_init();
+	pthread_mutex_lock(&lock);
+	struct uvemu_context *c = context_of(fd);
+	if (!c) { pthread_mutex_unlock(&lock); return r_mmap(addr, len, prot, flags, fd, off); }
+	unsigned long pgoff = (unsigned long)off / 4096;
+	/* mlx5 encodes the command in bits 8..15 of the page offset (MLX5_IB_MMAP_CMD_SHIFT) */
+	unsigned long cmd = (pgoff >> 8) & 0xff, index = (pgoff & 0xff) | ((pgoff >> 16) << 8);
+	void *p = MAP_FAILED;
+	int err = EINVAL;
+	if (cmd == MLX5_IB_MMAP_REGULAR_PAGE && len == 4096 && index < UVEMU_MAX_UAR_PAGES &&
+	    index * BFREGS_PER_PAGE < c->tot_bfregs && !c->uar[index]) {
+		p = r_mmap(addr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+		if (p != MAP_FAILED) c->uar[index] = p;
+		err = errno;
+	}
+	L("mmap(fd %d, cmd %lu, index %lu) -> %p", fd, cmd, index, p);
+	pthread_mutex_unlock(&lock);
+	if (p == MAP_FAILED) errno = err;
+	return p;
+}
+void *mmap64(void *, size_t, int, int, int, off_t) __attribute__((alias("mmap")));

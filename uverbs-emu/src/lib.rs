@@ -1,0 +1,87 @@
+//! An emulated RDMA kernel driver for tests: the real libibverbs and libmlx5 run unmodified
+//! against it, with no HCA and no RDMA kernel module.
+//!
+//! rdma-core finds devices through RDMA netlink, else through sysfs under `SYSFS_PATH`, and
+//! talks to `/dev/infiniband/uverbsN`. [`Emulator`] writes a fake sysfs tree for the devices
+//! asked for ([`DeviceSpec`]) and runs commands with `SYSFS_PATH` set and the preload library
+//! (`c/uvemu.c`) in `LD_PRELOAD`; the library blocks RDMA netlink, fakes the character devices
+//! and serves the verbs commands of the control path (see its header comment). The preload
+//! must be in a process's environment when it starts: run the work in a child process.
+
+mod sysfs;
+
+pub use sysfs::{parse_devices, write_sysfs, DeviceSpec, PortKind};
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The preload library: `$UVEMU_PRELOAD` where set (a copy on another machine), else the one
+/// this crate's build made; or why there is none.
+pub fn preload() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("UVEMU_PRELOAD") {
+        let p = PathBuf::from(p);
+        return match p.is_file() {
+            true => Ok(p),
+            false => Err(format!("UVEMU_PRELOAD={}: no such file", p.display())),
+        };
+    }
+    match (option_env!("UVEMU_BUILT"), option_env!("UVEMU_BUILD_ERROR")) {
+        (Some(p), _) if Path::new(p).is_file() => Ok(p.into()),
+        (Some(p), _) => Err(format!(
+            "{p} is gone (rebuild uverbs-emu, or set UVEMU_PRELOAD to a copy)"
+        )),
+        (None, Some(why)) => Err(why.into()),
+        (None, None) => Err("uverbs-emu was built without its preload library".into()),
+    }
+}
+
+/// A fake sysfs tree and the environment that puts a process under the emulated driver;
+/// the tree is removed on drop.
+pub struct Emulator {
+    root: PathBuf,
+    preload: PathBuf,
+}
+
+impl Emulator {
+    /// An emulator serving `devices` (none: rdma-core sees no device).
+    pub fn new(devices: &[DeviceSpec]) -> Result<Emulator, String> {
+        let preload = preload()?;
+        static N: AtomicU32 = AtomicU32::new(0);
+        let root = std::env::temp_dir().join(format!(
+            "uvemu-sysfs-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        write_sysfs(&root, devices)
+            .map_err(|e| format!("fake sysfs at {}: {e}", root.display()))?;
+        Ok(Emulator { root, preload })
+    }
+
+    /// The fake sysfs root (`SYSFS_PATH`).
+    pub fn sysfs(&self) -> &Path {
+        &self.root
+    }
+
+    /// The variables a process needs: `SYSFS_PATH` and `LD_PRELOAD`.
+    pub fn env(&self) -> Vec<(&'static str, OsString)> {
+        vec![
+            ("SYSFS_PATH", self.root.clone().into_os_string()),
+            ("LD_PRELOAD", self.preload.clone().into_os_string()),
+        ]
+    }
+
+    /// `program` set up to run under the emulated driver.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new(program);
+        c.envs(self.env());
+        c
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}

@@ -1,0 +1,46 @@
+//! `with-emulated-hca [--devices SPEC] CMD ARGS...`: runs CMD under the emulated RDMA driver
+//! (fake sysfs + preload), so that the real libibverbs and libmlx5 in it see the devices of
+//! SPEC (default `mlx5_0`, one RoCE port; `$UVEMU_DEVICES` sets it too, e.g.
+//! `mlx5_0,mlx5_1:ib:ib`). Exits with CMD's status. `UVEMU_LOG=1` traces the commands served.
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("with-emulated-hca: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run() -> Result<ExitCode, String> {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let mut spec = std::env::var("UVEMU_DEVICES").unwrap_or_else(|_| "mlx5_0".into());
+    if args.first().map(String::as_str) == Some("--devices") {
+        if args.len() < 2 {
+            return Err("--devices needs a value, e.g. mlx5_0,mlx5_1:ib".into());
+        }
+        spec = args.remove(1);
+        args.remove(0);
+    }
+    if args.first().map(String::as_str) == Some("--") {
+        args.remove(0);
+    }
+    let Some(program) = args.first().cloned() else {
+        return Err("usage: with-emulated-hca [--devices SPEC] CMD ARGS...".into());
+    };
+    let devices = uverbs_emu::parse_devices(&spec)?;
+    let emu = uverbs_emu::Emulator::new(&devices)?;
+    let status = emu
+        .command(&program)
+        .args(&args[1..])
+        .status()
+        .map_err(|e| format!("{program}: {e}"))?;
+    // The tree is removed when `emu` drops, after the command ended.
+    Ok(match status.code() {
+        Some(c) => ExitCode::from(c.clamp(0, 255) as u8),
+        None => ExitCode::from(128 + 9),
+    })
+}
