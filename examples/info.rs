@@ -1,7 +1,8 @@
 //! What GPUDirect Async can use on this machine, and why not, in the manner of
 //! `ibv_devinfo -v`: every device gdasync can drive with its limits and port, the RDMA devices
-//! found, the CUDA driver and GPUs with their capabilities, gdrcopy, NVRTC, and (where a GPU
-//! exists) the NIC handler the GPU triggers would use.
+//! found, the device a program opens by default and why, the CUDA driver and GPUs with their
+//! capabilities, gdrcopy, NVRTC, and (where a GPU exists) the NIC handler the GPU triggers
+//! would use.
 //!
 //! ```text
 //! cargo run --release --example info
@@ -19,7 +20,9 @@ use common::ToolArgs;
 use gdasync::gdsync::cuda::{nvrtc_available, Cuda, GpuInfo};
 use gdasync::gdsync::mlx5::{self, Context, DeviceLimits, GidChoice, PortInfo, RdmaError};
 use gdasync::gdsync::probe::Gdrcopy;
-use gdasync::gdsync::{Device, DeviceAttr, LinkLayer, NicHandler, PortAttr, PortState};
+use gdasync::gdsync::{
+    Device, DeviceAttr, DeviceSelection, LinkLayer, NicHandler, PortAttr, PortState,
+};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -41,6 +44,9 @@ struct Machine {
     cuda: Result<&'static Cuda, String>,
     /// The RDMA devices rdma-core finds, or why it finds none.
     rdma: Result<Vec<RdmaDevice>, RdmaError>,
+    /// The device `Device::default()` opens (`GDSYNC_DEVICE`, else the first active mlx5
+    /// port, else the soft device), and why.
+    default: Result<DeviceSelection, String>,
     gdr: Gdrcopy,
     nvrtc: bool,
     dev: DeviceAttr,
@@ -55,6 +61,7 @@ impl Machine {
         Ok(Machine {
             cuda: Cuda::get().map_err(|e| e.to_string()),
             rdma: RdmaDevice::probe(),
+            default: DeviceSelection::for_process().map_err(|e| e.to_string()),
             gdr: Gdrcopy::probe(),
             nvrtc: nvrtc_available(),
             dev: soft.query(),
@@ -215,6 +222,10 @@ fn text(m: &Machine) {
         m.link_policy
     );
     rdma_text(&m.rdma);
+    match &m.default {
+        Ok(s) => outln!("default device: {} ({})", s.device, s.why),
+        Err(e) => outln!("default device: none ({e})"),
+    }
     match &m.cuda {
         Ok(c) => {
             outln!(
@@ -333,6 +344,12 @@ fn json(m: &Machine) -> Object {
         Ok(l) if l.is_empty() => Object::new().set("status", "no device"),
         Ok(_) => Object::new().set("status", "devices"),
     };
+    let default = match &m.default {
+        Ok(s) => Object::new()
+            .set("name", s.device.to_string())
+            .set("why", s.why.as_str()),
+        Err(e) => Object::new().set("error", e.as_str()),
+    };
     let cuda = match &m.cuda {
         Ok(c) => Object::new()
             .set("driver_version", c.driver_version)
@@ -354,6 +371,7 @@ fn json(m: &Machine) -> Object {
         .set("version", env!("CARGO_PKG_VERSION"))
         .set("devices", array(devices))
         .set("rdma", rdma)
+        .set("default_device", default)
         .set("cuda", cuda)
         .set(
             "gdrcopy",

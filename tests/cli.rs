@@ -484,9 +484,19 @@ fn info_json_lists_the_emulated_mlx5_devices() {
     ] {
         assert!(j.contains(want), "info --json lacks {want}:\n{j}");
     }
+    assert!(
+        j.contains("\"default_device\":{\"name\":\"soft\",\"why\":\"mlx5_0 port 1 is active"),
+        "{j}"
+    );
     let j = info_json_under_emulated_hca("");
     assert!(j.contains("\"rdma\":{\"status\":\"no device\"}"), "{j}");
-    assert!(!j.contains("mlx5"), "{j}");
+    assert!(!j.contains("\"name\":\"mlx5"), "{j}");
+    assert!(
+        j.contains(
+            "\"default_device\":{\"name\":\"soft\",\"why\":\"no mlx5 port to use: no RDMA device"
+        ),
+        "{j}"
+    );
 }
 
 #[test]

@@ -1,19 +1,21 @@
 //! The mlx5 control path through gdsync's safe layer, against the real libibverbs and libmlx5
 //! under the emulated kernel driver (uverbs-emu): device list, query device and port, GID
-//! choice, PD, MRs, CQ ring, mlx5dv QP rings, INIT/RTR/RTS and the driver's refusals; and what
-//! is reported without a device. The preload must be in a process's environment from its
+//! choice, PD, MRs, CQ ring, mlx5dv QP rings, INIT/RTR/RTS and the driver's refusals,
+//! `ibv_query_qp`, the async events (port down and up, QP fatal), the device selection
+//! (`Device::open`, `GDSYNC_DEVICE`, `Device::default`); and what is reported without a device. The preload must be in a process's environment from its
 //! start, so each test runs its body in a child (this test binary again, with the emulator's
 //! environment). Ignored where rdma-core is not installed.
 
 use gdsync::mlx5::{
-    devices, Context, GidType, LinkLayer, PortState, RdmaError, RemoteQp, RtrAttr, RtsAttr,
+    devices, AsyncEvent, Context, GidType, LinkLayer, PortState, QpState, RdmaError, RemoteQp,
+    RtrAttr, RtsAttr,
 };
-use gdsync::Access;
+use gdsync::{Access, Device, DeviceName, DeviceSelection, DEVICE_VAR};
 use std::sync::Arc;
+use std::time::Duration;
+use uverbs_emu::control;
 
-#[path = "common/emulated.rs"]
-mod emulated;
-use emulated::in_child_under_emulator;
+use uverbs_emu::in_child_under_emulator;
 
 #[test]
 #[cfg_attr(
@@ -249,4 +251,196 @@ fn mlx5_without_a_device_says_so() {
     assert_eq!(e.to_string(), "no RDMA device: no mlx5 device found");
     let e = Context::open("mlx5_0").unwrap_err();
     assert!(e.to_string().contains("present: none"), "{e}");
+}
+
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn mlx5_query_qp_follows_the_connection() {
+    if in_child_under_emulator("mlx5_query_qp_follows_the_connection", "mlx5_0") {
+        return;
+    }
+    let ctx = Context::open("mlx5_0").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let qp = pd.create_qp(&cq, &cq, &Default::default()).unwrap();
+    assert_eq!(qp.query().unwrap().state, QpState::Reset);
+    qp.to_init(1, Access::LOCAL_WRITE | Access::REMOTE_READ)
+        .unwrap();
+    let a = qp.query().unwrap();
+    assert_eq!(
+        (a.state, a.port, a.access),
+        (QpState::Init, 1, Access::LOCAL_WRITE | Access::REMOTE_READ)
+    );
+    let gid = ctx.choose_gid(1, None).unwrap().entry;
+    let peer = RemoteQp {
+        qpn: 0xabc,
+        psn: 0x4242,
+        lid: 0,
+        gid: Some(gid.gid),
+    };
+    qp.to_rtr(&RtrAttr {
+        sgid_index: gid.index as u8,
+        max_dest_rd_atomic: 4,
+        min_rnr_timer: 7,
+        ..RtrAttr::new(peer, 1, 1024)
+    })
+    .unwrap();
+    let a = qp.query().unwrap();
+    assert_eq!(a.state, QpState::Rtr);
+    assert_eq!(
+        (a.remote, a.mtu, a.sgid_index),
+        (peer, 1024, gid.index as u8)
+    );
+    assert_eq!((a.max_dest_rd_atomic, a.min_rnr_timer), (4, 7));
+    qp.to_rts(&RtsAttr {
+        sq_psn: 0x777,
+        timeout: 18,
+        retry_cnt: 5,
+        rnr_retry: 6,
+        max_rd_atomic: 2,
+    })
+    .unwrap();
+    let a = qp.query().unwrap();
+    assert_eq!(a.state, QpState::Rts);
+    assert_eq!(
+        (
+            a.sq_psn,
+            a.timeout,
+            a.retry_cnt,
+            a.rnr_retry,
+            a.max_rd_atomic
+        ),
+        (0x777, 18, 5, 6, 2)
+    );
+    qp.to_error().unwrap();
+    assert_eq!(qp.query().unwrap().state, QpState::Error);
+}
+
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn mlx5_async_events_port_down_and_up_and_qp_fatal() {
+    if in_child_under_emulator(
+        "mlx5_async_events_port_down_and_up_and_qp_fatal",
+        "mlx5_0,mlx5_1:ib:roce",
+    ) {
+        return;
+    }
+    let wait = Duration::from_secs(10);
+    let ctx = Context::open("mlx5_1").unwrap();
+    let other = Context::open("mlx5_1").unwrap();
+    let elsewhere = Context::open("mlx5_0").unwrap();
+    assert_eq!(ctx.next_async_event(Duration::ZERO).unwrap(), None);
+    assert_eq!(
+        ctx.next_async_event(Duration::from_millis(20)).unwrap(),
+        None,
+        "nothing happened"
+    );
+
+    // The link of port 2 goes down: every context of the device hears it, the port says so.
+    control::set_port_state("mlx5_1", 2, false).unwrap();
+    for c in [&ctx, &other] {
+        assert_eq!(
+            c.next_async_event(wait).unwrap(),
+            Some(AsyncEvent::PortError { port: 2 })
+        );
+    }
+    assert_eq!(ctx.query_port(2).unwrap().state, PortState::Down);
+    assert_eq!(ctx.query_port(1).unwrap().state, PortState::Active);
+    assert_eq!(elsewhere.next_async_event(Duration::ZERO).unwrap(), None);
+    let (_, port) = Context::open_first_active().unwrap();
+    assert_eq!(port, 1, "mlx5_0's port is still active");
+    control::set_port_state("mlx5_1", 2, true).unwrap();
+    for c in [&ctx, &other] {
+        let up = c.next_async_event(wait).unwrap().unwrap();
+        assert_eq!(up, AsyncEvent::PortActive { port: 2 });
+        assert_eq!(up.to_string(), "port 2: active");
+    }
+    assert_eq!(ctx.query_port(2).unwrap().state, PortState::Active);
+    assert!(control::set_port_state("mlx5_1", 3, false).is_err());
+
+    // A fatal QP error: the event names the QP, which is now in error; it is acknowledged,
+    // so the QP can be destroyed.
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let qp = pd.create_qp(&cq, &cq, &Default::default()).unwrap();
+    qp.to_init(1, Access::ALL).unwrap();
+    control::qp_fatal(qp.qpn()).unwrap();
+    let fatal = ctx.next_async_event(wait).unwrap().unwrap();
+    assert_eq!(fatal, AsyncEvent::QpFatal { qpn: qp.qpn() });
+    assert!(fatal.to_string().contains("fatal error"), "{fatal}");
+    assert_eq!(qp.query().unwrap().state, QpState::Error);
+    drop(qp);
+    assert!(control::qp_fatal(0xffffff).is_err(), "no such QP");
+    assert_eq!(
+        other.next_async_event(Duration::ZERO).unwrap(),
+        None,
+        "a QP's event goes to its own context only"
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn mlx5_device_selection_by_name_and_environment() {
+    if in_child_under_emulator(
+        "mlx5_device_selection_by_name_and_environment",
+        "mlx5_0,mlx5_1:ib:roce",
+    ) {
+        return;
+    }
+    // This build drives no mlx5 data path: named, an mlx5 device is a clear error (after its
+    // name and port are checked); chosen automatically, the soft device stays, saying why.
+    let e = Device::open("mlx5_0").unwrap_err();
+    assert!(matches!(e, gdsync::Error::Unsupported(_)), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "unsupported: mlx5_0 port 1: the mlx5 data path is not available in this build \
+         (the soft device is: GDSYNC_DEVICE=soft)"
+    );
+    let e = Device::open("mlx5_9").unwrap_err().to_string();
+    assert!(
+        e.contains("no RDMA device named \"mlx5_9\" (present: mlx5_0, mlx5_1)"),
+        "{e}"
+    );
+    let e = Device::open("mlx5_1:3").unwrap_err().to_string();
+    assert!(e.contains("mlx5_1 has 2 port(s), not 3"), "{e}");
+    control::set_port_state("mlx5_1", 2, false).unwrap();
+    let e = Device::open("mlx5_1:2").unwrap_err().to_string();
+    assert!(
+        e.contains("mlx5_1: no active port (port 2 is PORT_DOWN (1))"),
+        "{e}"
+    );
+    assert!(Device::open("soft").is_ok());
+
+    std::env::remove_var(DEVICE_VAR);
+    let s = DeviceSelection::for_process().unwrap();
+    assert_eq!(s.device, DeviceName::Soft);
+    assert_eq!(
+        s.why,
+        "mlx5_0 port 1 is active, but this build has no mlx5 data path"
+    );
+    assert!(Device::default().is_ok());
+    std::env::set_var(DEVICE_VAR, "mlx5_1:1");
+    let s = DeviceSelection::for_process().unwrap();
+    assert_eq!(
+        (s.device.to_string(), s.why.as_str()),
+        ("mlx5_1:1".into(), "GDSYNC_DEVICE=mlx5_1:1")
+    );
+    assert!(matches!(
+        Device::default(),
+        Err(gdsync::Error::Unsupported(_))
+    ));
+    std::env::set_var(DEVICE_VAR, "mlx5_1:x");
+    let e = Device::default().unwrap_err().to_string();
+    assert!(e.contains("GDSYNC_DEVICE=\"mlx5_1:x\": port \"x\""), "{e}");
+    std::env::set_var(DEVICE_VAR, "soft");
+    assert!(Device::default().is_ok());
 }

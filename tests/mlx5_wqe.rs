@@ -37,9 +37,7 @@ use gdsync::mlx5::{Context, Mr, Qp, QpCaps, QpRings, RemoteQp, RtrAttr, RtsAttr}
 use gdsync::{Access, RecvWr, RemoteAddr, SendFlags, SendWr, Sge, WrOp};
 use std::ops::Range;
 
-#[path = "common/emulated.rs"]
-mod emulated;
-use emulated::in_child_under_emulator;
+use uverbs_emu::in_child_under_emulator;
 
 /// What the ring holds before a post: a byte libmlx5 did not write reads as this.
 const RING_FILL: u8 = 0xa5;

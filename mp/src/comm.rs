@@ -141,6 +141,9 @@ impl CtrlLayout {
 
 /// A communicator of N ranks.
 pub struct Comm {
+    // Dropped first: a rank that drops its communicator is known to have left before its
+    // queues are torn down (peers waiting for it learn so at once, not after the teardown).
+    boot: Box<dyn Bootstrap>,
     rank: usize,
     size: usize,
     peers: Vec<Option<Peer>>,
@@ -160,7 +163,6 @@ pub struct Comm {
     pub(crate) regs: crate::registry::RegCache,
     pd: ProtectionDomain,
     dev: Device,
-    boot: Box<dyn Bootstrap>,
 }
 
 impl std::fmt::Debug for Comm {
@@ -1017,6 +1019,7 @@ impl Comm {
     fn wait_until(&mut self, r: Request, deadline: Instant) -> Result<u32> {
         let peer = self.state(r)?.peer;
         let mut spins = 0u32;
+        let mut look = Look::default();
         loop {
             if spins % 64 == 0 {
                 self.progress()?;
@@ -1027,7 +1030,10 @@ impl Comm {
                 return Ok(n);
             }
             spins += 1;
-            if spins % 4096 == 0 && self.boot.departed().contains(&peer) {
+            // Checks by the clock, not by a count of spins: on a loaded machine a spin may
+            // take a millisecond, and a departed peer must still be noticed at once.
+            let due = spins % 64 == 0 && look.due();
+            if due && self.boot.departed().contains(&peer) {
                 // What the peer sent before it left may still be on its way: a short grace.
                 if let Some(n) = self.progress_within(DEPARTED_GRACE, |c| c.finish(r))? {
                     return Ok(n);
@@ -1044,7 +1050,7 @@ impl Comm {
                     "{side:?} request with rank {peer}: rank {peer} left the job (dropped its communicator) before the request completed"
                 )));
             }
-            if spins % 1024 == 0 && Instant::now() > deadline {
+            if due && Instant::now() > deadline {
                 let side = self.state(r)?.side;
                 let what = format!(
                     "{side:?} request with rank {peer} (its peer never matched it?); {}",
@@ -1147,10 +1153,12 @@ impl Comm {
             self.post_cpu(to, None, vec![wr], None)?;
             let from = (self.rank + self.size - (1 << k) % self.size) % self.size;
             let mut spins = 0u32;
+            let mut look = Look::default();
             while self.barrier_word(k) < epoch {
                 self.progress()?;
                 spins += 1;
-                if spins % 256 == 0
+                if spins % 64 == 0
+                    && look.due()
                     && self.boot.departed().contains(&from)
                     && self
                         .progress_within(DEPARTED_GRACE, |c| {
@@ -1220,6 +1228,34 @@ impl Comm {
 /// How long a wait goes on after its peer left the job: what the peer sent before it left
 /// may still be on its way.
 const DEPARTED_GRACE: Duration = Duration::from_millis(50);
+
+/// When a waiting loop looks again at what it cannot learn from its queues (peers that left,
+/// its deadline): every millisecond by the clock, however long a spin takes.
+struct Look {
+    next: Instant,
+}
+
+impl Default for Look {
+    fn default() -> Self {
+        Self {
+            next: Instant::now(),
+        }
+    }
+}
+
+impl Look {
+    const EVERY: Duration = Duration::from_millis(1);
+
+    /// Whether it is time to look (and, if so, the next look is due a millisecond later).
+    fn due(&mut self) -> bool {
+        let now = Instant::now();
+        if now < self.next {
+            return false;
+        }
+        self.next = now + Self::EVERY;
+        true
+    }
+}
 
 /// Says once that the connection from rank `me` to rank `peer` failed: its work fails from
 /// now on.

@@ -12,7 +12,9 @@
  *     object in per-context tables (uvemu.h) with the checks the kernel makes: handles of the
  *     right type and context, references that forbid destroying a PD or CQ still in use, QP
  *     state transitions with their required attributes, response lengths honoured;
- *   - backs UAR mmaps with anonymous shared pages and records them.
+ *   - backs UAR mmaps with anonymous shared pages and records them;
+ *   - raises async events (port up/down, QP fatal) on the contexts' async fds when a test
+ *     asks through uvemu_set_port_state() / uvemu_qp_fatal() (uvemu.h).
  * No data path: nothing executes WQEs yet. UVEMU_LOG=1 traces every command to stderr.
  */
 #define _GNU_SOURCE
@@ -44,6 +46,8 @@
 #define MAX_CONTEXTS 64
 #define BFREGS_PER_PAGE 2   /* legacy static UARs: two BlueFlame registers per 4 KiB page */
 #define GID_TABLE_LEN 16    /* what QUERY_PORT reports; the fake sysfs writes that many */
+#define MAX_CMD_BYTES (1u << 20) /* a write() command larger than any verbs command */
+#define MAX_IOCTL_ATTRS 64
 
 /* Mask bits, as enum ib_qp_attr_mask names them (not in the uapi headers). */
 enum {
@@ -57,6 +61,8 @@ enum {
 /* QP states and link layers, as enum ib_qp_state and the port's link_layer name them. */
 enum { QPS_RESET = 0, QPS_INIT = 1, QPS_RTR = 2, QPS_RTS = 3, QPS_ERR = 6 };
 enum { LINK_LAYER_INFINIBAND = 1, LINK_LAYER_ETHERNET = 2 };
+/* Async event types, as enum ib_event_type names them (not in the uapi headers either). */
+enum { IB_EVENT_QP_FATAL = 1, IB_EVENT_PORT_ACTIVE = 9, IB_EVENT_PORT_ERR = 10 };
 
 static int (*r_open)(const char *, int, ...);
 static int (*r_close)(int);
@@ -252,6 +258,47 @@ int close(int fd)
 	}
 	pthread_mutex_unlock(&lock);
 	return r_close(fd);
+}
+
+/* ------------------------------------------------------------------ the caller's memory */
+
+/* The kernel answers a bad pointer in a command with EFAULT (copy_from_user, copy_to_user),
+ * never a crash; so does the emulator: it moves the caller's bytes through a pipe of its own,
+ * and the kernel checks both ends (write() from unreadable memory and read() into unwritable
+ * memory fail with EFAULT), with no permission needed. Called with the lock held. */
+static int copy_pipe[2] = { -1, -1 };
+
+static void drain_copy_pipe(void)
+{
+	char b[4096];
+	while (read(copy_pipe[0], b, sizeof(b)) > 0) {}
+}
+
+static int user_copy(void *dst, const void *src, size_t n)
+{
+	if (copy_pipe[0] < 0 && pipe2(copy_pipe, O_CLOEXEC | O_NONBLOCK) < 0) return errno;
+	for (size_t off = 0; off < n; off += 4096) {
+		size_t k = n - off < 4096 ? n - off : 4096; /* at most PIPE_BUF: all or nothing */
+		if (r_write(copy_pipe[1], (const char *)src + off, k) != (ssize_t)k ||
+		    read(copy_pipe[0], (char *)dst + off, k) != (ssize_t)k) {
+			drain_copy_pipe();
+			return EFAULT;
+		}
+	}
+	return 0;
+}
+
+/* Whether the caller's `n` bytes at `p` can be written: read, then written back unchanged. */
+static int user_writable(void *p, size_t n)
+{
+	char tmp[4096];
+	for (size_t off = 0; off < n; off += sizeof(tmp)) {
+		size_t k = n - off < sizeof(tmp) ? n - off : sizeof(tmp);
+		int rc = user_copy(tmp, (char *)p + off, k);
+		if (!rc) rc = user_copy((char *)p + off, tmp, k);
+		if (rc) return rc;
+	}
+	return 0;
 }
 
 /* ------------------------------------------------------------------ object tables */
@@ -475,6 +522,8 @@ static int cmd_create_cq(struct cmd *m)
 	struct uvemu_obj *o = obj_new(m->c, UVEMU_CQ, &h);
 	if (!o) return ENOMEM;
 	o->u.cq.buf = d->buf_addr; o->u.cq.dbrec = d->db_addr;
+	o->u.cq.user_handle = m->ex ? ((const struct ib_uverbs_ex_create_cq *)m->in)->user_handle
+				    : ((const struct ib_uverbs_create_cq *)m->in)->user_handle;
 	o->u.cq.entries = cqe + 1; o->u.cq.cqe_size = d->cqe_size; o->u.cq.cqn = next_cqn++;
 	struct ib_uverbs_ex_create_cq_resp r = {0};
 	r.base.cq_handle = h; r.base.cqe = cqe;
@@ -513,6 +562,7 @@ static int cmd_create_qp(struct cmd *m)
 	pd->refs++; scq->refs++; rcq->refs++;
 	o->u.qp.pd = q->pd_handle; o->u.qp.send_cq = q->send_cq_handle; o->u.qp.recv_cq = q->recv_cq_handle;
 	o->u.qp.qpn = next_qpn++;
+	o->u.qp.user_handle = q->user_handle;
 	o->u.qp.buf = d->buf_addr; o->u.qp.dbrec = d->db_addr;
 	o->u.qp.sq_wqebbs = d->sq_wqe_count; o->u.qp.rq_wqes = d->rq_wqe_count;
 	o->u.qp.rq_stride = 1u << d->rq_wqe_shift;
@@ -576,6 +626,9 @@ static int cmd_modify_qp(struct cmd *m)
 		o->u.qp.dlid = q->dest.dlid;
 		o->u.qp.is_global = q->dest.is_global;
 		o->u.qp.sgid_index = q->dest.sgid_index;
+		o->u.qp.hop_limit = q->dest.hop_limit;
+		o->u.qp.traffic_class = q->dest.traffic_class;
+		o->u.qp.sl = q->dest.sl;
 	}
 	if (q->attr_mask & IB_QP_PATH_MTU_MASK) {
 		if (q->path_mtu < 1 || q->path_mtu > 5) return EINVAL;
@@ -589,6 +642,8 @@ static int cmd_modify_qp(struct cmd *m)
 	if (q->attr_mask & IB_QP_RETRY_CNT_MASK) o->u.qp.retry_cnt = q->retry_cnt;
 	if (q->attr_mask & IB_QP_RNR_RETRY_MASK) o->u.qp.rnr_retry = q->rnr_retry;
 	if (q->attr_mask & IB_QP_MIN_RNR_TIMER_MASK) o->u.qp.min_rnr_timer = q->min_rnr_timer;
+	if (q->attr_mask & IB_QP_MAX_QP_RD_ATOMIC_MASK) o->u.qp.max_rd_atomic = q->max_rd_atomic;
+	if (q->attr_mask & IB_QP_MAX_DEST_RD_ATOMIC_MASK) o->u.qp.max_dest_rd_atomic = q->max_dest_rd_atomic;
 	o->u.qp.state = next;
 	if (m->ex && m->out) {
 		struct ib_uverbs_ex_modify_qp_resp r = { .response_length = (uint32_t)m->out_len };
@@ -612,20 +667,28 @@ static int cmd_query_qp(struct cmd *m)
 	r.retry_cnt = o->u.qp.retry_cnt; r.rnr_retry = o->u.qp.rnr_retry; r.min_rnr_timer = o->u.qp.min_rnr_timer;
 	memcpy(r.dest.dgid, o->u.qp.dgid, 16);
 	r.dest.dlid = o->u.qp.dlid; r.dest.is_global = o->u.qp.is_global; r.dest.sgid_index = o->u.qp.sgid_index;
+	r.dest.hop_limit = o->u.qp.hop_limit; r.dest.traffic_class = o->u.qp.traffic_class; r.dest.sl = o->u.qp.sl;
 	r.dest.port_num = o->u.qp.port;
+	r.max_rd_atomic = o->u.qp.max_rd_atomic; r.max_dest_rd_atomic = o->u.qp.max_dest_rd_atomic;
 	put(m->out, m->out_len, &r, sizeof(r));
 	return 0;
 }
 
 /* DEALLOC_PD, DEREG_MR: the handle is the first word; DESTROY_CQ/QP: after the response
- * pointer, with a response of event counts. */
+ * pointer, with a response of the async events raised about the object (completion events
+ * are never raised: there are no completion channels). */
 static int cmd_destroy(struct cmd *m, enum uvemu_obj_type t, int has_response)
 {
 	const uint32_t *w = m->in;
 	uint32_t h = has_response ? w[2] : w[0];
+	struct uvemu_obj *o = obj_get(m->c, h, t);
+	uint32_t events = o ? o->async_events : 0;
 	int rc = obj_destroy(m->c, h, t);
-	if (!rc && has_response) {
-		struct ib_uverbs_destroy_cq_resp r = {0}; /* the QP response has the same size */
+	if (!rc && t == UVEMU_CQ) {
+		struct ib_uverbs_destroy_cq_resp r = { .async_events_reported = events };
+		put(m->out, m->out_len, &r, sizeof(r));
+	} else if (!rc && t == UVEMU_QP) {
+		struct ib_uverbs_destroy_qp_resp r = { .events_reported = events };
 		put(m->out, m->out_len, &r, sizeof(r));
 	}
 	L("   handle %u -> %s", h, rc ? strerror(rc) : "destroyed");
@@ -675,7 +738,8 @@ static void core_sizes(uint32_t op, size_t *req, size_t *resp)
 #undef S
 }
 
-/* Frames one write(): headers, core and driver parts, with the kernel's length checks. */
+/* Frames one write() (its bytes copied in already): headers, core and driver parts, with the
+ * kernel's length checks; the response buffer must be writable. */
 static int frame(struct cmd *m, const void *buf, size_t count)
 {
 	const struct ib_uverbs_cmd_hdr *h = buf;
@@ -700,6 +764,7 @@ static int frame(struct cmd *m, const void *buf, size_t count)
 			m->out_len = cresp;
 			m->dout = (char *)m->out + cresp;
 			m->dout_len = out_bytes - cresp;
+			return user_writable(m->out, out_bytes);
 		}
 		return 0;
 	}
@@ -713,7 +778,7 @@ static int frame(struct cmd *m, const void *buf, size_t count)
 	m->din = (const char *)m->in + cin; m->din_len = pin;
 	m->out = (void *)(uintptr_t)eh->response; m->out_len = cout;
 	m->dout = m->out ? (char *)m->out + cout : NULL; m->dout_len = m->out ? pout : 0;
-	if ((cout || pout) && !m->out) return EFAULT;
+	if ((cout || pout) && (!m->out || user_writable(m->out, cout + pout))) return EFAULT;
 	/* Extended commands served: QUERY_DEVICE (its core request is comp_mask + reserved). */
 	if (m->op != IB_USER_VERBS_CMD_QUERY_DEVICE && m->op != IB_USER_VERBS_CMD_MODIFY_QP) return EOPNOTSUPP;
 	if (m->op == IB_USER_VERBS_CMD_MODIFY_QP && cin < sizeof(struct ib_uverbs_ex_modify_qp)) return EINVAL;
@@ -723,10 +788,14 @@ static int frame(struct cmd *m, const void *buf, size_t count)
 static ssize_t uv_write(struct uvemu_context *c, const void *buf, size_t count)
 {
 	struct cmd m = { .c = c };
-	int rc = frame(&m, buf, count);
+	/* The command is read once, into memory of our own, as the kernel copies it in. */
+	void *req = count <= MAX_CMD_BYTES ? malloc(count ? count : 1) : NULL;
+	int rc = count > MAX_CMD_BYTES ? EINVAL : !req ? ENOMEM : user_copy(req, buf, count);
+	if (!rc) rc = frame(&m, req, count);
 	if (!rc && m.op != IB_USER_VERBS_CMD_GET_CONTEXT && c->async_rd < 0) rc = EINVAL; /* no context yet */
 	L("write(fd %d, %zu B) %s%u", c->cmd_fd, count, m.ex ? "EX_" : "", m.op);
 	if (!rc) rc = do_cmd(&m);
+	free(req);
 	if (rc) { L("   -> %s", strerror(rc)); errno = rc; return -1; }
 	return (ssize_t)count;
 }
@@ -742,6 +811,57 @@ ssize_t write(int fd, const void *buf, size_t count)
 	pthread_mutex_unlock(&lock);
 	errno = e;
 	return n;
+}
+
+/* ------------------------------------------------------------------ async events */
+
+/* Queues an event on context `c`'s async fd (what libibverbs' ibv_get_async_event reads). */
+static int raise_event(struct uvemu_context *c, uint32_t type, uint64_t element)
+{
+	struct ib_uverbs_async_event_desc ev = { .element = element, .event_type = type };
+	if (c->async_wr < 0) return ENODEV;
+	ssize_t n = r_write(c->async_wr, &ev, sizeof(ev));
+	L("async event %u (element %#llx) on cmd fd %d", type, (unsigned long long)element, c->cmd_fd);
+	return n == (ssize_t)sizeof(ev) ? 0 : EIO;
+}
+
+int uvemu_set_port_state(const char *name, int port, int active)
+{
+	ensure_init();
+	int rc = ENODEV;
+	pthread_mutex_lock(&lock);
+	for (int d = 0; d < ndevices; d++) {
+		if (!name || strcmp(devices[d].name, name)) continue;
+		if (port < 1 || port > devices[d].nports) { rc = EINVAL; break; }
+		devices[d].port[port - 1].active = !!active;
+		rc = 0;
+		for (int i = 0; i < MAX_CONTEXTS && !rc; i++)
+			if (contexts[i].in_use && contexts[i].dev == d && contexts[i].async_wr >= 0)
+				rc = raise_event(&contexts[i], active ? IB_EVENT_PORT_ACTIVE : IB_EVENT_PORT_ERR, (uint64_t)port);
+		break;
+	}
+	pthread_mutex_unlock(&lock);
+	return rc;
+}
+
+int uvemu_qp_fatal(uint32_t qpn)
+{
+	ensure_init();
+	int rc = ENOENT;
+	pthread_mutex_lock(&lock);
+	for (int i = 0; i < MAX_CONTEXTS && rc == ENOENT; i++) {
+		if (!contexts[i].in_use) continue;
+		for (int h = 0; h < UVEMU_MAX_OBJECTS; h++) {
+			struct uvemu_obj *o = &contexts[i].obj[h];
+			if (o->type != UVEMU_QP || o->u.qp.qpn != qpn) continue;
+			o->u.qp.state = QPS_ERR;
+			rc = raise_event(&contexts[i], IB_EVENT_QP_FATAL, o->u.qp.user_handle);
+			o->async_events += !rc;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&lock);
+	return rc;
 }
 
 /* ------------------------------------------------------------------ ioctl, mmap */
@@ -762,6 +882,10 @@ static int reg_dmabuf_mr(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 	if (a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->len < 4 || a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->len < 4 ||
 	    !v[UVERBS_ATTR_REG_DMABUF_MR_LENGTH])
 		return EINVAL;
+	/* The key outputs are checked before the region exists, so a bad pointer leaves none. */
+	if (user_writable((void *)(uintptr_t)v[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY], 4) ||
+	    user_writable((void *)(uintptr_t)v[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY], 4))
+		return EFAULT;
 	uint32_t handle;
 	int err;
 	struct uvemu_obj *o = new_mr(c, (uint32_t)v[UVERBS_ATTR_REG_DMABUF_MR_PD_HANDLE],
@@ -772,13 +896,36 @@ static int reg_dmabuf_mr(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 	o->u.mr.iova = v[UVERBS_ATTR_REG_DMABUF_MR_IOVA];
 	o->u.mr.dmabuf_fd = (int)v[UVERBS_ATTR_REG_DMABUF_MR_FD];
 	a[UVERBS_ATTR_REG_DMABUF_MR_HANDLE]->data = handle;
-	memcpy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->data, &o->u.mr.lkey, 4);
-	memcpy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->data, &o->u.mr.rkey, 4);
+	user_copy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->data, &o->u.mr.lkey, 4);
+	user_copy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->data, &o->u.mr.rkey, 4);
 	a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
 	a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
 	L("ioctl MR/REG_DMABUF_MR fd %d offset %#llx len %llu -> mr %u key %#x", o->u.mr.dmabuf_fd,
 	  (unsigned long long)o->u.mr.start, (unsigned long long)o->u.mr.length, handle, o->u.mr.lkey);
 	return 0;
+}
+
+/* One RDMA_VERBS_IOCTL: its header and attributes copied in (with the kernel's length check),
+ * the method run, the attributes copied back (outputs, flags). Methods other than
+ * REG_DMABUF_MR answer ENOTTY: "no ioctl framework", and libibverbs falls back to write(). */
+static int ioctl_method(struct uvemu_context *c, void *arg)
+{
+	union {
+		struct ib_uverbs_ioctl_hdr h;
+		char bytes[sizeof(struct ib_uverbs_ioctl_hdr) + MAX_IOCTL_ATTRS * sizeof(struct ib_uverbs_attr)];
+	} local;
+	struct ib_uverbs_ioctl_hdr *h = &local.h, *user = arg;
+	if (user_copy(h, user, sizeof(*h))) return EFAULT;
+	if (h->object_id != UVERBS_OBJECT_MR || h->method_id != UVERBS_METHOD_REG_DMABUF_MR) {
+		L("ioctl object %#x method %#x -> ENOTTY", h->object_id, h->method_id);
+		return ENOTTY;
+	}
+	size_t attrs = h->num_attrs * sizeof(h->attrs[0]);
+	if (h->num_attrs > MAX_IOCTL_ATTRS || h->length != sizeof(*h) + attrs) return EINVAL;
+	if (user_copy(h->attrs, user->attrs, attrs)) return EFAULT;
+	if (c->async_rd < 0) return EINVAL; /* no context yet */
+	int rc = reg_dmabuf_mr(c, h);
+	return rc ? rc : user_copy(user->attrs, h->attrs, attrs);
 }
 
 int ioctl(int fd, unsigned long req, ...)
@@ -791,14 +938,7 @@ int ioctl(int fd, unsigned long req, ...)
 	pthread_mutex_lock(&lock);
 	struct uvemu_context *c = context_of(fd);
 	if (!c) { pthread_mutex_unlock(&lock); return r_ioctl(fd, req, arg); }
-	int rc = ENOTTY; /* "no ioctl framework": libibverbs falls back to write() */
-	if (req == RDMA_VERBS_IOCTL && arg) {
-		struct ib_uverbs_ioctl_hdr *h = arg;
-		if (h->object_id == UVERBS_OBJECT_MR && h->method_id == UVERBS_METHOD_REG_DMABUF_MR)
-			rc = c->async_rd < 0 ? EINVAL : reg_dmabuf_mr(c, h);
-		else
-			L("ioctl object %#x method %#x -> ENOTTY", h->object_id, h->method_id);
-	}
+	int rc = req == RDMA_VERBS_IOCTL ? ioctl_method(c, arg) : ENOTTY;
 	pthread_mutex_unlock(&lock);
 	if (rc) { errno = rc; return -1; }
 	return 0;

@@ -6,8 +6,10 @@
 //! asked for ([`DeviceSpec`]) and runs commands with `SYSFS_PATH` set and the preload library
 //! (`c/uvemu.c`) in `LD_PRELOAD`; the library blocks RDMA netlink, fakes the character devices
 //! and serves the verbs commands of the control path (see its header comment). The preload
-//! must be in a process's environment when it starts: run the work in a child process.
+//! must be in a process's environment when it starts: run the work in a child process. There,
+//! [`control`] raises the events a HCA raises on its own (port down and up, QP fatal).
 
+pub mod control;
 mod sysfs;
 
 pub use sysfs::{parse_devices, write_sysfs, DeviceSpec, PortKind};
@@ -84,4 +86,45 @@ impl Drop for Emulator {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.root);
     }
+}
+
+/// Set in the child that runs a test's body under the emulator.
+const CHILD: &str = "UVEMU_TEST_CHILD";
+
+/// For tests that need the emulated driver: in the parent, runs test `name` (of the running
+/// test binary) again in a child under an emulator serving `spec` ([`parse_devices`]),
+/// checks it ran and passed, and returns true. In that child: returns false (run the body).
+/// libmlx5's tuning variables (`MLX5_*`) are cleared in the
+/// child, so that it runs with libmlx5's defaults whatever the caller's environment says.
+pub fn in_child_under_emulator(name: &str, spec: &str) -> bool {
+    if std::env::var_os(CHILD).is_some() {
+        return false;
+    }
+    let emu = Emulator::new(&parse_devices(spec).unwrap())
+        .unwrap_or_else(|e| panic!("the emulated driver is not usable: {e}"));
+    let mut cmd = emu.command(std::env::current_exe().unwrap());
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("MLX5_") {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{name} under the emulator failed:\n{text}"
+    );
+    assert!(
+        text.contains("1 passed"),
+        "{name} did not run in the child:\n{text}"
+    );
+    true
 }

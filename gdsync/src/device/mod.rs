@@ -6,11 +6,13 @@ mod attr;
 mod endpoint;
 pub mod mlx5;
 pub(crate) mod provider;
+mod select;
 pub(crate) mod soft;
 
 pub use attr::{DeviceAttr, LinkLayer, PortAttr, PortState};
 pub use endpoint::{Endpoint, LinkKind, LinkPolicy};
 pub use provider::{Access, MAX_MESSAGE, MAX_SGE};
+pub use select::{DeviceName, DeviceSelection, DEVICE_VAR};
 pub use soft::{
     accept_tcp_links, host_id, progress, progress_mode, progress_mode_for, ProgressMode,
 };

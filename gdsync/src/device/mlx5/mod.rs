@@ -3,7 +3,9 @@
 //! headers), the loaded libraries ([`Rdma`]), and safe RAII types over them — device list,
 //! [`Context`] (query device, port, GID table), [`Pd`], [`Mr`], [`Cq`] and [`Qp`] created with
 //! `mlx5dv_create_qp`, whose rings, doorbell records and BlueFlame register `mlx5dv_init_obj`
-//! hands out.
+//! hands out, and whose state `ibv_query_qp` reports; the device's asynchronous events
+//! ([`AsyncEvent`]: ports going down and up, fatal QP errors); and libmlx5's own posting
+//! (`ibv_post_send`, `ibv_post_recv`), against which gdsync's WQE writer is checked.
 //!
 //! Nothing here needs rdma-core to build: without the libraries, or without a device, every
 //! entry point returns an [`RdmaError`] that says what is missing and what to install.
@@ -13,6 +15,7 @@
 mod context;
 mod cq;
 mod error;
+mod event;
 mod gid;
 mod loader;
 mod pd;
@@ -33,11 +36,12 @@ mod sys;
 pub use context::{devices, Context, DeviceLimits, RdmaDeviceInfo};
 pub use cq::{Cq, CqRing};
 pub use error::RdmaError;
+pub use event::AsyncEvent;
 pub use gid::{choose_gid, Gid, GidChoice, GidEntry, GidType};
 pub use loader::Rdma;
 pub use pd::{Mr, Pd};
 pub use port::{LinkLayer, PortInfo, PortState};
-pub use qp::{Qp, QpCaps, QpRings, RemoteQp, RtrAttr, RtsAttr};
+pub use qp::{Qp, QpAttr, QpCaps, QpRings, QpState, RemoteQp, RtrAttr, RtsAttr};
 
 /// Result of the mlx5 control path.
 pub type RdmaResult<T> = std::result::Result<T, RdmaError>;

@@ -7,7 +7,7 @@ use super::cq::Cq;
 use super::error::RdmaError;
 use super::gid::Gid;
 use super::pd::Pd;
-use super::port::mtu_enum;
+use super::port::{mtu_bytes, mtu_enum};
 use super::{sys, RdmaResult};
 use crate::Access;
 use std::ptr::NonNull;
@@ -145,6 +145,73 @@ impl Default for RtsAttr {
     }
 }
 
+/// A QP's state (`ibv_qp_state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QpState {
+    /// Created, not yet configured.
+    Reset,
+    /// Bound to a port; receives can be posted.
+    Init,
+    /// Ready to receive: connected to its peer.
+    Rtr,
+    /// Ready to send.
+    Rts,
+    /// Send queue draining.
+    Sqd,
+    /// Send queue error (unreliable transports only).
+    Sqe,
+    /// Failed: outstanding work completes flushed.
+    Error,
+    /// A value this version does not know.
+    Other(u32),
+}
+
+impl QpState {
+    fn from_raw(v: sys::ibv_qp_state) -> Self {
+        match v {
+            sys::IBV_QPS_RESET => QpState::Reset,
+            sys::IBV_QPS_INIT => QpState::Init,
+            sys::IBV_QPS_RTR => QpState::Rtr,
+            sys::IBV_QPS_RTS => QpState::Rts,
+            sys::IBV_QPS_SQD => QpState::Sqd,
+            sys::IBV_QPS_SQE => QpState::Sqe,
+            sys::IBV_QPS_ERR => QpState::Error,
+            v => QpState::Other(v),
+        }
+    }
+}
+
+/// What `ibv_query_qp` reports of an RC QP: its state and connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpAttr {
+    /// The state the device holds it in (a fatal error moves it to [`QpState::Error`]).
+    pub state: QpState,
+    /// The local port (from 1; 0 before INIT).
+    pub port: u8,
+    /// Access peers have to this QP's memory.
+    pub access: Access,
+    /// The path MTU in bytes (0 before RTR).
+    pub mtu: u32,
+    /// The peer: its QP number, the PSN it starts with, its LID and GID.
+    pub remote: RemoteQp,
+    /// The local GID index the path uses.
+    pub sgid_index: u8,
+    /// Our first send PSN.
+    pub sq_psn: u32,
+    /// Transport timeout code.
+    pub timeout: u8,
+    /// Retransmissions after a timeout.
+    pub retry_cnt: u8,
+    /// Retries after receiver-not-ready.
+    pub rnr_retry: u8,
+    /// Receiver-not-ready delay code.
+    pub min_rnr_timer: u8,
+    /// RDMA reads and atomics this QP may have outstanding.
+    pub max_rd_atomic: u8,
+    /// RDMA reads and atomics the peer may have outstanding on this QP.
+    pub max_dest_rd_atomic: u8,
+}
+
 /// An RC queue pair made by libmlx5, whose rings the caller writes directly.
 pub struct Qp {
     pd: Arc<Pd>,
@@ -264,6 +331,58 @@ impl Qp {
     /// Its rings, doorbell record and doorbell register.
     pub fn rings(&self) -> QpRings {
         self.rings
+    }
+
+    /// `ibv_query_qp`: the state and connection the device holds for this QP.
+    pub fn query(&self) -> RdmaResult<QpAttr> {
+        let mut a = sys::ibv_qp_attr::default();
+        let mut init = sys::ibv_qp_init_attr::default();
+        let mask = sys::IBV_QP_STATE
+            | sys::IBV_QP_PORT
+            | sys::IBV_QP_ACCESS_FLAGS
+            | sys::IBV_QP_AV
+            | sys::IBV_QP_PATH_MTU
+            | sys::IBV_QP_DEST_QPN
+            | sys::IBV_QP_RQ_PSN
+            | sys::IBV_QP_SQ_PSN
+            | sys::IBV_QP_TIMEOUT
+            | sys::IBV_QP_RETRY_CNT
+            | sys::IBV_QP_RNR_RETRY
+            | sys::IBV_QP_MIN_RNR_TIMER
+            | sys::IBV_QP_MAX_QP_RD_ATOMIC
+            | sys::IBV_QP_MAX_DEST_RD_ATOMIC;
+        // SAFETY: FFI on the live QP; both structs outlive the call.
+        let rc = unsafe {
+            self.pd
+                .ctx
+                .rdma
+                .verbs
+                .ibv_query_qp(self.raw.as_ptr(), &mut a, mask as i32, &mut init)
+        };
+        RdmaError::check("ibv_query_qp", rc)?;
+        let ah = &a.ah_attr;
+        // SAFETY: reading the raw bytes of the GID union (every bit pattern is valid).
+        let gid = Gid(unsafe { ah.grh.dgid.raw });
+        Ok(QpAttr {
+            state: QpState::from_raw(a.qp_state),
+            port: a.port_num,
+            access: Access::from_bits_retain(a.qp_access_flags),
+            mtu: mtu_bytes(a.path_mtu),
+            remote: RemoteQp {
+                qpn: a.dest_qp_num,
+                psn: a.rq_psn,
+                lid: ah.dlid,
+                gid: (ah.is_global != 0).then_some(gid),
+            },
+            sgid_index: ah.grh.sgid_index,
+            sq_psn: a.sq_psn,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+            min_rnr_timer: a.min_rnr_timer,
+            max_rd_atomic: a.max_rd_atomic,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
+        })
     }
 
     /// RESET → INIT on `port`, with the access peers get to this QP's memory.

@@ -519,6 +519,7 @@ impl Provider for SoftDevice {
             dbrec: spec.dbrec.mem,
             dbrec_off: spec.dbrec.off,
             pi: crate::mem::Padded(AtomicU64::new(0)),
+            ci_seen: AtomicU32::new(0),
             overrun: AtomicBool::new(false),
             ctl: self.engine.ctl().clone(),
         });

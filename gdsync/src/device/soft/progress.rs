@@ -111,7 +111,8 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 thread_local! {
     /// This thread's copy of the engine list (refreshed when the generation changes), so a
     /// helper takes no lock that other helpers write.
-    static MINE: RefCell<(u64, Vec<Arc<EngineCore>>)> = const { RefCell::new((u64::MAX, Vec::new())) };
+    static MINE: RefCell<(u64, Vec<Arc<EngineCore>>, usize)> =
+        const { RefCell::new((u64::MAX, Vec::new(), 0)) };
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -386,24 +387,31 @@ fn help_own_or_all(why: Why) {
     }
 }
 
-/// Runs the engines no thread owns at the moment: a device whose rank only waits for data
-/// to land (an RDMA write's target) is progressed by the threads that feed it.
+/// Runs an engine no thread owns at the moment: a device whose rank only waits for data to
+/// land (an RDMA write's target) is progressed by the threads that feed it. One such engine
+/// per call, in turn, so that a poll costs a bounded amount of work however many devices
+/// the process has.
 fn help_unowned(why: Why) {
     let _ = MINE.try_with(|m| {
         let Ok(mut m) = m.try_borrow_mut() else {
             return;
         };
         refresh(&mut m);
-        for core in &m.1 {
+        let n = m.1.len();
+        for k in 0..n {
+            let i = (m.2 + k) % n;
+            let core = &m.1[i];
             if !core.owned.load(Ordering::Relaxed) {
                 core.help(Who::Helper, why);
+                m.2 = i + 1;
+                return;
             }
         }
     });
 }
 
 /// This thread's copy of the engine list, refreshed when the list changed.
-fn refresh(m: &mut (u64, Vec<Arc<EngineCore>>)) {
+fn refresh(m: &mut (u64, Vec<Arc<EngineCore>>, usize)) {
     let gen = GENERATION.load(Ordering::Acquire);
     if m.0 != gen {
         m.1 = ENGINES.read().clone();

@@ -31,7 +31,7 @@ use crate::mem::RingMem;
 use memory::Seg;
 use smallvec::SmallVec;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,6 +45,9 @@ pub(crate) struct CqHw {
     pub dbrec_off: usize,
     /// Producer index (free-running): the device's own counter.
     pub pi: crate::mem::Padded<AtomicU64>,
+    /// The consumer index last read from the doorbell record: the record (a line the
+    /// consumer writes on every poll) is read again only when this one says the ring is full.
+    pub ci_seen: AtomicU32,
     pub overrun: AtomicBool,
     /// Where the device reports an overrun.
     pub ctl: Arc<EngineCtl>,

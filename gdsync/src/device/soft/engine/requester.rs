@@ -44,6 +44,9 @@ impl Engine {
         q.hw.buf
             .prefetch(slot_off(q.hw.sq_off, q.sq_ci, q.hw.sq_cnt, WQEBB));
         let db = q.hw.doorbell();
+        // The send doorbell record is loaded with the register, not after it: when a post
+        // wrote both lines, the two misses overlap instead of following each other.
+        let pi = q.hw.sq_producer();
         if db == q.last_db && !q.pending && !q.err {
             return false;
         }
@@ -63,7 +66,6 @@ impl Engine {
             q.pending = true;
             return work;
         }
-        let pi = q.hw.sq_producer();
         q.pending = false;
         self.drain_send_ring(qpn, pi) || work
     }

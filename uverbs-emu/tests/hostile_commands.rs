@@ -1,0 +1,356 @@
+//! The emulated driver's command decoder against hostile input, as the kernel's is: truncated
+//! and oversized commands, lengths that disagree with the bytes given, response pointers that
+//! are null, wild or read-only, handles of the wrong type or context or already destroyed,
+//! objects destroyed while in use, malformed ioctls, and random bytes. Every one returns an
+//! errno; none crashes the process. Commands are written as raw bytes to the emulated
+//! `/dev/infiniband/uverbs0` (no rdma-core needed), in a child started under the emulator.
+
+use std::ffi::c_void;
+use uverbs_emu::in_child_under_emulator;
+
+// Legacy command numbers and sizes (rdma/ib_user_verbs.h).
+const GET_CONTEXT: u32 = 0;
+const QUERY_DEVICE: u32 = 1;
+const ALLOC_PD: u32 = 3;
+const DEALLOC_PD: u32 = 4;
+const REG_MR: u32 = 9;
+const DEREG_MR: u32 = 13;
+const CREATE_CQ: u32 = 18;
+const DESTROY_CQ: u32 = 20;
+const EXTENDED: u32 = 0x8000_0000;
+/// `RDMA_VERBS_IOCTL`: `_IOWR(0x1b, 1, struct ib_uverbs_ioctl_hdr)` (24 bytes).
+const RDMA_VERBS_IOCTL: u64 = 0xc018_1b01;
+
+/// Memory a response may not be written to.
+static READ_ONLY: [u8; 512] = [0; 512];
+
+/// Bytes of the response area: more than the largest response a header can announce
+/// ((65535 + 65535) 8-byte words), so that random lengths never reach other memory.
+const RESP_AREA: usize = 2 << 20;
+
+/// The emulated device's command file.
+struct Dev {
+    fd: i32,
+    /// Where responses go: a mapping of its own.
+    resp: *mut u8,
+}
+
+impl Dev {
+    fn open() -> Dev {
+        let path = c"/dev/infiniband/uverbs0";
+        // SAFETY: open with a NUL-terminated path; the emulator serves it.
+        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        assert!(fd >= 0, "open: {}", std::io::Error::last_os_error());
+        // SAFETY: a new anonymous mapping, unmapped on drop.
+        let resp = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                RESP_AREA,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(resp, libc::MAP_FAILED);
+        Dev {
+            fd,
+            resp: resp.cast(),
+        }
+    }
+
+    /// Writes `bytes` from `buf`; the count, or the errno.
+    fn write_raw(&self, buf: *const c_void, len: usize) -> Result<usize, i32> {
+        // SAFETY: a write to the emulated device; the emulator reads at most `len` bytes at
+        // `buf` and answers EFAULT where they are not readable.
+        let n = unsafe { libc::write(self.fd, buf, len) };
+        match n {
+            n if n >= 0 => Ok(n as usize),
+            _ => Err(std::io::Error::last_os_error().raw_os_error().unwrap()),
+        }
+    }
+
+    fn write(&self, bytes: &[u8]) -> Result<usize, i32> {
+        self.write_raw(bytes.as_ptr().cast(), bytes.len())
+    }
+
+    /// A legacy command: header (`in_words` counting it), then `req`.
+    fn cmd(&self, op: u32, req: &[u8], out_words: u16) -> Result<usize, i32> {
+        self.write(&legacy(op, req, out_words))
+    }
+
+    /// The response area's address, as a command's first word gives it.
+    fn resp_ptr(&self) -> u64 {
+        self.resp as u64
+    }
+
+    /// The first 32-bit word of the last response (a handle, for the creating commands).
+    fn handle(&self) -> u32 {
+        // SAFETY: the response area is mapped while `self` lives.
+        unsafe { self.resp.cast::<u32>().read_volatile() }
+    }
+
+    fn get_context(&self) -> Result<usize, i32> {
+        let r = self.resp_ptr();
+        self.cmd(GET_CONTEXT, &words(&[r]), 64)
+    }
+
+    fn alloc_pd(&self) -> u32 {
+        let r = self.resp_ptr();
+        self.cmd(ALLOC_PD, &words(&[r]), 8).unwrap();
+        self.handle()
+    }
+
+    fn reg_mr(&self, pd: u32) -> Result<u32, i32> {
+        let r = self.resp_ptr();
+        let mut req = words(&[r, 0x10000, 4096, 0x10000]);
+        req.extend_from_slice(&pd.to_ne_bytes());
+        req.extend_from_slice(&1u32.to_ne_bytes()); // LOCAL_WRITE
+        self.cmd(REG_MR, &req, 8).map(|_| self.handle())
+    }
+
+    fn destroy(&self, op: u32, handle: u32) -> Result<usize, i32> {
+        self.cmd(op, &handle.to_ne_bytes(), 0)
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor and mapping open() made, released once.
+        unsafe {
+            libc::close(self.fd);
+            libc::munmap(self.resp.cast(), RESP_AREA);
+        }
+    }
+}
+
+/// 64-bit words as bytes.
+fn words(w: &[u64]) -> Vec<u8> {
+    w.iter().flat_map(|x| x.to_ne_bytes()).collect()
+}
+
+/// A legacy command's bytes: `ib_uverbs_cmd_hdr` (in_words counts the whole command in 32-bit
+/// words), then the request.
+fn legacy(op: u32, req: &[u8], out_words: u16) -> Vec<u8> {
+    let in_words = ((8 + req.len()) / 4) as u16;
+    let mut b = op.to_ne_bytes().to_vec();
+    b.extend_from_slice(&in_words.to_ne_bytes());
+    b.extend_from_slice(&out_words.to_ne_bytes());
+    b.extend_from_slice(req);
+    b
+}
+
+#[test]
+#[cfg_attr(
+    not(uvemu_built),
+    ignore = "the emulated driver's preload library was not built (needs a C compiler)"
+)]
+fn malformed_commands_are_refused_with_an_errno() {
+    if in_child_under_emulator("malformed_commands_are_refused_with_an_errno", "mlx5_0") {
+        return;
+    }
+    let d = Dev::open();
+    // Framing: shorter than a header, lengths that disagree, too large, unreadable.
+    assert_eq!(d.write(&[]), Err(libc::EINVAL));
+    assert_eq!(d.write(&[0; 4]), Err(libc::EINVAL));
+    let mut bad_len = legacy(ALLOC_PD, &words(&[d.resp_ptr()]), 8);
+    bad_len[4] = 9;
+    assert_eq!(d.write(&bad_len), Err(libc::EINVAL));
+    assert_eq!(d.write(&vec![0u8; (1 << 20) + 8]), Err(libc::EINVAL));
+    assert_eq!(d.write_raw(16 as *const c_void, 16), Err(libc::EFAULT));
+    assert_eq!(d.cmd(200, &[0; 8], 0), Err(libc::EOPNOTSUPP));
+    // Nothing but GET_CONTEXT before a context exists.
+    let r = d.resp_ptr();
+    assert_eq!(d.cmd(ALLOC_PD, &words(&[r]), 8), Err(libc::EINVAL));
+
+    // Response pointers: null, wild, read-only; a response buffer too small.
+    assert_eq!(d.cmd(GET_CONTEXT, &words(&[0]), 64), Err(libc::EFAULT));
+    assert_eq!(d.cmd(GET_CONTEXT, &words(&[16]), 64), Err(libc::EFAULT));
+    let ro = READ_ONLY.as_ptr() as u64;
+    assert_eq!(d.cmd(GET_CONTEXT, &words(&[ro]), 64), Err(libc::EFAULT));
+    assert_eq!(d.cmd(GET_CONTEXT, &words(&[r]), 1), Err(libc::ENOSPC));
+    assert!(d.get_context().is_ok());
+    assert_eq!(d.get_context(), Err(libc::EINVAL), "one context per open");
+
+    // Extended commands: truncated header, lengths that disagree, no response buffer.
+    let mut ex = (EXTENDED | QUERY_DEVICE).to_ne_bytes().to_vec();
+    ex.extend_from_slice(&[1, 0, 1, 0]); // in_words 1, out_words 1 (8-byte units)
+    assert_eq!(d.write(&ex), Err(libc::EINVAL));
+    let mut full = ex.clone();
+    full.extend_from_slice(&words(&[0, 0])); // response 0, provider words 0
+    assert_eq!(
+        d.write(&full),
+        Err(libc::EINVAL),
+        "the core request is missing"
+    );
+    full.extend_from_slice(&[0; 8]);
+    assert_eq!(
+        d.write(&full),
+        Err(libc::EFAULT),
+        "a response without a buffer"
+    );
+
+    // Handles: none, out of range, of the wrong type, already destroyed, still in use.
+    let pd = d.alloc_pd();
+    assert_eq!(d.destroy(DEALLOC_PD, 0), Err(libc::EINVAL));
+    assert_eq!(d.destroy(DEALLOC_PD, 1 << 20), Err(libc::EINVAL));
+    assert_eq!(d.destroy(DEALLOC_PD, pd + 1), Err(libc::EINVAL));
+    let mr = d.reg_mr(pd).unwrap();
+    assert_eq!(d.reg_mr(pd + 7), Err(libc::EINVAL), "no such PD");
+    assert_eq!(
+        d.destroy(DEREG_MR, pd),
+        Err(libc::EINVAL),
+        "a PD is not an MR"
+    );
+    assert_eq!(
+        d.destroy(DEALLOC_PD, pd),
+        Err(libc::EBUSY),
+        "the MR uses it"
+    );
+    assert!(d.destroy(DEREG_MR, mr).is_ok());
+    assert_eq!(
+        d.destroy(DEREG_MR, mr),
+        Err(libc::EINVAL),
+        "destroyed already"
+    );
+    assert!(d.destroy(DEALLOC_PD, pd).is_ok());
+    // DESTROY_CQ: response pointer, then the handle.
+    let mut req = words(&[r]);
+    req.extend_from_slice(&[0; 8]);
+    assert_eq!(d.cmd(DESTROY_CQ, &req, 2), Err(libc::EINVAL));
+
+    // A CQ whose driver part (buffer and doorbell addresses) is cut short.
+    let mut cq = words(&[r, 0]);
+    cq.extend_from_slice(&[16, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]);
+    assert_eq!(d.cmd(CREATE_CQ, &cq, 8), Err(libc::EINVAL));
+
+    // A handle of another context is not one of this context.
+    let other = Dev::open();
+    assert!(other.get_context().is_ok());
+    let theirs = other.alloc_pd();
+    let mine = d.alloc_pd();
+    assert!(d.destroy(DEALLOC_PD, mine).is_ok());
+    assert_eq!(d.destroy(DEALLOC_PD, mine), Err(libc::EINVAL));
+    assert!(other.destroy(DEALLOC_PD, theirs).is_ok());
+}
+
+#[test]
+#[cfg_attr(
+    not(uvemu_built),
+    ignore = "the emulated driver's preload library was not built (needs a C compiler)"
+)]
+fn malformed_ioctls_are_refused_with_an_errno() {
+    if in_child_under_emulator("malformed_ioctls_are_refused_with_an_errno", "mlx5_0") {
+        return;
+    }
+    let d = Dev::open();
+    assert!(d.get_context().is_ok());
+    let ioctl = |arg: *mut c_void| {
+        // SAFETY: the emulator copies the header and attributes in and answers EFAULT where
+        // they are not readable.
+        let rc = unsafe { libc::ioctl(d.fd, RDMA_VERBS_IOCTL, arg) };
+        match rc {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error().raw_os_error().unwrap()),
+        }
+    };
+    assert_eq!(ioctl(std::ptr::null_mut()), Err(libc::EFAULT));
+    assert_eq!(ioctl(16 as *mut c_void), Err(libc::EFAULT));
+    // ib_uverbs_ioctl_hdr: length, object_id, method_id, num_attrs, then 16 bytes.
+    let mut hdr = [0u64; 3];
+    let set = |h: &mut [u64; 3], length: u16, object: u16, method: u16, attrs: u16| {
+        h[0] = length as u64 | (object as u64) << 16 | (method as u64) << 32 | (attrs as u64) << 48
+    };
+    set(&mut hdr, 24, 0x1000, 1, 0); // some other object: "no ioctl framework"
+    assert_eq!(ioctl(hdr.as_mut_ptr().cast()), Err(libc::ENOTTY));
+    // MR (object 7), REG_DMABUF_MR (method 4 in kernel-headers' enum order).
+    let (mr, dmabuf) = (7u16, 4u16);
+    set(&mut hdr, 24, mr, dmabuf, 1000);
+    assert_eq!(
+        ioctl(hdr.as_mut_ptr().cast()),
+        Err(libc::EINVAL),
+        "too many attributes"
+    );
+    set(&mut hdr, 24, mr, dmabuf, 2);
+    assert_eq!(
+        ioctl(hdr.as_mut_ptr().cast()),
+        Err(libc::EINVAL),
+        "length disagrees"
+    );
+    // The header ends where the memory does: its attributes cannot be read.
+    let guard = d.resp as usize + RESP_AREA - 4096;
+    // SAFETY: the last page of the response area, which this test does not use otherwise.
+    assert_eq!(
+        unsafe { libc::mprotect(guard as *mut c_void, 4096, libc::PROT_NONE) },
+        0
+    );
+    let at = (guard - 24) as *mut [u64; 3];
+    set(&mut hdr, 24 + 2 * 16, mr, dmabuf, 2);
+    // SAFETY: 24 bytes inside the response area, before the protected page.
+    unsafe { at.write(hdr) };
+    assert_eq!(
+        ioctl(at.cast()),
+        Err(libc::EFAULT),
+        "attributes past the header"
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(uvemu_built),
+    ignore = "the emulated driver's preload library was not built (needs a C compiler)"
+)]
+fn random_commands_never_crash_the_driver() {
+    if in_child_under_emulator("random_commands_never_crash_the_driver", "mlx5_0") {
+        return;
+    }
+    let d = Dev::open();
+    assert!(d.get_context().is_ok());
+    let r = d.resp_ptr();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let (mut ok, mut refused) = (0, 0);
+    for i in 0..20_000 {
+        let len = (next() % 160) as usize;
+        let mut b: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+        // Most commands get a plausible header (a served command, the right in_words) and a
+        // response pointer into the response buffer, to get past the framing.
+        if i % 4 != 0 && len >= 16 {
+            let op = (next() % 28) as u32 | if i % 16 == 1 { EXTENDED } else { 0 };
+            b[..4].copy_from_slice(&op.to_ne_bytes());
+            b[4..6].copy_from_slice(&((len / 4) as u16).to_ne_bytes());
+            b[6..8].copy_from_slice(&((next() % 130) as u16).to_ne_bytes());
+            b.truncate(len / 4 * 4);
+            // Now and then a response pointer that is null, wild or read-only.
+            let wild = [
+                0,
+                16,
+                u64::MAX - 7,
+                next() | 1 << 63,
+                READ_ONLY.as_ptr() as u64,
+            ];
+            let resp = match i % 8 {
+                3 => wild[(next() % 5) as usize],
+                _ => r,
+            };
+            b[8..16].copy_from_slice(&resp.to_ne_bytes());
+        }
+        match d.write(&b) {
+            Ok(n) => {
+                assert_eq!(n, b.len());
+                ok += 1;
+            }
+            Err(e) => {
+                assert!(e > 0);
+                refused += 1;
+            }
+        }
+    }
+    println!("{ok} served, {refused} refused");
+    assert!(ok > 0 && refused > 0, "{ok} served, {refused} refused");
+}
