@@ -944,7 +944,7 @@ fn endpoint_encoding() {
     assert!(Endpoint::from_bytes(&ep.to_bytes()[..Endpoint::WIRE_LEN - 1]).is_err());
     assert!("gdsync:1:2:3".parse::<Endpoint>().is_err());
     assert!("nope:1:2:3:4:auto@-".parse::<Endpoint>().is_err());
-    // Another host is reached over TCP: not without an address. (The larger device id so
+    // Another host is reached over TCP: not when neither side listens. (The larger device id so
     // that this side dials.) A dropped device cannot be reached either.
     let mut t = Side::new(&dev, &QpConfig::default());
     let far = Endpoint {
@@ -956,7 +956,7 @@ fn endpoint_encoding() {
     assert_eq!(dev.link_kind(&far).unwrap(), LinkKind::Tcp);
     let e = t.qp.connect(&far).unwrap_err();
     assert!(
-        matches!(&e, Error::Unreachable(m) if m.contains("no TCP address")),
+        matches!(&e, Error::Unreachable(m) if m.contains("nor this process accepts TCP links")),
         "{e}"
     );
     // An endpoint naming this device in another process is corrupt.

@@ -10,6 +10,7 @@
 mod common;
 
 use common::*;
+use gdasync::gdsync::auth;
 use gdasync::gdsync::format::Syndrome;
 use gdasync::gdsync::{
     Access, CompletionOp, Device, Endpoint, Error, LinkKind, LinkPolicy, QpConfig, RecvWr,
@@ -261,7 +262,11 @@ impl Child {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(ROLE, role);
+        .env(ROLE, role)
+        .env(
+            auth::SECRET_ENV,
+            auth::job_secret().expect("a job secret").to_hex(),
+        );
         match link {
             LinkKind::SharedMemory => cmd.env_remove("GDSYNC_SOFT_LINK"),
             LinkKind::Tcp => cmd.env("GDSYNC_SOFT_LINK", "tcp"),
@@ -305,6 +310,8 @@ impl Child {
         if link == LinkKind::Tcp {
             assert_eq!(ep.link, LinkPolicy::Tcp, "{ep}");
             assert!(ep.addr.is_some(), "{ep}");
+        } else {
+            assert!(ep.addr.is_none(), "a process of one host listens: {ep}");
         }
         c.buf = parse_buf(&c.expect("BUF "));
         assert_eq!(c.buf.len, MEM_LEN as u64);
@@ -865,7 +872,7 @@ fn stopped_times_out(link: LinkKind) {
 
 // ---------------------------------------------------------------------------- unreachable
 
-/// A peer "on another host" whose address accepts no connection, or cannot be reached at
+/// A peer "on another host" whose address is its loopback interface, or cannot be reached at
 /// all, or that has no address: connect fails with `Unreachable`, naming the address,
 /// within a bounded time (the TCP connect timeout is 5 s). The messages are printed for a
 /// reader to judge.
@@ -873,7 +880,7 @@ fn stopped_times_out(link: LinkKind) {
 fn tcp_unreachable_peer_is_a_clear_error() {
     let dev = Device::soft().unwrap();
     let mine = Side::new(&dev, &QpConfig::default()).qp.endpoint();
-    // A port that was free a moment ago: nothing listens there.
+    // A loopback port of "another host": refused before any dial.
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .unwrap();
@@ -891,7 +898,8 @@ fn tcp_unreachable_peer_is_a_clear_error() {
         (far(Some(&refused)), refused.as_str()),
         // Reserved for documentation (RFC 5737): never answers, or has no route.
         (far(Some("192.0.2.1:9")), "192.0.2.1:9"),
-        (far(None), "no TCP address"),
+        // Neither side listens (this process has the default policy).
+        (far(None), "nor this process accepts TCP links"),
     ] {
         let mut s = Side::new(&dev, &QpConfig::default());
         let t = Instant::now();

@@ -35,6 +35,7 @@
 
 #![warn(missing_docs)]
 
+pub mod auth;
 mod bounds;
 mod context;
 mod cq;
@@ -61,9 +62,9 @@ mod wr;
 pub use cq::{Completion, CompletionOp, Cq, CqError, WcStatus, MAX_KEPT_ERRORS};
 pub use device::mlx5;
 pub use device::{
-    progress, progress_mode, progress_mode_for, Access, DeviceAttr, DeviceInfo, DeviceName,
-    DeviceSelection, Endpoint, LinkKind, LinkLayer, LinkPolicy, PortAttr, PortState, ProgressMode,
-    DEVICE_VAR,
+    accept_tcp_links, host_id, progress, progress_mode, progress_mode_for, Access, DeviceAttr,
+    DeviceInfo, DeviceName, DeviceSelection, Endpoint, LinkKind, LinkLayer, LinkPolicy, PortAttr,
+    PortState, ProgressMode, DEVICE_VAR,
 };
 pub use error::{Error, Result};
 pub use handler::NicHandler;

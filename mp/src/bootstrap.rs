@@ -1,10 +1,11 @@
 //! Bootstraps: how ranks find each other before any RDMA connection exists. They only move
 //! small connection records (endpoints, keys); no data goes through them afterwards.
 
+use gdsync::auth::{self, JobSecret, SECRET_ENV};
 use gdsync::{Error, Result};
 use parking_lot::{Condvar, Mutex};
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,12 @@ pub trait Bootstrap: Send {
     /// timeout. Bootstraps that cannot tell return none.
     fn departed(&self) -> Vec<usize> {
         Vec::new()
+    }
+    /// The IP address this rank reaches the other ranks from, if the bootstrap knows it (the
+    /// TCP bootstrap: its sockets' own address). Soft devices accept TCP links there when the
+    /// ranks span hosts; without one, the host's primary IPv4 address is used.
+    fn local_ip(&self) -> Option<IpAddr> {
+        None
     }
 }
 
@@ -182,7 +189,7 @@ impl Drop for ThreadBootstrap {
 
 // ---------------------------------------------------------------------------- TCP
 
-/// Where this process sits in a job: rank, size and the root's address.
+/// Where this process sits in a job: rank, size, the root's address, and the job's secret.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobInfo {
     /// This rank.
@@ -191,6 +198,10 @@ pub struct JobInfo {
     pub size: usize,
     /// The root's (rank 0's) listening address.
     pub root: String,
+    /// The secret every rank proves on every TCP connection of the job (bootstrap and
+    /// soft-device links), never sent on one. The same in every rank: [`launch_local`] passes
+    /// its own to the ranks it starts; other launchers set `GDSYNC_JOB_SECRET`.
+    pub secret: JobSecret,
 }
 
 /// Default root address when none is given.
@@ -199,7 +210,9 @@ pub const DEFAULT_ROOT: &str = "127.0.0.1:29510";
 impl JobInfo {
     /// From the environment: `GDSYNC_RANK`/`GDSYNC_SIZE`/`GDSYNC_ROOT`, else the variables
     /// Open MPI (`OMPI_COMM_WORLD_RANK/SIZE`), PMI (`PMI_RANK/SIZE`) or Slurm
-    /// (`SLURM_PROCID`/`SLURM_NTASKS`) set; the root defaults to [`DEFAULT_ROOT`].
+    /// (`SLURM_PROCID`/`SLURM_NTASKS`) set; the root defaults to [`DEFAULT_ROOT`]. The job's
+    /// secret comes from `GDSYNC_JOB_SECRET` (64 hex digits, the same in every rank), which
+    /// must be set.
     pub fn from_env() -> Result<JobInfo> {
         let get = |names: &[&'static str]| {
             names
@@ -233,10 +246,16 @@ impl JobInfo {
                 "rank {rank} ({rank_var}) out of range for {size} ranks ({size_var}): ranks count from 0 to size - 1"
             )));
         }
+        let secret = JobSecret::from_env()?.ok_or_else(|| {
+            Error::invalid(format!(
+                "no {SECRET_ENV} in the environment: the TCP bootstrap authenticates every connection with the job's secret; set it to the same 64 hex digits in every rank (e.g. `export {SECRET_ENV}=$(openssl rand -hex 32)` before mpirun or srun; launch_local sets it)"
+            ))
+        })?;
         Ok(JobInfo {
             rank,
             size,
             root: std::env::var("GDSYNC_ROOT").unwrap_or_else(|_| DEFAULT_ROOT.into()),
+            secret,
         })
     }
 }
@@ -316,26 +335,136 @@ pub(crate) fn decode_hello(hello: &[u8]) -> Option<usize> {
     usize::try_from(u32::from_le_bytes(b)).ok()
 }
 
-/// Reads a connection's hello, bounded by [`HELLO_TIMEOUT`] (or `timeout` if shorter).
-fn read_hello(s: &mut TcpStream, timeout: Duration) -> std::result::Result<usize, String> {
+/// What the job-secret proofs of a bootstrap connection are for ([`gdsync::auth`]); they also
+/// cover the rank's hello. (Not the root's address: ranks may name the root differently.)
+const AUTH_PURPOSE: &[u8] = b"gdasync TCP bootstrap";
+
+/// Reads a connection's hello and checks that it knows the job's secret, all bounded by
+/// [`HELLO_TIMEOUT`] (or `timeout` if shorter).
+fn read_hello(
+    s: &mut TcpStream,
+    info: &JobInfo,
+    timeout: Duration,
+) -> std::result::Result<usize, String> {
     s.set_nonblocking(false).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(timeout.min(HELLO_TIMEOUT)))
         .map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(timeout.min(HELLO_TIMEOUT)))
+        .map_err(|e| e.to_string())?;
     let hello = get(s, HELLO_LEN).map_err(|e| e.to_string())?;
     let rank = decode_hello(&hello).ok_or("a malformed hello")?;
+    auth::accept(s, &info.secret, AUTH_PURPOSE, &hello).map_err(|e| {
+        format!("authentication failed ({e}): another job's rank, or no {SECRET_ENV}?")
+    })?;
     s.set_read_timeout(Some(timeout))
         .map_err(|e| e.to_string())?;
+    s.set_write_timeout(None).map_err(|e| e.to_string())?;
     Ok(rank)
+}
+
+/// A rank's side of [`read_hello`]: sends the hello and proves the job's secret.
+fn send_hello(s: &mut TcpStream, info: &JobInfo) -> Result<()> {
+    let hello = (info.rank as u32).to_le_bytes();
+    put(s, &hello).map_err(io("send hello"))?;
+    auth::dial(s, &info.secret, AUTH_PURPOSE, &hello).map_err(|e| {
+        Error::Unreachable(format!(
+            "bootstrap: authentication with the root at {} failed: {e} (does every rank have the same {SECRET_ENV}?)",
+            info.root
+        ))
+    })
 }
 
 fn io(what: &str) -> impl Fn(std::io::Error) -> Error + '_ {
     move |e| Error::Unreachable(format!("bootstrap: {what}: {e}"))
 }
 
+/// Connections to the root in their handshake at once; each new one past this closes the
+/// oldest (connections that say nothing cost a thread each until their hello's time is up).
+const MAX_HANDSHAKES: usize = 64;
+
+/// A connection to the root whose handshake ended: where from, the socket, and its rank or
+/// why it was refused.
+type Handshake = (SocketAddr, TcpStream, std::result::Result<usize, String>);
+
+/// Rank 0: accepts the other ranks' connections until every rank is there. Each connection's
+/// hello and proof are read on a thread of its own, so a silent or slow connection (a port
+/// scanner, a process without the job's secret) never holds up the ranks behind it.
+fn gather_ranks(l: &TcpListener, info: &JobInfo, timeout: Duration) -> Result<Vec<TcpStream>> {
+    let deadline = Instant::now() + timeout;
+    let (tx, done) = std::sync::mpsc::channel::<Handshake>();
+    let mut pending: std::collections::VecDeque<(SocketAddr, TcpStream)> = Default::default();
+    let mut by_rank: Vec<Option<TcpStream>> = (1..info.size).map(|_| None).collect();
+    while by_rank.iter().any(Option::is_none) {
+        let accepted = match l.accept() {
+            Ok((s, from)) => {
+                s.set_nodelay(true).ok();
+                if pending.len() >= MAX_HANDSHAKES {
+                    if let Some((_, oldest)) = pending.pop_front() {
+                        let _ = oldest.shutdown(std::net::Shutdown::Both);
+                    }
+                }
+                if let Ok(c) = s.try_clone() {
+                    pending.push_back((from, c));
+                }
+                let (tx, info) = (tx.clone(), info.clone());
+                std::thread::Builder::new()
+                    .name("gdasync-boot-hello".into())
+                    .spawn(move || {
+                        let mut s = s;
+                        let r = read_hello(&mut s, &info, timeout);
+                        let _ = tx.send((from, s, r));
+                    })
+                    .map_err(|e| Error::os("spawn a bootstrap thread", e))?;
+                true
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+            Err(e) => return Err(io("accept")(e)),
+        };
+        while let Ok((from, s, r)) = done.try_recv() {
+            pending.retain(|(a, _)| *a != from);
+            match r {
+                // Not a rank of this job (or one too slow to say which): dropped; the real
+                // ones are still awaited.
+                Err(e) => tracing::warn!(
+                    "bootstrap: dropped a connection from {from} to {}: {e} (not a gdasync rank?)",
+                    info.root
+                ),
+                Ok(r) if r == 0 || r >= info.size || by_rank[r - 1].is_some() => {
+                    return Err(Error::invalid(format!(
+                        "bootstrap: a process said it is rank {r}, which is out of range for {} ranks or already here: does another job use {}? (set GDSYNC_ROOT to a free address)",
+                        info.size, info.root
+                    )));
+                }
+                Ok(r) => by_rank[r - 1] = Some(s),
+            }
+        }
+        if Instant::now() > deadline {
+            let missing: Vec<usize> = by_rank
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.is_none())
+                .map(|(i, _)| i + 1)
+                .collect();
+            return Err(Error::Timeout {
+                what: format!("ranks {missing:?} to connect to {}", info.root),
+                timeout_ms: timeout.as_millis() as u64,
+            });
+        }
+        if !accepted {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    Ok(by_rank.into_iter().flatten().collect())
+}
+
 impl TcpBootstrap {
     /// Joins the job `info`: rank 0 listens at `info.root`, the others connect (retrying for
-    /// up to `timeout`). Every socket read is bounded by `timeout` too.
+    /// up to `timeout`). Every socket read is bounded by `timeout` too. Each connection proves
+    /// `info.secret` both ways before anything else is exchanged (the root drops, and logs,
+    /// those that fail); the secret then authenticates this process's soft-device TCP links
+    /// too ([`gdsync::auth::set_job_secret`]).
     pub fn connect(info: &JobInfo, timeout: Duration) -> Result<TcpBootstrap> {
+        auth::set_job_secret(info.secret.clone());
         let addr: SocketAddr = info
             .root
             .to_socket_addrs()
@@ -364,51 +493,7 @@ impl TcpBootstrap {
         if info.rank == 0 {
             let l = TcpListener::bind(addr).map_err(io("bind the root address"))?;
             l.set_nonblocking(true).map_err(io("listen"))?;
-            let deadline = Instant::now() + timeout;
-            let mut by_rank: Vec<Option<TcpStream>> = (1..info.size).map(|_| None).collect();
-            while by_rank.iter().any(Option::is_none) {
-                match l.accept() {
-                    Ok((mut s, from)) => {
-                        s.set_nodelay(true).ok();
-                        let r = match read_hello(&mut s, timeout) {
-                            Ok(r) => r,
-                            Err(e) => {
-                                // Not a rank of this job (or one too slow to say which): drop
-                                // it and keep waiting for the real ones.
-                                tracing::warn!(
-                                    "bootstrap: dropped a connection from {from} to {}: {e} (not a gdasync rank?)",
-                                    info.root
-                                );
-                                continue;
-                            }
-                        };
-                        if r == 0 || r >= info.size || by_rank[r - 1].is_some() {
-                            return Err(Error::invalid(format!(
-                                "bootstrap: a process said it is rank {r}, which is out of range for {} ranks or already here: does another job use {}? (set GDSYNC_ROOT to a free address)",
-                                info.size, info.root
-                            )));
-                        }
-                        by_rank[r - 1] = Some(s);
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        if Instant::now() > deadline {
-                            let missing: Vec<usize> = by_rank
-                                .iter()
-                                .enumerate()
-                                .filter(|(_, s)| s.is_none())
-                                .map(|(i, _)| i + 1)
-                                .collect();
-                            return Err(Error::Timeout {
-                                what: format!("ranks {missing:?} to connect to {}", info.root),
-                                timeout_ms: timeout.as_millis() as u64,
-                            });
-                        }
-                        std::thread::sleep(Duration::from_millis(2));
-                    }
-                    Err(e) => return Err(io("accept")(e)),
-                }
-            }
-            streams = by_rank.into_iter().map(Option::unwrap).collect();
+            streams = gather_ranks(&l, info, timeout)?;
         } else {
             let deadline = Instant::now() + timeout;
             let mut s = loop {
@@ -422,7 +507,7 @@ impl TcpBootstrap {
             };
             s.set_read_timeout(Some(timeout)).map_err(io("connect"))?;
             s.set_nodelay(true).ok();
-            put(&mut s, &(info.rank as u32).to_le_bytes()).map_err(io("send hello"))?;
+            send_hello(&mut s, info)?;
             streams.push(s);
         }
         Ok(TcpBootstrap {
@@ -443,6 +528,9 @@ impl Bootstrap for TcpBootstrap {
     }
     fn describe(&self) -> String {
         format!("TCP via rank 0 at {}", self.root)
+    }
+    fn local_ip(&self) -> Option<IpAddr> {
+        self.streams.first()?.local_addr().ok().map(|a| a.ip())
     }
     fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         if mine.len() > MAX_RECORD {
@@ -493,7 +581,8 @@ pub(crate) fn unpack(packed: &[u8], size: usize) -> Option<Vec<Vec<u8>>> {
 }
 
 /// Starts `n` local processes of `program` with `args`, each with `GDSYNC_RANK`,
-/// `GDSYNC_SIZE` and `GDSYNC_ROOT` set (a free loopback port), for [`TcpBootstrap`].
+/// `GDSYNC_SIZE`, `GDSYNC_ROOT` (a free loopback port) and `GDSYNC_JOB_SECRET` (this
+/// process's [`gdsync::auth::job_secret`]) set, for [`TcpBootstrap`].
 ///
 /// On Linux the ranks are killed if the thread that started them dies (`PR_SET_PDEATHSIG`),
 /// so a launcher stopped by a signal or a timeout leaves no rank behind waiting for its peers.
@@ -508,13 +597,15 @@ pub fn launch_local(
         .map_err(io("pick a port"))?
         .port();
     let root = format!("127.0.0.1:{port}");
+    let secret = auth::job_secret()?.to_hex();
     (0..n)
         .map(|rank| {
             let mut cmd = std::process::Command::new(program);
             cmd.args(args)
                 .env("GDSYNC_RANK", rank.to_string())
                 .env("GDSYNC_SIZE", n.to_string())
-                .env("GDSYNC_ROOT", &root);
+                .env("GDSYNC_ROOT", &root)
+                .env(SECRET_ENV, &secret);
             die_with_parent(&mut cmd);
             let child = cmd
                 .spawn()
@@ -570,11 +661,36 @@ impl MpiBootstrap {
     /// Uses the world communicator of an initialised MPI universe (keep the universe alive
     /// for as long as the bootstrap, and use the communicator from the thread that initialised
     /// MPI unless it was initialised with `Threading::Multiple`).
+    ///
+    /// Every rank takes rank 0's job secret (its `GDSYNC_JOB_SECRET`, else one drawn at random),
+    /// broadcast over MPI, for the soft-device TCP links between ranks on different hosts.
     pub fn new(universe: &mpi::environment::Universe) -> MpiBootstrap {
         use mpi::traits::Communicator;
         let world = universe.world();
         let (rank, size) = (world.rank() as usize, world.size() as usize);
+        share_job_secret(&world, rank);
         MpiBootstrap { world, rank, size }
+    }
+}
+
+/// Broadcasts rank 0's job secret (as hex) and makes it every rank's. A rank 0 without one
+/// (a malformed `GDSYNC_JOB_SECRET`) sends zeros, and every rank keeps its own, with a warning.
+#[cfg(feature = "mpi")]
+fn share_job_secret(world: &mpi::topology::SimpleCommunicator, rank: usize) {
+    use mpi::traits::{Communicator, Root};
+    let mut hex = [0u8; 2 * auth::SECRET_LEN];
+    if rank == 0 {
+        match auth::job_secret() {
+            Ok(s) => hex.copy_from_slice(s.to_hex().as_bytes()),
+            Err(e) => tracing::warn!("rank 0 has no job secret to share: {e}"),
+        }
+    }
+    world.process_at_rank(0).broadcast_into(&mut hex[..]);
+    match std::str::from_utf8(&hex).ok().and_then(|h| h.parse().ok()) {
+        Some(s) => auth::set_job_secret(s),
+        None => tracing::warn!(
+            "rank {rank}: rank 0 shared no job secret: TCP links between processes will be refused"
+        ),
     }
 }
 

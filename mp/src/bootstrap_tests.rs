@@ -19,6 +19,7 @@ fn job(rank: usize, size: usize, port: u16) -> JobInfo {
         rank,
         size,
         root: format!("127.0.0.1:{port}"),
+        secret: secret(),
     }
 }
 
@@ -30,6 +31,12 @@ fn connect_to(port: u16) -> TcpStream {
             Err(_) => std::thread::sleep(Duration::from_millis(10)),
         }
     }
+}
+
+/// The secret of the jobs of these tests.
+fn secret() -> JobSecret {
+    static S: std::sync::OnceLock<JobSecret> = std::sync::OnceLock::new();
+    S.get_or_init(|| JobSecret::generate().unwrap()).clone()
 }
 
 fn framed(len: u32, body: &[u8]) -> Vec<u8> {
@@ -85,26 +92,33 @@ fn packed_exchanges_must_match_the_job() {
     assert_eq!(unpack(&[], 0), Some(vec![]));
 }
 
+/// A two-rank job on a fresh port whose root (rank 0, in a thread, with `root_timeout`) first
+/// meets what `before` does to its port; then rank 1 joins, and both get the whole exchange.
+/// Returns what `before` returned (connections to keep open until then).
+fn rank_joins_after<T>(root_timeout: Duration, before: impl FnOnce(u16) -> T) -> T {
+    let port = free_port();
+    let root = std::thread::spawn(move || {
+        let mut b = TcpBootstrap::connect(&job(0, 2, port), root_timeout)?;
+        b.all_gather(b"root")
+    });
+    let kept = before(port);
+    let mut rank1 = TcpBootstrap::connect(&job(1, 2, port), Duration::from_secs(20)).unwrap();
+    let all = rank1.all_gather(b"one").unwrap();
+    assert_eq!(all, [b"root".to_vec(), b"one".to_vec()]);
+    assert_eq!(root.join().unwrap().unwrap(), all);
+    kept
+}
+
 /// Connections that close before a hello, or announce a huge one, are dropped; the real
 /// rank that connects after them still joins, and the exchange completes.
 #[test]
 fn the_root_drops_connections_that_are_not_ranks() {
-    let port = free_port();
-    let info = move |rank| job(rank, 2, port);
-    let timeout = Duration::from_secs(20);
-    let root = std::thread::spawn(move || {
-        let mut b = TcpBootstrap::connect(&info(0), timeout)?;
-        b.all_gather(b"root")
+    rank_joins_after(Duration::from_secs(20), |port| {
+        // Closes at once; then a 4 GiB hello; then a hello of the wrong length.
+        drop(connect_to(port));
+        connect_to(port).write_all(&u32::MAX.to_le_bytes()).unwrap();
+        connect_to(port).write_all(&framed(3, &[1, 0, 0])).unwrap();
     });
-    let connect = || connect_to(port);
-    // Closes at once; then a 4 GiB hello; then a hello of the wrong length.
-    drop(connect());
-    connect().write_all(&u32::MAX.to_le_bytes()).unwrap();
-    connect().write_all(&framed(3, &[1, 0, 0])).unwrap();
-    let mut rank1 = TcpBootstrap::connect(&info(1), timeout).unwrap();
-    let all = rank1.all_gather(b"one").unwrap();
-    assert_eq!(all, [b"root".to_vec(), b"one".to_vec()]);
-    assert_eq!(root.join().unwrap().unwrap(), all);
 }
 
 #[test]
@@ -118,18 +132,55 @@ fn oversized_contributions_are_refused_before_sending() {
 
 /// A connection that never says which rank it is gets dropped when the hello's time is up
 /// (here the root's whole timeout, 2 s, which is shorter than the hello's 5 s); the rank
-/// queued behind it still joins.
+/// that connects after it joins meanwhile.
 #[test]
 fn the_root_drops_silent_connections() {
-    let port = free_port();
-    let info = move |rank| job(rank, 2, port);
-    let root = std::thread::spawn(move || {
-        let mut b = TcpBootstrap::connect(&info(0), Duration::from_secs(2))?;
-        b.all_gather(b"root")
+    rank_joins_after(Duration::from_secs(2), connect_to);
+}
+
+/// Connections that do not prove the job's secret are dropped, whatever they send: a rank of
+/// another job (another secret), a hello with a proof of zeros, a handshake cut short in the
+/// hello or in the nonce. The real rank that connects after them still joins.
+#[test]
+fn the_root_drops_connections_without_the_job_secret() {
+    rank_joins_after(Duration::from_secs(20), |port| {
+        let other_job = JobInfo {
+            secret: JobSecret::generate().unwrap(),
+            ..job(1, 2, port)
+        };
+        let e = TcpBootstrap::connect(&other_job, Duration::from_secs(20))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("authentication"), "{e}");
+        let hello = framed(4, &1u32.to_le_bytes());
+        let mut zeros = connect_to(port);
+        zeros.write_all(&hello).unwrap();
+        zeros.write_all(&[0; 32]).unwrap();
+        let mut nonce = [0u8; 32];
+        zeros.read_exact(&mut nonce).unwrap();
+        zeros.write_all(&[0; 32]).unwrap();
+        let mut rest = Vec::new();
+        zeros.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "a proof of zeros got an answer");
+        connect_to(port).write_all(&hello[..6]).unwrap();
+        connect_to(port)
+            .write_all(&[hello.as_slice(), &[0; 9]].concat())
+            .unwrap();
     });
-    let silent = connect_to(port);
-    let mut rank1 = TcpBootstrap::connect(&info(1), Duration::from_secs(20)).unwrap();
-    let all = rank1.all_gather(b"one").unwrap();
-    assert_eq!(root.join().unwrap().unwrap(), all);
-    drop(silent);
+}
+
+/// Connections that say nothing are handled beside the ranks, not before them: with ten of
+/// them in front, the rank behind still joins, long before the silent ones' hellos time out
+/// (each would have held the root for 5 s, 50 s in all, past the root's 20 s).
+#[test]
+fn silent_connections_do_not_hold_up_the_ranks_behind_them() {
+    let silent = rank_joins_after(Duration::from_secs(20), |port| {
+        (0..10).map(|_| connect_to(port)).collect::<Vec<_>>()
+    });
+    // The silent connections are still open: the root did not wait for them to time out.
+    for mut s in silent {
+        s.set_nonblocking(true).unwrap();
+        let e = s.read(&mut [0u8; 1]).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+    }
 }

@@ -181,6 +181,30 @@ fn bootstrap_failed(rank: usize, during: &str, e: Error) -> Error {
     e
 }
 
+/// Makes this process accept soft-device TCP links when the ranks span hosts (found in one
+/// bootstrap round of host ids), on the address the bootstrap reaches the other ranks from
+/// (all interfaces if it cannot tell). Ranks on one host link through memory, and their
+/// processes listen on no interface.
+fn listen_if_ranks_span_hosts(boot: &mut dyn Bootstrap, rank: usize, size: usize) -> Result<()> {
+    let mine = gdsync::host_id().to_le_bytes();
+    let all = boot
+        .all_gather(&mine)
+        .map_err(|e| bootstrap_failed(rank, "exchanging host ids", e))?;
+    check_gathered(&all, size)?;
+    if all.iter().all(|h| h[..] == mine) {
+        return Ok(());
+    }
+    let ip = boot
+        .local_ip()
+        .filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
+        .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into());
+    let addr = gdsync::accept_tcp_links(Some(ip))?;
+    tracing::debug!(
+        "rank {rank}: the ranks span hosts: soft-device TCP links are accepted at {addr}"
+    );
+    Ok(())
+}
+
 /// Bytes of one endpoint in the connection record.
 const EP_BYTES: usize = Endpoint::WIRE_LEN;
 
@@ -286,6 +310,7 @@ impl Comm {
             dev.info().name,
             boot.describe()
         );
+        listen_if_ranks_span_hosts(&mut *boot, rank, size)?;
         let pd = dev.alloc_pd();
         let rounds = usize::BITS as usize - (size.max(2) - 1).leading_zeros() as usize;
         let layout = CtrlLayout { size, rounds };

@@ -94,11 +94,13 @@ pub struct Endpoint {
     pub device: u64,
     /// The QP number.
     pub qpn: u32,
-    /// Where the owner's process accepts TCP links; `None` if it does not (policy `shm`, or
-    /// its listener could not start).
+    /// Where the owner's process accepts TCP links; `None` if it does not listen (policy `shm`;
+    /// policy `auto` unless `GDSYNC_SOFT_ADDR`, `GDSYNC_SOFT_IFACE` or
+    /// [`accept_tcp_links`](crate::accept_tcp_links) made it; a listener that could not start).
+    /// A peer linking to it over TCP then dials from its own side.
     pub addr: Option<SocketAddr>,
     /// The owner's link policy. Setting it to [`LinkPolicy::Tcp`] on an endpoint before
-    /// handing it out asks for a TCP link to it.
+    /// handing it out asks for a TCP link to it (one of the two processes must listen).
     pub link: LinkPolicy,
 }
 

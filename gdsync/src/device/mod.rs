@@ -13,7 +13,9 @@ pub use attr::{DeviceAttr, LinkLayer, PortAttr, PortState};
 pub use endpoint::{Endpoint, LinkKind, LinkPolicy};
 pub use provider::{Access, MAX_MESSAGE, MAX_SGE};
 pub use select::{DeviceName, DeviceSelection, DEVICE_VAR};
-pub use soft::{progress, progress_mode, progress_mode_for, ProgressMode};
+pub use soft::{
+    accept_tcp_links, host_id, progress, progress_mode, progress_mode_for, ProgressMode,
+};
 
 /// A short description of a device.
 #[derive(Clone, Debug, PartialEq, Eq)]

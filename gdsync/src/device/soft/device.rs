@@ -5,7 +5,7 @@ use super::engine::{CqHw, QpHw};
 use super::mr_table::MrTable;
 use super::qp_numbers::QpNumbers;
 use super::uar::{UarPages, BF_SIZE};
-use super::{tcp, Cmd, EngineHandle, Link, PEER_WAIT};
+use super::{listen, tcp, Cmd, EngineHandle, Link, PEER_WAIT};
 use crate::device::endpoint::{choose_link, link_reason, Here};
 use crate::device::provider::*;
 use crate::device::{DeviceAttr, Endpoint, LinkKind, LinkPolicy, PortAttr};
@@ -23,8 +23,9 @@ fn registry() -> &'static Mutex<HashMap<u64, Weak<SoftDevice>>> {
     R.get_or_init(Default::default)
 }
 
-/// An identifier of this boot of this host: peers with the same one share memory.
-pub(crate) fn host_id() -> u64 {
+/// An identifier of this boot of this host (the [`Endpoint::host`] of its devices): processes
+/// with the same one share memory.
+pub fn host_id() -> u64 {
     static H: OnceLock<u64> = OnceLock::new();
     *H.get_or_init(|| {
         let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
@@ -50,15 +51,30 @@ fn link_policy() -> Result<LinkPolicy> {
     .map_err(Error::InvalidArgument)
 }
 
-/// Where this process accepts TCP links (starting the listener on first use), or why not
-/// (the listener logs why it failed).
-fn tcp_address() -> Result<SocketAddr> {
-    static LOGGED: AtomicBool = AtomicBool::new(false);
-    let addr = tcp::listen(on_tcp_dial)?;
-    if !LOGGED.swap(true, Ordering::Relaxed) {
-        tracing::debug!("soft device: this process accepts TCP links at {addr}");
+/// Starts accepting soft-device TCP links in this process, on `ip` (unless `GDSYNC_SOFT_ADDR`
+/// or `GDSYNC_SOFT_IFACE` say where; `None`: loopback), and returns the address peers dial.
+/// Endpoints made from then on carry it. A listener that runs already stays where it is.
+///
+/// Needed only where peers in other processes will link to this process over TCP and nothing
+/// else made it listen: by default a process listens only under `GDSYNC_SOFT_LINK=tcp` or when
+/// `GDSYNC_SOFT_ADDR`/`GDSYNC_SOFT_IFACE` is set, and mp's communicator calls this (on the
+/// address its bootstrap reaches the other ranks from) when its ranks span hosts. Every
+/// connection must prove the job's secret ([`crate::auth`]).
+pub fn accept_tcp_links(ip: Option<std::net::IpAddr>) -> Result<SocketAddr> {
+    listen::start(ip, on_tcp_dial)
+}
+
+/// Where this process accepts TCP links for an endpoint made under `policy`: the listener's
+/// address if it runs or is called for (policy `tcp`, or the environment names where to
+/// listen); `None` otherwise (policy `shm`; `auto` on loopback, where TCP would serve only this
+/// host, whose peers link through memory), or if it cannot start (logged).
+fn tcp_address(policy: LinkPolicy) -> Option<SocketAddr> {
+    match policy {
+        LinkPolicy::Shm => None,
+        LinkPolicy::Tcp => accept_tcp_links(None).ok(),
+        LinkPolicy::Auto if listen::configured() => accept_tcp_links(None).ok(),
+        LinkPolicy::Auto => listen::running(),
     }
-    Ok(addr)
 }
 
 fn new_uid() -> u64 {
@@ -116,12 +132,9 @@ impl SoftDevice {
     fn address(&self, qpn: u32) -> Endpoint {
         // An invalid GDSYNC_SOFT_LINK is reported by connect; the endpoint says auto.
         let link = link_policy().unwrap_or_default();
-        // Without a listener (it failed: logged) the endpoint has no address, and peers
-        // that need TCP get Unreachable naming this endpoint.
-        let addr = match link {
-            LinkPolicy::Shm => None,
-            _ => tcp_address().ok(),
-        };
+        // Without a listener the endpoint has no address: peers that need TCP then dial
+        // from their side, or get Unreachable naming this endpoint.
+        let addr = tcp_address(link);
         Endpoint {
             host: host_id(),
             pid: std::process::id(),
@@ -254,18 +267,13 @@ impl SoftDevice {
     /// A TCP link to `remote`'s device. The device that connects first dials the other's
     /// listener ([`on_tcp_dial`] accepts); the other's `connect` then finds the link. If both
     /// dial at once, the smaller uid's dial wins and the other device waits for it (up to
-    /// [`PEER_WAIT`]).
+    /// [`PEER_WAIT`]). A peer whose endpoint has no address (its process does not listen)
+    /// always dials this one.
     fn link_tcp(&self, remote: &Endpoint) -> Result<()> {
         let peer = remote.device;
-        // Endpoints with policy shm never get here (choose_link refuses TCP for them), so a
-        // missing address means the peer's listener failed; its process logged why.
-        let addr = remote.addr.ok_or_else(|| {
-            Error::Unreachable(format!(
-                "{remote} has no TCP address: its process could not start a TCP listener (it logs why at level warn: run it with GDSYNC_LOG=warn; GDSYNC_SOFT_ADDR sets where it listens)"
-            ))
-        })?;
-        // This process must accept links too: a crossed dial leaves it waiting for the peer's.
-        tcp_address()?;
+        let Some(addr) = dialable(remote)? else {
+            return self.wait_for_dial_from(remote);
+        };
         {
             // One dial per peer: another QP of this device may be dialing it right now.
             let mut l = self.links.lock();
@@ -300,18 +308,45 @@ impl SoftDevice {
                     "{}: device {peer:016x} is dialing this device too: waiting for its dial",
                     self.label()
                 );
-                let deadline = Instant::now() + PEER_WAIT;
-                while !l.up.contains(&peer) {
-                    if self.links_changed.wait_until(&mut l, deadline).timed_out() {
-                        return Err(Error::Unreachable(format!(
-                            "device {peer:016x} ({remote}) dialed this device, but its link was not set up here within {} s",
-                            PEER_WAIT.as_secs()
-                        )));
-                    }
-                }
-                Ok(())
+                drop(l);
+                self.wait_for_dial_from(remote)
             }
         }
+    }
+
+    /// Waits (up to [`PEER_WAIT`]) for the link `remote`'s device dials to this process's
+    /// listener.
+    fn wait_for_dial_from(&self, remote: &Endpoint) -> Result<()> {
+        let peer = remote.device;
+        let Some(here) = listen::running() else {
+            return Err(Error::Unreachable(format!(
+                "neither {remote} nor this process accepts TCP links: set GDSYNC_SOFT_LINK=tcp, GDSYNC_SOFT_ADDR or GDSYNC_SOFT_IFACE in one of them (mp's communicator does when its ranks span hosts)"
+            )));
+        };
+        let deadline = Instant::now() + PEER_WAIT;
+        let mut l = self.links.lock();
+        while !l.up.contains(&peer) {
+            if self.links_changed.wait_until(&mut l, deadline).timed_out() {
+                return Err(Error::Unreachable(format!(
+                    "device {peer:016x} ({remote}) did not set up a TCP link to this process (at {here}) within {} s",
+                    PEER_WAIT.as_secs()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The address to dial `remote` at; `None` if it has none (it dials this process instead).
+/// An error for a loopback address of another host.
+fn dialable(remote: &Endpoint) -> Result<Option<SocketAddr>> {
+    match remote.addr {
+        Some(a) if a.ip().is_loopback() && remote.host != host_id() => {
+            Err(Error::Unreachable(format!(
+                "{remote} is on another host and accepts TCP links on its loopback interface only: set GDSYNC_SOFT_ADDR or GDSYNC_SOFT_IFACE in its process"
+            )))
+        }
+        a => Ok(a),
     }
 }
 

@@ -12,6 +12,7 @@ mod attr;
 mod device;
 mod engine;
 mod link;
+mod listen;
 mod mr_table;
 mod progress;
 mod qp_numbers;
@@ -19,6 +20,7 @@ pub(crate) mod tcp;
 mod uar;
 
 pub(crate) use device::SoftDevice;
+pub use device::{accept_tcp_links, host_id};
 
 pub(crate) use progress::{help, Why};
 pub use progress::{progress, progress_mode, progress_mode_for, ProgressMode};

@@ -11,9 +11,10 @@
 //! as for a dead process. Dropping the engine's end shuts the socket down, which the peer
 //! sees as the end of the stream.
 //!
-//! A process accepts links on one listening socket shared by its devices ([`listen`]). The
-//! device that connects first dials ([`dial`]) and names both devices in a hello; the
-//! listener hands the connection to the named device. When both dial at the same moment, the
+//! A process accepts links on one listening socket shared by its devices (`soft::listen`).
+//! The device that connects first dials ([`dial`]) and names both devices in a hello; both
+//! sides then prove they know the job's secret ([`crate::auth`]), and the listener hands the
+//! connection to the named device. When both dial at the same moment, the
 //! dial of the device with the smaller uid wins and the other is answered `Crossed`. The byte
 //! layouts of the hello, its answer and the frames are in `docs/soft-device.md` (TCP link)
 //! and below.
@@ -22,8 +23,7 @@ use super::link::{kind, BridgeSignal, Consumer, Link, PktHeader, Producer, MTU};
 use super::EngineWaker;
 use crate::{Error, Result};
 use std::io::{BufReader, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::sync::OnceLock;
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::Duration;
 
 /// Longest wait for a TCP connection to be established.
@@ -287,6 +287,7 @@ pub(crate) fn dial(addr: SocketAddr, hello: &Hello, engine: EngineWaker) -> Resu
         .map_err(|e| fail("socket options", &e))?;
     s.write_all(&hello.to_bytes())
         .map_err(|e| fail("send hello", &e))?;
+    authenticate_dial(&mut s, hello).map_err(|e| fail("authentication", &e))?;
     let mut a = [0u8; ANSWER_LEN];
     s.read_exact(&mut a).map_err(|e| fail("no answer", &e))?;
     let Some(code) = Answer::code_of(&a) else {
@@ -301,106 +302,59 @@ pub(crate) fn dial(addr: SocketAddr, hello: &Hello, engine: EngineWaker) -> Resu
     }
 }
 
-// ---------------------------------------------------------------------------- listener
+// ---------------------------------------------------------------------------- handshake
 
-/// Starts (once per process) the listener that accepts TCP links for this process's devices,
-/// and returns the address peers should dial. Bind address: `GDSYNC_SOFT_ADDR` (`ip` or
-/// `ip:port`), else every interface and a free port. Advertised address: that IP if it is
-/// not a wildcard, else the host's primary IPv4 address, else 127.0.0.1. Each hello that
-/// parses goes to `on_dial` on its own thread.
-pub(crate) fn listen(on_dial: fn(Hello, TcpStream)) -> Result<SocketAddr> {
-    static LISTENER: OnceLock<std::result::Result<SocketAddr, String>> = OnceLock::new();
-    LISTENER
-        .get_or_init(|| {
-            start_listener(on_dial).map_err(|e| {
-                tracing::warn!("soft device: no TCP listener, peers cannot dial this process: {e}");
-                e.to_string()
-            })
-        })
-        .clone()
-        .map_err(|e| Error::Unreachable(format!("this process accepts no TCP links: {e}")))
-}
+/// What the job-secret proofs of a link's handshake are for ([`crate::auth`]).
+const AUTH_PURPOSE: &[u8] = b"gdsync soft-device TCP link";
 
-fn start_listener(on_dial: fn(Hello, TcpStream)) -> Result<SocketAddr> {
-    let bind = match std::env::var("GDSYNC_SOFT_ADDR") {
-        Ok(v) if !v.trim().is_empty() => parse_soft_addr(&v)?,
-        _ => SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+/// The listener's side of a new connection's handshake: reads the hello, then checks that the
+/// dialer knows the job's secret (and proves it in turn). `None`, logged with the peer's
+/// address, for a connection that fails either: the caller drops it.
+pub(crate) fn handshake_accepted(mut stream: &TcpStream, from: SocketAddr) -> Option<Hello> {
+    let refuse = |why: String| {
+        tracing::warn!("soft device: dropped a TCP connection from {from}: {why}");
+        None
     };
-    let l = TcpListener::bind(bind)
-        .map_err(|e| Error::os(format!("listen on {bind} for soft-device links"), e))?;
-    let port = l
-        .local_addr()
-        .map_err(|e| Error::os("listener address", e))?
-        .port();
-    let ip = if bind.ip().is_unspecified() {
-        primary_ipv4().map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4)
-    } else {
-        bind.ip()
-    };
-    std::thread::Builder::new()
-        .name("gdsync-tcp-listen".into())
-        .spawn(move || accept_loop(l, on_dial))
-        .map_err(|e| Error::os("spawn the TCP listener thread", e))?;
-    Ok(SocketAddr::new(ip, port))
-}
-
-/// `GDSYNC_SOFT_ADDR`: `ip` (any free port) or `ip:port` (`[v6]:port` for IPv6).
-pub(crate) fn parse_soft_addr(s: &str) -> Result<SocketAddr> {
-    let s = s.trim();
-    s.parse::<SocketAddr>()
-        .or_else(|_| s.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 0)))
-        .map_err(|_| {
-            Error::invalid(format!(
-                "GDSYNC_SOFT_ADDR={s:?}: expected an IP address, optionally with :port"
-            ))
-        })
-}
-
-/// The source address of the default route: a UDP socket "connected" to a public address
-/// picks it (no packet is sent). `None` without a route, or if it is a loopback address.
-fn primary_ipv4() -> Option<Ipv4Addr> {
-    let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).ok()?;
-    s.connect((Ipv4Addr::new(8, 8, 8, 8), 53)).ok()?;
-    match s.local_addr().ok()?.ip() {
-        IpAddr::V4(ip) if !ip.is_loopback() && !ip.is_unspecified() => Some(ip),
-        _ => None,
+    let timeouts = stream
+        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+        .and_then(|_| stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT)));
+    if let Err(e) = timeouts {
+        return refuse(format!("socket options: {e}"));
     }
-}
-
-fn accept_loop(l: TcpListener, on_dial: fn(Hello, TcpStream)) {
-    loop {
-        match l.accept() {
-            Ok((stream, from)) => {
-                // The hello is read on a thread of its own: a silent client must not hold up
-                // other dials.
-                let r = std::thread::Builder::new()
-                    .name("gdsync-tcp-hello".into())
-                    .spawn(move || {
-                        if let Some(h) = read_hello(&stream) {
-                            on_dial(h, stream);
-                        } else {
-                            tracing::debug!(%from, "soft device: dropped a connection without a valid hello");
-                        }
-                    });
-                if let Err(e) = r {
-                    tracing::warn!("soft device: cannot serve a TCP dial: {e}");
-                }
-            }
-            Err(e) => {
-                // Out of file descriptors and the like: try again shortly.
-                tracing::warn!("soft device: TCP accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-    }
-}
-
-fn read_hello(mut stream: &TcpStream) -> Option<Hello> {
-    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).ok()?;
-    stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT)).ok()?;
     let mut b = [0u8; HELLO_LEN];
-    stream.read_exact(&mut b).ok()?;
-    Hello::from_bytes(&b)
+    if let Err(e) = stream.read_exact(&mut b) {
+        return refuse(format!("no hello: {e}"));
+    }
+    let Some(hello) = Hello::from_bytes(&b) else {
+        return refuse("not a gdsync soft-device hello".into());
+    };
+    let secret = match crate::auth::job_secret() {
+        Ok(s) => s,
+        Err(e) => return refuse(e.to_string()),
+    };
+    if let Err(e) = crate::auth::accept(&mut stream, &secret, AUTH_PURPOSE, &b) {
+        return refuse(format!(
+            "authentication failed ({e}): a process of another job, or without this job's {}?",
+            crate::auth::SECRET_ENV
+        ));
+    }
+    Some(hello)
+}
+
+/// The dialer's side of the handshake, after its hello: proves the job's secret and checks
+/// the listener's proof.
+fn authenticate_dial(s: &mut TcpStream, hello: &Hello) -> std::result::Result<(), String> {
+    let secret = crate::auth::job_secret().map_err(|e| e.to_string())?;
+    crate::auth::dial(s, &secret, AUTH_PURPOSE, &hello.to_bytes()).map_err(|e| match e.kind() {
+        std::io::ErrorKind::PermissionDenied => format!(
+            "{e}: it is not a process of this job (or its {} differs)",
+            crate::auth::SECRET_ENV
+        ),
+        _ => format!(
+            "{e}: it refused this process's proof of the job secret? (every process of a job needs the same {}; mp's launch_local sets it)",
+            crate::auth::SECRET_ENV
+        ),
+    })
 }
 
 // ---------------------------------------------------------------------------- bridge
@@ -607,24 +561,5 @@ mod tests {
         assert_eq!(Answer::Incompatible.to_bytes()[8..12], [4, 0, 0, 0]);
         assert!(Answer::describe(1).contains("no such device"));
         assert!(Answer::describe(99).contains("unknown"));
-    }
-
-    #[test]
-    fn soft_addr_forms() {
-        assert_eq!(
-            parse_soft_addr("10.0.0.5").unwrap(),
-            "10.0.0.5:0".parse().unwrap()
-        );
-        assert_eq!(
-            parse_soft_addr(" 127.0.0.1:4000 ").unwrap(),
-            "127.0.0.1:4000".parse().unwrap()
-        );
-        assert_eq!(
-            parse_soft_addr("[::1]:7").unwrap(),
-            "[::1]:7".parse().unwrap()
-        );
-        assert_eq!(parse_soft_addr("::").unwrap(), "[::]:0".parse().unwrap());
-        assert!(parse_soft_addr("host.example:4000").is_err());
-        assert!(parse_soft_addr("10.0.0.5:99999").is_err());
     }
 }

@@ -1,6 +1,7 @@
 //! The TCP link between two devices of this process (endpoints that ask for TCP), through
 //! the process's own listener on this host: connecting in any order, data in both directions
-//! under back-pressure, the listener's refusals, and a dropped peer device.
+//! under back-pressure, the listener's refusals, connections that fail authentication, and a
+//! dropped peer device.
 
 use super::*;
 use crate::format::Syndrome;
@@ -9,7 +10,7 @@ use crate::{
     RemoteBuf, SendWr, WcStatus,
 };
 use std::time::Duration;
-use tcp::{Dialed, Hello};
+use tcp::{Dialed, Hello, HELLO_LEN};
 
 /// The soft device behind a device handle.
 fn soft(d: &Device) -> Arc<SoftDevice> {
@@ -30,6 +31,8 @@ struct Side {
 }
 
 fn side() -> Side {
+    // The endpoints of these tests ask for TCP by hand: this process must listen.
+    accept_tcp_links(None).unwrap();
     let dev = Device::soft().unwrap();
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(256).unwrap();
@@ -265,7 +268,7 @@ fn send_imm_across(
 fn tcp_listener_refuses_what_it_cannot_serve() {
     let (mut a, mut b) = (side(), side());
     connect(&mut a, &mut b);
-    let addr = tcp_address().unwrap();
+    let addr = accept_tcp_links(None).unwrap();
     let (lo, hi) = if a.dev.info().uid < b.dev.info().uid {
         (&a, &b)
     } else {
@@ -342,4 +345,52 @@ fn tcp_peer_device_dropped() {
         "took {:?}",
         t.elapsed()
     );
+}
+
+/// Connections that do not prove the job's secret are dropped before the listener says a word
+/// (no answer, no device named), whatever they send: another secret, a proof of zeros, a
+/// hello cut short, a nonce cut short. A link already up and a new dial both keep working.
+#[test]
+fn tcp_connections_without_the_job_secret_are_dropped() {
+    use crate::auth::{self, JobSecret};
+    use std::io::{Read, Write};
+    let (mut a, mut b) = (side(), side());
+    connect(&mut a, &mut b);
+    let addr = accept_tcp_links(None).unwrap();
+    let hello = Hello::new(1, a.dev.info().uid, host_id(), 1).to_bytes();
+    let open = |first: &[u8]| {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        s.write_all(first).unwrap();
+        s
+    };
+    // What the listener sends after the last byte the client waited for, until it closes.
+    let rest = |mut s: std::net::TcpStream| {
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).map(|_| got.len())
+    };
+    let other = JobSecret::generate().unwrap();
+    let mut s = open(&hello);
+    let e = auth::dial(&mut s, &other, b"gdsync soft-device TCP link", &hello).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
+    let zeros = [hello.as_slice(), &[0u8; 32]].concat();
+    let mut s = open(&zeros);
+    let mut nonce = [0u8; 32];
+    s.read_exact(&mut nonce).unwrap();
+    s.write_all(&[0u8; 32]).unwrap();
+    assert_eq!(rest(s).unwrap(), 0, "a proof of zeros got an answer");
+    for cut in [&hello[..20], &zeros[..HELLO_LEN + 5]] {
+        let s = open(cut);
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        assert_eq!(
+            rest(s).unwrap(),
+            0,
+            "a handshake cut after {} bytes",
+            cut.len()
+        );
+    }
+    assert_pair_works(&mut a, &mut b);
+    let (mut c, mut d) = (side(), side());
+    connect(&mut c, &mut d);
+    assert_pair_works(&mut c, &mut d);
 }

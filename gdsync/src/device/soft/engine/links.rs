@@ -9,6 +9,13 @@ use super::{resp, Body, Engine, TxJob};
 use crate::device::provider::Access;
 use crate::format::Syndrome;
 
+/// Most messages queued on a link (answers that wait for room in its send ring, mostly)
+/// before the engine stops reading its receive ring: a peer that sends requests and does not
+/// read the answers is then held back by the full ring (and TCP), instead of growing the queue
+/// without bound. About 10 MiB of queue. Two peers stall each other only if each has more
+/// requests outstanding to the other than this, far more than their send rings hold.
+pub(super) const MAX_BACKLOG: usize = 1 << 16;
+
 /// What sending a queued message came to.
 enum Emit {
     /// Every packet is in the ring.
@@ -20,9 +27,13 @@ enum Emit {
 }
 
 impl Engine {
-    /// Takes up to 64 packets off the link's receive ring.
+    /// Takes up to 64 packets off the link's receive ring; none while the link's send queue
+    /// is full ([`MAX_BACKLOG`]).
     #[inline]
     pub(super) fn poll_link(&mut self, li: usize) -> bool {
+        if self.links[li].queue.len() >= MAX_BACKLOG {
+            return false;
+        }
         let mut n = 0;
         while let Some((h, payload)) = self.links[li].link.rx.peek() {
             // The payload borrows the ring: copy small headers, hand the slice down.
