@@ -27,3 +27,19 @@ pub const fn cq_ci_value(ci: u64) -> Be32 {
 pub const fn doorbell_value(head: [u8; 8]) -> u64 {
     u64::from_le_bytes(head)
 }
+
+/// The reader of [`doorbell_value`]: the send-queue position just past the WQE whose first 8
+/// bytes a doorbell carries (the ctrl segment's WQE index plus the WQE's size in 64-byte
+/// blocks), if the doorbell names QP `qpn` and a non-empty WQE. A NIC processes up to there
+/// without reading the doorbell record.
+pub const fn doorbell_end(value: u64, qpn: u32) -> Option<u16> {
+    let b = value.to_le_bytes();
+    let opmod_idx_opcode = u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    let qpn_ds = u32::from_be_bytes([b[4], b[5], b[6], b[7]]);
+    let ds = qpn_ds & 0x3F;
+    if qpn_ds >> 8 != qpn || ds == 0 {
+        return None;
+    }
+    let idx = (opmod_idx_opcode >> 8) as u16;
+    Some(idx.wrapping_add(ds.div_ceil(4) as u16))
+}

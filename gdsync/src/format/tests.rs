@@ -106,6 +106,11 @@ fn rdma_write_worked_example_2_6() {
     assert_eq!(v, 0x0323_0100_0805_0000);
     // A little-endian 64-bit store of the value writes exactly those bytes.
     assert_eq!(v.to_le_bytes(), head);
+    // Read back by a NIC: the WQE at index 5 of QP 0x123, one block: processing ends at 6,
+    // the doorbell record's value. A doorbell that names another QP says nothing.
+    assert_eq!(doorbell_end(v, 0x123), Some(6));
+    assert_eq!(doorbell_end(v, 0x124), None);
+    assert_eq!(doorbell_end(0, 0), None, "a WQE of no segments");
 }
 
 #[test]

@@ -85,6 +85,26 @@ impl QpHw {
             b.page.u64(b.off + BF_SIZE).load(Ordering::Acquire),
         ]
     }
+    /// Where the newest doorbell rung since `last` ends (see [`doorbell_end`]), if every half
+    /// that changed names this QP and lies at most a ring ahead of `ci`: the send queue's
+    /// producer index, known without reading the doorbell record (a line the poster wrote).
+    fn doorbell_end(&self, db: [u64; 2], last: [u64; 2], ci: u16) -> Option<u16> {
+        let mut end: Option<u16> = None;
+        for h in 0..2 {
+            if db[h] == last[h] {
+                continue;
+            }
+            let e = crate::format::doorbell_end(db[h], self.qpn)?;
+            let ahead = e.wrapping_sub(ci);
+            if u32::from(ahead) > self.sq_cnt {
+                return None;
+            }
+            if end.is_none_or(|x| ahead > x.wrapping_sub(ci)) {
+                end = Some(e);
+            }
+        }
+        end
+    }
     /// The receive doorbell record's producer index.
     fn rq_producer(&self) -> u16 {
         (crate::mem::load_be32(&self.dbrec, self.dbrec_off + 4 * DBREC_RQ) & 0xFFFF) as u16

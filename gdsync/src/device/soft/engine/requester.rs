@@ -44,9 +44,6 @@ impl Engine {
         q.hw.buf
             .prefetch(slot_off(q.hw.sq_off, q.sq_ci, q.hw.sq_cnt, WQEBB));
         let db = q.hw.doorbell();
-        // The send doorbell record is loaded with the register, not after it: when a post
-        // wrote both lines, the two misses overlap instead of following each other.
-        let pi = q.hw.sq_producer();
         if db == q.last_db && !q.pending && !q.err {
             return false;
         }
@@ -61,11 +58,18 @@ impl Engine {
         if db == q.last_db && !q.pending {
             return work;
         }
+        // A new doorbell names the last WQE posted, and so how far to go, as a ConnectX takes
+        // it from the register; the doorbell record is read when the doorbell cannot say
+        // (a QP picked up again, a doorbell of another shape).
+        let rung = (db != q.last_db && !q.pending)
+            .then(|| q.hw.doorbell_end(db, q.last_db, q.sq_ci as u16))
+            .flatten();
         q.last_db = db;
         if q.link.is_none() || q.retry_at.is_some() {
             q.pending = true;
             return work;
         }
+        let pi = rung.unwrap_or_else(|| q.hw.sq_producer());
         q.pending = false;
         self.drain_send_ring(qpn, pi) || work
     }
