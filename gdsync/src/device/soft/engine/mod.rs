@@ -70,6 +70,8 @@ pub(crate) struct QpHw {
     pub send_cq: Arc<CqHw>,
     pub recv_cq: Arc<CqHw>,
     pub timers: QpTimers,
+    /// What CQEs carry in `srqn_uidx` (the user index the host gave the QP).
+    pub user_index: u32,
 }
 
 impl QpHw {
