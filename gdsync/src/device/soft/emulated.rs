@@ -344,6 +344,70 @@ mod tests {
         );
     }
 
+    /// A QP spec over `owner`'s pages, as the driver would build it from libmlx5's memory,
+    /// with the doorbell register at `bf_off` of a foreign page.
+    fn foreign_qp(owner: &RingMem, cqn: u32, bf_off: usize) -> QpSpec {
+        let (buf, _) = foreign(owner.addr(0), 2 * crate::mem::PAGE);
+        let (db, db_off) = foreign(owner.addr(0x1000), 8);
+        let (bf, _) = foreign(owner.addr(0x2000), 8);
+        QpSpec {
+            pd: 1,
+            buf,
+            rq_wqes: 16,
+            rq_stride: 32,
+            sq_off: 512,
+            sq_wqebbs: 16,
+            dbrec: MemAt {
+                mem: db,
+                off: db_off,
+            },
+            send_cqn: cqn,
+            recv_cqn: cqn,
+            doorbell: Some(MemAt {
+                mem: bf,
+                off: bf_off,
+            }),
+            user_index: 7,
+        }
+    }
+
+    #[test]
+    fn foreign_rings_are_served_and_never_freed() {
+        let owner = RingMem::new(4 * crate::mem::PAGE);
+        let dev = SoftDevice::spawn().unwrap();
+        let (ring, off) = foreign(owner.addr(0x3000), 64 * 8);
+        assert_eq!(off, 0);
+        let (dbrec, dbrec_off) = foreign(owner.addr(0x1040), 8);
+        assert_eq!((dbrec_off, dbrec.len()), (0x40, crate::mem::PAGE));
+        let cqn = dev
+            .create_cq(CqSpec {
+                ring,
+                entries: 8,
+                dbrec: MemAt {
+                    mem: dbrec,
+                    off: dbrec_off,
+                },
+            })
+            .unwrap();
+        // A register whose second half would leave the page is refused, not trusted.
+        let e = dev.create_qp(foreign_qp(&owner, cqn, 0xF00)).err().unwrap();
+        assert!(e.to_string().contains("doorbell register"), "{e}");
+        let qp = dev.create_qp(foreign_qp(&owner, cqn, 0x800)).unwrap();
+        assert_eq!(
+            qp.doorbell.addr(),
+            owner.addr(0x2800),
+            "the register it was given"
+        );
+        dev.destroy_qp(qp.qpn);
+        dev.destroy_cq(cqn);
+        drop(dev);
+        // The foreign wrappers are gone; the owner's pages are still its own.
+        owner.write(0x2800, &[1; 8]);
+        let mut back = [0u8; 8];
+        owner.read(0x2800, &mut back);
+        assert_eq!(back, [1; 8]);
+    }
+
     #[test]
     fn ib_timer_encodings() {
         assert_eq!(transport_timeout(14), Duration::from_nanos(4096 << 14));
