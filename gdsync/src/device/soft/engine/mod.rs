@@ -84,8 +84,12 @@ impl QpHw {
             b.page.u64(b.off + BF_SIZE).load(Ordering::Acquire),
         ]
     }
-    /// The receive doorbell record's producer index.
+    /// The receive doorbell record's producer index. A QP without a receive ring (a
+    /// send-only QP of libmlx5's) has none posted, whatever its record says.
     fn rq_producer(&self) -> u16 {
+        if self.rq_cnt == 0 {
+            return 0;
+        }
         (crate::mem::load_be32(&self.dbrec, self.dbrec_off + 4 * DBREC_RQ) & 0xFFFF) as u16
     }
     /// The send doorbell record's producer index.
