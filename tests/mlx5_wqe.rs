@@ -4,8 +4,8 @@
 //! is compared with the one `gdsync::format::SendWqe` / `RecvWqe` writes for the same work
 //! request at the same producer index, filled as the queue layer fills them (`Qp::encode` in
 //! gdsync's qp/encode.rs: opcode, flags, immediate, segments; zero-length SGEs skipped; an
-//! atomic's SGE forced to 8 bytes). Nothing executes the WQEs: the emulated driver has no data
-//! path, so the ring keeps what libmlx5 wrote.
+//! atomic's SGE forced to 8 bytes). Nothing executes the WQEs: this test attaches no HCA to the
+//! emulated driver (tests/mlx5_data.rs does), so the ring keeps what libmlx5 wrote.
 //!
 //! Before each post the ring slots ahead are filled with a pattern, so a byte libmlx5 does not
 //! write shows as the pattern. Field by field, the control segment agrees as follows:

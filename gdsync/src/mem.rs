@@ -1,5 +1,6 @@
 //! Ring memory: page-aligned, zeroed allocations for the rings, doorbell records and doorbell
-//! words that the device and the executors share. All raw access to it lives here.
+//! words that the device and the executors share, or the pages of such memory another driver
+//! placed (libmlx5's rings under the emulated kernel driver). All raw access to it lives here.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -26,6 +27,8 @@ pub(crate) struct RingMem {
     len: usize,
     /// Registered with CUDA (pinned, mapped for GPUs) when a GPU is present.
     cuda: bool,
+    /// Allocated here (freed on drop), or pages someone else owns ([`RingMem::foreign`]).
+    owned: bool,
 }
 
 // SAFETY: RingMem is a plain allocation; every access goes through the atomic or
@@ -58,7 +61,30 @@ impl RingMem {
                     }
                 }
             });
-        Self { ptr, len, cuda }
+        Self {
+            ptr,
+            len,
+            cuda,
+            owned: true,
+        }
+    }
+
+    /// The whole pages around `len` bytes at `addr`, which another driver allocated (as a
+    /// kernel driver maps the rings a user library placed), and the offset of `addr` in them.
+    /// Nothing is allocated, registered or freed.
+    ///
+    /// # Safety
+    /// The pages must stay mapped, readable and writable, and be accessed by their owner only
+    /// through the ring protocol (doorbells, owner bits), as long as the RingMem lives.
+    pub(crate) unsafe fn foreign(addr: u64, len: usize) -> (Self, usize) {
+        let off = (addr % PAGE as u64) as usize;
+        let mem = Self {
+            ptr: (addr - off as u64) as *mut u8,
+            len: (off + len.max(1)).next_multiple_of(PAGE),
+            cuda: false,
+            owned: false,
+        };
+        (mem, off)
     }
 
     /// Whether GPUs can reach this memory (registered with CUDA).
@@ -133,6 +159,9 @@ impl RingMem {
 
 impl Drop for RingMem {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         if self.cuda {
             if let Ok(c) = crate::cuda::Cuda::get() {
                 c.unregister_host(self.ptr);

@@ -14,8 +14,11 @@
  *     state transitions with their required attributes, response lengths honoured;
  *   - backs UAR mmaps with anonymous shared pages and records them;
  *   - raises async events (port up/down, QP fatal) on the contexts' async fds when a test
- *     asks through uvemu_set_port_state() / uvemu_qp_fatal() (uvemu.h).
- * No data path: nothing executes WQEs yet. UVEMU_LOG=1 traces every command to stderr.
+ *     asks through uvemu_set_port_state() / uvemu_qp_fatal() (uvemu.h);
+ *   - hands every MR, CQ and QP, with libmlx5's own rings, doorbell records and BlueFlame
+ *     register, to the soft HCA a process attached (uvemu_attach_hca(), uvemu.h), which then
+ *     serves the data path; without one, nothing executes WQEs.
+ * UVEMU_LOG=1 traces every command to stderr.
  */
 #define _GNU_SOURCE
 #include "uvemu.h"
@@ -33,6 +36,7 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/types.h>
+#include <arpa/inet.h>
 #include <unistd.h>
 #include <linux/netlink.h>
 #include <rdma/ib_user_verbs.h>
@@ -45,7 +49,6 @@
 #define DEV_MINOR0 192
 #define MAX_CONTEXTS 64
 #define BFREGS_PER_PAGE 2   /* legacy static UARs: two BlueFlame registers per 4 KiB page */
-#define GID_TABLE_LEN 16    /* what QUERY_PORT reports; the fake sysfs writes that many */
 #define MAX_CMD_BYTES (1u << 20) /* a write() command larger than any verbs command */
 #define MAX_IOCTL_ATTRS 64
 
@@ -74,7 +77,12 @@ static int (*r_stat)(const char *, struct stat *);
 static int (*r_fstat)(int, struct stat *);
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+/* Recursive: the attached HCA runs under it and may itself call hooked functions (mmap for a
+ * thread's stack, close), which take it for fds that are not the emulator's. */
+static pthread_mutex_t lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+static const struct uvemu_hca_ops *hca; /* the data path, once attached */
+static void hca_release_all(struct uvemu_context *c);
+static const struct uvemu_port *port_of(const struct uvemu_context *c, uint32_t port);
 static int logging;
 static int ndevices;
 static struct uvemu_device devices[UVEMU_MAX_DEVICES];
@@ -126,6 +134,11 @@ static void load_devices(void)
 			port->lid = read_sysfs(rel, v, sizeof(v)) ? (uint16_t)strtoul(v, NULL, 0) : 0;
 			snprintf(rel, sizeof(rel), "class/infiniband/%s/ports/%d/state", dev->name, p);
 			port->active = read_sysfs(rel, v, sizeof(v)) && v[0] == '4';
+			for (int i = 0; i < UVEMU_GIDS; i++) {
+				snprintf(rel, sizeof(rel), "class/infiniband/%s/ports/%d/gids/%d", dev->name, p, i);
+				if (!read_sysfs(rel, v, sizeof(v)) || inet_pton(AF_INET6, v, port->gid[i]) != 1)
+					memset(port->gid[i], 0, 16);
+			}
 		}
 		L("device uverbs%d = %s, %d port(s)", d, dev->name, dev->nports);
 	}
@@ -253,6 +266,7 @@ int close(int fd)
 		/* The kernel tears down whatever the process left; UAR pages stay mapped until
 		 * libmlx5 unmaps them (it did before closing). */
 		if (c->async_wr >= 0) r_close(c->async_wr);
+		hca_release_all(c);
 		L("close(cmd fd %d): context of %s released", fd, devices[c->dev].name);
 		c->in_use = 0;
 	}
@@ -341,6 +355,100 @@ static int obj_destroy(struct uvemu_context *c, uint32_t handle, enum uvemu_obj_
 	if (rcq) rcq->refs--;
 	o->type = UVEMU_FREE;
 	return 0;
+}
+
+/* ------------------------------------------------------------------ the data path's HCA */
+
+int uvemu_device_count(void)
+{
+	ensure_init();
+	return ndevices;
+}
+
+int uvemu_attach_hca(const struct uvemu_hca_ops *ops)
+{
+	ensure_init();
+	pthread_mutex_lock(&lock);
+	int rc = !ops ? EINVAL : hca ? EBUSY : 0;
+	if (!rc) hca = ops;
+	pthread_mutex_unlock(&lock);
+	L("HCA attached: %s", rc ? strerror(rc) : "the data path is served");
+	return rc;
+}
+
+/* Whether the caller's `n` bytes at `p` are mapped (the kernel pins them, or fails with
+ * EFAULT): one byte of each page is read. */
+static int user_mapped(uint64_t p, uint64_t n)
+{
+	char b;
+	if (n > UINT64_MAX - p) return EFAULT;
+	for (uint64_t a = p & ~4095ull; a < p + n; a += 4096)
+		if (user_copy(&b, (const void *)(uintptr_t)(a < p ? p : a), 1)) return EFAULT;
+	return 0;
+}
+
+/* The device of this process whose port has the QP's destination address (the LID, or the
+ * GID where the path has a GRH), or -1: only QPs of one process are linked. */
+static int path_device(const struct uvemu_context *c, const struct uvemu_obj *o)
+{
+	static const uint8_t none[16];
+	const struct uvemu_port *own = port_of(c, o->u.qp.port);
+	if (!own) return -1;
+	for (int d = 0; d < ndevices; d++)
+		for (int p = 0; p < devices[d].nports; p++) {
+			const struct uvemu_port *x = &devices[d].port[p];
+			if (x->ethernet != own->ethernet) continue;
+			if (!o->u.qp.is_global && !x->ethernet && x->lid == o->u.qp.dlid) return d;
+			for (int i = 0; o->u.qp.is_global && i < UVEMU_GIDS; i++)
+				if (memcmp(x->gid[i], none, 16) && !memcmp(x->gid[i], o->u.qp.dgid, 16)) return d;
+		}
+	return -1;
+}
+
+/* Tells the HCA of a served QP's move from `cur` to `next` (its attributes already in `o`). */
+static int hca_transition(struct uvemu_context *c, struct uvemu_obj *o, uint8_t cur, uint8_t next)
+{
+	uint32_t qpn = o->u.qp.qpn;
+	if (cur == QPS_RESET && next == QPS_INIT) return hca->to_init(c->dev, qpn);
+	if (cur == QPS_INIT && next == QPS_RTR) {
+		struct uvemu_hca_rtr r = { .dest_dev = path_device(c, o), .dest_qpn = o->u.qp.dest_qpn,
+					   .rq_psn = o->u.qp.rq_psn, .mtu = 128u << o->u.qp.path_mtu };
+		if (r.dest_dev < 0) {
+			L("   no device of this process has the path's address: the data path links QPs of one process");
+			return ENETUNREACH;
+		}
+		return hca->to_rtr(c->dev, qpn, &r);
+	}
+	if (cur == QPS_RTR && next == QPS_RTS) {
+		struct uvemu_hca_rts r = { .sq_psn = o->u.qp.sq_psn, .timeout = o->u.qp.timeout,
+					   .retry_cnt = o->u.qp.retry_cnt, .rnr_retry = o->u.qp.rnr_retry,
+					   .min_rnr_timer = o->u.qp.min_rnr_timer };
+		return hca->to_rts(c->dev, qpn, &r);
+	}
+	L("   (the HCA keeps QP %#x's state: %u -> %u is not passed on)", qpn, cur, next);
+	return 0;
+}
+
+/* Hands a served object's end to the HCA (after its destroy, or at the context's close). */
+static void hca_release(const struct uvemu_context *c, const struct uvemu_obj *o)
+{
+	if (!o->served) return;
+	if (o->type == UVEMU_QP) hca->destroy_qp(c->dev, o->u.qp.qpn);
+	if (o->type == UVEMU_CQ) hca->destroy_cq(c->dev, o->u.cq.cqn);
+	if (o->type == UVEMU_MR) hca->dereg_mr(c->dev, o->u.mr.lkey);
+}
+
+/* A context closed with objects left: the HCA lets go of them, QPs before the CQs and MRs
+ * they use, as the kernel tears them down. */
+static void hca_release_all(struct uvemu_context *c)
+{
+	const enum uvemu_obj_type order[] = { UVEMU_QP, UVEMU_CQ, UVEMU_MR };
+	for (int k = 0; k < 3; k++)
+		for (int i = 0; i < UVEMU_MAX_OBJECTS; i++)
+			if (c->obj[i].type == order[k]) {
+				hca_release(c, &c->obj[i]);
+				c->obj[i].type = UVEMU_FREE;
+			}
 }
 
 /* ------------------------------------------------------------------ write() commands */
@@ -444,7 +552,7 @@ static int cmd_query_port(struct cmd *m)
 	if (!p) return EINVAL;
 	struct ib_uverbs_query_port_resp r = {0};
 	r.port_cap_flags = p->ethernet ? 0x04010000 : 0x2651e848;
-	r.max_msg_sz = 1 << 30; r.gid_tbl_len = GID_TABLE_LEN; r.pkey_tbl_len = 1;
+	r.max_msg_sz = 1 << 30; r.gid_tbl_len = UVEMU_GIDS; r.pkey_tbl_len = 1;
 	r.state = p->active ? 4 /* ACTIVE */ : 1 /* DOWN */;
 	r.max_mtu = 5; r.active_mtu = p->ethernet ? 4 /* 2048: a 4200-byte Ethernet MTU */ : 5;
 	r.lid = p->lid; r.sm_lid = p->ethernet ? 0 : 1; r.lmc = 0;
@@ -502,6 +610,18 @@ static int cmd_reg_mr(struct cmd *m)
 	struct uvemu_obj *o = new_mr(m->c, q->pd_handle, q->access_flags, &h, &err);
 	if (!o) return err;
 	o->u.mr.start = q->start; o->u.mr.length = q->length; o->u.mr.iova = q->hca_va;
+	if (hca) {
+		/* The HCA addresses a region by its virtual address (no separate IOVA). */
+		int rc = q->hca_va != q->start ? EOPNOTSUPP : user_mapped(q->start, q->length);
+		if (!rc)
+			rc = hca->reg_mr(m->c->dev, obj_get(m->c, q->pd_handle, UVEMU_PD)->u.pd.pdn, q->start,
+					 q->length, q->access_flags, &o->u.mr.lkey, &o->u.mr.rkey);
+		if (rc) {
+			obj_destroy(m->c, h, UVEMU_MR);
+			return rc;
+		}
+		o->served = 1;
+	}
 	struct ib_uverbs_reg_mr_resp r = { .mr_handle = h, .lkey = o->u.mr.lkey, .rkey = o->u.mr.rkey };
 	put(m->out, m->out_len, &r, sizeof(r));
 	L("   %#llx + %llu pd %u access %#x -> mr %u key %#x", (unsigned long long)q->start,
@@ -525,6 +645,18 @@ static int cmd_create_cq(struct cmd *m)
 	o->u.cq.user_handle = m->ex ? ((const struct ib_uverbs_ex_create_cq *)m->in)->user_handle
 				    : ((const struct ib_uverbs_create_cq *)m->in)->user_handle;
 	o->u.cq.entries = cqe + 1; o->u.cq.cqe_size = d->cqe_size; o->u.cq.cqn = next_cqn++;
+	if (hca) {
+		/* The HCA writes 64-byte CQEs; the ring and its doorbell record must be writable. */
+		int rc = d->cqe_size != 64 ? EOPNOTSUPP
+		       : user_writable((void *)(uintptr_t)d->buf_addr, (size_t)(cqe + 1) * 64);
+		if (!rc) rc = user_writable((void *)(uintptr_t)d->db_addr, 8);
+		if (!rc) rc = hca->create_cq(m->c->dev, d->buf_addr, cqe + 1, d->db_addr, &o->u.cq.cqn);
+		if (rc) {
+			o->type = UVEMU_FREE;
+			return rc;
+		}
+		o->served = 1;
+	}
 	struct ib_uverbs_ex_create_cq_resp r = {0};
 	r.base.cq_handle = h; r.base.cqe = cqe;
 	r.response_length = (uint32_t)m->out_len;
@@ -542,6 +674,27 @@ static uint32_t next_bfreg(struct uvemu_context *c, uint32_t n)
 {
 	uint32_t shared = c->tot_bfregs > 5 ? c->tot_bfregs - 5 : 1; /* 4 low-latency + bfreg 0 */
 	return 1 + n % shared;
+}
+
+/* Hands a new QP to the HCA: libmlx5's ring (RQ first, then SQ, as libmlx5 lays it out),
+ * doorbell record and BlueFlame register; the QP number becomes the HCA's. */
+static int hca_create_qp(struct uvemu_context *c, struct uvemu_obj *o)
+{
+	const uint32_t max_wqes = 1u << 16;
+	uint32_t rq = o->u.qp.rq_wqes, sq = o->u.qp.sq_wqebbs;
+	if (rq > max_wqes || (rq & (rq - 1)) || sq > max_wqes || !o->u.qp.bf_reg) return EINVAL;
+	struct uvemu_hca_qp q = {
+		.pdn = obj_get(c, o->u.qp.pd, UVEMU_PD)->u.pd.pdn,
+		.send_cqn = obj_get(c, o->u.qp.send_cq, UVEMU_CQ)->u.cq.cqn,
+		.recv_cqn = obj_get(c, o->u.qp.recv_cq, UVEMU_CQ)->u.cq.cqn,
+		.buf = o->u.qp.buf, .dbrec = o->u.qp.dbrec, .bf_reg = o->u.qp.bf_reg,
+		.rq_wqes = rq, .rq_stride = o->u.qp.rq_stride, .sq_wqebbs = sq, .user_index = o->u.qp.uidx,
+	};
+	if (!obj_get(c, o->u.qp.send_cq, UVEMU_CQ)->served || !obj_get(c, o->u.qp.recv_cq, UVEMU_CQ)->served)
+		return EINVAL; /* CQs made before the HCA attached */
+	int rc = user_writable((void *)(uintptr_t)q.buf, (size_t)rq * q.rq_stride + (size_t)sq * 64);
+	if (!rc) rc = user_writable((void *)(uintptr_t)q.dbrec, 8);
+	return rc ? rc : hca->create_qp(c->dev, &q, &o->u.qp.qpn);
 }
 
 static int cmd_create_qp(struct cmd *m)
@@ -566,22 +719,36 @@ static int cmd_create_qp(struct cmd *m)
 	o->u.qp.buf = d->buf_addr; o->u.qp.dbrec = d->db_addr;
 	o->u.qp.sq_wqebbs = d->sq_wqe_count; o->u.qp.rq_wqes = d->rq_wqe_count;
 	o->u.qp.rq_stride = 1u << d->rq_wqe_shift;
+	if (m->din_len >= offsetof(struct mlx5_ib_create_qp, uidx) + sizeof(d->uidx)) o->u.qp.uidx = d->uidx;
 	o->u.qp.bfreg = next_bfreg(m->c, o->u.qp.qpn);
 	o->u.qp.state = QPS_RESET;
+	uint32_t page = o->u.qp.bfreg / BFREGS_PER_PAGE;
+	if (page < UVEMU_MAX_UAR_PAGES && m->c->uar[page])
+		o->u.qp.bf_reg = (uint64_t)(uintptr_t)m->c->uar[page] + 0x800 + (o->u.qp.bfreg % BFREGS_PER_PAGE) * 0x100 * 2;
+	if (hca) {
+		int rc = hca_create_qp(m->c, o);
+		if (rc) {
+			obj_destroy(m->c, h, UVEMU_QP);
+			return rc;
+		}
+		o->served = 1;
+	}
 	struct ib_uverbs_create_qp_resp r = {0};
 	r.qp_handle = h; r.qpn = o->u.qp.qpn;
 	r.max_send_wr = q->max_send_wr; r.max_recv_wr = q->max_recv_wr;
 	r.max_send_sge = q->max_send_sge; r.max_recv_sge = q->max_recv_sge;
 	r.max_inline_data = q->max_inline_data;
 	put(m->out, m->out_len, &r, sizeof(r));
-	struct mlx5_ib_create_qp_resp dr = { .bfreg_index = o->u.qp.bfreg };
+	/* The index as the kernel reports it (adjust_bfregn): libmlx5 numbers 4 bfregs per UAR
+	 * page, of which the first 2 are the page's non-fast-path BlueFlame registers. */
+	struct mlx5_ib_create_qp_resp dr = {
+		.bfreg_index = o->u.qp.bfreg / BFREGS_PER_PAGE * 4 + o->u.qp.bfreg % BFREGS_PER_PAGE
+	};
 	put(m->dout, m->dout_len, &dr, sizeof(dr));
-	uint32_t page = o->u.qp.bfreg / BFREGS_PER_PAGE;
-	if (page < UVEMU_MAX_UAR_PAGES && m->c->uar[page])
-		o->u.qp.bf_reg = (uint64_t)(uintptr_t)m->c->uar[page] + 0x800 + (o->u.qp.bfreg % BFREGS_PER_PAGE) * 0x100 * 2;
 	L("   RC pd %u cq %u/%u ring %#llx (SQ %u WQEBBs, RQ %u x %u B) dbrec %#llx flags %#x -> qp %u qpn %#x bfreg %u",
 	  q->pd_handle, q->send_cq_handle, q->recv_cq_handle, (unsigned long long)d->buf_addr, d->sq_wqe_count,
 	  d->rq_wqe_count, o->u.qp.rq_stride, (unsigned long long)d->db_addr, d->flags, h, r.qpn, o->u.qp.bfreg);
+	L("   user index %#x, BlueFlame register %#llx", o->u.qp.uidx, (unsigned long long)o->u.qp.bf_reg);
 	return 0;
 }
 
@@ -644,6 +811,13 @@ static int cmd_modify_qp(struct cmd *m)
 	if (q->attr_mask & IB_QP_MIN_RNR_TIMER_MASK) o->u.qp.min_rnr_timer = q->min_rnr_timer;
 	if (q->attr_mask & IB_QP_MAX_QP_RD_ATOMIC_MASK) o->u.qp.max_rd_atomic = q->max_rd_atomic;
 	if (q->attr_mask & IB_QP_MAX_DEST_RD_ATOMIC_MASK) o->u.qp.max_dest_rd_atomic = q->max_dest_rd_atomic;
+	if (o->served && next != cur) {
+		int rc = hca_transition(m->c, o, cur, next);
+		if (rc) {
+			L("   qp %u: %u -> %u refused by the HCA: %s", q->qp_handle, cur, next, strerror(rc));
+			return rc;
+		}
+	}
 	o->u.qp.state = next;
 	if (m->ex && m->out) {
 		struct ib_uverbs_ex_modify_qp_resp r = { .response_length = (uint32_t)m->out_len };
@@ -683,7 +857,9 @@ static int cmd_destroy(struct cmd *m, enum uvemu_obj_type t, int has_response)
 	uint32_t h = has_response ? w[2] : w[0];
 	struct uvemu_obj *o = obj_get(m->c, h, t);
 	uint32_t events = o ? o->async_events : 0;
+	struct uvemu_obj gone = o ? *o : (struct uvemu_obj){0};
 	int rc = obj_destroy(m->c, h, t);
+	if (!rc) hca_release(m->c, &gone);
 	if (!rc && t == UVEMU_CQ) {
 		struct ib_uverbs_destroy_cq_resp r = { .async_events_reported = events };
 		put(m->out, m->out_len, &r, sizeof(r));

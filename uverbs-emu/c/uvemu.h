@@ -14,6 +14,7 @@
 #define UVEMU_MAX_PORTS 4
 #define UVEMU_MAX_OBJECTS 1024 /* per context; handle = index + 1 */
 #define UVEMU_MAX_UAR_PAGES 64
+#define UVEMU_GIDS 16 /* GID table entries per port (what QUERY_PORT reports) */
 
 enum uvemu_obj_type { UVEMU_FREE = 0, UVEMU_PD, UVEMU_MR, UVEMU_CQ, UVEMU_QP };
 
@@ -21,6 +22,7 @@ struct uvemu_port {
 	int ethernet;   /* 1: RoCE (link layer Ethernet), 0: InfiniBand */
 	uint16_t lid;   /* InfiniBand LID (0 on Ethernet) */
 	int active;     /* port state ACTIVE (else DOWN) */
+	uint8_t gid[UVEMU_GIDS][16]; /* the GID table (from the fake sysfs) */
 };
 
 struct uvemu_device {
@@ -31,6 +33,7 @@ struct uvemu_device {
 
 struct uvemu_obj {
 	enum uvemu_obj_type type;
+	int served;     /* handed to the attached HCA (its numbers and keys are the HCA's) */
 	uint32_t refs;  /* objects that name this one (MRs and QPs a PD, QPs a CQ) */
 	uint32_t async_events; /* raised about it: its destroy reports the count, and libibverbs
 	                        * waits until that many are acknowledged */
@@ -43,7 +46,7 @@ struct uvemu_obj {
 			uint64_t user_handle;                  /* what async events about it carry */
 			uint64_t buf, dbrec, bf_reg;           /* ring, doorbell record, BlueFlame register */
 			uint32_t sq_wqebbs, rq_wqes, rq_stride; /* rings: RQ at buf, SQ after it */
-			uint32_t bfreg;
+			uint32_t bfreg, uidx;
 			uint8_t state, port, path_mtu, timeout, retry_cnt, rnr_retry, min_rnr_timer;
 			uint8_t max_rd_atomic, max_dest_rd_atomic, hop_limit, traffic_class, sl;
 			uint32_t dest_qpn, rq_psn, sq_psn, access;
@@ -76,4 +79,41 @@ int uvemu_set_port_state(const char *name, int port, int active);
 /* Moves the QP numbered `qpn` to the error state and raises IBV_EVENT_QP_FATAL on its
  * context, as a HCA does for an error it cannot report in a completion. */
 int uvemu_qp_fatal(uint32_t qpn);
+
+/* The data path: a soft HCA that a process under the emulator attaches (gdsync's soft device,
+ * through uvemu_attach_hca()). From then on every MR, CQ and QP created is handed to it with
+ * libmlx5's own buffers, and its numbers and keys are the ones libmlx5 gets: it executes the
+ * WQEs libmlx5 writes when libmlx5 rings the BlueFlame register, and writes CQEs into
+ * libmlx5's CQ rings. Objects created before it attached stay unserved. `dev` is the device
+ * index (uvemu_device()). Each returns 0 or an errno; all are called with the driver's lock
+ * held, from the thread that issued the command. */
+struct uvemu_hca_qp {
+	uint32_t pdn, send_cqn, recv_cqn;
+	uint64_t buf, dbrec, bf_reg;        /* ring (RQ at buf, SQ after it), doorbell record, BlueFlame register */
+	uint32_t rq_wqes, rq_stride, sq_wqebbs;
+	uint32_t user_index;                /* libmlx5's uidx: CQEs carry it (CQE version 1) */
+};
+struct uvemu_hca_rtr {                      /* INIT -> RTR */
+	int32_t dest_dev;                   /* the device of this process the path's address is */
+	uint32_t dest_qpn, rq_psn, mtu;     /* mtu in bytes */
+};
+struct uvemu_hca_rts {                      /* RTR -> RTS, with the IB encodings of the timers */
+	uint32_t sq_psn;
+	uint8_t timeout, retry_cnt, rnr_retry, min_rnr_timer;
+};
+struct uvemu_hca_ops {
+	int (*reg_mr)(int dev, uint32_t pdn, uint64_t addr, uint64_t len, uint32_t access, uint32_t *lkey, uint32_t *rkey);
+	void (*dereg_mr)(int dev, uint32_t lkey);
+	int (*create_cq)(int dev, uint64_t buf, uint32_t entries, uint64_t dbrec, uint32_t *cqn);
+	void (*destroy_cq)(int dev, uint32_t cqn);
+	int (*create_qp)(int dev, const struct uvemu_hca_qp *qp, uint32_t *qpn);
+	int (*to_init)(int dev, uint32_t qpn);
+	int (*to_rtr)(int dev, uint32_t qpn, const struct uvemu_hca_rtr *rtr);
+	int (*to_rts)(int dev, uint32_t qpn, const struct uvemu_hca_rts *rts);
+	void (*destroy_qp)(int dev, uint32_t qpn);
+};
+/* The number of emulated devices. */
+int uvemu_device_count(void);
+/* Attaches the HCA that serves the data path (once: EBUSY after). 0 or an errno. */
+int uvemu_attach_hca(const struct uvemu_hca_ops *ops);
 #endif

@@ -2,7 +2,8 @@
 //! and oversized commands, lengths that disagree with the bytes given, response pointers that
 //! are null, wild or read-only, handles of the wrong type or context or already destroyed,
 //! objects destroyed while in use, malformed ioctls, and random bytes. Every one returns an
-//! errno; none crashes the process. Commands are written as raw bytes to the emulated
+//! errno; none crashes the process. With a (stand-in) HCA attached for the data path, memory
+//! that is not mapped, or a ring that is not writable, is EFAULT before the HCA hears of it. Commands are written as raw bytes to the emulated
 //! `/dev/infiniband/uverbs0` (no rdma-core needed), in a child started under the emulator.
 
 use std::ffi::c_void;
@@ -353,4 +354,152 @@ fn random_commands_never_crash_the_driver() {
     }
     println!("{ok} served, {refused} refused");
     assert!(ok > 0 && refused > 0, "{ok} served, {refused} refused");
+}
+
+/// Calls the attached stand-in HCA got: MRs, CQs registered and released.
+static HCA_CALLS: [std::sync::atomic::AtomicU32; 4] =
+    [const { std::sync::atomic::AtomicU32::new(0) }; 4];
+const HCA_REG_MR: usize = 0;
+const HCA_DEREG_MR: usize = 1;
+const HCA_CREATE_CQ: usize = 2;
+const HCA_DESTROY_CQ: usize = 3;
+/// The keys and CQ number the stand-in HCA hands out.
+const HCA_KEY: u32 = 0x4242;
+const HCA_CQN: u32 = 0x77;
+
+fn hca_called(what: usize) -> u32 {
+    HCA_CALLS[what].load(std::sync::atomic::Ordering::Relaxed)
+}
+
+fn count(what: usize) {
+    HCA_CALLS[what].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+extern "C" fn stub_reg_mr(_: i32, _: u32, _: u64, _: u64, _: u32, l: *mut u32, r: *mut u32) -> i32 {
+    count(HCA_REG_MR);
+    // SAFETY: the driver passes pointers to its object's key fields.
+    unsafe { (l.write(HCA_KEY), r.write(HCA_KEY)) };
+    0
+}
+extern "C" fn stub_dereg_mr(_: i32, _: u32) {
+    count(HCA_DEREG_MR);
+}
+extern "C" fn stub_create_cq(_: i32, _: u64, _: u32, _: u64, cqn: *mut u32) -> i32 {
+    count(HCA_CREATE_CQ);
+    // SAFETY: the driver passes a pointer to its object's CQ number.
+    unsafe { cqn.write(HCA_CQN) };
+    0
+}
+extern "C" fn stub_destroy_cq(_: i32, _: u32) {
+    count(HCA_DESTROY_CQ);
+}
+extern "C" fn stub_refuse(_: i32, _: u32, _: *const c_void) -> i32 {
+    libc::EOPNOTSUPP
+}
+extern "C" fn stub_create_qp(_: i32, _: *const c_void, _: *mut u32) -> i32 {
+    libc::EOPNOTSUPP
+}
+extern "C" fn stub_to_init(_: i32, _: u32) -> i32 {
+    libc::EOPNOTSUPP
+}
+extern "C" fn stub_destroy_qp(_: i32, _: u32) {}
+
+/// `struct uvemu_hca_ops` (uvemu.h).
+#[repr(C)]
+struct HcaOps {
+    reg_mr: extern "C" fn(i32, u32, u64, u64, u32, *mut u32, *mut u32) -> i32,
+    dereg_mr: extern "C" fn(i32, u32),
+    create_cq: extern "C" fn(i32, u64, u32, u64, *mut u32) -> i32,
+    destroy_cq: extern "C" fn(i32, u32),
+    create_qp: extern "C" fn(i32, *const c_void, *mut u32) -> i32,
+    to_init: extern "C" fn(i32, u32) -> i32,
+    to_rtr: extern "C" fn(i32, u32, *const c_void) -> i32,
+    to_rts: extern "C" fn(i32, u32, *const c_void) -> i32,
+    destroy_qp: extern "C" fn(i32, u32),
+}
+
+static STUB_HCA: HcaOps = HcaOps {
+    reg_mr: stub_reg_mr,
+    dereg_mr: stub_dereg_mr,
+    create_cq: stub_create_cq,
+    destroy_cq: stub_destroy_cq,
+    create_qp: stub_create_qp,
+    to_init: stub_to_init,
+    to_rtr: stub_refuse,
+    to_rts: stub_refuse,
+    destroy_qp: stub_destroy_qp,
+};
+
+/// Attaches `ops` as the driver's HCA: 0 or an errno.
+fn attach(ops: *const HcaOps) -> i32 {
+    // SAFETY: dlsym with a NUL-terminated name; the preload defines it in this child.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"uvemu_attach_hca".as_ptr()) };
+    assert!(!f.is_null(), "the preload has no uvemu_attach_hca");
+    // SAFETY: the function uvemu.h declares, with a table that lives for the process.
+    unsafe {
+        let attach: extern "C" fn(*const HcaOps) -> i32 = std::mem::transmute(f);
+        attach(ops)
+    }
+}
+
+#[test]
+#[cfg_attr(
+    not(uvemu_built),
+    ignore = "the emulated driver's preload library was not built (needs a C compiler)"
+)]
+fn an_attached_hca_is_handed_only_mapped_memory() {
+    if in_child_under_emulator("an_attached_hca_is_handed_only_mapped_memory", "mlx5_0") {
+        return;
+    }
+    assert_eq!(attach(std::ptr::null()), libc::EINVAL);
+    assert_eq!(attach(&STUB_HCA), 0);
+    assert_eq!(attach(&STUB_HCA), libc::EBUSY, "one HCA");
+    let d = Dev::open();
+    d.get_context().unwrap();
+    let pd = d.alloc_pd();
+    let r = d.resp_ptr();
+
+    // A region: unmapped memory is EFAULT before the HCA hears of it (as a kernel fails to
+    // pin it); mapped memory gets the HCA's keys.
+    assert_eq!(d.reg_mr(pd), Err(libc::EFAULT), "0x10000 is not mapped");
+    assert_eq!(hca_called(HCA_REG_MR), 0);
+    let region: &'static mut [u8] = Vec::leak(vec![0u8; 3 * 4096]);
+    let addr = region.as_ptr() as u64;
+    let mut req = words(&[r, addr, region.len() as u64, addr]);
+    req.extend_from_slice(&pd.to_ne_bytes());
+    req.extend_from_slice(&1u32.to_ne_bytes());
+    d.cmd(REG_MR, &req, 8).unwrap();
+    let mr = d.handle();
+    // SAFETY: the response area holds `ib_uverbs_reg_mr_resp`: handle, lkey, rkey.
+    let keys = unsafe { (d.resp.add(4).cast::<[u32; 2]>()).read_unaligned() };
+    assert_eq!(keys, [HCA_KEY, HCA_KEY]);
+    assert_eq!(hca_called(HCA_REG_MR), 1);
+    assert!(d.destroy(DEREG_MR, mr).is_ok());
+    assert_eq!(hca_called(HCA_DEREG_MR), 1);
+
+    // A CQ: its ring (16 64-byte CQEs) and doorbell record must be writable.
+    let cq = |ring: u64, dbrec: u64| {
+        let mut b = words(&[r, 0]);
+        b.extend_from_slice(&[15, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]);
+        b.extend_from_slice(&words(&[ring, dbrec]));
+        b.extend_from_slice(&64u32.to_ne_bytes());
+        b.extend_from_slice(&[0; 4]);
+        b
+    };
+    let ring: &'static mut [u8] = Vec::leak(vec![0u8; 16 * 64 + 64]);
+    let (ring, dbrec) = (ring.as_ptr() as u64, ring.as_ptr() as u64 + 16 * 64);
+    let ro = READ_ONLY.as_ptr() as u64;
+    assert_eq!(d.cmd(CREATE_CQ, &cq(0x10000, dbrec), 8), Err(libc::EFAULT));
+    assert_eq!(d.cmd(CREATE_CQ, &cq(ro, dbrec), 8), Err(libc::EFAULT));
+    assert_eq!(d.cmd(CREATE_CQ, &cq(ring, ro), 8), Err(libc::EFAULT));
+    assert_eq!(hca_called(HCA_CREATE_CQ), 0);
+    d.cmd(CREATE_CQ, &cq(ring, dbrec), 8).unwrap();
+    let cq_handle = d.handle();
+    assert_eq!(hca_called(HCA_CREATE_CQ), 1);
+    let mut destroy = words(&[r]);
+    destroy.extend_from_slice(&cq_handle.to_ne_bytes());
+    destroy.extend_from_slice(&[0; 4]);
+    d.cmd(DESTROY_CQ, &destroy, 2).unwrap();
+    assert_eq!(hca_called(HCA_DESTROY_CQ), 1);
+    assert!(d.destroy(DEALLOC_PD, pd).is_ok());
 }

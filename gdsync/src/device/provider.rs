@@ -104,6 +104,14 @@ pub(crate) struct QpSpec {
     pub dbrec: MemAt,
     pub send_cqn: u32,
     pub recv_cqn: u32,
+    /// A doorbell register that a driver above the device already handed out (the emulated
+    /// kernel driver's UAR page, which libmlx5 rings): the device watches it (both halves, as
+    /// for its own) instead of giving the QP one of its bfregs. `None`: the device's own.
+    pub doorbell: Option<MemAt>,
+    /// The user index a driver above the device gave the QP (libmlx5's `uidx`, with CQE
+    /// version 1): CQEs carry it in `srqn_uidx`, and libmlx5 finds the QP by it. 0 for the
+    /// queue layer's QPs, whose readers go by QP number.
+    pub user_index: u32,
 }
 
 /// What the device returns for a new QP: its number and the doorbell register to ring (an

@@ -69,6 +69,8 @@ impl QpRings {
             },
             send_cqn,
             recv_cqn,
+            doorbell: None,
+            user_index: 0,
         }
     }
 }

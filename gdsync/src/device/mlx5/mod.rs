@@ -33,6 +33,7 @@ mod qp;
 )]
 mod sys;
 
+pub use crate::device::soft::serve_emulated_driver;
 pub use context::{devices, Context, DeviceLimits, RdmaDeviceInfo};
 pub use cq::{Cq, CqRing};
 pub use error::RdmaError;
@@ -41,6 +42,7 @@ pub use gid::{choose_gid, Gid, GidChoice, GidEntry, GidType};
 pub use loader::Rdma;
 pub use pd::{Mr, Pd};
 pub use port::{LinkLayer, PortInfo, PortState};
+pub use post::VerbsCompletion;
 pub use qp::{Qp, QpAttr, QpCaps, QpRings, QpState, RemoteQp, RtrAttr, RtsAttr};
 
 /// Result of the mlx5 control path.

@@ -1,8 +1,10 @@
-//! Posting through libmlx5 itself: `ibv_post_send` and `ibv_post_recv` with gdsync's work
-//! requests translated to verbs ones. gdsync's data path writes WQEs with its own writer; these
-//! let rdma-core's encoder write the same work, so that the two can be compared byte for byte
-//! and the device's execution checked against what rdma-core produced.
+//! Posting and polling through libmlx5 itself: `ibv_post_send` and `ibv_post_recv` with
+//! gdsync's work requests translated to verbs ones, and `ibv_poll_cq`. gdsync's data path
+//! writes WQEs and reads CQEs with its own code; these let rdma-core's encoder and decoder do
+//! the same work, so that the two can be compared byte for byte and the device's execution
+//! checked against what rdma-core produced and reads back.
 
+use super::cq::Cq;
 use super::error::RdmaError;
 use super::qp::Qp;
 use super::{sys, RdmaResult};
@@ -163,6 +165,65 @@ impl Qp {
             None => libc::EOPNOTSUPP,
         };
         RdmaError::check("ibv_post_recv", rc)
+    }
+}
+
+/// A work completion as libmlx5's `ibv_poll_cq` decoded it (`struct ibv_wc`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VerbsCompletion {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// `ibv_wc_status` (0: success).
+    pub status: u32,
+    /// `ibv_wc_opcode`: 0 send, 1 RDMA write, 2 RDMA read, 3 compare-and-swap,
+    /// 4 fetch-and-add, 128 receive, 129 receive of an RDMA write with immediate.
+    pub opcode: u32,
+    /// Bytes received (receives), read or fetched.
+    pub byte_len: u32,
+    /// The immediate (host order), where the completion carries one.
+    pub imm: Option<u32>,
+    /// The local QP number.
+    pub qp_num: u32,
+    /// The vendor syndrome of an error completion.
+    pub vendor_err: u32,
+}
+
+impl Cq {
+    /// libmlx5's own `ibv_poll_cq`: up to `max` completions, decoded by rdma-core from the
+    /// CQEs the HCA wrote (and the CQ's consumer index advanced by it).
+    pub fn verbs_poll(&self, max: usize) -> RdmaResult<Vec<VerbsCompletion>> {
+        let mut wc = vec![sys::ibv_wc::default(); max];
+        let cq = self.raw.as_ptr();
+        let n = i32::try_from(max).unwrap_or(i32::MAX);
+        // SAFETY: FFI on the live CQ through the provider's poll_cq (what verbs.h's inline
+        // ibv_poll_cq calls), with room for `n` entries.
+        let got = unsafe {
+            match (*(*cq).context).ops.poll_cq {
+                Some(poll) => poll(cq, n, wc.as_mut_ptr()),
+                None => -libc::EOPNOTSUPP,
+            }
+        };
+        if got < 0 {
+            return Err(RdmaError::Verbs {
+                call: "ibv_poll_cq",
+                errno: -got,
+            });
+        }
+        wc.truncate(got as usize);
+        Ok(wc
+            .iter()
+            .map(|w| VerbsCompletion {
+                wr_id: w.wr_id,
+                status: w.status,
+                opcode: w.opcode,
+                byte_len: w.byte_len,
+                // SAFETY: imm_data is the member libmlx5 fills when the flag says so.
+                imm: (w.wc_flags & sys::IBV_WC_WITH_IMM != 0)
+                    .then(|| u32::from_be(unsafe { w.__bindgen_anon_1.imm_data })),
+                qp_num: w.qp_num,
+                vendor_err: w.vendor_err,
+            })
+            .collect())
     }
 }
 

@@ -4,7 +4,7 @@
 use super::engine::{CqHw, QpHw};
 use super::mr_table::MrTable;
 use super::qp_numbers::QpNumbers;
-use super::uar::{UarPages, BF_SIZE};
+use super::uar::{Bfreg, UarPages, BF_SIZE};
 use super::{listen, tcp, Cmd, EngineHandle, Link, PEER_WAIT};
 use crate::device::endpoint::{choose_link, link_reason, Here};
 use crate::device::provider::*;
@@ -446,6 +446,14 @@ fn log_soft_device(name: &str) {
 impl SoftDevice {
     /// A new soft device with its engine thread.
     pub(crate) fn new() -> Result<Arc<Self>> {
+        let dev = Self::spawn()?;
+        log_soft_device(&dev.label());
+        Ok(dev)
+    }
+
+    /// A new soft device that serves as the HCA of a driver above it (the emulated kernel
+    /// driver): as [`SoftDevice::new`], without the log of why no RDMA NIC is used.
+    pub(crate) fn spawn() -> Result<Arc<Self>> {
         let uid = new_uid();
         let mrs = Arc::new(MrTable::default());
         let engine = EngineHandle::spawn(uid, mrs.clone())?;
@@ -462,7 +470,6 @@ impl SoftDevice {
             engine,
         });
         registry().lock().insert(uid, Arc::downgrade(&dev));
-        log_soft_device(&dev.label());
         Ok(dev)
     }
 }
@@ -541,8 +548,25 @@ impl Provider for SoftDevice {
             };
             (cq(spec.send_cqn)?, cq(spec.recv_cqn)?)
         };
+        if let Some(at) = &spec.doorbell {
+            // Both halves are read as u64s: a register that does not fit is refused here
+            // rather than trusted.
+            if at.off % 8 != 0 || at.off + BF_SIZE + 8 > at.mem.len() {
+                return Err(Error::invalid(format!(
+                    "doorbell register at offset {:#x} of a {}-byte page",
+                    at.off,
+                    at.mem.len()
+                )));
+            }
+        }
         let qpn = self.qpns.lock().take()?;
-        let bfreg = self.uars.lock().alloc(qpn);
+        let bfreg = match spec.doorbell {
+            Some(at) => Bfreg {
+                page: at.mem,
+                off: at.off,
+            },
+            None => self.uars.lock().alloc(qpn),
+        };
         let hw = QpHw {
             qpn,
             pd: spec.pd,
@@ -556,6 +580,7 @@ impl Provider for SoftDevice {
             bfreg: bfreg.clone(),
             send_cq,
             recv_cq,
+            user_index: spec.user_index,
             timers: QpTimers {
                 sq_psn: 0,
                 timeout: std::time::Duration::from_secs(5),

@@ -6,10 +6,12 @@
 //! mlx5-format CQEs. It plays both roles of an RC connection: requester (send ring) and
 //! responder (receive ring, memory access checks). It knows only what a ConnectX knows: the
 //! ring addresses and sizes and doorbell records the host gave it, the UAR page it handed out,
-//! its translation table ([`mr_table`]) and its QP and CQ contexts.
+//! its translation table ([`mr_table`]) and its QP and CQ contexts. Under the emulated
+//! kernel driver it also serves as the HCA of rdma-core's libmlx5 ([`emulated`]).
 
 mod attr;
 mod device;
+mod emulated;
 mod engine;
 mod link;
 mod listen;
@@ -21,6 +23,7 @@ mod uar;
 
 pub(crate) use device::SoftDevice;
 pub use device::{accept_tcp_links, host_id};
+pub use emulated::serve_emulated_driver;
 
 pub(crate) use progress::{help, Why};
 pub use progress::{progress, progress_mode, progress_mode_for, ProgressMode};

@@ -155,6 +155,7 @@ impl EQp {
             Side::Send => &self.hw.send_cq,
             Side::Recv => &self.hw.recv_cq,
         };
+        cqe.set_srqn_uidx(self.hw.user_index);
         if !push_cqe(cq, cqe) {
             self.cq_overrun = true;
             self.pending = true;

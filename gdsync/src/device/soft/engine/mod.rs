@@ -73,6 +73,8 @@ pub(crate) struct QpHw {
     pub send_cq: Arc<CqHw>,
     pub recv_cq: Arc<CqHw>,
     pub timers: QpTimers,
+    /// What CQEs carry in `srqn_uidx` (the user index the host gave the QP).
+    pub user_index: u32,
 }
 
 impl QpHw {
@@ -105,8 +107,12 @@ impl QpHw {
         }
         end
     }
-    /// The receive doorbell record's producer index.
+    /// The receive doorbell record's producer index. A QP without a receive ring (a
+    /// send-only QP of libmlx5's) has none posted, whatever its record says.
     fn rq_producer(&self) -> u16 {
+        if self.rq_cnt == 0 {
+            return 0;
+        }
         (crate::mem::load_be32(&self.dbrec, self.dbrec_off + 4 * DBREC_RQ) & 0xFFFF) as u16
     }
     /// The send doorbell record's producer index.

@@ -1,0 +1,420 @@
+//! The soft device as the HCA behind the emulated kernel driver (the `uverbs-emu` test
+//! crate): a process that runs under that driver attaches one soft device per emulated
+//! device ([`serve_emulated_driver`]), and the driver hands it every MR, CQ and QP that
+//! rdma-core's libmlx5 creates, with libmlx5's own rings, doorbell records and BlueFlame
+//! register. The soft engine then executes the WQEs libmlx5's `ibv_post_send` writes and
+//! writes the CQEs libmlx5's `ibv_poll_cq` reads: rdma-core's own encoder and decoder run
+//! against the soft device, as they would against a ConnectX.
+//!
+//! The driver calls the functions here through a table of C function pointers (`struct
+//! uvemu_hca_ops` in uverbs-emu's `c/uvemu.h`), with its lock held and after checking that
+//! the memory it names is mapped and writable, as a kernel pins it. QPs are linked within
+//! this process only (a path's address names one of its emulated devices).
+
+use super::device::SoftDevice;
+use crate::device::endpoint::Endpoint;
+use crate::device::provider::*;
+use crate::device::LinkPolicy;
+use crate::mem::RingMem;
+use crate::Error;
+use std::ffi::c_int;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// One soft device per emulated device, by device index.
+static HCAS: OnceLock<Vec<Arc<SoftDevice>>> = OnceLock::new();
+
+/// `struct uvemu_hca_qp`.
+#[repr(C)]
+struct HcaQp {
+    pdn: u32,
+    send_cqn: u32,
+    recv_cqn: u32,
+    buf: u64,
+    dbrec: u64,
+    bf_reg: u64,
+    rq_wqes: u32,
+    rq_stride: u32,
+    sq_wqebbs: u32,
+    user_index: u32,
+}
+
+/// `struct uvemu_hca_rtr`.
+#[repr(C)]
+struct HcaRtr {
+    dest_dev: i32,
+    dest_qpn: u32,
+    rq_psn: u32,
+    mtu: u32,
+}
+
+/// `struct uvemu_hca_rts`: the timers in their IB encodings.
+#[repr(C)]
+struct HcaRts {
+    sq_psn: u32,
+    timeout: u8,
+    retry_cnt: u8,
+    rnr_retry: u8,
+    min_rnr_timer: u8,
+}
+
+/// `struct uvemu_hca_ops`.
+#[repr(C)]
+struct HcaOps {
+    reg_mr: extern "C" fn(c_int, u32, u64, u64, u32, *mut u32, *mut u32) -> c_int,
+    dereg_mr: extern "C" fn(c_int, u32),
+    create_cq: extern "C" fn(c_int, u64, u32, u64, *mut u32) -> c_int,
+    destroy_cq: extern "C" fn(c_int, u32),
+    create_qp: extern "C" fn(c_int, *const HcaQp, *mut u32) -> c_int,
+    to_init: extern "C" fn(c_int, u32) -> c_int,
+    to_rtr: extern "C" fn(c_int, u32, *const HcaRtr) -> c_int,
+    to_rts: extern "C" fn(c_int, u32, *const HcaRts) -> c_int,
+    destroy_qp: extern "C" fn(c_int, u32),
+}
+
+static OPS: HcaOps = HcaOps {
+    reg_mr,
+    dereg_mr,
+    create_cq,
+    destroy_cq,
+    create_qp,
+    to_init,
+    to_rtr,
+    to_rts,
+    destroy_qp,
+};
+
+/// Makes this process's soft devices the HCA of the emulated RDMA driver it runs under: from
+/// now on, the MRs, CQs and QPs libmlx5 creates on the emulated devices are served by soft
+/// devices (one per emulated device), so work posted through libmlx5 executes and completes.
+/// Returns the number of devices served; calling it again changes nothing. Fails where the
+/// process does not run under the emulated driver.
+pub fn serve_emulated_driver() -> std::result::Result<usize, String> {
+    if let Some(h) = HCAS.get() {
+        return Ok(h.len());
+    }
+    let count: unsafe extern "C" fn() -> c_int = driver_fn(c"uvemu_device_count")?;
+    let attach: unsafe extern "C" fn(*const HcaOps) -> c_int = driver_fn(c"uvemu_attach_hca")?;
+    // SAFETY: the driver's function, as uvemu.h declares it.
+    let n = unsafe { count() }.max(0) as usize;
+    let devices = (0..n)
+        .map(|_| SoftDevice::spawn())
+        .collect::<crate::Result<Vec<_>>>()
+        .map_err(|e| format!("soft devices for the emulated driver: {e}"))?;
+    if HCAS.set(devices).is_err() {
+        return Ok(n); // another thread attached meanwhile
+    }
+    // SAFETY: the driver's function, with a table that lives for the whole process.
+    match unsafe { attach(&OPS) } {
+        0 => Ok(n),
+        e => Err(format!(
+            "the emulated driver refused the soft HCA: {}",
+            std::io::Error::from_raw_os_error(e)
+        )),
+    }
+}
+
+/// The emulated driver's function `name`, or why it is not there.
+fn driver_fn<F: Copy>(name: &std::ffi::CStr) -> std::result::Result<F, String> {
+    // SAFETY: dlsym with a NUL-terminated name, searching the loaded objects.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    if f.is_null() {
+        return Err("this process is not running under the emulated RDMA driver".into());
+    }
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of_val(&f));
+    // SAFETY: `F` is the function-pointer type uvemu.h declares for `name`.
+    Ok(unsafe { std::mem::transmute_copy(&f) })
+}
+
+/// The soft device serving emulated device `dev`.
+fn hca(dev: c_int) -> Option<&'static Arc<SoftDevice>> {
+    HCAS.get()?.get(usize::try_from(dev).ok()?)
+}
+
+/// A command's outcome as the errno the driver returns (the reason logged).
+fn errno(what: &str, r: crate::Result<()>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::warn!("emulated driver: the soft HCA refused {what}: {e}");
+            match e {
+                Error::Unreachable(_) => libc::ENETUNREACH,
+                Error::InvalidArgument(_) => libc::EINVAL,
+                _ => libc::ENOMEM,
+            }
+        }
+    }
+}
+
+/// Runs `f` on device `dev`'s soft HCA, or answers ENODEV.
+fn on(dev: c_int, what: &str, f: impl FnOnce(&SoftDevice) -> crate::Result<()>) -> c_int {
+    match hca(dev) {
+        Some(h) => errno(what, f(h)),
+        None => libc::ENODEV,
+    }
+}
+
+/// Pages the driver checked (mapped, writable) and the offset of `addr` in them.
+fn foreign(addr: u64, len: usize) -> (Arc<RingMem>, usize) {
+    // SAFETY: the driver checked the range is mapped and writable; libmlx5 frees it only
+    // after the destroy that makes the device let go of it (destroy_qp waits for the
+    // engine; a CQ is destroyed only once no QP uses it).
+    let (mem, off) = unsafe { RingMem::foreign(addr, len) };
+    (Arc::new(mem), off)
+}
+
+/// A ring must start on a page: the device's ring offsets count from 0.
+fn page_aligned(what: &str, addr: u64) -> crate::Result<()> {
+    match addr % crate::mem::PAGE as u64 {
+        0 => Ok(()),
+        _ => Err(Error::invalid(format!(
+            "{what} at {addr:#x} does not start on a page"
+        ))),
+    }
+}
+
+extern "C" fn reg_mr(
+    dev: c_int,
+    pd: u32,
+    addr: u64,
+    len: u64,
+    access: u32,
+    lkey: *mut u32,
+    rkey: *mut u32,
+) -> c_int {
+    on(dev, "a memory region", |h| {
+        let spec = MrSpec {
+            pd,
+            addr,
+            len,
+            access: Access::from_bits_truncate(access),
+            memory: MrMemory::Host,
+        };
+        let keys = h.reg_mr(&spec)?;
+        // SAFETY: the driver passes pointers to its object's key fields.
+        unsafe { (lkey.write(keys.lkey), rkey.write(keys.rkey)) };
+        Ok(())
+    })
+}
+
+extern "C" fn dereg_mr(dev: c_int, lkey: u32) {
+    if let Some(h) = hca(dev) {
+        h.dereg_mr(lkey);
+    }
+}
+
+extern "C" fn create_cq(dev: c_int, buf: u64, entries: u32, dbrec: u64, cqn: *mut u32) -> c_int {
+    on(dev, "a CQ", |h| {
+        page_aligned("the CQ ring", buf)?;
+        if !entries.is_power_of_two() {
+            return Err(Error::invalid(format!("{entries} CQEs: not a power of 2")));
+        }
+        let (ring, _) = foreign(buf, entries as usize * crate::format::CQE_SIZE);
+        let (mem, off) = foreign(dbrec, 8);
+        let n = h.create_cq(CqSpec {
+            ring,
+            entries,
+            dbrec: MemAt { mem, off },
+        })?;
+        // SAFETY: the driver passes a pointer to its object's CQ number.
+        unsafe { cqn.write(n) };
+        Ok(())
+    })
+}
+
+extern "C" fn destroy_cq(dev: c_int, cqn: u32) {
+    if let Some(h) = hca(dev) {
+        h.destroy_cq(cqn);
+    }
+}
+
+extern "C" fn create_qp(dev: c_int, q: *const HcaQp, qpn: *mut u32) -> c_int {
+    // SAFETY: the driver passes a filled uvemu_hca_qp.
+    let q = unsafe { &*q };
+    on(dev, "a QP", |h| {
+        page_aligned("the QP ring", q.buf)?;
+        let sq_off = q.rq_wqes as usize * q.rq_stride as usize;
+        let (buf, _) = foreign(q.buf, sq_off + q.sq_wqebbs as usize * crate::format::WQEBB);
+        let (db_mem, db_off) = foreign(q.dbrec, 8);
+        let (bf_mem, bf_off) = foreign(q.bf_reg, 8);
+        let created = h.create_qp(QpSpec {
+            pd: q.pdn,
+            buf,
+            rq_wqes: q.rq_wqes,
+            rq_stride: q.rq_stride,
+            sq_off,
+            sq_wqebbs: q.sq_wqebbs,
+            dbrec: MemAt {
+                mem: db_mem,
+                off: db_off,
+            },
+            send_cqn: q.send_cqn,
+            recv_cqn: q.recv_cqn,
+            doorbell: Some(MemAt {
+                mem: bf_mem,
+                off: bf_off,
+            }),
+            user_index: q.user_index,
+        })?;
+        // SAFETY: the driver passes a pointer to its object's QP number.
+        unsafe { qpn.write(created.qpn) };
+        Ok(())
+    })
+}
+
+extern "C" fn to_init(dev: c_int, qpn: u32) -> c_int {
+    on(dev, "INIT", |h| h.modify_qp(qpn, QpModify::Init))
+}
+
+extern "C" fn to_rtr(dev: c_int, qpn: u32, r: *const HcaRtr) -> c_int {
+    // SAFETY: the driver passes a filled uvemu_hca_rtr.
+    let r = unsafe { &*r };
+    let Some(peer) = hca(r.dest_dev) else {
+        return libc::ENETUNREACH;
+    };
+    // The peer is a device of this process: no TCP address is needed to reach it.
+    let remote = Endpoint {
+        host: super::device::host_id(),
+        pid: std::process::id(),
+        device: peer.uid(),
+        qpn: r.dest_qpn,
+        addr: None,
+        link: LinkPolicy::default(),
+    };
+    on(dev, "RTR", |h| {
+        h.modify_qp(
+            qpn,
+            QpModify::Rtr(QpPath {
+                remote,
+                rq_psn: r.rq_psn,
+                mtu: r.mtu,
+            }),
+        )
+    })
+}
+
+extern "C" fn to_rts(dev: c_int, qpn: u32, r: *const HcaRts) -> c_int {
+    // SAFETY: the driver passes a filled uvemu_hca_rts.
+    let r = unsafe { &*r };
+    let timers = QpTimers {
+        sq_psn: r.sq_psn,
+        timeout: transport_timeout(r.timeout),
+        retry_cnt: r.retry_cnt,
+        rnr_retry: r.rnr_retry,
+        min_rnr_timer: rnr_delay(r.min_rnr_timer),
+    };
+    on(dev, "RTS", |h| h.modify_qp(qpn, QpModify::Rts(timers)))
+}
+
+extern "C" fn destroy_qp(dev: c_int, qpn: u32) {
+    if let Some(h) = hca(dev) {
+        h.destroy_qp(qpn);
+    }
+}
+
+/// The IB transport timeout `4.096 us * 2^t`; 0 means none, served as an hour.
+fn transport_timeout(t: u8) -> Duration {
+    match t {
+        0 => Duration::from_secs(3600),
+        t => Duration::from_nanos(4096u64 << t.min(31)),
+    }
+}
+
+/// The IB RNR NAK timer encoding (`min_rnr_timer`), in microseconds: 0 is 655.36 ms, then
+/// 0.01 ms up to 491.52 ms.
+fn rnr_delay(code: u8) -> Duration {
+    const US: [u32; 32] = [
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560,
+        3_840, 5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880,
+        163_840, 245_760, 327_680, 491_520,
+    ];
+    Duration::from_micros(US[code as usize % 32].into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outside_the_emulated_driver_nothing_is_served() {
+        let e = serve_emulated_driver().unwrap_err();
+        assert!(
+            e.contains("not running under the emulated RDMA driver"),
+            "{e}"
+        );
+    }
+
+    /// A QP spec over `owner`'s pages, as the driver would build it from libmlx5's memory,
+    /// with the doorbell register at `bf_off` of a foreign page.
+    fn foreign_qp(owner: &RingMem, cqn: u32, bf_off: usize) -> QpSpec {
+        let (buf, _) = foreign(owner.addr(0), 2 * crate::mem::PAGE);
+        let (db, db_off) = foreign(owner.addr(0x1000), 8);
+        let (bf, _) = foreign(owner.addr(0x2000), 8);
+        QpSpec {
+            pd: 1,
+            buf,
+            rq_wqes: 16,
+            rq_stride: 32,
+            sq_off: 512,
+            sq_wqebbs: 16,
+            dbrec: MemAt {
+                mem: db,
+                off: db_off,
+            },
+            send_cqn: cqn,
+            recv_cqn: cqn,
+            doorbell: Some(MemAt {
+                mem: bf,
+                off: bf_off,
+            }),
+            user_index: 7,
+        }
+    }
+
+    #[test]
+    fn foreign_rings_are_served_and_never_freed() {
+        let owner = RingMem::new(4 * crate::mem::PAGE);
+        let dev = SoftDevice::spawn().unwrap();
+        let (ring, off) = foreign(owner.addr(0x3000), 64 * 8);
+        assert_eq!(off, 0);
+        let (dbrec, dbrec_off) = foreign(owner.addr(0x1040), 8);
+        assert_eq!((dbrec_off, dbrec.len()), (0x40, crate::mem::PAGE));
+        let cqn = dev
+            .create_cq(CqSpec {
+                ring,
+                entries: 8,
+                dbrec: MemAt {
+                    mem: dbrec,
+                    off: dbrec_off,
+                },
+            })
+            .unwrap();
+        // A register whose second half would leave the page is refused, not trusted.
+        let e = dev.create_qp(foreign_qp(&owner, cqn, 0xF00)).err().unwrap();
+        assert!(e.to_string().contains("doorbell register"), "{e}");
+        let qp = dev.create_qp(foreign_qp(&owner, cqn, 0x800)).unwrap();
+        assert_eq!(
+            qp.doorbell.addr(),
+            owner.addr(0x2800),
+            "the register it was given"
+        );
+        dev.destroy_qp(qp.qpn);
+        dev.destroy_cq(cqn);
+        drop(dev);
+        // The foreign wrappers are gone; the owner's pages are still its own.
+        owner.write(0x2800, &[1; 8]);
+        let mut back = [0u8; 8];
+        owner.read(0x2800, &mut back);
+        assert_eq!(back, [1; 8]);
+    }
+
+    #[test]
+    fn ib_timer_encodings() {
+        assert_eq!(transport_timeout(14), Duration::from_nanos(4096 << 14));
+        assert_eq!(transport_timeout(0), Duration::from_secs(3600));
+        assert_eq!(rnr_delay(0), Duration::from_micros(655_360));
+        assert_eq!(rnr_delay(1), Duration::from_micros(10));
+        assert_eq!(rnr_delay(12), Duration::from_micros(640));
+        assert_eq!(rnr_delay(31), Duration::from_micros(491_520));
+    }
+}
