@@ -13,6 +13,7 @@
 
 mod common;
 
+use common::child::stdin_lines;
 use gdasync::gdsync::auth;
 use gdasync::gdsync::{Access, Cq, Device, Endpoint, QpConfig, RemoteBuf, SendWr, WcStatus};
 use gdasync::mp::bootstrap::{JobInfo, TcpBootstrap};
@@ -56,22 +57,7 @@ fn child() {
 }
 
 fn say(msg: impl std::fmt::Display) {
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{TAG}{msg}").unwrap();
-    out.flush().unwrap();
-}
-
-fn stdin_lines() -> Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lock().lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
+    common::child::say(TAG, msg);
 }
 
 fn status_str(s: WcStatus) -> String {

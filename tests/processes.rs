@@ -9,6 +9,7 @@
 
 mod common;
 
+use common::child::stdin_lines;
 use common::*;
 use gdasync::gdsync::auth;
 use gdasync::gdsync::format::Syndrome;
@@ -49,23 +50,7 @@ fn child() {
 }
 
 fn say(msg: impl std::fmt::Display) {
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{TAG}{msg}").unwrap();
-    out.flush().unwrap();
-}
-
-/// Lines of stdin, read on a thread; disconnected at EOF.
-fn stdin_lines() -> Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lock().lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
+    common::child::say(TAG, msg);
 }
 
 fn parse_buf(s: &str) -> RemoteBuf {

@@ -1,10 +1,11 @@
 //! Helpers shared by the integration tests: connected QP pairs on the soft device, completion
 //! polling with a deadline, deterministic data, the examples' binaries (`example`), the GPU
-//! gate (`gpu`), CUDA compile checks (`clang`).
+//! gate (`gpu`), CUDA compile checks (`clang`), a child process's lines to its parent (`child`).
 //!
 //! Each test binary uses a subset of these.
 #![allow(dead_code)]
 
+pub mod child;
 pub mod clang;
 pub mod clang_cuda;
 pub mod example;

@@ -1,0 +1,26 @@
+//! What a test's child process needs to talk to its parent: tagged lines on stdout (the
+//! parent skips the test harness's own output by the tag) and stdin's lines on a channel.
+
+use std::io::{BufRead, Write};
+use std::sync::mpsc::{self, Receiver};
+
+/// Writes `tag` + `msg` as one line on stdout, flushed at once.
+pub fn say(tag: &str, msg: impl std::fmt::Display) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{tag}{msg}").unwrap();
+    out.flush().unwrap();
+}
+
+/// Lines of stdin, read on a thread; disconnected at EOF.
+pub fn stdin_lines() -> Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
