@@ -18,10 +18,10 @@ use gdasync::gdsync::auth;
 use gdasync::gdsync::{Access, Cq, Device, Endpoint, QpConfig, RemoteBuf, SendWr, WcStatus};
 use gdasync::mp::bootstrap::{JobInfo, TcpBootstrap};
 use gdasync::mp::Comm;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 const ROLE: &str = "GDSYNC_NETNS_ROLE";
@@ -316,18 +316,7 @@ impl Proc {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start a child in a namespace");
-        let out = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                if let Some(k) = line.find(TAG) {
-                    if tx.send(line[k + TAG.len()..].to_string()).is_err() {
-                        break;
-                    }
-                }
-            }
-        });
+        let lines = common::child::tagged_lines(child.stdout.take().unwrap(), TAG);
         Proc {
             stdin: child.stdin.take().unwrap(),
             child,

@@ -17,9 +17,9 @@ use gdasync::gdsync::{
     Access, CompletionOp, Device, Endpoint, Error, LinkKind, LinkPolicy, QpConfig, RecvWr,
     RemoteBuf, SendWr, WcStatus,
 };
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::process::{ChildStdin, Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
 const ROLE: &str = "GDSYNC_CHILD_ROLE";
@@ -263,19 +263,7 @@ impl Child {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn child");
-        let stdout = proc.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                // libtest may print "test child ... " without a newline before our first line.
-                if let Some(i) = line.find(TAG) {
-                    if tx.send(line[i + TAG.len()..].to_string()).is_err() {
-                        break;
-                    }
-                }
-            }
-        });
+        let lines = common::child::tagged_lines(proc.stdout.take().unwrap(), TAG);
         let dev = Device::soft().unwrap();
         let side = Side::new(&dev, cfg);
         let mut c = Child {

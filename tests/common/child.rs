@@ -1,4 +1,4 @@
-//! What a test's child process needs to talk to its parent: tagged lines on stdout (the
+//! How a test and its child process talk: the child's tagged lines on stdout (the
 //! parent skips the test harness's own output by the tag) and stdin's lines on a channel.
 
 use std::io::{BufRead, Write};
@@ -19,6 +19,24 @@ pub fn stdin_lines() -> Receiver<String> {
             let Ok(line) = line else { break };
             if tx.send(line).is_err() {
                 break;
+            }
+        }
+    });
+    rx
+}
+
+/// The parent's side: the child's stdout lines that carry `tag`, with the tag and what came
+/// before it cut off (libtest may print "test child ... " without a newline before the first
+/// one), read on a thread; disconnected at EOF.
+pub fn tagged_lines(stdout: std::process::ChildStdout, tag: &'static str) -> Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Some(i) = line.find(tag) {
+                if tx.send(line[i + tag.len()..].to_string()).is_err() {
+                    break;
+                }
             }
         }
     });
