@@ -12,7 +12,7 @@
 use gdsync::mlx5::{
     serve_emulated_driver, Context, Cq, Mr, Qp, QpCaps, RemoteQp, RtrAttr, RtsAttr, VerbsCompletion,
 };
-use gdsync::{Access, RecvWr, RemoteAddr, SendWr, Sge};
+use gdsync::{Access, RecvWr, RemoteAddr, SendWr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uverbs_emu::in_child_under_emulator;
@@ -42,23 +42,6 @@ struct Side {
 }
 
 impl Side {
-    /// `len` bytes at `off` of this side's buffer.
-    fn sge(&self, off: u64, len: u32) -> Sge {
-        Sge {
-            addr: self.mr.addr() + off,
-            len,
-            lkey: self.mr.lkey(),
-        }
-    }
-
-    /// Byte `off` of this side's buffer, as the peer addresses it.
-    fn remote(&self, off: u64) -> RemoteAddr {
-        RemoteAddr {
-            addr: self.mr.addr() + off,
-            rkey: self.mr.rkey(),
-        }
-    }
-
     /// `len` bytes of the buffer at `off`.
     fn peek(&self, off: usize, len: usize) -> Vec<u8> {
         assert!(off + len <= BUF_LEN);
@@ -213,10 +196,15 @@ fn mlx5_libmlx5_sends_and_receives_complete_on_the_soft_hca() {
     b.post_recv(
         RecvWr::new()
             .wr_id(100)
-            .sge(b.sge(0, 30))
-            .sge(b.sge(100, 70)),
+            .sge(b.mr.sge(0, 30))
+            .sge(b.mr.sge(100, 70)),
     );
-    a.post(SendWr::send().wr_id(1).sge(a.sge(0, 20)).sge(a.sge(50, 40)));
+    a.post(
+        SendWr::send()
+            .wr_id(1)
+            .sge(a.mr.sge(0, 20))
+            .sge(a.mr.sge(50, 40)),
+    );
     expect(a.next(), 1, WC_SEND, None, None);
     let r = b.next();
     expect(r, 100, WC_RECV, Some(60), None);
@@ -226,11 +214,11 @@ fn mlx5_libmlx5_sends_and_receives_complete_on_the_soft_hca() {
     assert_eq!(b.peek(130, 1), [pattern(2, 130)], "past the message");
 
     // A send with immediate, inline.
-    b.post_recv(RecvWr::new().wr_id(101).sge(b.sge(1000, 64)));
+    b.post_recv(RecvWr::new().wr_id(101).sge(b.mr.sge(1000, 64)));
     a.post(
         SendWr::send_imm(0xdead_beef)
             .wr_id(2)
-            .sge(a.sge(200, 48))
+            .sge(a.mr.sge(200, 48))
             .inline(),
     );
     expect_sent_imm(a.next(), 2, WC_SEND);
@@ -238,10 +226,10 @@ fn mlx5_libmlx5_sends_and_receives_complete_on_the_soft_hca() {
     assert_eq!(b.peek(1000, 48), a.peek(200, 48));
 
     // An unsignalled send: only the receive completes, then a signalled one behind it.
-    b.post_recv(RecvWr::new().wr_id(102).sge(b.sge(2000, 16)));
-    b.post_recv(RecvWr::new().wr_id(103).sge(b.sge(2100, 16)));
-    a.post(SendWr::send().wr_id(3).sge(a.sge(300, 16)).unsignaled());
-    a.post(SendWr::send().wr_id(4).sge(a.sge(400, 0)));
+    b.post_recv(RecvWr::new().wr_id(102).sge(b.mr.sge(2000, 16)));
+    b.post_recv(RecvWr::new().wr_id(103).sge(b.mr.sge(2100, 16)));
+    a.post(SendWr::send().wr_id(3).sge(a.mr.sge(300, 16)).unsignaled());
+    a.post(SendWr::send().wr_id(4).sge(a.mr.sge(400, 0)));
     expect(a.next(), 4, WC_SEND, None, None);
     expect(b.next(), 102, WC_RECV, Some(16), None);
     expect(b.next(), 103, WC_RECV, Some(0), None);
@@ -261,7 +249,11 @@ fn mlx5_libmlx5_rdma_and_atomics_complete_on_the_soft_hca() {
         return;
     };
     // RDMA write: the target sees no completion.
-    a.post(SendWr::write(b.remote(4096)).wr_id(10).sge(a.sge(0, 100)));
+    a.post(
+        SendWr::write(b.mr.remote(4096))
+            .wr_id(10)
+            .sge(a.mr.sge(0, 100)),
+    );
     expect(a.next(), 10, WC_RDMA_WRITE, None, None);
     assert_eq!(b.peek(4096, 100), a.peek(0, 100));
     b.none_left();
@@ -269,9 +261,9 @@ fn mlx5_libmlx5_rdma_and_atomics_complete_on_the_soft_hca() {
     // RDMA write with immediate: consumes a receive, whose completion has the length.
     b.post_recv(RecvWr::new().wr_id(200));
     a.post(
-        SendWr::write_imm(b.remote(8192), 0x0102_0304)
+        SendWr::write_imm(b.mr.remote(8192), 0x0102_0304)
             .wr_id(11)
-            .sge(a.sge(1000, 300)),
+            .sge(a.mr.sge(1000, 300)),
     );
     expect_sent_imm(a.next(), 11, WC_RDMA_WRITE);
     let r = b.next();
@@ -281,10 +273,10 @@ fn mlx5_libmlx5_rdma_and_atomics_complete_on_the_soft_hca() {
 
     // RDMA read into two SGEs.
     a.post(
-        SendWr::read(b.remote(12288))
+        SendWr::read(b.mr.remote(12288))
             .wr_id(12)
-            .sge(a.sge(20000, 50))
-            .sge(a.sge(21000, 150)),
+            .sge(a.mr.sge(20000, 50))
+            .sge(a.mr.sge(21000, 150)),
     );
     expect(a.next(), 12, WC_RDMA_READ, Some(200), None);
     assert_eq!(
@@ -296,7 +288,7 @@ fn mlx5_libmlx5_rdma_and_atomics_complete_on_the_soft_hca() {
     // that misses.
     let word = 16384u64;
     b.poke(word as usize, &10u64.to_ne_bytes());
-    let target = b.remote(word);
+    let target = b.mr.remote(word);
     // (work request, its completion's opcode, the value fetched, the word after)
     let atomics = [
         (SendWr::fetch_add(target, 5), WC_FETCH_ADD, 10u64, 15u64),
@@ -305,7 +297,7 @@ fn mlx5_libmlx5_rdma_and_atomics_complete_on_the_soft_hca() {
     ];
     for (i, (wr, opcode, fetched, after)) in atomics.into_iter().enumerate() {
         let (id, at) = (13 + i as u64, 30000 + 8 * i as u64);
-        a.post(wr.wr_id(id).sge(a.sge(at, 8)));
+        a.post(wr.wr_id(id).sge(a.mr.sge(at, 8)));
         expect(a.next(), id, opcode, Some(8), None);
         assert_eq!(a.peek(at as usize, 8), fetched.to_ne_bytes(), "atomic {i}");
         assert_eq!(b.peek(word as usize, 8), after.to_ne_bytes(), "atomic {i}");
@@ -328,10 +320,10 @@ fn mlx5_libmlx5_reads_the_soft_hcas_error_completions() {
     // is 0 where a ConnectX puts its own code.)
     let bad = RemoteAddr {
         rkey: b.mr.rkey() ^ 0x80,
-        ..b.remote(0)
+        ..b.mr.remote(0)
     };
-    a.post(SendWr::write(bad).wr_id(20).sge(a.sge(0, 64)));
-    a.post(SendWr::send().wr_id(21).sge(a.sge(0, 8)));
+    a.post(SendWr::write(bad).wr_id(20).sge(a.mr.sge(0, 64)));
+    a.post(SendWr::send().wr_id(21).sge(a.mr.sge(0, 8)));
     let e = a.next();
     assert_eq!((e.wr_id, e.status), (20, WC_REM_ACCESS_ERR), "{e:?}");
     let f = a.next();

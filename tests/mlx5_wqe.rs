@@ -34,7 +34,7 @@ use gdsync::format::{
     SendWqe, WqeData, MAX_WQE_DS, SEG_SIZE, WQEBB,
 };
 use gdsync::mlx5::{Context, Mr, Qp, QpCaps, QpRings, RemoteQp, RtrAttr, RtsAttr};
-use gdsync::{Access, RecvWr, RemoteAddr, SendFlags, SendWr, Sge, WrOp};
+use gdsync::{Access, RecvWr, SendFlags, SendWr, WrOp};
 use std::ops::Range;
 
 use uverbs_emu::in_child_under_emulator;
@@ -89,23 +89,6 @@ impl Rig {
             rings,
             mr,
             bf_half: None,
-        }
-    }
-
-    /// `len` bytes at `off` of the buffer.
-    fn sge(&self, off: u64, len: u32) -> Sge {
-        Sge {
-            addr: self.mr.addr() + off,
-            len,
-            lkey: self.mr.lkey(),
-        }
-    }
-
-    /// Byte `off` of the buffer, as a peer addresses it.
-    fn remote(&self, off: u64) -> RemoteAddr {
-        RemoteAddr {
-            addr: self.mr.addr() + off,
-            rkey: self.mr.rkey(),
         }
     }
 
@@ -426,7 +409,7 @@ fn hex(b: &[u8]) -> String {
 /// Every send gdsync can express in verbs: each operation, with 0, 1 and several SGEs,
 /// inline at sizes around the 16-byte unit, signalled or not, fenced, solicited.
 fn send_cases(r: &Rig) -> Vec<(&'static str, Vec<SendWr>)> {
-    let s = |off, len| r.sge(off, len);
+    let s = |off, len| r.mr.sge(off, len);
     let one = |name, wr: SendWr| (name, vec![wr]);
     vec![
         one("send, 1 SGE", SendWr::send().sge(s(0, 64))),
@@ -474,65 +457,69 @@ fn send_cases(r: &Rig) -> Vec<(&'static str, Vec<SendWr>)> {
                 .inline()
                 .unsignaled(),
         ),
-        one("write", SendWr::write(r.remote(4096)).sge(s(0, 64))),
+        one("write", SendWr::write(r.mr.remote(4096)).sge(s(0, 64))),
         one(
             "write, unsignalled",
-            SendWr::write(r.remote(4096)).sge(s(0, 64)).unsignaled(),
+            SendWr::write(r.mr.remote(4096)).sge(s(0, 64)).unsignaled(),
         ),
         one(
             "write, fenced",
-            SendWr::write(r.remote(4096)).sge(s(0, 64)).fence(),
+            SendWr::write(r.mr.remote(4096)).sge(s(0, 64)).fence(),
         ),
         one(
             "write, 2 SGEs",
-            SendWr::write(r.remote(4096)).sges(&[s(0, 64), s(128, 64)]),
+            SendWr::write(r.mr.remote(4096)).sges(&[s(0, 64), s(128, 64)]),
         ),
         one(
             "write, 4 SGEs (2 WQEBBs)",
-            SendWr::write(r.remote(4096)).sges(&[s(0, 1), s(2, 2), s(4, 4), s(8, 8)]),
+            SendWr::write(r.mr.remote(4096)).sges(&[s(0, 1), s(2, 2), s(4, 4), s(8, 8)]),
         ),
         one(
             "write inline, 8 bytes",
-            SendWr::write(r.remote(8)).sge(s(0, 8)).inline(),
+            SendWr::write(r.mr.remote(8)).sge(s(0, 8)).inline(),
         ),
         one(
             "write inline, 128 bytes (max_inline)",
-            SendWr::write(r.remote(4096)).sge(s(17, 128)).inline(),
+            SendWr::write(r.mr.remote(4096)).sge(s(17, 128)).inline(),
         ),
         one(
             "write with immediate",
-            SendWr::write_imm(r.remote(4096), 7).sge(s(0, 64)),
+            SendWr::write_imm(r.mr.remote(4096), 7).sge(s(0, 64)),
         ),
         one(
             "write with immediate, inline, solicited",
-            SendWr::write_imm(r.remote(4096), 0x0102_0304)
+            SendWr::write_imm(r.mr.remote(4096), 0x0102_0304)
                 .sge(s(0, 30))
                 .inline()
                 .solicited(),
         ),
         one(
             "write with immediate, no SGE",
-            SendWr::write_imm(r.remote(4096), 9),
+            SendWr::write_imm(r.mr.remote(4096), 9),
         ),
-        one("read", SendWr::read(r.remote(4096)).sge(s(0, 64))),
+        one("read", SendWr::read(r.mr.remote(4096)).sge(s(0, 64))),
         one(
             "read, 2 SGEs, fenced",
-            SendWr::read(r.remote(4096))
+            SendWr::read(r.mr.remote(4096))
                 .sges(&[s(0, 64), s(512, 1000)])
                 .fence(),
         ),
         one(
             "compare-and-swap",
-            SendWr::compare_swap(r.remote(4096), 0x1111_2222_3333_4444, 0x5555_6666_7777_8888)
-                .sge(s(64, 8)),
+            SendWr::compare_swap(
+                r.mr.remote(4096),
+                0x1111_2222_3333_4444,
+                0x5555_6666_7777_8888,
+            )
+            .sge(s(64, 8)),
         ),
         one(
             "fetch-and-add",
-            SendWr::fetch_add(r.remote(4096), 0x0102_0304_0506_0708).sge(s(64, 8)),
+            SendWr::fetch_add(r.mr.remote(4096), 0x0102_0304_0506_0708).sge(s(64, 8)),
         ),
         one(
             "fetch-and-add, unsignalled, fenced",
-            SendWr::fetch_add(r.remote(8), 1)
+            SendWr::fetch_add(r.mr.remote(8), 1)
                 .sge(s(72, 8))
                 .unsignaled()
                 .fence(),
@@ -540,7 +527,7 @@ fn send_cases(r: &Rig) -> Vec<(&'static str, Vec<SendWr>)> {
         (
             "write then send in one call (one doorbell, no BlueFlame)",
             vec![
-                SendWr::write(r.remote(4096)).sge(s(0, 64)).unsignaled(),
+                SendWr::write(r.mr.remote(4096)).sge(s(0, 64)).unsignaled(),
                 SendWr::send().sge(s(0, 8)),
             ],
         ),
@@ -596,7 +583,7 @@ fn mlx5_recv_wqes_match_libmlx5_byte_for_byte() {
         },
     );
     assert_eq!(rig.rings.rq_stride, 64);
-    let s = |off, len| rig.sge(off, len);
+    let s = |off, len| rig.mr.sge(off, len);
     let cases = [
         ("receive, 1 SGE + terminator", RecvWr::new().sge(s(0, 64))),
         ("receive, no SGE (terminator only)", RecvWr::new()),
@@ -625,7 +612,7 @@ fn mlx5_recv_wqes_match_libmlx5_byte_for_byte() {
     assert_eq!(narrow.rings.rq_stride, 16);
     narrow.check_recv(
         "receive, 1 SGE in a 16-byte slot",
-        &RecvWr::new().sge(narrow.sge(0, 64)),
+        &RecvWr::new().sge(narrow.mr.sge(0, 64)),
     );
 }
 
@@ -644,14 +631,14 @@ fn mlx5_verbs_post_refuses_what_verbs_cannot_say() {
     let before = rig.dbrec(1);
     for wr in [
         SendWr::nop(),
-        SendWr::send().sge(rig.sge(0, 8)).inline_host(),
+        SendWr::send().sge(rig.mr.sge(0, 8)).inline_host(),
     ] {
         // SAFETY: nothing is posted (refused), and the buffer lives to the end anyway.
         let e = unsafe { rig.qp.verbs_post_send(&[wr]) }.unwrap_err();
         assert!(e.to_string().starts_with("invalid argument"), "{e}");
     }
     // Inline beyond the QP's max_inline_data: libmlx5 refuses it.
-    let big = SendWr::send().sge(rig.sge(0, 4096)).inline();
+    let big = SendWr::send().sge(rig.mr.sge(0, 4096)).inline();
     // SAFETY: as above.
     assert!(unsafe { rig.qp.verbs_post_send(&[big]) }.is_err());
     assert_eq!(rig.dbrec(1), before, "nothing was posted");
