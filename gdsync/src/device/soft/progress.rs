@@ -20,6 +20,7 @@
 use super::engine::Engine;
 use super::EngineCtl;
 use crate::exec::Backoff;
+use crate::mem::Padded;
 use parking_lot::{Mutex, RwLock};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -71,22 +72,10 @@ fn decide(live: usize) -> bool {
     }
 }
 
-/// A value on cache lines of its own: threads that only read it (other ranks looking for
-/// engines nobody owns) then never pull the lines the owner writes.
-#[repr(align(128))]
-struct Lines<T>(T);
-
-impl<T> std::ops::Deref for Lines<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.0
-    }
-}
-
 /// An engine and what its thread and its helpers share.
 pub(crate) struct EngineCore {
     pub(super) ctl: Arc<EngineCtl>,
-    engine: Lines<Mutex<Engine>>,
+    engine: Padded<Mutex<Engine>>,
     /// A round was asked for while another thread held the engine; the holder runs it.
     asked: AtomicBool,
     /// The engine thread asks for the timers to run (they then run in the next round).
@@ -97,7 +86,7 @@ pub(crate) struct EngineCore {
     /// Other threads leave such an engine alone; an engine nobody owns (its rank only waits
     /// for data to land) is run by whichever threads feed it. (Read by every helper, written
     /// about once a millisecond.)
-    owned: Lines<AtomicBool>,
+    owned: Padded<AtomicBool>,
 }
 
 /// Whether engines progress on shared threads now.
@@ -171,11 +160,11 @@ impl EngineCore {
     pub(super) fn new(ctl: Arc<EngineCtl>, engine: Engine) -> Arc<Self> {
         Arc::new(Self {
             ctl,
-            engine: Lines(Mutex::new(engine)),
+            engine: Padded(Mutex::new(engine)),
             asked: AtomicBool::new(false),
             timers_asked: AtomicBool::new(false),
             helped: AtomicBool::new(false),
-            owned: Lines(AtomicBool::new(false)),
+            owned: Padded(AtomicBool::new(false)),
         })
     }
 
@@ -240,8 +229,8 @@ impl EngineCore {
                         self.ctl.wake();
                         return work;
                     }
-                    if who == Who::Helper && !self.helped.load(Ordering::Relaxed) {
-                        self.helped.store(true, Ordering::Relaxed);
+                    if who == Who::Helper {
+                        set_flag(&self.helped, true);
                     }
                     if !e.round(tick) {
                         break;
@@ -270,9 +259,7 @@ impl EngineCore {
 
     /// [`help`](Self::help) by a thread that uses the engine's queues: marks it owned.
     fn help_as_owner(&self, why: Why) -> bool {
-        if !self.owned.load(Ordering::Relaxed) {
-            self.owned.store(true, Ordering::Relaxed);
-        }
+        set_flag(&self.owned, true);
         self.help(Who::Helper, why)
     }
 
@@ -289,6 +276,15 @@ impl EngineCore {
                 self.engine.try_lock()
             }),
         }
+    }
+}
+
+/// Stores `v` unless the flag already holds it: flags other threads read are written only
+/// when they change, so that their lines stay shared in every reader's cache.
+#[inline]
+fn set_flag(flag: &AtomicBool, v: bool) {
+    if flag.load(Ordering::Relaxed) != v {
+        flag.store(v, Ordering::Relaxed);
     }
 }
 
@@ -497,9 +493,7 @@ fn shared_step(core: &EngineCore, idle_since: &mut Option<Instant>) {
     // whatever comes next: running rounds here too would only pull the engine's state
     // away from their cores, and work found meanwhile is theirs.
     let driven = core.helped.swap(false, Ordering::Relaxed);
-    if core.owned.load(Ordering::Relaxed) {
-        core.owned.store(false, Ordering::Relaxed);
-    }
+    set_flag(&core.owned, false);
     // As a doorbell: if a helper holds the engine, it runs the rounds (timers included).
     if !driven && core.help(Who::Engine, Why::Doorbell) {
         *idle_since = Some(now);
