@@ -3,14 +3,13 @@
 //! registered memory.
 
 use super::{QpShared, MAX_MESSAGE, MAX_SGE};
-use crate::context::{DeviceContext, HostRegion};
+use crate::context::{DeviceContext, HostRegion, KeyMap};
 use crate::format::*;
 use crate::wr::{RemoteAddr, SendFlags, SendWr, Sge, WrOp};
 use crate::{Error, Result};
-use std::collections::HashMap;
 
 /// The host's record of registered regions, by lkey.
-type Regions = HashMap<u32, HostRegion>;
+type Regions = KeyMap<HostRegion>;
 
 /// Whether every SGE lies in a registered region of host memory (else it is left to the
 /// encoder's own checks).

@@ -70,6 +70,12 @@ impl PreparedSend {
     }
 }
 
+/// A send's WQE in the ring: the ticket and the first 8 bytes, which ring the doorbell.
+struct WrittenSend {
+    head: [u8; 8],
+    ticket: SendTicket,
+}
+
 /// Identifies a posted send: where it is in the ring and which completion it will produce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SendTicket {
@@ -104,6 +110,22 @@ impl Qp {
 
     /// Writes the WQE for `wr` into the send ring without ringing the doorbell.
     pub fn prepare_send(&mut self, wr: &SendWr) -> Result<PreparedSend> {
+        let w = self.write_send(wr)?;
+        self.uncommitted.push_back((w.ticket.index, w.ticket.end));
+        Ok(PreparedSend {
+            qpn: self.shared.qpn,
+            start: w.ticket.index,
+            end: w.ticket.end,
+            head: w.head,
+            ticket: w.ticket,
+            abandoned: self.abandoned.clone(),
+            committed: false,
+        })
+    }
+
+    /// Encodes `wr` into the send ring at the producer index and advances it: what a
+    /// prepared send and a CPU post have in common.
+    fn write_send(&mut self, wr: &SendWr) -> Result<WrittenSend> {
         let s = &*self.shared;
         if s.state() == QpState::Init {
             return Err(Error::NotConnected { qpn: s.qpn });
@@ -151,19 +173,13 @@ impl Qp {
             && s.send_cq.users.load(Ordering::Acquire) == 1)
             .then(|| s.send_cq.reserved.fetch_add(1, Ordering::AcqRel));
         let head: [u8; 8] = wqe[..8].try_into().unwrap();
-        self.uncommitted.push_back((start, self.sq_pi));
-        Ok(PreparedSend {
-            qpn: s.qpn,
-            start,
-            end: self.sq_pi,
+        Ok(WrittenSend {
             head,
             ticket: SendTicket {
                 index: start,
                 end: self.sq_pi,
                 cqe,
             },
-            abandoned: self.abandoned.clone(),
-            committed: false,
         })
     }
 
@@ -324,19 +340,28 @@ impl Qp {
                 self.shared.qpn
             )));
         }
-        let mut p = self.prepare_send(wr)?;
-        self.take_commit(&mut p)?;
+        let (ticket, head) = if self.uncommitted.is_empty() {
+            // Nothing prepared is waiting (and so nothing dropped uncommitted either): the
+            // send is next in ring order, with no prepared send to track.
+            let w = self.write_send(wr)?;
+            self.committed = w.ticket.end;
+            (w.ticket, w.head)
+        } else {
+            let mut p = self.prepare_send(wr)?;
+            self.take_commit(&mut p)?;
+            (p.ticket, p.head)
+        };
         let c = &self.shared.ctrl;
         c.u32(QP_DBREC + 4 * DBREC_SQ)
-            .store(qp_dbrec_value(p.end).native(), Ordering::Release);
+            .store(qp_dbrec_value(ticket.end).native(), Ordering::Release);
         // The register's halves in turn, as libmlx5 rings (executors ring the first).
         let db = &self.shared.doorbell;
         db.mem
             .u64(db.off + self.bf_offset)
-            .store(doorbell_value(p.head), Ordering::Release);
+            .store(doorbell_value(head), Ordering::Release);
         self.bf_offset ^= self.shared.bf_size;
         self.ctx.provider.kick();
-        Ok(p.ticket)
+        Ok(ticket)
     }
 
     /// Commits a prepared send and submits its doorbell ops to `exec` (a stream: the send

@@ -134,7 +134,6 @@ impl Mapping {
 /// Producer end of a ring.
 pub(crate) struct Producer {
     base: *mut u8,
-    cap: u64,
     pos: u64,
     cached_head: u64,
     head_off: usize,
@@ -146,7 +145,6 @@ pub(crate) struct Producer {
 /// Consumer end of a ring.
 pub(crate) struct Consumer {
     base: *mut u8,
-    cap: u64,
     pos: u64,
     head_off: usize,
     map: Arc<Mapping>,
@@ -157,8 +155,14 @@ unsafe impl Send for Producer {}
 // SAFETY: as above.
 unsafe impl Send for Consumer {}
 
-fn stamp_for(pos: u64, cap: u64) -> u32 {
-    ((pos / cap) as u32 & 0x7FFF_FFFF) | 0x8000_0000
+/// A ring's size in bytes, as the position arithmetic uses it: a constant power of two, so
+/// that the offsets and laps taken on every peek are masks and shifts, not divisions.
+const CAP: u64 = RING_BYTES as u64;
+const _: () = assert!(CAP.is_power_of_two());
+
+/// The stamp of the record at position `pos`: its lap, with the top bit set (never 0).
+fn stamp_for(pos: u64) -> u32 {
+    ((pos / CAP) as u32 & 0x7FFF_FFFF) | 0x8000_0000
 }
 
 fn ring(map: &Arc<Mapping>, i: usize) -> (*mut u8, usize) {
@@ -174,7 +178,6 @@ impl Producer {
         let (base, head_off) = ring(map, i);
         Self {
             base,
-            cap: RING_BYTES as u64,
             pos: 0,
             cached_head: 0,
             head_off,
@@ -191,11 +194,11 @@ impl Producer {
     fn has_room(&mut self, bytes: u64) -> bool {
         // Saturating: the head is the consumer's, in memory another process may share.
         let used = |head: u64| (self.pos + bytes).saturating_sub(head);
-        if used(self.cached_head) <= self.cap {
+        if used(self.cached_head) <= CAP {
             return true;
         }
         self.cached_head = self.map.u64(self.head_off).load(Ordering::Acquire);
-        used(self.cached_head) <= self.cap
+        used(self.cached_head) <= CAP
     }
 
     /// Appends a record of `hdr` and `len` payload bytes filled by `fill`, if there is room.
@@ -207,12 +210,8 @@ impl Producer {
     ) -> Option<R> {
         debug_assert!(len <= MTU);
         let rec = (HDR + len).next_multiple_of(64) as u64;
-        let off = self.pos % self.cap;
-        let skip = if off + rec > self.cap {
-            self.cap - off
-        } else {
-            0
-        };
+        let off = self.pos % CAP;
+        let skip = if off + rec > CAP { CAP - off } else { 0 };
         // Room for the skip, the record and the next record's cleared stamp.
         if !self.has_room(skip + rec + 64) {
             return None;
@@ -225,11 +224,11 @@ impl Producer {
             };
             self.write_header(off, &h);
             self.stamp(off)
-                .store(stamp_for(self.pos, self.cap), Ordering::Release);
+                .store(stamp_for(self.pos), Ordering::Release);
             self.pos += skip;
         }
-        let off = self.pos % self.cap;
-        self.stamp((self.pos + rec) % self.cap)
+        let off = self.pos % CAP;
+        self.stamp((self.pos + rec) % CAP)
             .store(0, Ordering::Relaxed);
         self.write_header(off, hdr);
         // SAFETY: the record [off, off+rec) lies inside the ring (no wrap, checked above) and
@@ -238,7 +237,7 @@ impl Producer {
             unsafe { std::slice::from_raw_parts_mut(self.base.add(off as usize + HDR), len) };
         let r = fill(payload);
         self.stamp(off)
-            .store(stamp_for(self.pos, self.cap), Ordering::Release);
+            .store(stamp_for(self.pos), Ordering::Release);
         self.pos += rec;
         if let Some(n) = &self.notify {
             n.wake_outbound();
@@ -261,7 +260,6 @@ impl Consumer {
         let (base, head_off) = ring(map, i);
         Self {
             base,
-            cap: RING_BYTES as u64,
             pos: 0,
             head_off,
             map: map.clone(),
@@ -271,11 +269,11 @@ impl Consumer {
     /// The next record, if one has been published: its header and payload.
     pub(crate) fn peek(&mut self) -> Option<(PktHeader, &[u8])> {
         loop {
-            let off = self.pos % self.cap;
+            let off = self.pos % CAP;
             // SAFETY: off < cap, 64-aligned.
             let stamp = unsafe { &*(self.base.add(off as usize) as *const AtomicU32) }
                 .load(Ordering::Acquire);
-            if stamp != stamp_for(self.pos, self.cap) {
+            if stamp != stamp_for(self.pos) {
                 return None;
             }
             // SAFETY: the stamp was published with release after the header and payload were
@@ -283,12 +281,12 @@ impl Consumer {
             let h: PktHeader =
                 unsafe { std::ptr::read(self.base.add(off as usize) as *const PktHeader) };
             if h.kind == kind::SKIP {
-                self.pos += self.cap - off;
+                self.pos += CAP - off;
                 continue;
             }
             // A shared-memory ring is written by another process: a length that runs past
             // the ring's end is cut there rather than trusted.
-            let room = (self.cap - off) as usize - HDR;
+            let room = (CAP - off) as usize - HDR;
             let len = (h.seg_len as usize).min(MTU).min(room);
             // SAFETY: as above; the payload lies inside the ring (off + HDR + len <= cap).
             let payload =

@@ -79,22 +79,51 @@ impl Engine {
                 Emit::Fault => {
                     let job = link.queue.pop_front().unwrap();
                     work = true;
-                    if job.hdr.kind == kind::REQ {
-                        // A requester's lkey vanished under a posted WQE.
-                        let (qpn, psn) = (job.hdr.src_qpn, job.hdr.psn);
-                        if self.qps.get(qpn as usize).is_some_and(Option::is_some) {
-                            self.enter_error(qpn, Some((psn, Syndrome::LocalProt)));
-                            return true;
-                        }
-                    } else {
-                        // A read response's region was deregistered: NAK instead.
-                        link.queue
-                            .push_front(nak(&job.hdr, Syndrome::RemoteAccess as u8));
+                    if self.emit_failed(li, job) {
+                        return true;
                     }
                 }
             }
         }
         work
+    }
+
+    /// Sends a message on link `li`: at once while nothing waits before it and the ring has
+    /// room (most messages: no queue entry to make and take), else after those queued.
+    /// The region table must be current ([`MrCache::sync`](super::super::mr_table::MrCache::sync)
+    /// in this round).
+    pub(super) fn send(&mut self, li: usize, mut job: TxJob) {
+        let link = &mut self.links[li];
+        if !link.queue.is_empty() {
+            link.queue.push_back(job);
+            return;
+        }
+        match emit(&mut job, &mut link.link.tx, &self.mrc.slots) {
+            Emit::Done => {}
+            Emit::Full => link.queue.push_back(job),
+            Emit::Fault => {
+                self.emit_failed(li, job);
+            }
+        }
+    }
+
+    /// A message whose memory vanished while it was sent (see [`Emit::Fault`]): a request
+    /// fails its WQE (returns true: the QP went to error); a read response becomes a NAK.
+    fn emit_failed(&mut self, li: usize, job: TxJob) -> bool {
+        if job.hdr.kind == kind::REQ {
+            // A requester's lkey vanished under a posted WQE.
+            let (qpn, psn) = (job.hdr.src_qpn, job.hdr.psn);
+            if self.qps.get(qpn as usize).is_some_and(Option::is_some) {
+                self.enter_error(qpn, Some((psn, Syndrome::LocalProt)));
+                return true;
+            }
+        } else {
+            // A read response's region was deregistered: NAK instead.
+            self.links[li]
+                .queue
+                .push_front(nak(&job.hdr, Syndrome::RemoteAccess as u8));
+        }
+        false
     }
 }
 

@@ -215,12 +215,15 @@ impl Engine {
         if at.opcode != Opcode::Nop {
             q.next_psn = q.next_psn.wrapping_add(1);
             let pd = q.hw.pd;
-            self.links[li].queue.push_back(TxJob {
-                hdr,
-                body,
-                pd,
-                sent: 0,
-            });
+            self.send(
+                li,
+                TxJob {
+                    hdr,
+                    body,
+                    pd,
+                    sent: 0,
+                },
+            );
         } else {
             super::completion::complete_front(q, now);
         }

@@ -70,7 +70,7 @@ impl Engine {
                 None => Syndrome::RemoteInvalReq as u8,
             },
         };
-        self.links[li].queue.push_back(nak(h, code));
+        self.send(li, nak(h, code));
         None
     }
 
@@ -102,16 +102,16 @@ impl Engine {
             }
             Ok(Accepted::Answered(job)) => {
                 q.exp_psn = q.exp_psn.wrapping_add(1);
-                self.links[li].queue.push_back(job);
+                self.send(li, job);
                 false
             }
             Err(Refusal::Nak(code)) => {
-                self.links[li].queue.push_back(nak(h, code));
+                self.send(li, nak(h, code));
                 false
             }
             Err(Refusal::Fail(s, code)) => {
                 self.responder_error(qpn, s);
-                self.links[li].queue.push_back(nak(h, code));
+                self.send(li, nak(h, code));
                 false
             }
         }
@@ -141,13 +141,9 @@ impl Engine {
             q.inmsg = None;
             if recv {
                 self.responder_error(qpn, Syndrome::LocalProt);
-                self.links[li]
-                    .queue
-                    .push_back(nak(h, Syndrome::RemoteOp as u8));
+                self.send(li, nak(h, Syndrome::RemoteOp as u8));
             } else {
-                self.links[li]
-                    .queue
-                    .push_back(nak(h, Syndrome::RemoteAccess as u8));
+                self.send(li, nak(h, Syndrome::RemoteAccess as u8));
             }
             return;
         }
@@ -158,12 +154,15 @@ impl Engine {
         let m = q.inmsg.take().unwrap();
         complete_message(q, h, &m);
         q.exp_psn = q.exp_psn.wrapping_add(1);
-        self.links[li].queue.push_back(TxJob {
-            hdr: reply(h, resp::ACK),
-            body: Body::Empty,
-            pd: 0,
-            sent: 0,
-        });
+        self.send(
+            li,
+            TxJob {
+                hdr: reply(h, resp::ACK),
+                body: Body::Empty,
+                pd: 0,
+                sent: 0,
+            },
+        );
     }
 
     /// A responder-side error on the receive at the head of the receive ring: its error
