@@ -10,14 +10,12 @@ use crate::device::provider::AsyncEvent;
 use crate::format::*;
 use crate::mem::slot_off;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 impl Engine {
     /// A response from the peer's responder, for an outstanding WQE of one of this link's
     /// QPs.
     pub(super) fn on_response(&mut self, li: usize, h: &PktHeader, payload: &[u8]) {
         let qpn = h.dst_qpn;
-        let now = self.stamp();
         let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) else {
             return;
         };
@@ -25,11 +23,11 @@ impl Engine {
             return;
         }
         if !(h.op == resp::NAK && h.syndrome == NAK_NOT_READY) {
-            q.progress_at = now;
+            q.progressed = true;
             q.not_ready = false;
         }
         match h.op {
-            resp::ACK => acknowledge(q, h.psn, now),
+            resp::ACK => acknowledge(q, h.psn),
             resp::READ | resp::ATOMIC => self.on_data(qpn, h, payload),
             resp::NAK => self.on_nak(qpn, h),
             _ => {}
@@ -39,7 +37,6 @@ impl Engine {
     /// Read data or an atomic's old value: scattered into the WQE's local segments; the
     /// WQE is done when all of it has arrived.
     fn on_data(&mut self, qpn: u32, h: &PktHeader, payload: &[u8]) {
-        let now = self.stamp();
         let q = self.qps[qpn as usize].as_mut().unwrap();
         let pd = q.hw.pd;
         let Some(o) = q.out.iter_mut().find(|o| o.psn == h.psn && !o.done) else {
@@ -62,7 +59,7 @@ impl Engine {
             o.done = true;
         }
         q.rnr_left = q.hw.timers.rnr_retry;
-        complete_front(q, now);
+        complete_front(q);
     }
 
     /// A NAK: receiver not ready or peer not ready (rewind and retry later), or an error
@@ -96,7 +93,7 @@ impl Engine {
 
 /// An acknowledgement up to `psn`: sends and writes up to it are done (reads and atomics are
 /// done when their data arrives).
-fn acknowledge(q: &mut EQp, psn: u32, now: Instant) {
+fn acknowledge(q: &mut EQp, psn: u32) {
     for o in q.out.iter_mut() {
         if !psn_le(o.psn, psn) {
             break;
@@ -106,11 +103,11 @@ fn acknowledge(q: &mut EQp, psn: u32, now: Instant) {
         }
     }
     q.rnr_left = q.hw.timers.rnr_retry;
-    complete_front(q, now);
+    complete_front(q);
 }
 
 /// Pops completed WQEs off the front, writing CQEs for the signalled ones.
-pub(super) fn complete_front(q: &mut EQp, now: Instant) {
+pub(super) fn complete_front(q: &mut EQp) {
     while q.out.front().is_some_and(|o| o.done) {
         let o = q.out.pop_front().unwrap();
         if o.signalled {
@@ -123,7 +120,7 @@ pub(super) fn complete_front(q: &mut EQp, now: Instant) {
             cqe.set_op_own(CqeOpcode::Req, false, 0);
             q.complete(Side::Send, &mut cqe);
         }
-        q.progress_at = now;
+        q.progressed = true;
     }
 }
 

@@ -75,9 +75,8 @@ impl Engine {
     /// oldest outstanding one, or, when none is outstanding (an RNR wait rewound them), the
     /// next one in the send ring.
     pub(super) fn fail_first(&mut self, qpn: u32, s: Syndrome) {
-        let now = self.stamp();
         let q = self.qps[qpn as usize].as_mut().unwrap();
-        complete_front(q, now);
+        complete_front(q);
         match q.out.front().map(|o| o.psn) {
             Some(psn) => self.enter_error(qpn, Some((psn, s))),
             None => {
@@ -92,12 +91,11 @@ impl Engine {
     /// Moves a QP to the error state. Completed work at the front completes normally; the
     /// outstanding WQE with `failed` = (psn, syndrome) gets that error, the others WR_FLUSH.
     pub(super) fn enter_error(&mut self, qpn: u32, failed: Option<(u32, Syndrome)>) {
-        let now = self.stamp();
         let q = self.qps[qpn as usize].as_mut().unwrap();
         if q.err {
             return;
         }
-        complete_front(q, now);
+        complete_front(q);
         q.err = true;
         self.ctl.set_state(qpn, HwQpState::Error);
         self.ctl.event(AsyncEvent::QpFatal { qpn });

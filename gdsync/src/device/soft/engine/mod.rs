@@ -206,6 +206,11 @@ struct EQp {
     rnr_left: u8,
     retry_at: Option<Instant>,
     progress_at: Instant,
+    /// The QP made progress (an answer came, a WQE completed, the first WQE went out) since
+    /// the timers last looked: they restart its transport timer at their own clock reading,
+    /// which is never earlier than the progress (so no timeout fires early) and spares each
+    /// message a read of the clock.
+    progressed: bool,
     // responder
     exp_psn: u32,
     rq_ci: u64,
@@ -405,6 +410,7 @@ impl Engine {
             rnr_left: rnr,
             retry_at: None,
             progress_at: self.stamp(),
+            progressed: false,
             exp_psn: 0,
             rq_ci: 0,
             inmsg: None,

@@ -179,7 +179,6 @@ impl Engine {
     /// Step 5, send: the WQE becomes outstanding and its message is queued on the link (a
     /// NOP completes at once, in order).
     fn start_message(&mut self, qpn: u32, at: &At, req: Request) -> Step {
-        let now = self.stamp();
         let q = self.qps[qpn as usize].as_mut().unwrap();
         let li = q.link.unwrap();
         let Request {
@@ -208,7 +207,8 @@ impl Engine {
             body = Body::Gather(sges);
         }
         if q.out.is_empty() && !q.not_ready {
-            q.progress_at = now;
+            // The transport timer starts with the first outstanding WQE.
+            q.progressed = true;
         }
         q.out.push_back(o);
         q.sq_ci += at.nbb as u64;
@@ -225,7 +225,7 @@ impl Engine {
                 },
             );
         } else {
-            super::completion::complete_front(q, now);
+            super::completion::complete_front(q);
         }
         Step::Advanced
     }

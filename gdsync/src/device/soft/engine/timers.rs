@@ -61,9 +61,14 @@ impl Engine {
                 q.pending = true;
                 work = true;
             }
+            if q.progressed {
+                q.progressed = false;
+                q.progress_at = now;
+            }
             let waiting = !q.out.is_empty() || q.not_ready;
-            // The stamp comes from the coarse clock (up to ~64 rounds old): one
-            // millisecond of slack so the timeout never fires early.
+            // The stamp is this tick's reading or an earlier tick's, taken at or after the
+            // progress it marks (a QP's creation stamps the coarse clock: one millisecond
+            // of slack so the timeout never fires early).
             if !q.err
                 && waiting
                 && now.duration_since(q.progress_at)
