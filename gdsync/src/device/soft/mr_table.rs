@@ -108,13 +108,19 @@ pub(crate) struct MrCache {
 
 impl MrCache {
     /// Refreshes the copy if the table changed; cheap (one load) when it did not.
+    #[inline]
     pub fn sync(&mut self, t: &MrTable) {
         let v = t.version.0.load(Ordering::Acquire);
         if v != self.version {
-            self.slots = Arc::new(t.inner.read().clone());
-            self.version = v;
-            t.seen.0.store(v, Ordering::Release);
+            self.refresh(t, v);
         }
+    }
+
+    #[cold]
+    fn refresh(&mut self, t: &MrTable, v: u64) {
+        self.slots = Arc::new(t.inner.read().clone());
+        self.version = v;
+        t.seen.0.store(v, Ordering::Release);
     }
 }
 

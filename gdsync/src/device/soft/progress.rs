@@ -394,12 +394,17 @@ fn help_unowned(why: Why) {
         };
         refresh(&mut m);
         let n = m.1.len();
-        for k in 0..n {
-            let i = (m.2 + k) % n;
+        // (Counting round from the last one helped, without a division per poll.)
+        let mut i = m.2.min(n);
+        for _ in 0..n {
+            if i == n {
+                i = 0;
+            }
             let core = &m.1[i];
+            i += 1;
             if !core.owned.load(Ordering::Relaxed) {
                 core.help(Who::Helper, why);
-                m.2 = i + 1;
+                m.2 = i;
                 return;
             }
         }
