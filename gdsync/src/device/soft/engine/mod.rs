@@ -4,6 +4,7 @@
 //! - [`requester`]: doorbell, parse, local checks, fence, send (requester steps 1 to 5);
 //! - [`responder`]: admission and checks of a request's first packet, its payload, the
 //!   receive it consumes and the answer;
+//! - [`acks`]: acknowledgements owed, sent a round later and coalesced per QP;
 //! - [`completion`]: responses from the peer, in-order completion and CQE writes (step 6);
 //! - [`errors`]: malformed WQEs, failures and the error state with its flushes;
 //! - [`links`]: packets in and out of the links;
@@ -13,6 +14,7 @@
 //! Errors put the QP in the error state: the failing WQE gets an error CQE, everything else
 //! posted (send and receive) completes with WR_FLUSH.
 
+mod acks;
 mod completion;
 mod errors;
 mod links;
@@ -223,6 +225,8 @@ struct EQp {
     not_ready: bool,
     /// A CQE of this QP was dropped because its CQ overran: the QP goes to error.
     cq_overrun: bool,
+    /// The responder owes the peer an ACK up to this PSN ([`acks`]).
+    ack_owed: Option<u32>,
 }
 
 struct ELink {
@@ -237,6 +241,8 @@ pub(crate) struct Engine {
     qps: Vec<Option<EQp>>,
     active: Vec<u32>,
     links: Vec<ELink>,
+    /// QPs that owe an ACK ([`acks`]).
+    owed: Vec<u32>,
     /// Coarse clock for the timers, refreshed every few dozen polling rounds and on each
     /// timer tick (timeouts are milliseconds).
     now: Instant,
@@ -258,6 +264,7 @@ impl Engine {
             qps: Vec::new(),
             active: Vec::new(),
             links: Vec::new(),
+            owed: Vec::new(),
             now: Instant::now(),
             clock_stale: false,
         }
@@ -276,6 +283,8 @@ impl Engine {
             self.touch_clock();
         }
         let mut work = false;
+        // ACKs owed since an earlier round go at this round's end (see [`acks`]).
+        let owed_before = !self.owed.is_empty();
         for i in 0..self.active.len() {
             work |= self.poll_qp(self.active[i]);
         }
@@ -294,6 +303,9 @@ impl Engine {
         if tick {
             work |= self.timers(Instant::now());
         }
+        if owed_before {
+            work |= self.pay_acks();
+        }
         work
     }
 
@@ -304,7 +316,8 @@ impl Engine {
         for i in 0..self.active.len() {
             again |= self.poll_qp(self.active[i]);
         }
-        again || self.ctl.has_cmds.load(Ordering::Acquire)
+        // (An owed ACK needs one more round.)
+        again || !self.owed.is_empty() || self.ctl.has_cmds.load(Ordering::Acquire)
     }
 
     /// The calling thread is the engine's own: deregistrations wake it to see the new table.
@@ -417,6 +430,7 @@ impl Engine {
             fail_next: None,
             not_ready: false,
             cq_overrun: false,
+            ack_owed: None,
         });
         self.active.push(n as u32);
     }

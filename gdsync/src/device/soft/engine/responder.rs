@@ -70,7 +70,7 @@ impl Engine {
                 None => Syndrome::RemoteInvalReq as u8,
             },
         };
-        self.send(li, nak(h, code));
+        self.respond(li, nak(h, code));
         None
     }
 
@@ -102,16 +102,16 @@ impl Engine {
             }
             Ok(Accepted::Answered(job)) => {
                 q.exp_psn = q.exp_psn.wrapping_add(1);
-                self.send(li, job);
+                self.respond(li, job);
                 false
             }
             Err(Refusal::Nak(code)) => {
-                self.send(li, nak(h, code));
+                self.respond(li, nak(h, code));
                 false
             }
             Err(Refusal::Fail(s, code)) => {
                 self.responder_error(qpn, s);
-                self.send(li, nak(h, code));
+                self.respond(li, nak(h, code));
                 false
             }
         }
@@ -141,9 +141,9 @@ impl Engine {
             q.inmsg = None;
             if recv {
                 self.responder_error(qpn, Syndrome::LocalProt);
-                self.send(li, nak(h, Syndrome::RemoteOp as u8));
+                self.respond(li, nak(h, Syndrome::RemoteOp as u8));
             } else {
-                self.send(li, nak(h, Syndrome::RemoteAccess as u8));
+                self.respond(li, nak(h, Syndrome::RemoteAccess as u8));
             }
             return;
         }
@@ -154,15 +154,14 @@ impl Engine {
         let m = q.inmsg.take().unwrap();
         complete_message(q, h, &m);
         q.exp_psn = q.exp_psn.wrapping_add(1);
-        self.send(
-            li,
-            TxJob {
-                hdr: reply(h, resp::ACK),
-                body: Body::Empty,
-                pd: 0,
-                sent: 0,
-            },
-        );
+        self.owe_ack(qpn, h.psn);
+    }
+
+    /// Sends a response other than an ACK (a NAK, read data, an atomic's old value), after
+    /// the ACK its QP owes: the QP's responses stay in PSN order.
+    fn respond(&mut self, li: usize, job: TxJob) {
+        self.pay_ack(job.hdr.src_qpn);
+        self.send(li, job);
     }
 
     /// A responder-side error on the receive at the head of the receive ring: its error
