@@ -31,7 +31,7 @@ impl End {
         let qp = pd
             .create_qp(&scq, &rcq, &QpConfig::default())
             .expect("create QP");
-        let buf: &'static mut [u8] = Box::leak(vec![0u8; 64].into_boxed_slice());
+        let buf: &'static mut [u8] = Box::leak(vec![0u8; 2 * BIG].into_boxed_slice());
         let mr = pd
             .register(buf, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
             .expect("register");
@@ -43,6 +43,9 @@ impl End {
         }
     }
 }
+
+/// The larger message: over the inline limit, gathered from memory as a NIC reads it.
+const BIG: usize = 4096;
 
 const TWO_DEVICES: &str = "two devices";
 const ONE_DEVICE: &str = "one device";
@@ -61,20 +64,21 @@ fn pair(two_devices: bool) -> (End, End, Device, Device) {
     (a, b, da, db)
 }
 
-/// An 8-byte inline RDMA write from `from` to `to`, run until its last byte lands (every
-/// 64th signalled and its completion reaped, as pingpong does).
-fn write_8b(from: &mut End, to: &End, i: u64) {
+/// An RDMA write of `len` bytes from `from` to `to` (inline up to 8 bytes), run until its
+/// last byte lands (every 64th signalled and its completion reaped, as pingpong does).
+fn write(from: &mut End, to: &End, len: usize, i: u64) {
     let m = (i % 251) as u8 + 1;
-    from.mr.write_volatile_u8(8, m);
+    from.mr.write_volatile_u8(BIG + len - 1, m);
     let signalled = i % 64 == 63;
-    let mut wr = SendWr::write(to.mr.remote().at(0))
-        .sge(from.mr.sge(1..9))
-        .inline();
+    let mut wr = SendWr::write(to.mr.remote().at(0)).sge(from.mr.sge(BIG..BIG + len));
+    if len <= 8 {
+        wr = wr.inline();
+    }
     if !signalled {
         wr = wr.unsignaled();
     }
     from.qp.post_send(&wr).expect("post");
-    while to.mr.read_volatile_u8(7) != m {
+    while to.mr.read_volatile_u8(len - 1) != m {
         progress();
     }
     if signalled {
@@ -84,14 +88,15 @@ fn write_8b(from: &mut End, to: &End, i: u64) {
     }
 }
 
-/// A round trip of 8-byte writes (two messages), as pingpong's default run sends them.
-#[divan::bench(args = [TWO_DEVICES, ONE_DEVICE], sample_count = 1000, sample_size = 100)]
-fn write_8b_round_trip(bencher: Bencher, devices: &str) {
+/// A round trip of RDMA writes (two messages) as pingpong's default run sends them: 8 bytes
+/// inline, and 4 KiB.
+#[divan::bench(args = [TWO_DEVICES, ONE_DEVICE], consts = [8, BIG], sample_count = 1000, sample_size = 100)]
+fn write_round_trip<const LEN: usize>(bencher: Bencher, devices: &str) {
     let (mut a, mut b, _da, _db) = pair(devices == TWO_DEVICES);
     let mut i = 0u64;
     bencher.bench_local(|| {
-        write_8b(&mut a, &b, i);
-        write_8b(&mut b, &a, i);
+        write(&mut a, &b, LEN, i);
+        write(&mut b, &a, LEN, i);
         i += 1;
     });
 }
@@ -100,6 +105,6 @@ fn write_8b_round_trip(bencher: Bencher, devices: &str) {
 #[divan::bench(sample_count = 1000, sample_size = 1000)]
 fn idle_progress(bencher: Bencher) {
     let (mut a, b, _da, _db) = pair(true);
-    write_8b(&mut a, &b, 0);
+    write(&mut a, &b, 8, 0);
     bencher.bench_local(progress);
 }
