@@ -970,6 +970,16 @@ impl Comm {
                 let peer = st.peer;
                 st.live = false;
                 self.free.push(r.slot);
+                if matches!(
+                    s,
+                    gdsync::format::Syndrome::TransportRetryExc | gdsync::format::Syndrome::WrFlush
+                ) {
+                    // The connection is lost: say to whom, and what that usually means.
+                    return Err(Error::Unreachable(format!(
+                        "rank {}: a request with rank {peer} failed with {s:?}: the connection to rank {peer} is lost (its process died, it dropped its communicator, or it stopped answering for the QP timeout), and its later work fails too",
+                        self.rank
+                    )));
+                }
                 // The wr_id is internal (a request's slot): not one the user could match.
                 Err(Error::Completion {
                     wr_id: u64::MAX,
@@ -1273,7 +1283,8 @@ fn log_lost_peer(me: usize, peer: usize, p: &Peer) {
 impl Comm {
     /// Leaves together: a bootstrap barrier, so no rank tears its connections down while a
     /// peer may still write to them (credits, barrier words). Dropping without it is allowed;
-    /// peers then see their work to this rank fail with TRANSPORT_RETRY_EXC.
+    /// peers then see their work to this rank fail with an [`Error::Unreachable`] that names
+    /// the rank (their QPs' completions say TRANSPORT_RETRY_EXC).
     pub fn finalize(mut self) -> Result<()> {
         self.progress()?;
         self.boot.barrier()
