@@ -9,6 +9,7 @@
 //! must be in a process's environment when it starts: run the work in a child process. There,
 //! [`control`] raises the events a HCA raises on its own (port down and up, QP fatal).
 
+pub mod command_stream;
 pub mod control;
 mod sysfs;
 

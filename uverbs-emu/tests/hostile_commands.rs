@@ -503,3 +503,34 @@ fn an_attached_hca_is_handed_only_mapped_memory() {
     assert_eq!(hca_called(HCA_DESTROY_CQ), 1);
     assert!(d.destroy(DEALLOC_PD, pd).is_ok());
 }
+
+/// The `uverbs_commands` fuzz target's corpus and seeds (`fuzz/`), replayed through the same
+/// reading of bytes as commands (`command_stream`), in the preload library this time: every
+/// command comes back with a count or an errno.
+#[test]
+#[cfg_attr(
+    not(uvemu_built),
+    ignore = "the emulated driver's preload library was not built (needs a C compiler)"
+)]
+fn fuzz_corpus_replays() {
+    if in_child_under_emulator("fuzz_corpus_replays", "mlx5_0") {
+        return;
+    }
+    let fuzz = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
+    let mut inputs = 0;
+    let mut total = uverbs_emu::command_stream::Outcome::default();
+    for dir in ["corpus/uverbs_commands", "seeds/uverbs_commands"] {
+        for entry in std::fs::read_dir(fuzz.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            let data = std::fs::read(&path).unwrap();
+            let o = uverbs_emu::command_stream::run(c"/dev/infiniband/uverbs0", &data)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            total.served += o.served;
+            total.refused += o.refused;
+            inputs += 1;
+        }
+    }
+    println!("{inputs} inputs: {total:?}");
+    assert!(inputs > 1, "no corpus under {}", fuzz.display());
+    assert!(total.served > 0 && total.refused > 0, "{total:?}");
+}
