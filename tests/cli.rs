@@ -12,7 +12,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Output, Stdio};
 
 /// The tools, as `cargo build --release --examples` builds them.
-const TOOLS: [&str; 7] = [
+const TOOLS: [&str; 8] = [
     "pingpong",
     "bandwidth",
     "stencil2d",
@@ -20,6 +20,7 @@ const TOOLS: [&str; 7] = [
     "launch_probe",
     "memop_cost",
     "mp_mpi",
+    "soak",
 ];
 
 /// Example `name` as a command that sees no GPU and would print backtraces if it panicked.
