@@ -134,10 +134,7 @@ impl CqShared {
     /// errors are asked for ([`Cq::take_errors`]).
     fn catch_up(&self, st: &mut PollState) {
         let rec = u64::from(crate::mem::load_be32(&self.ctrl, CQ_DBREC) & 0xFF_FFFF);
-        let ahead = rec.wrapping_sub(st.ci) & 0xFF_FFFF;
-        if ahead < 0x80_0000 {
-            st.ci += ahead;
-        }
+        st.ci = crate::format::catch_up24(st.ci, rec as u32);
         st.ci = st.ci.max(self.ctrl.u64(CQ_RETIRED).load(Ordering::Acquire));
     }
 

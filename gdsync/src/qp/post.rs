@@ -288,7 +288,7 @@ impl Qp {
     /// executor has not rung yet (the record would otherwise expose them early, then move
     /// backwards).
     pub fn doorbell_reached(&self, end: u64) -> bool {
-        self.sq_doorbell_record().wrapping_sub(end as u16) as i16 >= 0
+        reached16(self.sq_doorbell_record(), end)
     }
 
     /// The send doorbell record: the low 16 bits of the producer counter (big-endian in

@@ -259,8 +259,8 @@ impl CqUser for QpShared {
 /// Moves a free-running counter forward to the 16-bit value `to` (never backwards).
 pub(super) fn advance16(c: &AtomicU64, to: u16) {
     let cur = c.load(Ordering::Relaxed);
-    let d = to.wrapping_sub(cur as u16);
-    if d != 0 && d < 0x8000 {
-        c.store(cur + d as u64, Ordering::Release);
+    let next = crate::format::advance16(cur, to);
+    if next != cur {
+        c.store(next, Ordering::Release);
     }
 }

@@ -134,6 +134,7 @@ impl Mapping {
 /// Producer end of a ring.
 pub(crate) struct Producer {
     base: *mut u8,
+    ring: Geometry,
     pos: u64,
     cached_head: u64,
     head_off: usize,
@@ -145,6 +146,7 @@ pub(crate) struct Producer {
 /// Consumer end of a ring.
 pub(crate) struct Consumer {
     base: *mut u8,
+    ring: Geometry,
     pos: u64,
     head_off: usize,
     map: Arc<Mapping>,
@@ -155,14 +157,33 @@ unsafe impl Send for Producer {}
 // SAFETY: as above.
 unsafe impl Send for Consumer {}
 
-/// A ring's size in bytes, as the position arithmetic uses it: a constant power of two, so
-/// that the offsets and laps taken on every peek are masks and shifts, not divisions.
-const CAP: u64 = RING_BYTES as u64;
-const _: () = assert!(CAP.is_power_of_two());
+/// A ring's size, a power of two, so that the offset and lap of a position (taken on every
+/// peek) are a mask and a shift, not divisions. Every link's rings are [`RING_BYTES`]; the
+/// model tests run the same code on rings of a few records.
+#[derive(Clone, Copy, Debug)]
+struct Geometry {
+    cap: u64,
+    shift: u32,
+}
 
-/// The stamp of the record at position `pos`: its lap, with the top bit set (never 0).
-fn stamp_for(pos: u64) -> u32 {
-    ((pos / CAP) as u32 & 0x7FFF_FFFF) | 0x8000_0000
+impl Geometry {
+    const LINK: Geometry = Geometry::new(RING_BYTES as u64);
+
+    const fn new(cap: u64) -> Geometry {
+        assert!(cap.is_power_of_two() && cap >= 128);
+        Geometry {
+            cap,
+            shift: cap.trailing_zeros(),
+        }
+    }
+    /// The offset of position `pos` in the ring.
+    fn off(self, pos: u64) -> u64 {
+        pos & (self.cap - 1)
+    }
+    /// The stamp of the record at position `pos`: its lap, with the top bit set (never 0).
+    fn stamp(self, pos: u64) -> u32 {
+        ((pos >> self.shift) as u32 & 0x7FFF_FFFF) | 0x8000_0000
+    }
 }
 
 fn ring(map: &Arc<Mapping>, i: usize) -> (*mut u8, usize) {
@@ -178,6 +199,7 @@ impl Producer {
         let (base, head_off) = ring(map, i);
         Self {
             base,
+            ring: Geometry::LINK,
             pos: 0,
             cached_head: 0,
             head_off,
@@ -194,11 +216,11 @@ impl Producer {
     fn has_room(&mut self, bytes: u64) -> bool {
         // Saturating: the head is the consumer's, in memory another process may share.
         let used = |head: u64| (self.pos + bytes).saturating_sub(head);
-        if used(self.cached_head) <= CAP {
+        if used(self.cached_head) <= self.ring.cap {
             return true;
         }
         self.cached_head = self.map.u64(self.head_off).load(Ordering::Acquire);
-        used(self.cached_head) <= CAP
+        used(self.cached_head) <= self.ring.cap
     }
 
     /// Appends a record of `hdr` and `len` payload bytes filled by `fill`, if there is room.
@@ -210,8 +232,9 @@ impl Producer {
     ) -> Option<R> {
         debug_assert!(len <= MTU);
         let rec = (HDR + len).next_multiple_of(64) as u64;
-        let off = self.pos % CAP;
-        let skip = if off + rec > CAP { CAP - off } else { 0 };
+        let cap = self.ring.cap;
+        let off = self.ring.off(self.pos);
+        let skip = if off + rec > cap { cap - off } else { 0 };
         // Room for the skip, the record and the next record's cleared stamp.
         if !self.has_room(skip + rec + 64) {
             return None;
@@ -224,11 +247,11 @@ impl Producer {
             };
             self.write_header(off, &h);
             self.stamp(off)
-                .store(stamp_for(self.pos), Ordering::Release);
+                .store(self.ring.stamp(self.pos), Ordering::Release);
             self.pos += skip;
         }
-        let off = self.pos % CAP;
-        self.stamp((self.pos + rec) % CAP)
+        let off = self.ring.off(self.pos);
+        self.stamp(self.ring.off(self.pos + rec))
             .store(0, Ordering::Relaxed);
         self.write_header(off, hdr);
         // SAFETY: the record [off, off+rec) lies inside the ring (no wrap, checked above) and
@@ -237,7 +260,7 @@ impl Producer {
             unsafe { std::slice::from_raw_parts_mut(self.base.add(off as usize + HDR), len) };
         let r = fill(payload);
         self.stamp(off)
-            .store(stamp_for(self.pos), Ordering::Release);
+            .store(self.ring.stamp(self.pos), Ordering::Release);
         self.pos += rec;
         if let Some(n) = &self.notify {
             n.wake_outbound();
@@ -260,6 +283,7 @@ impl Consumer {
         let (base, head_off) = ring(map, i);
         Self {
             base,
+            ring: Geometry::LINK,
             pos: 0,
             head_off,
             map: map.clone(),
@@ -269,11 +293,11 @@ impl Consumer {
     /// The next record, if one has been published: its header and payload.
     pub(crate) fn peek(&mut self) -> Option<(PktHeader, &[u8])> {
         loop {
-            let off = self.pos % CAP;
+            let off = self.ring.off(self.pos);
             // SAFETY: off < cap, 64-aligned.
             let stamp = unsafe { &*(self.base.add(off as usize) as *const AtomicU32) }
                 .load(Ordering::Acquire);
-            if stamp != stamp_for(self.pos) {
+            if stamp != self.ring.stamp(self.pos) {
                 return None;
             }
             // SAFETY: the stamp was published with release after the header and payload were
@@ -281,12 +305,12 @@ impl Consumer {
             let h: PktHeader =
                 unsafe { std::ptr::read(self.base.add(off as usize) as *const PktHeader) };
             if h.kind == kind::SKIP {
-                self.pos += CAP - off;
+                self.pos += self.ring.cap - off;
                 continue;
             }
             // A shared-memory ring is written by another process: a length that runs past
             // the ring's end is cut there rather than trusted.
-            let room = (CAP - off) as usize - HDR;
+            let room = (self.ring.cap - off) as usize - HDR;
             let len = (h.seg_len as usize).min(MTU).min(room);
             // SAFETY: as above; the payload lies inside the ring (off + HDR + len <= cap).
             let payload =
@@ -762,3 +786,7 @@ mod liveness_tests {
         assert!(!stat_says_exiting(&me), "{me}");
     }
 }
+
+#[cfg(test)]
+#[path = "link_model_tests.rs"]
+mod model_tests;

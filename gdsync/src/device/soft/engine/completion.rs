@@ -171,7 +171,7 @@ fn push_cqe(cq: &CqHw, cqe: &mut Cqe64) -> bool {
         return false;
     }
     let pi = cq.pi.load(Ordering::Relaxed);
-    let full = |ci: u32| ((pi as u32).wrapping_sub(ci) & 0xFF_FFFF) >= cq.cnt;
+    let full = |ci: u32| cq_full24(pi, ci, cq.cnt);
     if full(cq.ci_seen.load(Ordering::Relaxed)) {
         let ci = crate::mem::load_be32(&cq.dbrec, cq.dbrec_off) & 0xFF_FFFF;
         cq.ci_seen.store(ci, Ordering::Relaxed);
