@@ -8,7 +8,7 @@
 //! its first 8 bytes carry the sequence number: the receiver rebuilds what it should have got
 //! and compares every byte, so a message lost, duplicated or reordered within a connection,
 //! or corrupted, is seen and named. The run ends with the ranks' counts and resident memory
-//! gathered on rank 0.
+//! (after set-up and at the end) gathered on rank 0.
 //!
 //! ```sh
 //! cargo run --release --example soak -- --ranks 4 --messages 1000000
@@ -227,6 +227,8 @@ fn rss_mb() -> f64 {
 struct Tally {
     received: u64,
     bytes: u64,
+    /// Resident memory after set-up and at the end, in MB (the whole process: in a run
+    /// with thread ranks every rank reports the same process).
     rss_start_mb: f64,
     rss_end_mb: f64,
 }
@@ -298,7 +300,6 @@ impl Config {
 
 /// One rank: the rounds, then the tallies on rank 0 (its summary, or the first error).
 fn rank_main(cfg: &Config, boot: Box<dyn Bootstrap>, dev: &Device) -> Result<Option<Summary>> {
-    let rss_start = rss_mb();
     let mut comm = Comm::new(boot, dev)?;
     comm.set_timeout(cfg.timeout);
     let (rank, n) = (comm.rank(), comm.size());
@@ -320,6 +321,8 @@ fn rank_main(cfg: &Config, boot: Box<dyn Bootstrap>, dev: &Device) -> Result<Opt
         inject: cfg.inject,
         sent_total: 0,
     };
+    // Resident memory once everything is set up: what the rounds add to it is what leaks.
+    let rss_start = rss_mb();
     let mut sched = Rng(cfg.seed);
     let mut progress = (rank == 0).then(|| Progress::new("soak"));
     let start = Instant::now();
@@ -464,7 +467,7 @@ impl Summary {
             common::out::line(format_args!("{row}"));
         } else {
             common::out::line(format_args!(
-                "soak: {received} messages ({:.1} MB) checked in {:.1} s ({rate:.0}/s), {} rounds: none lost, duplicated, reordered or corrupted; resident memory (largest rank) {rss0:.1} MB at start, {rss1:.1} MB at end",
+                "soak: {received} messages ({:.1} MB) checked in {:.1} s ({rate:.0}/s), {} rounds: none lost, duplicated, reordered or corrupted; resident memory (largest rank) {rss0:.1} MB after set-up, {rss1:.1} MB at the end",
                 bytes as f64 / 1e6,
                 self.secs,
                 self.rounds
