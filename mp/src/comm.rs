@@ -727,7 +727,7 @@ impl Comm {
             p.exec_end = None;
         }
         while let Some(w) = p.pending.front_mut() {
-            if w.credit.is_some_and(|c| c > credit) {
+            if w.credit.is_some_and(|need| !credit_allows(credit, need)) {
                 break;
             }
             while w.posted < w.wrs.len() {
@@ -803,7 +803,7 @@ impl Comm {
         let need = p.sends;
         let mut pre = Ops::new();
         // A credit already here needs no wait (a wait costs an executor a round of polling).
-        if self.credit(peer) < need {
+        if !credit_allows(self.credit(peer), need) {
             // SAFETY: the control word lives in the Comm's pinned buffer, which the caller
             // keeps alive (with the Comm) until the executor has run these ops (documented).
             unsafe {
@@ -1266,6 +1266,17 @@ impl Look {
         true
     }
 }
+
+/// Whether the credits a peer has given (`credit`, the running total of its fetch-and-adds)
+/// let send number `need` (from 1) go: the same test an executor's wait makes
+/// (`WaitCond::Geq` on the credit word), so the CPU and executors agree.
+pub(crate) fn credit_allows(credit: u64, need: u64) -> bool {
+    WaitCond::Geq.test64(credit, need)
+}
+
+#[cfg(test)]
+#[path = "credit_model_tests.rs"]
+mod credit_model_tests;
 
 /// Says once that the connection from rank `me` to rank `peer` failed: its work fails from
 /// now on.
