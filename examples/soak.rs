@@ -37,6 +37,7 @@ const MAX_BATCH: usize = 32;
 
 #[derive(Parser, Debug, Clone)]
 #[command(
+    name = "soak",
     version,
     about = "Many messages of random sizes and operations across ranks, every payload checked"
 )]
