@@ -223,6 +223,9 @@ fn rss_mb() -> f64 {
     (pages * page) as f64 / 1e6
 }
 
+/// Bytes of a tally on the wire.
+const TALLY: usize = 40;
+
 /// One rank's result, as rank 0 gathers it.
 #[derive(Clone, Copy, Debug, Default)]
 struct Tally {
@@ -231,16 +234,19 @@ struct Tally {
     /// Resident memory after set-up and at the end, in MB (the whole process: in a run
     /// with thread ranks every rank reports the same process).
     rss_start_mb: f64,
+    /// After a tenth of the messages.
+    rss_warm_mb: f64,
     rss_end_mb: f64,
 }
 
 impl Tally {
-    fn to_bytes(self) -> [u8; 32] {
-        let mut b = [0u8; 32];
+    fn to_bytes(self) -> [u8; TALLY] {
+        let mut b = [0u8; TALLY];
         b[..8].copy_from_slice(&self.received.to_le_bytes());
         b[8..16].copy_from_slice(&self.bytes.to_le_bytes());
         b[16..24].copy_from_slice(&self.rss_start_mb.to_le_bytes());
-        b[24..].copy_from_slice(&self.rss_end_mb.to_le_bytes());
+        b[24..32].copy_from_slice(&self.rss_warm_mb.to_le_bytes());
+        b[32..].copy_from_slice(&self.rss_end_mb.to_le_bytes());
         b
     }
     fn from_bytes(b: &[u8]) -> Tally {
@@ -249,7 +255,8 @@ impl Tally {
             received: w(0),
             bytes: w(8),
             rss_start_mb: f64::from_bits(w(16)),
-            rss_end_mb: f64::from_bits(w(24)),
+            rss_warm_mb: f64::from_bits(w(24)),
+            rss_end_mb: f64::from_bits(w(32)),
         }
     }
 }
@@ -325,6 +332,7 @@ fn rank_main(cfg: &Config, boot: Box<dyn Bootstrap>, dev: &Device) -> Result<Opt
     };
     // Resident memory once everything is set up: what the rounds add to it is what leaks.
     let rss_start = rss_mb();
+    let mut rss_warm = None;
     let mut sched = Rng(cfg.seed);
     let mut progress = (rank == 0).then(|| Progress::new("soak"));
     let start = Instant::now();
@@ -392,6 +400,11 @@ fn rank_main(cfg: &Config, boot: Box<dyn Bootstrap>, dev: &Device) -> Result<Opt
             }
         }
         round += 1;
+        if rss_warm.is_none() && done >= cfg.messages / 10 {
+            // The link rings' pages are all in use after their first lap: from here on,
+            // resident memory should not grow.
+            rss_warm = Some(rss_mb());
+        }
         if let Some(p) = progress.as_mut() {
             p.show(|| format!("{done} of {} messages", cfg.messages));
         }
@@ -401,6 +414,7 @@ fn rank_main(cfg: &Config, boot: Box<dyn Bootstrap>, dev: &Device) -> Result<Opt
         received: led.received,
         bytes: led.bytes,
         rss_start_mb: rss_start,
+        rss_warm_mb: rss_warm.unwrap_or(rss_start),
         rss_end_mb: rss_mb(),
     };
     drop(progress);
@@ -417,22 +431,22 @@ fn rank_main(cfg: &Config, boot: Box<dyn Bootstrap>, dev: &Device) -> Result<Opt
 /// Every rank's tally, on rank 0 (others get `None`).
 fn gather(comm: &mut Comm, mine: Tally) -> Result<Option<Vec<Tally>>> {
     let (rank, n) = (comm.rank(), comm.size());
-    let mut buf = vec![0u8; 32 * n];
+    let mut buf = vec![0u8; TALLY * n];
     let mr = comm.register(&mut buf)?;
     if rank != 0 {
         mr.write_at(0, &mine.to_bytes());
-        let s = comm.isend(mr.sge(0..32), 0)?;
+        let s = comm.isend(mr.sge(0..TALLY), 0)?;
         comm.wait(s)?;
         return Ok(None);
     }
     let recvs = (1..n)
-        .map(|p| comm.irecv(mr.sge(32 * p..32 * (p + 1)), p))
+        .map(|p| comm.irecv(mr.sge(TALLY * p..TALLY * (p + 1)), p))
         .collect::<gdasync::gdsync::Result<Vec<_>>>()?;
     comm.wait_all(&recvs)?;
     let mut all = vec![mine];
-    let mut b = [0u8; 32];
+    let mut b = [0u8; TALLY];
     for p in 1..n {
-        mr.read_at(32 * p, &mut b);
+        mr.read_at(TALLY * p, &mut b);
         all.push(Tally::from_bytes(&b));
     }
     Ok(Some(all))
@@ -451,7 +465,11 @@ impl Summary {
         let received: u64 = self.tallies.iter().map(|t| t.received).sum();
         let bytes: u64 = self.tallies.iter().map(|t| t.bytes).sum();
         let max = |f: fn(&Tally) -> f64| self.tallies.iter().map(f).fold(0.0, f64::max);
-        let (rss0, rss1) = (max(|t| t.rss_start_mb), max(|t| t.rss_end_mb));
+        let (rss0, rss_w, rss1) = (
+            max(|t| t.rss_start_mb),
+            max(|t| t.rss_warm_mb),
+            max(|t| t.rss_end_mb),
+        );
         let rate = received as f64 / self.secs;
         if cfg.json {
             let row = cfg
@@ -464,12 +482,13 @@ impl Summary {
                 .set("seconds", Value::Fixed(self.secs, 3))
                 .set("messages_per_s", Value::Sig(rate))
                 .set("rss_start_mb", Value::Fixed(rss0, 1))
+                .set("rss_warm_mb", Value::Fixed(rss_w, 1))
                 .set("rss_end_mb", Value::Fixed(rss1, 1))
                 .set("ok", true);
             common::out::line(format_args!("{row}"));
         } else {
             common::out::line(format_args!(
-                "soak: {received} messages ({:.1} MB) checked in {:.1} s ({rate:.0}/s), {} rounds: none lost, duplicated, reordered or corrupted; resident memory (largest rank) {rss0:.1} MB after set-up, {rss1:.1} MB at the end",
+                "soak: {received} messages ({:.1} MB) checked in {:.1} s ({rate:.0}/s), {} rounds: none lost, duplicated, reordered or corrupted; resident memory (largest rank) {rss0:.1} MB after set-up, {rss_w:.1} MB after a tenth of the messages, {rss1:.1} MB at the end",
                 bytes as f64 / 1e6,
                 self.secs,
                 self.rounds
