@@ -18,7 +18,7 @@ const RDMA_VERBS_IOCTL: u64 = 0xc018_1b01;
 const GET_CONTEXT: u32 = 0;
 /// Bytes of the response area: more than any response a header can announce
 /// ((65535 + 65535) 8-byte words), so that no length reaches other memory.
-const RESP_AREA: usize = 2 << 20;
+pub const RESP_AREA: usize = 2 << 20;
 /// The largest ioctl the driver reads: its header and 64 attributes.
 const IOCTL_MAX: usize = 24 + 64 * 16;
 /// Most bytes of one command (the driver refuses more than 1 MiB anyway).
@@ -68,14 +68,18 @@ pub fn run(device: &CStr, data: &[u8]) -> std::io::Result<Outcome> {
     Ok(out)
 }
 
-/// An open context of the emulated device and the response area its commands point to.
-struct Stream {
-    fd: i32,
-    resp: *mut u8,
+/// An open context of the emulated device and the response area its commands point to
+/// ([`RESP_AREA`] bytes, mapped for it); both are released on drop.
+pub struct Stream {
+    /// The command file.
+    pub fd: i32,
+    /// Where responses go.
+    pub resp: *mut u8,
 }
 
 impl Stream {
-    fn open(device: &CStr) -> std::io::Result<Stream> {
+    /// Opens `device` (the emulated `/dev/infiniband/uverbsN`) and maps a response area.
+    pub fn open(device: &CStr) -> std::io::Result<Stream> {
         // SAFETY: open with a NUL-terminated path; the emulator serves it.
         let fd = unsafe { libc::open(device.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
         if fd < 0 {

@@ -7,6 +7,7 @@
 //! `/dev/infiniband/uverbs0` (no rdma-core needed), in a child started under the emulator.
 
 use std::ffi::c_void;
+use uverbs_emu::command_stream::{Stream, RESP_AREA};
 use uverbs_emu::in_child_under_emulator;
 
 // Legacy command numbers and sizes (rdma/ib_user_verbs.h).
@@ -25,46 +26,19 @@ const RDMA_VERBS_IOCTL: u64 = 0xc018_1b01;
 /// Memory a response may not be written to.
 static READ_ONLY: [u8; 512] = [0; 512];
 
-/// Bytes of the response area: more than the largest response a header can announce
-/// ((65535 + 65535) 8-byte words), so that random lengths never reach other memory.
-const RESP_AREA: usize = 2 << 20;
-
-/// The emulated device's command file.
-struct Dev {
-    fd: i32,
-    /// Where responses go: a mapping of its own.
-    resp: *mut u8,
-}
+/// The emulated device's command file and a response area.
+struct Dev(Stream);
 
 impl Dev {
     fn open() -> Dev {
-        let path = c"/dev/infiniband/uverbs0";
-        // SAFETY: open with a NUL-terminated path; the emulator serves it.
-        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-        assert!(fd >= 0, "open: {}", std::io::Error::last_os_error());
-        // SAFETY: a new anonymous mapping, unmapped on drop.
-        let resp = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                RESP_AREA,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(resp, libc::MAP_FAILED);
-        Dev {
-            fd,
-            resp: resp.cast(),
-        }
+        Dev(Stream::open(c"/dev/infiniband/uverbs0").expect("open the emulated device"))
     }
 
     /// Writes `bytes` from `buf`; the count, or the errno.
     fn write_raw(&self, buf: *const c_void, len: usize) -> Result<usize, i32> {
         // SAFETY: a write to the emulated device; the emulator reads at most `len` bytes at
         // `buf` and answers EFAULT where they are not readable.
-        let n = unsafe { libc::write(self.fd, buf, len) };
+        let n = unsafe { libc::write(self.0.fd, buf, len) };
         match n {
             n if n >= 0 => Ok(n as usize),
             _ => Err(std::io::Error::last_os_error().raw_os_error().unwrap()),
@@ -82,13 +56,13 @@ impl Dev {
 
     /// The response area's address, as a command's first word gives it.
     fn resp_ptr(&self) -> u64 {
-        self.resp as u64
+        self.0.resp as u64
     }
 
     /// The first 32-bit word of the last response (a handle, for the creating commands).
     fn handle(&self) -> u32 {
         // SAFETY: the response area is mapped while `self` lives.
-        unsafe { self.resp.cast::<u32>().read_volatile() }
+        unsafe { self.0.resp.cast::<u32>().read_volatile() }
     }
 
     fn get_context(&self) -> Result<usize, i32> {
@@ -112,16 +86,6 @@ impl Dev {
 
     fn destroy(&self, op: u32, handle: u32) -> Result<usize, i32> {
         self.cmd(op, &handle.to_ne_bytes(), 0)
-    }
-}
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        // SAFETY: the descriptor and mapping open() made, released once.
-        unsafe {
-            libc::close(self.fd);
-            libc::munmap(self.resp.cast(), RESP_AREA);
-        }
     }
 }
 
@@ -249,7 +213,7 @@ fn malformed_ioctls_are_refused_with_an_errno() {
     let ioctl = |arg: *mut c_void| {
         // SAFETY: the emulator copies the header and attributes in and answers EFAULT where
         // they are not readable.
-        let rc = unsafe { libc::ioctl(d.fd, RDMA_VERBS_IOCTL, arg) };
+        let rc = unsafe { libc::ioctl(d.0.fd, RDMA_VERBS_IOCTL, arg) };
         match rc {
             0 => Ok(()),
             _ => Err(std::io::Error::last_os_error().raw_os_error().unwrap()),
@@ -279,7 +243,7 @@ fn malformed_ioctls_are_refused_with_an_errno() {
         "length disagrees"
     );
     // The header ends where the memory does: its attributes cannot be read.
-    let guard = d.resp as usize + RESP_AREA - 4096;
+    let guard = d.0.resp as usize + RESP_AREA - 4096;
     // SAFETY: the last page of the response area, which this test does not use otherwise.
     assert_eq!(
         unsafe { libc::mprotect(guard as *mut c_void, 4096, libc::PROT_NONE) },
@@ -471,7 +435,7 @@ fn an_attached_hca_is_handed_only_mapped_memory() {
     d.cmd(REG_MR, &req, 8).unwrap();
     let mr = d.handle();
     // SAFETY: the response area holds `ib_uverbs_reg_mr_resp`: handle, lkey, rkey.
-    let keys = unsafe { (d.resp.add(4).cast::<[u32; 2]>()).read_unaligned() };
+    let keys = unsafe { (d.0.resp.add(4).cast::<[u32; 2]>()).read_unaligned() };
     assert_eq!(keys, [HCA_KEY, HCA_KEY]);
     assert_eq!(hca_called(HCA_REG_MR), 1);
     assert!(d.destroy(DEREG_MR, mr).is_ok());
