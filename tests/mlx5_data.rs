@@ -10,7 +10,8 @@
 //! process's environment from its start); ignored where rdma-core is not installed.
 
 use gdsync::mlx5::{
-    serve_emulated_driver, Context, Cq, Mr, Qp, QpCaps, RemoteQp, RtrAttr, RtsAttr, VerbsCompletion,
+    serve_emulated_driver, Context, Cq, Mr, Placement, Qp, QpCaps, RemoteQp, RtrAttr, RtsAttr,
+    VerbsCompletion,
 };
 use gdsync::{Access, RecvWr, RemoteAddr, SendWr};
 use std::sync::Arc;
@@ -111,12 +112,36 @@ fn pattern(seed: u8, off: usize) -> u8 {
     (off as u8).wrapping_mul(31).wrapping_add(seed)
 }
 
+/// Where the CQs' and QPs' rings lie.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rings {
+    /// Where libmlx5 allocates them.
+    Libmlx5,
+    /// In memory the test placed (`Pd::placing`).
+    Placed,
+}
+
+/// Page-aligned memory for one object's ring (`len` bytes) and doorbell record, kept until
+/// the test process ends.
+fn placed_memory(len: usize) -> Placement {
+    let layout = std::alloc::Layout::from_size_align(len + 4096, 4096).unwrap();
+    // SAFETY: a nonzero size; never freed (the process ends after the test).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as usize;
+    assert_ne!(ptr, 0);
+    Placement {
+        ring: ptr,
+        ring_len: len,
+        dbrec: ptr + len,
+    }
+}
+
 /// Two QPs of the emulated device (`mlx5_0`) connected to each other, each with its own CQ and
 /// buffer (`a` filled with pattern 1, `b` with pattern 2), served by the soft HCA.
-fn connected_pair() -> (Side, Side) {
+fn connected_pair(rings: Rings) -> (Side, Side) {
     assert_eq!(serve_emulated_driver().unwrap(), 1, "one emulated device");
     let ctx = Context::open("mlx5_0").unwrap();
     let pd = ctx.alloc_pd().unwrap();
+    let placing = pd.placing().unwrap();
     let port = ctx.query_port(1).unwrap();
     let gid = ctx.choose_gid(1, None).unwrap().entry;
     let caps = QpCaps {
@@ -126,8 +151,20 @@ fn connected_pair() -> (Side, Side) {
         ..QpCaps::default()
     };
     let make = |seed: u8| {
-        let cq = ctx.create_cq(64).unwrap();
-        let qp = pd.create_qp(&cq, &cq, &caps).unwrap();
+        let (cq, qp) = match rings {
+            Rings::Libmlx5 => {
+                let cq = ctx.create_cq(64).unwrap();
+                let qp = pd.create_qp(&cq, &cq, &caps).unwrap();
+                (cq, qp)
+            }
+            Rings::Placed => {
+                let cq = placing.create_cq_in(64, placed_memory(64 << 10)).unwrap();
+                let qp = placing
+                    .create_qp_in(&cq, &cq, &caps, placed_memory(256 << 10))
+                    .unwrap();
+                (cq, qp)
+            }
+        };
         // The test process ends after the test: the buffer may live as long.
         let buf: &'static mut [u8] = Vec::leak((0..BUF_LEN).map(|i| pattern(seed, i)).collect());
         let mr = pd.reg_mr(buf, Access::ALL).unwrap();
@@ -155,10 +192,10 @@ fn connected_pair() -> (Side, Side) {
 
 /// In the test's process: runs test `name` again in a child under the emulated driver, and
 /// returns `None` once it passed there. In that child: the connected pair.
-fn pair_in_child(name: &str) -> Option<(Side, Side)> {
+fn pair_in_child(name: &str, rings: Rings) -> Option<(Side, Side)> {
     match in_child_under_emulator(name, "mlx5_0") {
         true => None,
-        false => Some(connected_pair()),
+        false => Some(connected_pair(rings)),
     }
 }
 
@@ -188,8 +225,10 @@ fn expect_sent_imm(c: VerbsCompletion, wr_id: u64, opcode: u32) {
     ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
 )]
 fn mlx5_libmlx5_sends_and_receives_complete_on_the_soft_hca() {
-    let Some((a, b)) = pair_in_child("mlx5_libmlx5_sends_and_receives_complete_on_the_soft_hca")
-    else {
+    let Some((a, b)) = pair_in_child(
+        "mlx5_libmlx5_sends_and_receives_complete_on_the_soft_hca",
+        Rings::Libmlx5,
+    ) else {
         return;
     };
     // A send of two SGEs into a receive of two SGEs.
@@ -244,10 +283,32 @@ fn mlx5_libmlx5_sends_and_receives_complete_on_the_soft_hca() {
     ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
 )]
 fn mlx5_libmlx5_rdma_and_atomics_complete_on_the_soft_hca() {
-    let Some((a, b)) = pair_in_child("mlx5_libmlx5_rdma_and_atomics_complete_on_the_soft_hca")
-    else {
-        return;
-    };
+    let name = "mlx5_libmlx5_rdma_and_atomics_complete_on_the_soft_hca";
+    if let Some((a, b)) = pair_in_child(name, Rings::Libmlx5) {
+        rdma_and_atomics(a, b);
+    }
+}
+
+/// The same work on CQs and QPs whose rings and doorbell records lie in memory the test
+/// placed: libmlx5 writes its WQEs there, the soft HCA reads them there and writes the CQEs
+/// libmlx5 polls there.
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn mlx5_libmlx5_rdma_and_atomics_on_placed_rings() {
+    if let Some((a, b)) = pair_in_child(
+        "mlx5_libmlx5_rdma_and_atomics_on_placed_rings",
+        Rings::Placed,
+    ) {
+        rdma_and_atomics(a, b);
+    }
+}
+
+/// RDMA write (with and without immediate), read and both atomics from `a` to `b`, with
+/// every completion and byte checked.
+fn rdma_and_atomics(a: Side, b: Side) {
     // RDMA write: the target sees no completion.
     a.post(
         SendWr::write(b.mr.remote(4096))
@@ -312,7 +373,10 @@ fn mlx5_libmlx5_rdma_and_atomics_complete_on_the_soft_hca() {
     ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
 )]
 fn mlx5_libmlx5_reads_the_soft_hcas_error_completions() {
-    let Some((a, b)) = pair_in_child("mlx5_libmlx5_reads_the_soft_hcas_error_completions") else {
+    let Some((a, b)) = pair_in_child(
+        "mlx5_libmlx5_reads_the_soft_hcas_error_completions",
+        Rings::Libmlx5,
+    ) else {
         return;
     };
     // A write with a wrong rkey: a remote access error, the send behind it flushed, and the

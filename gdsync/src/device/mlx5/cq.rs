@@ -59,8 +59,16 @@ impl Context {
             )
         };
         let raw = NonNull::new(raw).ok_or_else(|| RdmaError::last("ibv_create_cq"))?;
+        Cq::adopt(self, raw)
+    }
+}
+
+impl Cq {
+    /// Takes a CQ libibverbs created: its ring from `mlx5dv_init_obj`, every entry marked
+    /// unwritten.
+    pub(crate) fn adopt(ctx: &Arc<Context>, raw: NonNull<sys::ibv_cq>) -> RdmaResult<Arc<Cq>> {
         let mut cq = Cq {
-            ctx: self.clone(),
+            ctx: ctx.clone(),
             raw,
             ring: CqRing {
                 cqn: 0,
@@ -80,9 +88,7 @@ impl Context {
         cq.mark_unwritten();
         Ok(Arc::new(cq))
     }
-}
 
-impl Cq {
     /// `mlx5dv_init_obj` for the CQ.
     fn init_obj(&self) -> RdmaResult<CqRing> {
         let mut dv = sys::mlx5dv_cq::default();

@@ -14,6 +14,8 @@ use std::sync::Arc;
 pub struct Pd {
     pub(crate) ctx: Arc<Context>,
     pub(crate) raw: NonNull<sys::ibv_pd>,
+    /// A parent domain: the PD it extends and its allocator's state, released after it.
+    pub(crate) parent: Option<super::placed::ParentParts>,
 }
 
 // SAFETY: libibverbs objects may be used from any thread; this type hands out no interior
@@ -31,6 +33,7 @@ impl Context {
         Ok(Arc::new(Pd {
             ctx: self.clone(),
             raw,
+            parent: None,
         }))
     }
 }
