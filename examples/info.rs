@@ -86,12 +86,15 @@ fn yes(b: bool) -> &'static str {
 fn state(s: PortState) -> &'static str {
     match s {
         PortState::Active => "PORT_ACTIVE",
+        PortState::Down => "PORT_DOWN",
     }
 }
 
 fn link_layer(l: LinkLayer) -> &'static str {
     match l {
         LinkLayer::Soft => "soft",
+        LinkLayer::InfiniBand => "InfiniBand",
+        LinkLayer::Ethernet => "Ethernet",
     }
 }
 

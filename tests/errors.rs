@@ -496,11 +496,7 @@ fn error_completion_releases_stream_wait(t: Topo) {
 
 /// A pair whose `a` completes its sends on a CQ of `entries` entries.
 fn pair_with_small_send_cq(t: Topo, entries: u32) -> Pair {
-    let dev_a = Device::soft().unwrap();
-    let dev_b = match t {
-        Topo::Loopback => dev_a.clone(),
-        Topo::TwoDevices => Device::soft().unwrap(),
-    };
+    let (dev_a, dev_b) = t.devices();
     let pd = dev_a.alloc_pd();
     let scq = dev_a.create_cq(entries).unwrap();
     let rcq = dev_a.create_cq(entries).unwrap();

@@ -1082,11 +1082,7 @@ fn host_stream_recv_waits_retire_by_completion_count(t: Topo) {
         recv_wqes: 8,
         ..QpConfig::default()
     };
-    let dev_a = gdasync::gdsync::Device::soft().unwrap();
-    let dev_b = match t {
-        Topo::Loopback => dev_a.clone(),
-        Topo::TwoDevices => gdasync::gdsync::Device::soft().unwrap(),
-    };
+    let (dev_a, dev_b) = t.devices();
     let (pd_a, pd_b) = (dev_a.alloc_pd(), dev_b.alloc_pd());
     let (scq, rcq_a) = (dev_a.create_cq(64).unwrap(), dev_a.create_cq(64).unwrap());
     let (scq_b, rcq) = (dev_b.create_cq(64).unwrap(), dev_b.create_cq(64).unwrap());
@@ -1138,11 +1134,7 @@ fn host_stream_wraps_rings(t: Topo) {
         send_wqebbs: 16,
         ..QpConfig::default()
     };
-    let dev_a = gdasync::gdsync::Device::soft().unwrap();
-    let dev_b = match t {
-        Topo::Loopback => dev_a.clone(),
-        Topo::TwoDevices => gdasync::gdsync::Device::soft().unwrap(),
-    };
+    let (dev_a, dev_b) = t.devices();
     let pd_a = dev_a.alloc_pd();
     let scq = dev_a.create_cq(16).unwrap();
     let rcq = dev_a.create_cq(16).unwrap();
@@ -1150,7 +1142,9 @@ fn host_stream_wraps_rings(t: Topo) {
     let mut b = Side::new(&dev_b, &QpConfig::default());
     a.connect(&b.qp.endpoint()).unwrap();
     b.qp.connect(&a.endpoint()).unwrap();
-    assert_eq!(a.send_ring_size(), 16);
+    // 16 on the soft device; libmlx5 may round up further (64 on rdma-core 44).
+    let ring = a.send_ring_size() as usize;
+    assert!((16..=N / 3).contains(&ring), "{ring} WQEBBs");
 
     let mut src = vec![0u8; 8 * N];
     let mut dst = vec![0u8; 8 * N];

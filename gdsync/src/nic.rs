@@ -28,10 +28,14 @@ impl Device {
     /// A soft device: a software model of the mlx5 RC data path, served by its own engine
     /// thread. Needs no hardware.
     pub fn soft() -> Result<Self> {
-        let provider: Arc<dyn Provider> = SoftDevice::new()?;
-        Ok(Device {
+        Ok(Device::from_provider(SoftDevice::new()?))
+    }
+
+    /// A device served by `provider`.
+    pub(crate) fn from_provider(provider: Arc<dyn Provider>) -> Self {
+        Device {
             ctx: Arc::new(DeviceContext::new(provider)),
-        })
+        }
     }
 
     /// The link a [`Qp::connect`](crate::Qp::connect) to `remote` would use, or why there is

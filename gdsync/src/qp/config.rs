@@ -9,7 +9,8 @@ pub use crate::device::{MAX_MESSAGE, MAX_SGE};
 /// QP sizes and transport settings.
 #[derive(Clone, Debug)]
 pub struct QpConfig {
-    /// Send ring size in 64-byte WQEBBs (rounded up to a power of two).
+    /// Send ring size in 64-byte WQEBBs (rounded up to a power of two; libmlx5 may make an
+    /// mlx5 QP's larger: [`Qp::send_ring_size`](super::Qp::send_ring_size) says).
     pub send_wqebbs: u32,
     /// Receive ring size in WQEs (rounded up to a power of two).
     pub recv_wqes: u32,

@@ -16,11 +16,13 @@ mod context;
 mod cq;
 mod error;
 mod event;
+mod event_watch;
 mod gid;
 mod loader;
 mod pd;
 mod port;
 mod post;
+mod provider;
 mod qp;
 #[allow(
     non_camel_case_types,
@@ -43,6 +45,8 @@ pub use loader::Rdma;
 pub use pd::{Mr, Pd};
 pub use port::{LinkLayer, PortInfo, PortState};
 pub use post::VerbsCompletion;
+pub(crate) use provider::open as open_device;
+pub use provider::GID_INDEX_VAR;
 pub use qp::{Qp, QpAttr, QpCaps, QpRings, QpState, RemoteQp, RtrAttr, RtsAttr};
 
 /// Result of the mlx5 control path.

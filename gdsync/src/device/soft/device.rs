@@ -602,6 +602,9 @@ impl Provider for SoftDevice {
                 off: bfreg.off,
             },
             bf_size: BF_SIZE,
+            doorbell_wc: false,
+            gpu_doorbell: Ok(()),
+            placed: None,
         })
     }
 

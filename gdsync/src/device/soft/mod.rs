@@ -21,6 +21,7 @@ mod qp_numbers;
 pub(crate) mod tcp;
 mod uar;
 
+pub(crate) use attr::device_attr;
 pub(crate) use device::SoftDevice;
 pub use device::{accept_tcp_links, host_id};
 pub use emulated::serve_emulated_driver;
