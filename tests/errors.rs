@@ -30,10 +30,13 @@ both!(
     error_completion_releases_stream_wait,
     executors_free_cq_slots_without_the_host,
     executor_consumed_error_is_found_in_the_ring,
-    executor_consumed_error_is_found_after_it_was_overwritten,
     stale_doorbell_is_local_qp_op,
     stale_doorbell_then_new_work_flushed_once,
 );
+
+// The QP's first error read back from the device after its CQE was overwritten: verbs has
+// no query for it (`ibv_query_qp` gives the state only), so an mlx5 device cannot say.
+soft_only!(executor_consumed_error_is_found_after_it_was_overwritten);
 
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 

@@ -350,22 +350,32 @@ pub fn host_stream() -> HostStream {
     HostStream::with_timeout(TIMEOUT).expect("host stream")
 }
 
-/// Runs a test body once per topology: `mod name { loopback, two_devices }`.
+/// The tests of a body on the soft device's topologies: `loopback`, `two_devices`.
+#[allow(unused_macros)]
+macro_rules! soft_topologies {
+    ($name:ident $(, #[$m:meta])*) => {
+        #[test]
+        $(#[$m])*
+        fn loopback() {
+            super::$name(Topo::Loopback)
+        }
+        #[test]
+        $(#[$m])*
+        fn two_devices() {
+            super::$name(Topo::TwoDevices)
+        }
+    };
+}
+
+/// Runs a test body once per topology: `mod name { loopback, two_devices, mlx5_loopback,
+/// mlx5_two_devices }`, the mlx5 ones in a child under the emulated RDMA driver (ignored
+/// where rdma-core is not installed).
 #[allow(unused_macros)]
 macro_rules! both {
     ($($(#[$m:meta])* $name:ident),* $(,)?) => {$(
         mod $name {
             use super::*;
-            #[test]
-            $(#[$m])*
-            fn loopback() {
-                super::$name(Topo::Loopback)
-            }
-            #[test]
-            $(#[$m])*
-            fn two_devices() {
-                super::$name(Topo::TwoDevices)
-            }
+            soft_topologies!($name $(, #[$m])*);
             #[test]
             #[cfg_attr(
                 not(rdma_core),
@@ -388,6 +398,18 @@ macro_rules! both {
                     super::$name(Topo::Mlx5TwoDevices)
                 }
             }
+        }
+    )*};
+}
+
+/// Runs a test body on the soft device's topologies only: `mod name { loopback, two_devices }`
+/// (for what only the soft device reports).
+#[allow(unused_macros)]
+macro_rules! soft_only {
+    ($($(#[$m:meta])* $name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::*;
+            soft_topologies!($name $(, #[$m])*);
         }
     )*};
 }

@@ -19,7 +19,8 @@ pub struct QpConfig {
     /// Most bytes of inline payload per send.
     pub max_inline: u32,
     /// How often a send is retried while the peer has no receive posted; then the work
-    /// completes with `RNR_RETRY_EXC`. Unlike verbs, 7 is not "infinite": `u8::MAX` is.
+    /// completes with `RNR_RETRY_EXC`. Unlike verbs, 7 is not "infinite": `u8::MAX` is (an
+    /// mlx5 device retries at most 6 times short of that).
     pub rnr_retry: u8,
     /// Delay between receiver-not-ready retries.
     pub rnr_timer: Duration,

@@ -237,6 +237,22 @@ fn timeout_code(d: Duration) -> u8 {
     (units.next_power_of_two().trailing_zeros() as u8).clamp(1, 31)
 }
 
+/// The IB `rnr_retry` for the queue layer's count: 7 (forever) for `u8::MAX`, else the count,
+/// at most 6 (the most IB can say short of forever).
+fn rnr_retry_code(n: u8) -> u8 {
+    match n {
+        u8::MAX => 7,
+        n => n.min(6),
+    }
+}
+
+/// The IB receiver-not-ready timer code (`min_rnr_timer`) whose delay covers `d` (31, the
+/// longest, where none does).
+fn rnr_timer_code(d: Duration) -> u8 {
+    use crate::device::soft::rnr_delay;
+    (1..32).find(|&c| rnr_delay(c) >= d).unwrap_or(31)
+}
+
 fn port_attr(p: &PortInfo) -> PortAttr {
     PortAttr {
         state: if p.state == RdmaPortState::Active {
@@ -469,8 +485,9 @@ impl Provider for Mlx5Device {
                     sq_psn: t.sq_psn,
                     timeout: timeout_code(per_try),
                     retry_cnt,
-                    rnr_retry: t.rnr_retry.min(7),
+                    rnr_retry: rnr_retry_code(t.rnr_retry),
                     max_rd_atomic: rd_atomic(l.max_qp_init_rd_atom),
+                    min_rnr_timer: Some(rnr_timer_code(t.min_rnr_timer)),
                 })
             }
         }
@@ -523,6 +540,14 @@ mod tests {
         assert_eq!(timeout_code(Duration::from_nanos(4096 << 14)), 14);
         assert_eq!(timeout_code(Duration::from_nanos((4096 << 14) + 1)), 15);
         assert_eq!(timeout_code(Duration::from_secs(1 << 20)), 31);
+    }
+
+    #[test]
+    fn rnr_timers_become_the_smallest_covering_code() {
+        assert_eq!(rnr_timer_code(Duration::from_micros(640)), 12);
+        assert_eq!(rnr_timer_code(Duration::from_millis(2)), 16);
+        assert_eq!(rnr_timer_code(Duration::ZERO), 1);
+        assert_eq!(rnr_timer_code(Duration::from_secs(1)), 31);
     }
 
     #[test]
