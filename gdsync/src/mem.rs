@@ -256,3 +256,31 @@ pub(crate) fn wc_fence() {
     #[cfg(not(target_arch = "x86_64"))]
     std::sync::atomic::fence(Ordering::SeqCst);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn held_pages_keep_their_owner_until_the_last_holder_goes() {
+        // The owner stands for libmlx5's object; its pages are an allocation of ours here.
+        let pages = Arc::new(RingMem::new(2 * PAGE));
+        let owner: crate::ops::KeepAlive = pages.clone();
+        // SAFETY: `owner` keeps the pages allocated while the wrapper lives.
+        let (held, off) = unsafe { RingMem::held(pages.addr(PAGE + 0x40), 8, owner) };
+        assert_eq!(
+            (off, held.len()),
+            (0x40, PAGE),
+            "the whole page around the record"
+        );
+        assert_eq!(held.addr(off), pages.addr(PAGE + 0x40));
+        assert_eq!(Arc::strong_count(&pages), 2);
+        held.u32(off).store(7, Ordering::Release);
+        assert_eq!(pages.u32(PAGE + 0x40).load(Ordering::Acquire), 7);
+        drop(held);
+        assert_eq!(Arc::strong_count(&pages), 1, "released with the wrapper");
+        // Not freed by the wrapper: still ours.
+        pages.u32(PAGE).store(1, Ordering::Relaxed);
+    }
+}
