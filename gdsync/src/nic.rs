@@ -1,4 +1,5 @@
-//! The device handle: opens a provider (the soft device, so far) and creates the queue
+//! The device handle: opens a provider (the soft device, or an mlx5 port through
+//! [`Device::open`]) and creates the queue
 //! layer's objects on it: protection domains, completion queues, and through a domain, QPs.
 
 use crate::context::DeviceContext;

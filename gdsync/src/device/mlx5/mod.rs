@@ -5,7 +5,8 @@
 //! `mlx5dv_create_qp`, whose rings, doorbell records and BlueFlame register `mlx5dv_init_obj`
 //! hands out, and whose state `ibv_query_qp` reports; the device's asynchronous events
 //! ([`AsyncEvent`]: ports going down and up, fatal QP errors); and libmlx5's own posting
-//! (`ibv_post_send`, `ibv_post_recv`), against which gdsync's WQE writer is checked.
+//! (`ibv_post_send`, `ibv_post_recv`), against which gdsync's WQE writer is checked. On top,
+//! the provider that lets gdsync's queues run on an mlx5 port (`Device::open("mlx5_0")`).
 //!
 //! Nothing here needs rdma-core to build: without the libraries, or without a device, every
 //! entry point returns an [`RdmaError`] that says what is missing and what to install.
