@@ -31,6 +31,7 @@ both!(
     prepare_commit_host_executor,
     adjacent_doorbells_of_one_queue_merge,
     host_stream_waits_for_send,
+    wait_for_a_send_never_rung_does_not_pass,
     host_stream_waits_for_recv,
     host_stream_recv_waits_retire_by_completion_count,
     host_stream_wraps_rings,
@@ -962,6 +963,20 @@ fn adjacent_doorbells_of_one_queue_merge(t: Topo) {
     let c = poll_ok(&p.a.scq, 2);
     assert_eq!((c[0].wr_id, c[1].wr_id), (3, 3));
     assert_eq!(poll1(&q.a.scq).wr_id, 9);
+}
+
+/// A stream's wait for a send whose doorbell was never rung does not pass: every CQE starts
+/// unwritten, with an owner bit a first-pass wait does not take (libmlx5 leaves its CQEs
+/// with the owner bit a first pass would take: the device marks them).
+fn wait_for_a_send_never_rung_does_not_pass(t: Topo) {
+    let mut p = Pair::new(t);
+    let prepared = p.a.qp.prepare_send(&SendWr::nop().wr_id(1)).unwrap();
+    let (ticket, _doorbell_ops_not_run) = p.a.qp.commit(prepared).unwrap();
+    let stream = gdasync::gdsync::exec::HostStream::with_timeout(QUIET).unwrap();
+    stream.enqueue(p.a.qp.send_wait_ops(&ticket).unwrap());
+    let e = stream.synchronize().unwrap_err();
+    assert!(matches!(e, gdasync::gdsync::Error::Timeout { .. }), "{e}");
+    assert_eq!(p.a.scq.poll_one().unwrap(), None);
 }
 
 /// A host stream waits for a send's completion and retires it: the consumer index moves
