@@ -1,6 +1,6 @@
 //! Error completions with their syndromes, the QP error state and flushing, API misuse, and
 //! a dropped peer device. After each error the same device(s) must still serve a healthy QP
-//! pair.
+//! pair. The bodies in `both!` also run on the emulated RDMA driver's mlx5 devices.
 
 #[macro_use]
 mod common;

@@ -1,5 +1,7 @@
 //! Every operation between two QPs of one process, on one device (loopback) and on two
-//! devices: results, completion fields and the bytes that land.
+//! devices: results, completion fields and the bytes that land. Each body runs on the soft
+//! device and on the emulated RDMA driver's `mlx5_0` (and `mlx5_1`), on libmlx5's QPs
+//! (`both!`; ignored where rdma-core is not installed).
 
 #[macro_use]
 mod common;

@@ -1,4 +1,5 @@
-//! Helpers shared by the integration tests: connected QP pairs on the soft device, completion
+//! Helpers shared by the integration tests: connected QP pairs on the soft device (or on the
+//! emulated RDMA driver's mlx5 devices, in a child under the driver), completion
 //! polling with a deadline, deterministic data, the examples' binaries (`example`), the GPU
 //! gate (`gpu`), CUDA compile checks (`clang`), a child process's lines to its parent (`child`).
 //!
@@ -58,17 +59,15 @@ pub const EMULATED_DEVICES: &str = "mlx5_0,mlx5_1";
 impl Topo {
     /// The devices of the two sides (one device twice for a loopback).
     pub fn devices(self) -> (Device, Device) {
+        let soft = || Device::soft().expect("soft device");
         let open = |name: &str| Device::open(name).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let (a, b) = match self {
-            Topo::Loopback | Topo::TwoDevices => (Device::soft().expect("soft device"), None),
-            Topo::Mlx5Loopback | Topo::Mlx5TwoDevices => (open("mlx5_0"), None),
-        };
-        let b = b.unwrap_or_else(|| match self {
-            Topo::Loopback | Topo::Mlx5Loopback => a.clone(),
-            Topo::TwoDevices => Device::soft().expect("soft device"),
-            Topo::Mlx5TwoDevices => open("mlx5_1"),
-        });
-        (a, b)
+        let same = |d: Device| (d.clone(), d);
+        match self {
+            Topo::Loopback => same(soft()),
+            Topo::TwoDevices => (soft(), soft()),
+            Topo::Mlx5Loopback => same(open("mlx5_0")),
+            Topo::Mlx5TwoDevices => (open("mlx5_0"), open("mlx5_1")),
+        }
     }
 }
 
