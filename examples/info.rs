@@ -18,7 +18,9 @@ use common::json::{array, Object, Value};
 use common::out::outln;
 use common::ToolArgs;
 use gdasync::gdsync::cuda::{nvrtc_available, Cuda, GpuInfo};
-use gdasync::gdsync::mlx5::{self, Context, DeviceLimits, GidChoice, PortInfo, RdmaError};
+use gdasync::gdsync::mlx5::{
+    self, Context, DeviceLimits, GidChoice, PortInfo, PortState as RdmaPortState, RdmaError,
+};
 use gdasync::gdsync::probe::Gdrcopy;
 use gdasync::gdsync::{
     Device, DeviceAttr, DeviceSelection, LinkLayer, NicHandler, PortAttr, PortState,
@@ -86,12 +88,15 @@ fn yes(b: bool) -> &'static str {
 fn state(s: PortState) -> &'static str {
     match s {
         PortState::Active => "PORT_ACTIVE",
+        PortState::Down => "PORT_DOWN",
     }
 }
 
 fn link_layer(l: LinkLayer) -> &'static str {
     match l {
         LinkLayer::Soft => "soft",
+        LinkLayer::InfiniBand => "InfiniBand",
+        LinkLayer::Ethernet => "Ethernet",
     }
 }
 
@@ -115,10 +120,19 @@ struct RdmaPort {
     gid: Result<GidChoice, RdmaError>,
 }
 
-/// Why an RDMA device is listed but not used.
-const RDMA_UNUSED: &str = "the queues do not drive it yet: the soft device is used";
-
 impl RdmaDevice {
+    /// Whether gdsync's queues can run on it (an mlx5 device with an active port), and why.
+    fn usable(&self) -> (bool, String) {
+        match &self.query {
+            Err(e) => (false, e.to_string()),
+            Ok((_, ports)) if ports.iter().any(|p| p.info.state == RdmaPortState::Active) => (
+                true,
+                format!("gdsync's queues run on it: GDSYNC_DEVICE={}", self.name),
+            ),
+            Ok(_) => (false, "no active port".into()),
+        }
+    }
+
     fn probe() -> Result<Vec<RdmaDevice>, RdmaError> {
         Ok(mlx5::devices()?
             .into_iter()
@@ -152,7 +166,9 @@ fn rdma_text(rdma: &Result<Vec<RdmaDevice>, RdmaError>) {
         Err(e) => return outln!("RDMA devices: none ({e})"),
     };
     for d in list {
-        outln!("hca_id:\t{} (rdma-core; {RDMA_UNUSED})", d.name);
+        let (usable, why) = d.usable();
+        let not = if usable { "" } else { "not usable: " };
+        outln!("hca_id:\t{} (rdma-core; {not}{why})", d.name);
         match &d.query {
             Ok((a, ports)) => device_text(a, ports),
             Err(e) => outln!("\t{e}"),
@@ -385,10 +401,11 @@ fn json(m: &Machine) -> Object {
 
 /// An RDMA device as `ibv_devinfo` describes it, with the GID each port's connections use.
 fn rdma_device_json(d: &RdmaDevice) -> Value {
+    let (usable, why) = d.usable();
     let o = Object::new()
         .set("name", d.name.as_str())
-        .set("usable", false)
-        .set("why", RDMA_UNUSED);
+        .set("usable", usable)
+        .set("why", why);
     let (a, ports) = match &d.query {
         Ok(q) => q,
         Err(e) => return o.set("error", e.to_string()).into(),

@@ -474,8 +474,8 @@ fn info_json_lists_the_emulated_mlx5_devices() {
     let j = info_json_under_emulated_hca("mlx5_0,mlx5_1:ib:roce");
     assert!(j.contains("\"rdma\":{\"status\":\"devices\"}"), "{j}");
     for want in [
-        "{\"name\":\"mlx5_0\",\"usable\":false,",
-        "{\"name\":\"mlx5_1\",\"usable\":false,",
+        "{\"name\":\"mlx5_0\",\"usable\":true,\"why\":\"gdsync's queues run on it: GDSYNC_DEVICE=mlx5_0\"",
+        "{\"name\":\"mlx5_1\",\"usable\":true,",
         "\"fw_ver\":\"22.36.1010\"",
         "\"phys_port_cnt\":2,",
         "\"link_layer\":\"InfiniBand\",\"lid\":",
@@ -486,7 +486,9 @@ fn info_json_lists_the_emulated_mlx5_devices() {
         assert!(j.contains(want), "info --json lacks {want}:\n{j}");
     }
     assert!(
-        j.contains("\"default_device\":{\"name\":\"soft\",\"why\":\"mlx5_0 port 1 is active"),
+        j.contains(
+            "\"default_device\":{\"name\":\"mlx5_0:1\",\"why\":\"the first active mlx5 port\""
+        ),
         "{j}"
     );
     let j = info_json_under_emulated_hca("");

@@ -1,6 +1,6 @@
 //! Error completions with their syndromes, the QP error state and flushing, API misuse, and
 //! a dropped peer device. After each error the same device(s) must still serve a healthy QP
-//! pair.
+//! pair. The bodies in `both!` also run on the emulated RDMA driver's mlx5 devices.
 
 #[macro_use]
 mod common;
@@ -30,10 +30,13 @@ both!(
     error_completion_releases_stream_wait,
     executors_free_cq_slots_without_the_host,
     executor_consumed_error_is_found_in_the_ring,
-    executor_consumed_error_is_found_after_it_was_overwritten,
     stale_doorbell_is_local_qp_op,
     stale_doorbell_then_new_work_flushed_once,
 );
+
+// The QP's first error read back from the device after its CQE was overwritten: verbs has
+// no query for it (`ibv_query_qp` gives the state only), so an mlx5 device cannot say.
+soft_only!(executor_consumed_error_is_found_after_it_was_overwritten);
 
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 
@@ -496,11 +499,7 @@ fn error_completion_releases_stream_wait(t: Topo) {
 
 /// A pair whose `a` completes its sends on a CQ of `entries` entries.
 fn pair_with_small_send_cq(t: Topo, entries: u32) -> Pair {
-    let dev_a = Device::soft().unwrap();
-    let dev_b = match t {
-        Topo::Loopback => dev_a.clone(),
-        Topo::TwoDevices => Device::soft().unwrap(),
-    };
+    let (dev_a, dev_b) = t.devices();
     let pd = dev_a.alloc_pd();
     let scq = dev_a.create_cq(entries).unwrap();
     let rcq = dev_a.create_cq(entries).unwrap();

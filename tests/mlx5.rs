@@ -10,7 +10,7 @@ use gdsync::mlx5::{
     devices, AsyncEvent, Context, GidType, LinkLayer, PortState, QpState, RdmaError, RemoteQp,
     RtrAttr, RtsAttr,
 };
-use gdsync::{Access, Device, DeviceName, DeviceSelection, DEVICE_VAR};
+use gdsync::{Access, Device, DeviceSelection, DEVICE_VAR};
 use std::sync::Arc;
 use std::time::Duration;
 use uverbs_emu::control;
@@ -301,6 +301,8 @@ fn mlx5_query_qp_follows_the_connection() {
         retry_cnt: 5,
         rnr_retry: 6,
         max_rd_atomic: 2,
+        // An optional attribute of RTR -> RTS: replaces the 7 given at RTR.
+        min_rnr_timer: Some(14),
     })
     .unwrap();
     let a = qp.query().unwrap();
@@ -311,9 +313,10 @@ fn mlx5_query_qp_follows_the_connection() {
             a.timeout,
             a.retry_cnt,
             a.rnr_retry,
-            a.max_rd_atomic
+            a.max_rd_atomic,
+            a.min_rnr_timer
         ),
-        (0x777, 18, 5, 6, 2)
+        (0x777, 18, 5, 6, 2, 14)
     );
     qp.to_error().unwrap();
     assert_eq!(qp.query().unwrap().state, QpState::Error);
@@ -396,14 +399,18 @@ fn mlx5_device_selection_by_name_and_environment() {
     ) {
         return;
     }
-    // This build drives no mlx5 data path: named, an mlx5 device is a clear error (after its
-    // name and port are checked); chosen automatically, the soft device stays, saying why.
-    let e = Device::open("mlx5_0").unwrap_err();
-    assert!(matches!(e, gdsync::Error::Unsupported(_)), "{e:?}");
+    // Named, an mlx5 port opens as a device (its name and port checked first); a bad name
+    // or port is a clear error.
+    let d = Device::open("mlx5_0").unwrap();
+    assert_eq!(d.info().name, "mlx5_0");
     assert_eq!(
-        e.to_string(),
-        "unsupported: mlx5_0 port 1: the mlx5 data path is not available in this build \
-         (the soft device is: GDSYNC_DEVICE=soft)"
+        d.query_port(1).unwrap().link_layer,
+        gdsync::LinkLayer::Ethernet
+    );
+    let d = Device::open("mlx5_1:1").unwrap();
+    assert_eq!(
+        d.query_port(1).unwrap().link_layer,
+        gdsync::LinkLayer::InfiniBand
     );
     let e = Device::open("mlx5_9").unwrap_err().to_string();
     assert!(
@@ -420,24 +427,21 @@ fn mlx5_device_selection_by_name_and_environment() {
     );
     assert!(Device::open("soft").is_ok());
 
+    // Chosen automatically: the first active mlx5 port, saying why.
     std::env::remove_var(DEVICE_VAR);
     let s = DeviceSelection::for_process().unwrap();
-    assert_eq!(s.device, DeviceName::Soft);
     assert_eq!(
-        s.why,
-        "mlx5_0 port 1 is active, but this build has no mlx5 data path"
+        (s.device.to_string(), s.why.as_str()),
+        ("mlx5_0:1".into(), "the first active mlx5 port")
     );
-    assert!(Device::default().is_ok());
+    assert_eq!(Device::default().unwrap().info().name, "mlx5_0");
     std::env::set_var(DEVICE_VAR, "mlx5_1:1");
     let s = DeviceSelection::for_process().unwrap();
     assert_eq!(
         (s.device.to_string(), s.why.as_str()),
         ("mlx5_1:1".into(), "GDSYNC_DEVICE=mlx5_1:1")
     );
-    assert!(matches!(
-        Device::default(),
-        Err(gdsync::Error::Unsupported(_))
-    ));
+    assert_eq!(Device::default().unwrap().info().name, "mlx5_1");
     std::env::set_var(DEVICE_VAR, "mlx5_1:x");
     let e = Device::default().unwrap_err().to_string();
     assert!(e.contains("GDSYNC_DEVICE=\"mlx5_1:x\": port \"x\""), "{e}");

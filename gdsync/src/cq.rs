@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 /// Offsets in a CQ's control block: the doorbell record (`[ci][arm]`, BE32), which the
 /// device reads before it writes a CQE and whoever consumes a CQE stores (host polls,
 /// executors' waits, kernels), and the retired counter (native u64, free-running), which
-/// kernels store beside it.
+/// kernels store beside it. (A device that places the CQ itself has its own doorbell record:
+/// [`CqShared::dbrec`].)
 pub(crate) const CQ_DBREC: usize = 0;
 pub(crate) const CQ_RETIRED: usize = 64;
 
@@ -45,8 +46,11 @@ pub(crate) struct CqShared {
     pub cnt: u32,
     /// The CQE ring.
     pub ring: Arc<RingMem>,
-    /// Doorbell record at [`CQ_DBREC`]; retired counter at [`CQ_RETIRED`].
+    /// Retired counter at [`CQ_RETIRED`] (and the doorbell record at [`CQ_DBREC`], unless the
+    /// device placed its own).
     pub ctrl: Arc<RingMem>,
+    /// The doorbell record (`[ci][arm]`, BE32).
+    pub dbrec: MemAt,
     /// Next completion number handed to a ticket (see `QpShared` tickets).
     pub reserved: AtomicU64,
     /// Number of queue sides (send or receive of a QP) that complete here.
@@ -116,8 +120,19 @@ impl CqShared {
         &self.ctx
     }
 
-    pub(crate) fn keep(self: &Arc<Self>) -> (KeepAlive, KeepAlive) {
-        (self.ring.clone(), self.ctrl.clone())
+    /// What op lists on this CQ keep alive: the ring, the control block and the doorbell
+    /// record's memory.
+    pub(crate) fn keep(self: &Arc<Self>) -> (KeepAlive, KeepAlive, KeepAlive) {
+        (self.ring.clone(), self.ctrl.clone(), self.dbrec.mem.clone())
+    }
+
+    /// Stores the consumer index `ci` to the doorbell record: the slots before it are the
+    /// device's again.
+    pub(crate) fn store_ci(&self, ci: u64) {
+        self.dbrec
+            .mem
+            .u32(self.dbrec.off)
+            .store(cq_ci_value(ci).native(), Ordering::Release);
     }
 
     /// The consumer index: completions consumed by host polls or executor waits.
@@ -133,7 +148,7 @@ impl CqShared {
     /// counter kernels store beside it. Their CQEs are looked at for errors only when
     /// errors are asked for ([`Cq::take_errors`]).
     fn catch_up(&self, st: &mut PollState) {
-        let rec = u64::from(crate::mem::load_be32(&self.ctrl, CQ_DBREC) & 0xFF_FFFF);
+        let rec = u64::from(crate::mem::load_be32(&self.dbrec.mem, self.dbrec.off) & 0xFF_FFFF);
         st.ci = crate::format::catch_up24(st.ci, rec as u32);
         st.ci = st.ci.max(self.ctrl.u64(CQ_RETIRED).load(Ordering::Acquire));
     }
@@ -363,19 +378,25 @@ impl Cq {
                 .store(CQE_INIT_OP_OWN, Ordering::Relaxed);
         }
         let ctrl = Arc::new(RingMem::new(128));
+        let dbrec = MemAt {
+            mem: ctrl.clone(),
+            off: CQ_DBREC,
+        };
         let cqn = ctx.provider.create_cq(CqSpec {
             ring: ring.clone(),
             entries: cnt,
-            dbrec: MemAt {
-                mem: ctrl.clone(),
-                off: CQ_DBREC,
-            },
+            dbrec: dbrec.clone(),
         })?;
+        let (ring, cnt, dbrec) = match ctx.provider.placed_cq(cqn) {
+            Some(p) => (p.ring, p.entries, p.dbrec),
+            None => (ring, cnt, dbrec),
+        };
         let shared = Arc::new(CqShared {
             cqn,
             cnt,
             ring,
             ctrl,
+            dbrec,
             reserved: AtomicU64::new(0),
             users: AtomicU32::new(0),
             shared_ever: AtomicBool::new(false),
@@ -459,9 +480,7 @@ impl Cq {
             }
             st.ci += 1;
             st.scanned = st.scanned.max(st.ci);
-            s.ctrl
-                .u32(CQ_DBREC)
-                .store(cq_ci_value(st.ci).native(), Ordering::Release);
+            s.store_ci(st.ci);
             sink(c);
             n += 1;
         }
@@ -608,7 +627,7 @@ fn log_taken_errors(s: &CqShared, errors: &[(CqError, bool)]) {
 }
 
 pub(crate) fn wait_ops(s: &Arc<CqShared>, n: u64) -> Ops {
-    let (ring, ctrl) = s.keep();
+    let (ring, _, dbrec) = s.keep();
     let (cond, value) = CqeOwner::wait_word(n, s.cnt);
     let word = s
         .ring
@@ -626,10 +645,10 @@ pub(crate) fn wait_ops(s: &Arc<CqShared>, n: u64) -> Ops {
     // scan while the ring still holds it, else from the QP's context).
     ops.push(
         Op::Write32 {
-            addr: s.ctrl.addr(CQ_DBREC),
+            addr: s.dbrec.addr(),
             value: cq_ci_value(n + 1).native(),
         },
-        &ctrl,
+        &dbrec,
     );
     debug_assert!(matches!(cond, WaitCond::And | WaitCond::Nor));
     ops

@@ -47,6 +47,23 @@ impl NicHandler {
     }
 }
 
+/// The handler for a QP whose device says whether GPUs can store to its doorbell register
+/// (`gpu_doorbell`), and why: `GDSYNC_NIC_HANDLER` (`env`) if set, else the GPU where it can,
+/// else the CPU proxy, with the device's reason.
+pub(crate) fn choose(
+    env: Option<NicHandler>,
+    gpu_doorbell: &std::result::Result<(), String>,
+) -> (NicHandler, String) {
+    match (env, gpu_doorbell) {
+        (Some(h), _) => (h, "set by GDSYNC_NIC_HANDLER".into()),
+        (None, Ok(())) => (
+            NicHandler::Gpu,
+            "auto: GPUs can store to the device's doorbell page".into(),
+        ),
+        (None, Err(why)) => (NicHandler::Cpu, format!("auto: {why}")),
+    }
+}
+
 /// Logs who rings for GPU-posted work, once per process and handler: a CPU proxy at warn level
 /// (a thread polls for the GPU's requests, which costs a core and a hop of latency), the GPU
 /// at debug level.
@@ -70,6 +87,8 @@ pub(crate) struct ProxyTarget {
     pub request: MemAt,
     pub sq_dbrec: MemAt,
     pub doorbell: MemAt,
+    /// The register is write-combining device memory: fence around the store.
+    pub doorbell_wc: bool,
 }
 
 /// The QPs a proxy watches.
@@ -166,6 +185,9 @@ fn run(me: Weak<Proxy>, dev: Weak<dyn Provider>, stop: Arc<AtomicBool>) {
                     .mem
                     .u32(qp.sq_dbrec.off)
                     .store(qp_dbrec_value(want).native(), Ordering::Release);
+                if qp.doorbell_wc {
+                    crate::mem::wc_fence();
+                }
                 let mut head = [0u8; 8];
                 head[..4].copy_from_slice(&Be32::new(((want as u32) & 0xFFFF) << 8).bytes());
                 head[4..].copy_from_slice(&Be32::new((qp.qpn & 0xFF_FFFF) << 8).bytes());
@@ -173,6 +195,9 @@ fn run(me: Weak<Proxy>, dev: Weak<dyn Provider>, stop: Arc<AtomicBool>) {
                     .mem
                     .u64(qp.doorbell.off)
                     .store(doorbell_value(head), Ordering::Release);
+                if qp.doorbell_wc {
+                    crate::mem::wc_fence();
+                }
                 *last = want;
                 work = true;
             }

@@ -29,6 +29,10 @@ pub(crate) struct RingMem {
     cuda: bool,
     /// Allocated here (freed on drop), or pages someone else owns ([`RingMem::foreign`]).
     owned: bool,
+    /// Someone else's pages registered with CUDA through [`RingMem::map_for_gpus`].
+    foreign_cuda: bool,
+    /// What keeps someone else's pages allocated while this lives ([`RingMem::held`]).
+    _owner: Option<crate::ops::KeepAlive>,
 }
 
 // SAFETY: RingMem is a plain allocation; every access goes through the atomic or
@@ -66,6 +70,8 @@ impl RingMem {
             len,
             cuda,
             owned: true,
+            foreign_cuda: false,
+            _owner: None,
         }
     }
 
@@ -83,13 +89,46 @@ impl RingMem {
             len: (off + len.max(1)).next_multiple_of(PAGE),
             cuda: false,
             owned: false,
+            foreign_cuda: false,
+            _owner: None,
         };
         (mem, off)
     }
 
+    /// As [`RingMem::foreign`], for pages a device placed itself (libmlx5's rings, doorbell
+    /// records and doorbell page): `owner` (the device's object) keeps them allocated as long
+    /// as this lives, so an op list that points into them outlives the queue safely.
+    ///
+    /// # Safety
+    /// `owner` must keep the pages mapped, readable and writable while it lives.
+    pub(crate) unsafe fn held(
+        addr: u64,
+        len: usize,
+        owner: crate::ops::KeepAlive,
+    ) -> (Self, usize) {
+        // SAFETY: the caller's contract, kept for as long as `owner` is held here.
+        let (mut mem, off) = unsafe { Self::foreign(addr, len) };
+        mem._owner = Some(owner);
+        (mem, off)
+    }
+
+    /// Makes someone else's pages reachable by GPUs (`cuMemHostRegister`, with IOMEMORY for
+    /// a device's register page), unregistered when this is dropped. Pages several queues
+    /// share are registered once.
+    pub(crate) fn map_for_gpus(&mut self, io: bool) -> crate::Result<()> {
+        if self.owned || self.foreign_cuda {
+            return Ok(());
+        }
+        // SAFETY: the pages stay mapped while this lives (the contract of `held`), and Drop
+        // unregisters them before the owner is released.
+        unsafe { crate::cuda::register_foreign(self.ptr as u64, self.len, io)? };
+        self.foreign_cuda = true;
+        Ok(())
+    }
+
     /// Whether GPUs can reach this memory (registered with CUDA).
     pub(crate) fn gpu_mapped(&self) -> bool {
-        self.cuda
+        self.cuda || self.foreign_cuda
     }
 
     /// Device-visible address of byte `off` (the host virtual address for host memory).
@@ -159,6 +198,9 @@ impl RingMem {
 
 impl Drop for RingMem {
     fn drop(&mut self) {
+        if self.foreign_cuda {
+            crate::cuda::unregister_foreign(self.ptr as u64);
+        }
         if !self.owned {
             return;
         }
@@ -198,5 +240,47 @@ pub(crate) unsafe fn read_region(gpu: Option<i32>, addr: u64, dst: &mut [u8]) ->
             };
             true
         }
+    }
+}
+
+/// Orders earlier stores before a store to a write-combining doorbell page, or pushes such a
+/// store out of the CPU's write-combining buffer (libmlx5's `mmio_wc_start` and
+/// `mmio_flush_writes`: `sfence` on x86-64).
+pub(crate) fn wc_fence() {
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unused_unsafe)] // safe to call in newer compilers (SSE is baseline on x86-64)
+    // SAFETY: sfence takes no operands; it only orders stores.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    std::sync::atomic::fence(Ordering::SeqCst);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn held_pages_keep_their_owner_until_the_last_holder_goes() {
+        // The owner stands for libmlx5's object; its pages are an allocation of ours here.
+        let pages = Arc::new(RingMem::new(2 * PAGE));
+        let owner: crate::ops::KeepAlive = pages.clone();
+        // SAFETY: `owner` keeps the pages allocated while the wrapper lives.
+        let (held, off) = unsafe { RingMem::held(pages.addr(PAGE + 0x40), 8, owner) };
+        assert_eq!(
+            (off, held.len()),
+            (0x40, PAGE),
+            "the whole page around the record"
+        );
+        assert_eq!(held.addr(off), pages.addr(PAGE + 0x40));
+        assert_eq!(Arc::strong_count(&pages), 2);
+        held.u32(off).store(7, Ordering::Release);
+        assert_eq!(pages.u32(PAGE + 0x40).load(Ordering::Acquire), 7);
+        drop(held);
+        assert_eq!(Arc::strong_count(&pages), 1, "released with the wrapper");
+        // Not freed by the wrapper: still ours.
+        pages.u32(PAGE).store(1, Ordering::Relaxed);
     }
 }

@@ -1,4 +1,5 @@
-//! The device handle: opens a provider (the soft device, so far) and creates the queue
+//! The device handle: opens a provider (the soft device, or an mlx5 port through
+//! [`Device::open`]) and creates the queue
 //! layer's objects on it: protection domains, completion queues, and through a domain, QPs.
 
 use crate::context::DeviceContext;
@@ -28,10 +29,14 @@ impl Device {
     /// A soft device: a software model of the mlx5 RC data path, served by its own engine
     /// thread. Needs no hardware.
     pub fn soft() -> Result<Self> {
-        let provider: Arc<dyn Provider> = SoftDevice::new()?;
-        Ok(Device {
+        Ok(Device::from_provider(SoftDevice::new()?))
+    }
+
+    /// A device served by `provider`.
+    pub(crate) fn from_provider(provider: Arc<dyn Provider>) -> Self {
+        Device {
             ctx: Arc::new(DeviceContext::new(provider)),
-        })
+        }
     }
 
     /// The link a [`Qp::connect`](crate::Qp::connect) to `remote` would use, or why there is

@@ -1,4 +1,5 @@
-//! Helpers shared by the integration tests: connected QP pairs on the soft device, completion
+//! Helpers shared by the integration tests: connected QP pairs on the soft device (or on the
+//! emulated RDMA driver's mlx5 devices, in a child under the driver), completion
 //! polling with a deadline, deterministic data, the examples' binaries (`example`), the GPU
 //! gate (`gpu`), CUDA compile checks (`clang`), a child process's lines to its parent (`child`).
 //!
@@ -45,6 +46,39 @@ pub enum Topo {
     Loopback,
     /// One QP on each of two devices in this process (an in-process link).
     TwoDevices,
+    /// Both QPs on `mlx5_0` of the emulated RDMA driver (libmlx5's QPs, served by a soft
+    /// HCA): only in a process started under the driver ([`under_emulated_driver`]).
+    Mlx5Loopback,
+    /// One QP on `mlx5_0` and one on `mlx5_1` of the emulated driver.
+    Mlx5TwoDevices,
+}
+
+/// The emulated devices the mlx5 topologies run on (`uverbs_emu::parse_devices`).
+pub const EMULATED_DEVICES: &str = "mlx5_0,mlx5_1";
+
+impl Topo {
+    /// The devices of the two sides (one device twice for a loopback).
+    pub fn devices(self) -> (Device, Device) {
+        let soft = || Device::soft().expect("soft device");
+        let open = |name: &str| Device::open(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let same = |d: Device| (d.clone(), d);
+        match self {
+            Topo::Loopback => same(soft()),
+            Topo::TwoDevices => (soft(), soft()),
+            Topo::Mlx5Loopback => same(open("mlx5_0")),
+            Topo::Mlx5TwoDevices => (open("mlx5_0"), open("mlx5_1")),
+        }
+    }
+}
+
+/// For a test on an mlx5 topology: in the test's process, runs test `path` (its
+/// `module_path!()`, whose first part is the test binary's name, and `name`) again in a
+/// child under the emulated RDMA driver and returns true once it passed there; in that
+/// child, returns false (run the body).
+pub fn under_emulated_driver(path: &str, name: &str) -> bool {
+    let module = path.split_once("::").map_or("", |(_, m)| m);
+    let test = format!("{module}::{name}");
+    uverbs_emu::in_child_under_emulator(&test, EMULATED_DEVICES)
 }
 
 /// One end of a connection: its device and PD handles, the QP and its dedicated CQs.
@@ -97,11 +131,7 @@ impl Pair {
 
     /// A pair on fresh device(s).
     pub fn with_config(topo: Topo, cfg_a: &QpConfig, cfg_b: &QpConfig) -> Self {
-        let dev_a = Device::soft().expect("soft device");
-        let dev_b = match topo {
-            Topo::Loopback => dev_a.clone(),
-            Topo::TwoDevices => Device::soft().expect("soft device"),
-        };
+        let (dev_a, dev_b) = topo.devices();
         Self::on(&dev_a, &dev_b, cfg_a, cfg_b)
     }
 
@@ -319,22 +349,66 @@ pub fn host_stream() -> HostStream {
     HostStream::with_timeout(TIMEOUT).expect("host stream")
 }
 
-/// Runs a test body once per topology: `mod name { loopback, two_devices }`.
+/// The tests of a body on the soft device's topologies: `loopback`, `two_devices`.
+#[allow(unused_macros)]
+macro_rules! soft_topologies {
+    ($name:ident $(, #[$m:meta])*) => {
+        #[test]
+        $(#[$m])*
+        fn loopback() {
+            super::$name(Topo::Loopback)
+        }
+        #[test]
+        $(#[$m])*
+        fn two_devices() {
+            super::$name(Topo::TwoDevices)
+        }
+    };
+}
+
+/// Runs a test body once per topology: `mod name { loopback, two_devices, mlx5_loopback,
+/// mlx5_two_devices }`, the mlx5 ones in a child under the emulated RDMA driver (ignored
+/// where rdma-core is not installed).
 #[allow(unused_macros)]
 macro_rules! both {
     ($($(#[$m:meta])* $name:ident),* $(,)?) => {$(
         mod $name {
             use super::*;
+            soft_topologies!($name $(, #[$m])*);
             #[test]
+            #[cfg_attr(
+                not(rdma_core),
+                ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+            )]
             $(#[$m])*
-            fn loopback() {
-                super::$name(Topo::Loopback)
+            fn mlx5_loopback() {
+                if !under_emulated_driver(module_path!(), "mlx5_loopback") {
+                    super::$name(Topo::Mlx5Loopback)
+                }
             }
             #[test]
+            #[cfg_attr(
+                not(rdma_core),
+                ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+            )]
             $(#[$m])*
-            fn two_devices() {
-                super::$name(Topo::TwoDevices)
+            fn mlx5_two_devices() {
+                if !under_emulated_driver(module_path!(), "mlx5_two_devices") {
+                    super::$name(Topo::Mlx5TwoDevices)
+                }
             }
+        }
+    )*};
+}
+
+/// Runs a test body on the soft device's topologies only: `mod name { loopback, two_devices }`
+/// (for what only the soft device reports).
+#[allow(unused_macros)]
+macro_rules! soft_only {
+    ($($(#[$m:meta])* $name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::*;
+            soft_topologies!($name $(, #[$m])*);
         }
     )*};
 }

@@ -835,6 +835,8 @@ static int cmd_query_qp(struct cmd *m)
 	if (!o) return EINVAL;
 	struct ib_uverbs_query_qp_resp r = {0};
 	r.qp_state = r.cur_qp_state = o->u.qp.state;
+	if (hca && hca->qp_state && hca->qp_state(m->c->dev, o->u.qp.qpn) == QPS_ERR)
+		r.qp_state = r.cur_qp_state = QPS_ERR; /* failed on the HCA's own account */
 	r.path_mtu = o->u.qp.path_mtu; r.port_num = o->u.qp.port;
 	r.dest_qp_num = o->u.qp.dest_qpn; r.rq_psn = o->u.qp.rq_psn; r.sq_psn = o->u.qp.sq_psn;
 	r.qp_access_flags = o->u.qp.access; r.timeout = o->u.qp.timeout;

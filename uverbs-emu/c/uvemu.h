@@ -111,6 +111,9 @@ struct uvemu_hca_ops {
 	int (*to_rtr)(int dev, uint32_t qpn, const struct uvemu_hca_rtr *rtr);
 	int (*to_rts)(int dev, uint32_t qpn, const struct uvemu_hca_rts *rts);
 	void (*destroy_qp)(int dev, uint32_t qpn);
+	/* The QP's state as the HCA holds it (enum ib_qp_state; -1: unknown), or NULL: QUERY_QP
+	 * then reports ERR once the HCA moved the QP there on its own, as a kernel asks the firmware. */
+	int (*qp_state)(int dev, uint32_t qpn);
 };
 /* The number of emulated devices. */
 int uvemu_device_count(void);

@@ -380,6 +380,7 @@ struct HcaOps {
     to_rtr: extern "C" fn(i32, u32, *const c_void) -> i32,
     to_rts: extern "C" fn(i32, u32, *const c_void) -> i32,
     destroy_qp: extern "C" fn(i32, u32),
+    qp_state: Option<extern "C" fn(i32, u32) -> i32>,
 }
 
 static STUB_HCA: HcaOps = HcaOps {
@@ -392,6 +393,7 @@ static STUB_HCA: HcaOps = HcaOps {
     to_rtr: stub_refuse,
     to_rts: stub_refuse,
     destroy_qp: stub_destroy_qp,
+    qp_state: None,
 };
 
 /// Attaches `ops` as the driver's HCA: 0 or an errno.

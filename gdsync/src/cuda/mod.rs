@@ -9,11 +9,13 @@
 //! device address is its host address.
 
 mod event;
+mod foreign;
 mod memory;
 mod module;
 mod stream;
 
 pub use event::CudaEvent;
+pub(crate) use foreign::{dma_buf, register_foreign, unregister_foreign};
 pub(crate) use memory::{copy_dtoh, copy_htod};
 pub use memory::{DeviceBuffer, IpcHandle, MemoryKind};
 pub use module::{nvrtc_available, Function, Module};

@@ -26,6 +26,8 @@ pub struct DeviceAttr {
 pub enum PortState {
     /// Up: the soft device's port is active as long as the device exists.
     Active,
+    /// Not active (an RDMA port whose link is down or not yet configured).
+    Down,
 }
 
 /// How a port's packets travel (as `ibv_port_attr::link_layer`).
@@ -34,6 +36,10 @@ pub enum LinkLayer {
     /// The soft device's links: heap rings within a process, shared-memory rings between
     /// processes of a host, TCP between hosts (`GDSYNC_SOFT_LINK` chooses).
     Soft,
+    /// InfiniBand: peers are addressed by LID.
+    InfiniBand,
+    /// Ethernet (RoCE v2): peers are addressed by GID.
+    Ethernet,
 }
 
 /// A port's attributes (as `ibv_port_attr`).

@@ -1,6 +1,7 @@
 //! Devices: the NIC below the queues, behind the provider interface ([`provider`]) the
-//! queue layer speaks. Only the soft device serves queues so far: a software model of the mlx5 RC
-//! data path (see `docs/soft-device.md`).
+//! queue layer speaks: the soft device, a software model of the mlx5 RC data path (see
+//! `docs/soft-device.md`), and an mlx5 port driven by rdma-core's libmlx5 ([`mlx5`], see
+//! `docs/hardware.md`).
 
 mod attr;
 mod endpoint;

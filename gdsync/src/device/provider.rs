@@ -4,7 +4,10 @@
 //!
 //! Who owns what: the queue layer allocates and initialises ring memory (send and receive
 //! rings, CQE rings, doorbell records) and hands it to the device at create time; the device
-//! pins it (holds the `Arc`) until the object is destroyed. The device owns its translation
+//! pins it (holds the `Arc`) until the object is destroyed. A device whose driver places the
+//! rings itself (libmlx5 allocates its own) answers with where they are instead
+//! ([`PlacedQp`], [`Provider::placed_cq`]), as ring memory held by the device's object; the
+//! queue layer then uses those, through the same code. The device owns its translation
 //! table (keys → regions), its QP and CQ contexts, its producer counters and the doorbell
 //! register page it hands out. The device writes only CQEs into host memory; what it has to
 //! tell the host otherwise it reports through [`Provider::query_qp`] and asynchronous events.
@@ -123,6 +126,34 @@ pub(crate) struct QpCreated {
     pub doorbell: MemAt,
     /// Distance to the bfreg's second half (0: one register only).
     pub bf_size: usize,
+    /// The register is write-combining device memory (a HCA's UAR page): a CPU poster fences
+    /// before the store (so the WQE and doorbell record are visible first) and after it (to
+    /// push it out), as libmlx5 does. Not needed for a soft device's register in host memory.
+    pub doorbell_wc: bool,
+    /// Whether GPUs can store to the register (its page registered for them), or why not:
+    /// then a CPU proxy rings for streams and kernels.
+    pub gpu_doorbell: std::result::Result<(), String>,
+    /// The rings the device placed itself (`None`: the ones the spec gave it).
+    pub placed: Option<PlacedQp>,
+}
+
+/// A QP's rings as a device placed them (the layout of [`QpSpec`]): the receive ring at
+/// offset 0 of `buf`, the send ring at `sq_off`, and the doorbell record.
+pub(crate) struct PlacedQp {
+    pub buf: Arc<RingMem>,
+    pub rq_wqes: u32,
+    pub rq_stride: u32,
+    pub sq_off: usize,
+    pub sq_wqebbs: u32,
+    pub dbrec: MemAt,
+}
+
+/// A CQ's ring as a device placed it: `entries` 64-byte CQEs, each initialised so that no
+/// wait on its owner bit passes before the device wrote it, and the doorbell record.
+pub(crate) struct PlacedCq {
+    pub ring: Arc<RingMem>,
+    pub entries: u32,
+    pub dbrec: MemAt,
 }
 
 /// QP states, as `ibv_modify_qp` moves them.
@@ -233,6 +264,11 @@ pub(crate) trait Provider: Send + Sync {
 
     /// `ibv_create_cq`: the CQ number.
     fn create_cq(&self, spec: CqSpec) -> Result<u32>;
+    /// Where the device placed CQ `cqn`'s ring itself, if it did (then the spec's ring is
+    /// unused).
+    fn placed_cq(&self, _cqn: u32) -> Option<PlacedCq> {
+        None
+    }
     /// `ibv_destroy_cq`.
     fn destroy_cq(&self, cqn: u32);
     /// `ibv_create_qp`: the QP (in RESET) and its doorbell register.

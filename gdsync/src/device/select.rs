@@ -17,8 +17,8 @@ pub const DEVICE_VAR: &str = "GDSYNC_DEVICE";
 /// constructor, where this build has one.
 pub(crate) type Mlx5Open = fn(name: &str, port: u8) -> Result<Device>;
 
-/// The mlx5 data path of this build: none yet, so the soft device serves every queue.
-pub(crate) const MLX5_DATA_PATH: Option<Mlx5Open> = None;
+/// The mlx5 data path of this build: gdsync's queues on libmlx5's QPs.
+pub(crate) const MLX5_DATA_PATH: Option<Mlx5Open> = Some(crate::mlx5::open_device);
 
 /// A device as a user names it: `soft`, or an RDMA device and optionally its port.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -3,9 +3,9 @@
 //! with a descriptor the host fills once. Unlike a [`super::DescRing`], the host prepares
 //! nothing per message.
 
-use crate::cq::{CqShared, CQ_DBREC, CQ_RETIRED};
+use crate::cq::{CqShared, CQ_RETIRED};
 use crate::qp::{
-    Qp, QpState, QP_DBREC, QP_KERNEL_RQ_PI, QP_KERNEL_SQ_PI, QP_PROXY, QP_RQ_RETIRED, QP_SQ_RETIRED,
+    Qp, QpState, QP_KERNEL_RQ_PI, QP_KERNEL_SQ_PI, QP_PROXY, QP_RQ_RETIRED, QP_SQ_RETIRED,
 };
 use crate::{Error, NicHandler};
 use std::sync::atomic::Ordering;
@@ -151,7 +151,7 @@ impl From<IntoHostError> for Error {
 fn cq_desc(cq: &CqShared, wq_retired: u64, wq_ci: u64) -> CqDesc {
     CqDesc {
         cqes: cq.ring.addr(0),
-        dbrec: cq.ctrl.addr(CQ_DBREC),
+        dbrec: cq.dbrec.addr(),
         retired: cq.ctrl.addr(CQ_RETIRED),
         wq_retired,
         ci: cq.ctrl.u64(CQ_RETIRED).load(Ordering::Acquire),
@@ -185,9 +185,10 @@ impl DeviceQp {
         let s = &*self.qp.shared;
         s.buf.gpu_mapped()
             && s.ctrl.gpu_mapped()
+            && s.dbrec.mem.gpu_mapped()
             && [&s.send_cq, &s.recv_cq]
                 .iter()
-                .all(|c| c.ring.gpu_mapped() && c.ctrl.gpu_mapped())
+                .all(|c| c.ring.gpu_mapped() && c.ctrl.gpu_mapped() && c.dbrec.mem.gpu_mapped())
     }
 
     /// The descriptor to pass to a kernel, with the counters where the last kernel left them
@@ -199,7 +200,7 @@ impl DeviceQp {
         QpDesc {
             sq: s.buf.addr(s.sq_off),
             rq: s.buf.addr(0),
-            dbrec: s.ctrl.addr(QP_DBREC),
+            dbrec: s.dbrec.addr(),
             db: if gpu_rings { s.doorbell.addr() } else { 0 },
             proxy: if gpu_rings { 0 } else { s.ctrl.addr(QP_PROXY) },
             state: s.ctrl.addr(QP_KERNEL_SQ_PI),

@@ -9,7 +9,8 @@ pub use crate::device::{MAX_MESSAGE, MAX_SGE};
 /// QP sizes and transport settings.
 #[derive(Clone, Debug)]
 pub struct QpConfig {
-    /// Send ring size in 64-byte WQEBBs (rounded up to a power of two).
+    /// Send ring size in 64-byte WQEBBs (rounded up to a power of two; libmlx5 may make an
+    /// mlx5 QP's larger: [`Qp::send_ring_size`](super::Qp::send_ring_size) says).
     pub send_wqebbs: u32,
     /// Receive ring size in WQEs (rounded up to a power of two).
     pub recv_wqes: u32,
@@ -18,7 +19,8 @@ pub struct QpConfig {
     /// Most bytes of inline payload per send.
     pub max_inline: u32,
     /// How often a send is retried while the peer has no receive posted; then the work
-    /// completes with `RNR_RETRY_EXC`. Unlike verbs, 7 is not "infinite": `u8::MAX` is.
+    /// completes with `RNR_RETRY_EXC`. Unlike verbs, 7 is not "infinite": `u8::MAX` is (an
+    /// mlx5 device retries at most 6 times short of that).
     pub rnr_retry: u8,
     /// Delay between receiver-not-ready retries.
     pub rnr_timer: Duration,

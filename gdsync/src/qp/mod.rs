@@ -15,7 +15,7 @@ mod wait;
 pub use config::{QpConfig, QpState, MAX_MESSAGE, MAX_SGE};
 pub use post::{CommitError, PreparedSend, RecvTicket, SendTicket};
 pub(crate) use shared::{
-    QpShared, QP_DBREC, QP_KERNEL_RQ_PI, QP_KERNEL_SQ_PI, QP_PROXY, QP_RQ_RETIRED, QP_SQ_RETIRED,
+    QpShared, QP_KERNEL_RQ_PI, QP_KERNEL_SQ_PI, QP_PROXY, QP_RQ_RETIRED, QP_SQ_RETIRED,
 };
 
 use crate::context::DeviceContext;
@@ -81,15 +81,20 @@ impl Qp {
             ));
         }
         cfg.check()?;
-        let (handler, why) = match cfg.nic_handler {
-            Some(h) => (h, "set in QpConfig::nic_handler"),
-            None => crate::NicHandler::choose_soft()?,
-        };
-        crate::handler::log_choice(handler, why);
+        let env_handler = crate::NicHandler::from_env()?;
         let rings = QpRings::new(cfg);
-        let created =
+        let mut created =
             ctx.provider
                 .create_qp(rings.spec(pd, send_cq.shared.cqn, recv_cq.shared.cqn))?;
+        let rings = match created.placed.take() {
+            Some(p) => rings.placed_by_device(p),
+            None => rings,
+        };
+        let (handler, why) = match cfg.nic_handler {
+            Some(h) => (h, "set in QpConfig::nic_handler".into()),
+            None => crate::handler::choose(env_handler, &created.gpu_doorbell),
+        };
+        crate::handler::log_choice(handler, &why);
         let shared = Arc::new(QpShared::new(
             rings,
             created,
@@ -131,8 +136,12 @@ impl Qp {
             let target = ProxyTarget {
                 qpn,
                 request: at(QP_PROXY),
-                sq_dbrec: at(QP_DBREC + 4 * DBREC_SQ),
+                sq_dbrec: MemAt {
+                    mem: s.dbrec.mem.clone(),
+                    off: s.dbrec.off + 4 * DBREC_SQ,
+                },
                 doorbell: s.doorbell.clone(),
+                doorbell_wc: s.doorbell_wc,
             };
             ctx.proxy.watch(target, &ctx.provider)?;
         }
@@ -203,7 +212,7 @@ impl Qp {
             self.sq_pi,
             self.committed,
             rec,
-            self.shared.ctrl.addr(QP_DBREC + 4 * DBREC_SQ),
+            self.shared.dbrec.addr() + 4 * DBREC_SQ as u64,
             self.rq_pi,
         )
     }

@@ -2,7 +2,7 @@
 //! the doorbell, for any executor) or post it from the CPU at once; post receives.
 
 use super::encode::encode;
-use super::{Qp, QpState, MAX_SGE, QP_DBREC, QP_PROXY};
+use super::{Qp, QpState, MAX_SGE, QP_PROXY};
 use crate::format::*;
 use crate::mem::slot_off;
 use crate::ops::{Op, Ops};
@@ -219,10 +219,10 @@ impl Qp {
         }
         ops.push(
             Op::Write32 {
-                addr: s.ctrl.addr(QP_DBREC + 4 * DBREC_SQ),
+                addr: s.dbrec.addr() + 4 * DBREC_SQ as u64,
                 value: qp_dbrec_value(p.end).native(),
             },
-            &keep,
+            &s.keep_dbrec(),
         );
         ops.push(Op::Barrier, &keep);
         ops.push(
@@ -232,7 +232,7 @@ impl Qp {
             },
             &s.keep_doorbell(),
         );
-        ops.mark_ring(s.ctrl.addr(QP_DBREC));
+        ops.mark_ring(s.dbrec.addr());
         Ok((p.ticket, ops))
     }
 
@@ -294,11 +294,7 @@ impl Qp {
     /// The send doorbell record: the low 16 bits of the producer counter (big-endian in
     /// memory) as last exposed to the device.
     pub(super) fn sq_doorbell_record(&self) -> u16 {
-        let native = self
-            .shared
-            .ctrl
-            .u32(QP_DBREC + 4 * DBREC_SQ)
-            .load(Ordering::Acquire);
+        let native = self.shared.dbrec_word(DBREC_SQ).load(Ordering::Acquire);
         u32::from_be(native) as u16
     }
 
@@ -351,15 +347,23 @@ impl Qp {
             self.take_commit(&mut p)?;
             (p.ticket, p.head)
         };
-        let c = &self.shared.ctrl;
-        c.u32(QP_DBREC + 4 * DBREC_SQ)
+        let s = &*self.shared;
+        // The WQE before the record (release), the record before the register (a fence for
+        // a write-combining register), and the register's store pushed out after it.
+        s.dbrec_word(DBREC_SQ)
             .store(qp_dbrec_value(ticket.end).native(), Ordering::Release);
+        if s.doorbell_wc {
+            crate::mem::wc_fence();
+        }
         // The register's halves in turn, as libmlx5 rings (executors ring the first).
-        let db = &self.shared.doorbell;
+        let db = &s.doorbell;
         db.mem
             .u64(db.off + self.bf_offset)
             .store(doorbell_value(head), Ordering::Release);
-        self.bf_offset ^= self.shared.bf_size;
+        if s.doorbell_wc {
+            crate::mem::wc_fence();
+        }
+        self.bf_offset ^= s.bf_size;
         self.ctx.provider.kick();
         Ok(ticket)
     }
@@ -420,8 +424,7 @@ impl Qp {
             s.note_rq_cqe(index, n);
         }
         // The release store orders the segments before the counter the device reads.
-        s.ctrl
-            .u32(QP_DBREC + 4 * DBREC_RQ)
+        s.dbrec_word(DBREC_RQ)
             .store(qp_dbrec_value(self.rq_pi).native(), Ordering::Release);
         self.ctx.provider.kick();
         Ok(RecvTicket { index, cqe })

@@ -5,7 +5,7 @@
 use super::{QpConfig, QpState};
 use crate::context::DeviceContext;
 use crate::cq::{CqError, CqShared, CqUser};
-use crate::device::provider::{HwQpState, MemAt, QpCreated, QpSpec};
+use crate::device::provider::{HwQpState, MemAt, PlacedQp, QpCreated, QpSpec};
 use crate::format::{SEG_SIZE, WQEBB};
 use crate::mem::RingMem;
 use crate::ops::KeepAlive;
@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 /// Offsets in a QP's control page: the doorbell record (`[RQ][SQ]`, BE32, the device reads
-/// it), and the retired counters executors store (native u64).
+/// it; unless the device placed its own: [`QpShared::dbrec`]), and the retired counters
+/// executors store (native u64).
 pub(crate) const QP_DBREC: usize = 0;
 pub(crate) const QP_SQ_RETIRED: usize = 64;
 pub(crate) const QP_RQ_RETIRED: usize = 128;
@@ -35,6 +36,7 @@ pub(crate) struct QpRings {
     pub sq_cnt: u32,
     pub rq_cnt: u32,
     pub rq_stride: u32,
+    pub dbrec: MemAt,
 }
 
 impl QpRings {
@@ -44,13 +46,31 @@ impl QpRings {
         let rq_stride = (SEG_SIZE as u32 * cfg.max_recv_sge).next_power_of_two();
         let rq_bytes = (rq_cnt * rq_stride) as usize;
         let sq_off = rq_bytes.max(64);
+        let ctrl = Arc::new(RingMem::new(crate::mem::PAGE));
         QpRings {
             buf: Arc::new(RingMem::new(sq_off + sq_cnt as usize * WQEBB)),
-            ctrl: Arc::new(RingMem::new(crate::mem::PAGE)),
+            dbrec: MemAt {
+                mem: ctrl.clone(),
+                off: QP_DBREC,
+            },
+            ctrl,
             sq_off,
             sq_cnt,
             rq_cnt,
             rq_stride,
+        }
+    }
+
+    /// The rings the device placed itself instead of these (the control page stays).
+    pub(super) fn placed_by_device(self, p: PlacedQp) -> Self {
+        QpRings {
+            buf: p.buf,
+            ctrl: self.ctrl,
+            sq_off: p.sq_off,
+            sq_cnt: p.sq_wqebbs,
+            rq_cnt: p.rq_wqes,
+            rq_stride: p.rq_stride,
+            dbrec: p.dbrec,
         }
     }
 
@@ -63,10 +83,7 @@ impl QpRings {
             rq_stride: self.rq_stride,
             sq_off: self.sq_off,
             sq_wqebbs: self.sq_cnt,
-            dbrec: MemAt {
-                mem: self.ctrl.clone(),
-                off: QP_DBREC,
-            },
+            dbrec: self.dbrec.clone(),
             send_cqn,
             recv_cqn,
             doorbell: None,
@@ -90,10 +107,15 @@ pub(crate) struct QpShared {
     pub sq_cnt: u32,
     pub rq_cnt: u32,
     pub rq_stride: u32,
+    /// The doorbell record (`[RQ][SQ]`, BE32): in the control page, or where the device
+    /// placed it.
+    pub dbrec: MemAt,
     /// The doorbell register the device handed out (in its UAR page).
     pub doorbell: MemAt,
     /// Where the register's second half lies, which CPU posts alternate with (0: none).
     pub bf_size: usize,
+    /// The register is write-combining device memory: CPU posts fence around the store.
+    pub doorbell_wc: bool,
     pub send_cq: Arc<CqShared>,
     pub recv_cq: Arc<CqShared>,
     pub(super) sq_wrid: Box<[AtomicU64]>,
@@ -137,6 +159,7 @@ impl QpShared {
             sq_cnt,
             rq_cnt,
             rq_stride,
+            dbrec,
         } = rings;
         QpShared {
             qpn: created.qpn,
@@ -147,8 +170,10 @@ impl QpShared {
             sq_cnt,
             rq_cnt,
             rq_stride,
+            dbrec,
             doorbell: created.doorbell,
             bf_size: created.bf_size,
+            doorbell_wc: created.doorbell_wc,
             send_cq: send_cq.clone(),
             recv_cq: recv_cq.clone(),
             sq_wrid: (0..sq_cnt).map(|_| AtomicU64::new(0)).collect(),
@@ -214,8 +239,18 @@ impl QpShared {
             self.rq_cqe_base.store(BAD_BASE, Ordering::Release);
         }
     }
+    /// Word `which` of the doorbell record ([`DBREC_RQ`](crate::format::DBREC_RQ) or
+    /// [`DBREC_SQ`](crate::format::DBREC_SQ)).
+    pub(crate) fn dbrec_word(&self, which: usize) -> &std::sync::atomic::AtomicU32 {
+        self.dbrec.mem.u32(self.dbrec.off + 4 * which)
+    }
+    /// Keeps the control page alive for an op list that stores into it.
     pub(crate) fn keep(&self) -> KeepAlive {
         self.ctrl.clone()
+    }
+    /// Keeps the doorbell record's memory alive for an op list that stores into it.
+    pub(crate) fn keep_dbrec(&self) -> KeepAlive {
+        self.dbrec.mem.clone()
     }
     /// Keeps the device's doorbell page alive for an op list that rings it.
     pub(crate) fn keep_doorbell(&self) -> KeepAlive {

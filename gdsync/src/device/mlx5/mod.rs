@@ -5,7 +5,8 @@
 //! `mlx5dv_create_qp`, whose rings, doorbell records and BlueFlame register `mlx5dv_init_obj`
 //! hands out, and whose state `ibv_query_qp` reports; the device's asynchronous events
 //! ([`AsyncEvent`]: ports going down and up, fatal QP errors); and libmlx5's own posting
-//! (`ibv_post_send`, `ibv_post_recv`), against which gdsync's WQE writer is checked.
+//! (`ibv_post_send`, `ibv_post_recv`), against which gdsync's WQE writer is checked. On top,
+//! the provider that lets gdsync's queues run on an mlx5 port (`Device::open("mlx5_0")`).
 //!
 //! Nothing here needs rdma-core to build: without the libraries, or without a device, every
 //! entry point returns an [`RdmaError`] that says what is missing and what to install.
@@ -16,12 +17,14 @@ mod context;
 mod cq;
 mod error;
 mod event;
+mod event_watch;
 mod gid;
 mod loader;
 mod pd;
 mod placed;
 mod port;
 mod post;
+mod provider;
 mod qp;
 #[allow(
     non_camel_case_types,
@@ -45,6 +48,8 @@ pub use pd::{Mr, Pd};
 pub use placed::Placement;
 pub use port::{LinkLayer, PortInfo, PortState};
 pub use post::VerbsCompletion;
+pub(crate) use provider::open as open_device;
+pub use provider::GID_INDEX_VAR;
 pub use qp::{Qp, QpAttr, QpCaps, QpRings, QpState, RemoteQp, RtrAttr, RtsAttr};
 
 /// Result of the mlx5 control path.

@@ -131,6 +131,9 @@ pub struct RtsAttr {
     pub rnr_retry: u8,
     /// RDMA reads and atomics this QP may have outstanding.
     pub max_rd_atomic: u8,
+    /// A new receiver-not-ready delay code (0 … 31), replacing the one set at RTR (an
+    /// optional attribute of this transition); `None`: keep it.
+    pub min_rnr_timer: Option<u8>,
 }
 
 impl Default for RtsAttr {
@@ -141,6 +144,7 @@ impl Default for RtsAttr {
             retry_cnt: 7,
             rnr_retry: 7,
             max_rd_atomic: 16,
+            min_rnr_timer: None,
         }
     }
 }
@@ -446,6 +450,8 @@ impl Qp {
         check_range("timeout", a.timeout.into(), 31)?;
         check_range("retry_cnt", a.retry_cnt.into(), 7)?;
         check_range("rnr_retry", a.rnr_retry.into(), 7)?;
+        let rnr = a.min_rnr_timer.unwrap_or(0);
+        check_range("min_rnr_timer", rnr.into(), 31)?;
         let attr = sys::ibv_qp_attr {
             qp_state: sys::IBV_QPS_RTS,
             sq_psn: a.sq_psn,
@@ -453,14 +459,18 @@ impl Qp {
             retry_cnt: a.retry_cnt,
             rnr_retry: a.rnr_retry,
             max_rd_atomic: a.max_rd_atomic,
+            min_rnr_timer: rnr,
             ..Default::default()
         };
-        let mask = sys::IBV_QP_STATE
+        let mut mask = sys::IBV_QP_STATE
             | sys::IBV_QP_SQ_PSN
             | sys::IBV_QP_TIMEOUT
             | sys::IBV_QP_RETRY_CNT
             | sys::IBV_QP_RNR_RETRY
             | sys::IBV_QP_MAX_QP_RD_ATOMIC;
+        if a.min_rnr_timer.is_some() {
+            mask |= sys::IBV_QP_MIN_RNR_TIMER;
+        }
         self.modify(attr, mask, "ibv_modify_qp(RTS)")
     }
 

@@ -436,7 +436,7 @@ fn log_soft_device(name: &str) {
         crate::probe::RdmaStatus::Devices(d) => {
             let names: Vec<&str> = d.iter().map(|d| d.name.as_str()).collect();
             tracing::warn!(
-                "{name}: soft device (a software NIC) created: this build drives no RDMA hardware, so {} stays unused",
+                "{name}: soft device (a software NIC) created, though {} is present (Device::open or GDSYNC_DEVICE chooses an RDMA device)",
                 names.join(", ")
             );
         }
@@ -602,6 +602,9 @@ impl Provider for SoftDevice {
                 off: bfreg.off,
             },
             bf_size: BF_SIZE,
+            doorbell_wc: false,
+            gpu_doorbell: Ok(()),
+            placed: None,
         })
     }
 

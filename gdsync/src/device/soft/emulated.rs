@@ -70,6 +70,7 @@ struct HcaOps {
     to_rtr: extern "C" fn(c_int, u32, *const HcaRtr) -> c_int,
     to_rts: extern "C" fn(c_int, u32, *const HcaRts) -> c_int,
     destroy_qp: extern "C" fn(c_int, u32),
+    qp_state: extern "C" fn(c_int, u32) -> c_int,
 }
 
 static OPS: HcaOps = HcaOps {
@@ -82,6 +83,7 @@ static OPS: HcaOps = HcaOps {
     to_rtr,
     to_rts,
     destroy_qp,
+    qp_state,
 };
 
 /// Makes this process's soft devices the HCA of the emulated RDMA driver it runs under: from
@@ -300,7 +302,12 @@ extern "C" fn to_rts(dev: c_int, qpn: u32, r: *const HcaRts) -> c_int {
         sq_psn: r.sq_psn,
         timeout: transport_timeout(r.timeout),
         retry_cnt: r.retry_cnt,
-        rnr_retry: r.rnr_retry,
+        // IB's 7 retries forever, which the soft device spells u8::MAX.
+        rnr_retry: if r.rnr_retry >= 7 {
+            u8::MAX
+        } else {
+            r.rnr_retry
+        },
         min_rnr_timer: rnr_delay(r.min_rnr_timer),
     };
     on(dev, "RTS", |h| h.modify_qp(qpn, QpModify::Rts(timers)))
@@ -309,6 +316,17 @@ extern "C" fn to_rts(dev: c_int, qpn: u32, r: *const HcaRts) -> c_int {
 extern "C" fn destroy_qp(dev: c_int, qpn: u32) {
     if let Some(h) = hca(dev) {
         h.destroy_qp(qpn);
+    }
+}
+
+/// The QP's state as the soft HCA holds it (`enum ib_qp_state`; -1 for no such device): the
+/// driver's QUERY_QP reports an error state the HCA entered on its own.
+extern "C" fn qp_state(dev: c_int, qpn: u32) -> c_int {
+    const IB_QPS_ERR: c_int = 6;
+    match hca(dev).map(|h| h.query_qp(qpn).state) {
+        None => -1,
+        Some(HwQpState::Error) => IB_QPS_ERR,
+        Some(s) => s as c_int,
     }
 }
 
@@ -322,7 +340,7 @@ fn transport_timeout(t: u8) -> Duration {
 
 /// The IB RNR NAK timer encoding (`min_rnr_timer`), in microseconds: 0 is 655.36 ms, then
 /// 0.01 ms up to 491.52 ms.
-fn rnr_delay(code: u8) -> Duration {
+pub(crate) fn rnr_delay(code: u8) -> Duration {
     const US: [u32; 32] = [
         655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560,
         3_840, 5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880,

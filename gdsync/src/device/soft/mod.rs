@@ -21,8 +21,10 @@ mod qp_numbers;
 pub(crate) mod tcp;
 mod uar;
 
+pub(crate) use attr::device_attr;
 pub(crate) use device::SoftDevice;
 pub use device::{accept_tcp_links, host_id};
+pub(crate) use emulated::rnr_delay;
 pub use emulated::serve_emulated_driver;
 
 pub(crate) use progress::{help, Why};

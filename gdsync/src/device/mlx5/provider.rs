@@ -1,0 +1,567 @@
+//! The mlx5 device behind the provider interface: one port of an RDMA device driven by
+//! rdma-core's libmlx5, whose PDs, MRs, CQs and RC QPs the queue layer uses as it uses the
+//! soft device's. libmlx5 allocates the rings: the device answers each create with where they
+//! are ([`PlacedQp`], [`PlacedCq`]), as ring memory that holds libmlx5's object, so verbs
+//! destroys it only once no queue and no op list points into it any more. gdsync's own WQE
+//! writer fills libmlx5's send and receive rings and rings its BlueFlame register; CQEs are
+//! read from libmlx5's CQ buffers.
+//!
+//! Peers are found by the endpoint's device id among this process's open mlx5 ports (which
+//! gives their LID, GID and MTU): the endpoint does not carry them yet.
+
+use super::event_watch::EventWatch;
+use super::{Context, Cq, DeviceLimits, Gid, LinkLayer, Mr, Pd, PortInfo, Qp, QpCaps};
+use super::{PortState as RdmaPortState, QpState, RdmaError, RemoteQp, RtrAttr, RtsAttr};
+use crate::device::provider::*;
+use crate::device::{
+    host_id, DeviceAttr, Endpoint, LinkKind, LinkLayer as PortLink, LinkPolicy, PortAttr, PortState,
+};
+use crate::mem::RingMem;
+use crate::ops::KeepAlive;
+use crate::{Device, Error, Result};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The environment variable that picks the GID index connections use (else the RoCE v2
+/// IPv4-mapped entry of the port).
+pub const GID_INDEX_VAR: &str = "GDSYNC_GID_INDEX";
+
+/// How peers reach a port: its LID, the GID connections use and its index, its MTU.
+#[derive(Clone, Copy, Debug)]
+struct PortAddr {
+    lid: u16,
+    gid: Gid,
+    gid_index: u8,
+    mtu: u32,
+    ethernet: bool,
+}
+
+/// The mlx5 ports open in this process, by device id: where a path's peer is.
+static PORTS: Mutex<Option<HashMap<u64, PortAddr>>> = Mutex::new(None);
+
+fn port_of(uid: u64) -> Option<PortAddr> {
+    PORTS.lock().as_ref()?.get(&uid).copied()
+}
+
+/// One port of an mlx5 device, as a provider.
+pub(crate) struct Mlx5Device {
+    ctx: Arc<Context>,
+    port: u8,
+    uid: u64,
+    addr: PortAddr,
+    limits: DeviceLimits,
+    /// Whether GPUs are present: libmlx5's rings and doorbell page are then registered for
+    /// them.
+    gpus: bool,
+    next_pd: AtomicU32,
+    /// PDs by id; a PD verbs refused keeps the reason, given to whatever uses it.
+    pds: Mutex<HashMap<u32, std::result::Result<Arc<Pd>, String>>>,
+    mrs: Mutex<HashMap<u32, Mr<'static>>>,
+    cqs: Mutex<HashMap<u32, Arc<Cq>>>,
+    qps: Mutex<HashMap<u32, Arc<Qp>>>,
+    events: EventWatch,
+}
+
+/// Opens port `port` of the mlx5 device `name` as a [`Device`] (the mlx5 data path). Under
+/// the emulated kernel driver, this process's soft devices become its HCA first.
+pub(crate) fn open(name: &str, port: u8) -> Result<Device> {
+    match crate::device::soft::serve_emulated_driver() {
+        Ok(n) => tracing::debug!("emulated RDMA driver: {n} device(s) served by soft HCAs"),
+        Err(why) => tracing::trace!("{why}"),
+    }
+    let dev = Mlx5Device::open(name, port).map_err(|e| rdma_error(name, e))?;
+    Ok(Device::from_provider(Arc::new(dev)))
+}
+
+/// An rdma-core error as the queue layer reports it, naming the device.
+fn rdma_error(dev: &str, e: RdmaError) -> Error {
+    match e {
+        RdmaError::InvalidArgument(m) => Error::invalid(format!("{dev}: {m}")),
+        RdmaError::Verbs { call, errno } => Error::os(
+            format!("{dev}: {call}"),
+            std::io::Error::from_raw_os_error(errno),
+        ),
+        e => Error::Unsupported(format!("{dev}: {e}")),
+    }
+}
+
+impl Mlx5Device {
+    fn open(name: &str, port: u8) -> std::result::Result<Self, RdmaError> {
+        let ctx = Context::open(name)?;
+        let limits = ctx.query_device()?;
+        let info = ctx.query_port(port)?;
+        let wanted = match std::env::var(GID_INDEX_VAR) {
+            Ok(v) => Some(v.parse::<u32>().map_err(|_| {
+                RdmaError::InvalidArgument(format!("{GID_INDEX_VAR}={v:?}: not a GID index"))
+            })?),
+            Err(_) => None,
+        };
+        let gid = ctx.choose_gid(port, wanted)?;
+        tracing::info!(
+            "{name} port {port}: {} LID {:#x}, GID index {} ({}), MTU {}",
+            info.link_layer,
+            info.lid,
+            gid.entry.index,
+            gid.why,
+            info.active_mtu
+        );
+        let addr = PortAddr {
+            lid: info.lid,
+            gid: gid.entry.gid,
+            gid_index: u8::try_from(gid.entry.index).map_err(|_| {
+                RdmaError::InvalidArgument(format!("GID index {} is above 255", gid.entry.index))
+            })?,
+            mtu: info.active_mtu,
+            ethernet: info.link_layer.is_ethernet(),
+        };
+        let uid = device_uid(&limits.node_guid, port);
+        PORTS
+            .lock()
+            .get_or_insert_with(HashMap::new)
+            .insert(uid, addr);
+        let events = EventWatch::start(ctx.clone())
+            .map_err(|e| RdmaError::InvalidArgument(e.to_string()))?;
+        Ok(Mlx5Device {
+            ctx,
+            port,
+            uid,
+            addr,
+            limits,
+            gpus: crate::cuda::Cuda::available(),
+            next_pd: AtomicU32::new(1),
+            pds: Mutex::new(HashMap::new()),
+            mrs: Mutex::new(HashMap::new()),
+            cqs: Mutex::new(HashMap::new()),
+            qps: Mutex::new(HashMap::new()),
+            events,
+        })
+    }
+
+    fn err(&self, e: RdmaError) -> Error {
+        rdma_error(self.ctx.name(), e)
+    }
+
+    fn pd(&self, pd: u32) -> Result<Arc<Pd>> {
+        match self.pds.lock().get(&pd) {
+            Some(Ok(p)) => Ok(p.clone()),
+            Some(Err(why)) => Err(Error::invalid(format!("PD {pd}: {why}"))),
+            None => Err(Error::invalid(format!("PD {pd} does not exist"))),
+        }
+    }
+
+    fn cq(&self, cqn: u32) -> Result<Arc<Cq>> {
+        self.cqs
+            .lock()
+            .get(&cqn)
+            .cloned()
+            .ok_or_else(|| Error::invalid(format!("CQ {cqn:#x} does not exist")))
+    }
+
+    /// Registers GPU memory: through a dma-buf where the GPU exports one, else the device
+    /// pointer itself (the peer-memory module), the choice logged.
+    fn reg_gpu_mr(&self, pd: &Arc<Pd>, spec: &MrSpec, ordinal: i32) -> Result<Mr<'static>> {
+        let page = crate::mem::PAGE as u64;
+        let start = spec.addr - spec.addr % page;
+        let len = (spec.addr + spec.len).next_multiple_of(page) - start;
+        let dmabuf = crate::cuda::dma_buf(ordinal, start, len as usize).and_then(|fd| {
+            use std::os::fd::AsFd;
+            pd.reg_dmabuf_mr(
+                fd.as_fd(),
+                spec.addr - start,
+                spec.len as usize,
+                spec.addr,
+                spec.access,
+            )
+            .map_err(|e| self.err(e))
+        });
+        match dmabuf {
+            Ok(mr) => {
+                tracing::debug!(
+                    "GPU {ordinal} memory at {:#x}: registered as a dma-buf",
+                    spec.addr
+                );
+                Ok(mr)
+            }
+            Err(why) => {
+                tracing::info!(
+                    "GPU {ordinal} memory at {:#x}: no dma-buf ({why}); registering the device pointer (needs nvidia-peermem)",
+                    spec.addr
+                );
+                // SAFETY: the queue layer keeps the memory allocated until dereg_mr.
+                unsafe { pd.reg_mr_raw(spec.addr, spec.len as usize, spec.access) }
+                    .map_err(|e| self.err(e))
+            }
+        }
+    }
+
+    /// `len` bytes at `addr` of memory libmlx5 placed, held by `owner`, registered for GPUs
+    /// where there are any (`io`: a register page); the registration's failure is returned
+    /// beside it.
+    fn held(&self, addr: usize, len: usize, owner: &KeepAlive, io: bool) -> (MemAt, Option<Error>) {
+        // SAFETY: `owner` is the libmlx5 object whose memory this is: it stays allocated and
+        // mapped while the object lives, and the ring memory holds the object.
+        let (mut mem, off) = unsafe { RingMem::held(addr as u64, len, owner.clone()) };
+        let failed = if self.gpus {
+            mem.map_for_gpus(io).err()
+        } else {
+            None
+        };
+        let at = MemAt {
+            mem: Arc::new(mem),
+            off,
+        };
+        (at, failed)
+    }
+}
+
+/// A device id for endpoints: the node GUID with the port in the top byte.
+fn device_uid(node_guid: &str, port: u8) -> u64 {
+    let guid = u64::from_str_radix(&node_guid.replace(':', ""), 16).unwrap_or(0);
+    guid ^ (u64::from(port) << 56)
+}
+
+/// The largest valid path MTU not above `bytes` (256 at least).
+fn path_mtu(bytes: u32) -> u32 {
+    [4096, 2048, 1024, 512]
+        .into_iter()
+        .find(|&m| m <= bytes)
+        .unwrap_or(256)
+}
+
+/// The IB transport-timeout code whose wait (4.096 µs × 2^code) covers `d`.
+fn timeout_code(d: Duration) -> u8 {
+    let units = d.as_nanos().div_ceil(4096).max(1);
+    (units.next_power_of_two().trailing_zeros() as u8).clamp(1, 31)
+}
+
+/// The IB `rnr_retry` for the queue layer's count: 7 (forever) for `u8::MAX`, else the count,
+/// at most 6 (the most IB can say short of forever).
+fn rnr_retry_code(n: u8) -> u8 {
+    match n {
+        u8::MAX => 7,
+        n => n.min(6),
+    }
+}
+
+/// The IB receiver-not-ready timer code (`min_rnr_timer`) whose delay covers `d` (31, the
+/// longest, where none does).
+fn rnr_timer_code(d: Duration) -> u8 {
+    use crate::device::soft::rnr_delay;
+    (1..32).find(|&c| rnr_delay(c) >= d).unwrap_or(31)
+}
+
+fn port_attr(p: &PortInfo) -> PortAttr {
+    PortAttr {
+        state: if p.state == RdmaPortState::Active {
+            PortState::Active
+        } else {
+            PortState::Down
+        },
+        max_mtu: p.max_mtu,
+        active_mtu: p.active_mtu,
+        max_msg_sz: u64::from(p.max_msg_sz).min(MAX_MESSAGE),
+        link_layer: match p.link_layer {
+            LinkLayer::Ethernet => PortLink::Ethernet,
+            _ => PortLink::InfiniBand,
+        },
+    }
+}
+
+impl Provider for Mlx5Device {
+    fn name(&self) -> String {
+        self.ctx.name().to_string()
+    }
+
+    fn uid(&self) -> u64 {
+        self.uid
+    }
+
+    fn query_device(&self) -> DeviceAttr {
+        let l = &self.limits;
+        let soft = crate::device::soft::device_attr();
+        DeviceAttr {
+            max_qp: l.max_qp,
+            max_qp_wr: l.max_qp_wr,
+            max_sge: l.max_sge.min(MAX_SGE as u32),
+            // libmlx5 adds one entry and rounds up to a power of two.
+            max_cqe: l.max_cqe,
+            // gdsync's writer copies inline payload itself: a WQE's size is the limit.
+            max_inline_data: soft.max_inline_data,
+            phys_port_cnt: l.phys_port_cnt,
+        }
+    }
+
+    fn query_port(&self, port: u8) -> Result<PortAttr> {
+        let p = self.ctx.query_port(port).map_err(|e| self.err(e))?;
+        Ok(port_attr(&p))
+    }
+
+    fn endpoint(&self, qpn: u32) -> Endpoint {
+        Endpoint {
+            host: host_id(),
+            pid: std::process::id(),
+            device: self.uid,
+            qpn,
+            addr: None,
+            link: LinkPolicy::default(),
+        }
+    }
+
+    fn link_kind(&self, remote: &Endpoint) -> Result<LinkKind> {
+        if remote.device == self.uid {
+            return Ok(LinkKind::Loopback);
+        }
+        match port_of(remote.device) {
+            Some(_) => Ok(LinkKind::InProcess),
+            None => Err(Error::Unreachable(format!(
+                "{}: device {:016x} is not an mlx5 port open in this process (endpoints do not carry a LID or GID yet)",
+                self.ctx.name(),
+                remote.device
+            ))),
+        }
+    }
+
+    fn alloc_pd(&self) -> u32 {
+        let id = self.next_pd.fetch_add(1, Ordering::Relaxed);
+        let pd = self.ctx.alloc_pd().map_err(|e| e.to_string());
+        if let Err(why) = &pd {
+            tracing::warn!("{}: {why}", self.ctx.name());
+        }
+        self.pds.lock().insert(id, pd);
+        id
+    }
+
+    fn dealloc_pd(&self, pd: u32) {
+        self.pds.lock().remove(&pd);
+    }
+
+    fn reg_mr(&self, spec: &MrSpec) -> Result<MrKeys> {
+        let pd = self.pd(spec.pd)?;
+        let mr = match spec.memory {
+            // SAFETY: the queue layer keeps the memory allocated until dereg_mr.
+            MrMemory::Host => unsafe { pd.reg_mr_raw(spec.addr, spec.len as usize, spec.access) }
+                .map_err(|e| self.err(e))?,
+            MrMemory::Gpu { ordinal } => self.reg_gpu_mr(&pd, spec, ordinal)?,
+        };
+        let keys = MrKeys {
+            lkey: mr.lkey(),
+            rkey: mr.rkey(),
+        };
+        self.mrs.lock().insert(keys.lkey, mr);
+        Ok(keys)
+    }
+
+    fn dereg_mr(&self, lkey: u32) {
+        self.mrs.lock().remove(&lkey);
+    }
+
+    fn create_cq(&self, spec: CqSpec) -> Result<u32> {
+        // libmlx5 makes room for one entry more than asked, rounded up to a power of two.
+        let cq = self
+            .ctx
+            .create_cq(spec.entries.saturating_sub(1).max(1))
+            .map_err(|e| self.err(e))?;
+        let cqn = cq.ring().cqn;
+        self.cqs.lock().insert(cqn, cq);
+        Ok(cqn)
+    }
+
+    fn placed_cq(&self, cqn: u32) -> Option<PlacedCq> {
+        let cq = self.cqs.lock().get(&cqn)?.clone();
+        let r = cq.ring();
+        let owner: KeepAlive = cq;
+        let (ring, e1) = self.held(r.buf, (r.cqe_cnt * r.cqe_size) as usize, &owner, false);
+        let (dbrec, e2) = self.held(r.dbrec, 8, &owner, false);
+        if let Some(e) = e1.or(e2) {
+            tracing::warn!("CQ {cqn:#x}: GPUs cannot reach its ring ({e})");
+        }
+        Some(PlacedCq {
+            ring: ring.mem,
+            entries: r.cqe_cnt,
+            dbrec,
+        })
+    }
+
+    fn destroy_cq(&self, cqn: u32) {
+        self.cqs.lock().remove(&cqn);
+    }
+
+    fn create_qp(&self, spec: QpSpec) -> Result<QpCreated> {
+        let pd = self.pd(spec.pd)?;
+        let (scq, rcq) = (self.cq(spec.send_cqn)?, self.cq(spec.recv_cqn)?);
+        let caps = QpCaps {
+            max_send_wr: spec.sq_wqebbs,
+            max_recv_wr: spec.rq_wqes,
+            max_send_sge: 1,
+            max_recv_sge: spec.rq_stride / crate::format::SEG_SIZE as u32,
+            max_inline_data: 0,
+        };
+        let qp = Arc::new(pd.create_qp(&scq, &rcq, &caps).map_err(|e| self.err(e))?);
+        let r = qp.rings();
+        let sq_off = r.sq_buf.checked_sub(r.rq_buf).ok_or_else(|| {
+            Error::invalid(format!(
+                "QP {:#x}: libmlx5 placed the send ring before the receive ring",
+                r.qpn
+            ))
+        })?;
+        if (r.sq_wqe_cnt as usize) < crate::format::MAX_WQE_WQEBBS {
+            return Err(Error::invalid(format!(
+                "QP {:#x}: a send ring of {} WQEBBs cannot hold the largest WQE",
+                r.qpn, r.sq_wqe_cnt
+            )));
+        }
+        let owner: KeepAlive = qp.clone();
+        let ring_len = sq_off + (r.sq_wqe_cnt * r.sq_stride) as usize;
+        let (buf, e1) = self.held(r.rq_buf, ring_len, &owner, false);
+        let (dbrec, e2) = self.held(r.dbrec, 8, &owner, false);
+        if let Some(e) = e1.or(e2) {
+            tracing::warn!("QP {:#x}: GPUs cannot reach its rings ({e})", r.qpn);
+        }
+        let (doorbell, e3) = self.held(r.bf_reg, 8 + r.bf_size as usize, &owner, true);
+        let gpu_doorbell = match e3 {
+            None => Ok(()),
+            Some(e) => Err(format!(
+                "the doorbell page of {} cannot be mapped for GPUs ({e}; needs root or PeerMappingOverride=1)",
+                self.ctx.name()
+            )),
+        };
+        self.qps.lock().insert(r.qpn, qp);
+        Ok(QpCreated {
+            qpn: r.qpn,
+            doorbell,
+            bf_size: r.bf_size as usize,
+            doorbell_wc: true,
+            gpu_doorbell,
+            placed: Some(PlacedQp {
+                buf: buf.mem,
+                rq_wqes: r.rq_wqe_cnt,
+                rq_stride: r.rq_stride,
+                sq_off,
+                sq_wqebbs: r.sq_wqe_cnt,
+                dbrec,
+            }),
+        })
+    }
+
+    fn modify_qp(&self, qpn: u32, to: QpModify) -> Result<()> {
+        let qp = self
+            .qps
+            .lock()
+            .get(&qpn)
+            .cloned()
+            .ok_or_else(|| Error::invalid(format!("QP {qpn:#x} does not exist")))?;
+        let l = &self.limits;
+        let rd_atomic = |max: u32| max.clamp(1, 16) as u8;
+        match to {
+            QpModify::Init => qp.to_init(self.port, Access::ALL),
+            QpModify::Rtr(path) => {
+                let peer = port_of(path.remote.device).ok_or_else(|| {
+                    Error::Unreachable(format!(
+                        "QP {qpn:#x}: the peer's device {:016x} is not an mlx5 port open in this process",
+                        path.remote.device
+                    ))
+                })?;
+                let remote = RemoteQp {
+                    qpn: path.remote.qpn,
+                    psn: path.rq_psn,
+                    lid: peer.lid,
+                    gid: self.addr.ethernet.then_some(peer.gid),
+                };
+                let mtu = path_mtu(path.mtu.min(self.addr.mtu).min(peer.mtu));
+                qp.to_rtr(&RtrAttr {
+                    sgid_index: self.addr.gid_index,
+                    max_dest_rd_atomic: rd_atomic(l.max_qp_rd_atom),
+                    ..RtrAttr::new(remote, self.port, mtu)
+                })
+            }
+            QpModify::Rts(t) => {
+                let retry_cnt = t.retry_cnt.min(7);
+                // The layer's timeout is for all tries together.
+                let per_try = t.timeout / (u32::from(retry_cnt) + 1);
+                qp.to_rts(&RtsAttr {
+                    sq_psn: t.sq_psn,
+                    timeout: timeout_code(per_try),
+                    retry_cnt,
+                    rnr_retry: rnr_retry_code(t.rnr_retry),
+                    max_rd_atomic: rd_atomic(l.max_qp_init_rd_atom),
+                    min_rnr_timer: Some(rnr_timer_code(t.min_rnr_timer)),
+                })
+            }
+        }
+        .map_err(|e| self.err(e))
+    }
+
+    fn query_qp(&self, qpn: u32) -> QpAttr {
+        let qp = self.qps.lock().get(&qpn).cloned();
+        let state = match qp.map(|q| q.query()) {
+            Some(Ok(a)) => match a.state {
+                QpState::Reset => HwQpState::Reset,
+                QpState::Init => HwQpState::Init,
+                QpState::Rtr => HwQpState::Rtr,
+                QpState::Rts | QpState::Sqd => HwQpState::Rts,
+                _ => HwQpState::Error,
+            },
+            _ => HwQpState::Error,
+        };
+        // Verbs does not say which work request failed: the CQE tells it.
+        QpAttr {
+            state,
+            last_error: None,
+        }
+    }
+
+    fn destroy_qp(&self, qpn: u32) {
+        self.qps.lock().remove(&qpn);
+    }
+
+    fn get_async_event(&self) -> Option<AsyncEvent> {
+        self.events.next()
+    }
+
+    fn has_async_event(&self) -> bool {
+        self.events.pending()
+    }
+
+    fn kick(&self) {}
+
+    fn idle(&self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_become_the_smallest_covering_code() {
+        assert_eq!(timeout_code(Duration::from_nanos(4096)), 1);
+        assert_eq!(timeout_code(Duration::from_nanos(4096 << 14)), 14);
+        assert_eq!(timeout_code(Duration::from_nanos((4096 << 14) + 1)), 15);
+        assert_eq!(timeout_code(Duration::from_secs(1 << 20)), 31);
+    }
+
+    #[test]
+    fn rnr_timers_become_the_smallest_covering_code() {
+        assert_eq!(rnr_timer_code(Duration::from_micros(640)), 12);
+        assert_eq!(rnr_timer_code(Duration::from_millis(2)), 16);
+        assert_eq!(rnr_timer_code(Duration::ZERO), 1);
+        assert_eq!(rnr_timer_code(Duration::from_secs(1)), 31);
+    }
+
+    #[test]
+    fn path_mtus_round_down_to_an_ib_mtu() {
+        assert_eq!(path_mtu(4096), 4096);
+        assert_eq!(path_mtu(4000), 2048);
+        assert_eq!(path_mtu(1500), 1024);
+        assert_eq!(path_mtu(100), 256);
+    }
+
+    #[test]
+    fn device_ids_differ_by_port() {
+        let a = device_uid("0c42:a103:00aa:bb01", 1);
+        assert_eq!(a, 0x0c42_a103_00aa_bb01 ^ (1 << 56));
+        assert_ne!(a, device_uid("0c42:a103:00aa:bb01", 2));
+    }
+}
