@@ -17,7 +17,10 @@
  *     asks through uvemu_set_port_state() / uvemu_qp_fatal() (uvemu.h);
  *   - hands every MR, CQ and QP, with libmlx5's own rings, doorbell records and BlueFlame
  *     register, to the soft HCA a process attached (uvemu_attach_hca(), uvemu.h), which then
- *     serves the data path; without one, nothing executes WQEs.
+ *     serves the data path; without one, nothing executes WQEs;
+ *   - links QPs to devices of other processes through the fabric directory (the emulators of
+ *     a host are its nodes; uverbs-emu's fabric.rs): a path whose GID or LID names another
+ *     node's device is given to the HCA with the endpoint that node's HCA published there.
  * UVEMU_LOG=1 traces every command to stderr.
  */
 #define _GNU_SOURCE
@@ -84,6 +87,8 @@ static const struct uvemu_hca_ops *hca; /* the data path, once attached */
 static void hca_release_all(struct uvemu_context *c);
 static const struct uvemu_port *port_of(const struct uvemu_context *c, uint32_t port);
 static int logging;
+static int node;           /* this emulator's node number on the fabric (0: none) */
+static char fabric[400];   /* the fabric directory ("": none) */
 static int ndevices;
 static struct uvemu_device devices[UVEMU_MAX_DEVICES];
 static struct uvemu_context contexts[MAX_CONTEXTS];
@@ -157,6 +162,9 @@ static void init(void)
 	const char *e = getenv("UVEMU_LOG");
 	logging = e && strcmp(e, "0") != 0;
 	load_devices();
+	char v[16];
+	node = read_sysfs("uvemu/node", v, sizeof(v)) ? atoi(v) : 0;
+	if (!read_sysfs("uvemu/fabric", fabric, sizeof(fabric))) fabric[0] = 0;
 }
 
 static void ensure_init(void) { pthread_once(&once, init); }
@@ -376,6 +384,55 @@ int uvemu_attach_hca(const struct uvemu_hca_ops *ops)
 	return rc;
 }
 
+/* The record of device `dev` of node `n` in the fabric directory, or 0 where there is none. */
+static int fabric_record(char *path, size_t size, int n, int dev)
+{
+	return fabric[0] && n > 0 && snprintf(path, size, "%s/node-%d/dev-%d", fabric, n, dev) < (int)size;
+}
+
+int uvemu_publish(int dev, const uint8_t *endpoint, uint32_t len)
+{
+	ensure_init();
+	char path[512], tmp[540];
+	if (dev < 0 || dev >= ndevices || !endpoint || len != UVEMU_ENDPOINT_LEN) return EINVAL;
+	if (!fabric_record(path, sizeof(path), node, dev)) return ENOENT;
+	snprintf(tmp, sizeof(tmp), "%s.%d", path, (int)getpid());
+	int fd = r_open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0) return errno;
+	ssize_t w = r_write(fd, endpoint, len);
+	int e = w == (ssize_t)len ? 0 : w < 0 ? errno : EIO;
+	r_close(fd);
+	if (!e && rename(tmp, path)) e = errno; /* readers see the whole record or none */
+	if (e) unlink(tmp);
+	L("device %d published at %s: %s", dev, path, e ? strerror(e) : "ok");
+	return e;
+}
+
+/* The endpoint node `n` published for its device `dev`, into `out`: 0 or ENETUNREACH. */
+static int fabric_peer(int n, int dev, uint8_t out[UVEMU_ENDPOINT_LEN])
+{
+	char path[512];
+	if (!fabric_record(path, sizeof(path), n, dev)) return ENETUNREACH;
+	int fd = r_open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) return ENETUNREACH;
+	ssize_t got = read(fd, out, UVEMU_ENDPOINT_LEN);
+	r_close(fd);
+	return got == UVEMU_ENDPOINT_LEN ? 0 : ENETUNREACH;
+}
+
+/* The node a QP's destination address names (the LID, or the GID where the path has a GRH,
+ * as the fake sysfs derives them), with the device in `dev`; 0 where it names none. */
+static int path_node(const struct uvemu_obj *o, int *dev)
+{
+	static const uint8_t mapped[12] = { [10] = 0xff, [11] = 0xff };
+	static const uint8_t link_local[13] = { 0xfe, 0x80, [8] = 0x0e, 0x42, 0xa1, 0xff, 0xfe };
+	const uint8_t *g = o->u.qp.dgid;
+	if (!o->u.qp.is_global) { *dev = (o->u.qp.dlid >> 2) & 7; return o->u.qp.dlid >> 5; }
+	if (!memcmp(g, mapped, 12) && g[12] == 10) { *dev = g[13]; return g[15]; }
+	if (!memcmp(g, link_local, 13)) { *dev = g[14]; return g[13]; }
+	return 0;
+}
+
 /* Whether the caller's `n` bytes at `p` are mapped (the kernel pins them, or fails with
  * EFAULT): one byte of each page is read. */
 static int user_mapped(uint64_t p, uint64_t n)
@@ -388,7 +445,7 @@ static int user_mapped(uint64_t p, uint64_t n)
 }
 
 /* The device of this process whose port has the QP's destination address (the LID, or the
- * GID where the path has a GRH), or -1: only QPs of one process are linked. */
+ * GID where the path has a GRH), or -1 (it may be another node's: path_node). */
 static int path_device(const struct uvemu_context *c, const struct uvemu_obj *o)
 {
 	static const uint8_t none[16];
@@ -413,10 +470,13 @@ static int hca_transition(struct uvemu_context *c, struct uvemu_obj *o, uint8_t 
 	if (cur == QPS_INIT && next == QPS_RTR) {
 		struct uvemu_hca_rtr r = { .dest_dev = path_device(c, o), .dest_qpn = o->u.qp.dest_qpn,
 					   .rq_psn = o->u.qp.rq_psn, .mtu = 128u << o->u.qp.path_mtu };
-		if (r.dest_dev < 0) {
-			L("   no device of this process has the path's address: the data path links QPs of one process");
+		if (r.dest_dev >= 0) return hca->to_rtr(c->dev, qpn, &r);
+		int dev, n = path_node(o, &dev);
+		if (n == node || fabric_peer(n, dev, r.peer)) {
+			L("   no device of this process or of the fabric has the path's address");
 			return ENETUNREACH;
 		}
+		L("   the path's address is device %d of node %d: linked through the fabric", dev, n);
 		return hca->to_rtr(c->dev, qpn, &r);
 	}
 	if (cur == QPS_RTR && next == QPS_RTS) {
