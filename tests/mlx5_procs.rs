@@ -182,13 +182,17 @@ struct Peer {
 }
 
 impl Peer {
-    fn start(name: &str, role: &str) -> Peer {
+    /// Starts it with `GDSYNC_SOFT_LINK=link` (the soft devices' link policy) and the job
+    /// secret both children share (a TCP link proves it).
+    fn start(name: &str, role: &str, link: &str) -> Peer {
         let emu = Emulator::new(&uverbs_emu::parse_devices("mlx5_0").unwrap())
             .unwrap_or_else(|e| panic!("the emulated driver is not usable: {e}"));
         let mut child = emu
             .command(std::env::current_exe().unwrap())
             .args([name, "--exact", "--nocapture", "--test-threads=1"])
             .env(ROLE, role)
+            .env("GDSYNC_SOFT_LINK", link)
+            .env(gdsync::auth::SECRET_ENV, "5a".repeat(32))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -226,13 +230,13 @@ impl Peer {
     }
 }
 
-/// In the test process: starts roles `a` and `b` of test `name` and relays their addresses.
-/// In a child: its role, as the error.
-fn pair(name: &str) -> Result<(Peer, Peer), String> {
+/// In the test process: starts roles `a` and `b` of test `name` (with link policy `link`)
+/// and relays their addresses. In a child: its role, as the error.
+fn pair(name: &str, link: &str) -> Result<(Peer, Peer), String> {
     if let Ok(role) = std::env::var(ROLE) {
         return Err(role);
     }
-    let (mut a, mut b) = (Peer::start(name, "a"), Peer::start(name, "b"));
+    let (mut a, mut b) = (Peer::start(name, "a", link), Peer::start(name, "b", link));
     let (from_a, from_b) = (a.line(), b.line());
     a.tell(&from_b);
     b.tell(&from_a);
@@ -245,7 +249,28 @@ fn pair(name: &str) -> Result<(Peer, Peer), String> {
     ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
 )]
 fn mlx5_two_processes_under_emulated_drivers_exchange_work() {
-    let role = match pair("mlx5_two_processes_under_emulated_drivers_exchange_work") {
+    exchange(
+        "mlx5_two_processes_under_emulated_drivers_exchange_work",
+        "auto",
+    );
+}
+
+/// As above, the soft HCAs linked over TCP (as between hosts) instead of shared memory.
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn mlx5_two_processes_under_emulated_drivers_exchange_work_over_tcp() {
+    exchange(
+        "mlx5_two_processes_under_emulated_drivers_exchange_work_over_tcp",
+        "tcp",
+    );
+}
+
+/// Test `name`: a send, a write, a read and two atomics from `a` to `b`.
+fn exchange(name: &str, link: &str) {
+    let role = match pair(name, link) {
         Ok((mut a, mut b)) => {
             // b posted its receive and set its atomic word: a may start.
             assert_eq!(b.line(), "ready");
@@ -323,7 +348,10 @@ fn mlx5_two_processes_under_emulated_drivers_exchange_work() {
     ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
 )]
 fn mlx5_a_killed_peer_process_fails_the_survivors_work() {
-    let role = match pair("mlx5_a_killed_peer_process_fails_the_survivors_work") {
+    let role = match pair(
+        "mlx5_a_killed_peer_process_fails_the_survivors_work",
+        "auto",
+    ) {
         Ok((mut a, mut b)) => {
             assert_eq!(b.line(), "connected");
             b.child.kill().unwrap();

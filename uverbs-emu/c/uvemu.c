@@ -80,8 +80,8 @@ static int (*r_stat)(const char *, struct stat *);
 static int (*r_fstat)(int, struct stat *);
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
-/* Recursive: the attached HCA runs under it and may itself call hooked functions (mmap for a
- * thread's stack, close), which take it for fds that are not the emulator's. */
+/* Recursive: the attached HCA runs under it and may itself call hooked functions on the
+ * emulator's fds. Calls on other fds never take it (is_cmd_fd). */
 static pthread_mutex_t lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 static const struct uvemu_hca_ops *hca; /* the data path, once attached */
 static void hca_release_all(struct uvemu_context *c);
@@ -178,6 +178,18 @@ static int device_of_path(const char *path)
 	return (*end || end == path + strlen(DEV_PREFIX) || n < 0 || n >= ndevices) ? -1 : (int)n;
 }
 
+/* The command fds of the open contexts (fd + 1; 0: none), read without the lock: the calls
+ * hooked for every fd (write, close, fstat, ioctl, mmap) take the lock only for these, so that
+ * no thread's own I/O waits for a command the HCA serves under the lock (an RTR to a peer
+ * process waits for that peer, whose TCP link this process's threads may be setting up). */
+static int cmd_fds[MAX_CONTEXTS];
+static int is_cmd_fd(int fd)
+{
+	for (int i = 0; fd >= 0 && i < MAX_CONTEXTS; i++)
+		if (__atomic_load_n(&cmd_fds[i], __ATOMIC_ACQUIRE) == fd + 1) return 1;
+	return 0;
+}
+
 static struct uvemu_context *context_of(int fd)
 {
 	for (int i = 0; i < MAX_CONTEXTS; i++)
@@ -224,6 +236,7 @@ int stat64(const char *path, struct stat64 *st) __attribute__((alias("stat")));
 int fstat(int fd, struct stat *st)
 {
 	ensure_init();
+	if (!is_cmd_fd(fd)) return r_fstat(fd, st);
 	pthread_mutex_lock(&lock);
 	struct uvemu_context *c = context_of(fd);
 	int dev = c ? c->dev : -1;
@@ -257,6 +270,7 @@ int open(const char *path, int flags, ...)
 		c->cmd_fd = fd;
 		c->dev = dev;
 		c->async_rd = c->async_wr = -1;
+		__atomic_store_n(&cmd_fds[c - contexts], fd + 1, __ATOMIC_RELEASE);
 	}
 	pthread_mutex_unlock(&lock);
 	if (!c) { r_close(fd); errno = EMFILE; return -1; }
@@ -268,6 +282,7 @@ int open64(const char *path, int flags, ...) __attribute__((alias("open")));
 int close(int fd)
 {
 	ensure_init();
+	if (!is_cmd_fd(fd)) return r_close(fd);
 	pthread_mutex_lock(&lock);
 	struct uvemu_context *c = context_of(fd);
 	if (c) {
@@ -277,6 +292,7 @@ int close(int fd)
 		hca_release_all(c);
 		L("close(cmd fd %d): context of %s released", fd, devices[c->dev].name);
 		c->in_use = 0;
+		__atomic_store_n(&cmd_fds[c - contexts], 0, __ATOMIC_RELEASE);
 	}
 	pthread_mutex_unlock(&lock);
 	return r_close(fd);
@@ -1039,6 +1055,7 @@ static ssize_t uv_write(struct uvemu_context *c, const void *buf, size_t count)
 ssize_t write(int fd, const void *buf, size_t count)
 {
 	ensure_init();
+	if (!is_cmd_fd(fd)) return r_write(fd, buf, count);
 	pthread_mutex_lock(&lock);
 	struct uvemu_context *c = context_of(fd);
 	if (!c) { pthread_mutex_unlock(&lock); return r_write(fd, buf, count); }
@@ -1171,6 +1188,7 @@ int ioctl(int fd, unsigned long req, ...)
 	va_start(ap, req);
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
+	if (!is_cmd_fd(fd)) return r_ioctl(fd, req, arg);
 	pthread_mutex_lock(&lock);
 	struct uvemu_context *c = context_of(fd);
 	if (!c) { pthread_mutex_unlock(&lock); return r_ioctl(fd, req, arg); }
@@ -1183,6 +1201,7 @@ int ioctl(int fd, unsigned long req, ...)
 void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	ensure_init();
+	if (!is_cmd_fd(fd)) return r_mmap(addr, len, prot, flags, fd, off);
 	pthread_mutex_lock(&lock);
 	struct uvemu_context *c = context_of(fd);
 	if (!c) { pthread_mutex_unlock(&lock); return r_mmap(addr, len, prot, flags, fd, off); }
