@@ -12,7 +12,7 @@ mod common;
 
 use common::child::{say, stdin_lines, tagged_lines};
 use gdsync::mlx5::{
-    serve_emulated_driver, Context, Cq, Gid, Mr, Qp, QpCaps, RemoteQp, RtrAttr, RtsAttr,
+    serve_emulated_driver, Context, Cq, Gid, LinkLayer, Mr, Qp, QpCaps, RemoteQp, RtrAttr, RtsAttr,
     VerbsCompletion,
 };
 use gdsync::{Access, RecvWr, RemoteAddr, SendWr};
@@ -103,26 +103,40 @@ impl Side {
     }
 }
 
-fn gid_hex(g: &Gid) -> String {
-    g.0.iter().map(|b| format!("{b:02x}")).collect()
+/// A GID as 32 hex digits; `-` for none.
+fn gid_hex(g: Option<Gid>) -> String {
+    match g {
+        Some(g) => g.0.iter().map(|b| format!("{b:02x}")).collect(),
+        None => "-".into(),
+    }
 }
 
-fn parse_gid(s: &str) -> Gid {
+fn parse_gid(s: &str) -> Option<Gid> {
+    if s == "-" {
+        return None;
+    }
     let mut g = [0u8; 16];
     for (i, b) in g.iter_mut().enumerate() {
         *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap();
     }
-    Gid(g)
+    Some(Gid(g))
 }
 
-/// In a child: a QP on `mlx5_0` of its emulator, its address told to the test process, then
-/// connected to the peer's address the test process relays on stdin.
+/// In a child: a QP on `mlx5_0` of its emulator, its address told to the test process (the
+/// GID on RoCE, the LID alone on InfiniBand), then connected to the peer's address the test
+/// process relays on stdin.
 fn connect(seed: u8, input: &Receiver<String>) -> Side {
+    // The soft HCAs' warnings (a link down, a refused RTR) on stderr, which the test shows.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("warn")
+        .with_writer(std::io::stderr)
+        .try_init();
     serve_emulated_driver().unwrap();
     let ctx = Context::open("mlx5_0").unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let port = ctx.query_port(1).unwrap();
     let gid = ctx.choose_gid(1, None).unwrap().entry;
+    let global = port.link_layer != LinkLayer::InfiniBand;
     let cq = ctx.create_cq(64).unwrap();
     let caps = QpCaps {
         max_send_sge: 2,
@@ -138,7 +152,7 @@ fn connect(seed: u8, input: &Receiver<String>) -> Side {
         format_args!(
             "qp {} {} {} {} {}",
             qp.qpn(),
-            gid_hex(&gid.gid),
+            gid_hex(global.then_some(gid.gid)),
             port.lid,
             mr.addr(),
             mr.rkey()
@@ -151,7 +165,7 @@ fn connect(seed: u8, input: &Receiver<String>) -> Side {
         qpn: f[1].parse().unwrap(),
         psn: 0,
         lid: f[3].parse().unwrap(),
-        gid: Some(parse_gid(f[2])),
+        gid: parse_gid(f[2]),
     };
     qp.to_rtr(&RtrAttr {
         sgid_index: gid.index as u8,
@@ -182,16 +196,17 @@ struct Peer {
 }
 
 impl Peer {
-    /// Starts it with `GDSYNC_SOFT_LINK=link` (the soft devices' link policy) and the job
-    /// secret both children share (a TCP link proves it).
-    fn start(name: &str, role: &str, link: &str) -> Peer {
-        let emu = Emulator::new(&uverbs_emu::parse_devices("mlx5_0").unwrap())
+    /// Starts it under an emulator of `how.devices` ([`uverbs_emu::parse_devices`]), with
+    /// `GDSYNC_SOFT_LINK=how.link` (the soft devices' link policy) and the job secret both
+    /// children share (a TCP link proves it).
+    fn start(name: &str, role: &str, how: How) -> Peer {
+        let emu = Emulator::new(&uverbs_emu::parse_devices(how.devices).unwrap())
             .unwrap_or_else(|e| panic!("the emulated driver is not usable: {e}"));
         let mut child = emu
             .command(std::env::current_exe().unwrap())
             .args([name, "--exact", "--nocapture", "--test-threads=1"])
             .env(ROLE, role)
-            .env("GDSYNC_SOFT_LINK", link)
+            .env("GDSYNC_SOFT_LINK", how.link)
             .env(gdsync::auth::SECRET_ENV, "5a".repeat(32))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -230,13 +245,26 @@ impl Peer {
     }
 }
 
-/// In the test process: starts roles `a` and `b` of test `name` (with link policy `link`)
-/// and relays their addresses. In a child: its role, as the error.
-fn pair(name: &str, link: &str) -> Result<(Peer, Peer), String> {
+/// How the children run: their emulated device and their link policy.
+#[derive(Clone, Copy)]
+struct How {
+    devices: &'static str,
+    link: &'static str,
+}
+
+/// `mlx5_0` with a RoCE port; the soft devices link through shared memory.
+const ROCE: How = How {
+    devices: "mlx5_0",
+    link: "auto",
+};
+
+/// In the test process: starts roles `a` and `b` of test `name` and relays their addresses.
+/// In a child: its role, as the error.
+fn pair(name: &str, how: How) -> Result<(Peer, Peer), String> {
     if let Ok(role) = std::env::var(ROLE) {
         return Err(role);
     }
-    let (mut a, mut b) = (Peer::start(name, "a", link), Peer::start(name, "b", link));
+    let (mut a, mut b) = (Peer::start(name, "a", how), Peer::start(name, "b", how));
     let (from_a, from_b) = (a.line(), b.line());
     a.tell(&from_b);
     b.tell(&from_a);
@@ -251,7 +279,24 @@ fn pair(name: &str, link: &str) -> Result<(Peer, Peer), String> {
 fn mlx5_two_processes_under_emulated_drivers_exchange_work() {
     exchange(
         "mlx5_two_processes_under_emulated_drivers_exchange_work",
-        "auto",
+        ROCE,
+    );
+}
+
+/// As above, on InfiniBand ports, the peer named by its LID alone (no global header).
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn mlx5_two_processes_under_emulated_drivers_exchange_work_by_lid() {
+    let ib = How {
+        devices: "mlx5_0:ib",
+        ..ROCE
+    };
+    exchange(
+        "mlx5_two_processes_under_emulated_drivers_exchange_work_by_lid",
+        ib,
     );
 }
 
@@ -264,13 +309,16 @@ fn mlx5_two_processes_under_emulated_drivers_exchange_work() {
 fn mlx5_two_processes_under_emulated_drivers_exchange_work_over_tcp() {
     exchange(
         "mlx5_two_processes_under_emulated_drivers_exchange_work_over_tcp",
-        "tcp",
+        How {
+            link: "tcp",
+            ..ROCE
+        },
     );
 }
 
 /// Test `name`: a send, a write, a read and two atomics from `a` to `b`.
-fn exchange(name: &str, link: &str) {
-    let role = match pair(name, link) {
+fn exchange(name: &str, how: How) {
+    let role = match pair(name, how) {
         Ok((mut a, mut b)) => {
             // b posted its receive and set its atomic word: a may start.
             assert_eq!(b.line(), "ready");
@@ -348,12 +396,13 @@ fn exchange(name: &str, link: &str) {
     ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
 )]
 fn mlx5_a_killed_peer_process_fails_the_survivors_work() {
-    let role = match pair(
-        "mlx5_a_killed_peer_process_fails_the_survivors_work",
-        "auto",
-    ) {
+    let role = match pair("mlx5_a_killed_peer_process_fails_the_survivors_work", ROCE) {
         Ok((mut a, mut b)) => {
-            assert_eq!(b.line(), "connected");
+            // Both linked (the second to connect maps what the first set up): b may go.
+            assert_eq!(
+                (a.line(), b.line()),
+                ("connected".into(), "connected".into())
+            );
             b.child.kill().unwrap();
             b.child.wait().unwrap();
             a.tell("killed");
@@ -364,8 +413,8 @@ fn mlx5_a_killed_peer_process_fails_the_survivors_work() {
     };
     let input = stdin_lines();
     let s = connect(if role == "a" { 1 } else { 2 }, &input);
+    say(TAG, "connected");
     if role == "b" {
-        say(TAG, "connected");
         // Killed here by the test process.
         std::thread::sleep(PATIENCE);
         panic!("b was not killed");

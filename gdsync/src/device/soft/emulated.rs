@@ -341,7 +341,7 @@ extern "C" fn to_rts(dev: c_int, qpn: u32, r: *const HcaRts) -> c_int {
     let r = unsafe { &*r };
     let timers = QpTimers {
         sq_psn: r.sq_psn,
-        timeout: transport_timeout(r.timeout),
+        timeout: give_up_after(r.timeout, r.retry_cnt),
         retry_cnt: r.retry_cnt,
         rnr_retry: r.rnr_retry,
         min_rnr_timer: rnr_delay(r.min_rnr_timer),
@@ -361,6 +361,13 @@ fn transport_timeout(t: u8) -> Duration {
         0 => Duration::from_secs(3600),
         t => Duration::from_nanos(4096u64 << t.min(31)),
     }
+}
+
+/// How long a QP waits for an answer before it fails: a ConnectX retransmits `retry_cnt`
+/// times, each after the transport timeout, before it reports retries exceeded. The soft
+/// link loses nothing, so the soft HCA waits the whole span once.
+fn give_up_after(timeout: u8, retry_cnt: u8) -> Duration {
+    transport_timeout(timeout) * (u32::from(retry_cnt.min(7)) + 1)
 }
 
 /// The IB RNR NAK timer encoding (`min_rnr_timer`), in microseconds: 0 is 655.36 ms, then
@@ -455,6 +462,8 @@ mod tests {
     fn ib_timer_encodings() {
         assert_eq!(transport_timeout(14), Duration::from_nanos(4096 << 14));
         assert_eq!(transport_timeout(0), Duration::from_secs(3600));
+        assert_eq!(give_up_after(14, 7), Duration::from_nanos(8 * (4096 << 14)));
+        assert_eq!(give_up_after(14, 0), transport_timeout(14));
         assert_eq!(rnr_delay(0), Duration::from_micros(655_360));
         assert_eq!(rnr_delay(1), Duration::from_micros(10));
         assert_eq!(rnr_delay(12), Duration::from_micros(640));
