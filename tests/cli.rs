@@ -480,8 +480,9 @@ fn info_json_lists_the_emulated_mlx5_devices() {
         "\"phys_port_cnt\":2,",
         "\"link_layer\":\"InfiniBand\",\"lid\":",
         "\"state\":\"PORT_ACTIVE\"",
-        // mlx5_0's RoCE port: the RoCE v2 entry with its IPv4 address (10.0.1.1).
-        "\"gid\":{\"index\":3,\"gid\":\"0000:0000:0000:0000:0000:ffff:0a00:0101\",\"type\":\"RoCE v2\"",
+        // mlx5_0's RoCE port: the RoCE v2 entry with its IPv4 address (10.0.1.N, N the
+        // emulator's node number).
+        "\"gid\":{\"index\":3,\"gid\":\"0000:0000:0000:0000:0000:ffff:0a00:01",
     ] {
         assert!(j.contains(want), "info --json lacks {want}:\n{j}");
     }

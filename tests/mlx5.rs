@@ -53,7 +53,9 @@ fn mlx5_control_path_on_a_roce_port() {
     let gid = ctx.choose_gid(1, None).unwrap();
     assert_eq!(gid.entry.index, 3);
     assert_eq!(gid.entry.kind, GidType::RoceV2);
-    assert_eq!(gid.entry.gid.ipv4(), Some([10, 0, 1, 1].into()));
+    // 10.device.port.node: the emulator's node number on the fabric is not known here.
+    let ip = gid.entry.gid.ipv4().unwrap().octets();
+    assert_eq!((&ip[..3], ip[3] >= 1), (&[10, 0, 1][..], true), "{ip:?}");
     assert_eq!(ctx.choose_gid(1, Some(1)).unwrap().entry.index, 1);
     assert!(ctx.choose_gid(1, Some(7)).is_err(), "entry 7 is empty");
 

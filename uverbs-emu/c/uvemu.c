@@ -17,7 +17,10 @@
  *     asks through uvemu_set_port_state() / uvemu_qp_fatal() (uvemu.h);
  *   - hands every MR, CQ and QP, with libmlx5's own rings, doorbell records and BlueFlame
  *     register, to the soft HCA a process attached (uvemu_attach_hca(), uvemu.h), which then
- *     serves the data path; without one, nothing executes WQEs.
+ *     serves the data path; without one, nothing executes WQEs;
+ *   - links QPs to devices of other processes through the fabric directory (the emulators of
+ *     a host are its nodes; uverbs-emu's fabric.rs): a path whose GID or LID names another
+ *     node's device is given to the HCA with the endpoint that node's HCA published there.
  * UVEMU_LOG=1 traces every command to stderr.
  */
 #define _GNU_SOURCE
@@ -77,13 +80,15 @@ static int (*r_stat)(const char *, struct stat *);
 static int (*r_fstat)(int, struct stat *);
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
-/* Recursive: the attached HCA runs under it and may itself call hooked functions (mmap for a
- * thread's stack, close), which take it for fds that are not the emulator's. */
+/* Recursive: the attached HCA runs under it and may itself call hooked functions on the
+ * emulator's fds. Calls on other fds never take it (is_cmd_fd). */
 static pthread_mutex_t lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 static const struct uvemu_hca_ops *hca; /* the data path, once attached */
 static void hca_release_all(struct uvemu_context *c);
 static const struct uvemu_port *port_of(const struct uvemu_context *c, uint32_t port);
 static int logging;
+static int node;           /* this emulator's node number on the fabric (0: none) */
+static char fabric[400];   /* the fabric directory ("": none) */
 static int ndevices;
 static struct uvemu_device devices[UVEMU_MAX_DEVICES];
 static struct uvemu_context contexts[MAX_CONTEXTS];
@@ -157,6 +162,9 @@ static void init(void)
 	const char *e = getenv("UVEMU_LOG");
 	logging = e && strcmp(e, "0") != 0;
 	load_devices();
+	char v[16];
+	node = read_sysfs("uvemu/node", v, sizeof(v)) ? atoi(v) : 0;
+	if (!read_sysfs("uvemu/fabric", fabric, sizeof(fabric))) fabric[0] = 0;
 }
 
 static void ensure_init(void) { pthread_once(&once, init); }
@@ -168,6 +176,18 @@ static int device_of_path(const char *path)
 	char *end;
 	long n = strtol(path + strlen(DEV_PREFIX), &end, 10);
 	return (*end || end == path + strlen(DEV_PREFIX) || n < 0 || n >= ndevices) ? -1 : (int)n;
+}
+
+/* The command fds of the open contexts (fd + 1; 0: none), read without the lock: the calls
+ * hooked for every fd (write, close, fstat, ioctl, mmap) take the lock only for these, so that
+ * no thread's own I/O waits for a command the HCA serves under the lock (an RTR to a peer
+ * process waits for that peer, whose TCP link this process's threads may be setting up). */
+static int cmd_fds[MAX_CONTEXTS];
+static int is_cmd_fd(int fd)
+{
+	for (int i = 0; fd >= 0 && i < MAX_CONTEXTS; i++)
+		if (__atomic_load_n(&cmd_fds[i], __ATOMIC_ACQUIRE) == fd + 1) return 1;
+	return 0;
 }
 
 static struct uvemu_context *context_of(int fd)
@@ -216,6 +236,7 @@ int stat64(const char *path, struct stat64 *st) __attribute__((alias("stat")));
 int fstat(int fd, struct stat *st)
 {
 	ensure_init();
+	if (!is_cmd_fd(fd)) return r_fstat(fd, st);
 	pthread_mutex_lock(&lock);
 	struct uvemu_context *c = context_of(fd);
 	int dev = c ? c->dev : -1;
@@ -249,6 +270,7 @@ int open(const char *path, int flags, ...)
 		c->cmd_fd = fd;
 		c->dev = dev;
 		c->async_rd = c->async_wr = -1;
+		__atomic_store_n(&cmd_fds[c - contexts], fd + 1, __ATOMIC_RELEASE);
 	}
 	pthread_mutex_unlock(&lock);
 	if (!c) { r_close(fd); errno = EMFILE; return -1; }
@@ -260,6 +282,7 @@ int open64(const char *path, int flags, ...) __attribute__((alias("open")));
 int close(int fd)
 {
 	ensure_init();
+	if (!is_cmd_fd(fd)) return r_close(fd);
 	pthread_mutex_lock(&lock);
 	struct uvemu_context *c = context_of(fd);
 	if (c) {
@@ -269,6 +292,7 @@ int close(int fd)
 		hca_release_all(c);
 		L("close(cmd fd %d): context of %s released", fd, devices[c->dev].name);
 		c->in_use = 0;
+		__atomic_store_n(&cmd_fds[c - contexts], 0, __ATOMIC_RELEASE);
 	}
 	pthread_mutex_unlock(&lock);
 	return r_close(fd);
@@ -376,6 +400,55 @@ int uvemu_attach_hca(const struct uvemu_hca_ops *ops)
 	return rc;
 }
 
+/* The record of device `dev` of node `n` in the fabric directory, or 0 where there is none. */
+static int fabric_record(char *path, size_t size, int n, int dev)
+{
+	return fabric[0] && n > 0 && snprintf(path, size, "%s/node-%d/dev-%d", fabric, n, dev) < (int)size;
+}
+
+int uvemu_publish(int dev, const uint8_t *endpoint, uint32_t len)
+{
+	ensure_init();
+	char path[512], tmp[540];
+	if (dev < 0 || dev >= ndevices || !endpoint || len != UVEMU_ENDPOINT_LEN) return EINVAL;
+	if (!fabric_record(path, sizeof(path), node, dev)) return ENOENT;
+	snprintf(tmp, sizeof(tmp), "%s.%d", path, (int)getpid());
+	int fd = r_open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0) return errno;
+	ssize_t w = r_write(fd, endpoint, len);
+	int e = w == (ssize_t)len ? 0 : w < 0 ? errno : EIO;
+	r_close(fd);
+	if (!e && rename(tmp, path)) e = errno; /* readers see the whole record or none */
+	if (e) unlink(tmp);
+	L("device %d published at %s: %s", dev, path, e ? strerror(e) : "ok");
+	return e;
+}
+
+/* The endpoint node `n` published for its device `dev`, into `out`: 0 or ENETUNREACH. */
+static int fabric_peer(int n, int dev, uint8_t out[UVEMU_ENDPOINT_LEN])
+{
+	char path[512];
+	if (!fabric_record(path, sizeof(path), n, dev)) return ENETUNREACH;
+	int fd = r_open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) return ENETUNREACH;
+	ssize_t got = read(fd, out, UVEMU_ENDPOINT_LEN);
+	r_close(fd);
+	return got == UVEMU_ENDPOINT_LEN ? 0 : ENETUNREACH;
+}
+
+/* The node a QP's destination address names (the LID, or the GID where the path has a GRH,
+ * as the fake sysfs derives them), with the device in `dev`; 0 where it names none. */
+static int path_node(const struct uvemu_obj *o, int *dev)
+{
+	static const uint8_t mapped[12] = { [10] = 0xff, [11] = 0xff };
+	static const uint8_t link_local[13] = { 0xfe, 0x80, [8] = 0x0e, 0x42, 0xa1, 0xff, 0xfe };
+	const uint8_t *g = o->u.qp.dgid;
+	if (!o->u.qp.is_global) { *dev = (o->u.qp.dlid >> 2) & 7; return o->u.qp.dlid >> 5; }
+	if (!memcmp(g, mapped, 12) && g[12] == 10) { *dev = g[13]; return g[15]; }
+	if (!memcmp(g, link_local, 13)) { *dev = g[14]; return g[13]; }
+	return 0;
+}
+
 /* Whether the caller's `n` bytes at `p` are mapped (the kernel pins them, or fails with
  * EFAULT): one byte of each page is read. */
 static int user_mapped(uint64_t p, uint64_t n)
@@ -388,7 +461,7 @@ static int user_mapped(uint64_t p, uint64_t n)
 }
 
 /* The device of this process whose port has the QP's destination address (the LID, or the
- * GID where the path has a GRH), or -1: only QPs of one process are linked. */
+ * GID where the path has a GRH), or -1 (it may be another node's: path_node). */
 static int path_device(const struct uvemu_context *c, const struct uvemu_obj *o)
 {
 	static const uint8_t none[16];
@@ -413,10 +486,13 @@ static int hca_transition(struct uvemu_context *c, struct uvemu_obj *o, uint8_t 
 	if (cur == QPS_INIT && next == QPS_RTR) {
 		struct uvemu_hca_rtr r = { .dest_dev = path_device(c, o), .dest_qpn = o->u.qp.dest_qpn,
 					   .rq_psn = o->u.qp.rq_psn, .mtu = 128u << o->u.qp.path_mtu };
-		if (r.dest_dev < 0) {
-			L("   no device of this process has the path's address: the data path links QPs of one process");
+		if (r.dest_dev >= 0) return hca->to_rtr(c->dev, qpn, &r);
+		int dev, n = path_node(o, &dev);
+		if (n == node || fabric_peer(n, dev, r.peer)) {
+			L("   no device of this process or of the fabric has the path's address");
 			return ENETUNREACH;
 		}
+		L("   the path's address is device %d of node %d: linked through the fabric", dev, n);
 		return hca->to_rtr(c->dev, qpn, &r);
 	}
 	if (cur == QPS_RTR && next == QPS_RTS) {
@@ -981,6 +1057,7 @@ static ssize_t uv_write(struct uvemu_context *c, const void *buf, size_t count)
 ssize_t write(int fd, const void *buf, size_t count)
 {
 	ensure_init();
+	if (!is_cmd_fd(fd)) return r_write(fd, buf, count);
 	pthread_mutex_lock(&lock);
 	struct uvemu_context *c = context_of(fd);
 	if (!c) { pthread_mutex_unlock(&lock); return r_write(fd, buf, count); }
@@ -1113,6 +1190,7 @@ int ioctl(int fd, unsigned long req, ...)
 	va_start(ap, req);
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
+	if (!is_cmd_fd(fd)) return r_ioctl(fd, req, arg);
 	pthread_mutex_lock(&lock);
 	struct uvemu_context *c = context_of(fd);
 	if (!c) { pthread_mutex_unlock(&lock); return r_ioctl(fd, req, arg); }
@@ -1125,6 +1203,7 @@ int ioctl(int fd, unsigned long req, ...)
 void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	ensure_init();
+	if (!is_cmd_fd(fd)) return r_mmap(addr, len, prot, flags, fd, off);
 	pthread_mutex_lock(&lock);
 	struct uvemu_context *c = context_of(fd);
 	if (!c) { pthread_mutex_unlock(&lock); return r_mmap(addr, len, prot, flags, fd, off); }

@@ -93,9 +93,12 @@ struct uvemu_hca_qp {
 	uint32_t rq_wqes, rq_stride, sq_wqebbs;
 	uint32_t user_index;                /* libmlx5's uidx: CQEs carry it (CQE version 1) */
 };
+#define UVEMU_ENDPOINT_LEN 48             /* gdsync's endpoint wire form */
 struct uvemu_hca_rtr {                      /* INIT -> RTR */
-	int32_t dest_dev;                   /* the device of this process the path's address is */
+	int32_t dest_dev;                   /* the device of this process the path's address is,
+	                                     * or -1: a device of another node (peer below) */
 	uint32_t dest_qpn, rq_psn, mtu;     /* mtu in bytes */
+	uint8_t peer[UVEMU_ENDPOINT_LEN];   /* what that node's HCA published (uvemu_publish) */
 };
 struct uvemu_hca_rts {                      /* RTR -> RTS, with the IB encodings of the timers */
 	uint32_t sq_psn;
@@ -119,4 +122,9 @@ struct uvemu_hca_ops {
 int uvemu_device_count(void);
 /* Attaches the HCA that serves the data path (once: EBUSY after). 0 or an errno. */
 int uvemu_attach_hca(const struct uvemu_hca_ops *ops);
+/* Publishes how the HCA's device `dev` is reached from other processes (its endpoint, `len`
+ * bytes) in the fabric directory, as <fabric>/node-<node>/dev-<dev>: a QP of another node
+ * given an address of this device is linked to it. The last process to publish a device of
+ * a node is the one reached. 0 or an errno (ENOENT: the tree names no fabric). */
+int uvemu_publish(int dev, const uint8_t *endpoint, uint32_t len);
 #endif

@@ -8,9 +8,12 @@
 //! and serves the verbs commands of the control path (see its header comment). The preload
 //! must be in a process's environment when it starts: run the work in a child process. There,
 //! [`control`] raises the events a HCA raises on its own (port down and up, QP fatal).
+//! Processes under different emulators of one host reach each other's devices through the
+//! [`fabric`], each emulator being a node of it.
 
 pub mod command_stream;
 pub mod control;
+pub mod fabric;
 mod sysfs;
 
 pub use sysfs::{parse_devices, write_sysfs, DeviceSpec, PortKind};
@@ -45,6 +48,7 @@ pub fn preload() -> Result<PathBuf, String> {
 pub struct Emulator {
     root: PathBuf,
     preload: PathBuf,
+    node: fabric::Node,
 }
 
 impl Emulator {
@@ -57,14 +61,25 @@ impl Emulator {
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
-        write_sysfs(&root, devices)
+        let fabric = fabric::directory();
+        let node = fabric::Node::claim(&fabric)?;
+        write_sysfs(&root, devices, node.number(), &fabric)
             .map_err(|e| format!("fake sysfs at {}: {e}", root.display()))?;
-        Ok(Emulator { root, preload })
+        Ok(Emulator {
+            root,
+            preload,
+            node,
+        })
     }
 
     /// The fake sysfs root (`SYSFS_PATH`).
     pub fn sysfs(&self) -> &Path {
         &self.root
+    }
+
+    /// Its node number on the fabric (what its devices' addresses carry).
+    pub fn node(&self) -> u8 {
+        self.node.number()
     }
 
     /// The variables a process needs: `SYSFS_PATH` and `LD_PRELOAD`.

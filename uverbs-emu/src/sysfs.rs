@@ -1,6 +1,8 @@
 //! The fake sysfs tree rdma-core reads under `SYSFS_PATH`: `class/infiniband_verbs/uverbsN`
 //! for each device and `class/infiniband/<name>` with its identity, ports and GID tables, as
-//! the mlx5 kernel driver lays them out (a ConnectX-6 Dx's PCI id).
+//! the mlx5 kernel driver lays them out (a ConnectX-6 Dx's PCI id), and `uvemu/` with the
+//! emulator's node number and fabric directory (see [`crate::fabric`]). A device's addresses
+//! name its node, so that a peer's driver can tell which emulator they belong to.
 
 use std::fs;
 use std::io;
@@ -81,10 +83,14 @@ fn gid_text(b: [u8; 16]) -> String {
         .join(":")
 }
 
-/// Writes the tree for `devices` under `root` (replacing what was there). Device `d` is
-/// `uverbs<d>`; RoCE port `p` of it has the IPv4 address 10.`d`.`p`.1.
-pub fn write_sysfs(root: &Path, devices: &[DeviceSpec]) -> io::Result<()> {
+/// Writes the tree for `devices` of node `node` (1 to [`crate::fabric::MAX_NODES`]) under
+/// `root` (replacing what was there), with `fabric` the directory where processes publish
+/// how to reach their devices. Device `d` is `uverbs<d>`; RoCE port `p` of it has the IPv4
+/// address 10.`d`.`p`.`node`, InfiniBand port `p` the LID `node * 32 + d * 4 + p - 1`.
+pub fn write_sysfs(root: &Path, devices: &[DeviceSpec], node: u8, fabric: &Path) -> io::Result<()> {
     let _ = fs::remove_dir_all(root);
+    put(&root.join("uvemu/node"), &node.to_string())?;
+    put(&root.join("uvemu/fabric"), &fabric.to_string_lossy())?;
     let verbs = root.join("class/infiniband_verbs");
     fs::create_dir_all(&verbs)?;
     fs::create_dir_all(root.join("class/infiniband"))?;
@@ -95,7 +101,7 @@ pub fn write_sysfs(root: &Path, devices: &[DeviceSpec]) -> io::Result<()> {
         put(&uv.join("dev"), &format!("231:{}", 192 + d))?;
         put(&uv.join("abi_version"), "1")?;
         let ib = root.join("class/infiniband").join(&dev.name);
-        let guid = format!("0c42:a103:00aa:{:02x}01", d);
+        let guid = format!("0c42:a103:00{node:02x}:{d:02x}01");
         put(&ib.join("node_type"), "1: CA")?;
         put(&ib.join("node_guid"), &guid)?;
         put(&ib.join("sys_image_guid"), &guid)?;
@@ -108,13 +114,27 @@ pub fn write_sysfs(root: &Path, devices: &[DeviceSpec]) -> io::Result<()> {
             "pci:v000015B3d0000101Dsv000015B3sd00000016bc02sc00i00",
         )?;
         for (i, kind) in dev.ports.iter().enumerate() {
-            write_port(&ib.join(format!("ports/{}", i + 1)), d, i + 1, *kind)?;
+            let at = PortAt {
+                node,
+                dev: d as u8,
+                port: i as u8 + 1,
+            };
+            write_port(&ib.join(format!("ports/{}", i + 1)), at, *kind)?;
         }
     }
     Ok(())
 }
 
-fn write_port(dir: &Path, dev: usize, port: usize, kind: PortKind) -> io::Result<()> {
+/// Which port of which device of which node.
+#[derive(Clone, Copy)]
+struct PortAt {
+    node: u8,
+    dev: u8,
+    port: u8,
+}
+
+fn write_port(dir: &Path, at: PortAt, kind: PortKind) -> io::Result<()> {
+    let PortAt { node, dev, port } = at;
     let roce = kind == PortKind::Roce;
     put(
         &dir.join("link_layer"),
@@ -123,17 +143,20 @@ fn write_port(dir: &Path, dev: usize, port: usize, kind: PortKind) -> io::Result
     put(&dir.join("state"), "4: ACTIVE")?;
     put(&dir.join("phys_state"), "5: LinkUp")?;
     put(&dir.join("rate"), "100 Gb/sec (2X HDR)")?;
-    let lid = if roce { 0 } else { 1 + dev * MAX_PORTS + port };
+    let lid = match roce {
+        true => 0,
+        false => (node as usize) << 5 | (dev as usize) << 2 | (port as usize - 1),
+    };
     put(&dir.join("lid"), &format!("{lid:#x}"))?;
     put(&dir.join("sm_lid"), if roce { "0x0" } else { "0x1" })?;
     put(&dir.join("lid_mask_count"), "0")?;
     put(&dir.join("pkeys/0"), "0xffff")?;
     let mut link_local = [0u8; 16];
     link_local[..2].copy_from_slice(&[0xfe, 0x80]);
-    link_local[8..].copy_from_slice(&[0x0e, 0x42, 0xa1, 0xff, 0xfe, 0xaa, dev as u8, port as u8]);
+    link_local[8..].copy_from_slice(&[0x0e, 0x42, 0xa1, 0xff, 0xfe, node, dev, port]);
     let mut mapped = [0u8; 16];
     mapped[10..12].copy_from_slice(&[0xff, 0xff]);
-    mapped[12..].copy_from_slice(&[10, dev as u8, port as u8, 1]);
+    mapped[12..].copy_from_slice(&[10, dev, port, node]);
     // mlx5 on RoCE: link-local v1, v2, then the interface's IPv4 address as v1, v2.
     let entries: Vec<([u8; 16], &str)> = if roce {
         vec![
@@ -185,7 +208,7 @@ mod tests {
     fn the_tree_has_what_rdma_core_reads() {
         let root = std::env::temp_dir().join(format!("uvemu-sysfs-test-{}", std::process::id()));
         let devs = parse_devices("mlx5_0,mlx5_1:ib").unwrap();
-        write_sysfs(&root, &devs).unwrap();
+        write_sysfs(&root, &devs, 3, Path::new("/tmp/fab")).unwrap();
         let read = |p: &str| fs::read_to_string(root.join(p)).unwrap();
         assert_eq!(read("class/infiniband_verbs/uverbs1/ibdev"), "mlx5_1\n");
         assert_eq!(read("class/infiniband_verbs/uverbs1/dev"), "231:193\n");
@@ -193,10 +216,16 @@ mod tests {
         assert_eq!(read(&format!("{port}/link_layer")), "Ethernet\n");
         assert_eq!(
             read(&format!("{port}/gids/3")),
-            "0000:0000:0000:0000:0000:ffff:0a00:0101\n"
+            "0000:0000:0000:0000:0000:ffff:0a00:0103\n"
         );
+        assert_eq!(
+            read(&format!("{port}/gids/0")),
+            "fe80:0000:0000:0000:0e42:a1ff:fe03:0001\n"
+        );
+        assert_eq!(read("uvemu/node"), "3\n");
+        assert_eq!(read("uvemu/fabric"), "/tmp/fab\n");
         assert_eq!(read(&format!("{port}/gid_attrs/types/3")), "RoCE v2\n");
-        assert_eq!(read("class/infiniband/mlx5_1/ports/1/lid"), "0x6\n");
+        assert_eq!(read("class/infiniband/mlx5_1/ports/1/lid"), "0x64\n");
         fs::remove_dir_all(&root).unwrap();
     }
 }

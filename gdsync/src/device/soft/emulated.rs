@@ -8,8 +8,14 @@
 //!
 //! The driver calls the functions here through a table of C function pointers (`struct
 //! uvemu_hca_ops` in uverbs-emu's `c/uvemu.h`), with its lock held and after checking that
-//! the memory it names is mapped and writable, as a kernel pins it. QPs are linked within
-//! this process only (a path's address names one of its emulated devices).
+//! the memory it names is mapped and writable, as a kernel pins it.
+//!
+//! A path's address (the GID or LID given to `ibv_modify_qp`) names a device of this process,
+//! or one of another process under another emulator of the host (a node of the emulators'
+//! fabric): each process publishes its devices' endpoints there when it attaches, and the
+//! driver hands a QP bound elsewhere the peer's endpoint. The two soft devices then link as
+//! any two soft devices of two processes do (shared memory on one host, TCP where
+//! `GDSYNC_SOFT_LINK=tcp` asks for it), and the death of the peer's process fails the QPs.
 
 use super::device::SoftDevice;
 use crate::device::endpoint::Endpoint;
@@ -42,10 +48,13 @@ struct HcaQp {
 /// `struct uvemu_hca_rtr`.
 #[repr(C)]
 struct HcaRtr {
+    /// A device of this process, or -1: the device of another process `peer` names.
     dest_dev: i32,
     dest_qpn: u32,
     rq_psn: u32,
     mtu: u32,
+    /// The endpoint the peer's process published (hostile bytes: parsed, never trusted).
+    peer: [u8; Endpoint::WIRE_LEN],
 }
 
 /// `struct uvemu_hca_rts`: the timers in their IB encodings.
@@ -108,11 +117,35 @@ pub fn serve_emulated_driver() -> std::result::Result<usize, String> {
     }
     // SAFETY: the driver's function, with a table that lives for the whole process.
     match unsafe { attach(&OPS) } {
-        0 => Ok(n),
+        0 => {
+            publish_endpoints();
+            Ok(n)
+        }
         e => Err(format!(
             "the emulated driver refused the soft HCA: {}",
             std::io::Error::from_raw_os_error(e)
         )),
+    }
+}
+
+/// Publishes each device's endpoint on the emulators' fabric, so that processes under other
+/// emulators reach this process's devices; without a fabric (or a driver that predates it),
+/// QPs link within this process only.
+fn publish_endpoints() {
+    type Publish = unsafe extern "C" fn(c_int, *const u8, u32) -> c_int;
+    let Ok(publish) = driver_fn::<Publish>(c"uvemu_publish") else {
+        return;
+    };
+    for (dev, h) in HCAS.get().into_iter().flatten().enumerate() {
+        let ep = h.endpoint(0).to_bytes();
+        // SAFETY: the driver's function, with the endpoint's bytes and their length.
+        let rc = unsafe { publish(dev as c_int, ep.as_ptr(), ep.len() as u32) };
+        if rc != 0 {
+            tracing::warn!(
+                "emulated driver: device {dev} is not reachable from other processes: {}",
+                std::io::Error::from_raw_os_error(rc)
+            );
+        }
     }
 }
 
@@ -271,17 +304,27 @@ extern "C" fn to_init(dev: c_int, qpn: u32) -> c_int {
 extern "C" fn to_rtr(dev: c_int, qpn: u32, r: *const HcaRtr) -> c_int {
     // SAFETY: the driver passes a filled uvemu_hca_rtr.
     let r = unsafe { &*r };
-    let Some(peer) = hca(r.dest_dev) else {
-        return libc::ENETUNREACH;
-    };
-    // The peer is a device of this process: no TCP address is needed to reach it.
-    let remote = Endpoint {
-        host: super::device::host_id(),
-        pid: std::process::id(),
-        device: peer.uid(),
-        qpn: r.dest_qpn,
-        addr: None,
-        link: LinkPolicy::default(),
+    let remote = match r.dest_dev {
+        // A device of another process, as it published itself.
+        -1 => match Endpoint::from_bytes(&r.peer) {
+            Ok(ep) => Endpoint {
+                qpn: r.dest_qpn,
+                ..ep
+            },
+            Err(e) => return errno("RTR", Err(e)),
+        },
+        d => match hca(d) {
+            // A device of this process: no TCP address is needed to reach it.
+            Some(peer) => Endpoint {
+                host: super::device::host_id(),
+                pid: std::process::id(),
+                device: peer.uid(),
+                qpn: r.dest_qpn,
+                addr: None,
+                link: LinkPolicy::default(),
+            },
+            None => return libc::ENETUNREACH,
+        },
     };
     on(dev, "RTR", |h| {
         h.modify_qp(
@@ -300,7 +343,7 @@ extern "C" fn to_rts(dev: c_int, qpn: u32, r: *const HcaRts) -> c_int {
     let r = unsafe { &*r };
     let timers = QpTimers {
         sq_psn: r.sq_psn,
-        timeout: transport_timeout(r.timeout),
+        timeout: give_up_after(r.timeout, r.retry_cnt),
         retry_cnt: r.retry_cnt,
         // IB's 7 retries forever, which the soft device spells u8::MAX.
         rnr_retry: if r.rnr_retry >= 7 {
@@ -336,6 +379,13 @@ fn transport_timeout(t: u8) -> Duration {
         0 => Duration::from_secs(3600),
         t => Duration::from_nanos(4096u64 << t.min(31)),
     }
+}
+
+/// How long a QP waits for an answer before it fails: a ConnectX retransmits `retry_cnt`
+/// times, each after the transport timeout, before it reports retries exceeded. The soft
+/// link loses nothing, so the soft HCA waits the whole span once.
+fn give_up_after(timeout: u8, retry_cnt: u8) -> Duration {
+    transport_timeout(timeout) * (u32::from(retry_cnt.min(7)) + 1)
 }
 
 /// The IB RNR NAK timer encoding (`min_rnr_timer`), in microseconds: 0 is 655.36 ms, then
@@ -430,6 +480,8 @@ mod tests {
     fn ib_timer_encodings() {
         assert_eq!(transport_timeout(14), Duration::from_nanos(4096 << 14));
         assert_eq!(transport_timeout(0), Duration::from_secs(3600));
+        assert_eq!(give_up_after(14, 7), Duration::from_nanos(8 * (4096 << 14)));
+        assert_eq!(give_up_after(14, 0), transport_timeout(14));
         assert_eq!(rnr_delay(0), Duration::from_micros(655_360));
         assert_eq!(rnr_delay(1), Duration::from_micros(10));
         assert_eq!(rnr_delay(12), Duration::from_micros(640));
