@@ -134,6 +134,16 @@ fn bad_pingpong_arguments_are_clean_errors() {
             "--duration applies",
         ),
         (&["--mem", "device"][..], "--mem"),
+        (
+            &["--raw", "--device", "soft"][..],
+            "--device does not apply",
+        ),
+        (
+            &["--device", "mlx5_0", "--shared-device"][..],
+            "--shared-device applies to the soft device",
+        ),
+        (&["--device", "mlx5 0"][..], "not a device name"),
+        (&["-d", "mlx5_0:0"][..], "not a port number"),
     ] {
         refused("pingpong", args, says);
     }
@@ -463,6 +473,125 @@ fn info_json_under_emulated_hca(spec: &str) -> String {
     let j = text(&out.stdout);
     json::check(j.trim()).unwrap_or_else(|e| panic!("{e} in {j}"));
     j
+}
+
+/// `name args` under the emulated RDMA driver with `spec`'s devices: its output, or why it
+/// failed.
+fn under_emulated_hca(spec: &str, name: &str, args: &[&str]) -> Output {
+    let emu = uverbs_emu::Emulator::new(&uverbs_emu::parse_devices(spec).unwrap()).unwrap();
+    tool(name).envs(emu.env()).args(args).output().unwrap()
+}
+
+/// The `--json` rows of `name args` run on `mlx5_0` of the emulated driver, each checked to
+/// name the device and carry a time or rate.
+fn json_rows_on_emulated_mlx5(name: &str, args: &[&str]) -> Vec<String> {
+    let mut all = vec!["--json", "--device", "mlx5_0"];
+    all.extend_from_slice(args);
+    let out = under_emulated_hca("mlx5_0", name, &all);
+    let what = format!("{name} {}", all.join(" "));
+    assert!(out.status.success(), "{what}: {}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        !err.contains("WARN") && !err.contains("ERROR"),
+        "{what}:\n{err}"
+    );
+    let rows: Vec<String> = text(&out.stdout).lines().map(String::from).collect();
+    assert!(!rows.is_empty(), "{what}: no rows");
+    for r in &rows {
+        json::check(r).unwrap_or_else(|e| panic!("{what}: {e} in {r}"));
+        assert!(r.contains("\"device\":\"mlx5_0\""), "{what}: {r}");
+    }
+    rows
+}
+
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn pingpong_runs_on_emulated_mlx5_threads_processes_and_mp() {
+    for extra in [
+        &["--ranks-as", "threads"][..],
+        &["--ranks-as", "procs"][..],
+        &["--ranks-as", "procs", "--op", "send"][..],
+        &["--ranks-as", "procs", "--op", "write-imm"][..],
+        &["--api", "mp"][..],
+    ] {
+        let mut args = vec!["--sizes", "8,4096", "--iters", "300"];
+        args.extend_from_slice(extra);
+        let rows = json_rows_on_emulated_mlx5("pingpong", &args);
+        assert_eq!(rows.len(), 2, "{extra:?}: {rows:?}");
+        for (row, bytes) in rows.iter().zip([8, 4096]) {
+            assert!(row.contains(&format!("\"bytes\":{bytes},")), "{row}");
+            assert!(
+                row.contains("\"link\":\"RDMA (the HCA's loopback)\""),
+                "{row}"
+            );
+            assert!(!row.contains("\"progress\""), "{row}");
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn bandwidth_runs_on_emulated_mlx5() {
+    for op in ["write", "send", "read"] {
+        let rows = json_rows_on_emulated_mlx5(
+            "bandwidth",
+            &["--op", op, "--sizes", "64,65536", "--iters", "500"],
+        );
+        assert_eq!(rows.len(), 2, "{op}: {rows:?}");
+        assert!(rows[1].contains("\"bytes\":65536,"), "{}", rows[1]);
+    }
+}
+
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn stencil2d_runs_on_emulated_mlx5_checked_bit_exact() {
+    for ranks_as in ["threads", "procs"] {
+        let rows = json_rows_on_emulated_mlx5(
+            "stencil2d",
+            &[
+                "--ranks",
+                "4",
+                "--ranks-as",
+                ranks_as,
+                "--n",
+                "48",
+                "--iters",
+                "20",
+                "--check",
+            ],
+        );
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert!(
+            rows[0].contains("\"max_diff\":0e0"),
+            "{ranks_as}: {}",
+            rows[0]
+        );
+        assert!(rows[0].contains("\"progress\":null"), "{}", rows[0]);
+    }
+}
+
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn a_named_mlx5_device_that_is_absent_is_one_line() {
+    for name in ["pingpong", "bandwidth", "stencil2d"] {
+        let out = under_emulated_hca("", name, &["--device", "mlx5_0", "--iters", "5"]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {err}");
+        assert!(err.starts_with("error: device mlx5_0: "), "{name}: {err}");
+        assert_eq!(err.lines().count(), 1, "{name}: {err}");
+    }
 }
 
 #[test]

@@ -865,6 +865,7 @@ fn tcp_unreachable_peer_is_a_clear_error() {
         qpn: 1,
         addr: addr.map(|a| a.parse().unwrap()),
         link: LinkPolicy::Auto,
+        port: None,
     };
     let refused = closed.to_string();
     for (ep, says) in [

@@ -28,16 +28,17 @@ mod gpu;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
+use common::device::{is_rdma, open};
 use common::header::{cores, Header};
 use common::json::{Object, Value};
 use common::out::outln;
 use common::sizes::SizeArgs;
 use common::tool::exit_now;
-use common::{iters, name, one_of, Mem, ToolArgs, Trigger};
+use common::{iters, name, one_of, DeviceArgs, Mem, ToolArgs, Trigger};
 use gdasync::gdsync::cuda::{Cuda, DeviceBuffer};
 use gdasync::gdsync::{
-    Access, Cq, Device, Error, MemoryRegion, PinnedBuffer, PreparedSend, ProtectionDomain, Qp,
-    QpConfig, RecvWr, RemoteBuf, SendWr,
+    Access, Cq, Device, DeviceName, Error, MemoryRegion, PinnedBuffer, PreparedSend,
+    ProtectionDomain, Qp, QpConfig, RecvWr, RemoteBuf, SendWr,
 };
 use std::collections::VecDeque;
 use std::process::ExitCode;
@@ -84,6 +85,8 @@ struct Args {
     #[arg(long, value_parser = one_of(&[Trigger::Cpu, Trigger::Stream, Trigger::Kernel]), default_value = "cpu")]
     trigger: Trigger,
     #[command(flatten)]
+    device: DeviceArgs,
+    #[command(flatten)]
     sizes: SizeArgs,
     /// Timed messages per size (default: 1 GiB worth, between 100 and 20000).
     #[arg(long, value_parser = iters::count(1, iters::MAX_ITERS), conflicts_with = "duration")]
@@ -113,6 +116,8 @@ struct Plan {
     op: Op,
     mem: Mem,
     trigger: Trigger,
+    /// The device both ranks run on.
+    device: DeviceName,
     sizes: Vec<usize>,
     iters: Option<u64>,
     duration: Option<Duration>,
@@ -152,6 +157,7 @@ impl Plan {
             op: a.op,
             mem: a.mem,
             trigger: a.trigger,
+            device: a.device.resolve()?,
             sizes,
             iters: a.iters,
             duration: a.duration,
@@ -184,22 +190,34 @@ impl Plan {
     }
     /// What runs where, for the header and every JSON row.
     fn header(&self) -> Header {
-        Header::new("bandwidth")
+        let rdma = is_rdma(&self.device);
+        let h = Header::new("bandwidth")
             .field("op", name(self.op))
             .field("trigger", self.trigger_label())
             .field("mem", name(self.mem))
-            .field("device", "soft")
-            .field("link", "in-process")
+            .field("device", self.device.to_string())
+            .field(
+                "link",
+                if rdma {
+                    "RDMA (the HCA's loopback)"
+                } else {
+                    "in-process"
+                },
+            )
             .field("ranks", 2u32)
             .field("ranks_as", "threads")
             .field("window", self.window)
             .field("signal_every", self.chunk)
-            .field("cores", cores())
-            .field(
+            .field("cores", cores());
+        let h = if rdma {
+            h
+        } else {
+            h.field(
                 "progress",
                 gdasync::gdsync::progress_mode_for(2).to_string(),
             )
-            .note("rank 0 sends, rank 1 serves; GB/s = 10^9 bytes/s, Gb/s = 10^9 bits/s; rate in millions of messages/s")
+        };
+        h.note("rank 0 sends, rank 1 serves; GB/s = 10^9 bytes/s, Gb/s = 10^9 bits/s; rate in millions of messages/s")
     }
 }
 
@@ -252,13 +270,19 @@ struct Responder<'b> {
 }
 
 impl<'b> Link<'b> {
-    fn new(local: &'b Buffer, remote: &'b Buffer) -> Result<Link<'b>> {
+    fn new(device: &DeviceName, local: &'b Buffer, remote: &'b Buffer) -> Result<Link<'b>> {
         let cfg = QpConfig {
             send_wqebbs: 512,
             recv_wqes: 512,
             ..QpConfig::default()
         };
-        let (d0, d1) = (Device::soft()?, Device::soft()?);
+        // Two soft devices, as on two hosts; an RDMA device serves both ranks.
+        let d0 = open(device)?;
+        let d1 = if is_rdma(device) {
+            d0.clone()
+        } else {
+            open(device)?
+        };
         let (pd0, pd1) = (d0.alloc_pd(), d1.alloc_pd());
         let (scq0, rcq0, cq1) = (d0.create_cq(512)?, d0.create_cq(512)?, d1.create_cq(1024)?);
         let mut q0 = pd0.create_qp(&scq0, &rcq0, &cfg)?;
@@ -504,7 +528,7 @@ fn run(args: &Args) -> Result<()> {
     }
     let max = *plan.sizes.iter().max().context("no sizes")?;
     let (b0, b1) = (Buffer::new(plan.mem, max)?, Buffer::new(plan.mem, max)?);
-    let link = Link::new(&b0, &b1)?;
+    let link = Link::new(&plan.device, &b0, &b1)?;
     let mut out = |m: Measured| report(&plan, &header, &m);
     match plan.trigger {
         Trigger::Stream => gpu::stream_run(link, &plan, &mut out),

@@ -6,6 +6,7 @@
 #![allow(dead_code, unused_imports, unused_macros)]
 
 pub mod cli;
+pub mod device;
 pub mod header;
 pub mod iters;
 pub mod json;
@@ -18,4 +19,5 @@ pub mod stats;
 pub mod tool;
 
 pub use cli::{name, one_of, Mem, RanksAs, Trigger};
+pub use device::DeviceArgs;
 pub use tool::ToolArgs;

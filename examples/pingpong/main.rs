@@ -34,10 +34,11 @@ mod wire;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
+use common::device::{is_rdma, open};
 use common::header::{cores, Header};
 use common::sizes::SizeArgs;
-use common::{iters, name, one_of, Mem, RanksAs, ToolArgs, Trigger};
-use gdasync::gdsync::{Device, LinkPolicy};
+use common::{iters, name, one_of, DeviceArgs, Mem, RanksAs, ToolArgs, Trigger};
+use gdasync::gdsync::{DeviceName, LinkPolicy};
 use gdasync::mp::bootstrap::{Bootstrap, JobInfo, TcpBootstrap, ThreadBootstrap};
 use report::Report;
 use std::process::ExitCode;
@@ -94,6 +95,8 @@ struct Cli {
     /// How the ranks run: threads of this process, or processes (shared-memory link).
     #[arg(long, value_parser = one_of(&[RanksAs::Threads, RanksAs::Procs]), default_value = "threads")]
     ranks_as: RanksAs,
+    #[command(flatten)]
+    device: DeviceArgs,
     #[command(flatten)]
     sizes: SizeArgs,
     /// Timed round trips per size (default: 10000, fewer for large sizes).
@@ -152,6 +155,8 @@ struct Args {
     raw: bool,
     mem: Mem,
     ranks_as: RanksAs,
+    /// The device the ranks run on (soft with --raw, which uses none).
+    device: DeviceName,
     sizes: Vec<usize>,
     iters: Option<u64>,
     duration: Option<Duration>,
@@ -180,6 +185,15 @@ impl Args {
         };
         check_flags(c, op)?;
         let sizes = check_sizes(c, op)?;
+        let device = if c.raw {
+            DeviceName::Soft
+        } else {
+            c.device.resolve()?
+        };
+        refuse_if(
+            c.shared_device && is_rdma(&device),
+            "--shared-device applies to the soft device (the ranks on an RDMA device share it already)",
+        )?;
         if c.trigger.gpu() && !c.host_stream {
             if let Err(e) = gdasync::gdsync::cuda::Cuda::get().and_then(|c| c.gpu(0).map(|_| ())) {
                 bail!("--trigger {} needs a CUDA GPU: {e}", name(c.trigger));
@@ -191,6 +205,7 @@ impl Args {
             raw: c.raw,
             mem: c.mem,
             ranks_as: c.ranks_as,
+            device,
             sizes,
             iters: c.iters,
             duration: c.duration,
@@ -235,6 +250,10 @@ fn check_flags(c: &Cli, op: Op) -> Result<()> {
     refuse_if(
         c.raw && c.shared_device,
         "--raw uses no device: --shared-device does not apply",
+    )?;
+    refuse_if(
+        c.raw && c.device.device.is_some(),
+        "--raw uses no device: --device does not apply",
     )?;
     refuse_if(c.shared_device && (c.ranks_as != RanksAs::Threads || c.api == Api::Mp || c.trigger.gpu()),
         "--shared-device applies to --ranks-as threads --api gdsync --trigger cpu (processes always have their own device)")?;
@@ -291,6 +310,9 @@ fn refuse_if(refused: bool, why: &str) -> Result<()> {
 fn header(a: &Args) -> Result<Header> {
     let link = if a.raw {
         "direct stores"
+    } else if is_rdma(&a.device) {
+        // QPs of one RDMA port reach each other through the HCA, in one process or two.
+        "RDMA (the HCA's loopback)"
     } else if a.ranks_as == RanksAs::Procs {
         match std::env::var("GDSYNC_SOFT_LINK")
             .unwrap_or_default()
@@ -317,12 +339,19 @@ fn header(a: &Args) -> Result<Header> {
         )
         .field("raw", a.raw)
         .field("mem", name(a.mem))
-        .field("device", if a.raw { "none" } else { "soft" })
+        .field(
+            "device",
+            if a.raw {
+                "none".into()
+            } else {
+                a.device.to_string()
+            },
+        )
         .field("link", link)
         .field("ranks", 2u32)
         .field("ranks_as", name(a.ranks_as))
         .field("cores", cores());
-    if !a.raw {
+    if !a.raw && !is_rdma(&a.device) {
         // Where the soft device's engine runs: its own spinning thread, or the ranks'
         // threads when the cores are too few for both.
         let engines = if a.shared_device { 1 } else { 2 };
@@ -356,7 +385,7 @@ fn threads(args: &Args, report: &Report) -> Result<()> {
             Box::new(raw::Raw::new(b, a, max)),
         )
     } else if args.api == Api::Mp {
-        let dev = Device::soft()?;
+        let dev = open(&args.device)?;
         let [b0, b1] = pair(ThreadBootstrap::group(2));
         let (d, batch) = (dev.clone(), args.recv_batch);
         let h = std::thread::spawn(move || mp_wire::MpWire::new(Box::new(b1), &d, max, batch));
@@ -364,12 +393,13 @@ fn threads(args: &Args, report: &Report) -> Result<()> {
         let w1 = h.join().map_err(|_| anyhow::anyhow!("rank 1 panicked"))??;
         (Box::new(w0), Box::new(w1))
     } else {
-        // One device per rank, as on two hosts, unless asked to share one.
-        let d0 = Device::soft()?;
-        let d1 = if args.shared_device {
+        // One soft device per rank, as on two hosts, unless asked to share one; an RDMA
+        // device serves both ranks, as a host's NIC serves its processes.
+        let d0 = open(&args.device)?;
+        let d1 = if args.shared_device || is_rdma(&args.device) {
             d0.clone()
         } else {
-            Device::soft()?
+            open(&args.device)?
         };
         let (s0, s1) = (nic::NicSetup::new(&d0, max)?, nic::NicSetup::new(&d1, max)?);
         let (e0, e1) = (s0.qp.endpoint(), s1.qp.endpoint());
@@ -430,7 +460,7 @@ fn child(args: &Args, report: &Report) -> Result<()> {
         let (local, peer) = if rank == 0 { (a, b) } else { (b, a) };
         Box::new(raw::Raw::new(local, peer, max))
     } else {
-        let s = nic::NicSetup::new(&Device::soft()?, max)?;
+        let s = nic::NicSetup::new(&open(&args.device)?, max)?;
         let all = boot.all_gather(s.card().as_bytes())?;
         let card = String::from_utf8_lossy(&all[1 - rank]).into_owned();
         Box::new(s.connect_card(&card, args.op)?)

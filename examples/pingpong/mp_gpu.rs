@@ -114,7 +114,7 @@ pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Res
             )
         })?;
     let max = *args.sizes().iter().max().unwrap();
-    let dev = Device::soft()?;
+    let dev = crate::common::device::open(&args.device)?;
     for size in args.sizes() {
         let (warm, iters) = (args.warmup(size) as u64, args.iters(size) as u64);
         let cpu0 = cpu_time_us();

@@ -1,4 +1,4 @@
-//! What a run needs before it starts: queue pairs on the soft device and host memory, checked
+//! What a run needs before it starts: queue pairs on the device and host memory, checked
 //! up front so that a rank count the machine cannot connect is refused with one line instead
 //! of building for a minute and failing deep inside the connection set-up.
 //!
@@ -6,7 +6,7 @@
 //! messages and one for credits, with three completion queues.
 
 use anyhow::{bail, Result};
-use gdasync::gdsync::Device;
+use gdasync::gdsync::DeviceName;
 
 /// Queue pairs a rank's communicator creates per peer (messages and credits).
 const QPS_PER_PEER: usize = 2;
@@ -48,18 +48,18 @@ pub fn needs(ranks: usize, threads: bool, data_bytes: usize) -> Needs {
     }
 }
 
-/// Refuses a run whose needs exceed what the soft device serves or the memory this machine
-/// has available.
-pub fn check(ranks: usize, threads: bool, data_bytes: usize) -> Result<()> {
+/// Refuses a run whose needs exceed what the device serves or the memory this machine has
+/// available.
+pub fn check(device: &DeviceName, ranks: usize, threads: bool, data_bytes: usize) -> Result<()> {
     let n = needs(ranks, threads, data_bytes);
-    let max_qp = Device::soft()?.query().max_qp as usize;
+    let max_qp = crate::common::device::open(device)?.query().max_qp as usize;
     if n.qps_per_device > max_qp {
         let fit = (1..=ranks)
             .rev()
             .find(|&r| needs(r, threads, 0).qps_per_device <= max_qp)
             .unwrap_or(1);
         bail!(
-            "--ranks {ranks}: a full mesh of {ranks} thread ranks needs {} queue pairs on their shared soft device, which serves at most {max_qp}: use at most {fit} ranks, or --ranks-as procs",
+            "--ranks {ranks}: a full mesh of {ranks} thread ranks needs {} queue pairs on their shared device ({device}), which serves at most {max_qp}: use at most {fit} ranks, or --ranks-as procs",
             n.qps_per_device
         );
     }
@@ -109,8 +109,10 @@ mod tests {
 
     #[test]
     fn too_many_thread_ranks_are_refused_with_the_largest_that_fits() {
-        let e = check(200, true, 0).unwrap_err().to_string();
+        let e = check(&DeviceName::Soft, 200, true, 0)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("at most 181 ranks"), "{e}");
-        assert!(check(2, true, 0).is_ok());
+        assert!(check(&DeviceName::Soft, 2, true, 0).is_ok());
     }
 }

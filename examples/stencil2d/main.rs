@@ -35,12 +35,13 @@ mod progress;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
+use common::device::open;
 use common::header::cores;
 use common::json::{Object, Value};
 use common::out::outln;
 pub use common::Trigger;
-use common::{iters, name, RanksAs, ToolArgs};
-use gdasync::gdsync::Device;
+use common::{iters, name, DeviceArgs, RanksAs, ToolArgs};
+use gdasync::gdsync::{Device, DeviceName};
 use gdasync::mp::bootstrap::{Bootstrap, JobInfo, TcpBootstrap, ThreadBootstrap};
 use gdasync::mp::Comm;
 use grid::Layout;
@@ -137,6 +138,8 @@ struct Args {
     #[arg(long, hide = true)]
     corrupt: bool,
     #[command(flatten)]
+    device: DeviceArgs,
+    #[command(flatten)]
     tool: ToolArgs,
 }
 
@@ -161,6 +164,8 @@ pub struct Config {
     check: bool,
     json: bool,
     ranks_as: RanksAs,
+    /// The device every rank runs on.
+    device: DeviceName,
     corrupt: bool,
 }
 
@@ -228,7 +233,9 @@ impl Config {
         } else {
             0
         };
+        let device = a.device.resolve()?;
         limits::check(
+            &device,
             a.ranks,
             a.ranks_as == RanksAs::Threads,
             grids.saturating_add(check),
@@ -260,6 +267,7 @@ impl Config {
             check: a.check,
             json: a.json,
             ranks_as: a.ranks_as,
+            device,
             corrupt: a.corrupt,
         })
     }
@@ -366,6 +374,11 @@ fn overlap_used(cfg: &Config) -> Option<bool> {
     matches!(cfg.trigger, Trigger::Host | Trigger::Stream).then_some(cfg.overlap)
 }
 
+/// How the soft device's engines progress (`null` on an RDMA device: its HCA does).
+fn progress_label(cfg: &Config) -> Option<String> {
+    (!common::device::is_rdma(&cfg.device)).then(|| gdasync::gdsync::progress_mode().to_string())
+}
+
 /// The run's description, printed before it starts (the JSON line carries the same).
 fn print_header(cfg: &Config) {
     if cfg.json {
@@ -377,13 +390,14 @@ fn print_header(cfg: &Config) {
         format!(", overlap {}", if o { "on" } else { "off" })
     });
     outln!(
-        "stencil2d: {} x {} grid, {} ranks ({} x {}, {}), trigger {}{halo}{overlap}, {} iterations (+{} warm-up), {} cores",
+        "stencil2d: {} x {} grid, {} ranks ({} x {}, {}), device {}, trigger {}{halo}{overlap}, {} iterations (+{} warm-up), {} cores",
         cfg.gx,
         cfg.gy,
         cfg.ranks,
         cfg.px,
         cfg.py,
         name(cfg.ranks_as),
+        cfg.device,
         name(cfg.trigger),
         cfg.iters,
         cfg.warmup,
@@ -408,9 +422,9 @@ fn report(cfg: &Config, us: f64, check: Option<&Check>) {
             .set("iters", cfg.iters)
             .set("warmup", cfg.warmup)
             .set("subdomain", format!("{bx}x{by}"))
-            .set("device", "soft")
+            .set("device", cfg.device.to_string())
             .set("cores", cores())
-            .set("progress", gdasync::gdsync::progress_mode().to_string())
+            .set("progress", progress_label(cfg))
             .set("us_per_iter", Value::Fixed(us, 3))
             .set("timing", "total/iters")
             .set(
@@ -519,7 +533,7 @@ fn kernels_for(
 }
 
 fn threads(cfg: &Config) -> Result<()> {
-    let dev = Device::soft()?;
+    let dev = open(&cfg.device)?;
     let kernels = Arc::new(kernels_for(cfg, 0..cfg.ranks)?);
     let handles: Vec<_> = ThreadBootstrap::group(cfg.ranks)
         .into_iter()
@@ -600,7 +614,7 @@ fn child(cfg: &Config) -> Result<()> {
         )
     })?;
     let kernels = kernels_for(cfg, [rank])?;
-    rank_main(cfg, Box::new(boot), &Device::soft()?, kernels.as_ref())
+    rank_main(cfg, Box::new(boot), &open(&cfg.device)?, kernels.as_ref())
         .with_context(|| format!("rank {rank}"))
 }
 
@@ -622,7 +636,7 @@ fn mpi(cfg: &Config) -> Result<()> {
     if boot.rank() == 0 {
         print_header(cfg);
     }
-    rank_main(cfg, Box::new(boot), &Device::soft()?, kernels.as_ref())
+    rank_main(cfg, Box::new(boot), &open(&cfg.device)?, kernels.as_ref())
 }
 
 #[cfg(not(feature = "mpi"))]

@@ -63,8 +63,8 @@ pub use cq::{Completion, CompletionOp, Cq, CqError, WcStatus, MAX_KEPT_ERRORS};
 pub use device::mlx5;
 pub use device::{
     accept_tcp_links, host_id, progress, progress_mode, progress_mode_for, Access, DeviceAttr,
-    DeviceInfo, DeviceName, DeviceSelection, Endpoint, LinkKind, LinkLayer, LinkPolicy, PortAttr,
-    PortState, ProgressMode, DEVICE_VAR,
+    DeviceInfo, DeviceName, DeviceSelection, Endpoint, LinkKind, LinkLayer, LinkPolicy,
+    PortAddress, PortAttr, PortState, ProgressMode, DEVICE_VAR,
 };
 pub use error::{Error, Result};
 pub use handler::NicHandler;

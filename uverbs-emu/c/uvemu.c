@@ -29,6 +29,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -400,10 +401,84 @@ int uvemu_attach_hca(const struct uvemu_hca_ops *ops)
 	return rc;
 }
 
-/* The record of device `dev` of node `n` in the fabric directory, or 0 where there is none. */
-static int fabric_record(char *path, size_t size, int n, int dev)
+/* The record of device `dev` of node `n`, served by the process of QPN slot `slot`, in the
+ * fabric directory, or 0 where there is none. */
+static int fabric_record(char *path, size_t size, int n, int dev, int slot)
 {
-	return fabric[0] && n > 0 && snprintf(path, size, "%s/node-%d/dev-%d", fabric, n, dev) < (int)size;
+	return fabric[0] && n > 0 &&
+	       snprintf(path, size, "%s/node-%d/dev-%d.%d", fabric, n, dev, slot) < (int)size;
+}
+
+static int qpn_slot = -1; /* this process's share of the QP numbers, once claimed */
+static char slot_dir[512];
+
+static void release_slot(void)
+{
+	char owner[540];
+	snprintf(owner, sizeof(owner), "%s/owner", slot_dir);
+	unlink(owner);
+	rmdir(slot_dir);
+}
+
+/* Whether the slot folder `dir` names an owner that no longer runs (a crashed process). */
+static int slot_owner_gone(const char *dir)
+{
+	char path[540], v[16] = { 0 };
+	snprintf(path, sizeof(path), "%s/owner", dir);
+	int fd = r_open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) return 0;
+	ssize_t got = read(fd, v, sizeof(v) - 1);
+	r_close(fd);
+	int pid = got > 0 ? atoi(v) : 0;
+	return pid > 0 && kill(pid, 0) && errno == ESRCH;
+}
+
+static int claim_slot(void)
+{
+	if (!fabric[0] || node <= 0) return 0;
+	for (int s = 0; s < UVEMU_QPN_SLOTS; s++) {
+		char dir[512], owner[540], pid[16];
+		if (snprintf(dir, sizeof(dir), "%s/node-%d/slot-%d", fabric, node, s) >= (int)sizeof(dir))
+			return -ENAMETOOLONG;
+		if (slot_owner_gone(dir)) {
+			snprintf(owner, sizeof(owner), "%s/owner", dir);
+			unlink(owner);
+			rmdir(dir);
+		}
+		if (mkdir(dir, 0700)) {
+			if (errno == EEXIST) continue;
+			return -errno;
+		}
+		snprintf(owner, sizeof(owner), "%s/owner", dir);
+		int fd = r_open(owner, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		if (fd < 0) return -errno;
+		int n = snprintf(pid, sizeof(pid), "%d", (int)getpid());
+		ssize_t w = r_write(fd, pid, n);
+		r_close(fd);
+		if (w != n) return -EIO;
+		memcpy(slot_dir, dir, sizeof(dir));
+		atexit(release_slot);
+		L("QP number slot %d of node %d claimed", s, node);
+		return s;
+	}
+	L("all %d QP number slots of node %d are taken", UVEMU_QPN_SLOTS, node);
+	return -EBUSY;
+}
+
+int uvemu_qpn_slot(void)
+{
+	ensure_init();
+	pthread_mutex_lock(&lock);
+	if (qpn_slot < 0) {
+		int s = claim_slot();
+		if (s < 0) {
+			pthread_mutex_unlock(&lock);
+			return s;
+		}
+		qpn_slot = s;
+	}
+	pthread_mutex_unlock(&lock);
+	return qpn_slot;
 }
 
 int uvemu_publish(int dev, const uint8_t *endpoint, uint32_t len)
@@ -411,7 +486,9 @@ int uvemu_publish(int dev, const uint8_t *endpoint, uint32_t len)
 	ensure_init();
 	char path[512], tmp[540];
 	if (dev < 0 || dev >= ndevices || !endpoint || len != UVEMU_ENDPOINT_LEN) return EINVAL;
-	if (!fabric_record(path, sizeof(path), node, dev)) return ENOENT;
+	int slot = uvemu_qpn_slot();
+	if (slot < 0) return -slot;
+	if (!fabric_record(path, sizeof(path), node, dev, slot)) return ENOENT;
 	snprintf(tmp, sizeof(tmp), "%s.%d", path, (int)getpid());
 	int fd = r_open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (fd < 0) return errno;
@@ -424,11 +501,13 @@ int uvemu_publish(int dev, const uint8_t *endpoint, uint32_t len)
 	return e;
 }
 
-/* The endpoint node `n` published for its device `dev`, into `out`: 0 or ENETUNREACH. */
-static int fabric_peer(int n, int dev, uint8_t out[UVEMU_ENDPOINT_LEN])
+/* The endpoint the process of QP `qpn` of node `n` published for its device `dev`, into
+ * `out`: 0 or ENETUNREACH. */
+static int fabric_peer(int n, int dev, uint32_t qpn, uint8_t out[UVEMU_ENDPOINT_LEN])
 {
 	char path[512];
-	if (!fabric_record(path, sizeof(path), n, dev)) return ENETUNREACH;
+	if (!fabric_record(path, sizeof(path), n, dev, (int)(qpn >> UVEMU_QPN_SLOT_SHIFT)))
+		return ENETUNREACH;
 	int fd = r_open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) return ENETUNREACH;
 	ssize_t got = read(fd, out, UVEMU_ENDPOINT_LEN);
@@ -486,13 +565,17 @@ static int hca_transition(struct uvemu_context *c, struct uvemu_obj *o, uint8_t 
 	if (cur == QPS_INIT && next == QPS_RTR) {
 		struct uvemu_hca_rtr r = { .dest_dev = path_device(c, o), .dest_qpn = o->u.qp.dest_qpn,
 					   .rq_psn = o->u.qp.rq_psn, .mtu = 128u << o->u.qp.path_mtu };
-		if (r.dest_dev >= 0) return hca->to_rtr(c->dev, qpn, &r);
-		int dev, n = path_node(o, &dev);
-		if (n == node || fabric_peer(n, dev, r.peer)) {
-			L("   no device of this process or of the fabric has the path's address");
+		int own = (int)(r.dest_qpn >> UVEMU_QPN_SLOT_SHIFT) == (qpn_slot < 0 ? 0 : qpn_slot);
+		if (r.dest_dev >= 0 && (own || !fabric[0])) return hca->to_rtr(c->dev, qpn, &r);
+		int dev = r.dest_dev, n = node;
+		if (dev < 0) n = path_node(o, &dev);
+		if ((n == node && own) || fabric_peer(n, dev, r.dest_qpn, r.peer)) {
+			L("   no device of this process or of the fabric has the path's address and QP");
 			return ENETUNREACH;
 		}
-		L("   the path's address is device %d of node %d: linked through the fabric", dev, n);
+		L("   the path is device %d of node %d, QP %#x of slot %u: linked through the fabric",
+		  dev, n, r.dest_qpn, r.dest_qpn >> UVEMU_QPN_SLOT_SHIFT);
+		r.dest_dev = -1;
 		return hca->to_rtr(c->dev, qpn, &r);
 	}
 	if (cur == QPS_RTR && next == QPS_RTS) {

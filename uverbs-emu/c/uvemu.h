@@ -93,7 +93,7 @@ struct uvemu_hca_qp {
 	uint32_t rq_wqes, rq_stride, sq_wqebbs;
 	uint32_t user_index;                /* libmlx5's uidx: CQEs carry it (CQE version 1) */
 };
-#define UVEMU_ENDPOINT_LEN 48             /* gdsync's endpoint wire form */
+#define UVEMU_ENDPOINT_LEN 72             /* gdsync's endpoint wire form */
 struct uvemu_hca_rtr {                      /* INIT -> RTR */
 	int32_t dest_dev;                   /* the device of this process the path's address is,
 	                                     * or -1: a device of another node (peer below) */
@@ -122,9 +122,17 @@ struct uvemu_hca_ops {
 int uvemu_device_count(void);
 /* Attaches the HCA that serves the data path (once: EBUSY after). 0 or an errno. */
 int uvemu_attach_hca(const struct uvemu_hca_ops *ops);
+/* Several processes under one emulator share its devices as processes of a host share its
+ * HCA: each has a share of the QP numbers, slot s owning s << 12 | 1 ..= s << 12 | 0xfff, so a
+ * QP number names its process. The slot of this process (claimed on the fabric at the first
+ * call, as <fabric>/node-<node>/slot-<s> holding the pid; 0 without a fabric), or a negative
+ * errno (-EBUSY: all slots are taken). */
+#define UVEMU_QPN_SLOT_SHIFT 12
+#define UVEMU_QPN_SLOTS 16
+int uvemu_qpn_slot(void);
 /* Publishes how the HCA's device `dev` is reached from other processes (its endpoint, `len`
- * bytes) in the fabric directory, as <fabric>/node-<node>/dev-<dev>: a QP of another node
- * given an address of this device is linked to it. The last process to publish a device of
- * a node is the one reached. 0 or an errno (ENOENT: the tree names no fabric). */
+ * bytes) in the fabric directory, as <fabric>/node-<node>/dev-<dev>.<slot>: a QP given an
+ * address of this device and a QP number of this process's slot is linked to it. 0 or an
+ * errno (ENOENT: the tree names no fabric). */
 int uvemu_publish(int dev, const uint8_t *endpoint, uint32_t len);
 #endif

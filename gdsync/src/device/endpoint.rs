@@ -68,6 +68,9 @@ pub enum LinkKind {
     SharedMemory,
     /// A TCP connection, bridged to two heap rings at each end.
     Tcp,
+    /// An RDMA network: the peer is a port of an RDMA device (another process's or another
+    /// host's), reached by its LID or GID.
+    Fabric,
 }
 
 impl std::fmt::Display for LinkKind {
@@ -77,7 +80,71 @@ impl std::fmt::Display for LinkKind {
             Self::InProcess => "in-process",
             Self::SharedMemory => "shared memory",
             Self::Tcp => "TCP",
+            Self::Fabric => "RDMA fabric",
         })
+    }
+}
+
+/// How an RDMA port is reached: what a peer's connect (RTR) needs besides the QP number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PortAddress {
+    /// The port's link layer: RoCE (Ethernet: the GID routes) or InfiniBand (the LID routes).
+    pub roce: bool,
+    /// The port's LID (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+    /// The GID connections use (on RoCE, the port's RoCE v2 IPv4-mapped entry unless
+    /// `GDSYNC_GID_INDEX` picks another).
+    pub gid: [u8; 16],
+    /// The port's active MTU in bytes (256 to 4096): a connection uses the smaller of the two.
+    pub mtu: u32,
+}
+
+impl PortAddress {
+    const NONE: u8 = 0;
+    const IB: u8 = 1;
+    const ROCE: u8 = 2;
+
+    fn layer_code(&self) -> u8 {
+        if self.roce {
+            Self::ROCE
+        } else {
+            Self::IB
+        }
+    }
+}
+
+/// `roce/GID/MTU` or `ib/LID/GID/MTU` (the GID as an IPv6 address, the LID and MTU decimal).
+impl std::fmt::Display for PortAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let gid = Ipv6Addr::from(self.gid);
+        match self.roce {
+            true => write!(f, "roce/{gid}/{}", self.mtu),
+            false => write!(f, "ib/{}/{gid}/{}", self.lid, self.mtu),
+        }
+    }
+}
+
+impl std::str::FromStr for PortAddress {
+    type Err = ();
+    fn from_str(s: &str) -> std::result::Result<Self, ()> {
+        let p: Vec<&str> = s.split('/').collect();
+        let gid = |g: &str| g.parse::<Ipv6Addr>().map(|a| a.octets()).map_err(drop);
+        let mtu = |m: &str| m.parse::<u32>().map_err(drop);
+        match p[..] {
+            ["roce", g, m] => Ok(Self {
+                roce: true,
+                lid: 0,
+                gid: gid(g)?,
+                mtu: mtu(m)?,
+            }),
+            ["ib", l, g, m] => Ok(Self {
+                roce: false,
+                lid: l.parse().map_err(drop)?,
+                gid: gid(g)?,
+                mtu: mtu(m)?,
+            }),
+            _ => Err(()),
+        }
     }
 }
 
@@ -102,12 +169,14 @@ pub struct Endpoint {
     /// The owner's link policy. Setting it to [`LinkPolicy::Tcp`] on an endpoint before
     /// handing it out asks for a TCP link to it (one of the two processes must listen).
     pub link: LinkPolicy,
+    /// The RDMA port of the QP (an mlx5 device's QP); `None` for a soft device's.
+    pub port: Option<PortAddress>,
 }
 
 impl Endpoint {
     /// Bytes of the wire form.
-    pub const WIRE_LEN: usize = 48;
-    const MAGIC: [u8; 4] = *b"GDE2";
+    pub const WIRE_LEN: usize = 72;
+    const MAGIC: [u8; 4] = *b"GDE3";
     const NO_ADDR: u8 = 0;
     const IPV4: u8 = 4;
     const IPV6: u8 = 6;
@@ -125,6 +194,11 @@ impl Endpoint {
     /// | 29 | address family: 0 none, 4 IPv4, 6 IPv6 |
     /// | 30..32 | port |
     /// | 32..48 | IP address (IPv4 in 32..36, the rest zero) |
+    /// | 48 | RDMA port: 0 none (the rest zero), 1 InfiniBand, 2 RoCE |
+    /// | 49 | zero |
+    /// | 50..52 | LID |
+    /// | 52..56 | MTU in bytes |
+    /// | 56..72 | GID |
     pub fn to_bytes(&self) -> [u8; Self::WIRE_LEN] {
         let mut b = [0u8; Self::WIRE_LEN];
         b[..4].copy_from_slice(&Self::MAGIC);
@@ -146,6 +220,12 @@ impl Endpoint {
                 }
             }
         }
+        if let Some(p) = &self.port {
+            b[48] = p.layer_code();
+            b[50..52].copy_from_slice(&p.lid.to_le_bytes());
+            b[52..56].copy_from_slice(&p.mtu.to_le_bytes());
+            b[56..72].copy_from_slice(&p.gid);
+        }
         b
     }
 
@@ -153,7 +233,7 @@ impl Endpoint {
     pub fn from_bytes(b: &[u8]) -> Result<Self> {
         if b.len() != Self::WIRE_LEN || b[..4] != Self::MAGIC {
             return Err(Error::invalid(format!(
-                "not a gdsync endpoint (expected {} bytes starting with GDE2)",
+                "not a gdsync endpoint (expected {} bytes starting with GDE3)",
                 Self::WIRE_LEN
             )));
         }
@@ -178,6 +258,25 @@ impl Endpoint {
                 )))
             }
         };
+        let port = match b[48] {
+            PortAddress::NONE if b[49..].iter().all(|&x| x == 0) => None,
+            PortAddress::NONE => {
+                return Err(Error::invalid(
+                    "endpoint: RDMA port fields without an RDMA port",
+                ))
+            }
+            l @ (PortAddress::IB | PortAddress::ROCE) => Some(PortAddress {
+                roce: l == PortAddress::ROCE,
+                lid: u16::from_le_bytes([b[50], b[51]]),
+                mtu: u32_at(52),
+                gid: b[56..72].try_into().unwrap(),
+            }),
+            l => {
+                return Err(Error::invalid(format!(
+                    "endpoint: unknown RDMA link layer {l}"
+                )))
+            }
+        };
         Ok(Self {
             pid: u32_at(4),
             host: u64_at(8),
@@ -185,12 +284,14 @@ impl Endpoint {
             qpn: u32_at(24),
             addr,
             link,
+            port,
         })
     }
 }
 
-/// `gdsync:HOST:PID:DEVICE:QPN:POLICY@ADDR`, hexadecimal host, device and QPN, decimal pid;
-/// ADDR is a socket address (`10.0.0.5:40123`, `[::1]:40123`) or `-`.
+/// `gdsync:HOST:PID:DEVICE:QPN:POLICY@ADDR[+PORT]`, hexadecimal host, device and QPN,
+/// decimal pid; ADDR is a socket address (`10.0.0.5:40123`, `[::1]:40123`) or `-`; PORT the
+/// RDMA port's address where there is one ([`PortAddress`]: `roce/::ffff:10.0.1.1/1024`).
 impl std::fmt::Display for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -199,8 +300,12 @@ impl std::fmt::Display for Endpoint {
             self.host, self.pid, self.device, self.qpn, self.link
         )?;
         match self.addr {
-            Some(a) => write!(f, "{a}"),
-            None => f.write_str("-"),
+            Some(a) => write!(f, "{a}")?,
+            None => f.write_str("-")?,
+        }
+        match &self.port {
+            Some(p) => write!(f, "+{p}"),
+            None => Ok(()),
         }
     }
 }
@@ -210,10 +315,14 @@ impl std::str::FromStr for Endpoint {
     fn from_str(s: &str) -> Result<Self> {
         let bad = || {
             Error::invalid(format!(
-                "not an endpoint string: {s:?} (expected gdsync:HOST:PID:DEVICE:QPN:POLICY@ADDR)"
+                "not an endpoint string: {s:?} (expected gdsync:HOST:PID:DEVICE:QPN:POLICY@ADDR[+PORT])"
             ))
         };
-        let (ids, addr) = s.trim().split_once('@').ok_or_else(bad)?;
+        let (ids, rest) = s.trim().split_once('@').ok_or_else(bad)?;
+        let (addr, port) = match rest.split_once('+') {
+            Some((a, p)) => (a, Some(p.parse().map_err(|()| bad())?)),
+            None => (rest, None),
+        };
         let p: Vec<&str> = ids.split(':').collect();
         if p.len() != 6 || p[0] != "gdsync" {
             return Err(bad());
@@ -228,6 +337,7 @@ impl std::str::FromStr for Endpoint {
                 "-" => None,
                 a => Some(a.parse().map_err(|_| bad())?),
             },
+            port,
         })
     }
 }
@@ -291,6 +401,7 @@ pub(crate) fn link_reason(here: &Here, remote: &Endpoint, kind: LinkKind) -> &'s
             "the peer asks for TCP (its process has GDSYNC_SOFT_LINK=tcp)"
         }
         LinkKind::Tcp => "the peer is on another host",
+        LinkKind::Fabric => "the peer is a port of an RDMA device",
     }
 }
 
@@ -306,6 +417,35 @@ mod tests {
             qpn: 0x1_0000,
             addr: addr.map(|a| a.parse().unwrap()),
             link,
+            port: None,
+        }
+    }
+
+    fn roce() -> PortAddress {
+        PortAddress {
+            roce: true,
+            lid: 0,
+            gid: "::ffff:10.0.1.7".parse::<Ipv6Addr>().unwrap().octets(),
+            mtu: 1024,
+        }
+    }
+
+    fn ib() -> PortAddress {
+        PortAddress {
+            roce: false,
+            lid: 0x2c,
+            gid: "fe80::e42:a1ff:fe07:1"
+                .parse::<Ipv6Addr>()
+                .unwrap()
+                .octets(),
+            mtu: 4096,
+        }
+    }
+
+    fn on_port(port: PortAddress) -> Endpoint {
+        Endpoint {
+            port: Some(port),
+            ..ep(None, LinkPolicy::Auto)
         }
     }
 
@@ -317,6 +457,8 @@ mod tests {
             ep(Some("127.0.0.1:1"), LinkPolicy::Tcp),
             ep(Some("[fe80::1:2]:65535"), LinkPolicy::Tcp),
             ep(None, LinkPolicy::Shm),
+            on_port(roce()),
+            on_port(ib()),
         ] {
             let b = e.to_bytes();
             assert_eq!(b.len(), Endpoint::WIRE_LEN);
@@ -329,7 +471,7 @@ mod tests {
     #[test]
     fn wire_form_layout() {
         let b = ep(Some("10.1.2.3:40123"), LinkPolicy::Tcp).to_bytes();
-        assert_eq!(&b[..4], b"GDE2");
+        assert_eq!(&b[..4], b"GDE3");
         assert_eq!(b[4..8], 4242u32.to_le_bytes());
         assert_eq!(b[8..16], 0x0123_4567_89AB_CDEFu64.to_le_bytes());
         assert_eq!(b[16..24], 0xFEDC_BA98_7654_3211u64.to_le_bytes());
@@ -341,6 +483,13 @@ mod tests {
         let none = ep(None, LinkPolicy::Auto).to_bytes();
         assert_eq!((none[28], none[29]), (0, 0));
         assert!(none[30..].iter().all(|&x| x == 0));
+        let p = on_port(ib()).to_bytes();
+        assert_eq!((p[48], p[49]), (1, 0));
+        assert_eq!(p[50..52], 0x2cu16.to_le_bytes());
+        assert_eq!(p[52..56], 4096u32.to_le_bytes());
+        assert_eq!(p[56..58], [0xfe, 0x80]);
+        assert_eq!(p[71], 1);
+        assert_eq!(on_port(roce()).to_bytes()[48], 2);
     }
 
     #[test]
@@ -354,7 +503,19 @@ mod tests {
             ep(None, LinkPolicy::Shm).to_string(),
             "gdsync:0123456789abcdef:4242:fedcba9876543211:10000:shm@-"
         );
+        assert_eq!(
+            on_port(roce()).to_string(),
+            "gdsync:0123456789abcdef:4242:fedcba9876543211:10000:auto@-+roce/::ffff:10.0.1.7/1024"
+        );
+        assert_eq!(
+            on_port(ib()).to_string(),
+            "gdsync:0123456789abcdef:4242:fedcba9876543211:10000:auto@-+ib/44/fe80::e42:a1ff:fe07:1/4096"
+        );
         for bad in [
+            "gdsync:1:2:3:4:auto@-+",
+            "gdsync:1:2:3:4:auto@-+roce/::1",
+            "gdsync:1:2:3:4:auto@-+ib/x/::1/1024",
+            "gdsync:1:2:3:4:auto@-+iwarp/::1/1024",
             "gdsync:1:2:3:4",
             "gdsync:1:2:3:4:auto",
             "nope:1:2:3:4:auto@-",
@@ -372,8 +533,17 @@ mod tests {
         assert!(Endpoint::from_bytes(&good[..Endpoint::WIRE_LEN - 1]).is_err());
         assert!(Endpoint::from_bytes(&[0u8; Endpoint::WIRE_LEN]).is_err());
         let mut old = good;
-        old[3] = b'1';
-        assert!(Endpoint::from_bytes(&old).is_err(), "the GDE1 form is gone");
+        old[3] = b'2';
+        assert!(Endpoint::from_bytes(&old).is_err(), "the GDE2 form is gone");
+        let mut bad_layer = on_port(roce()).to_bytes();
+        bad_layer[48] = 3;
+        assert!(Endpoint::from_bytes(&bad_layer).is_err());
+        let mut stray = good;
+        stray[60] = 1;
+        assert!(
+            Endpoint::from_bytes(&stray).is_err(),
+            "port bytes without a port"
+        );
         let mut bad_policy = good;
         bad_policy[28] = 3;
         assert!(Endpoint::from_bytes(&bad_policy).is_err());
@@ -418,6 +588,7 @@ mod tests {
                         qpn: 1,
                         addr: None,
                         link: h.link,
+                        port: None,
                     };
                     let ab = choose_link(&here_a, &ep_of(&here_b));
                     let ba = choose_link(&here_b, &ep_of(&here_a));
@@ -456,6 +627,7 @@ mod tests {
             qpn: 1,
             addr: None,
             link: LinkPolicy::Tcp,
+            port: None,
         };
         assert_eq!(choose_link(&here, &e).unwrap(), LinkKind::Loopback);
         e.pid = 11;

@@ -11,7 +11,7 @@ mod select;
 pub(crate) mod soft;
 
 pub use attr::{DeviceAttr, LinkLayer, PortAttr, PortState};
-pub use endpoint::{Endpoint, LinkKind, LinkPolicy};
+pub use endpoint::{Endpoint, LinkKind, LinkPolicy, PortAddress};
 pub use provider::{Access, MAX_MESSAGE, MAX_SGE};
 pub use select::{DeviceName, DeviceSelection, DEVICE_VAR};
 pub use soft::{

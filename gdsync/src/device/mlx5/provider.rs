@@ -6,15 +6,16 @@
 //! writer fills libmlx5's send and receive rings and rings its BlueFlame register; CQEs are
 //! read from libmlx5's CQ buffers.
 //!
-//! Peers are found by the endpoint's device id among this process's open mlx5 ports (which
-//! gives their LID, GID and MTU): the endpoint does not carry them yet.
+//! A QP's endpoint carries its port's address (LID, GID, MTU: [`PortAddress`]), which the
+//! peer's RTR uses, so QPs of two processes or two hosts connect as with any verbs library.
 
 use super::event_watch::EventWatch;
 use super::{Context, Cq, DeviceLimits, Gid, LinkLayer, Mr, Pd, PortInfo, Qp, QpCaps};
 use super::{PortState as RdmaPortState, QpState, RdmaError, RemoteQp, RtrAttr, RtsAttr};
 use crate::device::provider::*;
 use crate::device::{
-    host_id, DeviceAttr, Endpoint, LinkKind, LinkLayer as PortLink, LinkPolicy, PortAttr, PortState,
+    host_id, DeviceAttr, Endpoint, LinkKind, LinkLayer as PortLink, LinkPolicy, PortAddress,
+    PortAttr, PortState,
 };
 use crate::mem::RingMem;
 use crate::ops::KeepAlive;
@@ -39,11 +40,16 @@ struct PortAddr {
     ethernet: bool,
 }
 
-/// The mlx5 ports open in this process, by device id: where a path's peer is.
-static PORTS: Mutex<Option<HashMap<u64, PortAddr>>> = Mutex::new(None);
-
-fn port_of(uid: u64) -> Option<PortAddr> {
-    PORTS.lock().as_ref()?.get(&uid).copied()
+impl PortAddr {
+    /// What the port's endpoints carry.
+    fn public(&self) -> PortAddress {
+        PortAddress {
+            roce: self.ethernet,
+            lid: self.lid,
+            gid: self.gid.0,
+            mtu: self.mtu,
+        }
+    }
 }
 
 /// One port of an mlx5 device, as a provider.
@@ -118,10 +124,6 @@ impl Mlx5Device {
             ethernet: info.link_layer.is_ethernet(),
         };
         let uid = device_uid(&limits.node_guid, port);
-        PORTS
-            .lock()
-            .get_or_insert_with(HashMap::new)
-            .insert(uid, addr);
         let events = EventWatch::start(ctx.clone())
             .map_err(|e| RdmaError::InvalidArgument(e.to_string()))?;
         Ok(Mlx5Device {
@@ -142,6 +144,26 @@ impl Mlx5Device {
 
     fn err(&self, e: RdmaError) -> Error {
         rdma_error(self.ctx.name(), e)
+    }
+
+    /// The RDMA port `remote`'s QP is on, if this port can reach it (same link layer).
+    fn peer_port(&self, remote: &Endpoint) -> Result<PortAddress> {
+        let name = self.ctx.name();
+        let Some(peer) = remote.port else {
+            return Err(Error::Unreachable(format!(
+                "{name}: {remote} is not a QP of an RDMA port (a soft device's?): both sides must use RDMA devices"
+            )));
+        };
+        if peer.roce != self.addr.ethernet {
+            let layer = |roce: bool| if roce { "RoCE" } else { "InfiniBand" };
+            return Err(Error::Unreachable(format!(
+                "{name} port {} is {}, the peer's port ({peer}) {}: they cannot reach each other",
+                self.port,
+                layer(self.addr.ethernet),
+                layer(peer.roce)
+            )));
+        }
+        Ok(peer)
     }
 
     fn pd(&self, pd: u32) -> Result<Arc<Pd>> {
@@ -307,21 +329,18 @@ impl Provider for Mlx5Device {
             qpn,
             addr: None,
             link: LinkPolicy::default(),
+            port: Some(self.addr.public()),
         }
     }
 
     fn link_kind(&self, remote: &Endpoint) -> Result<LinkKind> {
-        if remote.device == self.uid {
-            return Ok(LinkKind::Loopback);
-        }
-        match port_of(remote.device) {
-            Some(_) => Ok(LinkKind::InProcess),
-            None => Err(Error::Unreachable(format!(
-                "{}: device {:016x} is not an mlx5 port open in this process (endpoints do not carry a LID or GID yet)",
-                self.ctx.name(),
-                remote.device
-            ))),
-        }
+        let peer = self.peer_port(remote)?;
+        let here = remote.host == host_id() && remote.pid == std::process::id();
+        Ok(match () {
+            _ if !here => LinkKind::Fabric,
+            _ if peer == self.addr.public() => LinkKind::Loopback,
+            _ => LinkKind::InProcess,
+        })
     }
 
     fn alloc_pd(&self) -> u32 {
@@ -458,17 +477,12 @@ impl Provider for Mlx5Device {
         match to {
             QpModify::Init => qp.to_init(self.port, Access::ALL),
             QpModify::Rtr(path) => {
-                let peer = port_of(path.remote.device).ok_or_else(|| {
-                    Error::Unreachable(format!(
-                        "QP {qpn:#x}: the peer's device {:016x} is not an mlx5 port open in this process",
-                        path.remote.device
-                    ))
-                })?;
+                let peer = self.peer_port(&path.remote)?;
                 let remote = RemoteQp {
                     qpn: path.remote.qpn,
                     psn: path.rq_psn,
                     lid: peer.lid,
-                    gid: self.addr.ethernet.then_some(peer.gid),
+                    gid: self.addr.ethernet.then_some(Gid(peer.gid)),
                 };
                 let mtu = path_mtu(path.mtu.min(self.addr.mtu).min(peer.mtu));
                 qp.to_rtr(&RtrAttr {

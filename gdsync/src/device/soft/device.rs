@@ -142,6 +142,7 @@ impl SoftDevice {
             qpn,
             addr,
             link,
+            port: None,
         }
     }
 
@@ -163,6 +164,7 @@ impl SoftDevice {
             LinkKind::Loopback | LinkKind::InProcess => self.link_in_process(remote)?,
             LinkKind::SharedMemory => self.link_shared_memory(remote)?,
             LinkKind::Tcp => self.link_tcp(remote)?,
+            LinkKind::Fabric => unreachable!("choose_link never picks an RDMA fabric"),
         }
         self.announce_link(&here, remote, kind);
         self.engine.send(Cmd::Connect {
@@ -186,7 +188,7 @@ impl SoftDevice {
     /// level for the first link of its kind in this process (a choice made once a run), at
     /// debug level for the others.
     fn announce_link(&self, here: &Here, remote: &Endpoint, kind: LinkKind) {
-        static FIRST_OF_KIND: [AtomicBool; 4] = [const { AtomicBool::new(true) }; 4];
+        static FIRST_OF_KIND: [AtomicBool; 5] = [const { AtomicBool::new(true) }; 5];
         if !self.links.lock().announced.insert(remote.device) {
             return;
         }
@@ -409,8 +411,7 @@ fn on_tcp_dial(hello: tcp::Hello, mut stream: TcpStream) {
 
 impl Drop for SoftDevice {
     fn drop(&mut self) {
-        registry().lock().remove(&self.uid);
-        self.engine.stop();
+        self.stop();
     }
 }
 
@@ -451,16 +452,29 @@ impl SoftDevice {
         Ok(dev)
     }
 
+    /// Stops the engine, which closes the device's links (peers see it go away in order).
+    /// The device serves nothing after.
+    pub(crate) fn stop(&self) {
+        registry().lock().remove(&self.uid);
+        self.engine.stop();
+    }
+
     /// A new soft device that serves as the HCA of a driver above it (the emulated kernel
     /// driver): as [`SoftDevice::new`], without the log of why no RDMA NIC is used.
     pub(crate) fn spawn() -> Result<Arc<Self>> {
+        Self::spawn_numbering(QpNumbers::default())
+    }
+
+    /// As [`SoftDevice::spawn`], its QPs numbered from `qpns` (a process's share of an
+    /// emulated HCA's numbers).
+    pub(crate) fn spawn_numbering(qpns: QpNumbers) -> Result<Arc<Self>> {
         let uid = new_uid();
         let mrs = Arc::new(MrTable::default());
         let engine = EngineHandle::spawn(uid, mrs.clone())?;
         let dev = Arc::new(SoftDevice {
             uid,
             mrs,
-            qpns: Mutex::new(QpNumbers::default()),
+            qpns: Mutex::new(qpns),
             uars: Mutex::new(UarPages::default()),
             cqs: Mutex::new(HashMap::new()),
             next_cqn: AtomicU32::new(1),

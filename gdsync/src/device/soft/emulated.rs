@@ -18,6 +18,7 @@
 //! `GDSYNC_SOFT_LINK=tcp` asks for it), and the death of the peer's process fails the QPs.
 
 use super::device::SoftDevice;
+use super::qp_numbers::QpNumbers;
 use crate::device::endpoint::Endpoint;
 use crate::device::provider::*;
 use crate::device::LinkPolicy;
@@ -95,6 +96,13 @@ static OPS: HcaOps = HcaOps {
     qp_state,
 };
 
+/// Processes under one emulator share its devices' QP numbers, as processes of a host share
+/// an HCA's: slot `s` (of `QPN_SLOTS`, from the driver) numbers its QPs `s << 12 | 1 ..=
+/// s << 12 | 0xfff`, so that a QP number tells the driver which process serves it.
+const QPN_SLOT_SHIFT: u32 = 12;
+const QPN_SLOTS: c_int = 16;
+const QPN_SLOT_SIZE: u32 = (1 << QPN_SLOT_SHIFT) - 1;
+
 /// Makes this process's soft devices the HCA of the emulated RDMA driver it runs under: from
 /// now on, the MRs, CQs and QPs libmlx5 creates on the emulated devices are served by soft
 /// devices (one per emulated device), so work posted through libmlx5 executes and completes.
@@ -108,8 +116,21 @@ pub fn serve_emulated_driver() -> std::result::Result<usize, String> {
     let attach: unsafe extern "C" fn(*const HcaOps) -> c_int = driver_fn(c"uvemu_attach_hca")?;
     // SAFETY: the driver's function, as uvemu.h declares it.
     let n = unsafe { count() }.max(0) as usize;
+    let slot: unsafe extern "C" fn() -> c_int = driver_fn(c"uvemu_qpn_slot")?;
+    // SAFETY: as above.
+    let slot = match unsafe { slot() } {
+        s @ 0..QPN_SLOTS => s as u32,
+        e => {
+            return Err(format!(
+                "the emulated driver gave this process no share of its QP numbers: {} ({QPN_SLOTS} processes at most share one emulator)",
+                std::io::Error::from_raw_os_error(-e)
+            ))
+        }
+    };
     let devices = (0..n)
-        .map(|_| SoftDevice::spawn())
+        .map(|_| {
+            SoftDevice::spawn_numbering(QpNumbers::within(slot << QPN_SLOT_SHIFT, QPN_SLOT_SIZE))
+        })
         .collect::<crate::Result<Vec<_>>>()
         .map_err(|e| format!("soft devices for the emulated driver: {e}"))?;
     if HCAS.set(devices).is_err() {
@@ -119,12 +140,22 @@ pub fn serve_emulated_driver() -> std::result::Result<usize, String> {
     match unsafe { attach(&OPS) } {
         0 => {
             publish_endpoints();
+            // SAFETY: registers a function without arguments that lives as long as the process.
+            unsafe { libc::atexit(stop_hcas) };
             Ok(n)
         }
         e => Err(format!(
             "the emulated driver refused the soft HCA: {}",
             std::io::Error::from_raw_os_error(e)
         )),
+    }
+}
+
+/// At exit, the soft HCAs stop and close their links in order, so that peer processes see
+/// a device that went away, not a process that died mid-run (a warning there).
+extern "C" fn stop_hcas() {
+    for h in HCAS.get().into_iter().flatten() {
+        h.stop();
     }
 }
 
@@ -322,6 +353,7 @@ extern "C" fn to_rtr(dev: c_int, qpn: u32, r: *const HcaRtr) -> c_int {
                 qpn: r.dest_qpn,
                 addr: None,
                 link: LinkPolicy::default(),
+                port: None,
             },
             None => return libc::ENETUNREACH,
         },

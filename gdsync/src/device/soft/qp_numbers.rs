@@ -12,27 +12,49 @@ pub(crate) const QPN_REST: usize = 1024;
 /// [`QPN_REST`]). A freed number rests behind at least `QPN_REST` others before it names a
 /// new QP: packets of its old life still on a link are long gone by then (every QP's packet
 /// sequence starts at 0, so the sequence alone would not tell an old packet from a new one).
-#[derive(Default)]
 pub(crate) struct QpNumbers {
-    /// The largest number handed out so far (0 is never a QPN).
+    /// Numbers are `base + 1 ..= base + limit` (0 is never a QPN).
+    base: u32,
+    limit: u32,
+    /// The largest number handed out so far, less `base`.
     next: u32,
     free: VecDeque<u32>,
     /// Numbers of QPs that exist (in-process peers check before they link).
     live: HashSet<u32>,
 }
 
+impl Default for QpNumbers {
+    fn default() -> Self {
+        Self::within(0, MAX_QPS)
+    }
+}
+
 impl QpNumbers {
+    /// Numbers `base + 1 ..= base + limit` only (a share of an HCA's numbers that several
+    /// processes serve; `base + limit` at most [`MAX_QPS`]).
+    pub(crate) fn within(base: u32, limit: u32) -> Self {
+        debug_assert!(base.checked_add(limit).is_some_and(|top| top <= MAX_QPS));
+        Self {
+            base,
+            limit,
+            next: 0,
+            free: VecDeque::new(),
+            live: HashSet::new(),
+        }
+    }
+
     /// A number for a new QP.
     pub(crate) fn take(&mut self) -> Result<u32> {
-        let fresh_left = self.next < MAX_QPS;
+        let fresh_left = self.next < self.limit;
         let n = if self.free.len() > QPN_REST || (!fresh_left && !self.free.is_empty()) {
             self.free.pop_front().expect("checked")
         } else if fresh_left {
             self.next += 1;
-            self.next
+            self.base + self.next
         } else {
             return Err(Error::invalid(format!(
-                "a soft device serves at most {MAX_QPS} QPs at a time: destroy some first"
+                "a soft device serves at most {} QPs at a time: destroy some first",
+                self.limit
             )));
         };
         self.live.insert(n);
@@ -79,6 +101,16 @@ mod tests {
             "the oldest freed number comes back first"
         );
         assert!(q.is_live(first));
+    }
+
+    #[test]
+    fn a_share_of_the_numbers_stays_in_its_range() {
+        let mut q = QpNumbers::within(3 << 12, 4095);
+        let all: Vec<u32> = (0..4095).map(|_| q.take().unwrap()).collect();
+        assert_eq!((all[0], all[4094]), (0x3001, 0x3fff));
+        assert!(q.take().is_err(), "the share is used up");
+        q.give_back(0x3005);
+        assert_eq!(q.take().unwrap(), 0x3005);
     }
 
     #[test]

@@ -28,25 +28,26 @@ impl Engine {
     /// exceeded. Returns whether a QP failed.
     fn link_down(&mut self, li: usize) -> bool {
         let (peer, why) = (self.links[li].link.peer, self.links[li].link.down_reason());
-        // A peer that dropped its device closed the link in order; anything else (a process
-        // that died, a failed connection) is a fault.
-        if self.links[li].link.peer_closed() {
+        let hit: Vec<u32> = (self.active.iter().copied())
+            .filter(|&qpn| {
+                let q = self.qps[qpn as usize].as_ref().unwrap();
+                q.link == Some(li) && !q.err
+            })
+            .collect();
+        // A peer that dropped its device closed the link in order, and a link no working QP
+        // uses any more (a peer process that ended after its run) harms nothing; anything
+        // else (a process that died mid-run, a failed connection) is a fault.
+        if self.links[li].link.peer_closed() || hit.is_empty() {
             tracing::debug!("soft device: link to peer device {peer:016x} closed ({why})");
         } else {
-            tracing::warn!("soft device: link to peer device {peer:016x} is down ({why}): its QPs fail with transport retries exceeded");
+            tracing::warn!("soft device: link to peer device {peer:016x} is down ({why}): its {} QP(s) fail with transport retries exceeded", hit.len());
         }
         self.links[li].queue.clear();
         self.ctl.event(AsyncEvent::PeerLost { peer });
-        let mut work = false;
-        for i in 0..self.active.len() {
-            let qpn = self.active[i];
-            let q = self.qps[qpn as usize].as_ref().unwrap();
-            if q.link == Some(li) && !q.err {
-                self.fail_first(qpn, Syndrome::TransportRetryExc);
-                work = true;
-            }
+        for &qpn in &hit {
+            self.fail_first(qpn, Syndrome::TransportRetryExc);
         }
-        work
+        !hit.is_empty()
     }
 
     /// Ends retry delays that ran out and fails QPs whose peer has not answered within
