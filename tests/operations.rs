@@ -39,6 +39,7 @@ both!(
     host_stream_wraps_rings,
     writes_to_one_location_last_wins,
     sends_arrive_in_order,
+    send_ring_is_the_size_asked_for_so_a_kernel_can_take_it,
 );
 
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
@@ -1373,6 +1374,25 @@ fn receive_posted_before_connect() {
 /// With a CPU proxy as NIC handler, committed op lists ask the proxy to ring (a barrier and
 /// one host store) instead of ringing themselves; the work still completes, from a host
 /// executor and from a host stream.
+/// A QP's send ring has the WQEBBs asked for (libmlx5 would size it at several per request),
+/// so CQs of that size are enough for a kernel to take the QP.
+fn send_ring_is_the_size_asked_for_so_a_kernel_can_take_it(t: Topo) {
+    let (dev, _) = t.devices();
+    let pd = dev.alloc_pd();
+    for n in [16, 64, 512] {
+        let (scq, rcq) = (dev.create_cq(n).unwrap(), dev.create_cq(4).unwrap());
+        let cfg = QpConfig {
+            send_wqebbs: n,
+            recv_wqes: 4,
+            ..QpConfig::default()
+        };
+        let qp = pd.create_qp(&scq, &rcq, &cfg).unwrap();
+        assert_eq!(qp.send_ring_size(), n);
+        let on_gpu = qp.into_device();
+        assert!(on_gpu.is_ok(), "{n} WQEBBs: {:?}", on_gpu.err());
+    }
+}
+
 #[test]
 fn cpu_proxy_rings_for_committed_sends() {
     use gdasync::gdsync::ops::Op;

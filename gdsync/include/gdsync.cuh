@@ -43,10 +43,12 @@ typedef int int32_t;
 #define GDS_DESC_SEND 1
 #define GDS_DESC_WAIT 2
 
-// Ring a QP's doorbell: store the doorbell record, fence, store the 8-byte doorbell.
+// Ring a QP's doorbell: store the doorbell record, fence, store the 8-byte doorbell. Where
+// GPUs cannot reach the doorbell (a CPU proxy rings it), dbrec is 0 and db is the proxy's
+// request word: the one store asks the proxy to ring.
 struct gds_send_desc {
-    uint64_t dbrec;        // address of the send doorbell-record word (BE32 counter)
-    uint64_t db;           // address of the doorbell register
+    uint64_t dbrec;        // address of the send doorbell-record word (BE32 counter), or 0
+    uint64_t db;           // address of the doorbell register, or the proxy's request word
     uint64_t db_value;     // the 8 doorbell bytes, as a native 64-bit store writes them
     uint32_t dbrec_value;  // the doorbell-record word, as a native 32-bit store writes it
     uint32_t reserved;
@@ -343,10 +345,12 @@ __device__ __forceinline__ int gds_wait_value32(uint64_t addr, uint32_t value, u
 // wrote earlier visible before the doorbell record; the second orders the record before the
 // doorbell (the NIC reads the record when the doorbell rings).
 __device__ __forceinline__ int gds_send(const gds_send_desc *d) {
-    if (d->dbrec == 0 || d->db == 0) return GDS_INVALID;
+    if (d->db == 0) return GDS_INVALID;
     __threadfence_system();
-    *(volatile uint32_t *)d->dbrec = d->dbrec_value;
-    __threadfence_system();
+    if (d->dbrec) {
+        *(volatile uint32_t *)d->dbrec = d->dbrec_value;
+        __threadfence_system();
+    }
     *(volatile uint64_t *)d->db = d->db_value;
     return GDS_OK;
 }

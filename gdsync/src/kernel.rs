@@ -57,13 +57,14 @@ pub mod code {
     }
 }
 
-/// Ring a doorbell: store `dbrec_value` at `dbrec`, fence, store `db_value` at `db`.
+/// Ring a doorbell: store `dbrec_value` at `dbrec`, fence, store `db_value` at `db`. Where a
+/// CPU proxy rings the doorbell, `dbrec` is 0 and `db` is the proxy's request word.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SendDesc {
-    /// Address of the send doorbell-record word.
+    /// Address of the send doorbell-record word (0: a CPU proxy rings).
     pub dbrec: u64,
-    /// Address of the doorbell register.
+    /// Address of the doorbell register, or of the CPU proxy's request word.
     pub db: u64,
     /// The doorbell value.
     pub db_value: u64,
@@ -111,10 +112,20 @@ fn cond_code(c: WaitCond) -> u32 {
 }
 
 impl SendDesc {
-    /// The descriptor for a commit's op list (`Write32` doorbell record, `Barrier`,
-    /// `Write64` doorbell).
+    /// The descriptor for a commit's op list: `Write32` doorbell record, `Barrier`, `Write64`
+    /// doorbell; or, where a CPU proxy rings, `Barrier`, `Write64` request.
     pub fn from_ops(ops: &Ops) -> Result<Self> {
         match ops.as_slice() {
+            [Op::Barrier, Op::Write64 {
+                addr: db,
+                value: db_value,
+            }] => Ok(SendDesc {
+                dbrec: 0,
+                db: *db,
+                db_value: *db_value,
+                dbrec_value: 0,
+                reserved: 0,
+            }),
             [Op::Write32 {
                 addr: dbrec,
                 value: dbrec_value,
@@ -470,6 +481,26 @@ mod tests {
             }
         );
         assert!(WaitDesc::from_ops(&ops).is_err());
+        // Where a CPU proxy rings: one request store after the barrier.
+        let mut proxied = Ops::new();
+        // SAFETY: as above.
+        unsafe {
+            proxied.push_raw(Op::Barrier);
+            proxied.push_raw(Op::Write64 {
+                addr: 0x7000,
+                value: 1,
+            });
+        }
+        assert_eq!(
+            SendDesc::from_ops(&proxied).unwrap(),
+            SendDesc {
+                dbrec: 0,
+                db: 0x7000,
+                db_value: 1,
+                dbrec_value: 0,
+                reserved: 0
+            }
+        );
         let mut w = Ops::new();
         // SAFETY: as above.
         unsafe {

@@ -1233,6 +1233,16 @@ static int reg_dmabuf_mr(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 	o->u.mr.length = v[UVERBS_ATTR_REG_DMABUF_MR_LENGTH];
 	o->u.mr.iova = v[UVERBS_ATTR_REG_DMABUF_MR_IOVA];
 	o->u.mr.dmabuf_fd = (int)v[UVERBS_ATTR_REG_DMABUF_MR_FD];
+	if (hca) {
+		int rc = hca->reg_mr(c->dev, obj_get(c, (uint32_t)v[UVERBS_ATTR_REG_DMABUF_MR_PD_HANDLE], UVEMU_PD)->u.pd.pdn,
+				     o->u.mr.iova, o->u.mr.length, o->u.mr.access | UVEMU_MR_DMABUF,
+				     &o->u.mr.lkey, &o->u.mr.rkey);
+		if (rc) {
+			obj_destroy(c, handle, UVEMU_MR);
+			return rc;
+		}
+		o->served = 1;
+	}
 	a[UVERBS_ATTR_REG_DMABUF_MR_HANDLE]->data = handle;
 	user_copy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->data, &o->u.mr.lkey, 4);
 	user_copy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->data, &o->u.mr.rkey, 4);

@@ -104,6 +104,9 @@ struct uvemu_hca_rts {                      /* RTR -> RTS, with the IB encodings
 	uint32_t sq_psn;
 	uint8_t timeout, retry_cnt, rnr_retry, min_rnr_timer;
 };
+/* In reg_mr's access flags: a dma-buf region, at its IOVA (which gdsync gives as the GPU
+ * address the dma-buf exports: the HCA moves its bytes through the GPU's driver). */
+#define UVEMU_MR_DMABUF (1u << 31)
 struct uvemu_hca_ops {
 	int (*reg_mr)(int dev, uint32_t pdn, uint64_t addr, uint64_t len, uint32_t access, uint32_t *lkey, uint32_t *rkey);
 	void (*dereg_mr)(int dev, uint32_t lkey);

@@ -182,6 +182,44 @@ impl Mlx5Device {
             .ok_or_else(|| Error::invalid(format!("CQ {cqn:#x} does not exist")))
     }
 
+    /// A QP whose send ring has the WQEBBs `spec` asks for. libmlx5 sizes the ring from work
+    /// requests, each as large as the largest WQE it may build (several WQEBBs: 16 requests
+    /// give 64 WQEBBs on rdma-core 44), so the request count is scaled down once to match.
+    /// A larger ring would let more work be outstanding than the CQs the caller sized for
+    /// the ring can take (a kernel that owns the QP could overrun them).
+    fn create_sized_qp(
+        &self,
+        pd: &Arc<Pd>,
+        scq: &Arc<Cq>,
+        rcq: &Arc<Cq>,
+        spec: &QpSpec,
+    ) -> Result<Arc<Qp>> {
+        let caps = |max_send_wr: u32| QpCaps {
+            max_send_wr,
+            max_recv_wr: spec.rq_wqes,
+            max_send_sge: 1,
+            max_recv_sge: spec.rq_stride / crate::format::SEG_SIZE as u32,
+            max_inline_data: 0,
+        };
+        let create = |wr: u32| pd.create_qp(scq, rcq, &caps(wr)).map_err(|e| self.err(e));
+        let first = create(spec.sq_wqebbs)?;
+        let got = first.rings().sq_wqe_cnt;
+        if got <= spec.sq_wqebbs {
+            return Ok(Arc::new(first));
+        }
+        let per_wr = (got / spec.sq_wqebbs.max(1)).max(1);
+        let wr = (spec.sq_wqebbs / per_wr).max(1);
+        drop(first);
+        let qp = create(wr)?;
+        tracing::debug!(
+            "{}: libmlx5 sizes a send request at up to {per_wr} WQEBBs: {wr} requests asked for a ring of {} WQEBBs (asked for {})",
+            self.ctx.name(),
+            qp.rings().sq_wqe_cnt,
+            spec.sq_wqebbs
+        );
+        Ok(Arc::new(qp))
+    }
+
     /// Registers GPU memory: through a dma-buf where the GPU exports one, else the device
     /// pointer itself (the peer-memory module), the choice logged.
     fn reg_gpu_mr(&self, pd: &Arc<Pd>, spec: &MrSpec, ordinal: i32) -> Result<Mr<'static>> {
@@ -411,14 +449,7 @@ impl Provider for Mlx5Device {
     fn create_qp(&self, spec: QpSpec) -> Result<QpCreated> {
         let pd = self.pd(spec.pd)?;
         let (scq, rcq) = (self.cq(spec.send_cqn)?, self.cq(spec.recv_cqn)?);
-        let caps = QpCaps {
-            max_send_wr: spec.sq_wqebbs,
-            max_recv_wr: spec.rq_wqes,
-            max_send_sge: 1,
-            max_recv_sge: spec.rq_stride / crate::format::SEG_SIZE as u32,
-            max_inline_data: 0,
-        };
-        let qp = Arc::new(pd.create_qp(&scq, &rcq, &caps).map_err(|e| self.err(e))?);
+        let qp = self.create_sized_qp(&pd, &scq, &rcq, &spec)?;
         let r = qp.rings();
         let sq_off = r.sq_buf.checked_sub(r.rq_buf).ok_or_else(|| {
             Error::invalid(format!(

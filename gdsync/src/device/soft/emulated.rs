@@ -96,6 +96,9 @@ static OPS: HcaOps = HcaOps {
     qp_state,
 };
 
+/// `UVEMU_MR_DMABUF`: reg_mr's access flag for a dma-buf region (uvemu.h).
+const UVEMU_MR_DMABUF: u32 = 1 << 31;
+
 /// Processes under one emulator share its devices' QP numbers, as processes of a host share
 /// an HCA's: slot `s` (of `QPN_SLOTS`, from the driver) numbers its QPs `s << 12 | 1 ..=
 /// s << 12 | 0xfff`, so that a QP number tells the driver which process serves it.
@@ -249,12 +252,25 @@ extern "C" fn reg_mr(
     rkey: *mut u32,
 ) -> c_int {
     on(dev, "a memory region", |h| {
+        let memory = match access & UVEMU_MR_DMABUF {
+            0 => MrMemory::Host,
+            // A dma-buf the process exported from GPU memory: its IOVA is the GPU address,
+            // whose bytes the soft device moves through the CUDA driver.
+            _ => match crate::cuda::MemoryKind::of(addr) {
+                crate::cuda::MemoryKind::Device { ordinal } => MrMemory::Gpu { ordinal },
+                _ => {
+                    return Err(Error::Unsupported(format!(
+                        "a dma-buf region at IOVA {addr:#x}: the emulated driver serves dma-bufs of CUDA device memory at their GPU address only"
+                    )))
+                }
+            },
+        };
         let spec = MrSpec {
             pd,
             addr,
             len,
-            access: Access::from_bits_truncate(access),
-            memory: MrMemory::Host,
+            access: Access::from_bits_truncate(access & !UVEMU_MR_DMABUF),
+            memory,
         };
         let keys = h.reg_mr(&spec)?;
         // SAFETY: the driver passes pointers to its object's key fields.
