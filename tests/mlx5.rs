@@ -193,10 +193,9 @@ fn mlx5_several_devices_and_infiniband_ports() {
     assert_eq!(ib.link_layer, LinkLayer::InfiniBand);
     assert_ne!(ib.lid, 0);
     assert_eq!(ctx.choose_gid(2, None).unwrap().entry.index, 0);
-    assert_eq!(
-        ctx.choose_gid(1, None).unwrap().entry.gid.ipv4(),
-        Some([10, 1, 1, 1].into())
-    );
+    // 10.device.port.node: the emulator's node number on the fabric varies.
+    let ip = ctx.choose_gid(1, None).unwrap().entry.gid.ipv4().unwrap();
+    assert_eq!(ip.octets()[..3], [10, 1, 1], "{ip}");
 
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16).unwrap();

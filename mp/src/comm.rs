@@ -748,16 +748,38 @@ impl Comm {
         Ok(())
     }
 
-    /// Posts what it can of `peer`'s queued CPU work, then refuses (naming `before`) if any
-    /// is left: executor work would overtake it, and work to one peer stays in order.
+    /// Posts `peer`'s queued CPU work, then refuses (naming `before`) if any is left:
+    /// executor work would overtake it, and work to one peer stays in order. Work waiting for
+    /// send-ring space or for executor work ahead of it is waited for (completions drain it,
+    /// up to the communicator's timeout); work waiting for the peer's credit is not, as the
+    /// peer may be waiting for this very post.
     fn no_queued_cpu_work(&mut self, peer: usize, before: &str) -> Result<()> {
-        self.pump(peer)?;
-        if self.peers[peer].as_ref().unwrap().pending.is_empty() {
-            return Ok(());
+        let until = Instant::now() + self.timeout;
+        loop {
+            self.pump(peer)?;
+            let credit = self.credit(peer);
+            let p = self.peers[peer].as_ref().unwrap();
+            let Some(front) = p.pending.front() else {
+                return Ok(());
+            };
+            let for_credit = p.exec_end.is_none()
+                && front.posted == 0
+                && front
+                    .credit
+                    .is_some_and(|need| !credit_allows(credit, need));
+            if for_credit || Instant::now() >= until {
+                return Err(Error::invalid(format!(
+                    "CPU work to rank {peer} is still queued ({}): wait for it before {before} (work to one peer stays in order)",
+                    if for_credit {
+                        "sends waiting for the peer's credits"
+                    } else {
+                        "the send ring stayed full"
+                    }
+                )));
+            }
+            self.poll_peer(peer)?;
+            std::thread::yield_now();
         }
-        Err(Error::invalid(format!(
-            "CPU work to rank {peer} is still queued (sends waiting for credits): wait for it before {before} (work to one peer stays in order)"
-        )))
     }
 
     /// Submits `pre` (waits the executor does first) and the commit ops of `wrs` to `exec`,
