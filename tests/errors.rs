@@ -894,6 +894,14 @@ fn invalid_arguments() {
             max_inline: 4096,
             ..QpConfig::default()
         },
+        QpConfig {
+            retry_count: 8,
+            ..QpConfig::default()
+        },
+        QpConfig {
+            timeout: Duration::ZERO,
+            ..QpConfig::default()
+        },
     ] {
         assert!(
             p.a.pd.create_qp(&p.a.scq, &p.a.rcq, &bad).is_err(),

@@ -2,6 +2,11 @@
 //! when the child asks for it (`GDSYNC_SOFT_LINK=tcp` in its environment; its endpoint
 //! carries the request, so the parent, with the default policy, links over TCP too).
 //!
+//! Every test runs on soft devices, and the `mlx5_` ones on `mlx5_0` of the emulated RDMA
+//! driver: each process under an emulator of its own, as two hosts with a ConnectX each
+//! (libmlx5's QPs, served by the soft HCA behind the driver, which links to the other
+//! process's over shared memory or TCP). Those are ignored where rdma-core is not installed.
+//!
 //! The parent test re-executes this test binary, running only the `child` test with
 //! `GDSYNC_CHILD_ROLE` set; without that variable `child` returns at once. Endpoints and the
 //! child's memory region are exchanged as text lines over the child's stdin and stdout; the
@@ -23,6 +28,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
 const ROLE: &str = "GDSYNC_CHILD_ROLE";
+/// The device the child opens (`soft` or `mlx5_0`).
+const DEVICE: &str = "GDSYNC_CHILD_DEVICE";
 const TAG: &str = "@@gdsync ";
 /// The child's remotely accessible region: its size and the seed of its initial contents.
 const MEM_LEN: usize = 1 << 20;
@@ -91,7 +98,8 @@ fn child_setup(mem: &gdasync::gdsync::MemoryRegion<'_>, s: &mut ChildSetup) {
 }
 
 fn child_new() -> ChildSetup {
-    let dev = Device::soft().unwrap();
+    let name = std::env::var(DEVICE).unwrap_or_else(|_| "soft".into());
+    let dev = Device::open(&name).unwrap_or_else(|e| panic!("{name}: {e}"));
     let pd = dev.alloc_pd();
     let scq = dev.create_cq(256).unwrap();
     let rcq = dev.create_cq(256).unwrap();
@@ -223,6 +231,58 @@ fn connect_self() {
 
 // ---------------------------------------------------------------------------- the parent
 
+/// The two processes' devices, and how their devices link.
+#[derive(Clone, Copy, Debug)]
+struct Peers {
+    /// `mlx5_0` of the emulated RDMA driver in each process, else a soft device.
+    mlx5: bool,
+    link: LinkKind,
+}
+
+const SHM: Peers = Peers {
+    mlx5: false,
+    link: LinkKind::SharedMemory,
+};
+const TCP: Peers = Peers {
+    mlx5: false,
+    link: LinkKind::Tcp,
+};
+const MLX5_SHM: Peers = Peers {
+    mlx5: true,
+    link: LinkKind::SharedMemory,
+};
+const MLX5_TCP: Peers = Peers {
+    mlx5: true,
+    link: LinkKind::Tcp,
+};
+
+impl Peers {
+    fn device(self) -> &'static str {
+        if self.mlx5 {
+            "mlx5_0"
+        } else {
+            "soft"
+        }
+    }
+}
+
+/// Tests of the bodies above on `mlx5_0` of the emulated RDMA driver: each runs again in a
+/// child under the driver (the parent process of the test), which starts the peer process
+/// under an emulator of its own.
+macro_rules! on_mlx5 {
+    ($($(#[$m:meta])* fn $name:ident() $body:block)*) => {$(
+        #[test]
+        #[cfg_attr(
+            not(rdma_core),
+            ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+        )]
+        $(#[$m])*
+        fn $name() {
+            if !under_emulated_driver(module_path!(), stringify!($name)) $body
+        }
+    )*};
+}
+
 /// A child process running one role, and the parent's connected QP to it.
 struct Child {
     proc: std::process::Child,
@@ -232,14 +292,23 @@ struct Child {
     /// The child's region.
     buf: RemoteBuf,
     side: Side,
+    /// The child's emulated driver (its fake sysfs tree and fabric node), for an mlx5 child.
+    _emu: Option<uverbs_emu::Emulator>,
 }
 
 impl Child {
-    /// Starts a child in `role` and connects a QP with `cfg` to it over `link`
-    /// (`SharedMemory` or `Tcp`).
-    fn spawn(role: &str, cfg: &QpConfig, link: LinkKind) -> Child {
+    /// Starts a child in `role` and connects a QP with `cfg` to it: on the devices of
+    /// `peers`, over its link (`SharedMemory` or `Tcp`).
+    fn spawn(role: &str, cfg: &QpConfig, peers: Peers) -> Child {
         let exe = std::env::current_exe().unwrap();
-        let mut cmd = Command::new(exe);
+        let emu = peers.mlx5.then(|| {
+            uverbs_emu::Emulator::new(&uverbs_emu::parse_devices("mlx5_0").unwrap())
+                .unwrap_or_else(|e| panic!("the emulated driver is not usable: {e}"))
+        });
+        let mut cmd = match &emu {
+            Some(emu) => emu.command(exe),
+            None => Command::new(exe),
+        };
         cmd.args([
             "--exact",
             "child",
@@ -248,10 +317,13 @@ impl Child {
             "--test-threads=1",
         ])
         .env(ROLE, role)
+        .env(DEVICE, peers.device())
+        .env_remove("UVEMU_TEST_CHILD")
         .env(
             auth::SECRET_ENV,
             auth::job_secret().expect("a job secret").to_hex(),
         );
+        let link = peers.link;
         match link {
             LinkKind::SharedMemory => cmd.env_remove("GDSYNC_SOFT_LINK"),
             LinkKind::Tcp => cmd.env("GDSYNC_SOFT_LINK", "tcp"),
@@ -264,7 +336,7 @@ impl Child {
             .spawn()
             .expect("spawn child");
         let lines = common::child::tagged_lines(proc.stdout.take().unwrap(), TAG);
-        let dev = Device::soft().unwrap();
+        let dev = Device::open(peers.device()).unwrap();
         let side = Side::new(&dev, cfg);
         let mut c = Child {
             stdin: proc.stdin.take(),
@@ -277,14 +349,20 @@ impl Child {
                 rkey: 0,
             },
             side,
+            _emu: emu,
         };
         let ep: Endpoint = c.expect("EP ").parse().expect("child endpoint");
-        assert_eq!(dev.link_kind(&ep).unwrap(), link, "{ep}");
-        if link == LinkKind::Tcp {
-            assert_eq!(ep.link, LinkPolicy::Tcp, "{ep}");
-            assert!(ep.addr.is_some(), "{ep}");
+        if peers.mlx5 {
+            // An RDMA port's QP: the soft HCAs behind the drivers choose their link.
+            assert!(ep.port.is_some(), "{ep}");
         } else {
-            assert!(ep.addr.is_none(), "a process of one host listens: {ep}");
+            assert_eq!(dev.link_kind(&ep).unwrap(), link, "{ep}");
+            if link == LinkKind::Tcp {
+                assert_eq!(ep.link, LinkPolicy::Tcp, "{ep}");
+                assert!(ep.addr.is_some(), "{ep}");
+            } else {
+                assert!(ep.addr.is_none(), "a process of one host listens: {ep}");
+            }
         }
         c.buf = parse_buf(&c.expect("BUF "));
         assert_eq!(c.buf.len, MEM_LEN as u64);
@@ -374,17 +452,17 @@ impl Drop for Child {
 /// Every operation against a child process, checked on both sides.
 #[test]
 fn every_operation_across_processes() {
-    every_operation(LinkKind::SharedMemory);
+    every_operation(SHM);
 }
 
 /// The same over TCP.
 #[test]
 fn every_operation_over_tcp() {
-    every_operation(LinkKind::Tcp);
+    every_operation(TCP);
 }
 
-fn every_operation(link: LinkKind) {
-    let mut ch = Child::spawn("responder", &QpConfig::default(), link);
+fn every_operation(peers: Peers) {
+    let mut ch = Child::spawn("responder", &QpConfig::default(), peers);
     let buf = ch.buf;
     // The parent's model of the child's region.
     let mut model = pattern(MEM_SEED, MEM_LEN);
@@ -558,15 +636,15 @@ fn dead_peer_completions(ch: &Child, n: usize, since: Instant, first_id: u64) ->
 }
 
 /// Sends stuck on RNR (the child posts no receives; infinite retries) and a read behind
-/// them, then the child is killed: all of it completes with errors within 2 s. Returns the
-/// statuses.
-fn kill_during_rnr(rnr_timer: Duration, link: LinkKind) -> Vec<WcStatus> {
+/// them, then the child is killed: all of it completes with errors within 2 s, the first
+/// with TRANSPORT_RETRY_EXC.
+fn kill_during_rnr(rnr_timer: Duration, peers: Peers) {
     let cfg = QpConfig {
         rnr_retry: u8::MAX,
         rnr_timer,
         ..QpConfig::default()
     };
-    let mut ch = Child::spawn("idle", &cfg, link);
+    let mut ch = Child::spawn("idle", &cfg, peers);
     let buf = ch.buf;
     let pd = ch.side.pd.clone();
     let mut local = vec![0u8; 64];
@@ -592,36 +670,33 @@ fn kill_during_rnr(rnr_timer: Duration, link: LinkKind) -> Vec<WcStatus> {
     assert_quiet(&ch.side.scq, Duration::from_millis(100));
     let t = kill(&mut ch);
     let s = dead_peer_completions(&ch, 4, t, 1);
+    assert_eq!(s[0], WcStatus::Error(Syndrome::TransportRetryExc), "{s:?}");
     // Receives on the failed QP are flushed.
     ch.side.qp.post_recv(&RecvWr::new().wr_id(9)).unwrap();
     let r = poll1(&ch.side.rcq);
     assert_err(&r, Syndrome::WrFlush);
     drop((lmr, smr));
-    s
 }
 
 #[test]
 fn child_killed_with_sends_waiting_on_rnr() {
-    let s = kill_during_rnr(Duration::from_millis(2), LinkKind::SharedMemory);
-    assert_eq!(s[0], WcStatus::Error(Syndrome::TransportRetryExc), "{s:?}");
+    kill_during_rnr(Duration::from_millis(2), SHM);
 }
 
 #[test]
 fn child_killed_during_rnr_wait_reports_retry_exceeded() {
-    let s = kill_during_rnr(Duration::from_millis(100), LinkKind::SharedMemory);
-    assert_eq!(s[0], WcStatus::Error(Syndrome::TransportRetryExc), "{s:?}");
+    kill_during_rnr(Duration::from_millis(100), SHM);
 }
 
 #[test]
 fn tcp_child_killed_with_sends_waiting_on_rnr() {
-    let s = kill_during_rnr(Duration::from_millis(2), LinkKind::Tcp);
-    assert_eq!(s[0], WcStatus::Error(Syndrome::TransportRetryExc), "{s:?}");
+    kill_during_rnr(Duration::from_millis(2), TCP);
 }
 
 /// Kills the child (after a good read), waits `idle`, then posts three reads. They must
-/// all fail within 2 s and move no data. Returns their statuses.
-fn reads_after_kill(idle: Duration, link: LinkKind) -> Vec<WcStatus> {
-    let mut ch = Child::spawn("idle", &QpConfig::default(), link);
+/// all fail within 2 s and move no data, the first with TRANSPORT_RETRY_EXC.
+fn reads_after_kill(idle: Duration, peers: Peers) {
+    let mut ch = Child::spawn("idle", &QpConfig::default(), peers);
     let buf = ch.buf;
     let pd = ch.side.pd.clone();
     let mut local = vec![0u8; 4096];
@@ -648,6 +723,7 @@ fn reads_after_kill(idle: Duration, link: LinkKind) -> Vec<WcStatus> {
             .unwrap();
     }
     let s = dead_peer_completions(&ch, 3, t, 1);
+    assert_eq!(s[0], WcStatus::Error(Syndrome::TransportRetryExc), "{s:?}");
     lmr.read_at(0, &mut got);
     assert!(
         got.iter().all(|&x| x == 0),
@@ -664,49 +740,44 @@ fn reads_after_kill(idle: Duration, link: LinkKind) -> Vec<WcStatus> {
         &QpConfig::default(),
     ));
     drop(lmr);
-    s
 }
 
 /// The child is killed; reads posted right afterwards fail within 2 s.
 #[test]
 fn child_killed_then_reads_posted() {
-    let s = reads_after_kill(Duration::ZERO, LinkKind::SharedMemory);
-    assert_eq!(s[0], WcStatus::Error(Syndrome::TransportRetryExc), "{s:?}");
+    reads_after_kill(Duration::ZERO, SHM);
 }
 
 /// Reads posted once the child's death has surely been noticed: the first must report why
 /// (TRANSPORT_RETRY_EXC), not only WR_FLUSH.
 #[test]
 fn child_killed_then_reads_posted_later_report_retry_exceeded() {
-    let s = reads_after_kill(Duration::from_millis(100), LinkKind::SharedMemory);
-    assert_eq!(s[0], WcStatus::Error(Syndrome::TransportRetryExc), "{s:?}");
+    reads_after_kill(Duration::from_millis(100), SHM);
 }
 
 #[test]
 fn tcp_child_killed_then_reads_posted() {
-    let s = reads_after_kill(Duration::ZERO, LinkKind::Tcp);
-    assert_eq!(s[0], WcStatus::Error(Syndrome::TransportRetryExc), "{s:?}");
+    reads_after_kill(Duration::ZERO, TCP);
 }
 
 #[test]
 fn tcp_child_killed_then_reads_posted_later_report_retry_exceeded() {
-    let s = reads_after_kill(Duration::from_millis(100), LinkKind::Tcp);
-    assert_eq!(s[0], WcStatus::Error(Syndrome::TransportRetryExc), "{s:?}");
+    reads_after_kill(Duration::from_millis(100), TCP);
 }
 
 /// The child exits normally (its device closes the link): later work fails promptly.
 #[test]
 fn child_exits_then_read_fails() {
-    exit_then_read_fails(LinkKind::SharedMemory);
+    exit_then_read_fails(SHM);
 }
 
 #[test]
 fn tcp_child_exits_then_read_fails() {
-    exit_then_read_fails(LinkKind::Tcp);
+    exit_then_read_fails(TCP);
 }
 
-fn exit_then_read_fails(link: LinkKind) {
-    let mut ch = Child::spawn("idle", &QpConfig::default(), link);
+fn exit_then_read_fails(peers: Peers) {
+    let mut ch = Child::spawn("idle", &QpConfig::default(), peers);
     let buf = ch.buf;
     let pd = ch.side.pd.clone();
     let mut local = vec![0u8; 64];
@@ -730,16 +801,16 @@ fn exit_then_read_fails(link: LinkKind) {
 /// TRANSPORT_RETRY_EXC, the rest with it or WR_FLUSH.
 #[test]
 fn child_killed_with_reads_in_flight() {
-    kill_with_reads_in_flight(LinkKind::SharedMemory);
+    kill_with_reads_in_flight(SHM);
 }
 
 #[test]
 fn tcp_child_killed_with_reads_in_flight() {
-    kill_with_reads_in_flight(LinkKind::Tcp);
+    kill_with_reads_in_flight(TCP);
 }
 
-fn kill_with_reads_in_flight(link: LinkKind) {
-    let mut ch = Child::spawn("idle", &QpConfig::default(), link);
+fn kill_with_reads_in_flight(peers: Peers) {
+    let mut ch = Child::spawn("idle", &QpConfig::default(), peers);
     let buf = ch.buf;
     let pd = ch.side.pd.clone();
     let mut local = vec![0u8; 3 * 4096];
@@ -799,22 +870,22 @@ fn wait_stopped(pid: u32) {
 /// TRANSPORT_RETRY_EXC once `QpConfig::timeout` passes without an answer.
 #[test]
 fn stopped_child_times_out() {
-    stopped_times_out(LinkKind::SharedMemory);
+    stopped_times_out(SHM);
 }
 
 /// Over TCP the stopped process's connection stays open: the QP timeout still applies.
 #[test]
 fn tcp_stopped_child_times_out() {
-    stopped_times_out(LinkKind::Tcp);
+    stopped_times_out(TCP);
 }
 
-fn stopped_times_out(link: LinkKind) {
+fn stopped_times_out(peers: Peers) {
     let timeout = Duration::from_millis(300);
     let cfg = QpConfig {
         timeout,
         ..QpConfig::default()
     };
-    let mut ch = Child::spawn("idle", &cfg, link);
+    let mut ch = Child::spawn("idle", &cfg, peers);
     let buf = ch.buf;
     let pd = ch.side.pd.clone();
     let mut local = vec![0u8; 64];
@@ -841,6 +912,49 @@ fn stopped_times_out(link: LinkKind) {
     );
     drop(lmr);
     // Drop kills the stopped child.
+}
+
+on_mlx5! {
+    /// Every operation between two processes' libmlx5 QPs, their soft HCAs linked over
+    /// shared memory.
+    fn mlx5_every_operation_across_processes() {
+        every_operation(MLX5_SHM);
+    }
+
+    /// The same with the soft HCAs linked over TCP.
+    fn mlx5_every_operation_over_tcp() {
+        every_operation(MLX5_TCP);
+    }
+
+    fn mlx5_child_killed_with_sends_waiting_on_rnr() {
+        kill_during_rnr(Duration::from_millis(2), MLX5_SHM);
+    }
+
+    fn mlx5_child_killed_then_reads_posted() {
+        reads_after_kill(Duration::ZERO, MLX5_SHM);
+    }
+
+    fn mlx5_child_killed_then_reads_posted_later_report_retry_exceeded() {
+        reads_after_kill(Duration::from_millis(100), MLX5_SHM);
+    }
+
+    fn mlx5_tcp_child_killed_then_reads_posted() {
+        reads_after_kill(Duration::ZERO, MLX5_TCP);
+    }
+
+    fn mlx5_child_exits_then_read_fails() {
+        exit_then_read_fails(MLX5_SHM);
+    }
+
+    fn mlx5_child_killed_with_reads_in_flight() {
+        kill_with_reads_in_flight(MLX5_SHM);
+    }
+
+    /// The QP's timeout, split by the HCA over its retries, still bounds the wait for a
+    /// peer that stopped answering.
+    fn mlx5_stopped_child_times_out() {
+        stopped_times_out(MLX5_SHM);
+    }
 }
 
 // ---------------------------------------------------------------------------- unreachable

@@ -76,8 +76,10 @@ impl Topo {
 /// child under the emulated RDMA driver and returns true once it passed there; in that
 /// child, returns false (run the body).
 pub fn under_emulated_driver(path: &str, name: &str) -> bool {
-    let module = path.split_once("::").map_or("", |(_, m)| m);
-    let test = format!("{module}::{name}");
+    let test = match path.split_once("::") {
+        Some((_, module)) => format!("{module}::{name}"),
+        None => name.to_string(), // a test at the binary's top level
+    };
     uverbs_emu::in_child_under_emulator(&test, EMULATED_DEVICES)
 }
 

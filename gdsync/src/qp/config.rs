@@ -26,7 +26,13 @@ pub struct QpConfig {
     pub rnr_timer: Duration,
     /// How long outstanding work may go without any answer from the peer before it completes
     /// with `TRANSPORT_RETRY_EXC` (a dead peer process or a closed device is detected sooner).
+    /// On an RDMA device this is all tries together: each of the `retry_count + 1` tries
+    /// waits the shortest IB transport timeout (4.096 µs × 2^n) that covers its share.
     pub timeout: Duration,
+    /// How often an RDMA device retransmits after a transport timeout before the work fails
+    /// (verbs' `retry_cnt`, 0 to 7; default 7). The soft device's links lose nothing, so it
+    /// only waits out [`timeout`](Self::timeout).
+    pub retry_count: u8,
     /// Who rings the doorbell for op lists from [`Qp::commit`](super::Qp::commit); `None`: chosen automatically
     /// (`GDSYNC_NIC_HANDLER`, else the GPU).
     pub nic_handler: Option<crate::NicHandler>,
@@ -42,6 +48,7 @@ impl Default for QpConfig {
             rnr_retry: 7,
             rnr_timer: Duration::from_millis(2),
             timeout: Duration::from_secs(5),
+            retry_count: 7,
             nic_handler: None,
         }
     }
@@ -75,6 +82,17 @@ impl QpConfig {
             return Err(Error::invalid(format!(
                 "max_recv_sge must be in 1..={MAX_SGE}"
             )));
+        }
+        if self.retry_count > 7 {
+            return Err(Error::invalid(format!(
+                "retry_count {} exceeds 7 (verbs' retry_cnt has 3 bits)",
+                self.retry_count
+            )));
+        }
+        if self.timeout.is_zero() {
+            return Err(Error::invalid(
+                "timeout must be more than zero (it bounds how long a silent peer is waited for)",
+            ));
         }
         // ctrl + raddr + the inline header must fit in the 63 DS a WQE can have.
         let max_inline = (MAX_WQE_DS * SEG_SIZE - 2 * SEG_SIZE - 4) as u32;

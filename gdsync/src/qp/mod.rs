@@ -184,7 +184,7 @@ impl Qp {
         let timers = QpTimers {
             sq_psn: 0,
             timeout: cfg.timeout,
-            retry_cnt: 7,
+            retry_cnt: cfg.retry_count,
             rnr_retry: cfg.rnr_retry,
             min_rnr_timer: cfg.rnr_timer,
         };

@@ -291,6 +291,33 @@ fn path_mtu(bytes: u32) -> u32 {
         .unwrap_or(256)
 }
 
+/// Why a UAR page may not map for GPUs, as far as this process can tell.
+fn gpu_doorbell_hint() -> &'static str {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        "this process is root, so either the page is not I/O memory CUDA can map (an emulated \
+         HCA's page is RAM) or the GPU driver refuses peer mappings of it"
+    } else {
+        "mapping an HCA's doorbell page for GPUs needs root or the NVIDIA driver's \
+         NVreg_RegistryDwords=PeerMappingOverride=1"
+    }
+}
+
+/// The RTS attributes for the queue layer's timers: its timeout is for all tries together,
+/// so each of the `retry_cnt + 1` tries waits the code that covers its share.
+fn rts_attr(t: &QpTimers, max_rd_atomic: u8) -> RtsAttr {
+    let retry_cnt = t.retry_cnt.min(7);
+    let per_try = t.timeout / (u32::from(retry_cnt) + 1);
+    RtsAttr {
+        sq_psn: t.sq_psn,
+        timeout: timeout_code(per_try),
+        retry_cnt,
+        rnr_retry: rnr_retry_code(t.rnr_retry),
+        max_rd_atomic,
+        min_rnr_timer: Some(rnr_timer_code(t.min_rnr_timer)),
+    }
+}
+
 /// The IB transport-timeout code whose wait (4.096 µs × 2^code) covers `d`.
 fn timeout_code(d: Duration) -> u8 {
     let units = d.as_nanos().div_ceil(4096).max(1);
@@ -474,8 +501,9 @@ impl Provider for Mlx5Device {
         let gpu_doorbell = match e3 {
             None => Ok(()),
             Some(e) => Err(format!(
-                "the doorbell page of {} cannot be mapped for GPUs ({e}; needs root or PeerMappingOverride=1)",
-                self.ctx.name()
+                "the doorbell page of {} cannot be mapped for GPUs ({e}; {})",
+                self.ctx.name(),
+                gpu_doorbell_hint()
             )),
         };
         self.qps.lock().insert(r.qpn, qp);
@@ -522,19 +550,7 @@ impl Provider for Mlx5Device {
                     ..RtrAttr::new(remote, self.port, mtu)
                 })
             }
-            QpModify::Rts(t) => {
-                let retry_cnt = t.retry_cnt.min(7);
-                // The layer's timeout is for all tries together.
-                let per_try = t.timeout / (u32::from(retry_cnt) + 1);
-                qp.to_rts(&RtsAttr {
-                    sq_psn: t.sq_psn,
-                    timeout: timeout_code(per_try),
-                    retry_cnt,
-                    rnr_retry: rnr_retry_code(t.rnr_retry),
-                    max_rd_atomic: rd_atomic(l.max_qp_init_rd_atom),
-                    min_rnr_timer: Some(rnr_timer_code(t.min_rnr_timer)),
-                })
-            }
+            QpModify::Rts(t) => qp.to_rts(&rts_attr(&t, rd_atomic(l.max_qp_init_rd_atom))),
         }
         .map_err(|e| self.err(e))
     }
@@ -578,6 +594,27 @@ impl Provider for Mlx5Device {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rts_splits_the_timeout_over_the_tries_asked_for() {
+        let t = |timeout_ms: u64, retry_cnt: u8| QpTimers {
+            sq_psn: 9,
+            timeout: Duration::from_millis(timeout_ms),
+            retry_cnt,
+            rnr_retry: u8::MAX,
+            min_rnr_timer: Duration::from_millis(2),
+        };
+        // 5 s over 8 tries: 625 ms each, covered by 4.096 us << 18 (1.07 s).
+        let a = rts_attr(&t(5000, 7), 16);
+        assert_eq!((a.sq_psn, a.timeout, a.retry_cnt), (9, 18, 7));
+        assert_eq!((a.rnr_retry, a.max_rd_atomic), (7, 16));
+        // One try gets the whole timeout: 5 s needs 4.096 us << 21 (8.6 s).
+        let a = rts_attr(&t(5000, 0), 16);
+        assert_eq!((a.timeout, a.retry_cnt), (21, 0));
+        // 300 ms over 4 tries: 75 ms, covered by 4.096 us << 15 (134 ms).
+        let a = rts_attr(&t(300, 3), 1);
+        assert_eq!((a.timeout, a.retry_cnt), (15, 3));
+    }
 
     #[test]
     fn timeouts_become_the_smallest_covering_code() {
