@@ -264,10 +264,29 @@ impl Mlx5Device {
         // SAFETY: `owner` is the libmlx5 object whose memory this is: it stays allocated and
         // mapped while the object lives, and the ring memory holds the object.
         let (mut mem, off) = unsafe { RingMem::held(addr as u64, len, owner.clone()) };
-        let failed = if self.gpus {
-            mem.map_for_gpus(io).err()
-        } else {
-            None
+        let failed = match (self.gpus, io) {
+            (false, _) => None,
+            (true, false) => mem.map_for_gpus(false).err(),
+            (true, true) => match mem.map_for_gpus(true) {
+                Ok(()) => None,
+                // A doorbell page that is ordinary memory (an emulated HCA's) is registered
+                // as such; a ConnectX's is I/O memory, which a plain registration cannot pin.
+                Err(e) => match mem.map_for_gpus(false) {
+                    Err(_) => Some(e),
+                    Ok(()) => {
+                        static SAID: std::sync::atomic::AtomicBool =
+                            std::sync::atomic::AtomicBool::new(false);
+                        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                            tracing::info!(
+                                "the doorbell page of {} is ordinary memory, not I/O memory \
+                                 ({e}): registered for GPUs as such (an emulated HCA's page)",
+                                self.ctx.name()
+                            );
+                        }
+                        None
+                    }
+                },
+            },
         };
         let at = MemAt {
             mem: Arc::new(mem),
