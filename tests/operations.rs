@@ -1371,9 +1371,6 @@ fn receive_posted_before_connect() {
     assert_eq!(got, pattern(17, 64));
 }
 
-/// With a CPU proxy as NIC handler, committed op lists ask the proxy to ring (a barrier and
-/// one host store) instead of ringing themselves; the work still completes, from a host
-/// executor and from a host stream.
 /// A QP's send ring has the WQEBBs asked for (libmlx5 would size it at several per request),
 /// so CQs of that size are enough for a kernel to take the QP.
 fn send_ring_is_the_size_asked_for_so_a_kernel_can_take_it(t: Topo) {
@@ -1393,6 +1390,9 @@ fn send_ring_is_the_size_asked_for_so_a_kernel_can_take_it(t: Topo) {
     }
 }
 
+/// With a CPU proxy as NIC handler, committed op lists ask the proxy to ring (a barrier and
+/// one host store) instead of ringing themselves; the work still completes, from a host
+/// executor and from a host stream.
 #[test]
 fn cpu_proxy_rings_for_committed_sends() {
     use gdasync::gdsync::ops::Op;
