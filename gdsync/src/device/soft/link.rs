@@ -290,6 +290,17 @@ impl Consumer {
         }
     }
 
+    /// Whether a record (or a skip to the ring's start) has been published at the consumer's
+    /// position: one load of the stamp, for the common look that finds nothing.
+    #[inline]
+    pub(crate) fn ready(&self) -> bool {
+        let off = self.ring.off(self.pos);
+        // SAFETY: off < cap, 64-aligned.
+        let stamp =
+            unsafe { &*(self.base.add(off as usize) as *const AtomicU32) }.load(Ordering::Acquire);
+        stamp == self.ring.stamp(self.pos)
+    }
+
     /// The next record, if one has been published: its header and payload.
     pub(crate) fn peek(&mut self) -> Option<(PktHeader, &[u8])> {
         loop {

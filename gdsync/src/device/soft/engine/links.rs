@@ -28,12 +28,15 @@ enum Emit {
 
 impl Engine {
     /// Takes up to 64 packets off the link's receive ring; none while the link's send queue
-    /// is full ([`MAX_BACKLOG`]).
+    /// is full ([`MAX_BACKLOG`]). The look that finds nothing is one load, inline.
     #[inline]
     pub(super) fn poll_link(&mut self, li: usize) -> bool {
-        if self.links[li].queue.len() >= MAX_BACKLOG {
-            return false;
-        }
+        let l = &self.links[li];
+        l.link.rx.ready() && l.queue.len() < MAX_BACKLOG && self.take_packets(li)
+    }
+
+    #[inline(never)]
+    fn take_packets(&mut self, li: usize) -> bool {
         let mut n = 0;
         while let Some((h, payload)) = self.links[li].link.rx.peek() {
             // The payload borrows the ring: copy small headers, hand the slice down.
@@ -54,12 +57,14 @@ impl Engine {
         n > 0
     }
 
-    /// Sends queued packets while the ring has room.
+    /// Sends queued packets while the ring has room (an empty queue costs one look, inline).
     #[inline]
     pub(super) fn pump(&mut self, li: usize) -> bool {
-        if self.links[li].queue.is_empty() {
-            return false;
-        }
+        !self.links[li].queue.is_empty() && self.pump_queued(li)
+    }
+
+    #[inline(never)]
+    fn pump_queued(&mut self, li: usize) -> bool {
         let mut work = false;
         self.mrc.sync(&self.mrs);
         loop {

@@ -36,7 +36,7 @@ impl Engine {
     /// ring. The common case, nothing new, costs one load of the doorbell's cache line.
     #[inline]
     pub(super) fn poll_qp(&mut self, qpn: u32) -> bool {
-        let Some(q) = self.qps[qpn as usize].as_mut() else {
+        let Some(q) = self.qps[qpn as usize].as_ref() else {
             return false;
         };
         // The next WQE slot is prefetched so that, when a doorbell comes, both lines travel
@@ -47,6 +47,14 @@ impl Engine {
         if db == q.last_db && !q.pending && !q.err {
             return false;
         }
+        self.serve_qp(qpn, db)
+    }
+
+    /// [`poll_qp`](Self::poll_qp) after a doorbell, for a stalled ring or a QP in error
+    /// (out of line: the look that finds nothing stays small).
+    #[inline(never)]
+    fn serve_qp(&mut self, qpn: u32, db: [u64; 2]) -> bool {
+        let q = self.qps[qpn as usize].as_mut().unwrap();
         if q.cq_overrun && !q.err {
             // A CQE of this QP found its CQ overrun: the QP goes to error (the flushes that
             // follow are dropped as well while the CQ is in error).
