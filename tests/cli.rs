@@ -668,7 +668,12 @@ fn mlx5_gpu_triggers_on_the_emulated_driver() {
                 && err.contains("set by GDSYNC_NIC_HANDLER"),
             "proxy, {trigger}: {err}"
         );
-        assert_eq!(text(&out.stdout).lines().count(), 2, "proxy, {trigger}");
+        let rows = text(&out.stdout);
+        assert_eq!(rows.lines().count(), 2, "proxy, {trigger}: {rows}");
+        for r in rows.lines() {
+            json::check(r).unwrap_or_else(|e| panic!("proxy, {trigger}: {e} in {r}"));
+            assert!(r.contains("\"device\":\"mlx5_0\""), "proxy, {trigger}: {r}");
+        }
     }
 }
 

@@ -950,8 +950,8 @@ on_mlx5! {
         kill_with_reads_in_flight(MLX5_SHM);
     }
 
-    /// The QP's timeout, split by the HCA over its retries, still bounds the wait for a
-    /// peer that stopped answering.
+    /// A peer that stopped answering fails the work after the QP's timeout (split over the
+    /// tries by the RTS attributes, so at least the timeout and less than twice it).
     fn mlx5_stopped_child_times_out() {
         stopped_times_out(MLX5_SHM);
     }

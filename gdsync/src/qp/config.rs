@@ -26,8 +26,9 @@ pub struct QpConfig {
     pub rnr_timer: Duration,
     /// How long outstanding work may go without any answer from the peer before it completes
     /// with `TRANSPORT_RETRY_EXC` (a dead peer process or a closed device is detected sooner).
-    /// On an RDMA device this is all tries together: each of the `retry_count + 1` tries
-    /// waits the shortest IB transport timeout (4.096 µs × 2^n) that covers its share.
+    /// On an RDMA device this is split over the `retry_count + 1` tries, each of which waits
+    /// the shortest IB transport timeout (4.096 µs × 2^n) that covers its share: the work then
+    /// fails after at least `timeout` and less than twice it.
     pub timeout: Duration,
     /// How often an RDMA device retransmits after a transport timeout before the work fails
     /// (verbs' `retry_cnt`, 0 to 7; default 7). The soft device's links lose nothing, so it

@@ -22,7 +22,7 @@ use crate::ops::KeepAlive;
 use crate::{Device, Error, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,6 +62,11 @@ pub(crate) struct Mlx5Device {
     /// Whether GPUs are present: libmlx5's rings and doorbell page are then registered for
     /// them.
     gpus: bool,
+    /// The device is the emulated kernel driver's (a soft HCA serves it): its doorbell page is
+    /// ordinary memory, registered for GPUs as such.
+    emulated: bool,
+    /// That the emulated doorbell page was registered plainly has been said.
+    plain_doorbell_said: AtomicBool,
     next_pd: AtomicU32,
     /// PDs by id; a PD verbs refused keeps the reason, given to whatever uses it.
     pds: Mutex<HashMap<u32, std::result::Result<Arc<Pd>, String>>>,
@@ -74,11 +79,17 @@ pub(crate) struct Mlx5Device {
 /// Opens port `port` of the mlx5 device `name` as a [`Device`] (the mlx5 data path). Under
 /// the emulated kernel driver, this process's soft devices become its HCA first.
 pub(crate) fn open(name: &str, port: u8) -> Result<Device> {
-    match crate::device::soft::serve_emulated_driver() {
-        Ok(n) => tracing::debug!("emulated RDMA driver: {n} device(s) served by soft HCAs"),
-        Err(why) => tracing::trace!("{why}"),
-    }
-    let dev = Mlx5Device::open(name, port).map_err(|e| rdma_error(name, e))?;
+    let emulated = match crate::device::soft::serve_emulated_driver() {
+        Ok(n) => {
+            tracing::debug!("emulated RDMA driver: {n} device(s) served by soft HCAs");
+            true
+        }
+        Err(why) => {
+            tracing::trace!("{why}");
+            false
+        }
+    };
+    let dev = Mlx5Device::open(name, port, emulated).map_err(|e| rdma_error(name, e))?;
     Ok(Device::from_provider(Arc::new(dev)))
 }
 
@@ -95,7 +106,7 @@ fn rdma_error(dev: &str, e: RdmaError) -> Error {
 }
 
 impl Mlx5Device {
-    fn open(name: &str, port: u8) -> std::result::Result<Self, RdmaError> {
+    fn open(name: &str, port: u8, emulated: bool) -> std::result::Result<Self, RdmaError> {
         let ctx = Context::open(name)?;
         let limits = ctx.query_device()?;
         let info = ctx.query_port(port)?;
@@ -133,6 +144,8 @@ impl Mlx5Device {
             addr,
             limits,
             gpus: crate::cuda::Cuda::available(),
+            emulated,
+            plain_doorbell_said: AtomicBool::new(false),
             next_pd: AtomicU32::new(1),
             pds: Mutex::new(HashMap::new()),
             mrs: Mutex::new(HashMap::new()),
@@ -269,23 +282,19 @@ impl Mlx5Device {
             (true, false) => mem.map_for_gpus(false).err(),
             (true, true) => match mem.map_for_gpus(true) {
                 Ok(()) => None,
-                // A doorbell page that is ordinary memory (an emulated HCA's) is registered
-                // as such; a ConnectX's is I/O memory, which a plain registration cannot pin.
-                Err(e) => match mem.map_for_gpus(false) {
-                    Err(_) => Some(e),
-                    Ok(()) => {
-                        static SAID: std::sync::atomic::AtomicBool =
-                            std::sync::atomic::AtomicBool::new(false);
-                        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                            tracing::info!(
-                                "the doorbell page of {} is ordinary memory, not I/O memory \
-                                 ({e}): registered for GPUs as such (an emulated HCA's page)",
-                                self.ctx.name()
-                            );
-                        }
-                        None
+                // The emulated driver's doorbell page is ordinary memory, which CUDA
+                // registers only as such (a ConnectX's is I/O memory: no second try there).
+                Err(e) if self.emulated && mem.map_for_gpus(false).is_ok() => {
+                    if !self.plain_doorbell_said.swap(true, Ordering::Relaxed) {
+                        tracing::info!(
+                            "{}: the emulated driver's doorbell page is ordinary memory, not \
+                             I/O memory ({e}): registered for GPUs as such",
+                            self.ctx.name()
+                        );
                     }
-                },
+                    None
+                }
+                Err(e) => Some(e),
             },
         };
         let at = MemAt {
@@ -314,8 +323,8 @@ fn path_mtu(bytes: u32) -> u32 {
 fn gpu_doorbell_hint() -> &'static str {
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } == 0 {
-        "this process is root, so either the page is not I/O memory CUDA can map (an emulated \
-         HCA's page is RAM) or the GPU driver refuses peer mappings of it"
+        "this process is root, so the GPU driver refuses peer mappings of the HCA's page \
+         (see NVreg_RegistryDwords=PeerMappingOverride=1) or CUDA cannot map it"
     } else {
         "mapping an HCA's doorbell page for GPUs needs root or the NVIDIA driver's \
          NVreg_RegistryDwords=PeerMappingOverride=1"
