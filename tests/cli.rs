@@ -476,20 +476,21 @@ fn info_json_under_emulated_hca(spec: &str) -> String {
 }
 
 /// `name args` under the emulated RDMA driver with `spec`'s devices (and the GPUs where
-/// `gpu`): its output.
-fn run_under_emulated_hca(spec: &str, gpu: bool, name: &str, args: &[&str]) -> Output {
+/// `gpu`), logging as `log` says (`GDSYNC_LOG`; none where empty): its output.
+fn run_under_emulated_hca(spec: &str, gpu: bool, log: &str, name: &str, args: &[&str]) -> Output {
     let emu = uverbs_emu::Emulator::new(&uverbs_emu::parse_devices(spec).unwrap()).unwrap();
     let mut c = tool(name);
+    if !log.is_empty() {
+        c.env("GDSYNC_LOG", log);
+    }
     if gpu {
-        // (Who rings the doorbell is logged at debug level.)
-        c.env_remove("GDSYNC_CUDA")
-            .env("GDSYNC_LOG", "warn,gdsync::handler=debug");
+        c.env_remove("GDSYNC_CUDA");
     }
     c.envs(emu.env()).args(args).output().unwrap()
 }
 
 fn under_emulated_hca(spec: &str, name: &str, args: &[&str]) -> Output {
-    run_under_emulated_hca(spec, false, name, args)
+    run_under_emulated_hca(spec, false, "", name, args)
 }
 
 /// The `--json` rows of `name args` run on `mlx5_0` of the emulated driver, each checked to
@@ -501,7 +502,10 @@ fn json_rows_on_emulated_mlx5(name: &str, args: &[&str]) -> Vec<String> {
 fn json_rows_on_emulated_mlx5_with(gpu: bool, name: &str, args: &[&str]) -> Vec<String> {
     let mut all = vec!["--json", "--device", "mlx5_0"];
     all.extend_from_slice(args);
-    let out = run_under_emulated_hca("mlx5_0", gpu, name, &all);
+    // The devices' debug lines (links, connections, the peers' processes) come with any
+    // failure; who rings the doorbell is logged at debug level too.
+    let log = "warn,gdsync::device=debug,gdsync::handler=debug";
+    let out = run_under_emulated_hca("mlx5_0", gpu, log, name, &all);
     let what = format!("{name} {}", all.join(" "));
     assert!(out.status.success(), "{what}: {}", text(&out.stderr));
     let err = text(&out.stderr);
