@@ -467,30 +467,32 @@ fn info_lists_the_soft_device_with_its_limits() {
 
 /// `info --json` under the emulated RDMA driver: `spec`'s devices as rdma-core shows them.
 fn info_json_under_emulated_hca(spec: &str) -> String {
-    let emu = uverbs_emu::Emulator::new(&uverbs_emu::parse_devices(spec).unwrap()).unwrap();
-    let out = tool("info").envs(emu.env()).arg("--json").output().unwrap();
+    let emu = common::emulator(spec);
+    let out = tool_under(&emu, false, "info")
+        .arg("--json")
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     let j = text(&out.stdout);
     json::check(j.trim()).unwrap_or_else(|e| panic!("{e} in {j}"));
     j
 }
 
-/// `name args` under the emulated RDMA driver with `spec`'s devices (and the GPUs where
-/// `gpu`), logging as `log` says (`GDSYNC_LOG`; none where empty): its output.
-fn run_under_emulated_hca(spec: &str, gpu: bool, log: &str, name: &str, args: &[&str]) -> Output {
-    let emu = uverbs_emu::Emulator::new(&uverbs_emu::parse_devices(spec).unwrap()).unwrap();
+/// Example `name` as a command under the emulated RDMA driver `emu` (seeing the GPUs where
+/// `gpu`).
+fn tool_under(emu: &uverbs_emu::Emulator, gpu: bool, name: &str) -> Command {
     let mut c = tool(name);
-    if !log.is_empty() {
-        c.env("GDSYNC_LOG", log);
-    }
     if gpu {
         c.env_remove("GDSYNC_CUDA");
     }
-    c.envs(emu.env()).args(args).output().unwrap()
+    c.envs(emu.env());
+    c
 }
 
+/// `name args` under the emulated RDMA driver with `spec`'s devices: its output.
 fn under_emulated_hca(spec: &str, name: &str, args: &[&str]) -> Output {
-    run_under_emulated_hca(spec, false, "", name, args)
+    let emu = common::emulator(spec);
+    tool_under(&emu, false, name).args(args).output().unwrap()
 }
 
 /// The `--json` rows of `name args` run on `mlx5_0` of the emulated driver, each checked to
@@ -504,8 +506,15 @@ fn json_rows_on_emulated_mlx5_with(gpu: bool, name: &str, args: &[&str]) -> Vec<
     all.extend_from_slice(args);
     // The devices' debug lines (links, connections, the peers' processes) come with any
     // failure; who rings the doorbell is logged at debug level too.
-    let log = "warn,gdsync::device=debug,gdsync::handler=debug";
-    let out = run_under_emulated_hca("mlx5_0", gpu, log, name, &all);
+    let emu = common::emulator("mlx5_0");
+    let out = tool_under(&emu, gpu, name)
+        .env(
+            "GDSYNC_LOG",
+            "warn,gdsync::device=debug,gdsync::handler=debug",
+        )
+        .args(&all)
+        .output()
+        .unwrap();
     let what = format!("{name} {}", all.join(" "));
     assert!(out.status.success(), "{what}: {}", text(&out.stderr));
     let err = text(&out.stderr);
@@ -655,12 +664,10 @@ fn mlx5_gpu_triggers_on_the_emulated_driver() {
     }
     // The CPU proxy, asked for (as where a ConnectX's doorbell page cannot be mapped): it
     // rings libmlx5's doorbell for streams and kernels just as well.
-    let emu = uverbs_emu::Emulator::new(&uverbs_emu::parse_devices("mlx5_0").unwrap()).unwrap();
+    let emu = common::emulator("mlx5_0");
     for trigger in ["stream", "kernel"] {
-        let out = tool("pingpong")
-            .env_remove("GDSYNC_CUDA")
+        let out = tool_under(&emu, true, "pingpong")
             .env("GDSYNC_NIC_HANDLER", "cpu")
-            .envs(emu.env())
             .args(["--json", "--device", "mlx5_0", "--trigger", trigger])
             .args(["--sizes", "8,4096", "--iters", "300"])
             .output()

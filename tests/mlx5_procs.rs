@@ -200,8 +200,7 @@ impl Peer {
     /// `GDSYNC_SOFT_LINK=how.link` (the soft devices' link policy) and the job secret both
     /// children share (a TCP link proves it).
     fn start(name: &str, role: &str, how: How) -> Peer {
-        let emu = Emulator::new(&uverbs_emu::parse_devices(how.devices).unwrap())
-            .unwrap_or_else(|e| panic!("the emulated driver is not usable: {e}"));
+        let emu = common::emulator(how.devices);
         let mut child = emu
             .command(std::env::current_exe().unwrap())
             .args([name, "--exact", "--nocapture", "--test-threads=1"])

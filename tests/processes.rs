@@ -301,10 +301,7 @@ impl Child {
     /// `peers`, over its link (`SharedMemory` or `Tcp`).
     fn spawn(role: &str, cfg: &QpConfig, peers: Peers) -> Child {
         let exe = std::env::current_exe().unwrap();
-        let emu = peers.mlx5.then(|| {
-            uverbs_emu::Emulator::new(&uverbs_emu::parse_devices("mlx5_0").unwrap())
-                .unwrap_or_else(|e| panic!("the emulated driver is not usable: {e}"))
-        });
+        let emu = peers.mlx5.then(|| emulator("mlx5_0"));
         let mut cmd = match &emu {
             Some(emu) => emu.command(exe),
             None => Command::new(exe),

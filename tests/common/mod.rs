@@ -71,6 +71,15 @@ impl Topo {
     }
 }
 
+/// An emulated RDMA driver serving `spec`'s devices (`uverbs_emu::parse_devices`), for
+/// processes the test starts under it.
+#[allow(dead_code)]
+pub fn emulator(spec: &str) -> uverbs_emu::Emulator {
+    let devices = uverbs_emu::parse_devices(spec).unwrap_or_else(|e| panic!("{spec:?}: {e}"));
+    uverbs_emu::Emulator::new(&devices)
+        .unwrap_or_else(|e| panic!("the emulated driver is not usable: {e}"))
+}
+
 /// For a test on an mlx5 topology: in the test's process, runs test `path` (its
 /// `module_path!()`, whose first part is the test binary's name, and `name`) again in a
 /// child under the emulated RDMA driver and returns true once it passed there; in that
