@@ -20,12 +20,12 @@ pub(crate) trait Wire {
 /// A rank spinning on memory lends its thread to its soft engine: on few cores, packets
 /// reach the engine only through a thread that runs it (a no-op with a core per engine).
 pub(crate) fn relax(spins: u32) {
-    gdasync::gdsync::progress();
     if spins < 2000 {
         std::hint::spin_loop();
     } else {
         std::thread::yield_now();
     }
+    gdasync::gdsync::progress();
 }
 
 /// The byte message `i` ends with (never 0, the cleared value).

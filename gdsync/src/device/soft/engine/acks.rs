@@ -8,7 +8,7 @@
 //! in PSN order.
 
 use super::super::link::{kind, PktHeader};
-use super::{resp, Body, Engine, TxJob};
+use super::{resp, BodyRef, Engine};
 
 impl Engine {
     /// Records that QP `qpn` owes an ACK up to `psn`.
@@ -37,15 +37,7 @@ impl Engine {
             psn,
             ..Default::default()
         };
-        self.send(
-            li,
-            TxJob {
-                hdr,
-                body: Body::Empty,
-                pd: 0,
-                sent: 0,
-            },
-        );
+        self.send_ref(li, &hdr, BodyRef::Empty, 0);
     }
 
     /// Sends every owed ACK. Returns whether there were any.

@@ -5,7 +5,7 @@
 use super::super::link::{flag, kind, PktHeader, Producer, MTU};
 use super::super::mr_table::Slots;
 use super::memory::gather;
-use super::{resp, Body, Engine, TxJob};
+use super::{resp, Body, BodyRef, Engine, TxJob};
 use crate::device::provider::Access;
 use crate::format::Syndrome;
 
@@ -27,8 +27,9 @@ enum Emit {
 }
 
 impl Engine {
-    /// Takes up to 64 packets off the link's receive ring; none while the link's send queue
-    /// is full ([`MAX_BACKLOG`]). The look that finds nothing is one load, inline.
+    /// Takes the packets of one message (up to 64) off the link's receive ring; none while
+    /// the link's send queue is full ([`MAX_BACKLOG`]). The look that finds nothing is one
+    /// load, inline.
     #[inline]
     pub(super) fn poll_link(&mut self, li: usize) -> bool {
         let l = &self.links[li];
@@ -50,7 +51,10 @@ impl Engine {
             }
             self.links[li].link.rx.pop(&h);
             n += 1;
-            if n == 64 {
+            // One message per look: the thread running the engine may be waiting for just
+            // this one, and a look at the next record waits for a line the peer's core
+            // holds (the sender cleared its stamp), so it comes after the caller's look.
+            if n == 64 || h.flags & flag::LAST != 0 {
                 break;
             }
         }
@@ -75,7 +79,14 @@ impl Engine {
             let Some(job) = link.queue.front_mut() else {
                 break;
             };
-            match emit(job, &mut link.link.tx, slots) {
+            match emit(
+                &job.hdr,
+                job.body.as_ref(),
+                job.pd,
+                &mut job.sent,
+                &mut link.link.tx,
+                slots,
+            ) {
                 Emit::Done => {
                     link.queue.pop_front();
                     work = true;
@@ -97,19 +108,70 @@ impl Engine {
     /// room (most messages: no queue entry to make and take), else after those queued.
     /// The region table must be current ([`MrCache::sync`](super::super::mr_table::MrCache::sync)
     /// in this round).
-    pub(super) fn send(&mut self, li: usize, mut job: TxJob) {
+    pub(super) fn send(&mut self, li: usize, job: TxJob) {
         let link = &mut self.links[li];
         if !link.queue.is_empty() {
             link.queue.push_back(job);
             return;
         }
-        match emit(&mut job, &mut link.link.tx, &self.mrc.slots) {
+        let mut job = job;
+        let slots = &self.mrc.slots;
+        match emit(
+            &job.hdr,
+            job.body.as_ref(),
+            job.pd,
+            &mut job.sent,
+            &mut link.link.tx,
+            slots,
+        ) {
             Emit::Done => {}
             Emit::Full => link.queue.push_back(job),
             Emit::Fault => {
                 self.emit_failed(li, job);
             }
         }
+    }
+
+    /// [`send`](Self::send) of a message whose payload is borrowed (a requester's WQE): it
+    /// becomes a queue entry only if it cannot go out at once.
+    pub(super) fn send_ref(&mut self, li: usize, hdr: &PktHeader, body: BodyRef<'_>, pd: u32) {
+        self.send_now(li, hdr, body, pd, || body.to_owned());
+    }
+
+    /// Sends what the ring takes of a message at once; the rest waits in the queue, with
+    /// the payload `owned` makes.
+    fn send_now(
+        &mut self,
+        li: usize,
+        hdr: &PktHeader,
+        body: BodyRef<'_>,
+        pd: u32,
+        owned: impl FnOnce() -> Body,
+    ) {
+        let link = &mut self.links[li];
+        let mut sent = 0;
+        if link.queue.is_empty() {
+            match emit(hdr, body, pd, &mut sent, &mut link.link.tx, &self.mrc.slots) {
+                Emit::Done => return,
+                Emit::Full => {}
+                Emit::Fault => {
+                    let job = TxJob {
+                        hdr: *hdr,
+                        body: owned(),
+                        pd,
+                        sent,
+                    };
+                    self.emit_failed(li, job);
+                    return;
+                }
+            }
+        }
+        self.links[li].queue.push_back(TxJob {
+            hdr: *hdr,
+            body: owned(),
+            pd,
+            sent,
+        });
     }
 
     /// A message whose memory vanished while it was sent (see [`Emit::Fault`]): a request
@@ -132,43 +194,48 @@ impl Engine {
     }
 }
 
-/// Payload bytes of a queued message.
-fn body_len(j: &TxJob) -> u32 {
-    match &j.body {
-        Body::Empty => 0,
-        Body::Inline(b) => b.len() as u32,
-        Body::Gather(_) | Body::Memory { .. } => j.hdr.msg_len,
+/// Payload bytes of a message.
+fn body_len(hdr: &PktHeader, body: BodyRef<'_>) -> u32 {
+    match body {
+        BodyRef::Empty => 0,
+        BodyRef::Inline(b) => b.len() as u32,
+        BodyRef::Gather(_) | BodyRef::Memory { .. } => hdr.msg_len,
     }
 }
 
-/// Sends the packets of one queued message while the ring has room.
-fn emit(job: &mut TxJob, tx: &mut Producer, slots: &Slots) -> Emit {
-    let total = body_len(job);
+/// Sends the packets of one message from byte `*sent` on while the ring has room.
+fn emit(
+    hdr: &PktHeader,
+    body: BodyRef<'_>,
+    pd: u32,
+    sent: &mut u32,
+    tx: &mut Producer,
+    slots: &Slots,
+) -> Emit {
+    let total = body_len(hdr, body);
     loop {
-        let seg = (total - job.sent).min(MTU as u32);
-        let mut h = job.hdr;
-        h.offset = job.sent;
+        let seg = (total - *sent).min(MTU as u32);
+        let mut h = *hdr;
+        h.offset = *sent;
         h.seg_len = seg;
-        if job.sent == 0 {
+        if *sent == 0 {
             h.flags |= flag::FIRST;
         }
-        if job.sent + seg == total {
+        if *sent + seg == total {
             h.flags |= flag::LAST;
         }
-        let off = job.sent as u64;
-        let pd = job.pd;
-        let body = &job.body;
+        let off = *sent as u64;
         let r = tx.try_push(&h, seg as usize, |buf| match body {
-            Body::Empty => true,
-            Body::Inline(b) => {
+            BodyRef::Empty => true,
+            BodyRef::Inline(b) => {
                 buf.copy_from_slice(&b[off as usize..off as usize + buf.len()]);
                 true
             }
-            Body::Gather(sges) => gather(slots, pd, sges, off, buf),
-            Body::Memory { rkey, addr } => {
+            BodyRef::Gather(sges) => gather(slots, pd, sges, off, buf),
+            BodyRef::Memory { rkey, addr } => {
                 let a = addr + off;
                 slots
-                    .get(*rkey)
+                    .get(rkey)
                     .is_some_and(|e| e.access.contains(Access::REMOTE_READ) && e.read(a, buf))
             }
         });
@@ -177,8 +244,8 @@ fn emit(job: &mut TxJob, tx: &mut Producer, slots: &Slots) -> Emit {
             Some(false) => return Emit::Fault,
             Some(true) => {}
         }
-        job.sent += seg;
-        if job.sent >= total {
+        *sent += seg;
+        if *sent >= total {
             return Emit::Done;
         }
     }

@@ -186,6 +186,41 @@ enum Body {
     },
 }
 
+/// A [`Body`] borrowed: what a message being sent at once reads its payload from (the WQE
+/// just read, the requester's segments), made a [`Body`] only if it must wait in the queue.
+#[derive(Clone, Copy)]
+enum BodyRef<'a> {
+    Empty,
+    Inline(&'a [u8]),
+    Gather(&'a [Seg]),
+    Memory { rkey: u32, addr: u64 },
+}
+
+impl Body {
+    fn as_ref(&self) -> BodyRef<'_> {
+        match self {
+            Body::Empty => BodyRef::Empty,
+            Body::Inline(b) => BodyRef::Inline(b),
+            Body::Gather(s) => BodyRef::Gather(s),
+            Body::Memory { rkey, addr } => BodyRef::Memory {
+                rkey: *rkey,
+                addr: *addr,
+            },
+        }
+    }
+}
+
+impl BodyRef<'_> {
+    fn to_owned(self) -> Body {
+        match self {
+            BodyRef::Empty => Body::Empty,
+            BodyRef::Inline(b) => Body::Inline(SmallVec::from_slice(b)),
+            BodyRef::Gather(s) => Body::Gather(SmallVec::from_slice(s)),
+            BodyRef::Memory { rkey, addr } => Body::Memory { rkey, addr },
+        }
+    }
+}
+
 struct TxJob {
     hdr: PktHeader,
     body: Body,

@@ -5,17 +5,21 @@
 use super::super::link::{flag, kind, PktHeader};
 use super::memory::sges_ok;
 use super::memory::Seg;
-use super::{psn_le, q_sq_ci, Body, EQp, Engine, OutWqe, QpHw, Step, TxJob, MAX_QUEUED};
+use super::{psn_le, q_sq_ci, BodyRef, EQp, Engine, OutWqe, QpHw, Step, MAX_QUEUED};
 use crate::device::provider::{Access, MAX_MESSAGE};
 use crate::format::*;
 use crate::mem::slot_off;
 use smallvec::SmallVec;
 use std::time::Duration;
 
-/// A WQE read and decoded: the message it sends and the local memory it names.
-struct Request {
+/// A WQE read and decoded: the message it sends and the local memory it names. The
+/// payload is borrowed from the WQE as read (inline bytes) or kept here (an atomic's
+/// operands): it is copied again only if the message must wait for room on the link.
+struct Request<'a> {
     hdr: PktHeader,
-    body: Body,
+    inline: Option<&'a [u8]>,
+    /// An atomic's operands (swap/add, then compare), its payload.
+    operands: Option<[u8; 16]>,
     sges: SmallVec<[Seg; 2]>,
     len: u64,
 }
@@ -140,9 +144,16 @@ impl Engine {
         if fenced(q, &ctrl) {
             return Step::Stalled;
         }
-        // Most WQEs are one or two blocks: keep them on the stack, zero only what is read.
-        let mut wqe: SmallVec<[u8; 2 * WQEBB]> = SmallVec::new();
-        read_wqe(&q.hw, sq_ci, at.nbb, &mut wqe);
+        // Most WQEs are one or two blocks: those stay on the stack.
+        let (mut small, mut big) = ([0u8; 2 * WQEBB], Vec::new());
+        let len = at.nbb as usize * WQEBB;
+        let wqe = if len <= small.len() {
+            &mut small[..len]
+        } else {
+            big.resize(len, 0);
+            &mut big[..]
+        };
+        read_wqe(&q.hw, sq_ci, wqe);
         let req = match SendWqe::parse(&wqe[..ctrl.ds() as usize * SEG_SIZE]) {
             Ok(w) => decode(q, opcode, &w),
             Err(_) => {
@@ -186,13 +197,14 @@ impl Engine {
 
     /// Step 5, send: the WQE becomes outstanding and its message is queued on the link (a
     /// NOP completes at once, in order).
-    fn start_message(&mut self, qpn: u32, at: &At, req: Request) -> Step {
+    fn start_message(&mut self, qpn: u32, at: &At, req: Request<'_>) -> Step {
         let q = self.qps[qpn as usize].as_mut().unwrap();
         let li = q.link.unwrap();
         let Request {
             mut hdr,
-            mut body,
-            sges,
+            inline,
+            operands,
+            mut sges,
             len,
         } = req;
         hdr.msg_len = len as u32;
@@ -207,12 +219,13 @@ impl Engine {
             got: 0,
             scatter: SmallVec::new(),
         };
+        // Reads and atomics scatter what comes back into their segments; other requests
+        // send their inline bytes or gather their segments.
+        let returns_data = at.opcode.returns_data();
         if at.opcode == Opcode::Nop {
             o.done = true;
-        } else if at.opcode.returns_data() {
-            o.scatter = sges;
-        } else if matches!(body, Body::Empty) {
-            body = Body::Gather(sges);
+        } else if returns_data {
+            o.scatter = std::mem::take(&mut sges);
         }
         if q.out.is_empty() && !q.not_ready {
             // The transport timer starts with the first outstanding WQE.
@@ -220,21 +233,19 @@ impl Engine {
         }
         q.out.push_back(o);
         q.sq_ci += at.nbb as u64;
-        if at.opcode != Opcode::Nop {
-            q.next_psn = q.next_psn.wrapping_add(1);
-            let pd = q.hw.pd;
-            self.send(
-                li,
-                TxJob {
-                    hdr,
-                    body,
-                    pd,
-                    sent: 0,
-                },
-            );
-        } else {
+        if at.opcode == Opcode::Nop {
             super::completion::complete_front(q);
+            return Step::Advanced;
         }
+        q.next_psn = q.next_psn.wrapping_add(1);
+        let pd = q.hw.pd;
+        let body = match (&operands, inline) {
+            (Some(ops), _) => BodyRef::Inline(ops),
+            (None, Some(bytes)) => BodyRef::Inline(bytes),
+            (None, None) if returns_data => BodyRef::Empty,
+            (None, None) => BodyRef::Gather(&sges),
+        };
+        self.send_ref(li, &hdr, body, pd);
         Step::Advanced
     }
 
@@ -298,21 +309,26 @@ fn fenced(q: &EQp, ctrl: &CtrlSeg) -> bool {
     ctrl.flags().fence_mode() != 0 && q.out.iter().any(|o| o.opcode.returns_data())
 }
 
-/// Step 2, parse (second half): the WQE's `nbb` blocks, contiguous modulo the ring.
-fn read_wqe(hw: &QpHw, sq_ci: u64, nbb: u32, wqe: &mut SmallVec<[u8; 2 * WQEBB]>) {
-    wqe.resize(nbb as usize * WQEBB, 0);
-    for i in 0..nbb as u64 {
-        let o = i as usize * WQEBB;
+/// Step 2, parse (second half): the WQE's blocks (as many as `wqe` holds), contiguous
+/// modulo the ring: one copy unless the WQE wraps.
+fn read_wqe(hw: &QpHw, sq_ci: u64, wqe: &mut [u8]) {
+    let nbb = (wqe.len() / WQEBB) as u64;
+    let first = slot_off(hw.sq_off, sq_ci, hw.sq_cnt, WQEBB);
+    if slot_off(0, sq_ci, hw.sq_cnt, 1) as u64 + nbb <= u64::from(hw.sq_cnt) {
+        hw.buf.read(first, wqe);
+        return;
+    }
+    for (i, block) in wqe.chunks_exact_mut(WQEBB).enumerate() {
         hw.buf.read(
-            slot_off(hw.sq_off, sq_ci + i, hw.sq_cnt, WQEBB),
-            &mut wqe[o..o + WQEBB],
+            slot_off(hw.sq_off, sq_ci + i as u64, hw.sq_cnt, WQEBB),
+            block,
         );
     }
 }
 
 /// The message a parsed WQE sends: its header, its payload (inline bytes, atomic operands,
 /// or a gather list) and the local segments it names.
-fn decode(q: &EQp, opcode: Opcode, w: &SendWqe) -> Request {
+fn decode<'a>(q: &EQp, opcode: Opcode, w: &SendWqe<'a>) -> Request<'a> {
     let mut hdr = PktHeader {
         kind: kind::REQ,
         op: opcode as u8,
@@ -329,19 +345,19 @@ fn decode(q: &EQp, opcode: Opcode, w: &SendWqe) -> Request {
         hdr.raddr = r.raddr.get();
         hdr.rkey = r.rkey.get();
     }
-    let mut body = Body::Empty;
-    if let Some(a) = w.atomic {
-        // Operands travel as the request's payload: swap/add, then compare.
-        let mut ops = SmallVec::new();
-        ops.extend_from_slice(&a.swap_add.get().to_ne_bytes());
-        ops.extend_from_slice(&a.compare.get().to_ne_bytes());
-        body = Body::Inline(ops);
-    }
+    // Operands travel as the request's payload: swap/add, then compare.
+    let operands = w.atomic.map(|a| {
+        let mut ops = [0u8; 16];
+        ops[..8].copy_from_slice(&a.swap_add.get().to_ne_bytes());
+        ops[8..].copy_from_slice(&a.compare.get().to_ne_bytes());
+        ops
+    });
     let mut sges: SmallVec<[Seg; 2]> = SmallVec::new();
     let mut len: u64 = 0;
+    let mut inline = None;
     match w.data {
         WqeData::Inline(p) => {
-            body = Body::Inline(SmallVec::from_slice(p));
+            inline = Some(p);
             len = p.len() as u64;
         }
         WqeData::Gather(segs) => {
@@ -353,7 +369,8 @@ fn decode(q: &EQp, opcode: Opcode, w: &SendWqe) -> Request {
     }
     Request {
         hdr,
-        body,
+        inline,
+        operands,
         sges,
         len,
     }
