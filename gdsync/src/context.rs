@@ -1,13 +1,14 @@
 //! The device as the queue layer holds it: the provider it gives commands to, the host's own
 //! record of registered regions (inline sends copy from them at post time, as the verbs
-//! library does), the CPU proxy that rings for GPUs, and what asynchronous events reported.
+//! library does, each QP keeping the last one it used while no registration changes), the CPU
+//! proxy that rings for GPUs, and what asynchronous events reported.
 
 use crate::device::provider::{AsyncEvent, Provider};
 use crate::handler::Proxy;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Hashes a key this library made (an lkey, a QP number) with one multiplication: an inline
@@ -49,22 +50,91 @@ pub(crate) struct HostRegion {
 }
 
 impl HostRegion {
-    /// Copies `dst.len()` bytes at `addr`, which must lie inside the region.
-    pub(crate) fn read(&self, addr: u64, dst: &mut [u8]) -> bool {
-        let inside = addr >= self.addr
+    /// Whether the `len` bytes at `addr` lie inside the region.
+    #[inline]
+    pub(crate) fn contains(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr
             && addr
-                .checked_add(dst.len() as u64)
-                .is_some_and(|end| self.addr.checked_add(self.len).is_some_and(|e| end <= e));
-        // SAFETY: inside a registered region (checked above), lent for the registration's life.
-        inside && unsafe { crate::mem::read_region(self.gpu, addr, dst) }
+                .checked_add(len)
+                .is_some_and(|end| self.addr.checked_add(self.len).is_some_and(|e| end <= e))
     }
+
+    /// Copies `dst.len()` bytes at `addr`, which must lie inside the region.
+    #[inline]
+    pub(crate) fn read(&self, addr: u64, dst: &mut [u8]) -> bool {
+        // SAFETY: inside a registered region (checked first), lent for the registration's life.
+        self.contains(addr, dst.len() as u64)
+            && unsafe { crate::mem::read_region(self.gpu, addr, dst) }
+    }
+}
+
+/// The registered regions by lkey, and a generation that every registration and
+/// deregistration moves on: a region looked up in an earlier generation is still the one
+/// registered under its lkey while the generation has not moved.
+#[derive(Default)]
+pub(crate) struct Regions {
+    table: RwLock<KeyMap<HostRegion>>,
+    /// Changed only under the table's write lock, so stable under a read lock.
+    generation: AtomicU64,
+}
+
+impl Regions {
+    /// The table to look regions up in. Deregistrations wait until it is dropped, so memory
+    /// found in it stays registered (and lent) while it is held.
+    pub(crate) fn read(&self) -> RegionsRead<'_> {
+        let table = self.table.read();
+        RegionsRead {
+            generation: self.generation.load(Ordering::Relaxed),
+            table,
+        }
+    }
+
+    /// The table, to register or deregister a region: the generation moves on.
+    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, KeyMap<HostRegion>> {
+        let table = self.table.write();
+        self.generation.fetch_add(1, Ordering::Relaxed);
+        table
+    }
+}
+
+/// The region table, read-locked ([`Regions::read`]).
+pub(crate) struct RegionsRead<'a> {
+    table: RwLockReadGuard<'a, KeyMap<HostRegion>>,
+    generation: u64,
+}
+
+impl RegionsRead<'_> {
+    /// The region registered under `lkey`: from `cache` when it holds that lkey's lookup
+    /// of this generation, else from the table (and then kept in `cache`).
+    #[inline]
+    pub(crate) fn get(&self, cache: &mut RegionCache, lkey: u32) -> Option<HostRegion> {
+        if cache.generation != self.generation || cache.lkey != lkey {
+            *cache = RegionCache {
+                generation: self.generation,
+                lkey,
+                region: self.table.get(&lkey).copied(),
+            };
+        }
+        cache.region
+    }
+}
+
+/// One lookup in the region table, with the generation it was made in: an inline send's
+/// posting thread mostly copies from the same region time after time, and so skips the hash
+/// lookup. (The default, "lkey 0 unregistered in generation 0", is true: the table starts
+/// empty and its first registration moves the generation on.)
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RegionCache {
+    generation: u64,
+    lkey: u32,
+    region: Option<HostRegion>,
 }
 
 /// One device, as every queue-layer object on it shares it.
 pub(crate) struct DeviceContext {
     pub provider: Arc<dyn Provider>,
     /// Registered regions by lkey.
-    pub regions: RwLock<KeyMap<HostRegion>>,
+    pub regions: Regions,
     /// The CPU proxy for QPs whose doorbells a CPU rings on the GPU's behalf.
     pub proxy: Arc<Proxy>,
     /// CQs the device reported as overrun.
@@ -76,7 +146,7 @@ impl DeviceContext {
     pub(crate) fn new(provider: Arc<dyn Provider>) -> Self {
         Self {
             provider,
-            regions: RwLock::new(KeyMap::default()),
+            regions: Regions::default(),
             proxy: Default::default(),
             overran: Mutex::new(HashSet::new()),
             any_overrun: AtomicBool::new(false),

@@ -1,5 +1,6 @@
-//! A whole send WQE, typed: the one writer (the host's encoder uses it) and the one reader
-//! (the soft device's requester uses it) of the send ring's bytes, side by side.
+//! A whole send WQE, typed: the one writer (the host's encoder uses it, checked or, for WQEs
+//! it checked itself, unchecked and in pieces) and the one reader (the soft device's requester
+//! uses it) of the send ring's bytes, side by side.
 //!
 //! Layout (`mlx5dv.h`): the control segment, then a remote-address segment for RDMA and
 //! atomics, an atomic segment for atomics, then either one inline segment (header and
@@ -115,32 +116,33 @@ impl<'a> SendWqe<'a> {
                 have: out.len(),
             });
         }
-        out[..SEG_SIZE].copy_from_slice(&self.ctrl().to_bytes());
-        let mut pos = SEG_SIZE;
-        let mut put = |seg: [u8; SEG_SIZE]| {
-            out[pos..pos + SEG_SIZE].copy_from_slice(&seg);
-            pos += SEG_SIZE;
-        };
-        if let Some(r) = self.raddr {
-            put(r.to_bytes());
-        }
-        if let Some(a) = self.atomic {
-            put(a.to_bytes());
-        }
-        match self.data {
-            WqeData::Inline([]) => {}
-            WqeData::Inline(p) => {
-                let end = pos + InlineHeader::ds_for(p.len()) * SEG_SIZE;
-                let h = InlineHeader::new(p.len() as u32).byte_count.bytes();
-                out[pos..pos + 4].copy_from_slice(&h);
-                out[pos + 4..pos + 4 + p.len()].copy_from_slice(p);
-                out[pos + 4 + p.len()..end].fill(0);
-            }
-            WqeData::Gather(s) => {
-                s.write_to(&mut out[pos..]);
-            }
-        }
+        self.write_checked(ds, out);
         Ok(ds)
+    }
+
+    /// [`write_to`](Self::write_to) without its checks, for a writer that built the WQE valid
+    /// (the host's encoder checks the work request itself): `ds` must be what
+    /// [`check`](Self::check) returns, and `out` must hold `ds` units (else this panics).
+    #[inline]
+    pub(crate) fn write_checked(&self, ds: usize, out: &mut [u8]) {
+        debug_assert_eq!(self.check(), Ok(ds), "write_checked on a WQE check refuses");
+        let ctrl = CtrlSeg::new(
+            self.wqe_index,
+            self.opcode.into(),
+            self.qpn,
+            ds as u8,
+            self.flags,
+            self.imm,
+        );
+        let rest = write_fixed(ctrl, self.raddr, self.atomic, &mut out[..ds * SEG_SIZE]);
+        match self.data {
+            // (`rest` is exactly the inline segment: `ds` counted it.)
+            WqeData::Inline([]) => {}
+            WqeData::Inline(p) => write_inline_seg(p.len(), rest).copy_from_slice(p),
+            WqeData::Gather(s) => {
+                s.write_to(rest);
+            }
+        }
     }
 
     /// Reads the WQE at the start of `bytes` (which must hold all `ds` units the control
@@ -199,6 +201,47 @@ impl<'a> SendWqe<'a> {
         wqe.data = parse_data(op, rest)?;
         Ok(wqe)
     }
+}
+
+/// Writes the segments before a send WQE's data (`ctrl`, then the remote-address and atomic
+/// segments where given) at the start of `out`; returns the rest of `out`. The pieces of
+/// [`SendWqe::write_checked`], for a writer that copies an inline payload in itself.
+#[inline(always)] // (in the posting path: its `Option`s are known there)
+pub(crate) fn write_fixed(
+    ctrl: CtrlSeg,
+    raddr: Option<RaddrSeg>,
+    atomic: Option<AtomicSeg>,
+    out: &mut [u8],
+) -> &mut [u8] {
+    let mut rest = put_seg(out, ctrl.to_bytes());
+    if let Some(r) = raddr {
+        rest = put_seg(rest, r.to_bytes());
+    }
+    if let Some(a) = atomic {
+        rest = put_seg(rest, a.to_bytes());
+    }
+    rest
+}
+
+/// Writes the header and zero padding of an inline segment for `len` payload bytes (`len` >
+/// 0) into `seg`, which is exactly that segment ([`InlineHeader::ds_for`] units); returns
+/// where the payload goes.
+#[inline]
+pub(crate) fn write_inline_seg(len: usize, seg: &mut [u8]) -> &mut [u8] {
+    // The padding lies in the last unit: zero it whole (one store), then the header and
+    // payload go over it.
+    let last = seg.len() - SEG_SIZE;
+    seg[last..].fill(0);
+    seg[..4].copy_from_slice(&InlineHeader::new(len as u32).byte_count.bytes());
+    &mut seg[4..4 + len]
+}
+
+/// Writes one segment at the start of `out`; returns the rest.
+#[inline]
+fn put_seg(out: &mut [u8], seg: [u8; SEG_SIZE]) -> &mut [u8] {
+    let (head, rest) = out.split_at_mut(SEG_SIZE);
+    head.copy_from_slice(&seg);
+    rest
 }
 
 /// The inline segment or data segments that end a send WQE.

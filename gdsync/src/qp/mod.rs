@@ -8,6 +8,8 @@
 
 mod config;
 mod encode;
+#[cfg(test)]
+mod encode_tests;
 mod post;
 mod shared;
 mod wait;
@@ -37,10 +39,17 @@ pub struct Qp {
     pub(crate) sq_pi: u64,
     pub(crate) committed: u64,
     pub(crate) rq_pi: u64,
-    /// Where a WQE is assembled before it is copied into the ring.
+    /// The device has reported the QP past INIT: sends need not ask it again.
+    connected: bool,
+    /// Send WQEBBs retired, as last read (a lower bound: the counters only grow).
+    sq_retired_seen: u64,
+    /// Where a WQE is assembled when it wraps around the ring's end (others are written in
+    /// place).
     scratch: Box<[u8; MAX_WQE_WQEBBS * WQEBB]>,
     /// Where an inline payload is gathered before it is encoded.
     inline: Box<[u8; MAX_WQE_DS * SEG_SIZE]>,
+    /// The region the last inline send copied from (while no registration changes).
+    last_region: crate::context::RegionCache,
     /// Prepared, not yet committed sends, in ring order: (start, end).
     pub(crate) uncommitted: std::collections::VecDeque<(u64, u64)>,
     /// Starts of prepared sends dropped without a commit.
@@ -120,8 +129,11 @@ impl Qp {
             sq_pi: 0,
             committed: 0,
             rq_pi: 0,
+            connected: false,
+            sq_retired_seen: 0,
             scratch: Box::new([0; MAX_WQE_WQEBBS * WQEBB]),
             inline: Box::new([0; MAX_WQE_DS * SEG_SIZE]),
+            last_region: Default::default(),
             uncommitted: Default::default(),
             abandoned: Default::default(),
             bf_offset: 0,

@@ -2,7 +2,7 @@
 //! the doorbell, for any executor) or post it from the CPU at once; post receives.
 
 use super::encode::encode;
-use super::{Qp, QpState, MAX_SGE, QP_PROXY};
+use super::{Qp, QpShared, QpState, MAX_SGE, QP_PROXY};
 use crate::format::*;
 use crate::mem::slot_off;
 use crate::ops::{Op, Ops};
@@ -70,6 +70,75 @@ impl PreparedSend {
     }
 }
 
+/// Refuses a WQE of `nbb` WQEBBs at producer counter `start` that does not fit the free part
+/// of the send ring. `retired` is the retired count last read: counts only grow, so room
+/// it leaves is there; only when it leaves too little are the counters read again.
+#[inline]
+fn check_room(
+    s: &QpShared,
+    retired: &mut u64,
+    start: u64,
+    nbb: u64,
+    flags: SendFlags,
+) -> Result<()> {
+    let fits = |retired: u64| start - retired + nbb <= s.sq_cnt as u64;
+    if !fits(*retired) {
+        *retired = s.sq_retired();
+        if !fits(*retired) {
+            return Err(ring_full(s, start - *retired, flags));
+        }
+    }
+    Ok(())
+}
+
+#[cold]
+#[inline(never)]
+fn ring_full(s: &QpShared, used: u64, flags: SendFlags) -> Error {
+    Error::RingFull {
+        ring: "send",
+        qpn: s.qpn,
+        used: used as u32,
+        size: s.sq_cnt,
+        hint: if flags.contains(SendFlags::SIGNALED) {
+            ""
+        } else {
+            " (signal a send at least once per ring, or slots can never be freed)"
+        },
+    }
+}
+
+/// The `len` bytes of the send ring from producer counter `start` on, for a WQE to be written
+/// in place; `None` where they run past the ring's end (the WQE continues at its start).
+///
+/// # Safety
+/// The caller is the QP's one producer (it holds the `Qp` mutably) and has checked that the
+/// slots are free ([`check_room`]): nothing else reads or writes them while the slice lives.
+#[allow(clippy::mut_from_ref)] // the ring is shared memory; the slots are this producer's
+#[inline]
+unsafe fn sq_slots(s: &QpShared, start: u64, len: usize) -> Option<&mut [u8]> {
+    let at = (start & (s.sq_cnt as u64 - 1)) as usize * WQEBB;
+    if len > s.sq_cnt as usize * WQEBB - at {
+        return None;
+    }
+    // SAFETY: inside the send ring (`at + len` is within its `sq_cnt` WQEBBs, which
+    // `sq_addr` starts and QpShared::new checked lie in `buf`), memory `s` keeps allocated.
+    // The slots are free and past the doorbell record, so the device does not read them, and
+    // only this producer writes them (the caller's contract).
+    Some(unsafe { std::slice::from_raw_parts_mut((s.sq_addr + at as u64) as *mut u8, len) })
+}
+
+/// Copies the WQE `wqe` into the send ring at producer counter `start`: up to the ring's
+/// end, the rest at its start.
+fn copy_to_ring(s: &QpShared, start: u64, wqe: &[u8]) {
+    let slot = (start & (s.sq_cnt as u64 - 1)) as usize;
+    let room = (s.sq_cnt as usize - slot) * WQEBB;
+    let (first, wrapped) = wqe.split_at(wqe.len().min(room));
+    s.buf.write(s.sq_off + slot * WQEBB, first);
+    if !wrapped.is_empty() {
+        s.buf.write(s.sq_off, wrapped);
+    }
+}
+
 /// A send's WQE in the ring: the ticket and the first 8 bytes, which ring the doorbell.
 struct WrittenSend {
     head: [u8; 8],
@@ -126,45 +195,36 @@ impl Qp {
     /// Encodes `wr` into the send ring at the producer index and advances it: what a
     /// prepared send and a CPU post have in common.
     fn write_send(&mut self, wr: &SendWr) -> Result<WrittenSend> {
+        self.check_connected()?;
         let s = &*self.shared;
-        if s.state() == QpState::Init {
-            return Err(Error::NotConnected { qpn: s.qpn });
-        }
-        let ds = encode(
+        let start = self.sq_pi;
+        let scratch = &mut self.scratch;
+        let mut wraps = false;
+        let w = encode(
             s,
             &self.ctx,
-            self.sq_pi,
+            &mut self.last_region,
+            start,
             wr,
-            &mut self.scratch[..],
             &mut self.inline[..],
+            |ds| {
+                let nbb = wqebbs_for_ds(ds) as u64;
+                check_room(s, &mut self.sq_retired_seen, start, nbb, wr.flags)?;
+                // In place in the ring, unless the WQE runs past its end.
+                // SAFETY: `&mut self` makes this the one producer; the room is checked.
+                Ok(match unsafe { sq_slots(s, start, ds * SEG_SIZE) } {
+                    Some(slots) => slots,
+                    None => {
+                        wraps = true;
+                        &mut scratch[..]
+                    }
+                })
+            },
         )?;
-        let wqe = &self.scratch[..];
-        let nbb = wqebbs_for_ds(ds) as u64;
-        let used = self.sq_pi - s.sq_retired();
-        if used + nbb > s.sq_cnt as u64 {
-            return Err(Error::RingFull {
-                ring: "send",
-                qpn: s.qpn,
-                used: used as u32,
-                size: s.sq_cnt,
-                hint: if wr.flags.contains(SendFlags::SIGNALED) {
-                    ""
-                } else {
-                    " (signal a send at least once per ring, or slots can never be freed)"
-                },
-            });
+        if wraps {
+            copy_to_ring(s, start, &self.scratch[..w.ds * SEG_SIZE]);
         }
-        let start = self.sq_pi;
-        for i in 0..nbb {
-            let off = slot_off(s.sq_off, start + i, s.sq_cnt, WQEBB);
-            let chunk = &wqe[i as usize * WQEBB..(i as usize + 1) * WQEBB];
-            s.buf.write(
-                off,
-                &chunk[..(ds * SEG_SIZE)
-                    .saturating_sub(i as usize * WQEBB)
-                    .min(WQEBB)],
-            );
-        }
+        let nbb = wqebbs_for_ds(w.ds) as u64;
         let slot = (start & (s.sq_cnt as u64 - 1)) as usize;
         s.sq_wrid[slot].store(wr.wr_id, Ordering::Relaxed);
         s.sq_wqebbs[slot].store(nbb as u8, Ordering::Relaxed);
@@ -172,15 +232,29 @@ impl Qp {
         let cqe = (wr.flags.contains(SendFlags::SIGNALED)
             && s.send_cq.users.load(Ordering::Acquire) == 1)
             .then(|| s.send_cq.reserved.fetch_add(1, Ordering::AcqRel));
-        let head: [u8; 8] = wqe[..8].try_into().unwrap();
         Ok(WrittenSend {
-            head,
+            head: w.head,
             ticket: SendTicket {
                 index: start,
                 end: self.sq_pi,
                 cqe,
             },
         })
+    }
+
+    /// Refuses a send before the QP is connected. The device is asked until it reports the
+    /// QP past INIT; from then on the answer cannot change (no command takes a QP back to
+    /// RESET or INIT), so later sends skip the question.
+    fn check_connected(&mut self) -> Result<()> {
+        if !self.connected {
+            if self.shared.state() == QpState::Init {
+                return Err(Error::NotConnected {
+                    qpn: self.shared.qpn,
+                });
+            }
+            self.connected = true;
+        }
+        Ok(())
     }
 
     /// Commits a prepared send: returns its ticket and the op list that exposes it (and any
@@ -294,7 +368,7 @@ impl Qp {
     /// The send doorbell record: the low 16 bits of the producer counter (big-endian in
     /// memory) as last exposed to the device.
     pub(super) fn sq_doorbell_record(&self) -> u16 {
-        let native = self.shared.dbrec_word(DBREC_SQ).load(Ordering::Acquire);
+        let native = self.shared.sq_dbrec().load(Ordering::Acquire);
         u32::from_be(native) as u16
     }
 
@@ -303,12 +377,20 @@ impl Qp {
     /// would go out before whatever the executor waits for, and the executor's own doorbell
     /// would later move backwards: [`post_send`](Self::post_send) refuses then.
     /// (A QP in error flushes all work anyway: never then.)
+    #[inline]
     pub fn has_unrung_commits(&self) -> bool {
-        let c = &self.shared.ctrl;
         // Rung once the record has reached the last commit (or passed it, had something
-        // else rung).
+        // else rung): the common case, one load.
+        !self.doorbell_reached(self.committed) && self.unrung_beyond_record()
+    }
+
+    /// [`has_unrung_commits`](Self::has_unrung_commits) once the doorbell record is short of
+    /// the last commit: unless the QP is in error, or the proxy thread rings within a second.
+    #[inline(never)]
+    fn unrung_beyond_record(&self) -> bool {
+        let c = &self.shared.ctrl;
         let rung = || self.doorbell_reached(self.committed);
-        if rung() || self.shared.state() == QpState::Error {
+        if self.shared.state() == QpState::Error {
             return false;
         }
         if self.shared.handler == crate::NicHandler::Cpu
@@ -350,15 +432,13 @@ impl Qp {
         let s = &*self.shared;
         // The WQE before the record (release), the record before the register (a fence for
         // a write-combining register), and the register's store pushed out after it.
-        s.dbrec_word(DBREC_SQ)
+        s.sq_dbrec()
             .store(qp_dbrec_value(ticket.end).native(), Ordering::Release);
         if s.doorbell_wc {
             crate::mem::wc_fence();
         }
         // The register's halves in turn, as libmlx5 rings (executors ring the first).
-        let db = &s.doorbell;
-        db.mem
-            .u64(db.off + self.bf_offset)
+        s.doorbell_half(self.bf_offset)
             .store(doorbell_value(head), Ordering::Release);
         if s.doorbell_wc {
             crate::mem::wc_fence();

@@ -6,10 +6,10 @@ use super::{QpConfig, QpState};
 use crate::context::DeviceContext;
 use crate::cq::{CqError, CqShared, CqUser};
 use crate::device::provider::{HwQpState, MemAt, PlacedQp, QpCreated, QpSpec};
-use crate::format::{SEG_SIZE, WQEBB};
+use crate::format::{DBREC_SQ, SEG_SIZE, WQEBB};
 use crate::mem::RingMem;
 use crate::ops::KeepAlive;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 /// Offsets in a QP's control page: the doorbell record (`[RQ][SQ]`, BE32, the device reads
@@ -104,6 +104,9 @@ pub(crate) struct QpShared {
     pub buf: Arc<RingMem>,
     pub ctrl: Arc<RingMem>,
     pub sq_off: usize,
+    /// The address of the send ring (`buf` at `sq_off`), whose `sq_cnt` WQEBBs were checked
+    /// to lie inside `buf`: posts write WQEs in place from here.
+    pub sq_addr: u64,
     pub sq_cnt: u32,
     pub rq_cnt: u32,
     pub rq_stride: u32,
@@ -116,6 +119,11 @@ pub(crate) struct QpShared {
     pub bf_size: usize,
     /// The register is write-combining device memory: CPU posts fence around the store.
     pub doorbell_wc: bool,
+    /// The addresses of the doorbell record's send word and of the register's first half,
+    /// checked once here (in bounds and aligned, both halves): CPU posts store through
+    /// them ([`QpShared::sq_dbrec`], [`QpShared::doorbell_half`]).
+    sq_dbrec_addr: u64,
+    doorbell_addr: u64,
     pub send_cq: Arc<CqShared>,
     pub recv_cq: Arc<CqShared>,
     pub(super) sq_wrid: Box<[AtomicU64]>,
@@ -161,7 +169,19 @@ impl QpShared {
             rq_stride,
             dbrec,
         } = rings;
+        assert!(
+            crate::bounds::fits(sq_off, sq_cnt as usize * WQEBB, buf.len()),
+            "send ring {sq_off}+{sq_cnt} WQEBBs out of {}",
+            buf.len()
+        );
+        let sq_dbrec_addr = dbrec.mem.u32(dbrec.off + 4 * DBREC_SQ) as *const AtomicU32 as u64;
+        let db = &created.doorbell;
+        let doorbell_addr = db.mem.u64(db.off) as *const AtomicU64 as u64;
+        db.mem.u64(db.off + created.bf_size); // (checks the second half)
         QpShared {
+            sq_addr: buf.addr(sq_off),
+            sq_dbrec_addr,
+            doorbell_addr,
             qpn: created.qpn,
             pd,
             buf,
@@ -243,6 +263,24 @@ impl QpShared {
     /// [`DBREC_SQ`](crate::format::DBREC_SQ)).
     pub(crate) fn dbrec_word(&self, which: usize) -> &std::sync::atomic::AtomicU32 {
         self.dbrec.mem.u32(self.dbrec.off + 4 * which)
+    }
+    /// The doorbell record's send word ([`dbrec_word`](Self::dbrec_word)`(DBREC_SQ)`).
+    #[inline]
+    pub(crate) fn sq_dbrec(&self) -> &AtomicU32 {
+        // SAFETY: `dbrec.mem.u32` made this address (in bounds, aligned) in `new`; the memory
+        // lives as long as `self.dbrec`.
+        unsafe { &*(self.sq_dbrec_addr as *const AtomicU32) }
+    }
+    /// The half of the doorbell register at `bf_offset` (0 or [`bf_size`](Self::bf_size)).
+    #[inline]
+    pub(crate) fn doorbell_half(&self, bf_offset: usize) -> &AtomicU64 {
+        assert!(
+            bf_offset == 0 || bf_offset == self.bf_size,
+            "no doorbell half {bf_offset}"
+        );
+        // SAFETY: `doorbell.mem.u64` checked both halves (in bounds, aligned) in `new`; the
+        // memory lives as long as `self.doorbell`.
+        unsafe { &*((self.doorbell_addr + bf_offset as u64) as *const AtomicU64) }
     }
     /// Keeps the control page alive for an op list that stores into it.
     pub(crate) fn keep(&self) -> KeepAlive {
