@@ -1,7 +1,8 @@
 #!/bin/bash
 # The soft device on few cores: pingpong's default run (RDMA write, CPU trigger, two ranks
-# as threads, then as processes) against its --raw floor, alternating in one run, with the
-# process pinned to CORES (taskset), REPS times. Prints JSON lines, then medians and ratios.
+# as threads, then as processes) against its --raw floor measured in the same run
+# (--vs-raw: blocks of round trips alternate between the soft device and direct stores),
+# with the process pinned to CORES (taskset), REPS times. Prints JSON lines, then medians.
 # Usage: scripts/bench-cores.sh CORES [REPS] [BIN_DIR]
 #   scripts/bench-cores.sh 0,1          # two cores
 #   scripts/bench-cores.sh 0-15 3 path/to/examples   # sixteen, binaries built elsewhere
@@ -13,27 +14,23 @@ out=$(mktemp)
 echo "# cores $cores of $(nproc): $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 for rep in $(seq "$reps"); do
   for ranks_as in threads procs; do
-    for raw in "" --raw; do
-      taskset -c "$cores" "$bin/pingpong" $raw --ranks-as "$ranks_as" --sizes 8,4096,65536 \
-        --iters 20000 --json | sed "s/^{/{\"rep\":$rep,/" | tee -a "$out"
-    done
+    taskset -c "$cores" "$bin/pingpong" --vs-raw --ranks-as "$ranks_as" --sizes 8,4096,65536 \
+      --iters 20000 --json | sed "s/^{/{\"rep\":$rep,/" | tee -a "$out"
   done
 done
 python3 - "$out" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-def med(sel, k):
-    v = [r[k] for r in sel]
-    return statistics.median(v) if v else float("nan")
-print("\nhalf round trip [us], medians over repetitions (p50 and p99 of each run)")
+med = lambda v: statistics.median(v) if v else float("nan")
+print("\nhalf round trip [us], medians over repetitions; p50/raw: median of each run's ratio")
 print(f"{'ranks_as':9} {'progress':9} {'bytes':>7} {'p50':>8} {'p99':>8} {'raw p50':>8} {'p50/raw':>8}")
 for ranks_as in ("threads", "procs"):
     for b in sorted({r["bytes"] for r in rows}):
-        nic = [r for r in rows if r["ranks_as"] == ranks_as and r["bytes"] == b and not r["raw"]]
-        raw = [r for r in rows if r["ranks_as"] == ranks_as and r["bytes"] == b and r["raw"]]
-        if not nic or not raw:
+        sel = [r for r in rows if r["ranks_as"] == ranks_as and r["bytes"] == b]
+        if not sel:
             continue
-        p50, p99, f = med(nic, "t_p50_us"), med(nic, "t_p99_us"), med(raw, "t_p50_us")
-        print(f"{ranks_as:9} {nic[0].get('progress', '-'):9} {b:>7} {p50:>8.3f} {p99:>8.3f} {f:>8.3f} {p50 / f:>8.1f}")
+        p50, p99 = med([r["t_p50_us"] for r in sel]), med([r["t_p99_us"] for r in sel])
+        raw, x = med([r["raw_p50_us"] for r in sel]), med([r["p50_over_raw"] for r in sel])
+        print(f"{ranks_as:9} {sel[0].get('progress', '-'):9} {b:>7} {p50:>8.3f} {p99:>8.3f} {raw:>8.3f} {x:>8.1f}")
 PY
 rm -f "$out"

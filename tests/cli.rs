@@ -121,6 +121,13 @@ fn bad_pingpong_arguments_are_clean_errors() {
         (&["--api", "mp", "--raw"][..], "--raw"),
         (&["--api", "mp", "--ranks-as", "procs"][..], "threads"),
         (&["--raw", "--op", "send"][..], "does not apply"),
+        (&["--raw", "--vs-raw"][..], "give one of them"),
+        (&["--vs-raw", "--trigger", "stream"][..], "--vs-raw applies"),
+        (&["--vs-raw", "--duration", "1"][..], "use --iters"),
+        (
+            &["--vs-raw", "--op", "send", "--size", "0"][..],
+            "at least 1",
+        ),
         (&["--recv-batch", "4"][..], "--recv-batch applies"),
         (&["--api", "mp", "--recv-batch", "65"][..], "--recv-batch"),
         (&["--host-stream"][..], "--host-stream applies"),
@@ -351,6 +358,40 @@ fn json_lines(name: &str, args: &[&str]) -> Vec<String> {
         assert!(line.starts_with('{'), "{name}: not an object: {line}");
     }
     stdout.lines().map(String::from).collect()
+}
+
+#[test]
+fn vs_raw_measures_the_floor_in_the_same_run() {
+    for ranks_as in ["threads", "procs"] {
+        let rows = json_lines(
+            "pingpong",
+            &[
+                "--vs-raw",
+                "--ranks-as",
+                ranks_as,
+                "--sizes",
+                "8,64",
+                "--iters",
+                "1200",
+            ],
+        );
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        for row in &rows {
+            let num = |k: &str| -> f64 {
+                common::json_field(row, k)
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{k} in {row}"))
+            };
+            assert_eq!(common::json_field(row, "vs_raw"), "true", "{row}");
+            assert_eq!(num("iters"), 1200.0, "{row}");
+            let (p50, raw) = (num("t_p50_us"), num("raw_p50_us"));
+            assert!(raw > 0.0 && raw <= num("raw_p99_us"), "{row}");
+            // (The times are printed to 1 ns, the ratio to 0.01, from the unrounded times.)
+            let ratio = p50 / raw;
+            let slack = 0.006 + ratio * (0.0006 / raw + 0.0006 / p50);
+            assert!((num("p50_over_raw") - ratio).abs() <= slack, "{row}");
+        }
+    }
 }
 
 #[test]

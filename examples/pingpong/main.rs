@@ -86,6 +86,11 @@ struct Cli {
     /// Replace the NIC with direct stores into the peer's memory (the floor of the run).
     #[arg(long)]
     raw: bool,
+    /// Also measure the --raw floor in the same run (--trigger cpu): blocks of round trips
+    /// alternate between the NIC and direct stores, so both see the same cores and load;
+    /// each row adds the floor's p50 and the ratio.
+    #[arg(long)]
+    vs_raw: bool,
     /// Where the buffers live.
     #[arg(long, value_enum, default_value = "host")]
     mem: Mem,
@@ -153,6 +158,7 @@ struct Args {
     op: Op,
     trigger: Trigger,
     raw: bool,
+    vs_raw: bool,
     mem: Mem,
     ranks_as: RanksAs,
     /// The device the ranks run on (soft with --raw, which uses none).
@@ -203,6 +209,7 @@ impl Args {
             op,
             trigger: c.trigger,
             raw: c.raw,
+            vs_raw: c.vs_raw,
             mem: c.mem,
             ranks_as: c.ranks_as,
             device,
@@ -242,6 +249,18 @@ fn check_flags(c: &Cli, op: Op) -> Result<()> {
     refuse_if(
         c.api == Api::Mp && c.ranks_as == RanksAs::Procs,
         "--api mp runs its ranks as threads",
+    )?;
+    refuse_if(
+        c.vs_raw && c.raw,
+        "--vs-raw measures the NIC next to --raw: give one of them",
+    )?;
+    refuse_if(
+        c.vs_raw && c.trigger != Trigger::Cpu,
+        "--vs-raw applies to --trigger cpu (the floor of GPU triggers is their own --raw)",
+    )?;
+    refuse_if(
+        c.vs_raw && c.duration.is_some(),
+        "--vs-raw alternates blocks of --iters round trips: use --iters, not --duration",
     )?;
     refuse_if(
         c.raw && op != Op::Write,
@@ -286,8 +305,11 @@ fn check_sizes(c: &Cli, op: Op) -> Result<Vec<usize>> {
             4,
             "GPU triggers put a 32-bit marker at the end of each message",
         )
-    } else if op == Op::Write || c.raw {
-        (1, "--op write and --raw poll the message's last byte")
+    } else if op == Op::Write || c.raw || c.vs_raw {
+        (
+            1,
+            "--op write, --raw and --vs-raw poll the message's last byte",
+        )
     } else {
         (0, "")
     };
@@ -338,6 +360,7 @@ fn header(a: &Args) -> Result<Header> {
             },
         )
         .field("raw", a.raw)
+        .field("vs_raw", a.vs_raw)
         .field("mem", name(a.mem))
         .field(
             "device",
@@ -379,11 +402,8 @@ fn header(a: &Args) -> Result<Header> {
 fn threads(args: &Args, report: &Report) -> Result<()> {
     let max = args.max_size();
     let (w0, w1): (Box<dyn Wire + Send>, Box<dyn Wire + Send>) = if args.raw {
-        let (a, b) = (raw::heap_buf(max), raw::heap_buf(max));
-        (
-            Box::new(raw::Raw::new(a.clone(), b.clone(), max)),
-            Box::new(raw::Raw::new(b, a, max)),
-        )
+        let [r0, r1] = raw::heap_pair(max);
+        (Box::new(r0), Box::new(r1))
     } else if args.api == Api::Mp {
         let dev = open(&args.device)?;
         let [b0, b1] = pair(ThreadBootstrap::group(2));
@@ -409,16 +429,22 @@ fn threads(args: &Args, report: &Report) -> Result<()> {
             Box::new(s1.connect(&e0, r0, args.op)?),
         )
     };
+    let [mut f0, mut f1] = match args.vs_raw {
+        true => raw::heap_pair(max).map(Some),
+        false => [None, None],
+    };
     let [mut b0, mut b1] = pair(ThreadBootstrap::group(2));
     let a1 = args.clone();
     let t1 = std::thread::spawn(move || -> Result<()> {
         let mut w1 = w1;
-        ranks::run_rank(1, &mut *w1, &a1, &mut b1, false, &mut |_| Ok(()))
+        let floor = f1.as_mut().map(|f| f as &mut dyn Wire);
+        ranks::run_rank(1, &mut *w1, floor, &a1, &mut b1, false, &mut |_, _| Ok(()))
     });
     let mut w0 = w0;
+    let floor = f0.as_mut().map(|f| f as &mut dyn Wire);
     // A failure of rank 0 ends the run at once (rank 1 may wait for it until its timeout).
-    ranks::run_rank(0, &mut *w0, args, &mut b0, false, &mut |s| {
-        report.row(&s);
+    ranks::run_rank(0, &mut *w0, floor, args, &mut b0, false, &mut |s, f| {
+        report.row(&s, f.as_ref());
         Ok(())
     })?;
     t1.join().map_err(|_| anyhow::anyhow!("rank 1 panicked"))?
@@ -436,51 +462,69 @@ fn child(args: &Args, report: &Report) -> Result<()> {
     let mut boot = TcpBootstrap::connect(&info, BOOT_TIMEOUT)?;
     let max = args.max_size();
     let mut wire: Box<dyn Wire> = if args.raw {
-        const PREFIX: &str = "/dev/shm/gdsync-pingpong-raw-";
-        let mine = format!("{PREFIX}{}", std::process::id());
-        // Created before the exchange, so that it exists when rank 1 opens it.
-        let created = if rank == 0 {
-            Some(shm::shm_bufs(&mine, max, true)?)
-        } else {
-            None
-        };
-        let all = boot.all_gather(mine.as_bytes())?;
-        let path = String::from_utf8(all[0].clone())
-            .ok()
-            .filter(|p| p.starts_with(PREFIX))
-            .context("bad shared-memory path from rank 0")?;
-        let (a, b) = match created {
-            Some(bufs) => bufs,
-            None => shm::shm_bufs(&path, max, false)?,
-        };
-        boot.barrier()?;
-        if rank == 0 {
-            let _ = std::fs::remove_file(&path);
-        }
-        let (local, peer) = if rank == 0 { (a, b) } else { (b, a) };
-        Box::new(raw::Raw::new(local, peer, max))
+        Box::new(raw_procs(rank, &mut boot, max)?)
     } else {
         let s = nic::NicSetup::new(&open(&args.device)?, max)?;
         let all = boot.all_gather(s.card().as_bytes())?;
         let card = String::from_utf8_lossy(&all[1 - rank]).into_owned();
         Box::new(s.connect_card(&card, args.op)?)
     };
-    ranks::run_rank(rank, &mut *wire, args, &mut boot, true, &mut |s| {
-        report.row(&s);
-        Ok(())
-    })
+    let mut floor = match args.vs_raw {
+        true => Some(raw_procs(rank, &mut boot, max)?),
+        false => None,
+    };
+    let floor = floor.as_mut().map(|f| f as &mut dyn Wire);
+    ranks::run_rank(
+        rank,
+        &mut *wire,
+        floor,
+        args,
+        &mut boot,
+        true,
+        &mut |s, f| {
+            report.row(&s, f.as_ref());
+            Ok(())
+        },
+    )
     .with_context(|| format!("rank {rank}"))
+}
+
+/// The `--raw` wire of a rank process: buffers in a shared-memory file rank 0 creates.
+fn raw_procs(rank: usize, boot: &mut TcpBootstrap, max: usize) -> Result<raw::Raw> {
+    const PREFIX: &str = "/dev/shm/gdsync-pingpong-raw-";
+    let mine = format!("{PREFIX}{}", std::process::id());
+    // Created before the exchange, so that it exists when rank 1 opens it.
+    let created = if rank == 0 {
+        Some(shm::shm_bufs(&mine, max, true)?)
+    } else {
+        None
+    };
+    let all = boot.all_gather(mine.as_bytes())?;
+    let path = String::from_utf8(all[0].clone())
+        .ok()
+        .filter(|p| p.starts_with(PREFIX))
+        .context("bad shared-memory path from rank 0")?;
+    let (a, b) = match created {
+        Some(bufs) => bufs,
+        None => shm::shm_bufs(&path, max, false)?,
+    };
+    boot.barrier()?;
+    if rank == 0 {
+        let _ = std::fs::remove_file(&path);
+    }
+    let (local, peer) = if rank == 0 { (a, b) } else { (b, a) };
+    Ok(raw::Raw::new(local, peer, max))
 }
 
 fn run(cli: &Cli) -> Result<()> {
     let args = Args::new(cli)?;
-    let report = Report::new(header(&args)?, args.json);
+    let report = Report::new(header(&args)?, args.json, args.vs_raw);
     if cli.child {
         return child(&args, &report);
     }
     report.header();
     let mut emit = |s: common::stats::Stats| {
-        report.row(&s);
+        report.row(&s, None);
         Ok(())
     };
     match (args.trigger, args.api, args.ranks_as) {

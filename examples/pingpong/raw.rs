@@ -96,8 +96,14 @@ impl Drop for HeapBuf {
     }
 }
 
+/// Two ranks' raw wires in one process, each storing into the other's heap buffer.
+pub(crate) fn heap_pair(max: usize) -> [Raw; 2] {
+    let (a, b) = (heap_buf(max), heap_buf(max));
+    [Raw::new(a.clone(), b.clone(), max), Raw::new(b, a, max)]
+}
+
 /// A zeroed heap buffer of at least `n` bytes, for two thread ranks.
-pub(crate) fn heap_buf(n: usize) -> SharedBuf {
+fn heap_buf(n: usize) -> SharedBuf {
     let raw = Box::into_raw(vec![0u8; n.max(64)].into_boxed_slice());
     let len = raw.len();
     SharedBuf {

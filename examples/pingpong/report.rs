@@ -1,5 +1,6 @@
 //! pingpong's output: the header at once, then one row per size as soon as it is measured
-//! (a table, or with `--json` one object per line carrying the header's fields).
+//! (a table, or with `--json` one object per line carrying the header's fields). With
+//! `--vs-raw`, each row adds the floor measured in the same run and the ratio to it.
 
 use crate::common::header::Header;
 use crate::common::json::{Object, Value};
@@ -10,9 +11,10 @@ use crate::common::stats::Stats;
 pub(crate) struct Report {
     header: Header,
     json: bool,
+    vs_raw: bool,
 }
 
-const COLUMNS: [&str; 10] = [
+const COLUMNS: &[&str] = &[
     "bytes",
     "iters",
     "t_min[us]",
@@ -24,10 +26,16 @@ const COLUMNS: [&str; 10] = [
     "t_p99.9[us]",
     "cpu[us/iter]",
 ];
+/// The columns `--vs-raw` adds.
+const FLOOR_COLUMNS: &[&str] = &["raw_p50[us]", "p50/raw"];
 
 impl Report {
-    pub(crate) fn new(header: Header, json: bool) -> Report {
-        Report { header, json }
+    pub(crate) fn new(header: Header, json: bool, vs_raw: bool) -> Report {
+        Report {
+            header,
+            json,
+            vs_raw,
+        }
     }
 
     /// The header and the column names (nothing with `--json`: every row carries the
@@ -37,14 +45,16 @@ impl Report {
             return;
         }
         outln!("{}", self.header.text());
-        outln!("{}", row(COLUMNS.map(String::from)));
+        let floor = if self.vs_raw { FLOOR_COLUMNS } else { &[] };
+        let names: Vec<String> = COLUMNS.iter().chain(floor).map(|c| c.to_string()).collect();
+        outln!("{}", row(&names));
     }
 
-    /// One size's row.
-    pub(crate) fn row(&self, s: &Stats) {
+    /// One size's row, with the floor measured beside it (`--vs-raw`).
+    pub(crate) fn row(&self, s: &Stats, floor: Option<&Stats>) {
         if self.json {
             let f = |x: f64| Value::Fixed(x, 3);
-            let o = Object::new()
+            let mut o = Object::new()
                 .extend(self.header.json())
                 .set("bytes", s.bytes)
                 .set("iters", s.iters)
@@ -56,29 +66,36 @@ impl Report {
                 .set("t_p99_us", f(s.p99))
                 .set("t_p999_us", f(s.p999))
                 .set("cpu_us_per_iter", f(s.cpu_us_per_iter));
+            if let Some(r) = floor {
+                o = o
+                    .set("raw_p50_us", f(r.p50))
+                    .set("raw_p99_us", f(r.p99))
+                    .set("p50_over_raw", Value::Fixed(s.p50 / r.p50, 2));
+            }
             outln!("{o}");
         } else {
             let f = |x: f64| format!("{x:.3}");
-            outln!(
-                "{}",
-                row([
-                    s.bytes.to_string(),
-                    s.iters.to_string(),
-                    f(s.min),
-                    f(s.max),
-                    f(s.p50),
-                    f(s.avg),
-                    f(s.stdev),
-                    f(s.p99),
-                    f(s.p999),
-                    f(s.cpu_us_per_iter),
-                ])
-            );
+            let mut cells = vec![
+                s.bytes.to_string(),
+                s.iters.to_string(),
+                f(s.min),
+                f(s.max),
+                f(s.p50),
+                f(s.avg),
+                f(s.stdev),
+                f(s.p99),
+                f(s.p999),
+                f(s.cpu_us_per_iter),
+            ];
+            if let Some(r) = floor {
+                cells.extend([f(r.p50), format!("{:.2}", s.p50 / r.p50)]);
+            }
+            outln!("{}", row(&cells));
         }
     }
 }
 
-fn row(cells: [String; 10]) -> String {
+fn row(cells: &[String]) -> String {
     cells
         .iter()
         .enumerate()
