@@ -365,22 +365,34 @@ fn help_own_or_all(why: Why) {
     let helped = OWN
         .try_with(|o| {
             let Ok(mut o) = o.try_borrow_mut() else {
-                return true; // re-entered from inside a round: the outer call drives
+                return (true, true); // re-entered from inside a round: the outer call drives
             };
             if o.iter().any(|c| c.ctl.stop.load(Ordering::Relaxed)) {
                 o.retain(|c| !c.ctl.stop.load(Ordering::Relaxed));
             }
+            let mut work = false;
             for c in o.iter() {
-                c.help_as_owner(why);
+                work |= c.help_as_owner(why);
             }
-            !o.is_empty()
+            (!o.is_empty(), work)
         })
-        .unwrap_or(true);
-    if helped {
-        help_unowned(why);
-    } else {
-        help_all(why);
+        .unwrap_or((true, true));
+    match helped {
+        // The caller's own engine delivered something: the caller looks first (it may be
+        // what it waits for); the engines nobody owns are served at its next call (at least
+        // every other call, so that a busy engine of the caller's does not starve them).
+        (true, true) if !DEFERRED.try_with(|d| d.replace(true)).unwrap_or(true) => {}
+        (true, _) => {
+            let _ = DEFERRED.try_with(|d| d.set(false));
+            help_unowned(why);
+        }
+        (false, _) => help_all(why),
     }
+}
+
+thread_local! {
+    /// The last [`help_own_or_all`] left the unowned engines for the next call.
+    static DEFERRED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Runs an engine no thread owns at the moment: a device whose rank only waits for data to
