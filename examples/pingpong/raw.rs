@@ -1,6 +1,6 @@
 //! `--raw`: the NIC replaced by stores into the peer's buffer, the same loop's floor.
 
-use super::wire::{marker, relax, Wire};
+use super::wire::{marker, spin, Wire};
 use anyhow::{bail, Result};
 use std::sync::atomic::{fence, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -68,7 +68,7 @@ impl Wire for Raw {
         let mut spins = 0u32;
         while self.local.byte(size - 1).load(Ordering::Acquire) != m {
             spins += 1;
-            relax(spins);
+            spin(spins);
         }
         Ok(())
     }
