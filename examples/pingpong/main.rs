@@ -4,13 +4,15 @@
 //! Rank 0 writes a message into rank 1's buffer (or sends it); rank 1 sees it land and
 //! answers the same way; the time of one round trip, halved, is one sample. `--raw` runs the
 //! same loop with the NIC replaced by direct stores into the peer's memory: the floor of the
-//! run. The header (device, link, trigger, memory, ranks, cores) is printed at once, and each
+//! run; `--vs-raw` measures that floor in the same run, in blocks alternating with the NIC's,
+//! and adds it and the ratio to each row. The header (device, link, trigger, memory, ranks, cores) is printed at once, and each
 //! size's row as soon as it is measured.
 //!
 //! ```text
 //! cargo run --release --example pingpong                       # soft device, threads
 //! cargo run --release --example pingpong -- --ranks-as procs --sizes 8,4K
 //! cargo run --release --example pingpong -- --raw --json
+//! cargo run --release --example pingpong -- --vs-raw --size 8 --iters 20000
 //! cargo run --release --example pingpong -- --duration 2 --size 8
 //! cargo run --release --example pingpong -- --api mp --trigger kernel --mem device
 //! ```
