@@ -57,8 +57,7 @@ pub(crate) fn run_rank<'w>(
             }
             (None, f) => {
                 let n = args.iters(size) as u64;
-                let (s, cpu, fs) = alternating(rank, w, f, (&mut i, &mut j), size, n)?;
-                (s, cpu, fs)
+                alternating(rank, w, f, (&mut i, &mut j), size, n)?
             }
         };
         let cpu = cpu / samples.len().max(1) as f64;

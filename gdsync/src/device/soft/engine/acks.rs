@@ -37,7 +37,7 @@ impl Engine {
             psn,
             ..Default::default()
         };
-        self.send_ref(li, &hdr, BodyRef::Empty, 0);
+        self.send(li, &hdr, BodyRef::Empty, 0);
     }
 
     /// Sends every owed ACK. Returns whether there were any.

@@ -105,73 +105,32 @@ impl Engine {
     }
 
     /// Sends a message on link `li`: at once while nothing waits before it and the ring has
-    /// room (most messages: no queue entry to make and take), else after those queued.
-    /// The region table must be current ([`MrCache::sync`](super::super::mr_table::MrCache::sync)
-    /// in this round).
-    pub(super) fn send(&mut self, li: usize, job: TxJob) {
-        let link = &mut self.links[li];
-        if !link.queue.is_empty() {
-            link.queue.push_back(job);
-            return;
-        }
-        let mut job = job;
-        let slots = &self.mrc.slots;
-        match emit(
-            &job.hdr,
-            job.body.as_ref(),
-            job.pd,
-            &mut job.sent,
-            &mut link.link.tx,
-            slots,
-        ) {
-            Emit::Done => {}
-            Emit::Full => link.queue.push_back(job),
-            Emit::Fault => {
-                self.emit_failed(li, job);
-            }
-        }
-    }
-
-    /// [`send`](Self::send) of a message whose payload is borrowed (a requester's WQE): it
-    /// becomes a queue entry only if it cannot go out at once.
-    pub(super) fn send_ref(&mut self, li: usize, hdr: &PktHeader, body: BodyRef<'_>, pd: u32) {
-        self.send_now(li, hdr, body, pd, || body.to_owned());
-    }
-
-    /// Sends what the ring takes of a message at once; the rest waits in the queue, with
-    /// the payload `owned` makes.
-    fn send_now(
-        &mut self,
-        li: usize,
-        hdr: &PktHeader,
-        body: BodyRef<'_>,
-        pd: u32,
-        owned: impl FnOnce() -> Body,
-    ) {
+    /// room (most messages: no queue entry to make and take), else after those queued. The
+    /// payload is borrowed (a requester's WQE as read, a response's data): it is copied into a
+    /// queue entry only for what cannot go out at once. The region table must be current
+    /// ([`MrCache::sync`](super::super::mr_table::MrCache::sync) in this round).
+    pub(super) fn send(&mut self, li: usize, hdr: &PktHeader, body: BodyRef<'_>, pd: u32) {
         let link = &mut self.links[li];
         let mut sent = 0;
-        if link.queue.is_empty() {
-            match emit(hdr, body, pd, &mut sent, &mut link.link.tx, &self.mrc.slots) {
-                Emit::Done => return,
-                Emit::Full => {}
-                Emit::Fault => {
-                    let job = TxJob {
-                        hdr: *hdr,
-                        body: owned(),
-                        pd,
-                        sent,
-                    };
-                    self.emit_failed(li, job);
-                    return;
-                }
-            }
+        let r = if link.queue.is_empty() {
+            emit(hdr, body, pd, &mut sent, &mut link.link.tx, &self.mrc.slots)
+        } else {
+            Emit::Full
+        };
+        if matches!(r, Emit::Done) {
+            return;
         }
-        self.links[li].queue.push_back(TxJob {
+        let job = TxJob {
             hdr: *hdr,
-            body: owned(),
+            body: body.to_owned(),
             pd,
             sent,
-        });
+        };
+        if matches!(r, Emit::Fault) {
+            self.emit_failed(li, job);
+        } else {
+            self.links[li].queue.push_back(job);
+        }
     }
 
     /// A message whose memory vanished while it was sent (see [`Emit::Fault`]): a request

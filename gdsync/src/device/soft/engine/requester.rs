@@ -245,7 +245,7 @@ impl Engine {
             (None, None) if returns_data => BodyRef::Empty,
             (None, None) => BodyRef::Gather(&sges),
         };
-        self.send_ref(li, &hdr, body, pd);
+        self.send(li, &hdr, body, pd);
         Step::Advanced
     }
 

@@ -161,7 +161,7 @@ impl Engine {
     /// the ACK its QP owes: the QP's responses stay in PSN order.
     fn respond(&mut self, li: usize, job: TxJob) {
         self.pay_ack(job.hdr.src_qpn);
-        self.send(li, job);
+        self.send(li, &job.hdr, job.body.as_ref(), job.pd);
     }
 
     /// A responder-side error on the receive at the head of the receive ring: its error
