@@ -365,7 +365,7 @@ fn help_own_or_all(why: Why) {
     let helped = OWN
         .try_with(|o| {
             let Ok(mut o) = o.try_borrow_mut() else {
-                return (true, true); // re-entered from inside a round: the outer call drives
+                return (true, false); // re-entered from inside a round: the outer call drives
             };
             if o.iter().any(|c| c.ctl.stop.load(Ordering::Relaxed)) {
                 o.retain(|c| !c.ctl.stop.load(Ordering::Relaxed));
@@ -376,7 +376,7 @@ fn help_own_or_all(why: Why) {
             }
             (!o.is_empty(), work)
         })
-        .unwrap_or((true, true));
+        .unwrap_or((true, false));
     match helped {
         // The caller's own engine delivered something: the caller looks first (it may be
         // what it waits for); the engines nobody owns are served at its next call (at least
