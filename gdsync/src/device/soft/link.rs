@@ -43,6 +43,29 @@ const SHM_PREFIX: &str = "gdsync-link-";
 const OFF_CLOSED: usize = 64; // two u32, one per side
 const OFF_HEAD: usize = 128; // two u64 on their own cache lines: 128 and 192
 
+/// Bytes of ring ahead of the producer prefetched for writing (a 4 KiB record's worth).
+const WARM_AHEAD: u64 = 4096 + 128;
+/// Most payload bytes prefetched when a record is seen (beyond, the hardware prefetcher
+/// follows the copy).
+const PREFETCH_MAX: usize = 8192;
+
+/// A hint that the line at `p` will be read, or written (`WRITE`), soon.
+#[inline]
+fn prefetch<const WRITE: bool>(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetching is a hint with no architectural effect, whatever the address.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
+        if WRITE {
+            _mm_prefetch::<_MM_HINT_ET0>(p as *const i8)
+        } else {
+            _mm_prefetch::<_MM_HINT_T0>(p as *const i8)
+        }
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// Packet kinds.
 pub(crate) mod kind {
     pub const SKIP: u8 = 0;
@@ -137,6 +160,8 @@ pub(crate) struct Producer {
     ring: Geometry,
     pos: u64,
     cached_head: u64,
+    /// How far ahead of `pos` the ring's lines were prefetched for writing.
+    warmed: u64,
     head_off: usize,
     map: Arc<Mapping>,
     /// Bridged links: the thread that drains this ring, woken after each record.
@@ -202,6 +227,7 @@ impl Producer {
             ring: Geometry::LINK,
             pos: 0,
             cached_head: 0,
+            warmed: 0,
             head_off,
             map: map.clone(),
             notify: None,
@@ -265,7 +291,22 @@ impl Producer {
         if let Some(n) = &self.notify {
             n.wake_outbound();
         }
+        self.warm_ahead();
         Some(r)
+    }
+
+    /// Asks for the lines the next records will take, for writing, while the link is idle:
+    /// they were last read by the consumer a lap ago, and fetching them while a record is
+    /// written would put that wait on the message's path. (The line of the next stamp, which
+    /// the consumer polls, is left to the write that clears it.)
+    fn warm_ahead(&mut self) {
+        let end = self.pos + WARM_AHEAD;
+        let mut at = self.warmed.max(self.pos + 64);
+        while at < end {
+            prefetch::<true>(self.base.wrapping_add(self.ring.off(at) as usize));
+            at += 64;
+        }
+        self.warmed = at;
     }
 
     fn write_header(&self, off: u64, h: &PktHeader) {
@@ -323,6 +364,12 @@ impl Consumer {
             // the ring's end is cut there rather than trusted.
             let room = (self.ring.cap - off) as usize - HDR;
             let len = (h.seg_len as usize).min(MTU).min(room);
+            // The payload's lines are all asked for at once, so that they cross from the
+            // producer's core together rather than one by one as the copy reaches them.
+            let start = off as usize + 64;
+            for l in (start..off as usize + HDR + len.min(PREFETCH_MAX)).step_by(64) {
+                prefetch::<false>(self.base.wrapping_add(l));
+            }
             // SAFETY: as above; the payload lies inside the ring (off + HDR + len <= cap).
             let payload =
                 unsafe { std::slice::from_raw_parts(self.base.add(off as usize + HDR), len) };

@@ -29,6 +29,7 @@ fn model_ring(map: &Arc<Mapping>, cap: u64, start: u64) -> (Producer, Consumer) 
         ring: g,
         pos: start,
         cached_head: start,
+        warmed: start,
         head_off,
         map: map.clone(),
         notify: None,
