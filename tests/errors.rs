@@ -38,6 +38,10 @@ both!(
 // no query for it (`ibv_query_qp` gives the state only), so an mlx5 device cannot say.
 soft_only!(executor_consumed_error_is_found_after_it_was_overwritten);
 
+// Between two devices of one process, a large payload is read from the source when it is
+// delivered; the soft device is where that can be watched.
+soft_only!(source_deregistered_while_a_large_write_is_in_flight);
+
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 
 /// After the requester's error CQE: the QP is in error, and a write and a receive posted
@@ -1345,4 +1349,45 @@ fn cpu_post_before_executor_commit_runs_is_refused() {
         let c = poll1(&p.a.scq);
         assert!(c.is_ok() && c.wr_id == id, "{c:?}");
     }
+}
+
+/// The source of a large write deregistered right after posting: the write arrives whole,
+/// or fails with LocalProt (the device found the lkey gone before it had read everything),
+/// within 2 s, and the responder stays healthy. Never a hang, never a partial write reported
+/// as a success.
+fn source_deregistered_while_a_large_write_is_in_flight(t: Topo) {
+    const LEN: usize = 1 << 20;
+    let p0 = Pair::new(t);
+    let want = pattern(21, LEN);
+    let mut failed = 0;
+    for round in 0..16 {
+        let mut p = p0.another();
+        let mut src = want.clone();
+        let mut dst = vec![0u8; LEN];
+        let dmr = p.b.pd.register(&mut dst, RW).unwrap();
+        let smr = p.a.pd.register(&mut src, Access::empty()).unwrap();
+        p.a.qp
+            .post_send(&SendWr::write(dmr.remote().at(0)).sge(smr.sge(..)).wr_id(60))
+            .unwrap();
+        drop(smr);
+        let c = poll_n_within(&p.a.scq, 1, Duration::from_secs(2));
+        assert_eq!(c.len(), 1, "round {round}: no completion within 2 s");
+        assert_eq!(c[0].wr_id, 60);
+        match c[0].status {
+            WcStatus::Success => {
+                let mut got = vec![0u8; LEN];
+                dmr.read_at(0, &mut got);
+                assert!(got == want, "round {round}: a success with the wrong bytes");
+            }
+            WcStatus::Error(Syndrome::LocalProt) => failed += 1,
+            other => panic!("round {round}: {other:?}"),
+        }
+        assert_ne!(
+            p.b.qp.state(),
+            QpState::Error,
+            "round {round}: responder in error"
+        );
+        assert_healthy(&mut p.another());
+    }
+    eprintln!("{failed} of 16 writes failed with LocalProt");
 }

@@ -247,7 +247,7 @@ impl SoftDevice {
         if l1.up.contains(&second.uid) {
             return Ok(());
         }
-        let (a, b) = Link::in_process_pair(first.uid, second.uid);
+        let (a, b) = Link::in_process_pair((first.uid, &first.mrs), (second.uid, &second.mrs));
         first.engine.send(Cmd::AddLink(Box::new(a)))?;
         second.engine.send(Cmd::AddLink(Box::new(b)))?;
         l1.up.insert(second.uid);

@@ -10,6 +10,7 @@
 //! one, so the consumer never mistakes old bytes for a record. The consumer publishes how far
 //! it has read, which the producer checks only when the ring looks full.
 
+use super::mr_table::MrTable;
 use crate::mem::RingMem;
 use crate::shm::SharedMemory;
 use crate::{Error, Result};
@@ -102,6 +103,9 @@ pub(crate) mod flag {
     pub const FIRST: u8 = 1;
     pub const LAST: u8 = 2;
     pub const SOLICITED: u8 = 4;
+    /// The payload is not in the record: the record names it in the sender's registered
+    /// memory ([`super::engine`]'s single-copy delivery, in-process links only).
+    pub const BY_REF: u8 = 8;
 }
 
 /// The memory a link's rings live in.
@@ -478,6 +482,9 @@ pub(crate) struct Link {
     live: Liveness,
     next_check: Instant,
     pub dead: bool,
+    /// The peer device's region table, where both devices live in this process: large
+    /// payloads then go by reference and are copied once, from the sender's memory.
+    peer_regions: Option<Arc<MrTable>>,
 }
 
 impl Link {
@@ -497,12 +504,25 @@ impl Link {
         Self::new(uid, &map, 0, 0, 0, Liveness::Loopback)
     }
 
-    pub(crate) fn in_process_pair(a: u64, b: u64) -> (Self, Self) {
+    /// The two ends of a link between devices `a` and `b` of this process, with their
+    /// region tables (`a_regions` is `a`'s).
+    pub(crate) fn in_process_pair(
+        (a, a_regions): (u64, &Arc<MrTable>),
+        (b, b_regions): (u64, &Arc<MrTable>),
+    ) -> (Self, Self) {
         let map = Arc::new(Mapping::heap(Mapping::size_for(2)));
-        (
+        let mut ends = (
             Self::new(b, &map, 0, 0, 1, Liveness::InProcess),
             Self::new(a, &map, 1, 1, 0, Liveness::InProcess),
-        )
+        );
+        ends.0.peer_regions = Some(b_regions.clone());
+        ends.1.peer_regions = Some(a_regions.clone());
+        ends
+    }
+
+    /// The peer device's region table, on a link within this process.
+    pub(crate) fn peer_regions(&self) -> Option<&Arc<MrTable>> {
+        self.peer_regions.as_ref()
     }
 
     /// A link to device `peer` whose far half is served by transport threads: the engine
@@ -537,6 +557,7 @@ impl Link {
             live,
             next_check: Instant::now(),
             dead: false,
+            peer_regions: None,
         }
     }
 

@@ -244,6 +244,12 @@ impl MrTable {
         }
     }
 
+    /// The table as it is now, for a reader outside the engine (a peer engine in this
+    /// process copying from a region): no region leaves it while the guard is held.
+    pub fn read(&self) -> parking_lot::RwLockReadGuard<'_, Slots> {
+        self.inner.read()
+    }
+
     /// Whether a region in GPU memory is registered.
     pub fn has_gpu_regions(&self) -> bool {
         self.gpu_regions.load(Ordering::Relaxed) != 0

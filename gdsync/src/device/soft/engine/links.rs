@@ -4,6 +4,7 @@
 
 use super::super::link::{flag, kind, PktHeader, Producer, MTU};
 use super::super::mr_table::Slots;
+use super::by_ref::{by_ref, SourceRef, SOURCE_REF_LEN};
 use super::memory::gather;
 use super::{resp, Body, BodyRef, Engine, TxJob};
 use crate::device::provider::Access;
@@ -44,7 +45,9 @@ impl Engine {
             let payload: *const [u8] = payload;
             // SAFETY: the record stays valid until pop() below; nothing else touches the ring.
             let payload = unsafe { &*payload };
-            if h.kind == kind::REQ {
+            if h.kind == kind::REQ && h.flags & flag::BY_REF != 0 {
+                self.on_request_by_ref(li, &h, payload);
+            } else if h.kind == kind::REQ {
                 self.on_request(li, &h, payload);
             } else {
                 self.on_response(li, &h, payload);
@@ -111,6 +114,13 @@ impl Engine {
     /// ([`MrCache::sync`](super::super::mr_table::MrCache::sync) in this round).
     pub(super) fn send(&mut self, li: usize, hdr: &PktHeader, body: BodyRef<'_>, pd: u32) {
         let link = &mut self.links[li];
+        let body = match body {
+            BodyRef::Gather(sges) if hdr.kind == kind::REQ => {
+                let peer_reads = link.link.peer_regions().is_some();
+                by_ref(sges, &self.mrc.slots, peer_reads).map_or(body, BodyRef::ByRef)
+            }
+            _ => body,
+        };
         let mut sent = 0;
         let r = if link.queue.is_empty() {
             emit(hdr, body, pd, &mut sent, &mut link.link.tx, &self.mrc.slots)
@@ -158,7 +168,7 @@ fn body_len(hdr: &PktHeader, body: BodyRef<'_>) -> u32 {
     match body {
         BodyRef::Empty => 0,
         BodyRef::Inline(b) => b.len() as u32,
-        BodyRef::Gather(_) | BodyRef::Memory { .. } => hdr.msg_len,
+        BodyRef::Gather(_) | BodyRef::Memory { .. } | BodyRef::ByRef(_) => hdr.msg_len,
     }
 }
 
@@ -177,6 +187,13 @@ fn emit(
         let mut h = *hdr;
         h.offset = *sent;
         h.seg_len = seg;
+        // A packet by reference carries where its bytes are, not the bytes.
+        let mut rec_len = seg as usize;
+        if let BodyRef::ByRef(_) = body {
+            h.flags |= flag::BY_REF;
+            h.seg_len = SOURCE_REF_LEN as u32;
+            rec_len = SOURCE_REF_LEN;
+        }
         if *sent == 0 {
             h.flags |= flag::FIRST;
         }
@@ -184,7 +201,7 @@ fn emit(
             h.flags |= flag::LAST;
         }
         let off = *sent as u64;
-        let r = tx.try_push(&h, seg as usize, |buf| match body {
+        let r = tx.try_push(&h, rec_len, |buf| match body {
             BodyRef::Empty => true,
             BodyRef::Inline(b) => {
                 buf.copy_from_slice(&b[off as usize..off as usize + buf.len()]);
@@ -196,6 +213,19 @@ fn emit(
                 slots
                     .get(rkey)
                     .is_some_and(|e| e.access.contains(Access::REMOTE_READ) && e.read(a, buf))
+            }
+            // The region must still be there when the packet leaves, as for a gather.
+            BodyRef::ByRef(s) => {
+                let src = SourceRef {
+                    addr: s.addr + off,
+                    lkey: s.lkey,
+                    pd,
+                };
+                let ok = slots.get(s.lkey).is_some_and(|e| {
+                    e.pd == pd && e.covers(src.addr, seg as u64) && e.gpu.is_none()
+                });
+                src.write_to(buf);
+                ok
             }
         });
         match r {

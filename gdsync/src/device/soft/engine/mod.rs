@@ -5,6 +5,7 @@
 //! - [`responder`]: admission and checks of a request's first packet, its payload, the
 //!   receive it consumes and the answer;
 //! - [`acks`]: acknowledgements owed, sent a round later and coalesced per QP;
+//! - [`by_ref`]: single-copy delivery of large payloads between devices of one process;
 //! - [`completion`]: responses from the peer, in-order completion and CQE writes (step 6);
 //! - [`errors`]: malformed WQEs, failures and the error state with its flushes;
 //! - [`links`]: packets in and out of the links;
@@ -15,6 +16,7 @@
 //! posted (send and receive) completes with WR_FLUSH.
 
 mod acks;
+mod by_ref;
 mod completion;
 mod errors;
 mod links;
@@ -184,6 +186,8 @@ enum Body {
         rkey: u32,
         addr: u64,
     },
+    /// Left in local memory (one segment): the packets name it ([`by_ref`]).
+    ByRef(Seg),
 }
 
 /// A [`Body`] borrowed: what a message being sent at once reads its payload from (the WQE
@@ -194,6 +198,7 @@ enum BodyRef<'a> {
     Inline(&'a [u8]),
     Gather(&'a [Seg]),
     Memory { rkey: u32, addr: u64 },
+    ByRef(Seg),
 }
 
 impl Body {
@@ -206,6 +211,7 @@ impl Body {
                 rkey: *rkey,
                 addr: *addr,
             },
+            Body::ByRef(s) => BodyRef::ByRef(*s),
         }
     }
 }
@@ -217,6 +223,7 @@ impl BodyRef<'_> {
             BodyRef::Inline(b) => Body::Inline(SmallVec::from_slice(b)),
             BodyRef::Gather(s) => Body::Gather(SmallVec::from_slice(s)),
             BodyRef::Memory { rkey, addr } => Body::Memory { rkey, addr },
+            BodyRef::ByRef(s) => Body::ByRef(s),
         }
     }
 }

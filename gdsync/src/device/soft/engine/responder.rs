@@ -50,7 +50,7 @@ impl Engine {
     /// Whether the request is for a connected QP of this link, in sequence, with an opcode
     /// this model knows: its opcode if so; otherwise it is NAKed or (out of sequence, after a
     /// NAK) dropped.
-    fn admit(&mut self, li: usize, h: &PktHeader) -> Option<Opcode> {
+    pub(super) fn admit(&mut self, li: usize, h: &PktHeader) -> Option<Opcode> {
         let qpn = h.dst_qpn;
         if self.qps.get(qpn as usize).is_none_or(Option::is_none)
             && self.ctl.has_cmds.load(Ordering::Acquire)
@@ -159,7 +159,7 @@ impl Engine {
 
     /// Sends a response other than an ACK (a NAK, read data, an atomic's old value), after
     /// the ACK its QP owes: the QP's responses stay in PSN order.
-    fn respond(&mut self, li: usize, job: TxJob) {
+    pub(super) fn respond(&mut self, li: usize, job: TxJob) {
         self.pay_ack(job.hdr.src_qpn);
         self.send(li, &job.hdr, job.body.as_ref(), job.pd);
     }
