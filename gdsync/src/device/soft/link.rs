@@ -854,6 +854,18 @@ mod liveness_tests {
     }
 
     #[test]
+    fn only_the_ends_of_an_in_process_link_name_the_peer_region_table() {
+        let (ta, tb) = (Arc::new(MrTable::default()), Arc::new(MrTable::default()));
+        let (a, b) = Link::in_process_pair((1, &ta), (2, &tb));
+        // `a` is device 1's end: it receives device 2's packets and reads device 2's regions.
+        assert_eq!(a.peer, 2);
+        assert!(a.peer_regions().is_some_and(|t| Arc::ptr_eq(t, &tb)));
+        assert!(b.peer_regions().is_some_and(|t| Arc::ptr_eq(t, &ta)));
+        assert!(Link::loopback(3).peer_regions().is_none());
+        assert!(Link::bridged(4).0.peer_regions().is_none());
+    }
+
+    #[test]
     fn proc_stat_states_and_the_exiting_flag() {
         // pid (comm) state ppid pgrp session tty tpgid flags ...
         let live = "42 (a (b) c) S 1 42 42 0 -1 4194560 100 0";
