@@ -67,6 +67,28 @@ pub(super) fn by_ref(sges: &[Seg], slots: &Slots, peer_reads: bool) -> Option<Se
     }
 }
 
+/// Writes the reference to bytes `off..off+len` of segment `s` into a record's payload;
+/// whether the region is still there (as a gather checks it when the packet leaves).
+#[inline(never)]
+pub(super) fn write_source_ref(
+    slots: &Slots,
+    pd: u32,
+    s: Seg,
+    off: u64,
+    len: u32,
+    buf: &mut [u8],
+) -> bool {
+    let src = SourceRef {
+        addr: s.addr + off,
+        lkey: s.lkey,
+        pd,
+    };
+    src.write_to(buf);
+    slots
+        .get(s.lkey)
+        .is_some_and(|e| e.pd == pd && e.covers(src.addr, len as u64) && e.gpu.is_none())
+}
+
 /// Bytes of message data a by-reference packet stands for: packets are cut at the MTU,
 /// so each carries the rest of the message up to it.
 pub(super) fn data_len(h: &PktHeader) -> usize {
@@ -74,36 +96,39 @@ pub(super) fn data_len(h: &PktHeader) -> usize {
 }
 
 impl Engine {
-    /// A request packet whose payload is a [`SourceRef`]: the bytes are read from the
-    /// sender's region, while its table cannot change, and handed to the responder as if
-    /// they had come through the ring.
-    pub(super) fn on_request_by_ref(&mut self, li: usize, h: &PktHeader, rec: &[u8]) {
-        // Only a link within this process names the peer's table; elsewhere the flag is a
-        // malformed packet.
-        let (Some(table), Some(src)) = (
-            self.links[li].link.peer_regions().cloned(),
-            SourceRef::read_from(rec),
-        ) else {
-            return self.refuse_by_ref(li, h, Syndrome::RemoteInvalReq);
+    /// A request packet whose payload is a [`SourceRef`]: the header and bytes to hand the
+    /// responder as if they had come through the ring, read from the sender's region in
+    /// `slots` (its table, held by the caller while the responder uses them). `None` if the
+    /// reference cannot be followed: the packet was answered and is dropped. Only a link
+    /// within this process names the peer's table; elsewhere the flag is a malformed packet.
+    #[inline(never)]
+    pub(super) fn resolve_by_ref<'a>(
+        &mut self,
+        li: usize,
+        h: &PktHeader,
+        rec: &[u8],
+        slots: Option<&'a Slots>,
+    ) -> Option<(PktHeader, &'a [u8])> {
+        let (Some(slots), Some(src)) = (slots, SourceRef::read_from(rec)) else {
+            self.refuse_by_ref(li, h, Syndrome::RemoteInvalReq);
+            return None;
         };
         let len = data_len(h);
-        let slots = table.read();
         let readable = slots
             .get(src.lkey)
             .is_some_and(|e| e.gpu.is_none() && e.pd == src.pd && e.covers(src.addr, len as u64));
         if !readable {
-            drop(slots);
-            return self.refuse_by_ref(li, h, Syndrome::LocalProt);
+            self.refuse_by_ref(li, h, Syndrome::LocalProt);
+            return None;
         }
         // SAFETY: `[addr, addr+len)` lies in a registered host region of the peer device
         // (checked above), whose owner lent it to that device while it is registered; it
-        // stays registered while `slots` is held (deregistration takes the write lock).
+        // stays registered while `slots` is borrowed (deregistration takes the write lock).
         let data = unsafe { std::slice::from_raw_parts(src.addr as *const u8, len) };
         let mut direct = *h;
         direct.seg_len = len as u32;
         direct.flags &= !flag::BY_REF;
-        self.on_request(li, &direct, data);
-        drop(slots);
+        Some((direct, data))
     }
 
     /// A by-reference packet whose source cannot be read: the message fails at the sender

@@ -4,7 +4,7 @@
 
 use super::super::link::{flag, kind, PktHeader, Producer, MTU};
 use super::super::mr_table::Slots;
-use super::by_ref::{by_ref, SourceRef, SOURCE_REF_LEN};
+use super::by_ref::{by_ref, write_source_ref, SOURCE_REF_LEN};
 use super::memory::gather;
 use super::{resp, Body, BodyRef, Engine, TxJob};
 use crate::device::provider::Access;
@@ -45,10 +45,24 @@ impl Engine {
             let payload: *const [u8] = payload;
             // SAFETY: the record stays valid until pop() below; nothing else touches the ring.
             let payload = unsafe { &*payload };
-            if h.kind == kind::REQ && h.flags & flag::BY_REF != 0 {
-                self.on_request_by_ref(li, &h, payload);
-            } else if h.kind == kind::REQ {
-                self.on_request(li, &h, payload);
+            if h.kind == kind::REQ {
+                // A payload by reference is read from the sender's region, whose table is
+                // held (`_source`) until the responder is done with the bytes.
+                let (_table, _source);
+                let (mut req, mut data) = (h, payload);
+                if h.flags & flag::BY_REF != 0 {
+                    _table = self.links[li].link.peer_regions().cloned();
+                    _source = _table.as_ref().map(|t| t.read());
+                    match self.resolve_by_ref(li, &h, payload, _source.as_deref()) {
+                        Some((r, d)) => (req, data) = (r, d),
+                        None => {
+                            self.links[li].link.rx.pop(&h);
+                            n += 1;
+                            continue;
+                        }
+                    }
+                }
+                self.on_request(li, &req, data);
             } else {
                 self.on_response(li, &h, payload);
             }
@@ -172,7 +186,9 @@ fn body_len(hdr: &PktHeader, body: BodyRef<'_>) -> u32 {
     }
 }
 
-/// Sends the packets of one message from byte `*sent` on while the ring has room.
+/// Sends the packets of one message from byte `*sent` on while the ring has room. (Inline
+/// in its two callers: a message sent at once is the common path.)
+#[inline(always)]
 fn emit(
     hdr: &PktHeader,
     body: BodyRef<'_>,
@@ -214,19 +230,7 @@ fn emit(
                     .get(rkey)
                     .is_some_and(|e| e.access.contains(Access::REMOTE_READ) && e.read(a, buf))
             }
-            // The region must still be there when the packet leaves, as for a gather.
-            BodyRef::ByRef(s) => {
-                let src = SourceRef {
-                    addr: s.addr + off,
-                    lkey: s.lkey,
-                    pd,
-                };
-                let ok = slots.get(s.lkey).is_some_and(|e| {
-                    e.pd == pd && e.covers(src.addr, seg as u64) && e.gpu.is_none()
-                });
-                src.write_to(buf);
-                ok
-            }
+            BodyRef::ByRef(s) => write_source_ref(slots, pd, s, off, seg, buf),
         });
         match r {
             None => return Emit::Full,
