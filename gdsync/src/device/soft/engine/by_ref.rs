@@ -43,6 +43,15 @@ impl SourceRef {
         buf[12..16].copy_from_slice(&self.pd.to_ne_bytes());
     }
 
+    /// Whether `len` bytes from the reference lie in a registered host region of its PD in
+    /// `slots` (checked by the sender as the packet leaves, and by the receiver before it
+    /// reads them).
+    fn names_host_memory(&self, slots: &Slots, len: u64) -> bool {
+        slots
+            .get(self.lkey)
+            .is_some_and(|e| e.gpu.is_none() && e.pd == self.pd && e.covers(self.addr, len))
+    }
+
     /// Reads a reference from a record's payload; `None` if it is not one.
     pub(super) fn read_from(buf: &[u8]) -> Option<SourceRef> {
         let b: &[u8; SOURCE_REF_LEN] = buf.get(..SOURCE_REF_LEN)?.try_into().ok()?;
@@ -84,9 +93,7 @@ pub(super) fn write_source_ref(
         pd,
     };
     src.write_to(buf);
-    slots
-        .get(s.lkey)
-        .is_some_and(|e| e.pd == pd && e.covers(src.addr, len as u64) && e.gpu.is_none())
+    src.names_host_memory(slots, len as u64)
 }
 
 /// Bytes of message data a by-reference packet stands for: packets are cut at the MTU,
@@ -114,10 +121,7 @@ impl Engine {
             return None;
         };
         let len = data_len(h);
-        let readable = slots
-            .get(src.lkey)
-            .is_some_and(|e| e.gpu.is_none() && e.pd == src.pd && e.covers(src.addr, len as u64));
-        if !readable {
+        if !src.names_host_memory(slots, len as u64) {
             self.refuse_by_ref(li, h, Syndrome::LocalProt);
             return None;
         }
