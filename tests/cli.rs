@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::output::GuardedOutput;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Output, Stdio};
 
@@ -36,7 +37,7 @@ fn tool(name: &str) -> Command {
 }
 
 fn output(name: &str, args: &[&str]) -> Output {
-    tool(name).args(args).output().unwrap()
+    tool(name).args(args).guarded_output()
 }
 
 fn text(b: &[u8]) -> String {
@@ -237,8 +238,7 @@ fn cuda_calls_without_a_gpu_return_errors() {
         .args(["--exact", "cuda_calls_without_a_gpu_return_errors"])
         .args(["--nocapture", "--test-threads=1"])
         .env("GDSYNC_CUDA", "off")
-        .output()
-        .unwrap();
+        .guarded_output();
     let all = text(&out.stdout) + &text(&out.stderr);
     assert!(out.status.success() && all.contains("1 passed"), "{all}");
 }
@@ -448,8 +448,7 @@ fn logging_goes_to_stderr_filtered_by_gdsync_log() {
     let out = tool("pingpong")
         .args(["--size", "8", "--iters", "10", "--json"])
         .env("GDSYNC_LOG", "debug")
-        .output()
-        .unwrap();
+        .guarded_output();
     assert!(out.status.success(), "{}", text(&out.stderr));
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(stderr.contains("DEBUG"), "no debug events:\n{stderr}");
@@ -464,8 +463,7 @@ fn logging_goes_to_stderr_filtered_by_gdsync_log() {
     let bad = tool("pingpong")
         .args(["--size", "8", "--iters", "10"])
         .env("GDSYNC_LOG", "gdsync=loudest")
-        .output()
-        .unwrap();
+        .guarded_output();
     assert!(!bad.status.success());
     assert!(
         text(&bad.stderr).starts_with("error: GDSYNC_LOG="),
@@ -511,8 +509,7 @@ fn info_json_under_emulated_hca(spec: &str) -> String {
     let emu = common::emulator(spec);
     let out = tool_under(&emu, false, "info")
         .arg("--json")
-        .output()
-        .unwrap();
+        .guarded_output();
     assert!(out.status.success(), "{}", text(&out.stderr));
     let j = text(&out.stdout);
     json::check(j.trim()).unwrap_or_else(|e| panic!("{e} in {j}"));
@@ -533,7 +530,7 @@ fn tool_under(emu: &uverbs_emu::Emulator, gpu: bool, name: &str) -> Command {
 /// `name args` under the emulated RDMA driver with `spec`'s devices: its output.
 fn under_emulated_hca(spec: &str, name: &str, args: &[&str]) -> Output {
     let emu = common::emulator(spec);
-    tool_under(&emu, false, name).args(args).output().unwrap()
+    tool_under(&emu, false, name).args(args).guarded_output()
 }
 
 /// The `--json` rows of `name args` run on `mlx5_0` of the emulated driver, each checked to
@@ -554,8 +551,7 @@ fn json_rows_on_emulated_mlx5_with(gpu: bool, name: &str, args: &[&str]) -> Vec<
             "warn,gdsync::device=debug,gdsync::handler=debug",
         )
         .args(&all)
-        .output()
-        .unwrap();
+        .guarded_output();
     let what = format!("{name} {}", all.join(" "));
     assert!(out.status.success(), "{what}: {}", text(&out.stderr));
     let err = text(&out.stderr);
@@ -711,8 +707,7 @@ fn mlx5_gpu_triggers_on_the_emulated_driver() {
             .env("GDSYNC_NIC_HANDLER", "cpu")
             .args(["--json", "--device", "mlx5_0", "--trigger", trigger])
             .args(["--sizes", "8,4096", "--iters", "300"])
-            .output()
-            .unwrap();
+            .guarded_output();
         let err = text(&out.stderr);
         assert!(out.status.success(), "proxy, {trigger}: {err}");
         assert!(
@@ -788,8 +783,7 @@ fn info_names_the_nic_handler_where_a_gpu_exists() {
     let out = tool("info")
         .env_remove("GDSYNC_CUDA")
         .env("GDSYNC_NIC_HANDLER", "cpu")
-        .output()
-        .unwrap();
+        .guarded_output();
     let t = text(&out.stdout);
     assert!(t.contains("Cpu (set by GDSYNC_NIC_HANDLER)"), "{t}");
 }

@@ -11,6 +11,7 @@ pub mod clang;
 pub mod clang_cuda;
 pub mod example;
 pub mod gpu;
+pub mod output;
 
 /// [`example::path`] in an `Option`, always `Some` (a missing example is built, or the test
 /// fails): the form tests/cli.rs was written against, when a missing example was skipped.

@@ -167,7 +167,7 @@ impl SoftDevice {
             LinkKind::Fabric => unreachable!("choose_link never picks an RDMA fabric"),
         }
         self.announce_link(&here, remote, kind);
-        self.engine.send(Cmd::Connect {
+        self.engine.send_and_wait(Cmd::Connect {
             qpn,
             rq_psn,
             peer: remote.device,
@@ -646,7 +646,7 @@ impl Provider for SoftDevice {
                     timers.retry_cnt,
                     timers.rnr_retry
                 );
-                self.engine.send(Cmd::Timers { qpn, timers })?;
+                self.engine.send_and_wait(Cmd::Timers { qpn, timers })?;
                 HwQpState::Rts
             }
         };
@@ -664,7 +664,8 @@ impl Provider for SoftDevice {
     fn destroy_qp(&self, qpn: u32) {
         // Returns once the engine let go of the QP, as a verbs destroy does; commands are
         // applied in order, so the engine drops it before an AddQp that reuses the number.
-        self.engine.send_and_wait(Cmd::RemoveQp(qpn));
+        // (A stopped engine holds nothing to let go of.)
+        let _ = self.engine.send_and_wait(Cmd::RemoveQp(qpn));
         self.uars.lock().release(qpn);
         self.qpns.lock().give_back(qpn);
     }
@@ -686,6 +687,20 @@ impl Provider for SoftDevice {
     }
 }
 
+/// The soft device behind a device handle (for tests).
+#[cfg(test)]
+fn soft_of(d: &crate::Device) -> Arc<SoftDevice> {
+    registry()
+        .lock()
+        .get(&d.info().uid)
+        .and_then(Weak::upgrade)
+        .expect("a soft device")
+}
+
 #[cfg(test)]
 #[path = "tcp_tests.rs"]
 mod tcp_tests;
+
+#[cfg(test)]
+#[path = "modify_tests.rs"]
+mod modify_tests;

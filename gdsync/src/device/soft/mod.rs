@@ -218,13 +218,17 @@ impl EngineHandle {
         seq
     }
 
-    /// Sends a command and returns once the engine applied it, as a verbs destroy returns
-    /// once the HCA let go of the object: the caller may then free what the command named,
-    /// and a loop of creates and destroys cannot pile up work for the engine.
-    pub(crate) fn send_and_wait(&self, cmd: Cmd) {
+    /// Sends a command and returns once the engine applied it, as a verbs modify or destroy
+    /// returns once the HCA took the command: a doorbell rung afterwards finds the QP in its
+    /// new state (a send posted right after the move to RTS goes out with the PSN that
+    /// modify set), the caller may free what a destroy named, and a loop of creates and
+    /// destroys cannot pile up work for the engine.
+    pub(crate) fn send_and_wait(&self, cmd: Cmd) -> Result<()> {
         let ctl = &self.waker.ctl;
         if ctl.stop.load(Ordering::Acquire) {
-            return;
+            return Err(Error::DeviceClosed(
+                "the soft device's engine has stopped".into(),
+            ));
         }
         let seq = self.post(cmd);
         let start = std::time::Instant::now();
@@ -239,9 +243,10 @@ impl EngineHandle {
             }
             if spins % 4096 == 0 && start.elapsed() > std::time::Duration::from_secs(10) {
                 tracing::warn!("soft device: the engine has not applied a command for 10 s; going on without it");
-                return;
+                break;
             }
         }
+        Ok(())
     }
 
     /// After a CPU-side doorbell: wakes the engine if it sleeps, or, when engines progress

@@ -12,14 +12,7 @@ use crate::{
 use std::time::Duration;
 use tcp::{Dialed, Hello, HELLO_LEN};
 
-/// The soft device behind a device handle.
-fn soft(d: &Device) -> Arc<SoftDevice> {
-    registry()
-        .lock()
-        .get(&d.info().uid)
-        .and_then(Weak::upgrade)
-        .expect("a soft device")
-}
+use super::soft_of as soft;
 
 const WAIT: Duration = Duration::from_secs(20);
 

@@ -352,14 +352,18 @@ impl Engine {
     }
 
     /// The look before a nap (after `sleeping` was announced): whether a doorbell or a
-    /// command arrived meanwhile.
+    /// command arrived meanwhile. A pending command is applied by the next round before any
+    /// doorbell is served: a doorbell rung after a modify must find the QP modified.
     pub(crate) fn last_look(&mut self) -> bool {
+        if self.ctl.has_cmds.load(Ordering::Acquire) {
+            return true;
+        }
         let mut again = false;
         for i in 0..self.active.len() {
             again |= self.poll_qp(self.active[i]);
         }
         // (An owed ACK needs one more round.)
-        again || !self.owed.is_empty() || self.ctl.has_cmds.load(Ordering::Acquire)
+        again || !self.owed.is_empty()
     }
 
     /// The calling thread is the engine's own: deregistrations wake it to see the new table.
