@@ -10,7 +10,7 @@ use super::errors::complete_error;
 use super::links::{nak, reply};
 use super::memory::Seg;
 use super::memory::{scatter, sges_ok};
-use super::{resp, Body, Dest, EQp, Engine, InMsg, QpHw, TxJob, NAK_NOT_READY, NAK_RNR};
+use super::{psn_le, resp, Body, Dest, EQp, Engine, InMsg, QpHw, TxJob, NAK_NOT_READY, NAK_RNR};
 use crate::device::provider::{Access, MAX_SGE};
 use crate::format::*;
 use crate::mem::slot_off;
@@ -64,7 +64,10 @@ impl Engine {
                 Syndrome::TransportRetryExc as u8
             }
             // After a NAK: dropped until the requester resends this psn.
-            Some(q) if h.psn != q.exp_psn => return None,
+            Some(q) if h.psn != q.exp_psn => {
+                out_of_sequence(qpn, h.psn, q.exp_psn);
+                return None;
+            }
             Some(_) => match Opcode::from_u8(h.op) {
                 Some(op) => return Some(op),
                 None => Syndrome::RemoteInvalReq as u8,
@@ -315,4 +318,19 @@ fn read_recv_wqe(hw: &QpHw, rq_ci: u64) -> SmallVec<[Seg; 4]> {
         .filter(|d| d.byte_count.get() > 0)
         .map(Seg::of)
         .collect()
+}
+
+/// A request dropped for its PSN. Ahead of the expected PSN is normal after a NAK (the
+/// requester resends from the NAKed one); behind it, a duplicate, never happens on the soft
+/// device's reliable links: logged so that the requester's later "no answer" has a cause.
+#[cold]
+#[inline(never)]
+fn out_of_sequence(qpn: u32, psn: u32, expected: u32) {
+    if psn_le(psn.wrapping_add(1), expected) {
+        tracing::debug!(
+            "soft device: QP {qpn:#x}: request with PSN {psn} dropped as a duplicate (expected {expected})"
+        );
+    } else {
+        tracing::trace!("soft device: QP {qpn:#x}: request with PSN {psn} dropped until PSN {expected} is resent");
+    }
 }
