@@ -234,7 +234,9 @@ impl EngineHandle {
         let start = std::time::Instant::now();
         let mut spins = 0u32;
         while ctl.applied.load(Ordering::Acquire) < seq && !ctl.stop.load(Ordering::Acquire) {
-            self.kick();
+            // (Not `kick`: the engine must not become this thread's own.)
+            self.waker.wake();
+            progress::help_command(&self.core);
             spins += 1;
             if spins < 64 {
                 std::hint::spin_loop();

@@ -1,6 +1,7 @@
 //! A modify returns once the engine applied it, as a verbs modify returns once the HCA took
 //! the command: work posted right after a QP's move to RTS goes out with the state that
-//! move set (its first PSN), never ahead of it.
+//! move set (its first PSN), never ahead of it. Waiting for it does not make the engine one
+//! of the waiting thread's own.
 
 use super::*;
 use crate::{Access, Device, QpConfig, RecvWr, SendWr};
@@ -50,4 +51,24 @@ fn work_posted_right_after_connect_follows_the_modify() {
         let c = cb.wait_one(Duration::from_secs(2)).expect("the receive");
         assert!(c.is_ok() && c.wr_id == 1, "round {round}: {c:?}");
     }
+}
+
+/// A thread that connects QPs (as a launcher connects every rank's) takes none of their
+/// engines for its own: it would otherwise run them on each of its later polls, against the
+/// threads that use the queues.
+#[test]
+fn connecting_takes_no_engine_for_the_thread_s_own() {
+    std::thread::spawn(|| {
+        let (da, db) = (Device::soft().unwrap(), Device::soft().unwrap());
+        let (pa, pb) = (da.alloc_pd(), db.alloc_pd());
+        let (ca, cb) = (da.create_cq(16).unwrap(), db.create_cq(16).unwrap());
+        let mut qa = pa.create_qp(&ca, &ca, &QpConfig::default()).unwrap();
+        let mut qb = pb.create_qp(&cb, &cb, &QpConfig::default()).unwrap();
+        let (ea, eb) = (qa.endpoint(), qb.endpoint());
+        qa.connect(&eb).unwrap();
+        qb.connect(&ea).unwrap();
+        assert_eq!(super::super::progress::own_engines(), 0);
+    })
+    .join()
+    .unwrap();
 }

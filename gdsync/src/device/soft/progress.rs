@@ -321,6 +321,17 @@ pub(crate) fn help(why: Why) {
     }
 }
 
+/// Runs one engine's pending rounds on this thread for a control command (a modify, a
+/// destroy) that waits to be applied, in shared mode. Unlike [`help_engine`], the engine does
+/// not become one of this thread's own: the thread that sets queues up is often not the one
+/// that uses them (a launcher connecting every rank's QP), and a thread that took every
+/// rank's engine for its own would run them all on each of its polls.
+pub(crate) fn help_command(core: &Arc<EngineCore>) {
+    if SHARED.load(Ordering::Relaxed) {
+        core.help(Who::Helper, Why::Doorbell);
+    }
+}
+
 /// Runs one engine's pending rounds on this thread, in shared mode: the engine of a queue
 /// this thread posted to or polls. The thread then prefers it in [`help`].
 #[inline]
@@ -337,6 +348,12 @@ thread_local! {
     /// strongly, to spare every help two reference-count updates: a stopped engine is
     /// dropped from the list when next seen, its core is small once its engine is cleared.)
     static OWN: RefCell<Vec<Arc<EngineCore>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// How many engines the calling thread holds as its own (for tests).
+#[cfg(test)]
+pub(crate) fn own_engines() -> usize {
+    OWN.with(|o| o.borrow().len())
 }
 
 /// How many engines a thread remembers as its own.
