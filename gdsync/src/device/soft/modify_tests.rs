@@ -1,7 +1,8 @@
 //! A modify returns once the engine applied it, as a verbs modify returns once the HCA took
 //! the command: work posted right after a QP's move to RTS goes out with the state that
 //! move set (its first PSN), never ahead of it. Waiting for it does not make the engine one
-//! of the waiting thread's own.
+//! of the waiting thread's own; a thread that used an engine lets it go once another thread
+//! posts to or polls its queues.
 
 use super::*;
 use crate::{Access, Device, QpConfig, RecvWr, SendWr};
@@ -71,4 +72,33 @@ fn connecting_takes_no_engine_for_the_thread_s_own() {
     })
     .join()
     .unwrap();
+}
+
+/// A thread that used an engine (posting receives ahead for another rank, say) lets it go
+/// once another thread takes it over, instead of running it on each of its own polls.
+#[test]
+fn an_engine_another_thread_took_over_is_let_go() {
+    use super::super::progress::{own_engines_after_a_poll, take_as_own};
+    let d = Device::soft().unwrap();
+    let core = super::soft_of(&d).engine.core.clone();
+    let turn = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            take_as_own(&core);
+            assert_eq!(own_engines_after_a_poll(), 1, "the engine is this thread's");
+            turn.wait(); // the other thread takes it over
+            turn.wait();
+            assert_eq!(own_engines_after_a_poll(), 0, "the engine was let go");
+        });
+        s.spawn(|| {
+            turn.wait();
+            take_as_own(&core);
+            turn.wait();
+            assert_eq!(
+                own_engines_after_a_poll(),
+                1,
+                "the engine is this thread's now"
+            );
+        });
+    });
 }

@@ -12,7 +12,9 @@
 //!
 //! A thread runs the engines of the queues it posts to and polls, not every engine: an
 //! engine's state then stays in the cache of the core that uses it, and only the link's
-//! ring crosses between ranks, as the wire between two NICs would.
+//! ring crosses between ranks, as the wire between two NICs would. The last thread to post
+//! to or poll an engine's queues takes it over from the others; a thread that waits for a
+//! control command (a modify) helps the engine without taking it.
 //!
 //! `GDSYNC_SOFT_PROGRESS=thread|shared|auto` chooses; `auto` (the default) shares when
 //! `cores < engines + 2` (an engine thread beside two polling ranks).
@@ -87,6 +89,9 @@ pub(crate) struct EngineCore {
     /// for data to land) is run by whichever threads feed it. (Read by every helper, written
     /// about once a millisecond.)
     owned: Padded<AtomicBool>,
+    /// The thread ([`thread_token`]) that last posted to or polled the engine's queues: the
+    /// engine is one of that thread's own, and other threads that once used it let it go.
+    owner: AtomicU64,
 }
 
 /// Whether engines progress on shared threads now.
@@ -165,6 +170,7 @@ impl EngineCore {
             timers_asked: AtomicBool::new(false),
             helped: AtomicBool::new(false),
             owned: Padded(AtomicBool::new(false)),
+            owner: AtomicU64::new(0),
         })
     }
 
@@ -356,13 +362,51 @@ pub(crate) fn own_engines() -> usize {
     OWN.with(|o| o.borrow().len())
 }
 
+/// Takes `core` for the calling thread's own, as a post or a poll of its queues does (for
+/// tests).
+#[cfg(test)]
+pub(crate) fn take_as_own(core: &Arc<EngineCore>) {
+    adopt(core);
+}
+
+/// Runs the calling thread's engines as a poll does; then how many it holds as its own (for
+/// tests).
+#[cfg(test)]
+pub(crate) fn own_engines_after_a_poll() -> usize {
+    help_own_or_all(Why::Poll);
+    own_engines()
+}
+
 /// How many engines a thread remembers as its own.
 const OWN_MAX: usize = 4;
 
+thread_local! {
+    /// This thread's token (nonzero; see [`thread_token`]).
+    static TOKEN: u64 = {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    };
+}
+
+/// A number that names the calling thread among this process's (0 where the thread-local is
+/// gone, late in a thread's exit).
+#[inline]
+fn thread_token() -> u64 {
+    TOKEN.try_with(|t| *t).unwrap_or(0)
+}
+
 /// Remembers `core` as one of this thread's engines (a comparison when it already is the
-/// most recent).
+/// most recent), and takes it over from the thread that used it before: the thread that set
+/// queues up (posting receives ahead for another rank, say) is often not the one that uses
+/// them, and it must not go on running an engine another thread now drives. (Should that
+/// thread stop using it, the engine counts as nobody's within a nap of its thread, and any
+/// thread's [`progress`] runs it again.)
 #[inline]
 fn adopt(core: &Arc<EngineCore>) {
+    let me = thread_token();
+    if core.owner.load(Ordering::Relaxed) != me {
+        core.owner.store(me, Ordering::Relaxed);
+    }
     let _ = OWN.try_with(|o| {
         let Ok(mut o) = o.try_borrow_mut() else {
             return;
@@ -384,8 +428,13 @@ fn help_own_or_all(why: Why) {
             let Ok(mut o) = o.try_borrow_mut() else {
                 return (true, false); // re-entered from inside a round: the outer call drives
             };
-            if o.iter().any(|c| c.ctl.stop.load(Ordering::Relaxed)) {
-                o.retain(|c| !c.ctl.stop.load(Ordering::Relaxed));
+            // Engines stopped, or taken over by another thread, are let go.
+            let me = thread_token();
+            let keep = |c: &Arc<EngineCore>| {
+                !c.ctl.stop.load(Ordering::Relaxed) && c.owner.load(Ordering::Relaxed) == me
+            };
+            if !o.iter().all(keep) {
+                o.retain(|c| keep(c));
             }
             let mut work = false;
             for c in o.iter() {
