@@ -179,13 +179,7 @@ impl RingMem {
     /// transfer overlaps the doorbell's). Not a memory access: it cannot race or fault.
     pub(crate) fn prefetch(&self, off: usize) {
         self.check(off, 1, 1);
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: prefetching is a hint with no architectural effect; the address is in bounds.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                self.ptr.add(off) as *const i8
-            )
-        };
+        prefetch_line::<false>(self.ptr.wrapping_add(off));
     }
 
     /// Copies from the ring at `off` into `dst`.
@@ -212,6 +206,24 @@ impl Drop for RingMem {
         // SAFETY: allocated in new() with this exact layout.
         unsafe { dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, PAGE)) }
     }
+}
+
+/// A hint that the cache line at `p` will be read, or written (`WRITE`), soon. Not a memory
+/// access: it cannot race or fault, whatever the address.
+#[inline]
+pub(crate) fn prefetch_line<const WRITE: bool>(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetching is a hint with no architectural effect, whatever the address.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
+        if WRITE {
+            _mm_prefetch::<_MM_HINT_ET0>(p as *const i8)
+        } else {
+            _mm_prefetch::<_MM_HINT_T0>(p as *const i8)
+        }
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// Wraps a ring of `cnt` entries of `size` bytes at `base` in a RingMem: offset of entry `i`.

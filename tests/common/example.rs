@@ -1,6 +1,7 @@
 //! The examples' binaries for the tests that run them: found where device-pack staged them, or
-//! built by cargo for the running test binary's profile.
+//! built by cargo for the running test binary's profile; run under the tests' hang guard.
 
+use super::output::GuardedOutput;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -85,8 +86,7 @@ pub fn run_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> (bool, String
         .args(args)
         .env("RUST_BACKTRACE", "0")
         .envs(env.iter().copied())
-        .output()
-        .unwrap_or_else(|e| panic!("run example {name}: {e}"));
+        .guarded_output();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),

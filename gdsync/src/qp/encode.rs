@@ -183,10 +183,7 @@ fn checked_len(wr: &SendWr) -> Result<u64> {
             wr.sges.len()
         )));
     }
-    let len = match wr.sges.as_slice() {
-        [g] => g.len as u64,
-        sges => sges.iter().map(|g| g.len as u64).sum(),
-    };
+    let len = wr.len();
     if len > MAX_MESSAGE {
         return Err(Error::invalid(format!(
             "message of {len} bytes exceeds the RC limit of {MAX_MESSAGE}"

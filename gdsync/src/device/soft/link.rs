@@ -11,7 +11,7 @@
 //! it has read, which the producer checks only when the ring looks full.
 
 use super::mr_table::MrTable;
-use crate::mem::RingMem;
+use crate::mem::{prefetch_line as prefetch, RingMem};
 use crate::shm::SharedMemory;
 use crate::{Error, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -49,23 +49,6 @@ const WARM_AHEAD: u64 = 4096 + 128;
 /// Most payload bytes prefetched when a record is seen (beyond, the hardware prefetcher
 /// follows the copy).
 const PREFETCH_MAX: usize = 8192;
-
-/// A hint that the line at `p` will be read, or written (`WRITE`), soon.
-#[inline]
-fn prefetch<const WRITE: bool>(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: prefetching is a hint with no architectural effect, whatever the address.
-    unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
-        if WRITE {
-            _mm_prefetch::<_MM_HINT_ET0>(p as *const i8)
-        } else {
-            _mm_prefetch::<_MM_HINT_T0>(p as *const i8)
-        }
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
 
 /// Packet kinds.
 pub(crate) mod kind {
