@@ -5,7 +5,7 @@ use super::wire::{leak, marker, relax, Wire};
 use super::Op;
 use anyhow::{bail, Context, Result};
 use gdasync::gdsync::{
-    Access, Cq, Device, Endpoint, MemoryRegion, Qp, QpConfig, RecvWr, RemoteBuf, SendWr,
+    Access, Cq, Device, Endpoint, MemoryRegion, Qp, QpConfig, RecvWr, RemoteBuf, SendWr, WrOp,
 };
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
@@ -25,6 +25,9 @@ pub(crate) struct Nic {
     posted: u64,
     signal_every: u64,
     unacked_signals: u64,
+    /// This size's work requests, unsignalled and signalled, built once per size as perftest
+    /// builds its own (a message changes only the immediate).
+    wrs: [SendWr; 2],
     _dev: Device,
 }
 
@@ -102,8 +105,10 @@ impl NicSetup {
             posted: 0,
             signal_every: 64, // a power of two
             unacked_signals: 0,
+            wrs: [SendWr::send(), SendWr::send()],
             _dev: self.dev,
         };
+        n.build_wrs(1);
         if op != Op::Write {
             for _ in 0..128 {
                 n.post_recv()?;
@@ -114,6 +119,21 @@ impl NicSetup {
 }
 
 impl Nic {
+    /// The work requests of a message of `size` bytes (see [`Nic::wrs`]).
+    fn build_wrs(&mut self, size: usize) {
+        let mut wr = match self.op {
+            Op::Write => SendWr::write(self.remote.at(0)),
+            Op::WriteImm => SendWr::write_imm(self.remote.at(0), 0),
+            Op::Send => SendWr::send(),
+        };
+        if size > 0 {
+            wr = wr.sge(self.sbuf.sge(..size));
+        }
+        if size <= self.inline_max {
+            wr = wr.inline();
+        }
+        self.wrs = [wr.clone().unsignaled(), wr];
+    }
     fn post_recv(&mut self) -> Result<()> {
         let sge = self.rbuf.sge(..);
         self.qp.post_recv(&RecvWr::new().sge(sge))?;
@@ -140,29 +160,20 @@ impl Wire for Nic {
         if size > 0 {
             self.sbuf.write_volatile_u8(size - 1, marker(i));
         }
-        let sge = self.sbuf.sge(..size);
-        let mut wr = match self.op {
-            Op::Write => SendWr::write(self.remote.at(0)),
-            Op::WriteImm => SendWr::write_imm(self.remote.at(0), i as u32),
-            Op::Send => SendWr::send(),
-        };
-        if size > 0 {
-            wr = wr.sge(sge);
-        }
-        if size <= self.inline_max {
-            wr = wr.inline();
-        }
         self.posted += 1;
-        if self.posted & (self.signal_every - 1) != 0 {
-            wr = wr.unsignaled();
-        } else {
+        let signalled = self.posted & (self.signal_every - 1) == 0;
+        if signalled {
             self.unacked_signals += 1;
+        }
+        let wr = &mut self.wrs[signalled as usize];
+        if let WrOp::WriteImm(_, imm) = &mut wr.op {
+            *imm = i as u32;
         }
         // Keep at most two signalled sends in flight so the ring never fills.
         while self.unacked_signals > 2 {
             self.reap_sends()?;
         }
-        self.qp.post_send(&wr)?;
+        self.qp.post_send(&self.wrs[signalled as usize])?;
         if self.unacked_signals > 0 {
             self.reap_sends()?;
         }
@@ -210,6 +221,7 @@ impl Wire for Nic {
 
     fn reset(&mut self, size: usize) -> Result<()> {
         self.rbuf.write_at(0, &vec![0u8; size]);
+        self.build_wrs(size);
         Ok(())
     }
 }

@@ -88,15 +88,20 @@ struct Padded<T>(T);
 /// line that posting threads also write. Every change bumps `version`; a deregistration
 /// then waits until the engine has taken a copy at least that new (`seen`), which it does
 /// only between polling rounds, so it can no longer touch the removed region.
+///
+/// The lock has a line of its own: a peer engine of this process reads the table under it
+/// for every message it takes by reference ([`super::engine`]'s single-copy delivery), and
+/// its writes to the lock's word must not evict what this device's helpers read on every
+/// round (`gpu_regions`).
 #[derive(Default)]
 pub(crate) struct MrTable {
-    inner: RwLock<Slots>,
+    inner: Padded<RwLock<Slots>>,
     version: Padded<AtomicU64>,
     seen: Padded<AtomicU64>,
     engine: Mutex<Option<std::thread::Thread>>,
     /// Registered regions in GPU memory: only the engine's own thread copies to and from
     /// them (a copy binds a CUDA context to the thread that makes it).
-    gpu_regions: AtomicU64,
+    gpu_regions: Padded<AtomicU64>,
 }
 
 /// The engine's private copy of the table.
@@ -118,7 +123,7 @@ impl MrCache {
 
     #[cold]
     fn refresh(&mut self, t: &MrTable, v: u64) {
-        self.slots = Arc::new(t.inner.read().clone());
+        self.slots = Arc::new(t.inner.0.read().clone());
         self.version = v;
         t.seen.0.store(v, Ordering::Release);
     }
@@ -183,7 +188,7 @@ impl MrTable {
     }
 
     fn insert(&self, e: MrEntry) -> u32 {
-        let mut t = self.inner.write();
+        let mut t = self.inner.0.write();
         let idx = match t.free.pop() {
             Some(i) => i,
             None => {
@@ -203,7 +208,7 @@ impl MrTable {
         slot.0 = tag;
         slot.1 = Some(e);
         if e.gpu.is_some() {
-            self.gpu_regions.fetch_add(1, Ordering::Relaxed);
+            self.gpu_regions.0.fetch_add(1, Ordering::Relaxed);
         }
         let key = ((idx as u32) << 8) | slot.0 as u32;
         self.version.0.fetch_add(1, Ordering::AcqRel);
@@ -213,7 +218,7 @@ impl MrTable {
     /// Deregisters `key`; returns once the engine no longer uses the region.
     pub fn remove(&self, key: u32) {
         let v = {
-            let mut t = self.inner.write();
+            let mut t = self.inner.0.write();
             let idx = (key >> 8) as usize;
             if !t
                 .slots
@@ -223,7 +228,7 @@ impl MrTable {
                 return;
             }
             if t.slots[idx].1.take().is_some_and(|e| e.gpu.is_some()) {
-                self.gpu_regions.fetch_sub(1, Ordering::Relaxed);
+                self.gpu_regions.0.fetch_sub(1, Ordering::Relaxed);
             }
             t.free.push(idx);
             self.version.0.fetch_add(1, Ordering::AcqRel) + 1
@@ -247,12 +252,12 @@ impl MrTable {
     /// The table as it is now, for a reader outside the engine (a peer engine in this
     /// process copying from a region): no region leaves it while the guard is held.
     pub fn read(&self) -> parking_lot::RwLockReadGuard<'_, Slots> {
-        self.inner.read()
+        self.inner.0.read()
     }
 
     /// Whether a region in GPU memory is registered.
     pub fn has_gpu_regions(&self) -> bool {
-        self.gpu_regions.load(Ordering::Relaxed) != 0
+        self.gpu_regions.0.load(Ordering::Relaxed) != 0
     }
 
     /// Called by the engine thread when it starts (`Some`) and stops (`None`): while no
@@ -287,8 +292,8 @@ mod tests {
             assert_eq!(k >> 8, first >> 8, "the freed slot is used again");
             assert_ne!(k & 0xFF, 0);
             assert_ne!(k & 0xFF, prev & 0xFF, "a stale key names the new region");
-            assert!(t.inner.read().get(prev).is_none());
-            assert!(t.inner.read().get(k).is_some());
+            assert!(t.inner.0.read().get(prev).is_none());
+            assert!(t.inner.0.read().get(k).is_some());
             prev = k;
         }
     }
