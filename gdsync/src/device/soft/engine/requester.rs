@@ -388,8 +388,8 @@ fn inline_request(mut hdr: PktHeader, opcode: Opcode, wqe: &[u8]) -> Option<Requ
     })
 }
 
-/// The message a parsed WQE sends (from `hdr`, [`request_header`]): its header, its payload (inline bytes, atomic operands,
-/// or a gather list) and the local segments it names.
+/// The message a parsed WQE sends (from `hdr`, [`request_header`]): its header, its payload
+/// (inline bytes, atomic operands, or a gather list) and the local segments it names.
 fn decode<'a>(mut hdr: PktHeader, w: &SendWqe<'a>) -> Request<'a> {
     if let Some(r) = w.raddr {
         hdr.raddr = r.raddr.get();
