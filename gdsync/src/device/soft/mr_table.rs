@@ -3,6 +3,7 @@
 //! until the engine has stopped using the region; the engine works from its own copy.
 
 use crate::device::provider::{Access, MrMemory, MrSpec};
+use crate::mem::Padded;
 use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -76,11 +77,6 @@ impl MrEntry {
         }
     }
 }
-
-/// A value on its own cache line, so writers of neighbours do not steal it.
-#[repr(align(64))]
-#[derive(Default)]
-struct Padded<T>(T);
 
 /// The device's key → region table (the model of the HCA's memory translation table).
 ///
