@@ -89,8 +89,8 @@ fn write(from: &mut End, to: &End, len: usize, i: u64) {
 }
 
 /// A round trip of RDMA writes (two messages) as pingpong's default run sends them: 8 bytes
-/// inline, and 4 KiB.
-#[divan::bench(args = [TWO_DEVICES, ONE_DEVICE], consts = [8, BIG], sample_count = 1000, sample_size = 100)]
+/// inline, 512 bytes and 4 KiB (both gathered from memory).
+#[divan::bench(args = [TWO_DEVICES, ONE_DEVICE], consts = [8, 512, BIG], sample_count = 1000, sample_size = 100)]
 fn write_round_trip<const LEN: usize>(bencher: Bencher, devices: &str) {
     let (mut a, mut b, _da, _db) = pair(devices == TWO_DEVICES);
     let mut i = 0u64;

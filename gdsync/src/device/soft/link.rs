@@ -508,6 +508,17 @@ impl Link {
         self.peer_regions.as_ref()
     }
 
+    /// Lends the peer device's region table out of the link (moved, not cloned: no count to
+    /// update for each packet) until [`return_peer_regions`](Self::return_peer_regions).
+    pub(crate) fn lend_peer_regions(&mut self) -> Option<Arc<MrTable>> {
+        self.peer_regions.take()
+    }
+
+    /// Takes back the table [`lend_peer_regions`](Self::lend_peer_regions) lent.
+    pub(crate) fn return_peer_regions(&mut self, table: Option<Arc<MrTable>>) {
+        self.peer_regions = table;
+    }
+
     /// A link to device `peer` whose far half is served by transport threads: the engine
     /// sends on ring 0 (the threads' `outbound`) and receives on ring 1 (their `inbound`).
     pub(crate) fn bridged(peer: u64) -> (Self, BridgeEnd) {

@@ -45,24 +45,19 @@ impl Engine {
             let payload: *const [u8] = payload;
             // SAFETY: the record stays valid until pop() below; nothing else touches the ring.
             let payload = unsafe { &*payload };
-            if h.kind == kind::REQ {
+            if h.kind == kind::REQ && h.flags & flag::BY_REF != 0 {
                 // A payload by reference is read from the sender's region, whose table is
-                // held (`_source`) until the responder is done with the bytes.
-                let (_table, _source);
-                let (mut req, mut data) = (h, payload);
-                if h.flags & flag::BY_REF != 0 {
-                    _table = self.links[li].link.peer_regions().cloned();
-                    _source = _table.as_ref().map(|t| t.read());
-                    match self.resolve_by_ref(li, &h, payload, _source.as_deref()) {
-                        Some((r, d)) => (req, data) = (r, d),
-                        None => {
-                            self.links[li].link.rx.pop(&h);
-                            n += 1;
-                            continue;
-                        }
-                    }
+                // held (`source`) until the responder is done with the bytes. (A refused
+                // reference was answered: the packet is dropped.)
+                let table = self.links[li].link.lend_peer_regions();
+                let source = table.as_ref().map(|t| t.read());
+                if let Some((req, data)) = self.resolve_by_ref(li, &h, payload, source.as_deref()) {
+                    self.on_request(li, &req, data);
                 }
-                self.on_request(li, &req, data);
+                drop(source);
+                self.links[li].link.return_peer_regions(table);
+            } else if h.kind == kind::REQ {
+                self.on_request(li, &h, payload);
             } else {
                 self.on_response(li, &h, payload);
             }
@@ -200,21 +195,13 @@ fn emit(
     let total = body_len(hdr, body);
     loop {
         let seg = (total - *sent).min(MTU as u32);
-        let mut h = *hdr;
-        h.offset = *sent;
-        h.seg_len = seg;
+        let mut h = packet_header(hdr, *sent, seg, total);
         // A packet by reference carries where its bytes are, not the bytes.
         let mut rec_len = seg as usize;
         if let BodyRef::ByRef(_) = body {
             h.flags |= flag::BY_REF;
             h.seg_len = SOURCE_REF_LEN as u32;
             rec_len = SOURCE_REF_LEN;
-        }
-        if *sent == 0 {
-            h.flags |= flag::FIRST;
-        }
-        if *sent + seg == total {
-            h.flags |= flag::LAST;
         }
         let off = *sent as u64;
         let r = tx.try_push(&h, rec_len, |buf| match body {
@@ -242,6 +229,22 @@ fn emit(
             return Emit::Done;
         }
     }
+}
+
+/// The header of the packet of message `hdr` (`total` payload bytes) that carries `seg`
+/// bytes from byte `sent` on.
+#[inline]
+pub(super) fn packet_header(hdr: &PktHeader, sent: u32, seg: u32, total: u32) -> PktHeader {
+    let mut h = *hdr;
+    h.offset = sent;
+    h.seg_len = seg;
+    if sent == 0 {
+        h.flags |= flag::FIRST;
+    }
+    if sent + seg == total {
+        h.flags |= flag::LAST;
+    }
+    h
 }
 
 /// The header of a response to request `h`.

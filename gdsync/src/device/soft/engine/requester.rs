@@ -3,6 +3,7 @@
 //! completion, is in [`completion`](super::completion)).
 
 use super::super::link::{flag, kind, PktHeader};
+use super::links::packet_header;
 use super::memory::sges_ok;
 use super::memory::Seg;
 use super::{psn_le, q_sq_ci, BodyRef, EQp, Engine, OutWqe, QpHw, Step, MAX_QUEUED};
@@ -23,6 +24,10 @@ struct Request<'a> {
     sges: SmallVec<[Seg; 2]>,
     len: u64,
 }
+
+/// The largest inline WQE the requester's lane takes: 4 blocks, room for 220 bytes inline
+/// (the default `max_inline`) after the control and remote-address segments.
+const INLINE_LANE_WQEBBS: usize = 4;
 
 /// The WQE being started: its control segment, opcode, size and place in the ring.
 #[derive(Clone, Copy)]
@@ -108,7 +113,18 @@ impl Engine {
                 self.qps[qpn as usize].as_mut().unwrap().pending = true;
                 break;
             }
-            match self.next_wqe(qpn, avail) {
+            // The WQE's first block, read whole at once: most WQEs end there.
+            let q = self.qps[qpn as usize].as_ref().unwrap();
+            let mut first = [0u8; WQEBB];
+            q.hw.buf.read(
+                slot_off(q.hw.sq_off, q.sq_ci, q.hw.sq_cnt, WQEBB),
+                &mut first,
+            );
+            let step = match self.common_at_once(qpn, avail, &first) {
+                Some(step) => step,
+                None => self.next_wqe(qpn, avail, &first),
+            };
+            match step {
                 Step::Advanced => work = true,
                 Step::Stalled => {
                     self.qps[qpn as usize].as_mut().unwrap().pending = true;
@@ -120,12 +136,115 @@ impl Engine {
         work
     }
 
-    /// Steps 2 to 5 for the WQE at the QP's send consumer index (`avail` WQEBBs exposed).
-    fn next_wqe(&mut self, qpn: u32, avail: u32) -> Step {
+    /// Steps 2 to 5 in one straight line for the most common WQEs: a send or RDMA write,
+    /// unfenced, on a QP not in error whose link is up with nothing queued, whose payload is
+    /// inline ([`inline_at_once`](Self::inline_at_once)) or one segment of local memory
+    /// ([`segment_at_once`](Self::segment_at_once)). They go out as
+    /// [`next_wqe`](Self::next_wqe) would send them, with the checks that concern them.
+    /// `None`, having changed nothing, for any other WQE or anything unusual about this one:
+    /// the steps then take it (and report what is wrong with it).
+    #[inline]
+    fn common_at_once(&mut self, qpn: u32, avail: u32, first: &[u8; WQEBB]) -> Option<Step> {
+        let q = self.qps[qpn as usize].as_ref()?;
+        let link = &self.links[q.link?];
+        if q.err || link.link.dead || !link.queue.is_empty() {
+            return None;
+        }
+        let ctrl = CtrlSeg::from_bytes(first[..SEG_SIZE].try_into().ok()?);
+        let ds = ctrl.ds() as usize;
+        if ds == 0
+            || wqebbs_for_ds(ds) > (avail as usize).min(INLINE_LANE_WQEBBS)
+            || ctrl.wqe_index() != q.sq_ci as u16
+            || ctrl.qpn() != q.hw.qpn
+            || ctrl.flags().fence_mode() != 0
+        {
+            return None;
+        }
+        let opcode = ctrl.opcode()?;
+        if !opcode.carries_payload() {
+            return None;
+        }
+        if inline_flag(opcode, first) {
+            self.inline_at_once(qpn, &ctrl, opcode, first)
+        } else {
+            self.segment_at_once(qpn, &ctrl, opcode, first)
+        }
+    }
+
+    /// [`common_at_once`](Self::common_at_once) for an inline payload (up to
+    /// [`INLINE_LANE_WQEBBS`] blocks): the WQE's packet is written straight into the link's
+    /// ring (it names no local memory to check). `None` for a ring without room.
+    fn inline_at_once(
+        &mut self,
+        qpn: u32,
+        ctrl: &CtrlSeg,
+        opcode: Opcode,
+        first: &[u8; WQEBB],
+    ) -> Option<Step> {
+        let q = self.qps[qpn as usize].as_mut()?;
+        let link = &mut self.links[q.link?];
+        let (sq_ci, ds) = (q.sq_ci, ctrl.ds() as usize);
+        let nbb = wqebbs_for_ds(ds);
+        let mut wqe = [0u8; INLINE_LANE_WQEBBS * WQEBB];
+        wqe[..WQEBB].copy_from_slice(first);
+        if nbb > 1 {
+            read_wqe(&q.hw, sq_ci + 1, &mut wqe[WQEBB..nbb * WQEBB]);
+        }
+        let hdr = request_header(q, opcode, ctrl);
+        let req = inline_request(hdr, opcode, &wqe[..ds * SEG_SIZE])?;
+        let payload = req.inline?;
+        let mut hdr = req.hdr;
+        hdr.msg_len = payload.len() as u32;
+        let h = packet_header(&hdr, 0, hdr.msg_len, hdr.msg_len);
+        link.link
+            .tx
+            .try_push(&h, payload.len(), |buf| buf.copy_from_slice(payload))?;
+        let len = hdr.msg_len;
+        make_outstanding(q, ctrl, opcode, nbb as u32, sq_ci, len, SmallVec::new());
+        q.next_psn = q.next_psn.wrapping_add(1);
+        Some(Step::Advanced)
+    }
+
+    /// [`common_at_once`](Self::common_at_once) for a payload in one segment of local memory
+    /// (a WQE of one block): the segment is checked (step 3) and the message sent as
+    /// [`start_message`](Self::start_message) sends it. `None` for a segment the checks
+    /// refuse.
+    fn segment_at_once(
+        &mut self,
+        qpn: u32,
+        ctrl: &CtrlSeg,
+        opcode: Opcode,
+        first: &[u8; WQEBB],
+    ) -> Option<Step> {
+        let q = self.qps[qpn as usize].as_mut()?;
+        let li = q.link?;
+        let wqe = first.get(..ctrl.ds() as usize * SEG_SIZE)?;
+        let (mut hdr, seg) = segment_request(request_header(q, opcode, ctrl), opcode, wqe)?;
+        let pd = q.hw.pd;
+        self.mrc.sync(&self.mrs);
+        if u64::from(seg.len) > MAX_MESSAGE
+            || !sges_ok(&self.mrc.slots, pd, &[seg], Access::empty())
+        {
+            return None;
+        }
+        hdr.msg_len = seg.len;
+        make_outstanding(q, ctrl, opcode, 1, q.sq_ci, seg.len, SmallVec::new());
+        q.next_psn = q.next_psn.wrapping_add(1);
+        self.send(li, &hdr, BodyRef::Gather(&[seg]), pd);
+        Some(Step::Advanced)
+    }
+
+    /// Steps 2 to 5 for the WQE at the QP's send consumer index (`avail` WQEBBs exposed),
+    /// whose `first` block is read.
+    fn next_wqe(&mut self, qpn: u32, avail: u32, first: &[u8; WQEBB]) -> Step {
         let q = self.qps[qpn as usize].as_mut().unwrap();
         let sq_ci = q.sq_ci;
         let pi = (sq_ci as u16).wrapping_add(avail as u16);
-        let ctrl = read_ctrl(&q.hw, sq_ci);
+        // Most WQEs are one or two blocks: those stay on the stack. The rest of the WQE is
+        // read once its control segment is checked.
+        let (mut small, mut big) = ([0u8; 2 * WQEBB], Vec::new());
+        small[..WQEBB].copy_from_slice(first);
+        let ctrl = CtrlSeg::from_bytes(small[..SEG_SIZE].try_into().unwrap());
         let Some(opcode) = check_ctrl(&q.hw, &ctrl, sq_ci, avail) else {
             self.malformed(qpn, Some(&ctrl), sq_ci, pi);
             return Step::Stop;
@@ -144,16 +263,17 @@ impl Engine {
         if fenced(q, &ctrl) {
             return Step::Stalled;
         }
-        // Most WQEs are one or two blocks: those stay on the stack.
-        let (mut small, mut big) = ([0u8; 2 * WQEBB], Vec::new());
         let len = at.nbb as usize * WQEBB;
         let wqe = if len <= small.len() {
             &mut small[..len]
         } else {
             big.resize(len, 0);
+            big[..WQEBB].copy_from_slice(&small[..WQEBB]);
             &mut big[..]
         };
-        read_wqe(&q.hw, sq_ci, wqe);
+        if at.nbb > 1 {
+            read_wqe(&q.hw, sq_ci + 1, &mut wqe[WQEBB..]);
+        }
         let wqe = &wqe[..ctrl.ds() as usize * SEG_SIZE];
         let hdr = request_header(q, opcode, &ctrl);
         let req = match inline_request(hdr, opcode, wqe) {
@@ -183,15 +303,18 @@ impl Engine {
             self.malformed(qpn, Some(ctrl), at.sq_ci, at.pi);
             return Some(Step::Stop);
         }
-        let need = if opcode.returns_data() {
-            Access::LOCAL_WRITE
-        } else {
-            Access::empty()
-        };
-        let pd = self.qps[qpn as usize].as_ref().unwrap().hw.pd;
-        self.mrc.sync(&self.mrs);
-        if !sges_ok(&self.mrc.slots, pd, &req.sges, need) {
-            return Some(self.fail_new(qpn, ctrl, opcode, nbb, Syndrome::LocalProt));
+        // (An inline payload names no local memory: nothing to look up.)
+        if !req.sges.is_empty() {
+            let need = if opcode.returns_data() {
+                Access::LOCAL_WRITE
+            } else {
+                Access::empty()
+            };
+            let pd = self.qps[qpn as usize].as_ref().unwrap().hw.pd;
+            self.mrc.sync(&self.mrs);
+            if !sges_ok(&self.mrc.slots, pd, &req.sges, need) {
+                return Some(self.fail_new(qpn, ctrl, opcode, nbb, Syndrome::LocalProt));
+            }
         }
         let li = self.qps[qpn as usize].as_ref().unwrap().link.unwrap();
         if self.links[li].link.dead {
@@ -213,31 +336,17 @@ impl Engine {
             len,
         } = req;
         hdr.msg_len = len as u32;
-        let mut o = OutWqe {
-            psn: q.next_psn,
-            idx: at.ctrl.wqe_index(),
-            sq_pos: at.sq_ci,
-            opcode: at.opcode,
-            signalled: at.ctrl.flags().signalled(),
-            done: false,
-            len: len as u32,
-            got: 0,
-            scatter: SmallVec::new(),
-        };
         // Reads and atomics scatter what comes back into their segments; other requests
         // send their inline bytes or gather their segments.
         let returns_data = at.opcode.returns_data();
-        if at.opcode == Opcode::Nop {
-            o.done = true;
-        } else if returns_data {
-            o.scatter = std::mem::take(&mut sges);
-        }
-        if q.out.is_empty() && !q.not_ready {
-            // The transport timer starts with the first outstanding WQE.
-            q.progressed = true;
-        }
-        q.out.push_back(o);
-        q.sq_ci += at.nbb as u64;
+        let scatter = if returns_data {
+            std::mem::take(&mut sges)
+        } else {
+            SmallVec::new()
+        };
+        make_outstanding(
+            q, &at.ctrl, at.opcode, at.nbb, at.sq_ci, len as u32, scatter,
+        );
         if at.opcode == Opcode::Nop {
             super::completion::complete_front(q);
             return Step::Advanced;
@@ -275,14 +384,6 @@ impl Engine {
     }
 }
 
-/// Step 2, parse (first half): the control segment at the consumer index.
-fn read_ctrl(hw: &QpHw, sq_ci: u64) -> CtrlSeg {
-    let mut b = [0u8; SEG_SIZE];
-    hw.buf
-        .read(slot_off(hw.sq_off, sq_ci, hw.sq_cnt, WQEBB), &mut b);
-    CtrlSeg::from_bytes(&b)
-}
-
 /// Step 2, parse: whether the control segment is the one expected there (index, QPN, a
 /// size within what the doorbell record exposes and a WQE can have) with an opcode this
 /// model serves; the opcode if so.
@@ -309,13 +410,43 @@ fn check_ctrl(hw: &QpHw, ctrl: &CtrlSeg, sq_ci: u64, avail: u32) -> Option<Opcod
     opcode
 }
 
+/// Step 5's bookkeeping: the `nbb`-block WQE at `sq_ci` becomes outstanding (a NOP done
+/// at once; a read or atomic scatters its answer into `scatter`), and the consumer index
+/// moves past it.
+fn make_outstanding(
+    q: &mut EQp,
+    ctrl: &CtrlSeg,
+    opcode: Opcode,
+    nbb: u32,
+    sq_ci: u64,
+    len: u32,
+    scatter: SmallVec<[Seg; 2]>,
+) {
+    if q.out.is_empty() && !q.not_ready {
+        // The transport timer starts with the first outstanding WQE.
+        q.progressed = true;
+    }
+    q.out.push_back(OutWqe {
+        psn: q.next_psn,
+        idx: ctrl.wqe_index(),
+        sq_pos: sq_ci,
+        opcode,
+        signalled: ctrl.flags().signalled(),
+        done: opcode == Opcode::Nop,
+        len,
+        got: 0,
+        scatter,
+    });
+    q.sq_ci += u64::from(nbb);
+}
+
 /// Step 4, fence: a fenced WQE waits while an earlier read or atomic is outstanding.
 fn fenced(q: &EQp, ctrl: &CtrlSeg) -> bool {
     ctrl.flags().fence_mode() != 0 && q.out.iter().any(|o| o.opcode.returns_data())
 }
 
-/// Step 2, parse (second half): the WQE's blocks (as many as `wqe` holds), contiguous
-/// modulo the ring: one copy unless the WQE wraps.
+/// Step 2, parse: the WQE's blocks from the one at `sq_ci` (as many as `wqe` holds),
+/// contiguous modulo the ring: one copy unless the WQE wraps.
 fn read_wqe(hw: &QpHw, sq_ci: u64, wqe: &mut [u8]) {
     let nbb = (wqe.len() / WQEBB) as u64;
     let first = slot_off(hw.sq_off, sq_ci, hw.sq_cnt, WQEBB);
@@ -349,14 +480,11 @@ fn request_header(q: &EQp, opcode: Opcode, ctrl: &CtrlSeg) -> PktHeader {
     hdr
 }
 
-/// The most common request, a send or RDMA write (with or without immediate) whose payload
-/// is inline, read straight off its WQE (the `ds` units its control segment counts), from
-/// `hdr` ([`request_header`]): what [`SendWqe::parse`] and [`decode`] make of it, in a
-/// fraction of their work, as every small message takes this path. `None` for anything
-/// else, or anything unusual about it, which the full parse then reads (and refuses with
-/// its errors).
+/// The start shared by [`inline_request`] and [`segment_request`]: for a send or RDMA write
+/// (with or without immediate), `hdr` with the remote address a write names, and where its
+/// data segments start in `wqe`. `None` for other opcodes or a WQE cut short.
 #[inline]
-fn inline_request(mut hdr: PktHeader, opcode: Opcode, wqe: &[u8]) -> Option<Request<'_>> {
+fn addressed(mut hdr: PktHeader, opcode: Opcode, wqe: &[u8]) -> Option<(PktHeader, usize)> {
     if !matches!(
         opcode,
         Opcode::Send | Opcode::SendImm | Opcode::RdmaWrite | Opcode::RdmaWriteImm
@@ -370,6 +498,18 @@ fn inline_request(mut hdr: PktHeader, opcode: Opcode, wqe: &[u8]) -> Option<Requ
         hdr.rkey = seg.rkey.get();
         at += SEG_SIZE;
     }
+    Some((hdr, at))
+}
+
+/// The most common request, a send or RDMA write (with or without immediate) whose payload
+/// is inline, read straight off its WQE (the `ds` units its control segment counts), from
+/// `hdr` ([`request_header`]): what [`SendWqe::parse`] and [`decode`] make of it, in a
+/// fraction of their work, as every small message takes this path. `None` for anything
+/// else, or anything unusual about it, which the full parse then reads (and refuses with
+/// its errors).
+#[inline]
+fn inline_request(hdr: PktHeader, opcode: Opcode, wqe: &[u8]) -> Option<Request<'_>> {
+    let (hdr, at) = addressed(hdr, opcode, wqe)?;
     let word = u32::from_be_bytes(wqe.get(at..at + 4)?.try_into().ok()?);
     if word & INLINE_SEG_FLAG == 0 {
         return None;
@@ -386,6 +526,31 @@ fn inline_request(mut hdr: PktHeader, opcode: Opcode, wqe: &[u8]) -> Option<Requ
         sges: SmallVec::new(),
         len: len as u64,
     })
+}
+
+/// A send or RDMA write (with or without immediate) whose payload is one segment of local
+/// memory, read straight off its WQE (the `ds` units its control segment counts) as
+/// [`inline_request`] reads an inline one: the header and the segment. `None` for anything
+/// else (no segment, several, an inline one, an empty one).
+#[inline]
+fn segment_request(hdr: PktHeader, opcode: Opcode, wqe: &[u8]) -> Option<(PktHeader, Seg)> {
+    let (hdr, at) = addressed(hdr, opcode, wqe)?;
+    if wqe.len() != at + SEG_SIZE {
+        return None;
+    }
+    let d = DataSeg::from_bytes(wqe[at..].try_into().ok()?);
+    if d.is_inline() || d.byte_count.get() == 0 {
+        return None;
+    }
+    Some((hdr, Seg::of(d)))
+}
+
+/// Whether the segment after an `opcode` WQE's control (and remote-address) segment in its
+/// first `block` is flagged inline: a cheap first look for [`inline_request`].
+#[inline]
+fn inline_flag(opcode: Opcode, block: &[u8; WQEBB]) -> bool {
+    let at = if opcode.has_raddr() { 2 } else { 1 } * SEG_SIZE;
+    block[at] & (INLINE_SEG_FLAG >> 24) as u8 != 0
 }
 
 /// The message a parsed WQE sends (from `hdr`, [`request_header`]): its header, its payload
@@ -480,6 +645,20 @@ mod tests {
         (buf, ctrl)
     }
 
+    /// An RDMA write of `segs`, gathered from memory.
+    fn gather_write(segs: &[DataSeg]) -> SendWqe<'_> {
+        SendWqe {
+            wqe_index: 0,
+            opcode: Opcode::RdmaWrite,
+            qpn: 1,
+            flags: FmCeSe::empty(),
+            imm: [0; 4],
+            raddr: Some(RaddrSeg::new(0x2000, 9)),
+            atomic: None,
+            data: WqeData::Gather(DataSegs::from_segs(segs)),
+        }
+    }
+
     #[test]
     fn the_inline_path_reads_what_the_full_parse_reads() {
         let payload: Vec<u8> = (1..=60).collect();
@@ -521,18 +700,86 @@ mod tests {
     }
 
     #[test]
+    fn the_segment_path_reads_what_the_full_parse_reads() {
+        for opcode in [
+            Opcode::Send,
+            Opcode::SendImm,
+            Opcode::RdmaWrite,
+            Opcode::RdmaWriteImm,
+        ] {
+            for len in [1, 255, 256, 4096, (1 << 31) - 1] {
+                let seg = [DataSeg::new(0x1000_2000_3000, len, 0x55AA)];
+                let w = SendWqe {
+                    wqe_index: 3,
+                    opcode,
+                    qpn: 0x12,
+                    flags: FmCeSe::SOLICITED,
+                    imm: [4, 3, 2, 1],
+                    raddr: opcode
+                        .has_raddr()
+                        .then(|| RaddrSeg::new(0x1122_3344_5566_7788, 0xAABB)),
+                    atomic: None,
+                    data: WqeData::Gather(DataSegs::from_segs(&seg)),
+                };
+                let (bytes, ctrl) = wqe_bytes(&w);
+                let hdr = base(opcode, &ctrl);
+                let (fast, s) = segment_request(hdr, opcode, &bytes)
+                    .unwrap_or_else(|| panic!("{opcode:?}, {len} bytes"));
+                let full = decode(hdr, &SendWqe::parse(&bytes).unwrap());
+                let fast = Request {
+                    hdr: fast,
+                    inline: None,
+                    operands: None,
+                    sges: SmallVec::from_slice(&[s]),
+                    len: s.len.into(),
+                };
+                assert_eq!(wire(&fast), wire(&full), "{opcode:?}, {len} bytes");
+                assert_eq!(fast.sges[..], full.sges[..]);
+            }
+        }
+    }
+
+    #[test]
+    fn the_segment_path_leaves_everything_else_to_the_full_parse() {
+        let one = [DataSeg::new(0x1000, 8, 0x55)];
+        let write = gather_write(&one);
+        let declined = |w: &SendWqe<'_>| {
+            let (bytes, ctrl) = wqe_bytes(w);
+            segment_request(base(w.opcode, &ctrl), w.opcode, &bytes).is_none()
+        };
+        assert!(!declined(&write), "the common case is taken");
+        let two = [one[0], DataSeg::new(0x3000, 8, 0x55)];
+        let empty = [DataSeg::new(0x1000, 0, 0x55)];
+        let cases = [
+            ("two segments", DataSegs::from_segs(&two), Opcode::RdmaWrite),
+            ("no segment", DataSegs::EMPTY, Opcode::RdmaWrite),
+            (
+                "an empty segment",
+                DataSegs::from_segs(&empty),
+                Opcode::RdmaWrite,
+            ),
+            ("a read", DataSegs::from_segs(&one), Opcode::RdmaRead),
+        ];
+        for (what, segs, opcode) in cases {
+            let w = SendWqe {
+                opcode,
+                data: WqeData::Gather(segs),
+                ..write
+            };
+            assert!(declined(&w), "{what}");
+        }
+        let payload = [7u8; 8];
+        let inline = SendWqe {
+            data: WqeData::Inline(&payload),
+            ..write
+        };
+        assert!(declined(&inline), "an inline payload");
+    }
+
+    #[test]
     fn the_inline_path_leaves_everything_else_to_the_full_parse() {
         let seg = [DataSeg::new(0x1000, 8, 0x55)];
-        let gather = SendWqe {
-            wqe_index: 0,
-            opcode: Opcode::RdmaWrite,
-            qpn: 1,
-            flags: FmCeSe::empty(),
-            imm: [0; 4],
-            raddr: Some(RaddrSeg::new(0x2000, 9)),
-            atomic: None,
-            data: WqeData::Gather(DataSegs::from_segs(&seg)),
-        };
+        let gather = gather_write(&seg);
         let (bytes, ctrl) = wqe_bytes(&gather);
         assert!(
             inline_request(base(Opcode::RdmaWrite, &ctrl), Opcode::RdmaWrite, &bytes).is_none()

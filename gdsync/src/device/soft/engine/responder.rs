@@ -41,10 +41,36 @@ impl Engine {
             return;
         };
         self.mrc.sync(&self.mrs);
+        if op == Opcode::RdmaWrite && self.whole_write(h, payload) {
+            return;
+        }
         if h.offset == 0 && !self.first_packet(li, h, op, payload) {
             return;
         }
         self.receive_payload(li, h, payload);
+    }
+
+    /// The most common request, an RDMA write whose one packet is the whole message, placed
+    /// with a single look at its region: what [`first_packet`](Self::first_packet) and
+    /// [`receive_payload`](Self::receive_payload) make of it, with no message state kept in
+    /// between. `false`, having placed nothing, for any other packet, or a write the checks
+    /// refuse: the steps then check it again and answer.
+    #[inline]
+    fn whole_write(&mut self, h: &PktHeader, payload: &[u8]) -> bool {
+        if h.offset != 0 || payload.len() as u64 != u64::from(h.msg_len) {
+            return false;
+        }
+        let qpn = h.dst_qpn;
+        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let placed = self.mrc.slots.get(h.rkey).is_some_and(|e| {
+            e.pd == q.hw.pd && e.access.contains(Access::REMOTE_WRITE) && e.write(h.raddr, payload)
+        });
+        if placed {
+            q.inmsg = None;
+            q.exp_psn = q.exp_psn.wrapping_add(1);
+            self.owe_ack(qpn, h.psn);
+        }
+        placed
     }
 
     /// Whether the request is for a connected QP of this link, in sequence, with an opcode
