@@ -151,11 +151,9 @@ impl Engine {
             return None;
         }
         let ctrl = CtrlSeg::from_bytes(first[..SEG_SIZE].try_into().ok()?);
-        let ds = ctrl.ds() as usize;
-        if ds == 0
-            || wqebbs_for_ds(ds) > (avail as usize).min(INLINE_LANE_WQEBBS)
-            || ctrl.wqe_index() != q.sq_ci as u16
-            || ctrl.qpn() != q.hw.qpn
+        // (Quietly: a malformed WQE is the steps' to report.)
+        if !ctrl_in_place(&q.hw, &ctrl, q.sq_ci, avail)
+            || wqebbs_for_ds(ctrl.ds() as usize) > INLINE_LANE_WQEBBS
             || ctrl.flags().fence_mode() != 0
         {
             return None;
@@ -388,14 +386,7 @@ impl Engine {
 /// size within what the doorbell record exposes and a WQE can have) with an opcode this
 /// model serves; the opcode if so.
 fn check_ctrl(hw: &QpHw, ctrl: &CtrlSeg, sq_ci: u64, avail: u32) -> Option<Opcode> {
-    let ds = ctrl.ds() as usize;
-    let nbb = wqebbs_for_ds(ds) as u32;
-    if ctrl.wqe_index() != sq_ci as u16
-        || ctrl.qpn() != hw.qpn
-        || ds == 0
-        || nbb > avail
-        || nbb as usize > MAX_WQE_WQEBBS
-    {
+    if !ctrl_in_place(hw, ctrl, sq_ci, avail) {
         tracing::warn!(qpn = hw.qpn, ?ctrl, "malformed WQE");
         return None;
     }
@@ -408,6 +399,19 @@ fn check_ctrl(hw: &QpHw, ctrl: &CtrlSeg, sq_ci: u64, avail: u32) -> Option<Opcod
         );
     }
     opcode
+}
+
+/// Whether the control segment is the one expected at `sq_ci` (index, QPN) with a size
+/// within what the doorbell record exposes (`avail` blocks) and a WQE can have.
+#[inline]
+fn ctrl_in_place(hw: &QpHw, ctrl: &CtrlSeg, sq_ci: u64, avail: u32) -> bool {
+    let ds = ctrl.ds() as usize;
+    let nbb = wqebbs_for_ds(ds);
+    ctrl.wqe_index() == sq_ci as u16
+        && ctrl.qpn() == hw.qpn
+        && ds != 0
+        && nbb <= avail as usize
+        && nbb <= MAX_WQE_WQEBBS
 }
 
 /// Step 5's bookkeeping: the `nbb`-block WQE at `sq_ci` becomes outstanding (a NOP done
@@ -491,14 +495,23 @@ fn addressed(mut hdr: PktHeader, opcode: Opcode, wqe: &[u8]) -> Option<(PktHeade
     ) {
         return None;
     }
-    let mut at = SEG_SIZE;
     if opcode.has_raddr() {
-        let seg = RaddrSeg::from_bytes(wqe.get(at..at + SEG_SIZE)?.try_into().ok()?);
+        let seg = RaddrSeg::from_bytes(wqe.get(SEG_SIZE..2 * SEG_SIZE)?.try_into().ok()?);
         hdr.raddr = seg.raddr.get();
         hdr.rkey = seg.rkey.get();
-        at += SEG_SIZE;
     }
-    Some((hdr, at))
+    Some((hdr, data_at(opcode)))
+}
+
+/// Where the data segments of an `opcode` WQE start: after the control segment and, for a
+/// write, the remote-address segment.
+#[inline]
+fn data_at(opcode: Opcode) -> usize {
+    if opcode.has_raddr() {
+        2 * SEG_SIZE
+    } else {
+        SEG_SIZE
+    }
 }
 
 /// The most common request, a send or RDMA write (with or without immediate) whose payload
@@ -549,8 +562,7 @@ fn segment_request(hdr: PktHeader, opcode: Opcode, wqe: &[u8]) -> Option<(PktHea
 /// first `block` is flagged inline: a cheap first look for [`inline_request`].
 #[inline]
 fn inline_flag(opcode: Opcode, block: &[u8; WQEBB]) -> bool {
-    let at = if opcode.has_raddr() { 2 } else { 1 } * SEG_SIZE;
-    block[at] & (INLINE_SEG_FLAG >> 24) as u8 != 0
+    block[data_at(opcode)] & (INLINE_SEG_FLAG >> 24) as u8 != 0
 }
 
 /// The message a parsed WQE sends (from `hdr`, [`request_header`]): its header, its payload

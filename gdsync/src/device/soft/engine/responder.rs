@@ -4,7 +4,7 @@
 //! (`docs/soft-device.md`, "Responder").
 
 use super::super::link::{flag, PktHeader};
-use super::super::mr_table::Slots;
+use super::super::mr_table::{MrEntry, Slots};
 use super::completion::{err_cqe, Side};
 use super::errors::complete_error;
 use super::links::{nak, reply};
@@ -62,9 +62,9 @@ impl Engine {
         }
         let qpn = h.dst_qpn;
         let q = self.qps[qpn as usize].as_mut().unwrap();
-        let placed = self.mrc.slots.get(h.rkey).is_some_and(|e| {
-            e.pd == q.hw.pd && e.access.contains(Access::REMOTE_WRITE) && e.write(h.raddr, payload)
-        });
+        let len = payload.len() as u64;
+        let placed = remote_region(&q.hw, &self.mrc.slots, h, Access::REMOTE_WRITE, len)
+            .is_some_and(|e| e.write(h.raddr, payload));
         if placed {
             q.inmsg = None;
             q.exp_psn = q.exp_psn.wrapping_add(1);
@@ -272,10 +272,10 @@ fn serve_atomic(
     }
     let operand = |i: usize| u64::from_ne_bytes(payload[i..i + 8].try_into().unwrap());
     let (swap_add, compare) = (operand(0), operand(8));
-    if h.raddr % 8 != 0 || !remote_ok(&q.hw, slots, h, Access::REMOTE_ATOMIC, 8) {
+    let e = remote_region(&q.hw, slots, h, Access::REMOTE_ATOMIC, 8).filter(|_| h.raddr % 8 == 0);
+    let Some(e) = e else {
         return Err(Refusal::Nak(Syndrome::RemoteAccess as u8));
-    }
-    let e = slots.get(h.rkey).unwrap();
+    };
     let Some(old) = e.atomic(h.raddr, |old| {
         if op == Opcode::AtomicFa {
             old.wrapping_add(swap_add)
@@ -322,9 +322,20 @@ fn rq_ready(q: &EQp) -> bool {
 /// Whether the rkey names a region of the QP's PD with `need` rights covering `len` bytes
 /// at the request's remote address.
 fn remote_ok(hw: &QpHw, slots: &Slots, h: &PktHeader, need: Access, len: u64) -> bool {
+    remote_region(hw, slots, h, need, len).is_some()
+}
+
+/// The region [`remote_ok`] finds, to act on with the same lookup.
+fn remote_region<'s>(
+    hw: &QpHw,
+    slots: &'s Slots,
+    h: &PktHeader,
+    need: Access,
+    len: u64,
+) -> Option<&'s MrEntry> {
     slots
         .get(h.rkey)
-        .is_some_and(|e| e.pd == hw.pd && e.access.contains(need) && e.covers(h.raddr, len))
+        .filter(|e| e.pd == hw.pd && e.access.contains(need) && e.covers(h.raddr, len))
 }
 
 /// Largest receive WQE stride (16 scatter entries).
