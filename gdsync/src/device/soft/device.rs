@@ -1,7 +1,9 @@
 //! The soft device's control path: the provider commands ([`Provider`]) on its QP, CQ and
 //! translation tables, and the links to peer devices a connect sets up.
 
+use super::engine::WriteTargets;
 use super::engine::{CqHw, QpHw};
+use super::link::DeviceShare;
 use super::mr_table::MrTable;
 use super::qp_numbers::QpNumbers;
 use super::uar::{Bfreg, UarPages, BF_SIZE};
@@ -96,8 +98,9 @@ fn new_uid() -> u64 {
 /// engine's. Its drop stops the engine.
 pub(crate) struct SoftDevice {
     uid: u64,
-    /// The translation table (the engine reads its own copy).
-    mrs: Arc<MrTable>,
+    /// The translation table (the engine reads its own copy), and the QPs that take placed
+    /// writes: what the device shares with its in-process peers.
+    share: DeviceShare,
     /// QP numbers in use and free for reuse.
     qpns: Mutex<QpNumbers>,
     /// The doorbell pages and the QPs' bfregs in them.
@@ -247,7 +250,7 @@ impl SoftDevice {
         if l1.up.contains(&second.uid) {
             return Ok(());
         }
-        let (a, b) = Link::in_process_pair((first.uid, &first.mrs), (second.uid, &second.mrs));
+        let (a, b) = Link::in_process_pair((first.uid, &first.share), (second.uid, &second.share));
         first.engine.send(Cmd::AddLink(Box::new(a)))?;
         second.engine.send(Cmd::AddLink(Box::new(b)))?;
         l1.up.insert(second.uid);
@@ -469,11 +472,14 @@ impl SoftDevice {
     /// emulated HCA's numbers).
     pub(crate) fn spawn_numbering(qpns: QpNumbers) -> Result<Arc<Self>> {
         let uid = new_uid();
-        let mrs = Arc::new(MrTable::default());
-        let engine = EngineHandle::spawn(uid, mrs.clone())?;
+        let share = DeviceShare {
+            regions: Arc::new(MrTable::default()),
+            targets: Arc::new(WriteTargets::new(super::MAX_QPS)),
+        };
+        let engine = EngineHandle::spawn(uid, share.clone())?;
         let dev = Arc::new(SoftDevice {
             uid,
-            mrs,
+            share,
             qpns: Mutex::new(qpns),
             uars: Mutex::new(UarPages::default()),
             cqs: Mutex::new(HashMap::new()),
@@ -520,7 +526,7 @@ impl Provider for SoftDevice {
     fn dealloc_pd(&self, _pd: u32) {}
 
     fn reg_mr(&self, spec: &MrSpec) -> Result<MrKeys> {
-        let key = self.mrs.register(spec);
+        let key = self.share.regions.register(spec);
         Ok(MrKeys {
             lkey: key,
             rkey: key,
@@ -528,7 +534,7 @@ impl Provider for SoftDevice {
     }
 
     fn dereg_mr(&self, lkey: u32) {
-        self.mrs.remove(lkey);
+        self.share.regions.remove(lkey);
     }
 
     fn create_cq(&self, spec: CqSpec) -> Result<u32> {
@@ -704,3 +710,6 @@ mod tcp_tests;
 #[cfg(test)]
 #[path = "modify_tests.rs"]
 mod modify_tests;
+#[cfg(test)]
+#[path = "placed_tests.rs"]
+mod placed_tests;

@@ -10,6 +10,7 @@
 //! one, so the consumer never mistakes old bytes for a record. The consumer publishes how far
 //! it has read, which the producer checks only when the ring looks full.
 
+use super::engine::WriteTargets;
 use super::mr_table::MrTable;
 use crate::mem::{prefetch_line as prefetch, RingMem};
 use crate::shm::SharedMemory;
@@ -329,6 +330,20 @@ impl Consumer {
         stamp == self.ring.stamp(self.pos)
     }
 
+    /// Where the consumer reads next (for the engine's [`Watch`](super::watch::Watch)).
+    pub(crate) fn pos(&self) -> u64 {
+        self.pos
+    }
+
+    /// A look at this ring from outside the engine: whether a record waits at a position.
+    pub(crate) fn probe(&self) -> RxProbe {
+        RxProbe {
+            base: self.base,
+            ring: self.ring,
+            _map: self.map.clone(),
+        }
+    }
+
     /// The next record, if one has been published: its header and payload.
     pub(crate) fn peek(&mut self) -> Option<(PktHeader, &[u8])> {
         loop {
@@ -370,6 +385,32 @@ impl Consumer {
         self.map
             .u64(self.head_off)
             .store(self.pos, Ordering::Release);
+    }
+}
+
+/// A receive ring seen from outside its engine, by a thread that waits for a packet
+/// ([`Watch`](super::watch::Watch)): it only reads stamps, and keeps the ring's memory alive.
+pub(crate) struct RxProbe {
+    base: *mut u8,
+    ring: Geometry,
+    _map: Arc<Mapping>,
+}
+
+// SAFETY: the probe only loads stamps atomically; the memory is kept alive by the Arc.
+unsafe impl Send for RxProbe {}
+// SAFETY: as above.
+unsafe impl Sync for RxProbe {}
+
+impl RxProbe {
+    /// Whether a record (or a skip) has been published at position `pos`: one load. Any
+    /// `pos` is safe to ask about (its offset is taken inside the ring).
+    #[inline]
+    pub(crate) fn ready_at(&self, pos: u64) -> bool {
+        let off = self.ring.off(pos);
+        // SAFETY: off < cap and 64-aligned, inside the mapping `_map` keeps alive.
+        let stamp =
+            unsafe { &*(self.base.add(off as usize) as *const AtomicU32) }.load(Ordering::Acquire);
+        stamp == self.ring.stamp(pos)
     }
 }
 
@@ -468,6 +509,17 @@ pub(crate) struct Link {
     /// The peer device's region table, where both devices live in this process: large
     /// payloads then go by reference and are copied once, from the sender's memory.
     peer_regions: Option<Arc<MrTable>>,
+    /// The peer device's QPs that take placed writes, where both devices live in this
+    /// process.
+    peer_targets: Option<Arc<WriteTargets>>,
+}
+
+/// What a device of this process shares with the devices it links to: its region table (for
+/// payloads by reference) and the QPs that take placed writes.
+#[derive(Clone)]
+pub(crate) struct DeviceShare {
+    pub regions: Arc<MrTable>,
+    pub targets: Arc<WriteTargets>,
 }
 
 impl Link {
@@ -487,20 +539,27 @@ impl Link {
         Self::new(uid, &map, 0, 0, 0, Liveness::Loopback)
     }
 
-    /// The two ends of a link between devices `a` and `b` of this process, with their
-    /// region tables (`a_regions` is `a`'s).
+    /// The two ends of a link between devices `a` and `b` of this process, with what each
+    /// shares (`a_share` is `a`'s).
     pub(crate) fn in_process_pair(
-        (a, a_regions): (u64, &Arc<MrTable>),
-        (b, b_regions): (u64, &Arc<MrTable>),
+        (a, a_share): (u64, &DeviceShare),
+        (b, b_share): (u64, &DeviceShare),
     ) -> (Self, Self) {
         let map = Arc::new(Mapping::heap(Mapping::size_for(2)));
         let mut ends = (
             Self::new(b, &map, 0, 0, 1, Liveness::InProcess),
             Self::new(a, &map, 1, 1, 0, Liveness::InProcess),
         );
-        ends.0.peer_regions = Some(b_regions.clone());
-        ends.1.peer_regions = Some(a_regions.clone());
+        ends.0.peer_regions = Some(b_share.regions.clone());
+        ends.1.peer_regions = Some(a_share.regions.clone());
+        ends.0.peer_targets = Some(b_share.targets.clone());
+        ends.1.peer_targets = Some(a_share.targets.clone());
         ends
+    }
+
+    /// The peer device's QPs that take placed writes, on a link within this process.
+    pub(crate) fn peer_targets(&self) -> Option<&Arc<WriteTargets>> {
+        self.peer_targets.as_ref()
     }
 
     /// The peer device's region table, on a link within this process.
@@ -552,6 +611,7 @@ impl Link {
             next_check: Instant::now(),
             dead: false,
             peer_regions: None,
+            peer_targets: None,
         }
     }
 
@@ -848,15 +908,30 @@ mod liveness_tests {
     }
 
     #[test]
-    fn only_the_ends_of_an_in_process_link_name_the_peer_region_table() {
-        let (ta, tb) = (Arc::new(MrTable::default()), Arc::new(MrTable::default()));
-        let (a, b) = Link::in_process_pair((1, &ta), (2, &tb));
+    fn only_the_ends_of_an_in_process_link_name_the_peer_device_tables() {
+        let share = || DeviceShare {
+            regions: Arc::new(MrTable::default()),
+            targets: Arc::new(WriteTargets::new(16)),
+        };
+        let (sa, sb) = (share(), share());
+        let (a, b) = Link::in_process_pair((1, &sa), (2, &sb));
         // `a` is device 1's end: it receives device 2's packets and reads device 2's regions.
         assert_eq!(a.peer, 2);
-        assert!(a.peer_regions().is_some_and(|t| Arc::ptr_eq(t, &tb)));
-        assert!(b.peer_regions().is_some_and(|t| Arc::ptr_eq(t, &ta)));
-        assert!(Link::loopback(3).peer_regions().is_none());
-        assert!(Link::bridged(4).0.peer_regions().is_none());
+        assert!(a
+            .peer_regions()
+            .is_some_and(|t| Arc::ptr_eq(t, &sb.regions)));
+        assert!(b
+            .peer_regions()
+            .is_some_and(|t| Arc::ptr_eq(t, &sa.regions)));
+        assert!(a
+            .peer_targets()
+            .is_some_and(|t| Arc::ptr_eq(t, &sb.targets)));
+        assert!(b
+            .peer_targets()
+            .is_some_and(|t| Arc::ptr_eq(t, &sa.targets)));
+        for far in [Link::loopback(3), Link::bridged(4).0] {
+            assert!(far.peer_regions().is_none() && far.peer_targets().is_none());
+        }
     }
 
     #[test]

@@ -20,6 +20,7 @@ mod progress;
 mod qp_numbers;
 pub(crate) mod tcp;
 mod uar;
+mod watch;
 
 pub(crate) use attr::device_attr;
 pub(crate) use device::SoftDevice;
@@ -35,7 +36,6 @@ pub(crate) use link::{Link, PEER_WAIT};
 use crate::device::provider::{AsyncEvent, HwQpState, QpAttr, QpLastError, QpTimers};
 use crate::{Error, Result};
 use engine::QpHw;
-use mr_table::MrTable;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicU8;
@@ -82,6 +82,10 @@ pub(crate) struct EngineCtl {
     /// Asynchronous events not yet read by the host.
     events: Mutex<VecDeque<AsyncEvent>>,
     has_events: AtomicBool,
+    /// What a waiting thread compares with memory before it runs a round ([`watch`]), and a
+    /// generation that moves on when the engine replaces it (its QPs or links changed).
+    watch: Mutex<Arc<watch::Watch>>,
+    watch_gen: std::sync::atomic::AtomicU64,
 }
 
 pub(crate) struct EngineHandle {
@@ -165,7 +169,7 @@ impl EngineCtl {
 }
 
 impl EngineHandle {
-    pub(crate) fn spawn(uid: u64, mrs: Arc<MrTable>) -> Result<Self> {
+    pub(crate) fn spawn(uid: u64, share: link::DeviceShare) -> Result<Self> {
         let ctl = Arc::new(EngineCtl {
             cmds: Mutex::new(Vec::new()),
             has_cmds: AtomicBool::new(false),
@@ -178,8 +182,10 @@ impl EngineHandle {
             last_errors: Mutex::new(HashMap::new()),
             events: Mutex::new(VecDeque::new()),
             has_events: AtomicBool::new(false),
+            watch: Mutex::new(Arc::new(watch::Watch::empty(share.regions.clone()))),
+            watch_gen: Default::default(),
         });
-        let core = progress::EngineCore::new(ctl.clone(), engine::Engine::new(ctl.clone(), mrs));
+        let core = progress::EngineCore::new(ctl.clone(), engine::Engine::new(ctl.clone(), share));
         let c = core.clone();
         let join = std::thread::Builder::new()
             .name(format!("gdsync-soft-{:04x}", uid as u16))

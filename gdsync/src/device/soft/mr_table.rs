@@ -38,8 +38,9 @@ impl MrEntry {
             Some(ordinal) => crate::cuda::copy_htod(ordinal, addr, src).is_ok(),
             None => {
                 // SAFETY: inside a registered host region (checked above), whose owner lent it
-                // to the device for the registration's lifetime.
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
+                // to the device for the registration's lifetime. (`copy`: the source may be
+                // memory of another device of this process, which may overlap the target.)
+                unsafe { std::ptr::copy(src.as_ptr(), addr as *mut u8, src.len()) };
                 true
             }
         }
@@ -108,6 +109,11 @@ pub(crate) struct MrCache {
 }
 
 impl MrCache {
+    /// The table version this copy was taken at.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
     /// Refreshes the copy if the table changed; cheap (one load) when it did not.
     #[inline]
     pub fn sync(&mut self, t: &MrTable) {
@@ -249,6 +255,12 @@ impl MrTable {
     /// process copying from a region): no region leaves it while the guard is held.
     pub fn read(&self) -> parking_lot::RwLockReadGuard<'_, Slots> {
         self.inner.0.read()
+    }
+
+    /// The table's version: every change moves it on.
+    #[inline]
+    pub fn version(&self) -> u64 {
+        self.version.0.load(Ordering::Acquire)
     }
 
     /// Whether a region in GPU memory is registered.

@@ -20,6 +20,7 @@
 //! `cores < engines + 2` (an engine thread beside two polling ranks).
 
 use super::engine::Engine;
+use super::watch::Watch;
 use super::EngineCtl;
 use crate::exec::Backoff;
 use crate::mem::Padded;
@@ -174,6 +175,12 @@ impl EngineCore {
         })
     }
 
+    /// Holds the engine as a round would (for tests: an engine that cannot run).
+    #[cfg(test)]
+    pub(crate) fn hold(&self) -> parking_lot::MutexGuard<'_, Engine> {
+        self.engine.lock()
+    }
+
     /// Makes the engine visible to helpers and counts it.
     pub(super) fn register(self: &Arc<Self>) {
         let mut all = ENGINES.write();
@@ -238,7 +245,16 @@ impl EngineCore {
                     if who == Who::Helper {
                         set_flag(&self.helped, true);
                     }
-                    if !e.round(tick) {
+                    // A poll waits for what arrives: the links come first in its rounds.
+                    let did = if why == Why::Poll {
+                        e.poll_round(tick)
+                    } else {
+                        e.round(tick)
+                    };
+                    if !did {
+                        // Nothing to do: what the round saw is what waiting threads look
+                        // at next, instead of running rounds.
+                        e.settle_watch();
                         break;
                     }
                     work = true;
@@ -260,6 +276,38 @@ impl EngineCore {
             if !self.asked.load(Ordering::SeqCst) {
                 return work;
             }
+        }
+    }
+
+    /// Whether a round would find nothing to do, from the engine's [`Watch`] (`copy`, this
+    /// thread's, refreshed when the engine replaced it) and the requests for a round; no
+    /// lock taken. A thread that looks counts as driving the engine, as a round would.
+    #[inline]
+    fn quiet(&self, copy: &mut WatchCopy) -> bool {
+        // The watched words first (a packet that came in fails the look soonest); then
+        // whether this copy is still the engine's watch (a look at an older one is safe,
+        // its memory is kept alive, but says nothing).
+        let quiet = copy.watch.as_ref().is_some_and(|w| w.quiet())
+            && !self.asked.load(Ordering::Relaxed)
+            && !self.timers_asked.load(Ordering::Relaxed)
+            && !self.ctl.has_cmds.load(Ordering::Relaxed)
+            && self.ctl.watch_gen.load(Ordering::Acquire) == copy.gen;
+        if quiet {
+            set_flag(&self.owned, true);
+            set_flag(&self.helped, true);
+        } else {
+            self.refresh_watch(copy);
+        }
+        quiet
+    }
+
+    /// Takes the engine's current watch if `copy` is older.
+    #[cold]
+    fn refresh_watch(&self, copy: &mut WatchCopy) {
+        let gen = self.ctl.watch_gen.load(Ordering::Acquire);
+        if copy.gen != gen {
+            copy.watch = Some(self.ctl.watch.lock().clone());
+            copy.gen = gen;
         }
     }
 
@@ -353,7 +401,20 @@ thread_local! {
     /// The engines of the queues this thread posts to and polls, most recent first. (Held
     /// strongly, to spare every help two reference-count updates: a stopped engine is
     /// dropped from the list when next seen, its core is small once its engine is cleared.)
-    static OWN: RefCell<Vec<Arc<EngineCore>>> = const { RefCell::new(Vec::new()) };
+    static OWN: RefCell<Vec<Own>> = const { RefCell::new(Vec::new()) };
+}
+
+/// One of this thread's engines, with this thread's copy of its watch.
+struct Own {
+    core: Arc<EngineCore>,
+    watch: WatchCopy,
+}
+
+/// A thread's copy of an engine's [`Watch`] and the generation it was taken at (it keeps the
+/// watched memory alive while the thread may look at it).
+struct WatchCopy {
+    gen: u64,
+    watch: Option<Arc<Watch>>,
 }
 
 /// How many engines the calling thread holds as its own (for tests).
@@ -411,11 +472,22 @@ fn adopt(core: &Arc<EngineCore>) {
         let Ok(mut o) = o.try_borrow_mut() else {
             return;
         };
-        if o.first().is_some_and(|c| Arc::ptr_eq(c, core)) {
+        if o.first().is_some_and(|c| Arc::ptr_eq(&c.core, core)) {
             return;
         }
-        o.retain(|c| !Arc::ptr_eq(c, core) && !c.ctl.stop.load(Ordering::Relaxed));
-        o.insert(0, core.clone());
+        let at = o.iter().position(|c| Arc::ptr_eq(&c.core, core));
+        let mine = match at {
+            Some(i) => o.remove(i),
+            None => Own {
+                core: core.clone(),
+                watch: WatchCopy {
+                    gen: u64::MAX,
+                    watch: None,
+                },
+            },
+        };
+        o.retain(|c| !c.core.ctl.stop.load(Ordering::Relaxed));
+        o.insert(0, mine);
         o.truncate(OWN_MAX);
     });
 }
@@ -428,17 +500,26 @@ fn help_own_or_all(why: Why) {
             let Ok(mut o) = o.try_borrow_mut() else {
                 return (true, false); // re-entered from inside a round: the outer call drives
             };
-            // Engines stopped, or taken over by another thread, are let go.
+            // A poll that finds every engine still its own and its watch quiet runs no round
+            // (the common call of a waiting rank: it comes back to its own look at once).
             let me = thread_token();
-            let keep = |c: &Arc<EngineCore>| {
-                !c.ctl.stop.load(Ordering::Relaxed) && c.owner.load(Ordering::Relaxed) == me
+            let quiet = |c: &mut Own| {
+                c.core.owner.load(Ordering::Relaxed) == me && c.core.quiet(&mut c.watch)
+            };
+            if why == Why::Poll && !o.is_empty() && o.iter_mut().all(quiet) {
+                return (true, false);
+            }
+            // Engines stopped, or taken over by another thread, are let go.
+            let keep = |c: &Own| {
+                !c.core.ctl.stop.load(Ordering::Relaxed)
+                    && c.core.owner.load(Ordering::Relaxed) == me
             };
             if !o.iter().all(keep) {
-                o.retain(|c| keep(c));
+                o.retain(keep);
             }
             let mut work = false;
             for c in o.iter() {
-                work |= c.help_as_owner(why);
+                work |= c.core.help_as_owner(why);
             }
             (!o.is_empty(), work)
         })

@@ -97,6 +97,7 @@ impl Engine {
         }
         complete_front(q);
         q.err = true;
+        self.targets.close(qpn);
         self.ctl.set_state(qpn, HwQpState::Error);
         self.ctl.event(AsyncEvent::QpFatal { qpn });
         q.inmsg = None;

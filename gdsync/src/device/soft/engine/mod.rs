@@ -21,18 +21,21 @@ mod completion;
 mod errors;
 mod links;
 mod memory;
+mod placed;
 mod requester;
 mod responder;
 mod timers;
 
-use super::link::{Link, PktHeader};
+use super::link::{DeviceShare, Link, PktHeader};
 use super::mr_table::{MrCache, MrTable};
 use super::uar::{Bfreg, BF_SIZE};
+use super::watch::Watch;
 use super::{Cmd, EngineCtl};
 use crate::device::provider::{AsyncEvent, HwQpState, QpTimers};
 use crate::format::*;
 use crate::mem::RingMem;
 use memory::Seg;
+pub(crate) use placed::WriteTargets;
 use smallvec::SmallVec;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -279,6 +282,8 @@ struct ELink {
 pub(crate) struct Engine {
     ctl: Arc<EngineCtl>,
     mrs: Arc<MrTable>,
+    /// This device's QPs that take writes placed by its in-process peers ([`placed`]).
+    targets: Arc<WriteTargets>,
     mrc: MrCache,
     qps: Vec<Option<EQp>>,
     active: Vec<u32>,
@@ -291,6 +296,13 @@ pub(crate) struct Engine {
     /// Whether `now` may be older than the current round (threads that help read no clock
     /// for idle rounds): the first timestamp of a round's work reads it again.
     clock_stale: bool,
+    /// A [`poll_round`](Self::poll_round) returned after the links: the next round is a
+    /// full one.
+    doorbells_due: bool,
+    /// What waiting threads look at before they run a round ([`Watch`]); stale once QPs or
+    /// links came or went.
+    watch: Arc<Watch>,
+    watch_stale: bool,
 }
 
 fn psn_le(a: u32, b: u32) -> bool {
@@ -298,10 +310,12 @@ fn psn_le(a: u32, b: u32) -> bool {
 }
 
 impl Engine {
-    pub(crate) fn new(ctl: Arc<EngineCtl>, mrs: Arc<MrTable>) -> Self {
+    pub(crate) fn new(ctl: Arc<EngineCtl>, share: DeviceShare) -> Self {
+        let watch = ctl.watch.lock().clone();
         Self {
             ctl,
-            mrs,
+            mrs: share.regions,
+            targets: share.targets,
             mrc: MrCache::default(),
             qps: Vec::new(),
             active: Vec::new(),
@@ -309,6 +323,9 @@ impl Engine {
             owed: Vec::new(),
             now: Instant::now(),
             clock_stale: false,
+            doorbells_due: false,
+            watch,
+            watch_stale: true,
         }
     }
 
@@ -316,6 +333,98 @@ impl Engine {
     /// every QP's doorbell, every link (send, receive, send again), and on a `tick` the
     /// clock and the timers. Returns whether anything happened.
     pub(crate) fn round(&mut self, tick: bool) -> bool {
+        self.doorbells_due = false;
+        self.prelude(tick);
+        // ACKs owed since an earlier round go at this round's end (see [`acks`]).
+        let owed_before = !self.owed.is_empty();
+        let mut work = false;
+        for i in 0..self.active.len() {
+            work |= self.poll_qp(self.active[i]);
+        }
+        work |= self.poll_links();
+        work |= self.epilogue(tick, owed_before);
+        if work {
+            self.watch.unsettle();
+        }
+        work
+    }
+
+    /// A round for a thread that waits for a message to arrive (it polls a CQ or its
+    /// memory): the links first, and as soon as one brought a message in, back to the
+    /// caller, whose look may find what it waits for. The doorbells, timers and owed ACKs
+    /// left then come first in the next round (a full one), so nothing waits longer than a
+    /// round.
+    pub(crate) fn poll_round(&mut self, tick: bool) -> bool {
+        if tick || self.doorbells_due {
+            return self.round(tick);
+        }
+        self.prelude(false);
+        let owed_before = !self.owed.is_empty();
+        if self.poll_links() {
+            self.doorbells_due = true;
+            self.watch.unsettle();
+            return true;
+        }
+        let mut work = false;
+        for i in 0..self.active.len() {
+            work |= self.poll_qp(self.active[i]);
+        }
+        // What the doorbells queued goes out now, as a full round would send it.
+        for li in 0..self.links.len() {
+            work |= self.pump(li);
+        }
+        work |= self.epilogue(false, owed_before);
+        if work {
+            self.watch.unsettle();
+        }
+        work
+    }
+
+    /// After a round that found nothing: publishes what it saw for the waiting threads'
+    /// looks ([`Watch`]), if nothing is pending (else they run rounds until it is done).
+    pub(crate) fn settle_watch(&mut self) {
+        if self.watch_stale {
+            self.rewatch();
+        }
+        let pending = !self.owed.is_empty()
+            || self.doorbells_due
+            || self.links.iter().any(|l| !l.queue.is_empty())
+            || (self.active.iter())
+                .filter_map(|&n| self.qps[n as usize].as_ref())
+                .any(|q| q.pending || q.err || q.cq_overrun);
+        if pending {
+            self.watch.unsettle();
+            return;
+        }
+        let qps = &self.qps;
+        self.watch.settle(
+            (self.active.iter())
+                .filter_map(|&n| qps[n as usize].as_ref())
+                .map(|q| q.last_db),
+            self.links.iter().map(|l| l.link.rx.pos()),
+            self.mrc.version(),
+        );
+    }
+
+    /// A new watch over the QPs and links the engine has now, handed to the waiting threads
+    /// (they see the generation move and take it).
+    #[cold]
+    fn rewatch(&mut self) {
+        let bfregs = (self.active.iter())
+            .filter_map(|&n| self.qps[n as usize].as_ref())
+            .map(|q| q.hw.bfreg.clone())
+            .collect();
+        let rings = self.links.iter().map(|l| l.link.rx.probe()).collect();
+        self.watch.unsettle();
+        self.watch = Arc::new(Watch::new(bfregs, rings, self.mrs.clone()));
+        *self.ctl.watch.lock() = self.watch.clone();
+        self.ctl.watch_gen.fetch_add(1, Ordering::Release);
+        self.watch_stale = false;
+    }
+
+    /// What every round starts with: the control commands, the region table, the clock.
+    #[inline]
+    fn prelude(&mut self, tick: bool) {
         if self.ctl.has_cmds.load(Ordering::Acquire) {
             self.commands();
         }
@@ -324,12 +433,12 @@ impl Engine {
         if tick {
             self.touch_clock();
         }
+    }
+
+    /// Every link: send what the send rings produced, read the wire, send the answers.
+    #[inline]
+    fn poll_links(&mut self) -> bool {
         let mut work = false;
-        // ACKs owed since an earlier round go at this round's end (see [`acks`]).
-        let owed_before = !self.owed.is_empty();
-        for i in 0..self.active.len() {
-            work |= self.poll_qp(self.active[i]);
-        }
         for li in 0..self.links.len() {
             // Send what the send rings produced before looking at the wire: a peek at
             // the receive ring may wait for a cache line the peer just wrote.
@@ -342,6 +451,14 @@ impl Engine {
                 work |= self.poll_link(li);
             }
         }
+        work
+    }
+
+    /// What every round ends with: on a `tick` the timers, and the ACKs owed since an
+    /// earlier round.
+    #[inline]
+    fn epilogue(&mut self, tick: bool, owed_before: bool) -> bool {
+        let mut work = false;
         if tick {
             work |= self.timers(Instant::now());
         }
@@ -362,6 +479,9 @@ impl Engine {
         for i in 0..self.active.len() {
             again |= self.poll_qp(self.active[i]);
         }
+        if again {
+            self.watch.unsettle();
+        }
         // (An owed ACK needs one more round.)
         again || !self.owed.is_empty()
     }
@@ -378,9 +498,11 @@ impl Engine {
 
     /// Drops every QP, link and queued packet (the device is gone).
     pub(crate) fn clear(&mut self) {
+        self.targets.close_all();
         self.qps.clear();
         self.active.clear();
         self.links.clear();
+        self.rewatch();
     }
 
     /// Refreshes the coarse clock (after a nap).
@@ -419,6 +541,8 @@ impl Engine {
     fn commands(&mut self) {
         // Cleared before the take: a command pushed after it sets the flag again.
         self.ctl.has_cmds.store(false, Ordering::SeqCst);
+        self.watch_stale = true;
+        self.watch.unsettle();
         let cmds = std::mem::take(&mut *self.ctl.cmds.lock());
         let n = cmds.len() as u64;
         for c in cmds {
@@ -483,6 +607,7 @@ impl Engine {
 
     /// A destroyed QP: out of the table, its queued packets dropped.
     fn remove_qp(&mut self, qpn: u32) {
+        self.targets.close(qpn);
         if let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::take) {
             if let Some(li) = q.link {
                 self.links[li].queue.retain(|j| j.hdr.src_qpn != qpn);
@@ -499,6 +624,9 @@ impl Engine {
             q.rqpn = rqpn;
             q.exp_psn = rq_psn;
             q.pending = true;
+            if li.is_some() {
+                self.targets.open(qpn, rqpn, q.hw.pd);
+            }
             if li.is_none() {
                 tracing::error!(
                     "soft device: connect of QP {qpn:#x}: no link to peer device {peer:016x}"

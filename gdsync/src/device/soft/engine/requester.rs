@@ -6,6 +6,7 @@ use super::super::link::{flag, kind, PktHeader};
 use super::links::packet_header;
 use super::memory::sges_ok;
 use super::memory::Seg;
+use super::placed;
 use super::{psn_le, q_sq_ci, BodyRef, EQp, Engine, OutWqe, QpHw, Step, MAX_QUEUED};
 use crate::device::provider::{Access, MAX_MESSAGE};
 use crate::format::*;
@@ -193,6 +194,10 @@ impl Engine {
         let payload = req.inline?;
         let mut hdr = req.hdr;
         hdr.msg_len = payload.len() as u32;
+        if opcode == Opcode::RdmaWrite && placed::place_write(q, link, &hdr, payload) {
+            complete_placed(q, ctrl, nbb as u32, hdr.msg_len);
+            return Some(Step::Advanced);
+        }
         let h = packet_header(&hdr, 0, hdr.msg_len, hdr.msg_len);
         link.link
             .tx
@@ -226,6 +231,13 @@ impl Engine {
             return None;
         }
         hdr.msg_len = seg.len;
+        if opcode == Opcode::RdmaWrite
+            && placed::local_bytes(&self.mrc.slots, &seg)
+                .is_some_and(|data| placed::place_write(q, &self.links[li], &hdr, data))
+        {
+            complete_placed(q, ctrl, 1, seg.len);
+            return Some(Step::Advanced);
+        }
         make_outstanding(q, ctrl, opcode, 1, q.sq_ci, seg.len, SmallVec::new());
         q.next_psn = q.next_psn.wrapping_add(1);
         self.send(li, &hdr, BodyRef::Gather(&[seg]), pd);
@@ -442,6 +454,17 @@ fn make_outstanding(
         scatter,
     });
     q.sq_ci += u64::from(nbb);
+}
+
+/// An RDMA write of `len` bytes (`nbb` blocks) at the QP's consumer index was placed
+/// ([`placed`]): it completes now, in order (nothing else is outstanding), and takes no PSN.
+fn complete_placed(q: &mut EQp, ctrl: &CtrlSeg, nbb: u32, len: u32) {
+    let sq_ci = q.sq_ci;
+    make_outstanding(q, ctrl, Opcode::RdmaWrite, nbb, sq_ci, len, SmallVec::new());
+    if let Some(o) = q.out.back_mut() {
+        o.done = true;
+    }
+    super::completion::complete_front(q);
 }
 
 /// Step 4, fence: a fenced WQE waits while an earlier read or atomic is outstanding.

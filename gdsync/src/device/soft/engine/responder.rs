@@ -40,6 +40,7 @@ impl Engine {
         let Some(op) = self.admit(li, h) else {
             return;
         };
+
         self.mrc.sync(&self.mrs);
         if op == Opcode::RdmaWrite && self.whole_write(h, payload) {
             return;
