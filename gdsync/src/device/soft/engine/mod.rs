@@ -337,16 +337,8 @@ impl Engine {
         self.prelude(tick);
         // ACKs owed since an earlier round go at this round's end (see [`acks`]).
         let owed_before = !self.owed.is_empty();
-        let mut work = false;
-        for i in 0..self.active.len() {
-            work |= self.poll_qp(self.active[i]);
-        }
-        work |= self.poll_links();
-        work |= self.epilogue(tick, owed_before);
-        if work {
-            self.watch.unsettle();
-        }
-        work
+        let work = self.poll_qps() | self.poll_links();
+        self.epilogue(tick, owed_before, work)
     }
 
     /// A round for a thread that waits for a message to arrive (it polls a CQ or its
@@ -365,19 +357,12 @@ impl Engine {
             self.watch.unsettle();
             return true;
         }
-        let mut work = false;
-        for i in 0..self.active.len() {
-            work |= self.poll_qp(self.active[i]);
-        }
+        let mut work = self.poll_qps();
         // What the doorbells queued goes out now, as a full round would send it.
         for li in 0..self.links.len() {
             work |= self.pump(li);
         }
-        work |= self.epilogue(false, owed_before);
-        if work {
-            self.watch.unsettle();
-        }
-        work
+        self.epilogue(false, owed_before, work)
     }
 
     /// After a round that found nothing: publishes what it saw for the waiting threads'
@@ -454,16 +439,29 @@ impl Engine {
         work
     }
 
-    /// What every round ends with: on a `tick` the timers, and the ACKs owed since an
-    /// earlier round.
+    /// Every active QP's doorbell.
     #[inline]
-    fn epilogue(&mut self, tick: bool, owed_before: bool) -> bool {
+    fn poll_qps(&mut self) -> bool {
         let mut work = false;
+        for i in 0..self.active.len() {
+            work |= self.poll_qp(self.active[i]);
+        }
+        work
+    }
+
+    /// What every round ends with, after `work` so far: on a `tick` the timers, and the ACKs
+    /// owed since an earlier round. A round that did anything clears the [`Watch`]. Returns
+    /// whether it did.
+    #[inline]
+    fn epilogue(&mut self, tick: bool, owed_before: bool, mut work: bool) -> bool {
         if tick {
             work |= self.timers(Instant::now());
         }
         if owed_before {
             work |= self.pay_acks();
+        }
+        if work {
+            self.watch.unsettle();
         }
         work
     }
@@ -475,10 +473,7 @@ impl Engine {
         if self.ctl.has_cmds.load(Ordering::Acquire) {
             return true;
         }
-        let mut again = false;
-        for i in 0..self.active.len() {
-            again |= self.poll_qp(self.active[i]);
-        }
+        let again = self.poll_qps();
         if again {
             self.watch.unsettle();
         }

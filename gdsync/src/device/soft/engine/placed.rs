@@ -21,6 +21,7 @@
 use super::super::link::PktHeader;
 use super::super::mr_table::Slots;
 use super::memory::Seg;
+use super::responder::remote_region;
 use super::{ELink, EQp};
 use crate::device::provider::Access;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -125,20 +126,16 @@ pub(super) fn local_bytes<'s>(slots: &'s Slots, seg: &Seg) -> Option<&'s [u8]> {
     Some(unsafe { std::slice::from_raw_parts(seg.addr as *const u8, seg.len as usize) })
 }
 
-/// The region a placed write of `len` bytes at `hdr.raddr` lands in: the rkey's, of PD `pd`,
-/// in host memory, open to remote writes and covering the bytes.
+/// The region a placed write of `len` bytes at `hdr.raddr` lands in: the one the responder
+/// would write (the rkey's, of PD `pd`, open to remote writes, covering the bytes), in host
+/// memory.
 fn target<'s>(
     slots: &'s Slots,
     hdr: &PktHeader,
     pd: u32,
     len: u64,
 ) -> Option<&'s super::super::mr_table::MrEntry> {
-    slots.get(hdr.rkey).filter(|e| {
-        e.pd == pd
-            && e.gpu.is_none()
-            && e.access.contains(Access::REMOTE_WRITE)
-            && e.covers(hdr.raddr, len)
-    })
+    remote_region(pd, slots, hdr, Access::REMOTE_WRITE, len).filter(|e| e.gpu.is_none())
 }
 
 #[cfg(test)]

@@ -64,7 +64,7 @@ impl Engine {
         let qpn = h.dst_qpn;
         let q = self.qps[qpn as usize].as_mut().unwrap();
         let len = payload.len() as u64;
-        let placed = remote_region(&q.hw, &self.mrc.slots, h, Access::REMOTE_WRITE, len)
+        let placed = remote_region(q.hw.pd, &self.mrc.slots, h, Access::REMOTE_WRITE, len)
             .is_some_and(|e| e.write(h.raddr, payload));
         if placed {
             q.inmsg = None;
@@ -211,7 +211,7 @@ fn accept_write(q: &EQp, slots: &Slots, h: &PktHeader, op: Opcode) -> Result<Acc
     if op.consumes_recv() && !rq_ready(q) {
         return Err(Refusal::Nak(NAK_RNR));
     }
-    if !remote_ok(&q.hw, slots, h, Access::REMOTE_WRITE, h.msg_len as u64) {
+    if !remote_ok(q.hw.pd, slots, h, Access::REMOTE_WRITE, h.msg_len as u64) {
         return Err(Refusal::Nak(Syndrome::RemoteAccess as u8));
     }
     Ok(Accepted::Incoming(Dest::Memory {
@@ -243,7 +243,7 @@ fn accept_send(q: &EQp, slots: &Slots, h: &PktHeader) -> Result<Accepted, Refusa
 /// An RDMA read: `REMOTE_READ` covering the range; answered with the data, read from
 /// memory as the response's packets go out.
 fn serve_read(q: &EQp, slots: &Slots, h: &PktHeader) -> Result<Accepted, Refusal> {
-    if !remote_ok(&q.hw, slots, h, Access::REMOTE_READ, h.msg_len as u64) {
+    if !remote_ok(q.hw.pd, slots, h, Access::REMOTE_READ, h.msg_len as u64) {
         return Err(Refusal::Nak(Syndrome::RemoteAccess as u8));
     }
     let mut r = reply(h, resp::READ);
@@ -273,7 +273,7 @@ fn serve_atomic(
     }
     let operand = |i: usize| u64::from_ne_bytes(payload[i..i + 8].try_into().unwrap());
     let (swap_add, compare) = (operand(0), operand(8));
-    let e = remote_region(&q.hw, slots, h, Access::REMOTE_ATOMIC, 8).filter(|_| h.raddr % 8 == 0);
+    let e = remote_region(q.hw.pd, slots, h, Access::REMOTE_ATOMIC, 8).filter(|_| h.raddr % 8 == 0);
     let Some(e) = e else {
         return Err(Refusal::Nak(Syndrome::RemoteAccess as u8));
     };
@@ -320,15 +320,16 @@ fn rq_ready(q: &EQp) -> bool {
     q.hw.rq_producer().wrapping_sub(q.rq_ci as u16) != 0
 }
 
-/// Whether the rkey names a region of the QP's PD with `need` rights covering `len` bytes
-/// at the request's remote address.
-fn remote_ok(hw: &QpHw, slots: &Slots, h: &PktHeader, need: Access, len: u64) -> bool {
-    remote_region(hw, slots, h, need, len).is_some()
+/// Whether the rkey names a region of PD `pd` (the responder QP's) with `need` rights
+/// covering `len` bytes at the request's remote address.
+fn remote_ok(pd: u32, slots: &Slots, h: &PktHeader, need: Access, len: u64) -> bool {
+    remote_region(pd, slots, h, need, len).is_some()
 }
 
-/// The region [`remote_ok`] finds, to act on with the same lookup.
-fn remote_region<'s>(
-    hw: &QpHw,
+/// The region [`remote_ok`] finds, to act on with the same lookup (also the requester's
+/// check of a placed write's target, [`super::placed`]).
+pub(super) fn remote_region<'s>(
+    pd: u32,
     slots: &'s Slots,
     h: &PktHeader,
     need: Access,
@@ -336,7 +337,7 @@ fn remote_region<'s>(
 ) -> Option<&'s MrEntry> {
     slots
         .get(h.rkey)
-        .filter(|e| e.pd == hw.pd && e.access.contains(need) && e.covers(h.raddr, len))
+        .filter(|e| e.pd == pd && e.access.contains(need) && e.covers(h.raddr, len))
 }
 
 /// Largest receive WQE stride (16 scatter entries).
