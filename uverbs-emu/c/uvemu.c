@@ -622,12 +622,26 @@ struct cmd {
 	void *dout;      size_t dout_len; /* mlx5 response */
 };
 
-/* Copies a response of `size` bytes into a buffer of `room` bytes (the rest zeroed). */
-static void put(void *dst, size_t room, const void *src, size_t size)
+/* Copies a response of `size` bytes into the caller's buffer of `room` bytes (the rest
+ * zeroed), as copy_to_user does: 0, or EFAULT where the buffer is not writable now (another
+ * thread may have changed its protection since frame() checked it). */
+static int put(void *dst, size_t room, const void *src, size_t size)
 {
-	if (!dst) return;
-	memcpy(dst, src, room < size ? room : size);
-	if (room > size) memset((char *)dst + size, 0, room - size);
+	static const char zeros[4096];
+	if (!dst) return 0;
+	int rc = user_copy(dst, src, room < size ? room : size);
+	for (size_t off = size; !rc && off < room; off += sizeof(zeros)) {
+		size_t k = room - off < sizeof(zeros) ? room - off : sizeof(zeros);
+		rc = user_copy((char *)dst + off, zeros, k);
+	}
+	return rc;
+}
+
+/* A response in two parts (core, then mlx5's): 0 or EFAULT. */
+static int respond(struct cmd *m, const void *r, size_t size, const void *d, size_t dsize)
+{
+	int rc = put(m->out, m->out_len, r, size);
+	return rc || !d ? rc : put(m->dout, m->dout_len, d, dsize);
 }
 
 static const struct uvemu_port *port_of(const struct uvemu_context *c, uint32_t port)
@@ -661,15 +675,14 @@ static int cmd_get_context(struct cmd *m)
 	struct mlx5_ib_alloc_ucontext_req_v2 rq = {0};
 	memcpy(&rq, m->din, m->din_len < sizeof(rq) ? m->din_len : sizeof(rq));
 	if (m->c->async_rd >= 0) return EINVAL; /* one context per open */
+	uint32_t bfregs = rq.total_num_bfregs ? rq.total_num_bfregs : 4;
+	if (bfregs > UVEMU_MAX_UAR_PAGES * BFREGS_PER_PAGE || bfregs < rq.num_low_latency_bfregs + 2) return EINVAL;
 	int p[2];
 	if (pipe2(p, O_CLOEXEC) < 0) return errno;
 	m->c->async_rd = p[0];
 	m->c->async_wr = p[1];
-	uint32_t bfregs = rq.total_num_bfregs ? rq.total_num_bfregs : 4;
-	if (bfregs > UVEMU_MAX_UAR_PAGES * BFREGS_PER_PAGE || bfregs < rq.num_low_latency_bfregs + 2) return EINVAL;
 	m->c->tot_bfregs = bfregs;
 	struct ib_uverbs_get_context_resp r = { .async_fd = (uint32_t)p[0], .num_comp_vectors = 4 };
-	put(m->out, m->out_len, &r, sizeof(r));
 	struct mlx5_ib_alloc_ucontext_resp d = {0};
 	d.qp_tab_size = 1 << 18; d.bf_reg_size = 512; d.tot_bfregs = bfregs;
 	d.cache_line_size = 64; d.max_sq_desc_sz = 512; d.max_rq_desc_sz = 512;
@@ -680,7 +693,14 @@ static int cmd_get_context(struct cmd *m)
 	d.eth_min_inline = MLX5_USER_INLINE_MODE_NONE + 1;
 	d.log_uar_size = 12; d.num_uars_per_page = 1;
 	d.response_length = (uint32_t)(m->dout_len < sizeof(d) ? m->dout_len : sizeof(d));
-	put(m->dout, m->dout_len, &d, sizeof(d));
+	if (respond(m, &r, sizeof(r), &d, sizeof(d))) {
+		/* The caller never learns of the context: it is not made (as the kernel aborts it). */
+		r_close(p[0]);
+		r_close(p[1]);
+		m->c->async_rd = m->c->async_wr = -1;
+		m->c->tot_bfregs = 0;
+		return EFAULT;
+	}
 	L("   bfregs=%u (low latency %u) cqe_version=%u -> async_fd=%d", bfregs, rq.num_low_latency_bfregs,
 	  d.cqe_version, p[0]);
 	return 0;
@@ -691,17 +711,14 @@ static int cmd_query_device(struct cmd *m)
 	if (!m->ex) {
 		struct ib_uverbs_query_device_resp r;
 		device_attr(m->c, &r);
-		put(m->out, m->out_len, &r, sizeof(r));
-		return 0;
+		return put(m->out, m->out_len, &r, sizeof(r));
 	}
 	struct ib_uverbs_ex_query_device_resp r = {0};
 	device_attr(m->c, &r.base);
 	r.response_length = (uint32_t)(m->out_len < sizeof(r) ? m->out_len : sizeof(r));
-	put(m->out, m->out_len, &r, sizeof(r));
 	struct mlx5_ib_query_device_resp d = {0};
 	d.response_length = (uint32_t)(m->dout_len < sizeof(d) ? m->dout_len : sizeof(d));
-	put(m->dout, m->dout_len, &d, sizeof(d));
-	return 0;
+	return respond(m, &r, sizeof(r), &d, sizeof(d));
 }
 
 static int cmd_query_port(struct cmd *m)
@@ -717,9 +734,20 @@ static int cmd_query_port(struct cmd *m)
 	r.lid = p->lid; r.sm_lid = p->ethernet ? 0 : 1; r.lmc = 0;
 	r.active_width = 2; r.active_speed = 64; r.phys_state = p->active ? 5 : 3;
 	r.link_layer = p->ethernet ? LINK_LAYER_ETHERNET : LINK_LAYER_INFINIBAND;
-	put(m->out, m->out_len, &r, sizeof(r));
 	L("   port %u: %s, %s", q->port_num, p->ethernet ? "Ethernet" : "InfiniBand", p->active ? "ACTIVE" : "DOWN");
-	return 0;
+	return put(m->out, m->out_len, &r, sizeof(r));
+}
+
+/* An object made for a command whose response could not be written: the caller never learns
+ * its handle, so it is unmade (the HCA lets go of it) and the command fails with EFAULT, as
+ * the kernel aborts an object whose response copy_to_user refused. */
+static int created_unanswered(struct uvemu_context *c, uint32_t handle, enum uvemu_obj_type t)
+{
+	struct uvemu_obj gone = *obj_get(c, handle, t);
+	obj_destroy(c, handle, t);
+	hca_release(c, &gone);
+	L("   the response buffer is not writable: handle %u unmade -> EFAULT", handle);
+	return EFAULT;
 }
 
 static int cmd_alloc_pd(struct cmd *m)
@@ -729,9 +757,8 @@ static int cmd_alloc_pd(struct cmd *m)
 	if (!o) return ENOMEM;
 	o->u.pd.pdn = next_pdn++;
 	struct ib_uverbs_alloc_pd_resp r = { .pd_handle = h };
-	put(m->out, m->out_len, &r, sizeof(r));
 	struct mlx5_ib_alloc_pd_resp d = { .pdn = o->u.pd.pdn };
-	put(m->dout, m->dout_len, &d, sizeof(d));
+	if (respond(m, &r, sizeof(r), &d, sizeof(d))) return created_unanswered(m->c, h, UVEMU_PD);
 	L("   -> pd %u (pdn %#x)", h, o->u.pd.pdn);
 	return 0;
 }
@@ -782,7 +809,7 @@ static int cmd_reg_mr(struct cmd *m)
 		o->served = 1;
 	}
 	struct ib_uverbs_reg_mr_resp r = { .mr_handle = h, .lkey = o->u.mr.lkey, .rkey = o->u.mr.rkey };
-	put(m->out, m->out_len, &r, sizeof(r));
+	if (put(m->out, m->out_len, &r, sizeof(r))) return created_unanswered(m->c, h, UVEMU_MR);
 	L("   %#llx + %llu pd %u access %#x -> mr %u key %#x", (unsigned long long)q->start,
 	  (unsigned long long)q->length, q->pd_handle, q->access_flags, h, r.lkey);
 	return 0;
@@ -819,9 +846,8 @@ static int cmd_create_cq(struct cmd *m)
 	struct ib_uverbs_ex_create_cq_resp r = {0};
 	r.base.cq_handle = h; r.base.cqe = cqe;
 	r.response_length = (uint32_t)m->out_len;
-	put(m->out, m->out_len, &r, sizeof(r));
 	struct mlx5_ib_create_cq_resp dr = { .cqn = o->u.cq.cqn };
-	put(m->dout, m->dout_len, &dr, sizeof(dr));
+	if (respond(m, &r, sizeof(r), &dr, sizeof(dr))) return created_unanswered(m->c, h, UVEMU_CQ);
 	L("   %u CQEs of %u B, ring %#llx dbrec %#llx -> cq %u (cqn %#x)", cqe + 1, d->cqe_size,
 	  (unsigned long long)d->buf_addr, (unsigned long long)d->db_addr, h, o->u.cq.cqn);
 	return 0;
@@ -897,13 +923,12 @@ static int cmd_create_qp(struct cmd *m)
 	r.max_send_wr = q->max_send_wr; r.max_recv_wr = q->max_recv_wr;
 	r.max_send_sge = q->max_send_sge; r.max_recv_sge = q->max_recv_sge;
 	r.max_inline_data = q->max_inline_data;
-	put(m->out, m->out_len, &r, sizeof(r));
 	/* The index as the kernel reports it (adjust_bfregn): libmlx5 numbers 4 bfregs per UAR
 	 * page, of which the first 2 are the page's non-fast-path BlueFlame registers. */
 	struct mlx5_ib_create_qp_resp dr = {
 		.bfreg_index = o->u.qp.bfreg / BFREGS_PER_PAGE * 4 + o->u.qp.bfreg % BFREGS_PER_PAGE
 	};
-	put(m->dout, m->dout_len, &dr, sizeof(dr));
+	if (respond(m, &r, sizeof(r), &dr, sizeof(dr))) return created_unanswered(m->c, h, UVEMU_QP);
 	L("   RC pd %u cq %u/%u ring %#llx (SQ %u WQEBBs, RQ %u x %u B) dbrec %#llx flags %#x -> qp %u qpn %#x bfreg %u",
 	  q->pd_handle, q->send_cq_handle, q->recv_cq_handle, (unsigned long long)d->buf_addr, d->sq_wqe_count,
 	  d->rq_wqe_count, o->u.qp.rq_stride, (unsigned long long)d->db_addr, d->flags, h, r.qpn, o->u.qp.bfreg);
@@ -980,7 +1005,7 @@ static int cmd_modify_qp(struct cmd *m)
 	o->u.qp.state = next;
 	if (m->ex && m->out) {
 		struct ib_uverbs_ex_modify_qp_resp r = { .response_length = (uint32_t)m->out_len };
-		put(m->out, m->out_len, &r, sizeof(r));
+		if (put(m->out, m->out_len, &r, sizeof(r))) return EFAULT; /* the move happened */
 	}
 	L("   qp %u: %u -> %u (mask %#x, dest qpn %#x, mtu %u, port %u)", q->qp_handle, cur, next, q->attr_mask,
 	  o->u.qp.dest_qpn, o->u.qp.path_mtu, o->u.qp.port);
@@ -1005,8 +1030,7 @@ static int cmd_query_qp(struct cmd *m)
 	r.dest.hop_limit = o->u.qp.hop_limit; r.dest.traffic_class = o->u.qp.traffic_class; r.dest.sl = o->u.qp.sl;
 	r.dest.port_num = o->u.qp.port;
 	r.max_rd_atomic = o->u.qp.max_rd_atomic; r.max_dest_rd_atomic = o->u.qp.max_dest_rd_atomic;
-	put(m->out, m->out_len, &r, sizeof(r));
-	return 0;
+	return put(m->out, m->out_len, &r, sizeof(r));
 }
 
 /* DEALLOC_PD, DEREG_MR: the handle is the first word; DESTROY_CQ/QP: after the response
@@ -1021,14 +1045,15 @@ static int cmd_destroy(struct cmd *m, enum uvemu_obj_type t, int has_response)
 	struct uvemu_obj gone = o ? *o : (struct uvemu_obj){0};
 	int rc = obj_destroy(m->c, h, t);
 	if (!rc) hca_release(m->c, &gone);
+	L("   handle %u -> %s", h, rc ? strerror(rc) : "destroyed");
+	/* The object is gone either way, as in the kernel; the count is lost with the response. */
 	if (!rc && t == UVEMU_CQ) {
 		struct ib_uverbs_destroy_cq_resp r = { .async_events_reported = events };
-		put(m->out, m->out_len, &r, sizeof(r));
+		rc = put(m->out, m->out_len, &r, sizeof(r));
 	} else if (!rc && t == UVEMU_QP) {
 		struct ib_uverbs_destroy_qp_resp r = { .events_reported = events };
-		put(m->out, m->out_len, &r, sizeof(r));
+		rc = put(m->out, m->out_len, &r, sizeof(r));
 	}
-	L("   handle %u -> %s", h, rc ? strerror(rc) : "destroyed");
 	return rc;
 }
 
@@ -1122,6 +1147,20 @@ static int frame(struct cmd *m, const void *buf, size_t count)
 	return 0;
 }
 
+/* A test's hook, run between the framing's checks and the command (uvemu.h). */
+static void (*before_response)(void *out, size_t len, void *arg);
+static void *before_response_arg;
+
+int uvemu_test_before_response(void (*hook)(void *out, size_t len, void *arg), void *arg)
+{
+	ensure_init();
+	pthread_mutex_lock(&lock);
+	before_response = hook;
+	before_response_arg = arg;
+	pthread_mutex_unlock(&lock);
+	return 0;
+}
+
 static ssize_t uv_write(struct uvemu_context *c, const void *buf, size_t count)
 {
 	struct cmd m = { .c = c };
@@ -1131,6 +1170,7 @@ static ssize_t uv_write(struct uvemu_context *c, const void *buf, size_t count)
 	if (!rc) rc = frame(&m, req, count);
 	if (!rc && m.op != IB_USER_VERBS_CMD_GET_CONTEXT && c->async_rd < 0) rc = EINVAL; /* no context yet */
 	L("write(fd %d, %zu B) %s%u", c->cmd_fd, count, m.ex ? "EX_" : "", m.op);
+	if (!rc && before_response && m.out) before_response(m.out, m.out_len + m.dout_len, before_response_arg);
 	if (!rc) rc = do_cmd(&m);
 	free(req);
 	if (rc) { L("   -> %s", strerror(rc)); errno = rc; return -1; }
@@ -1244,8 +1284,9 @@ static int reg_dmabuf_mr(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 		o->served = 1;
 	}
 	a[UVERBS_ATTR_REG_DMABUF_MR_HANDLE]->data = handle;
-	user_copy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->data, &o->u.mr.lkey, 4);
-	user_copy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->data, &o->u.mr.rkey, 4);
+	if (user_copy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->data, &o->u.mr.lkey, 4) ||
+	    user_copy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->data, &o->u.mr.rkey, 4))
+		return created_unanswered(c, handle, UVEMU_MR);
 	a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
 	a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
 	L("ioctl MR/REG_DMABUF_MR fd %d offset %#llx len %llu -> mr %u key %#x", o->u.mr.dmabuf_fd,
