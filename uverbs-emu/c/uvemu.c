@@ -37,12 +37,14 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/types.h>
 #include <arpa/inet.h>
 #include <unistd.h>
 #include <linux/netlink.h>
+#include <malloc.h>
 #include <rdma/ib_user_verbs.h>
 #include <rdma/ib_user_ioctl_cmds.h>
 #include <rdma/mlx5-abi.h>
@@ -79,6 +81,10 @@ static void *(*r_mmap)(void *, size_t, int, int, int, off_t);
 static int (*r_socket)(int, int, int);
 static int (*r_stat)(const char *, struct stat *);
 static int (*r_fstat)(int, struct stat *);
+#ifdef UVEMU_PRELOAD
+static void (*r_free)(void *);
+static void *(*r_realloc)(void *, size_t);
+#endif
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 /* Recursive: the attached HCA runs under it and may itself call hooked functions on the
@@ -160,6 +166,10 @@ static void init(void)
 	r_socket = dlsym(RTLD_NEXT, "socket");
 	r_stat = dlsym(RTLD_NEXT, "stat");
 	r_fstat = dlsym(RTLD_NEXT, "fstat");
+#ifdef UVEMU_PRELOAD
+	r_realloc = dlsym(RTLD_NEXT, "realloc");
+	r_free = dlsym(RTLD_NEXT, "free");
+#endif
 	const char *e = getenv("UVEMU_LOG");
 	logging = e && strcmp(e, "0") != 0;
 	load_devices();
@@ -339,6 +349,221 @@ static int user_writable(void *p, size_t n)
 	}
 	return 0;
 }
+
+/* ------------------------------------------------------------------ pinned memory */
+
+/* A kernel pins the pages of a region and of the rings it hands to the HCA: they stay with the
+ * HCA until the object is destroyed, whatever the process does with its mapping. On a
+ * ConnectX, a write that arrives after the process unmapped a registered buffer lands in the
+ * pinned pages, which the process no longer sees: no crash, no error. The soft HCA writes at
+ * the process's virtual addresses, so the emulator keeps those addresses mapped instead: an
+ * unmapping of pinned pages (munmap, a shrinking mremap, free() or realloc() of the heap
+ * block that holds them) is put off until the last object that pins them is destroyed. What
+ * cannot be put off is refused, as no kernel would: MAP_FIXED over pinned pages, an mremap
+ * that would move or grow them (ENOMEM), and an mprotect that takes away access the HCA uses
+ * (EACCES). Unmappings glibc makes inside itself (other than through free() and realloc())
+ * cannot be seen by a preload. The table has its own lock, never held while calling out, so
+ * that no thread's free() waits for a command. */
+#define MAX_PINS 4096
+#define MAX_PUT_OFF 4096
+#define PAGE_DOWN(a) ((a) & ~4095ull)
+#define PAGE_UP(a) (((a) + 4095ull) & ~4095ull)
+struct span { uint64_t start, end; int writable; };
+static pthread_mutex_t pin_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct span pins[MAX_PINS];    /* pages pinned by served objects (one entry each) */
+static int npins;                     /* read without the lock: 0 is the fast path */
+static struct span unmapped[MAX_PUT_OFF]; /* pages the process unmapped while pinned */
+static int nunmapped;
+static void *unfreed[MAX_PUT_OFF];    /* heap blocks freed while they held pinned pages */
+static int nunfreed;
+
+/* Whether [a, e) meets a pinned page (`writable`: only pins the HCA writes). Under pin_lock. */
+static int pinned(uint64_t a, uint64_t e, int writable)
+{
+	for (int i = 0; i < npins; i++)
+		if (pins[i].start < e && a < pins[i].end && (!writable || pins[i].writable)) return 1;
+	return 0;
+}
+
+/* Unmaps the pages of [a, e) that nothing pins; the pinned ones are kept, to be unmapped when
+ * their last pin goes (beyond MAX_PUT_OFF ranges they stay mapped). Under pin_lock. */
+static void unmap_unpinned(uint64_t a, uint64_t e)
+{
+	for (uint64_t cur = a; cur < e;) {
+		uint64_t cover = 0, next = e;
+		for (int i = 0; i < npins; i++) {
+			if (pins[i].start <= cur && pins[i].end > cur && pins[i].end > cover) cover = pins[i].end;
+			else if (pins[i].start > cur && pins[i].start < next) next = pins[i].start;
+		}
+		if (cover) {
+			uint64_t end = cover < e ? cover : e;
+			if (nunmapped < MAX_PUT_OFF) unmapped[nunmapped++] = (struct span){ cur, end, 0 };
+			cur = end;
+		} else {
+			syscall(SYS_munmap, (void *)(uintptr_t)cur, (size_t)(next - cur));
+			cur = next;
+		}
+	}
+}
+
+/* Pins the pages of `n` bytes at `p` for a served object: 0 or ENOMEM (the table is full). */
+static int pin(uint64_t p, uint64_t n, int writable)
+{
+	if (!n || n > UINT64_MAX - p - 4096) return EINVAL;
+	pthread_mutex_lock(&pin_lock);
+	int rc = npins < MAX_PINS ? 0 : ENOMEM;
+	if (!rc) {
+		pins[npins] = (struct span){ PAGE_DOWN(p), PAGE_UP(p + n), writable };
+		__atomic_store_n(&npins, npins + 1, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&pin_lock);
+	return rc;
+}
+
+#ifdef UVEMU_PRELOAD
+extern void __libc_free(void *);
+/* The allocator's own free (never this library's, so it never comes back here). */
+static void real_free(void *b) { (r_free ? r_free : __libc_free)(b); }
+#else
+static void real_free(void *b) { free(b); }
+#endif
+
+/* Lets go of a pin of pin(p, n): what the process unmapped or freed meanwhile, and nothing
+ * else pins, is unmapped or freed now. */
+static void unpin(uint64_t p, uint64_t n)
+{
+	uint64_t a = PAGE_DOWN(p), e = PAGE_UP(p + n);
+	pthread_mutex_lock(&pin_lock);
+	for (int i = 0; i < npins; i++)
+		if (pins[i].start == a && pins[i].end == e) {
+			pins[i] = pins[npins - 1];
+			__atomic_store_n(&npins, npins - 1, __ATOMIC_RELEASE);
+			break;
+		}
+	int kept = nunmapped;
+	nunmapped = 0;
+	for (int i = 0; i < kept; i++) {
+		struct span s = unmapped[i];
+		unmap_unpinned(s.start, s.end); /* appends what is still pinned */
+	}
+	int n_unfreed = nunfreed;
+	nunfreed = 0;
+	for (int i = 0; i < n_unfreed; i++) {
+		void *b = unfreed[i];
+		uint64_t at = (uint64_t)(uintptr_t)b;
+		if (pinned(at, at + malloc_usable_size(b), 0)) unfreed[nunfreed++] = b;
+		else real_free(b);
+	}
+	pthread_mutex_unlock(&pin_lock);
+}
+
+/* Pins (`on`) or lets go of a served CQ's ring and doorbell record: 0 or ENOMEM. */
+static int pin_cq(const struct uvemu_obj *o, int on)
+{
+	uint64_t ring = (uint64_t)o->u.cq.entries * 64;
+	if (!on) { unpin(o->u.cq.buf, ring); unpin(o->u.cq.dbrec, 8); return 0; }
+	int rc = pin(o->u.cq.buf, ring, 1);
+	if (!rc && (rc = pin(o->u.cq.dbrec, 8, 1))) unpin(o->u.cq.buf, ring);
+	return rc;
+}
+
+/* The same for a served QP's ring (RQ, then SQ) and doorbell record. */
+static int pin_qp(const struct uvemu_obj *o, int on)
+{
+	uint64_t ring = (uint64_t)o->u.qp.rq_wqes * o->u.qp.rq_stride + (uint64_t)o->u.qp.sq_wqebbs * 64;
+	if (!on) { unpin(o->u.qp.buf, ring); unpin(o->u.qp.dbrec, 8); return 0; }
+	int rc = pin(o->u.qp.buf, ring, 0);
+	if (!rc && (rc = pin(o->u.qp.dbrec, 8, 1))) unpin(o->u.qp.buf, ring);
+	return rc;
+}
+
+#ifdef UVEMU_PRELOAD
+/* The process's unmappings, checked against the pins (only in the preload library: a fuzz
+ * target that links the driver in keeps its own allocator's hooks). */
+extern void *__libc_realloc(void *, size_t);
+
+int munmap(void *addr, size_t len)
+{
+	uint64_t a = (uint64_t)(uintptr_t)addr;
+	if (!__atomic_load_n(&npins, __ATOMIC_ACQUIRE) || (a & 4095) || !len || len > UINT64_MAX - a - 4096)
+		return (int)syscall(SYS_munmap, addr, len);
+	pthread_mutex_lock(&pin_lock);
+	int hit = pinned(a, a + len, 0);
+	if (hit) unmap_unpinned(a, PAGE_UP(a + len));
+	pthread_mutex_unlock(&pin_lock);
+	if (!hit) return (int)syscall(SYS_munmap, addr, len);
+	L("munmap(%p, %zu): pages pinned by a registered region or ring stay until it is destroyed", addr, len);
+	return 0;
+}
+
+void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
+{
+	va_list ap;
+	va_start(ap, flags);
+	void *to = (flags & MREMAP_FIXED) ? va_arg(ap, void *) : NULL;
+	va_end(ap);
+	uint64_t a = (uint64_t)(uintptr_t)old, t = (uint64_t)(uintptr_t)to;
+	int hit = 0, shrink = !(flags & MREMAP_FIXED) && PAGE_UP(new_len) <= PAGE_UP(old_len) && new_len;
+	if (__atomic_load_n(&npins, __ATOMIC_ACQUIRE) && !(a & 4095) && old_len <= UINT64_MAX - a - 4096 &&
+	    new_len <= UINT64_MAX - t - 4096) {
+		pthread_mutex_lock(&pin_lock);
+		hit = pinned(a, a + old_len, 0) || (to && pinned(t, t + new_len, 0));
+		if (hit && shrink) unmap_unpinned(a + PAGE_UP(new_len), a + PAGE_UP(old_len));
+		pthread_mutex_unlock(&pin_lock);
+	}
+	if (!hit) return (void *)syscall(SYS_mremap, old, old_len, new_len, flags, to);
+	if (shrink) return old;
+	L("mremap(%p, %zu -> %zu): pinned pages cannot move or grow -> ENOMEM", old, old_len, new_len);
+	errno = ENOMEM;
+	return MAP_FAILED;
+}
+
+int mprotect(void *addr, size_t len, int prot)
+{
+	uint64_t a = (uint64_t)(uintptr_t)addr;
+	int hit = 0;
+	if (__atomic_load_n(&npins, __ATOMIC_ACQUIRE) && len <= UINT64_MAX - a - 4096 &&
+	    (prot & (PROT_READ | PROT_WRITE)) != (PROT_READ | PROT_WRITE)) {
+		pthread_mutex_lock(&pin_lock);
+		hit = pinned(a, a + len, 0) && (!(prot & PROT_READ) || pinned(a, a + len, 1));
+		pthread_mutex_unlock(&pin_lock);
+	}
+	if (!hit) return (int)syscall(SYS_mprotect, addr, len, prot);
+	L("mprotect(%p, %zu, %#x): the HCA uses these pinned pages -> EACCES", addr, len, prot);
+	errno = EACCES;
+	return -1;
+}
+
+void free(void *p)
+{
+	if (!p) return;
+	if (!__atomic_load_n(&npins, __ATOMIC_ACQUIRE)) { real_free(p); return; }
+	uint64_t a = (uint64_t)(uintptr_t)p;
+	pthread_mutex_lock(&pin_lock);
+	int hit = pinned(a, a + malloc_usable_size(p), 0);
+	if (hit && nunfreed < MAX_PUT_OFF) unfreed[nunfreed++] = p; /* else kept for good */
+	pthread_mutex_unlock(&pin_lock);
+	if (!hit) real_free(p);
+}
+
+void *realloc(void *p, size_t n)
+{
+	void *(*f)(void *, size_t) = r_realloc ? r_realloc : __libc_realloc;
+	if (!p || !__atomic_load_n(&npins, __ATOMIC_ACQUIRE)) return f(p, n);
+	uint64_t a = (uint64_t)(uintptr_t)p;
+	size_t old = malloc_usable_size(p);
+	pthread_mutex_lock(&pin_lock);
+	int hit = pinned(a, a + old, 0);
+	pthread_mutex_unlock(&pin_lock);
+	if (!hit) return f(p, n);
+	/* The block moves; the old one stays with its pinned pages (free() puts it off). */
+	void *q = n ? malloc(n) : NULL;
+	if (n && !q) return NULL;
+	if (q) memcpy(q, p, old < n ? old : n);
+	free(p);
+	return q;
+}
+#endif
 
 /* ------------------------------------------------------------------ object tables */
 
@@ -595,6 +820,10 @@ static void hca_release(const struct uvemu_context *c, const struct uvemu_obj *o
 	if (o->type == UVEMU_QP) hca->destroy_qp(c->dev, o->u.qp.qpn);
 	if (o->type == UVEMU_CQ) hca->destroy_cq(c->dev, o->u.cq.cqn);
 	if (o->type == UVEMU_MR) hca->dereg_mr(c->dev, o->u.mr.lkey);
+	/* The HCA no longer uses them: the pages go back to the process. */
+	if (o->type == UVEMU_QP) pin_qp(o, 0);
+	if (o->type == UVEMU_CQ) pin_cq(o, 0);
+	if (o->type == UVEMU_MR && o->u.mr.dmabuf_fd < 0) unpin(o->u.mr.start, o->u.mr.length);
 }
 
 /* A context closed with objects left: the HCA lets go of them, QPs before the CQs and MRs
@@ -799,9 +1028,12 @@ static int cmd_reg_mr(struct cmd *m)
 	if (hca) {
 		/* The HCA addresses a region by its virtual address (no separate IOVA). */
 		int rc = q->hca_va != q->start ? EOPNOTSUPP : user_mapped(q->start, q->length);
-		if (!rc)
+		if (!rc) rc = pin(q->start, q->length, !!(q->access_flags & IB_UVERBS_ACCESS_LOCAL_WRITE));
+		if (!rc) {
 			rc = hca->reg_mr(m->c->dev, obj_get(m->c, q->pd_handle, UVEMU_PD)->u.pd.pdn, q->start,
 					 q->length, q->access_flags, &o->u.mr.lkey, &o->u.mr.rkey);
+			if (rc) unpin(q->start, q->length);
+		}
 		if (rc) {
 			obj_destroy(m->c, h, UVEMU_MR);
 			return rc;
@@ -836,7 +1068,9 @@ static int cmd_create_cq(struct cmd *m)
 		int rc = d->cqe_size != 64 ? EOPNOTSUPP
 		       : user_writable((void *)(uintptr_t)d->buf_addr, (size_t)(cqe + 1) * 64);
 		if (!rc) rc = user_writable((void *)(uintptr_t)d->db_addr, 8);
-		if (!rc) rc = hca->create_cq(m->c->dev, d->buf_addr, cqe + 1, d->db_addr, &o->u.cq.cqn);
+		if (!rc) rc = pin_cq(o, 1);
+		if (!rc && (rc = hca->create_cq(m->c->dev, d->buf_addr, cqe + 1, d->db_addr, &o->u.cq.cqn)))
+			pin_cq(o, 0);
 		if (rc) {
 			o->type = UVEMU_FREE;
 			return rc;
@@ -879,7 +1113,9 @@ static int hca_create_qp(struct uvemu_context *c, struct uvemu_obj *o)
 		return EINVAL; /* CQs made before the HCA attached */
 	int rc = user_writable((void *)(uintptr_t)q.buf, (size_t)rq * q.rq_stride + (size_t)sq * 64);
 	if (!rc) rc = user_writable((void *)(uintptr_t)q.dbrec, 8);
-	return rc ? rc : hca->create_qp(c->dev, &q, &o->u.qp.qpn);
+	if (!rc) rc = pin_qp(o, 1);
+	if (!rc && (rc = hca->create_qp(c->dev, &q, &o->u.qp.qpn))) pin_qp(o, 0);
+	return rc;
 }
 
 static int cmd_create_qp(struct cmd *m)
@@ -1337,6 +1573,17 @@ int ioctl(int fd, unsigned long req, ...)
 void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	ensure_init();
+	uint64_t at = (uint64_t)(uintptr_t)addr;
+	if ((flags & MAP_FIXED) && __atomic_load_n(&npins, __ATOMIC_ACQUIRE) && len <= UINT64_MAX - at - 4096) {
+		pthread_mutex_lock(&pin_lock);
+		int hit = pinned(at, at + len, 0);
+		pthread_mutex_unlock(&pin_lock);
+		if (hit) {
+			L("mmap(%p, %zu, MAP_FIXED): over pages pinned by a registered region or ring -> ENOMEM", addr, len);
+			errno = ENOMEM;
+			return MAP_FAILED;
+		}
+	}
 	if (!is_cmd_fd(fd)) return r_mmap(addr, len, prot, flags, fd, off);
 	pthread_mutex_lock(&lock);
 	struct uvemu_context *c = context_of(fd);

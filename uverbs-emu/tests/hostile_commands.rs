@@ -515,7 +515,10 @@ type ResponseHook = extern "C" fn(*mut c_void, usize, *mut c_void);
 fn before_response(hook: Option<ResponseHook>) {
     // SAFETY: dlsym with a NUL-terminated name; the preload defines it in this child.
     let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"uvemu_test_before_response".as_ptr()) };
-    assert!(!f.is_null(), "the preload has no uvemu_test_before_response");
+    assert!(
+        !f.is_null(),
+        "the preload has no uvemu_test_before_response"
+    );
     // SAFETY: the function uvemu.h declares.
     let rc = unsafe {
         let set: extern "C" fn(Option<ResponseHook>, *mut c_void) -> i32 = std::mem::transmute(f);
@@ -585,4 +588,71 @@ fn a_response_buffer_made_read_only_after_the_check_is_efault() {
     writable(true);
     before_response(None);
     assert!(d.cmd(QUERY_DEVICE, &words(&[r]), 64).is_ok());
+}
+
+/// Whether this process can read the byte at `addr` (without touching it).
+fn readable(addr: usize) -> bool {
+    let mut b = 0u8;
+    let local = libc::iovec {
+        iov_base: (&mut b as *mut u8).cast(),
+        iov_len: 1,
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut c_void,
+        iov_len: 1,
+    };
+    // SAFETY: the kernel reads one byte of this process at `addr` (EFAULT where unmapped).
+    unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) == 1 }
+}
+
+#[test]
+#[cfg_attr(
+    not(uvemu_built),
+    ignore = "the emulated driver's preload library was not built (needs a C compiler)"
+)]
+fn pinned_pages_outlive_the_processs_mapping_until_the_region_goes() {
+    if in_child_under_emulator(
+        "pinned_pages_outlive_the_processs_mapping_until_the_region_goes",
+        "mlx5_0",
+    ) {
+        return;
+    }
+    assert_eq!(attach(&STUB_HCA), 0);
+    let d = Dev::open();
+    d.get_context().unwrap();
+    let pd = d.alloc_pd();
+    let r = d.resp_ptr();
+    let len = 4 * 4096;
+    // SAFETY: a fresh anonymous mapping (and below, calls on it that the driver checks).
+    let (p, fixed, moved, ro) = unsafe {
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        let p = libc::mmap(std::ptr::null_mut(), len, rw, flags, -1, 0);
+        assert_ne!(p, libc::MAP_FAILED);
+        let mut req = words(&[r, p as u64 + 4096, 4096, p as u64 + 4096]);
+        req.extend_from_slice(&pd.to_ne_bytes());
+        req.extend_from_slice(&1u32.to_ne_bytes()); // LOCAL_WRITE
+        d.cmd(REG_MR, &req, 8).unwrap();
+        // What cannot be put off is refused: another mapping over the pinned page, a move,
+        // taking write access away. The pages beside it are the process's to change.
+        let errno = || std::io::Error::last_os_error().raw_os_error();
+        let fixed = libc::mmap(p, len, rw, flags | libc::MAP_FIXED, -1, 0);
+        let fixed = (fixed == libc::MAP_FAILED, errno());
+        let moved = libc::mremap(p, len, 2 * len, libc::MREMAP_MAYMOVE);
+        let moved = (moved == libc::MAP_FAILED, errno());
+        let ro = libc::mprotect(p.cast::<u8>().add(4096).cast(), 4096, libc::PROT_READ);
+        let ro = (ro == -1, errno());
+        assert_eq!(libc::mprotect(p, 4096, libc::PROT_READ), 0);
+        assert_eq!(libc::munmap(p, len), 0);
+        (p as usize, fixed, moved, ro)
+    };
+    let refused = |e| (true, Some(e));
+    assert_eq!(fixed, refused(libc::ENOMEM), "MAP_FIXED over a pinned page");
+    assert_eq!(moved, refused(libc::ENOMEM), "mremap of a pinned page");
+    assert_eq!(ro, refused(libc::EACCES), "a pinned page the HCA writes");
+    // Unmapped: the pinned page stays (the HCA may still write there), the others go.
+    assert!(!readable(p) && readable(p + 4096) && !readable(p + 2 * 4096));
+    let mr = d.handle();
+    assert!(d.destroy(DEREG_MR, mr).is_ok());
+    assert!(!readable(p + 4096), "the page went with the region");
 }
