@@ -370,19 +370,40 @@ static int user_writable(void *p, size_t n)
 #define PAGE_UP(a) (((a) + 4095ull) & ~4095ull)
 struct span { uint64_t start, end; int writable; };
 static pthread_mutex_t pin_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct span pins[MAX_PINS];    /* pages pinned by served objects (one entry each) */
+static struct span pins[MAX_PINS];    /* bytes pinned by served objects (their pages are), by start */
+static uint64_t max_end[MAX_PINS];    /* the highest end of pins[0..=i]: an overlap is a search */
 static int npins;                     /* read without the lock: 0 is the fast path */
 static struct span unmapped[MAX_PUT_OFF]; /* pages the process unmapped while pinned */
 static int nunmapped;
 static void *unfreed[MAX_PUT_OFF];    /* heap blocks freed while they held pinned pages */
 static int nunfreed;
 
-/* Whether [a, e) meets a pinned page (`writable`: only pins the HCA writes). Under pin_lock. */
+/* Whether `n` bytes at `a` can be rounded out to pages without overflow. */
+static int fits(uint64_t a, uint64_t n) { return a <= UINT64_MAX - 4096 && n <= UINT64_MAX - 4096 - a; }
+
+/* Whether [a, e) meets pinned bytes (`writable`: only pins the HCA writes); for page-aligned
+ * [a, e), whether it meets a pinned page. Under pin_lock. Every free() asks, so the common
+ * question is a binary search, not a walk of the table. A heap block is kept only if it holds
+ * pinned bytes: malloc gives back no page that a block in use (the pinned one) shares. */
 static int pinned(uint64_t a, uint64_t e, int writable)
 {
-	for (int i = 0; i < npins; i++)
-		if (pins[i].start < e && a < pins[i].end && (!writable || pins[i].writable)) return 1;
-	return 0;
+	int lo = 0, hi = npins; /* the pins starting before e are pins[0..lo) */
+	while (lo < hi) {
+		int mid = (lo + hi) / 2;
+		if (pins[mid].start < e) lo = mid + 1;
+		else hi = mid;
+	}
+	if (!lo || max_end[lo - 1] <= a) return 0;
+	for (int i = 0; writable && i < lo; i++)
+		if (a < pins[i].end && pins[i].writable) return 1;
+	return !writable;
+}
+
+/* Recomputes max_end from pins[from] on. Under pin_lock. */
+static void pins_changed(int from)
+{
+	for (int i = from; i < npins; i++)
+		max_end[i] = i && max_end[i - 1] > pins[i].end ? max_end[i - 1] : pins[i].end;
 }
 
 /* Unmaps the pages of [a, e) that nothing pins; the pinned ones are kept, to be unmapped when
@@ -392,8 +413,9 @@ static void unmap_unpinned(uint64_t a, uint64_t e)
 	for (uint64_t cur = a; cur < e;) {
 		uint64_t cover = 0, next = e;
 		for (int i = 0; i < npins; i++) {
-			if (pins[i].start <= cur && pins[i].end > cur && pins[i].end > cover) cover = pins[i].end;
-			else if (pins[i].start > cur && pins[i].start < next) next = pins[i].start;
+			uint64_t s = PAGE_DOWN(pins[i].start), t = PAGE_UP(pins[i].end);
+			if (s <= cur && t > cur && t > cover) cover = t;
+			else if (s > cur && s < next) next = s;
 		}
 		if (cover) {
 			uint64_t end = cover < e ? cover : e;
@@ -409,12 +431,16 @@ static void unmap_unpinned(uint64_t a, uint64_t e)
 /* Pins the pages of `n` bytes at `p` for a served object: 0 or ENOMEM (the table is full). */
 static int pin(uint64_t p, uint64_t n, int writable)
 {
-	if (!n || n > UINT64_MAX - p - 4096) return EINVAL;
+	if (!n || !fits(p, n)) return EINVAL;
 	pthread_mutex_lock(&pin_lock);
 	int rc = npins < MAX_PINS ? 0 : ENOMEM;
 	if (!rc) {
-		pins[npins] = (struct span){ PAGE_DOWN(p), PAGE_UP(p + n), writable };
+		int at = 0;
+		while (at < npins && pins[at].start <= p) at++;
+		memmove(&pins[at + 1], &pins[at], (size_t)(npins - at) * sizeof(pins[0]));
+		pins[at] = (struct span){ p, p + n, writable };
 		__atomic_store_n(&npins, npins + 1, __ATOMIC_RELEASE);
+		pins_changed(at);
 	}
 	pthread_mutex_unlock(&pin_lock);
 	return rc;
@@ -432,12 +458,13 @@ static void real_free(void *b) { free(b); }
  * else pins, is unmapped or freed now. */
 static void unpin(uint64_t p, uint64_t n)
 {
-	uint64_t a = PAGE_DOWN(p), e = PAGE_UP(p + n);
+	uint64_t a = p, e = p + n;
 	pthread_mutex_lock(&pin_lock);
 	for (int i = 0; i < npins; i++)
 		if (pins[i].start == a && pins[i].end == e) {
-			pins[i] = pins[npins - 1];
+			memmove(&pins[i], &pins[i + 1], (size_t)(npins - i - 1) * sizeof(pins[0]));
 			__atomic_store_n(&npins, npins - 1, __ATOMIC_RELEASE);
+			pins_changed(i);
 			break;
 		}
 	int kept = nunmapped;
@@ -485,10 +512,10 @@ extern void *__libc_realloc(void *, size_t);
 int munmap(void *addr, size_t len)
 {
 	uint64_t a = (uint64_t)(uintptr_t)addr;
-	if (!__atomic_load_n(&npins, __ATOMIC_ACQUIRE) || (a & 4095) || !len || len > UINT64_MAX - a - 4096)
+	if (!__atomic_load_n(&npins, __ATOMIC_ACQUIRE) || (a & 4095) || !len || !fits(a, len))
 		return (int)syscall(SYS_munmap, addr, len);
 	pthread_mutex_lock(&pin_lock);
-	int hit = pinned(a, a + len, 0);
+	int hit = pinned(a, PAGE_UP(a + len), 0);
 	if (hit) unmap_unpinned(a, PAGE_UP(a + len));
 	pthread_mutex_unlock(&pin_lock);
 	if (!hit) return (int)syscall(SYS_munmap, addr, len);
@@ -504,10 +531,9 @@ void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 	va_end(ap);
 	uint64_t a = (uint64_t)(uintptr_t)old, t = (uint64_t)(uintptr_t)to;
 	int hit = 0, shrink = !(flags & MREMAP_FIXED) && PAGE_UP(new_len) <= PAGE_UP(old_len) && new_len;
-	if (__atomic_load_n(&npins, __ATOMIC_ACQUIRE) && !(a & 4095) && old_len <= UINT64_MAX - a - 4096 &&
-	    new_len <= UINT64_MAX - t - 4096) {
+	if (__atomic_load_n(&npins, __ATOMIC_ACQUIRE) && !(a & 4095) && fits(a, old_len) && fits(t, new_len)) {
 		pthread_mutex_lock(&pin_lock);
-		hit = pinned(a, a + old_len, 0) || (to && pinned(t, t + new_len, 0));
+		hit = pinned(a, PAGE_UP(a + old_len), 0) || (to && pinned(PAGE_DOWN(t), PAGE_UP(t + new_len), 0));
 		if (hit && shrink) unmap_unpinned(a + PAGE_UP(new_len), a + PAGE_UP(old_len));
 		pthread_mutex_unlock(&pin_lock);
 	}
@@ -522,10 +548,12 @@ int mprotect(void *addr, size_t len, int prot)
 {
 	uint64_t a = (uint64_t)(uintptr_t)addr;
 	int hit = 0;
-	if (__atomic_load_n(&npins, __ATOMIC_ACQUIRE) && len <= UINT64_MAX - a - 4096 &&
+	if (__atomic_load_n(&npins, __ATOMIC_ACQUIRE) && fits(a, len) &&
 	    (prot & (PROT_READ | PROT_WRITE)) != (PROT_READ | PROT_WRITE)) {
 		pthread_mutex_lock(&pin_lock);
-		hit = pinned(a, a + len, 0) && (!(prot & PROT_READ) || pinned(a, a + len, 1));
+		uint64_t e = PAGE_UP(a + len);
+		a = PAGE_DOWN(a);
+		hit = pinned(a, e, 0) && (!(prot & PROT_READ) || pinned(a, e, 1));
 		pthread_mutex_unlock(&pin_lock);
 	}
 	if (!hit) return (int)syscall(SYS_mprotect, addr, len, prot);
@@ -1027,13 +1055,13 @@ static int cmd_reg_mr(struct cmd *m)
 	o->u.mr.start = q->start; o->u.mr.length = q->length; o->u.mr.iova = q->hca_va;
 	if (hca) {
 		/* The HCA addresses a region by its virtual address (no separate IOVA). */
-		int rc = q->hca_va != q->start ? EOPNOTSUPP : user_mapped(q->start, q->length);
-		if (!rc) rc = pin(q->start, q->length, !!(q->access_flags & IB_UVERBS_ACCESS_LOCAL_WRITE));
-		if (!rc) {
-			rc = hca->reg_mr(m->c->dev, obj_get(m->c, q->pd_handle, UVEMU_PD)->u.pd.pdn, q->start,
-					 q->length, q->access_flags, &o->u.mr.lkey, &o->u.mr.rkey);
-			if (rc) unpin(q->start, q->length);
-		}
+		int rc = q->hca_va != q->start ? EOPNOTSUPP
+		       : pin(q->start, q->length, !!(q->access_flags & IB_UVERBS_ACCESS_LOCAL_WRITE));
+		/* Pinned before the check, so that the pages cannot go between the two. */
+		if (!rc && (rc = user_mapped(q->start, q->length))) unpin(q->start, q->length);
+		if (!rc && (rc = hca->reg_mr(m->c->dev, obj_get(m->c, q->pd_handle, UVEMU_PD)->u.pd.pdn, q->start,
+					     q->length, q->access_flags, &o->u.mr.lkey, &o->u.mr.rkey)))
+			unpin(q->start, q->length);
 		if (rc) {
 			obj_destroy(m->c, h, UVEMU_MR);
 			return rc;
@@ -1064,13 +1092,13 @@ static int cmd_create_cq(struct cmd *m)
 				    : ((const struct ib_uverbs_create_cq *)m->in)->user_handle;
 	o->u.cq.entries = cqe + 1; o->u.cq.cqe_size = d->cqe_size; o->u.cq.cqn = next_cqn++;
 	if (hca) {
-		/* The HCA writes 64-byte CQEs; the ring and its doorbell record must be writable. */
-		int rc = d->cqe_size != 64 ? EOPNOTSUPP
-		       : user_writable((void *)(uintptr_t)d->buf_addr, (size_t)(cqe + 1) * 64);
+		/* The HCA writes 64-byte CQEs; the ring and its doorbell record must be writable
+		 * (checked once pinned, so that they cannot go between the check and the HCA). */
+		int rc = d->cqe_size != 64 ? EOPNOTSUPP : pin_cq(o, 1), pinned_now = !rc;
+		if (!rc) rc = user_writable((void *)(uintptr_t)d->buf_addr, (size_t)(cqe + 1) * 64);
 		if (!rc) rc = user_writable((void *)(uintptr_t)d->db_addr, 8);
-		if (!rc) rc = pin_cq(o, 1);
-		if (!rc && (rc = hca->create_cq(m->c->dev, d->buf_addr, cqe + 1, d->db_addr, &o->u.cq.cqn)))
-			pin_cq(o, 0);
+		if (!rc) rc = hca->create_cq(m->c->dev, d->buf_addr, cqe + 1, d->db_addr, &o->u.cq.cqn);
+		if (rc && pinned_now) pin_cq(o, 0);
 		if (rc) {
 			o->type = UVEMU_FREE;
 			return rc;
@@ -1111,10 +1139,12 @@ static int hca_create_qp(struct uvemu_context *c, struct uvemu_obj *o)
 	};
 	if (!obj_get(c, o->u.qp.send_cq, UVEMU_CQ)->served || !obj_get(c, o->u.qp.recv_cq, UVEMU_CQ)->served)
 		return EINVAL; /* CQs made before the HCA attached */
-	int rc = user_writable((void *)(uintptr_t)q.buf, (size_t)rq * q.rq_stride + (size_t)sq * 64);
+	int rc = pin_qp(o, 1); /* first, so that the pages cannot go between the check and the HCA */
+	if (rc) return rc;
+	rc = user_writable((void *)(uintptr_t)q.buf, (size_t)rq * q.rq_stride + (size_t)sq * 64);
 	if (!rc) rc = user_writable((void *)(uintptr_t)q.dbrec, 8);
-	if (!rc) rc = pin_qp(o, 1);
-	if (!rc && (rc = hca->create_qp(c->dev, &q, &o->u.qp.qpn))) pin_qp(o, 0);
+	if (!rc) rc = hca->create_qp(c->dev, &q, &o->u.qp.qpn);
+	if (rc) pin_qp(o, 0);
 	return rc;
 }
 
@@ -1574,9 +1604,9 @@ void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	ensure_init();
 	uint64_t at = (uint64_t)(uintptr_t)addr;
-	if ((flags & MAP_FIXED) && __atomic_load_n(&npins, __ATOMIC_ACQUIRE) && len <= UINT64_MAX - at - 4096) {
+	if ((flags & MAP_FIXED) && __atomic_load_n(&npins, __ATOMIC_ACQUIRE) && fits(at, len)) {
 		pthread_mutex_lock(&pin_lock);
-		int hit = pinned(at, at + len, 0);
+		int hit = pinned(PAGE_DOWN(at), PAGE_UP(at + len), 0);
 		pthread_mutex_unlock(&pin_lock);
 		if (hit) {
 			L("mmap(%p, %zu, MAP_FIXED): over pages pinned by a registered region or ring -> ENOMEM", addr, len);
