@@ -18,6 +18,10 @@
  *   - hands every MR, CQ and QP, with libmlx5's own rings, doorbell records and BlueFlame
  *     register, to the soft HCA a process attached (uvemu_attach_hca(), uvemu.h), which then
  *     serves the data path; without one, nothing executes WQEs;
+ *   - pins what it hands to the HCA, as a kernel does: the process's munmap, mremap, mprotect,
+ *     mmap(MAP_FIXED), free and realloc of pinned pages are put off or refused until the
+ *     object is destroyed (see "pinned memory" below);
+ *   - writes every response with a fault-safe copy (EFAULT, never a crash);
  *   - links QPs to devices of other processes through the fabric directory (the emulators of
  *     a host are its nodes; uverbs-emu's fabric.rs): a path whose GID or LID names another
  *     node's device is given to the HCA with the endpoint that node's HCA published there.
@@ -92,6 +96,8 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 static const struct uvemu_hca_ops *hca; /* the data path, once attached */
 static void hca_release_all(struct uvemu_context *c);
+static void pins_before_fork(void);
+static void pins_after_fork(void);
 static const struct uvemu_port *port_of(const struct uvemu_context *c, uint32_t port);
 static int logging;
 static int node;           /* this emulator's node number on the fabric (0: none) */
@@ -170,6 +176,7 @@ static void init(void)
 	r_realloc = dlsym(RTLD_NEXT, "realloc");
 	r_free = dlsym(RTLD_NEXT, "free");
 #endif
+	pthread_atfork(pins_before_fork, pins_after_fork, pins_after_fork);
 	const char *e = getenv("UVEMU_LOG");
 	logging = e && strcmp(e, "0") != 0;
 	load_devices();
@@ -377,6 +384,11 @@ static struct span unmapped[MAX_PUT_OFF]; /* pages the process unmapped while pi
 static int nunmapped;
 static void *unfreed[MAX_PUT_OFF];    /* heap blocks freed while they held pinned pages */
 static int nunfreed;
+
+/* A fork while another thread holds pin_lock would leave it held in the child, whose first
+ * free() would then wait for ever: the lock is taken across fork(), as malloc takes its own. */
+static void pins_before_fork(void) { pthread_mutex_lock(&pin_lock); }
+static void pins_after_fork(void) { pthread_mutex_unlock(&pin_lock); }
 
 /* Whether `n` bytes at `a` can be rounded out to pages without overflow. */
 static int fits(uint64_t a, uint64_t n) { return a <= UINT64_MAX - 4096 && n <= UINT64_MAX - 4096 - a; }
