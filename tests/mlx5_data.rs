@@ -10,7 +10,7 @@
 //! process's environment from its start); ignored where rdma-core is not installed.
 
 use gdsync::mlx5::{
-    serve_emulated_driver, Context, Cq, Mr, Placement, Qp, QpCaps, RemoteQp, RtrAttr, RtsAttr,
+    serve_emulated_driver, Context, Cq, Mr, Pd, Placement, Qp, QpCaps, RemoteQp, RtrAttr, RtsAttr,
     VerbsCompletion,
 };
 use gdsync::{Access, RecvWr, RemoteAddr, SendWr};
@@ -40,6 +40,7 @@ struct Side {
     qp: Qp,
     cq: Arc<Cq>,
     mr: Mr<'static>,
+    pd: Arc<Pd>,
 }
 
 impl Side {
@@ -169,7 +170,12 @@ fn connected_pair(rings: Rings) -> (Side, Side) {
         let buf: &'static mut [u8] = Vec::leak((0..BUF_LEN).map(|i| pattern(seed, i)).collect());
         let mr = pd.reg_mr(buf, Access::ALL).unwrap();
         qp.to_init(1, Access::ALL).unwrap();
-        Side { qp, cq, mr }
+        Side {
+            qp,
+            cq,
+            mr,
+            pd: pd.clone(),
+        }
     };
     let (a, b) = (make(1), make(2));
     for (me, peer) in [(&a, &b), (&b, &a)] {
@@ -397,4 +403,88 @@ fn mlx5_libmlx5_reads_the_soft_hcas_error_completions() {
         (0..64).map(|i| pattern(2, i)).collect::<Vec<_>>()
     );
     a.none_left();
+}
+
+/// `len` bytes at `addr` of this process, read without touching them (`None`: not mapped).
+fn read_own(addr: usize, len: usize) -> Option<Vec<u8>> {
+    let mut out = vec![0u8; len];
+    let local = libc::iovec {
+        iov_base: out.as_mut_ptr().cast(),
+        iov_len: len,
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: len,
+    };
+    // SAFETY: the kernel reads this process's memory at `addr` (EFAULT where it is not
+    // mapped) and writes `out`, which is `len` bytes.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    (n == len as isize).then_some(out)
+}
+
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn mlx5_a_write_into_a_region_the_process_unmapped_lands_in_its_pinned_pages() {
+    let Some((a, b)) = pair_in_child(
+        "mlx5_a_write_into_a_region_the_process_unmapped_lands_in_its_pinned_pages",
+        Rings::Libmlx5,
+    ) else {
+        return;
+    };
+    // A region of the process's own mapping, unmapped while registered: as on a ConnectX,
+    // whose pages stay pinned, the write completes and lands in pages the process no longer
+    // uses; they go when the region does.
+    let len = 64 << 10;
+    // SAFETY: a fresh anonymous mapping.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    // SAFETY: the mapping above; the test unmaps it while registered on purpose (the
+    // driver keeps the pages until the region is dropped).
+    let mr = unsafe { b.pd.reg_mr_raw(p as u64, len, Access::ALL) }.unwrap();
+    // SAFETY: the mapping above, which nothing of this process touches after.
+    assert_eq!(unsafe { libc::munmap(p, len) }, 0);
+    a.post(
+        SendWr::write(mr.remote(4096))
+            .wr_id(30)
+            .sge(a.mr.sge(0, 100)),
+    );
+    expect(a.next(), 30, WC_RDMA_WRITE, None, None);
+    assert_eq!(read_own(p as usize + 4096, 100), Some(a.peek(0, 100)));
+    drop(mr);
+    assert_eq!(
+        read_own(p as usize, 1),
+        None,
+        "the pages went with the region"
+    );
+
+    // A heap buffer freed while registered (glibc gives a 1 MiB block back with munmap).
+    let heap = vec![0u8; 1 << 20].leak();
+    let at = heap.as_mut_ptr() as u64;
+    // SAFETY: the block is freed while registered on purpose, as above.
+    let mr = unsafe { b.pd.reg_mr_raw(at, heap.len(), Access::ALL) }.unwrap();
+    // SAFETY: the block `vec!` allocated, freed once; nothing of this process touches it after.
+    unsafe { libc::free(at as *mut libc::c_void) };
+    a.post(
+        SendWr::write(mr.remote(512 << 10))
+            .wr_id(31)
+            .sge(a.mr.sge(100, 200)),
+    );
+    expect(a.next(), 31, WC_RDMA_WRITE, None, None);
+    let landed = read_own(at as usize + (512 << 10), 200);
+    assert_eq!(landed, Some(a.peek(100, 200)));
+    drop(mr);
+    a.none_left();
+    b.none_left();
 }

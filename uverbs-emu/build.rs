@@ -15,7 +15,15 @@ fn main() {
     let so = out.join("libuvemu.so");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let built = Command::new(&cc)
-        .args(["-O2", "-g", "-Wall", "-shared", "-fPIC", "-o"])
+        .args([
+            "-O2",
+            "-g",
+            "-Wall",
+            "-shared",
+            "-fPIC",
+            "-DUVEMU_PRELOAD",
+            "-o",
+        ])
         .arg(&so)
         .arg("c/uvemu.c")
         .args(["-ldl", "-lpthread"])

@@ -18,6 +18,10 @@
  *   - hands every MR, CQ and QP, with libmlx5's own rings, doorbell records and BlueFlame
  *     register, to the soft HCA a process attached (uvemu_attach_hca(), uvemu.h), which then
  *     serves the data path; without one, nothing executes WQEs;
+ *   - pins what it hands to the HCA, as a kernel does: the process's munmap, mremap, mprotect,
+ *     mmap(MAP_FIXED), free and realloc of pinned pages are put off or refused until the
+ *     object is destroyed (see "pinned memory" below);
+ *   - writes every response with a fault-safe copy (EFAULT, never a crash);
  *   - links QPs to devices of other processes through the fabric directory (the emulators of
  *     a host are its nodes; uverbs-emu's fabric.rs): a path whose GID or LID names another
  *     node's device is given to the HCA with the endpoint that node's HCA published there.
@@ -37,12 +41,14 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/types.h>
 #include <arpa/inet.h>
 #include <unistd.h>
 #include <linux/netlink.h>
+#include <malloc.h>
 #include <rdma/ib_user_verbs.h>
 #include <rdma/ib_user_ioctl_cmds.h>
 #include <rdma/mlx5-abi.h>
@@ -79,6 +85,10 @@ static void *(*r_mmap)(void *, size_t, int, int, int, off_t);
 static int (*r_socket)(int, int, int);
 static int (*r_stat)(const char *, struct stat *);
 static int (*r_fstat)(int, struct stat *);
+#ifdef UVEMU_PRELOAD
+static void (*r_free)(void *);
+static void *(*r_realloc)(void *, size_t);
+#endif
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 /* Recursive: the attached HCA runs under it and may itself call hooked functions on the
@@ -86,6 +96,8 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 static const struct uvemu_hca_ops *hca; /* the data path, once attached */
 static void hca_release_all(struct uvemu_context *c);
+static void pins_before_fork(void);
+static void pins_after_fork(void);
 static const struct uvemu_port *port_of(const struct uvemu_context *c, uint32_t port);
 static int logging;
 static int node;           /* this emulator's node number on the fabric (0: none) */
@@ -160,6 +172,11 @@ static void init(void)
 	r_socket = dlsym(RTLD_NEXT, "socket");
 	r_stat = dlsym(RTLD_NEXT, "stat");
 	r_fstat = dlsym(RTLD_NEXT, "fstat");
+#ifdef UVEMU_PRELOAD
+	r_realloc = dlsym(RTLD_NEXT, "realloc");
+	r_free = dlsym(RTLD_NEXT, "free");
+#endif
+	pthread_atfork(pins_before_fork, pins_after_fork, pins_after_fork);
 	const char *e = getenv("UVEMU_LOG");
 	logging = e && strcmp(e, "0") != 0;
 	load_devices();
@@ -339,6 +356,254 @@ static int user_writable(void *p, size_t n)
 	}
 	return 0;
 }
+
+/* ------------------------------------------------------------------ pinned memory */
+
+/* A kernel pins the pages of a region and of the rings it hands to the HCA: they stay with the
+ * HCA until the object is destroyed, whatever the process does with its mapping. On a
+ * ConnectX, a write that arrives after the process unmapped a registered buffer lands in the
+ * pinned pages, which the process no longer sees: no crash, no error. The soft HCA writes at
+ * the process's virtual addresses, so the emulator keeps those addresses mapped instead: an
+ * unmapping of pinned pages (munmap, a shrinking mremap, free() or realloc() of the heap
+ * block that holds them) is put off until the last object that pins them is destroyed. What
+ * cannot be put off is refused, as no kernel would: MAP_FIXED over pinned pages, an mremap
+ * that would move or grow them (ENOMEM), and an mprotect that takes away access the HCA uses
+ * (EACCES). Unmappings glibc makes inside itself (other than through free() and realloc())
+ * cannot be seen by a preload. The table has its own lock, never held while calling out, so
+ * that no thread's free() waits for a command. */
+#define MAX_PINS 4096
+#define MAX_PUT_OFF 4096
+#define PAGE_DOWN(a) ((a) & ~4095ull)
+#define PAGE_UP(a) (((a) + 4095ull) & ~4095ull)
+struct span { uint64_t start, end; int writable; };
+static pthread_mutex_t pin_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct span pins[MAX_PINS];    /* bytes pinned by served objects (their pages are), by start */
+static uint64_t max_end[MAX_PINS];    /* the highest end of pins[0..=i]: an overlap is a search */
+static int npins;                     /* read without the lock: 0 is the fast path */
+static struct span unmapped[MAX_PUT_OFF]; /* pages the process unmapped while pinned */
+static int nunmapped;
+static void *unfreed[MAX_PUT_OFF];    /* heap blocks freed while they held pinned pages */
+static int nunfreed;
+
+/* A fork while another thread holds pin_lock would leave it held in the child, whose first
+ * free() would then wait for ever: the lock is taken across fork(), as malloc takes its own. */
+static void pins_before_fork(void) { pthread_mutex_lock(&pin_lock); }
+static void pins_after_fork(void) { pthread_mutex_unlock(&pin_lock); }
+
+/* Whether `n` bytes at `a` can be rounded out to pages without overflow. */
+static int fits(uint64_t a, uint64_t n) { return a <= UINT64_MAX - 4096 && n <= UINT64_MAX - 4096 - a; }
+
+/* Whether [a, e) meets pinned bytes (`writable`: only pins the HCA writes); for page-aligned
+ * [a, e), whether it meets a pinned page. Under pin_lock. Every free() asks, so the common
+ * question is a binary search, not a walk of the table. A heap block is kept only if it holds
+ * pinned bytes: malloc gives back no page that a block in use (the pinned one) shares. */
+static int pinned(uint64_t a, uint64_t e, int writable)
+{
+	int lo = 0, hi = npins; /* the pins starting before e are pins[0..lo) */
+	while (lo < hi) {
+		int mid = (lo + hi) / 2;
+		if (pins[mid].start < e) lo = mid + 1;
+		else hi = mid;
+	}
+	if (!lo || max_end[lo - 1] <= a) return 0;
+	for (int i = 0; writable && i < lo; i++)
+		if (a < pins[i].end && pins[i].writable) return 1;
+	return !writable;
+}
+
+/* Recomputes max_end from pins[from] on. Under pin_lock. */
+static void pins_changed(int from)
+{
+	for (int i = from; i < npins; i++)
+		max_end[i] = i && max_end[i - 1] > pins[i].end ? max_end[i - 1] : pins[i].end;
+}
+
+/* Unmaps the pages of [a, e) that nothing pins; the pinned ones are kept, to be unmapped when
+ * their last pin goes (beyond MAX_PUT_OFF ranges they stay mapped). Under pin_lock. */
+static void unmap_unpinned(uint64_t a, uint64_t e)
+{
+	for (uint64_t cur = a; cur < e;) {
+		uint64_t cover = 0, next = e;
+		for (int i = 0; i < npins; i++) {
+			uint64_t s = PAGE_DOWN(pins[i].start), t = PAGE_UP(pins[i].end);
+			if (s <= cur && t > cur && t > cover) cover = t;
+			else if (s > cur && s < next) next = s;
+		}
+		if (cover) {
+			uint64_t end = cover < e ? cover : e;
+			if (nunmapped < MAX_PUT_OFF) unmapped[nunmapped++] = (struct span){ cur, end, 0 };
+			cur = end;
+		} else {
+			syscall(SYS_munmap, (void *)(uintptr_t)cur, (size_t)(next - cur));
+			cur = next;
+		}
+	}
+}
+
+/* Pins the pages of `n` bytes at `p` for a served object: 0 or ENOMEM (the table is full). */
+static int pin(uint64_t p, uint64_t n, int writable)
+{
+	if (!n || !fits(p, n)) return EINVAL;
+	pthread_mutex_lock(&pin_lock);
+	int rc = npins < MAX_PINS ? 0 : ENOMEM;
+	if (!rc) {
+		int at = 0;
+		while (at < npins && pins[at].start <= p) at++;
+		memmove(&pins[at + 1], &pins[at], (size_t)(npins - at) * sizeof(pins[0]));
+		pins[at] = (struct span){ p, p + n, writable };
+		__atomic_store_n(&npins, npins + 1, __ATOMIC_RELEASE);
+		pins_changed(at);
+	}
+	pthread_mutex_unlock(&pin_lock);
+	return rc;
+}
+
+#ifdef UVEMU_PRELOAD
+extern void __libc_free(void *);
+/* The allocator's own free (never this library's, so it never comes back here). */
+static void real_free(void *b) { (r_free ? r_free : __libc_free)(b); }
+#else
+static void real_free(void *b) { free(b); }
+#endif
+
+/* Lets go of a pin of pin(p, n): what the process unmapped or freed meanwhile, and nothing
+ * else pins, is unmapped or freed now. */
+static void unpin(uint64_t p, uint64_t n)
+{
+	uint64_t a = p, e = p + n;
+	pthread_mutex_lock(&pin_lock);
+	for (int i = 0; i < npins; i++)
+		if (pins[i].start == a && pins[i].end == e) {
+			memmove(&pins[i], &pins[i + 1], (size_t)(npins - i - 1) * sizeof(pins[0]));
+			__atomic_store_n(&npins, npins - 1, __ATOMIC_RELEASE);
+			pins_changed(i);
+			break;
+		}
+	int kept = nunmapped;
+	nunmapped = 0;
+	for (int i = 0; i < kept; i++) {
+		struct span s = unmapped[i];
+		unmap_unpinned(s.start, s.end); /* appends what is still pinned */
+	}
+	int n_unfreed = nunfreed;
+	nunfreed = 0;
+	for (int i = 0; i < n_unfreed; i++) {
+		void *b = unfreed[i];
+		uint64_t at = (uint64_t)(uintptr_t)b;
+		if (pinned(at, at + malloc_usable_size(b), 0)) unfreed[nunfreed++] = b;
+		else real_free(b);
+	}
+	pthread_mutex_unlock(&pin_lock);
+}
+
+/* Pins (`on`) or lets go of a served CQ's ring and doorbell record: 0 or ENOMEM. */
+static int pin_cq(const struct uvemu_obj *o, int on)
+{
+	uint64_t ring = (uint64_t)o->u.cq.entries * 64;
+	if (!on) { unpin(o->u.cq.buf, ring); unpin(o->u.cq.dbrec, 8); return 0; }
+	int rc = pin(o->u.cq.buf, ring, 1);
+	if (!rc && (rc = pin(o->u.cq.dbrec, 8, 1))) unpin(o->u.cq.buf, ring);
+	return rc;
+}
+
+/* The same for a served QP's ring (RQ, then SQ) and doorbell record. */
+static int pin_qp(const struct uvemu_obj *o, int on)
+{
+	uint64_t ring = (uint64_t)o->u.qp.rq_wqes * o->u.qp.rq_stride + (uint64_t)o->u.qp.sq_wqebbs * 64;
+	if (!on) { unpin(o->u.qp.buf, ring); unpin(o->u.qp.dbrec, 8); return 0; }
+	int rc = pin(o->u.qp.buf, ring, 0);
+	if (!rc && (rc = pin(o->u.qp.dbrec, 8, 1))) unpin(o->u.qp.buf, ring);
+	return rc;
+}
+
+#ifdef UVEMU_PRELOAD
+/* The process's unmappings, checked against the pins (only in the preload library: a fuzz
+ * target that links the driver in keeps its own allocator's hooks). */
+extern void *__libc_realloc(void *, size_t);
+
+int munmap(void *addr, size_t len)
+{
+	uint64_t a = (uint64_t)(uintptr_t)addr;
+	if (!__atomic_load_n(&npins, __ATOMIC_ACQUIRE) || (a & 4095) || !len || !fits(a, len))
+		return (int)syscall(SYS_munmap, addr, len);
+	pthread_mutex_lock(&pin_lock);
+	int hit = pinned(a, PAGE_UP(a + len), 0);
+	if (hit) unmap_unpinned(a, PAGE_UP(a + len));
+	pthread_mutex_unlock(&pin_lock);
+	if (!hit) return (int)syscall(SYS_munmap, addr, len);
+	L("munmap(%p, %zu): pages pinned by a registered region or ring stay until it is destroyed", addr, len);
+	return 0;
+}
+
+void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
+{
+	va_list ap;
+	va_start(ap, flags);
+	void *to = (flags & MREMAP_FIXED) ? va_arg(ap, void *) : NULL;
+	va_end(ap);
+	uint64_t a = (uint64_t)(uintptr_t)old, t = (uint64_t)(uintptr_t)to;
+	int hit = 0, shrink = !(flags & MREMAP_FIXED) && PAGE_UP(new_len) <= PAGE_UP(old_len) && new_len;
+	if (__atomic_load_n(&npins, __ATOMIC_ACQUIRE) && !(a & 4095) && fits(a, old_len) && fits(t, new_len)) {
+		pthread_mutex_lock(&pin_lock);
+		hit = pinned(a, PAGE_UP(a + old_len), 0) || (to && pinned(PAGE_DOWN(t), PAGE_UP(t + new_len), 0));
+		if (hit && shrink) unmap_unpinned(a + PAGE_UP(new_len), a + PAGE_UP(old_len));
+		pthread_mutex_unlock(&pin_lock);
+	}
+	if (!hit) return (void *)syscall(SYS_mremap, old, old_len, new_len, flags, to);
+	if (shrink) return old;
+	L("mremap(%p, %zu -> %zu): pinned pages cannot move or grow -> ENOMEM", old, old_len, new_len);
+	errno = ENOMEM;
+	return MAP_FAILED;
+}
+
+int mprotect(void *addr, size_t len, int prot)
+{
+	uint64_t a = (uint64_t)(uintptr_t)addr;
+	int hit = 0;
+	if (__atomic_load_n(&npins, __ATOMIC_ACQUIRE) && fits(a, len) &&
+	    (prot & (PROT_READ | PROT_WRITE)) != (PROT_READ | PROT_WRITE)) {
+		pthread_mutex_lock(&pin_lock);
+		uint64_t e = PAGE_UP(a + len);
+		a = PAGE_DOWN(a);
+		hit = pinned(a, e, 0) && (!(prot & PROT_READ) || pinned(a, e, 1));
+		pthread_mutex_unlock(&pin_lock);
+	}
+	if (!hit) return (int)syscall(SYS_mprotect, addr, len, prot);
+	L("mprotect(%p, %zu, %#x): the HCA uses these pinned pages -> EACCES", addr, len, prot);
+	errno = EACCES;
+	return -1;
+}
+
+void free(void *p)
+{
+	if (!p) return;
+	if (!__atomic_load_n(&npins, __ATOMIC_ACQUIRE)) { real_free(p); return; }
+	uint64_t a = (uint64_t)(uintptr_t)p;
+	pthread_mutex_lock(&pin_lock);
+	int hit = pinned(a, a + malloc_usable_size(p), 0);
+	if (hit && nunfreed < MAX_PUT_OFF) unfreed[nunfreed++] = p; /* else kept for good */
+	pthread_mutex_unlock(&pin_lock);
+	if (!hit) real_free(p);
+}
+
+void *realloc(void *p, size_t n)
+{
+	void *(*f)(void *, size_t) = r_realloc ? r_realloc : __libc_realloc;
+	if (!p || !__atomic_load_n(&npins, __ATOMIC_ACQUIRE)) return f(p, n);
+	uint64_t a = (uint64_t)(uintptr_t)p;
+	size_t old = malloc_usable_size(p);
+	pthread_mutex_lock(&pin_lock);
+	int hit = pinned(a, a + old, 0);
+	pthread_mutex_unlock(&pin_lock);
+	if (!hit) return f(p, n);
+	/* The block moves; the old one stays with its pinned pages (free() puts it off). */
+	void *q = n ? malloc(n) : NULL;
+	if (n && !q) return NULL;
+	if (q) memcpy(q, p, old < n ? old : n);
+	free(p);
+	return q;
+}
+#endif
 
 /* ------------------------------------------------------------------ object tables */
 
@@ -595,6 +860,10 @@ static void hca_release(const struct uvemu_context *c, const struct uvemu_obj *o
 	if (o->type == UVEMU_QP) hca->destroy_qp(c->dev, o->u.qp.qpn);
 	if (o->type == UVEMU_CQ) hca->destroy_cq(c->dev, o->u.cq.cqn);
 	if (o->type == UVEMU_MR) hca->dereg_mr(c->dev, o->u.mr.lkey);
+	/* The HCA no longer uses them: the pages go back to the process. */
+	if (o->type == UVEMU_QP) pin_qp(o, 0);
+	if (o->type == UVEMU_CQ) pin_cq(o, 0);
+	if (o->type == UVEMU_MR && o->u.mr.dmabuf_fd < 0) unpin(o->u.mr.start, o->u.mr.length);
 }
 
 /* A context closed with objects left: the HCA lets go of them, QPs before the CQs and MRs
@@ -622,12 +891,26 @@ struct cmd {
 	void *dout;      size_t dout_len; /* mlx5 response */
 };
 
-/* Copies a response of `size` bytes into a buffer of `room` bytes (the rest zeroed). */
-static void put(void *dst, size_t room, const void *src, size_t size)
+/* Copies a response of `size` bytes into the caller's buffer of `room` bytes (the rest
+ * zeroed), as copy_to_user does: 0, or EFAULT where the buffer is not writable now (another
+ * thread may have changed its protection since frame() checked it). */
+static int put(void *dst, size_t room, const void *src, size_t size)
 {
-	if (!dst) return;
-	memcpy(dst, src, room < size ? room : size);
-	if (room > size) memset((char *)dst + size, 0, room - size);
+	static const char zeros[4096];
+	if (!dst) return 0;
+	int rc = user_copy(dst, src, room < size ? room : size);
+	for (size_t off = size; !rc && off < room; off += sizeof(zeros)) {
+		size_t k = room - off < sizeof(zeros) ? room - off : sizeof(zeros);
+		rc = user_copy((char *)dst + off, zeros, k);
+	}
+	return rc;
+}
+
+/* A response in two parts (core, then mlx5's): 0 or EFAULT. */
+static int respond(struct cmd *m, const void *r, size_t size, const void *d, size_t dsize)
+{
+	int rc = put(m->out, m->out_len, r, size);
+	return rc || !d ? rc : put(m->dout, m->dout_len, d, dsize);
 }
 
 static const struct uvemu_port *port_of(const struct uvemu_context *c, uint32_t port)
@@ -661,15 +944,14 @@ static int cmd_get_context(struct cmd *m)
 	struct mlx5_ib_alloc_ucontext_req_v2 rq = {0};
 	memcpy(&rq, m->din, m->din_len < sizeof(rq) ? m->din_len : sizeof(rq));
 	if (m->c->async_rd >= 0) return EINVAL; /* one context per open */
+	uint32_t bfregs = rq.total_num_bfregs ? rq.total_num_bfregs : 4;
+	if (bfregs > UVEMU_MAX_UAR_PAGES * BFREGS_PER_PAGE || bfregs < rq.num_low_latency_bfregs + 2) return EINVAL;
 	int p[2];
 	if (pipe2(p, O_CLOEXEC) < 0) return errno;
 	m->c->async_rd = p[0];
 	m->c->async_wr = p[1];
-	uint32_t bfregs = rq.total_num_bfregs ? rq.total_num_bfregs : 4;
-	if (bfregs > UVEMU_MAX_UAR_PAGES * BFREGS_PER_PAGE || bfregs < rq.num_low_latency_bfregs + 2) return EINVAL;
 	m->c->tot_bfregs = bfregs;
 	struct ib_uverbs_get_context_resp r = { .async_fd = (uint32_t)p[0], .num_comp_vectors = 4 };
-	put(m->out, m->out_len, &r, sizeof(r));
 	struct mlx5_ib_alloc_ucontext_resp d = {0};
 	d.qp_tab_size = 1 << 18; d.bf_reg_size = 512; d.tot_bfregs = bfregs;
 	d.cache_line_size = 64; d.max_sq_desc_sz = 512; d.max_rq_desc_sz = 512;
@@ -680,7 +962,14 @@ static int cmd_get_context(struct cmd *m)
 	d.eth_min_inline = MLX5_USER_INLINE_MODE_NONE + 1;
 	d.log_uar_size = 12; d.num_uars_per_page = 1;
 	d.response_length = (uint32_t)(m->dout_len < sizeof(d) ? m->dout_len : sizeof(d));
-	put(m->dout, m->dout_len, &d, sizeof(d));
+	if (respond(m, &r, sizeof(r), &d, sizeof(d))) {
+		/* The caller never learns of the context: it is not made (as the kernel aborts it). */
+		r_close(p[0]);
+		r_close(p[1]);
+		m->c->async_rd = m->c->async_wr = -1;
+		m->c->tot_bfregs = 0;
+		return EFAULT;
+	}
 	L("   bfregs=%u (low latency %u) cqe_version=%u -> async_fd=%d", bfregs, rq.num_low_latency_bfregs,
 	  d.cqe_version, p[0]);
 	return 0;
@@ -691,17 +980,14 @@ static int cmd_query_device(struct cmd *m)
 	if (!m->ex) {
 		struct ib_uverbs_query_device_resp r;
 		device_attr(m->c, &r);
-		put(m->out, m->out_len, &r, sizeof(r));
-		return 0;
+		return put(m->out, m->out_len, &r, sizeof(r));
 	}
 	struct ib_uverbs_ex_query_device_resp r = {0};
 	device_attr(m->c, &r.base);
 	r.response_length = (uint32_t)(m->out_len < sizeof(r) ? m->out_len : sizeof(r));
-	put(m->out, m->out_len, &r, sizeof(r));
 	struct mlx5_ib_query_device_resp d = {0};
 	d.response_length = (uint32_t)(m->dout_len < sizeof(d) ? m->dout_len : sizeof(d));
-	put(m->dout, m->dout_len, &d, sizeof(d));
-	return 0;
+	return respond(m, &r, sizeof(r), &d, sizeof(d));
 }
 
 static int cmd_query_port(struct cmd *m)
@@ -717,9 +1003,20 @@ static int cmd_query_port(struct cmd *m)
 	r.lid = p->lid; r.sm_lid = p->ethernet ? 0 : 1; r.lmc = 0;
 	r.active_width = 2; r.active_speed = 64; r.phys_state = p->active ? 5 : 3;
 	r.link_layer = p->ethernet ? LINK_LAYER_ETHERNET : LINK_LAYER_INFINIBAND;
-	put(m->out, m->out_len, &r, sizeof(r));
 	L("   port %u: %s, %s", q->port_num, p->ethernet ? "Ethernet" : "InfiniBand", p->active ? "ACTIVE" : "DOWN");
-	return 0;
+	return put(m->out, m->out_len, &r, sizeof(r));
+}
+
+/* An object made for a command whose response could not be written: the caller never learns
+ * its handle, so it is unmade (the HCA lets go of it) and the command fails with EFAULT, as
+ * the kernel aborts an object whose response copy_to_user refused. */
+static int created_unanswered(struct uvemu_context *c, uint32_t handle, enum uvemu_obj_type t)
+{
+	struct uvemu_obj gone = *obj_get(c, handle, t);
+	obj_destroy(c, handle, t);
+	hca_release(c, &gone);
+	L("   the response buffer is not writable: handle %u unmade -> EFAULT", handle);
+	return EFAULT;
 }
 
 static int cmd_alloc_pd(struct cmd *m)
@@ -729,9 +1026,8 @@ static int cmd_alloc_pd(struct cmd *m)
 	if (!o) return ENOMEM;
 	o->u.pd.pdn = next_pdn++;
 	struct ib_uverbs_alloc_pd_resp r = { .pd_handle = h };
-	put(m->out, m->out_len, &r, sizeof(r));
 	struct mlx5_ib_alloc_pd_resp d = { .pdn = o->u.pd.pdn };
-	put(m->dout, m->dout_len, &d, sizeof(d));
+	if (respond(m, &r, sizeof(r), &d, sizeof(d))) return created_unanswered(m->c, h, UVEMU_PD);
 	L("   -> pd %u (pdn %#x)", h, o->u.pd.pdn);
 	return 0;
 }
@@ -771,10 +1067,13 @@ static int cmd_reg_mr(struct cmd *m)
 	o->u.mr.start = q->start; o->u.mr.length = q->length; o->u.mr.iova = q->hca_va;
 	if (hca) {
 		/* The HCA addresses a region by its virtual address (no separate IOVA). */
-		int rc = q->hca_va != q->start ? EOPNOTSUPP : user_mapped(q->start, q->length);
-		if (!rc)
-			rc = hca->reg_mr(m->c->dev, obj_get(m->c, q->pd_handle, UVEMU_PD)->u.pd.pdn, q->start,
-					 q->length, q->access_flags, &o->u.mr.lkey, &o->u.mr.rkey);
+		int rc = q->hca_va != q->start ? EOPNOTSUPP
+		       : pin(q->start, q->length, !!(q->access_flags & IB_UVERBS_ACCESS_LOCAL_WRITE));
+		/* Pinned before the check, so that the pages cannot go between the two. */
+		if (!rc && (rc = user_mapped(q->start, q->length))) unpin(q->start, q->length);
+		if (!rc && (rc = hca->reg_mr(m->c->dev, obj_get(m->c, q->pd_handle, UVEMU_PD)->u.pd.pdn, q->start,
+					     q->length, q->access_flags, &o->u.mr.lkey, &o->u.mr.rkey)))
+			unpin(q->start, q->length);
 		if (rc) {
 			obj_destroy(m->c, h, UVEMU_MR);
 			return rc;
@@ -782,7 +1081,7 @@ static int cmd_reg_mr(struct cmd *m)
 		o->served = 1;
 	}
 	struct ib_uverbs_reg_mr_resp r = { .mr_handle = h, .lkey = o->u.mr.lkey, .rkey = o->u.mr.rkey };
-	put(m->out, m->out_len, &r, sizeof(r));
+	if (put(m->out, m->out_len, &r, sizeof(r))) return created_unanswered(m->c, h, UVEMU_MR);
 	L("   %#llx + %llu pd %u access %#x -> mr %u key %#x", (unsigned long long)q->start,
 	  (unsigned long long)q->length, q->pd_handle, q->access_flags, h, r.lkey);
 	return 0;
@@ -805,11 +1104,13 @@ static int cmd_create_cq(struct cmd *m)
 				    : ((const struct ib_uverbs_create_cq *)m->in)->user_handle;
 	o->u.cq.entries = cqe + 1; o->u.cq.cqe_size = d->cqe_size; o->u.cq.cqn = next_cqn++;
 	if (hca) {
-		/* The HCA writes 64-byte CQEs; the ring and its doorbell record must be writable. */
-		int rc = d->cqe_size != 64 ? EOPNOTSUPP
-		       : user_writable((void *)(uintptr_t)d->buf_addr, (size_t)(cqe + 1) * 64);
+		/* The HCA writes 64-byte CQEs; the ring and its doorbell record must be writable
+		 * (checked once pinned, so that they cannot go between the check and the HCA). */
+		int rc = d->cqe_size != 64 ? EOPNOTSUPP : pin_cq(o, 1), pinned_now = !rc;
+		if (!rc) rc = user_writable((void *)(uintptr_t)d->buf_addr, (size_t)(cqe + 1) * 64);
 		if (!rc) rc = user_writable((void *)(uintptr_t)d->db_addr, 8);
 		if (!rc) rc = hca->create_cq(m->c->dev, d->buf_addr, cqe + 1, d->db_addr, &o->u.cq.cqn);
+		if (rc && pinned_now) pin_cq(o, 0);
 		if (rc) {
 			o->type = UVEMU_FREE;
 			return rc;
@@ -819,9 +1120,8 @@ static int cmd_create_cq(struct cmd *m)
 	struct ib_uverbs_ex_create_cq_resp r = {0};
 	r.base.cq_handle = h; r.base.cqe = cqe;
 	r.response_length = (uint32_t)m->out_len;
-	put(m->out, m->out_len, &r, sizeof(r));
 	struct mlx5_ib_create_cq_resp dr = { .cqn = o->u.cq.cqn };
-	put(m->dout, m->dout_len, &dr, sizeof(dr));
+	if (respond(m, &r, sizeof(r), &dr, sizeof(dr))) return created_unanswered(m->c, h, UVEMU_CQ);
 	L("   %u CQEs of %u B, ring %#llx dbrec %#llx -> cq %u (cqn %#x)", cqe + 1, d->cqe_size,
 	  (unsigned long long)d->buf_addr, (unsigned long long)d->db_addr, h, o->u.cq.cqn);
 	return 0;
@@ -851,9 +1151,13 @@ static int hca_create_qp(struct uvemu_context *c, struct uvemu_obj *o)
 	};
 	if (!obj_get(c, o->u.qp.send_cq, UVEMU_CQ)->served || !obj_get(c, o->u.qp.recv_cq, UVEMU_CQ)->served)
 		return EINVAL; /* CQs made before the HCA attached */
-	int rc = user_writable((void *)(uintptr_t)q.buf, (size_t)rq * q.rq_stride + (size_t)sq * 64);
+	int rc = pin_qp(o, 1); /* first, so that the pages cannot go between the check and the HCA */
+	if (rc) return rc;
+	rc = user_writable((void *)(uintptr_t)q.buf, (size_t)rq * q.rq_stride + (size_t)sq * 64);
 	if (!rc) rc = user_writable((void *)(uintptr_t)q.dbrec, 8);
-	return rc ? rc : hca->create_qp(c->dev, &q, &o->u.qp.qpn);
+	if (!rc) rc = hca->create_qp(c->dev, &q, &o->u.qp.qpn);
+	if (rc) pin_qp(o, 0);
+	return rc;
 }
 
 static int cmd_create_qp(struct cmd *m)
@@ -897,13 +1201,12 @@ static int cmd_create_qp(struct cmd *m)
 	r.max_send_wr = q->max_send_wr; r.max_recv_wr = q->max_recv_wr;
 	r.max_send_sge = q->max_send_sge; r.max_recv_sge = q->max_recv_sge;
 	r.max_inline_data = q->max_inline_data;
-	put(m->out, m->out_len, &r, sizeof(r));
 	/* The index as the kernel reports it (adjust_bfregn): libmlx5 numbers 4 bfregs per UAR
 	 * page, of which the first 2 are the page's non-fast-path BlueFlame registers. */
 	struct mlx5_ib_create_qp_resp dr = {
 		.bfreg_index = o->u.qp.bfreg / BFREGS_PER_PAGE * 4 + o->u.qp.bfreg % BFREGS_PER_PAGE
 	};
-	put(m->dout, m->dout_len, &dr, sizeof(dr));
+	if (respond(m, &r, sizeof(r), &dr, sizeof(dr))) return created_unanswered(m->c, h, UVEMU_QP);
 	L("   RC pd %u cq %u/%u ring %#llx (SQ %u WQEBBs, RQ %u x %u B) dbrec %#llx flags %#x -> qp %u qpn %#x bfreg %u",
 	  q->pd_handle, q->send_cq_handle, q->recv_cq_handle, (unsigned long long)d->buf_addr, d->sq_wqe_count,
 	  d->rq_wqe_count, o->u.qp.rq_stride, (unsigned long long)d->db_addr, d->flags, h, r.qpn, o->u.qp.bfreg);
@@ -980,7 +1283,7 @@ static int cmd_modify_qp(struct cmd *m)
 	o->u.qp.state = next;
 	if (m->ex && m->out) {
 		struct ib_uverbs_ex_modify_qp_resp r = { .response_length = (uint32_t)m->out_len };
-		put(m->out, m->out_len, &r, sizeof(r));
+		if (put(m->out, m->out_len, &r, sizeof(r))) return EFAULT; /* the move happened */
 	}
 	L("   qp %u: %u -> %u (mask %#x, dest qpn %#x, mtu %u, port %u)", q->qp_handle, cur, next, q->attr_mask,
 	  o->u.qp.dest_qpn, o->u.qp.path_mtu, o->u.qp.port);
@@ -1005,8 +1308,7 @@ static int cmd_query_qp(struct cmd *m)
 	r.dest.hop_limit = o->u.qp.hop_limit; r.dest.traffic_class = o->u.qp.traffic_class; r.dest.sl = o->u.qp.sl;
 	r.dest.port_num = o->u.qp.port;
 	r.max_rd_atomic = o->u.qp.max_rd_atomic; r.max_dest_rd_atomic = o->u.qp.max_dest_rd_atomic;
-	put(m->out, m->out_len, &r, sizeof(r));
-	return 0;
+	return put(m->out, m->out_len, &r, sizeof(r));
 }
 
 /* DEALLOC_PD, DEREG_MR: the handle is the first word; DESTROY_CQ/QP: after the response
@@ -1021,14 +1323,15 @@ static int cmd_destroy(struct cmd *m, enum uvemu_obj_type t, int has_response)
 	struct uvemu_obj gone = o ? *o : (struct uvemu_obj){0};
 	int rc = obj_destroy(m->c, h, t);
 	if (!rc) hca_release(m->c, &gone);
+	L("   handle %u -> %s", h, rc ? strerror(rc) : "destroyed");
+	/* The object is gone either way, as in the kernel; the count is lost with the response. */
 	if (!rc && t == UVEMU_CQ) {
 		struct ib_uverbs_destroy_cq_resp r = { .async_events_reported = events };
-		put(m->out, m->out_len, &r, sizeof(r));
+		rc = put(m->out, m->out_len, &r, sizeof(r));
 	} else if (!rc && t == UVEMU_QP) {
 		struct ib_uverbs_destroy_qp_resp r = { .events_reported = events };
-		put(m->out, m->out_len, &r, sizeof(r));
+		rc = put(m->out, m->out_len, &r, sizeof(r));
 	}
-	L("   handle %u -> %s", h, rc ? strerror(rc) : "destroyed");
 	return rc;
 }
 
@@ -1122,6 +1425,20 @@ static int frame(struct cmd *m, const void *buf, size_t count)
 	return 0;
 }
 
+/* A test's hook, run between the framing's checks and the command (uvemu.h). */
+static void (*before_response)(void *out, size_t len, void *arg);
+static void *before_response_arg;
+
+int uvemu_test_before_response(void (*hook)(void *out, size_t len, void *arg), void *arg)
+{
+	ensure_init();
+	pthread_mutex_lock(&lock);
+	before_response = hook;
+	before_response_arg = arg;
+	pthread_mutex_unlock(&lock);
+	return 0;
+}
+
 static ssize_t uv_write(struct uvemu_context *c, const void *buf, size_t count)
 {
 	struct cmd m = { .c = c };
@@ -1131,6 +1448,7 @@ static ssize_t uv_write(struct uvemu_context *c, const void *buf, size_t count)
 	if (!rc) rc = frame(&m, req, count);
 	if (!rc && m.op != IB_USER_VERBS_CMD_GET_CONTEXT && c->async_rd < 0) rc = EINVAL; /* no context yet */
 	L("write(fd %d, %zu B) %s%u", c->cmd_fd, count, m.ex ? "EX_" : "", m.op);
+	if (!rc && before_response && m.out) before_response(m.out, m.out_len + m.dout_len, before_response_arg);
 	if (!rc) rc = do_cmd(&m);
 	free(req);
 	if (rc) { L("   -> %s", strerror(rc)); errno = rc; return -1; }
@@ -1244,8 +1562,9 @@ static int reg_dmabuf_mr(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 		o->served = 1;
 	}
 	a[UVERBS_ATTR_REG_DMABUF_MR_HANDLE]->data = handle;
-	user_copy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->data, &o->u.mr.lkey, 4);
-	user_copy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->data, &o->u.mr.rkey, 4);
+	if (user_copy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->data, &o->u.mr.lkey, 4) ||
+	    user_copy((void *)(uintptr_t)a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->data, &o->u.mr.rkey, 4))
+		return created_unanswered(c, handle, UVEMU_MR);
 	a[UVERBS_ATTR_REG_DMABUF_MR_RESP_LKEY]->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
 	a[UVERBS_ATTR_REG_DMABUF_MR_RESP_RKEY]->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
 	L("ioctl MR/REG_DMABUF_MR fd %d offset %#llx len %llu -> mr %u key %#x", o->u.mr.dmabuf_fd,
@@ -1296,6 +1615,17 @@ int ioctl(int fd, unsigned long req, ...)
 void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	ensure_init();
+	uint64_t at = (uint64_t)(uintptr_t)addr;
+	if ((flags & MAP_FIXED) && __atomic_load_n(&npins, __ATOMIC_ACQUIRE) && fits(at, len)) {
+		pthread_mutex_lock(&pin_lock);
+		int hit = pinned(PAGE_DOWN(at), PAGE_UP(at + len), 0);
+		pthread_mutex_unlock(&pin_lock);
+		if (hit) {
+			L("mmap(%p, %zu, MAP_FIXED): over pages pinned by a registered region or ring -> ENOMEM", addr, len);
+			errno = ENOMEM;
+			return MAP_FAILED;
+		}
+	}
 	if (!is_cmd_fd(fd)) return r_mmap(addr, len, prot, flags, fd, off);
 	pthread_mutex_lock(&lock);
 	struct uvemu_context *c = context_of(fd);

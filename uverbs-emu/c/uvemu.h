@@ -8,6 +8,7 @@
  */
 #ifndef UVEMU_H
 #define UVEMU_H
+#include <stddef.h>
 #include <stdint.h>
 
 #define UVEMU_MAX_DEVICES 8
@@ -79,6 +80,10 @@ int uvemu_set_port_state(const char *name, int port, int active);
 /* Moves the QP numbered `qpn` to the error state and raises IBV_EVENT_QP_FATAL on its
  * context, as a HCA does for an error it cannot report in a completion. */
 int uvemu_qp_fatal(uint32_t qpn);
+/* Runs `hook` (NULL: none) in every later write() command that has a response buffer, after
+ * the buffer was found writable and before the response is written, with the buffer's address
+ * and length: a test changes the buffer's protection there, as another thread could. */
+int uvemu_test_before_response(void (*hook)(void *out, size_t len, void *arg), void *arg);
 
 /* The data path: a soft HCA that a process under the emulator attaches (gdsync's soft device,
  * through uvemu_attach_hca()). From then on every MR, CQ and QP created is handed to it with

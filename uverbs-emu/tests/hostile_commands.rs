@@ -500,3 +500,159 @@ fn fuzz_corpus_replays() {
     assert!(inputs > 1, "no corpus under {}", fuzz.display());
     assert!(total.served > 0 && total.refused > 0, "{total:?}");
 }
+
+/// Makes the response buffer read-only, as another thread's `mprotect` could between the
+/// driver's check of the buffer and its write of the response.
+extern "C" fn protect_response(out: *mut c_void, _len: usize, _arg: *mut c_void) {
+    let page = (out as usize & !4095) as *mut c_void;
+    // SAFETY: the page of the test's own response area, mapped while the test runs.
+    assert_eq!(unsafe { libc::mprotect(page, 4096, libc::PROT_READ) }, 0);
+}
+
+type ResponseHook = extern "C" fn(*mut c_void, usize, *mut c_void);
+
+/// Sets the driver's hook that runs before a response is written (uvemu.h).
+fn before_response(hook: Option<ResponseHook>) {
+    // SAFETY: dlsym with a NUL-terminated name; the preload defines it in this child.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"uvemu_test_before_response".as_ptr()) };
+    assert!(
+        !f.is_null(),
+        "the preload has no uvemu_test_before_response"
+    );
+    // SAFETY: the function uvemu.h declares.
+    let rc = unsafe {
+        let set: extern "C" fn(Option<ResponseHook>, *mut c_void) -> i32 = std::mem::transmute(f);
+        set(hook, std::ptr::null_mut())
+    };
+    assert_eq!(rc, 0);
+}
+
+#[test]
+#[cfg_attr(
+    not(uvemu_built),
+    ignore = "the emulated driver's preload library was not built (needs a C compiler)"
+)]
+fn a_response_buffer_made_read_only_after_the_check_is_efault() {
+    if in_child_under_emulator(
+        "a_response_buffer_made_read_only_after_the_check_is_efault",
+        "mlx5_0",
+    ) {
+        return;
+    }
+    assert_eq!(attach(&STUB_HCA), 0);
+    let d = Dev::open();
+    let writable = |yes: bool| {
+        let prot = libc::PROT_READ | if yes { libc::PROT_WRITE } else { 0 };
+        // SAFETY: the first page of the test's response area.
+        assert_eq!(unsafe { libc::mprotect(d.0.resp.cast(), 4096, prot) }, 0);
+    };
+    // Each command fails with EFAULT and leaves nothing behind: the next one, with the
+    // buffer writable again, succeeds as if the first had not been tried.
+    before_response(Some(protect_response));
+    assert_eq!(d.get_context(), Err(libc::EFAULT));
+    writable(true);
+    before_response(None);
+    assert!(d.get_context().is_ok(), "no context was left by the EFAULT");
+
+    let r = d.resp_ptr();
+    before_response(Some(protect_response));
+    assert_eq!(d.cmd(ALLOC_PD, &words(&[r]), 8), Err(libc::EFAULT));
+    writable(true);
+    before_response(None);
+    let pd = d.alloc_pd();
+    assert_eq!(pd, 1, "the PD of the EFAULT was not left behind");
+
+    // A region handed to the HCA is taken back when its keys cannot be returned.
+    let region: &'static mut [u8] = Vec::leak(vec![0u8; 4096]);
+    let addr = region.as_ptr() as u64;
+    let mut req = words(&[r, addr, region.len() as u64, addr]);
+    req.extend_from_slice(&pd.to_ne_bytes());
+    req.extend_from_slice(&1u32.to_ne_bytes());
+    before_response(Some(protect_response));
+    assert_eq!(d.cmd(REG_MR, &req, 8), Err(libc::EFAULT));
+    writable(true);
+    before_response(None);
+    assert_eq!(
+        (hca_called(HCA_REG_MR), hca_called(HCA_DEREG_MR)),
+        (1, 1),
+        "the HCA let go of the region"
+    );
+    assert!(
+        d.destroy(DEALLOC_PD, pd).is_ok(),
+        "no region holds the PD any more"
+    );
+
+    // Queries and destroys too: EFAULT, and the process lives.
+    before_response(Some(protect_response));
+    assert_eq!(d.cmd(QUERY_DEVICE, &words(&[r]), 64), Err(libc::EFAULT));
+    writable(true);
+    before_response(None);
+    assert!(d.cmd(QUERY_DEVICE, &words(&[r]), 64).is_ok());
+}
+
+/// Whether this process can read the byte at `addr` (without touching it).
+fn readable(addr: usize) -> bool {
+    let mut b = 0u8;
+    let local = libc::iovec {
+        iov_base: (&mut b as *mut u8).cast(),
+        iov_len: 1,
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut c_void,
+        iov_len: 1,
+    };
+    // SAFETY: the kernel reads one byte of this process at `addr` (EFAULT where unmapped).
+    unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) == 1 }
+}
+
+#[test]
+#[cfg_attr(
+    not(uvemu_built),
+    ignore = "the emulated driver's preload library was not built (needs a C compiler)"
+)]
+fn pinned_pages_outlive_the_processs_mapping_until_the_region_goes() {
+    if in_child_under_emulator(
+        "pinned_pages_outlive_the_processs_mapping_until_the_region_goes",
+        "mlx5_0",
+    ) {
+        return;
+    }
+    assert_eq!(attach(&STUB_HCA), 0);
+    let d = Dev::open();
+    d.get_context().unwrap();
+    let pd = d.alloc_pd();
+    let r = d.resp_ptr();
+    let len = 4 * 4096;
+    // SAFETY: a fresh anonymous mapping (and below, calls on it that the driver checks).
+    let (p, fixed, moved, ro) = unsafe {
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        let p = libc::mmap(std::ptr::null_mut(), len, rw, flags, -1, 0);
+        assert_ne!(p, libc::MAP_FAILED);
+        let mut req = words(&[r, p as u64 + 4096, 4096, p as u64 + 4096]);
+        req.extend_from_slice(&pd.to_ne_bytes());
+        req.extend_from_slice(&1u32.to_ne_bytes()); // LOCAL_WRITE
+        d.cmd(REG_MR, &req, 8).unwrap();
+        // What cannot be put off is refused: another mapping over the pinned page, a move,
+        // taking write access away. The pages beside it are the process's to change.
+        let errno = || std::io::Error::last_os_error().raw_os_error();
+        let fixed = libc::mmap(p, len, rw, flags | libc::MAP_FIXED, -1, 0);
+        let fixed = (fixed == libc::MAP_FAILED, errno());
+        let moved = libc::mremap(p, len, 2 * len, libc::MREMAP_MAYMOVE);
+        let moved = (moved == libc::MAP_FAILED, errno());
+        let ro = libc::mprotect(p.cast::<u8>().add(4096).cast(), 4096, libc::PROT_READ);
+        let ro = (ro == -1, errno());
+        assert_eq!(libc::mprotect(p, 4096, libc::PROT_READ), 0);
+        assert_eq!(libc::munmap(p, len), 0);
+        (p as usize, fixed, moved, ro)
+    };
+    let refused = |e| (true, Some(e));
+    assert_eq!(fixed, refused(libc::ENOMEM), "MAP_FIXED over a pinned page");
+    assert_eq!(moved, refused(libc::ENOMEM), "mremap of a pinned page");
+    assert_eq!(ro, refused(libc::EACCES), "a pinned page the HCA writes");
+    // Unmapped: the pinned page stays (the HCA may still write there), the others go.
+    assert!(!readable(p) && readable(p + 4096) && !readable(p + 2 * 4096));
+    let mr = d.handle();
+    assert!(d.destroy(DEREG_MR, mr).is_ok());
+    assert!(!readable(p + 4096), "the page went with the region");
+}

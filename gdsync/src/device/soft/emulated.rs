@@ -7,8 +7,9 @@
 //! against the soft device, as they would against a ConnectX.
 //!
 //! The driver calls the functions here through a table of C function pointers (`struct
-//! uvemu_hca_ops` in uverbs-emu's `c/uvemu.h`), with its lock held and after checking that
-//! the memory it names is mapped and writable, as a kernel pins it.
+//! uvemu_hca_ops` in uverbs-emu's `c/uvemu.h`), with its lock held and after pinning the
+//! memory it names (the process's unmapping of those pages is put off until the object is
+//! destroyed, as a kernel pins them) and checking it is mapped and writable.
 //!
 //! A path's address (the GID or LID given to `ibv_modify_qp`) names a device of this process,
 //! or one of another process under another emulator of the host (a node of the emulators'
