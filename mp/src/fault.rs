@@ -90,12 +90,17 @@ impl Cause {
             };
         };
         let what = work.describe(peer);
+        // The request that failed is named by the caller; internal work is named here.
+        let on = match work {
+            Work::Internal => format!(" on {what}"),
+            _ => String::new(),
+        };
         match (syndrome, work) {
             (Syndrome::TransportRetryExc, _) => format!(
-                "{what} failed with transport retries exceeded (IBV_WC_RETRY_EXC_ERR): {lost} (its process died, it dropped its communicator, or it stopped answering for the QP timeout)"
+                "rank {peer} stopped answering (transport retries exceeded{on}, IBV_WC_RETRY_EXC_ERR): {lost} (its process died, it dropped its communicator, or it stopped answering for the QP timeout)"
             ),
             (Syndrome::WrFlush, _) => format!(
-                "{what} was flushed (IBV_WC_WR_FLUSH_ERR): {lost} (its queue pair was already in the error state; the completion that said why was consumed by an executor)"
+                "work was flushed{on} (IBV_WC_WR_FLUSH_ERR): {lost} (its queue pair was already in the error state; the completion that said why was consumed by an executor)"
             ),
             (Syndrome::LocalLength, Work::Recv(n)) => format!(
                 "a message from rank {peer} was longer than the {n}-byte receive posted for it (a local length error, IBV_WC_LOC_LEN_ERR): post receives as large as the largest message; the connection to rank {peer} is in the error state from now on"
@@ -180,6 +185,10 @@ mod tests {
         says(
             completion(Syndrome::TransportRetryExc, Work::Internal),
             &["barrier or credit write", "is lost", "died"],
+        );
+        says(
+            completion(Syndrome::TransportRetryExc, Work::Send(64)),
+            &["stopped answering", "is lost", "died"],
         );
         says(
             completion(Syndrome::RemoteAccess, Work::Put(8)),
