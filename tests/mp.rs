@@ -392,7 +392,7 @@ fn dead_peer_completes_requests_with_an_error() {
 const KILL_AFTER: Duration = Duration::from_millis(300);
 
 /// A rank of a `kill:WAIT:VICTIM` job: every rank but VICTIM enters WAIT (`barrier`,
-/// `finalize`), and the lowest survivor kills VICTIM (SIGKILL) [`KILL_AFTER`] later. Each
+/// `finalize`, or `stream`: a send to VICTIM on a host stream, waited for by the host), and the lowest survivor kills VICTIM (SIGKILL) [`KILL_AFTER`] later. Each
 /// survivor's wait must end within 2 s of the kill with an error that names the victim.
 fn killed_rank_entry(spec: &str, mut boot: TcpBootstrap, dev: &Device) {
     let (wait, victim) = spec.split_once(':').unwrap();
@@ -418,10 +418,17 @@ fn killed_rank_entry(spec: &str, mut boot: TcpBootstrap, dev: &Device) {
             killed.set(Instant::now()).unwrap();
         });
     }
+    let (stream, mut buf) = (HostStream::new().unwrap(), vec![0u8; 64]);
+    let mr = comm.register(&mut buf).unwrap();
     let start = Instant::now();
     let e = match wait {
         "barrier" => comm.barrier().unwrap_err(),
         "finalize" => comm.finalize().unwrap_err(),
+        // The stream waits for a credit the victim never gives; the host waits for the send.
+        "stream" => {
+            let r = comm.send_on(mr.sge(..), victim, &stream).unwrap();
+            comm.wait(r).unwrap_err()
+        }
         _ => panic!("unknown wait {wait:?}"),
     };
     let ended = Instant::now();
@@ -470,6 +477,13 @@ fn a_rank_killed_during_a_barrier_is_named_at_once() {
 fn a_rank_killed_during_finalize_is_named_at_once() {
     rank_killed_during(2, "finalize", 0);
     rank_killed_during(3, "finalize", 1);
+}
+
+/// A host stream waits for a credit from rank 1, and the host for the stream's send; rank 1
+/// is killed.
+#[test]
+fn a_rank_killed_during_a_wait_for_a_stream_send_is_named_at_once() {
+    rank_killed_during(2, "stream", 1);
 }
 
 /// A send larger than the receive posted for it fails on both ranks (the receiver's
