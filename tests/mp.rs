@@ -305,6 +305,9 @@ fn rank_entry() {
     }
     let info = JobInfo::from_env().unwrap();
     let boot = TcpBootstrap::connect(&info, Duration::from_secs(30)).unwrap();
+    if let Some(spec) = mode.strip_prefix("kill:") {
+        return killed_rank_entry(spec, boot, &dev);
+    }
     let mut comm = Comm::new(Box::new(boot), &dev).unwrap();
     match mode.as_str() {
         "workload" => {
@@ -315,7 +318,7 @@ fn rank_entry() {
         "dies" => {
             let (e, took) = failed_receive_from(&mut comm, 1);
             assert!(
-                matches!(&e, Error::Unreachable(m) if m.contains("with rank 1 failed") && m.contains("connection to rank 1 is lost")),
+                matches!(&e, Error::Unreachable(m) if m.contains("receive from rank 1 failed") && m.contains("connection to rank 1 is lost")),
                 "{e}"
             );
             assert!(
@@ -383,6 +386,156 @@ fn processes_4() {
 fn dead_peer_completes_requests_with_an_error() {
     let outs = procs(2, "dies");
     assert!(outs.iter().all(|o| o.status.success()));
+}
+
+/// How long into the survivors' wait the victim of a `kill:` job is killed.
+const KILL_AFTER: Duration = Duration::from_millis(300);
+
+/// A rank of a `kill:WAIT:VICTIM` job: every rank but VICTIM enters WAIT (`barrier`,
+/// `finalize`, or `stream`: a send to VICTIM on a host stream, waited for by the host), and the lowest survivor kills VICTIM (SIGKILL) [`KILL_AFTER`] later. Each
+/// survivor's wait must end within 2 s of the kill with an error that names the victim.
+fn killed_rank_entry(spec: &str, mut boot: TcpBootstrap, dev: &Device) {
+    let (wait, victim) = spec.split_once(':').unwrap();
+    let victim: usize = victim.parse().unwrap();
+    let pids = boot.all_gather(&std::process::id().to_le_bytes()).unwrap();
+    let mut comm = Comm::new(Box::new(boot), dev).unwrap();
+    // Far past the 2 s bound: a wait that ends by its timeout fails the test.
+    comm.set_timeout(Duration::from_secs(20));
+    let me = comm.rank();
+    if me == victim {
+        std::thread::sleep(Duration::from_secs(60));
+        panic!("rank {victim} was not killed");
+    }
+    let killer = usize::from(victim == 0);
+    let killed = std::sync::Arc::new(std::sync::OnceLock::new());
+    if me == killer {
+        let pid = u32::from_le_bytes(pids[victim][..].try_into().unwrap());
+        let killed = killed.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(KILL_AFTER);
+            // SAFETY: kill takes a pid and a signal number.
+            assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) }, 0);
+            killed.set(Instant::now()).unwrap();
+        });
+    }
+    let (stream, mut buf) = (HostStream::new().unwrap(), vec![0u8; 64]);
+    let mr = comm.register(&mut buf).unwrap();
+    let start = Instant::now();
+    let e = match wait {
+        "barrier" => comm.barrier().unwrap_err(),
+        "finalize" => comm.finalize().unwrap_err(),
+        // The stream waits for a credit the victim never gives; the host waits for the send.
+        "stream" => {
+            let r = comm.send_on(mr.sge(..), victim, &stream).unwrap();
+            comm.wait(r).unwrap_err()
+        }
+        _ => panic!("unknown wait {wait:?}"),
+    };
+    let ended = Instant::now();
+    let took = ended - start;
+    println!("rank {me}: {wait} ended after {took:?}: {e}");
+    // The killer knows when the kill was; the others started waiting about when it did.
+    let bound = match killed.get() {
+        Some(&at) => ended.saturating_duration_since(at),
+        None => took.saturating_sub(KILL_AFTER),
+    };
+    assert!(
+        bound < Duration::from_secs(2),
+        "rank {me}: {wait} ended {bound:?} after rank {victim} was killed: {e}"
+    );
+    assert!(
+        e.to_string().contains(&format!("rank {victim}")),
+        "rank {me}: the error does not name rank {victim}: {e}"
+    );
+}
+
+/// Ranks in `wait` while rank `victim` of `n` is killed: every survivor's wait ends within
+/// 2 s with an error naming the victim (it waited for the timeout).
+fn rank_killed_during(n: usize, wait: &str, victim: usize) {
+    // The ranks' output goes to this test's (it says what each survivor saw).
+    let outs = procs(n, &format!("kill:{wait}:{victim}"));
+    for (r, o) in outs.iter().enumerate() {
+        if r == victim {
+            assert!(!o.status.success(), "rank {r} was not killed");
+        } else {
+            assert!(o.status.success(), "rank {r} failed: see its output above");
+        }
+    }
+}
+
+/// Two ranks in a barrier, rank 1 killed; four ranks, rank 3 killed: rank 2 then waits
+/// only for ranks that wait for rank 3, and must still end at once.
+#[test]
+fn a_rank_killed_during_a_barrier_is_named_at_once() {
+    rank_killed_during(2, "barrier", 1);
+    rank_killed_during(4, "barrier", 3);
+}
+
+/// The TCP bootstrap's root (rank 0) killed while rank 1 finalizes; rank 1 of 3 killed while
+/// the others finalize (rank 2 waits on the root, which must tell it who left).
+#[test]
+fn a_rank_killed_during_finalize_is_named_at_once() {
+    rank_killed_during(2, "finalize", 0);
+    rank_killed_during(3, "finalize", 1);
+}
+
+/// A host stream waits for a credit from rank 1, and the host for the stream's send; rank 1
+/// is killed.
+#[test]
+fn a_rank_killed_during_a_wait_for_a_stream_send_is_named_at_once() {
+    rank_killed_during(2, "stream", 1);
+}
+
+/// A send larger than the receive posted for it fails on both ranks (the receiver's
+/// completion says LOC_LEN_ERR, the sender's REM_INV_REQ); every later error on that
+/// connection says so, on each side, instead of calling the live peer dead, and a barrier
+/// ends with it at once.
+#[test]
+fn a_too_large_send_is_named_on_both_ranks_afterwards() {
+    fn check(comm: &Comm, e: Error, says: &[&str]) {
+        let m = e.to_string();
+        println!("rank {}: {m}", comm.rank());
+        for s in says {
+            assert!(
+                m.contains(s),
+                "rank {}: {s:?} missing from: {m}",
+                comm.rank()
+            );
+        }
+        assert!(!m.contains("died"), "rank {}: {m}", comm.rank());
+    }
+    on_threads(2, |comm| {
+        comm.set_timeout(Duration::from_secs(5));
+        let mut buf = vec![0u8; 4096];
+        let mr = comm.register(&mut buf).unwrap();
+        // (peer, the first request's range and its syndrome, what later errors say)
+        let (peer, first, syndrome, says): (_, _, _, &[&str]) = if comm.rank() == 0 {
+            let says = &["rank 1", "4096-byte", "receive", "REM_INV_REQ"];
+            (1, 0..4096, Syndrome::RemoteInvalReq, says)
+        } else {
+            let says = &["rank 0", "16-byte receive", "LOC_LEN_ERR"];
+            (0, 0..16, Syndrome::LocalLength, says)
+        };
+        let post = |comm: &mut Comm, range| {
+            let r = if comm.rank() == 0 {
+                comm.isend(mr.sge(range), peer)
+            } else {
+                comm.irecv(mr.sge(range), peer)
+            };
+            comm.wait(r.unwrap()).unwrap_err()
+        };
+        let e = post(comm, first);
+        assert!(
+            matches!(e, Error::Completion { syndrome: s, .. } if s == syndrome),
+            "{e}"
+        );
+        let e = post(comm, 0..8);
+        check(comm, e, says);
+        let start = Instant::now();
+        let e = comm.barrier().unwrap_err();
+        assert!(start.elapsed() < Duration::from_secs(2), "{e}");
+        check(comm, e, says);
+    });
 }
 
 #[test]

@@ -532,6 +532,14 @@ impl Bootstrap for TcpBootstrap {
     fn local_ip(&self) -> Option<IpAddr> {
         self.streams.first()?.local_addr().ok().map(|a| a.ip())
     }
+    /// Rank 0 sees every rank whose connection closed; the others see only rank 0's.
+    fn departed(&self) -> Vec<usize> {
+        let rank_of = |i: usize| if self.rank == 0 { i + 1 } else { 0 };
+        (self.streams.iter().enumerate())
+            .filter(|(_, s)| closed(s))
+            .map(|(i, _)| rank_of(i))
+            .collect()
+    }
     fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         if mine.len() > MAX_RECORD {
             return Err(Error::invalid(format!(
@@ -541,8 +549,15 @@ impl Bootstrap for TcpBootstrap {
         }
         if self.rank == 0 {
             let mut all = vec![mine.to_vec()];
-            for (i, s) in self.streams.iter_mut().enumerate() {
-                all.push(get(s, MAX_RECORD).map_err(io(&format!("read from rank {}", i + 1)))?);
+            for i in 0..self.streams.len() {
+                match get(&mut self.streams[i], MAX_RECORD) {
+                    Ok(b) => all.push(b),
+                    Err(e) => {
+                        // The others wait for this round: they learn who held it up.
+                        self.abort_round(i + 1);
+                        return Err(rank_lost(i + 1, "read from", e));
+                    }
+                }
             }
             let mut packed = Vec::new();
             for a in &all {
@@ -550,13 +565,19 @@ impl Bootstrap for TcpBootstrap {
                 packed.extend_from_slice(a);
             }
             for (i, s) in self.streams.iter_mut().enumerate() {
-                put(s, &packed).map_err(io(&format!("write to rank {}", i + 1)))?;
+                put(s, &packed).map_err(|e| rank_lost(i + 1, "write to", e))?;
             }
             Ok(all)
         } else {
             let s = &mut self.streams[0];
-            put(s, mine).map_err(io("write to the root"))?;
-            let packed = get(s, max_exchange(self.size)).map_err(io("read from the root"))?;
+            put(s, mine).map_err(|e| rank_lost(0, "write to", e))?;
+            let packed =
+                get(s, max_exchange(self.size)).map_err(|e| rank_lost(0, "read from", e))?;
+            if let Some(gone) = decode_abort(&packed) {
+                return Err(Error::Unreachable(format!(
+                    "bootstrap: rank {gone} left the job (its connection to rank 0 closed or failed: its process ended, or it dropped its communicator)"
+                )));
+            }
             unpack(&packed, self.size).ok_or_else(|| {
                 Error::invalid(
                     "bootstrap: rank 0 sent a malformed exchange (a rank of another gdasync version?)",
@@ -564,6 +585,68 @@ impl Bootstrap for TcpBootstrap {
             })
         }
     }
+}
+
+impl TcpBootstrap {
+    /// Rank 0: tells every other rank that rank `gone` failed this round, instead of the
+    /// exchange they wait for (best effort: a rank that cannot be told is gone too).
+    fn abort_round(&mut self, gone: usize) {
+        let mut msg = ABORT.to_le_bytes().to_vec();
+        msg.extend_from_slice(&(gone as u32).to_le_bytes());
+        for (i, s) in self.streams.iter_mut().enumerate() {
+            if i + 1 != gone {
+                let _ = put(s, &msg);
+            }
+        }
+    }
+}
+
+/// The first word of what rank 0 sends in place of an exchange when a rank failed during
+/// it (then that rank, u32 LE): no exchange starts with it, as no contribution is that long.
+const ABORT: u32 = u32::MAX;
+const _: () = assert!(MAX_RECORD < ABORT as usize);
+
+/// The rank an abort message ([`ABORT`]) names; `None` for anything else.
+pub(crate) fn decode_abort(b: &[u8]) -> Option<usize> {
+    let b: &[u8; 8] = b.try_into().ok()?;
+    let (head, gone) = b.split_at(4);
+    (head == ABORT.to_le_bytes()).then(|| u32::from_le_bytes(gone.try_into().unwrap()) as usize)
+}
+
+/// The error of a bootstrap read from or write to rank `r` that failed with `e`: a closed
+/// or reset connection means the rank left the job.
+fn rank_lost(r: usize, what: &str, e: std::io::Error) -> Error {
+    use std::io::ErrorKind::*;
+    let root = if r == 0 { " (the root)" } else { "" };
+    match e.kind() {
+        UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe => Error::Unreachable(format!(
+            "bootstrap: rank {r}{root} left the job (its connection closed: its process ended, or it dropped its communicator)"
+        )),
+        _ => Error::Unreachable(format!("bootstrap: {what} rank {r}{root}: {e}")),
+    }
+}
+
+/// Whether the other end of `s` closed it or reset it, without reading or waiting: what a
+/// rank's process leaves behind when it ends. Bytes waiting to be read say nothing.
+fn closed(s: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut b = 0u8;
+    // SAFETY: recv writes at most one byte into `b`; the descriptor is `s`'s open socket.
+    let n = unsafe {
+        libc::recv(
+            s.as_raw_fd(),
+            (&mut b as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    let err = std::io::Error::last_os_error().kind();
+    n == 0
+        || (n < 0
+            && !matches!(
+                err,
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+            ))
 }
 
 /// Splits rank 0's packed exchange (a length-prefixed contribution per rank) into `size`

@@ -92,6 +92,43 @@ fn packed_exchanges_must_match_the_job() {
     assert_eq!(unpack(&[], 0), Some(vec![]));
 }
 
+/// The root's word that a rank left mid-exchange is told apart from every exchange (none
+/// starts with a length of `u32::MAX`), and anything else is not read as one.
+#[test]
+fn an_abort_names_the_rank_that_left_and_nothing_else_reads_as_one() {
+    let abort = [u32::MAX.to_le_bytes(), 3u32.to_le_bytes()].concat();
+    assert_eq!(decode_abort(&abort), Some(3));
+    assert_eq!(unpack(&abort, 1), None);
+    let exchange = [framed(4, b"abcd")].concat();
+    assert_eq!(decode_abort(&exchange), None);
+    assert_eq!(decode_abort(&abort[..7]), None, "short");
+    assert_eq!(
+        decode_abort(&[abort.clone(), vec![0]].concat()),
+        None,
+        "long"
+    );
+}
+
+/// A rank sees a peer's bootstrap connection close (its process ended) without reading it;
+/// bytes waiting on a live connection say nothing.
+#[test]
+fn a_closed_connection_is_seen_without_reading() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut far = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (mut near, _) = l.accept().unwrap();
+    assert!(!closed(&near));
+    far.write_all(b"x").unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(!closed(&near), "data waiting");
+    near.read_exact(&mut [0u8; 1]).unwrap();
+    drop(far);
+    let start = Instant::now();
+    while !closed(&near) {
+        assert!(start.elapsed() < Duration::from_secs(5), "close not seen");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// A two-rank job on a fresh port whose root (rank 0, in a thread, with `root_timeout`) first
 /// meets what `before` does to its port; then rank 1 joins, and both get the whole exchange.
 /// Returns what `before` returned (connections to keep open until then).

@@ -2,6 +2,7 @@
 //! credits, one-sided windows and barriers, on the CPU or on any executor (a stream).
 
 use crate::bootstrap::Bootstrap;
+use crate::fault::{self, Cause, Work};
 use gdsync::exec::Executor;
 use gdsync::ops::{Op, Ops, WaitCond};
 use gdsync::{
@@ -53,6 +54,8 @@ struct ReqState {
     live: bool,
     peer: usize,
     side: Side,
+    /// What it is, for error messages.
+    work: Work,
     /// Where the work sits in its ring and which completion it gives, once posted.
     ticket: Option<Ticket>,
     /// An executor waits for (and consumes) its completion.
@@ -115,8 +118,31 @@ struct Peer {
     /// Requests an executor waits for (send side, receive side) not yet known to be done: the
     /// CPU does not poll a CQ an executor is consuming.
     exec_waits: [usize; 2],
-    /// The connection was found in the error state (and the log said so).
-    lost: bool,
+    /// Why the connection failed, once known (the log says so once).
+    fault: Option<Cause>,
+}
+
+impl Peer {
+    /// Records `cause` of this connection's failure (see [`fault::record`]); the log says
+    /// so the first time.
+    fn note(&mut self, me: usize, peer: usize, cause: Cause) {
+        let first = self.fault.is_none();
+        if fault::record(&mut self.fault, cause) && first {
+            tracing::warn!(
+                "rank {me}: the connection to rank {peer} failed: {} (traffic QP {:#x} {:?}, credit QP {:#x} {:?}); work with rank {peer} fails from now on",
+                cause.describe(peer),
+                self.qp.qpn(),
+                self.qp.state(),
+                self.ctl.qpn(),
+                self.ctl.state()
+            );
+        }
+    }
+
+    /// Whether one of the QPs to this peer is in the error state.
+    fn in_error(&self) -> bool {
+        self.qp.state() == QpState::Error || self.ctl.state() == QpState::Error
+    }
 }
 
 /// Words of the control region every rank exposes to its peers.
@@ -365,7 +391,7 @@ impl Comm {
                 pending: VecDeque::new(),
                 exec_end: None,
                 exec_waits: [0; 2],
-                lost: false,
+                fault: None,
             }));
         }
         let eps: Vec<_> = peers
@@ -472,7 +498,11 @@ impl Comm {
         Ok(self.peers[p].as_mut().unwrap())
     }
 
-    fn new_req(&mut self, peer: usize, side: Side) -> Request {
+    fn new_req(&mut self, peer: usize, work: Work) -> Request {
+        let side = match work {
+            Work::Recv(_) => Side::Recv,
+            _ => Side::Send,
+        };
         let slot = match self.free.pop() {
             Some(s) => s,
             None => {
@@ -481,6 +511,7 @@ impl Comm {
                     live: false,
                     peer,
                     side,
+                    work,
                     ticket: None,
                     on_executor: false,
                     status: Status::Pending,
@@ -495,6 +526,7 @@ impl Comm {
             live: true,
             peer,
             side,
+            work,
             ticket: None,
             on_executor: false,
             status: Status::Pending,
@@ -577,7 +609,7 @@ impl Comm {
 
     /// Posts the receive WQE of a new request.
     fn post_receive(&mut self, dst: Sge, peer: usize) -> Result<Request> {
-        let req = self.new_req(peer, Side::Recv);
+        let req = self.new_req(peer, Work::Recv(dst.len as u64));
         let p = self.peers[peer].as_mut().unwrap();
         let mut wr = RecvWr::new().wr_id(req.wr_id());
         if dst.len > 0 {
@@ -623,7 +655,11 @@ impl Comm {
             let p = self.peers[peer].as_mut().unwrap();
             match p.ctl.post_send(&wr) {
                 Err(Error::RingFull { .. }) if start.elapsed() < self.timeout => {
-                    Self::drain_credit_cq(p);
+                    Self::drain_credit_cq(self.rank, peer, p);
+                    if p.fault.is_some() {
+                        // A failed connection frees no slot: the credit cannot go out.
+                        return Err(self.connection_error(peer, "giving a credit"));
+                    }
                     std::thread::yield_now();
                 }
                 r => return r.map(|_| ()),
@@ -631,12 +667,17 @@ impl Comm {
         }
     }
 
-    /// Consumes the credit QP's completions (signalled credit writes; errors are logged: a
-    /// failed credit QP means a dead peer, which the traffic QP reports too).
-    fn drain_credit_cq(p: &mut Peer) {
+    /// Consumes the credit QP's completions (signalled credit writes; an error is the
+    /// connection's fault, which every later wait for rank `peer` reports).
+    fn drain_credit_cq(me: usize, peer: usize, p: &mut Peer) {
         while let Ok(Some(c)) = p.ctl_cq.poll_one() {
-            if let WcStatus::Error(s) = c.status {
-                tracing::debug!(?s, "credit write failed");
+            if let WcStatus::Error(syndrome) = c.status {
+                let cause = Cause::Completion {
+                    syndrome,
+                    work: Work::Internal,
+                    qpn: c.qpn,
+                };
+                p.note(me, peer, cause);
             }
         }
     }
@@ -661,7 +702,7 @@ impl Comm {
     pub fn isend(&mut self, src: Sge, peer: usize) -> Result<Request> {
         let (sge, len) = (src, src.len);
         self.peer(peer)?;
-        let req = self.new_req(peer, Side::Send);
+        let req = self.new_req(peer, Work::Send(len as u64));
         // Posted by the CPU: a small host-memory payload is copied into the WQE now, which
         // spares the NIC a read (the buffer is reusable as soon as the send completes anyway).
         let wr = Self::send_wr(req, (len > 0).then_some(sge)).inline_host();
@@ -705,17 +746,16 @@ impl Comm {
         if p.pending.is_empty() {
             return Ok(());
         }
-        if p.qp.state() == QpState::Error || p.ctl.state() == QpState::Error {
-            // The peer is gone or the connection failed: work that never went out fails
-            // too, rather than waiting forever.
-            if !p.lost {
-                p.lost = true;
-                log_lost_peer(*rank, peer, p);
+        if p.in_error() {
+            // The peer is gone or the connection failed: work that never went out is
+            // flushed, as the QP flushes what did, rather than waiting forever.
+            if p.fault.is_none() {
+                p.note(*rank, peer, Cause::QpError);
             }
             while let Some(w) = p.pending.pop_front() {
                 if let Some(r) = w.req {
                     reqs[r.slot as usize].status =
-                        Status::Failed(gdsync::format::Syndrome::TransportRetryExc);
+                        Status::Failed(gdsync::format::Syndrome::WrFlush);
                 }
             }
             return Ok(());
@@ -817,7 +857,7 @@ impl Comm {
     pub fn isend_on(&mut self, src: Sge, peer: usize, exec: &impl Executor) -> Result<Request> {
         let (sge, len) = (src, src.len);
         self.peer(peer)?;
-        let req = self.new_req(peer, Side::Send);
+        let req = self.new_req(peer, Work::Send(len as u64));
         let wr = Self::send_wr(req, (len > 0).then_some(sge));
         let credit_word = self.ctrl.addr() + self.layout.ready(peer) as u64;
         let p = self.peers[peer].as_mut().unwrap();
@@ -922,10 +962,12 @@ impl Comm {
             peers,
             reqs,
             polled,
+            rank,
             ..
         } = self;
+        let me = *rank;
         let p = peers[peer].as_mut().unwrap();
-        Self::drain_credit_cq(p);
+        Self::drain_credit_cq(me, peer, p);
         for side in [Side::Send, Side::Recv] {
             let cq = if side == Side::Send { &p.scq } else { &p.rcq };
             let waits = &mut p.exec_waits[side_index(side)];
@@ -936,12 +978,16 @@ impl Comm {
                 let ci = cq.consumer_index();
                 let errs = cq.take_errors();
                 let mut left = 0;
+                let mut failed = None;
                 for st in reqs.iter_mut().filter(|s| {
                     s.live && s.peer == peer && s.side == side && s.status == Status::Pending
                 }) {
                     if st.cqe().is_some_and(|n| n < ci) {
                         st.status = match errs.first() {
-                            Some(e) => Status::Failed(e.syndrome),
+                            Some(e) => {
+                                failed.get_or_insert(st.work);
+                                Status::Failed(e.syndrome)
+                            }
                             None => Status::Done(0),
                         };
                     } else if st.on_executor {
@@ -949,25 +995,38 @@ impl Comm {
                     }
                 }
                 *waits = left;
+                if let Some(e) = errs.first() {
+                    let cause = Cause::Completion {
+                        syndrome: e.syndrome,
+                        work: failed.unwrap_or(Work::Internal),
+                        qpn: e.qpn,
+                    };
+                    p.note(me, peer, cause);
+                }
                 // The CPU does not poll a CQ an executor is consuming.
                 if left > 0 {
                     continue;
                 }
             }
+            let cq = if side == Side::Send { &p.scq } else { &p.rcq };
             polled.clear();
             cq.poll(polled, 64)?;
             for c in polled.iter() {
-                if c.wr_id == INTERNAL {
-                    if let WcStatus::Error(s) = c.status {
-                        tracing::debug!(peer, ?s, "internal write failed");
-                    }
-                    continue;
-                }
                 let (slot, generation) = ((c.wr_id & 0xFFFF_FFFF) as usize, (c.wr_id >> 32) as u32);
-                if let Some(st) = reqs
-                    .get_mut(slot)
-                    .filter(|s| s.live && s.generation == generation)
-                {
+                let st = (c.wr_id != INTERNAL)
+                    .then(|| reqs.get_mut(slot))
+                    .flatten()
+                    .filter(|s| s.live && s.generation == generation);
+                if let WcStatus::Error(syndrome) = c.status {
+                    let work = st.as_ref().map_or(Work::Internal, |s| s.work);
+                    let cause = Cause::Completion {
+                        syndrome,
+                        work,
+                        qpn: c.qpn,
+                    };
+                    p.note(me, peer, cause);
+                }
+                if let Some(st) = st {
                     st.status = match c.status {
                         WcStatus::Success => Status::Done(c.byte_len),
                         WcStatus::Error(s) => Status::Failed(s),
@@ -989,18 +1048,27 @@ impl Comm {
                 Ok(Some(n))
             }
             Status::Failed(s) => {
-                let peer = st.peer;
+                let (peer, work) = (st.peer, st.work);
                 st.live = false;
                 self.free.push(r.slot);
                 if matches!(
                     s,
                     gdsync::format::Syndrome::TransportRetryExc | gdsync::format::Syndrome::WrFlush
                 ) {
-                    // The connection is lost: say to whom, and what that usually means.
-                    return Err(Error::Unreachable(format!(
-                        "rank {}: a request with rank {peer} failed with {s:?}: the connection to rank {peer} is lost (its process died, it dropped its communicator, or it stopped answering for the QP timeout), and its later work fails too",
-                        self.rank
-                    )));
+                    // The work failed because the connection had: say why it did.
+                    let me = self.rank;
+                    let p = self.peers[peer].as_mut().unwrap();
+                    let qpn = p.qp.qpn();
+                    p.note(
+                        me,
+                        peer,
+                        Cause::Completion {
+                            syndrome: s,
+                            work,
+                            qpn,
+                        },
+                    );
+                    return Err(self.connection_error(peer, &work.describe(peer)));
                 }
                 // The wr_id is internal (a request's slot): not one the user could match.
                 Err(Error::Completion {
@@ -1063,24 +1131,16 @@ impl Comm {
             }
             spins += 1;
             // Checks by the clock, not by a count of spins: on a loaded machine a spin may
-            // take a millisecond, and a departed peer must still be noticed at once.
+            // take a millisecond, and a dead peer must still be noticed at once.
             let due = spins % 64 == 0 && look.due();
-            if due && self.boot.departed().contains(&peer) {
-                // What the peer sent before it left may still be on its way: a short grace.
-                if let Some(n) = self.progress_within(DEPARTED_GRACE, |c| c.finish(r))? {
+            if due && self.failed_peer([peer]).is_some() {
+                // What the peer sent before it failed may still be on its way: a short grace.
+                if let Some(n) = self.progress_within(FAULT_GRACE, |c| c.finish(r))? {
                     return Ok(n);
                 }
-                let side = self.state(r)?.side;
-                let me = self.rank;
-                if let Some(p) = self.peers[peer].as_mut().filter(|p| !p.lost) {
-                    p.lost = true;
-                    tracing::warn!(
-                        "rank {me}: the connection to rank {peer} failed: rank {peer} left the job (dropped its communicator); its work fails from now on"
-                    );
-                }
-                return Err(Error::Unreachable(format!(
-                    "{side:?} request with rank {peer}: rank {peer} left the job (dropped its communicator) before the request completed"
-                )));
+                let work = self.state(r)?.work;
+                self.release(r);
+                return Err(self.connection_error(peer, &work.describe(peer)));
             }
             if due && Instant::now() > deadline {
                 let side = self.state(r)?.side;
@@ -1189,18 +1249,20 @@ impl Comm {
             while self.barrier_word(k) < epoch {
                 self.progress()?;
                 spins += 1;
-                if spins % 64 == 0
-                    && look.due()
-                    && self.boot.departed().contains(&from)
-                    && self
-                        .progress_within(DEPARTED_GRACE, |c| {
-                            Ok((c.barrier_word(k) >= epoch).then_some(()))
-                        })?
-                        .is_none()
-                {
-                    return Err(Error::Unreachable(format!(
-                        "barrier round {k}: rank {from} left the job (dropped its communicator) and will not arrive"
-                    )));
+                // Any rank that failed holds the barrier up, directly or through the ranks
+                // that wait for it.
+                if spins % 64 == 0 && look.due() {
+                    if let Some(failed) = self.failed_peer(0..self.size) {
+                        if self
+                            .progress_within(FAULT_GRACE, |c| {
+                                Ok((c.barrier_word(k) >= epoch).then_some(()))
+                            })?
+                            .is_none()
+                        {
+                            let what = format!("barrier round {k} (waiting for rank {from})");
+                            return Err(self.connection_error(failed, &what));
+                        }
+                    }
                 }
                 if start.elapsed() > self.timeout {
                     return Err(Error::Timeout {
@@ -1252,14 +1314,15 @@ impl Comm {
         self.peer(p).map(|_| ())
     }
 
-    pub(crate) fn new_put(&mut self, peer: usize) -> Request {
-        self.new_req(peer, Side::Send)
+    /// A new one-sided request (`work` is a put or a get).
+    pub(crate) fn new_one_sided(&mut self, peer: usize, work: Work) -> Request {
+        self.new_req(peer, work)
     }
 }
 
-/// How long a wait goes on after its peer left the job: what the peer sent before it left
+/// How long a wait goes on after its peer failed or left the job: what the peer sent before
 /// may still be on its way.
-const DEPARTED_GRACE: Duration = Duration::from_millis(50);
+const FAULT_GRACE: Duration = Duration::from_millis(50);
 
 /// When a waiting loop looks again at what it cannot learn from its queues (peers that left,
 /// its deadline): every millisecond by the clock, however long a spin takes.
@@ -1300,26 +1363,60 @@ pub(crate) fn credit_allows(credit: u64, need: u64) -> bool {
 #[path = "credit_model_tests.rs"]
 mod credit_model_tests;
 
-/// Says once that the connection from rank `me` to rank `peer` failed: its work fails from
-/// now on.
-#[cold]
-fn log_lost_peer(me: usize, peer: usize, p: &Peer) {
-    tracing::warn!(
-        "rank {me}: the connection to rank {peer} failed (traffic QP {:#x} {:?}, credit QP {:#x} {:?}): its work fails from now on; rank {peer}'s process died or dropped its communicator, or else the first error completion says why",
-        p.qp.qpn(),
-        p.qp.state(),
-        p.ctl.qpn(),
-        p.ctl.state()
-    );
-}
-
 impl Comm {
     /// Leaves together: a bootstrap barrier, so no rank tears its connections down while a
     /// peer may still write to them (credits, barrier words). Dropping without it is allowed;
     /// peers then see their work to this rank fail with an [`Error::Unreachable`] that names
-    /// the rank (their QPs' completions say TRANSPORT_RETRY_EXC).
+    /// the rank (their QPs' completions say TRANSPORT_RETRY_EXC). A peer already known to
+    /// have died or left ends it at once with such an error.
     pub fn finalize(mut self) -> Result<()> {
         self.progress()?;
+        if let Some(gone) = self.failed_peer(0..self.size) {
+            let cause = self.peers[gone].as_ref().and_then(|p| p.fault);
+            if cause.is_some_and(Cause::peer_gone) {
+                return Err(self.connection_error(gone, "finalize"));
+            }
+        }
         self.boot.barrier()
+    }
+
+    /// The one check every wait makes for what its queues cannot tell it: the first of
+    /// `peers` whose connection failed (an error completion of any work with it, internal
+    /// writes included; a QP to it in the error state; the bootstrap saying it left). The
+    /// cause is kept for [`connection_error`](Self::connection_error).
+    pub(crate) fn failed_peer(&mut self, peers: impl IntoIterator<Item = usize>) -> Option<usize> {
+        let departed = self.boot.departed();
+        let me = self.rank;
+        for peer in peers {
+            let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
+                continue;
+            };
+            if departed.contains(&peer) {
+                p.note(me, peer, Cause::Departed);
+            }
+            if p.fault.is_none() && p.in_error() {
+                // The error completion that says why may be waiting in a CQ.
+                Self::drain_credit_cq(me, peer, p);
+                let _ = self.poll_peer(peer);
+                let p = self.peers[peer].as_mut().unwrap();
+                if p.fault.is_none() {
+                    p.note(me, peer, Cause::QpError);
+                }
+            }
+            if self.peers[peer].as_ref().is_some_and(|p| p.fault.is_some()) {
+                return Some(peer);
+            }
+        }
+        None
+    }
+
+    /// The error of `what` (one clause: "the 64-byte receive from rank 1", "finalize") failing
+    /// because the connection to rank `peer` failed, with the cause kept for it.
+    pub(crate) fn connection_error(&self, peer: usize, what: &str) -> Error {
+        let cause = self.peers[peer].as_ref().and_then(|p| p.fault).map_or_else(
+            || format!("the connection to rank {peer} failed"),
+            |c| c.describe(peer),
+        );
+        Error::Unreachable(format!("rank {}: {what} failed: {cause}", self.rank))
     }
 }

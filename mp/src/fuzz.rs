@@ -6,7 +6,7 @@
 //!
 //! Built for tests and with the `fuzzing` feature only: not part of the API.
 
-use crate::bootstrap::{decode_hello, get, unpack, MAX_RECORD};
+use crate::bootstrap::{decode_abort, decode_hello, get, unpack, MAX_RECORD};
 use crate::comm::{decode_remote, decode_setup, encode_remote};
 
 /// A job size from a fuzzer's byte: 1 to 64 ranks.
@@ -15,7 +15,8 @@ fn size_of(b: Option<&u8>) -> usize {
 }
 
 /// A bootstrap TCP stream from a peer: a job size, then length-prefixed messages read as a
-/// rank reads them (a hello, a contribution, rank 0's packed exchange), until the stream ends
+/// rank reads them (a hello, a contribution, rank 0's packed exchange or its word that a rank
+/// left), until the stream ends
 /// or breaks a rule.
 pub fn bootstrap_stream(data: &[u8]) {
     let size = size_of(data.first());
@@ -23,6 +24,10 @@ pub fn bootstrap_stream(data: &[u8]) {
     while let Ok(msg) = get(&mut rd, MAX_RECORD) {
         assert!(msg.len() <= MAX_RECORD);
         let _ = decode_hello(&msg);
+        // Rank 0's word that a rank left is never also an exchange.
+        if decode_abort(&msg).is_some() {
+            assert!(unpack(&msg, size).is_none());
+        }
         if let Some(all) = unpack(&msg, size) {
             assert_eq!(all.len(), size);
             assert_eq!(all.iter().map(|a| 4 + a.len()).sum::<usize>(), msg.len());

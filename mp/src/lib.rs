@@ -45,6 +45,7 @@ pub mod bootstrap;
 #[cfg(feature = "mpi")]
 pub use mpi as mpi_crate;
 mod comm;
+mod fault;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzz;

@@ -2,6 +2,7 @@
 //! (RDMA write and read), put with signal, and waiting for a value on an executor.
 
 use crate::comm::{check_gathered, decode_remote, encode_remote, Comm, Request, REMOTE_BYTES};
+use crate::fault::Work;
 use gdsync::exec::Executor;
 use gdsync::ops::{Op, Ops, WaitCond};
 use gdsync::{Error, MemoryRegion, RemoteBuf, Result, SendWr, Sge};
@@ -58,11 +59,12 @@ impl Comm {
         &mut self,
         w: &Window,
         peer: usize,
+        work: Work,
         wr: impl FnOnce(RemoteBuf) -> Result<SendWr>,
     ) -> Result<(Request, SendWr)> {
         let r = w.remote(peer)?;
         self.check_peer(peer)?;
-        let req = self.new_put(peer);
+        let req = self.new_one_sided(peer, work);
         let wr = wr(r)?.wr_id(req.wr_id());
         Ok((req, wr))
     }
@@ -91,7 +93,7 @@ impl Comm {
         peer: usize,
         dst_off: u64,
     ) -> Result<(Request, SendWr)> {
-        self.one_sided(w, peer, |r| {
+        self.one_sided(w, peer, Work::Put(src.len as u64), |r| {
             range(&r, dst_off, src.len as u64, peer)?;
             Ok(SendWr::write(r.at(dst_off)).sge(src))
         })
@@ -105,7 +107,7 @@ impl Comm {
         peer: usize,
         src_off: u64,
     ) -> Result<(Request, SendWr)> {
-        self.one_sided(w, peer, |r| {
+        self.one_sided(w, peer, Work::Get(dst.len as u64), |r| {
             range(&r, src_off, dst.len as u64, peer)?;
             Ok(SendWr::read(r.at(src_off)).sge(dst))
         })
@@ -140,7 +142,7 @@ impl Comm {
         let r = w.remote(peer)?;
         range(&r, dst_off, src.len as u64, peer)?;
         range(&r, sig_off, 8, peer)?;
-        let (req, data) = self.one_sided(w, peer, |r| {
+        let (req, data) = self.one_sided(w, peer, Work::Put(src.len as u64), |r| {
             Ok(SendWr::write(r.at(dst_off)).sge(src).unsignaled())
         })?;
         let id = data.wr_id;
