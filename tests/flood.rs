@@ -160,3 +160,75 @@ fn idle_connections_cost_bounded_threads() {
     );
     drop(idle);
 }
+
+/// Completes the listener's handshake as a job member would and returns the answer's code
+/// (0 accepted, 1 no such device, 5 too many links; `docs/soft-device.md`), or `None` if the
+/// listener closed the connection first.
+fn hello_answer(addr: SocketAddr, dialer: u64, target: u64) -> Option<u32> {
+    let hello = hello(dialer, target);
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&hello).ok()?;
+    let secret = auth::job_secret().unwrap();
+    auth::dial(&mut s, &secret, b"gdsync soft-device TCP link", &hello).ok()?;
+    let mut answer = [0u8; 16];
+    s.read_exact(&mut answer).ok()?;
+    Some(u32::from_le_bytes(answer[8..12].try_into().unwrap()))
+}
+
+/// How many connections a second the listener serves: `GDSYNC_ACCEPT_CONNS` (500 here) full
+/// handshakes, one after the other, each asking for a device that does not exist. Prints the
+/// rate (a measure, not a pass mark); every connection must be answered.
+#[test]
+fn accept_rate() {
+    let _alone = alone();
+    let n = env_or("GDSYNC_ACCEPT_CONNS", 500);
+    let addr = accept_tcp_links(None).unwrap();
+    let t = Instant::now();
+    for i in 0..n {
+        assert_eq!(
+            hello_answer(addr, 0xACC0_0000 + i, 0xD0E5_0000_0000_0001),
+            Some(1)
+        );
+    }
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "{n} handshakes one after the other in {:.3} s: {:.0} connections/s",
+        secs,
+        n as f64 / secs
+    );
+}
+
+#[test]
+fn tmp_idle_accept_rate() {
+    let _alone = alone();
+    let n = env_or("GDSYNC_IDLE_CONNS", 900) as usize;
+    let addr = accept_tcp_links(None).unwrap();
+    let t = Instant::now();
+    let mut slow = Vec::new();
+    let mut idle: Vec<TcpStream> = (0..n)
+        .map(|i| {
+            let t = Instant::now();
+            let s = TcpStream::connect(addr).unwrap();
+            if t.elapsed() > Duration::from_millis(100) {
+                slow.push((i, t.elapsed()));
+            }
+            s
+        })
+        .collect();
+    println!("slow connects: {slow:?}");
+    let t_conn = t.elapsed();
+    // The listener closes the oldest for each one past 64: the (n-65)th sees EOF once all are accepted.
+    let mut b = [0u8; 1];
+    let last = &mut idle[n - 65];
+    last.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let r = last.read(&mut b);
+    println!(
+        "{n} idle: connects {:?}, accepted all by {:?} ({:?}): {:.0}/s",
+        t_conn,
+        t.elapsed(),
+        r.map_err(|e| e.kind()),
+        n as f64 / t.elapsed().as_secs_f64()
+    );
+}
