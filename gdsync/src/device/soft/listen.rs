@@ -267,12 +267,12 @@ fn accept_loop(l: TcpListener, on_dial: OnDial) {
 
 /// Hands an authenticated connection to its device if its address and the process have room
 /// for another link; refuses it (answered, and logged) if not.
-fn serve(hello: Hello, stream: TcpStream, from: SocketAddr, on_dial: OnDial) {
+fn serve(hello: Hello, mut stream: TcpStream, from: SocketAddr, on_dial: OnDial) {
     match link_budget::process_budget().claim(from.ip()) {
         Ok(slot) => on_dial(hello, stream, slot),
         Err(over) => {
             warn_over_budget(&hello, from, &over);
-            let _ = tcp::answer(&stream, tcp::Answer::TooManyLinks);
+            let _ = tcp::answer(&mut stream, tcp::Answer::TooManyLinks);
         }
     }
 }

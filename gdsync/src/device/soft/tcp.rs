@@ -268,7 +268,7 @@ impl Answer {
 }
 
 /// Sends the answer to a hello (within [`HANDSHAKE_TIMEOUT`]).
-pub(crate) fn answer(stream: &TcpStream, a: Answer) -> std::io::Result<()> {
+pub(crate) fn answer(stream: &mut TcpStream, a: Answer) -> std::io::Result<()> {
     HandshakeStream::new(stream, HANDSHAKE_TIMEOUT).write_all(&a.to_bytes())
 }
 
