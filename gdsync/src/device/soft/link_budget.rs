@@ -1,6 +1,6 @@
 //! How many TCP links this process's listener accepts: at most so many from one source
-//! address and so many in all. Each accepted link costs two threads and up to about 8.5 MB
-//! of rings and buffers under load, and a job member may claim a fresh device uid in every
+//! address and so many in all. Each accepted link costs two threads and, flooded, about 18 MB
+//! (rings, buffers, the answers it queues), and a job member may claim a fresh device uid in every
 //! hello, so only bounds on what it cannot forge hold its cost down: the source address of
 //! the connection (a hello's host id and pid are the dialer's word), and the total.
 //!
@@ -17,9 +17,9 @@ use std::sync::{Arc, OnceLock};
 pub(crate) const PER_ADDR_ENV: &str = "GDSYNC_SOFT_MAX_LINKS_PER_ADDR";
 /// Links accepted at once in all, at most (default [`DEFAULT_TOTAL`]).
 pub(crate) const TOTAL_ENV: &str = "GDSYNC_SOFT_MAX_LINKS";
-/// 16 links under load cost about 140 MB: one host's processes, however they behave, keep
-/// this process's growth under the 256 MB `docs/reliability.md` states.
-pub(crate) const DEFAULT_PER_ADDR: usize = 16;
+/// 8 flooded links cost about 150 MB: one host's processes, however they behave, keep this
+/// process's growth under the 256 MB `docs/reliability.md` states.
+pub(crate) const DEFAULT_PER_ADDR: usize = 8;
 pub(crate) const DEFAULT_TOTAL: usize = 256;
 
 /// The counts of links accepted and not yet released, and their bounds.
