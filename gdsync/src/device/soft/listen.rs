@@ -305,9 +305,54 @@ fn warn_over_budget(hello: &Hello, from: SocketAddr, over: &OverBudget) {
     );
 }
 
+/// The integration tests' log recorder, for the listener's own warnings.
+#[cfg(test)]
+#[path = "../../../tests/support/capture.rs"]
+mod capture;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A dial from an address that has all its links already is answered "too many links"
+    /// and logged at warn, naming the address, the bound and the variable that raises it;
+    /// no device sees it.
+    #[test]
+    fn a_dial_past_its_address_budget_is_refused_and_logged() {
+        use std::io::Read;
+        let from: SocketAddr = "192.0.2.7:4000".parse().unwrap();
+        let budget = link_budget::process_budget();
+        let held: Vec<LinkSlot> = std::iter::from_fn(|| budget.claim(from.ip()).ok()).collect();
+        assert_eq!(held.len(), link_budget::DEFAULT_PER_ADDR);
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (stream, _) = l.accept().unwrap();
+        fn no_device_may_see_it(_: Hello, _: TcpStream, _: LinkSlot) {
+            panic!("a dial past its budget reached a device")
+        }
+        let log = capture::Capture::default();
+        tracing::dispatcher::with_default(&log.dispatch(), || {
+            serve(
+                Hello::new(9, 10, 11, 12),
+                stream,
+                from,
+                no_device_may_see_it,
+            )
+        });
+        let mut answer = [0u8; tcp::ANSWER_LEN];
+        client.read_exact(&mut answer).unwrap();
+        assert_eq!(
+            tcp::Answer::code_of(&answer),
+            Some(tcp::Answer::TooManyLinks as u32)
+        );
+        let warned = log.one(&["refused a TCP link from 192.0.2.7:4000"]);
+        assert_eq!(warned.level, tracing::Level::WARN);
+        for word in ["192.0.2.7 has 8 links", "GDSYNC_SOFT_MAX_LINKS_PER_ADDR=8"] {
+            assert!(warned.text.contains(word), "{warned:?}");
+        }
+        drop(held);
+        assert!(budget.claim(from.ip()).is_ok(), "the places came back");
+    }
 
     #[test]
     fn soft_addr_forms() {
