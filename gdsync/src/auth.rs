@@ -18,6 +18,8 @@ use hmac::{Hmac, Mac};
 use parking_lot::Mutex;
 use sha2::Sha256;
 use std::io::{Error as IoError, ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
 
 /// The environment variable that carries the job secret: 64 hexadecimal digits.
 pub const SECRET_ENV: &str = "GDSYNC_JOB_SECRET";
@@ -194,6 +196,70 @@ pub fn accept(
         .map_err(|_| denied("wrong proof of the job secret"))?;
     let answer = secret.proof(ACCEPTOR, purpose, context, &nonces);
     stream.write_all(&answer.finalize().into_bytes())
+}
+
+/// A TCP stream whose reads and writes all end by one deadline: a connection's whole handshake
+/// (hello, [`dial`] or [`accept`], answer) gets one time limit, not each read its own. A peer
+/// that sends one byte at a time, each well within a per-read timeout, would otherwise hold
+/// the connection (and whatever serves it) for minutes. The socket's timeouts are left set;
+/// the caller sets those it wants for what follows the handshake.
+pub struct HandshakeStream<'a> {
+    stream: &'a TcpStream,
+    deadline: Instant,
+    within: Duration,
+}
+
+impl<'a> HandshakeStream<'a> {
+    /// Reads and writes on `stream` that all end within `within` from now.
+    pub fn new(stream: &'a TcpStream, within: Duration) -> Self {
+        Self {
+            stream,
+            deadline: Instant::now() + within,
+            within,
+        }
+    }
+
+    /// The time left, or a `TimedOut` error once it is spent.
+    fn left(&self) -> std::io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(IoError::new(
+                ErrorKind::TimedOut,
+                format!(
+                    "the handshake did not finish within {} ms",
+                    self.within.as_millis()
+                ),
+            ));
+        }
+        Ok(left)
+    }
+
+    /// A timeout of the socket is the deadline's: say so.
+    fn timed_out(&self, e: IoError) -> IoError {
+        match e.kind() {
+            ErrorKind::WouldBlock | ErrorKind::TimedOut => self.left().err().unwrap_or(e),
+            _ => e,
+        }
+    }
+}
+
+impl Read for HandshakeStream<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.stream.set_read_timeout(Some(self.left()?))?;
+        let mut s = self.stream;
+        s.read(buf).map_err(|e| self.timed_out(e))
+    }
+}
+
+impl Write for HandshakeStream<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.stream.set_write_timeout(Some(self.left()?))?;
+        let mut s = self.stream;
+        s.write(buf).map_err(|e| self.timed_out(e))
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]

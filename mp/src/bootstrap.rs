@@ -1,7 +1,7 @@
 //! Bootstraps: how ranks find each other before any RDMA connection exists. They only move
 //! small connection records (endpoints, keys); no data goes through them afterwards.
 
-use gdsync::auth::{self, JobSecret, SECRET_ENV};
+use gdsync::auth::{self, HandshakeStream, JobSecret, SECRET_ENV};
 use gdsync::{Error, Result};
 use parking_lot::{Condvar, Mutex};
 use std::io::{Read, Write};
@@ -269,7 +269,7 @@ pub struct TcpBootstrap {
     streams: Vec<TcpStream>,
 }
 
-fn put(s: &mut TcpStream, b: &[u8]) -> std::io::Result<()> {
+fn put(s: &mut impl Write, b: &[u8]) -> std::io::Result<()> {
     let n = u32::try_from(b.len()).map_err(|_| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
@@ -339,21 +339,19 @@ pub(crate) fn decode_hello(hello: &[u8]) -> Option<usize> {
 /// cover the rank's hello. (Not the root's address: ranks may name the root differently.)
 const AUTH_PURPOSE: &[u8] = b"gdasync TCP bootstrap";
 
-/// Reads a connection's hello and checks that it knows the job's secret, all bounded by
-/// [`HELLO_TIMEOUT`] (or `timeout` if shorter).
+/// Reads a connection's hello and checks that it knows the job's secret, the whole of it
+/// within [`HELLO_TIMEOUT`] (or `timeout` if shorter): one deadline, not one per read, so a
+/// connection that trickles bytes is dropped as soon as one that sends nothing.
 fn read_hello(
     s: &mut TcpStream,
     info: &JobInfo,
     timeout: Duration,
 ) -> std::result::Result<usize, String> {
     s.set_nonblocking(false).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(timeout.min(HELLO_TIMEOUT)))
-        .map_err(|e| e.to_string())?;
-    s.set_write_timeout(Some(timeout.min(HELLO_TIMEOUT)))
-        .map_err(|e| e.to_string())?;
-    let hello = get(s, HELLO_LEN).map_err(|e| e.to_string())?;
+    let mut hs = HandshakeStream::new(s, timeout.min(HELLO_TIMEOUT));
+    let hello = get(&mut hs, HELLO_LEN).map_err(|e| e.to_string())?;
     let rank = decode_hello(&hello).ok_or("a malformed hello")?;
-    auth::accept(s, &info.secret, AUTH_PURPOSE, &hello).map_err(|e| {
+    auth::accept(&mut hs, &info.secret, AUTH_PURPOSE, &hello).map_err(|e| {
         format!("authentication failed ({e}): another job's rank, or no {SECRET_ENV}?")
     })?;
     s.set_read_timeout(Some(timeout))
@@ -362,11 +360,13 @@ fn read_hello(
     Ok(rank)
 }
 
-/// A rank's side of [`read_hello`]: sends the hello and proves the job's secret.
-fn send_hello(s: &mut TcpStream, info: &JobInfo) -> Result<()> {
+/// A rank's side of [`read_hello`]: sends the hello and proves the job's secret, within
+/// `timeout` in all.
+fn send_hello(s: &TcpStream, info: &JobInfo, timeout: Duration) -> Result<()> {
     let hello = (info.rank as u32).to_le_bytes();
-    put(s, &hello).map_err(io("send hello"))?;
-    auth::dial(s, &info.secret, AUTH_PURPOSE, &hello).map_err(|e| {
+    let mut hs = HandshakeStream::new(s, timeout);
+    put(&mut hs, &hello).map_err(io("send hello"))?;
+    auth::dial(&mut hs, &info.secret, AUTH_PURPOSE, &hello).map_err(|e| {
         Error::Unreachable(format!(
             "bootstrap: authentication with the root at {} failed: {e} (does every rank have the same {SECRET_ENV}?)",
             info.root
@@ -496,7 +496,7 @@ impl TcpBootstrap {
             streams = gather_ranks(&l, info, timeout)?;
         } else {
             let deadline = Instant::now() + timeout;
-            let mut s = loop {
+            let s = loop {
                 match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
                     Ok(s) => break s,
                     Err(_) if Instant::now() < deadline => {
@@ -505,9 +505,12 @@ impl TcpBootstrap {
                     Err(e) => return Err(io("connect to the root")(e)),
                 }
             };
-            s.set_read_timeout(Some(timeout)).map_err(io("connect"))?;
             s.set_nodelay(true).ok();
-            send_hello(&mut s, info)?;
+            send_hello(&s, info, timeout)?;
+            // What follows the handshake: every read bounded by `timeout`, writes not.
+            s.set_read_timeout(Some(timeout))
+                .and_then(|_| s.set_write_timeout(None))
+                .map_err(io("connect"))?;
             streams.push(s);
         }
         Ok(TcpBootstrap {

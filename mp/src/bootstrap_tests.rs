@@ -221,3 +221,35 @@ fn silent_connections_do_not_hold_up_the_ranks_behind_them() {
         assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
     }
 }
+
+/// A connection that sends its hello and nonce one byte every 50 ms (each read gets a byte
+/// long before a per-read timeout) is dropped when the whole handshake's time is up (600 ms
+/// here), not after its last byte (2 s) or later.
+#[test]
+fn a_trickling_connection_is_dropped_at_the_handshake_deadline() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let mut client = connect_to(port);
+    let (mut server, _) = l.accept().unwrap();
+    let bytes = [framed(4, &1u32.to_le_bytes()), vec![7u8; 32]].concat();
+    let sent = bytes.len();
+    let trickler = std::thread::spawn(move || {
+        for b in bytes {
+            if client.write_all(&[b]).is_err() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        true
+    });
+    let t = Instant::now();
+    let within = Duration::from_millis(600);
+    let e = read_hello(&mut server, &job(0, 2, port), within).unwrap_err();
+    let took = t.elapsed();
+    drop(server);
+    assert!(
+        took < within + Duration::from_millis(400),
+        "dropped after {took:?} ({e}); the deadline was {within:?}"
+    );
+    assert!(!trickler.join().unwrap(), "all {sent} bytes went out");
+}

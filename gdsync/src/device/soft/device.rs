@@ -4,6 +4,7 @@
 use super::engine::WriteTargets;
 use super::engine::{CqHw, QpHw};
 use super::link::DeviceShare;
+use super::link_budget::LinkSlot;
 use super::mr_table::MrTable;
 use super::qp_numbers::QpNumbers;
 use super::uar::{Bfreg, UarPages, BF_SIZE};
@@ -357,8 +358,9 @@ fn dialable(remote: &Endpoint) -> Result<Option<SocketAddr>> {
 
 /// Serves a hello that reached this process's TCP listener: hands the connection to the
 /// device it names, if that device exists and has no link to the dialer yet. If the device
-/// is dialing the dialer at this moment, the dial from the smaller uid wins.
-fn on_tcp_dial(hello: tcp::Hello, mut stream: TcpStream) {
+/// is dialing the dialer at this moment, the dial from the smaller uid wins. `slot` is the
+/// link's place in the listener's budget: held by the link until it is released.
+fn on_tcp_dial(hello: tcp::Hello, mut stream: TcpStream, slot: LinkSlot) {
     let target = registry().lock().get(&hello.target).and_then(Weak::upgrade);
     let refuse = |mut s: TcpStream, a: tcp::Answer| {
         tracing::debug!(
@@ -390,7 +392,7 @@ fn on_tcp_dial(hello: tcp::Hello, mut stream: TcpStream) {
     if tcp::answer(&mut stream, tcp::Answer::Accepted).is_err() {
         return; // the dialer gave up
     }
-    let linked = tcp::bridge(stream, hello.dialer, dev.engine.waker())
+    let linked = tcp::bridge(stream, hello.dialer, dev.engine.waker(), Some(slot))
         .and_then(|link| dev.engine.send(Cmd::AddLink(Box::new(link))));
     match linked {
         Ok(()) => {

@@ -439,6 +439,8 @@ pub(crate) struct BridgeSignal {
     outbound: OnceLock<Thread>,
     /// Closes the transport (shuts the socket down), so threads blocked on it return.
     closer: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// What lives as long as the link: see [`hold`](Self::hold).
+    held: OnceLock<Box<dyn Send + Sync>>,
 }
 
 impl BridgeSignal {
@@ -452,6 +454,12 @@ impl BridgeSignal {
     }
     pub(crate) fn engine_gone(&self) -> bool {
         self.engine_gone.load(Ordering::Acquire)
+    }
+    /// Keeps `guard` until the link is released: its engine end and both transport threads
+    /// gone (each holds this signal). A listener's place for the link in its budget is
+    /// given back then, with the link's memory and threads.
+    pub(crate) fn hold(&self, guard: impl Send + Sync + 'static) {
+        let _ = self.held.set(Box::new(guard));
     }
     /// Installs what closes the transport.
     pub(crate) fn set_closer(&self, f: impl Fn() + Send + Sync + 'static) {

@@ -1,12 +1,14 @@
 //! Where and when this process accepts soft-device TCP links: one listening socket for all its
 //! devices, started only when a TCP link may be needed, on loopback unless told otherwise, and
-//! its accept loop, which authenticates every connection before a device sees it.
+//! its accept loop, which authenticates every connection, and holds each peer address to its
+//! budget of links ([`link_budget`](super::link_budget)), before a device sees it.
 //!
 //! The listener starts when an endpoint is made under `GDSYNC_SOFT_LINK=tcp`, when
 //! `GDSYNC_SOFT_ADDR` or `GDSYNC_SOFT_IFACE` names where to listen, or when asked
 //! ([`accept_tcp_links`](crate::accept_tcp_links): mp does when its ranks span hosts). Threads
 //! of one process, and processes of one host under the default policy, never listen.
 
+use super::link_budget::{self, LinkSlot, OverBudget};
 use super::tcp::{self, Hello};
 use crate::{Error, Result};
 use parking_lot::Mutex;
@@ -15,8 +17,9 @@ use std::ffi::CStr;
 use std::net::{
     IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket,
 };
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// `ip` or `ip:port`: where to listen, and the IP endpoints advertise.
 pub(crate) const ADDR_ENV: &str = "GDSYNC_SOFT_ADDR";
@@ -26,12 +29,17 @@ pub(crate) const IFACE_ENV: &str = "GDSYNC_SOFT_IFACE";
 /// (a flood of connections that say nothing would otherwise hold a thread each, up to the
 /// handshake's timeout, and a legitimate dial still gets through).
 pub(crate) const MAX_HANDSHAKES: usize = 64;
+/// Connections the kernel queues for the accept loop. `std` asks for 128; a burst of dials
+/// past that had their SYNs dropped and retried a second later, so the listener took about
+/// 200 connections a second. (The kernel caps it at `net.core.somaxconn`.)
+const LISTEN_BACKLOG: i32 = 4096;
 
 /// The address peers dial, once the listener runs.
 static RUNNING: Mutex<Option<SocketAddr>> = Mutex::new(None);
 
-/// What serves a connection whose hello parsed and whose dialer proved the job's secret.
-pub(crate) type OnDial = fn(Hello, TcpStream);
+/// What serves a connection whose hello parsed and whose dialer proved the job's secret, with
+/// its place in the budget of links (dropped if no link is made).
+pub(crate) type OnDial = fn(Hello, TcpStream, LinkSlot);
 
 /// The address this process accepts TCP links at, if its listener runs.
 pub(crate) fn running() -> Option<SocketAddr> {
@@ -65,6 +73,13 @@ pub(crate) fn start(ip: Option<IpAddr>, on_dial: OnDial) -> Result<SocketAddr> {
     let (bind, l) = bind.inspect_err(|e| {
         tracing::warn!("soft device: no TCP listener, peers cannot dial this process: {e}")
     })?;
+    // SAFETY: listen(2) on the listening socket's own fd: it only sets the queue's length.
+    if unsafe { libc::listen(l.as_raw_fd(), LISTEN_BACKLOG) } != 0 {
+        tracing::debug!(
+            "soft device: the TCP listener keeps its queue of 128 connections: {}",
+            std::io::Error::last_os_error()
+        );
+    }
     let port = l
         .local_addr()
         .map_err(|e| Error::os("listener address", e))?
@@ -230,10 +245,10 @@ fn accept_loop(l: TcpListener, on_dial: OnDial) {
                 let r = std::thread::Builder::new()
                     .name("gdsync-tcp-hello".into())
                     .spawn(move || {
-                        let hello = tcp::handshake_accepted(&stream, from);
+                        let hello = tcp::handshake_accepted(&stream, from, tcp::HANDSHAKE_TIMEOUT);
                         finished(id);
                         if let Some(h) = hello {
-                            on_dial(h, stream);
+                            serve(h, stream, from, on_dial);
                         }
                     });
                 if let Err(e) = r {
@@ -250,9 +265,94 @@ fn accept_loop(l: TcpListener, on_dial: OnDial) {
     }
 }
 
+/// Hands an authenticated connection to its device if its address and the process have room
+/// for another link; refuses it (answered, and logged) if not.
+fn serve(hello: Hello, mut stream: TcpStream, from: SocketAddr, on_dial: OnDial) {
+    match link_budget::process_budget().claim(from.ip()) {
+        Ok(slot) => on_dial(hello, stream, slot),
+        Err(over) => {
+            warn_over_budget(&hello, from, &over);
+            let _ = tcp::answer(&mut stream, tcp::Answer::TooManyLinks);
+        }
+    }
+}
+
+/// Logs a link refused for its budget: at once, then at most once a second with the count of
+/// those refused meanwhile (a peer that dials in a loop must not flood the log).
+fn warn_over_budget(hello: &Hello, from: SocketAddr, over: &OverBudget) {
+    static LAST: Mutex<(Option<Instant>, u64)> = Mutex::new((None, 0));
+    let mut last = LAST.lock();
+    let now = Instant::now();
+    if last
+        .0
+        .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
+    {
+        last.1 += 1;
+        return;
+    }
+    let more = std::mem::take(&mut last.1);
+    *last = (Some(now), 0);
+    let meanwhile = if more > 0 {
+        format!(" ({more} more refused since the last warning)")
+    } else {
+        String::new()
+    };
+    tracing::warn!(
+        "soft device: refused a TCP link from {from} (device {:016x}, pid {} by its hello) to device {:016x}: {over}{meanwhile}",
+        hello.dialer,
+        hello.pid,
+        hello.target
+    );
+}
+
+/// The integration tests' log recorder, for the listener's own warnings.
+#[cfg(test)]
+#[path = "../../../tests/support/capture.rs"]
+mod capture;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A dial from an address that has all its links already is answered "too many links"
+    /// and logged at warn, naming the address, the bound and the variable that raises it;
+    /// no device sees it.
+    #[test]
+    fn a_dial_past_its_address_budget_is_refused_and_logged() {
+        use std::io::Read;
+        let from: SocketAddr = "192.0.2.7:4000".parse().unwrap();
+        let budget = link_budget::process_budget();
+        let held: Vec<LinkSlot> = std::iter::from_fn(|| budget.claim(from.ip()).ok()).collect();
+        assert_eq!(held.len(), link_budget::DEFAULT_PER_ADDR);
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (stream, _) = l.accept().unwrap();
+        fn no_device_may_see_it(_: Hello, _: TcpStream, _: LinkSlot) {
+            panic!("a dial past its budget reached a device")
+        }
+        let log = capture::Capture::default();
+        tracing::dispatcher::with_default(&log.dispatch(), || {
+            serve(
+                Hello::new(9, 10, 11, 12),
+                stream,
+                from,
+                no_device_may_see_it,
+            )
+        });
+        let mut answer = [0u8; tcp::ANSWER_LEN];
+        client.read_exact(&mut answer).unwrap();
+        assert_eq!(
+            tcp::Answer::code_of(&answer),
+            Some(tcp::Answer::TooManyLinks as u32)
+        );
+        let warned = log.one(&["refused a TCP link from 192.0.2.7:4000"]);
+        assert_eq!(warned.level, tracing::Level::WARN);
+        for word in ["192.0.2.7 has 8 links", "GDSYNC_SOFT_MAX_LINKS_PER_ADDR=8"] {
+            assert!(warned.text.contains(word), "{warned:?}");
+        }
+        drop(held);
+        assert!(budget.claim(from.ip()).is_ok(), "the places came back");
+    }
 
     #[test]
     fn soft_addr_forms() {

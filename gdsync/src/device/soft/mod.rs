@@ -14,6 +14,7 @@ mod device;
 mod emulated;
 mod engine;
 mod link;
+mod link_budget;
 mod listen;
 mod mr_table;
 mod progress;

@@ -20,7 +20,9 @@
 //! and below.
 
 use super::link::{kind, BridgeSignal, Consumer, Link, PktHeader, Producer, MTU};
+use super::link_budget::LinkSlot;
 use super::EngineWaker;
+use crate::auth::HandshakeStream;
 use crate::{Error, Result};
 use std::io::{BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -28,8 +30,9 @@ use std::time::Duration;
 
 /// Longest wait for a TCP connection to be established.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Longest wait for each half of the hello exchange.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a whole handshake may take, on either side (hello, proofs, answer): one deadline,
+/// not one per read, so a peer that trickles bytes cannot hold the connection longer.
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The outbound thread wakes at least this often to see whether the link closed.
 const IDLE_PARK: Duration = Duration::from_millis(50);
 /// The outbound thread writes up to this many bytes of frames with one system call.
@@ -217,15 +220,18 @@ pub(crate) enum Answer {
     /// dial has already won; the dialer waits the same way.)
     Crossed = 3,
     Incompatible = 4,
+    /// The listener has as many links from the dialer's address, or in all, as it accepts.
+    TooManyLinks = 5,
 }
 
 impl Answer {
-    const ALL: [Answer; 5] = [
+    const ALL: [Answer; 6] = [
         Answer::Accepted,
         Answer::NoDevice,
         Answer::AlreadyLinked,
         Answer::Crossed,
         Answer::Incompatible,
+        Answer::TooManyLinks,
     ];
 
     fn to_bytes(self) -> [u8; ANSWER_LEN] {
@@ -251,14 +257,19 @@ impl Answer {
             Some(Answer::Incompatible) => {
                 "it uses another MTU or byte order (a different gdsync build?)".into()
             }
+            Some(Answer::TooManyLinks) => format!(
+                "it has as many TCP links from this host, or in all, as it accepts (its log names the bound; {} and {} raise them there)",
+                super::link_budget::PER_ADDR_ENV,
+                super::link_budget::TOTAL_ENV
+            ),
             None => format!("unknown answer code {code}"),
         }
     }
 }
 
-/// Sends the answer to a hello.
+/// Sends the answer to a hello (within [`HANDSHAKE_TIMEOUT`]).
 pub(crate) fn answer(stream: &mut TcpStream, a: Answer) -> std::io::Result<()> {
-    stream.write_all(&a.to_bytes())
+    HandshakeStream::new(stream, HANDSHAKE_TIMEOUT).write_all(&a.to_bytes())
 }
 
 /// What a dial achieved.
@@ -272,7 +283,7 @@ pub(crate) enum Dialed {
 
 /// Connects to the listener at `addr`, asks for a link to `hello.target`, and bridges the
 /// connection to a new link. Bounded: [`CONNECT_TIMEOUT`] to connect, then
-/// [`HANDSHAKE_TIMEOUT`] for the answer.
+/// [`HANDSHAKE_TIMEOUT`] for the whole handshake.
 pub(crate) fn dial(addr: SocketAddr, hello: &Hello, engine: EngineWaker) -> Result<Dialed> {
     let target = hello.target;
     let fail = |what: &str, e: &dyn std::fmt::Display| {
@@ -280,21 +291,23 @@ pub(crate) fn dial(addr: SocketAddr, hello: &Hello, engine: EngineWaker) -> Resu
             "TCP link to device {target:016x} at {addr}: {what}: {e}"
         ))
     };
-    let mut s =
-        TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(|e| fail("connect", &e))?;
-    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))
-        .and_then(|_| s.set_write_timeout(Some(HANDSHAKE_TIMEOUT)))
+    let s = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(|e| fail("connect", &e))?;
+    // The hello and the nonce go out back to back: no waiting for an acknowledgement.
+    s.set_nodelay(true)
         .map_err(|e| fail("socket options", &e))?;
-    s.write_all(&hello.to_bytes())
+    let mut hs = HandshakeStream::new(&s, HANDSHAKE_TIMEOUT);
+    hs.write_all(&hello.to_bytes())
         .map_err(|e| fail("send hello", &e))?;
-    authenticate_dial(&mut s, hello).map_err(|e| fail("authentication", &e))?;
+    authenticate_dial(&mut hs, hello).map_err(|e| fail("authentication", &e))?;
     let mut a = [0u8; ANSWER_LEN];
-    s.read_exact(&mut a).map_err(|e| fail("no answer", &e))?;
+    hs.read_exact(&mut a).map_err(|e| fail("no answer", &e))?;
     let Some(code) = Answer::code_of(&a) else {
         return Err(fail("answer", &"not a gdsync soft-device listener"));
     };
     match code {
-        code if code == Answer::Accepted as u32 => bridge(s, target, engine).map(Dialed::Linked),
+        code if code == Answer::Accepted as u32 => {
+            bridge(s, target, engine, None).map(Dialed::Linked)
+        }
         code if code == Answer::Crossed as u32 || code == Answer::AlreadyLinked as u32 => {
             Ok(Dialed::TheirDial)
         }
@@ -308,19 +321,22 @@ pub(crate) fn dial(addr: SocketAddr, hello: &Hello, engine: EngineWaker) -> Resu
 const AUTH_PURPOSE: &[u8] = b"gdsync soft-device TCP link";
 
 /// The listener's side of a new connection's handshake: reads the hello, then checks that the
-/// dialer knows the job's secret (and proves it in turn). `None`, logged with the peer's
-/// address, for a connection that fails either: the caller drops it.
-pub(crate) fn handshake_accepted(mut stream: &TcpStream, from: SocketAddr) -> Option<Hello> {
+/// dialer knows the job's secret (and proves it in turn), all within `within`. `None`, logged
+/// with the peer's address, for a connection that fails either: the caller drops it.
+pub(crate) fn handshake_accepted(
+    stream: &TcpStream,
+    from: SocketAddr,
+    within: Duration,
+) -> Option<Hello> {
     let refuse = |why: String| {
         tracing::warn!("soft device: dropped a TCP connection from {from}: {why}");
         None
     };
-    let timeouts = stream
-        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
-        .and_then(|_| stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT)));
-    if let Err(e) = timeouts {
+    // The listener's nonce and proof go out without waiting for acknowledgements.
+    if let Err(e) = stream.set_nodelay(true) {
         return refuse(format!("socket options: {e}"));
     }
+    let mut stream = HandshakeStream::new(stream, within);
     let mut b = [0u8; HELLO_LEN];
     if let Err(e) = stream.read_exact(&mut b) {
         return refuse(format!("no hello: {e}"));
@@ -343,7 +359,7 @@ pub(crate) fn handshake_accepted(mut stream: &TcpStream, from: SocketAddr) -> Op
 
 /// The dialer's side of the handshake, after its hello: proves the job's secret and checks
 /// the listener's proof.
-fn authenticate_dial(s: &mut TcpStream, hello: &Hello) -> std::result::Result<(), String> {
+fn authenticate_dial(s: &mut HandshakeStream, hello: &Hello) -> std::result::Result<(), String> {
     let secret = crate::auth::job_secret().map_err(|e| e.to_string())?;
     crate::auth::dial(s, &secret, AUTH_PURPOSE, &hello.to_bytes()).map_err(|e| match e.kind() {
         std::io::ErrorKind::PermissionDenied => format!(
@@ -360,8 +376,14 @@ fn authenticate_dial(s: &mut TcpStream, hello: &Hello) -> std::result::Result<()
 // ---------------------------------------------------------------------------- bridge
 
 /// Turns an established connection (hello exchanged) into a link to device `peer`: starts
-/// the outbound and inbound threads.
-pub(crate) fn bridge(stream: TcpStream, peer: u64, engine: EngineWaker) -> Result<Link> {
+/// the outbound and inbound threads. `slot`, the link's place in the listener's budget, is
+/// given back when the link is released.
+pub(crate) fn bridge(
+    stream: TcpStream,
+    peer: u64,
+    engine: EngineWaker,
+    slot: Option<LinkSlot>,
+) -> Result<Link> {
     let io = |e: std::io::Error| Error::os("set up the TCP link's socket", e);
     stream.set_nodelay(true).map_err(io)?;
     stream.set_read_timeout(None).map_err(io)?;
@@ -372,6 +394,9 @@ pub(crate) fn bridge(stream: TcpStream, peer: u64, engine: EngineWaker) -> Resul
     end.signal.set_closer(move || {
         let _ = closer.shutdown(Shutdown::Both);
     });
+    if let Some(slot) = slot {
+        end.signal.hold(slot);
+    }
     let name = |dir: &str| format!("gdsync-tcp-{dir}-{:04x}", peer as u16);
     let signal = end.signal.clone();
     std::thread::Builder::new()

@@ -387,3 +387,41 @@ fn tcp_connections_without_the_job_secret_are_dropped() {
     connect(&mut c, &mut d);
     assert_pair_works(&mut c, &mut d);
 }
+
+/// Sends `bytes` one at a time, `gap` apart, until they are all sent or the other side closes;
+/// returns how many went out.
+fn trickle(mut s: std::net::TcpStream, bytes: &[u8], gap: Duration) -> usize {
+    use std::io::Write;
+    for (i, b) in bytes.iter().enumerate() {
+        if s.write_all(std::slice::from_ref(b)).is_err() {
+            return i;
+        }
+        std::thread::sleep(gap);
+    }
+    bytes.len()
+}
+
+/// A dialer that sends its hello and nonce one byte every 50 ms (each read of the listener
+/// gets a byte long before any per-read timeout) is dropped when the whole handshake's time
+/// is up (600 ms here), not after its last byte (4 s) or later.
+#[test]
+fn a_trickling_dialer_is_dropped_at_the_handshake_deadline() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let client = std::net::TcpStream::connect(addr).unwrap();
+    let (server, from) = l.accept().unwrap();
+    let hello = Hello::new(1, 2, host_id(), 1).to_bytes();
+    let bytes = [hello.as_slice(), &[7u8; 32]].concat();
+    let dialer = std::thread::spawn(move || trickle(client, &bytes, Duration::from_millis(50)));
+    let t = std::time::Instant::now();
+    let within = Duration::from_millis(600);
+    assert_eq!(tcp::handshake_accepted(&server, from, within), None);
+    let took = t.elapsed();
+    drop(server);
+    let sent = dialer.join().unwrap();
+    assert!(
+        took < within + Duration::from_millis(400),
+        "the handshake was dropped after {took:?}, its deadline was {within:?}"
+    );
+    assert!(sent < HELLO_LEN + 32, "the dialer sent all {sent} bytes");
+}
