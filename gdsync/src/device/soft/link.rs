@@ -542,6 +542,12 @@ impl Link {
         matches!(self.live, Liveness::Process { .. } | Liveness::Bridged(_))
     }
 
+    /// Whether the receive ring is filled by this process's bridge thread from a transport
+    /// (TCP), not by the peer engine's core.
+    pub(crate) fn is_bridged(&self) -> bool {
+        matches!(self.live, Liveness::Bridged(_))
+    }
+
     pub(crate) fn loopback(uid: u64) -> Self {
         let map = Arc::new(Mapping::heap(Mapping::size_for(1)));
         Self::new(uid, &map, 0, 0, 0, Liveness::Loopback)

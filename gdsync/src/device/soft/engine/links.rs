@@ -28,9 +28,9 @@ enum Emit {
 }
 
 impl Engine {
-    /// Takes the packets of one message (up to 64) off the link's receive ring; none while
-    /// the link's send queue is full ([`MAX_BACKLOG`]). The look that finds nothing is one
-    /// load, inline.
+    /// Takes the packets of one message (up to 64), or on a bridged (TCP) link up to 64
+    /// packets of any messages, off the link's receive ring; none while the link's send queue
+    /// is full ([`MAX_BACKLOG`]). The look that finds nothing is one load, inline.
     #[inline]
     pub(super) fn poll_link(&mut self, li: usize) -> bool {
         let l = &self.links[li];
@@ -39,6 +39,7 @@ impl Engine {
 
     #[inline(never)]
     fn take_packets(&mut self, li: usize) -> bool {
+        let one_message = !self.links[li].link.is_bridged();
         let mut n = 0;
         while let Some((h, payload)) = self.links[li].link.rx.peek() {
             // The payload borrows the ring: copy small headers, hand the slice down.
@@ -66,7 +67,10 @@ impl Engine {
             // One message per look: the thread running the engine may be waiting for just
             // this one, and a look at the next record waits for a line the peer's core
             // holds (the sender cleared its stamp), so it comes after the caller's look.
-            if n == 64 || h.flags & flag::LAST != 0 {
+            // Not on a bridged (TCP) link: its records are written by this process's bridge
+            // thread a batch at a time, a socket's latency hides the line, and a round that
+            // takes a batch answers it with one ACK per QP instead of one per message.
+            if n == 64 || (one_message && h.flags & flag::LAST != 0) {
                 break;
             }
         }
