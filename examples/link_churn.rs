@@ -159,6 +159,9 @@ fn run(args: &Args) -> Result<()> {
         let dmr = s.pd.register(&mut dst, Access::ALL)?;
         let smr = p.pd.register(&mut payload, Access::empty())?;
         write(&mut p, &smr, dmr.remote().at(0))?;
+        // The long-lived device's QP goes first, then the peer.
+        drop((smr, dmr, s));
+        drop((p, peer));
     }
     Ok(())
 }
