@@ -13,7 +13,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Output, Stdio};
 
 /// The tools, as `cargo build --release --examples` builds them.
-const TOOLS: [&str; 8] = [
+const TOOLS: [&str; 9] = [
     "pingpong",
     "bandwidth",
     "stencil2d",
@@ -22,6 +22,7 @@ const TOOLS: [&str; 8] = [
     "memop_cost",
     "mp_mpi",
     "soak",
+    "link_churn",
 ];
 
 /// Example `name` as a command that sees no GPU and would print backtraces if it panicked.

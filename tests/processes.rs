@@ -300,6 +300,11 @@ impl Child {
     /// Starts a child in `role` and connects a QP with `cfg` to it: on the devices of
     /// `peers`, over its link (`SharedMemory` or `Tcp`).
     fn spawn(role: &str, cfg: &QpConfig, peers: Peers) -> Child {
+        Self::spawn_on(&Device::open(peers.device()).unwrap(), role, cfg, peers)
+    }
+
+    /// As [`Child::spawn`], the parent's QP on `dev`.
+    fn spawn_on(dev: &Device, role: &str, cfg: &QpConfig, peers: Peers) -> Child {
         let exe = std::env::current_exe().unwrap();
         let emu = peers.mlx5.then(|| emulator("mlx5_0"));
         let mut cmd = match &emu {
@@ -333,8 +338,7 @@ impl Child {
             .spawn()
             .expect("spawn child");
         let lines = common::child::tagged_lines(proc.stdout.take().unwrap(), TAG);
-        let dev = Device::open(peers.device()).unwrap();
-        let side = Side::new(&dev, cfg);
+        let side = Side::new(dev, cfg);
         let mut c = Child {
             stdin: proc.stdin.take(),
             proc,
@@ -1033,4 +1037,48 @@ fn invalid_link_policy_is_a_clear_error() {
             && line.contains("tcp"),
         "{line}"
     );
+}
+
+/// Mappings of this process's link files that name device `uid`.
+fn link_mappings(uid: u64) -> usize {
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
+    let name = format!("{uid:016x}");
+    (maps.lines())
+        .filter(|l| l.contains("gdsync-link-") && l.contains(&name))
+        .count()
+}
+
+/// Child processes come and go against one long-lived device (each links through a
+/// shared-memory file, takes 1 MiB of RDMA writes and exits): the device lets go of each
+/// link's mapping once the child is gone, and still serves a new child.
+/// (`GDSYNC_LINK_CHURN_PROCS` sets the number of children.)
+#[test]
+fn links_to_exited_children_are_unmapped() {
+    let n: usize = std::env::var("GDSYNC_LINK_CHURN_PROCS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let dev = Device::soft().unwrap();
+    let uid = dev.info().uid;
+    let mut src = pattern(7, 1 << 20);
+    for i in 0..n {
+        let mut ch = Child::spawn_on(&dev, "responder", &QpConfig::default(), SHM);
+        assert_eq!(link_mappings(uid), 1, "child {i}: its link is mapped");
+        let mr = ch.side.pd.register(&mut src, Access::empty()).unwrap();
+        let wr = SendWr::write(ch.buf.at(0)).sge(mr.sge(..)).wr_id(1);
+        ch.side.qp.post_send(&wr).unwrap();
+        assert!(poll1(&ch.side.scq).is_ok());
+        drop(mr);
+        assert_eq!(ch.hash(0, 1 << 20), checksum(&src), "child {i}");
+        ch.finish();
+        let start = Instant::now();
+        while link_mappings(uid) != 0 && start.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            link_mappings(uid),
+            0,
+            "child {i} exited 2 s ago: its link file is still mapped"
+        );
+    }
 }

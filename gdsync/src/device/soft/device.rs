@@ -110,14 +110,17 @@ pub(crate) struct SoftDevice {
     cqs: Mutex<HashMap<u32, Arc<CqHw>>>,
     next_cqn: AtomicU32,
     next_pd: AtomicU32,
-    /// Peers this device has a link to, or is dialing.
-    links: Mutex<Links>,
+    /// Peers this device has a link to, or is dialing (shared with the engine, which forgets
+    /// the peer of a link it releases).
+    links: Arc<Mutex<Links>>,
     /// Signalled when a link comes up or a dial ends.
     links_changed: Condvar,
     engine: EngineHandle,
 }
 
-/// A device's links by peer uid.
+/// A device's links by peer uid. A link is released once its peer is gone (docs/soft-device.md,
+/// "Links"): the engine then [forgets](Links::forget) the peer, so that the set holds only
+/// live peers and a later connect to that peer sets up a fresh link.
 #[derive(Default)]
 struct Links {
     up: HashSet<u64>,
@@ -125,6 +128,14 @@ struct Links {
     dialing: HashSet<u64>,
     /// Peers whose link a QP of this device has used (and the log has named).
     announced: HashSet<u64>,
+}
+
+impl Links {
+    /// The engine released its link to `peer`.
+    fn forget(&mut self, peer: u64) {
+        self.up.remove(&peer);
+        self.announced.remove(&peer);
+    }
 }
 
 impl SoftDevice {
@@ -478,7 +489,10 @@ impl SoftDevice {
             regions: Arc::new(MrTable::default()),
             targets: Arc::new(WriteTargets::new(super::MAX_QPS)),
         };
-        let engine = EngineHandle::spawn(uid, share.clone())?;
+        let links = Arc::new(Mutex::new(Links::default()));
+        let peers = links.clone();
+        let forget = Box::new(move |peer| peers.lock().forget(peer));
+        let engine = EngineHandle::spawn(uid, share.clone(), forget)?;
         let dev = Arc::new(SoftDevice {
             uid,
             share,
@@ -487,7 +501,7 @@ impl SoftDevice {
             cqs: Mutex::new(HashMap::new()),
             next_cqn: AtomicU32::new(1),
             next_pd: AtomicU32::new(1),
-            links: Mutex::new(Links::default()),
+            links,
             links_changed: Condvar::new(),
             engine,
         });
@@ -695,6 +709,14 @@ impl Provider for SoftDevice {
     }
 }
 
+#[cfg(test)]
+impl SoftDevice {
+    /// Links the engine holds, and peers the device counts as linked (for tests).
+    fn links_now(&self) -> (usize, usize) {
+        (self.engine.ctl().links_held(), self.links.lock().up.len())
+    }
+}
+
 /// The soft device behind a device handle (for tests).
 #[cfg(test)]
 fn soft_of(d: &crate::Device) -> Arc<SoftDevice> {
@@ -709,6 +731,9 @@ fn soft_of(d: &crate::Device) -> Arc<SoftDevice> {
 #[path = "tcp_tests.rs"]
 mod tcp_tests;
 
+#[cfg(test)]
+#[path = "link_release_tests.rs"]
+mod link_release_tests;
 #[cfg(test)]
 #[path = "modify_tests.rs"]
 mod modify_tests;

@@ -599,6 +599,8 @@ impl Link {
         let signal = Arc::new(BridgeSignal::default());
         let mut link = Self::new(peer, &map, 0, 0, 1, Liveness::Bridged(signal.clone()));
         link.tx.notify = Some(signal.clone());
+        #[cfg(test)]
+        bridges::note(peer, &signal);
         let end = BridgeEnd {
             outbound: Consumer::new(&map, 0),
             inbound: Producer::new(&map, 1),
@@ -867,6 +869,33 @@ impl Drop for Link {
             s.close_transport();
             s.unpark_outbound();
         }
+    }
+}
+
+/// The bridged links made in this process, by peer (for tests: a link's signal lives as long
+/// as its engine end and its transport threads).
+#[cfg(test)]
+pub(crate) mod bridges {
+    use super::BridgeSignal;
+    use parking_lot::Mutex;
+    use std::sync::{Arc, Weak};
+
+    static ALL: Mutex<Vec<(u64, Weak<BridgeSignal>)>> = Mutex::new(Vec::new());
+
+    pub(super) fn note(peer: u64, signal: &Arc<BridgeSignal>) {
+        let mut all = ALL.lock();
+        all.retain(|(_, s)| s.strong_count() > 0);
+        all.push((peer, Arc::downgrade(signal)));
+    }
+
+    /// Holders (the link's engine end, its two threads) of the bridged links to `peer` that
+    /// are still alive.
+    pub(crate) fn holders(peer: u64) -> usize {
+        let all = ALL.lock();
+        (all.iter())
+            .filter(|(p, _)| *p == peer)
+            .map(|(_, s)| s.strong_count())
+            .sum()
     }
 }
 

@@ -87,6 +87,8 @@ pub(crate) struct EngineCtl {
     /// generation that moves on when the engine replaces it (its QPs or links changed).
     watch: Mutex<Arc<watch::Watch>>,
     watch_gen: std::sync::atomic::AtomicU64,
+    /// Links the engine holds now (a dead link is released at the check that finds it).
+    links_held: std::sync::atomic::AtomicUsize,
 }
 
 pub(crate) struct EngineHandle {
@@ -139,6 +141,12 @@ impl EngineCtl {
         self.set_state(qpn, HwQpState::Reset);
     }
 
+    /// How many links the engine holds now.
+    #[cfg(test)]
+    pub(crate) fn links_held(&self) -> usize {
+        self.links_held.load(Ordering::Acquire)
+    }
+
     /// The oldest asynchronous event the host has not read.
     pub(crate) fn next_event(&self) -> Option<AsyncEvent> {
         let mut q = self.events.lock();
@@ -170,7 +178,13 @@ impl EngineCtl {
 }
 
 impl EngineHandle {
-    pub(crate) fn spawn(uid: u64, share: link::DeviceShare) -> Result<Self> {
+    /// A new engine thread for device `uid`; `forget_peer` is called (from a round) with the
+    /// peer device of each link the engine releases.
+    pub(crate) fn spawn(
+        uid: u64,
+        share: link::DeviceShare,
+        forget_peer: engine::ForgetPeer,
+    ) -> Result<Self> {
         let ctl = Arc::new(EngineCtl {
             cmds: Mutex::new(Vec::new()),
             has_cmds: AtomicBool::new(false),
@@ -185,8 +199,10 @@ impl EngineHandle {
             has_events: AtomicBool::new(false),
             watch: Mutex::new(Arc::new(watch::Watch::empty(share.regions.clone()))),
             watch_gen: Default::default(),
+            links_held: Default::default(),
         });
-        let core = progress::EngineCore::new(ctl.clone(), engine::Engine::new(ctl.clone(), share));
+        let engine = engine::Engine::new(ctl.clone(), share, forget_peer);
+        let core = progress::EngineCore::new(ctl.clone(), engine);
         let c = core.clone();
         let join = std::thread::Builder::new()
             .name(format!("gdsync-soft-{:04x}", uid as u16))

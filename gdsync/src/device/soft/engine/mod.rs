@@ -36,6 +36,9 @@ use crate::format::*;
 use crate::mem::RingMem;
 use memory::Seg;
 pub(crate) use placed::WriteTargets;
+
+/// Called with the peer device of each link the engine releases: the device forgets it.
+pub(crate) type ForgetPeer = Box<dyn Fn(u64) + Send>;
 use smallvec::SmallVec;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -303,6 +306,8 @@ pub(crate) struct Engine {
     /// links came or went.
     watch: Arc<Watch>,
     watch_stale: bool,
+    /// Tells the device that a link was released ([`ForgetPeer`]).
+    forget_peer: ForgetPeer,
 }
 
 fn psn_le(a: u32, b: u32) -> bool {
@@ -310,7 +315,7 @@ fn psn_le(a: u32, b: u32) -> bool {
 }
 
 impl Engine {
-    pub(crate) fn new(ctl: Arc<EngineCtl>, share: DeviceShare) -> Self {
+    pub(crate) fn new(ctl: Arc<EngineCtl>, share: DeviceShare, forget_peer: ForgetPeer) -> Self {
         let watch = ctl.watch.lock().clone();
         Self {
             ctl,
@@ -326,6 +331,7 @@ impl Engine {
             doorbells_due: false,
             watch,
             watch_stale: true,
+            forget_peer,
         }
     }
 
@@ -497,6 +503,7 @@ impl Engine {
         self.qps.clear();
         self.active.clear();
         self.links.clear();
+        self.ctl.links_held.store(0, Ordering::Release);
         self.rewatch();
     }
 
@@ -557,10 +564,15 @@ impl Engine {
                         q.next_psn = timers.sq_psn;
                     }
                 }
-                Cmd::AddLink(l) => self.links.push(ELink {
-                    link: *l,
-                    queue: VecDeque::new(),
-                }),
+                Cmd::AddLink(l) => {
+                    self.links.push(ELink {
+                        link: *l,
+                        queue: VecDeque::new(),
+                    });
+                    self.ctl
+                        .links_held
+                        .store(self.links.len(), Ordering::Release);
+                }
             }
         }
         self.ctl.applied.fetch_add(n, Ordering::AcqRel);
@@ -611,23 +623,55 @@ impl Engine {
         self.active.retain(|&n| n != qpn);
     }
 
-    /// A QP connected to peer QP `rqpn` of the device at the other end of the link to `peer`.
+    /// A QP connected to peer QP `rqpn` of the device at the other end of the link to `peer`
+    /// (the newest link to it that is not dead). With none (the peer went away between the
+    /// connect's link set-up and this command), the QP fails as its first send would.
     fn connect(&mut self, qpn: u32, peer: u64, rqpn: u32, rq_psn: u32) {
-        let li = self.links.iter().position(|l| l.link.peer == peer);
-        if let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) {
-            q.link = li;
-            q.rqpn = rqpn;
-            q.exp_psn = rq_psn;
-            q.pending = true;
-            if li.is_some() {
-                self.targets.open(qpn, rqpn, q.hw.pd);
-            }
-            if li.is_none() {
-                tracing::error!(
-                    "soft device: connect of QP {qpn:#x}: no link to peer device {peer:016x}"
-                );
+        let li = (self.links.iter()).rposition(|l| l.link.peer == peer && !l.link.dead);
+        let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        q.link = li;
+        q.rqpn = rqpn;
+        q.exp_psn = rq_psn;
+        q.pending = true;
+        if li.is_some() {
+            self.targets.open(qpn, rqpn, q.hw.pd);
+        } else {
+            tracing::warn!(
+                "soft device: connect of QP {qpn:#x}: the link to peer device {peer:016x} is gone: the QP fails"
+            );
+            self.fail_first(qpn, Syndrome::TransportRetryExc);
+        }
+    }
+
+    /// Lets go of link `li`, whose peer is gone and whose QPs are in error (a QP in error
+    /// sends nothing and flushes its work locally: it needs no link): its rings, mapping and
+    /// transport threads go with it, and the device forgets the peer. The last link takes
+    /// its place in the list (the QPs on it are told), so rounds look only at live links.
+    pub(super) fn release_link(&mut self, li: usize) {
+        let last = self.links.len() - 1;
+        for &qpn in &self.active {
+            let q = self.qps[qpn as usize].as_mut().unwrap();
+            if q.link == Some(li) {
+                debug_assert!(q.err, "a QP not in error on a released link");
+                q.link = None;
+            } else if q.link == Some(last) {
+                q.link = Some(li);
             }
         }
+        let gone = self.links.swap_remove(li);
+        self.ctl
+            .links_held
+            .store(self.links.len(), Ordering::Release);
+        // The waiting threads' watch holds the ring: a new one without it, now (in thread
+        // mode no helper may settle a watch for a long time).
+        self.rewatch();
+        (self.forget_peer)(gone.link.peer);
+        tracing::debug!(
+            "soft device: released the link to peer device {:016x}",
+            gone.link.peer
+        );
     }
 }
 

@@ -83,7 +83,8 @@ impl Engine {
             .then(|| q.hw.doorbell_end(db, q.last_db, q.sq_ci as u16))
             .flatten();
         q.last_db = db;
-        if q.link.is_none() || q.retry_at.is_some() {
+        // (A QP in error needs no link: it flushes; its link may have been released.)
+        if (q.link.is_none() && !q.err) || q.retry_at.is_some() {
             q.pending = true;
             return work;
         }
@@ -109,8 +110,8 @@ impl Engine {
                 }
                 return true;
             }
-            let li = self.qps[qpn as usize].as_ref().unwrap().link.unwrap();
-            if self.links[li].queue.len() >= MAX_QUEUED {
+            let li = self.qps[qpn as usize].as_ref().unwrap().link;
+            if li.is_some_and(|li| self.links[li].queue.len() >= MAX_QUEUED) {
                 self.qps[qpn as usize].as_mut().unwrap().pending = true;
                 break;
             }

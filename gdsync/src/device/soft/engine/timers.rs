@@ -13,13 +13,20 @@ impl Engine {
         self.qp_timers(now) || links
     }
 
-    /// Fails the QPs of every link found down since the last check.
+    /// Fails the QPs of every link found down since the last check, then releases the link
+    /// ([`release_link`](Engine::release_link)).
     fn check_links(&mut self, now: Instant) -> bool {
         let mut work = false;
-        for li in 0..self.links.len() {
+        let mut li = 0;
+        while li < self.links.len() {
             if !self.links[li].link.dead && !self.links[li].link.check_alive(now) {
-                work |= self.link_down(li);
+                self.link_down(li);
+                // The last link moves into `li`: it is looked at next.
+                self.release_link(li);
+                work = true;
+                continue;
             }
+            li += 1;
         }
         work
     }
