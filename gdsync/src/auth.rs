@@ -94,12 +94,7 @@ impl std::str::FromStr for JobSecret {
 }
 
 fn random(b: &mut [u8]) -> crate::Result<()> {
-    getrandom::fill(b).map_err(|e| {
-        crate::Error::os(
-            "draw random bytes for authentication",
-            IoError::other(e.to_string()),
-        )
-    })
+    crate::random::fill(b).map_err(|e| crate::Error::os("draw random bytes for authentication", e))
 }
 
 /// The process's secret: set by [`set_job_secret`], else read from [`SECRET_ENV`], else drawn
@@ -142,7 +137,7 @@ fn denied(what: &str) -> IoError {
 
 fn nonce() -> std::io::Result<[u8; NONCE_LEN]> {
     let mut n = [0u8; NONCE_LEN];
-    getrandom::fill(&mut n).map_err(|e| IoError::other(e.to_string()))?;
+    crate::random::fill(&mut n)?;
     Ok(n)
 }
 

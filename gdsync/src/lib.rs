@@ -55,6 +55,7 @@ mod nic;
 pub mod ops;
 pub mod probe;
 mod qp;
+mod random;
 mod shm;
 mod signal;
 mod wr;

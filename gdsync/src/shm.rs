@@ -4,7 +4,11 @@
 //! processes both see (pingpong's `--raw` floor across processes) use the same type. Files
 //! are created readable and writable by their owner only (mode 0600) and exclusively (an
 //! existing name is an error, never silently shared); the creator removes the name when its
-//! mapping goes, unless it was removed earlier (once every side holds the mapping).
+//! mapping goes, unless it was removed earlier (once every side holds the mapping). A file
+//! is mapped only if it is a regular file of this user that no one else may open (owner and
+//! mode checked on the open file, links not followed): another local user who made a file of
+//! that name first would otherwise read and write what passes through it. [`private_dir`]
+//! gives each user a directory of its own (mode 0700) for such files.
 
 use crate::{Error, Result};
 use std::fs::OpenOptions;
@@ -37,6 +41,7 @@ impl SharedMemory {
             .write(true)
             .create_new(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(path)
             .map_err(|e| Error::os(format!("create {}", path.display()), e))?;
         let mapped = file
@@ -59,16 +64,21 @@ impl SharedMemory {
     /// exist or does not have that length yet (its creator may still be sizing it).
     pub fn open(path: impl AsRef<Path>, len: usize) -> Result<Option<Self>> {
         let path = path.as_ref();
-        let file = match OpenOptions::new().read(true).write(true).open(path) {
+        let opened = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path);
+        let file = match opened {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Error::os(format!("open {}", path.display()), e)),
         };
-        let size = file
+        let meta = file
             .metadata()
-            .map_err(|e| Error::os(format!("stat {}", path.display()), e))?
-            .len();
-        if size != len as u64 {
+            .map_err(|e| Error::os(format!("stat {}", path.display()), e))?;
+        check_private(path, &meta, "file")?;
+        if meta.len() != len as u64 {
             return Ok(None);
         }
         Self::map(&file, len, path).map(Some)
@@ -127,6 +137,54 @@ impl SharedMemory {
     }
 }
 
+/// `dir/<name>-<uid>`, this user's own directory for shared-memory files: created with mode
+/// 0700 if it does not exist; refused if it is not a directory (a link included) of this
+/// user that no one else may enter.
+pub(crate) fn private_dir(dir: &Path, name: &str) -> Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let path = dir.join(format!("{name}-{}", euid()));
+    match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::os(format!("create {}", path.display()), e)),
+    }
+    let meta = std::fs::symlink_metadata(&path)
+        .map_err(|e| Error::os(format!("stat {}", path.display()), e))?;
+    check_private(&path, &meta, "directory")?;
+    Ok(path)
+}
+
+/// This process's effective uid.
+fn euid() -> u32 {
+    // SAFETY: geteuid takes nothing and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Refuses what is not a `kind` ("file" or "directory") of this user closed to group and
+/// others.
+fn check_private(path: &Path, meta: &std::fs::Metadata, kind: &str) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let is_kind = match kind {
+        "directory" => meta.file_type().is_dir(),
+        _ => meta.file_type().is_file(),
+    };
+    let (uid, mode, me) = (meta.uid(), meta.mode() & 0o7777, euid());
+    if is_kind && uid == me && mode & 0o077 == 0 {
+        return Ok(());
+    }
+    let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+    Err(Error::os(
+        format!(
+            "{}: not a private {kind} of this user (uid {me}): it is {}owned by uid {uid} \
+             with mode {mode:04o}; refusing to use it, as another local user could read or \
+             change what passes through it (remove it, or ask who made it)",
+            path.display(),
+            if is_kind { "" } else { "of another type, " },
+        ),
+        denied,
+    ))
+}
+
 impl Drop for SharedMemory {
     fn drop(&mut self) {
         if let Some(p) = self.owned_name.take() {
@@ -134,5 +192,119 @@ impl Drop for SharedMemory {
         }
         // SAFETY: ptr/len came from a successful mmap and are unmapped once.
         unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A fresh folder under the system's temporary directory, removed by the caller.
+    fn scratch(name: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("gdsync-shm-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir(&p).unwrap();
+        p
+    }
+
+    fn chmod(p: &Path, mode: u32) {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    /// `nobody`, or another uid that is not this process's.
+    fn other_uid() -> u32 {
+        if euid() == 65534 {
+            65533
+        } else {
+            65534
+        }
+    }
+
+    #[test]
+    fn a_file_open_to_other_users_is_not_mapped() {
+        let dir = scratch("mode");
+        let path = dir.join("f");
+        std::fs::write(&path, [0u8; 4096]).unwrap();
+        chmod(&path, 0o666);
+        let err = SharedMemory::open(&path, 4096)
+            .err()
+            .expect("mapped a 0666 file");
+        assert!(err.to_string().contains("not a private file"), "{err}");
+        chmod(&path, 0o600);
+        assert!(SharedMemory::open(&path, 4096).unwrap().is_some());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_link_in_place_of_the_file_is_not_followed() {
+        let dir = scratch("link");
+        let target = dir.join("target");
+        std::fs::write(&target, [0u8; 4096]).unwrap();
+        chmod(&target, 0o600);
+        let path = dir.join("f");
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        assert!(SharedMemory::open(&path, 4096).is_err(), "followed a link");
+        assert!(
+            SharedMemory::create(&path, 4096).is_err(),
+            "created through a link"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    #[ignore = "needs root (makes a file of another user); .ci/run runs it as root"]
+    fn a_file_of_another_user_is_not_mapped() {
+        let dir = scratch("owner");
+        let path = dir.join("f");
+        std::fs::write(&path, [0u8; 4096]).unwrap();
+        chmod(&path, 0o600);
+        std::os::unix::fs::chown(&path, Some(other_uid()), None).expect("chown (root?)");
+        let err = SharedMemory::open(&path, 4096)
+            .err()
+            .expect("mapped another user's file");
+        assert!(
+            err.to_string()
+                .contains(&format!("owned by uid {}", other_uid())),
+            "{err}"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn the_private_directory_is_made_closed_and_checked() {
+        let dir = scratch("dir");
+        let mine = private_dir(&dir, "x").unwrap();
+        let meta = std::fs::metadata(&mine).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+        assert_eq!(
+            private_dir(&dir, "x").unwrap(),
+            mine,
+            "the same directory again"
+        );
+        chmod(&mine, 0o755);
+        let err = private_dir(&dir, "x").expect_err("took a directory open to others");
+        assert!(err.to_string().contains("not a private directory"), "{err}");
+        std::fs::remove_dir(&mine).unwrap();
+        std::fs::create_dir(dir.join("elsewhere")).unwrap();
+        std::os::unix::fs::symlink(dir.join("elsewhere"), &mine).unwrap();
+        assert!(
+            private_dir(&dir, "x").is_err(),
+            "took a link for the directory"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    #[ignore = "needs root (makes a directory of another user); .ci/run runs it as root"]
+    fn a_directory_of_another_user_is_refused() {
+        let dir = scratch("dirowner");
+        let theirs = dir.join(format!("x-{}", euid()));
+        std::fs::create_dir(&theirs).unwrap();
+        chmod(&theirs, 0o700);
+        std::os::unix::fs::chown(&theirs, Some(other_uid()), None).expect("chown (root?)");
+        let err = private_dir(&dir, "x").expect_err("took another user's directory");
+        assert!(err.to_string().contains("not a private directory"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

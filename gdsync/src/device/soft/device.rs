@@ -80,19 +80,10 @@ fn tcp_address(policy: LinkPolicy) -> Option<SocketAddr> {
     }
 }
 
+/// A device's id: random (from the OS's generator), so that other processes cannot guess
+/// the ids of devices they were not told of.
 fn new_uid() -> u64 {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    let mut seed = [0u8; 28];
-    seed[..16].copy_from_slice(&t.to_le_bytes());
-    seed[16..20].copy_from_slice(&std::process::id().to_le_bytes());
-    seed[20..24].copy_from_slice(&N.fetch_add(1, Ordering::Relaxed).to_le_bytes());
-    let here = &seed as *const _ as usize as u32;
-    seed[24..].copy_from_slice(&here.to_le_bytes());
-    fnv1a(&seed) | 1
+    crate::random::u64() | 1
 }
 
 /// A soft device: the provider commands, served on the control path; the data path is its

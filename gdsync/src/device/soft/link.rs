@@ -39,8 +39,10 @@ const OFF_CREATOR: usize = 12;
 /// something only to processes of the same namespace (containers may share `/dev/shm` and
 /// not their pids).
 const OFF_PIDNS: usize = 16;
-/// Where the files of links between processes live, and how their names start.
+/// Where the files of links between processes live (in a directory of each user's own,
+/// `gdsync-<uid>`, that no one else may enter), and how their names start.
 const SHM_DIR: &str = "/dev/shm";
+const SHM_USER_DIR: &str = "gdsync";
 const SHM_PREFIX: &str = "gdsync-link-";
 const OFF_CLOSED: usize = 64; // two u32, one per side
 const OFF_HEAD: usize = 128; // two u64 on their own cache lines: 128 and 192
@@ -636,7 +638,8 @@ impl Link {
     /// up to 30 s) and unlinks it once mapped.
     pub(crate) fn shared_memory(me: u64, peer: u64, pid: u32) -> Result<Self> {
         let (lo, hi) = (me.min(peer), me.max(peer));
-        let path = std::path::PathBuf::from(format!("{SHM_DIR}/{SHM_PREFIX}{lo:016x}-{hi:016x}"));
+        let dir = link_dir()?;
+        let path = dir.join(format!("{SHM_PREFIX}{lo:016x}-{hi:016x}"));
         let size = Mapping::size_for(2);
         let creator = me < peer;
         // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
@@ -653,10 +656,9 @@ impl Link {
             })
         };
         let mut mem = if creator {
-            // Once per process: a job of many processes creates many links, and what a
-            // crashed process left is found by the next process that creates one.
-            static SWEPT: std::sync::Once = std::sync::Once::new();
-            SWEPT.call_once(sweep_orphaned_links);
+            // What a crashed process left is found by the next link made by any process of
+            // this user (a look at a directory of this user's link files only).
+            sweep_orphaned_links(&dir);
             SharedMemory::create(&path, size)?
         } else {
             let start = Instant::now();
@@ -760,11 +762,16 @@ impl Link {
     }
 }
 
+/// This user's directory of link files (created on first use, mode 0700).
+fn link_dir() -> Result<std::path::PathBuf> {
+    crate::shm::private_dir(std::path::Path::new(SHM_DIR), SHM_USER_DIR)
+}
+
 /// Removes link files whose creator died before its peer mapped them (a crash or Ctrl-C
 /// early in a run): the creator's pid is in the file's header. Files still being set up
 /// (no header yet) are left alone unless older than the set-up wait.
-fn sweep_orphaned_links() {
-    let Ok(dir) = std::fs::read_dir(SHM_DIR) else {
+fn sweep_orphaned_links(dir: &std::path::Path) {
+    let Ok(dir) = std::fs::read_dir(dir) else {
         return;
     };
     for entry in dir.flatten() {
@@ -926,10 +933,52 @@ mod liveness_tests {
         assert!(msg.contains(&format!("process {pid} exited")), "{msg}");
     }
 
+    /// A dead creator's file is removed by the next link this process creates, not only by
+    /// a process's first.
+    #[test]
+    fn every_link_file_created_sweeps_the_dead_ones() {
+        let me = std::process::id();
+        let first = Link::shared_memory(0x10, 0xFFFF_FFFF_FFFF_FF01, me).unwrap();
+        let orphan = link_dir()
+            .unwrap()
+            .join(format!("{SHM_PREFIX}test-orphan-0000000000000002"));
+        let mut head = SEG_MAGIC.to_ne_bytes().to_vec();
+        head.extend_from_slice(&(RING_BYTES as u32).to_ne_bytes());
+        head.extend_from_slice(&dead_pid().to_ne_bytes());
+        head.extend_from_slice(&pid_namespace().to_ne_bytes());
+        std::fs::write(&orphan, head).unwrap();
+        let second = Link::shared_memory(0x11, 0xFFFF_FFFF_FFFF_FF02, me).unwrap();
+        assert!(
+            !orphan.exists(),
+            "the second link left the dead creator's file"
+        );
+        drop((first, second));
+    }
+
+    /// A file another user made first under the name this device opens is refused, never
+    /// mapped (it would carry this device's payloads to them).
+    #[test]
+    fn a_link_file_open_to_other_users_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let (lo, hi) = (0x20u64, 0xFFFF_FFFF_FFFF_FF03u64);
+        let path = link_dir()
+            .unwrap()
+            .join(format!("{SHM_PREFIX}{lo:016x}-{hi:016x}"));
+        let planted = SharedMemory::create(&path, Mapping::size_for(2)).unwrap();
+        // SAFETY: the mapping is ours and holds the header's first 8 bytes.
+        unsafe { (planted.as_ptr() as *mut u64).write_volatile(SEG_MAGIC) };
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let err = Link::shared_memory(hi, lo, std::process::id())
+            .err()
+            .expect("mapped a link file open to other users");
+        assert!(err.to_string().contains("not a private file"), "{err}");
+        drop(planted);
+    }
+
     #[test]
     fn link_files_of_dead_creators_are_swept() {
         let write = |name: &str, pid: u32, namespace: u64| {
-            let path = std::path::PathBuf::from(format!("{SHM_DIR}/{SHM_PREFIX}{name}"));
+            let path = link_dir().unwrap().join(format!("{SHM_PREFIX}{name}"));
             let mut head = SEG_MAGIC.to_ne_bytes().to_vec();
             head.extend_from_slice(&(RING_BYTES as u32).to_ne_bytes());
             head.extend_from_slice(&pid.to_ne_bytes());
@@ -942,7 +991,7 @@ mod liveness_tests {
         let mine = write("test-live-0000000000000001", std::process::id(), ns);
         // A dead pid of another PID namespace may be a live process there.
         let foreign = write("test-foreign-0000000000000001", dead_pid(), ns ^ 1);
-        sweep_orphaned_links();
+        sweep_orphaned_links(&link_dir().unwrap());
         assert!(!orphan.exists(), "the dead creator's file stays");
         assert!(mine.exists(), "a live creator's file was removed");
         assert!(foreign.exists(), "another namespace's file was removed");

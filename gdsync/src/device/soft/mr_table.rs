@@ -136,28 +136,19 @@ pub(crate) struct Slots {
     /// (key byte, region) by index.
     slots: Vec<(u8, Option<MrEntry>)>,
     free: Vec<usize>,
-    /// State of the generator of key bytes (0: not seeded yet).
-    key_rng: u64,
+    /// Random bytes drawn for keys and not used yet.
+    key_bytes: Vec<u8>,
 }
 
 impl Slots {
-    /// A random key byte, nonzero and other than `old`.
+    /// A random key byte, nonzero and other than `old`, from the OS's generator: a peer that
+    /// was handed some keys must not learn the next ones from them.
     fn key_byte(&mut self, old: u8) -> u8 {
-        if self.key_rng == 0 {
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_nanos() as u64;
-            self.key_rng = (t ^ (self as *const Self as u64).rotate_left(32)) | 1;
-        }
         loop {
-            // xorshift64
-            let mut x = self.key_rng;
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            self.key_rng = x;
-            let b = (x >> 56) as u8;
+            if self.key_bytes.is_empty() {
+                self.key_bytes = crate::random::u64().to_ne_bytes().to_vec();
+            }
+            let b = self.key_bytes.pop().unwrap_or(0);
             if b != 0 && b != old {
                 return b;
             }
@@ -304,5 +295,83 @@ mod tests {
             assert!(t.inner.0.read().get(k).is_some());
             prev = k;
         }
+    }
+
+    /// The attack that worked on the memory keys' xorshift64 generator: from the top bytes of
+    /// consecutive outputs, recover the state and predict what follows. Against the OS's
+    /// generator the prediction must fail (a chance of 2^-104 that 13 bytes match by luck).
+    #[test]
+    fn key_bytes_do_not_follow_from_earlier_ones() {
+        let t = MrTable::default();
+        let keys: Vec<u8> = (0..25).map(|_| t.register(&spec()) as u8).collect();
+        let predicted = xorshift_predict(&keys[..12], 13);
+        assert!(
+            predicted.as_deref() != Some(&keys[12..]),
+            "the next 13 key bytes followed from the first 12: {keys:?}"
+        );
+    }
+
+    /// A brute-force xorshift64 state recovery is 2^56 work; the attacker's shortcut is that
+    /// the top byte of each output is a linear function of the state over GF(2). Solve the
+    /// linear system for the 64 state bits from the first outputs' top bytes (12 bytes = 96
+    /// equations), then run the generator on. `None` if the system has no solution.
+    fn xorshift_predict(seen: &[u8], n: usize) -> Option<Vec<u8>> {
+        // Each state bit's effect on the output sequence, by linearity: step the unit vectors.
+        let step = |mut x: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        // rows[k] = (mask over the 64 state bits, wanted bit) for output bit k.
+        let mut rows: Vec<(u64, bool)> = Vec::new();
+        let mut basis: Vec<u64> = (0..64).map(|i| 1u64 << i).collect();
+        for &b in seen {
+            basis.iter_mut().for_each(|v| *v = step(*v));
+            for bit in 56..64 {
+                let mask = (0..64).fold(0u64, |m, i| m | (((basis[i] >> bit) & 1) << i));
+                rows.push((mask, (b >> (bit - 56)) & 1 == 1));
+            }
+        }
+        // Gaussian elimination over GF(2).
+        let mut pivots: Vec<(usize, u64, bool)> = Vec::new();
+        for (mut m, mut v) in rows {
+            for &(p, pm, pv) in &pivots {
+                if (m >> p) & 1 == 1 {
+                    m ^= pm;
+                    v ^= pv;
+                }
+            }
+            if m == 0 {
+                if v {
+                    return None; // inconsistent: not an xorshift64 sequence
+                }
+                continue;
+            }
+            let p = m.trailing_zeros() as usize;
+            for q in pivots.iter_mut() {
+                if (q.1 >> p) & 1 == 1 {
+                    q.1 ^= m;
+                    q.2 ^= v;
+                }
+            }
+            pivots.push((p, m, v));
+        }
+        // Free bits as zero; pivot bits from their rows (fully reduced).
+        let state = pivots
+            .iter()
+            .fold(0u64, |s, &(p, _, v)| s | (u64::from(v) << p));
+        let mut x = state;
+        for _ in seen {
+            x = step(x);
+        }
+        Some(
+            (0..n)
+                .map(|_| {
+                    x = step(x);
+                    (x >> 56) as u8
+                })
+                .collect(),
+        )
     }
 }
