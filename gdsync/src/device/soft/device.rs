@@ -100,7 +100,7 @@ pub(crate) struct SoftDevice {
     uid: u64,
     /// The translation table (the engine reads its own copy), and the QPs that take placed
     /// writes: what the device shares with its in-process peers.
-    share: DeviceShare,
+    pub(super) share: DeviceShare,
     /// QP numbers in use and free for reuse.
     qpns: Mutex<QpNumbers>,
     /// The doorbell pages and the QPs' bfregs in them.
@@ -710,6 +710,9 @@ mod tcp_tests;
 #[cfg(test)]
 #[path = "modify_tests.rs"]
 mod modify_tests;
+#[cfg(test)]
+#[path = "placed_model_tests.rs"]
+mod placed_model_tests;
 #[cfg(test)]
 #[path = "placed_tests.rs"]
 mod placed_tests;
