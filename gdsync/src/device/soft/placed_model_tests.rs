@@ -29,10 +29,11 @@ enum Step {
     Connect(usize, usize),
     /// QP `.0` is destroyed.
     Destroy(usize),
-    /// QP `.0` writes `len` bytes to device `dev`'s region at `at` (inline up to 16 bytes).
+    /// QP `.0` writes `len` bytes at `at` of a region (inline up to 16 bytes): that of the
+    /// device it connected to, or with `dev`, device `dev`'s.
     Write {
         qp: usize,
-        dev: usize,
+        dev: Option<usize>,
         at: u64,
         len: usize,
     },
@@ -78,12 +79,14 @@ fn node(i: usize, placed: bool) -> Node {
 fn run(script: &[Step], placed: bool) -> Vec<Outcome> {
     let nodes: Vec<Node> = (0..DEVICES).map(|i| node(i, placed)).collect();
     let cfg = QpConfig {
-        timeout: Duration::from_millis(20),
+        timeout: Duration::from_millis(10),
         retry_count: 0,
         ..QpConfig::default()
     };
-    // Each QP made: its device, the QP while alive, its endpoint, whether it connected.
-    let mut qps: Vec<(usize, Option<Qp>, Endpoint, bool)> = Vec::new();
+    // Each QP made: its device, the QP while alive, its endpoint, the device it connected to.
+    let mut qps: Vec<(usize, Option<Qp>, Endpoint, Option<usize>)> = Vec::new();
+    // QPs are named modulo how many were made.
+    let name = |i: usize, made: usize| (made > 0).then(|| i % made);
     let mut out = Vec::new();
     for step in script {
         match *step {
@@ -91,19 +94,33 @@ fn run(script: &[Step], placed: bool) -> Vec<Outcome> {
                 let n = &nodes[d];
                 if let Ok(qp) = n.pd.create_qp(&n.cq, &n.cq, &cfg) {
                     let ep = qp.endpoint();
-                    qps.push((d, Some(qp), ep, false));
+                    qps.push((d, Some(qp), ep, None));
                 }
             }
-            Step::Connect(a, b) if a < qps.len() && b < qps.len() && !qps[a].3 => {
-                let ep = qps[b].2;
-                if let Some(qp) = qps[a].1.as_mut() {
-                    qps[a].3 = qp.connect(&ep).is_ok();
+            Step::Connect(a, b) => {
+                let (Some(a), Some(b)) = (name(a, qps.len()), name(b, qps.len())) else {
+                    continue;
+                };
+                let (ep, to) = (qps[b].2, qps[b].0);
+                let slot = &mut qps[a];
+                if let (Some(qp), None) = (slot.1.as_mut(), slot.3) {
+                    slot.3 = qp.connect(&ep).is_ok().then_some(to);
                 }
             }
-            Step::Destroy(a) if a < qps.len() => qps[a].1 = None,
-            Step::Write { qp, dev, at, len } if qp < qps.len() => {
-                let (d, q) = (qps[qp].0, &mut qps[qp].1);
-                let Some(q) = q.as_mut() else { continue };
+            Step::Destroy(a) => {
+                if let Some(a) = name(a, qps.len()) {
+                    qps[a].1 = None;
+                }
+            }
+            Step::Write { qp, dev, at, len } => {
+                let Some(qp) = name(qp, qps.len()) else {
+                    continue;
+                };
+                let (d, to) = (qps[qp].0, qps[qp].3);
+                let Some(q) = qps[qp].1.as_mut() else {
+                    continue;
+                };
+                let dev = dev.or(to).unwrap_or(d);
                 let n = &nodes[d];
                 let mut wr = SendWr::write(nodes[dev].dst.remote().at(at)).sge(n.src.sge(..len));
                 if len <= 16 {
@@ -124,7 +141,6 @@ fn run(script: &[Step], placed: bool) -> Vec<Outcome> {
                     .collect();
                 out.push((status, regions));
             }
-            _ => {}
         }
     }
     out
@@ -155,7 +171,7 @@ fn a_write_to_a_qp_connected_to_the_same_number_on_another_device_is_refused() {
         Connect(0, 1),
         Write {
             qp: 0,
-            dev: 1,
+            dev: None,
             at: 0,
             len: 8,
         },
@@ -179,7 +195,7 @@ fn a_write_to_a_qp_number_given_to_another_peer_is_refused() {
     use Step::*;
     let write = |qp, at| Write {
         qp,
-        dev: 0,
+        dev: Some(0),
         at,
         len: 8,
     };
@@ -222,20 +238,20 @@ fn a_write_to_a_qp_number_given_to_another_peer_is_refused() {
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        2 => (0..DEVICES).prop_map(Step::Make),
-        3 => (0..8usize, 0..8usize).prop_map(|(a, b)| Step::Connect(a, b)),
-        1 => (0..8usize).prop_map(Step::Destroy),
-        4 => (0..8usize, 0..DEVICES, 0..REGION as u64, 1..24usize)
+        3 => (0..DEVICES).prop_map(Step::Make),
+        4 => (0..16usize, 0..16usize).prop_map(|(a, b)| Step::Connect(a, b)),
+        1 => (0..16usize).prop_map(Step::Destroy),
+        5 => (0..16usize, prop::option::weighted(0.2, 0..DEVICES), 0..REGION as u64, 1..24usize)
             .prop_map(|(qp, dev, at, len)| Step::Write { qp, dev, at, len }),
     ]
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     /// Random connection graphs, reuses and teardowns: the same decision both ways.
     #[test]
-    fn placed_writes_are_admitted_as_packets_are(script in prop::collection::vec(step(), 4..24)) {
+    fn placed_writes_are_admitted_as_packets_are(script in prop::collection::vec(step(), 8..40)) {
         same_both_ways(&script);
     }
 }
