@@ -304,7 +304,7 @@ impl SoftDevice {
         self.links_changed.notify_all();
         match dialed? {
             tcp::Dialed::Linked(link) => {
-                self.engine.send(Cmd::AddLink(Box::new(link)))?;
+                self.engine.send(Cmd::AddLink(link))?;
                 l.up.insert(peer);
                 Ok(())
             }

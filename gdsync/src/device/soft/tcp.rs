@@ -264,7 +264,7 @@ pub(crate) fn answer(stream: &mut TcpStream, a: Answer) -> std::io::Result<()> {
 /// What a dial achieved.
 pub(crate) enum Dialed {
     /// A new link to the target.
-    Linked(Link),
+    Linked(Box<Link>),
     /// The link is the one the target dialed: its dial wins (`Crossed`) or already won
     /// (`AlreadyLinked`: our listener accepted it). Wait for our listener to install it.
     TheirDial,
@@ -294,7 +294,9 @@ pub(crate) fn dial(addr: SocketAddr, hello: &Hello, engine: EngineWaker) -> Resu
         return Err(fail("answer", &"not a gdsync soft-device listener"));
     };
     match code {
-        code if code == Answer::Accepted as u32 => bridge(s, target, engine).map(Dialed::Linked),
+        code if code == Answer::Accepted as u32 => {
+            bridge(s, target, engine).map(|l| Dialed::Linked(Box::new(l)))
+        }
         code if code == Answer::Crossed as u32 || code == Answer::AlreadyLinked as u32 => {
             Ok(Dialed::TheirDial)
         }
