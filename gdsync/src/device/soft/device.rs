@@ -92,7 +92,7 @@ pub(crate) struct SoftDevice {
     uid: u64,
     /// The translation table (the engine reads its own copy), and the QPs that take placed
     /// writes: what the device shares with its in-process peers.
-    share: DeviceShare,
+    pub(super) share: DeviceShare,
     /// QP numbers in use and free for reuse.
     qpns: Mutex<QpNumbers>,
     /// The doorbell pages and the QPs' bfregs in them.
@@ -307,7 +307,7 @@ impl SoftDevice {
         self.links_changed.notify_all();
         match dialed? {
             tcp::Dialed::Linked(link) => {
-                self.engine.send(Cmd::AddLink(Box::new(link)))?;
+                self.engine.send(Cmd::AddLink(link))?;
                 l.up.insert(peer);
                 Ok(())
             }
@@ -728,6 +728,9 @@ mod link_release_tests;
 #[cfg(test)]
 #[path = "modify_tests.rs"]
 mod modify_tests;
+#[cfg(test)]
+#[path = "placed_model_tests.rs"]
+mod placed_model_tests;
 #[cfg(test)]
 #[path = "placed_tests.rs"]
 mod placed_tests;

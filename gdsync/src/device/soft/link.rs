@@ -509,6 +509,10 @@ pub(crate) struct BridgeEnd {
 /// One engine's end of a link.
 pub(crate) struct Link {
     pub peer: u64,
+    /// Both ends of a link between two devices of this process share this id, which no
+    /// other link of the process ever had or will have (0 on other links): the identity a
+    /// placed write's origin is checked by, as a packet's is by the link it arrives on.
+    pub pair_id: u64,
     pub tx: Producer,
     pub rx: Consumer,
     map: Arc<Mapping>,
@@ -561,11 +565,16 @@ impl Link {
         (a, a_share): (u64, &DeviceShare),
         (b, b_share): (u64, &DeviceShare),
     ) -> (Self, Self) {
+        // 64 bits counted up: never wraps, so an id is never used again.
+        static PAIRS: AtomicU64 = AtomicU64::new(0);
+        let pair_id = PAIRS.fetch_add(1, Ordering::Relaxed) + 1;
         let map = Arc::new(Mapping::heap(Mapping::size_for(2)));
         let mut ends = (
             Self::new(b, &map, 0, 0, 1, Liveness::InProcess),
             Self::new(a, &map, 1, 1, 0, Liveness::InProcess),
         );
+        ends.0.pair_id = pair_id;
+        ends.1.pair_id = pair_id;
         ends.0.peer_regions = Some(b_share.regions.clone());
         ends.1.peer_regions = Some(a_share.regions.clone());
         ends.0.peer_targets = Some(b_share.targets.clone());
@@ -621,6 +630,7 @@ impl Link {
     ) -> Self {
         Self {
             peer,
+            pair_id: 0,
             tx: Producer::new(map, tx),
             rx: Consumer::new(map, rx),
             map: map.clone(),

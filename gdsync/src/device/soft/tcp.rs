@@ -275,7 +275,7 @@ pub(crate) fn answer(stream: &mut TcpStream, a: Answer) -> std::io::Result<()> {
 /// What a dial achieved.
 pub(crate) enum Dialed {
     /// A new link to the target.
-    Linked(Link),
+    Linked(Box<Link>),
     /// The link is the one the target dialed: its dial wins (`Crossed`) or already won
     /// (`AlreadyLinked`: our listener accepted it). Wait for our listener to install it.
     TheirDial,
@@ -306,7 +306,7 @@ pub(crate) fn dial(addr: SocketAddr, hello: &Hello, engine: EngineWaker) -> Resu
     };
     match code {
         code if code == Answer::Accepted as u32 => {
-            bridge(s, target, engine, None).map(Dialed::Linked)
+            bridge(s, target, engine, None).map(|l| Dialed::Linked(Box::new(l)))
         }
         code if code == Answer::Crossed as u32 || code == Answer::AlreadyLinked as u32 => {
             Ok(Dialed::TheirDial)

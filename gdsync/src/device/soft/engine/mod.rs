@@ -16,6 +16,7 @@
 //! posted (send and receive) completes with WR_FLUSH.
 
 mod acks;
+mod admission;
 mod by_ref;
 mod completion;
 mod errors;
@@ -275,6 +276,32 @@ struct EQp {
     cq_overrun: bool,
     /// The responder owes the peer an ACK up to this PSN ([`acks`]).
     ack_owed: Option<u32>,
+    /// The QP's context is published to its in-process peer for placed writes ([`placed`]):
+    /// each PSN it expects is published too.
+    published: bool,
+}
+
+impl EQp {
+    /// What admission looks at in this QP's context (the peer named by link index).
+    #[inline]
+    fn view(&self) -> admission::QpView<usize> {
+        admission::QpView {
+            peer: self.link,
+            rqpn: self.rqpn,
+            err: self.err,
+            exp_psn: self.exp_psn,
+        }
+    }
+
+    /// The responder took the message at its expected PSN: it expects the next, and says so
+    /// to a peer that places writes.
+    #[inline]
+    fn expect_next(&mut self, targets: &WriteTargets) {
+        self.exp_psn = self.exp_psn.wrapping_add(1);
+        if self.published {
+            targets.expect(self.hw.qpn, self.exp_psn);
+        }
+    }
 }
 
 struct ELink {
@@ -608,6 +635,7 @@ impl Engine {
             not_ready: false,
             cq_overrun: false,
             ack_owed: None,
+            published: false,
         });
         self.active.push(n as u32);
     }
@@ -625,7 +653,8 @@ impl Engine {
 
     /// A QP connected to peer QP `rqpn` of the device at the other end of the link to `peer`
     /// (the newest link to it that is not dead). With none (the peer went away between the
-    /// connect's link set-up and this command), the QP fails as its first send would.
+    /// connect's link set-up and this command), the QP fails as its first send would. On a
+    /// link within this process its context is published for placed writes.
     fn connect(&mut self, qpn: u32, peer: u64, rqpn: u32, rq_psn: u32) {
         let li = (self.links.iter()).rposition(|l| l.link.peer == peer && !l.link.dead);
         let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) else {
@@ -635,13 +664,20 @@ impl Engine {
         q.rqpn = rqpn;
         q.exp_psn = rq_psn;
         q.pending = true;
-        if li.is_some() {
-            self.targets.open(qpn, rqpn, q.hw.pd);
-        } else {
+        let Some(li) = li else {
             tracing::warn!(
                 "soft device: connect of QP {qpn:#x}: the link to peer device {peer:016x} is gone: the QP fails"
             );
+            self.targets.close(qpn);
             self.fail_first(qpn, Syndrome::TransportRetryExc);
+            return;
+        };
+        let link = &self.links[li].link;
+        q.published = link.peer_targets().is_some();
+        if q.published {
+            self.targets.open(qpn, link.pair_id, rqpn, q.hw.pd, rq_psn);
+        } else {
+            self.targets.close(qpn);
         }
     }
 

@@ -462,6 +462,7 @@ fn make_outstanding(
 fn complete_placed(q: &mut EQp, ctrl: &CtrlSeg, nbb: u32, len: u32) {
     let sq_ci = q.sq_ci;
     make_outstanding(q, ctrl, Opcode::RdmaWrite, nbb, sq_ci, len, SmallVec::new());
+    q.next_psn = q.next_psn.wrapping_add(1);
     if let Some(o) = q.out.back_mut() {
         o.done = true;
     }

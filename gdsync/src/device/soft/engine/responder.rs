@@ -5,12 +5,13 @@
 
 use super::super::link::{flag, PktHeader};
 use super::super::mr_table::{MrEntry, Slots};
+use super::admission::{admission, Admission, Origin};
 use super::completion::{err_cqe, Side};
 use super::errors::complete_error;
 use super::links::{nak, reply};
 use super::memory::Seg;
 use super::memory::{scatter, sges_ok};
-use super::{psn_le, resp, Body, Dest, EQp, Engine, InMsg, QpHw, TxJob, NAK_NOT_READY, NAK_RNR};
+use super::{psn_le, resp, Body, Dest, EQp, Engine, InMsg, QpHw, TxJob, NAK_RNR};
 use crate::device::provider::{Access, MAX_SGE};
 use crate::format::*;
 use crate::mem::slot_off;
@@ -68,7 +69,7 @@ impl Engine {
             .is_some_and(|e| e.write(h.raddr, payload));
         if placed {
             q.inmsg = None;
-            q.exp_psn = q.exp_psn.wrapping_add(1);
+            q.expect_next(&self.targets);
             self.owe_ack(qpn, h.psn);
         }
         placed
@@ -84,24 +85,37 @@ impl Engine {
         {
             self.commands();
         }
-        let code = match self.qps.get(qpn as usize).and_then(Option::as_ref) {
-            None => Syndrome::TransportRetryExc as u8,
-            Some(q) if q.link.is_none() => NAK_NOT_READY,
-            Some(q) if q.link != Some(li) || q.rqpn != h.src_qpn || q.err => {
-                Syndrome::TransportRetryExc as u8
-            }
+        self.sync_placed_psn(qpn);
+        let q = self.qps.get(qpn as usize).and_then(Option::as_ref);
+        let from = Origin {
+            peer: li,
+            qpn: h.src_qpn,
+            psn: h.psn,
+        };
+        let code = match admission(q.map(EQp::view).as_ref(), &from) {
+            Admission::Nak(code) => code,
             // After a NAK: dropped until the requester resends this psn.
-            Some(q) if h.psn != q.exp_psn => {
-                out_of_sequence(qpn, h.psn, q.exp_psn);
+            Admission::Drop => {
+                out_of_sequence(qpn, h.psn, q.map_or(0, |q| q.exp_psn));
                 return None;
             }
-            Some(_) => match Opcode::from_u8(h.op) {
+            Admission::Admit => match Opcode::from_u8(h.op) {
                 Some(op) => return Some(op),
                 None => Syndrome::RemoteInvalReq as u8,
             },
         };
         self.respond(li, nak(h, code));
         None
+    }
+
+    /// The PSN a published QP expects, as its peer's placed writes moved it.
+    #[inline]
+    fn sync_placed_psn(&mut self, qpn: u32) {
+        if let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) {
+            if q.published && !q.err {
+                q.exp_psn = self.targets.psn(qpn).unwrap_or(q.exp_psn);
+            }
+        }
     }
 
     /// The checks on a message's first packet, by request (the responder table of the
@@ -131,7 +145,7 @@ impl Engine {
                 true
             }
             Ok(Accepted::Answered(job)) => {
-                q.exp_psn = q.exp_psn.wrapping_add(1);
+                q.expect_next(&self.targets);
                 self.respond(li, job);
                 false
             }
@@ -183,7 +197,7 @@ impl Engine {
         }
         let m = q.inmsg.take().unwrap();
         complete_message(q, h, &m);
-        q.exp_psn = q.exp_psn.wrapping_add(1);
+        q.expect_next(&self.targets);
         self.owe_ack(qpn, h.psn);
     }
 
