@@ -65,59 +65,59 @@ impl SignalWords {
         self.addr(i);
         self.mem.u64(i * 8).store(v, Ordering::Release)
     }
-    fn keep(&self) -> KeepAlive {
-        self.mem.clone()
-    }
     /// Ops: store `v` to word `i` (32 bits).
     pub fn write32(&self, i: usize, v: u32) -> Ops {
-        let mut o = Ops::new();
-        o.push(
+        kept(
+            &self.mem,
             Op::Write32 {
                 addr: self.addr(i),
                 value: v,
             },
-            &self.keep(),
-        );
-        o
+        )
     }
     /// Ops: store `v` to word `i` (64 bits).
     pub fn write64(&self, i: usize, v: u64) -> Ops {
-        let mut o = Ops::new();
-        o.push(
+        kept(
+            &self.mem,
             Op::Write64 {
                 addr: self.addr(i),
                 value: v,
             },
-            &self.keep(),
-        );
-        o
+        )
     }
     /// Ops: wait until word `i` (32 bits) satisfies `cond` against `v`.
     pub fn wait32(&self, i: usize, v: u32, cond: WaitCond) -> Ops {
-        let mut o = Ops::new();
-        o.push(
+        let addr = self.addr(i);
+        kept(
+            &self.mem,
             Op::Wait32 {
-                addr: self.addr(i),
+                addr,
                 value: v,
                 cond,
             },
-            &self.keep(),
-        );
-        o
+        )
     }
     /// Ops: wait until word `i` (64 bits) satisfies `cond` against `v`.
     pub fn wait64(&self, i: usize, v: u64, cond: WaitCond) -> Ops {
-        let mut o = Ops::new();
-        o.push(
+        let addr = self.addr(i);
+        kept(
+            &self.mem,
             Op::Wait64 {
-                addr: self.addr(i),
+                addr,
                 value: v,
                 cond,
             },
-            &self.keep(),
-        );
-        o
+        )
     }
+}
+
+/// An op list of the one operation `op` on `mem`, which the list keeps allocated (and, with
+/// a GPU, registered) until every executor that runs it is done with it.
+fn kept(mem: &Arc<RingMem>, op: Op) -> Ops {
+    let keep: KeepAlive = mem.clone();
+    let mut o = Ops::new();
+    o.push(op, &keep);
+    o
 }
 
 /// Page-aligned host memory, pinned and mapped for GPUs when a GPU is present: buffers that
@@ -181,6 +181,62 @@ impl PinnedBuffer {
     /// Whether GPUs can reach it (CUDA present and the registration succeeded).
     pub fn gpu_mapped(&self) -> bool {
         self.mem.gpu_mapped()
+    }
+    /// Address of the `size`-byte word at byte `off`, which must be aligned and inside.
+    fn word(&self, off: usize, size: usize) -> u64 {
+        assert!(
+            off % size == 0 && crate::bounds::fits(off, size, self.len),
+            "a {size}-byte word at offset {off} is misaligned or outside the buffer of {} bytes",
+            self.len
+        );
+        self.mem.addr(off)
+    }
+    /// Ops: store `v` to the 32-bit word at byte `off`. The list keeps the buffer alive, so
+    /// it may outlive this handle. Panics if the word is misaligned or outside the buffer.
+    pub fn write32(&self, off: usize, v: u32) -> Ops {
+        kept(
+            &self.mem,
+            Op::Write32 {
+                addr: self.word(off, 4),
+                value: v,
+            },
+        )
+    }
+    /// Ops: store `v` to the 64-bit word at byte `off` (see [`write32`](Self::write32)).
+    pub fn write64(&self, off: usize, v: u64) -> Ops {
+        kept(
+            &self.mem,
+            Op::Write64 {
+                addr: self.word(off, 8),
+                value: v,
+            },
+        )
+    }
+    /// Ops: wait until the 32-bit word at byte `off` satisfies `cond` against `v`. The list
+    /// keeps the buffer alive. Panics if the word is misaligned or outside the buffer.
+    pub fn wait32(&self, off: usize, v: u32, cond: WaitCond) -> Ops {
+        let addr = self.word(off, 4);
+        kept(
+            &self.mem,
+            Op::Wait32 {
+                addr,
+                value: v,
+                cond,
+            },
+        )
+    }
+    /// Ops: wait until the 64-bit word at byte `off` satisfies `cond` against `v` (see
+    /// [`wait32`](Self::wait32)).
+    pub fn wait64(&self, off: usize, v: u64, cond: WaitCond) -> Ops {
+        let addr = self.word(off, 8);
+        kept(
+            &self.mem,
+            Op::Wait64 {
+                addr,
+                value: v,
+                cond,
+            },
+        )
     }
 }
 
