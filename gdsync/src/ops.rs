@@ -186,3 +186,18 @@ impl Ops {
         }
     }
 }
+
+/// Builds an op list from `ops` on arbitrary memory (tests).
+///
+/// # Safety
+/// Every address in `ops` must stay valid and aligned until every executor that runs the list
+/// has finished with it.
+#[cfg(test)]
+pub(crate) unsafe fn ops_of(ops: &[Op]) -> Ops {
+    let mut l = Ops::new();
+    for &op in ops {
+        // SAFETY: forwarded to the caller.
+        unsafe { l.push_raw(op) };
+    }
+    l
+}
