@@ -275,4 +275,34 @@ mod tests {
         b.read_at(59, &mut back);
         assert_eq!(back, [9; 5]);
     }
+
+    /// The buffer's op builders name the word at the byte offset, run on an executor, keep
+    /// the buffer alive without the handle, and refuse misaligned or outside words.
+    #[test]
+    fn pinned_buffer_ops_name_the_word_and_keep_the_buffer() {
+        use crate::exec::{Executor, HostExecutor};
+        use crate::ops::{Op, WaitCond};
+        let b = PinnedBuffer::new(64);
+        let (write, wait) = (b.write64(56, 7), b.wait64(56, 7, WaitCond::Eq));
+        assert_eq!(
+            write.as_slice(),
+            [Op::Write64 {
+                addr: b.addr() + 56,
+                value: 7
+            }]
+        );
+        drop(b);
+        let exec = HostExecutor::default();
+        exec.submit(write).unwrap();
+        exec.submit(wait).unwrap();
+        let b = PinnedBuffer::new(64);
+        for (off, size) in [(2, 4), (4, 8), (64, 4), (60, 8), (usize::MAX - 3, 4)] {
+            let r = catch_unwind(AssertUnwindSafe(|| match size {
+                4 => b.wait32(off, 0, WaitCond::Eq),
+                _ => b.write64(off, 0),
+            }));
+            assert!(r.is_err(), "a {size}-byte word at {off}");
+        }
+        b.write32(60, 1);
+    }
 }
