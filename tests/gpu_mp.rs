@@ -217,3 +217,54 @@ fn pingpong_kernel_trigger_through_mp_and_gdsync() {
         );
     }
 }
+
+/// A barrier on a CUDA stream keeps the communicator's control memory (pinned, mapped for
+/// the GPU) alive: rank 0 queues the barrier behind a closed gate, rank 1's CPU barrier writes
+/// its epoch into rank 0's control word, rank 0 drops its `Comm` and opens the gate; the GPU
+/// then waits on that word, which must still be registered, mapped memory holding the epoch
+/// (before, the `Comm` unregistered and freed it).
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu_mp -- --include-ignored"]
+fn comm_dropped_while_a_cuda_stream_waits_in_a_barrier() {
+    use gdasync::gdsync::{Device, SignalWords};
+    use gdasync::mp::bootstrap::ThreadBootstrap;
+    use std::sync::{Arc, Barrier};
+    use std::time::{Duration, Instant};
+    let _gpu = gpu();
+    let dev = Device::soft().unwrap();
+    let met = Arc::new(Barrier::new(2));
+    let hs: Vec<_> = ThreadBootstrap::group(2)
+        .into_iter()
+        .map(|b| {
+            let (dev, met) = (dev.clone(), met.clone());
+            std::thread::spawn(move || {
+                let mut comm = Comm::new(Box::new(b), &dev).unwrap();
+                if comm.rank() == 1 {
+                    met.wait();
+                    // Rank 0 leaves without its half of the barrier reaching here: an error.
+                    let _ = comm.barrier();
+                    return;
+                }
+                let stream = CudaStream::new(0).unwrap();
+                let (gate, done) = (SignalWords::new(1), SignalWords::new(1));
+                stream.enqueue(gate.wait32(0, 1, WaitCond::Eq)).unwrap();
+                comm.barrier_on(&stream).unwrap();
+                stream.enqueue(done.write32(0, 1)).unwrap();
+                met.wait();
+                // Time for rank 1's epoch to land in rank 0's control word.
+                std::thread::sleep(Duration::from_millis(500));
+                drop(comm);
+                gate.store32(0, 1);
+                let start = Instant::now();
+                while done.load32(0) != 1 && start.elapsed() < Duration::from_secs(10) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                assert_eq!(done.load32(0), 1, "the stream passed the barrier's wait");
+                stream.synchronize().unwrap();
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().expect("a rank failed");
+    }
+}

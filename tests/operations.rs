@@ -1326,10 +1326,7 @@ fn host_stream_drop_right_after_synchronize() {
         std::thread::spawn(move || {
             for _ in 0..ROUNDS {
                 let stream = HostStream::new().unwrap();
-                let mut ops = gdasync::gdsync::ops::Ops::new();
-                // SAFETY: a barrier touches no memory.
-                unsafe { ops.push_raw(gdasync::gdsync::ops::Op::Barrier) };
-                stream.enqueue(ops);
+                stream.enqueue(gdasync::gdsync::ops::Ops::barrier());
                 stream.synchronize().unwrap();
                 drop(stream);
                 if tx.send(()).is_err() {

@@ -159,28 +159,46 @@ impl Rank {
     }
 }
 
-/// An op list of one operation on the leaked benchmark buffers.
-fn raw(op: MemOp) -> Ops {
+/// An op list of one operation on the benchmark buffers (host or device memory, which the
+/// list does not keep alive).
+///
+/// # Safety
+/// The word `op` names must stay allocated until every stream that runs the list is done
+/// with it: here it lies in a buffer leaked for the life of the process ([`Buf::leak_register`]).
+unsafe fn raw(op: MemOp) -> Ops {
     let mut o = Ops::new();
-    // SAFETY: the buffers are leaked for the life of the process.
+    // SAFETY: the caller's obligation, passed on.
     unsafe { o.push_raw(op) };
     o
 }
 
 /// A write of the marker word at `addr` (the message's last 4 bytes), for a stream.
-pub(crate) fn marker_write(addr: u64, marker: u32) -> Ops {
-    raw(MemOp::Write32 {
-        addr,
-        value: marker,
-    })
+///
+/// # Safety
+/// As [`raw`]: `addr` lies in a leaked buffer.
+pub(crate) unsafe fn marker_write(addr: u64, marker: u32) -> Ops {
+    // SAFETY: the caller's obligation, passed on.
+    unsafe {
+        raw(MemOp::Write32 {
+            addr,
+            value: marker,
+        })
+    }
 }
 
-fn marker_wait(addr: u64, marker: u32) -> Ops {
-    raw(MemOp::Wait32 {
-        addr,
-        value: marker,
-        cond: WaitCond::Eq,
-    })
+/// A wait for the marker word at `addr`.
+///
+/// # Safety
+/// As [`raw`]: `addr` lies in a leaked buffer.
+unsafe fn marker_wait(addr: u64, marker: u32) -> Ops {
+    // SAFETY: the caller's obligation, passed on.
+    unsafe {
+        raw(MemOp::Wait32 {
+            addr,
+            value: marker,
+            cond: WaitCond::Eq,
+        })
+    }
 }
 
 /// Joins both rank threads; rank 0's samples. When both failed, both errors are reported
@@ -301,7 +319,8 @@ fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Resul
                     if ring_waits {
                         ops.append(r.qp.recv_wait_ops(&r.recvs[i as usize])?);
                     } else {
-                        ops.append(marker_wait(my_word, theirs));
+                        // SAFETY: the word lies in this rank's leaked receive buffer.
+                        ops.append(unsafe { marker_wait(my_word, theirs) });
                     }
                     Ok(())
                 };
@@ -309,9 +328,11 @@ fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Resul
                     wait(&mut ops, &r)?;
                 }
                 if raw {
-                    ops.append(marker_write(peer_word, mine));
+                    // SAFETY: the word lies in the peer's leaked receive buffer.
+                    ops.append(unsafe { marker_write(peer_word, mine) });
                 } else {
-                    ops.append(marker_write(out_word, mine));
+                    // SAFETY: the word lies in this rank's leaked send buffer.
+                    ops.append(unsafe { marker_write(out_word, mine) });
                     let sig = i % SIGNAL_EVERY == SIGNAL_EVERY - 1;
                     let wr = r.wr(op, size, mine, sig);
                     let p = r.prepare(&wr)?;

@@ -337,6 +337,7 @@ impl Drop for DescRing {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::ops_of;
     use std::mem::{offset_of, size_of};
 
     /// Every layout the CUDA header asserts (sizes and offsets) matches the Rust types.
@@ -456,19 +457,20 @@ mod tests {
     /// The descriptors a commit and a completion wait produce carry exactly their ops.
     #[test]
     fn descriptors_mirror_op_lists() {
-        let mut ops = Ops::new();
-        // SAFETY: the ops are only converted, never run.
-        unsafe {
-            ops.push_raw(Op::Write32 {
-                addr: 0x1000,
-                value: 0x0600_0000,
-            });
-            ops.push_raw(Op::Barrier);
-            ops.push_raw(Op::Write64 {
-                addr: 0x2008,
-                value: 0x0323_0100_0805_0000,
-            });
-        }
+        // SAFETY (these three lists): the ops are only converted, never run.
+        let ops = unsafe {
+            ops_of(&[
+                Op::Write32 {
+                    addr: 0x1000,
+                    value: 0x0600_0000,
+                },
+                Op::Barrier,
+                Op::Write64 {
+                    addr: 0x2008,
+                    value: 0x0323_0100_0805_0000,
+                },
+            ])
+        };
         let d = SendDesc::from_ops(&ops).unwrap();
         assert_eq!(
             d,
@@ -482,15 +484,16 @@ mod tests {
         );
         assert!(WaitDesc::from_ops(&ops).is_err());
         // Where a CPU proxy rings: one request store after the barrier.
-        let mut proxied = Ops::new();
         // SAFETY: as above.
-        unsafe {
-            proxied.push_raw(Op::Barrier);
-            proxied.push_raw(Op::Write64 {
-                addr: 0x7000,
-                value: 1,
-            });
-        }
+        let proxied = unsafe {
+            ops_of(&[
+                Op::Barrier,
+                Op::Write64 {
+                    addr: 0x7000,
+                    value: 1,
+                },
+            ])
+        };
         assert_eq!(
             SendDesc::from_ops(&proxied).unwrap(),
             SendDesc {
@@ -501,27 +504,28 @@ mod tests {
                 reserved: 0
             }
         );
-        let mut w = Ops::new();
         // SAFETY: as above.
-        unsafe {
-            w.push_raw(Op::Wait32 {
-                addr: 0x3000 + 60,
-                value: 0xFEFF_FFFF,
-                cond: WaitCond::Nor,
-            });
-            w.push_raw(Op::Write32 {
-                addr: 0x4000,
-                value: 0x0100_0000,
-            });
-            w.push_raw(Op::Write64 {
-                addr: 0x4040,
-                value: 1,
-            });
-            w.push_raw(Op::Write64 {
-                addr: 0x5040,
-                value: 4,
-            });
-        }
+        let w = unsafe {
+            ops_of(&[
+                Op::Wait32 {
+                    addr: 0x3000 + 60,
+                    value: 0xFEFF_FFFF,
+                    cond: WaitCond::Nor,
+                },
+                Op::Write32 {
+                    addr: 0x4000,
+                    value: 0x0100_0000,
+                },
+                Op::Write64 {
+                    addr: 0x4040,
+                    value: 1,
+                },
+                Op::Write64 {
+                    addr: 0x5040,
+                    value: 4,
+                },
+            ])
+        };
         let d = WaitDesc::from_ops(&w).unwrap();
         assert_eq!((d.word, d.value, d.cond), (0x303c, 0xFEFF_FFFF, 3));
         assert_eq!(

@@ -154,11 +154,22 @@ impl Ops {
     pub(crate) fn mark_ring(&mut self, dbrec: u64) {
         self.ring_tail = Some((0, dbrec));
     }
-    /// Appends an operation on arbitrary memory.
+    /// A list of one [`Op::Barrier`] (which names no memory).
+    pub fn barrier() -> Self {
+        let mut o = Self::new();
+        o.ops.push(Op::Barrier);
+        o
+    }
+    /// Appends an operation on arbitrary memory, which the list does not keep alive.
+    ///
+    /// Memory the library owns has builders that return lists keeping it alive instead
+    /// ([`SignalWords`](crate::SignalWords), [`PinnedBuffer`](crate::PinnedBuffer), the
+    /// lists of queue pairs and completion queues): prefer them.
     ///
     /// # Safety
     /// Every address in `op` must stay valid for the access (and suitably aligned) until
-    /// every executor that runs this list has finished with it.
+    /// every executor that runs this list has finished with it: for a stream, until it has
+    /// passed the list, whatever handle the memory came from has been dropped meanwhile.
     pub unsafe fn push_raw(&mut self, op: Op) {
         self.ops.push(op);
         self.ring_tail = None;
@@ -174,4 +185,19 @@ impl Ops {
             self.keep.push(k);
         }
     }
+}
+
+/// Builds an op list from `ops` on arbitrary memory (tests).
+///
+/// # Safety
+/// Every address in `ops` must stay valid and aligned until every executor that runs the list
+/// has finished with it.
+#[cfg(test)]
+pub(crate) unsafe fn ops_of(ops: &[Op]) -> Ops {
+    let mut l = Ops::new();
+    for &op in ops {
+        // SAFETY: forwarded to the caller.
+        unsafe { l.push_raw(op) };
+    }
+    l
 }

@@ -65,59 +65,59 @@ impl SignalWords {
         self.addr(i);
         self.mem.u64(i * 8).store(v, Ordering::Release)
     }
-    fn keep(&self) -> KeepAlive {
-        self.mem.clone()
-    }
     /// Ops: store `v` to word `i` (32 bits).
     pub fn write32(&self, i: usize, v: u32) -> Ops {
-        let mut o = Ops::new();
-        o.push(
+        kept(
+            &self.mem,
             Op::Write32 {
                 addr: self.addr(i),
                 value: v,
             },
-            &self.keep(),
-        );
-        o
+        )
     }
     /// Ops: store `v` to word `i` (64 bits).
     pub fn write64(&self, i: usize, v: u64) -> Ops {
-        let mut o = Ops::new();
-        o.push(
+        kept(
+            &self.mem,
             Op::Write64 {
                 addr: self.addr(i),
                 value: v,
             },
-            &self.keep(),
-        );
-        o
+        )
     }
     /// Ops: wait until word `i` (32 bits) satisfies `cond` against `v`.
     pub fn wait32(&self, i: usize, v: u32, cond: WaitCond) -> Ops {
-        let mut o = Ops::new();
-        o.push(
+        let addr = self.addr(i);
+        kept(
+            &self.mem,
             Op::Wait32 {
-                addr: self.addr(i),
+                addr,
                 value: v,
                 cond,
             },
-            &self.keep(),
-        );
-        o
+        )
     }
     /// Ops: wait until word `i` (64 bits) satisfies `cond` against `v`.
     pub fn wait64(&self, i: usize, v: u64, cond: WaitCond) -> Ops {
-        let mut o = Ops::new();
-        o.push(
+        let addr = self.addr(i);
+        kept(
+            &self.mem,
             Op::Wait64 {
-                addr: self.addr(i),
+                addr,
                 value: v,
                 cond,
             },
-            &self.keep(),
-        );
-        o
+        )
     }
+}
+
+/// An op list of the one operation `op` on `mem`, which the list keeps allocated (and, with
+/// a GPU, registered) until every executor that runs it is done with it.
+fn kept(mem: &Arc<RingMem>, op: Op) -> Ops {
+    let keep: KeepAlive = mem.clone();
+    let mut o = Ops::new();
+    o.push(op, &keep);
+    o
 }
 
 /// Page-aligned host memory, pinned and mapped for GPUs when a GPU is present: buffers that
@@ -182,6 +182,62 @@ impl PinnedBuffer {
     pub fn gpu_mapped(&self) -> bool {
         self.mem.gpu_mapped()
     }
+    /// Address of the `size`-byte word at byte `off`, which must be aligned and inside.
+    fn word(&self, off: usize, size: usize) -> u64 {
+        assert!(
+            off % size == 0 && crate::bounds::fits(off, size, self.len),
+            "a {size}-byte word at offset {off} is misaligned or outside the buffer of {} bytes",
+            self.len
+        );
+        self.mem.addr(off)
+    }
+    /// Ops: store `v` to the 32-bit word at byte `off`. The list keeps the buffer alive, so
+    /// it may outlive this handle. Panics if the word is misaligned or outside the buffer.
+    pub fn write32(&self, off: usize, v: u32) -> Ops {
+        kept(
+            &self.mem,
+            Op::Write32 {
+                addr: self.word(off, 4),
+                value: v,
+            },
+        )
+    }
+    /// Ops: store `v` to the 64-bit word at byte `off` (see [`write32`](Self::write32)).
+    pub fn write64(&self, off: usize, v: u64) -> Ops {
+        kept(
+            &self.mem,
+            Op::Write64 {
+                addr: self.word(off, 8),
+                value: v,
+            },
+        )
+    }
+    /// Ops: wait until the 32-bit word at byte `off` satisfies `cond` against `v`. The list
+    /// keeps the buffer alive. Panics if the word is misaligned or outside the buffer.
+    pub fn wait32(&self, off: usize, v: u32, cond: WaitCond) -> Ops {
+        let addr = self.word(off, 4);
+        kept(
+            &self.mem,
+            Op::Wait32 {
+                addr,
+                value: v,
+                cond,
+            },
+        )
+    }
+    /// Ops: wait until the 64-bit word at byte `off` satisfies `cond` against `v` (see
+    /// [`wait32`](Self::wait32)).
+    pub fn wait64(&self, off: usize, v: u64, cond: WaitCond) -> Ops {
+        let addr = self.word(off, 8);
+        kept(
+            &self.mem,
+            Op::Wait64 {
+                addr,
+                value: v,
+                cond,
+            },
+        )
+    }
 }
 
 impl crate::ProtectionDomain {
@@ -218,5 +274,35 @@ mod tests {
         let mut back = [0u8; 5];
         b.read_at(59, &mut back);
         assert_eq!(back, [9; 5]);
+    }
+
+    /// The buffer's op builders name the word at the byte offset, run on an executor, keep
+    /// the buffer alive without the handle, and refuse misaligned or outside words.
+    #[test]
+    fn pinned_buffer_ops_name_the_word_and_keep_the_buffer() {
+        use crate::exec::{Executor, HostExecutor};
+        use crate::ops::{Op, WaitCond};
+        let b = PinnedBuffer::new(64);
+        let (write, wait) = (b.write64(56, 7), b.wait64(56, 7, WaitCond::Eq));
+        assert_eq!(
+            write.as_slice(),
+            [Op::Write64 {
+                addr: b.addr() + 56,
+                value: 7
+            }]
+        );
+        drop(b);
+        let exec = HostExecutor::default();
+        exec.submit(write).unwrap();
+        exec.submit(wait).unwrap();
+        let b = PinnedBuffer::new(64);
+        for (off, size) in [(2, 4), (4, 8), (64, 4), (60, 8), (usize::MAX - 3, 4)] {
+            let r = catch_unwind(AssertUnwindSafe(|| match size {
+                4 => b.wait32(off, 0, WaitCond::Eq),
+                _ => b.write64(off, 0),
+            }));
+            assert!(r.is_err(), "a {size}-byte word at {off}");
+        }
+        b.write32(60, 1);
     }
 }

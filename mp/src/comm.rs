@@ -4,7 +4,7 @@
 use crate::bootstrap::Bootstrap;
 use crate::fault::{self, Cause, Work};
 use gdsync::exec::Executor;
-use gdsync::ops::{Op, Ops, WaitCond};
+use gdsync::ops::{Ops, WaitCond};
 use gdsync::{
     Access, Completion, Cq, Device, Endpoint, Error, MemoryRegion, PinnedBuffer, ProtectionDomain,
     Qp, QpConfig, QpState, RecvTicket, RecvWr, RemoteBuf, Result, SendTicket, SendWr, Sge,
@@ -852,29 +852,22 @@ impl Comm {
 
     /// Like [`isend`](Self::isend), but the send is posted by `exec` (a stream): it waits on
     /// the executor for the receiver's credit (unless the credit is already here), then
-    /// rings the doorbell. The CPU does not wait. Keep the `Comm` alive until the executor
-    /// has run it.
+    /// rings the doorbell. The CPU does not wait. The queued work keeps the memory it names
+    /// alive, so the `Comm` may be dropped before the executor has run it.
     pub fn isend_on(&mut self, src: Sge, peer: usize, exec: &impl Executor) -> Result<Request> {
         let (sge, len) = (src, src.len);
         self.peer(peer)?;
         let req = self.new_req(peer, Work::Send(len as u64));
         let wr = Self::send_wr(req, (len > 0).then_some(sge));
-        let credit_word = self.ctrl.addr() + self.layout.ready(peer) as u64;
         let p = self.peers[peer].as_mut().unwrap();
         p.sends += 1;
         let need = p.sends;
         let mut pre = Ops::new();
         // A credit already here needs no wait (a wait costs an executor a round of polling).
+        // The wait keeps the control buffer alive, so the `Comm` may go first.
         if !credit_allows(self.credit(peer), need) {
-            // SAFETY: the control word lives in the Comm's pinned buffer, which the caller
-            // keeps alive (with the Comm) until the executor has run these ops (documented).
-            unsafe {
-                pre.push_raw(Op::Wait64 {
-                    addr: credit_word,
-                    value: need,
-                    cond: WaitCond::Geq,
-                })
-            };
+            let word = self.layout.ready(peer);
+            pre.append(self.ctrl.wait64(word, need, WaitCond::Geq));
         }
         if let Err(e) = self.post_exec(peer, req, &[wr], pre, exec) {
             self.peers[peer].as_mut().unwrap().sends -= 1;
@@ -1186,7 +1179,7 @@ impl Comm {
     /// A dissemination barrier through RDMA writes: round k writes this rank's epoch into
     /// rank (me + 2^k)'s word for round k and waits for rank (me - 2^k)'s. Returns, per
     /// round, the partner, the write and the local word to wait on.
-    fn barrier_steps(&mut self, epoch: u64) -> Vec<(usize, SendWr, u64)> {
+    fn barrier_steps(&mut self, epoch: u64) -> Vec<(usize, SendWr, usize)> {
         let mut steps = Vec::new();
         for (k, to) in self.barrier_partners() {
             let at = self.remote_ctrl[to].at(self.layout.barrier(k) as u64);
@@ -1196,7 +1189,7 @@ impl Comm {
                 .inline()
                 .wr_id(INTERNAL)
                 .unsignaled();
-            steps.push((to, wr, (self.ctrl.addr() + self.layout.barrier(k) as u64)));
+            steps.push((to, wr, self.layout.barrier(k)));
         }
         steps
     }
@@ -1292,14 +1285,8 @@ impl Comm {
             let (t, commit) = p.qp.commit(prepared)?;
             p.exec_end = Some(t.end);
             ops.append(commit);
-            // SAFETY: the word lives in the Comm's pinned control buffer (see isend_on).
-            unsafe {
-                ops.push_raw(Op::Wait64 {
-                    addr: word,
-                    value: epoch,
-                    cond: WaitCond::Geq,
-                })
-            };
+            // The wait keeps the control buffer alive, so the `Comm` may go first.
+            ops.append(self.ctrl.wait64(word, epoch, WaitCond::Geq));
         }
         exec.submit(ops)
     }

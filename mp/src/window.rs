@@ -214,6 +214,12 @@ impl Comm {
     /// Makes `exec` wait until the 64-bit word at `off` of `mr` satisfies `cond` against
     /// `value` (e.g. a signal a peer's put will write).
     ///
+    /// The region borrows memory the library does not own, so the queued wait cannot keep it
+    /// alive: hence `unsafe`. For a word in a [`PinnedBuffer`](gdsync::PinnedBuffer) (what
+    /// [`ProtectionDomain::register_pinned`](gdsync::ProtectionDomain::register_pinned)
+    /// registers), submit [`PinnedBuffer::wait64`](gdsync::PinnedBuffer::wait64) instead:
+    /// that list keeps the buffer alive and needs no `unsafe`.
+    ///
     /// # Safety
     /// The buffer behind `mr` must stay allocated until the executor has passed the wait.
     pub unsafe fn wait_value_on(

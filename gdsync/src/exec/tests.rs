@@ -1,7 +1,7 @@
 //! Unit tests of wait conditions and of the host executors.
 
 use super::*;
-use crate::ops::{Op, Ops, WaitCond};
+use crate::ops::{ops_of, Op, Ops, WaitCond};
 use crate::Error;
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -16,20 +16,6 @@ const SHORT: Duration = Duration::from_millis(50);
 /// The address a memory operation uses for `w`.
 fn addr<T>(w: &T) -> u64 {
     w as *const T as usize as u64
-}
-
-/// Builds an op list from `ops`.
-///
-/// # Safety
-/// Every address in `ops` must stay valid and aligned until every executor that runs the list
-/// has finished with it.
-unsafe fn ops_of(ops: &[Op]) -> Ops {
-    let mut l = Ops::new();
-    for &op in ops {
-        // SAFETY: forwarded to the caller.
-        unsafe { l.push_raw(op) };
-    }
-    l
 }
 
 /// Polls `f` until it holds or `LONG` has passed; returns whether it held.
