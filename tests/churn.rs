@@ -43,10 +43,7 @@ fn vm_kib() -> u64 {
 #[test]
 fn qp_numbers_are_reused_and_memory_stays_flat() {
     let _alone = alone();
-    let cycles: u64 = std::env::var("GDSYNC_CHURN_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100_000);
+    let cycles = env_or("GDSYNC_CHURN_CYCLES", 100_000);
     let dev = Device::soft().unwrap();
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(64).unwrap();
@@ -124,10 +121,7 @@ fn a_cq_that_is_only_polled_keeps_a_bounded_error_list() {
 #[test]
 fn peer_devices_that_come_and_go_leave_memory_flat() {
     let _alone = alone();
-    let peers: usize = std::env::var("GDSYNC_LINK_CHURN_PEERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(50);
+    let peers = env_or("GDSYNC_LINK_CHURN_PEERS", 50) as usize;
     let server = Device::soft().unwrap();
     let healthy = Pair::on(
         &server,

@@ -29,13 +29,6 @@ fn proc_status(field: &str) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// Two devices of this process linked over TCP (through this process's listener).
 fn tcp_pair() -> Pair {
     accept_tcp_links(None).unwrap();

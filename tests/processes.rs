@@ -1054,10 +1054,7 @@ fn link_mappings(uid: u64) -> usize {
 /// (`GDSYNC_LINK_CHURN_PROCS` sets the number of children.)
 #[test]
 fn links_to_exited_children_are_unmapped() {
-    let n: usize = std::env::var("GDSYNC_LINK_CHURN_PROCS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4);
+    let n = env_or("GDSYNC_LINK_CHURN_PROCS", 4) as usize;
     let dev = Device::soft().unwrap();
     let uid = dev.info().uid;
     let mut src = pattern(7, 1 << 20);

@@ -261,6 +261,14 @@ impl Rng {
 }
 
 /// `len` pseudo-random bytes from `seed`.
+/// The number in environment variable `name` (a test's longer, opt-in run), else `default`.
+pub fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
     Rng::new(seed).fill(&mut v);

@@ -131,30 +131,26 @@ impl MrCache {
     }
 }
 
+/// A random key byte, nonzero and other than `old`, from the OS's generator: a peer that was
+/// handed some keys must not learn the next ones from them. (Drawn when a key is made, on the
+/// control path; nothing of the generator lives in the table that engines copy.)
+fn key_byte(old: u8) -> u8 {
+    loop {
+        let b = (crate::random::u64() >> 56) as u8;
+        if b != 0 && b != old {
+            return b;
+        }
+    }
+}
+
 #[derive(Default, Clone)]
 pub(crate) struct Slots {
     /// (key byte, region) by index.
     slots: Vec<(u8, Option<MrEntry>)>,
     free: Vec<usize>,
-    /// Random bytes drawn for keys and not used yet.
-    key_bytes: Vec<u8>,
 }
 
 impl Slots {
-    /// A random key byte, nonzero and other than `old`, from the OS's generator: a peer that
-    /// was handed some keys must not learn the next ones from them.
-    fn key_byte(&mut self, old: u8) -> u8 {
-        loop {
-            if self.key_bytes.is_empty() {
-                self.key_bytes = crate::random::u64().to_ne_bytes().to_vec();
-            }
-            let b = self.key_bytes.pop().unwrap_or(0);
-            if b != 0 && b != old {
-                return b;
-            }
-        }
-    }
-
     /// The region `key` names, if it is registered.
     pub fn get(&self, key: u32) -> Option<&MrEntry> {
         let (tag, e) = self.slots.get((key >> 8) as usize)?;
@@ -196,7 +192,7 @@ impl MrTable {
         // As mlx5 makes keys: index << 8 | a key byte, random, nonzero and new for the slot,
         // so a stale or guessed key does not name the region now at that index.
         let old = t.slots[idx].0;
-        let tag = t.key_byte(old);
+        let tag = key_byte(old);
         let slot = &mut t.slots[idx];
         slot.0 = tag;
         slot.1 = Some(e);
