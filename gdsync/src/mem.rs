@@ -2,8 +2,10 @@
 //! words that the device and the executors share, or the pages of such memory another driver
 //! placed (libmlx5's rings under the emulated kernel driver). All raw access to it lives here.
 
+use crate::cuda::Cuda;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
 
 /// Alignment of every ring allocation (one host page).
 pub(crate) const PAGE: usize = 4096;
@@ -25,12 +27,13 @@ impl<T> std::ops::Deref for Padded<T> {
 pub(crate) struct RingMem {
     ptr: *mut u8,
     len: usize,
-    /// Registered with CUDA (pinned, mapped for GPUs) when a GPU is present.
-    cuda: bool,
+    /// The CUDA handle this was registered with (pinned, mapped for GPUs), if its creator
+    /// asked for that.
+    cuda: Option<Arc<Cuda>>,
     /// Allocated here (freed on drop), or pages someone else owns ([`RingMem::foreign`]).
     owned: bool,
-    /// Someone else's pages registered with CUDA through [`RingMem::map_for_gpus`].
-    foreign_cuda: bool,
+    /// The handle someone else's pages were registered with ([`RingMem::map_for_gpus`]).
+    foreign_cuda: Option<Arc<Cuda>>,
     /// What keeps someone else's pages allocated while this lives ([`RingMem::held`]).
     _owner: Option<crate::ops::KeepAlive>,
 }
@@ -42,8 +45,10 @@ unsafe impl Send for RingMem {}
 unsafe impl Sync for RingMem {}
 
 impl RingMem {
-    /// Allocates `len` zeroed bytes (rounded up to a page).
-    pub(crate) fn new(len: usize) -> Self {
+    /// Allocates `len` zeroed bytes (rounded up to a page), pinned and mapped for the GPUs of
+    /// `gpus` where the caller gives a handle (streams and kernels write doorbells and wait on
+    /// CQEs here), plain host memory where it gives none.
+    pub(crate) fn new(len: usize, gpus: Option<&Arc<Cuda>>) -> Self {
         let len = len.max(1).next_multiple_of(PAGE);
         let layout = Layout::from_size_align(len, PAGE).expect("ring layout");
         // SAFETY: layout has a nonzero size.
@@ -51,26 +56,22 @@ impl RingMem {
         if ptr.is_null() {
             std::alloc::handle_alloc_error(layout);
         }
-        // Streams and kernels write doorbells and wait on CQEs here: pin and map it for GPUs.
-        let cuda = crate::cuda::Cuda::available()
-            && crate::cuda::Cuda::get().is_ok_and(|c| {
-                // SAFETY: the allocation lives until Drop, which unregisters it first.
-                match unsafe { c.register_host(ptr, len) } {
-                    Ok(()) => true,
-                    Err(e) => {
-                        tracing::warn!(
-                            "ring memory stays unregistered (GPUs cannot reach it): {e}"
-                        );
-                        false
-                    }
+        let cuda = gpus.filter(|c| !c.gpus.is_empty()).and_then(|c| {
+            // SAFETY: the allocation lives until Drop, which unregisters it first.
+            match unsafe { c.register_host(ptr, len) } {
+                Ok(()) => Some(c.clone()),
+                Err(e) => {
+                    tracing::warn!("ring memory stays unregistered (GPUs cannot reach it): {e}");
+                    None
                 }
-            });
+            }
+        });
         Self {
             ptr,
             len,
             cuda,
             owned: true,
-            foreign_cuda: false,
+            foreign_cuda: None,
             _owner: None,
         }
     }
@@ -87,9 +88,9 @@ impl RingMem {
         let mem = Self {
             ptr: (addr - off as u64) as *mut u8,
             len: (off + len.max(1)).next_multiple_of(PAGE),
-            cuda: false,
+            cuda: None,
             owned: false,
-            foreign_cuda: false,
+            foreign_cuda: None,
             _owner: None,
         };
         (mem, off)
@@ -112,23 +113,23 @@ impl RingMem {
         (mem, off)
     }
 
-    /// Makes someone else's pages reachable by GPUs (`cuMemHostRegister`, with IOMEMORY for
-    /// a device's register page), unregistered when this is dropped. Pages several queues
-    /// share are registered once.
-    pub(crate) fn map_for_gpus(&mut self, io: bool) -> crate::Result<()> {
-        if self.owned || self.foreign_cuda {
+    /// Makes someone else's pages reachable by the GPUs of `cuda` (`cuMemHostRegister`, with
+    /// IOMEMORY for a device's register page), unregistered when this is dropped. Pages
+    /// several queues share are registered once.
+    pub(crate) fn map_for_gpus(&mut self, cuda: &Arc<Cuda>, io: bool) -> crate::Result<()> {
+        if self.owned || self.foreign_cuda.is_some() {
             return Ok(());
         }
         // SAFETY: the pages stay mapped while this lives (the contract of `held`), and Drop
         // unregisters them before the owner is released.
-        unsafe { crate::cuda::register_foreign(self.ptr as u64, self.len, io)? };
-        self.foreign_cuda = true;
+        unsafe { crate::cuda::register_foreign(cuda, self.ptr as u64, self.len, io)? };
+        self.foreign_cuda = Some(cuda.clone());
         Ok(())
     }
 
     /// Whether GPUs can reach this memory (registered with CUDA).
     pub(crate) fn gpu_mapped(&self) -> bool {
-        self.cuda || self.foreign_cuda
+        self.cuda.is_some() || self.foreign_cuda.is_some()
     }
 
     /// Device-visible address of byte `off` (the host virtual address for host memory).
@@ -192,16 +193,14 @@ impl RingMem {
 
 impl Drop for RingMem {
     fn drop(&mut self) {
-        if self.foreign_cuda {
-            crate::cuda::unregister_foreign(self.ptr as u64);
+        if let Some(c) = &self.foreign_cuda {
+            crate::cuda::unregister_foreign(c, self.ptr as u64);
         }
         if !self.owned {
             return;
         }
-        if self.cuda {
-            if let Ok(c) = crate::cuda::Cuda::get() {
-                c.unregister_host(self.ptr);
-            }
+        if let Some(c) = &self.cuda {
+            c.unregister_host(self.ptr);
         }
         // SAFETY: allocated in new() with this exact layout.
         unsafe { dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, PAGE)) }
@@ -272,12 +271,11 @@ pub(crate) fn wc_fence() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     #[test]
     fn held_pages_keep_their_owner_until_the_last_holder_goes() {
         // The owner stands for libmlx5's object; its pages are an allocation of ours here.
-        let pages = Arc::new(RingMem::new(2 * PAGE));
+        let pages = Arc::new(RingMem::new(2 * PAGE, None));
         let owner: crate::ops::KeepAlive = pages.clone();
         // SAFETY: `owner` keeps the pages allocated while the wrapper lives.
         let (held, off) = unsafe { RingMem::held(pages.addr(PAGE + 0x40), 8, owner) };

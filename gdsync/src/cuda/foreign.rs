@@ -19,7 +19,7 @@ static REGISTERED: Mutex<Option<HashMap<u64, (usize, usize)>>> = Mutex::new(None
 ///
 /// # Safety
 /// The range must stay mapped until the matching [`unregister_foreign`].
-pub(crate) unsafe fn register_foreign(addr: u64, len: usize, io: bool) -> Result<()> {
+pub(crate) unsafe fn register_foreign(c: &Cuda, addr: u64, len: usize, io: bool) -> Result<()> {
     let mut reg = REGISTERED.lock();
     let reg = reg.get_or_insert_with(HashMap::new);
     if let Some((l, n)) = reg.get_mut(&addr) {
@@ -28,7 +28,6 @@ pub(crate) unsafe fn register_foreign(addr: u64, len: usize, io: bool) -> Result
             return Ok(());
         }
     }
-    let c = Cuda::get()?;
     c.bind(0)?;
     let mut flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
     if io {
@@ -44,7 +43,7 @@ pub(crate) unsafe fn register_foreign(addr: u64, len: usize, io: bool) -> Result
 }
 
 /// Drops one holder of a [`register_foreign`] range; the last unregisters it.
-pub(crate) fn unregister_foreign(addr: u64) {
+pub(crate) fn unregister_foreign(c: &Cuda, addr: u64) {
     let mut reg = REGISTERED.lock();
     let Some(reg) = reg.as_mut() else { return };
     let Some((_, n)) = reg.get_mut(&addr) else {
@@ -53,16 +52,13 @@ pub(crate) fn unregister_foreign(addr: u64) {
     *n -= 1;
     if *n == 0 {
         reg.remove(&addr);
-        if let Ok(c) = Cuda::get() {
-            c.unregister_host(addr as *mut u8);
-        }
+        c.unregister_host(addr as *mut u8);
     }
 }
 
 /// A dma-buf of `len` bytes of GPU memory at `dptr` (`cuMemGetHandleForAddressRange`), for
 /// `ibv_reg_dmabuf_mr`. `dptr` and `len` must be page-aligned, as the driver requires.
-pub(crate) fn dma_buf(ordinal: i32, dptr: u64, len: usize) -> Result<OwnedFd> {
-    let c = Cuda::get()?;
+pub(crate) fn dma_buf(c: &Cuda, ordinal: i32, dptr: u64, len: usize) -> Result<OwnedFd> {
     c.bind(ordinal)?;
     let mut fd: i32 = -1;
     // SAFETY: FFI; `fd` outlives the call, which writes one int.
