@@ -64,7 +64,7 @@ impl HostRegion {
     pub(crate) fn read(&self, addr: u64, dst: &mut [u8]) -> bool {
         // SAFETY: inside a registered region (checked first), lent for the registration's life.
         self.contains(addr, dst.len() as u64)
-            && unsafe { crate::mem::read_region(self.gpu, addr, dst) }
+            && unsafe { crate::cuda::read_region(self.gpu, addr, dst) }
     }
 }
 

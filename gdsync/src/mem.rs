@@ -2,7 +2,6 @@
 //! words that the device and the executors share, or the pages of such memory another driver
 //! placed (libmlx5's rings under the emulated kernel driver). All raw access to it lives here.
 
-use crate::cuda::Cuda;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -22,6 +21,28 @@ impl<T> std::ops::Deref for Padded<T> {
     }
 }
 
+/// What pins host memory and maps it for GPUs (a CUDA handle): ring memory is told which, by
+/// whoever creates it, and keeps it to undo the registration.
+pub(crate) trait GpuMapper: Send + Sync {
+    /// Whether there is a GPU to map for.
+    fn has_gpus(&self) -> bool;
+    /// Pins and maps `[ptr, ptr+len)` for every GPU.
+    ///
+    /// # Safety
+    /// The range is allocated, and stays so until [`GpuMapper::unregister`].
+    unsafe fn register(&self, ptr: *mut u8, len: usize) -> crate::Result<()>;
+    /// Undoes [`GpuMapper::register`].
+    fn unregister(&self, ptr: *mut u8);
+    /// Maps someone else's pages (IOMEMORY for a device's register page); pages several
+    /// holders share are registered once.
+    ///
+    /// # Safety
+    /// The range stays mapped until the matching [`GpuMapper::unregister_foreign`].
+    unsafe fn register_foreign(&self, addr: u64, len: usize, io: bool) -> crate::Result<()>;
+    /// Drops one holder of a [`GpuMapper::register_foreign`] range.
+    fn unregister_foreign(&self, addr: u64);
+}
+
 /// A zeroed, page-aligned allocation that lives as long as its longest holder (queues, the
 /// engine, and any op list that points into it hold an `Arc`).
 pub(crate) struct RingMem {
@@ -29,11 +50,11 @@ pub(crate) struct RingMem {
     len: usize,
     /// The CUDA handle this was registered with (pinned, mapped for GPUs), if its creator
     /// asked for that.
-    cuda: Option<Arc<Cuda>>,
+    cuda: Option<Arc<dyn GpuMapper>>,
     /// Allocated here (freed on drop), or pages someone else owns ([`RingMem::foreign`]).
     owned: bool,
     /// The handle someone else's pages were registered with ([`RingMem::map_for_gpus`]).
-    foreign_cuda: Option<Arc<Cuda>>,
+    foreign_cuda: Option<Arc<dyn GpuMapper>>,
     /// What keeps someone else's pages allocated while this lives ([`RingMem::held`]).
     _owner: Option<crate::ops::KeepAlive>,
 }
@@ -48,7 +69,7 @@ impl RingMem {
     /// Allocates `len` zeroed bytes (rounded up to a page), pinned and mapped for the GPUs of
     /// `gpus` where the caller gives a handle (streams and kernels write doorbells and wait on
     /// CQEs here), plain host memory where it gives none.
-    pub(crate) fn new(len: usize, gpus: Option<&Arc<Cuda>>) -> Self {
+    pub(crate) fn new<G: GpuMapper + 'static>(len: usize, gpus: Option<&Arc<G>>) -> Self {
         let len = len.max(1).next_multiple_of(PAGE);
         let layout = Layout::from_size_align(len, PAGE).expect("ring layout");
         // SAFETY: layout has a nonzero size.
@@ -56,10 +77,10 @@ impl RingMem {
         if ptr.is_null() {
             std::alloc::handle_alloc_error(layout);
         }
-        let cuda = gpus.filter(|c| !c.gpus.is_empty()).and_then(|c| {
+        let cuda = gpus.filter(|c| c.has_gpus()).and_then(|c| {
             // SAFETY: the allocation lives until Drop, which unregisters it first.
-            match unsafe { c.register_host(ptr, len) } {
-                Ok(()) => Some(c.clone()),
+            match unsafe { c.register(ptr, len) } {
+                Ok(()) => Some(c.clone() as Arc<dyn GpuMapper>),
                 Err(e) => {
                     tracing::warn!("ring memory stays unregistered (GPUs cannot reach it): {e}");
                     None
@@ -74,6 +95,11 @@ impl RingMem {
             foreign_cuda: None,
             _owner: None,
         }
+    }
+
+    /// `len` zeroed bytes (rounded up to a page) of plain host memory, which no GPU reaches.
+    pub(crate) fn host(len: usize) -> Self {
+        Self::new::<NoGpus>(len, None)
     }
 
     /// The whole pages around `len` bytes at `addr`, which another driver allocated (as a
@@ -116,14 +142,18 @@ impl RingMem {
     /// Makes someone else's pages reachable by the GPUs of `cuda` (`cuMemHostRegister`, with
     /// IOMEMORY for a device's register page), unregistered when this is dropped. Pages
     /// several queues share are registered once.
-    pub(crate) fn map_for_gpus(&mut self, cuda: &Arc<Cuda>, io: bool) -> crate::Result<()> {
+    pub(crate) fn map_for_gpus<G: GpuMapper + 'static>(
+        &mut self,
+        cuda: &Arc<G>,
+        io: bool,
+    ) -> crate::Result<()> {
         if self.owned || self.foreign_cuda.is_some() {
             return Ok(());
         }
         // SAFETY: the pages stay mapped while this lives (the contract of `held`), and Drop
         // unregisters them before the owner is released.
-        unsafe { crate::cuda::register_foreign(cuda, self.ptr as u64, self.len, io)? };
-        self.foreign_cuda = Some(cuda.clone());
+        unsafe { cuda.register_foreign(self.ptr as u64, self.len, io)? };
+        self.foreign_cuda = Some(cuda.clone() as Arc<dyn GpuMapper>);
         Ok(())
     }
 
@@ -194,16 +224,37 @@ impl RingMem {
 impl Drop for RingMem {
     fn drop(&mut self) {
         if let Some(c) = &self.foreign_cuda {
-            crate::cuda::unregister_foreign(c, self.ptr as u64);
+            c.unregister_foreign(self.ptr as u64);
         }
         if !self.owned {
             return;
         }
         if let Some(c) = &self.cuda {
-            c.unregister_host(self.ptr);
+            c.unregister(self.ptr);
         }
         // SAFETY: allocated in new() with this exact layout.
         unsafe { dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, PAGE)) }
+    }
+}
+
+/// No GPU: the mapper of [`RingMem::host`] memory (never called).
+enum NoGpus {}
+
+impl GpuMapper for NoGpus {
+    fn has_gpus(&self) -> bool {
+        match *self {}
+    }
+    unsafe fn register(&self, _: *mut u8, _: usize) -> crate::Result<()> {
+        match *self {}
+    }
+    fn unregister(&self, _: *mut u8) {
+        match *self {}
+    }
+    unsafe fn register_foreign(&self, _: u64, _: usize, _: bool) -> crate::Result<()> {
+        match *self {}
+    }
+    fn unregister_foreign(&self, _: u64) {
+        match *self {}
     }
 }
 
@@ -235,25 +286,6 @@ pub(crate) fn load_be32(mem: &RingMem, off: usize) -> u32 {
     u32::from_be(mem.u32(off).load(Ordering::Acquire))
 }
 
-/// Copies `dst.len()` bytes at `addr` into `dst`: host memory, or memory of GPU `gpu`
-/// (through the CUDA driver). Returns whether the copy succeeded.
-///
-/// # Safety
-/// For host memory, the range must be readable: inside a registered region, whose owner lent
-/// it to the device for the registration's lifetime.
-pub(crate) unsafe fn read_region(gpu: Option<i32>, addr: u64, dst: &mut [u8]) -> bool {
-    match gpu {
-        Some(ordinal) => crate::cuda::copy_dtoh(ordinal, dst, addr).is_ok(),
-        None => {
-            // SAFETY: the caller's contract.
-            unsafe {
-                std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len())
-            };
-            true
-        }
-    }
-}
-
 /// Orders earlier stores before a store to a write-combining doorbell page, or pushes such a
 /// store out of the CPU's write-combining buffer (libmlx5's `mmio_wc_start` and
 /// `mmio_flush_writes`: `sfence` on x86-64).
@@ -275,7 +307,7 @@ mod tests {
     #[test]
     fn held_pages_keep_their_owner_until_the_last_holder_goes() {
         // The owner stands for libmlx5's object; its pages are an allocation of ours here.
-        let pages = Arc::new(RingMem::new(2 * PAGE, None));
+        let pages = Arc::new(RingMem::host(2 * PAGE));
         let owner: crate::ops::KeepAlive = pages.clone();
         // SAFETY: `owner` keeps the pages allocated while the wrapper lives.
         let (held, off) = unsafe { RingMem::held(pages.addr(PAGE + 0x40), 8, owner) };

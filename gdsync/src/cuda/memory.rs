@@ -130,6 +130,10 @@ impl DeviceBuffer {
     pub fn ordinal(&self) -> i32 {
         self.ordinal
     }
+    /// The handle it was allocated with.
+    pub fn cuda(&self) -> &Arc<Cuda> {
+        &self.cuda
+    }
     /// Copies `src` into the buffer at `offset` (synchronously).
     pub fn copy_from_host(&self, offset: usize, src: &[u8]) -> Result<()> {
         if !crate::bounds::fits(offset, src.len(), self.len) {
@@ -285,7 +289,22 @@ pub(crate) fn copy_htod(ordinal: i32, dst: u64, src: &[u8]) -> Result<()> {
     Cuda::get()?.copy_htod(ordinal, dst, src)
 }
 
-/// [`Cuda::copy_dtoh`] with the process's default handle (see [`copy_htod`]).
-pub(crate) fn copy_dtoh(ordinal: i32, dst: &mut [u8], src: u64) -> Result<()> {
-    Cuda::get()?.copy_dtoh(ordinal, dst, src)
+/// Copies `dst.len()` bytes at `addr` into `dst`: host memory, or memory of GPU `gpu`
+/// ([`Cuda::copy_dtoh`] with the process's default handle, see [`copy_htod`]). Returns
+/// whether the copy succeeded.
+///
+/// # Safety
+/// For host memory, the range must be readable: inside a registered region, whose owner lent
+/// it to the device for the registration's lifetime.
+pub(crate) unsafe fn read_region(gpu: Option<i32>, addr: u64, dst: &mut [u8]) -> bool {
+    match gpu {
+        Some(ordinal) => Cuda::get().is_ok_and(|c| c.copy_dtoh(ordinal, dst, addr).is_ok()),
+        None => {
+            // SAFETY: the caller's contract.
+            unsafe {
+                std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len())
+            };
+            true
+        }
+    }
 }

@@ -22,9 +22,9 @@ mod module;
 mod stream;
 
 pub use event::CudaEvent;
-pub(crate) use foreign::{dma_buf, register_foreign, unregister_foreign};
+pub(crate) use foreign::dma_buf;
 pub use launch::{KernelArg, LaunchArgs};
-pub(crate) use memory::{copy_dtoh, copy_htod};
+pub(crate) use memory::{copy_htod, read_region};
 pub use memory::{DeviceBuffer, IpcHandle, MemoryKind};
 pub use module::{nvrtc_available, Function, Module};
 pub use stream::{CudaStream, MAX_QUEUED_OPS};
@@ -179,29 +179,6 @@ impl Cuda {
             .map_err(failed("cuCtxSetCurrent"))?;
         BOUND.with(|b| b.set(ordinal));
         Ok(())
-    }
-
-    /// Registers host memory as pinned and mapped for every GPU (`cuMemHostRegister` with
-    /// PORTABLE | DEVICEMAP).
-    ///
-    /// # Safety
-    /// `[ptr, ptr+len)` must be allocated, and stay so until [`Cuda::unregister_host`].
-    pub(crate) unsafe fn register_host(&self, ptr: *mut u8, len: usize) -> Result<()> {
-        self.bind(0)?;
-        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
-        // SAFETY: the caller guarantees the range.
-        check(
-            unsafe { sys::cuMemHostRegister_v2(ptr as *mut _, len, flags) },
-            "cuMemHostRegister",
-        )
-    }
-
-    /// Undoes [`Cuda::register_host`].
-    pub(crate) fn unregister_host(&self, ptr: *mut u8) {
-        if self.bind(0).is_ok() {
-            // SAFETY: ptr was registered by register_host (errors are ignored on teardown).
-            unsafe { sys::cuMemHostUnregister(ptr as *mut _) };
-        }
     }
 
     /// Whether host memory registered with CUDA (as ring memory is) is addressed by GPUs at

@@ -441,7 +441,7 @@ impl Drop for CudaStream {
                 tracing::error!("dropping a CUDA stream whose waits never passed: leaking the memory they point to");
                 std::mem::forget(std::mem::take(&mut l.pending));
                 // The stream may still write its progress word: leak that too.
-                std::mem::forget(std::mem::replace(&mut self.done, RingMem::new(64, None)));
+                std::mem::forget(std::mem::replace(&mut self.done, RingMem::host(64)));
                 break;
             }
             drop(l);

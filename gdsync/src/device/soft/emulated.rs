@@ -490,7 +490,7 @@ mod tests {
 
     #[test]
     fn foreign_rings_are_served_and_never_freed() {
-        let owner = RingMem::new(4 * crate::mem::PAGE, None);
+        let owner = RingMem::host(4 * crate::mem::PAGE);
         let dev = SoftDevice::spawn().unwrap();
         let (ring, off) = foreign(owner.addr(0x3000), 64 * 8);
         assert_eq!(off, 0);

@@ -116,7 +116,7 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     fn heap(len: usize) -> Self {
         // Engines read and write link rings; GPUs never do.
-        let mem = RingMem::new(len, None);
+        let mem = RingMem::host(len);
         Self {
             ptr: mem.addr(0) as *mut u8,
             len: mem.len(),

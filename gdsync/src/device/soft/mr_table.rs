@@ -52,7 +52,7 @@ impl MrEntry {
             return false;
         }
         // SAFETY: inside the registered region (checked above).
-        unsafe { crate::mem::read_region(self.gpu, addr, dst) }
+        unsafe { crate::cuda::read_region(self.gpu, addr, dst) }
     }
 
     /// An 8-byte atomic at `addr` (8-aligned, inside the region): stores `f(old)`, returns
