@@ -46,7 +46,7 @@ pub(crate) struct HostRegion {
     pub len: u64,
     pub pd: u32,
     /// Memory of this GPU; `None`: host memory.
-    pub gpu: Option<i32>,
+    pub gpu: Option<crate::cuda::GpuCtx>,
 }
 
 impl HostRegion {

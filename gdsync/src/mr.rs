@@ -4,7 +4,7 @@
 
 use crate::bounds;
 use crate::context::{DeviceContext, HostRegion};
-use crate::cuda::{Cuda, DeviceBuffer, MemoryKind};
+use crate::cuda::{Cuda, DeviceBuffer, GpuCtx, MemoryKind};
 use crate::device::provider::{MrMemory, MrSpec};
 use crate::wr::{RemoteBuf, Sge};
 use crate::{Access, Error, Result};
@@ -117,13 +117,13 @@ impl ProtectionDomain {
                 "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE as well (as in verbs)",
             ));
         }
-        let ordinal = gpu.as_ref().map(|g| g.1);
+        let gpu = gpu.map(|(c, ordinal)| c.gpu_ctx(ordinal)).transpose()?;
         let keys = self.ctx.provider.reg_mr(&MrSpec {
             pd: self.id,
             addr: ptr as u64,
             len: len as u64,
             access,
-            memory: ordinal.map_or(MrMemory::Host, |ordinal| MrMemory::Gpu { ordinal }),
+            memory: gpu.map_or(MrMemory::Host, MrMemory::Gpu),
         })?;
         self.ctx.regions.write().insert(
             keys.lkey,
@@ -131,7 +131,7 @@ impl ProtectionDomain {
                 addr: ptr as u64,
                 len: len as u64,
                 pd: self.id,
-                gpu: ordinal,
+                gpu,
             },
         );
         Ok(MemoryRegion {
@@ -166,8 +166,8 @@ pub struct MemoryRegion<'buf> {
     ptr: *mut u8,
     len: usize,
     access: Access,
-    /// Device memory of this GPU (and the handle that copies it); `None`: host memory.
-    gpu: Option<(Arc<Cuda>, i32)>,
+    /// Device memory of this GPU (its context, to copy through); `None`: host memory.
+    gpu: Option<GpuCtx>,
     _buf: PhantomData<&'buf mut [u8]>,
 }
 
@@ -275,8 +275,8 @@ impl MemoryRegion<'_> {
     /// bounds or (device memory) the CUDA copy fails.
     pub fn try_read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.check(offset, dst.len(), "a read")?;
-        if let Some((cuda, ordinal)) = &self.gpu {
-            return cuda.copy_dtoh(*ordinal, dst, self.addr() + offset as u64);
+        if let Some(g) = &self.gpu {
+            return g.copy_dtoh(dst, self.addr() + offset as u64);
         }
         // SAFETY: in bounds (checked without overflow); the region owns access to the memory
         // for its lifetime. The device may write concurrently: data is defined once its
@@ -297,8 +297,8 @@ impl MemoryRegion<'_> {
     /// (device memory) the CUDA copy fails.
     pub fn try_write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
         self.check(offset, src.len(), "a write")?;
-        if let Some((cuda, ordinal)) = &self.gpu {
-            return cuda.copy_htod(*ordinal, self.addr() + offset as u64, src);
+        if let Some(g) = &self.gpu {
+            return g.copy_htod(self.addr() + offset as u64, src);
         }
         // SAFETY: in bounds (checked without overflow); see try_read_at.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(offset), src.len()) }
@@ -306,7 +306,7 @@ impl MemoryRegion<'_> {
     }
     /// The GPU whose memory this is, `None` for host memory.
     pub fn gpu(&self) -> Option<i32> {
-        self.gpu.as_ref().map(|g| g.1)
+        self.gpu.map(|g| g.ordinal)
     }
     /// Volatile read of one byte (for polling a buffer the peer writes, as perftest does).
     pub fn read_volatile_u8(&self, offset: usize) -> u8 {

@@ -95,6 +95,23 @@ mod tests {
     use crate::device::MAX_MESSAGE;
     use crate::{PortState, QpConfig};
 
+    /// Memory made without a CUDA handle stays plain host memory, whatever GPUs the process
+    /// has: nothing asks a process-wide CUDA behind the caller's back.
+    #[test]
+    fn memory_made_without_a_cuda_handle_is_not_mapped_for_gpus() {
+        let dev = Device::soft_with_cuda(None).unwrap();
+        assert!(dev.cuda().is_none());
+        let cq = dev.create_cq(16).unwrap();
+        let qp = dev
+            .alloc_pd()
+            .create_qp(&cq, &cq, &QpConfig::default())
+            .unwrap();
+        assert!(!qp.shared.buf.gpu_mapped(), "QP rings");
+        assert!(!qp.shared.ctrl.gpu_mapped(), "QP control page");
+        assert!(!crate::PinnedBuffer::with_cuda(64, None).gpu_mapped());
+        assert!(!crate::mem::RingMem::host(64).gpu_mapped());
+    }
+
     #[test]
     fn the_limits_are_the_ones_queue_creation_enforces() {
         let dev = Device::soft().unwrap();

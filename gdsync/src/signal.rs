@@ -189,7 +189,8 @@ impl PinnedBuffer {
         );
         self.mem.write(offset, src)
     }
-    /// Whether GPUs can reach it (CUDA present and the registration succeeded).
+    /// Whether GPUs can reach it (made with a CUDA handle that has a GPU, and the registration
+    /// succeeded).
     pub fn gpu_mapped(&self) -> bool {
         self.mem.gpu_mapped()
     }

@@ -190,7 +190,7 @@ impl Cuda {
         // legacy default stream and return before it ran; the streams this crate uses do not
         // wait for that one, so a late memset could wipe data copied in or computed after it:
         // seen on a GPU time-shared with another process.)
-        let s = self.copy_stream(ordinal)?;
+        let s = super::copy::copy_stream(ordinal)?;
         // SAFETY: ptr/len is the allocation just made; the stream is this thread's.
         unsafe {
             result::memset_d8_async(ptr, 0, len, s).map_err(failed("cuMemsetD8Async"))?;
@@ -230,81 +230,5 @@ impl Cuda {
             cuda: self.clone(),
             imported: true,
         })
-    }
-
-    /// The calling thread's own stream on GPU `ordinal`, for the soft device's data moves:
-    /// the engine copies on a non-blocking stream of its own, not the legacy default stream.
-    fn copy_stream(&self, ordinal: i32) -> Result<sys::CUstream> {
-        thread_local!(static STREAMS: std::cell::RefCell<Vec<(i32, usize)>> = const { std::cell::RefCell::new(Vec::new()) });
-        if let Some(s) = STREAMS.with(|v| {
-            v.borrow()
-                .iter()
-                .find(|(o, _)| *o == ordinal)
-                .map(|(_, s)| *s)
-        }) {
-            return Ok(s as sys::CUstream);
-        }
-        // Never destroyed: it lives as long as the thread, and the driver reclaims it at exit.
-        // (Primary contexts are per GPU, whichever handle made the stream.)
-        let raw = self.create_stream(ordinal)?;
-        STREAMS.with(|v| v.borrow_mut().push((ordinal, raw as usize)));
-        Ok(raw)
-    }
-
-    /// Copies host bytes to device address `dst` of GPU `ordinal` (on the thread's copy
-    /// stream, waiting for the copy).
-    pub(crate) fn copy_htod(&self, ordinal: i32, dst: u64, src: &[u8]) -> Result<()> {
-        if src.is_empty() {
-            return Ok(());
-        }
-        self.bind(ordinal)?;
-        let s = self.copy_stream(ordinal)?;
-        // SAFETY: the caller checked that dst..dst+len lies in a live device region; src is
-        // a slice that outlives the copy (we synchronise before returning).
-        unsafe {
-            result::memcpy_htod_async(dst, src, s).map_err(failed("cuMemcpyHtoDAsync"))?;
-            result::stream::synchronize(s).map_err(failed("cuStreamSynchronize"))
-        }
-    }
-
-    /// Copies from device address `src` of GPU `ordinal` into host bytes (on the thread's
-    /// copy stream, waiting for the copy).
-    pub(crate) fn copy_dtoh(&self, ordinal: i32, dst: &mut [u8], src: u64) -> Result<()> {
-        if dst.is_empty() {
-            return Ok(());
-        }
-        self.bind(ordinal)?;
-        let s = self.copy_stream(ordinal)?;
-        // SAFETY: as copy_htod.
-        unsafe {
-            result::memcpy_dtoh_async(dst, src, s).map_err(failed("cuMemcpyDtoHAsync"))?;
-            result::stream::synchronize(s).map_err(failed("cuStreamSynchronize"))
-        }
-    }
-}
-
-/// [`Cuda::copy_htod`] with the process's default handle: the soft device's and memory
-/// regions' copies of GPU memory, until regions carry the handle of the memory they name.
-pub(crate) fn copy_htod(ordinal: i32, dst: u64, src: &[u8]) -> Result<()> {
-    Cuda::get()?.copy_htod(ordinal, dst, src)
-}
-
-/// Copies `dst.len()` bytes at `addr` into `dst`: host memory, or memory of GPU `gpu`
-/// ([`Cuda::copy_dtoh`] with the process's default handle, see [`copy_htod`]). Returns
-/// whether the copy succeeded.
-///
-/// # Safety
-/// For host memory, the range must be readable: inside a registered region, whose owner lent
-/// it to the device for the registration's lifetime.
-pub(crate) unsafe fn read_region(gpu: Option<i32>, addr: u64, dst: &mut [u8]) -> bool {
-    match gpu {
-        Some(ordinal) => Cuda::get().is_ok_and(|c| c.copy_dtoh(ordinal, dst, addr).is_ok()),
-        None => {
-            // SAFETY: the caller's contract.
-            unsafe {
-                std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len())
-            };
-            true
-        }
     }
 }

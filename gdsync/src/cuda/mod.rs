@@ -13,6 +13,7 @@
 //! machines we support (unified addressing, `CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM`) its
 //! device address is its host address.
 
+mod copy;
 mod event;
 mod foreign;
 mod launch;
@@ -21,10 +22,10 @@ mod memory;
 mod module;
 mod stream;
 
+pub(crate) use copy::{read_region, GpuCtx};
 pub use event::CudaEvent;
 pub(crate) use foreign::dma_buf;
 pub use launch::{KernelArg, LaunchArgs};
-pub(crate) use memory::{copy_htod, read_region};
 pub use memory::{DeviceBuffer, IpcHandle, MemoryKind};
 pub use module::{nvrtc_available, Function, Module};
 pub use stream::{CudaStream, MAX_QUEUED_OPS};
@@ -109,6 +110,20 @@ impl std::fmt::Debug for Cuda {
     }
 }
 
+/// Makes `ctx`, GPU `ordinal`'s primary context, current on the calling thread (unless it is
+/// already: primary contexts are one per GPU, whichever handle retained them).
+fn bind_context(ordinal: i32, ctx: sys::CUcontext) -> Result<()> {
+    thread_local!(static BOUND: std::cell::Cell<i32> = const { std::cell::Cell::new(-1) });
+    if BOUND.with(|b| b.get()) == ordinal {
+        return Ok(());
+    }
+    // SAFETY: a primary context a handle retained (and never releases); a null one (a test's
+    // unbacked context) is refused by the driver.
+    unsafe { result::ctx::set_current(ctx) }.map_err(failed("cuCtxSetCurrent"))?;
+    BOUND.with(|b| b.set(ordinal));
+    Ok(())
+}
+
 /// Turns a failed driver call into an [`Error::Cuda`] that names the call.
 pub(crate) fn failed(call: &'static str) -> impl FnOnce(DriverError) -> Error {
     move |e| Error::Cuda {
@@ -170,15 +185,7 @@ impl Cuda {
     /// Makes GPU `ordinal`'s primary context current on the calling thread.
     pub fn bind(&self, ordinal: i32) -> Result<()> {
         self.gpu(ordinal)?;
-        thread_local!(static BOUND: std::cell::Cell<i32> = const { std::cell::Cell::new(-1) });
-        if BOUND.with(|b| b.get()) == ordinal {
-            return Ok(());
-        }
-        // SAFETY: a valid primary context retained when the handle was opened.
-        unsafe { result::ctx::set_current(self.ctxs[ordinal as usize]) }
-            .map_err(failed("cuCtxSetCurrent"))?;
-        BOUND.with(|b| b.set(ordinal));
-        Ok(())
+        bind_context(ordinal, self.ctxs[ordinal as usize])
     }
 
     /// Whether host memory registered with CUDA (as ring memory is) is addressed by GPUs at

@@ -155,11 +155,11 @@ impl CudaStream {
             .find_map(|op| {
                 let (cur, holds) = match op {
                     Op::Wait32 { addr, value, cond } => {
-                        let cur = read_host::<u32>(addr)?;
+                        let cur = read_host::<u32>(&self.cuda, addr)?;
                         (cur as u64, cond.test32(cur, value))
                     }
                     Op::Wait64 { addr, value, cond } => {
-                        let cur = read_host::<u64>(addr)?;
+                        let cur = read_host::<u64>(&self.cuda, addr)?;
                         (cur, cond.test64(cur, value))
                     }
                     _ => return None,
@@ -361,10 +361,10 @@ impl CudaStream {
 }
 
 /// A word of host memory that a pending list's wait points at, or `None` for device memory.
-fn read_host<T: Copy>(addr: u64) -> Option<T> {
+fn read_host<T: Copy>(cuda: &Cuda, addr: u64) -> Option<T> {
     use super::MemoryKind;
     if !matches!(
-        MemoryKind::of(addr),
+        cuda.memory_kind(addr),
         MemoryKind::Host | MemoryKind::PinnedHost
     ) {
         return None;

@@ -468,7 +468,7 @@ impl Provider for Mlx5Device {
             // SAFETY: the queue layer keeps the memory allocated until dereg_mr.
             MrMemory::Host => unsafe { pd.reg_mr_raw(spec.addr, spec.len as usize, spec.access) }
                 .map_err(|e| self.err(e))?,
-            MrMemory::Gpu { ordinal } => self.reg_gpu_mr(&pd, spec, ordinal)?,
+            MrMemory::Gpu(g) => self.reg_gpu_mr(&pd, spec, g.ordinal)?,
         };
         let keys = MrKeys {
             lkey: mr.lkey(),
