@@ -60,10 +60,11 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 /// Streams get a hardware queue each (up to 32), so one stream's memory wait never holds back
 /// another's work: 16 streams each wait for a word that the next stream writes, enqueued so
 /// that in any queue two of them shared, the wait that passes last would stand in front of the
-/// write that releases the other; gdsync starts the driver with 32 queues. (Passed on the H100;
-/// whether it fails with the driver's default of 8 was not run: the stencil's start-up stall,
-/// first blamed on shared queues, did not depend on the number.) Run it without
-/// CUDA_DEVICE_MAX_CONNECTIONS set yourself.
+/// write that releases the other; the driver starts with 32 queues, which cargo sets for the
+/// tests (`.cargo/config.toml`: an application's choice, the library sets nothing). (Passed on
+/// the H100; whether it fails with the driver's default of 8 was not run: the stencil's
+/// start-up stall, first blamed on shared queues, did not depend on the number.) Run it through
+/// cargo, without CUDA_DEVICE_MAX_CONNECTIONS set to another value yourself.
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
 fn streams_get_their_own_hardware_queues() {
