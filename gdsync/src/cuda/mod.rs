@@ -98,7 +98,7 @@ pub struct Cuda {
 
 // SAFETY: CUDA contexts are process-wide handles the driver lets any thread make current.
 unsafe impl Send for Cuda {}
-// SAFETY: as above; the struct is immutable after initialisation.
+// SAFETY: as above; the rest is immutable after opening, or atomic (the stream counts).
 unsafe impl Sync for Cuda {}
 
 impl std::fmt::Debug for Cuda {
