@@ -61,7 +61,7 @@ impl Machine {
     fn probe() -> Result<Machine> {
         let soft = Device::soft()?;
         Ok(Machine {
-            cuda: Cuda::get().map_err(|e| e.to_string()),
+            cuda: Cuda::get().map(|c| &**c).map_err(|e| e.to_string()),
             rdma: RdmaDevice::probe(),
             default: DeviceSelection::for_process().map_err(|e| e.to_string()),
             gdr: Gdrcopy::probe(),

@@ -18,7 +18,6 @@ use gdasync::gdsync::cuda::{Cuda, CudaStream, Function, Module};
 use gdasync::gdsync::exec::Executor;
 use gdasync::gdsync::ops::WaitCond;
 use gdasync::gdsync::SignalWords;
-use std::ffi::c_void;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -101,14 +100,9 @@ fn probe(mode: Mode) -> Result<()> {
     let start = Instant::now();
     let returned = std::thread::scope(|sc| {
         let h = sc.spawn(|| {
-            let mut p = w.addr(1);
-            let mut k = 1i32;
-            let mut params = [
-                &mut p as *mut u64 as *mut c_void,
-                &mut k as *mut i32 as *mut c_void,
-            ];
+            let (p, k) = (w.addr(1), 1i32);
             // SAFETY: (pointer to a pinned word that outlives the kernel, int) as declared.
-            let r = unsafe { f.launch(&b, 1, 1, &mut params) };
+            let r = unsafe { f.launch_builder(&b).arg(&p).arg(&k).launch(1, 1) };
             w.store32(2, 1);
             r
         });

@@ -19,7 +19,6 @@ use gdasync::gdsync::cuda::{Cuda, CudaEvent, CudaStream, Function, Module};
 use gdasync::gdsync::exec::Executor;
 use gdasync::gdsync::ops::{Ops, WaitCond};
 use gdasync::gdsync::SignalWords;
-use std::ffi::c_void;
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -44,10 +43,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn launch(f: &Function, s: &CudaStream) -> Result<()> {
-    let mut x = 0u64;
-    let mut p = [&mut x as *mut u64 as *mut c_void];
+    let x = 0u64;
     // SAFETY: the kernel takes one u64 by value (copied at launch) and touches no memory.
-    unsafe { f.launch(s, 16, 256, &mut p)? };
+    unsafe { f.launch_builder(s).arg(&x).launch(16, 256)? };
     Ok(())
 }
 

@@ -14,7 +14,6 @@ use gdasync::gdsync::{
     Access, Cq, Device, Error, PinnedBuffer, ProtectionDomain, Qp, QpConfig, RecvWr, SendWr,
     SignalWords,
 };
-use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
 /// Two connected QPs on one soft device, each queue side with its own CQ (so completion
@@ -61,10 +60,11 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 /// Streams get a hardware queue each (up to 32), so one stream's memory wait never holds back
 /// another's work: 16 streams each wait for a word that the next stream writes, enqueued so
 /// that in any queue two of them shared, the wait that passes last would stand in front of the
-/// write that releases the other; gdsync starts the driver with 32 queues. (Passed on the H100;
-/// whether it fails with the driver's default of 8 was not run: the stencil's start-up stall,
-/// first blamed on shared queues, did not depend on the number.) Run it without
-/// CUDA_DEVICE_MAX_CONNECTIONS set yourself.
+/// write that releases the other; the driver starts with 32 queues, which cargo sets for the
+/// tests (`.cargo/config.toml`: an application's choice, the library sets nothing). (Passed on
+/// the H100; whether it fails with the driver's default of 8 was not run: the stencil's
+/// start-up stall, first blamed on shared queues, did not depend on the number.) Run it through
+/// cargo, without CUDA_DEVICE_MAX_CONNECTIONS set to another value yourself.
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
 fn streams_get_their_own_hardware_queues() {
@@ -369,16 +369,11 @@ extern "C" __global__ void wait_word(uint64_t word, uint32_t value, uint64_t tim
 
 fn launch_ring(m: &Module, s: &CudaStream, ring: RingDesc, n: u64, timeout: u64, rc: u64) {
     let f = m.function("run_ring").unwrap();
-    let (mut ring, mut n, mut t, mut rc) = (ring, n, timeout, rc);
-    let mut params = [
-        &mut ring as *mut RingDesc as *mut c_void,
-        &mut n as *mut u64 as *mut c_void,
-        &mut t as *mut u64 as *mut c_void,
-        &mut rc as *mut u64 as *mut c_void,
-    ];
+    let mut l = f.launch_builder(s);
+    l.arg(&ring).arg(&n).arg(&timeout).arg(&rc);
     // SAFETY: four parameters matching run_ring's signature; the ring and word are pinned
     // host memory that outlives the kernel (the test synchronises before dropping them).
-    unsafe { f.launch(s, 1, 1, &mut params).unwrap() };
+    unsafe { l.launch(1, 1).unwrap() };
 }
 
 #[test]
@@ -448,16 +443,12 @@ fn kernel_wait_times_out_with_an_error_code() {
     let f = m.function("wait_word").unwrap();
     let stream = CudaStream::new(0).unwrap();
     let w = SignalWords::new(2);
-    let (mut word, mut value, mut timeout, mut rc) = (w.addr(0), 77u32, 20_000_000u64, w.addr(1));
-    let mut params = [
-        &mut word as *mut u64 as *mut c_void,
-        &mut value as *mut u32 as *mut c_void,
-        &mut timeout as *mut u64 as *mut c_void,
-        &mut rc as *mut u64 as *mut c_void,
-    ];
+    let (word, value, timeout, rc) = (w.addr(0), 77u32, 20_000_000u64, w.addr(1));
+    let mut l = f.launch_builder(&stream);
+    l.arg(&word).arg(&value).arg(&timeout).arg(&rc);
     let start = Instant::now();
     // SAFETY: parameters match wait_word; the words outlive the kernel (synchronised below).
-    unsafe { f.launch(&stream, 1, 1, &mut params).unwrap() };
+    unsafe { l.launch(1, 1).unwrap() };
     stream.synchronize().unwrap();
     assert_eq!(w.load32(1) as i32, 1000 + code::TIMEOUT);
     assert!(start.elapsed() < Duration::from_secs(5));

@@ -9,11 +9,10 @@ mod common;
 
 use common::gpu::{gpu, Buf};
 use common::kernel_channel_ranks;
-use gdasync::gdsync::cuda::{CudaStream, Function, Module};
+use gdasync::gdsync::cuda::{CudaStream, Module};
 use gdasync::gdsync::format::Syndrome;
 use gdasync::gdsync::kernel::{code, DeviceQp, QpDesc};
 use gdasync::gdsync::{Device, PinnedBuffer, ProtectionDomain, QpConfig};
-use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
 /// Round trips of the ping-pong tests.
@@ -46,20 +45,6 @@ fn words(out: &PinnedBuffer, at: usize, n: usize) -> Vec<u64> {
             u64::from_ne_bytes(b)
         })
         .collect()
-}
-
-/// Launches `f` with one value per parameter, one thread per block.
-///
-/// # Safety
-/// The values must match the kernel's parameters, and the memory the kernel reaches must
-/// outlive it (every caller synchronises the stream before dropping anything).
-unsafe fn launch(f: &Function, s: &CudaStream, grid: u32, params: &mut [*mut c_void]) {
-    // SAFETY: the caller's guarantee.
-    unsafe { f.launch(s, grid, 1, params).unwrap() };
-}
-
-fn p<T>(v: &mut T) -> *mut c_void {
-    v as *mut T as *mut c_void
 }
 
 /// Two connected QPs on one soft device, each with dedicated CQs, handed to the GPU.
@@ -103,25 +88,17 @@ fn kernel_drives_qps_ping_pong() {
         let (abuf, bbuf) = (Buf::new(device_mem, len), Buf::new(device_mem, len));
         let (amr, bmr) = (abuf.register(&pd), bbuf.register(&pd));
         let out = PinnedBuffer::new(64);
-        let (mut qa, mut qb): (QpDesc, QpDesc) = (a.desc(), b.desc());
-        let (mut aaddr, mut alkey, mut baddr, mut blkey) =
-            (abuf.addr(), amr.lkey(), bbuf.addr(), bmr.lkey());
-        let (mut iters, mut timeout, mut out_addr) = (ITERS, TIMEOUT_NS, out.addr());
-        let mut params = [
-            p(&mut qa),
-            p(&mut qb),
-            p(&mut aaddr),
-            p(&mut alkey),
-            p(&mut baddr),
-            p(&mut blkey),
-            p(&mut iters),
-            p(&mut timeout),
-            p(&mut out_addr),
-        ];
+        let (qa, qb): (QpDesc, QpDesc) = (a.desc(), b.desc());
+        let (aaddr, alkey, baddr, blkey) = (abuf.addr(), amr.lkey(), bbuf.addr(), bmr.lkey());
+        let (iters, timeout, out_addr) = (ITERS, TIMEOUT_NS, out.addr());
+        let f = m.function("qp_pingpong").unwrap();
+        let mut l = f.launch_builder(&stream);
+        l.arg(&qa).arg(&qb).arg(&aaddr).arg(&alkey).arg(&baddr);
+        l.arg(&blkey).arg(&iters).arg(&timeout).arg(&out_addr);
         let start = Instant::now();
         // SAFETY: the parameters match qp_pingpong; the QPs, buffers and `out` outlive the
         // kernel (synchronised below).
-        unsafe { launch(&m.function("qp_pingpong").unwrap(), &stream, 2, &mut params) };
+        unsafe { l.launch(2, 1).unwrap() };
         stream.synchronize().unwrap();
         let took = start.elapsed();
         for (side, at) in [(0, 0), (1, 32)] {
@@ -164,24 +141,24 @@ fn kernel_qp_timeouts_and_errors_are_codes() {
         let buf = Buf::new(true, 4096);
         let mr = buf.register(&pd);
         let out = PinnedBuffer::new(64);
-        let mut q = a.desc();
-        let (mut addr, mut raddr, mut out_addr) = (buf.addr(), buf.addr() + 1024, out.addr());
-        let (mut lkey, mut rkey) = if bad_rkey {
+        let q = a.desc();
+        let (addr, raddr, out_addr) = (buf.addr(), buf.addr() + 1024, out.addr());
+        let (lkey, rkey) = if bad_rkey {
             (mr.lkey(), mr.rkey() ^ 0x5555)
         } else {
             (mr.lkey() ^ 0x7777, mr.rkey())
         };
-        let mut params = [
-            p(&mut q),
-            p(&mut addr),
-            p(&mut lkey),
-            p(&mut raddr),
-            p(&mut rkey),
-            p(&mut out_addr),
-        ];
+        let f = m.function("qp_errors").unwrap();
+        let mut l = f.launch_builder(&stream);
+        l.arg(&q)
+            .arg(&addr)
+            .arg(&lkey)
+            .arg(&raddr)
+            .arg(&rkey)
+            .arg(&out_addr);
         let start = Instant::now();
         // SAFETY: the parameters match qp_errors; everything outlives the kernel.
-        unsafe { launch(&m.function("qp_errors").unwrap(), &stream, 1, &mut params) };
+        unsafe { l.launch(1, 1).unwrap() };
         stream.synchronize().unwrap();
         assert!(start.elapsed() < Duration::from_secs(30));
         let w = words(&out, 0, 7);
@@ -217,26 +194,19 @@ fn kernel_channels_ping_pong_between_rank_kernels() {
             let out = PinnedBuffer::new(64);
             let stream = CudaStream::new(0).unwrap();
             assert!(ch.gpu_mapped());
-            let (mut table, mut me32, mut other32) = (ch.table().unwrap(), me as u32, other as u32);
-            let (mut addr, mut lkey) = (buf.addr(), mr.lkey());
-            let (mut iters, mut timeout, mut out_addr) = (ITERS, TIMEOUT_NS, out.addr());
-            let mut params = [
-                p(&mut table),
-                p(&mut me32),
-                p(&mut other32),
-                p(&mut addr),
-                p(&mut lkey),
-                p(&mut iters),
-                p(&mut timeout),
-                p(&mut out_addr),
-            ];
+            let (table, me32, other32) = (ch.table().unwrap(), me as u32, other as u32);
+            let (addr, lkey) = (buf.addr(), mr.lkey());
+            let (iters, timeout, out_addr) = (ITERS, TIMEOUT_NS, out.addr());
             let f = m.function("peer_pingpong").unwrap();
+            let mut l = f.launch_builder(&stream);
+            l.arg(&table).arg(&me32).arg(&other32).arg(&addr);
+            l.arg(&lkey).arg(&iters).arg(&timeout).arg(&out_addr);
             // Every rank has made its CUDA allocations and registrations (and other driver
             // calls) before any kernel runs: a running kernel could block them.
             comm.barrier().unwrap();
             // SAFETY: the parameters match peer_pingpong; the table, buffers and
             // channels outlive the kernel (synchronised below).
-            unsafe { launch(&f, &stream, 1, &mut params) };
+            unsafe { l.launch(1, 1).unwrap() };
             stream.synchronize().unwrap();
             comm.barrier().unwrap();
             let w = words(&out, 0, 4);

@@ -16,7 +16,6 @@ use gdasync::gdsync::kernel::{code, DeviceQp};
 use gdasync::gdsync::ops::Ops;
 use gdasync::gdsync::{Error, MemoryRegion, SignalWords};
 use std::collections::VecDeque;
-use std::ffi::c_void;
 use std::time::Instant;
 
 const KERNEL: &str = include_str!("bandwidth.cu");
@@ -142,10 +141,6 @@ fn run_on<E: Executor>(
 
 // ---------------------------------------------------------------------------- kernel
 
-fn p<T>(v: &mut T) -> *mut c_void {
-    v as *mut T as *mut c_void
-}
-
 /// What a kernel return code means.
 fn describe(rc: i32) -> String {
     match rc {
@@ -219,35 +214,23 @@ fn kernel_size(
         rx.post(base + total, size, false)?;
         words.store64(CREDIT, rx.posted - base);
     }
-    let mut q = k.dq.desc();
-    let mut op: u32 = match plan.op {
+    let q = k.dq.desc();
+    let op: u32 = match plan.op {
         Op::Write => 0,
         Op::Read => 1,
         Op::Send => 2,
     };
-    let (mut laddr, mut lkey, mut raddr, mut rkey) =
-        (local.addr(), local.lkey(), rx.buf.addr(), rx.buf.rkey());
-    let (mut len, mut warm, mut n) = (size as u32, warmup, iters);
-    let (mut window, mut sig_every) = (plan.window as u32, plan.chunk as u32);
-    let (mut words_addr, mut timeout) = (words.addr(0), KERNEL_WAIT_NS);
-    let mut params = [
-        p(&mut q),
-        p(&mut op),
-        p(&mut laddr),
-        p(&mut lkey),
-        p(&mut raddr),
-        p(&mut rkey),
-        p(&mut len),
-        p(&mut warm),
-        p(&mut n),
-        p(&mut window),
-        p(&mut sig_every),
-        p(&mut words_addr),
-        p(&mut timeout),
-    ];
+    let (laddr, lkey, raddr, rkey) = (local.addr(), local.lkey(), rx.buf.addr(), rx.buf.rkey());
+    let (len, warm, n) = (size as u32, warmup, iters);
+    let (window, sig_every) = (plan.window as u32, plan.chunk as u32);
+    let (words_addr, timeout) = (words.addr(0), KERNEL_WAIT_NS);
+    let mut l = k.f.launch_builder(&k.stream);
+    l.arg(&q).arg(&op).arg(&laddr).arg(&lkey).arg(&raddr);
+    l.arg(&rkey).arg(&len).arg(&warm).arg(&n).arg(&window);
+    l.arg(&sig_every).arg(&words_addr).arg(&timeout);
     // SAFETY: the parameters match `bw` in bandwidth.cu; the QP, buffers and words outlive
     // the kernel (it is waited for below, and on failure the process ends without freeing).
-    unsafe { k.f.launch(&k.stream, 1, 1, &mut params)? };
+    unsafe { l.launch(1, 1)? };
     // Rank 1's CPU keeps receives posted (sends) until the kernel says it is done. The
     // kernel's own waits time out first; the stall check only catches a kernel that never ran.
     let mut stall = Stall::new();

@@ -13,12 +13,26 @@ pub struct ToolArgs {
 }
 
 impl ToolArgs {
-    /// Installs logging, then runs `body`, and ends the tool with its result.
+    /// Chooses the CUDA driver's hardware queues ([`cuda_queues`]), installs logging, then
+    /// runs `body`, and ends the tool with its result.
     pub fn run(&self, body: impl FnOnce() -> anyhow::Result<()>) -> ExitCode {
+        cuda_queues();
         finish(
             super::log::init(self.debug).and_then(|_| body()),
             self.debug,
         )
+    }
+}
+
+/// Sets `CUDA_DEVICE_MAX_CONNECTIONS` to 32 (the driver's maximum; 8 by default) unless the
+/// environment sets it: the tools run several streams per GPU (four ranks' streams and their
+/// copy streams are eight), and streams that share a hardware queue wait for each other's
+/// memory waits. Called first thing in `main`, before any thread exists (setting the
+/// environment is not safe once other threads may read it), and before the driver starts.
+fn cuda_queues() {
+    use gdasync::gdsync::cuda::{MAX_CONNECTIONS, MAX_CONNECTIONS_VAR};
+    if std::env::var_os(MAX_CONNECTIONS_VAR).is_none() {
+        std::env::set_var(MAX_CONNECTIONS_VAR, MAX_CONNECTIONS.to_string());
     }
 }
 

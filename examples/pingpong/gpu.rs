@@ -17,7 +17,6 @@ use gdasync::gdsync::{
     Access, Cq, Device, Error, MemoryRegion, PinnedBuffer, Qp, QpConfig, RecvTicket, RecvWr,
     RemoteBuf, SendWr, SignalWords,
 };
-use std::ffi::c_void;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -33,11 +32,6 @@ pub(crate) const TIMEOUT: Duration = Duration::from_secs(20);
 pub(crate) const KERNELS: &str = include_str!("kernels.cu");
 /// How long a kernel's wait gives up after (it then reports a code instead of spinning).
 pub(crate) const KERNEL_WAIT_NS: u64 = 10_000_000_000;
-
-/// A kernel parameter as `Function::launch` takes it: a pointer to its value.
-pub(crate) fn param<T>(v: &mut T) -> *mut c_void {
-    v as *mut T as *mut c_void
-}
 
 /// A message buffer in pinned host or device memory.
 pub(crate) enum Buf {
@@ -410,37 +404,28 @@ fn kernel_run(
         } else {
             r.sbuf_addr + size as u64 - 4
         };
-        let mut ring = rings[rank].device_desc();
-        let (mut rank_i, mut n, mut sig, mut rw, mut rawi) = (
+        let ring = rings[rank].device_desc();
+        let (rank_i, n, sig, rw, rawi) = (
             rank as i32,
             iters,
             SIGNAL_EVERY,
             ring_waits as i32,
             raw as i32,
         );
-        let (mut my, mut outw, mut tms, mut to, mut rc) = (
+        let (my, outw, tms, to, rc) = (
             words[rank],
             out_word,
             times.addr(),
             KERNEL_WAIT_NS,
             rcs.addr(rank),
         );
-        let mut params = [
-            param(&mut ring),
-            param(&mut rank_i),
-            param(&mut n),
-            param(&mut sig),
-            param(&mut rw),
-            param(&mut rawi),
-            param(&mut my),
-            param(&mut outw),
-            param(&mut tms),
-            param(&mut to),
-            param(&mut rc),
-        ];
+        let mut l = f.launch_builder(&streams[rank]);
+        l.arg(&ring).arg(&rank_i).arg(&n).arg(&sig).arg(&rw);
+        l.arg(&rawi).arg(&my).arg(&outw).arg(&tms).arg(&to);
+        l.arg(&rc);
         // SAFETY: the parameters match `pp`; rings, words and buffers outlive the kernels
         // (both streams are synchronised before they are dropped).
-        unsafe { f.launch(&streams[rank], 1, 1, &mut params)? };
+        unsafe { l.launch(1, 1)? };
     }
     if !raw {
         // Feed both rings from this thread, in the order each kernel consumes them.
@@ -530,8 +515,8 @@ fn host_run(
         r0.rbuf_addr + size as u64 - 4,
         r1.rbuf_addr + size as u64 - 4,
     ];
-    let step = *step;
     let spawn = |rank: usize, mut r: Rank, barrier: Arc<Barrier>| {
+        let step = step.clone();
         std::thread::spawn(move || -> Result<Vec<f64>> {
             let stream = CudaStream::new(0)?;
             let mut times = Vec::with_capacity(iters as usize);
@@ -579,7 +564,7 @@ fn host_run(
                 }
                 // The GPU step that produces the data, then the CPU sends.
                 // SAFETY: `step` takes no parameters.
-                unsafe { step.launch(&stream, 1, 1, &mut [])? };
+                unsafe { step.launch_builder(&stream).launch(1, 1)? };
                 stream.synchronize()?;
                 if raw {
                     // SAFETY: pinned host memory leaked for the process's life (--raw host only).

@@ -12,7 +12,7 @@
 //! kernel).
 
 use super::gpu::{
-    join_ranks, kernel_half_rtts, marker_write, param, Buf, ProgressClock, KERNELS, KERNEL_WAIT_NS,
+    join_ranks, kernel_half_rtts, marker_write, Buf, ProgressClock, KERNELS, KERNEL_WAIT_NS,
     SIGNAL_EVERY, TIMEOUT,
 };
 use super::{Args, Trigger};
@@ -45,7 +45,7 @@ const MP_WORDS: usize = 5;
 const MP_WRONG_LENGTH: i32 = 0x1000;
 
 /// The GPU function of a trigger: the step of `host`, the persistent loop of `kernel`.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum GpuFn {
     Step(Function),
     Loop(Function),
@@ -123,6 +123,7 @@ pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Res
         let (b1, b0) = (boots.pop().unwrap(), boots.pop().unwrap());
         let spawn = |rank: usize, boot: ThreadBootstrap| {
             let (dev, args, progress) = (dev.clone(), args.clone(), progress.clone());
+            let kernel = kernel.clone();
             std::thread::spawn(move || -> Result<Vec<f64>> {
                 let r = MpRank::new(boot, &dev, &args, max)?;
                 match kernel {
@@ -240,7 +241,7 @@ fn host_rank(
             r.comm.wait(recv)?;
         }
         // SAFETY: `step` takes no parameters.
-        unsafe { step.launch(&stream, 1, 1, &mut [])? };
+        unsafe { step.launch_builder(&stream).launch(1, 1)? };
         stream.synchronize()?;
         r.sbuf.write_at(size - 4, &mine.to_ne_bytes());
         sends.push_back(r.comm.isend(r.sbuf.sge(..size), r.peer)?);
@@ -272,7 +273,7 @@ fn kernel_rank(
     mut r: MpRank,
     size: usize,
     iters: u64,
-    mut recv_batch: u32,
+    recv_batch: u32,
     f: &Function,
 ) -> Result<Vec<f64>> {
     let ch = r.comm.kernel_channels(KERNEL_RECV_AHEAD)?;
@@ -283,39 +284,29 @@ fn kernel_rank(
     // Only rank 0's kernel stamps the iterations.
     let times = PinnedBuffer::new(8 * if rank == 0 { iters.max(1) as usize } else { 1 });
     let result = SignalWords::new(MP_WORDS);
-    let (mut table, mut me, mut peer) = (ch.table()?, rank as u32, r.peer as u32);
-    let (mut sbuf, mut slkey, mut rbuf, mut rlkey) =
-        (r.sbuf_addr, r.sbuf.lkey(), r.rbuf_addr, r.rbuf.lkey());
-    let mut sig_every = SIGNAL_EVERY;
-    let (mut len, mut n, mut ahead) = (size as u32, iters, KERNEL_RECV_AHEAD);
-    let (mut times_addr, mut timeout, mut result_addr) = (
+    let (table, me, peer) = (ch.table()?, rank as u32, r.peer as u32);
+    let (sbuf, slkey, rbuf, rlkey) = (r.sbuf_addr, r.sbuf.lkey(), r.rbuf_addr, r.rbuf.lkey());
+    let sig_every = SIGNAL_EVERY;
+    let (len, n, ahead) = (size as u32, iters, KERNEL_RECV_AHEAD);
+    let (times_addr, timeout, result_addr) = (
         if rank == 0 { times.addr() } else { 0 },
         KERNEL_WAIT_NS,
         result.addr(0),
     );
-    let mut params = [
-        param(&mut table),
-        param(&mut me),
-        param(&mut peer),
-        param(&mut sbuf),
-        param(&mut slkey),
-        param(&mut rbuf),
-        param(&mut rlkey),
-        param(&mut len),
-        param(&mut n),
-        param(&mut ahead),
-        param(&mut recv_batch),
-        param(&mut sig_every),
-        param(&mut times_addr),
-        param(&mut timeout),
-        param(&mut result_addr),
-    ];
+    let mut l = f.launch_builder(&stream);
+    l.arg(&table).arg(&me).arg(&peer).arg(&sbuf).arg(&slkey);
+    l.arg(&rbuf).arg(&rlkey).arg(&len).arg(&n).arg(&ahead);
+    l.arg(&recv_batch)
+        .arg(&sig_every)
+        .arg(&times_addr)
+        .arg(&timeout)
+        .arg(&result_addr);
     // Both ranks have made their CUDA allocations and registrations before either kernel
     // runs: a running kernel could block them.
     r.comm.barrier()?;
     // SAFETY: the parameters match `mp_pp`; the table, channel, buffers, `times` and `result`
     // outlive the kernel (the stream is synchronised below, before any of them is dropped).
-    unsafe { f.launch(&stream, 1, 1, &mut params)? };
+    unsafe { l.launch(1, 1)? };
     let synced = stream.synchronize();
     // Neither rank drops its channel while the other's kernel may still write credits to it.
     let after = r.comm.barrier();

@@ -33,7 +33,6 @@ use gdasync::gdsync::kernel::code;
 use gdasync::gdsync::{Access, MemoryRegion, PinnedBuffer, Sge};
 use gdasync::mp::{Comm, KernelChannels, Request};
 use std::collections::VecDeque;
-use std::ffi::c_void;
 
 /// How many iterations the CPU may enqueue ahead of the stream (`--trigger stream`). Each
 /// holds a few dozen memory operations; a stream takes at most `cuda::MAX_QUEUED_OPS` (512).
@@ -150,6 +149,8 @@ struct PersistentArgs {
     nx: i32,
     ny: i32,
 }
+// SAFETY: `#[repr(C)]` plain data laid out as kernels.cu's `StencilRun`.
+unsafe impl gdasync::gdsync::cuda::KernelArg for PersistentArgs {}
 
 const _: () = assert!(std::mem::size_of::<SideArgs>() == 40);
 const _: () = assert!(std::mem::size_of::<PersistentArgs>() == 232);
@@ -346,26 +347,26 @@ impl<'m> GpuRank<'m> {
         f: &Function,
         blocks: u32,
         cooperative: bool,
-        mut args: Vec<Arg>,
+        args: Vec<Arg>,
     ) -> Result<()> {
-        let mut ptrs: Vec<*mut c_void> = args
-            .iter_mut()
-            .map(|a| match a {
-                Arg::U64(x) => x as *mut u64 as *mut c_void,
-                Arg::I32(x) => x as *mut i32 as *mut c_void,
-                Arg::I64(x) => x as *mut i64 as *mut c_void,
-                Arg::F64(x) => x as *mut f64 as *mut c_void,
-                Arg::Run(x) => &mut **x as *mut PersistentArgs as *mut c_void,
-            })
-            .collect();
+        let mut l = f.launch_builder(&self.stream);
+        for a in &args {
+            match a {
+                Arg::U64(x) => l.arg(x),
+                Arg::I32(x) => l.arg(x),
+                Arg::I64(x) => l.arg(x),
+                Arg::F64(x) => l.arg(x),
+                Arg::Run(x) => l.arg(&**x),
+            };
+        }
         // SAFETY: `args` match the kernel's parameters (kernels.cu) in number and type, and
         // the memory they point into outlives the stream, which is synchronised before it
         // is dropped.
         unsafe {
             if cooperative {
-                f.launch_cooperative(&self.stream, blocks, BLOCK, &mut ptrs)?
+                l.launch_cooperative(blocks, BLOCK)?
             } else {
-                f.launch(&self.stream, blocks, BLOCK, &mut ptrs)?
+                l.launch(blocks, BLOCK)?
             }
         };
         Ok(())

@@ -46,7 +46,7 @@ pub(crate) struct HostRegion {
     pub len: u64,
     pub pd: u32,
     /// Memory of this GPU; `None`: host memory.
-    pub gpu: Option<i32>,
+    pub gpu: Option<crate::cuda::GpuCtx>,
 }
 
 impl HostRegion {
@@ -64,7 +64,7 @@ impl HostRegion {
     pub(crate) fn read(&self, addr: u64, dst: &mut [u8]) -> bool {
         // SAFETY: inside a registered region (checked first), lent for the registration's life.
         self.contains(addr, dst.len() as u64)
-            && unsafe { crate::mem::read_region(self.gpu, addr, dst) }
+            && unsafe { crate::cuda::read_region(self.gpu, addr, dst) }
     }
 }
 
@@ -133,6 +133,8 @@ pub(crate) struct RegionCache {
 /// One device, as every queue-layer object on it shares it.
 pub(crate) struct DeviceContext {
     pub provider: Arc<dyn Provider>,
+    /// The GPUs the queues' memory is mapped for (none: host memory only).
+    pub cuda: Option<Arc<crate::cuda::Cuda>>,
     /// Registered regions by lkey.
     pub regions: Regions,
     /// The CPU proxy for QPs whose doorbells a CPU rings on the GPU's behalf.
@@ -143,9 +145,10 @@ pub(crate) struct DeviceContext {
 }
 
 impl DeviceContext {
-    pub(crate) fn new(provider: Arc<dyn Provider>) -> Self {
+    pub(crate) fn new(provider: Arc<dyn Provider>, cuda: Option<Arc<crate::cuda::Cuda>>) -> Self {
         Self {
             provider,
+            cuda,
             regions: Regions::default(),
             proxy: Default::default(),
             overran: Mutex::new(HashSet::new()),

@@ -370,14 +370,14 @@ impl Cq {
             )));
         }
         let cnt = entries.next_power_of_two();
-        let ring = Arc::new(RingMem::new(cnt as usize * CQE_SIZE));
+        let ring = Arc::new(RingMem::new(cnt as usize * CQE_SIZE, ctx.cuda.as_ref()));
         // Every entry starts as opcode INVALID, owner 1: neither a CPU poll nor an
         // owner-bit wait can pass before the device writes the entry.
         for i in 0..cnt as usize {
             ring.u8(i * CQE_SIZE + 63)
                 .store(CQE_INIT_OP_OWN, Ordering::Relaxed);
         }
-        let ctrl = Arc::new(RingMem::new(128));
+        let ctrl = Arc::new(RingMem::new(128, ctx.cuda.as_ref()));
         let dbrec = MemAt {
             mem: ctrl.clone(),
             off: CQ_DBREC,

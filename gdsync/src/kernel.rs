@@ -213,6 +213,8 @@ pub struct RingDesc {
     pub reserved: u32,
 }
 const _: () = assert!(std::mem::size_of::<RingDesc>() == 24);
+// SAFETY: `#[repr(C)]` plain data laid out as `gds_desc_ring` (the size is asserted above).
+unsafe impl crate::cuda::KernelArg for RingDesc {}
 
 /// A ring of descriptors in pinned host memory: the host pushes, a kernel runs them in order
 /// (`gds_ring_run(&ring, i, timeout)`).
@@ -237,10 +239,17 @@ impl std::fmt::Debug for DescRing {
 }
 
 impl DescRing {
-    /// A ring of `cap` entries.
+    /// A ring of `cap` entries, mapped for the GPUs of the process's default CUDA handle
+    /// ([`Cuda::get`](crate::cuda::Cuda::get)) where it has any; [`DescRing::with_cuda`]
+    /// takes a handle of your own.
     pub fn new(cap: u32) -> Self {
+        Self::with_cuda(cap, crate::cuda::Cuda::default_gpus())
+    }
+
+    /// A ring of `cap` entries, mapped for the GPUs of `cuda` (`None`: host memory only).
+    pub fn with_cuda(cap: u32, cuda: Option<&Arc<crate::cuda::Cuda>>) -> Self {
         let cap = cap.max(1);
-        let mem = Arc::new(RingMem::new(ENTRIES_OFF + cap as usize * 80));
+        let mem = Arc::new(RingMem::new(ENTRIES_OFF + cap as usize * 80, cuda));
         Self {
             mem,
             cap,

@@ -4,6 +4,7 @@
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
 
 /// Alignment of every ring allocation (one host page).
 pub(crate) const PAGE: usize = 4096;
@@ -20,17 +21,40 @@ impl<T> std::ops::Deref for Padded<T> {
     }
 }
 
+/// What pins host memory and maps it for GPUs (a CUDA handle): ring memory is told which, by
+/// whoever creates it, and keeps it to undo the registration.
+pub(crate) trait GpuMapper: Send + Sync {
+    /// Whether there is a GPU to map for.
+    fn has_gpus(&self) -> bool;
+    /// Pins and maps `[ptr, ptr+len)` for every GPU.
+    ///
+    /// # Safety
+    /// The range is allocated, and stays so until [`GpuMapper::unregister`].
+    unsafe fn register(&self, ptr: *mut u8, len: usize) -> crate::Result<()>;
+    /// Undoes [`GpuMapper::register`].
+    fn unregister(&self, ptr: *mut u8);
+    /// Maps someone else's pages (IOMEMORY for a device's register page); pages several
+    /// holders share are registered once.
+    ///
+    /// # Safety
+    /// The range stays mapped until the matching [`GpuMapper::unregister_foreign`].
+    unsafe fn register_foreign(&self, addr: u64, len: usize, io: bool) -> crate::Result<()>;
+    /// Drops one holder of a [`GpuMapper::register_foreign`] range.
+    fn unregister_foreign(&self, addr: u64);
+}
+
 /// A zeroed, page-aligned allocation that lives as long as its longest holder (queues, the
 /// engine, and any op list that points into it hold an `Arc`).
 pub(crate) struct RingMem {
     ptr: *mut u8,
     len: usize,
-    /// Registered with CUDA (pinned, mapped for GPUs) when a GPU is present.
-    cuda: bool,
+    /// The CUDA handle this was registered with (pinned, mapped for GPUs), if its creator
+    /// asked for that.
+    cuda: Option<Arc<dyn GpuMapper>>,
     /// Allocated here (freed on drop), or pages someone else owns ([`RingMem::foreign`]).
     owned: bool,
-    /// Someone else's pages registered with CUDA through [`RingMem::map_for_gpus`].
-    foreign_cuda: bool,
+    /// The handle someone else's pages were registered with ([`RingMem::map_for_gpus`]).
+    foreign_cuda: Option<Arc<dyn GpuMapper>>,
     /// What keeps someone else's pages allocated while this lives ([`RingMem::held`]).
     _owner: Option<crate::ops::KeepAlive>,
 }
@@ -42,8 +66,10 @@ unsafe impl Send for RingMem {}
 unsafe impl Sync for RingMem {}
 
 impl RingMem {
-    /// Allocates `len` zeroed bytes (rounded up to a page).
-    pub(crate) fn new(len: usize) -> Self {
+    /// Allocates `len` zeroed bytes (rounded up to a page), pinned and mapped for the GPUs of
+    /// `gpus` where the caller gives a handle (streams and kernels write doorbells and wait on
+    /// CQEs here), plain host memory where it gives none.
+    pub(crate) fn new<G: GpuMapper + 'static>(len: usize, gpus: Option<&Arc<G>>) -> Self {
         let len = len.max(1).next_multiple_of(PAGE);
         let layout = Layout::from_size_align(len, PAGE).expect("ring layout");
         // SAFETY: layout has a nonzero size.
@@ -51,28 +77,29 @@ impl RingMem {
         if ptr.is_null() {
             std::alloc::handle_alloc_error(layout);
         }
-        // Streams and kernels write doorbells and wait on CQEs here: pin and map it for GPUs.
-        let cuda = crate::cuda::Cuda::available()
-            && crate::cuda::Cuda::get().is_ok_and(|c| {
-                // SAFETY: the allocation lives until Drop, which unregisters it first.
-                match unsafe { c.register_host(ptr, len) } {
-                    Ok(()) => true,
-                    Err(e) => {
-                        tracing::warn!(
-                            "ring memory stays unregistered (GPUs cannot reach it): {e}"
-                        );
-                        false
-                    }
+        let cuda = gpus.filter(|c| c.has_gpus()).and_then(|c| {
+            // SAFETY: the allocation lives until Drop, which unregisters it first.
+            match unsafe { c.register(ptr, len) } {
+                Ok(()) => Some(c.clone() as Arc<dyn GpuMapper>),
+                Err(e) => {
+                    tracing::warn!("ring memory stays unregistered (GPUs cannot reach it): {e}");
+                    None
                 }
-            });
+            }
+        });
         Self {
             ptr,
             len,
             cuda,
             owned: true,
-            foreign_cuda: false,
+            foreign_cuda: None,
             _owner: None,
         }
+    }
+
+    /// `len` zeroed bytes (rounded up to a page) of plain host memory, which no GPU reaches.
+    pub(crate) fn host(len: usize) -> Self {
+        Self::new::<NoGpus>(len, None)
     }
 
     /// The whole pages around `len` bytes at `addr`, which another driver allocated (as a
@@ -87,9 +114,9 @@ impl RingMem {
         let mem = Self {
             ptr: (addr - off as u64) as *mut u8,
             len: (off + len.max(1)).next_multiple_of(PAGE),
-            cuda: false,
+            cuda: None,
             owned: false,
-            foreign_cuda: false,
+            foreign_cuda: None,
             _owner: None,
         };
         (mem, off)
@@ -112,23 +139,27 @@ impl RingMem {
         (mem, off)
     }
 
-    /// Makes someone else's pages reachable by GPUs (`cuMemHostRegister`, with IOMEMORY for
-    /// a device's register page), unregistered when this is dropped. Pages several queues
-    /// share are registered once.
-    pub(crate) fn map_for_gpus(&mut self, io: bool) -> crate::Result<()> {
-        if self.owned || self.foreign_cuda {
+    /// Makes someone else's pages reachable by the GPUs of `cuda` (`cuMemHostRegister`, with
+    /// IOMEMORY for a device's register page), unregistered when this is dropped. Pages
+    /// several queues share are registered once.
+    pub(crate) fn map_for_gpus<G: GpuMapper + 'static>(
+        &mut self,
+        cuda: &Arc<G>,
+        io: bool,
+    ) -> crate::Result<()> {
+        if self.owned || self.foreign_cuda.is_some() {
             return Ok(());
         }
         // SAFETY: the pages stay mapped while this lives (the contract of `held`), and Drop
         // unregisters them before the owner is released.
-        unsafe { crate::cuda::register_foreign(self.ptr as u64, self.len, io)? };
-        self.foreign_cuda = true;
+        unsafe { cuda.register_foreign(self.ptr as u64, self.len, io)? };
+        self.foreign_cuda = Some(cuda.clone() as Arc<dyn GpuMapper>);
         Ok(())
     }
 
     /// Whether GPUs can reach this memory (registered with CUDA).
     pub(crate) fn gpu_mapped(&self) -> bool {
-        self.cuda || self.foreign_cuda
+        self.cuda.is_some() || self.foreign_cuda.is_some()
     }
 
     /// Device-visible address of byte `off` (the host virtual address for host memory).
@@ -192,19 +223,38 @@ impl RingMem {
 
 impl Drop for RingMem {
     fn drop(&mut self) {
-        if self.foreign_cuda {
-            crate::cuda::unregister_foreign(self.ptr as u64);
+        if let Some(c) = &self.foreign_cuda {
+            c.unregister_foreign(self.ptr as u64);
         }
         if !self.owned {
             return;
         }
-        if self.cuda {
-            if let Ok(c) = crate::cuda::Cuda::get() {
-                c.unregister_host(self.ptr);
-            }
+        if let Some(c) = &self.cuda {
+            c.unregister(self.ptr);
         }
         // SAFETY: allocated in new() with this exact layout.
         unsafe { dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, PAGE)) }
+    }
+}
+
+/// No GPU: the mapper of [`RingMem::host`] memory (never called).
+enum NoGpus {}
+
+impl GpuMapper for NoGpus {
+    fn has_gpus(&self) -> bool {
+        match *self {}
+    }
+    unsafe fn register(&self, _: *mut u8, _: usize) -> crate::Result<()> {
+        match *self {}
+    }
+    fn unregister(&self, _: *mut u8) {
+        match *self {}
+    }
+    unsafe fn register_foreign(&self, _: u64, _: usize, _: bool) -> crate::Result<()> {
+        match *self {}
+    }
+    fn unregister_foreign(&self, _: u64) {
+        match *self {}
     }
 }
 
@@ -236,25 +286,6 @@ pub(crate) fn load_be32(mem: &RingMem, off: usize) -> u32 {
     u32::from_be(mem.u32(off).load(Ordering::Acquire))
 }
 
-/// Copies `dst.len()` bytes at `addr` into `dst`: host memory, or memory of GPU `gpu`
-/// (through the CUDA driver). Returns whether the copy succeeded.
-///
-/// # Safety
-/// For host memory, the range must be readable: inside a registered region, whose owner lent
-/// it to the device for the registration's lifetime.
-pub(crate) unsafe fn read_region(gpu: Option<i32>, addr: u64, dst: &mut [u8]) -> bool {
-    match gpu {
-        Some(ordinal) => crate::cuda::copy_dtoh(ordinal, dst, addr).is_ok(),
-        None => {
-            // SAFETY: the caller's contract.
-            unsafe {
-                std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len())
-            };
-            true
-        }
-    }
-}
-
 /// Orders earlier stores before a store to a write-combining doorbell page, or pushes such a
 /// store out of the CPU's write-combining buffer (libmlx5's `mmio_wc_start` and
 /// `mmio_flush_writes`: `sfence` on x86-64).
@@ -272,12 +303,11 @@ pub(crate) fn wc_fence() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     #[test]
     fn held_pages_keep_their_owner_until_the_last_holder_goes() {
         // The owner stands for libmlx5's object; its pages are an allocation of ours here.
-        let pages = Arc::new(RingMem::new(2 * PAGE));
+        let pages = Arc::new(RingMem::host(2 * PAGE));
         let owner: crate::ops::KeepAlive = pages.clone();
         // SAFETY: `owner` keeps the pages allocated while the wrapper lives.
         let (held, off) = unsafe { RingMem::held(pages.addr(PAGE + 0x40), 8, owner) };

@@ -4,6 +4,7 @@
 
 use crate::bounds;
 use crate::context::{DeviceContext, HostRegion};
+use crate::cuda::{Cuda, DeviceBuffer, GpuCtx, MemoryKind};
 use crate::device::provider::{MrMemory, MrSpec};
 use crate::wr::{RemoteBuf, Sge};
 use crate::{Access, Error, Result};
@@ -65,16 +66,43 @@ impl ProtectionDomain {
         unsafe { self.register_raw(buf.as_mut_ptr(), buf.len(), access) }
     }
 
-    /// Registers `len` bytes at `ptr`.
+    /// Registers `len` bytes at `ptr`: host memory, or device memory of a GPU of the
+    /// device's CUDA handle ([`Device::cuda`](crate::Device::cuda)), told apart through
+    /// unified addressing.
     ///
     /// # Safety
     /// The memory must stay allocated, and not be accessed other than through the region or
-    /// the device, for as long as the returned region exists.
+    /// the device, for as long as the returned region exists. Device memory only on a device
+    /// with a CUDA handle (or through [`register_device`](Self::register_device)).
     pub unsafe fn register_raw<'buf>(
         &self,
         ptr: *mut u8,
         len: usize,
         access: Access,
+    ) -> Result<MemoryRegion<'buf>> {
+        let gpu = self
+            .ctx
+            .cuda
+            .as_ref()
+            .and_then(|c| match c.memory_kind(ptr as u64) {
+                MemoryKind::Device { ordinal } => Some((c.clone(), ordinal)),
+                _ => None,
+            });
+        // SAFETY: the caller's contract.
+        unsafe { self.register_at(ptr, len, access, gpu) }
+    }
+
+    /// Registers `len` bytes at `ptr`, device memory of `gpu` (its handle and ordinal) or
+    /// host memory.
+    ///
+    /// # Safety
+    /// As [`register_raw`](Self::register_raw).
+    unsafe fn register_at<'buf>(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        gpu: Option<(Arc<Cuda>, i32)>,
     ) -> Result<MemoryRegion<'buf>> {
         if len == 0 {
             return Err(Error::invalid("cannot register a zero-length region"));
@@ -89,16 +117,13 @@ impl ProtectionDomain {
                 "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE as well (as in verbs)",
             ));
         }
-        let gpu = match crate::cuda::MemoryKind::of(ptr as u64) {
-            crate::cuda::MemoryKind::Device { ordinal } => Some(ordinal),
-            _ => None,
-        };
+        let gpu = gpu.map(|(c, ordinal)| c.gpu_ctx(ordinal)).transpose()?;
         let keys = self.ctx.provider.reg_mr(&MrSpec {
             pd: self.id,
             addr: ptr as u64,
             len: len as u64,
             access,
-            memory: gpu.map_or(MrMemory::Host, |ordinal| MrMemory::Gpu { ordinal }),
+            memory: gpu.map_or(MrMemory::Host, MrMemory::Gpu),
         })?;
         self.ctx.regions.write().insert(
             keys.lkey,
@@ -123,12 +148,13 @@ impl ProtectionDomain {
     /// Registers a device buffer. Like [`register`](Self::register), the region borrows it.
     pub fn register_device<'buf>(
         &self,
-        buf: &'buf crate::cuda::DeviceBuffer,
+        buf: &'buf DeviceBuffer,
         access: Access,
     ) -> Result<MemoryRegion<'buf>> {
+        let gpu = Some((buf.cuda().clone(), buf.ordinal()));
         // SAFETY: the borrow keeps the allocation alive for 'buf; device memory is reached
         // only through the driver.
-        unsafe { self.register_raw(buf.ptr() as *mut u8, buf.len(), access) }
+        unsafe { self.register_at(buf.ptr() as *mut u8, buf.len(), access, gpu) }
     }
 }
 
@@ -140,7 +166,8 @@ pub struct MemoryRegion<'buf> {
     ptr: *mut u8,
     len: usize,
     access: Access,
-    gpu: Option<i32>,
+    /// Device memory of this GPU (its context, to copy through); `None`: host memory.
+    gpu: Option<GpuCtx>,
     _buf: PhantomData<&'buf mut [u8]>,
 }
 
@@ -248,8 +275,8 @@ impl MemoryRegion<'_> {
     /// bounds or (device memory) the CUDA copy fails.
     pub fn try_read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.check(offset, dst.len(), "a read")?;
-        if let Some(ordinal) = self.gpu {
-            return crate::cuda::copy_dtoh(ordinal, dst, self.addr() + offset as u64);
+        if let Some(g) = &self.gpu {
+            return g.copy_dtoh(dst, self.addr() + offset as u64);
         }
         // SAFETY: in bounds (checked without overflow); the region owns access to the memory
         // for its lifetime. The device may write concurrently: data is defined once its
@@ -270,8 +297,8 @@ impl MemoryRegion<'_> {
     /// (device memory) the CUDA copy fails.
     pub fn try_write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
         self.check(offset, src.len(), "a write")?;
-        if let Some(ordinal) = self.gpu {
-            return crate::cuda::copy_htod(ordinal, self.addr() + offset as u64, src);
+        if let Some(g) = &self.gpu {
+            return g.copy_htod(self.addr() + offset as u64, src);
         }
         // SAFETY: in bounds (checked without overflow); see try_read_at.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(offset), src.len()) }
@@ -279,7 +306,7 @@ impl MemoryRegion<'_> {
     }
     /// The GPU whose memory this is, `None` for host memory.
     pub fn gpu(&self) -> Option<i32> {
-        self.gpu
+        self.gpu.map(|g| g.ordinal)
     }
     /// Volatile read of one byte (for polling a buffer the peer writes, as perftest does).
     pub fn read_volatile_u8(&self, offset: usize) -> u8 {

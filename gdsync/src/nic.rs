@@ -4,6 +4,7 @@
 
 use crate::context::DeviceContext;
 use crate::cq::Cq;
+use crate::cuda::Cuda;
 use crate::device::provider::Provider;
 use crate::device::soft::SoftDevice;
 use crate::device::{DeviceAttr, DeviceInfo, Endpoint, LinkKind, PortAttr};
@@ -27,16 +28,29 @@ impl std::fmt::Debug for Device {
 
 impl Device {
     /// A soft device: a software model of the mlx5 RC data path, served by its own engine
-    /// thread. Needs no hardware.
+    /// thread. Needs no hardware. Its queues' memory is mapped for the GPUs of the process's
+    /// default CUDA handle ([`Cuda::get`]) where it has any; [`Device::soft_with_cuda`] takes
+    /// a handle of your own.
     pub fn soft() -> Result<Self> {
-        Ok(Device::from_provider(SoftDevice::new()?))
+        Self::soft_with_cuda(Cuda::default_gpus().cloned())
     }
 
-    /// A device served by `provider`.
-    pub(crate) fn from_provider(provider: Arc<dyn Provider>) -> Self {
+    /// A soft device whose queues' memory (rings, doorbell pages, CQs) is mapped for the GPUs
+    /// of `cuda`, or stays plain host memory (`None`: CPU triggers only).
+    pub fn soft_with_cuda(cuda: Option<Arc<Cuda>>) -> Result<Self> {
+        Ok(Device::from_provider(SoftDevice::new(cuda.as_ref())?, cuda))
+    }
+
+    /// A device served by `provider`, its queues' memory mapped for the GPUs of `cuda`.
+    pub(crate) fn from_provider(provider: Arc<dyn Provider>, cuda: Option<Arc<Cuda>>) -> Self {
         Device {
-            ctx: Arc::new(DeviceContext::new(provider)),
+            ctx: Arc::new(DeviceContext::new(provider, cuda)),
         }
+    }
+
+    /// The CUDA handle whose GPUs this device's queues are mapped for, if any.
+    pub fn cuda(&self) -> Option<&Arc<Cuda>> {
+        self.ctx.cuda.as_ref()
     }
 
     /// The link a [`Qp::connect`](crate::Qp::connect) to `remote` would use, or why there is
@@ -80,6 +94,23 @@ mod tests {
     use super::*;
     use crate::device::MAX_MESSAGE;
     use crate::{PortState, QpConfig};
+
+    /// Memory made without a CUDA handle stays plain host memory, whatever GPUs the process
+    /// has: nothing asks a process-wide CUDA behind the caller's back.
+    #[test]
+    fn memory_made_without_a_cuda_handle_is_not_mapped_for_gpus() {
+        let dev = Device::soft_with_cuda(None).unwrap();
+        assert!(dev.cuda().is_none());
+        let cq = dev.create_cq(16).unwrap();
+        let qp = dev
+            .alloc_pd()
+            .create_qp(&cq, &cq, &QpConfig::default())
+            .unwrap();
+        assert!(!qp.shared.buf.gpu_mapped(), "QP rings");
+        assert!(!qp.shared.ctrl.gpu_mapped(), "QP control page");
+        assert!(!crate::PinnedBuffer::with_cuda(64, None).gpu_mapped());
+        assert!(!crate::mem::RingMem::host(64).gpu_mapped());
+    }
 
     #[test]
     fn the_limits_are_the_ones_queue_creation_enforces() {

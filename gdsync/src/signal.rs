@@ -1,11 +1,12 @@
 //! Signal words: host memory that CPUs, streams and kernels use to signal each other.
 
+use crate::cuda::Cuda;
 use crate::mem::RingMem;
 use crate::ops::{KeepAlive, Op, Ops, WaitCond};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// An array of 64-bit words in pinned, GPU-mapped host memory (when a GPU is present), for
+/// An array of 64-bit words in pinned, GPU-mapped host memory (when given a CUDA handle), for
 /// `write_value` / `wait_value` on any executor. Word `i` can be used as a 32-bit word (its
 /// low half) or a 64-bit word.
 #[derive(Clone)]
@@ -24,11 +25,16 @@ impl std::fmt::Debug for SignalWords {
 }
 
 impl SignalWords {
-    /// `n` words, all zero.
+    /// `n` words, all zero, mapped for the GPUs of the process's default CUDA handle
+    /// ([`Cuda::get`]) where it has any; [`SignalWords::with_cuda`] takes a handle of your own.
     pub fn new(n: usize) -> Self {
+        Self::with_cuda(n, Cuda::default_gpus())
+    }
+    /// `n` words, all zero, mapped for the GPUs of `cuda` (`None`: host memory only).
+    pub fn with_cuda(n: usize, cuda: Option<&Arc<Cuda>>) -> Self {
         let n = n.max(1);
         Self {
-            mem: Arc::new(RingMem::new(n * 8)),
+            mem: Arc::new(RingMem::new(n * 8, cuda)),
             n,
         }
     }
@@ -120,7 +126,7 @@ fn kept(mem: &Arc<RingMem>, op: Op) -> Ops {
     o
 }
 
-/// Page-aligned host memory, pinned and mapped for GPUs when a GPU is present: buffers that
+/// Page-aligned host memory, pinned and mapped for GPUs when given a CUDA handle: buffers that
 /// streams and kernels wait on or write (ordinary pageable memory they cannot reach).
 #[derive(Clone)]
 pub struct PinnedBuffer {
@@ -138,10 +144,15 @@ impl std::fmt::Debug for PinnedBuffer {
 }
 
 impl PinnedBuffer {
-    /// `len` zeroed bytes.
+    /// `len` zeroed bytes, mapped for the GPUs of the process's default CUDA handle
+    /// ([`Cuda::get`]) where it has any; [`PinnedBuffer::with_cuda`] takes a handle of your own.
     pub fn new(len: usize) -> Self {
+        Self::with_cuda(len, Cuda::default_gpus())
+    }
+    /// `len` zeroed bytes, mapped for the GPUs of `cuda` (`None`: host memory only).
+    pub fn with_cuda(len: usize, cuda: Option<&Arc<Cuda>>) -> Self {
         Self {
-            mem: Arc::new(RingMem::new(len)),
+            mem: Arc::new(RingMem::new(len, cuda)),
             len,
         }
     }
@@ -178,7 +189,8 @@ impl PinnedBuffer {
         );
         self.mem.write(offset, src)
     }
-    /// Whether GPUs can reach it (CUDA present and the registration succeeded).
+    /// Whether GPUs can reach it (made with a CUDA handle that has a GPU, and the registration
+    /// succeeded).
     pub fn gpu_mapped(&self) -> bool {
         self.mem.gpu_mapped()
     }

@@ -1,8 +1,9 @@
 //! CUDA events: points in a stream's timeline, for timing what a stream ran.
 
-use super::{check, Cuda, CudaStream};
+use super::{failed, Cuda, CudaStream};
 use crate::Result;
-use cudarc::driver::sys;
+use cudarc::driver::{result, sys};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A timing event on GPU `ordinal` (`cuEventCreate` with timing on). Recording it on a stream
@@ -11,6 +12,7 @@ use std::time::Duration;
 pub struct CudaEvent {
     raw: sys::CUevent,
     ordinal: i32,
+    cuda: Arc<Cuda>,
 }
 
 // SAFETY: events may be used from any thread once their context is bound (done per call).
@@ -18,50 +20,52 @@ unsafe impl Send for CudaEvent {}
 // SAFETY: the driver's event calls are thread-safe.
 unsafe impl Sync for CudaEvent {}
 
-impl CudaEvent {
+impl Cuda {
     /// A new timing event on GPU `ordinal`.
+    pub fn new_event(self: &Arc<Self>, ordinal: i32) -> Result<CudaEvent> {
+        self.bind(ordinal)?;
+        let raw = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+            .map_err(failed("cuEventCreate"))?;
+        Ok(CudaEvent {
+            raw,
+            ordinal,
+            cuda: self.clone(),
+        })
+    }
+}
+
+impl CudaEvent {
+    /// A new timing event on GPU `ordinal`, with the process's default handle
+    /// ([`Cuda::get`]); [`Cuda::new_event`] with a handle of your own.
     pub fn new(ordinal: i32) -> Result<Self> {
-        Cuda::get()?.bind(ordinal)?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: creates an event into a local.
-        check(
-            unsafe { sys::cuEventCreate(&mut raw, sys::CUevent_flags::CU_EVENT_DEFAULT as u32) },
-            "cuEventCreate",
-        )?;
-        Ok(Self { raw, ordinal })
+        Cuda::get()?.new_event(ordinal)
     }
 
     /// Marks this point of `stream` (enqueued behind everything enqueued before).
     pub fn record(&self, stream: &CudaStream) -> Result<()> {
-        Cuda::get()?.bind(self.ordinal)?;
+        self.cuda.bind(self.ordinal)?;
         // SAFETY: our event and a live stream of the same GPU.
-        check(
-            unsafe { sys::cuEventRecord(self.raw, stream.raw()) },
-            "cuEventRecord",
-        )
+        unsafe { result::event::record(self.raw, stream.raw()) }.map_err(failed("cuEventRecord"))
     }
 
     /// GPU time from `earlier` to this event; blocks until this event has been reached.
     pub fn since(&self, earlier: &CudaEvent) -> Result<Duration> {
-        Cuda::get()?.bind(self.ordinal)?;
-        let mut ms = 0f32;
+        self.cuda.bind(self.ordinal)?;
         // SAFETY: our events; synchronising first makes the elapsed time available.
-        unsafe {
-            check(sys::cuEventSynchronize(self.raw), "cuEventSynchronize")?;
-            check(
-                sys::cuEventElapsedTime_v2(&mut ms, earlier.raw, self.raw),
-                "cuEventElapsedTime",
-            )?;
-        }
+        let ms = unsafe {
+            result::event::synchronize(self.raw).map_err(failed("cuEventSynchronize"))?;
+            result::event::elapsed(earlier.raw, self.raw).map_err(failed("cuEventElapsedTime"))?
+        };
         Ok(Duration::from_secs_f64(ms.max(0.0) as f64 * 1e-3))
     }
 }
 
 impl Drop for CudaEvent {
     fn drop(&mut self) {
-        if Cuda::get().is_ok_and(|c| c.bind(self.ordinal).is_ok()) {
-            // SAFETY: our event, destroyed once (the driver defers it past pending records).
-            unsafe { sys::cuEventDestroy_v2(self.raw) };
+        if self.cuda.bind(self.ordinal).is_ok() {
+            // SAFETY: our event, destroyed once (the driver defers it past pending records;
+            // errors are ignored on teardown).
+            let _ = unsafe { result::event::destroy(self.raw) };
         }
     }
 }

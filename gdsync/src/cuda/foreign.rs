@@ -1,9 +1,11 @@
-//! Memory another driver owns, made reachable by GPUs: pages libmlx5 allocated (rings,
-//! doorbell records) and the HCA's doorbell (UAR) page, registered with `cuMemHostRegister`
-//! once per page range however many queues share it; and a GPU buffer exported as a dma-buf
-//! for `ibv_reg_dmabuf_mr`.
+//! Host memory made reachable by GPUs (the handle's side of [`GpuMapper`]): ring memory of
+//! ours, and memory another driver owns (pages libmlx5 allocated, rings and doorbell records,
+//! and the HCA's doorbell (UAR) page), registered with `cuMemHostRegister` once per page range
+//! however many queues share it; and a GPU buffer exported as a dma-buf for
+//! `ibv_reg_dmabuf_mr`.
 
 use super::{check, sys, Cuda};
+use crate::mem::GpuMapper;
 use crate::Result;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -14,55 +16,75 @@ use std::os::fd::{FromRawFd, OwnedFd};
 /// of one UAR page), and CUDA refuses to register a range twice.
 static REGISTERED: Mutex<Option<HashMap<u64, (usize, usize)>>> = Mutex::new(None);
 
-/// Registers `len` bytes at the page-aligned `addr` for every GPU (PORTABLE | DEVICEMAP, and
-/// IOMEMORY for a device's register page), or counts one more holder of the same range.
-///
-/// # Safety
-/// The range must stay mapped until the matching [`unregister_foreign`].
-pub(crate) unsafe fn register_foreign(addr: u64, len: usize, io: bool) -> Result<()> {
-    let mut reg = REGISTERED.lock();
-    let reg = reg.get_or_insert_with(HashMap::new);
-    if let Some((l, n)) = reg.get_mut(&addr) {
-        if *l == len {
-            *n += 1;
-            return Ok(());
+impl GpuMapper for Cuda {
+    fn has_gpus(&self) -> bool {
+        !self.gpus.is_empty()
+    }
+
+    /// Registers host memory as pinned and mapped for every GPU (`cuMemHostRegister` with
+    /// PORTABLE | DEVICEMAP).
+    unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<()> {
+        self.bind(0)?;
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        // SAFETY: the caller guarantees the range.
+        check(
+            unsafe { sys::cuMemHostRegister_v2(ptr as *mut _, len, flags) },
+            "cuMemHostRegister",
+        )
+    }
+
+    fn unregister(&self, ptr: *mut u8) {
+        if self.bind(0).is_ok() {
+            // SAFETY: ptr was registered by register (errors are ignored on teardown).
+            unsafe { sys::cuMemHostUnregister(ptr as *mut _) };
         }
     }
-    let c = Cuda::get()?;
-    c.bind(0)?;
-    let mut flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
-    if io {
-        flags |= sys::CU_MEMHOSTREGISTER_IOMEMORY;
-    }
-    // SAFETY: the caller guarantees the range stays mapped while registered.
-    check(
-        unsafe { sys::cuMemHostRegister_v2(addr as *mut _, len, flags) },
-        "cuMemHostRegister",
-    )?;
-    reg.insert(addr, (len, 1));
-    Ok(())
-}
 
-/// Drops one holder of a [`register_foreign`] range; the last unregisters it.
-pub(crate) fn unregister_foreign(addr: u64) {
-    let mut reg = REGISTERED.lock();
-    let Some(reg) = reg.as_mut() else { return };
-    let Some((_, n)) = reg.get_mut(&addr) else {
-        return;
-    };
-    *n -= 1;
-    if *n == 0 {
-        reg.remove(&addr);
-        if let Ok(c) = Cuda::get() {
-            c.unregister_host(addr as *mut u8);
+    /// Registers `len` bytes at the page-aligned `addr` for every GPU (PORTABLE | DEVICEMAP,
+    /// and IOMEMORY for a device's register page), or counts one more holder of the same
+    /// range.
+    unsafe fn register_foreign(&self, addr: u64, len: usize, io: bool) -> Result<()> {
+        let mut reg = REGISTERED.lock();
+        let reg = reg.get_or_insert_with(HashMap::new);
+        if let Some((l, n)) = reg.get_mut(&addr) {
+            if *l == len {
+                *n += 1;
+                return Ok(());
+            }
+        }
+        self.bind(0)?;
+        let mut flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        if io {
+            flags |= sys::CU_MEMHOSTREGISTER_IOMEMORY;
+        }
+        // SAFETY: the caller guarantees the range stays mapped while registered.
+        check(
+            unsafe { sys::cuMemHostRegister_v2(addr as *mut _, len, flags) },
+            "cuMemHostRegister",
+        )?;
+        reg.insert(addr, (len, 1));
+        Ok(())
+    }
+
+    /// Drops one holder of a [`register_foreign`](GpuMapper::register_foreign) range; the
+    /// last unregisters it.
+    fn unregister_foreign(&self, addr: u64) {
+        let mut reg = REGISTERED.lock();
+        let Some(reg) = reg.as_mut() else { return };
+        let Some((_, n)) = reg.get_mut(&addr) else {
+            return;
+        };
+        *n -= 1;
+        if *n == 0 {
+            reg.remove(&addr);
+            self.unregister(addr as *mut u8);
         }
     }
 }
 
 /// A dma-buf of `len` bytes of GPU memory at `dptr` (`cuMemGetHandleForAddressRange`), for
 /// `ibv_reg_dmabuf_mr`. `dptr` and `len` must be page-aligned, as the driver requires.
-pub(crate) fn dma_buf(ordinal: i32, dptr: u64, len: usize) -> Result<OwnedFd> {
-    let c = Cuda::get()?;
+pub(crate) fn dma_buf(c: &Cuda, ordinal: i32, dptr: u64, len: usize) -> Result<OwnedFd> {
     c.bind(ordinal)?;
     let mut fd: i32 = -1;
     // SAFETY: FFI; `fd` outlives the call, which writes one int.

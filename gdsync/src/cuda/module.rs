@@ -1,31 +1,38 @@
 //! Kernels compiled at run time with NVRTC (no nvcc-built artifacts are shipped).
 
-use super::{check, Cuda, CudaStream};
+use super::{failed, Cuda, CudaStream, LaunchArgs};
 use crate::{Error, Result};
-use cudarc::driver::sys;
-use std::ffi::{c_void, CString};
+use cudarc::driver::{result, sys};
+use std::ffi::CString;
+use std::sync::Arc;
 
 /// A loaded CUDA module.
 pub struct Module {
+    loaded: Arc<Loaded>,
+}
+
+/// The module handle, unloaded when the module and the last of its functions are gone.
+struct Loaded {
     raw: sys::CUmodule,
     ordinal: i32,
+    cuda: Arc<Cuda>,
 }
 
 // SAFETY: module handles are usable from any thread with the context bound (done per call).
-unsafe impl Send for Module {}
+unsafe impl Send for Loaded {}
 // SAFETY: as above; the handle is immutable.
-unsafe impl Sync for Module {}
+unsafe impl Sync for Loaded {}
 
-/// A kernel of a [`Module`].
-#[derive(Clone, Copy)]
+/// A kernel of a [`Module`] (which it keeps loaded).
+#[derive(Clone)]
 pub struct Function {
     raw: sys::CUfunction,
-    ordinal: i32,
+    module: Arc<Loaded>,
 }
 
-// SAFETY: as Module.
+// SAFETY: as Loaded.
 unsafe impl Send for Function {}
-// SAFETY: as Module.
+// SAFETY: as Loaded.
 unsafe impl Sync for Function {}
 
 /// Whether NVRTC (the run-time compiler) can be loaded.
@@ -34,18 +41,12 @@ pub fn nvrtc_available() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
-impl Module {
+impl Cuda {
     /// Compiles CUDA C++ `src` (prefixed with the gdsync header, [`crate::kernel::HEADER`])
-    /// for GPU `ordinal` and loads it.
-    pub fn compile(ordinal: i32, src: &str) -> Result<Self> {
-        Self::compile_with_options(ordinal, src, &[])
-    }
-
-    /// [`compile`](Self::compile) with extra NVRTC options (e.g. `--fmad=false`, for results
-    /// that match the CPU's bit for bit).
-    pub fn compile_with_options(ordinal: i32, src: &str, extra: &[&str]) -> Result<Self> {
-        let c = Cuda::get()?;
-        let gpu = c.gpu(ordinal)?;
+    /// for GPU `ordinal` and loads it, with extra NVRTC options (e.g. `--fmad=false`, for
+    /// results that match the CPU's bit for bit).
+    pub fn compile(self: &Arc<Self>, ordinal: i32, src: &str, extra: &[&str]) -> Result<Module> {
+        let gpu = self.gpu(ordinal)?;
         if !nvrtc_available() {
             return Err(Error::NoCuda(
                 "NVRTC (libnvrtc.so) is not installed: kernels cannot be compiled".into(),
@@ -65,146 +66,100 @@ impl Module {
         let ptx = cudarc::nvrtc::compile_ptx_with_opts(full, opts)
             .map_err(|e| Error::Unsupported(format!("NVRTC compile failed: {e:?}")))?;
         let text = CString::new(ptx.to_src()).map_err(|_| Error::invalid("PTX with a NUL byte"))?;
-        c.bind(ordinal)?;
-        let mut raw = std::ptr::null_mut();
+        self.bind(ordinal)?;
         // SAFETY: a NUL-terminated PTX image.
-        check(
-            unsafe { sys::cuModuleLoadData(&mut raw, text.as_ptr() as *const c_void) },
-            "cuModuleLoadData",
-        )?;
-        Ok(Module { raw, ordinal })
+        let raw = unsafe { result::module::load_data(text.as_ptr().cast()) }
+            .map_err(failed("cuModuleLoadData"))?;
+        Ok(Module {
+            loaded: Arc::new(Loaded {
+                raw,
+                ordinal,
+                cuda: self.clone(),
+            }),
+        })
+    }
+}
+
+impl Module {
+    /// Compiles CUDA C++ `src` (prefixed with the gdsync header, [`crate::kernel::HEADER`])
+    /// for GPU `ordinal` and loads it, with the process's default handle ([`Cuda::get`]);
+    /// [`Cuda::compile`] with a handle of your own.
+    pub fn compile(ordinal: i32, src: &str) -> Result<Self> {
+        Self::compile_with_options(ordinal, src, &[])
+    }
+
+    /// [`compile`](Self::compile) with extra NVRTC options (e.g. `--fmad=false`, for results
+    /// that match the CPU's bit for bit).
+    pub fn compile_with_options(ordinal: i32, src: &str, extra: &[&str]) -> Result<Self> {
+        Cuda::get()?.compile(ordinal, src, extra)
     }
 
     /// The kernel named `name` (declare it `extern "C"`).
     pub fn function(&self, name: &str) -> Result<Function> {
-        Cuda::get()?.bind(self.ordinal)?;
+        let m = &self.loaded;
+        m.cuda.bind(m.ordinal)?;
         let n = CString::new(name).map_err(|_| Error::invalid("kernel name with a NUL byte"))?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: a loaded module and a NUL-terminated name.
-        check(
-            unsafe { sys::cuModuleGetFunction(&mut raw, self.raw, n.as_ptr()) },
-            "cuModuleGetFunction",
-        )?;
+        // SAFETY: a loaded module.
+        let raw = unsafe { result::module::get_function(m.raw, n) }
+            .map_err(failed("cuModuleGetFunction"))?;
         Ok(Function {
             raw,
-            ordinal: self.ordinal,
+            module: m.clone(),
         })
     }
 }
 
 impl Function {
-    /// Launches the kernel on `stream` with `grid` × `block` threads.
-    ///
-    /// # Safety
-    /// `params` must hold one pointer per kernel parameter, each to a value of that
-    /// parameter's type, and whatever the kernel dereferences must stay valid until it ends.
-    pub unsafe fn launch(
-        &self,
-        stream: &CudaStream,
-        grid: u32,
-        block: u32,
-        params: &mut [*mut c_void],
-    ) -> Result<()> {
-        Cuda::get()?.bind(self.ordinal)?;
-        // SAFETY: the caller guarantees the parameters.
-        check(
-            unsafe {
-                sys::cuLaunchKernel(
-                    self.raw,
-                    grid,
-                    1,
-                    1,
-                    block,
-                    1,
-                    1,
-                    0,
-                    stream.raw(),
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            },
-            "cuLaunchKernel",
-        )
+    /// A launch of this kernel on `stream`: push its arguments with [`LaunchArgs::arg`], in
+    /// the kernel's parameter order, then [`LaunchArgs::launch`] (or
+    /// [`LaunchArgs::launch_cooperative`]).
+    pub fn launch_builder<'a>(&'a self, stream: &'a CudaStream) -> LaunchArgs<'a> {
+        LaunchArgs::new(self, stream)
     }
-}
 
-impl Function {
-    /// Launches the kernel with `grid` × `block` threads that all run at once
-    /// (`cuLaunchCooperativeKernel`), so its blocks may wait for each other (a grid-wide
-    /// barrier). Refused with an error if the grid cannot be resident on the GPU at once; it
-    /// cannot account for other kernels running at the same time, so size the grid for them
-    /// too.
-    ///
-    /// # Safety
-    /// As [`launch`](Self::launch).
-    pub unsafe fn launch_cooperative(
-        &self,
-        stream: &CudaStream,
-        grid: u32,
-        block: u32,
-        params: &mut [*mut c_void],
-    ) -> Result<()> {
-        Cuda::get()?.bind(self.ordinal)?;
-        // SAFETY: the caller guarantees the parameters.
-        check(
-            unsafe {
-                sys::cuLaunchCooperativeKernel(
-                    self.raw,
-                    grid,
-                    1,
-                    1,
-                    block,
-                    1,
-                    1,
-                    0,
-                    stream.raw(),
-                    params.as_mut_ptr(),
-                )
-            },
-            "cuLaunchCooperativeKernel",
-        )
+    pub(super) fn raw(&self) -> sys::CUfunction {
+        self.raw
+    }
+
+    /// Makes the function's context current on the calling thread.
+    pub(super) fn bind(&self) -> Result<()> {
+        self.module.cuda.bind(self.module.ordinal)
     }
 
     /// Local memory each thread of the kernel uses (bytes; `CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`):
     /// arrays indexed at run time, including kernel parameters indexed so.
     pub fn local_bytes(&self) -> Result<u32> {
-        Cuda::get()?.bind(self.ordinal)?;
-        let mut n = 0;
-        // SAFETY: a loaded function; the result goes into a local.
-        check(
-            unsafe {
-                sys::cuFuncGetAttribute(
-                    &mut n,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
-                    self.raw,
-                )
-            },
-            "cuFuncGetAttribute",
-        )?;
+        self.bind()?;
+        // SAFETY: a function of a loaded module (kept loaded by `self`).
+        let n = unsafe {
+            result::function::get_function_attribute(
+                self.raw,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+            )
+        }
+        .map_err(failed("cuFuncGetAttribute"))?;
         Ok(n.max(0) as u32)
     }
 
     /// How many blocks of `block` threads (no dynamic shared memory) one multiprocessor can
     /// hold at once.
     pub fn max_blocks_per_multiprocessor(&self, block: u32) -> Result<u32> {
-        Cuda::get()?.bind(self.ordinal)?;
-        let mut n = 0;
-        // SAFETY: a loaded function; the result goes into a local.
-        check(
-            unsafe {
-                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, self.raw, block as i32, 0)
-            },
-            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
-        )?;
+        self.bind()?;
+        // SAFETY: as local_bytes.
+        let n = unsafe {
+            result::occupancy::max_active_block_per_multiprocessor(self.raw, block as i32, 0)
+        }
+        .map_err(failed("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
         Ok(n.max(0) as u32)
     }
 }
 
-impl Drop for Module {
+impl Drop for Loaded {
     fn drop(&mut self) {
-        if Cuda::get().and_then(|c| c.bind(self.ordinal)).is_ok() {
-            // SAFETY: our module, unloaded once.
-            unsafe { sys::cuModuleUnload(self.raw) };
+        if self.cuda.bind(self.ordinal).is_ok() {
+            // SAFETY: our module, unloaded once, when nothing uses its functions any more
+            // (errors are ignored on teardown).
+            let _ = unsafe { result::module::unload(self.raw) };
         }
     }
 }

@@ -1,14 +1,15 @@
 //! The CUDA stream executor: runs op lists as `cuStreamBatchMemOp` (v2 API only).
 
-use super::{check, Cuda, GpuCaps};
+use super::{check, failed, Cuda, GpuCaps};
 use crate::exec::Backoff;
 use crate::mem::RingMem;
 use crate::ops::{Op, Ops, WaitCond};
 use crate::{Error, Result};
-use cudarc::driver::sys;
+use cudarc::driver::{result, sys};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// `cuStreamBatchMemOp` takes fewer than 256 operations per call.
@@ -59,6 +60,7 @@ struct Lists {
 pub struct CudaStream {
     raw: sys::CUstream,
     ordinal: i32,
+    cuda: Arc<Cuda>,
     caps: GpuCaps,
     lists: Mutex<Lists>,
     /// The sequence number of the last list the stream ran (32 bits: one write, on any GPU).
@@ -79,27 +81,27 @@ impl std::fmt::Debug for CudaStream {
     }
 }
 
-impl CudaStream {
+impl Cuda {
     /// A new non-blocking stream on GPU `ordinal`.
-    pub fn new(ordinal: i32) -> Result<Self> {
-        let c = Cuda::get()?;
-        let caps = c.gpu(ordinal)?.caps.clone();
-        if !c.host_pointers_are_device_pointers() {
+    pub fn new_stream(self: &Arc<Self>, ordinal: i32) -> Result<CudaStream> {
+        let caps = self.gpu(ordinal)?.caps.clone();
+        if !self.host_pointers_are_device_pointers() {
             return Err(Error::Unsupported(
                 "stream memory operations on host memory need unified addressing and CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM".into(),
             ));
         }
-        c.bind(ordinal)?;
-        let done = RingMem::new(64);
+        self.bind(ordinal)?;
+        let done = RingMem::new(64, Some(self));
         if !done.gpu_mapped() {
             return Err(Error::Unsupported(
                 "pinned host memory could not be mapped for the GPU (cuMemHostRegister)".into(),
             ));
         }
-        let raw = super::new_stream(ordinal)?;
-        Ok(Self {
+        let raw = self.create_stream(ordinal)?;
+        Ok(CudaStream {
             raw,
             ordinal,
+            cuda: self.clone(),
             caps,
             lists: Mutex::new(Lists {
                 pending: VecDeque::new(),
@@ -110,6 +112,14 @@ impl CudaStream {
             done,
             timeout: crate::exec::DEFAULT_WAIT_TIMEOUT,
         })
+    }
+}
+
+impl CudaStream {
+    /// A new non-blocking stream on GPU `ordinal`, with the process's default handle
+    /// ([`Cuda::get`]); [`Cuda::new_stream`] with a handle of your own.
+    pub fn new(ordinal: i32) -> Result<Self> {
+        Cuda::get()?.new_stream(ordinal)
     }
 
     /// The raw stream, to launch kernels on or to record events.
@@ -145,11 +155,11 @@ impl CudaStream {
             .find_map(|op| {
                 let (cur, holds) = match op {
                     Op::Wait32 { addr, value, cond } => {
-                        let cur = read_host::<u32>(addr)?;
+                        let cur = read_host::<u32>(&self.cuda, addr)?;
                         (cur as u64, cond.test32(cur, value))
                     }
                     Op::Wait64 { addr, value, cond } => {
-                        let cur = read_host::<u64>(addr)?;
+                        let cur = read_host::<u64>(&self.cuda, addr)?;
                         (cur, cond.test64(cur, value))
                     }
                     _ => return None,
@@ -177,7 +187,7 @@ impl CudaStream {
             return Ok(());
         }
         let mut params = self.translate(&ops)?;
-        Cuda::get()?.bind(self.ordinal)?;
+        self.cuda.bind(self.ordinal)?;
         // One more for the sequence number.
         self.make_room(params.len() + 1)?;
         let mut l = self.lists.lock();
@@ -219,12 +229,9 @@ impl CudaStream {
 
     /// Blocks until everything enqueued has run.
     pub fn synchronize(&self) -> Result<()> {
-        Cuda::get()?.bind(self.ordinal)?;
+        self.cuda.bind(self.ordinal)?;
         // SAFETY: our stream.
-        check(
-            unsafe { sys::cuStreamSynchronize(self.raw) },
-            "cuStreamSynchronize",
-        )?;
+        unsafe { result::stream::synchronize(self.raw) }.map_err(failed("cuStreamSynchronize"))?;
         // Everything enqueued has run, marked or not.
         self.lists.lock().pending.clear();
         Ok(())
@@ -232,10 +239,10 @@ impl CudaStream {
 
     /// Whether the stream has run everything enqueued on it (`cuStreamQuery`).
     fn idle(&self) -> bool {
-        if Cuda::get().and_then(|c| c.bind(self.ordinal)).is_err() {
+        if self.cuda.bind(self.ordinal).is_err() {
             return false;
         }
-        // SAFETY: our stream; the query has no side effects.
+        // SAFETY: our stream; the query has no side effects (`result` has no wrapper for it).
         let r = unsafe { sys::cuStreamQuery(self.raw) };
         r == sys::CUresult::CUDA_SUCCESS
     }
@@ -354,10 +361,10 @@ impl CudaStream {
 }
 
 /// A word of host memory that a pending list's wait points at, or `None` for device memory.
-fn read_host<T: Copy>(addr: u64) -> Option<T> {
+fn read_host<T: Copy>(cuda: &Cuda, addr: u64) -> Option<T> {
     use super::MemoryKind;
     if !matches!(
-        MemoryKind::of(addr),
+        cuda.memory_kind(addr),
         MemoryKind::Host | MemoryKind::PinnedHost
     ) {
         return None;
@@ -417,8 +424,7 @@ fn barrier_elided(ops: &[Op], k: usize) -> bool {
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
-        let Ok(c) = Cuda::get() else { return };
-        if c.bind(self.ordinal).is_err() {
+        if self.cuda.bind(self.ordinal).is_err() {
             return;
         }
         // Wait (bounded) for enqueued work; memory it still points to is leaked rather than
@@ -435,13 +441,13 @@ impl Drop for CudaStream {
                 tracing::error!("dropping a CUDA stream whose waits never passed: leaking the memory they point to");
                 std::mem::forget(std::mem::take(&mut l.pending));
                 // The stream may still write its progress word: leak that too.
-                std::mem::forget(std::mem::replace(&mut self.done, RingMem::new(64)));
+                std::mem::forget(std::mem::replace(&mut self.done, RingMem::host(64)));
                 break;
             }
             drop(l);
             std::thread::sleep(Duration::from_micros(100));
         }
-        // SAFETY: our stream, destroyed once.
-        unsafe { sys::cuStreamDestroy_v2(self.raw) };
+        // SAFETY: our stream, made by create_stream, destroyed once.
+        unsafe { self.cuda.destroy_stream(self.ordinal, self.raw) };
     }
 }

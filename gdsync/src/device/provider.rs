@@ -64,8 +64,8 @@ impl MemAt {
 pub(crate) enum MrMemory {
     /// Host memory at a virtual address.
     Host,
-    /// Memory of this GPU, at a device pointer.
-    Gpu { ordinal: i32 },
+    /// Memory of this GPU (its context, to copy through), at a device pointer.
+    Gpu(crate::cuda::GpuCtx),
 }
 
 /// `ibv_reg_mr`: a region of a protection domain.

@@ -6,16 +6,18 @@
 //! The mlx5 data path plugs in through [`MLX5_DATA_PATH`]; where a build has none, naming an
 //! mlx5 device is an error that says so, and the automatic choice stays on the soft device.
 
+use crate::cuda::Cuda;
 use crate::mlx5::{Context, PortState, RdmaError};
 use crate::Device;
 use crate::{Error, Result};
+use std::sync::Arc;
 
 /// The environment variable that picks the device.
 pub const DEVICE_VAR: &str = "GDSYNC_DEVICE";
 
 /// Opens port `port` of the mlx5 device `name` as a [`Device`]: the mlx5 data path's
 /// constructor, where this build has one.
-pub(crate) type Mlx5Open = fn(name: &str, port: u8) -> Result<Device>;
+pub(crate) type Mlx5Open = fn(name: &str, port: u8, cuda: Option<Arc<Cuda>>) -> Result<Device>;
 
 /// The mlx5 data path of this build: gdsync's queues on libmlx5's QPs.
 pub(crate) const MLX5_DATA_PATH: Option<Mlx5Open> = Some(crate::mlx5::open_device);
@@ -174,7 +176,7 @@ fn usable_port(ctx: &Context, port: Option<u8>) -> std::result::Result<u8, RdmaE
 }
 
 /// Opens an RDMA device by name: checks it and its port, then hands it to the mlx5 data path.
-fn open_rdma(name: &str, port: Option<u8>) -> Result<Device> {
+fn open_rdma(name: &str, port: Option<u8>, cuda: Option<Arc<Cuda>>) -> Result<Device> {
     let on = |e: RdmaError| match e {
         RdmaError::LibraryMissing { .. } | RdmaError::LibraryTooOld { .. } => {
             Error::Unsupported(format!("{name}: {e}"))
@@ -185,7 +187,7 @@ fn open_rdma(name: &str, port: Option<u8>) -> Result<Device> {
     let port = usable_port(&ctx, port).map_err(on)?;
     drop(ctx);
     match MLX5_DATA_PATH {
-        Some(open) => open(name, port),
+        Some(open) => open(name, port, cuda),
         None => Err(Error::Unsupported(format!(
             "{name} port {port}: the mlx5 data path is not available in this build \
              (the soft device is: {DEVICE_VAR}=soft)"
@@ -195,11 +197,19 @@ fn open_rdma(name: &str, port: Option<u8>) -> Result<Device> {
 
 impl Device {
     /// Opens the device `name`: `soft` (a new soft device), or an RDMA device and port
-    /// (`mlx5_0`, `mlx5_0:2`; without a port, its first active one).
+    /// (`mlx5_0`, `mlx5_0:2`; without a port, its first active one). Its queues' memory is
+    /// mapped for the GPUs of the process's default CUDA handle ([`Cuda::get`]) where it has
+    /// any; [`Device::open_with_cuda`] takes a handle of your own.
     pub fn open(name: &str) -> Result<Device> {
+        Self::open_with_cuda(name, Cuda::default_gpus().cloned())
+    }
+
+    /// [`Device::open`], the queues' memory mapped for the GPUs of `cuda` (`None`: host
+    /// memory only, CPU triggers).
+    pub fn open_with_cuda(name: &str, cuda: Option<Arc<Cuda>>) -> Result<Device> {
         match name.parse::<DeviceName>().map_err(Error::invalid)? {
-            DeviceName::Soft => Device::soft(),
-            DeviceName::Rdma { name, port } => open_rdma(&name, port),
+            DeviceName::Soft => Device::soft_with_cuda(cuda),
+            DeviceName::Rdma { name, port } => open_rdma(&name, port, cuda),
         }
     }
 
@@ -210,9 +220,10 @@ impl Device {
     pub fn default() -> Result<Device> {
         let s = DeviceSelection::for_process()?;
         tracing::info!("device {} ({})", s.device, s.why);
+        let cuda = Cuda::default_gpus().cloned();
         match s.device {
-            DeviceName::Soft => Device::soft(),
-            DeviceName::Rdma { name, port } => open_rdma(&name, port),
+            DeviceName::Soft => Device::soft_with_cuda(cuda),
+            DeviceName::Rdma { name, port } => open_rdma(&name, port, cuda),
         }
     }
 }

@@ -37,6 +37,8 @@ pub struct CqDesc {
     pub reserved: u64,
 }
 const _: () = assert!(std::mem::size_of::<CqDesc>() == 64);
+// SAFETY: `#[repr(C)]` plain data laid out as `gds_cq` (the size is asserted above).
+unsafe impl crate::cuda::KernelArg for CqDesc {}
 
 /// A QP as a kernel drives it (`gds_qp`): rings, doorbells, both CQs and the kernel's working
 /// counters. Pass it to a kernel (by value, or in GPU-reachable memory); the kernel copies it
@@ -78,6 +80,8 @@ pub struct QpDesc {
     pub recv_cq: CqDesc,
 }
 const _: () = assert!(std::mem::size_of::<QpDesc>() == 224);
+// SAFETY: `#[repr(C)]` plain data laid out as `gds_qp` (the size is asserted above).
+unsafe impl crate::cuda::KernelArg for QpDesc {}
 
 /// What a kernel has done with a [`DeviceQp`], as it stored it through to host memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -91,7 +91,7 @@ impl Qp {
         }
         cfg.check()?;
         let env_handler = crate::NicHandler::from_env()?;
-        let rings = QpRings::new(cfg);
+        let rings = QpRings::new(cfg, ctx.cuda.as_ref());
         let mut created =
             ctx.provider
                 .create_qp(rings.spec(pd, send_cq.shared.cqn, recv_cq.shared.cqn))?;

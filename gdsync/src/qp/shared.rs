@@ -40,15 +40,16 @@ pub(crate) struct QpRings {
 }
 
 impl QpRings {
-    pub(super) fn new(cfg: &QpConfig) -> Self {
+    /// The rings, mapped for the GPUs of `gpus` (none: host memory only).
+    pub(super) fn new(cfg: &QpConfig, gpus: Option<&Arc<crate::cuda::Cuda>>) -> Self {
         let sq_cnt = cfg.sq_cnt();
         let rq_cnt = cfg.recv_wqes.next_power_of_two();
         let rq_stride = (SEG_SIZE as u32 * cfg.max_recv_sge).next_power_of_two();
         let rq_bytes = (rq_cnt * rq_stride) as usize;
         let sq_off = rq_bytes.max(64);
-        let ctrl = Arc::new(RingMem::new(crate::mem::PAGE));
+        let ctrl = Arc::new(RingMem::new(crate::mem::PAGE, gpus));
         QpRings {
-            buf: Arc::new(RingMem::new(sq_off + sq_cnt as usize * WQEBB)),
+            buf: Arc::new(RingMem::new(sq_off + sq_cnt as usize * WQEBB, gpus)),
             dbrec: MemAt {
                 mem: ctrl.clone(),
                 off: QP_DBREC,

@@ -12,6 +12,7 @@
 use super::event_watch::EventWatch;
 use super::{Context, Cq, DeviceLimits, Gid, LinkLayer, Mr, Pd, PortInfo, Qp, QpCaps};
 use super::{PortState as RdmaPortState, QpState, RdmaError, RemoteQp, RtrAttr, RtsAttr};
+use crate::cuda::Cuda;
 use crate::device::provider::*;
 use crate::device::{
     host_id, DeviceAttr, Endpoint, LinkKind, LinkLayer as PortLink, LinkPolicy, PortAddress,
@@ -61,7 +62,7 @@ pub(crate) struct Mlx5Device {
     limits: DeviceLimits,
     /// Whether GPUs are present: libmlx5's rings and doorbell page are then registered for
     /// them.
-    gpus: bool,
+    gpus: Option<Arc<Cuda>>,
     /// The device is the emulated kernel driver's (a soft HCA serves it): its doorbell page is
     /// ordinary memory, registered for GPUs as such.
     emulated: bool,
@@ -78,7 +79,7 @@ pub(crate) struct Mlx5Device {
 
 /// Opens port `port` of the mlx5 device `name` as a [`Device`] (the mlx5 data path). Under
 /// the emulated kernel driver, this process's soft devices become its HCA first.
-pub(crate) fn open(name: &str, port: u8) -> Result<Device> {
+pub(crate) fn open(name: &str, port: u8, cuda: Option<Arc<Cuda>>) -> Result<Device> {
     let emulated = match crate::device::soft::serve_emulated_driver() {
         Ok(n) => {
             tracing::debug!("emulated RDMA driver: {n} device(s) served by soft HCAs");
@@ -89,8 +90,9 @@ pub(crate) fn open(name: &str, port: u8) -> Result<Device> {
             false
         }
     };
-    let dev = Mlx5Device::open(name, port, emulated).map_err(|e| rdma_error(name, e))?;
-    Ok(Device::from_provider(Arc::new(dev)))
+    let dev =
+        Mlx5Device::open(name, port, emulated, cuda.clone()).map_err(|e| rdma_error(name, e))?;
+    Ok(Device::from_provider(Arc::new(dev), cuda))
 }
 
 /// An rdma-core error as the queue layer reports it, naming the device.
@@ -106,7 +108,12 @@ fn rdma_error(dev: &str, e: RdmaError) -> Error {
 }
 
 impl Mlx5Device {
-    fn open(name: &str, port: u8, emulated: bool) -> std::result::Result<Self, RdmaError> {
+    fn open(
+        name: &str,
+        port: u8,
+        emulated: bool,
+        gpus: Option<Arc<Cuda>>,
+    ) -> std::result::Result<Self, RdmaError> {
         let ctx = Context::open(name)?;
         let limits = ctx.query_device()?;
         let info = ctx.query_port(port)?;
@@ -143,7 +150,7 @@ impl Mlx5Device {
             uid,
             addr,
             limits,
-            gpus: crate::cuda::Cuda::available(),
+            gpus,
             emulated,
             plain_doorbell_said: AtomicBool::new(false),
             next_pd: AtomicU32::new(1),
@@ -239,17 +246,22 @@ impl Mlx5Device {
         let page = crate::mem::PAGE as u64;
         let start = spec.addr - spec.addr % page;
         let len = (spec.addr + spec.len).next_multiple_of(page) - start;
-        let dmabuf = crate::cuda::dma_buf(ordinal, start, len as usize).and_then(|fd| {
-            use std::os::fd::AsFd;
-            pd.reg_dmabuf_mr(
-                fd.as_fd(),
-                spec.addr - start,
-                spec.len as usize,
-                spec.addr,
-                spec.access,
-            )
-            .map_err(|e| self.err(e))
+        let gpus = self.gpus.as_ref().ok_or_else(|| {
+            Error::NoCuda("GPU memory on a device opened without a CUDA handle".into())
         });
+        let dmabuf = gpus
+            .and_then(|c| crate::cuda::dma_buf(c, ordinal, start, len as usize))
+            .and_then(|fd| {
+                use std::os::fd::AsFd;
+                pd.reg_dmabuf_mr(
+                    fd.as_fd(),
+                    spec.addr - start,
+                    spec.len as usize,
+                    spec.addr,
+                    spec.access,
+                )
+                .map_err(|e| self.err(e))
+            });
         match dmabuf {
             Ok(mr) => {
                 tracing::debug!(
@@ -277,14 +289,14 @@ impl Mlx5Device {
         // SAFETY: `owner` is the libmlx5 object whose memory this is: it stays allocated and
         // mapped while the object lives, and the ring memory holds the object.
         let (mut mem, off) = unsafe { RingMem::held(addr as u64, len, owner.clone()) };
-        let failed = match (self.gpus, io) {
-            (false, _) => None,
-            (true, false) => mem.map_for_gpus(false).err(),
-            (true, true) => match mem.map_for_gpus(true) {
+        let failed = match (&self.gpus, io) {
+            (None, _) => None,
+            (Some(c), false) => mem.map_for_gpus(c, false).err(),
+            (Some(c), true) => match mem.map_for_gpus(c, true) {
                 Ok(()) => None,
                 // The emulated driver's doorbell page is ordinary memory, which CUDA
                 // registers only as such (a ConnectX's is I/O memory: no second try there).
-                Err(e) if self.emulated && mem.map_for_gpus(false).is_ok() => {
+                Err(e) if self.emulated && mem.map_for_gpus(c, false).is_ok() => {
                     if !self.plain_doorbell_said.swap(true, Ordering::Relaxed) {
                         tracing::info!(
                             "{}: the emulated driver's doorbell page is ordinary memory, not \
@@ -456,7 +468,7 @@ impl Provider for Mlx5Device {
             // SAFETY: the queue layer keeps the memory allocated until dereg_mr.
             MrMemory::Host => unsafe { pd.reg_mr_raw(spec.addr, spec.len as usize, spec.access) }
                 .map_err(|e| self.err(e))?,
-            MrMemory::Gpu { ordinal } => self.reg_gpu_mr(&pd, spec, ordinal)?,
+            MrMemory::Gpu(g) => self.reg_gpu_mr(&pd, spec, g.ordinal)?,
         };
         let keys = MrKeys {
             lkey: mr.lkey(),

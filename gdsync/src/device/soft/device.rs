@@ -452,9 +452,11 @@ fn log_soft_device(name: &str) {
 }
 
 impl SoftDevice {
-    /// A new soft device with its engine thread.
-    pub(crate) fn new() -> Result<Arc<Self>> {
+    /// A new soft device with its engine thread, its doorbell pages mapped for the GPUs of
+    /// `gpus` (none: host memory only).
+    pub(crate) fn new(gpus: Option<&Arc<crate::cuda::Cuda>>) -> Result<Arc<Self>> {
         let dev = Self::spawn()?;
+        dev.uars.lock().map_for(gpus);
         log_soft_device(&dev.label());
         Ok(dev)
     }

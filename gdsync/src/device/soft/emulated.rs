@@ -256,9 +256,13 @@ extern "C" fn reg_mr(
         let memory = match access & UVEMU_MR_DMABUF {
             0 => MrMemory::Host,
             // A dma-buf the process exported from GPU memory: its IOVA is the GPU address,
-            // whose bytes the soft device moves through the CUDA driver.
+            // whose bytes the soft device moves through the CUDA driver. (The emulated driver
+            // serves libmlx5 and has no CUDA handle of its own: it classifies the address with
+            // the process's default one, which the exporter's shares the primary contexts of.)
             _ => match crate::cuda::MemoryKind::of(addr) {
-                crate::cuda::MemoryKind::Device { ordinal } => MrMemory::Gpu { ordinal },
+                crate::cuda::MemoryKind::Device { ordinal } => {
+                    MrMemory::Gpu(crate::cuda::Cuda::get()?.gpu_ctx(ordinal)?)
+                }
                 _ => {
                     return Err(Error::Unsupported(format!(
                         "a dma-buf region at IOVA {addr:#x}: the emulated driver serves dma-bufs of CUDA device memory at their GPU address only"
@@ -490,7 +494,7 @@ mod tests {
 
     #[test]
     fn foreign_rings_are_served_and_never_freed() {
-        let owner = RingMem::new(4 * crate::mem::PAGE);
+        let owner = RingMem::host(4 * crate::mem::PAGE);
         let dev = SoftDevice::spawn().unwrap();
         let (ring, off) = foreign(owner.addr(0x3000), 64 * 8);
         assert_eq!(off, 0);

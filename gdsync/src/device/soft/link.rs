@@ -115,7 +115,8 @@ unsafe impl Sync for Mapping {}
 
 impl Mapping {
     fn heap(len: usize) -> Self {
-        let mem = RingMem::new(len);
+        // Engines read and write link rings; GPUs never do.
+        let mem = RingMem::host(len);
         Self {
             ptr: mem.addr(0) as *mut u8,
             len: mem.len(),

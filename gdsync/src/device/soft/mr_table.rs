@@ -16,7 +16,7 @@ pub(crate) struct MrEntry {
     pub access: Access,
     pub pd: u32,
     /// Device memory of this GPU, moved through the CUDA driver; `None`: host memory.
-    pub gpu: Option<i32>,
+    pub gpu: Option<crate::cuda::GpuCtx>,
 }
 
 impl MrEntry {
@@ -35,7 +35,7 @@ impl MrEntry {
             return false;
         }
         match self.gpu {
-            Some(ordinal) => crate::cuda::copy_htod(ordinal, addr, src).is_ok(),
+            Some(g) => g.copy_htod(addr, src).is_ok(),
             None => {
                 // SAFETY: inside a registered host region (checked above), whose owner lent it
                 // to the device for the registration's lifetime. (`copy`: the source may be
@@ -52,7 +52,7 @@ impl MrEntry {
             return false;
         }
         // SAFETY: inside the registered region (checked above).
-        unsafe { crate::mem::read_region(self.gpu, addr, dst) }
+        unsafe { crate::cuda::read_region(self.gpu, addr, dst) }
     }
 
     /// An 8-byte atomic at `addr` (8-aligned, inside the region): stores `f(old)`, returns
@@ -171,7 +171,7 @@ impl MrTable {
             pd: s.pd,
             gpu: match s.memory {
                 MrMemory::Host => None,
-                MrMemory::Gpu { ordinal } => Some(ordinal),
+                MrMemory::Gpu(g) => Some(g),
             },
         })
     }

@@ -54,7 +54,7 @@ struct Node {
 fn node(i: usize, placed: bool) -> Node {
     let soft = SoftDevice::spawn_numbering(QpNumbers::within(0, QPNS)).unwrap();
     soft.share.targets.set_enabled(placed);
-    let dev = Device::from_provider(soft);
+    let dev = Device::from_provider(soft, None);
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(64).unwrap();
     let bytes = (0..REGION)

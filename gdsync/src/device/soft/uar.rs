@@ -5,6 +5,7 @@
 //! out. Streams, kernels and the CPU proxy ring the first half, the address `create_qp`
 //! returned, as libgdsync and NVSHMEM ring a DEVX UAR.
 
+use crate::cuda::Cuda;
 use crate::mem::RingMem;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,13 +36,16 @@ pub(crate) struct UarPages {
     /// Free bfreg numbers (page * BFREGS_PER_UAR + bfreg in the page).
     free: Vec<usize>,
     by_qpn: HashMap<u32, usize>,
+    /// The GPUs new pages are mapped for (streams and kernels ring the doorbells).
+    gpus: Option<Arc<Cuda>>,
 }
 
 impl UarPages {
     /// A bfreg for QP `qpn`: a free one, or the first of a new page.
     pub(crate) fn alloc(&mut self, qpn: u32) -> Bfreg {
         let n = self.free.pop().unwrap_or_else(|| {
-            self.pages.push(Arc::new(RingMem::new(UAR_SIZE)));
+            self.pages
+                .push(Arc::new(RingMem::new(UAR_SIZE, self.gpus.as_ref())));
             let first = (self.pages.len() - 1) * BFREGS_PER_UAR;
             self.free.extend((first + 1..first + BFREGS_PER_UAR).rev());
             first
@@ -51,6 +55,11 @@ impl UarPages {
             page: self.pages[n / BFREGS_PER_UAR].clone(),
             off: BF_OFFSET + (n % BFREGS_PER_UAR) * BF_REG_SIZE,
         }
+    }
+
+    /// Maps the pages made from now on for the GPUs of `gpus`.
+    pub(crate) fn map_for(&mut self, gpus: Option<&Arc<Cuda>>) {
+        self.gpus = gpus.cloned();
     }
 
     /// QP `qpn` was destroyed: its bfreg serves a later QP.

@@ -184,7 +184,7 @@ mod tests {
     fn only_one_large_segment_of_host_memory_goes_by_reference_and_only_to_a_peer_that_reads_it() {
         let t = MrTable::default();
         let host = region(&t, MrMemory::Host);
-        let gpu = region(&t, MrMemory::Gpu { ordinal: 0 });
+        let gpu = region(&t, MrMemory::Gpu(crate::cuda::GpuCtx::unbacked(0)));
         let slots = t.read();
         let seg = |lkey, len| Seg {
             addr: 0x10_0000,
