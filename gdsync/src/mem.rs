@@ -192,19 +192,47 @@ impl RingMem {
 
 impl Drop for RingMem {
     fn drop(&mut self) {
-        if self.foreign_cuda {
-            crate::cuda::unregister_foreign(self.ptr as u64);
-        }
-        if !self.owned {
+        // Releases stay in order: pages someone else owns go after the releases queued before.
+        let queued_behind = self._owner.is_some() && crate::release::pending();
+        if !self.cuda && !self.foreign_cuda && !queued_behind {
+            if self.owned {
+                // SAFETY: allocated in new() with this exact layout; nothing else points here.
+                unsafe { dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, PAGE)) }
+            }
             return;
         }
-        if self.cuda {
-            if let Ok(c) = crate::cuda::Cuda::get() {
-                c.unregister_host(self.ptr);
+        // The driver's unregister waits for the whole device: done on the release thread, so
+        // a drop never waits for a stream (see `release`). The pages and whatever keeps
+        // someone else's pages allocated go only after the unregister.
+        let (addr, len, owned, cuda, foreign) = (
+            self.ptr as usize,
+            self.len,
+            self.owned,
+            self.cuda,
+            self.foreign_cuda,
+        );
+        let owner = self._owner.take();
+        crate::release::later(move || {
+            if foreign {
+                crate::cuda::unregister_foreign(addr as u64);
             }
-        }
-        // SAFETY: allocated in new() with this exact layout.
-        unsafe { dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, PAGE)) }
+            if owned && cuda {
+                if let Ok(c) = crate::cuda::Cuda::get() {
+                    c.unregister_host(addr as *mut u8);
+                }
+            }
+            if owned {
+                // SAFETY: allocated in new() with this exact layout; the last holder is gone
+                // and the driver no longer maps it.
+                unsafe {
+                    dealloc(
+                        addr as *mut u8,
+                        Layout::from_size_align_unchecked(len, PAGE),
+                    )
+                }
+            }
+            drop(owner);
+        });
     }
 }
 

@@ -203,18 +203,22 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        if let Ok(c) = Cuda::get() {
-            if c.bind(self.ordinal).is_ok() {
-                // SAFETY: our allocation (or IPC mapping), released once.
+        // `cuMemFree` waits for the whole device: done on the release thread, so a drop never
+        // waits for a stream (see `release`).
+        let (ptr, ordinal, imported) = (self.ptr, self.ordinal, self.imported);
+        crate::release::later(move || {
+            let Ok(c) = Cuda::get() else { return };
+            if c.bind(ordinal).is_ok() {
+                // SAFETY: our allocation (or IPC mapping), released once; its handle is gone.
                 unsafe {
-                    if self.imported {
-                        sys::cuIpcCloseMemHandle(self.ptr);
+                    if imported {
+                        sys::cuIpcCloseMemHandle(ptr);
                     } else {
-                        sys::cuMemFree_v2(self.ptr);
+                        sys::cuMemFree_v2(ptr);
                     }
                 }
             }
-        }
+        });
     }
 }
 
