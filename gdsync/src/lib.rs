@@ -56,6 +56,7 @@ pub mod ops;
 pub mod probe;
 mod qp;
 mod random;
+pub mod release;
 mod shm;
 mod signal;
 mod wr;

@@ -223,17 +223,44 @@ impl RingMem {
 
 impl Drop for RingMem {
     fn drop(&mut self) {
-        if let Some(c) = &self.foreign_cuda {
-            c.unregister_foreign(self.ptr as u64);
-        }
-        if !self.owned {
+        // Releases stay in order: pages someone else owns go after the releases queued before.
+        let queued_behind = self._owner.is_some() && crate::release::pending();
+        if self.cuda.is_none() && self.foreign_cuda.is_none() && !queued_behind {
+            if self.owned {
+                // SAFETY: allocated in new() with this exact layout; nothing else points here.
+                unsafe { dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, PAGE)) }
+            }
             return;
         }
-        if let Some(c) = &self.cuda {
-            c.unregister(self.ptr);
-        }
-        // SAFETY: allocated in new() with this exact layout.
-        unsafe { dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, PAGE)) }
+        // The driver's unregister waits for the whole device: done on the release thread, so
+        // a drop never waits for a stream (see `release`). The pages and whatever keeps
+        // someone else's pages allocated go only after the unregister.
+        let (addr, len, owned) = (self.ptr as usize, self.len, self.owned);
+        let (cuda, foreign, owner) = (
+            self.cuda.take(),
+            self.foreign_cuda.take(),
+            self._owner.take(),
+        );
+        crate::release::later(move || {
+            if let Some(c) = foreign {
+                c.unregister_foreign(addr as u64);
+            }
+            if !owned {
+                drop(owner);
+                return;
+            }
+            if let Some(c) = cuda {
+                c.unregister(addr as *mut u8);
+            }
+            // SAFETY: allocated in new() with this exact layout; the last holder is gone and
+            // the driver no longer maps it.
+            unsafe {
+                dealloc(
+                    addr as *mut u8,
+                    Layout::from_size_align_unchecked(len, PAGE),
+                )
+            }
+        });
     }
 }
 

@@ -154,17 +154,24 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        if self.cuda.bind(self.ordinal).is_ok() {
+        // `cuMemFree` waits for the whole device: done on the release thread, so a drop never
+        // waits for a stream (see `release`).
+        let (ptr, ordinal, imported) = (self.ptr, self.ordinal, self.imported);
+        let cuda = self.cuda.clone();
+        crate::release::later(move || {
+            if cuda.bind(ordinal).is_err() {
+                return;
+            }
             // SAFETY: our allocation (or IPC mapping), released once (errors are ignored on
-            // teardown).
+            // teardown); its handle is gone.
             unsafe {
-                let _ = if self.imported {
-                    check(sys::cuIpcCloseMemHandle(self.ptr), "cuIpcCloseMemHandle")
+                let _ = if imported {
+                    check(sys::cuIpcCloseMemHandle(ptr), "cuIpcCloseMemHandle")
                 } else {
-                    result::free_sync(self.ptr).map_err(failed("cuMemFree"))
+                    result::free_sync(ptr).map_err(failed("cuMemFree"))
                 };
             }
-        }
+        });
     }
 }
 
