@@ -7,7 +7,7 @@
 //! read data, an atomic's old value) sends the owed ACK first, so the QP's responses stay
 //! in PSN order.
 
-use super::super::link::{kind, PktHeader};
+use super::super::wire::{kind, PktHeader};
 use super::{resp, BodyRef, Engine};
 
 impl Engine {

@@ -12,8 +12,8 @@
 //! with any NIC, the sender's buffer must not change until its WQE completes: the bytes are
 //! read at delivery, not at posting.
 
-use super::super::link::{flag, PktHeader, MTU};
 use super::super::mr_table::Slots;
+use super::super::wire::{flag, PktHeader, MTU};
 use super::links::nak;
 use super::memory::Seg;
 use super::Engine;

@@ -2,7 +2,7 @@
 //! read data, an atomic's old value, NAKs and their retries) mark outstanding WQEs done;
 //! work completes in order and signalled WQEs write CQEs into the CQ ring.
 
-use super::super::link::PktHeader;
+use super::super::wire::PktHeader;
 use super::memory::scatter;
 use super::CqHw;
 use super::{psn_le, resp, EQp, Engine, NAK_NOT_READY, NAK_RNR, NOT_READY_DELAY};

@@ -2,7 +2,7 @@
 //! and the flushes of everything else posted (`docs/soft-device.md`, "Errors and the error
 //! state").
 
-use super::super::link::kind;
+use super::super::wire::kind;
 use super::completion::{complete_front, err_cqe, Side};
 use super::{EQp, Engine, EngineCtl, Step};
 use crate::device::provider::{AsyncEvent, HwQpState, QpLastError};

@@ -2,8 +2,9 @@
 //! responder, responses to completion) and sends what the QPs queued, gathering payload from
 //! memory as each packet goes out.
 
-use super::super::link::{flag, kind, PktHeader, Producer, MTU};
 use super::super::mr_table::Slots;
+use super::super::ring::Producer;
+use super::super::wire::{flag, kind, PktHeader, MTU};
 use super::by_ref::{by_ref, write_source_ref, SOURCE_REF_LEN};
 use super::memory::gather;
 use super::{resp, Body, BodyRef, Engine, TxJob};

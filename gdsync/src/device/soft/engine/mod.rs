@@ -27,10 +27,11 @@ mod requester;
 mod responder;
 mod timers;
 
-use super::link::{DeviceShare, Link, PktHeader};
+use super::link::{DeviceShare, Link};
 use super::mr_table::{MrCache, MrTable};
 use super::uar::{Bfreg, BF_SIZE};
 use super::watch::Watch;
+use super::wire::{resp, PktHeader};
 use super::{Cmd, EngineCtl};
 use crate::device::provider::{AsyncEvent, HwQpState, QpTimers};
 use crate::format::*;
@@ -130,14 +131,6 @@ impl QpHw {
     fn sq_producer(&self) -> u16 {
         (crate::mem::load_be32(&self.dbrec, self.dbrec_off + 4 * DBREC_SQ) & 0xFFFF) as u16
     }
-}
-
-/// Response codes (the `op` of a response packet).
-pub(crate) mod resp {
-    pub const ACK: u8 = 1;
-    pub const NAK: u8 = 2;
-    pub const READ: u8 = 3;
-    pub const ATOMIC: u8 = 4;
 }
 
 /// NAK codes beyond the error syndromes: retry later.

@@ -21,8 +21,8 @@
 //!
 //! Anything else goes as a packet, and the responder checks and answers it as before.
 
-use super::super::link::PktHeader;
 use super::super::mr_table::Slots;
+use super::super::wire::PktHeader;
 use super::admission::{admission, Admission, Origin, QpView};
 use super::memory::Seg;
 use super::responder::remote_region;

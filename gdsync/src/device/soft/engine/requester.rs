@@ -2,7 +2,7 @@
 //! into a message on the QP's link (requester steps 1 to 5 of `docs/soft-device.md`; step 6,
 //! completion, is in [`completion`](super::completion)).
 
-use super::super::link::{flag, kind, PktHeader};
+use super::super::wire::{flag, kind, PktHeader};
 use super::links::packet_header;
 use super::memory::sges_ok;
 use super::memory::Seg;

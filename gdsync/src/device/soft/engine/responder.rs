@@ -3,8 +3,8 @@
 //! and answered with an acknowledgement, read data, an atomic's old value, or a NAK
 //! (`docs/soft-device.md`, "Responder").
 
-use super::super::link::{flag, PktHeader};
 use super::super::mr_table::{MrEntry, Slots};
+use super::super::wire::{flag, PktHeader};
 use super::admission::{admission, Admission, Origin};
 use super::completion::{err_cqe, Side};
 use super::errors::complete_error;
