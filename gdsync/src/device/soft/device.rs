@@ -729,8 +729,8 @@ mod link_release_tests;
 #[path = "modify_tests.rs"]
 mod modify_tests;
 #[cfg(test)]
-#[path = "placed_model_tests.rs"]
-mod placed_model_tests;
+#[path = "direct_write_model_tests.rs"]
+mod direct_write_model_tests;
 #[cfg(test)]
-#[path = "placed_tests.rs"]
-mod placed_tests;
+#[path = "direct_write_tests.rs"]
+mod direct_write_tests;

@@ -22,7 +22,7 @@ mod completion;
 mod errors;
 mod links;
 mod memory;
-mod placed;
+mod direct_write;
 mod requester;
 mod responder;
 mod timers;
@@ -37,7 +37,7 @@ use crate::device::provider::{AsyncEvent, HwQpState, QpTimers};
 use crate::format::*;
 use crate::mem::RingMem;
 use memory::Seg;
-pub(crate) use placed::WriteTargets;
+pub(crate) use direct_write::WriteTargets;
 
 /// Called with the peer device of each link the engine releases: the device forgets it.
 pub(crate) type ForgetPeer = Box<dyn Fn(u64) + Send>;

@@ -6,7 +6,7 @@ use super::super::wire::{flag, kind, PktHeader};
 use super::links::packet_header;
 use super::memory::sges_ok;
 use super::memory::Seg;
-use super::placed;
+use super::direct_write as placed;
 use super::{psn_le, q_sq_ci, BodyRef, EQp, Engine, OutWqe, QpHw, Step, MAX_QUEUED};
 use crate::device::provider::{Access, MAX_MESSAGE};
 use crate::format::*;
