@@ -7,9 +7,9 @@
 //! what it shares with an in-process peer, and how it learns that the other end is gone.
 
 use super::bridge::BridgeSignal;
-use super::engine::WriteTargets;
 use super::mr_table::MrTable;
 use super::ring::{Consumer, Mapping, Producer};
+use super::targets::WriteTargets;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -46,7 +46,7 @@ pub(crate) struct Link {
     pub peer: u64,
     /// Both ends of a link between two devices of this process share this id, which no
     /// other link of the process ever had or will have (0 on other links): the identity a
-    /// placed write's origin is checked by, as a packet's is by the link it arrives on.
+    /// direct write's origin is checked by, as a packet's is by the link it arrives on.
     pub pair_id: u64,
     pub tx: Producer,
     pub rx: Consumer,
@@ -58,13 +58,13 @@ pub(crate) struct Link {
     /// The peer device's region table, where both devices live in this process: large
     /// payloads then go by reference and are copied once, from the sender's memory.
     peer_regions: Option<Arc<MrTable>>,
-    /// The peer device's QPs that take placed writes, where both devices live in this
+    /// The peer device's QPs that take direct writes, where both devices live in this
     /// process.
     peer_targets: Option<Arc<WriteTargets>>,
 }
 
 /// What a device of this process shares with the devices it links to: its region table (for
-/// payloads by reference) and the QPs that take placed writes.
+/// payloads by reference) and the QPs that take direct writes.
 #[derive(Clone)]
 pub(crate) struct DeviceShare {
     pub regions: Arc<MrTable>,
@@ -117,7 +117,7 @@ impl Link {
         ends
     }
 
-    /// The peer device's QPs that take placed writes, on a link within this process.
+    /// The peer device's QPs that take direct writes, on a link within this process.
     pub(crate) fn peer_targets(&self) -> Option<&Arc<WriteTargets>> {
         self.peer_targets.as_ref()
     }

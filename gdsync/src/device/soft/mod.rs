@@ -22,6 +22,7 @@ mod progress;
 mod qp_numbers;
 mod ring;
 mod shm_link;
+mod targets;
 pub(crate) mod tcp;
 mod uar;
 mod watch;

@@ -14,8 +14,8 @@
 
 use super::super::mr_table::Slots;
 use super::super::wire::{flag, PktHeader, MTU};
-use super::links::nak;
 use super::memory::Seg;
+use super::packets::nak;
 use super::Engine;
 use crate::format::Syndrome;
 

@@ -7,7 +7,8 @@ use super::super::ring::Producer;
 use super::super::wire::{flag, kind, PktHeader, MTU};
 use super::by_ref::{by_ref, write_source_ref, SOURCE_REF_LEN};
 use super::memory::gather;
-use super::{resp, Body, BodyRef, Engine, TxJob};
+use super::packets::{nak, packet_header};
+use super::{BodyRef, Engine, TxJob};
 use crate::device::provider::Access;
 use crate::format::Syndrome;
 
@@ -233,56 +234,5 @@ fn emit(
         if *sent >= total {
             return Emit::Done;
         }
-    }
-}
-
-/// The header of the packet of message `hdr` (`total` payload bytes) that carries `seg`
-/// bytes from byte `sent` on.
-#[inline]
-pub(super) fn packet_header(hdr: &PktHeader, sent: u32, seg: u32, total: u32) -> PktHeader {
-    let mut h = *hdr;
-    h.offset = sent;
-    h.seg_len = seg;
-    if sent == 0 {
-        h.flags |= flag::FIRST;
-    }
-    if sent + seg == total {
-        h.flags |= flag::LAST;
-    }
-    h
-}
-
-/// The header of a response to request `h`.
-pub(super) fn reply(h: &PktHeader, op: u8) -> PktHeader {
-    PktHeader {
-        kind: kind::RESP,
-        op,
-        dst_qpn: h.src_qpn,
-        src_qpn: h.dst_qpn,
-        psn: h.psn,
-        ..Default::default()
-    }
-}
-
-/// A NAK of request (or read response) `h` with `code`.
-pub(super) fn nak(h: &PktHeader, code: u8) -> TxJob {
-    let mut r = reply(h, resp::NAK);
-    if h.kind == kind::RESP {
-        // Turning a read response into a NAK: it keeps the requester's addressing.
-        r = PktHeader {
-            kind: kind::RESP,
-            op: resp::NAK,
-            dst_qpn: h.dst_qpn,
-            src_qpn: h.src_qpn,
-            psn: h.psn,
-            ..Default::default()
-        };
-    }
-    r.syndrome = code;
-    TxJob {
-        hdr: r,
-        body: Body::Empty,
-        pd: 0,
-        sent: 0,
     }
 }

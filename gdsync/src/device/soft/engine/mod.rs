@@ -9,6 +9,7 @@
 //! - [`completion`]: responses from the peer, in-order completion and CQE writes (step 6);
 //! - [`errors`]: malformed WQEs, failures and the error state with its flushes;
 //! - [`links`]: packets in and out of the links;
+//! - [`packets`]: the headers of a message's packets, responses and NAKs;
 //! - [`memory`]: key checks and copies between the wire and registered memory;
 //! - [`timers`]: dead links, retry delays and the transport timeout.
 //!
@@ -19,16 +20,18 @@ mod acks;
 mod admission;
 mod by_ref;
 mod completion;
+mod direct_write;
 mod errors;
 mod links;
 mod memory;
-mod direct_write;
+mod packets;
 mod requester;
 mod responder;
 mod timers;
 
 use super::link::{DeviceShare, Link};
 use super::mr_table::{MrCache, MrTable};
+use super::targets::WriteTargets;
 use super::uar::{Bfreg, BF_SIZE};
 use super::watch::Watch;
 use super::wire::{resp, PktHeader};
@@ -37,7 +40,6 @@ use crate::device::provider::{AsyncEvent, HwQpState, QpTimers};
 use crate::format::*;
 use crate::mem::RingMem;
 use memory::Seg;
-pub(crate) use direct_write::WriteTargets;
 
 /// Called with the peer device of each link the engine releases: the device forgets it.
 pub(crate) type ForgetPeer = Box<dyn Fn(u64) + Send>;
@@ -269,7 +271,7 @@ struct EQp {
     cq_overrun: bool,
     /// The responder owes the peer an ACK up to this PSN ([`acks`]).
     ack_owed: Option<u32>,
-    /// The QP's context is published to its in-process peer for placed writes ([`placed`]):
+    /// The QP's context is published to its in-process peer for direct writes ([`direct_write`]):
     /// each PSN it expects is published too.
     published: bool,
 }
@@ -287,7 +289,7 @@ impl EQp {
     }
 
     /// The responder took the message at its expected PSN: it expects the next, and says so
-    /// to a peer that places writes.
+    /// to a peer that writes directly.
     #[inline]
     fn expect_next(&mut self, targets: &WriteTargets) {
         self.exp_psn = self.exp_psn.wrapping_add(1);
@@ -305,7 +307,7 @@ struct ELink {
 pub(crate) struct Engine {
     ctl: Arc<EngineCtl>,
     mrs: Arc<MrTable>,
-    /// This device's QPs that take writes placed by its in-process peers ([`placed`]).
+    /// This device's QPs that take direct writes from its in-process peers ([`direct_write`]).
     targets: Arc<WriteTargets>,
     mrc: MrCache,
     qps: Vec<Option<EQp>>,
@@ -647,7 +649,7 @@ impl Engine {
     /// A QP connected to peer QP `rqpn` of the device at the other end of the link to `peer`
     /// (the newest link to it that is not dead). With none (the peer went away between the
     /// connect's link set-up and this command), the QP fails as its first send would. On a
-    /// link within this process its context is published for placed writes.
+    /// link within this process its context is published for direct writes.
     fn connect(&mut self, qpn: u32, peer: u64, rqpn: u32, rq_psn: u32) {
         let li = (self.links.iter()).rposition(|l| l.link.peer == peer && !l.link.dead);
         let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) else {

@@ -3,10 +3,10 @@
 //! completion, is in [`completion`](super::completion)).
 
 use super::super::wire::{flag, kind, PktHeader};
-use super::links::packet_header;
+use super::direct_write::{direct_write, local_bytes};
 use super::memory::sges_ok;
 use super::memory::Seg;
-use super::direct_write as placed;
+use super::packets::packet_header;
 use super::{psn_le, q_sq_ci, BodyRef, EQp, Engine, OutWqe, QpHw, Step, MAX_QUEUED};
 use crate::device::provider::{Access, MAX_MESSAGE};
 use crate::format::*;
@@ -195,8 +195,8 @@ impl Engine {
         let payload = req.inline?;
         let mut hdr = req.hdr;
         hdr.msg_len = payload.len() as u32;
-        if opcode == Opcode::RdmaWrite && placed::place_write(q, link, &hdr, payload) {
-            complete_placed(q, ctrl, nbb as u32, hdr.msg_len);
+        if opcode == Opcode::RdmaWrite && direct_write(q, link, &hdr, payload) {
+            complete_direct(q, ctrl, nbb as u32, hdr.msg_len);
             return Some(Step::Advanced);
         }
         let h = packet_header(&hdr, 0, hdr.msg_len, hdr.msg_len);
@@ -233,10 +233,10 @@ impl Engine {
         }
         hdr.msg_len = seg.len;
         if opcode == Opcode::RdmaWrite
-            && placed::local_bytes(&self.mrc.slots, &seg)
-                .is_some_and(|data| placed::place_write(q, &self.links[li], &hdr, data))
+            && local_bytes(&self.mrc.slots, &seg)
+                .is_some_and(|data| direct_write(q, &self.links[li], &hdr, data))
         {
-            complete_placed(q, ctrl, 1, seg.len);
+            complete_direct(q, ctrl, 1, seg.len);
             return Some(Step::Advanced);
         }
         make_outstanding(q, ctrl, opcode, 1, q.sq_ci, seg.len, SmallVec::new());
@@ -457,9 +457,9 @@ fn make_outstanding(
     q.sq_ci += u64::from(nbb);
 }
 
-/// An RDMA write of `len` bytes (`nbb` blocks) at the QP's consumer index was placed
-/// ([`placed`]): it completes now, in order (nothing else is outstanding), and takes no PSN.
-fn complete_placed(q: &mut EQp, ctrl: &CtrlSeg, nbb: u32, len: u32) {
+/// An RDMA write of `len` bytes (`nbb` blocks) at the QP's consumer index was written directly
+/// ([`direct_write`](super::direct_write)): it completes now, in order (nothing else is outstanding), and takes no PSN.
+fn complete_direct(q: &mut EQp, ctrl: &CtrlSeg, nbb: u32, len: u32) {
     let sq_ci = q.sq_ci;
     make_outstanding(q, ctrl, Opcode::RdmaWrite, nbb, sq_ci, len, SmallVec::new());
     q.next_psn = q.next_psn.wrapping_add(1);

@@ -8,9 +8,9 @@ use super::super::wire::{flag, PktHeader};
 use super::admission::{admission, Admission, Origin};
 use super::completion::{err_cqe, Side};
 use super::errors::complete_error;
-use super::links::{nak, reply};
 use super::memory::Seg;
 use super::memory::{scatter, sges_ok};
+use super::packets::{nak, reply};
 use super::{psn_le, resp, Body, Dest, EQp, Engine, InMsg, QpHw, TxJob, NAK_RNR};
 use crate::device::provider::{Access, MAX_SGE};
 use crate::format::*;
@@ -52,10 +52,10 @@ impl Engine {
         self.receive_payload(li, h, payload);
     }
 
-    /// The most common request, an RDMA write whose one packet is the whole message, placed
+    /// The most common request, an RDMA write whose one packet is the whole message, written
     /// with a single look at its region: what [`first_packet`](Self::first_packet) and
     /// [`receive_payload`](Self::receive_payload) make of it, with no message state kept in
-    /// between. `false`, having placed nothing, for any other packet, or a write the checks
+    /// between. `false`, having written nothing, for any other packet, or a write the checks
     /// refuse: the steps then check it again and answer.
     #[inline]
     fn whole_write(&mut self, h: &PktHeader, payload: &[u8]) -> bool {
@@ -65,14 +65,14 @@ impl Engine {
         let qpn = h.dst_qpn;
         let q = self.qps[qpn as usize].as_mut().unwrap();
         let len = payload.len() as u64;
-        let placed = remote_region(q.hw.pd, &self.mrc.slots, h, Access::REMOTE_WRITE, len)
+        let written = remote_region(q.hw.pd, &self.mrc.slots, h, Access::REMOTE_WRITE, len)
             .is_some_and(|e| e.write(h.raddr, payload));
-        if placed {
+        if written {
             q.inmsg = None;
             q.expect_next(&self.targets);
             self.owe_ack(qpn, h.psn);
         }
-        placed
+        written
     }
 
     /// Whether the request is for a connected QP of this link, in sequence, with an opcode
@@ -85,7 +85,7 @@ impl Engine {
         {
             self.commands();
         }
-        self.sync_placed_psn(qpn);
+        self.sync_direct_psn(qpn);
         let q = self.qps.get(qpn as usize).and_then(Option::as_ref);
         let from = Origin {
             peer: li,
@@ -108,9 +108,9 @@ impl Engine {
         None
     }
 
-    /// The PSN a published QP expects, as its peer's placed writes moved it.
+    /// The PSN a published QP expects, as its peer's direct writes moved it.
     #[inline]
-    fn sync_placed_psn(&mut self, qpn: u32) {
+    fn sync_direct_psn(&mut self, qpn: u32) {
         if let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) {
             if q.published && !q.err {
                 q.exp_psn = self.targets.psn(qpn).unwrap_or(q.exp_psn);
@@ -341,7 +341,7 @@ fn remote_ok(pd: u32, slots: &Slots, h: &PktHeader, need: Access, len: u64) -> b
 }
 
 /// The region [`remote_ok`] finds, to act on with the same lookup (also the requester's
-/// check of a placed write's target, [`super::placed`]).
+/// check of a direct write's target, [`super::direct_write`]).
 pub(super) fn remote_region<'s>(
     pd: u32,
     slots: &'s Slots,
