@@ -152,48 +152,42 @@ impl Engine {
         if q.err || link.link.dead || !link.queue.is_empty() {
             return None;
         }
-        let ctrl = CtrlSeg::from_bytes(first[..SEG_SIZE].try_into().ok()?);
+        let w = SendWqe::peek_common(first)?;
         // (Quietly: a malformed WQE is the steps' to report.)
-        if !ctrl_in_place(&q.hw, &ctrl, q.sq_ci, avail)
-            || wqebbs_for_ds(ctrl.ds() as usize) > INLINE_LANE_WQEBBS
-            || ctrl.flags().fence_mode() != 0
+        if !ctrl_in_place(&q.hw, &w.ctrl, q.sq_ci, avail)
+            || wqebbs_for_ds(w.ctrl.ds() as usize) > INLINE_LANE_WQEBBS
+            || w.ctrl.flags().fence_mode() != 0
         {
             return None;
         }
-        let opcode = ctrl.opcode()?;
-        if !opcode.carries_payload() {
-            return None;
-        }
-        if inline_flag(opcode, first) {
-            self.inline_at_once(qpn, &ctrl, opcode, first)
-        } else {
-            self.segment_at_once(qpn, &ctrl, opcode, first)
+        match w.data {
+            CommonData::Inline { at, len } => self.inline_at_once(qpn, &w, at..at + len, first),
+            CommonData::Segment(d) => self.segment_at_once(qpn, &w, Seg::of(d)),
         }
     }
 
-    /// [`common_at_once`](Self::common_at_once) for an inline payload (up to
-    /// [`INLINE_LANE_WQEBBS`] blocks): the WQE's packet is written straight into the link's
-    /// ring (it names no local memory to check). `None` for a ring without room.
+    /// [`common_at_once`](Self::common_at_once) for an inline payload (the bytes `payload`
+    /// of a WQE of up to [`INLINE_LANE_WQEBBS`] blocks): the WQE's packet is written straight
+    /// into the link's ring (it names no local memory to check). `None` for a ring without
+    /// room.
     fn inline_at_once(
         &mut self,
         qpn: u32,
-        ctrl: &CtrlSeg,
-        opcode: Opcode,
+        w: &CommonWqe,
+        payload: std::ops::Range<usize>,
         first: &[u8; WQEBB],
     ) -> Option<Step> {
         let q = self.qps[qpn as usize].as_mut()?;
         let link = &mut self.links[q.link?];
-        let (sq_ci, ds) = (q.sq_ci, ctrl.ds() as usize);
-        let nbb = wqebbs_for_ds(ds);
+        let (ctrl, opcode) = (&w.ctrl, w.opcode);
+        let (sq_ci, nbb) = (q.sq_ci, wqebbs_for_ds(ctrl.ds() as usize));
         let mut wqe = [0u8; INLINE_LANE_WQEBBS * WQEBB];
         wqe[..WQEBB].copy_from_slice(first);
         if nbb > 1 {
             read_wqe(&q.hw, sq_ci + 1, &mut wqe[WQEBB..nbb * WQEBB]);
         }
-        let hdr = request_header(q, opcode, ctrl);
-        let req = inline_request(hdr, opcode, &wqe[..ds * SEG_SIZE])?;
-        let payload = req.inline?;
-        let mut hdr = req.hdr;
+        let payload = wqe.get(payload)?;
+        let mut hdr = addressed(request_header(q, opcode, ctrl), w.raddr);
         hdr.msg_len = payload.len() as u32;
         if opcode == Opcode::RdmaWrite && direct_write(q, link, &hdr, payload) {
             complete_direct(q, ctrl, nbb as u32, hdr.msg_len);
@@ -209,21 +203,15 @@ impl Engine {
         Some(Step::Advanced)
     }
 
-    /// [`common_at_once`](Self::common_at_once) for a payload in one segment of local memory
-    /// (a WQE of one block): the segment is checked (step 3) and the message sent as
+    /// [`common_at_once`](Self::common_at_once) for a payload in one segment `seg` of local
+    /// memory (a WQE of one block): the segment is checked (step 3) and the message sent as
     /// [`start_message`](Self::start_message) sends it. `None` for a segment the checks
     /// refuse.
-    fn segment_at_once(
-        &mut self,
-        qpn: u32,
-        ctrl: &CtrlSeg,
-        opcode: Opcode,
-        first: &[u8; WQEBB],
-    ) -> Option<Step> {
+    fn segment_at_once(&mut self, qpn: u32, w: &CommonWqe, seg: Seg) -> Option<Step> {
         let q = self.qps[qpn as usize].as_mut()?;
         let li = q.link?;
-        let wqe = first.get(..ctrl.ds() as usize * SEG_SIZE)?;
-        let (mut hdr, seg) = segment_request(request_header(q, opcode, ctrl), opcode, wqe)?;
+        let (ctrl, opcode) = (&w.ctrl, w.opcode);
+        let mut hdr = addressed(request_header(q, opcode, ctrl), w.raddr);
         let pd = q.hw.pd;
         self.mrc.sync(&self.mrs);
         if u64::from(seg.len) > MAX_MESSAGE
@@ -287,7 +275,7 @@ impl Engine {
         }
         let wqe = &wqe[..ctrl.ds() as usize * SEG_SIZE];
         let hdr = request_header(q, opcode, &ctrl);
-        let req = match inline_request(hdr, opcode, wqe) {
+        let req = match common_request(hdr, first, wqe) {
             Some(r) => r,
             None => match SendWqe::parse(wqe) {
                 Ok(w) => decode(hdr, &w),
@@ -509,94 +497,48 @@ fn request_header(q: &EQp, opcode: Opcode, ctrl: &CtrlSeg) -> PktHeader {
     hdr
 }
 
-/// The start shared by [`inline_request`] and [`segment_request`]: for a send or RDMA write
-/// (with or without immediate), `hdr` with the remote address a write names, and where its
-/// data segments start in `wqe`. `None` for other opcodes or a WQE cut short.
+/// `hdr` with the remote address and key of a WQE that names them.
 #[inline]
-fn addressed(mut hdr: PktHeader, opcode: Opcode, wqe: &[u8]) -> Option<(PktHeader, usize)> {
-    if !matches!(
-        opcode,
-        Opcode::Send | Opcode::SendImm | Opcode::RdmaWrite | Opcode::RdmaWriteImm
-    ) {
-        return None;
+fn addressed(mut hdr: PktHeader, raddr: Option<RaddrSeg>) -> PktHeader {
+    if let Some(r) = raddr {
+        hdr.raddr = r.raddr.get();
+        hdr.rkey = r.rkey.get();
     }
-    if opcode.has_raddr() {
-        let seg = RaddrSeg::from_bytes(wqe.get(SEG_SIZE..2 * SEG_SIZE)?.try_into().ok()?);
-        hdr.raddr = seg.raddr.get();
-        hdr.rkey = seg.rkey.get();
-    }
-    Some((hdr, data_at(opcode)))
+    hdr
 }
 
-/// Where the data segments of an `opcode` WQE start: after the control segment and, for a
-/// write, the remote-address segment.
+/// The message of the most common WQEs, a send or RDMA write (with or without immediate)
+/// whose payload is inline or one segment of local memory, from its `first` block
+/// ([`SendWqe::peek_common`]) and its `wqe` bytes (the `ds` units its control segment
+/// counts), from `hdr` ([`request_header`]): what [`SendWqe::parse`] and [`decode`] make of
+/// it, in a fraction of their work. `None` for anything else, which the full parse then
+/// reads (and refuses with its errors).
 #[inline]
-fn data_at(opcode: Opcode) -> usize {
-    if opcode.has_raddr() {
-        2 * SEG_SIZE
-    } else {
-        SEG_SIZE
-    }
-}
-
-/// The most common request, a send or RDMA write (with or without immediate) whose payload
-/// is inline, read straight off its WQE (the `ds` units its control segment counts), from
-/// `hdr` ([`request_header`]): what [`SendWqe::parse`] and [`decode`] make of it, in a
-/// fraction of their work, as every small message takes this path. `None` for anything
-/// else, or anything unusual about it, which the full parse then reads (and refuses with
-/// its errors).
-#[inline]
-fn inline_request(hdr: PktHeader, opcode: Opcode, wqe: &[u8]) -> Option<Request<'_>> {
-    let (hdr, at) = addressed(hdr, opcode, wqe)?;
-    let word = u32::from_be_bytes(wqe.get(at..at + 4)?.try_into().ok()?);
-    if word & INLINE_SEG_FLAG == 0 {
-        return None;
-    }
-    let len = InlineHeader {
-        byte_count: Be32::new(word),
-    }
-    .len() as usize;
-    let payload = wqe.get(at + 4..at + 4 + len)?;
-    Some(Request {
-        hdr,
-        inline: Some(payload),
-        operands: None,
-        sges: SmallVec::new(),
-        len: len as u64,
+fn common_request<'a>(hdr: PktHeader, first: &[u8; WQEBB], wqe: &'a [u8]) -> Option<Request<'a>> {
+    let w = SendWqe::peek_common(first)?;
+    let hdr = addressed(hdr, w.raddr);
+    Some(match w.data {
+        CommonData::Inline { at, len } => Request {
+            hdr,
+            inline: Some(wqe.get(at..at + len)?),
+            operands: None,
+            sges: SmallVec::new(),
+            len: len as u64,
+        },
+        CommonData::Segment(d) => Request {
+            hdr,
+            inline: None,
+            operands: None,
+            sges: SmallVec::from_slice(&[Seg::of(d)]),
+            len: d.byte_count.get().into(),
+        },
     })
-}
-
-/// A send or RDMA write (with or without immediate) whose payload is one segment of local
-/// memory, read straight off its WQE (the `ds` units its control segment counts) as
-/// [`inline_request`] reads an inline one: the header and the segment. `None` for anything
-/// else (no segment, several, an inline one, an empty one).
-#[inline]
-fn segment_request(hdr: PktHeader, opcode: Opcode, wqe: &[u8]) -> Option<(PktHeader, Seg)> {
-    let (hdr, at) = addressed(hdr, opcode, wqe)?;
-    if wqe.len() != at + SEG_SIZE {
-        return None;
-    }
-    let d = DataSeg::from_bytes(wqe[at..].try_into().ok()?);
-    if d.is_inline() || d.byte_count.get() == 0 {
-        return None;
-    }
-    Some((hdr, Seg::of(d)))
-}
-
-/// Whether the segment after an `opcode` WQE's control (and remote-address) segment in its
-/// first `block` is flagged inline: a cheap first look for [`inline_request`].
-#[inline]
-fn inline_flag(opcode: Opcode, block: &[u8; WQEBB]) -> bool {
-    block[data_at(opcode)] & (INLINE_SEG_FLAG >> 24) as u8 != 0
 }
 
 /// The message a parsed WQE sends (from `hdr`, [`request_header`]): its header, its payload
 /// (inline bytes, atomic operands, or a gather list) and the local segments it names.
-fn decode<'a>(mut hdr: PktHeader, w: &SendWqe<'a>) -> Request<'a> {
-    if let Some(r) = w.raddr {
-        hdr.raddr = r.raddr.get();
-        hdr.rkey = r.rkey.get();
-    }
+fn decode<'a>(hdr: PktHeader, w: &SendWqe<'a>) -> Request<'a> {
+    let hdr = addressed(hdr, w.raddr);
     // Operands travel as the request's payload: swap/add, then compare.
     let operands = w.atomic.map(|a| {
         let mut ops = [0u8; 16];
@@ -632,215 +574,62 @@ fn decode<'a>(mut hdr: PktHeader, w: &SendWqe<'a>) -> Request<'a> {
 mod tests {
     use super::*;
 
-    /// A base header with every field the WQE does not set made distinct.
-    fn base(opcode: Opcode, ctrl: &CtrlSeg) -> PktHeader {
-        PktHeader {
-            kind: kind::REQ,
-            op: opcode as u8,
-            src_qpn: 0x12,
-            dst_qpn: 0x34,
-            psn: 0x00AB_CDEF,
-            imm: ctrl.imm,
-            flags: if ctrl.flags().contains(FmCeSe::SOLICITED) {
-                flag::SOLICITED
-            } else {
-                0
-            },
-            ..Default::default()
-        }
-    }
-
-    /// The fields of a request that go on the wire, comparable.
-    fn wire(r: &Request<'_>) -> (Vec<u32>, Vec<u8>, Option<Vec<u8>>, u64, usize) {
-        let h = &r.hdr;
-        let fields = vec![
-            h.kind.into(),
-            h.op.into(),
-            h.flags.into(),
-            h.dst_qpn,
-            h.src_qpn,
-            h.psn,
-            u32::from_ne_bytes(h.imm),
-            h.rkey,
-            h.raddr as u32,
-            (h.raddr >> 32) as u32,
-        ];
-        (
-            fields,
-            r.operands.map(|o| o.to_vec()).unwrap_or_default(),
-            r.inline.map(<[u8]>::to_vec),
-            r.len,
-            r.sges.len(),
-        )
-    }
-
-    fn wqe_bytes(w: &SendWqe<'_>) -> (Vec<u8>, CtrlSeg) {
-        let mut buf = vec![0u8; 4 * WQEBB];
-        let ds = w.write_to(&mut buf).expect("a valid WQE");
-        buf.truncate(ds * SEG_SIZE);
-        let ctrl = CtrlSeg::from_bytes(buf[..SEG_SIZE].try_into().unwrap());
-        (buf, ctrl)
-    }
-
-    /// An RDMA write of `segs`, gathered from memory.
-    fn gather_write(segs: &[DataSeg]) -> SendWqe<'_> {
-        SendWqe {
-            wqe_index: 0,
-            opcode: Opcode::RdmaWrite,
-            qpn: 1,
-            flags: FmCeSe::empty(),
-            imm: [0; 4],
-            raddr: Some(RaddrSeg::new(0x2000, 9)),
-            atomic: None,
-            data: WqeData::Gather(DataSegs::from_segs(segs)),
-        }
-    }
-
+    /// The message [`common_request`] makes of a WQE is the one [`decode`] makes of its full
+    /// parse (that the fast look reads what the parse reads is checked beside the parse, in
+    /// `format/wqe_tests.rs`).
     #[test]
-    fn the_inline_path_reads_what_the_full_parse_reads() {
+    fn the_common_reader_makes_the_message_the_full_parse_makes() {
         let payload: Vec<u8> = (1..=60).collect();
+        let seg = [DataSeg::new(0x1000_2000_3000, 4096, 0x55AA)];
         for opcode in [
             Opcode::Send,
             Opcode::SendImm,
             Opcode::RdmaWrite,
             Opcode::RdmaWriteImm,
         ] {
-            for len in 0..=60 {
-                for flags in [FmCeSe::empty(), FmCeSe::SOLICITED | FmCeSe::CQ_UPDATE] {
-                    let w = SendWqe {
-                        wqe_index: 7,
-                        opcode,
-                        qpn: 0x12,
-                        flags,
-                        imm: [1, 2, 3, 4],
-                        raddr: opcode
-                            .has_raddr()
-                            .then(|| RaddrSeg::new(0x1122_3344_5566_7788, 0xAABB)),
-                        atomic: None,
-                        data: WqeData::Inline(&payload[..len]),
-                    };
-                    let (bytes, ctrl) = wqe_bytes(&w);
-                    let hdr = base(opcode, &ctrl);
-                    let fast = inline_request(hdr, opcode, &bytes);
-                    let full = decode(hdr, &SendWqe::parse(&bytes).unwrap());
-                    if len == 0 {
-                        // Written with no data segment at all: the full parse's to read.
-                        assert!(fast.is_none(), "{opcode:?}, empty");
-                        assert_eq!(full.len, 0);
-                        continue;
-                    }
-                    let fast = fast.unwrap_or_else(|| panic!("{opcode:?}, {len} bytes"));
-                    assert_eq!(wire(&fast), wire(&full), "{opcode:?}, {len} bytes");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn the_segment_path_reads_what_the_full_parse_reads() {
-        for opcode in [
-            Opcode::Send,
-            Opcode::SendImm,
-            Opcode::RdmaWrite,
-            Opcode::RdmaWriteImm,
-        ] {
-            for len in [1, 255, 256, 4096, (1 << 31) - 1] {
-                let seg = [DataSeg::new(0x1000_2000_3000, len, 0x55AA)];
+            for data in [
+                WqeData::Inline(&payload[..1]),
+                WqeData::Inline(&payload),
+                WqeData::Gather(DataSegs::from_segs(&seg)),
+            ] {
                 let w = SendWqe {
-                    wqe_index: 3,
+                    wqe_index: 7,
                     opcode,
                     qpn: 0x12,
                     flags: FmCeSe::SOLICITED,
-                    imm: [4, 3, 2, 1],
+                    imm: [1, 2, 3, 4],
                     raddr: opcode
                         .has_raddr()
                         .then(|| RaddrSeg::new(0x1122_3344_5566_7788, 0xAABB)),
                     atomic: None,
-                    data: WqeData::Gather(DataSegs::from_segs(&seg)),
+                    data,
                 };
-                let (bytes, ctrl) = wqe_bytes(&w);
-                let hdr = base(opcode, &ctrl);
-                let (fast, s) = segment_request(hdr, opcode, &bytes)
-                    .unwrap_or_else(|| panic!("{opcode:?}, {len} bytes"));
-                let full = decode(hdr, &SendWqe::parse(&bytes).unwrap());
-                let fast = Request {
-                    hdr: fast,
-                    inline: None,
-                    operands: None,
-                    sges: SmallVec::from_slice(&[s]),
-                    len: s.len.into(),
+                let mut bytes = vec![0u8; 4 * WQEBB];
+                let ds = w.write_to(&mut bytes).unwrap();
+                let first: [u8; WQEBB] = bytes[..WQEBB].try_into().unwrap();
+                let bytes = &bytes[..ds * SEG_SIZE];
+                let hdr = PktHeader {
+                    kind: kind::REQ,
+                    op: opcode as u8,
+                    psn: 0x00AB_CDEF,
+                    ..Default::default()
                 };
-                assert_eq!(wire(&fast), wire(&full), "{opcode:?}, {len} bytes");
-                assert_eq!(fast.sges[..], full.sges[..]);
+                let fast = common_request(hdr, &first, bytes).expect("a common WQE");
+                let full = decode(hdr, &SendWqe::parse(bytes).unwrap());
+                let what = format!("{opcode:?}, {data:?}");
+                assert_eq!(
+                    format!("{:?}", fast.hdr),
+                    format!("{:?}", full.hdr),
+                    "{what}"
+                );
+                assert_eq!(fast.inline, full.inline, "{what}");
+                assert_eq!(fast.sges[..], full.sges[..], "{what}");
+                assert_eq!(
+                    (fast.len, fast.operands),
+                    (full.len, full.operands),
+                    "{what}"
+                );
             }
         }
-    }
-
-    #[test]
-    fn the_segment_path_leaves_everything_else_to_the_full_parse() {
-        let one = [DataSeg::new(0x1000, 8, 0x55)];
-        let write = gather_write(&one);
-        let declined = |w: &SendWqe<'_>| {
-            let (bytes, ctrl) = wqe_bytes(w);
-            segment_request(base(w.opcode, &ctrl), w.opcode, &bytes).is_none()
-        };
-        assert!(!declined(&write), "the common case is taken");
-        let two = [one[0], DataSeg::new(0x3000, 8, 0x55)];
-        let empty = [DataSeg::new(0x1000, 0, 0x55)];
-        let cases = [
-            ("two segments", DataSegs::from_segs(&two), Opcode::RdmaWrite),
-            ("no segment", DataSegs::EMPTY, Opcode::RdmaWrite),
-            (
-                "an empty segment",
-                DataSegs::from_segs(&empty),
-                Opcode::RdmaWrite,
-            ),
-            ("a read", DataSegs::from_segs(&one), Opcode::RdmaRead),
-        ];
-        for (what, segs, opcode) in cases {
-            let w = SendWqe {
-                opcode,
-                data: WqeData::Gather(segs),
-                ..write
-            };
-            assert!(declined(&w), "{what}");
-        }
-        let payload = [7u8; 8];
-        let inline = SendWqe {
-            data: WqeData::Inline(&payload),
-            ..write
-        };
-        assert!(declined(&inline), "an inline payload");
-    }
-
-    #[test]
-    fn the_inline_path_leaves_everything_else_to_the_full_parse() {
-        let seg = [DataSeg::new(0x1000, 8, 0x55)];
-        let gather = gather_write(&seg);
-        let (bytes, ctrl) = wqe_bytes(&gather);
-        assert!(
-            inline_request(base(Opcode::RdmaWrite, &ctrl), Opcode::RdmaWrite, &bytes).is_none()
-        );
-        let read = SendWqe {
-            opcode: Opcode::RdmaRead,
-            ..gather
-        };
-        let (bytes, ctrl) = wqe_bytes(&read);
-        assert!(inline_request(base(Opcode::RdmaRead, &ctrl), Opcode::RdmaRead, &bytes).is_none());
-
-        // Malformed: an inline payload that runs past the WQE, and a write without its
-        // remote-address segment. The full parse refuses both.
-        let payload = [9u8; 20];
-        let inline = SendWqe {
-            data: WqeData::Inline(&payload),
-            ..gather
-        };
-        let (bytes, ctrl) = wqe_bytes(&inline);
-        let cut = &bytes[..bytes.len() - SEG_SIZE];
-        let hdr = base(Opcode::RdmaWrite, &ctrl);
-        assert!(inline_request(hdr, Opcode::RdmaWrite, cut).is_none());
-        assert!(SendWqe::parse(cut).is_err());
-        let ctrl_only = &bytes[..SEG_SIZE];
-        assert!(inline_request(hdr, Opcode::RdmaWrite, ctrl_only).is_none());
     }
 }
