@@ -16,7 +16,7 @@ impl Engine {
         let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) else {
             return;
         };
-        if q.ack_owed.replace(psn).is_none() {
+        if q.rq.ack_owed.replace(psn).is_none() {
             self.owed.push(qpn);
         }
     }
@@ -26,7 +26,7 @@ impl Engine {
         let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) else {
             return;
         };
-        let (Some(psn), Some(li)) = (q.ack_owed.take(), q.link) else {
+        let (Some(psn), Some(li)) = (q.rq.ack_owed.take(), q.link) else {
             return;
         };
         let hdr = PktHeader {

@@ -143,7 +143,7 @@ impl Engine {
             return;
         }
         let q = self.qps[h.dst_qpn as usize].as_mut().unwrap();
-        let started = q.inmsg.take().is_some();
+        let started = q.rq.inmsg.take().is_some();
         if h.offset == 0 || started {
             self.respond(li, nak(h, s as u8));
         }

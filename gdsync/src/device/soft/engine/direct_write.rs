@@ -27,7 +27,7 @@ use super::super::wire::PktHeader;
 use super::admission::{admission, Admission, Origin, QpView};
 use super::memory::Seg;
 use super::responder::remote_region;
-use super::{ELink, EQp};
+use super::{EngineLink, QpContext};
 use crate::device::provider::Access;
 
 /// What admission asks of a peer's published QP contexts.
@@ -50,18 +50,18 @@ impl WriteTargets {
 /// Writes the RDMA write `hdr` of `data` directly into the responder's memory, if the link leads to
 /// a device of this process whose QP accepts it (see the module's conditions). Returns
 /// whether it did (the caller completes the WQE); `false` changes nothing.
-pub(super) fn direct_write(q: &EQp, link: &ELink, hdr: &PktHeader, data: &[u8]) -> bool {
+pub(super) fn direct_write(q: &QpContext, link: &EngineLink, hdr: &PktHeader, data: &[u8]) -> bool {
     let (Some(targets), Some(regions)) = (link.link.peer_targets(), link.link.peer_regions())
     else {
         return false;
     };
-    if !q.out.is_empty() {
+    if !q.sq.out.is_empty() {
         return false;
     }
     let from = Origin {
         peer: link.link.pair_id,
         qpn: q.hw.qpn,
-        psn: q.next_psn,
+        psn: q.sq.next_psn,
     };
     let Some((pd, st)) = targets.admits(q.rqpn, from) else {
         return false;

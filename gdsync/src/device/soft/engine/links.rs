@@ -8,7 +8,7 @@ use super::super::wire::{flag, kind, PktHeader, MTU};
 use super::by_ref::{by_ref, write_source_ref, SOURCE_REF_LEN};
 use super::memory::gather;
 use super::packets::{nak, packet_header};
-use super::{BodyRef, Engine, TxJob};
+use super::{BodyRef, Engine, QueuedMessage};
 use crate::device::provider::Access;
 use crate::format::Syndrome;
 
@@ -145,7 +145,7 @@ impl Engine {
         if matches!(r, Emit::Done) {
             return;
         }
-        let job = TxJob {
+        let job = QueuedMessage {
             hdr: *hdr,
             body: body.to_owned(),
             pd,
@@ -160,7 +160,7 @@ impl Engine {
 
     /// A message whose memory vanished while it was sent (see [`Emit::Fault`]): a request
     /// fails its WQE (returns true: the QP went to error); a read response becomes a NAK.
-    fn emit_failed(&mut self, li: usize, job: TxJob) -> bool {
+    fn emit_failed(&mut self, li: usize, job: QueuedMessage) -> bool {
         if job.hdr.kind == kind::REQ {
             // A requester's lkey vanished under a posted WQE.
             let (qpn, psn) = (job.hdr.src_qpn, job.hdr.psn);

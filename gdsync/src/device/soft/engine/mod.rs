@@ -163,7 +163,7 @@ struct OutWqe {
 }
 
 /// A message being received (after its first packet was accepted).
-struct InMsg {
+struct IncomingMessage {
     op: Opcode,
     len: u32,
     got: u32,
@@ -230,53 +230,80 @@ impl BodyRef<'_> {
     }
 }
 
-struct TxJob {
+struct QueuedMessage {
     hdr: PktHeader,
     body: Body,
     pd: u32,
     sent: u32,
 }
 
-struct EQp {
+/// A QP as the engine keeps it, the QP context of a ConnectX: what the host gave it
+/// ([`QpHw`]), the connection, the error state, and the state of its two halves, the
+/// requester (send ring, [`SqContext`]) and the responder (receive ring, [`RqContext`]).
+struct QpContext {
     hw: QpHw,
+    /// The link to the peer (an index in the engine's links), once connected.
     link: Option<usize>,
+    /// The peer QP's number.
     rqpn: u32,
+    /// In the error state: work is flushed, nothing is sent or taken.
     err: bool,
-    // requester
-    sq_ci: u64,
+    /// A CQE of this QP was dropped because its CQ overran: the QP goes to error.
+    cq_overrun: bool,
+    sq: SqContext,
+    rq: RqContext,
+}
+
+/// The requester's half of a QP context: the send ring's consumer index, the messages it
+/// started, and the transport's retry and timeout state.
+struct SqContext {
+    /// The send ring's consumer index (free-running, in WQEBBs).
+    ci: u64,
     /// The doorbell register's halves as last seen.
     last_db: [u64; 2],
+    /// The ring is to be looked at again without a new doorbell (stalled, or not read to
+    /// its end).
     pending: bool,
+    /// The PSN of the next message sent.
     next_psn: u32,
+    /// The WQEs started and not completed, in order.
     out: VecDeque<OutWqe>,
+    /// RNR retries left for the message at the front.
     rnr_left: u8,
+    /// A retry waits until then (an RNR delay, a NOT_READY retry).
     retry_at: Option<Instant>,
+    /// When the transport timer last restarted.
     progress_at: Instant,
     /// The QP made progress (an answer came, a WQE completed, the first WQE went out) since
     /// the timers last looked: they restart its transport timer at their own clock reading,
     /// which is never earlier than the progress (so no timeout fires early) and spares each
     /// message a read of the clock.
     progressed: bool,
-    // responder
-    exp_psn: u32,
-    rq_ci: u64,
-    inmsg: Option<InMsg>,
-    /// After entering the error state with nothing outstanding (e.g. during an RNR wait):
-    /// the syndrome the next WQE of the ring completes with, instead of WR_FLUSH.
-    fail_next: Option<Syndrome>,
     /// The peer answered "not ready" and nothing else since: retries are not progress, so
     /// the QP's timeout keeps running across them.
     not_ready: bool,
-    /// A CQE of this QP was dropped because its CQ overran: the QP goes to error.
-    cq_overrun: bool,
+    /// After entering the error state with nothing outstanding (e.g. during an RNR wait):
+    /// the syndrome the next WQE of the ring completes with, instead of WR_FLUSH.
+    fail_next: Option<Syndrome>,
+}
+
+/// The responder's half of a QP context: the PSN it expects, the receive ring's consumer
+/// index, the message being received and the ACK owed.
+struct RqContext {
+    /// The PSN of the next message the QP takes.
+    exp_psn: u32,
+    /// The receive ring's consumer index (free-running).
+    ci: u64,
+    /// The message being received, after its first packet was accepted.
+    inmsg: Option<IncomingMessage>,
     /// The responder owes the peer an ACK up to this PSN ([`acks`]).
     ack_owed: Option<u32>,
-    /// The QP's context is published to its in-process peer for direct writes ([`direct_write`]):
-    /// each PSN it expects is published too.
+    /// The QP's context is published to its in-process peer for direct writes
+    /// ([`direct_write`]): each PSN it expects is published too.
     published: bool,
 }
 
-impl EQp {
+impl QpContext {
     /// What admission looks at in this QP's context (the peer named by link index).
     #[inline]
     fn view(&self) -> admission::QpView<usize> {
@@ -284,7 +311,7 @@ impl EQp {
             peer: self.link,
             rqpn: self.rqpn,
             err: self.err,
-            exp_psn: self.exp_psn,
+            exp_psn: self.rq.exp_psn,
         }
     }
 
@@ -292,16 +319,16 @@ impl EQp {
     /// to a peer that writes directly.
     #[inline]
     fn expect_next(&mut self, targets: &WriteTargets) {
-        self.exp_psn = self.exp_psn.wrapping_add(1);
-        if self.published {
-            targets.expect(self.hw.qpn, self.exp_psn);
+        self.rq.exp_psn = self.rq.exp_psn.wrapping_add(1);
+        if self.rq.published {
+            targets.expect(self.hw.qpn, self.rq.exp_psn);
         }
     }
 }
 
-struct ELink {
+struct EngineLink {
     link: Link,
-    queue: VecDeque<TxJob>,
+    queue: VecDeque<QueuedMessage>,
 }
 
 pub(crate) struct Engine {
@@ -310,9 +337,9 @@ pub(crate) struct Engine {
     /// This device's QPs that take direct writes from its in-process peers ([`direct_write`]).
     targets: Arc<WriteTargets>,
     mrc: MrCache,
-    qps: Vec<Option<EQp>>,
+    qps: Vec<Option<QpContext>>,
     active: Vec<u32>,
-    links: Vec<ELink>,
+    links: Vec<EngineLink>,
     /// QPs that owe an ACK ([`acks`]).
     owed: Vec<u32>,
     /// Coarse clock for the timers, refreshed every few dozen polling rounds and on each
@@ -404,7 +431,7 @@ impl Engine {
             || self.links.iter().any(|l| !l.queue.is_empty())
             || (self.active.iter())
                 .filter_map(|&n| self.qps[n as usize].as_ref())
-                .any(|q| q.pending || q.err || q.cq_overrun);
+                .any(|q| q.sq.pending || q.err || q.cq_overrun);
         if pending {
             self.watch.unsettle();
             return;
@@ -413,7 +440,7 @@ impl Engine {
         self.watch.settle(
             (self.active.iter())
                 .filter_map(|&n| qps[n as usize].as_ref())
-                .map(|q| q.last_db),
+                .map(|q| q.sq.last_db),
             self.links.iter().map(|l| l.link.rx.pos()),
             self.mrc.version(),
         );
@@ -582,12 +609,12 @@ impl Engine {
                 Cmd::Timers { qpn, timers } => {
                     if let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) {
                         q.hw.timers = timers;
-                        q.rnr_left = timers.rnr_retry;
-                        q.next_psn = timers.sq_psn;
+                        q.sq.rnr_left = timers.rnr_retry;
+                        q.sq.next_psn = timers.sq_psn;
                     }
                 }
                 Cmd::AddLink(l) => {
-                    self.links.push(ELink {
+                    self.links.push(EngineLink {
                         link: *l,
                         queue: VecDeque::new(),
                     });
@@ -609,28 +636,32 @@ impl Engine {
         let rnr = hw.timers.rnr_retry;
         // (A bfreg of a destroyed QP keeps what was last rung there.)
         let last_db = hw.doorbell();
-        self.qps[n] = Some(EQp {
+        self.qps[n] = Some(QpContext {
             hw,
             link: None,
             rqpn: 0,
             err: false,
-            sq_ci: 0,
-            last_db,
-            pending: false,
-            next_psn: 0,
-            out: VecDeque::new(),
-            rnr_left: rnr,
-            retry_at: None,
-            progress_at: self.stamp(),
-            progressed: false,
-            exp_psn: 0,
-            rq_ci: 0,
-            inmsg: None,
-            fail_next: None,
-            not_ready: false,
             cq_overrun: false,
-            ack_owed: None,
-            published: false,
+            sq: SqContext {
+                ci: 0,
+                last_db,
+                pending: false,
+                next_psn: 0,
+                out: VecDeque::new(),
+                rnr_left: rnr,
+                retry_at: None,
+                progress_at: self.stamp(),
+                progressed: false,
+                not_ready: false,
+                fail_next: None,
+            },
+            rq: RqContext {
+                exp_psn: 0,
+                ci: 0,
+                inmsg: None,
+                ack_owed: None,
+                published: false,
+            },
         });
         self.active.push(n as u32);
     }
@@ -657,8 +688,8 @@ impl Engine {
         };
         q.link = li;
         q.rqpn = rqpn;
-        q.exp_psn = rq_psn;
-        q.pending = true;
+        q.rq.exp_psn = rq_psn;
+        q.sq.pending = true;
         let Some(li) = li else {
             tracing::warn!(
                 "soft device: connect of QP {qpn:#x}: the link to peer device {peer:016x} is gone: the QP fails"
@@ -668,8 +699,8 @@ impl Engine {
             return;
         };
         let link = &self.links[li].link;
-        q.published = link.peer_targets().is_some();
-        if q.published {
+        q.rq.published = link.peer_targets().is_some();
+        if q.rq.published {
             self.targets.open(qpn, link.pair_id, rqpn, q.hw.pd, rq_psn);
         } else {
             self.targets.close(qpn);
@@ -707,7 +738,7 @@ impl Engine {
 }
 
 /// What starting one WQE came to.
-enum Step {
+enum WqeStep {
     /// The WQE was started, completed or flushed: go on with the next.
     Advanced,
     /// The WQE must wait (fence): resume later without a new doorbell.
@@ -716,8 +747,8 @@ enum Step {
     Stop,
 }
 
-fn q_sq_ci(qps: &[Option<EQp>], qpn: u32) -> u64 {
-    qps[qpn as usize].as_ref().unwrap().sq_ci
+fn q_sq_ci(qps: &[Option<QpContext>], qpn: u32) -> u64 {
+    qps[qpn as usize].as_ref().unwrap().sq.ci
 }
 
 impl EngineCtl {

@@ -3,7 +3,7 @@
 //! links alike.
 
 use super::super::wire::{flag, kind, resp, PktHeader};
-use super::{Body, TxJob};
+use super::{Body, QueuedMessage};
 
 /// The header of the packet of message `hdr` (`total` payload bytes) that carries `seg`
 /// bytes from byte `sent` on.
@@ -34,7 +34,7 @@ pub(super) fn reply(h: &PktHeader, op: u8) -> PktHeader {
 }
 
 /// A NAK of request (or read response) `h` with `code`.
-pub(super) fn nak(h: &PktHeader, code: u8) -> TxJob {
+pub(super) fn nak(h: &PktHeader, code: u8) -> QueuedMessage {
     let mut r = reply(h, resp::NAK);
     if h.kind == kind::RESP {
         // Turning a read response into a NAK: it keeps the requester's addressing.
@@ -48,7 +48,7 @@ pub(super) fn nak(h: &PktHeader, code: u8) -> TxJob {
         };
     }
     r.syndrome = code;
-    TxJob {
+    QueuedMessage {
         hdr: r,
         body: Body::Empty,
         pd: 0,

@@ -7,7 +7,7 @@ use super::direct_write::{direct_write, local_bytes};
 use super::memory::sges_ok;
 use super::memory::Seg;
 use super::packets::packet_header;
-use super::{psn_le, q_sq_ci, BodyRef, EQp, Engine, OutWqe, QpHw, Step, MAX_QUEUED};
+use super::{psn_le, q_sq_ci, BodyRef, Engine, OutWqe, QpContext, QpHw, WqeStep, MAX_QUEUED};
 use crate::device::provider::{Access, MAX_MESSAGE};
 use crate::format::*;
 use crate::mem::slot_off;
@@ -32,7 +32,7 @@ const INLINE_LANE_WQEBBS: usize = 4;
 
 /// The WQE being started: its control segment, opcode, size and place in the ring.
 #[derive(Clone, Copy)]
-struct At {
+struct StartedWqe {
     ctrl: CtrlSeg,
     opcode: Opcode,
     nbb: u32,
@@ -52,9 +52,9 @@ impl Engine {
         // The next WQE slot is prefetched so that, when a doorbell comes, both lines travel
         // at once.
         q.hw.buf
-            .prefetch(slot_off(q.hw.sq_off, q.sq_ci, q.hw.sq_cnt, WQEBB));
+            .prefetch(slot_off(q.hw.sq_off, q.sq.ci, q.hw.sq_cnt, WQEBB));
         let db = q.hw.doorbell();
-        if db == q.last_db && !q.pending && !q.err {
+        if db == q.sq.last_db && !q.sq.pending && !q.err {
             return false;
         }
         self.serve_qp(qpn, db)
@@ -73,23 +73,23 @@ impl Engine {
         }
         // Receive ring of a QP in error: flush what is posted.
         let work = q.err && super::errors::flush_recv_ring(q);
-        if db == q.last_db && !q.pending {
+        if db == q.sq.last_db && !q.sq.pending {
             return work;
         }
         // A new doorbell names the last WQE posted, and so how far to go, as a ConnectX takes
         // it from the register; the doorbell record is read when the doorbell cannot say
         // (a QP picked up again, a doorbell of another shape).
-        let rung = (db != q.last_db && !q.pending)
-            .then(|| q.hw.doorbell_end(db, q.last_db, q.sq_ci as u16))
+        let rung = (db != q.sq.last_db && !q.sq.pending)
+            .then(|| q.hw.doorbell_end(db, q.sq.last_db, q.sq.ci as u16))
             .flatten();
-        q.last_db = db;
+        q.sq.last_db = db;
         // (A QP in error needs no link: it flushes; its link may have been released.)
-        if (q.link.is_none() && !q.err) || q.retry_at.is_some() {
-            q.pending = true;
+        if (q.link.is_none() && !q.err) || q.sq.retry_at.is_some() {
+            q.sq.pending = true;
             return work;
         }
         let pi = rung.unwrap_or_else(|| q.hw.sq_producer());
-        q.pending = false;
+        q.sq.pending = false;
         self.drain_send_ring(qpn, pi) || work
     }
 
@@ -112,14 +112,14 @@ impl Engine {
             }
             let li = self.qps[qpn as usize].as_ref().unwrap().link;
             if li.is_some_and(|li| self.links[li].queue.len() >= MAX_QUEUED) {
-                self.qps[qpn as usize].as_mut().unwrap().pending = true;
+                self.qps[qpn as usize].as_mut().unwrap().sq.pending = true;
                 break;
             }
             // The WQE's first block, read whole at once: most WQEs end there.
             let q = self.qps[qpn as usize].as_ref().unwrap();
             let mut first = [0u8; WQEBB];
             q.hw.buf.read(
-                slot_off(q.hw.sq_off, q.sq_ci, q.hw.sq_cnt, WQEBB),
+                slot_off(q.hw.sq_off, q.sq.ci, q.hw.sq_cnt, WQEBB),
                 &mut first,
             );
             let step = match self.common_at_once(qpn, avail, &first) {
@@ -127,12 +127,12 @@ impl Engine {
                 None => self.next_wqe(qpn, avail, &first),
             };
             match step {
-                Step::Advanced => work = true,
-                Step::Stalled => {
-                    self.qps[qpn as usize].as_mut().unwrap().pending = true;
+                WqeStep::Advanced => work = true,
+                WqeStep::Stalled => {
+                    self.qps[qpn as usize].as_mut().unwrap().sq.pending = true;
                     break;
                 }
-                Step::Stop => return true,
+                WqeStep::Stop => return true,
             }
         }
         work
@@ -146,7 +146,7 @@ impl Engine {
     /// `None`, having changed nothing, for any other WQE or anything unusual about this one:
     /// the steps then take it (and report what is wrong with it).
     #[inline]
-    fn common_at_once(&mut self, qpn: u32, avail: u32, first: &[u8; WQEBB]) -> Option<Step> {
+    fn common_at_once(&mut self, qpn: u32, avail: u32, first: &[u8; WQEBB]) -> Option<WqeStep> {
         let q = self.qps[qpn as usize].as_ref()?;
         let link = &self.links[q.link?];
         if q.err || link.link.dead || !link.queue.is_empty() {
@@ -154,7 +154,7 @@ impl Engine {
         }
         let w = SendWqe::peek_common(first)?;
         // (Quietly: a malformed WQE is the steps' to report.)
-        if !ctrl_in_place(&q.hw, &w.ctrl, q.sq_ci, avail)
+        if !ctrl_in_place(&q.hw, &w.ctrl, q.sq.ci, avail)
             || wqebbs_for_ds(w.ctrl.ds() as usize) > INLINE_LANE_WQEBBS
             || w.ctrl.flags().fence_mode() != 0
         {
@@ -176,11 +176,11 @@ impl Engine {
         w: &CommonWqe,
         payload: std::ops::Range<usize>,
         first: &[u8; WQEBB],
-    ) -> Option<Step> {
+    ) -> Option<WqeStep> {
         let q = self.qps[qpn as usize].as_mut()?;
         let link = &mut self.links[q.link?];
         let (ctrl, opcode) = (&w.ctrl, w.opcode);
-        let (sq_ci, nbb) = (q.sq_ci, wqebbs_for_ds(ctrl.ds() as usize));
+        let (sq_ci, nbb) = (q.sq.ci, wqebbs_for_ds(ctrl.ds() as usize));
         let mut wqe = [0u8; INLINE_LANE_WQEBBS * WQEBB];
         wqe[..WQEBB].copy_from_slice(first);
         if nbb > 1 {
@@ -191,7 +191,7 @@ impl Engine {
         hdr.msg_len = payload.len() as u32;
         if opcode == Opcode::RdmaWrite && direct_write(q, link, &hdr, payload) {
             complete_direct(q, ctrl, nbb as u32, hdr.msg_len);
-            return Some(Step::Advanced);
+            return Some(WqeStep::Advanced);
         }
         let h = packet_header(&hdr, 0, hdr.msg_len, hdr.msg_len);
         link.link
@@ -199,15 +199,15 @@ impl Engine {
             .try_push(&h, payload.len(), |buf| buf.copy_from_slice(payload))?;
         let len = hdr.msg_len;
         make_outstanding(q, ctrl, opcode, nbb as u32, sq_ci, len, SmallVec::new());
-        q.next_psn = q.next_psn.wrapping_add(1);
-        Some(Step::Advanced)
+        q.sq.next_psn = q.sq.next_psn.wrapping_add(1);
+        Some(WqeStep::Advanced)
     }
 
     /// [`common_at_once`](Self::common_at_once) for a payload in one segment `seg` of local
     /// memory (a WQE of one block): the segment is checked (step 3) and the message sent as
     /// [`start_message`](Self::start_message) sends it. `None` for a segment the checks
     /// refuse.
-    fn segment_at_once(&mut self, qpn: u32, w: &CommonWqe, seg: Seg) -> Option<Step> {
+    fn segment_at_once(&mut self, qpn: u32, w: &CommonWqe, seg: Seg) -> Option<WqeStep> {
         let q = self.qps[qpn as usize].as_mut()?;
         let li = q.link?;
         let (ctrl, opcode) = (&w.ctrl, w.opcode);
@@ -225,19 +225,19 @@ impl Engine {
                 .is_some_and(|data| direct_write(q, &self.links[li], &hdr, data))
         {
             complete_direct(q, ctrl, 1, seg.len);
-            return Some(Step::Advanced);
+            return Some(WqeStep::Advanced);
         }
-        make_outstanding(q, ctrl, opcode, 1, q.sq_ci, seg.len, SmallVec::new());
-        q.next_psn = q.next_psn.wrapping_add(1);
+        make_outstanding(q, ctrl, opcode, 1, q.sq.ci, seg.len, SmallVec::new());
+        q.sq.next_psn = q.sq.next_psn.wrapping_add(1);
         self.send(li, &hdr, BodyRef::Gather(&[seg]), pd);
-        Some(Step::Advanced)
+        Some(WqeStep::Advanced)
     }
 
     /// Steps 2 to 5 for the WQE at the QP's send consumer index (`avail` WQEBBs exposed),
     /// whose `first` block is read.
-    fn next_wqe(&mut self, qpn: u32, avail: u32, first: &[u8; WQEBB]) -> Step {
+    fn next_wqe(&mut self, qpn: u32, avail: u32, first: &[u8; WQEBB]) -> WqeStep {
         let q = self.qps[qpn as usize].as_mut().unwrap();
-        let sq_ci = q.sq_ci;
+        let sq_ci = q.sq.ci;
         let pi = (sq_ci as u16).wrapping_add(avail as u16);
         // Most WQEs are one or two blocks: those stay on the stack. The rest of the WQE is
         // read once its control segment is checked.
@@ -246,9 +246,9 @@ impl Engine {
         let ctrl = CtrlSeg::from_bytes(small[..SEG_SIZE].try_into().unwrap());
         let Some(opcode) = check_ctrl(&q.hw, &ctrl, sq_ci, avail) else {
             self.malformed(qpn, Some(&ctrl), sq_ci, pi);
-            return Step::Stop;
+            return WqeStep::Stop;
         };
-        let at = At {
+        let at = StartedWqe {
             ctrl,
             opcode,
             nbb: wqebbs_for_ds(ctrl.ds() as usize) as u32,
@@ -257,10 +257,10 @@ impl Engine {
         };
         if q.err {
             super::errors::flush_wqe(&self.ctl, q, &at.ctrl, opcode, at.nbb);
-            return Step::Advanced;
+            return WqeStep::Advanced;
         }
         if fenced(q, &ctrl) {
-            return Step::Stalled;
+            return WqeStep::Stalled;
         }
         let len = at.nbb as usize * WQEBB;
         let wqe = if len <= small.len() {
@@ -281,7 +281,7 @@ impl Engine {
                 Ok(w) => decode(hdr, &w),
                 Err(_) => {
                     self.malformed(qpn, Some(&ctrl), sq_ci, pi);
-                    return Step::Stop;
+                    return WqeStep::Stop;
                 }
             },
         };
@@ -293,14 +293,14 @@ impl Engine {
 
     /// Step 3, local checks: the length, an atomic's result segment, the lkeys (and that
     /// the link is up). A failure completes the WQE with an error and the QP goes to error.
-    fn local_checks(&mut self, qpn: u32, at: &At, req: &Request) -> Option<Step> {
+    fn local_checks(&mut self, qpn: u32, at: &StartedWqe, req: &Request) -> Option<WqeStep> {
         let (ctrl, opcode, nbb) = (&at.ctrl, at.opcode, at.nbb);
         if req.len > MAX_MESSAGE {
             return Some(self.fail_new(qpn, ctrl, opcode, nbb, Syndrome::LocalLength));
         }
         if opcode.is_atomic() && (req.sges.len() != 1 || req.sges[0].len != 8) {
             self.malformed(qpn, Some(ctrl), at.sq_ci, at.pi);
-            return Some(Step::Stop);
+            return Some(WqeStep::Stop);
         }
         // (An inline payload names no local memory: nothing to look up.)
         if !req.sges.is_empty() {
@@ -324,7 +324,7 @@ impl Engine {
 
     /// Step 5, send: the WQE becomes outstanding and its message is queued on the link (a
     /// NOP completes at once, in order).
-    fn start_message(&mut self, qpn: u32, at: &At, req: Request<'_>) -> Step {
+    fn start_message(&mut self, qpn: u32, at: &StartedWqe, req: Request<'_>) -> WqeStep {
         let q = self.qps[qpn as usize].as_mut().unwrap();
         let li = q.link.unwrap();
         let Request {
@@ -348,9 +348,9 @@ impl Engine {
         );
         if at.opcode == Opcode::Nop {
             super::completion::complete_front(q);
-            return Step::Advanced;
+            return WqeStep::Advanced;
         }
-        q.next_psn = q.next_psn.wrapping_add(1);
+        q.sq.next_psn = q.sq.next_psn.wrapping_add(1);
         let pd = q.hw.pd;
         let body = match (&operands, inline) {
             (Some(ops), _) => BodyRef::Inline(ops),
@@ -359,20 +359,20 @@ impl Engine {
             (None, None) => BodyRef::Gather(&sges),
         };
         self.send(li, &hdr, body, pd);
-        Step::Advanced
+        WqeStep::Advanced
     }
 
     /// Rewinds the requester to resend from outstanding WQE `k` after `delay`.
     pub(super) fn rewind(&mut self, qpn: u32, k: usize, delay: Duration) {
         let now = self.stamp();
         let q = self.qps[qpn as usize].as_mut().unwrap();
-        let o = &q.out[k];
+        let o = &q.sq.out[k];
         let (pos, psn) = (o.sq_pos, o.psn);
-        q.sq_ci = pos;
-        q.next_psn = psn;
-        q.out.truncate(k);
-        q.retry_at = Some(now + delay);
-        q.pending = true;
+        q.sq.ci = pos;
+        q.sq.next_psn = psn;
+        q.sq.out.truncate(k);
+        q.sq.retry_at = Some(now + delay);
+        q.sq.pending = true;
         if let Some(li) = q.link {
             self.links[li].queue.retain(|j| {
                 !(j.hdr.kind == kind::REQ
@@ -419,7 +419,7 @@ fn ctrl_in_place(hw: &QpHw, ctrl: &CtrlSeg, sq_ci: u64, avail: u32) -> bool {
 /// at once; a read or atomic scatters its answer into `scatter`), and the consumer index
 /// moves past it.
 fn make_outstanding(
-    q: &mut EQp,
+    q: &mut QpContext,
     ctrl: &CtrlSeg,
     opcode: Opcode,
     nbb: u32,
@@ -427,12 +427,12 @@ fn make_outstanding(
     len: u32,
     scatter: SmallVec<[Seg; 2]>,
 ) {
-    if q.out.is_empty() && !q.not_ready {
+    if q.sq.out.is_empty() && !q.sq.not_ready {
         // The transport timer starts with the first outstanding WQE.
-        q.progressed = true;
+        q.sq.progressed = true;
     }
-    q.out.push_back(OutWqe {
-        psn: q.next_psn,
+    q.sq.out.push_back(OutWqe {
+        psn: q.sq.next_psn,
         idx: ctrl.wqe_index(),
         sq_pos: sq_ci,
         opcode,
@@ -442,24 +442,24 @@ fn make_outstanding(
         got: 0,
         scatter,
     });
-    q.sq_ci += u64::from(nbb);
+    q.sq.ci += u64::from(nbb);
 }
 
 /// An RDMA write of `len` bytes (`nbb` blocks) at the QP's consumer index was written directly
 /// ([`direct_write`](super::direct_write)): it completes now, in order (nothing else is outstanding), and takes no PSN.
-fn complete_direct(q: &mut EQp, ctrl: &CtrlSeg, nbb: u32, len: u32) {
-    let sq_ci = q.sq_ci;
+fn complete_direct(q: &mut QpContext, ctrl: &CtrlSeg, nbb: u32, len: u32) {
+    let sq_ci = q.sq.ci;
     make_outstanding(q, ctrl, Opcode::RdmaWrite, nbb, sq_ci, len, SmallVec::new());
-    q.next_psn = q.next_psn.wrapping_add(1);
-    if let Some(o) = q.out.back_mut() {
+    q.sq.next_psn = q.sq.next_psn.wrapping_add(1);
+    if let Some(o) = q.sq.out.back_mut() {
         o.done = true;
     }
     super::completion::complete_front(q);
 }
 
 /// Step 4, fence: a fenced WQE waits while an earlier read or atomic is outstanding.
-fn fenced(q: &EQp, ctrl: &CtrlSeg) -> bool {
-    ctrl.flags().fence_mode() != 0 && q.out.iter().any(|o| o.opcode.returns_data())
+fn fenced(q: &QpContext, ctrl: &CtrlSeg) -> bool {
+    ctrl.flags().fence_mode() != 0 && q.sq.out.iter().any(|o| o.opcode.returns_data())
 }
 
 /// Step 2, parse: the WQE's blocks from the one at `sq_ci` (as many as `wqe` holds),
@@ -481,13 +481,13 @@ fn read_wqe(hw: &QpHw, sq_ci: u64, wqe: &mut [u8]) {
 
 /// The header every request of QP `q` starts from: addressing, sequence number, the
 /// solicited bit and the immediate, as the control segment `ctrl` of an `opcode` WQE says.
-fn request_header(q: &EQp, opcode: Opcode, ctrl: &CtrlSeg) -> PktHeader {
+fn request_header(q: &QpContext, opcode: Opcode, ctrl: &CtrlSeg) -> PktHeader {
     let mut hdr = PktHeader {
         kind: kind::REQ,
         op: opcode as u8,
         src_qpn: q.hw.qpn,
         dst_qpn: q.rqpn,
-        psn: q.next_psn,
+        psn: q.sq.next_psn,
         imm: ctrl.imm,
         ..Default::default()
     };
