@@ -13,7 +13,7 @@ use super::{resp, BodyRef, Engine};
 impl Engine {
     /// Records that QP `qpn` owes an ACK up to `psn`.
     pub(super) fn owe_ack(&mut self, qpn: u32, psn: u32) {
-        let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) else {
+        let Some(q) = self.qps.get_mut(qpn) else {
             return;
         };
         if q.rq.ack_owed.replace(psn).is_none() {
@@ -23,7 +23,7 @@ impl Engine {
 
     /// Sends the ACK QP `qpn` owes, if any (before another response of the QP).
     pub(super) fn pay_ack(&mut self, qpn: u32) {
-        let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) else {
+        let Some(q) = self.qps.get_mut(qpn) else {
             return;
         };
         let (Some(psn), Some(li)) = (q.rq.ack_owed.take(), q.link) else {

@@ -142,7 +142,9 @@ impl Engine {
         if self.admit(li, h).is_none() {
             return;
         }
-        let q = self.qps[h.dst_qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(h.dst_qpn) else {
+            return;
+        };
         let started = q.rq.inmsg.take().is_some();
         if h.offset == 0 || started {
             self.respond(li, nak(h, s as u8));

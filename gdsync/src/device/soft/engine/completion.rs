@@ -16,7 +16,7 @@ impl Engine {
     /// QPs.
     pub(super) fn on_response(&mut self, li: usize, h: &PktHeader, payload: &[u8]) {
         let qpn = h.dst_qpn;
-        let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) else {
+        let Some(q) = self.qps.get_mut(qpn) else {
             return;
         };
         if q.err || q.link != Some(li) || q.rqpn != h.src_qpn {
@@ -37,7 +37,9 @@ impl Engine {
     /// Read data or an atomic's old value: scattered into the WQE's local segments; the
     /// WQE is done when all of it has arrived.
     fn on_data(&mut self, qpn: u32, h: &PktHeader, payload: &[u8]) {
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return;
+        };
         let pd = q.hw.pd;
         let Some(o) = q.sq.out.iter_mut().find(|o| o.psn == h.psn && !o.done) else {
             return;
@@ -65,7 +67,9 @@ impl Engine {
     /// A NAK: receiver not ready or peer not ready (rewind and retry later), or an error
     /// (the WQE fails with the syndrome, the QP goes to error).
     fn on_nak(&mut self, qpn: u32, h: &PktHeader) {
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return;
+        };
         let Some(k) = q.sq.out.iter().position(|o| o.psn == h.psn) else {
             return;
         };

@@ -76,6 +76,7 @@ pub(super) fn direct_write(q: &QpContext, link: &EngineLink, hdr: &PktHeader, da
 
 /// The bytes of segment `seg` of this device's memory, if it lies in one registered region
 /// of host memory (the requester's checks passed on it already).
+#[inline]
 pub(super) fn local_bytes<'s>(slots: &'s Slots, seg: &Seg) -> Option<&'s [u8]> {
     let e = slots.get(seg.lkey)?;
     if e.gpu.is_some() || !e.covers(seg.addr, u64::from(seg.len)) {

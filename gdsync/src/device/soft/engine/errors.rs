@@ -33,7 +33,9 @@ impl Engine {
     /// `None`) the consumer index stays, and later doorbells flush what follows it.
     pub(super) fn malformed(&mut self, qpn: u32, ctrl: Option<&CtrlSeg>, sq_ci: u64, pi: u16) {
         self.enter_error(qpn, None);
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return;
+        };
         let opcode = ctrl.map_or(0, |c| c.opcode_byte());
         let cqe = err_cqe(
             CqeOpcode::ReqErr,
@@ -58,7 +60,9 @@ impl Engine {
         s: Syndrome,
     ) -> WqeStep {
         self.enter_error(qpn, None);
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return WqeStep::Stop;
+        };
         let cqe = err_cqe(
             CqeOpcode::ReqErr,
             s,
@@ -75,7 +79,9 @@ impl Engine {
     /// oldest outstanding one, or, when none is outstanding (an RNR wait rewound them), the
     /// next one in the send ring.
     pub(super) fn fail_first(&mut self, qpn: u32, s: Syndrome) {
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return;
+        };
         complete_front(q);
         match q.sq.out.front().map(|o| o.psn) {
             Some(psn) => self.enter_error(qpn, Some((psn, s))),
@@ -91,7 +97,9 @@ impl Engine {
     /// Moves a QP to the error state. Completed work at the front completes normally; the
     /// outstanding WQE with `failed` = (psn, syndrome) gets that error, the others WR_FLUSH.
     pub(super) fn enter_error(&mut self, qpn: u32, failed: Option<(u32, Syndrome)>) {
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return;
+        };
         if q.err {
             return;
         }

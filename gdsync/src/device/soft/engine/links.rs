@@ -164,7 +164,7 @@ impl Engine {
         if job.hdr.kind == kind::REQ {
             // A requester's lkey vanished under a posted WQE.
             let (qpn, psn) = (job.hdr.src_qpn, job.hdr.psn);
-            if self.qps.get(qpn as usize).is_some_and(Option::is_some) {
+            if self.qps.get(qpn).is_some() {
                 self.enter_error(qpn, Some((psn, Syndrome::LocalProt)));
                 return true;
             }

@@ -230,6 +230,8 @@ impl BodyRef<'_> {
     }
 }
 
+/// A message queued on a link: its header, payload, the PD its payload is read through,
+/// and how many payload bytes have gone out.
 struct QueuedMessage {
     hdr: PktHeader,
     body: Body,
@@ -326,6 +328,57 @@ impl QpContext {
     }
 }
 
+/// The engine's QP contexts, by QPN (the QP table of a ConnectX).
+#[derive(Default)]
+struct QpTable(Vec<Option<QpContext>>);
+
+impl QpTable {
+    /// QP `qpn`'s context, if the QP exists.
+    #[inline]
+    fn get(&self, qpn: u32) -> Option<&QpContext> {
+        self.0.get(qpn as usize)?.as_ref()
+    }
+
+    /// QP `qpn`'s context, if the QP exists.
+    #[inline]
+    fn get_mut(&mut self, qpn: u32) -> Option<&mut QpContext> {
+        self.0.get_mut(qpn as usize)?.as_mut()
+    }
+
+    /// QP `qpn`'s context and its link (if connected and not released), borrowed together
+    /// and apart from the rest of the engine: the one lookup a step needs.
+    #[inline]
+    fn with_link<'a>(
+        &'a mut self,
+        qpn: u32,
+        links: &'a mut [EngineLink],
+    ) -> Option<(&'a mut QpContext, Option<&'a mut EngineLink>)> {
+        let q = self.get_mut(qpn)?;
+        let link = q.link.and_then(|li| links.get_mut(li));
+        Some((q, link))
+    }
+
+    /// A new QP's context, in its QPN's place.
+    fn insert(&mut self, q: QpContext) {
+        let n = q.hw.qpn as usize;
+        if self.0.len() <= n {
+            self.0.resize_with(n + 1, || None);
+        }
+        self.0[n] = Some(q);
+    }
+
+    /// Takes QP `qpn`'s context out (the QP is destroyed).
+    fn remove(&mut self, qpn: u32) -> Option<QpContext> {
+        self.0.get_mut(qpn as usize)?.take()
+    }
+
+    /// Drops every QP.
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+/// One of the engine's links, with the messages waiting for room in its send ring.
 struct EngineLink {
     link: Link,
     queue: VecDeque<QueuedMessage>,
@@ -337,7 +390,7 @@ pub(crate) struct Engine {
     /// This device's QPs that take direct writes from its in-process peers ([`direct_write`]).
     targets: Arc<WriteTargets>,
     mrc: MrCache,
-    qps: Vec<Option<QpContext>>,
+    qps: QpTable,
     active: Vec<u32>,
     links: Vec<EngineLink>,
     /// QPs that owe an ACK ([`acks`]).
@@ -364,6 +417,12 @@ fn psn_le(a: u32, b: u32) -> bool {
 }
 
 impl Engine {
+    /// QP `qpn`'s context and its link: [`QpTable::with_link`] on the engine's tables.
+    #[inline]
+    fn qp_and_link(&mut self, qpn: u32) -> Option<(&mut QpContext, Option<&mut EngineLink>)> {
+        self.qps.with_link(qpn, &mut self.links)
+    }
+
     pub(crate) fn new(ctl: Arc<EngineCtl>, share: DeviceShare, forget_peer: ForgetPeer) -> Self {
         let watch = ctl.watch.lock().clone();
         Self {
@@ -371,7 +430,7 @@ impl Engine {
             mrs: share.regions,
             targets: share.targets,
             mrc: MrCache::default(),
-            qps: Vec::new(),
+            qps: QpTable::default(),
             active: Vec::new(),
             links: Vec::new(),
             owed: Vec::new(),
@@ -430,7 +489,7 @@ impl Engine {
             || self.doorbells_due
             || self.links.iter().any(|l| !l.queue.is_empty())
             || (self.active.iter())
-                .filter_map(|&n| self.qps[n as usize].as_ref())
+                .filter_map(|&n| self.qps.get(n))
                 .any(|q| q.sq.pending || q.err || q.cq_overrun);
         if pending {
             self.watch.unsettle();
@@ -439,7 +498,7 @@ impl Engine {
         let qps = &self.qps;
         self.watch.settle(
             (self.active.iter())
-                .filter_map(|&n| qps[n as usize].as_ref())
+                .filter_map(|&n| qps.get(n))
                 .map(|q| q.sq.last_db),
             self.links.iter().map(|l| l.link.rx.pos()),
             self.mrc.version(),
@@ -451,7 +510,7 @@ impl Engine {
     #[cold]
     fn rewatch(&mut self) {
         let bfregs = (self.active.iter())
-            .filter_map(|&n| self.qps[n as usize].as_ref())
+            .filter_map(|&n| self.qps.get(n))
             .map(|q| q.hw.bfreg.clone())
             .collect();
         let rings = self.links.iter().map(|l| l.link.rx.probe()).collect();
@@ -607,7 +666,7 @@ impl Engine {
                     rq_psn,
                 } => self.connect(qpn, peer, rqpn, rq_psn),
                 Cmd::Timers { qpn, timers } => {
-                    if let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) {
+                    if let Some(q) = self.qps.get_mut(qpn) {
                         q.hw.timers = timers;
                         q.sq.rnr_left = timers.rnr_retry;
                         q.sq.next_psn = timers.sq_psn;
@@ -629,14 +688,12 @@ impl Engine {
 
     /// A new QP, in the QP table and polled from now on.
     fn add_qp(&mut self, hw: QpHw) {
-        let n = hw.qpn as usize;
-        if self.qps.len() <= n {
-            self.qps.resize_with(n + 1, || None);
-        }
+        let n = hw.qpn;
         let rnr = hw.timers.rnr_retry;
         // (A bfreg of a destroyed QP keeps what was last rung there.)
         let last_db = hw.doorbell();
-        self.qps[n] = Some(QpContext {
+        let progress_at = self.stamp();
+        self.qps.insert(QpContext {
             hw,
             link: None,
             rqpn: 0,
@@ -650,7 +707,7 @@ impl Engine {
                 out: VecDeque::new(),
                 rnr_left: rnr,
                 retry_at: None,
-                progress_at: self.stamp(),
+                progress_at,
                 progressed: false,
                 not_ready: false,
                 fail_next: None,
@@ -663,13 +720,13 @@ impl Engine {
                 published: false,
             },
         });
-        self.active.push(n as u32);
+        self.active.push(n);
     }
 
     /// A destroyed QP: out of the table, its queued packets dropped.
     fn remove_qp(&mut self, qpn: u32) {
         self.targets.close(qpn);
-        if let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::take) {
+        if let Some(q) = self.qps.remove(qpn) {
             if let Some(li) = q.link {
                 self.links[li].queue.retain(|j| j.hdr.src_qpn != qpn);
             }
@@ -683,7 +740,7 @@ impl Engine {
     /// link within this process its context is published for direct writes.
     fn connect(&mut self, qpn: u32, peer: u64, rqpn: u32, rq_psn: u32) {
         let li = (self.links.iter()).rposition(|l| l.link.peer == peer && !l.link.dead);
-        let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) else {
+        let Some(q) = self.qps.get_mut(qpn) else {
             return;
         };
         q.link = li;
@@ -714,7 +771,9 @@ impl Engine {
     pub(super) fn release_link(&mut self, li: usize) {
         let last = self.links.len() - 1;
         for &qpn in &self.active {
-            let q = self.qps[qpn as usize].as_mut().unwrap();
+            let Some(q) = self.qps.get_mut(qpn) else {
+                continue;
+            };
             if q.link == Some(li) {
                 debug_assert!(q.err, "a QP not in error on a released link");
                 q.link = None;
@@ -745,10 +804,6 @@ enum WqeStep {
     Stalled,
     /// The ring is malformed: stop reading it.
     Stop,
-}
-
-fn q_sq_ci(qps: &[Option<QpContext>], qpn: u32) -> u64 {
-    qps[qpn as usize].as_ref().unwrap().sq.ci
 }
 
 impl EngineCtl {

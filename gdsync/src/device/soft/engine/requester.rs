@@ -7,7 +7,7 @@ use super::direct_write::{direct_write, local_bytes};
 use super::memory::sges_ok;
 use super::memory::Seg;
 use super::packets::packet_header;
-use super::{psn_le, q_sq_ci, BodyRef, Engine, OutWqe, QpContext, QpHw, WqeStep, MAX_QUEUED};
+use super::{psn_le, BodyRef, Engine, OutWqe, QpContext, QpHw, WqeStep, MAX_QUEUED};
 use crate::device::provider::{Access, MAX_MESSAGE};
 use crate::format::*;
 use crate::mem::slot_off;
@@ -46,7 +46,7 @@ impl Engine {
     /// ring. The common case, nothing new, costs one load of the doorbell's cache line.
     #[inline]
     pub(super) fn poll_qp(&mut self, qpn: u32) -> bool {
-        let Some(q) = self.qps[qpn as usize].as_ref() else {
+        let Some(q) = self.qps.get(qpn) else {
             return false;
         };
         // The next WQE slot is prefetched so that, when a doorbell comes, both lines travel
@@ -64,7 +64,9 @@ impl Engine {
     /// (out of line: the look that finds nothing stays small).
     #[inline(never)]
     fn serve_qp(&mut self, qpn: u32, db: [u64; 2]) -> bool {
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return false;
+        };
         if q.cq_overrun && !q.err {
             // A CQE of this QP found its CQ overrun: the QP goes to error (the flushes that
             // follow are dropped as well while the CQ is in error).
@@ -96,27 +98,28 @@ impl Engine {
     /// Starts the WQEs up to the send doorbell record `pi` while the link has room (the
     /// engine never reads past the record). Returns whether anything happened.
     fn drain_send_ring(&mut self, qpn: u32, pi: u16) -> bool {
-        let sq_cnt = self.qps[qpn as usize].as_ref().unwrap().hw.sq_cnt;
         let mut work = false;
         loop {
-            let avail = pi.wrapping_sub(q_sq_ci(&self.qps, qpn) as u16) as u32;
+            let Some((q, link)) = self.qp_and_link(qpn) else {
+                return work;
+            };
+            let avail = pi.wrapping_sub(q.sq.ci as u16) as u32;
             if avail == 0 {
                 break;
             }
-            if avail > sq_cnt {
+            if avail > q.hw.sq_cnt {
                 // The doorbell record claims more WQEs than the ring holds (or went backwards).
-                if !self.qps[qpn as usize].as_ref().unwrap().err {
-                    self.malformed(qpn, None, q_sq_ci(&self.qps, qpn), pi);
+                if !q.err {
+                    let ci = q.sq.ci;
+                    self.malformed(qpn, None, ci, pi);
                 }
                 return true;
             }
-            let li = self.qps[qpn as usize].as_ref().unwrap().link;
-            if li.is_some_and(|li| self.links[li].queue.len() >= MAX_QUEUED) {
-                self.qps[qpn as usize].as_mut().unwrap().sq.pending = true;
+            if link.is_some_and(|l| l.queue.len() >= MAX_QUEUED) {
+                q.sq.pending = true;
                 break;
             }
             // The WQE's first block, read whole at once: most WQEs end there.
-            let q = self.qps[qpn as usize].as_ref().unwrap();
             let mut first = [0u8; WQEBB];
             q.hw.buf.read(
                 slot_off(q.hw.sq_off, q.sq.ci, q.hw.sq_cnt, WQEBB),
@@ -129,7 +132,9 @@ impl Engine {
             match step {
                 WqeStep::Advanced => work = true,
                 WqeStep::Stalled => {
-                    self.qps[qpn as usize].as_mut().unwrap().sq.pending = true;
+                    if let Some(q) = self.qps.get_mut(qpn) {
+                        q.sq.pending = true;
+                    }
                     break;
                 }
                 WqeStep::Stop => return true,
@@ -147,8 +152,8 @@ impl Engine {
     /// the steps then take it (and report what is wrong with it).
     #[inline]
     fn common_at_once(&mut self, qpn: u32, avail: u32, first: &[u8; WQEBB]) -> Option<WqeStep> {
-        let q = self.qps[qpn as usize].as_ref()?;
-        let link = &self.links[q.link?];
+        let (q, link) = self.qp_and_link(qpn)?;
+        let link = link?;
         if q.err || link.link.dead || !link.queue.is_empty() {
             return None;
         }
@@ -177,8 +182,8 @@ impl Engine {
         payload: std::ops::Range<usize>,
         first: &[u8; WQEBB],
     ) -> Option<WqeStep> {
-        let q = self.qps[qpn as usize].as_mut()?;
-        let link = &mut self.links[q.link?];
+        let (q, link) = self.qp_and_link(qpn)?;
+        let link = link?;
         let (ctrl, opcode) = (&w.ctrl, w.opcode);
         let (sq_ci, nbb) = (q.sq.ci, wqebbs_for_ds(ctrl.ds() as usize));
         let mut wqe = [0u8; INLINE_LANE_WQEBBS * WQEBB];
@@ -208,7 +213,7 @@ impl Engine {
     /// [`start_message`](Self::start_message) sends it. `None` for a segment the checks
     /// refuse.
     fn segment_at_once(&mut self, qpn: u32, w: &CommonWqe, seg: Seg) -> Option<WqeStep> {
-        let q = self.qps[qpn as usize].as_mut()?;
+        let q = self.qps.get_mut(qpn)?;
         let li = q.link?;
         let (ctrl, opcode) = (&w.ctrl, w.opcode);
         let mut hdr = addressed(request_header(q, opcode, ctrl), w.raddr);
@@ -236,7 +241,9 @@ impl Engine {
     /// Steps 2 to 5 for the WQE at the QP's send consumer index (`avail` WQEBBs exposed),
     /// whose `first` block is read.
     fn next_wqe(&mut self, qpn: u32, avail: u32, first: &[u8; WQEBB]) -> WqeStep {
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return WqeStep::Stop;
+        };
         let sq_ci = q.sq.ci;
         let pi = (sq_ci as u16).wrapping_add(avail as u16);
         // Most WQEs are one or two blocks: those stay on the stack. The rest of the WQE is
@@ -295,6 +302,10 @@ impl Engine {
     /// the link is up). A failure completes the WQE with an error and the QP goes to error.
     fn local_checks(&mut self, qpn: u32, at: &StartedWqe, req: &Request) -> Option<WqeStep> {
         let (ctrl, opcode, nbb) = (&at.ctrl, at.opcode, at.nbb);
+        let Some(q) = self.qps.get(qpn) else {
+            return Some(WqeStep::Stop);
+        };
+        let (pd, li) = (q.hw.pd, q.link);
         if req.len > MAX_MESSAGE {
             return Some(self.fail_new(qpn, ctrl, opcode, nbb, Syndrome::LocalLength));
         }
@@ -309,14 +320,13 @@ impl Engine {
             } else {
                 Access::empty()
             };
-            let pd = self.qps[qpn as usize].as_ref().unwrap().hw.pd;
             self.mrc.sync(&self.mrs);
             if !sges_ok(&self.mrc.slots, pd, &req.sges, need) {
                 return Some(self.fail_new(qpn, ctrl, opcode, nbb, Syndrome::LocalProt));
             }
         }
-        let li = self.qps[qpn as usize].as_ref().unwrap().link.unwrap();
-        if self.links[li].link.dead {
+        // (A QP not in error has a link: one released was dead.)
+        if li.is_none_or(|li| self.links[li].link.dead) {
             return Some(self.fail_new(qpn, ctrl, opcode, nbb, Syndrome::TransportRetryExc));
         }
         None
@@ -325,8 +335,12 @@ impl Engine {
     /// Step 5, send: the WQE becomes outstanding and its message is queued on the link (a
     /// NOP completes at once, in order).
     fn start_message(&mut self, qpn: u32, at: &StartedWqe, req: Request<'_>) -> WqeStep {
-        let q = self.qps[qpn as usize].as_mut().unwrap();
-        let li = q.link.unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return WqeStep::Stop;
+        };
+        let Some(li) = q.link else {
+            return WqeStep::Stop;
+        };
         let Request {
             mut hdr,
             inline,
@@ -365,7 +379,9 @@ impl Engine {
     /// Rewinds the requester to resend from outstanding WQE `k` after `delay`.
     pub(super) fn rewind(&mut self, qpn: u32, k: usize, delay: Duration) {
         let now = self.stamp();
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return;
+        };
         let o = &q.sq.out[k];
         let (pos, psn) = (o.sq_pos, o.psn);
         q.sq.ci = pos;

@@ -65,7 +65,9 @@ impl Engine {
             return false;
         }
         let qpn = h.dst_qpn;
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return false;
+        };
         let len = payload.len() as u64;
         let written = remote_region(q.hw.pd, &self.mrc.slots, h, Access::REMOTE_WRITE, len)
             .is_some_and(|e| e.write(h.raddr, payload));
@@ -82,13 +84,11 @@ impl Engine {
     /// NAK) dropped.
     pub(super) fn admit(&mut self, li: usize, h: &PktHeader) -> Option<Opcode> {
         let qpn = h.dst_qpn;
-        if self.qps.get(qpn as usize).is_none_or(Option::is_none)
-            && self.ctl.has_cmds.load(Ordering::Acquire)
-        {
+        if self.qps.get(qpn).is_none() && self.ctl.has_cmds.load(Ordering::Acquire) {
             self.commands();
         }
         self.sync_direct_psn(qpn);
-        let q = self.qps.get(qpn as usize).and_then(Option::as_ref);
+        let q = self.qps.get(qpn);
         let from = Origin {
             peer: li,
             qpn: h.src_qpn,
@@ -113,7 +113,7 @@ impl Engine {
     /// The PSN a published QP expects, as its peer's direct writes moved it.
     #[inline]
     fn sync_direct_psn(&mut self, qpn: u32) {
-        if let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) {
+        if let Some(q) = self.qps.get_mut(qpn) {
             if q.rq.published && !q.err {
                 q.rq.exp_psn = self.targets.psn(qpn).unwrap_or(q.rq.exp_psn);
             }
@@ -124,7 +124,9 @@ impl Engine {
     /// spec). Returns whether payload follows into memory or a receive.
     fn first_packet(&mut self, li: usize, h: &PktHeader, op: Opcode, payload: &[u8]) -> bool {
         let qpn = h.dst_qpn;
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return false;
+        };
         q.rq.inmsg = None;
         let slots = &*self.mrc.slots;
         let r = match op {
@@ -167,7 +169,9 @@ impl Engine {
     /// scatter list, at its offset; the last one completes the message.
     fn receive_payload(&mut self, li: usize, h: &PktHeader, payload: &[u8]) {
         let qpn = h.dst_qpn;
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return;
+        };
         let slots = &*self.mrc.slots;
         let Some(m) = q.rq.inmsg.as_mut() else { return };
         if h.offset != m.got || payload.len() as u64 > (m.len - m.got) as u64 {
@@ -213,7 +217,9 @@ impl Engine {
     /// A responder-side error on the receive at the head of the receive ring: its error
     /// CQE, then the QP to error.
     pub(super) fn responder_error(&mut self, qpn: u32, s: Syndrome) {
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return;
+        };
         let cqe = err_cqe(CqeOpcode::RespErr, s, 0, q.hw.qpn, q.rq.ci as u16);
         complete_error(&self.ctl, q, Side::Recv, cqe);
         q.rq.ci += 1;

@@ -36,10 +36,7 @@ impl Engine {
     fn link_down(&mut self, li: usize) -> bool {
         let (peer, why) = (self.links[li].link.peer, self.links[li].link.down_reason());
         let hit: Vec<u32> = (self.active.iter().copied())
-            .filter(|&qpn| {
-                let q = self.qps[qpn as usize].as_ref().unwrap();
-                q.link == Some(li) && !q.err
-            })
+            .filter(|&qpn| (self.qps.get(qpn)).is_some_and(|q| q.link == Some(li) && !q.err))
             .collect();
         // A peer that dropped its device closed the link in order, and a link no working QP
         // uses any more (a peer process that ended after its run) harms nothing; anything
@@ -63,7 +60,9 @@ impl Engine {
         let mut work = false;
         for i in 0..self.active.len() {
             let qpn = self.active[i];
-            let q = self.qps[qpn as usize].as_mut().unwrap();
+            let Some(q) = self.qps.get_mut(qpn) else {
+                continue;
+            };
             if q.sq.retry_at.is_some_and(|t| now >= t) {
                 q.sq.retry_at = None;
                 q.sq.pending = true;
