@@ -6,6 +6,10 @@
 //!   receive it consumes and the answer;
 //! - [`acks`]: acknowledgements owed, sent a round later and coalesced per QP;
 //! - [`by_ref`]: single-copy delivery of large payloads between devices of one process;
+//! - [`direct_write`]: RDMA writes the requester copies straight into the responder's
+//!   memory, between devices of one process;
+//! - [`admission`]: the one rule by which a responder QP takes a request, for packets and
+//!   direct writes alike;
 //! - [`completion`]: responses from the peer, in-order completion and CQE writes (step 6);
 //! - [`errors`]: malformed WQEs, failures and the error state with its flushes;
 //! - [`links`]: packets in and out of the links;
@@ -172,6 +176,8 @@ struct IncomingMessage {
     dest: Dest,
 }
 
+/// Where a message being received lands: memory through an rkey (RDMA writes), or the
+/// segments of the receive it consumed (sends).
 enum Dest {
     Memory { rkey: u32, addr: u64 },
     Recv { sges: SmallVec<[Seg; 4]> },
