@@ -23,7 +23,7 @@ pub use index::{advance16, catch_up24, cq_full24, idx16, idx16_diff, reached16, 
 pub use opcode::{CqeOpcode, Opcode, Syndrome};
 pub use recv_wqe::RecvWqe;
 pub(crate) use send_wqe::{write_fixed, write_inline_seg};
-pub use send_wqe::{SendWqe, WqeData};
+pub use send_wqe::{CommonData, CommonWqe, SendWqe, WqeData};
 pub use wqe::{
     AtomicSeg, CtrlSeg, DataSeg, DataSegIter, DataSegs, FmCeSe, InlineHeader, RaddrSeg, WqeError,
     INLINE_SEG_FLAG, INVALID_LKEY, MAX_WQE_DS, MAX_WQE_WQEBBS, SEG_SIZE, WQEBB,

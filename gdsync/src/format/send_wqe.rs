@@ -8,8 +8,8 @@
 //! not read: a send neutralised into a NOP keeps the segments it had.
 
 use super::{
-    wqebbs_for_ds, AtomicSeg, CtrlSeg, DataSegs, FmCeSe, InlineHeader, Opcode, RaddrSeg, WqeError,
-    INLINE_SEG_FLAG, MAX_WQE_DS, MAX_WQE_WQEBBS, SEG_SIZE,
+    wqebbs_for_ds, AtomicSeg, CtrlSeg, DataSeg, DataSegs, FmCeSe, InlineHeader, Opcode, RaddrSeg,
+    WqeError, INLINE_SEG_FLAG, MAX_WQE_DS, MAX_WQE_WQEBBS, SEG_SIZE, WQEBB,
 };
 
 /// What follows the fixed segments of a send WQE.
@@ -200,6 +200,87 @@ impl<'a> SendWqe<'a> {
         }
         wqe.data = parse_data(op, rest)?;
         Ok(wqe)
+    }
+}
+
+/// The most common send WQE, as [`SendWqe::peek_common`] reads it off its first block: a
+/// send or RDMA write (with or without immediate) whose payload is inline or one segment of
+/// memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommonWqe {
+    /// The control segment (its `ds` counts the whole WQE, which may run past the block).
+    pub ctrl: CtrlSeg,
+    /// A send or RDMA write, with or without immediate.
+    pub opcode: Opcode,
+    /// Remote address and key: present exactly for RDMA writes.
+    pub raddr: Option<RaddrSeg>,
+    /// Where the payload is.
+    pub data: CommonData,
+}
+
+/// The payload of a [`CommonWqe`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommonData {
+    /// `len` inline bytes from byte `at` of the WQE, inside its `ds` units (they may
+    /// run past the first block).
+    Inline {
+        /// Offset of the payload in the WQE.
+        at: usize,
+        /// Payload bytes.
+        len: usize,
+    },
+    /// One data segment, not empty, ending the WQE in its first block.
+    Segment(DataSeg),
+}
+
+impl SendWqe<'_> {
+    /// A fast first look at a WQE's first block, for the most common WQEs ([`CommonWqe`]):
+    /// what [`parse`](Self::parse) reads of them, in a fraction of its work. `None` for any
+    /// other WQE (another opcode, no data segment, several, an empty one) or anything
+    /// unusual about this one (an inline payload that runs past the `ds` units), which the
+    /// full parse then reads (and refuses with its errors). The `ds` count is not checked
+    /// against a limit: the caller bounds what it reads past the block.
+    #[inline]
+    pub fn peek_common(block: &[u8; WQEBB]) -> Option<CommonWqe> {
+        let (ctrl, rest) = block.split_first_chunk::<SEG_SIZE>()?;
+        let ctrl = CtrlSeg::from_bytes(ctrl);
+        let opcode = ctrl.opcode()?;
+        if !(opcode.carries_payload() && opcode.is_supported()) {
+            return None;
+        }
+        let (raddr, at) = if opcode.has_raddr() {
+            let (r, _) = rest.split_first_chunk::<SEG_SIZE>()?;
+            (Some(RaddrSeg::from_bytes(r)), 2 * SEG_SIZE)
+        } else {
+            (None, SEG_SIZE)
+        };
+        let end = ctrl.ds() as usize * SEG_SIZE;
+        let word = u32::from_be_bytes(*block[at..].first_chunk::<4>()?);
+        let data = if word & INLINE_SEG_FLAG != 0 {
+            let len = InlineHeader {
+                byte_count: super::Be32::new(word),
+            }
+            .len() as usize;
+            if at + 4 + len > end {
+                return None;
+            }
+            CommonData::Inline { at: at + 4, len }
+        } else {
+            if end != at + SEG_SIZE {
+                return None;
+            }
+            let d = DataSeg::from_bytes(block[at..].first_chunk::<SEG_SIZE>()?);
+            if d.byte_count.get() == 0 {
+                return None;
+            }
+            CommonData::Segment(d)
+        };
+        Some(CommonWqe {
+            ctrl,
+            opcode,
+            raddr,
+            data,
+        })
     }
 }
 

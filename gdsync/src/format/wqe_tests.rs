@@ -332,6 +332,161 @@ fn opcode_predicates() {
     }
 }
 
+/// The send and write opcodes [`SendWqe::peek_common`] reads.
+const COMMON: [Opcode; 4] = [
+    Opcode::Send,
+    Opcode::SendImm,
+    Opcode::RdmaWrite,
+    Opcode::RdmaWriteImm,
+];
+
+/// `w` written, padded with zeros to at least a block: its bytes and its first block.
+fn written(w: &SendWqe<'_>) -> (Vec<u8>, [u8; WQEBB]) {
+    let mut buf = vec![0u8; 4 * WQEBB];
+    let ds = w.write_to(&mut buf).expect("a valid WQE");
+    buf.truncate(ds * SEG_SIZE);
+    let mut first = [0u8; WQEBB];
+    let n = buf.len().min(WQEBB);
+    first[..n].copy_from_slice(&buf[..n]);
+    (buf, first)
+}
+
+/// What [`SendWqe::peek_common`] read, as the full parse reads it: the WQE with its data
+/// (`wqe`, its `ds` units).
+fn as_parsed<'a>(c: &CommonWqe, wqe: &'a [u8]) -> SendWqe<'a> {
+    let data = match c.data {
+        CommonData::Inline { at, len } => WqeData::Inline(&wqe[at..at + len]),
+        CommonData::Segment(d) => {
+            // The one segment ends the WQE.
+            let last = &wqe[wqe.len() - SEG_SIZE..];
+            assert_eq!(DataSeg::from_bytes(last.try_into().unwrap()), d);
+            WqeData::Gather(DataSegs::from_bytes(last))
+        }
+    };
+    SendWqe {
+        wqe_index: c.ctrl.wqe_index(),
+        opcode: c.opcode,
+        qpn: c.ctrl.qpn(),
+        flags: c.ctrl.flags(),
+        imm: c.ctrl.imm,
+        raddr: c.raddr,
+        atomic: None,
+        data,
+    }
+}
+
+#[test]
+fn peek_common_reads_inline_payloads_as_the_full_parse_does() {
+    let payload: Vec<u8> = (1..=60).collect();
+    for opcode in COMMON {
+        for len in 0..=60 {
+            for flags in [FmCeSe::empty(), FmCeSe::SOLICITED | FmCeSe::CQ_UPDATE] {
+                let w = SendWqe {
+                    wqe_index: 7,
+                    opcode,
+                    qpn: 0x12,
+                    flags,
+                    imm: [1, 2, 3, 4],
+                    raddr: opcode
+                        .has_raddr()
+                        .then(|| RaddrSeg::new(0x1122_3344_5566_7788, 0xAABB)),
+                    atomic: None,
+                    data: WqeData::Inline(&payload[..len]),
+                };
+                let (bytes, first) = written(&w);
+                let fast = SendWqe::peek_common(&first);
+                if len == 0 {
+                    // Written with no data segment at all: the full parse's to read.
+                    assert!(fast.is_none(), "{opcode:?}, empty");
+                    continue;
+                }
+                let fast = fast.unwrap_or_else(|| panic!("{opcode:?}, {len} bytes"));
+                assert_eq!(as_parsed(&fast, &bytes), w, "{opcode:?}, {len} bytes");
+                assert_eq!(SendWqe::parse(&bytes), Ok(w));
+            }
+        }
+    }
+}
+
+#[test]
+fn peek_common_reads_one_segment_as_the_full_parse_does() {
+    for opcode in COMMON {
+        for len in [1, 255, 256, 4096, (1 << 31) - 1] {
+            let seg = [DataSeg::new(0x1000_2000_3000, len, 0x55AA)];
+            let w = SendWqe {
+                wqe_index: 3,
+                opcode,
+                qpn: 0x12,
+                flags: FmCeSe::SOLICITED,
+                imm: [4, 3, 2, 1],
+                raddr: opcode
+                    .has_raddr()
+                    .then(|| RaddrSeg::new(0x1122_3344_5566_7788, 0xAABB)),
+                atomic: None,
+                data: WqeData::Gather(DataSegs::from_segs(&seg)),
+            };
+            let (bytes, first) = written(&w);
+            let fast =
+                SendWqe::peek_common(&first).unwrap_or_else(|| panic!("{opcode:?}, {len} bytes"));
+            assert_eq!(fast.data, CommonData::Segment(seg[0]));
+            assert_eq!(as_parsed(&fast, &bytes), w, "{opcode:?}, {len} bytes");
+            assert_eq!(SendWqe::parse(&bytes), Ok(w));
+        }
+    }
+}
+
+#[test]
+fn peek_common_leaves_everything_else_to_the_full_parse() {
+    let one = [DataSeg::new(0x1000, 8, 0x55)];
+    let write = SendWqe {
+        wqe_index: 0,
+        opcode: Opcode::RdmaWrite,
+        qpn: 1,
+        flags: FmCeSe::empty(),
+        imm: [0; 4],
+        raddr: Some(RaddrSeg::new(0x2000, 9)),
+        atomic: None,
+        data: WqeData::Gather(DataSegs::from_segs(&one)),
+    };
+    let declined = |w: &SendWqe<'_>| SendWqe::peek_common(&written(w).1).is_none();
+    assert!(!declined(&write), "the common case is taken");
+    let two = [one[0], DataSeg::new(0x3000, 8, 0x55)];
+    let empty = [DataSeg::new(0x1000, 0, 0x55)];
+    let cases = [
+        ("two segments", DataSegs::from_segs(&two), Opcode::RdmaWrite),
+        ("no segment", DataSegs::EMPTY, Opcode::RdmaWrite),
+        (
+            "an empty segment",
+            DataSegs::from_segs(&empty),
+            Opcode::RdmaWrite,
+        ),
+        ("a read", DataSegs::from_segs(&one), Opcode::RdmaRead),
+        ("a NOP", DataSegs::from_segs(&one), Opcode::Nop),
+    ];
+    for (what, segs, opcode) in cases {
+        let w = SendWqe {
+            opcode,
+            raddr: (opcode.has_raddr()).then_some(RaddrSeg::new(0x2000, 9)),
+            data: WqeData::Gather(segs),
+            ..write
+        };
+        assert!(declined(&w), "{what}");
+    }
+    // Malformed: an inline payload that runs past the WQE's ds units. The full parse
+    // refuses it too.
+    let payload = [9u8; 20];
+    let inline = SendWqe {
+        data: WqeData::Inline(&payload),
+        ..write
+    };
+    let (mut bytes, _) = written(&inline);
+    bytes[7] -= 1;
+    let mut first = [0u8; WQEBB];
+    first.copy_from_slice(&bytes[..WQEBB]);
+    assert!(SendWqe::peek_common(&first).is_none());
+    assert!(SendWqe::parse(&bytes[..bytes.len() - SEG_SIZE]).is_err());
+}
+
 proptest! {
     #[test]
     fn prop_send_wqe_round_trip((fields, data) in send_parts()) {
@@ -357,6 +512,28 @@ proptest! {
             Err(e) => {
                 prop_assert_eq!(e, WqeError::TooLarge { ds });
                 prop_assert!(matches!(data, Data::Inline(_)) && ds > MAX_WQE_DS);
+            }
+        }
+    }
+
+    /// On any valid WQE and on arbitrary bytes, what the fast look reads is what the full
+    /// parse reads.
+    #[test]
+    fn prop_peek_common_reads_what_parse_reads((fields, data) in send_parts(), noise in vec(any::<u8>(), WQEBB..=4 * WQEBB)) {
+        let w = with_data(fields, &data);
+        let mut out = [0u8; 1100];
+        if w.write_to(&mut out).is_ok() {
+            let first: [u8; WQEBB] = out[..WQEBB].try_into().unwrap();
+            if let Some(c) = SendWqe::peek_common(&first) {
+                let n = c.ctrl.ds() as usize * SEG_SIZE;
+                prop_assert_eq!(SendWqe::parse(&out[..n]), Ok(as_parsed(&c, &out[..n])));
+            }
+        }
+        let first: [u8; WQEBB] = noise[..WQEBB].try_into().unwrap();
+        if let Some(c) = SendWqe::peek_common(&first) {
+            let n = c.ctrl.ds() as usize * SEG_SIZE;
+            if let Some(wqe) = noise.get(..n) {
+                prop_assert_eq!(SendWqe::parse(wqe), Ok(as_parsed(&c, wqe)));
             }
         }
     }

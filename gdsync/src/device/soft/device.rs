@@ -1,12 +1,12 @@
 //! The soft device's control path: the provider commands ([`Provider`]) on its QP, CQ and
 //! translation tables, and the links to peer devices a connect sets up.
 
-use super::engine::WriteTargets;
 use super::engine::{CqHw, QpHw};
 use super::link::DeviceShare;
 use super::link_budget::LinkSlot;
 use super::mr_table::MrTable;
 use super::qp_numbers::QpNumbers;
+use super::targets::WriteTargets;
 use super::uar::{Bfreg, UarPages, BF_SIZE};
 use super::{listen, tcp, Cmd, EngineHandle, Link, PEER_WAIT};
 use crate::device::endpoint::{choose_link, link_reason, Here};
@@ -90,7 +90,7 @@ fn new_uid() -> u64 {
 /// engine's. Its drop stops the engine.
 pub(crate) struct SoftDevice {
     uid: u64,
-    /// The translation table (the engine reads its own copy), and the QPs that take placed
+    /// The translation table (the engine reads its own copy), and the QPs that take direct
     /// writes: what the device shares with its in-process peers.
     pub(super) share: DeviceShare,
     /// QP numbers in use and free for reuse.
@@ -725,14 +725,14 @@ fn soft_of(d: &crate::Device) -> Arc<SoftDevice> {
 mod tcp_tests;
 
 #[cfg(test)]
+#[path = "direct_write_model_tests.rs"]
+mod direct_write_model_tests;
+#[cfg(test)]
+#[path = "direct_write_tests.rs"]
+mod direct_write_tests;
+#[cfg(test)]
 #[path = "link_release_tests.rs"]
 mod link_release_tests;
 #[cfg(test)]
 #[path = "modify_tests.rs"]
 mod modify_tests;
-#[cfg(test)]
-#[path = "placed_model_tests.rs"]
-mod placed_model_tests;
-#[cfg(test)]
-#[path = "placed_tests.rs"]
-mod placed_tests;

@@ -6,7 +6,7 @@
 //!
 //! A [`LinkSlot`] is one accepted link's place in the budget; it goes back when the slot is
 //! dropped, which the link does when it is released (its engine end and transport threads
-//! all gone: [`BridgeSignal::hold`](super::link::BridgeSignal::hold)).
+//! all gone: [`BridgeSignal::hold`](super::bridge::BridgeSignal::hold)).
 
 use parking_lot::Mutex;
 use std::collections::HashMap;

@@ -134,12 +134,12 @@ fn churn(via: Via, n: usize) {
         // The link's engine end and both its threads hold its signal.
         let left: usize = gone
             .iter()
-            .map(|&p| super::super::link::bridges::holders(p))
+            .map(|&p| super::super::bridge::bridges::holders(p))
             .sum();
         assert!(
             within_2s(|| gone
                 .iter()
-                .map(|&p| super::super::link::bridges::holders(p))
+                .map(|&p| super::super::bridge::bridges::holders(p))
                 .sum::<usize>()
                 == 0),
             "{via:?}: {left} link end(s) and thread(s) to dropped peers remain"

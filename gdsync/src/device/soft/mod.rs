@@ -10,6 +10,7 @@
 //! kernel driver it also serves as the HCA of rdma-core's libmlx5 ([`emulated`]).
 
 mod attr;
+mod bridge;
 mod device;
 mod emulated;
 mod engine;
@@ -19,9 +20,13 @@ mod listen;
 mod mr_table;
 mod progress;
 mod qp_numbers;
+mod ring;
+mod shm_link;
+mod targets;
 pub(crate) mod tcp;
 mod uar;
 mod watch;
+mod wire;
 
 pub(crate) use attr::device_attr;
 pub(crate) use device::SoftDevice;

@@ -30,6 +30,7 @@ impl MrEntry {
 
     /// The device's DMA write: copies `src` to `addr`, which must lie inside the region.
     /// Callers hold the table (or the engine's copy of it), so the region is registered.
+    #[inline(always)] // (the per-packet path: the compiler left it out of line at times)
     pub fn write(&self, addr: u64, src: &[u8]) -> bool {
         if !self.covers(addr, src.len() as u64) {
             return false;

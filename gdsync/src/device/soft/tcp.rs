@@ -19,8 +19,11 @@
 //! layouts of the hello, its answer and the frames are in `docs/soft-device.md` (TCP link)
 //! and below.
 
-use super::link::{kind, BridgeSignal, Consumer, Link, PktHeader, Producer, MTU};
+use super::bridge::BridgeSignal;
+use super::link::Link;
 use super::link_budget::LinkSlot;
+use super::ring::{Consumer, Producer};
+use super::wire::{kind, PktHeader, MTU};
 use super::EngineWaker;
 use crate::auth::HandshakeStream;
 use crate::{Error, Result};
@@ -493,7 +496,7 @@ fn deliver(
 
 #[cfg(test)]
 mod tests {
-    use super::super::link::flag;
+    use super::super::wire::flag;
     use super::*;
 
     fn sample() -> PktHeader {

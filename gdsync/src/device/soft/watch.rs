@@ -14,8 +14,8 @@
 //! can at worst miss an event once: the following look sees it. A round that does anything
 //! clears `settled` first thing after, and only an idle round sets it again.
 
-use super::link::RxProbe;
 use super::mr_table::MrTable;
+use super::ring::RxProbe;
 use super::uar::{Bfreg, BF_SIZE};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -123,8 +123,9 @@ impl Watch {
 
 #[cfg(test)]
 mod tests {
-    use super::super::link::{kind, Link, PktHeader};
+    use super::super::link::Link;
     use super::super::uar::UarPages;
+    use super::super::wire::{kind, PktHeader};
     use super::*;
     use crate::device::provider::{Access, MrMemory, MrSpec};
 

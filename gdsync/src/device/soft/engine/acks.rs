@@ -7,26 +7,26 @@
 //! read data, an atomic's old value) sends the owed ACK first, so the QP's responses stay
 //! in PSN order.
 
-use super::super::link::{kind, PktHeader};
+use super::super::wire::{kind, PktHeader};
 use super::{resp, BodyRef, Engine};
 
 impl Engine {
     /// Records that QP `qpn` owes an ACK up to `psn`.
     pub(super) fn owe_ack(&mut self, qpn: u32, psn: u32) {
-        let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) else {
+        let Some(q) = self.qps.get_mut(qpn) else {
             return;
         };
-        if q.ack_owed.replace(psn).is_none() {
+        if q.rq.ack_owed.replace(psn).is_none() {
             self.owed.push(qpn);
         }
     }
 
     /// Sends the ACK QP `qpn` owes, if any (before another response of the QP).
     pub(super) fn pay_ack(&mut self, qpn: u32) {
-        let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) else {
+        let Some(q) = self.qps.get_mut(qpn) else {
             return;
         };
-        let (Some(psn), Some(li)) = (q.ack_owed.take(), q.link) else {
+        let (Some(psn), Some(li)) = (q.rq.ack_owed.take(), q.link) else {
             return;
         };
         let hdr = PktHeader {

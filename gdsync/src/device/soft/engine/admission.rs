@@ -1,6 +1,6 @@
 //! Whether a responder QP takes a request: the one rule for packets that arrive on a link
 //! ([`Engine::admit`](super::Engine::admit)) and for writes a peer engine of this process
-//! places straight into memory ([`super::placed`]). A QP takes a request only from the very
+//! writes straight into memory ([`super::direct_write`]). A QP takes a request only from the very
 //! peer it is connected to (the link it arrives on, then the peer QP's number), while it is
 //! not in error, at the PSN it expects next. The region checks (PD, rights, bounds) that
 //! follow are [`remote_region`](super::responder::remote_region)'s, shared the same way.
@@ -10,7 +10,7 @@ use crate::format::Syndrome;
 
 /// What admission looks at in a responder QP's context. `P` names the peer a QP is
 /// connected to: the link's index for the engine itself, a link's process-wide id
-/// ([`Link::pair_id`](super::super::link::Link::pair_id)) for a peer engine placing a write.
+/// ([`Link::pair_id`](super::super::link::Link::pair_id)) for a peer engine writing directly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct QpView<P> {
     /// The link to the peer, `None` before the QP is connected.

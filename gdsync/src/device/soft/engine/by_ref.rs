@@ -12,10 +12,10 @@
 //! with any NIC, the sender's buffer must not change until its WQE completes: the bytes are
 //! read at delivery, not at posting.
 
-use super::super::link::{flag, PktHeader, MTU};
 use super::super::mr_table::Slots;
-use super::links::nak;
+use super::super::wire::{flag, PktHeader, MTU};
 use super::memory::Seg;
+use super::packets::nak;
 use super::Engine;
 use crate::format::Syndrome;
 
@@ -142,8 +142,10 @@ impl Engine {
         if self.admit(li, h).is_none() {
             return;
         }
-        let q = self.qps[h.dst_qpn as usize].as_mut().unwrap();
-        let started = q.inmsg.take().is_some();
+        let Some(q) = self.qps.get_mut(h.dst_qpn) else {
+            return;
+        };
+        let started = q.rq.inmsg.take().is_some();
         if h.offset == 0 || started {
             self.respond(li, nak(h, s as u8));
         }

@@ -2,10 +2,10 @@
 //! read data, an atomic's old value, NAKs and their retries) mark outstanding WQEs done;
 //! work completes in order and signalled WQEs write CQEs into the CQ ring.
 
-use super::super::link::PktHeader;
+use super::super::wire::PktHeader;
 use super::memory::scatter;
 use super::CqHw;
-use super::{psn_le, resp, EQp, Engine, NAK_NOT_READY, NAK_RNR, NOT_READY_DELAY};
+use super::{psn_le, resp, Engine, QpContext, NAK_NOT_READY, NAK_RNR, NOT_READY_DELAY};
 use crate::device::provider::AsyncEvent;
 use crate::format::*;
 use crate::mem::slot_off;
@@ -16,15 +16,15 @@ impl Engine {
     /// QPs.
     pub(super) fn on_response(&mut self, li: usize, h: &PktHeader, payload: &[u8]) {
         let qpn = h.dst_qpn;
-        let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) else {
+        let Some(q) = self.qps.get_mut(qpn) else {
             return;
         };
         if q.err || q.link != Some(li) || q.rqpn != h.src_qpn {
             return;
         }
         if !(h.op == resp::NAK && h.syndrome == NAK_NOT_READY) {
-            q.progressed = true;
-            q.not_ready = false;
+            q.sq.progressed = true;
+            q.sq.not_ready = false;
         }
         match h.op {
             resp::ACK => acknowledge(q, h.psn),
@@ -37,9 +37,11 @@ impl Engine {
     /// Read data or an atomic's old value: scattered into the WQE's local segments; the
     /// WQE is done when all of it has arrived.
     fn on_data(&mut self, qpn: u32, h: &PktHeader, payload: &[u8]) {
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return;
+        };
         let pd = q.hw.pd;
-        let Some(o) = q.out.iter_mut().find(|o| o.psn == h.psn && !o.done) else {
+        let Some(o) = q.sq.out.iter_mut().find(|o| o.psn == h.psn && !o.done) else {
             return;
         };
         self.mrc.sync(&self.mrs);
@@ -58,21 +60,23 @@ impl Engine {
         if h.op == resp::ATOMIC || o.got >= o.len {
             o.done = true;
         }
-        q.rnr_left = q.hw.timers.rnr_retry;
+        q.sq.rnr_left = q.hw.timers.rnr_retry;
         complete_front(q);
     }
 
     /// A NAK: receiver not ready or peer not ready (rewind and retry later), or an error
     /// (the WQE fails with the syndrome, the QP goes to error).
     fn on_nak(&mut self, qpn: u32, h: &PktHeader) {
-        let q = self.qps[qpn as usize].as_mut().unwrap();
-        let Some(k) = q.out.iter().position(|o| o.psn == h.psn) else {
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return;
+        };
+        let Some(k) = q.sq.out.iter().position(|o| o.psn == h.psn) else {
             return;
         };
         match h.syndrome {
-            NAK_RNR if q.rnr_left > 0 => {
-                if q.rnr_left != u8::MAX {
-                    q.rnr_left -= 1;
+            NAK_RNR if q.sq.rnr_left > 0 => {
+                if q.sq.rnr_left != u8::MAX {
+                    q.sq.rnr_left -= 1;
                 }
                 let t = q.hw.timers.min_rnr_timer;
                 self.rewind(qpn, k, t);
@@ -80,7 +84,7 @@ impl Engine {
             NAK_RNR => self.enter_error(qpn, Some((h.psn, Syndrome::RnrRetryExc))),
             NAK_NOT_READY => {
                 // Not progress: the QP's timeout keeps running.
-                q.not_ready = true;
+                q.sq.not_ready = true;
                 self.rewind(qpn, k, NOT_READY_DELAY);
             }
             s => {
@@ -93,8 +97,8 @@ impl Engine {
 
 /// An acknowledgement up to `psn`: sends and writes up to it are done (reads and atomics are
 /// done when their data arrives).
-fn acknowledge(q: &mut EQp, psn: u32) {
-    for o in q.out.iter_mut() {
+fn acknowledge(q: &mut QpContext, psn: u32) {
+    for o in q.sq.out.iter_mut() {
         if !psn_le(o.psn, psn) {
             break;
         }
@@ -102,14 +106,14 @@ fn acknowledge(q: &mut EQp, psn: u32) {
             o.done = true;
         }
     }
-    q.rnr_left = q.hw.timers.rnr_retry;
+    q.sq.rnr_left = q.hw.timers.rnr_retry;
     complete_front(q);
 }
 
 /// Pops completed WQEs off the front, writing CQEs for the signalled ones.
-pub(super) fn complete_front(q: &mut EQp) {
-    while q.out.front().is_some_and(|o| o.done) {
-        let o = q.out.pop_front().unwrap();
+pub(super) fn complete_front(q: &mut QpContext) {
+    while q.sq.out.front().is_some_and(|o| o.done) {
+        let o = q.sq.out.pop_front().unwrap();
         if o.signalled {
             let mut cqe = Cqe64([0; 64]);
             if o.opcode == Opcode::RdmaRead {
@@ -120,7 +124,7 @@ pub(super) fn complete_front(q: &mut EQp) {
             cqe.set_op_own(CqeOpcode::Req, false, 0);
             q.complete(Side::Send, &mut cqe);
         }
-        q.progressed = true;
+        q.sq.progressed = true;
     }
 }
 
@@ -143,7 +147,7 @@ pub(super) enum Side {
     Recv,
 }
 
-impl EQp {
+impl QpContext {
     /// Writes a CQE to the QP's send or receive CQ. If the CQ overran, the CQE is dropped
     /// and the QP goes to the error state at its next look ([`Engine::poll_qp`]), as a
     /// ConnectX moves the QPs of an overrun CQ to error.
@@ -155,7 +159,7 @@ impl EQp {
         cqe.set_srqn_uidx(self.hw.user_index);
         if !push_cqe(cq, cqe) {
             self.cq_overrun = true;
-            self.pending = true;
+            self.sq.pending = true;
         }
     }
 }

@@ -2,16 +2,16 @@
 //! and the flushes of everything else posted (`docs/soft-device.md`, "Errors and the error
 //! state").
 
-use super::super::link::kind;
+use super::super::wire::kind;
 use super::completion::{complete_front, err_cqe, Side};
-use super::{EQp, Engine, EngineCtl, Step};
+use super::{Engine, EngineCtl, QpContext, WqeStep};
 use crate::device::provider::{AsyncEvent, HwQpState, QpLastError};
 use crate::format::*;
 
 /// Writes an error CQE of `q`; the QP's first error that is not a flush is also kept in its
 /// context, where [`Provider::query_qp`](crate::device::provider::Provider::query_qp)
 /// reads it (the CQE may be overwritten before the host looks at it).
-pub(super) fn complete_error(ctl: &EngineCtl, q: &mut EQp, side: Side, mut cqe: Cqe64) {
+pub(super) fn complete_error(ctl: &EngineCtl, q: &mut QpContext, side: Side, mut cqe: Cqe64) {
     if let Some(syndrome) = cqe.syndrome().filter(|s| *s != Syndrome::WrFlush) {
         ctl.note_error(
             q.hw.qpn,
@@ -33,7 +33,9 @@ impl Engine {
     /// `None`) the consumer index stays, and later doorbells flush what follows it.
     pub(super) fn malformed(&mut self, qpn: u32, ctrl: Option<&CtrlSeg>, sq_ci: u64, pi: u16) {
         self.enter_error(qpn, None);
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return;
+        };
         let opcode = ctrl.map_or(0, |c| c.opcode_byte());
         let cqe = err_cqe(
             CqeOpcode::ReqErr,
@@ -44,7 +46,7 @@ impl Engine {
         );
         complete_error(&self.ctl, q, Side::Send, cqe);
         if ctrl.is_some() {
-            q.sq_ci += pi.wrapping_sub(sq_ci as u16) as u64;
+            q.sq.ci += pi.wrapping_sub(sq_ci as u16) as u64;
         }
     }
 
@@ -56,9 +58,11 @@ impl Engine {
         opcode: Opcode,
         nbb: u32,
         s: Syndrome,
-    ) -> Step {
+    ) -> WqeStep {
         self.enter_error(qpn, None);
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return WqeStep::Stop;
+        };
         let cqe = err_cqe(
             CqeOpcode::ReqErr,
             s,
@@ -67,21 +71,23 @@ impl Engine {
             ctrl.wqe_index(),
         );
         complete_error(&self.ctl, q, Side::Send, cqe);
-        q.sq_ci += nbb as u64;
-        Step::Advanced
+        q.sq.ci += nbb as u64;
+        WqeStep::Advanced
     }
 
     /// Moves a QP to the error state because its first unfinished WQE failed with `s`: the
     /// oldest outstanding one, or, when none is outstanding (an RNR wait rewound them), the
     /// next one in the send ring.
     pub(super) fn fail_first(&mut self, qpn: u32, s: Syndrome) {
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return;
+        };
         complete_front(q);
-        match q.out.front().map(|o| o.psn) {
+        match q.sq.out.front().map(|o| o.psn) {
             Some(psn) => self.enter_error(qpn, Some((psn, s))),
             None => {
                 if !q.err {
-                    q.fail_next = Some(s);
+                    q.sq.fail_next = Some(s);
                 }
                 self.enter_error(qpn, None);
             }
@@ -91,7 +97,9 @@ impl Engine {
     /// Moves a QP to the error state. Completed work at the front completes normally; the
     /// outstanding WQE with `failed` = (psn, syndrome) gets that error, the others WR_FLUSH.
     pub(super) fn enter_error(&mut self, qpn: u32, failed: Option<(u32, Syndrome)>) {
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return;
+        };
         if q.err {
             return;
         }
@@ -100,10 +108,10 @@ impl Engine {
         self.targets.close(qpn);
         self.ctl.set_state(qpn, HwQpState::Error);
         self.ctl.event(AsyncEvent::QpFatal { qpn });
-        q.inmsg = None;
-        q.retry_at = None;
-        q.pending = true;
-        while let Some(o) = q.out.pop_front() {
+        q.rq.inmsg = None;
+        q.sq.retry_at = None;
+        q.sq.pending = true;
+        while let Some(o) = q.sq.out.pop_front() {
             let s = match failed {
                 Some((psn, s)) if psn == o.psn => s,
                 _ => Syndrome::WrFlush,
@@ -123,19 +131,19 @@ impl Engine {
 
 /// Flushes the receive ring of a QP in error: every posted receive completes with WR_FLUSH.
 /// Returns whether there was any.
-pub(super) fn flush_recv_ring(q: &mut EQp) -> bool {
+pub(super) fn flush_recv_ring(q: &mut QpContext) -> bool {
     let rq_pi = q.hw.rq_producer();
     let mut work = false;
-    while rq_pi.wrapping_sub(q.rq_ci as u16) != 0 {
+    while rq_pi.wrapping_sub(q.rq.ci as u16) != 0 {
         let mut cqe = err_cqe(
             CqeOpcode::RespErr,
             Syndrome::WrFlush,
             0,
             q.hw.qpn,
-            q.rq_ci as u16,
+            q.rq.ci as u16,
         );
         q.complete(Side::Recv, &mut cqe);
-        q.rq_ci += 1;
+        q.rq.ci += 1;
         work = true;
     }
     work
@@ -143,14 +151,20 @@ pub(super) fn flush_recv_ring(q: &mut EQp) -> bool {
 
 /// Flushes the WQE at the consumer index of a QP in error: it completes with WR_FLUSH (or
 /// the syndrome the error left for it), signalled or not.
-pub(super) fn flush_wqe(ctl: &EngineCtl, q: &mut EQp, ctrl: &CtrlSeg, opcode: Opcode, nbb: u32) {
+pub(super) fn flush_wqe(
+    ctl: &EngineCtl,
+    q: &mut QpContext,
+    ctrl: &CtrlSeg,
+    opcode: Opcode,
+    nbb: u32,
+) {
     let cqe = err_cqe(
         CqeOpcode::ReqErr,
-        q.fail_next.take().unwrap_or(Syndrome::WrFlush),
+        q.sq.fail_next.take().unwrap_or(Syndrome::WrFlush),
         opcode as u8,
         q.hw.qpn,
         ctrl.wqe_index(),
     );
     complete_error(ctl, q, Side::Send, cqe);
-    q.sq_ci += nbb as u64;
+    q.sq.ci += nbb as u64;
 }

@@ -2,11 +2,13 @@
 //! responder, responses to completion) and sends what the QPs queued, gathering payload from
 //! memory as each packet goes out.
 
-use super::super::link::{flag, kind, PktHeader, Producer, MTU};
 use super::super::mr_table::Slots;
+use super::super::ring::Producer;
+use super::super::wire::{flag, kind, PktHeader, MTU};
 use super::by_ref::{by_ref, write_source_ref, SOURCE_REF_LEN};
 use super::memory::gather;
-use super::{resp, Body, BodyRef, Engine, TxJob};
+use super::packets::{nak, packet_header};
+use super::{BodyRef, Engine, QueuedMessage};
 use crate::device::provider::Access;
 use crate::format::Syndrome;
 
@@ -143,7 +145,7 @@ impl Engine {
         if matches!(r, Emit::Done) {
             return;
         }
-        let job = TxJob {
+        let job = QueuedMessage {
             hdr: *hdr,
             body: body.to_owned(),
             pd,
@@ -158,11 +160,11 @@ impl Engine {
 
     /// A message whose memory vanished while it was sent (see [`Emit::Fault`]): a request
     /// fails its WQE (returns true: the QP went to error); a read response becomes a NAK.
-    fn emit_failed(&mut self, li: usize, job: TxJob) -> bool {
+    fn emit_failed(&mut self, li: usize, job: QueuedMessage) -> bool {
         if job.hdr.kind == kind::REQ {
             // A requester's lkey vanished under a posted WQE.
             let (qpn, psn) = (job.hdr.src_qpn, job.hdr.psn);
-            if self.qps.get(qpn as usize).is_some_and(Option::is_some) {
+            if self.qps.get(qpn).is_some() {
                 self.enter_error(qpn, Some((psn, Syndrome::LocalProt)));
                 return true;
             }
@@ -232,56 +234,5 @@ fn emit(
         if *sent >= total {
             return Emit::Done;
         }
-    }
-}
-
-/// The header of the packet of message `hdr` (`total` payload bytes) that carries `seg`
-/// bytes from byte `sent` on.
-#[inline]
-pub(super) fn packet_header(hdr: &PktHeader, sent: u32, seg: u32, total: u32) -> PktHeader {
-    let mut h = *hdr;
-    h.offset = sent;
-    h.seg_len = seg;
-    if sent == 0 {
-        h.flags |= flag::FIRST;
-    }
-    if sent + seg == total {
-        h.flags |= flag::LAST;
-    }
-    h
-}
-
-/// The header of a response to request `h`.
-pub(super) fn reply(h: &PktHeader, op: u8) -> PktHeader {
-    PktHeader {
-        kind: kind::RESP,
-        op,
-        dst_qpn: h.src_qpn,
-        src_qpn: h.dst_qpn,
-        psn: h.psn,
-        ..Default::default()
-    }
-}
-
-/// A NAK of request (or read response) `h` with `code`.
-pub(super) fn nak(h: &PktHeader, code: u8) -> TxJob {
-    let mut r = reply(h, resp::NAK);
-    if h.kind == kind::RESP {
-        // Turning a read response into a NAK: it keeps the requester's addressing.
-        r = PktHeader {
-            kind: kind::RESP,
-            op: resp::NAK,
-            dst_qpn: h.dst_qpn,
-            src_qpn: h.src_qpn,
-            psn: h.psn,
-            ..Default::default()
-        };
-    }
-    r.syndrome = code;
-    TxJob {
-        hdr: r,
-        body: Body::Empty,
-        pd: 0,
-        sent: 0,
     }
 }

@@ -6,9 +6,14 @@
 //!   receive it consumes and the answer;
 //! - [`acks`]: acknowledgements owed, sent a round later and coalesced per QP;
 //! - [`by_ref`]: single-copy delivery of large payloads between devices of one process;
+//! - [`direct_write`]: RDMA writes the requester copies straight into the responder's
+//!   memory, between devices of one process;
+//! - [`admission`]: the one rule by which a responder QP takes a request, for packets and
+//!   direct writes alike;
 //! - [`completion`]: responses from the peer, in-order completion and CQE writes (step 6);
 //! - [`errors`]: malformed WQEs, failures and the error state with its flushes;
 //! - [`links`]: packets in and out of the links;
+//! - [`packets`]: the headers of a message's packets, responses and NAKs;
 //! - [`memory`]: key checks and copies between the wire and registered memory;
 //! - [`timers`]: dead links, retry delays and the transport timeout.
 //!
@@ -19,24 +24,26 @@ mod acks;
 mod admission;
 mod by_ref;
 mod completion;
+mod direct_write;
 mod errors;
 mod links;
 mod memory;
-mod placed;
+mod packets;
 mod requester;
 mod responder;
 mod timers;
 
-use super::link::{DeviceShare, Link, PktHeader};
+use super::link::{DeviceShare, Link};
 use super::mr_table::{MrCache, MrTable};
+use super::targets::WriteTargets;
 use super::uar::{Bfreg, BF_SIZE};
 use super::watch::Watch;
+use super::wire::{resp, PktHeader};
 use super::{Cmd, EngineCtl};
 use crate::device::provider::{AsyncEvent, HwQpState, QpTimers};
 use crate::format::*;
 use crate::mem::RingMem;
 use memory::Seg;
-pub(crate) use placed::WriteTargets;
 
 /// Called with the peer device of each link the engine releases: the device forgets it.
 pub(crate) type ForgetPeer = Box<dyn Fn(u64) + Send>;
@@ -132,14 +139,6 @@ impl QpHw {
     }
 }
 
-/// Response codes (the `op` of a response packet).
-pub(crate) mod resp {
-    pub const ACK: u8 = 1;
-    pub const NAK: u8 = 2;
-    pub const READ: u8 = 3;
-    pub const ATOMIC: u8 = 4;
-}
-
 /// NAK codes beyond the error syndromes: retry later.
 const NAK_RNR: u8 = 0xF0;
 /// The responder QP exists but is not connected yet (a real responder drops such packets
@@ -168,7 +167,7 @@ struct OutWqe {
 }
 
 /// A message being received (after its first packet was accepted).
-struct InMsg {
+struct IncomingMessage {
     op: Opcode,
     len: u32,
     got: u32,
@@ -177,6 +176,8 @@ struct InMsg {
     dest: Dest,
 }
 
+/// Where a message being received lands: memory through an rkey (RDMA writes), or the
+/// segments of the receive it consumed (sends).
 enum Dest {
     Memory { rkey: u32, addr: u64 },
     Recv { sges: SmallVec<[Seg; 4]> },
@@ -235,53 +236,82 @@ impl BodyRef<'_> {
     }
 }
 
-struct TxJob {
+/// A message queued on a link: its header, payload, the PD its payload is read through,
+/// and how many payload bytes have gone out.
+struct QueuedMessage {
     hdr: PktHeader,
     body: Body,
     pd: u32,
     sent: u32,
 }
 
-struct EQp {
+/// A QP as the engine keeps it, the QP context of a ConnectX: what the host gave it
+/// ([`QpHw`]), the connection, the error state, and the state of its two halves, the
+/// requester (send ring, [`SqContext`]) and the responder (receive ring, [`RqContext`]).
+struct QpContext {
     hw: QpHw,
+    /// The link to the peer (an index in the engine's links), once connected.
     link: Option<usize>,
+    /// The peer QP's number.
     rqpn: u32,
+    /// In the error state: work is flushed, nothing is sent or taken.
     err: bool,
-    // requester
-    sq_ci: u64,
+    /// A CQE of this QP was dropped because its CQ overran: the QP goes to error.
+    cq_overrun: bool,
+    sq: SqContext,
+    rq: RqContext,
+}
+
+/// The requester's half of a QP context: the send ring's consumer index, the messages it
+/// started, and the transport's retry and timeout state.
+struct SqContext {
+    /// The send ring's consumer index (free-running, in WQEBBs).
+    ci: u64,
     /// The doorbell register's halves as last seen.
     last_db: [u64; 2],
+    /// The ring is to be looked at again without a new doorbell (stalled, or not read to
+    /// its end).
     pending: bool,
+    /// The PSN of the next message sent.
     next_psn: u32,
+    /// The WQEs started and not completed, in order.
     out: VecDeque<OutWqe>,
+    /// RNR retries left for the message at the front.
     rnr_left: u8,
+    /// A retry waits until then (an RNR delay, a NOT_READY retry).
     retry_at: Option<Instant>,
+    /// When the transport timer last restarted.
     progress_at: Instant,
     /// The QP made progress (an answer came, a WQE completed, the first WQE went out) since
     /// the timers last looked: they restart its transport timer at their own clock reading,
     /// which is never earlier than the progress (so no timeout fires early) and spares each
     /// message a read of the clock.
     progressed: bool,
-    // responder
-    exp_psn: u32,
-    rq_ci: u64,
-    inmsg: Option<InMsg>,
-    /// After entering the error state with nothing outstanding (e.g. during an RNR wait):
-    /// the syndrome the next WQE of the ring completes with, instead of WR_FLUSH.
-    fail_next: Option<Syndrome>,
     /// The peer answered "not ready" and nothing else since: retries are not progress, so
     /// the QP's timeout keeps running across them.
     not_ready: bool,
-    /// A CQE of this QP was dropped because its CQ overran: the QP goes to error.
-    cq_overrun: bool,
+    /// After entering the error state with nothing outstanding (e.g. during an RNR wait):
+    /// the syndrome the next WQE of the ring completes with, instead of WR_FLUSH.
+    fail_next: Option<Syndrome>,
+}
+
+/// The responder's half of a QP context: the PSN it expects, the receive ring's consumer
+/// index, the message being received and the ACK owed.
+struct RqContext {
+    /// The PSN of the next message the QP takes.
+    exp_psn: u32,
+    /// The receive ring's consumer index (free-running).
+    ci: u64,
+    /// The message being received, after its first packet was accepted.
+    inmsg: Option<IncomingMessage>,
     /// The responder owes the peer an ACK up to this PSN ([`acks`]).
     ack_owed: Option<u32>,
-    /// The QP's context is published to its in-process peer for placed writes ([`placed`]):
-    /// each PSN it expects is published too.
+    /// The QP's context is published to its in-process peer for direct writes
+    /// ([`direct_write`]): each PSN it expects is published too.
     published: bool,
 }
 
-impl EQp {
+impl QpContext {
     /// What admission looks at in this QP's context (the peer named by link index).
     #[inline]
     fn view(&self) -> admission::QpView<usize> {
@@ -289,35 +319,86 @@ impl EQp {
             peer: self.link,
             rqpn: self.rqpn,
             err: self.err,
-            exp_psn: self.exp_psn,
+            exp_psn: self.rq.exp_psn,
         }
     }
 
     /// The responder took the message at its expected PSN: it expects the next, and says so
-    /// to a peer that places writes.
+    /// to a peer that writes directly.
     #[inline]
     fn expect_next(&mut self, targets: &WriteTargets) {
-        self.exp_psn = self.exp_psn.wrapping_add(1);
-        if self.published {
-            targets.expect(self.hw.qpn, self.exp_psn);
+        self.rq.exp_psn = self.rq.exp_psn.wrapping_add(1);
+        if self.rq.published {
+            targets.expect(self.hw.qpn, self.rq.exp_psn);
         }
     }
 }
 
-struct ELink {
+/// The engine's QP contexts, by QPN (the QP table of a ConnectX).
+#[derive(Default)]
+struct QpTable(Vec<Option<QpContext>>);
+
+impl QpTable {
+    /// QP `qpn`'s context, if the QP exists.
+    #[inline]
+    fn get(&self, qpn: u32) -> Option<&QpContext> {
+        self.0.get(qpn as usize)?.as_ref()
+    }
+
+    /// QP `qpn`'s context, if the QP exists.
+    #[inline]
+    fn get_mut(&mut self, qpn: u32) -> Option<&mut QpContext> {
+        self.0.get_mut(qpn as usize)?.as_mut()
+    }
+
+    /// QP `qpn`'s context and its link (if connected and not released), borrowed together
+    /// and apart from the rest of the engine: the one lookup a step needs.
+    #[inline]
+    fn with_link<'a>(
+        &'a mut self,
+        qpn: u32,
+        links: &'a mut [EngineLink],
+    ) -> Option<(&'a mut QpContext, Option<&'a mut EngineLink>)> {
+        let q = self.get_mut(qpn)?;
+        let link = q.link.and_then(|li| links.get_mut(li));
+        Some((q, link))
+    }
+
+    /// A new QP's context, in its QPN's place.
+    fn insert(&mut self, q: QpContext) {
+        let n = q.hw.qpn as usize;
+        if self.0.len() <= n {
+            self.0.resize_with(n + 1, || None);
+        }
+        self.0[n] = Some(q);
+    }
+
+    /// Takes QP `qpn`'s context out (the QP is destroyed).
+    fn remove(&mut self, qpn: u32) -> Option<QpContext> {
+        self.0.get_mut(qpn as usize)?.take()
+    }
+
+    /// Drops every QP.
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+/// One of the engine's links, with the messages waiting for room in its send ring.
+struct EngineLink {
     link: Link,
-    queue: VecDeque<TxJob>,
+    queue: VecDeque<QueuedMessage>,
 }
 
 pub(crate) struct Engine {
     ctl: Arc<EngineCtl>,
     mrs: Arc<MrTable>,
-    /// This device's QPs that take writes placed by its in-process peers ([`placed`]).
+    /// This device's QPs that take direct writes from its in-process peers ([`direct_write`]).
     targets: Arc<WriteTargets>,
     mrc: MrCache,
-    qps: Vec<Option<EQp>>,
+    qps: QpTable,
     active: Vec<u32>,
-    links: Vec<ELink>,
+    links: Vec<EngineLink>,
     /// QPs that owe an ACK ([`acks`]).
     owed: Vec<u32>,
     /// Coarse clock for the timers, refreshed every few dozen polling rounds and on each
@@ -342,6 +423,12 @@ fn psn_le(a: u32, b: u32) -> bool {
 }
 
 impl Engine {
+    /// QP `qpn`'s context and its link: [`QpTable::with_link`] on the engine's tables.
+    #[inline]
+    fn qp_and_link(&mut self, qpn: u32) -> Option<(&mut QpContext, Option<&mut EngineLink>)> {
+        self.qps.with_link(qpn, &mut self.links)
+    }
+
     pub(crate) fn new(ctl: Arc<EngineCtl>, share: DeviceShare, forget_peer: ForgetPeer) -> Self {
         let watch = ctl.watch.lock().clone();
         Self {
@@ -349,7 +436,7 @@ impl Engine {
             mrs: share.regions,
             targets: share.targets,
             mrc: MrCache::default(),
-            qps: Vec::new(),
+            qps: QpTable::default(),
             active: Vec::new(),
             links: Vec::new(),
             owed: Vec::new(),
@@ -408,8 +495,8 @@ impl Engine {
             || self.doorbells_due
             || self.links.iter().any(|l| !l.queue.is_empty())
             || (self.active.iter())
-                .filter_map(|&n| self.qps[n as usize].as_ref())
-                .any(|q| q.pending || q.err || q.cq_overrun);
+                .filter_map(|&n| self.qps.get(n))
+                .any(|q| q.sq.pending || q.err || q.cq_overrun);
         if pending {
             self.watch.unsettle();
             return;
@@ -417,8 +504,8 @@ impl Engine {
         let qps = &self.qps;
         self.watch.settle(
             (self.active.iter())
-                .filter_map(|&n| qps[n as usize].as_ref())
-                .map(|q| q.last_db),
+                .filter_map(|&n| qps.get(n))
+                .map(|q| q.sq.last_db),
             self.links.iter().map(|l| l.link.rx.pos()),
             self.mrc.version(),
         );
@@ -429,7 +516,7 @@ impl Engine {
     #[cold]
     fn rewatch(&mut self) {
         let bfregs = (self.active.iter())
-            .filter_map(|&n| self.qps[n as usize].as_ref())
+            .filter_map(|&n| self.qps.get(n))
             .map(|q| q.hw.bfreg.clone())
             .collect();
         let rings = self.links.iter().map(|l| l.link.rx.probe()).collect();
@@ -585,14 +672,14 @@ impl Engine {
                     rq_psn,
                 } => self.connect(qpn, peer, rqpn, rq_psn),
                 Cmd::Timers { qpn, timers } => {
-                    if let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) {
+                    if let Some(q) = self.qps.get_mut(qpn) {
                         q.hw.timers = timers;
-                        q.rnr_left = timers.rnr_retry;
-                        q.next_psn = timers.sq_psn;
+                        q.sq.rnr_left = timers.rnr_retry;
+                        q.sq.next_psn = timers.sq_psn;
                     }
                 }
                 Cmd::AddLink(l) => {
-                    self.links.push(ELink {
+                    self.links.push(EngineLink {
                         link: *l,
                         queue: VecDeque::new(),
                     });
@@ -607,43 +694,45 @@ impl Engine {
 
     /// A new QP, in the QP table and polled from now on.
     fn add_qp(&mut self, hw: QpHw) {
-        let n = hw.qpn as usize;
-        if self.qps.len() <= n {
-            self.qps.resize_with(n + 1, || None);
-        }
+        let n = hw.qpn;
         let rnr = hw.timers.rnr_retry;
         // (A bfreg of a destroyed QP keeps what was last rung there.)
         let last_db = hw.doorbell();
-        self.qps[n] = Some(EQp {
+        let progress_at = self.stamp();
+        self.qps.insert(QpContext {
             hw,
             link: None,
             rqpn: 0,
             err: false,
-            sq_ci: 0,
-            last_db,
-            pending: false,
-            next_psn: 0,
-            out: VecDeque::new(),
-            rnr_left: rnr,
-            retry_at: None,
-            progress_at: self.stamp(),
-            progressed: false,
-            exp_psn: 0,
-            rq_ci: 0,
-            inmsg: None,
-            fail_next: None,
-            not_ready: false,
             cq_overrun: false,
-            ack_owed: None,
-            published: false,
+            sq: SqContext {
+                ci: 0,
+                last_db,
+                pending: false,
+                next_psn: 0,
+                out: VecDeque::new(),
+                rnr_left: rnr,
+                retry_at: None,
+                progress_at,
+                progressed: false,
+                not_ready: false,
+                fail_next: None,
+            },
+            rq: RqContext {
+                exp_psn: 0,
+                ci: 0,
+                inmsg: None,
+                ack_owed: None,
+                published: false,
+            },
         });
-        self.active.push(n as u32);
+        self.active.push(n);
     }
 
     /// A destroyed QP: out of the table, its queued packets dropped.
     fn remove_qp(&mut self, qpn: u32) {
         self.targets.close(qpn);
-        if let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::take) {
+        if let Some(q) = self.qps.remove(qpn) {
             if let Some(li) = q.link {
                 self.links[li].queue.retain(|j| j.hdr.src_qpn != qpn);
             }
@@ -654,16 +743,16 @@ impl Engine {
     /// A QP connected to peer QP `rqpn` of the device at the other end of the link to `peer`
     /// (the newest link to it that is not dead). With none (the peer went away between the
     /// connect's link set-up and this command), the QP fails as its first send would. On a
-    /// link within this process its context is published for placed writes.
+    /// link within this process its context is published for direct writes.
     fn connect(&mut self, qpn: u32, peer: u64, rqpn: u32, rq_psn: u32) {
         let li = (self.links.iter()).rposition(|l| l.link.peer == peer && !l.link.dead);
-        let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) else {
+        let Some(q) = self.qps.get_mut(qpn) else {
             return;
         };
         q.link = li;
         q.rqpn = rqpn;
-        q.exp_psn = rq_psn;
-        q.pending = true;
+        q.rq.exp_psn = rq_psn;
+        q.sq.pending = true;
         let Some(li) = li else {
             tracing::warn!(
                 "soft device: connect of QP {qpn:#x}: the link to peer device {peer:016x} is gone: the QP fails"
@@ -673,8 +762,8 @@ impl Engine {
             return;
         };
         let link = &self.links[li].link;
-        q.published = link.peer_targets().is_some();
-        if q.published {
+        q.rq.published = link.peer_targets().is_some();
+        if q.rq.published {
             self.targets.open(qpn, link.pair_id, rqpn, q.hw.pd, rq_psn);
         } else {
             self.targets.close(qpn);
@@ -688,7 +777,9 @@ impl Engine {
     pub(super) fn release_link(&mut self, li: usize) {
         let last = self.links.len() - 1;
         for &qpn in &self.active {
-            let q = self.qps[qpn as usize].as_mut().unwrap();
+            let Some(q) = self.qps.get_mut(qpn) else {
+                continue;
+            };
             if q.link == Some(li) {
                 debug_assert!(q.err, "a QP not in error on a released link");
                 q.link = None;
@@ -712,17 +803,13 @@ impl Engine {
 }
 
 /// What starting one WQE came to.
-enum Step {
+enum WqeStep {
     /// The WQE was started, completed or flushed: go on with the next.
     Advanced,
     /// The WQE must wait (fence): resume later without a new doorbell.
     Stalled,
     /// The ring is malformed: stop reading it.
     Stop,
-}
-
-fn q_sq_ci(qps: &[Option<EQp>], qpn: u32) -> u64 {
-    qps[qpn as usize].as_ref().unwrap().sq_ci
 }
 
 impl EngineCtl {

@@ -2,12 +2,12 @@
 //! into a message on the QP's link (requester steps 1 to 5 of `docs/soft-device.md`; step 6,
 //! completion, is in [`completion`](super::completion)).
 
-use super::super::link::{flag, kind, PktHeader};
-use super::links::packet_header;
+use super::super::wire::{flag, kind, PktHeader};
+use super::direct_write::{direct_write, local_bytes};
 use super::memory::sges_ok;
 use super::memory::Seg;
-use super::placed;
-use super::{psn_le, q_sq_ci, BodyRef, EQp, Engine, OutWqe, QpHw, Step, MAX_QUEUED};
+use super::packets::packet_header;
+use super::{psn_le, BodyRef, Engine, OutWqe, QpContext, QpHw, WqeStep, MAX_QUEUED};
 use crate::device::provider::{Access, MAX_MESSAGE};
 use crate::format::*;
 use crate::mem::slot_off;
@@ -32,7 +32,7 @@ const INLINE_LANE_WQEBBS: usize = 4;
 
 /// The WQE being started: its control segment, opcode, size and place in the ring.
 #[derive(Clone, Copy)]
-struct At {
+struct StartedWqe {
     ctrl: CtrlSeg,
     opcode: Opcode,
     nbb: u32,
@@ -46,15 +46,15 @@ impl Engine {
     /// ring. The common case, nothing new, costs one load of the doorbell's cache line.
     #[inline]
     pub(super) fn poll_qp(&mut self, qpn: u32) -> bool {
-        let Some(q) = self.qps[qpn as usize].as_ref() else {
+        let Some(q) = self.qps.get(qpn) else {
             return false;
         };
         // The next WQE slot is prefetched so that, when a doorbell comes, both lines travel
         // at once.
         q.hw.buf
-            .prefetch(slot_off(q.hw.sq_off, q.sq_ci, q.hw.sq_cnt, WQEBB));
+            .prefetch(slot_off(q.hw.sq_off, q.sq.ci, q.hw.sq_cnt, WQEBB));
         let db = q.hw.doorbell();
-        if db == q.last_db && !q.pending && !q.err {
+        if db == q.sq.last_db && !q.sq.pending && !q.err {
             return false;
         }
         self.serve_qp(qpn, db)
@@ -64,7 +64,9 @@ impl Engine {
     /// (out of line: the look that finds nothing stays small).
     #[inline(never)]
     fn serve_qp(&mut self, qpn: u32, db: [u64; 2]) -> bool {
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return false;
+        };
         if q.cq_overrun && !q.err {
             // A CQE of this QP found its CQ overrun: the QP goes to error (the flushes that
             // follow are dropped as well while the CQ is in error).
@@ -73,53 +75,54 @@ impl Engine {
         }
         // Receive ring of a QP in error: flush what is posted.
         let work = q.err && super::errors::flush_recv_ring(q);
-        if db == q.last_db && !q.pending {
+        if db == q.sq.last_db && !q.sq.pending {
             return work;
         }
         // A new doorbell names the last WQE posted, and so how far to go, as a ConnectX takes
         // it from the register; the doorbell record is read when the doorbell cannot say
         // (a QP picked up again, a doorbell of another shape).
-        let rung = (db != q.last_db && !q.pending)
-            .then(|| q.hw.doorbell_end(db, q.last_db, q.sq_ci as u16))
+        let rung = (db != q.sq.last_db && !q.sq.pending)
+            .then(|| q.hw.doorbell_end(db, q.sq.last_db, q.sq.ci as u16))
             .flatten();
-        q.last_db = db;
+        q.sq.last_db = db;
         // (A QP in error needs no link: it flushes; its link may have been released.)
-        if (q.link.is_none() && !q.err) || q.retry_at.is_some() {
-            q.pending = true;
+        if (q.link.is_none() && !q.err) || q.sq.retry_at.is_some() {
+            q.sq.pending = true;
             return work;
         }
         let pi = rung.unwrap_or_else(|| q.hw.sq_producer());
-        q.pending = false;
+        q.sq.pending = false;
         self.drain_send_ring(qpn, pi) || work
     }
 
     /// Starts the WQEs up to the send doorbell record `pi` while the link has room (the
     /// engine never reads past the record). Returns whether anything happened.
     fn drain_send_ring(&mut self, qpn: u32, pi: u16) -> bool {
-        let sq_cnt = self.qps[qpn as usize].as_ref().unwrap().hw.sq_cnt;
         let mut work = false;
         loop {
-            let avail = pi.wrapping_sub(q_sq_ci(&self.qps, qpn) as u16) as u32;
+            let Some((q, link)) = self.qp_and_link(qpn) else {
+                return work;
+            };
+            let avail = pi.wrapping_sub(q.sq.ci as u16) as u32;
             if avail == 0 {
                 break;
             }
-            if avail > sq_cnt {
+            if avail > q.hw.sq_cnt {
                 // The doorbell record claims more WQEs than the ring holds (or went backwards).
-                if !self.qps[qpn as usize].as_ref().unwrap().err {
-                    self.malformed(qpn, None, q_sq_ci(&self.qps, qpn), pi);
+                if !q.err {
+                    let ci = q.sq.ci;
+                    self.malformed(qpn, None, ci, pi);
                 }
                 return true;
             }
-            let li = self.qps[qpn as usize].as_ref().unwrap().link;
-            if li.is_some_and(|li| self.links[li].queue.len() >= MAX_QUEUED) {
-                self.qps[qpn as usize].as_mut().unwrap().pending = true;
+            if link.is_some_and(|l| l.queue.len() >= MAX_QUEUED) {
+                q.sq.pending = true;
                 break;
             }
             // The WQE's first block, read whole at once: most WQEs end there.
-            let q = self.qps[qpn as usize].as_ref().unwrap();
             let mut first = [0u8; WQEBB];
             q.hw.buf.read(
-                slot_off(q.hw.sq_off, q.sq_ci, q.hw.sq_cnt, WQEBB),
+                slot_off(q.hw.sq_off, q.sq.ci, q.hw.sq_cnt, WQEBB),
                 &mut first,
             );
             let step = match self.common_at_once(qpn, avail, &first) {
@@ -127,12 +130,14 @@ impl Engine {
                 None => self.next_wqe(qpn, avail, &first),
             };
             match step {
-                Step::Advanced => work = true,
-                Step::Stalled => {
-                    self.qps[qpn as usize].as_mut().unwrap().pending = true;
+                WqeStep::Advanced => work = true,
+                WqeStep::Stalled => {
+                    if let Some(q) = self.qps.get_mut(qpn) {
+                        q.sq.pending = true;
+                    }
                     break;
                 }
-                Step::Stop => return true,
+                WqeStep::Stop => return true,
             }
         }
         work
@@ -146,58 +151,52 @@ impl Engine {
     /// `None`, having changed nothing, for any other WQE or anything unusual about this one:
     /// the steps then take it (and report what is wrong with it).
     #[inline]
-    fn common_at_once(&mut self, qpn: u32, avail: u32, first: &[u8; WQEBB]) -> Option<Step> {
-        let q = self.qps[qpn as usize].as_ref()?;
-        let link = &self.links[q.link?];
+    fn common_at_once(&mut self, qpn: u32, avail: u32, first: &[u8; WQEBB]) -> Option<WqeStep> {
+        let (q, link) = self.qp_and_link(qpn)?;
+        let link = link?;
         if q.err || link.link.dead || !link.queue.is_empty() {
             return None;
         }
-        let ctrl = CtrlSeg::from_bytes(first[..SEG_SIZE].try_into().ok()?);
+        let w = SendWqe::peek_common(first)?;
         // (Quietly: a malformed WQE is the steps' to report.)
-        if !ctrl_in_place(&q.hw, &ctrl, q.sq_ci, avail)
-            || wqebbs_for_ds(ctrl.ds() as usize) > INLINE_LANE_WQEBBS
-            || ctrl.flags().fence_mode() != 0
+        if !ctrl_in_place(&q.hw, &w.ctrl, q.sq.ci, avail)
+            || wqebbs_for_ds(w.ctrl.ds() as usize) > INLINE_LANE_WQEBBS
+            || w.ctrl.flags().fence_mode() != 0
         {
             return None;
         }
-        let opcode = ctrl.opcode()?;
-        if !opcode.carries_payload() {
-            return None;
-        }
-        if inline_flag(opcode, first) {
-            self.inline_at_once(qpn, &ctrl, opcode, first)
-        } else {
-            self.segment_at_once(qpn, &ctrl, opcode, first)
+        match w.data {
+            CommonData::Inline { at, len } => self.inline_at_once(qpn, &w, at..at + len, first),
+            CommonData::Segment(d) => self.segment_at_once(qpn, &w, Seg::of(d)),
         }
     }
 
-    /// [`common_at_once`](Self::common_at_once) for an inline payload (up to
-    /// [`INLINE_LANE_WQEBBS`] blocks): the WQE's packet is written straight into the link's
-    /// ring (it names no local memory to check). `None` for a ring without room.
+    /// [`common_at_once`](Self::common_at_once) for an inline payload (the bytes `payload`
+    /// of a WQE of up to [`INLINE_LANE_WQEBBS`] blocks): the WQE's packet is written straight
+    /// into the link's ring (it names no local memory to check). `None` for a ring without
+    /// room.
     fn inline_at_once(
         &mut self,
         qpn: u32,
-        ctrl: &CtrlSeg,
-        opcode: Opcode,
+        w: &CommonWqe,
+        payload: std::ops::Range<usize>,
         first: &[u8; WQEBB],
-    ) -> Option<Step> {
-        let q = self.qps[qpn as usize].as_mut()?;
-        let link = &mut self.links[q.link?];
-        let (sq_ci, ds) = (q.sq_ci, ctrl.ds() as usize);
-        let nbb = wqebbs_for_ds(ds);
+    ) -> Option<WqeStep> {
+        let (q, link) = self.qp_and_link(qpn)?;
+        let link = link?;
+        let (ctrl, opcode) = (&w.ctrl, w.opcode);
+        let (sq_ci, nbb) = (q.sq.ci, wqebbs_for_ds(ctrl.ds() as usize));
         let mut wqe = [0u8; INLINE_LANE_WQEBBS * WQEBB];
         wqe[..WQEBB].copy_from_slice(first);
         if nbb > 1 {
             read_wqe(&q.hw, sq_ci + 1, &mut wqe[WQEBB..nbb * WQEBB]);
         }
-        let hdr = request_header(q, opcode, ctrl);
-        let req = inline_request(hdr, opcode, &wqe[..ds * SEG_SIZE])?;
-        let payload = req.inline?;
-        let mut hdr = req.hdr;
+        let payload = wqe.get(payload)?;
+        let mut hdr = addressed(request_header(q, opcode, ctrl), w.raddr);
         hdr.msg_len = payload.len() as u32;
-        if opcode == Opcode::RdmaWrite && placed::place_write(q, link, &hdr, payload) {
-            complete_placed(q, ctrl, nbb as u32, hdr.msg_len);
-            return Some(Step::Advanced);
+        if opcode == Opcode::RdmaWrite && direct_write(q, link, &hdr, payload) {
+            complete_direct(q, ctrl, nbb as u32, hdr.msg_len);
+            return Some(WqeStep::Advanced);
         }
         let h = packet_header(&hdr, 0, hdr.msg_len, hdr.msg_len);
         link.link
@@ -205,25 +204,19 @@ impl Engine {
             .try_push(&h, payload.len(), |buf| buf.copy_from_slice(payload))?;
         let len = hdr.msg_len;
         make_outstanding(q, ctrl, opcode, nbb as u32, sq_ci, len, SmallVec::new());
-        q.next_psn = q.next_psn.wrapping_add(1);
-        Some(Step::Advanced)
+        q.sq.next_psn = q.sq.next_psn.wrapping_add(1);
+        Some(WqeStep::Advanced)
     }
 
-    /// [`common_at_once`](Self::common_at_once) for a payload in one segment of local memory
-    /// (a WQE of one block): the segment is checked (step 3) and the message sent as
+    /// [`common_at_once`](Self::common_at_once) for a payload in one segment `seg` of local
+    /// memory (a WQE of one block): the segment is checked (step 3) and the message sent as
     /// [`start_message`](Self::start_message) sends it. `None` for a segment the checks
     /// refuse.
-    fn segment_at_once(
-        &mut self,
-        qpn: u32,
-        ctrl: &CtrlSeg,
-        opcode: Opcode,
-        first: &[u8; WQEBB],
-    ) -> Option<Step> {
-        let q = self.qps[qpn as usize].as_mut()?;
+    fn segment_at_once(&mut self, qpn: u32, w: &CommonWqe, seg: Seg) -> Option<WqeStep> {
+        let q = self.qps.get_mut(qpn)?;
         let li = q.link?;
-        let wqe = first.get(..ctrl.ds() as usize * SEG_SIZE)?;
-        let (mut hdr, seg) = segment_request(request_header(q, opcode, ctrl), opcode, wqe)?;
+        let (ctrl, opcode) = (&w.ctrl, w.opcode);
+        let mut hdr = addressed(request_header(q, opcode, ctrl), w.raddr);
         let pd = q.hw.pd;
         self.mrc.sync(&self.mrs);
         if u64::from(seg.len) > MAX_MESSAGE
@@ -233,23 +226,25 @@ impl Engine {
         }
         hdr.msg_len = seg.len;
         if opcode == Opcode::RdmaWrite
-            && placed::local_bytes(&self.mrc.slots, &seg)
-                .is_some_and(|data| placed::place_write(q, &self.links[li], &hdr, data))
+            && local_bytes(&self.mrc.slots, &seg)
+                .is_some_and(|data| direct_write(q, &self.links[li], &hdr, data))
         {
-            complete_placed(q, ctrl, 1, seg.len);
-            return Some(Step::Advanced);
+            complete_direct(q, ctrl, 1, seg.len);
+            return Some(WqeStep::Advanced);
         }
-        make_outstanding(q, ctrl, opcode, 1, q.sq_ci, seg.len, SmallVec::new());
-        q.next_psn = q.next_psn.wrapping_add(1);
+        make_outstanding(q, ctrl, opcode, 1, q.sq.ci, seg.len, SmallVec::new());
+        q.sq.next_psn = q.sq.next_psn.wrapping_add(1);
         self.send(li, &hdr, BodyRef::Gather(&[seg]), pd);
-        Some(Step::Advanced)
+        Some(WqeStep::Advanced)
     }
 
     /// Steps 2 to 5 for the WQE at the QP's send consumer index (`avail` WQEBBs exposed),
     /// whose `first` block is read.
-    fn next_wqe(&mut self, qpn: u32, avail: u32, first: &[u8; WQEBB]) -> Step {
-        let q = self.qps[qpn as usize].as_mut().unwrap();
-        let sq_ci = q.sq_ci;
+    fn next_wqe(&mut self, qpn: u32, avail: u32, first: &[u8; WQEBB]) -> WqeStep {
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return WqeStep::Stop;
+        };
+        let sq_ci = q.sq.ci;
         let pi = (sq_ci as u16).wrapping_add(avail as u16);
         // Most WQEs are one or two blocks: those stay on the stack. The rest of the WQE is
         // read once its control segment is checked.
@@ -258,9 +253,9 @@ impl Engine {
         let ctrl = CtrlSeg::from_bytes(small[..SEG_SIZE].try_into().unwrap());
         let Some(opcode) = check_ctrl(&q.hw, &ctrl, sq_ci, avail) else {
             self.malformed(qpn, Some(&ctrl), sq_ci, pi);
-            return Step::Stop;
+            return WqeStep::Stop;
         };
-        let at = At {
+        let at = StartedWqe {
             ctrl,
             opcode,
             nbb: wqebbs_for_ds(ctrl.ds() as usize) as u32,
@@ -269,10 +264,10 @@ impl Engine {
         };
         if q.err {
             super::errors::flush_wqe(&self.ctl, q, &at.ctrl, opcode, at.nbb);
-            return Step::Advanced;
+            return WqeStep::Advanced;
         }
         if fenced(q, &ctrl) {
-            return Step::Stalled;
+            return WqeStep::Stalled;
         }
         let len = at.nbb as usize * WQEBB;
         let wqe = if len <= small.len() {
@@ -287,13 +282,13 @@ impl Engine {
         }
         let wqe = &wqe[..ctrl.ds() as usize * SEG_SIZE];
         let hdr = request_header(q, opcode, &ctrl);
-        let req = match inline_request(hdr, opcode, wqe) {
+        let req = match common_request(hdr, first, wqe) {
             Some(r) => r,
             None => match SendWqe::parse(wqe) {
                 Ok(w) => decode(hdr, &w),
                 Err(_) => {
                     self.malformed(qpn, Some(&ctrl), sq_ci, pi);
-                    return Step::Stop;
+                    return WqeStep::Stop;
                 }
             },
         };
@@ -305,14 +300,18 @@ impl Engine {
 
     /// Step 3, local checks: the length, an atomic's result segment, the lkeys (and that
     /// the link is up). A failure completes the WQE with an error and the QP goes to error.
-    fn local_checks(&mut self, qpn: u32, at: &At, req: &Request) -> Option<Step> {
+    fn local_checks(&mut self, qpn: u32, at: &StartedWqe, req: &Request) -> Option<WqeStep> {
         let (ctrl, opcode, nbb) = (&at.ctrl, at.opcode, at.nbb);
+        let Some(q) = self.qps.get(qpn) else {
+            return Some(WqeStep::Stop);
+        };
+        let (pd, li) = (q.hw.pd, q.link);
         if req.len > MAX_MESSAGE {
             return Some(self.fail_new(qpn, ctrl, opcode, nbb, Syndrome::LocalLength));
         }
         if opcode.is_atomic() && (req.sges.len() != 1 || req.sges[0].len != 8) {
             self.malformed(qpn, Some(ctrl), at.sq_ci, at.pi);
-            return Some(Step::Stop);
+            return Some(WqeStep::Stop);
         }
         // (An inline payload names no local memory: nothing to look up.)
         if !req.sges.is_empty() {
@@ -321,14 +320,13 @@ impl Engine {
             } else {
                 Access::empty()
             };
-            let pd = self.qps[qpn as usize].as_ref().unwrap().hw.pd;
             self.mrc.sync(&self.mrs);
             if !sges_ok(&self.mrc.slots, pd, &req.sges, need) {
                 return Some(self.fail_new(qpn, ctrl, opcode, nbb, Syndrome::LocalProt));
             }
         }
-        let li = self.qps[qpn as usize].as_ref().unwrap().link.unwrap();
-        if self.links[li].link.dead {
+        // (A QP not in error has a link: one released was dead.)
+        if li.is_none_or(|li| self.links[li].link.dead) {
             return Some(self.fail_new(qpn, ctrl, opcode, nbb, Syndrome::TransportRetryExc));
         }
         None
@@ -336,9 +334,13 @@ impl Engine {
 
     /// Step 5, send: the WQE becomes outstanding and its message is queued on the link (a
     /// NOP completes at once, in order).
-    fn start_message(&mut self, qpn: u32, at: &At, req: Request<'_>) -> Step {
-        let q = self.qps[qpn as usize].as_mut().unwrap();
-        let li = q.link.unwrap();
+    fn start_message(&mut self, qpn: u32, at: &StartedWqe, req: Request<'_>) -> WqeStep {
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return WqeStep::Stop;
+        };
+        let Some(li) = q.link else {
+            return WqeStep::Stop;
+        };
         let Request {
             mut hdr,
             inline,
@@ -360,9 +362,9 @@ impl Engine {
         );
         if at.opcode == Opcode::Nop {
             super::completion::complete_front(q);
-            return Step::Advanced;
+            return WqeStep::Advanced;
         }
-        q.next_psn = q.next_psn.wrapping_add(1);
+        q.sq.next_psn = q.sq.next_psn.wrapping_add(1);
         let pd = q.hw.pd;
         let body = match (&operands, inline) {
             (Some(ops), _) => BodyRef::Inline(ops),
@@ -371,20 +373,22 @@ impl Engine {
             (None, None) => BodyRef::Gather(&sges),
         };
         self.send(li, &hdr, body, pd);
-        Step::Advanced
+        WqeStep::Advanced
     }
 
     /// Rewinds the requester to resend from outstanding WQE `k` after `delay`.
     pub(super) fn rewind(&mut self, qpn: u32, k: usize, delay: Duration) {
         let now = self.stamp();
-        let q = self.qps[qpn as usize].as_mut().unwrap();
-        let o = &q.out[k];
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return;
+        };
+        let o = &q.sq.out[k];
         let (pos, psn) = (o.sq_pos, o.psn);
-        q.sq_ci = pos;
-        q.next_psn = psn;
-        q.out.truncate(k);
-        q.retry_at = Some(now + delay);
-        q.pending = true;
+        q.sq.ci = pos;
+        q.sq.next_psn = psn;
+        q.sq.out.truncate(k);
+        q.sq.retry_at = Some(now + delay);
+        q.sq.pending = true;
         if let Some(li) = q.link {
             self.links[li].queue.retain(|j| {
                 !(j.hdr.kind == kind::REQ
@@ -431,7 +435,7 @@ fn ctrl_in_place(hw: &QpHw, ctrl: &CtrlSeg, sq_ci: u64, avail: u32) -> bool {
 /// at once; a read or atomic scatters its answer into `scatter`), and the consumer index
 /// moves past it.
 fn make_outstanding(
-    q: &mut EQp,
+    q: &mut QpContext,
     ctrl: &CtrlSeg,
     opcode: Opcode,
     nbb: u32,
@@ -439,12 +443,12 @@ fn make_outstanding(
     len: u32,
     scatter: SmallVec<[Seg; 2]>,
 ) {
-    if q.out.is_empty() && !q.not_ready {
+    if q.sq.out.is_empty() && !q.sq.not_ready {
         // The transport timer starts with the first outstanding WQE.
-        q.progressed = true;
+        q.sq.progressed = true;
     }
-    q.out.push_back(OutWqe {
-        psn: q.next_psn,
+    q.sq.out.push_back(OutWqe {
+        psn: q.sq.next_psn,
         idx: ctrl.wqe_index(),
         sq_pos: sq_ci,
         opcode,
@@ -454,24 +458,24 @@ fn make_outstanding(
         got: 0,
         scatter,
     });
-    q.sq_ci += u64::from(nbb);
+    q.sq.ci += u64::from(nbb);
 }
 
-/// An RDMA write of `len` bytes (`nbb` blocks) at the QP's consumer index was placed
-/// ([`placed`]): it completes now, in order (nothing else is outstanding), and takes no PSN.
-fn complete_placed(q: &mut EQp, ctrl: &CtrlSeg, nbb: u32, len: u32) {
-    let sq_ci = q.sq_ci;
+/// An RDMA write of `len` bytes (`nbb` blocks) at the QP's consumer index was written directly
+/// ([`direct_write`](super::direct_write)): it completes now, in order (nothing else is outstanding), and takes no PSN.
+fn complete_direct(q: &mut QpContext, ctrl: &CtrlSeg, nbb: u32, len: u32) {
+    let sq_ci = q.sq.ci;
     make_outstanding(q, ctrl, Opcode::RdmaWrite, nbb, sq_ci, len, SmallVec::new());
-    q.next_psn = q.next_psn.wrapping_add(1);
-    if let Some(o) = q.out.back_mut() {
+    q.sq.next_psn = q.sq.next_psn.wrapping_add(1);
+    if let Some(o) = q.sq.out.back_mut() {
         o.done = true;
     }
     super::completion::complete_front(q);
 }
 
 /// Step 4, fence: a fenced WQE waits while an earlier read or atomic is outstanding.
-fn fenced(q: &EQp, ctrl: &CtrlSeg) -> bool {
-    ctrl.flags().fence_mode() != 0 && q.out.iter().any(|o| o.opcode.returns_data())
+fn fenced(q: &QpContext, ctrl: &CtrlSeg) -> bool {
+    ctrl.flags().fence_mode() != 0 && q.sq.out.iter().any(|o| o.opcode.returns_data())
 }
 
 /// Step 2, parse: the WQE's blocks from the one at `sq_ci` (as many as `wqe` holds),
@@ -493,13 +497,13 @@ fn read_wqe(hw: &QpHw, sq_ci: u64, wqe: &mut [u8]) {
 
 /// The header every request of QP `q` starts from: addressing, sequence number, the
 /// solicited bit and the immediate, as the control segment `ctrl` of an `opcode` WQE says.
-fn request_header(q: &EQp, opcode: Opcode, ctrl: &CtrlSeg) -> PktHeader {
+fn request_header(q: &QpContext, opcode: Opcode, ctrl: &CtrlSeg) -> PktHeader {
     let mut hdr = PktHeader {
         kind: kind::REQ,
         op: opcode as u8,
         src_qpn: q.hw.qpn,
         dst_qpn: q.rqpn,
-        psn: q.next_psn,
+        psn: q.sq.next_psn,
         imm: ctrl.imm,
         ..Default::default()
     };
@@ -509,94 +513,48 @@ fn request_header(q: &EQp, opcode: Opcode, ctrl: &CtrlSeg) -> PktHeader {
     hdr
 }
 
-/// The start shared by [`inline_request`] and [`segment_request`]: for a send or RDMA write
-/// (with or without immediate), `hdr` with the remote address a write names, and where its
-/// data segments start in `wqe`. `None` for other opcodes or a WQE cut short.
+/// `hdr` with the remote address and key of a WQE that names them.
 #[inline]
-fn addressed(mut hdr: PktHeader, opcode: Opcode, wqe: &[u8]) -> Option<(PktHeader, usize)> {
-    if !matches!(
-        opcode,
-        Opcode::Send | Opcode::SendImm | Opcode::RdmaWrite | Opcode::RdmaWriteImm
-    ) {
-        return None;
+fn addressed(mut hdr: PktHeader, raddr: Option<RaddrSeg>) -> PktHeader {
+    if let Some(r) = raddr {
+        hdr.raddr = r.raddr.get();
+        hdr.rkey = r.rkey.get();
     }
-    if opcode.has_raddr() {
-        let seg = RaddrSeg::from_bytes(wqe.get(SEG_SIZE..2 * SEG_SIZE)?.try_into().ok()?);
-        hdr.raddr = seg.raddr.get();
-        hdr.rkey = seg.rkey.get();
-    }
-    Some((hdr, data_at(opcode)))
+    hdr
 }
 
-/// Where the data segments of an `opcode` WQE start: after the control segment and, for a
-/// write, the remote-address segment.
+/// The message of the most common WQEs, a send or RDMA write (with or without immediate)
+/// whose payload is inline or one segment of local memory, from its `first` block
+/// ([`SendWqe::peek_common`]) and its `wqe` bytes (the `ds` units its control segment
+/// counts), from `hdr` ([`request_header`]): what [`SendWqe::parse`] and [`decode`] make of
+/// it, in a fraction of their work. `None` for anything else, which the full parse then
+/// reads (and refuses with its errors).
 #[inline]
-fn data_at(opcode: Opcode) -> usize {
-    if opcode.has_raddr() {
-        2 * SEG_SIZE
-    } else {
-        SEG_SIZE
-    }
-}
-
-/// The most common request, a send or RDMA write (with or without immediate) whose payload
-/// is inline, read straight off its WQE (the `ds` units its control segment counts), from
-/// `hdr` ([`request_header`]): what [`SendWqe::parse`] and [`decode`] make of it, in a
-/// fraction of their work, as every small message takes this path. `None` for anything
-/// else, or anything unusual about it, which the full parse then reads (and refuses with
-/// its errors).
-#[inline]
-fn inline_request(hdr: PktHeader, opcode: Opcode, wqe: &[u8]) -> Option<Request<'_>> {
-    let (hdr, at) = addressed(hdr, opcode, wqe)?;
-    let word = u32::from_be_bytes(wqe.get(at..at + 4)?.try_into().ok()?);
-    if word & INLINE_SEG_FLAG == 0 {
-        return None;
-    }
-    let len = InlineHeader {
-        byte_count: Be32::new(word),
-    }
-    .len() as usize;
-    let payload = wqe.get(at + 4..at + 4 + len)?;
-    Some(Request {
-        hdr,
-        inline: Some(payload),
-        operands: None,
-        sges: SmallVec::new(),
-        len: len as u64,
+fn common_request<'a>(hdr: PktHeader, first: &[u8; WQEBB], wqe: &'a [u8]) -> Option<Request<'a>> {
+    let w = SendWqe::peek_common(first)?;
+    let hdr = addressed(hdr, w.raddr);
+    Some(match w.data {
+        CommonData::Inline { at, len } => Request {
+            hdr,
+            inline: Some(wqe.get(at..at + len)?),
+            operands: None,
+            sges: SmallVec::new(),
+            len: len as u64,
+        },
+        CommonData::Segment(d) => Request {
+            hdr,
+            inline: None,
+            operands: None,
+            sges: SmallVec::from_slice(&[Seg::of(d)]),
+            len: d.byte_count.get().into(),
+        },
     })
-}
-
-/// A send or RDMA write (with or without immediate) whose payload is one segment of local
-/// memory, read straight off its WQE (the `ds` units its control segment counts) as
-/// [`inline_request`] reads an inline one: the header and the segment. `None` for anything
-/// else (no segment, several, an inline one, an empty one).
-#[inline]
-fn segment_request(hdr: PktHeader, opcode: Opcode, wqe: &[u8]) -> Option<(PktHeader, Seg)> {
-    let (hdr, at) = addressed(hdr, opcode, wqe)?;
-    if wqe.len() != at + SEG_SIZE {
-        return None;
-    }
-    let d = DataSeg::from_bytes(wqe[at..].try_into().ok()?);
-    if d.is_inline() || d.byte_count.get() == 0 {
-        return None;
-    }
-    Some((hdr, Seg::of(d)))
-}
-
-/// Whether the segment after an `opcode` WQE's control (and remote-address) segment in its
-/// first `block` is flagged inline: a cheap first look for [`inline_request`].
-#[inline]
-fn inline_flag(opcode: Opcode, block: &[u8; WQEBB]) -> bool {
-    block[data_at(opcode)] & (INLINE_SEG_FLAG >> 24) as u8 != 0
 }
 
 /// The message a parsed WQE sends (from `hdr`, [`request_header`]): its header, its payload
 /// (inline bytes, atomic operands, or a gather list) and the local segments it names.
-fn decode<'a>(mut hdr: PktHeader, w: &SendWqe<'a>) -> Request<'a> {
-    if let Some(r) = w.raddr {
-        hdr.raddr = r.raddr.get();
-        hdr.rkey = r.rkey.get();
-    }
+fn decode<'a>(hdr: PktHeader, w: &SendWqe<'a>) -> Request<'a> {
+    let hdr = addressed(hdr, w.raddr);
     // Operands travel as the request's payload: swap/add, then compare.
     let operands = w.atomic.map(|a| {
         let mut ops = [0u8; 16];
@@ -632,215 +590,62 @@ fn decode<'a>(mut hdr: PktHeader, w: &SendWqe<'a>) -> Request<'a> {
 mod tests {
     use super::*;
 
-    /// A base header with every field the WQE does not set made distinct.
-    fn base(opcode: Opcode, ctrl: &CtrlSeg) -> PktHeader {
-        PktHeader {
-            kind: kind::REQ,
-            op: opcode as u8,
-            src_qpn: 0x12,
-            dst_qpn: 0x34,
-            psn: 0x00AB_CDEF,
-            imm: ctrl.imm,
-            flags: if ctrl.flags().contains(FmCeSe::SOLICITED) {
-                flag::SOLICITED
-            } else {
-                0
-            },
-            ..Default::default()
-        }
-    }
-
-    /// The fields of a request that go on the wire, comparable.
-    fn wire(r: &Request<'_>) -> (Vec<u32>, Vec<u8>, Option<Vec<u8>>, u64, usize) {
-        let h = &r.hdr;
-        let fields = vec![
-            h.kind.into(),
-            h.op.into(),
-            h.flags.into(),
-            h.dst_qpn,
-            h.src_qpn,
-            h.psn,
-            u32::from_ne_bytes(h.imm),
-            h.rkey,
-            h.raddr as u32,
-            (h.raddr >> 32) as u32,
-        ];
-        (
-            fields,
-            r.operands.map(|o| o.to_vec()).unwrap_or_default(),
-            r.inline.map(<[u8]>::to_vec),
-            r.len,
-            r.sges.len(),
-        )
-    }
-
-    fn wqe_bytes(w: &SendWqe<'_>) -> (Vec<u8>, CtrlSeg) {
-        let mut buf = vec![0u8; 4 * WQEBB];
-        let ds = w.write_to(&mut buf).expect("a valid WQE");
-        buf.truncate(ds * SEG_SIZE);
-        let ctrl = CtrlSeg::from_bytes(buf[..SEG_SIZE].try_into().unwrap());
-        (buf, ctrl)
-    }
-
-    /// An RDMA write of `segs`, gathered from memory.
-    fn gather_write(segs: &[DataSeg]) -> SendWqe<'_> {
-        SendWqe {
-            wqe_index: 0,
-            opcode: Opcode::RdmaWrite,
-            qpn: 1,
-            flags: FmCeSe::empty(),
-            imm: [0; 4],
-            raddr: Some(RaddrSeg::new(0x2000, 9)),
-            atomic: None,
-            data: WqeData::Gather(DataSegs::from_segs(segs)),
-        }
-    }
-
+    /// The message [`common_request`] makes of a WQE is the one [`decode`] makes of its full
+    /// parse (that the fast look reads what the parse reads is checked beside the parse, in
+    /// `format/wqe_tests.rs`).
     #[test]
-    fn the_inline_path_reads_what_the_full_parse_reads() {
+    fn the_common_reader_makes_the_message_the_full_parse_makes() {
         let payload: Vec<u8> = (1..=60).collect();
+        let seg = [DataSeg::new(0x1000_2000_3000, 4096, 0x55AA)];
         for opcode in [
             Opcode::Send,
             Opcode::SendImm,
             Opcode::RdmaWrite,
             Opcode::RdmaWriteImm,
         ] {
-            for len in 0..=60 {
-                for flags in [FmCeSe::empty(), FmCeSe::SOLICITED | FmCeSe::CQ_UPDATE] {
-                    let w = SendWqe {
-                        wqe_index: 7,
-                        opcode,
-                        qpn: 0x12,
-                        flags,
-                        imm: [1, 2, 3, 4],
-                        raddr: opcode
-                            .has_raddr()
-                            .then(|| RaddrSeg::new(0x1122_3344_5566_7788, 0xAABB)),
-                        atomic: None,
-                        data: WqeData::Inline(&payload[..len]),
-                    };
-                    let (bytes, ctrl) = wqe_bytes(&w);
-                    let hdr = base(opcode, &ctrl);
-                    let fast = inline_request(hdr, opcode, &bytes);
-                    let full = decode(hdr, &SendWqe::parse(&bytes).unwrap());
-                    if len == 0 {
-                        // Written with no data segment at all: the full parse's to read.
-                        assert!(fast.is_none(), "{opcode:?}, empty");
-                        assert_eq!(full.len, 0);
-                        continue;
-                    }
-                    let fast = fast.unwrap_or_else(|| panic!("{opcode:?}, {len} bytes"));
-                    assert_eq!(wire(&fast), wire(&full), "{opcode:?}, {len} bytes");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn the_segment_path_reads_what_the_full_parse_reads() {
-        for opcode in [
-            Opcode::Send,
-            Opcode::SendImm,
-            Opcode::RdmaWrite,
-            Opcode::RdmaWriteImm,
-        ] {
-            for len in [1, 255, 256, 4096, (1 << 31) - 1] {
-                let seg = [DataSeg::new(0x1000_2000_3000, len, 0x55AA)];
+            for data in [
+                WqeData::Inline(&payload[..1]),
+                WqeData::Inline(&payload),
+                WqeData::Gather(DataSegs::from_segs(&seg)),
+            ] {
                 let w = SendWqe {
-                    wqe_index: 3,
+                    wqe_index: 7,
                     opcode,
                     qpn: 0x12,
                     flags: FmCeSe::SOLICITED,
-                    imm: [4, 3, 2, 1],
+                    imm: [1, 2, 3, 4],
                     raddr: opcode
                         .has_raddr()
                         .then(|| RaddrSeg::new(0x1122_3344_5566_7788, 0xAABB)),
                     atomic: None,
-                    data: WqeData::Gather(DataSegs::from_segs(&seg)),
+                    data,
                 };
-                let (bytes, ctrl) = wqe_bytes(&w);
-                let hdr = base(opcode, &ctrl);
-                let (fast, s) = segment_request(hdr, opcode, &bytes)
-                    .unwrap_or_else(|| panic!("{opcode:?}, {len} bytes"));
-                let full = decode(hdr, &SendWqe::parse(&bytes).unwrap());
-                let fast = Request {
-                    hdr: fast,
-                    inline: None,
-                    operands: None,
-                    sges: SmallVec::from_slice(&[s]),
-                    len: s.len.into(),
+                let mut bytes = vec![0u8; 4 * WQEBB];
+                let ds = w.write_to(&mut bytes).unwrap();
+                let first: [u8; WQEBB] = bytes[..WQEBB].try_into().unwrap();
+                let bytes = &bytes[..ds * SEG_SIZE];
+                let hdr = PktHeader {
+                    kind: kind::REQ,
+                    op: opcode as u8,
+                    psn: 0x00AB_CDEF,
+                    ..Default::default()
                 };
-                assert_eq!(wire(&fast), wire(&full), "{opcode:?}, {len} bytes");
-                assert_eq!(fast.sges[..], full.sges[..]);
+                let fast = common_request(hdr, &first, bytes).expect("a common WQE");
+                let full = decode(hdr, &SendWqe::parse(bytes).unwrap());
+                let what = format!("{opcode:?}, {data:?}");
+                assert_eq!(
+                    format!("{:?}", fast.hdr),
+                    format!("{:?}", full.hdr),
+                    "{what}"
+                );
+                assert_eq!(fast.inline, full.inline, "{what}");
+                assert_eq!(fast.sges[..], full.sges[..], "{what}");
+                assert_eq!(
+                    (fast.len, fast.operands),
+                    (full.len, full.operands),
+                    "{what}"
+                );
             }
         }
-    }
-
-    #[test]
-    fn the_segment_path_leaves_everything_else_to_the_full_parse() {
-        let one = [DataSeg::new(0x1000, 8, 0x55)];
-        let write = gather_write(&one);
-        let declined = |w: &SendWqe<'_>| {
-            let (bytes, ctrl) = wqe_bytes(w);
-            segment_request(base(w.opcode, &ctrl), w.opcode, &bytes).is_none()
-        };
-        assert!(!declined(&write), "the common case is taken");
-        let two = [one[0], DataSeg::new(0x3000, 8, 0x55)];
-        let empty = [DataSeg::new(0x1000, 0, 0x55)];
-        let cases = [
-            ("two segments", DataSegs::from_segs(&two), Opcode::RdmaWrite),
-            ("no segment", DataSegs::EMPTY, Opcode::RdmaWrite),
-            (
-                "an empty segment",
-                DataSegs::from_segs(&empty),
-                Opcode::RdmaWrite,
-            ),
-            ("a read", DataSegs::from_segs(&one), Opcode::RdmaRead),
-        ];
-        for (what, segs, opcode) in cases {
-            let w = SendWqe {
-                opcode,
-                data: WqeData::Gather(segs),
-                ..write
-            };
-            assert!(declined(&w), "{what}");
-        }
-        let payload = [7u8; 8];
-        let inline = SendWqe {
-            data: WqeData::Inline(&payload),
-            ..write
-        };
-        assert!(declined(&inline), "an inline payload");
-    }
-
-    #[test]
-    fn the_inline_path_leaves_everything_else_to_the_full_parse() {
-        let seg = [DataSeg::new(0x1000, 8, 0x55)];
-        let gather = gather_write(&seg);
-        let (bytes, ctrl) = wqe_bytes(&gather);
-        assert!(
-            inline_request(base(Opcode::RdmaWrite, &ctrl), Opcode::RdmaWrite, &bytes).is_none()
-        );
-        let read = SendWqe {
-            opcode: Opcode::RdmaRead,
-            ..gather
-        };
-        let (bytes, ctrl) = wqe_bytes(&read);
-        assert!(inline_request(base(Opcode::RdmaRead, &ctrl), Opcode::RdmaRead, &bytes).is_none());
-
-        // Malformed: an inline payload that runs past the WQE, and a write without its
-        // remote-address segment. The full parse refuses both.
-        let payload = [9u8; 20];
-        let inline = SendWqe {
-            data: WqeData::Inline(&payload),
-            ..gather
-        };
-        let (bytes, ctrl) = wqe_bytes(&inline);
-        let cut = &bytes[..bytes.len() - SEG_SIZE];
-        let hdr = base(Opcode::RdmaWrite, &ctrl);
-        assert!(inline_request(hdr, Opcode::RdmaWrite, cut).is_none());
-        assert!(SendWqe::parse(cut).is_err());
-        let ctrl_only = &bytes[..SEG_SIZE];
-        assert!(inline_request(hdr, Opcode::RdmaWrite, ctrl_only).is_none());
     }
 }

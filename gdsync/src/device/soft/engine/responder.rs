@@ -3,15 +3,17 @@
 //! and answered with an acknowledgement, read data, an atomic's old value, or a NAK
 //! (`docs/soft-device.md`, "Responder").
 
-use super::super::link::{flag, PktHeader};
 use super::super::mr_table::{MrEntry, Slots};
+use super::super::wire::{flag, PktHeader};
 use super::admission::{admission, Admission, Origin};
 use super::completion::{err_cqe, Side};
 use super::errors::complete_error;
-use super::links::{nak, reply};
 use super::memory::Seg;
 use super::memory::{scatter, sges_ok};
-use super::{psn_le, resp, Body, Dest, EQp, Engine, InMsg, QpHw, TxJob, NAK_RNR};
+use super::packets::{nak, reply};
+use super::{
+    psn_le, resp, Body, Dest, Engine, IncomingMessage, QpContext, QpHw, QueuedMessage, NAK_RNR,
+};
 use crate::device::provider::{Access, MAX_SGE};
 use crate::format::*;
 use crate::mem::slot_off;
@@ -23,7 +25,7 @@ enum Accepted {
     /// The payload goes to memory or a receive as it arrives.
     Incoming(Dest),
     /// Answered at once (read data, an atomic's old value).
-    Answered(TxJob),
+    Answered(QueuedMessage),
 }
 
 /// A request's first packet, refused.
@@ -52,10 +54,10 @@ impl Engine {
         self.receive_payload(li, h, payload);
     }
 
-    /// The most common request, an RDMA write whose one packet is the whole message, placed
+    /// The most common request, an RDMA write whose one packet is the whole message, written
     /// with a single look at its region: what [`first_packet`](Self::first_packet) and
     /// [`receive_payload`](Self::receive_payload) make of it, with no message state kept in
-    /// between. `false`, having placed nothing, for any other packet, or a write the checks
+    /// between. `false`, having written nothing, for any other packet, or a write the checks
     /// refuse: the steps then check it again and answer.
     #[inline]
     fn whole_write(&mut self, h: &PktHeader, payload: &[u8]) -> bool {
@@ -63,16 +65,18 @@ impl Engine {
             return false;
         }
         let qpn = h.dst_qpn;
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return false;
+        };
         let len = payload.len() as u64;
-        let placed = remote_region(q.hw.pd, &self.mrc.slots, h, Access::REMOTE_WRITE, len)
+        let written = remote_region(q.hw.pd, &self.mrc.slots, h, Access::REMOTE_WRITE, len)
             .is_some_and(|e| e.write(h.raddr, payload));
-        if placed {
-            q.inmsg = None;
+        if written {
+            q.rq.inmsg = None;
             q.expect_next(&self.targets);
             self.owe_ack(qpn, h.psn);
         }
-        placed
+        written
     }
 
     /// Whether the request is for a connected QP of this link, in sequence, with an opcode
@@ -80,23 +84,21 @@ impl Engine {
     /// NAK) dropped.
     pub(super) fn admit(&mut self, li: usize, h: &PktHeader) -> Option<Opcode> {
         let qpn = h.dst_qpn;
-        if self.qps.get(qpn as usize).is_none_or(Option::is_none)
-            && self.ctl.has_cmds.load(Ordering::Acquire)
-        {
+        if self.qps.get(qpn).is_none() && self.ctl.has_cmds.load(Ordering::Acquire) {
             self.commands();
         }
-        self.sync_placed_psn(qpn);
-        let q = self.qps.get(qpn as usize).and_then(Option::as_ref);
+        self.sync_direct_psn(qpn);
+        let q = self.qps.get(qpn);
         let from = Origin {
             peer: li,
             qpn: h.src_qpn,
             psn: h.psn,
         };
-        let code = match admission(q.map(EQp::view).as_ref(), &from) {
+        let code = match admission(q.map(QpContext::view).as_ref(), &from) {
             Admission::Nak(code) => code,
             // After a NAK: dropped until the requester resends this psn.
             Admission::Drop => {
-                out_of_sequence(qpn, h.psn, q.map_or(0, |q| q.exp_psn));
+                out_of_sequence(qpn, h.psn, q.map_or(0, |q| q.rq.exp_psn));
                 return None;
             }
             Admission::Admit => match Opcode::from_u8(h.op) {
@@ -108,12 +110,12 @@ impl Engine {
         None
     }
 
-    /// The PSN a published QP expects, as its peer's placed writes moved it.
+    /// The PSN a published QP expects, as its peer's direct writes moved it.
     #[inline]
-    fn sync_placed_psn(&mut self, qpn: u32) {
-        if let Some(q) = self.qps.get_mut(qpn as usize).and_then(Option::as_mut) {
-            if q.published && !q.err {
-                q.exp_psn = self.targets.psn(qpn).unwrap_or(q.exp_psn);
+    fn sync_direct_psn(&mut self, qpn: u32) {
+        if let Some(q) = self.qps.get_mut(qpn) {
+            if q.rq.published && !q.err {
+                q.rq.exp_psn = self.targets.psn(qpn).unwrap_or(q.rq.exp_psn);
             }
         }
     }
@@ -122,8 +124,10 @@ impl Engine {
     /// spec). Returns whether payload follows into memory or a receive.
     fn first_packet(&mut self, li: usize, h: &PktHeader, op: Opcode, payload: &[u8]) -> bool {
         let qpn = h.dst_qpn;
-        let q = self.qps[qpn as usize].as_mut().unwrap();
-        q.inmsg = None;
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return false;
+        };
+        q.rq.inmsg = None;
         let slots = &*self.mrc.slots;
         let r = match op {
             Opcode::RdmaWrite | Opcode::RdmaWriteImm => accept_write(q, slots, h, op),
@@ -134,7 +138,7 @@ impl Engine {
         };
         match r {
             Ok(Accepted::Incoming(dest)) => {
-                q.inmsg = Some(InMsg {
+                q.rq.inmsg = Some(IncomingMessage {
                     op,
                     len: h.msg_len,
                     got: 0,
@@ -165,9 +169,11 @@ impl Engine {
     /// scatter list, at its offset; the last one completes the message.
     fn receive_payload(&mut self, li: usize, h: &PktHeader, payload: &[u8]) {
         let qpn = h.dst_qpn;
-        let q = self.qps[qpn as usize].as_mut().unwrap();
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return;
+        };
         let slots = &*self.mrc.slots;
-        let Some(m) = q.inmsg.as_mut() else { return };
+        let Some(m) = q.rq.inmsg.as_mut() else { return };
         if h.offset != m.got || payload.len() as u64 > (m.len - m.got) as u64 {
             return;
         }
@@ -182,7 +188,7 @@ impl Engine {
         };
         if !ok {
             let recv = matches!(m.dest, Dest::Recv { .. });
-            q.inmsg = None;
+            q.rq.inmsg = None;
             if recv {
                 self.responder_error(qpn, Syndrome::LocalProt);
                 self.respond(li, nak(h, Syndrome::RemoteOp as u8));
@@ -195,7 +201,7 @@ impl Engine {
         if m.got < m.len {
             return;
         }
-        let m = q.inmsg.take().unwrap();
+        let m = q.rq.inmsg.take().unwrap();
         complete_message(q, h, &m);
         q.expect_next(&self.targets);
         self.owe_ack(qpn, h.psn);
@@ -203,7 +209,7 @@ impl Engine {
 
     /// Sends a response other than an ACK (a NAK, read data, an atomic's old value), after
     /// the ACK its QP owes: the QP's responses stay in PSN order.
-    pub(super) fn respond(&mut self, li: usize, job: TxJob) {
+    pub(super) fn respond(&mut self, li: usize, job: QueuedMessage) {
         self.pay_ack(job.hdr.src_qpn);
         self.send(li, &job.hdr, job.body.as_ref(), job.pd);
     }
@@ -211,17 +217,24 @@ impl Engine {
     /// A responder-side error on the receive at the head of the receive ring: its error
     /// CQE, then the QP to error.
     pub(super) fn responder_error(&mut self, qpn: u32, s: Syndrome) {
-        let q = self.qps[qpn as usize].as_mut().unwrap();
-        let cqe = err_cqe(CqeOpcode::RespErr, s, 0, q.hw.qpn, q.rq_ci as u16);
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return;
+        };
+        let cqe = err_cqe(CqeOpcode::RespErr, s, 0, q.hw.qpn, q.rq.ci as u16);
         complete_error(&self.ctl, q, Side::Recv, cqe);
-        q.rq_ci += 1;
+        q.rq.ci += 1;
         self.enter_error(qpn, None);
     }
 }
 
 /// An RDMA write (with immediate): a receive posted if it consumes one, and the rkey names
 /// a region of the QP's PD with `REMOTE_WRITE` covering the range.
-fn accept_write(q: &EQp, slots: &Slots, h: &PktHeader, op: Opcode) -> Result<Accepted, Refusal> {
+fn accept_write(
+    q: &QpContext,
+    slots: &Slots,
+    h: &PktHeader,
+    op: Opcode,
+) -> Result<Accepted, Refusal> {
     if op.consumes_recv() && !rq_ready(q) {
         return Err(Refusal::Nak(NAK_RNR));
     }
@@ -235,12 +248,12 @@ fn accept_write(q: &EQp, slots: &Slots, h: &PktHeader, op: Opcode) -> Result<Acc
 }
 
 /// A send: a receive posted, its scatter list valid, and the message fits in it.
-fn accept_send(q: &EQp, slots: &Slots, h: &PktHeader) -> Result<Accepted, Refusal> {
+fn accept_send(q: &QpContext, slots: &Slots, h: &PktHeader) -> Result<Accepted, Refusal> {
     if !rq_ready(q) {
         return Err(Refusal::Nak(NAK_RNR));
     }
     let hw = &q.hw;
-    let sges = read_recv_wqe(hw, q.rq_ci);
+    let sges = read_recv_wqe(hw, q.rq.ci);
     let cap: u64 = sges.iter().map(|s| s.len as u64).sum();
     if !sges_ok(slots, hw.pd, &sges, Access::LOCAL_WRITE) {
         return Err(Refusal::Fail(Syndrome::LocalProt, Syndrome::RemoteOp as u8));
@@ -256,13 +269,13 @@ fn accept_send(q: &EQp, slots: &Slots, h: &PktHeader) -> Result<Accepted, Refusa
 
 /// An RDMA read: `REMOTE_READ` covering the range; answered with the data, read from
 /// memory as the response's packets go out.
-fn serve_read(q: &EQp, slots: &Slots, h: &PktHeader) -> Result<Accepted, Refusal> {
+fn serve_read(q: &QpContext, slots: &Slots, h: &PktHeader) -> Result<Accepted, Refusal> {
     if !remote_ok(q.hw.pd, slots, h, Access::REMOTE_READ, h.msg_len as u64) {
         return Err(Refusal::Nak(Syndrome::RemoteAccess as u8));
     }
     let mut r = reply(h, resp::READ);
     r.msg_len = h.msg_len;
-    Ok(Accepted::Answered(TxJob {
+    Ok(Accepted::Answered(QueuedMessage {
         hdr: r,
         body: Body::Memory {
             rkey: h.rkey,
@@ -276,7 +289,7 @@ fn serve_read(q: &EQp, slots: &Slots, h: &PktHeader) -> Result<Accepted, Refusal
 /// An atomic: `REMOTE_ATOMIC`, 8-byte aligned, covering 8 bytes; executed on the native
 /// 8-byte word, answered with its old value.
 fn serve_atomic(
-    q: &EQp,
+    q: &QpContext,
     slots: &Slots,
     h: &PktHeader,
     op: Opcode,
@@ -302,7 +315,7 @@ fn serve_atomic(
     }) else {
         return Err(Refusal::Nak(Syndrome::RemoteOp as u8));
     };
-    Ok(Accepted::Answered(TxJob {
+    Ok(Accepted::Answered(QueuedMessage {
         hdr: reply(h, resp::ATOMIC),
         body: Body::Inline(SmallVec::from_slice(&old.to_ne_bytes())),
         pd: q.hw.pd,
@@ -312,7 +325,7 @@ fn serve_atomic(
 
 /// A message received in full: if it consumed a receive, the responder CQE (byte count,
 /// immediate, remote QPN, receive index, solicited bit) and the receive is retired.
-fn complete_message(q: &mut EQp, h: &PktHeader, m: &InMsg) {
+fn complete_message(q: &mut QpContext, h: &PktHeader, m: &IncomingMessage) {
     let Some(op) = m.op.responder_cqe() else {
         return;
     };
@@ -323,15 +336,15 @@ fn complete_message(q: &mut EQp, h: &PktHeader, m: &InMsg) {
     }
     cqe.set_flags_rqpn(h.src_qpn & 0xFF_FFFF);
     cqe.set_sop_drop_qpn(q.hw.qpn);
-    cqe.set_wqe_counter(q.rq_ci as u16);
+    cqe.set_wqe_counter(q.rq.ci as u16);
     cqe.set_op_own(op, m.solicited, 0);
     q.complete(Side::Recv, &mut cqe);
-    q.rq_ci += 1;
+    q.rq.ci += 1;
 }
 
 /// Whether a receive is posted (`rq_ci` behind the receive doorbell record).
-fn rq_ready(q: &EQp) -> bool {
-    q.hw.rq_producer().wrapping_sub(q.rq_ci as u16) != 0
+fn rq_ready(q: &QpContext) -> bool {
+    q.hw.rq_producer().wrapping_sub(q.rq.ci as u16) != 0
 }
 
 /// Whether the rkey names a region of PD `pd` (the responder QP's) with `need` rights
@@ -341,7 +354,7 @@ fn remote_ok(pd: u32, slots: &Slots, h: &PktHeader, need: Access, len: u64) -> b
 }
 
 /// The region [`remote_ok`] finds, to act on with the same lookup (also the requester's
-/// check of a placed write's target, [`super::placed`]).
+/// check of a direct write's target, [`super::direct_write`]).
 pub(super) fn remote_region<'s>(
     pd: u32,
     slots: &'s Slots,

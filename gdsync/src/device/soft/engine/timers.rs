@@ -36,10 +36,7 @@ impl Engine {
     fn link_down(&mut self, li: usize) -> bool {
         let (peer, why) = (self.links[li].link.peer, self.links[li].link.down_reason());
         let hit: Vec<u32> = (self.active.iter().copied())
-            .filter(|&qpn| {
-                let q = self.qps[qpn as usize].as_ref().unwrap();
-                q.link == Some(li) && !q.err
-            })
+            .filter(|&qpn| (self.qps.get(qpn)).is_some_and(|q| q.link == Some(li) && !q.err))
             .collect();
         // A peer that dropped its device closed the link in order, and a link no working QP
         // uses any more (a peer process that ended after its run) harms nothing; anything
@@ -63,23 +60,25 @@ impl Engine {
         let mut work = false;
         for i in 0..self.active.len() {
             let qpn = self.active[i];
-            let q = self.qps[qpn as usize].as_mut().unwrap();
-            if q.retry_at.is_some_and(|t| now >= t) {
-                q.retry_at = None;
-                q.pending = true;
+            let Some(q) = self.qps.get_mut(qpn) else {
+                continue;
+            };
+            if q.sq.retry_at.is_some_and(|t| now >= t) {
+                q.sq.retry_at = None;
+                q.sq.pending = true;
                 work = true;
             }
-            if q.progressed {
-                q.progressed = false;
-                q.progress_at = now;
+            if q.sq.progressed {
+                q.sq.progressed = false;
+                q.sq.progress_at = now;
             }
-            let waiting = !q.out.is_empty() || q.not_ready;
+            let waiting = !q.sq.out.is_empty() || q.sq.not_ready;
             // The stamp is this tick's reading or an earlier tick's, taken at or after the
             // progress it marks (a QP's creation stamps the coarse clock: one millisecond
             // of slack so the timeout never fires early).
             if !q.err
                 && waiting
-                && now.duration_since(q.progress_at)
+                && now.duration_since(q.sq.progress_at)
                     > q.hw.timers.timeout + Duration::from_millis(1)
             {
                 tracing::warn!(

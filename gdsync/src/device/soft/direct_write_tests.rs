@@ -1,4 +1,4 @@
-//! Placed writes between two devices of one process: the data lands without the
+//! Direct writes between two devices of one process: the data lands without the
 //! responder's engine, and never ahead of an earlier message of the same QP that the
 //! responder has not answered yet.
 
@@ -83,7 +83,7 @@ fn a_write_lands_while_the_responder_s_engine_is_held() {
 }
 
 /// A write posted behind a send that waits for its receive (RNR) lands only after the send
-/// was received: placed data never overtakes an earlier message of its QP.
+/// was received: directly written data never overtakes an earlier message of its QP.
 #[test]
 fn a_write_behind_a_send_waiting_for_its_receive_lands_after_it() {
     let cfg = QpConfig {

@@ -1,6 +1,6 @@
-//! Placed writes are admitted exactly as packets are: scripts of QPs made, connected (to any
+//! Direct writes are admitted exactly as packets are: scripts of QPs made, connected (to any
 //! endpoint, answered or not), destroyed (their numbers used again at once) and writing,
-//! over three soft devices of this process, run once with placed writes and once with
+//! over three soft devices of this process, run once with direct writes and once with
 //! packets only, give the same completion for every write and the same bytes in every
 //! region after it. Two scripts name the stray cases (a QP number connected on another
 //! device, a QP number given to a new peer); a property test draws the rest.
@@ -51,9 +51,9 @@ struct Node {
     dst: MemoryRegion<'static>,
 }
 
-fn node(i: usize, placed: bool) -> Node {
+fn node(i: usize, direct: bool) -> Node {
     let soft = SoftDevice::spawn_numbering(QpNumbers::within(0, QPNS)).unwrap();
-    soft.share.targets.set_enabled(placed);
+    soft.share.targets.set_enabled(direct);
     let dev = Device::from_provider(soft, None);
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(64).unwrap();
@@ -76,8 +76,8 @@ fn node(i: usize, placed: bool) -> Node {
 }
 
 /// Runs `script` on fresh devices; returns each write's outcome.
-fn run(script: &[Step], placed: bool) -> Vec<Outcome> {
-    let nodes: Vec<Node> = (0..DEVICES).map(|i| node(i, placed)).collect();
+fn run(script: &[Step], direct: bool) -> Vec<Outcome> {
+    let nodes: Vec<Node> = (0..DEVICES).map(|i| node(i, direct)).collect();
     let cfg = QpConfig {
         timeout: Duration::from_millis(10),
         retry_count: 0,
@@ -148,13 +148,13 @@ fn run(script: &[Step], placed: bool) -> Vec<Outcome> {
 
 /// Runs `script` both ways; returns the outcome, the same both ways.
 fn same_both_ways(script: &[Step]) -> Vec<Outcome> {
-    let placed = run(script, true);
+    let direct = run(script, true);
     let packets = run(script, false);
     assert_eq!(
-        placed, packets,
-        "placed writes and packets differ on {script:?}"
+        direct, packets,
+        "direct writes and packets differ on {script:?}"
     );
-    placed
+    direct
 }
 
 /// With three devices, A's QP 1 connected to B's QP 1, which is connected to C's QP 1 (not
@@ -251,7 +251,7 @@ proptest! {
 
     /// Random connection graphs, reuses and teardowns: the same decision both ways.
     #[test]
-    fn placed_writes_are_admitted_as_packets_are(script in prop::collection::vec(step(), 8..40)) {
+    fn direct_writes_are_admitted_as_packets_are(script in prop::collection::vec(step(), 8..40)) {
         same_both_ways(&script);
     }
 }
