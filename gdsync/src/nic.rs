@@ -1,11 +1,10 @@
-//! The device handle: opens a provider (the soft device, or an mlx5 port through
-//! [`Device::open`]) and creates the queue
-//! layer's objects on it: protection domains, completion queues, and through a domain, QPs.
+//! The device handle: the provider that serves it (opened by device selection,
+//! [`Device::open`] and [`Device::soft`]) and the queue layer's objects it creates:
+//! protection domains, completion queues, and through a domain, QPs.
 
 use crate::context::DeviceContext;
 use crate::cq::Cq;
 use crate::device::provider::Provider;
-use crate::device::soft::SoftDevice;
 use crate::device::{DeviceAttr, DeviceInfo, Endpoint, LinkKind, PortAttr};
 use crate::mr::ProtectionDomain;
 use crate::Result;
@@ -26,12 +25,6 @@ impl std::fmt::Debug for Device {
 }
 
 impl Device {
-    /// A soft device: a software model of the mlx5 RC data path, served by its own engine
-    /// thread. Needs no hardware.
-    pub fn soft() -> Result<Self> {
-        Ok(Device::from_provider(SoftDevice::new()?))
-    }
-
     /// A device served by `provider`.
     pub(crate) fn from_provider(provider: Arc<dyn Provider>) -> Self {
         Device {

@@ -10,6 +10,7 @@ pub(crate) mod provider;
 mod select;
 pub(crate) mod soft;
 
+pub(crate) use attr::{rnr_delay, transport_timeout};
 pub use attr::{DeviceAttr, LinkLayer, PortAttr, PortState};
 pub use endpoint::{Endpoint, LinkKind, LinkPolicy, PortAddress};
 pub use provider::{Access, MAX_MESSAGE, MAX_SGE};

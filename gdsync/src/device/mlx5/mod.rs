@@ -37,7 +37,6 @@ mod qp;
 )]
 mod sys;
 
-pub use crate::device::soft::serve_emulated_driver;
 pub use context::{devices, Context, DeviceLimits, RdmaDeviceInfo};
 pub use cq::{Cq, CqRing};
 pub use error::RdmaError;
@@ -48,8 +47,8 @@ pub use pd::{Mr, Pd};
 pub use placed::Placement;
 pub use port::{LinkLayer, PortInfo, PortState};
 pub use post::VerbsCompletion;
-pub(crate) use provider::open as open_device;
 pub use provider::GID_INDEX_VAR;
+pub(crate) use provider::{open as open_provider, UarPages};
 pub use qp::{Qp, QpAttr, QpCaps, QpRings, QpState, RemoteQp, RtrAttr, RtsAttr};
 
 /// Result of the mlx5 control path.

@@ -17,9 +17,10 @@ use crate::device::{
     host_id, DeviceAttr, Endpoint, LinkKind, LinkLayer as PortLink, LinkPolicy, PortAddress,
     PortAttr, PortState,
 };
+use crate::device::{rnr_delay, transport_timeout};
 use crate::mem::RingMem;
 use crate::ops::KeepAlive;
-use crate::{Device, Error, Result};
+use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -62,10 +63,9 @@ pub(crate) struct Mlx5Device {
     /// Whether GPUs are present: libmlx5's rings and doorbell page are then registered for
     /// them.
     gpus: bool,
-    /// The device is the emulated kernel driver's (a soft HCA serves it): its doorbell page is
-    /// ordinary memory, registered for GPUs as such.
-    emulated: bool,
-    /// That the emulated doorbell page was registered plainly has been said.
+    /// What the doorbell pages are (the opener's word).
+    uar: UarPages,
+    /// That a doorbell page was registered as ordinary memory has been said.
     plain_doorbell_said: AtomicBool,
     next_pd: AtomicU32,
     /// PDs by id; a PD verbs refused keeps the reason, given to whatever uses it.
@@ -76,21 +76,21 @@ pub(crate) struct Mlx5Device {
     events: EventWatch,
 }
 
-/// Opens port `port` of the mlx5 device `name` as a [`Device`] (the mlx5 data path). Under
-/// the emulated kernel driver, this process's soft devices become its HCA first.
-pub(crate) fn open(name: &str, port: u8) -> Result<Device> {
-    let emulated = match crate::device::soft::serve_emulated_driver() {
-        Ok(n) => {
-            tracing::debug!("emulated RDMA driver: {n} device(s) served by soft HCAs");
-            true
-        }
-        Err(why) => {
-            tracing::trace!("{why}");
-            false
-        }
-    };
-    let dev = Mlx5Device::open(name, port, emulated).map_err(|e| rdma_error(name, e))?;
-    Ok(Device::from_provider(Arc::new(dev)))
+/// What the opener knows of the doorbell (UAR) pages the device's driver maps, which decides
+/// how they are registered for GPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum UarPages {
+    /// I/O memory (a ConnectX's BAR): registered for GPUs as I/O memory, or not at all.
+    Io,
+    /// Possibly ordinary memory (a driver that emulates the HCA in software): where the I/O
+    /// registration fails, registered as ordinary memory.
+    MaybeHostMemory,
+}
+
+/// Opens port `port` of the mlx5 device `name` as a provider (the mlx5 data path).
+pub(crate) fn open(name: &str, port: u8, uar: UarPages) -> Result<Arc<dyn Provider>> {
+    let dev = Mlx5Device::open(name, port, uar).map_err(|e| rdma_error(name, e))?;
+    Ok(Arc::new(dev))
 }
 
 /// An rdma-core error as the queue layer reports it, naming the device.
@@ -106,7 +106,7 @@ fn rdma_error(dev: &str, e: RdmaError) -> Error {
 }
 
 impl Mlx5Device {
-    fn open(name: &str, port: u8, emulated: bool) -> std::result::Result<Self, RdmaError> {
+    fn open(name: &str, port: u8, uar: UarPages) -> std::result::Result<Self, RdmaError> {
         let ctx = Context::open(name)?;
         let limits = ctx.query_device()?;
         let info = ctx.query_port(port)?;
@@ -144,7 +144,7 @@ impl Mlx5Device {
             addr,
             limits,
             gpus: crate::cuda::Cuda::available(),
-            emulated,
+            uar,
             plain_doorbell_said: AtomicBool::new(false),
             next_pd: AtomicU32::new(1),
             pds: Mutex::new(HashMap::new()),
@@ -282,9 +282,11 @@ impl Mlx5Device {
             (true, false) => mem.map_for_gpus(false).err(),
             (true, true) => match mem.map_for_gpus(true) {
                 Ok(()) => None,
-                // The emulated driver's doorbell page is ordinary memory, which CUDA
+                // An emulated driver's doorbell page is ordinary memory, which CUDA
                 // registers only as such (a ConnectX's is I/O memory: no second try there).
-                Err(e) if self.emulated && mem.map_for_gpus(false).is_ok() => {
+                Err(e)
+                    if self.uar == UarPages::MaybeHostMemory && mem.map_for_gpus(false).is_ok() =>
+                {
                     if !self.plain_doorbell_said.swap(true, Ordering::Relaxed) {
                         tracing::info!(
                             "{}: the emulated driver's doorbell page is ordinary memory, not \
@@ -348,8 +350,7 @@ fn rts_attr(t: &QpTimers, max_rd_atomic: u8) -> RtsAttr {
 
 /// The IB transport-timeout code whose wait (4.096 µs × 2^code) covers `d`.
 fn timeout_code(d: Duration) -> u8 {
-    let units = d.as_nanos().div_ceil(4096).max(1);
-    (units.next_power_of_two().trailing_zeros() as u8).clamp(1, 31)
+    (1..32).find(|&c| transport_timeout(c) >= d).unwrap_or(31)
 }
 
 /// The IB `rnr_retry` for the queue layer's count: 7 (forever) for `u8::MAX`, else the count,
@@ -364,7 +365,6 @@ fn rnr_retry_code(n: u8) -> u8 {
 /// The IB receiver-not-ready timer code (`min_rnr_timer`) whose delay covers `d` (31, the
 /// longest, where none does).
 fn rnr_timer_code(d: Duration) -> u8 {
-    use crate::device::soft::rnr_delay;
     (1..32).find(|&c| rnr_delay(c) >= d).unwrap_or(31)
 }
 
@@ -396,7 +396,6 @@ impl Provider for Mlx5Device {
 
     fn query_device(&self) -> DeviceAttr {
         let l = &self.limits;
-        let soft = crate::device::soft::device_attr();
         DeviceAttr {
             max_qp: l.max_qp,
             max_qp_wr: l.max_qp_wr,
@@ -404,7 +403,7 @@ impl Provider for Mlx5Device {
             // libmlx5 adds one entry and rounds up to a power of two.
             max_cqe: l.max_cqe,
             // gdsync's writer copies inline payload itself: a WQE's size is the limit.
-            max_inline_data: soft.max_inline_data,
+            max_inline_data: crate::format::MAX_INLINE_DATA as u32,
             phys_port_cnt: l.phys_port_cnt,
         }
     }

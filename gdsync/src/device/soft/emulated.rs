@@ -22,7 +22,7 @@ use super::device::SoftDevice;
 use super::qp_numbers::QpNumbers;
 use crate::device::endpoint::Endpoint;
 use crate::device::provider::*;
-use crate::device::LinkPolicy;
+use crate::device::{rnr_delay, transport_timeout, LinkPolicy};
 use crate::mem::RingMem;
 use crate::Error;
 use std::ffi::c_int;
@@ -422,30 +422,11 @@ extern "C" fn qp_state(dev: c_int, qpn: u32) -> c_int {
     }
 }
 
-/// The IB transport timeout `4.096 us * 2^t`; 0 means none, served as an hour.
-fn transport_timeout(t: u8) -> Duration {
-    match t {
-        0 => Duration::from_secs(3600),
-        t => Duration::from_nanos(4096u64 << t.min(31)),
-    }
-}
-
 /// How long a QP waits for an answer before it fails: a ConnectX retransmits `retry_cnt`
 /// times, each after the transport timeout, before it reports retries exceeded. The soft
 /// link loses nothing, so the soft HCA waits the whole span once.
 fn give_up_after(timeout: u8, retry_cnt: u8) -> Duration {
     transport_timeout(timeout) * (u32::from(retry_cnt.min(7)) + 1)
-}
-
-/// The IB RNR NAK timer encoding (`min_rnr_timer`), in microseconds: 0 is 655.36 ms, then
-/// 0.01 ms up to 491.52 ms.
-pub(crate) fn rnr_delay(code: u8) -> Duration {
-    const US: [u32; 32] = [
-        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560,
-        3_840, 5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880,
-        163_840, 245_760, 327_680, 491_520,
-    ];
-    Duration::from_micros(US[code as usize % 32].into())
 }
 
 #[cfg(test)]
@@ -527,13 +508,7 @@ mod tests {
 
     #[test]
     fn ib_timer_encodings() {
-        assert_eq!(transport_timeout(14), Duration::from_nanos(4096 << 14));
-        assert_eq!(transport_timeout(0), Duration::from_secs(3600));
         assert_eq!(give_up_after(14, 7), Duration::from_nanos(8 * (4096 << 14)));
         assert_eq!(give_up_after(14, 0), transport_timeout(14));
-        assert_eq!(rnr_delay(0), Duration::from_micros(655_360));
-        assert_eq!(rnr_delay(1), Duration::from_micros(10));
-        assert_eq!(rnr_delay(12), Duration::from_micros(640));
-        assert_eq!(rnr_delay(31), Duration::from_micros(491_520));
     }
 }

@@ -11,6 +11,7 @@
 
 mod attr;
 mod device;
+#[cfg(feature = "emulated-hca")]
 mod emulated;
 mod engine;
 mod link;
@@ -23,10 +24,9 @@ pub(crate) mod tcp;
 mod uar;
 mod watch;
 
-pub(crate) use attr::device_attr;
 pub(crate) use device::SoftDevice;
 pub use device::{accept_tcp_links, host_id};
-pub(crate) use emulated::rnr_delay;
+#[cfg(feature = "emulated-hca")]
 pub use emulated::serve_emulated_driver;
 
 pub(crate) use progress::{help, Why};
