@@ -15,7 +15,7 @@ pub struct Pd {
     pub(crate) ctx: Arc<Context>,
     pub(crate) raw: NonNull<sys::ibv_pd>,
     /// A parent domain: the PD it extends and its allocator's state, released after it.
-    pub(crate) parent: Option<super::placed::ParentParts>,
+    pub(crate) parent: Option<super::caller_rings::ParentParts>,
 }
 
 // SAFETY: libibverbs objects may be used from any thread; this type hands out no interior
