@@ -13,6 +13,7 @@
 //! Objects are destroyed in the order verbs requires (a QP before its CQs and PD, an MR before
 //! its PD, everything before the context) because each holds the objects it was made from.
 
+mod caller_rings;
 mod context;
 mod cq;
 mod error;
@@ -21,7 +22,6 @@ mod event_watch;
 mod gid;
 mod loader;
 mod pd;
-mod caller_rings;
 mod port;
 mod post;
 mod provider;
@@ -37,6 +37,10 @@ mod qp;
 )]
 mod sys;
 
+pub use caller_rings::CallerRings;
+/// The former name of [`CallerRings`].
+#[doc(hidden)]
+pub use caller_rings::CallerRings as Placement;
 pub use context::{devices, Context, DeviceLimits, RdmaDeviceInfo};
 pub use cq::{Cq, CqRing};
 pub use error::RdmaError;
@@ -44,7 +48,6 @@ pub use event::AsyncEvent;
 pub use gid::{choose_gid, Gid, GidChoice, GidEntry, GidType};
 pub use loader::Rdma;
 pub use pd::{Mr, Pd};
-pub use caller_rings::Placement;
 pub use port::{LinkLayer, PortInfo, PortState};
 pub use post::VerbsCompletion;
 pub use provider::GID_INDEX_VAR;

@@ -14,8 +14,9 @@ use std::sync::Arc;
 pub struct Pd {
     pub(crate) ctx: Arc<Context>,
     pub(crate) raw: NonNull<sys::ibv_pd>,
-    /// A parent domain: the PD it extends and its allocator's state, released after it.
-    pub(crate) parent: Option<super::caller_rings::ParentParts>,
+    /// A parent domain's parts (the PD it extends and its allocator's state,
+    /// `caller_rings::ParentParts`), released after it.
+    pub(crate) parent: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 // SAFETY: libibverbs objects may be used from any thread; this type hands out no interior
