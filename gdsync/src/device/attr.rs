@@ -22,6 +22,10 @@ pub struct DeviceAttr {
     pub max_inline_data: u32,
     /// Number of ports (`phys_port_cnt`).
     pub phys_port_cnt: u8,
+    /// The device allocates its queues' rings and doorbell records itself (libmlx5 does):
+    /// creating a queue hands it no ring memory, and the queue uses the device's. Otherwise
+    /// (the soft device) the queue layer allocates them and hands them over.
+    pub owns_rings: bool,
 }
 
 /// A port's state (as `ibv_port_state`).

@@ -5,7 +5,7 @@
 use super::{QpConfig, QpState};
 use crate::context::DeviceContext;
 use crate::cq::{CqError, CqShared, CqUser};
-use crate::device::provider::{HwQpState, MemAt, PlacedQp, QpCreated, QpSpec};
+use crate::device::provider::{DeviceQpRings, HwQpState, MemAt, QpCreated, QpMem, QpSpec};
 use crate::format::{DBREC_SQ, SEG_SIZE, WQEBB};
 use crate::mem::RingMem;
 use crate::ops::KeepAlive;
@@ -28,7 +28,7 @@ pub(crate) const QP_KERNEL_SQ_PI: usize = 256;
 pub(crate) const QP_KERNEL_RQ_PI: usize = 264;
 
 /// A QP's rings and control page, laid out as mlx5 does (receive ring at offset 0, send
-/// ring after it), before the device knows them.
+/// ring after it): the queue layer's, or the device's own.
 pub(crate) struct QpRings {
     pub buf: Arc<RingMem>,
     pub ctrl: Arc<RingMem>,
@@ -39,38 +39,39 @@ pub(crate) struct QpRings {
     pub dbrec: MemAt,
 }
 
-impl QpRings {
-    pub(super) fn new(cfg: &QpConfig) -> Self {
+/// A QP's rings as the queue layer asks the device for them: their sizes, the control page,
+/// and the ring memory where the queue layer places the rings (`None`: the device owns its
+/// rings, [`crate::DeviceAttr::owns_rings`], and is given none).
+pub(crate) struct QpRingsAsked {
+    ctrl: Arc<RingMem>,
+    sq_cnt: u32,
+    rq_cnt: u32,
+    rq_stride: u32,
+    mem: Option<QpMem>,
+}
+
+impl QpRingsAsked {
+    pub(super) fn new(cfg: &QpConfig, device_owns_rings: bool) -> Self {
         let sq_cnt = cfg.sq_cnt();
         let rq_cnt = cfg.recv_wqes.next_power_of_two();
         let rq_stride = (SEG_SIZE as u32 * cfg.max_recv_sge).next_power_of_two();
         let rq_bytes = (rq_cnt * rq_stride) as usize;
         let sq_off = rq_bytes.max(64);
         let ctrl = Arc::new(RingMem::new(crate::mem::PAGE));
-        QpRings {
+        let mem = (!device_owns_rings).then(|| QpMem {
             buf: Arc::new(RingMem::new(sq_off + sq_cnt as usize * WQEBB)),
+            sq_off,
             dbrec: MemAt {
                 mem: ctrl.clone(),
                 off: QP_DBREC,
             },
+        });
+        QpRingsAsked {
             ctrl,
-            sq_off,
             sq_cnt,
             rq_cnt,
             rq_stride,
-        }
-    }
-
-    /// The rings the device placed itself instead of these (the control page stays).
-    pub(super) fn placed_by_device(self, p: PlacedQp) -> Self {
-        QpRings {
-            buf: p.buf,
-            ctrl: self.ctrl,
-            sq_off: p.sq_off,
-            sq_cnt: p.sq_wqebbs,
-            rq_cnt: p.rq_wqes,
-            rq_stride: p.rq_stride,
-            dbrec: p.dbrec,
+            mem,
         }
     }
 
@@ -78,17 +79,32 @@ impl QpRings {
     pub(super) fn spec(&self, pd: u32, send_cqn: u32, recv_cqn: u32) -> QpSpec {
         QpSpec {
             pd,
-            buf: self.buf.clone(),
             rq_wqes: self.rq_cnt,
             rq_stride: self.rq_stride,
-            sq_off: self.sq_off,
             sq_wqebbs: self.sq_cnt,
-            dbrec: self.dbrec.clone(),
             send_cqn,
             recv_cqn,
-            doorbell: None,
-            user_index: 0,
+            mem: self.mem.clone(),
         }
+    }
+
+    /// The rings the QP uses: the ones the device allocated, else the ones it was given
+    /// (`None`: neither, a device that owns its rings but gave none).
+    pub(super) fn rings(self, device: Option<DeviceQpRings>) -> Option<QpRings> {
+        let (mem, sq_cnt, rq_cnt, rq_stride) = match (device, self.mem) {
+            (Some(d), _) => (d.mem, d.sq_wqebbs, d.rq_wqes, d.rq_stride),
+            (None, Some(mem)) => (mem, self.sq_cnt, self.rq_cnt, self.rq_stride),
+            (None, None) => return None,
+        };
+        Some(QpRings {
+            buf: mem.buf,
+            ctrl: self.ctrl,
+            sq_off: mem.sq_off,
+            sq_cnt,
+            rq_cnt,
+            rq_stride,
+            dbrec: mem.dbrec,
+        })
     }
 }
 

@@ -1,7 +1,7 @@
 //! The mlx5 device behind the provider interface: one port of an RDMA device driven by
 //! rdma-core's libmlx5, whose PDs, MRs, CQs and RC QPs the queue layer uses as it uses the
 //! soft device's. libmlx5 allocates the rings: the device answers each create with where they
-//! are ([`PlacedQp`], [`PlacedCq`]), as ring memory that holds libmlx5's object, so verbs
+//! are ([`DeviceQpRings`], [`DeviceCqRings`]), as ring memory that holds libmlx5's object, so verbs
 //! destroys it only once no queue and no op list points into it any more. gdsync's own WQE
 //! writer fills libmlx5's send and receive rings and rings its BlueFlame register; CQEs are
 //! read from libmlx5's CQ buffers.
@@ -270,7 +270,7 @@ impl Mlx5Device {
         }
     }
 
-    /// `len` bytes at `addr` of memory libmlx5 placed, held by `owner`, registered for GPUs
+    /// `len` bytes at `addr` of memory libmlx5 allocated, held by `owner`, registered for GPUs
     /// where there are any (`io`: a register page); the registration's failure is returned
     /// beside it.
     fn held(&self, addr: usize, len: usize, owner: &KeepAlive, io: bool) -> (MemAt, Option<Error>) {
@@ -405,6 +405,8 @@ impl Provider for Mlx5Device {
             // gdsync's writer copies inline payload itself: a WQE's size is the limit.
             max_inline_data: crate::format::MAX_INLINE_DATA as u32,
             phys_port_cnt: l.phys_port_cnt,
+            // libmlx5 allocates the rings.
+            owns_rings: true,
         }
     }
 
@@ -469,30 +471,29 @@ impl Provider for Mlx5Device {
         self.mrs.lock().remove(&lkey);
     }
 
-    fn create_cq(&self, spec: CqSpec) -> Result<u32> {
+    fn create_cq(&self, spec: CqSpec) -> Result<CqCreated> {
         // libmlx5 makes room for one entry more than asked, rounded up to a power of two.
         let cq = self
             .ctx
             .create_cq(spec.entries.saturating_sub(1).max(1))
             .map_err(|e| self.err(e))?;
-        let cqn = cq.ring().cqn;
-        self.cqs.lock().insert(cqn, cq);
-        Ok(cqn)
-    }
-
-    fn placed_cq(&self, cqn: u32) -> Option<PlacedCq> {
-        let cq = self.cqs.lock().get(&cqn)?.clone();
         let r = cq.ring();
-        let owner: KeepAlive = cq;
+        let owner: KeepAlive = cq.clone();
         let (ring, e1) = self.held(r.buf, (r.cqe_cnt * r.cqe_size) as usize, &owner, false);
         let (dbrec, e2) = self.held(r.dbrec, 8, &owner, false);
         if let Some(e) = e1.or(e2) {
-            tracing::warn!("CQ {cqn:#x}: GPUs cannot reach its ring ({e})");
+            tracing::warn!("CQ {:#x}: GPUs cannot reach its ring ({e})", r.cqn);
         }
-        Some(PlacedCq {
-            ring: ring.mem,
-            entries: r.cqe_cnt,
-            dbrec,
+        self.cqs.lock().insert(r.cqn, cq);
+        Ok(CqCreated {
+            cqn: r.cqn,
+            device_rings: Some(DeviceCqRings {
+                mem: CqMem {
+                    ring: ring.mem,
+                    dbrec,
+                },
+                entries: r.cqe_cnt,
+            }),
         })
     }
 
@@ -540,13 +541,15 @@ impl Provider for Mlx5Device {
             bf_size: r.bf_size as usize,
             doorbell_wc: true,
             gpu_doorbell,
-            placed: Some(PlacedQp {
-                buf: buf.mem,
+            device_rings: Some(DeviceQpRings {
+                mem: QpMem {
+                    buf: buf.mem,
+                    sq_off,
+                    dbrec,
+                },
                 rq_wqes: r.rq_wqe_cnt,
                 rq_stride: r.rq_stride,
-                sq_off,
                 sq_wqebbs: r.sq_wqe_cnt,
-                dbrec,
             }),
         })
     }

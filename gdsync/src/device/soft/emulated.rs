@@ -18,7 +18,7 @@
 //! any two soft devices of two processes do (shared memory on one host, TCP where
 //! `GDSYNC_SOFT_LINK=tcp` asks for it), and the death of the peer's process fails the QPs.
 
-use super::device::SoftDevice;
+use super::device::{DriverQp, SoftDevice};
 use super::qp_numbers::QpNumbers;
 use crate::device::endpoint::Endpoint;
 use crate::device::provider::*;
@@ -294,13 +294,11 @@ extern "C" fn create_cq(dev: c_int, buf: u64, entries: u32, dbrec: u64, cqn: *mu
         }
         let (ring, _) = foreign(buf, entries as usize * crate::format::CQE_SIZE);
         let (mem, off) = foreign(dbrec, 8);
-        let n = h.create_cq(CqSpec {
-            ring,
-            entries,
-            dbrec: MemAt { mem, off },
-        })?;
+        let dbrec = MemAt { mem, off };
+        let mem = Some(CqMem { ring, dbrec });
+        let created = h.create_cq(CqSpec { entries, mem })?;
         // SAFETY: the driver passes a pointer to its object's CQ number.
-        unsafe { cqn.write(n) };
+        unsafe { cqn.write(created.cqn) };
         Ok(())
     })
 }
@@ -320,25 +318,31 @@ extern "C" fn create_qp(dev: c_int, q: *const HcaQp, qpn: *mut u32) -> c_int {
         let (buf, _) = foreign(q.buf, sq_off + q.sq_wqebbs as usize * crate::format::WQEBB);
         let (db_mem, db_off) = foreign(q.dbrec, 8);
         let (bf_mem, bf_off) = foreign(q.bf_reg, 8);
-        let created = h.create_qp(QpSpec {
-            pd: q.pdn,
+        let mem = QpMem {
             buf,
-            rq_wqes: q.rq_wqes,
-            rq_stride: q.rq_stride,
             sq_off,
-            sq_wqebbs: q.sq_wqebbs,
             dbrec: MemAt {
                 mem: db_mem,
                 off: db_off,
             },
-            send_cqn: q.send_cqn,
-            recv_cqn: q.recv_cqn,
-            doorbell: Some(MemAt {
+        };
+        let driver = DriverQp {
+            doorbell: MemAt {
                 mem: bf_mem,
                 off: bf_off,
-            }),
+            },
             user_index: q.user_index,
-        })?;
+        };
+        let spec = QpSpec {
+            pd: q.pdn,
+            rq_wqes: q.rq_wqes,
+            rq_stride: q.rq_stride,
+            sq_wqebbs: q.sq_wqebbs,
+            send_cqn: q.send_cqn,
+            recv_cqn: q.recv_cqn,
+            mem: Some(mem),
+        };
+        let created = h.create_qp_with(spec, Some(driver))?;
         // SAFETY: the driver passes a pointer to its object's QP number.
         unsafe { qpn.write(created.qpn) };
         Ok(())
@@ -444,29 +448,34 @@ mod tests {
 
     /// A QP spec over `owner`'s pages, as the driver would build it from libmlx5's memory,
     /// with the doorbell register at `bf_off` of a foreign page.
-    fn foreign_qp(owner: &RingMem, cqn: u32, bf_off: usize) -> QpSpec {
+    fn foreign_qp(owner: &RingMem, cqn: u32, bf_off: usize) -> (QpSpec, DriverQp) {
         let (buf, _) = foreign(owner.addr(0), 2 * crate::mem::PAGE);
         let (db, db_off) = foreign(owner.addr(0x1000), 8);
         let (bf, _) = foreign(owner.addr(0x2000), 8);
-        QpSpec {
+        let spec = QpSpec {
             pd: 1,
-            buf,
             rq_wqes: 16,
             rq_stride: 32,
-            sq_off: 512,
             sq_wqebbs: 16,
-            dbrec: MemAt {
-                mem: db,
-                off: db_off,
-            },
             send_cqn: cqn,
             recv_cqn: cqn,
-            doorbell: Some(MemAt {
+            mem: Some(QpMem {
+                buf,
+                sq_off: 512,
+                dbrec: MemAt {
+                    mem: db,
+                    off: db_off,
+                },
+            }),
+        };
+        let driver = DriverQp {
+            doorbell: MemAt {
                 mem: bf,
                 off: bf_off,
-            }),
+            },
             user_index: 7,
-        }
+        };
+        (spec, driver)
     }
 
     #[test]
@@ -477,20 +486,17 @@ mod tests {
         assert_eq!(off, 0);
         let (dbrec, dbrec_off) = foreign(owner.addr(0x1040), 8);
         assert_eq!((dbrec_off, dbrec.len()), (0x40, crate::mem::PAGE));
-        let cqn = dev
-            .create_cq(CqSpec {
-                ring,
-                entries: 8,
-                dbrec: MemAt {
-                    mem: dbrec,
-                    off: dbrec_off,
-                },
-            })
-            .unwrap();
+        let dbrec = MemAt {
+            mem: dbrec,
+            off: dbrec_off,
+        };
+        let mem = Some(CqMem { ring, dbrec });
+        let cqn = dev.create_cq(CqSpec { entries: 8, mem }).unwrap().cqn;
+        let create_qp = |(spec, driver)| dev.create_qp_with(spec, Some(driver));
         // A register whose second half would leave the page is refused, not trusted.
-        let e = dev.create_qp(foreign_qp(&owner, cqn, 0xF00)).err().unwrap();
+        let e = create_qp(foreign_qp(&owner, cqn, 0xF00)).err().unwrap();
         assert!(e.to_string().contains("doorbell register"), "{e}");
-        let qp = dev.create_qp(foreign_qp(&owner, cqn, 0x800)).unwrap();
+        let qp = create_qp(foreign_qp(&owner, cqn, 0x800)).unwrap();
         assert_eq!(
             qp.doorbell.addr(),
             owner.addr(0x2800),
