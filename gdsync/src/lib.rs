@@ -70,6 +70,7 @@ pub mod mlx5 {
     pub use crate::device::mlx5::*;
     #[cfg(feature = "emulated-hca")]
     pub use crate::device::soft::serve_emulated_driver;
+    pub use crate::device::VerbsCompletion;
 }
 pub use device::{
     accept_tcp_links, host_id, progress, progress_mode, progress_mode_for, Access, DeviceAttr,

@@ -4,9 +4,12 @@
 //! [`Context`] (query device, port, GID table), [`Pd`], [`Mr`], [`Cq`] and [`Qp`] created with
 //! `mlx5dv_create_qp`, whose rings, doorbell records and BlueFlame register `mlx5dv_init_obj`
 //! hands out, and whose state `ibv_query_qp` reports; the device's asynchronous events
-//! ([`AsyncEvent`]: ports going down and up, fatal QP errors); and libmlx5's own posting
-//! (`ibv_post_send`, `ibv_post_recv`), against which gdsync's WQE writer is checked. On top,
-//! the provider that lets gdsync's queues run on an mlx5 port (`Device::open("mlx5_0")`).
+//! ([`AsyncEvent`]: ports going down and up, fatal QP errors). On top, the provider that lets
+//! gdsync's queues run on an mlx5 port (`Device::open("mlx5_0")`, opened by device
+//! selection). It knows rdma-core and the provider interface only: libmlx5's own posting of
+//! gdsync's work requests (`Qp::verbs_post_send`, against which gdsync's WQE writer is
+//! checked) is glue beside it (`device/verbs_wr.rs`), and the emulated driver's HCA is the
+//! soft device's (`device/soft/emulated.rs`).
 //!
 //! Nothing here needs rdma-core to build: without the libraries, or without a device, every
 //! entry point returns an [`RdmaError`] that says what is missing and what to install.
@@ -23,7 +26,6 @@ mod gid;
 mod loader;
 mod pd;
 mod port;
-mod post;
 mod provider;
 mod qp;
 #[allow(
@@ -35,7 +37,7 @@ mod qp;
     clippy::all,
     missing_docs
 )]
-mod sys;
+pub(crate) mod sys;
 
 pub use caller_rings::CallerRings;
 /// The former name of [`CallerRings`].
@@ -49,7 +51,6 @@ pub use gid::{choose_gid, Gid, GidChoice, GidEntry, GidType};
 pub use loader::Rdma;
 pub use pd::{Mr, Pd};
 pub use port::{LinkLayer, PortInfo, PortState};
-pub use post::VerbsCompletion;
 pub use provider::GID_INDEX_VAR;
 pub(crate) use provider::{open as open_provider, UarPages};
 pub use qp::{Qp, QpAttr, QpCaps, QpRings, QpState, RemoteQp, RtrAttr, RtsAttr};
