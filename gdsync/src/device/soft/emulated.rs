@@ -32,79 +32,33 @@ use std::time::Duration;
 /// One soft device per emulated device, by device index.
 static HCAS: OnceLock<Vec<Arc<SoftDevice>>> = OnceLock::new();
 
-/// `struct uvemu_hca_qp`.
-#[repr(C)]
-struct HcaQp {
-    pdn: u32,
-    send_cqn: u32,
-    recv_cqn: u32,
-    buf: u64,
-    dbrec: u64,
-    bf_reg: u64,
-    rq_wqes: u32,
-    rq_stride: u32,
-    sq_wqebbs: u32,
-    user_index: u32,
-}
+/// The driver's C interface, generated from its header (`uvemu.h`).
+#[path = "uvemu_sys.rs"]
+#[allow(non_camel_case_types, dead_code, clippy::all)]
+mod sys;
+use sys::{uvemu_hca_ops, uvemu_hca_qp, uvemu_hca_rtr, uvemu_hca_rts};
 
-/// `struct uvemu_hca_rtr`.
-#[repr(C)]
-struct HcaRtr {
-    /// A device of this process, or -1: the device of another process `peer` names.
-    dest_dev: i32,
-    dest_qpn: u32,
-    rq_psn: u32,
-    mtu: u32,
-    /// The endpoint the peer's process published (hostile bytes: parsed, never trusted).
-    peer: [u8; Endpoint::WIRE_LEN],
-}
-
-/// `struct uvemu_hca_rts`: the timers in their IB encodings.
-#[repr(C)]
-struct HcaRts {
-    sq_psn: u32,
-    timeout: u8,
-    retry_cnt: u8,
-    rnr_retry: u8,
-    min_rnr_timer: u8,
-}
-
-/// `struct uvemu_hca_ops`.
-#[repr(C)]
-struct HcaOps {
-    reg_mr: extern "C" fn(c_int, u32, u64, u64, u32, *mut u32, *mut u32) -> c_int,
-    dereg_mr: extern "C" fn(c_int, u32),
-    create_cq: extern "C" fn(c_int, u64, u32, u64, *mut u32) -> c_int,
-    destroy_cq: extern "C" fn(c_int, u32),
-    create_qp: extern "C" fn(c_int, *const HcaQp, *mut u32) -> c_int,
-    to_init: extern "C" fn(c_int, u32) -> c_int,
-    to_rtr: extern "C" fn(c_int, u32, *const HcaRtr) -> c_int,
-    to_rts: extern "C" fn(c_int, u32, *const HcaRts) -> c_int,
-    destroy_qp: extern "C" fn(c_int, u32),
-    qp_state: extern "C" fn(c_int, u32) -> c_int,
-}
-
-static OPS: HcaOps = HcaOps {
-    reg_mr,
-    dereg_mr,
-    create_cq,
-    destroy_cq,
-    create_qp,
-    to_init,
-    to_rtr,
-    to_rts,
-    destroy_qp,
-    qp_state,
+static OPS: uvemu_hca_ops = uvemu_hca_ops {
+    reg_mr: Some(reg_mr),
+    dereg_mr: Some(dereg_mr),
+    create_cq: Some(create_cq),
+    destroy_cq: Some(destroy_cq),
+    create_qp: Some(create_qp),
+    to_init: Some(to_init),
+    to_rtr: Some(to_rtr),
+    to_rts: Some(to_rts),
+    destroy_qp: Some(destroy_qp),
+    qp_state: Some(qp_state),
 };
 
-/// `UVEMU_MR_DMABUF`: reg_mr's access flag for a dma-buf region (uvemu.h).
-const UVEMU_MR_DMABUF: u32 = 1 << 31;
+/// The endpoint a peer's process published travels in `uvemu_hca_rtr` as gdsync's wire form.
+const _: () = assert!(sys::UVEMU_ENDPOINT_LEN as usize == Endpoint::WIRE_LEN);
 
 /// Processes under one emulator share its devices' QP numbers, as processes of a host share
 /// an HCA's: slot `s` (of `QPN_SLOTS`, from the driver) numbers its QPs `s << 12 | 1 ..=
 /// s << 12 | 0xfff`, so that a QP number tells the driver which process serves it.
-const QPN_SLOT_SHIFT: u32 = 12;
-const QPN_SLOTS: c_int = 16;
+const QPN_SLOT_SHIFT: u32 = sys::UVEMU_QPN_SLOT_SHIFT;
+const QPN_SLOTS: c_int = sys::UVEMU_QPN_SLOTS as c_int;
 const QPN_SLOT_SIZE: u32 = (1 << QPN_SLOT_SHIFT) - 1;
 
 /// Makes this process's soft devices the HCA of the emulated RDMA driver it runs under: from
@@ -117,7 +71,8 @@ pub fn serve_emulated_driver() -> std::result::Result<usize, String> {
         return Ok(h.len());
     }
     let count: unsafe extern "C" fn() -> c_int = driver_fn(c"uvemu_device_count")?;
-    let attach: unsafe extern "C" fn(*const HcaOps) -> c_int = driver_fn(c"uvemu_attach_hca")?;
+    let attach: unsafe extern "C" fn(*const uvemu_hca_ops) -> c_int =
+        driver_fn(c"uvemu_attach_hca")?;
     // SAFETY: the driver's function, as uvemu.h declares it.
     let n = unsafe { count() }.max(0) as usize;
     let slot: unsafe extern "C" fn() -> c_int = driver_fn(c"uvemu_qpn_slot")?;
@@ -253,7 +208,7 @@ extern "C" fn reg_mr(
     rkey: *mut u32,
 ) -> c_int {
     on(dev, "a memory region", |h| {
-        let memory = match access & UVEMU_MR_DMABUF {
+        let memory = match access & sys::UVEMU_MR_DMABUF {
             0 => MrMemory::Host,
             // A dma-buf the process exported from GPU memory: its IOVA is the GPU address,
             // whose bytes the soft device moves through the CUDA driver.
@@ -270,7 +225,7 @@ extern "C" fn reg_mr(
             pd,
             addr,
             len,
-            access: Access::from_bits_truncate(access & !UVEMU_MR_DMABUF),
+            access: Access::from_bits_truncate(access & !sys::UVEMU_MR_DMABUF),
             memory,
         };
         let keys = h.reg_mr(&spec)?;
@@ -309,7 +264,7 @@ extern "C" fn destroy_cq(dev: c_int, cqn: u32) {
     }
 }
 
-extern "C" fn create_qp(dev: c_int, q: *const HcaQp, qpn: *mut u32) -> c_int {
+extern "C" fn create_qp(dev: c_int, q: *const uvemu_hca_qp, qpn: *mut u32) -> c_int {
     // SAFETY: the driver passes a filled uvemu_hca_qp.
     let q = unsafe { &*q };
     on(dev, "a QP", |h| {
@@ -353,7 +308,7 @@ extern "C" fn to_init(dev: c_int, qpn: u32) -> c_int {
     on(dev, "INIT", |h| h.modify_qp(qpn, QpModify::Init))
 }
 
-extern "C" fn to_rtr(dev: c_int, qpn: u32, r: *const HcaRtr) -> c_int {
+extern "C" fn to_rtr(dev: c_int, qpn: u32, r: *const uvemu_hca_rtr) -> c_int {
     // SAFETY: the driver passes a filled uvemu_hca_rtr.
     let r = unsafe { &*r };
     let remote = match r.dest_dev {
@@ -391,7 +346,7 @@ extern "C" fn to_rtr(dev: c_int, qpn: u32, r: *const HcaRtr) -> c_int {
     })
 }
 
-extern "C" fn to_rts(dev: c_int, qpn: u32, r: *const HcaRts) -> c_int {
+extern "C" fn to_rts(dev: c_int, qpn: u32, r: *const uvemu_hca_rts) -> c_int {
     // SAFETY: the driver passes a filled uvemu_hca_rts.
     let r = unsafe { &*r };
     let timers = QpTimers {
@@ -436,6 +391,17 @@ fn give_up_after(timeout: u8, retry_cnt: u8) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uvemu_bindings_match_the_header() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../uverbs-emu/c/uvemu.h");
+        let header = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert_eq!(
+            super::super::device::fnv1a(&header),
+            sys::UVEMU_H_FNV1A,
+            "uvemu.h changed since uvemu_sys.rs was generated from it: run scripts/regen-uvemu-bindings"
+        );
+    }
 
     #[test]
     fn outside_the_emulated_driver_nothing_is_served() {
