@@ -353,3 +353,43 @@ pub(super) fn advance16(c: &AtomicU64, to: u16) {
         c.store(next, Ordering::Release);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_that_owns_its_rings_is_given_none_and_its_own_are_used() {
+        let cfg = QpConfig::default();
+        // The soft device's way: the queue layer's rings, given and kept.
+        let given = QpRingsAsked::new(&cfg, false);
+        let mem = given.spec(1, 2, 3).mem.expect("rings given");
+        let rings = given.rings(None).expect("the given rings");
+        assert!(Arc::ptr_eq(&rings.buf, &mem.buf));
+        assert_eq!(rings.sq_cnt, cfg.sq_cnt());
+        // libmlx5's way: nothing allocated for the ring, the device's rings used.
+        let asked = QpRingsAsked::new(&cfg, true);
+        assert!(
+            asked.spec(1, 2, 3).mem.is_none(),
+            "no ring made for the device"
+        );
+        let ctrl = Arc::new(RingMem::new(crate::mem::PAGE));
+        let device = DeviceQpRings {
+            mem: QpMem {
+                buf: Arc::new(RingMem::new(4 * WQEBB + 256)),
+                sq_off: 256,
+                dbrec: MemAt { mem: ctrl, off: 8 },
+            },
+            rq_wqes: 8,
+            rq_stride: 32,
+            sq_wqebbs: 4,
+        };
+        let buf = device.mem.buf.clone();
+        let rings = asked.rings(Some(device)).expect("the device's rings");
+        assert!(Arc::ptr_eq(&rings.buf, &buf));
+        assert_eq!((rings.sq_off, rings.sq_cnt, rings.rq_cnt), (256, 4, 8));
+        assert_eq!(rings.dbrec.off, 8);
+        // A device that owns its rings but gave none: no rings, an error for the caller.
+        assert!(QpRingsAsked::new(&cfg, true).rings(None).is_none());
+    }
+}
