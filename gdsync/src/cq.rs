@@ -2,7 +2,7 @@
 //! waited for by an executor.
 
 use crate::context::DeviceContext;
-use crate::device::provider::{CqSpec, MemAt};
+use crate::device::provider::{CqMem, CqSpec, MemAt};
 use crate::exec::Backoff;
 use crate::format::{
     cq_ci_value, Cqe64, CqeOpcode, CqeOwner, Opcode, Syndrome, CQE_INIT_OP_OWN,
@@ -363,33 +363,46 @@ impl std::fmt::Debug for Cq {
 
 impl Cq {
     pub(crate) fn create(ctx: &Arc<DeviceContext>, entries: u32) -> Result<Self> {
-        let max = ctx.provider.query_device().max_cqe;
+        let attr = ctx.provider.query_device();
+        let max = attr.max_cqe;
         if entries == 0 || entries > max {
             return Err(Error::invalid(format!(
                 "CQ size {entries} out of 1..={max}"
             )));
         }
         let cnt = entries.next_power_of_two();
-        let ring = Arc::new(RingMem::new(cnt as usize * CQE_SIZE, ctx.cuda.as_ref()));
-        // Every entry starts as opcode INVALID, owner 1: neither a CPU poll nor an
-        // owner-bit wait can pass before the device writes the entry.
-        for i in 0..cnt as usize {
-            ring.u8(i * CQE_SIZE + 63)
-                .store(CQE_INIT_OP_OWN, Ordering::Relaxed);
-        }
         let ctrl = Arc::new(RingMem::new(128, ctx.cuda.as_ref()));
-        let dbrec = MemAt {
-            mem: ctrl.clone(),
-            off: CQ_DBREC,
-        };
-        let cqn = ctx.provider.create_cq(CqSpec {
-            ring: ring.clone(),
+        // A device that owns its rings is given none; otherwise every entry starts as opcode
+        // INVALID, owner 1: neither a CPU poll nor an owner-bit wait can pass before the
+        // device writes the entry.
+        let mem = (!attr.owns_rings).then(|| {
+            let ring = Arc::new(RingMem::new(cnt as usize * CQE_SIZE, ctx.cuda.as_ref()));
+            for i in 0..cnt as usize {
+                ring.u8(i * CQE_SIZE + 63)
+                    .store(CQE_INIT_OP_OWN, Ordering::Relaxed);
+            }
+            let dbrec = MemAt {
+                mem: ctrl.clone(),
+                off: CQ_DBREC,
+            };
+            CqMem { ring, dbrec }
+        });
+        let spec = CqSpec {
             entries: cnt,
-            dbrec: dbrec.clone(),
-        })?;
-        let (ring, cnt, dbrec) = match ctx.provider.placed_cq(cqn) {
-            Some(p) => (p.ring, p.entries, p.dbrec),
-            None => (ring, cnt, dbrec),
+            mem: mem.clone(),
+        };
+        let created = ctx.provider.create_cq(spec)?;
+        let cqn = created.cqn;
+        let (CqMem { ring, dbrec }, cnt) = match (created.device_rings, mem) {
+            (Some(d), _) => (d.mem, d.entries),
+            (None, Some(mem)) => (mem, cnt),
+            (None, None) => {
+                ctx.provider.destroy_cq(cqn);
+                return Err(Error::invalid(format!(
+                    "CQ {cqn:#x}: {} owns its rings but gave none",
+                    ctx.provider.name()
+                )));
+            }
         };
         let shared = Arc::new(CqShared {
             cqn,

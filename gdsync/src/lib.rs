@@ -62,7 +62,17 @@ mod signal;
 mod wr;
 
 pub use cq::{Completion, CompletionOp, Cq, CqError, WcStatus, MAX_KEPT_ERRORS};
-pub use device::mlx5;
+/// The mlx5 backend: rdma-core's libibverbs and libmlx5 loaded at run time, safe types over
+/// them, and (with the `emulated-hca` feature, on by default) `serve_emulated_driver`
+/// (`mlx5::serve_emulated_driver`), which makes this process's soft devices the HCA of the
+/// emulated kernel driver it runs under.
+pub mod mlx5 {
+    #[doc(inline)]
+    pub use crate::device::mlx5::*;
+    #[cfg(feature = "emulated-hca")]
+    pub use crate::device::soft::serve_emulated_driver;
+    pub use crate::device::VerbsCompletion;
+}
 pub use device::{
     accept_tcp_links, host_id, progress, progress_mode, progress_mode_for, Access, DeviceAttr,
     DeviceInfo, DeviceName, DeviceSelection, Endpoint, LinkKind, LinkLayer, LinkPolicy,

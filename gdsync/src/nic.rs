@@ -1,12 +1,11 @@
-//! The device handle: opens a provider (the soft device, or an mlx5 port through
-//! [`Device::open`]) and creates the queue
-//! layer's objects on it: protection domains, completion queues, and through a domain, QPs.
+//! The device handle: the provider that serves it (opened by device selection,
+//! [`Device::open`] and [`Device::soft`]) and the queue layer's objects it creates:
+//! protection domains, completion queues, and through a domain, QPs.
 
 use crate::context::DeviceContext;
 use crate::cq::Cq;
 use crate::cuda::Cuda;
 use crate::device::provider::Provider;
-use crate::device::soft::SoftDevice;
 use crate::device::{DeviceAttr, DeviceInfo, Endpoint, LinkKind, PortAttr};
 use crate::mr::ProtectionDomain;
 use crate::Result;
@@ -27,20 +26,7 @@ impl std::fmt::Debug for Device {
 }
 
 impl Device {
-    /// A soft device: a software model of the mlx5 RC data path, served by its own engine
-    /// thread. Needs no hardware. Its queues' memory is mapped for the GPUs of the process's
-    /// default CUDA handle ([`Cuda::get`]) where it has any; [`Device::soft_with_cuda`] takes
-    /// a handle of your own.
-    pub fn soft() -> Result<Self> {
-        Self::soft_with_cuda(Cuda::default_gpus().cloned())
-    }
-
-    /// A soft device whose queues' memory (rings, doorbell pages, CQs) is mapped for the GPUs
-    /// of `cuda`, or stays plain host memory (`None`: CPU triggers only).
-    pub fn soft_with_cuda(cuda: Option<Arc<Cuda>>) -> Result<Self> {
-        Ok(Device::from_provider(SoftDevice::new(cuda.as_ref())?, cuda))
-    }
-
+    /// A device served by `provider`.
     /// A device served by `provider`, its queues' memory mapped for the GPUs of `cuda`.
     pub(crate) fn from_provider(provider: Arc<dyn Provider>, cuda: Option<Arc<Cuda>>) -> Self {
         Device {

@@ -357,10 +357,13 @@ extern "C" fn stub_create_cq(_: i32, _: u64, _: u32, _: u64, cqn: *mut u32) -> i
 extern "C" fn stub_destroy_cq(_: i32, _: u32) {
     count(HCA_DESTROY_CQ);
 }
-extern "C" fn stub_refuse(_: i32, _: u32, _: *const c_void) -> i32 {
+extern "C" fn stub_to_rtr(_: i32, _: u32, _: *const uvemu_hca_rtr) -> i32 {
     libc::EOPNOTSUPP
 }
-extern "C" fn stub_create_qp(_: i32, _: *const c_void, _: *mut u32) -> i32 {
+extern "C" fn stub_to_rts(_: i32, _: u32, _: *const uvemu_hca_rts) -> i32 {
+    libc::EOPNOTSUPP
+}
+extern "C" fn stub_create_qp(_: i32, _: *const uvemu_hca_qp, _: *mut u32) -> i32 {
     libc::EOPNOTSUPP
 }
 extern "C" fn stub_to_init(_: i32, _: u32) -> i32 {
@@ -368,42 +371,34 @@ extern "C" fn stub_to_init(_: i32, _: u32) -> i32 {
 }
 extern "C" fn stub_destroy_qp(_: i32, _: u32) {}
 
-/// `struct uvemu_hca_ops` (uvemu.h).
-#[repr(C)]
-struct HcaOps {
-    reg_mr: extern "C" fn(i32, u32, u64, u64, u32, *mut u32, *mut u32) -> i32,
-    dereg_mr: extern "C" fn(i32, u32),
-    create_cq: extern "C" fn(i32, u64, u32, u64, *mut u32) -> i32,
-    destroy_cq: extern "C" fn(i32, u32),
-    create_qp: extern "C" fn(i32, *const c_void, *mut u32) -> i32,
-    to_init: extern "C" fn(i32, u32) -> i32,
-    to_rtr: extern "C" fn(i32, u32, *const c_void) -> i32,
-    to_rts: extern "C" fn(i32, u32, *const c_void) -> i32,
-    destroy_qp: extern "C" fn(i32, u32),
-    qp_state: Option<extern "C" fn(i32, u32) -> i32>,
-}
+/// The driver's HCA interface (`struct uvemu_hca_ops` and what it passes), as gdsync's soft
+/// device uses it: the bindings generated from uvemu.h, kept in gdsync.
+#[path = "../../gdsync/src/device/soft/uvemu_sys.rs"]
+#[allow(non_camel_case_types, dead_code, clippy::all)]
+mod uvemu_sys;
+use uvemu_sys::{uvemu_hca_ops, uvemu_hca_qp, uvemu_hca_rtr, uvemu_hca_rts};
 
-static STUB_HCA: HcaOps = HcaOps {
-    reg_mr: stub_reg_mr,
-    dereg_mr: stub_dereg_mr,
-    create_cq: stub_create_cq,
-    destroy_cq: stub_destroy_cq,
-    create_qp: stub_create_qp,
-    to_init: stub_to_init,
-    to_rtr: stub_refuse,
-    to_rts: stub_refuse,
-    destroy_qp: stub_destroy_qp,
+static STUB_HCA: uvemu_hca_ops = uvemu_hca_ops {
+    reg_mr: Some(stub_reg_mr),
+    dereg_mr: Some(stub_dereg_mr),
+    create_cq: Some(stub_create_cq),
+    destroy_cq: Some(stub_destroy_cq),
+    create_qp: Some(stub_create_qp),
+    to_init: Some(stub_to_init),
+    to_rtr: Some(stub_to_rtr),
+    to_rts: Some(stub_to_rts),
+    destroy_qp: Some(stub_destroy_qp),
     qp_state: None,
 };
 
 /// Attaches `ops` as the driver's HCA: 0 or an errno.
-fn attach(ops: *const HcaOps) -> i32 {
+fn attach(ops: *const uvemu_hca_ops) -> i32 {
     // SAFETY: dlsym with a NUL-terminated name; the preload defines it in this child.
     let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"uvemu_attach_hca".as_ptr()) };
     assert!(!f.is_null(), "the preload has no uvemu_attach_hca");
     // SAFETY: the function uvemu.h declares, with a table that lives for the process.
     unsafe {
-        let attach: extern "C" fn(*const HcaOps) -> i32 = std::mem::transmute(f);
+        let attach: extern "C" fn(*const uvemu_hca_ops) -> i32 = std::mem::transmute(f);
         attach(ops)
     }
 }

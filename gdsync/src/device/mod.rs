@@ -9,7 +9,9 @@ pub mod mlx5;
 pub(crate) mod provider;
 mod select;
 pub(crate) mod soft;
+mod verbs_wr;
 
+pub(crate) use attr::{rnr_delay, transport_timeout};
 pub use attr::{DeviceAttr, LinkLayer, PortAttr, PortState};
 pub use endpoint::{Endpoint, LinkKind, LinkPolicy, PortAddress};
 pub use provider::{Access, MAX_MESSAGE, MAX_SGE};
@@ -17,6 +19,7 @@ pub use select::{DeviceName, DeviceSelection, DEVICE_VAR};
 pub use soft::{
     accept_tcp_links, host_id, progress, progress_mode, progress_mode_for, ProgressMode,
 };
+pub use verbs_wr::VerbsCompletion;
 
 /// A short description of a device.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -4,13 +4,14 @@
 //!
 //! Who owns what: the queue layer allocates and initialises ring memory (send and receive
 //! rings, CQE rings, doorbell records) and hands it to the device at create time; the device
-//! pins it (holds the `Arc`) until the object is destroyed. A device whose driver places the
-//! rings itself (libmlx5 allocates its own) answers with where they are instead
-//! ([`PlacedQp`], [`Provider::placed_cq`]), as ring memory held by the device's object; the
-//! queue layer then uses those, through the same code. The device owns its translation
-//! table (keys → regions), its QP and CQ contexts, its producer counters and the doorbell
-//! register page it hands out. The device writes only CQEs into host memory; what it has to
-//! tell the host otherwise it reports through [`Provider::query_qp`] and asynchronous events.
+//! pins it (holds the `Arc`) until the object is destroyed. A device whose driver allocates
+//! the rings itself (libmlx5 does) says so ([`DeviceAttr::owns_rings`]): it is given no ring
+//! memory, and answers each create with where its rings are ([`DeviceQpRings`],
+//! [`DeviceCqRings`]), as ring memory held by the device's object; the queue layer then uses
+//! those, through the same code. The device owns its translation table (keys → regions), its
+//! QP and CQ contexts, its producer counters and the doorbell register page it hands out. The
+//! device writes only CQEs into host memory; what it has to tell the host otherwise it reports
+//! through [`Provider::query_qp`] and asynchronous events.
 
 use super::{DeviceAttr, Endpoint, LinkKind, PortAttr};
 use crate::format::Syndrome;
@@ -85,36 +86,49 @@ pub(crate) struct MrKeys {
     pub rkey: u32,
 }
 
-/// `ibv_create_cq` (with the ring placed by the queue layer, as with a DEVX umem): a ring of
-/// `entries` 64-byte CQEs, every `op_own` initialised to invalid with owner 1, and the
-/// doorbell record (`[consumer index][arm]`, BE32) the device reads before each write.
+/// `ibv_create_cq` for a ring of `entries` 64-byte CQEs: the queue layer's memory for it, or
+/// none where the device owns its rings ([`DeviceAttr::owns_rings`]).
 pub(crate) struct CqSpec {
-    pub ring: Arc<RingMem>,
     pub entries: u32,
+    pub mem: Option<CqMem>,
+}
+
+/// A CQ's memory as the queue layer gives it (as with a DEVX umem): the ring, every `op_own`
+/// initialised to invalid with owner 1, and the doorbell record (`[consumer index][arm]`,
+/// BE32) the device reads before each write.
+#[derive(Clone)]
+pub(crate) struct CqMem {
+    pub ring: Arc<RingMem>,
     pub dbrec: MemAt,
 }
 
-/// `ibv_create_qp` for an RC QP: the receive ring at offset 0 of `buf` (`rq_wqes` WQEs of
-/// `rq_stride` bytes), the send ring at `sq_off` (`sq_wqebbs` 64-byte WQEBBs), the doorbell
-/// record (`[RQ][SQ]`, BE32) and the CQs.
+/// What the device returns for a new CQ: its number, and its rings where it owns them.
+pub(crate) struct CqCreated {
+    pub cqn: u32,
+    /// The rings the device allocated itself (`None`: the ones the spec gave it).
+    pub device_rings: Option<DeviceCqRings>,
+}
+
+/// `ibv_create_qp` for an RC QP: `rq_wqes` receive WQEs of `rq_stride` bytes, a send ring of
+/// `sq_wqebbs` 64-byte WQEBBs, the CQs, and the queue layer's memory for the rings, or none
+/// where the device owns its rings ([`DeviceAttr::owns_rings`]).
 pub(crate) struct QpSpec {
     pub pd: u32,
-    pub buf: Arc<RingMem>,
     pub rq_wqes: u32,
     pub rq_stride: u32,
-    pub sq_off: usize,
     pub sq_wqebbs: u32,
-    pub dbrec: MemAt,
     pub send_cqn: u32,
     pub recv_cqn: u32,
-    /// A doorbell register that a driver above the device already handed out (the emulated
-    /// kernel driver's UAR page, which libmlx5 rings): the device watches it (both halves, as
-    /// for its own) instead of giving the QP one of its bfregs. `None`: the device's own.
-    pub doorbell: Option<MemAt>,
-    /// The user index a driver above the device gave the QP (libmlx5's `uidx`, with CQE
-    /// version 1): CQEs carry it in `srqn_uidx`, and libmlx5 finds the QP by it. 0 for the
-    /// queue layer's QPs, whose readers go by QP number.
-    pub user_index: u32,
+    pub mem: Option<QpMem>,
+}
+
+/// A QP's memory as the queue layer gives it: the receive ring at offset 0 of `buf`, the send
+/// ring at `sq_off`, and the doorbell record (`[RQ][SQ]`, BE32).
+#[derive(Clone)]
+pub(crate) struct QpMem {
+    pub buf: Arc<RingMem>,
+    pub sq_off: usize,
+    pub dbrec: MemAt,
 }
 
 /// What the device returns for a new QP: its number and the doorbell register to ring (an
@@ -133,27 +147,23 @@ pub(crate) struct QpCreated {
     /// Whether GPUs can store to the register (its page registered for them), or why not:
     /// then a CPU proxy rings for streams and kernels.
     pub gpu_doorbell: std::result::Result<(), String>,
-    /// The rings the device placed itself (`None`: the ones the spec gave it).
-    pub placed: Option<PlacedQp>,
+    /// The rings the device allocated itself (`None`: the ones the spec gave it).
+    pub device_rings: Option<DeviceQpRings>,
 }
 
-/// A QP's rings as a device placed them (the layout of [`QpSpec`]): the receive ring at
-/// offset 0 of `buf`, the send ring at `sq_off`, and the doorbell record.
-pub(crate) struct PlacedQp {
-    pub buf: Arc<RingMem>,
+/// A QP's rings as the device allocated them (the layout of [`QpMem`], with their sizes).
+pub(crate) struct DeviceQpRings {
+    pub mem: QpMem,
     pub rq_wqes: u32,
     pub rq_stride: u32,
-    pub sq_off: usize,
     pub sq_wqebbs: u32,
-    pub dbrec: MemAt,
 }
 
-/// A CQ's ring as a device placed it: `entries` 64-byte CQEs, each initialised so that no
+/// A CQ's ring as the device allocated it: `entries` 64-byte CQEs, each initialised so that no
 /// wait on its owner bit passes before the device wrote it, and the doorbell record.
-pub(crate) struct PlacedCq {
-    pub ring: Arc<RingMem>,
+pub(crate) struct DeviceCqRings {
+    pub mem: CqMem,
     pub entries: u32,
-    pub dbrec: MemAt,
 }
 
 /// QP states, as `ibv_modify_qp` moves them.
@@ -262,16 +272,12 @@ pub(crate) trait Provider: Send + Sync {
     /// `ibv_dereg_mr`: once it returns, the device no longer touches the region.
     fn dereg_mr(&self, lkey: u32);
 
-    /// `ibv_create_cq`: the CQ number.
-    fn create_cq(&self, spec: CqSpec) -> Result<u32>;
-    /// Where the device placed CQ `cqn`'s ring itself, if it did (then the spec's ring is
-    /// unused).
-    fn placed_cq(&self, _cqn: u32) -> Option<PlacedCq> {
-        None
-    }
+    /// `ibv_create_cq`: the CQ (and its rings, where the device owns them).
+    fn create_cq(&self, spec: CqSpec) -> Result<CqCreated>;
     /// `ibv_destroy_cq`.
     fn destroy_cq(&self, cqn: u32);
-    /// `ibv_create_qp`: the QP (in RESET) and its doorbell register.
+    /// `ibv_create_qp`: the QP (in RESET), its doorbell register (and its rings, where the
+    /// device owns them).
     fn create_qp(&self, spec: QpSpec) -> Result<QpCreated>;
     /// `ibv_modify_qp`.
     fn modify_qp(&self, qpn: u32, to: QpModify) -> Result<()>;

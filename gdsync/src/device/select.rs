@@ -5,9 +5,16 @@
 //!
 //! The mlx5 data path plugs in through [`MLX5_DATA_PATH`]; where a build has none, naming an
 //! mlx5 device is an error that says so, and the automatic choice stays on the soft device.
+//!
+//! This is the one place that knows both the providers and the queue layer: it opens a
+//! provider and builds the [`Device`] over it. With the `emulated-hca` feature (on by
+//! default), opening an mlx5 device first makes this process's soft devices the HCA of the
+//! emulated kernel driver the process may run under (`uverbs-emu`), so rdma-core's libmlx5
+//! runs against them.
 
+use super::mlx5::{Context, PortState, RdmaError, UarPages};
 use crate::cuda::Cuda;
-use crate::mlx5::{Context, PortState, RdmaError};
+use super::soft::SoftDevice;
 use crate::Device;
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -20,7 +27,37 @@ pub const DEVICE_VAR: &str = "GDSYNC_DEVICE";
 pub(crate) type Mlx5Open = fn(name: &str, port: u8, cuda: Option<Arc<Cuda>>) -> Result<Device>;
 
 /// The mlx5 data path of this build: gdsync's queues on libmlx5's QPs.
-pub(crate) const MLX5_DATA_PATH: Option<Mlx5Open> = Some(crate::mlx5::open_device);
+pub(crate) const MLX5_DATA_PATH: Option<Mlx5Open> = Some(open_mlx5);
+
+/// The mlx5 data path: the provider over port `port` of `name`, as a [`Device`].
+fn open_mlx5(name: &str, port: u8, cuda: Option<Arc<Cuda>>) -> Result<Device> {
+    let provider = super::mlx5::open_provider(name, port, uar_pages(), cuda.clone())?;
+    Ok(Device::from_provider(provider, cuda))
+}
+
+/// What the doorbell pages of the mlx5 devices this process opens are: ordinary memory where
+/// the process runs under the emulated kernel driver, whose HCA this process's soft devices
+/// then become; else a HCA's I/O memory.
+#[cfg(feature = "emulated-hca")]
+fn uar_pages() -> UarPages {
+    match super::soft::serve_emulated_driver() {
+        Ok(n) => {
+            tracing::debug!("emulated RDMA driver: {n} device(s) served by soft HCAs");
+            UarPages::MaybeHostMemory
+        }
+        Err(why) => {
+            tracing::trace!("{why}");
+            UarPages::Io
+        }
+    }
+}
+
+/// What the doorbell pages of the mlx5 devices this process opens are: a build without the
+/// emulated driver's HCA drives HCAs only.
+#[cfg(not(feature = "emulated-hca"))]
+fn uar_pages() -> UarPages {
+    UarPages::Io
+}
 
 /// A device as a user names it: `soft`, or an RDMA device and optionally its port.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -196,6 +233,21 @@ fn open_rdma(name: &str, port: Option<u8>, cuda: Option<Arc<Cuda>>) -> Result<De
 }
 
 impl Device {
+    /// A soft device: a software model of the mlx5 RC data path, served by its own engine
+    /// thread. Needs no hardware. Its queues' memory is mapped for the GPUs of the process's
+    /// default CUDA handle ([`Cuda::get`]) where it has any; [`Device::soft_with_cuda`] takes
+    /// a handle of your own.
+    pub fn soft() -> Result<Self> {
+        Self::soft_with_cuda(Cuda::default_gpus().cloned())
+    }
+
+    /// A soft device whose queues' memory (rings, doorbell pages, CQs) is mapped for the GPUs
+    /// of `cuda`, or stays plain host memory (`None`: CPU triggers only).
+    pub fn soft_with_cuda(cuda: Option<Arc<Cuda>>) -> Result<Self> {
+        let provider: Arc<dyn super::provider::Provider> = SoftDevice::new(cuda.as_ref())?;
+        Ok(Device::from_provider(provider, cuda))
+    }
+
     /// Opens the device `name`: `soft` (a new soft device), or an RDMA device and port
     /// (`mlx5_0`, `mlx5_0:2`; without a port, its first active one). Its queues' memory is
     /// mapped for the GPUs of the process's default CUDA handle ([`Cuda::get`]) where it has

@@ -26,7 +26,7 @@ pub(crate) use send_wqe::{write_fixed, write_inline_seg};
 pub use send_wqe::{CommonData, CommonWqe, SendWqe, WqeData};
 pub use wqe::{
     AtomicSeg, CtrlSeg, DataSeg, DataSegIter, DataSegs, FmCeSe, InlineHeader, RaddrSeg, WqeError,
-    INLINE_SEG_FLAG, INVALID_LKEY, MAX_WQE_DS, MAX_WQE_WQEBBS, SEG_SIZE, WQEBB,
+    INLINE_SEG_FLAG, INVALID_LKEY, MAX_INLINE_DATA, MAX_WQE_DS, MAX_WQE_WQEBBS, SEG_SIZE, WQEBB,
 };
 
 /// A big-endian 16-bit field as it lies in memory.

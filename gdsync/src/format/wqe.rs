@@ -13,6 +13,9 @@ pub const WQEBB: usize = 64;
 pub const MAX_WQE_WQEBBS: usize = 16;
 /// Largest ds count: the 6-bit field of the ctrl segment.
 pub const MAX_WQE_DS: usize = 63;
+/// Most bytes of inline payload one send WQE carries: a control segment, a remote-address
+/// segment and the inline header (4 bytes) share its data segments with the payload.
+pub const MAX_INLINE_DATA: usize = MAX_WQE_DS * SEG_SIZE - 2 * SEG_SIZE - 4;
 /// Flag in an inline segment's byte count (`MLX5_INLINE_SEG`).
 pub const INLINE_SEG_FLAG: u32 = 0x8000_0000;
 /// The lkey of the receive-list terminator (`MLX5_INVALID_LKEY`).

@@ -28,7 +28,7 @@ use crate::format::*;
 use crate::handler::ProxyTarget;
 use crate::mr::ProtectionDomain;
 use crate::{Error, Result};
-use shared::QpRings;
+use shared::QpRingsAsked;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
@@ -75,7 +75,7 @@ impl ProtectionDomain {
 }
 
 impl Qp {
-    /// `create_qp` on rings this layer allocates, then `modify_qp` to INIT (receives may be
+    /// `create_qp` on rings this layer allocates (or the device's own), then `modify_qp` to INIT (receives may be
     /// posted from then on).
     pub(crate) fn create(
         ctx: &Arc<DeviceContext>,
@@ -91,13 +91,20 @@ impl Qp {
         }
         cfg.check()?;
         let env_handler = crate::NicHandler::from_env()?;
-        let rings = QpRings::new(cfg, ctx.cuda.as_ref());
-        let mut created =
-            ctx.provider
-                .create_qp(rings.spec(pd, send_cq.shared.cqn, recv_cq.shared.cqn))?;
-        let rings = match created.placed.take() {
-            Some(p) => rings.placed_by_device(p),
-            None => rings,
+        let asked = QpRingsAsked::new(
+            cfg,
+            ctx.provider.query_device().owns_rings,
+            ctx.cuda.as_ref(),
+        );
+        let spec = asked.spec(pd, send_cq.shared.cqn, recv_cq.shared.cqn);
+        let mut created = ctx.provider.create_qp(spec)?;
+        let Some(rings) = asked.rings(created.device_rings.take()) else {
+            ctx.provider.destroy_qp(created.qpn);
+            return Err(Error::invalid(format!(
+                "QP {:#x}: {} owns its rings but gave none",
+                created.qpn,
+                ctx.provider.name()
+            )));
         };
         let (handler, why) = match cfg.nic_handler {
             Some(h) => (h, "set in QpConfig::nic_handler".into()),
@@ -140,24 +147,30 @@ impl Qp {
         };
         ctx.provider.modify_qp(qpn, QpModify::Init)?;
         if handler == crate::NicHandler::Cpu {
-            let s = &qp.shared;
-            let at = |off| MemAt {
-                mem: s.ctrl.clone(),
-                off,
-            };
-            let target = ProxyTarget {
-                qpn,
-                request: at(QP_PROXY),
-                sq_dbrec: MemAt {
-                    mem: s.dbrec.mem.clone(),
-                    off: s.dbrec.off + 4 * DBREC_SQ,
-                },
-                doorbell: s.doorbell.clone(),
-                doorbell_wc: s.doorbell_wc,
-            };
-            ctx.proxy.watch(target, &ctx.provider)?;
+            qp.ring_by_proxy()?;
         }
         Ok(qp)
+    }
+
+    /// Has the CPU proxy ring this QP's doorbell for executors ([`crate::NicHandler::Cpu`]):
+    /// it watches the proxy request word in the control page.
+    fn ring_by_proxy(&self) -> Result<()> {
+        let s = &self.shared;
+        let at = |off| MemAt {
+            mem: s.ctrl.clone(),
+            off,
+        };
+        let target = ProxyTarget {
+            qpn: s.qpn,
+            request: at(QP_PROXY),
+            sq_dbrec: MemAt {
+                mem: s.dbrec.mem.clone(),
+                off: s.dbrec.off + 4 * DBREC_SQ,
+            },
+            doorbell: s.doorbell.clone(),
+            doorbell_wc: s.doorbell_wc,
+        };
+        self.ctx.proxy.watch(target, &self.ctx.provider)
     }
 
     /// QP number.

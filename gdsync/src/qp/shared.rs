@@ -5,7 +5,7 @@
 use super::{QpConfig, QpState};
 use crate::context::DeviceContext;
 use crate::cq::{CqError, CqShared, CqUser};
-use crate::device::provider::{HwQpState, MemAt, PlacedQp, QpCreated, QpSpec};
+use crate::device::provider::{DeviceQpRings, HwQpState, MemAt, QpCreated, QpMem, QpSpec};
 use crate::format::{DBREC_SQ, SEG_SIZE, WQEBB};
 use crate::mem::RingMem;
 use crate::ops::KeepAlive;
@@ -28,7 +28,7 @@ pub(crate) const QP_KERNEL_SQ_PI: usize = 256;
 pub(crate) const QP_KERNEL_RQ_PI: usize = 264;
 
 /// A QP's rings and control page, laid out as mlx5 does (receive ring at offset 0, send
-/// ring after it), before the device knows them.
+/// ring after it): the queue layer's, or the device's own.
 pub(crate) struct QpRings {
     pub buf: Arc<RingMem>,
     pub ctrl: Arc<RingMem>,
@@ -39,39 +39,44 @@ pub(crate) struct QpRings {
     pub dbrec: MemAt,
 }
 
-impl QpRings {
+/// A QP's rings as the queue layer asks the device for them: their sizes, the control page,
+/// and the ring memory where the queue layer places the rings (`None`: the device owns its
+/// rings, [`crate::DeviceAttr::owns_rings`], and is given none).
+pub(crate) struct QpRingsAsked {
+    ctrl: Arc<RingMem>,
+    sq_cnt: u32,
+    rq_cnt: u32,
+    rq_stride: u32,
+    mem: Option<QpMem>,
+}
+
+impl QpRingsAsked {
     /// The rings, mapped for the GPUs of `gpus` (none: host memory only).
-    pub(super) fn new(cfg: &QpConfig, gpus: Option<&Arc<crate::cuda::Cuda>>) -> Self {
+    pub(super) fn new(
+        cfg: &QpConfig,
+        device_owns_rings: bool,
+        gpus: Option<&Arc<crate::cuda::Cuda>>,
+    ) -> Self {
         let sq_cnt = cfg.sq_cnt();
         let rq_cnt = cfg.recv_wqes.next_power_of_two();
         let rq_stride = (SEG_SIZE as u32 * cfg.max_recv_sge).next_power_of_two();
         let rq_bytes = (rq_cnt * rq_stride) as usize;
         let sq_off = rq_bytes.max(64);
         let ctrl = Arc::new(RingMem::new(crate::mem::PAGE, gpus));
-        QpRings {
+        let mem = (!device_owns_rings).then(|| QpMem {
             buf: Arc::new(RingMem::new(sq_off + sq_cnt as usize * WQEBB, gpus)),
+            sq_off,
             dbrec: MemAt {
                 mem: ctrl.clone(),
                 off: QP_DBREC,
             },
+        });
+        QpRingsAsked {
             ctrl,
-            sq_off,
             sq_cnt,
             rq_cnt,
             rq_stride,
-        }
-    }
-
-    /// The rings the device placed itself instead of these (the control page stays).
-    pub(super) fn placed_by_device(self, p: PlacedQp) -> Self {
-        QpRings {
-            buf: p.buf,
-            ctrl: self.ctrl,
-            sq_off: p.sq_off,
-            sq_cnt: p.sq_wqebbs,
-            rq_cnt: p.rq_wqes,
-            rq_stride: p.rq_stride,
-            dbrec: p.dbrec,
+            mem,
         }
     }
 
@@ -79,17 +84,32 @@ impl QpRings {
     pub(super) fn spec(&self, pd: u32, send_cqn: u32, recv_cqn: u32) -> QpSpec {
         QpSpec {
             pd,
-            buf: self.buf.clone(),
             rq_wqes: self.rq_cnt,
             rq_stride: self.rq_stride,
-            sq_off: self.sq_off,
             sq_wqebbs: self.sq_cnt,
-            dbrec: self.dbrec.clone(),
             send_cqn,
             recv_cqn,
-            doorbell: None,
-            user_index: 0,
+            mem: self.mem.clone(),
         }
+    }
+
+    /// The rings the QP uses: the ones the device allocated, else the ones it was given
+    /// (`None`: neither, a device that owns its rings but gave none).
+    pub(super) fn rings(self, device: Option<DeviceQpRings>) -> Option<QpRings> {
+        let (mem, sq_cnt, rq_cnt, rq_stride) = match (device, self.mem) {
+            (Some(d), _) => (d.mem, d.sq_wqebbs, d.rq_wqes, d.rq_stride),
+            (None, Some(mem)) => (mem, self.sq_cnt, self.rq_cnt, self.rq_stride),
+            (None, None) => return None,
+        };
+        Some(QpRings {
+            buf: mem.buf,
+            ctrl: self.ctrl,
+            sq_off: mem.sq_off,
+            sq_cnt,
+            rq_cnt,
+            rq_stride,
+            dbrec: mem.dbrec,
+        })
     }
 }
 
@@ -336,5 +356,45 @@ pub(super) fn advance16(c: &AtomicU64, to: u16) {
     let next = crate::format::advance16(cur, to);
     if next != cur {
         c.store(next, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_that_owns_its_rings_is_given_none_and_its_own_are_used() {
+        let cfg = QpConfig::default();
+        // The soft device's way: the queue layer's rings, given and kept.
+        let given = QpRingsAsked::new(&cfg, false, None);
+        let mem = given.spec(1, 2, 3).mem.expect("rings given");
+        let rings = given.rings(None).expect("the given rings");
+        assert!(Arc::ptr_eq(&rings.buf, &mem.buf));
+        assert_eq!(rings.sq_cnt, cfg.sq_cnt());
+        // libmlx5's way: nothing allocated for the ring, the device's rings used.
+        let asked = QpRingsAsked::new(&cfg, true, None);
+        assert!(
+            asked.spec(1, 2, 3).mem.is_none(),
+            "no ring made for the device"
+        );
+        let ctrl = Arc::new(RingMem::host(crate::mem::PAGE));
+        let device = DeviceQpRings {
+            mem: QpMem {
+                buf: Arc::new(RingMem::host(4 * WQEBB + 256)),
+                sq_off: 256,
+                dbrec: MemAt { mem: ctrl, off: 8 },
+            },
+            rq_wqes: 8,
+            rq_stride: 32,
+            sq_wqebbs: 4,
+        };
+        let buf = device.mem.buf.clone();
+        let rings = asked.rings(Some(device)).expect("the device's rings");
+        assert!(Arc::ptr_eq(&rings.buf, &buf));
+        assert_eq!((rings.sq_off, rings.sq_cnt, rings.rq_cnt), (256, 4, 8));
+        assert_eq!(rings.dbrec.off, 8);
+        // A device that owns its rings but gave none: no rings, an error for the caller.
+        assert!(QpRingsAsked::new(&cfg, true, None).rings(None).is_none());
     }
 }

@@ -4,7 +4,7 @@
 use super::context::Context;
 use super::error::RdmaError;
 use super::{sys, RdmaResult};
-use crate::{Access, RemoteAddr, Sge};
+use crate::Access;
 use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
@@ -14,8 +14,9 @@ use std::sync::Arc;
 pub struct Pd {
     pub(crate) ctx: Arc<Context>,
     pub(crate) raw: NonNull<sys::ibv_pd>,
-    /// A parent domain: the PD it extends and its allocator's state, released after it.
-    pub(crate) parent: Option<super::placed::ParentParts>,
+    /// A parent domain's parts (the PD it extends and its allocator's state,
+    /// `caller_rings::ParentParts`), released after it.
+    pub(crate) parent: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 // SAFETY: libibverbs objects may be used from any thread; this type hands out no interior
@@ -171,25 +172,6 @@ impl Mr<'_> {
     /// The PD it belongs to.
     pub fn pd(&self) -> &Arc<Pd> {
         &self.pd
-    }
-
-    /// `len` bytes at offset `off` of the region, as a local SGE. Not checked against the
-    /// region's bounds: as with `ibv_sge`, the device checks what a work request names.
-    pub fn sge(&self, off: u64, len: u32) -> Sge {
-        Sge {
-            addr: self.addr().wrapping_add(off),
-            len,
-            lkey: self.lkey(),
-        }
-    }
-
-    /// Byte `off` of the region, as a peer addresses it in RDMA and atomic requests (not
-    /// checked: the peer's device checks it).
-    pub fn remote(&self, off: u64) -> RemoteAddr {
-        RemoteAddr {
-            addr: self.addr().wrapping_add(off),
-            rkey: self.rkey(),
-        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! The mlx5 device behind the provider interface: one port of an RDMA device driven by
 //! rdma-core's libmlx5, whose PDs, MRs, CQs and RC QPs the queue layer uses as it uses the
 //! soft device's. libmlx5 allocates the rings: the device answers each create with where they
-//! are ([`PlacedQp`], [`PlacedCq`]), as ring memory that holds libmlx5's object, so verbs
+//! are ([`DeviceQpRings`], [`DeviceCqRings`]), as ring memory that holds libmlx5's object, so verbs
 //! destroys it only once no queue and no op list points into it any more. gdsync's own WQE
 //! writer fills libmlx5's send and receive rings and rings its BlueFlame register; CQEs are
 //! read from libmlx5's CQ buffers.
@@ -18,9 +18,10 @@ use crate::device::{
     host_id, DeviceAttr, Endpoint, LinkKind, LinkLayer as PortLink, LinkPolicy, PortAddress,
     PortAttr, PortState,
 };
+use crate::device::{rnr_delay, transport_timeout};
 use crate::mem::RingMem;
 use crate::ops::KeepAlive;
-use crate::{Device, Error, Result};
+use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -63,10 +64,9 @@ pub(crate) struct Mlx5Device {
     /// Whether GPUs are present: libmlx5's rings and doorbell page are then registered for
     /// them.
     gpus: Option<Arc<Cuda>>,
-    /// The device is the emulated kernel driver's (a soft HCA serves it): its doorbell page is
-    /// ordinary memory, registered for GPUs as such.
-    emulated: bool,
-    /// That the emulated doorbell page was registered plainly has been said.
+    /// What the doorbell pages are (the opener's word).
+    uar: UarPages,
+    /// That a doorbell page was registered as ordinary memory has been said.
     plain_doorbell_said: AtomicBool,
     next_pd: AtomicU32,
     /// PDs by id; a PD verbs refused keeps the reason, given to whatever uses it.
@@ -77,22 +77,26 @@ pub(crate) struct Mlx5Device {
     events: EventWatch,
 }
 
-/// Opens port `port` of the mlx5 device `name` as a [`Device`] (the mlx5 data path). Under
-/// the emulated kernel driver, this process's soft devices become its HCA first.
-pub(crate) fn open(name: &str, port: u8, cuda: Option<Arc<Cuda>>) -> Result<Device> {
-    let emulated = match crate::device::soft::serve_emulated_driver() {
-        Ok(n) => {
-            tracing::debug!("emulated RDMA driver: {n} device(s) served by soft HCAs");
-            true
-        }
-        Err(why) => {
-            tracing::trace!("{why}");
-            false
-        }
-    };
-    let dev =
-        Mlx5Device::open(name, port, emulated, cuda.clone()).map_err(|e| rdma_error(name, e))?;
-    Ok(Device::from_provider(Arc::new(dev), cuda))
+/// What the opener knows of the doorbell (UAR) pages the device's driver maps, which decides
+/// how they are registered for GPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum UarPages {
+    /// I/O memory (a ConnectX's BAR): registered for GPUs as I/O memory, or not at all.
+    Io,
+    /// Possibly ordinary memory (a driver that emulates the HCA in software): where the I/O
+    /// registration fails, registered as ordinary memory.
+    MaybeHostMemory,
+}
+
+/// Opens port `port` of the mlx5 device `name` as a provider (the mlx5 data path).
+pub(crate) fn open(
+    name: &str,
+    port: u8,
+    uar: UarPages,
+    cuda: Option<Arc<Cuda>>,
+) -> Result<Arc<dyn Provider>> {
+    let dev = Mlx5Device::open(name, port, uar, cuda).map_err(|e| rdma_error(name, e))?;
+    Ok(Arc::new(dev))
 }
 
 /// An rdma-core error as the queue layer reports it, naming the device.
@@ -111,7 +115,7 @@ impl Mlx5Device {
     fn open(
         name: &str,
         port: u8,
-        emulated: bool,
+        uar: UarPages,
         gpus: Option<Arc<Cuda>>,
     ) -> std::result::Result<Self, RdmaError> {
         let ctx = Context::open(name)?;
@@ -151,7 +155,7 @@ impl Mlx5Device {
             addr,
             limits,
             gpus,
-            emulated,
+            uar,
             plain_doorbell_said: AtomicBool::new(false),
             next_pd: AtomicU32::new(1),
             pds: Mutex::new(HashMap::new()),
@@ -282,7 +286,7 @@ impl Mlx5Device {
         }
     }
 
-    /// `len` bytes at `addr` of memory libmlx5 placed, held by `owner`, registered for GPUs
+    /// `len` bytes at `addr` of memory libmlx5 allocated, held by `owner`, registered for GPUs
     /// where there are any (`io`: a register page); the registration's failure is returned
     /// beside it.
     fn held(&self, addr: usize, len: usize, owner: &KeepAlive, io: bool) -> (MemAt, Option<Error>) {
@@ -294,9 +298,11 @@ impl Mlx5Device {
             (Some(c), false) => mem.map_for_gpus(c, false).err(),
             (Some(c), true) => match mem.map_for_gpus(c, true) {
                 Ok(()) => None,
-                // The emulated driver's doorbell page is ordinary memory, which CUDA
+                // An emulated driver's doorbell page is ordinary memory, which CUDA
                 // registers only as such (a ConnectX's is I/O memory: no second try there).
-                Err(e) if self.emulated && mem.map_for_gpus(c, false).is_ok() => {
+                Err(e)
+                    if self.uar == UarPages::MaybeHostMemory && mem.map_for_gpus(c, false).is_ok() =>
+                {
                     if !self.plain_doorbell_said.swap(true, Ordering::Relaxed) {
                         tracing::info!(
                             "{}: the emulated driver's doorbell page is ordinary memory, not \
@@ -360,8 +366,7 @@ fn rts_attr(t: &QpTimers, max_rd_atomic: u8) -> RtsAttr {
 
 /// The IB transport-timeout code whose wait (4.096 µs × 2^code) covers `d`.
 fn timeout_code(d: Duration) -> u8 {
-    let units = d.as_nanos().div_ceil(4096).max(1);
-    (units.next_power_of_two().trailing_zeros() as u8).clamp(1, 31)
+    (1..32).find(|&c| transport_timeout(c) >= d).unwrap_or(31)
 }
 
 /// The IB `rnr_retry` for the queue layer's count: 7 (forever) for `u8::MAX`, else the count,
@@ -376,7 +381,6 @@ fn rnr_retry_code(n: u8) -> u8 {
 /// The IB receiver-not-ready timer code (`min_rnr_timer`) whose delay covers `d` (31, the
 /// longest, where none does).
 fn rnr_timer_code(d: Duration) -> u8 {
-    use crate::device::soft::rnr_delay;
     (1..32).find(|&c| rnr_delay(c) >= d).unwrap_or(31)
 }
 
@@ -408,7 +412,6 @@ impl Provider for Mlx5Device {
 
     fn query_device(&self) -> DeviceAttr {
         let l = &self.limits;
-        let soft = crate::device::soft::device_attr();
         DeviceAttr {
             max_qp: l.max_qp,
             max_qp_wr: l.max_qp_wr,
@@ -416,8 +419,10 @@ impl Provider for Mlx5Device {
             // libmlx5 adds one entry and rounds up to a power of two.
             max_cqe: l.max_cqe,
             // gdsync's writer copies inline payload itself: a WQE's size is the limit.
-            max_inline_data: soft.max_inline_data,
+            max_inline_data: crate::format::MAX_INLINE_DATA as u32,
             phys_port_cnt: l.phys_port_cnt,
+            // libmlx5 allocates the rings.
+            owns_rings: true,
         }
     }
 
@@ -482,30 +487,29 @@ impl Provider for Mlx5Device {
         self.mrs.lock().remove(&lkey);
     }
 
-    fn create_cq(&self, spec: CqSpec) -> Result<u32> {
+    fn create_cq(&self, spec: CqSpec) -> Result<CqCreated> {
         // libmlx5 makes room for one entry more than asked, rounded up to a power of two.
         let cq = self
             .ctx
             .create_cq(spec.entries.saturating_sub(1).max(1))
             .map_err(|e| self.err(e))?;
-        let cqn = cq.ring().cqn;
-        self.cqs.lock().insert(cqn, cq);
-        Ok(cqn)
-    }
-
-    fn placed_cq(&self, cqn: u32) -> Option<PlacedCq> {
-        let cq = self.cqs.lock().get(&cqn)?.clone();
         let r = cq.ring();
-        let owner: KeepAlive = cq;
+        let owner: KeepAlive = cq.clone();
         let (ring, e1) = self.held(r.buf, (r.cqe_cnt * r.cqe_size) as usize, &owner, false);
         let (dbrec, e2) = self.held(r.dbrec, 8, &owner, false);
         if let Some(e) = e1.or(e2) {
-            tracing::warn!("CQ {cqn:#x}: GPUs cannot reach its ring ({e})");
+            tracing::warn!("CQ {:#x}: GPUs cannot reach its ring ({e})", r.cqn);
         }
-        Some(PlacedCq {
-            ring: ring.mem,
-            entries: r.cqe_cnt,
-            dbrec,
+        self.cqs.lock().insert(r.cqn, cq);
+        Ok(CqCreated {
+            cqn: r.cqn,
+            device_rings: Some(DeviceCqRings {
+                mem: CqMem {
+                    ring: ring.mem,
+                    dbrec,
+                },
+                entries: r.cqe_cnt,
+            }),
         })
     }
 
@@ -553,13 +557,15 @@ impl Provider for Mlx5Device {
             bf_size: r.bf_size as usize,
             doorbell_wc: true,
             gpu_doorbell,
-            placed: Some(PlacedQp {
-                buf: buf.mem,
+            device_rings: Some(DeviceQpRings {
+                mem: QpMem {
+                    buf: buf.mem,
+                    sq_off,
+                    dbrec,
+                },
                 rq_wqes: r.rq_wqe_cnt,
                 rq_stride: r.rq_stride,
-                sq_off,
                 sq_wqebbs: r.sq_wqe_cnt,
-                dbrec,
             }),
         })
     }

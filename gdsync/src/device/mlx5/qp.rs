@@ -222,7 +222,7 @@ pub struct Qp {
     // Held so that the CQs outlive the QP (verbs destroys a QP before its CQs).
     _send_cq: Arc<Cq>,
     _recv_cq: Arc<Cq>,
-    pub(super) raw: NonNull<sys::ibv_qp>,
+    pub(crate) raw: NonNull<sys::ibv_qp>,
     rings: QpRings,
 }
 

@@ -4,7 +4,7 @@
 use super::{tcp, MAX_QPS};
 use crate::device::provider::{MAX_MESSAGE, MAX_SGE};
 use crate::device::{DeviceAttr, LinkLayer, PortAttr, PortState};
-use crate::format::{MAX_WQE_DS, SEG_SIZE};
+use crate::format::MAX_INLINE_DATA;
 use crate::{Error, Result};
 
 /// Most work requests in one send queue (in 64-byte WQEBBs) or receive queue.
@@ -19,10 +19,9 @@ pub(crate) fn device_attr() -> DeviceAttr {
         max_qp_wr: MAX_QP_WR,
         max_sge: MAX_SGE as u32,
         max_cqe: MAX_CQE,
-        // A control segment, a remote-address segment and the inline header (4 bytes)
-        // share a WQE's data segments with the payload.
-        max_inline_data: (MAX_WQE_DS * SEG_SIZE - 2 * SEG_SIZE - 4) as u32,
+        max_inline_data: MAX_INLINE_DATA as u32,
         phys_port_cnt: 1,
+        owns_rings: false,
     }
 }
 

@@ -503,6 +503,106 @@ impl SoftDevice {
     }
 }
 
+/// What a driver above the soft device already gave a QP (the emulated kernel driver, for
+/// libmlx5's QPs): the doorbell register in its UAR page, which libmlx5 rings (the device
+/// watches both halves, as for its own), and libmlx5's user index (`uidx`, CQE version 1:
+/// CQEs carry it in `srqn_uidx`, and libmlx5 finds the QP by it).
+pub(crate) struct DriverQp {
+    pub doorbell: MemAt,
+    pub user_index: u32,
+}
+
+/// The ring memory a create command gave: the soft device owns no rings of its own.
+fn given<T>(mem: Option<T>, what: &str) -> Result<T> {
+    mem.ok_or_else(|| {
+        Error::invalid(format!(
+            "a {what} without ring memory: the soft device uses the rings it is given"
+        ))
+    })
+}
+
+impl SoftDevice {
+    /// `create_qp`, for a QP whose doorbell register and user index a driver above the device
+    /// already gave it (`driver`), or `None`: the device's own register, user index 0.
+    pub(crate) fn create_qp_with(
+        &self,
+        spec: QpSpec,
+        driver: Option<DriverQp>,
+    ) -> Result<QpCreated> {
+        let mem = given(spec.mem, "QP")?;
+        let (send_cq, recv_cq) = {
+            let cqs = self.cqs.lock();
+            let cq = |n: u32| {
+                cqs.get(&n)
+                    .cloned()
+                    .ok_or_else(|| Error::invalid(format!("no CQ {n:#x} on {}", self.label())))
+            };
+            (cq(spec.send_cqn)?, cq(spec.recv_cqn)?)
+        };
+        if let Some(DriverQp { doorbell: at, .. }) = &driver {
+            // Both halves are read as u64s: a register that does not fit is refused here
+            // rather than trusted.
+            if at.off % 8 != 0 || at.off + BF_SIZE + 8 > at.mem.len() {
+                return Err(Error::invalid(format!(
+                    "doorbell register at offset {:#x} of a {}-byte page",
+                    at.off,
+                    at.mem.len()
+                )));
+            }
+        }
+        let qpn = self.qpns.lock().take()?;
+        let (bfreg, user_index) = match driver {
+            Some(d) => (
+                Bfreg {
+                    page: d.doorbell.mem,
+                    off: d.doorbell.off,
+                },
+                d.user_index,
+            ),
+            None => (self.uars.lock().alloc(qpn), 0),
+        };
+        let hw = QpHw {
+            qpn,
+            pd: spec.pd,
+            buf: mem.buf,
+            sq_off: mem.sq_off,
+            sq_cnt: spec.sq_wqebbs,
+            rq_cnt: spec.rq_wqes,
+            rq_stride: spec.rq_stride,
+            dbrec: mem.dbrec.mem,
+            dbrec_off: mem.dbrec.off,
+            bfreg: bfreg.clone(),
+            send_cq,
+            recv_cq,
+            user_index,
+            timers: QpTimers {
+                sq_psn: 0,
+                timeout: std::time::Duration::from_secs(5),
+                retry_cnt: 7,
+                rnr_retry: 7,
+                min_rnr_timer: std::time::Duration::from_millis(2),
+            },
+        };
+        self.engine.ctl().reset_qp(qpn);
+        if let Err(e) = self.engine.send(Cmd::AddQp(Box::new(hw))) {
+            self.uars.lock().release(qpn);
+            self.qpns.lock().give_back(qpn);
+            return Err(e);
+        }
+        Ok(QpCreated {
+            qpn,
+            doorbell: MemAt {
+                mem: bfreg.page,
+                off: bfreg.off,
+            },
+            bf_size: BF_SIZE,
+            doorbell_wc: false,
+            gpu_doorbell: Ok(()),
+            device_rings: None,
+        })
+    }
+}
+
 impl Provider for SoftDevice {
     fn name(&self) -> String {
         self.label()
@@ -546,21 +646,25 @@ impl Provider for SoftDevice {
         self.share.regions.remove(lkey);
     }
 
-    fn create_cq(&self, spec: CqSpec) -> Result<u32> {
+    fn create_cq(&self, spec: CqSpec) -> Result<CqCreated> {
+        let mem = given(spec.mem, "CQ")?;
         let cqn = self.next_cqn.fetch_add(1, Ordering::Relaxed);
         let cq = Arc::new(CqHw {
             cqn,
             cnt: spec.entries,
-            ring: spec.ring,
-            dbrec: spec.dbrec.mem,
-            dbrec_off: spec.dbrec.off,
+            ring: mem.ring,
+            dbrec: mem.dbrec.mem,
+            dbrec_off: mem.dbrec.off,
             pi: crate::mem::Padded(AtomicU64::new(0)),
             ci_seen: AtomicU32::new(0),
             overrun: AtomicBool::new(false),
             ctl: self.engine.ctl().clone(),
         });
         self.cqs.lock().insert(cqn, cq);
-        Ok(cqn)
+        Ok(CqCreated {
+            cqn,
+            device_rings: None,
+        })
     }
 
     fn destroy_cq(&self, cqn: u32) {
@@ -568,73 +672,7 @@ impl Provider for SoftDevice {
     }
 
     fn create_qp(&self, spec: QpSpec) -> Result<QpCreated> {
-        let (send_cq, recv_cq) = {
-            let cqs = self.cqs.lock();
-            let cq = |n: u32| {
-                cqs.get(&n)
-                    .cloned()
-                    .ok_or_else(|| Error::invalid(format!("no CQ {n:#x} on {}", self.label())))
-            };
-            (cq(spec.send_cqn)?, cq(spec.recv_cqn)?)
-        };
-        if let Some(at) = &spec.doorbell {
-            // Both halves are read as u64s: a register that does not fit is refused here
-            // rather than trusted.
-            if at.off % 8 != 0 || at.off + BF_SIZE + 8 > at.mem.len() {
-                return Err(Error::invalid(format!(
-                    "doorbell register at offset {:#x} of a {}-byte page",
-                    at.off,
-                    at.mem.len()
-                )));
-            }
-        }
-        let qpn = self.qpns.lock().take()?;
-        let bfreg = match spec.doorbell {
-            Some(at) => Bfreg {
-                page: at.mem,
-                off: at.off,
-            },
-            None => self.uars.lock().alloc(qpn),
-        };
-        let hw = QpHw {
-            qpn,
-            pd: spec.pd,
-            buf: spec.buf,
-            sq_off: spec.sq_off,
-            sq_cnt: spec.sq_wqebbs,
-            rq_cnt: spec.rq_wqes,
-            rq_stride: spec.rq_stride,
-            dbrec: spec.dbrec.mem,
-            dbrec_off: spec.dbrec.off,
-            bfreg: bfreg.clone(),
-            send_cq,
-            recv_cq,
-            user_index: spec.user_index,
-            timers: QpTimers {
-                sq_psn: 0,
-                timeout: std::time::Duration::from_secs(5),
-                retry_cnt: 7,
-                rnr_retry: 7,
-                min_rnr_timer: std::time::Duration::from_millis(2),
-            },
-        };
-        self.engine.ctl().reset_qp(qpn);
-        if let Err(e) = self.engine.send(Cmd::AddQp(Box::new(hw))) {
-            self.uars.lock().release(qpn);
-            self.qpns.lock().give_back(qpn);
-            return Err(e);
-        }
-        Ok(QpCreated {
-            qpn,
-            doorbell: MemAt {
-                mem: bfreg.page,
-                off: bfreg.off,
-            },
-            bf_size: BF_SIZE,
-            doorbell_wc: false,
-            gpu_doorbell: Ok(()),
-            placed: None,
-        })
+        self.create_qp_with(spec, None)
     }
 
     fn modify_qp(&self, qpn: u32, to: QpModify) -> Result<()> {

@@ -18,11 +18,11 @@
 //! any two soft devices of two processes do (shared memory on one host, TCP where
 //! `GDSYNC_SOFT_LINK=tcp` asks for it), and the death of the peer's process fails the QPs.
 
-use super::device::SoftDevice;
+use super::device::{DriverQp, SoftDevice};
 use super::qp_numbers::QpNumbers;
 use crate::device::endpoint::Endpoint;
 use crate::device::provider::*;
-use crate::device::LinkPolicy;
+use crate::device::{rnr_delay, transport_timeout, LinkPolicy};
 use crate::mem::RingMem;
 use crate::Error;
 use std::ffi::c_int;
@@ -32,79 +32,33 @@ use std::time::Duration;
 /// One soft device per emulated device, by device index.
 static HCAS: OnceLock<Vec<Arc<SoftDevice>>> = OnceLock::new();
 
-/// `struct uvemu_hca_qp`.
-#[repr(C)]
-struct HcaQp {
-    pdn: u32,
-    send_cqn: u32,
-    recv_cqn: u32,
-    buf: u64,
-    dbrec: u64,
-    bf_reg: u64,
-    rq_wqes: u32,
-    rq_stride: u32,
-    sq_wqebbs: u32,
-    user_index: u32,
-}
+/// The driver's C interface, generated from its header (`uvemu.h`).
+#[path = "uvemu_sys.rs"]
+#[allow(non_camel_case_types, dead_code, clippy::all)]
+mod sys;
+use sys::{uvemu_hca_ops, uvemu_hca_qp, uvemu_hca_rtr, uvemu_hca_rts};
 
-/// `struct uvemu_hca_rtr`.
-#[repr(C)]
-struct HcaRtr {
-    /// A device of this process, or -1: the device of another process `peer` names.
-    dest_dev: i32,
-    dest_qpn: u32,
-    rq_psn: u32,
-    mtu: u32,
-    /// The endpoint the peer's process published (hostile bytes: parsed, never trusted).
-    peer: [u8; Endpoint::WIRE_LEN],
-}
-
-/// `struct uvemu_hca_rts`: the timers in their IB encodings.
-#[repr(C)]
-struct HcaRts {
-    sq_psn: u32,
-    timeout: u8,
-    retry_cnt: u8,
-    rnr_retry: u8,
-    min_rnr_timer: u8,
-}
-
-/// `struct uvemu_hca_ops`.
-#[repr(C)]
-struct HcaOps {
-    reg_mr: extern "C" fn(c_int, u32, u64, u64, u32, *mut u32, *mut u32) -> c_int,
-    dereg_mr: extern "C" fn(c_int, u32),
-    create_cq: extern "C" fn(c_int, u64, u32, u64, *mut u32) -> c_int,
-    destroy_cq: extern "C" fn(c_int, u32),
-    create_qp: extern "C" fn(c_int, *const HcaQp, *mut u32) -> c_int,
-    to_init: extern "C" fn(c_int, u32) -> c_int,
-    to_rtr: extern "C" fn(c_int, u32, *const HcaRtr) -> c_int,
-    to_rts: extern "C" fn(c_int, u32, *const HcaRts) -> c_int,
-    destroy_qp: extern "C" fn(c_int, u32),
-    qp_state: extern "C" fn(c_int, u32) -> c_int,
-}
-
-static OPS: HcaOps = HcaOps {
-    reg_mr,
-    dereg_mr,
-    create_cq,
-    destroy_cq,
-    create_qp,
-    to_init,
-    to_rtr,
-    to_rts,
-    destroy_qp,
-    qp_state,
+static OPS: uvemu_hca_ops = uvemu_hca_ops {
+    reg_mr: Some(reg_mr),
+    dereg_mr: Some(dereg_mr),
+    create_cq: Some(create_cq),
+    destroy_cq: Some(destroy_cq),
+    create_qp: Some(create_qp),
+    to_init: Some(to_init),
+    to_rtr: Some(to_rtr),
+    to_rts: Some(to_rts),
+    destroy_qp: Some(destroy_qp),
+    qp_state: Some(qp_state),
 };
 
-/// `UVEMU_MR_DMABUF`: reg_mr's access flag for a dma-buf region (uvemu.h).
-const UVEMU_MR_DMABUF: u32 = 1 << 31;
+/// The endpoint a peer's process published travels in `uvemu_hca_rtr` as gdsync's wire form.
+const _: () = assert!(sys::UVEMU_ENDPOINT_LEN as usize == Endpoint::WIRE_LEN);
 
 /// Processes under one emulator share its devices' QP numbers, as processes of a host share
 /// an HCA's: slot `s` (of `QPN_SLOTS`, from the driver) numbers its QPs `s << 12 | 1 ..=
 /// s << 12 | 0xfff`, so that a QP number tells the driver which process serves it.
-const QPN_SLOT_SHIFT: u32 = 12;
-const QPN_SLOTS: c_int = 16;
+const QPN_SLOT_SHIFT: u32 = sys::UVEMU_QPN_SLOT_SHIFT;
+const QPN_SLOTS: c_int = sys::UVEMU_QPN_SLOTS as c_int;
 const QPN_SLOT_SIZE: u32 = (1 << QPN_SLOT_SHIFT) - 1;
 
 /// Makes this process's soft devices the HCA of the emulated RDMA driver it runs under: from
@@ -117,7 +71,8 @@ pub fn serve_emulated_driver() -> std::result::Result<usize, String> {
         return Ok(h.len());
     }
     let count: unsafe extern "C" fn() -> c_int = driver_fn(c"uvemu_device_count")?;
-    let attach: unsafe extern "C" fn(*const HcaOps) -> c_int = driver_fn(c"uvemu_attach_hca")?;
+    let attach: unsafe extern "C" fn(*const uvemu_hca_ops) -> c_int =
+        driver_fn(c"uvemu_attach_hca")?;
     // SAFETY: the driver's function, as uvemu.h declares it.
     let n = unsafe { count() }.max(0) as usize;
     let slot: unsafe extern "C" fn() -> c_int = driver_fn(c"uvemu_qpn_slot")?;
@@ -253,7 +208,7 @@ extern "C" fn reg_mr(
     rkey: *mut u32,
 ) -> c_int {
     on(dev, "a memory region", |h| {
-        let memory = match access & UVEMU_MR_DMABUF {
+        let memory = match access & sys::UVEMU_MR_DMABUF {
             0 => MrMemory::Host,
             // A dma-buf the process exported from GPU memory: its IOVA is the GPU address,
             // whose bytes the soft device moves through the CUDA driver. (The emulated driver
@@ -274,7 +229,7 @@ extern "C" fn reg_mr(
             pd,
             addr,
             len,
-            access: Access::from_bits_truncate(access & !UVEMU_MR_DMABUF),
+            access: Access::from_bits_truncate(access & !sys::UVEMU_MR_DMABUF),
             memory,
         };
         let keys = h.reg_mr(&spec)?;
@@ -298,13 +253,11 @@ extern "C" fn create_cq(dev: c_int, buf: u64, entries: u32, dbrec: u64, cqn: *mu
         }
         let (ring, _) = foreign(buf, entries as usize * crate::format::CQE_SIZE);
         let (mem, off) = foreign(dbrec, 8);
-        let n = h.create_cq(CqSpec {
-            ring,
-            entries,
-            dbrec: MemAt { mem, off },
-        })?;
+        let dbrec = MemAt { mem, off };
+        let mem = Some(CqMem { ring, dbrec });
+        let created = h.create_cq(CqSpec { entries, mem })?;
         // SAFETY: the driver passes a pointer to its object's CQ number.
-        unsafe { cqn.write(n) };
+        unsafe { cqn.write(created.cqn) };
         Ok(())
     })
 }
@@ -315,7 +268,7 @@ extern "C" fn destroy_cq(dev: c_int, cqn: u32) {
     }
 }
 
-extern "C" fn create_qp(dev: c_int, q: *const HcaQp, qpn: *mut u32) -> c_int {
+extern "C" fn create_qp(dev: c_int, q: *const uvemu_hca_qp, qpn: *mut u32) -> c_int {
     // SAFETY: the driver passes a filled uvemu_hca_qp.
     let q = unsafe { &*q };
     on(dev, "a QP", |h| {
@@ -324,25 +277,31 @@ extern "C" fn create_qp(dev: c_int, q: *const HcaQp, qpn: *mut u32) -> c_int {
         let (buf, _) = foreign(q.buf, sq_off + q.sq_wqebbs as usize * crate::format::WQEBB);
         let (db_mem, db_off) = foreign(q.dbrec, 8);
         let (bf_mem, bf_off) = foreign(q.bf_reg, 8);
-        let created = h.create_qp(QpSpec {
-            pd: q.pdn,
+        let mem = QpMem {
             buf,
-            rq_wqes: q.rq_wqes,
-            rq_stride: q.rq_stride,
             sq_off,
-            sq_wqebbs: q.sq_wqebbs,
             dbrec: MemAt {
                 mem: db_mem,
                 off: db_off,
             },
-            send_cqn: q.send_cqn,
-            recv_cqn: q.recv_cqn,
-            doorbell: Some(MemAt {
+        };
+        let driver = DriverQp {
+            doorbell: MemAt {
                 mem: bf_mem,
                 off: bf_off,
-            }),
+            },
             user_index: q.user_index,
-        })?;
+        };
+        let spec = QpSpec {
+            pd: q.pdn,
+            rq_wqes: q.rq_wqes,
+            rq_stride: q.rq_stride,
+            sq_wqebbs: q.sq_wqebbs,
+            send_cqn: q.send_cqn,
+            recv_cqn: q.recv_cqn,
+            mem: Some(mem),
+        };
+        let created = h.create_qp_with(spec, Some(driver))?;
         // SAFETY: the driver passes a pointer to its object's QP number.
         unsafe { qpn.write(created.qpn) };
         Ok(())
@@ -353,7 +312,7 @@ extern "C" fn to_init(dev: c_int, qpn: u32) -> c_int {
     on(dev, "INIT", |h| h.modify_qp(qpn, QpModify::Init))
 }
 
-extern "C" fn to_rtr(dev: c_int, qpn: u32, r: *const HcaRtr) -> c_int {
+extern "C" fn to_rtr(dev: c_int, qpn: u32, r: *const uvemu_hca_rtr) -> c_int {
     // SAFETY: the driver passes a filled uvemu_hca_rtr.
     let r = unsafe { &*r };
     let remote = match r.dest_dev {
@@ -391,7 +350,7 @@ extern "C" fn to_rtr(dev: c_int, qpn: u32, r: *const HcaRtr) -> c_int {
     })
 }
 
-extern "C" fn to_rts(dev: c_int, qpn: u32, r: *const HcaRts) -> c_int {
+extern "C" fn to_rts(dev: c_int, qpn: u32, r: *const uvemu_hca_rts) -> c_int {
     // SAFETY: the driver passes a filled uvemu_hca_rts.
     let r = unsafe { &*r };
     let timers = QpTimers {
@@ -426,14 +385,6 @@ extern "C" fn qp_state(dev: c_int, qpn: u32) -> c_int {
     }
 }
 
-/// The IB transport timeout `4.096 us * 2^t`; 0 means none, served as an hour.
-fn transport_timeout(t: u8) -> Duration {
-    match t {
-        0 => Duration::from_secs(3600),
-        t => Duration::from_nanos(4096u64 << t.min(31)),
-    }
-}
-
 /// How long a QP waits for an answer before it fails: a ConnectX retransmits `retry_cnt`
 /// times, each after the transport timeout, before it reports retries exceeded. The soft
 /// link loses nothing, so the soft HCA waits the whole span once.
@@ -441,20 +392,20 @@ fn give_up_after(timeout: u8, retry_cnt: u8) -> Duration {
     transport_timeout(timeout) * (u32::from(retry_cnt.min(7)) + 1)
 }
 
-/// The IB RNR NAK timer encoding (`min_rnr_timer`), in microseconds: 0 is 655.36 ms, then
-/// 0.01 ms up to 491.52 ms.
-pub(crate) fn rnr_delay(code: u8) -> Duration {
-    const US: [u32; 32] = [
-        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560,
-        3_840, 5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880,
-        163_840, 245_760, 327_680, 491_520,
-    ];
-    Duration::from_micros(US[code as usize % 32].into())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uvemu_bindings_match_the_header() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../uverbs-emu/c/uvemu.h");
+        let header = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert_eq!(
+            super::super::device::fnv1a(&header),
+            sys::UVEMU_H_FNV1A,
+            "uvemu.h changed since uvemu_sys.rs was generated from it: run scripts/regen-uvemu-bindings"
+        );
+    }
 
     #[test]
     fn outside_the_emulated_driver_nothing_is_served() {
@@ -467,29 +418,34 @@ mod tests {
 
     /// A QP spec over `owner`'s pages, as the driver would build it from libmlx5's memory,
     /// with the doorbell register at `bf_off` of a foreign page.
-    fn foreign_qp(owner: &RingMem, cqn: u32, bf_off: usize) -> QpSpec {
+    fn foreign_qp(owner: &RingMem, cqn: u32, bf_off: usize) -> (QpSpec, DriverQp) {
         let (buf, _) = foreign(owner.addr(0), 2 * crate::mem::PAGE);
         let (db, db_off) = foreign(owner.addr(0x1000), 8);
         let (bf, _) = foreign(owner.addr(0x2000), 8);
-        QpSpec {
+        let spec = QpSpec {
             pd: 1,
-            buf,
             rq_wqes: 16,
             rq_stride: 32,
-            sq_off: 512,
             sq_wqebbs: 16,
-            dbrec: MemAt {
-                mem: db,
-                off: db_off,
-            },
             send_cqn: cqn,
             recv_cqn: cqn,
-            doorbell: Some(MemAt {
+            mem: Some(QpMem {
+                buf,
+                sq_off: 512,
+                dbrec: MemAt {
+                    mem: db,
+                    off: db_off,
+                },
+            }),
+        };
+        let driver = DriverQp {
+            doorbell: MemAt {
                 mem: bf,
                 off: bf_off,
-            }),
+            },
             user_index: 7,
-        }
+        };
+        (spec, driver)
     }
 
     #[test]
@@ -500,20 +456,17 @@ mod tests {
         assert_eq!(off, 0);
         let (dbrec, dbrec_off) = foreign(owner.addr(0x1040), 8);
         assert_eq!((dbrec_off, dbrec.len()), (0x40, crate::mem::PAGE));
-        let cqn = dev
-            .create_cq(CqSpec {
-                ring,
-                entries: 8,
-                dbrec: MemAt {
-                    mem: dbrec,
-                    off: dbrec_off,
-                },
-            })
-            .unwrap();
+        let dbrec = MemAt {
+            mem: dbrec,
+            off: dbrec_off,
+        };
+        let mem = Some(CqMem { ring, dbrec });
+        let cqn = dev.create_cq(CqSpec { entries: 8, mem }).unwrap().cqn;
+        let create_qp = |(spec, driver)| dev.create_qp_with(spec, Some(driver));
         // A register whose second half would leave the page is refused, not trusted.
-        let e = dev.create_qp(foreign_qp(&owner, cqn, 0xF00)).err().unwrap();
+        let e = create_qp(foreign_qp(&owner, cqn, 0xF00)).err().unwrap();
         assert!(e.to_string().contains("doorbell register"), "{e}");
-        let qp = dev.create_qp(foreign_qp(&owner, cqn, 0x800)).unwrap();
+        let qp = create_qp(foreign_qp(&owner, cqn, 0x800)).unwrap();
         assert_eq!(
             qp.doorbell.addr(),
             owner.addr(0x2800),
@@ -531,13 +484,7 @@ mod tests {
 
     #[test]
     fn ib_timer_encodings() {
-        assert_eq!(transport_timeout(14), Duration::from_nanos(4096 << 14));
-        assert_eq!(transport_timeout(0), Duration::from_secs(3600));
         assert_eq!(give_up_after(14, 7), Duration::from_nanos(8 * (4096 << 14)));
         assert_eq!(give_up_after(14, 0), transport_timeout(14));
-        assert_eq!(rnr_delay(0), Duration::from_micros(655_360));
-        assert_eq!(rnr_delay(1), Duration::from_micros(10));
-        assert_eq!(rnr_delay(12), Duration::from_micros(640));
-        assert_eq!(rnr_delay(31), Duration::from_micros(491_520));
     }
 }

@@ -12,6 +12,7 @@
 mod attr;
 mod bridge;
 mod device;
+#[cfg(feature = "emulated-hca")]
 mod emulated;
 mod engine;
 mod link;
@@ -28,10 +29,9 @@ mod uar;
 mod watch;
 mod wire;
 
-pub(crate) use attr::device_attr;
 pub(crate) use device::SoftDevice;
 pub use device::{accept_tcp_links, host_id};
-pub(crate) use emulated::rnr_delay;
+#[cfg(feature = "emulated-hca")]
 pub use emulated::serve_emulated_driver;
 
 pub(crate) use progress::{help, Why};

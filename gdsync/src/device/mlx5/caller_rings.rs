@@ -1,4 +1,4 @@
-//! Rings in memory the caller places: a parent domain (`ibv_alloc_parent_domain`) whose
+//! Rings in memory the caller gives (caller rings): a parent domain (`ibv_alloc_parent_domain`) whose
 //! allocator hands libmlx5 the memory given for the next CQ's entries, QP's buffer and their
 //! doorbell records, instead of memory libmlx5 allocates itself. This is how a CQ or QP can
 //! live in memory that was registered for a GPU beforehand (streams and kernels poll CQEs and
@@ -29,9 +29,9 @@ const CQ_ATTR_MASK_PD: u32 = 1 << 1;
 const USE_DEFAULT: *mut c_void = usize::MAX as *mut c_void;
 
 /// Where the next object's memory is: its ring (a CQ's entries, or a QP's receive then send
-/// queue) and its doorbell record (8 bytes, 8-aligned).
+/// queue) and its doorbell record (8 bytes, 8-aligned), memory the caller gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Placement {
+pub struct CallerRings {
     /// Address of the ring (page-aligned).
     pub ring: usize,
     /// Its bytes.
@@ -43,10 +43,10 @@ pub struct Placement {
 /// What the allocator hands out for the creation in progress, and what it handed.
 #[derive(Default)]
 struct Slot {
-    next: Option<Placement>,
+    next: Option<CallerRings>,
     ring_given: bool,
     dbrec_given: bool,
-    /// Set when libmlx5 asked for more ring than the placement holds.
+    /// Set when libmlx5 asked for more ring than the caller's memory holds.
     too_small: Option<usize>,
 }
 
@@ -58,7 +58,7 @@ pub(crate) struct ParentParts {
     creating: Mutex<()>,
 }
 
-/// The allocator libmlx5 calls inside a create: the placed memory for the ring and the
+/// The allocator libmlx5 calls inside a create: the caller's memory for the ring and the
 /// doorbell record of the object being created; the default for anything else.
 unsafe extern "C" fn alloc(
     _pd: *mut sys::ibv_pd,
@@ -104,8 +104,8 @@ unsafe extern "C" fn free(
 
 impl Pd {
     /// A parent domain of this PD whose CQs and QPs take their rings and doorbell records
-    /// from memory the caller places ([`Pd::create_cq_in`], [`Pd::create_qp_in`]).
-    pub fn placing(self: &Arc<Self>) -> RdmaResult<Arc<Pd>> {
+    /// from memory the caller gives ([`Pd::create_cq_in`], [`Pd::create_qp_in`]).
+    pub fn with_caller_rings(self: &Arc<Self>) -> RdmaResult<Arc<Pd>> {
         let ctx = &self.ctx;
         let slot: Box<Mutex<Slot>> = Box::default();
         let mut attr = sys::ibv_parent_domain_init_attr {
@@ -123,25 +123,37 @@ impl Pd {
         Ok(Arc::new(Pd {
             ctx: ctx.clone(),
             raw,
-            parent: Some(ParentParts {
+            parent: Some(Box::new(ParentParts {
                 _base: self.clone(),
                 slot,
                 creating: Mutex::new(()),
-            }),
+            })),
         }))
+    }
+
+    /// The former name of [`Pd::with_caller_rings`].
+    #[doc(hidden)]
+    pub fn placing(self: &Arc<Self>) -> RdmaResult<Arc<Pd>> {
+        self.with_caller_rings()
     }
 
     /// Runs `create` with `at` as the memory the allocator hands out, then checks that
     /// libmlx5 took both the ring and the doorbell record from it.
-    fn placed<T>(
+    fn in_caller_rings<T>(
         &self,
-        at: Placement,
+        at: CallerRings,
         what: &str,
         create: impl FnOnce() -> RdmaResult<T>,
     ) -> RdmaResult<T> {
-        let parts = self.parent.as_ref().ok_or_else(|| {
-            RdmaError::InvalidArgument(format!("{what}: not a placing parent domain (Pd::placing)"))
-        })?;
+        let parts = self
+            .parent
+            .as_ref()
+            .and_then(|p| p.downcast_ref::<ParentParts>())
+            .ok_or_else(|| {
+                RdmaError::InvalidArgument(format!(
+                    "{what}: not a placing parent domain (Pd::with_caller_rings)"
+                ))
+            })?;
         let _one = parts.creating.lock().unwrap_or_else(|e| e.into_inner());
         let set = |next| {
             let mut s = parts.slot.lock().unwrap_or_else(|e| e.into_inner());
@@ -156,14 +168,14 @@ impl Pd {
         set(None);
         if let Some(size) = s.too_small {
             return Err(RdmaError::InvalidArgument(format!(
-                "{what}: libmlx5 asked for {size} bytes of ring, {} were placed",
+                "{what}: libmlx5 asked for {size} bytes of ring, {} were given",
                 at.ring_len
             )));
         }
         let made = made?;
         if !(s.ring_given && s.dbrec_given) {
             return Err(RdmaError::InvalidArgument(format!(
-                "{what}: libmlx5 did not take its {} from the memory placed (an rdma-core without parent-domain allocators?)",
+                "{what}: libmlx5 did not take its {} from the memory given (an rdma-core without parent-domain allocators?)",
                 if s.ring_given { "doorbell record" } else { "ring" }
             )));
         }
@@ -172,9 +184,9 @@ impl Pd {
 
     /// A CQ of at least `entries` completions whose entries and doorbell record lie at `at`
     /// (libmlx5 sizes the ring: the next power of two above `entries`, 64 bytes each).
-    pub fn create_cq_in(&self, entries: u32, at: Placement) -> RdmaResult<Arc<Cq>> {
+    pub fn create_cq_in(&self, entries: u32, at: CallerRings) -> RdmaResult<Arc<Cq>> {
         let ctx = &self.ctx;
-        let cq = self.placed(at, "create_cq_ex", || {
+        let cq = self.in_caller_rings(at, "create_cq_ex", || {
             let mut attr = sys::ibv_cq_init_attr_ex {
                 cqe: entries,
                 comp_mask: CQ_ATTR_MASK_PD,
@@ -194,7 +206,7 @@ impl Pd {
         if r.buf != at.ring || r.buf + (r.cqe_cnt * CQE_SIZE) as usize > end || r.dbrec != at.dbrec
         {
             return Err(RdmaError::InvalidArgument(format!(
-                "libmlx5 laid the CQ out elsewhere ({r:?}) than placed ({at:?})"
+                "libmlx5 laid the CQ out elsewhere ({r:?}) than given ({at:?})"
             )));
         }
         Ok(cq)
@@ -207,9 +219,9 @@ impl Pd {
         send_cq: &Arc<Cq>,
         recv_cq: &Arc<Cq>,
         caps: &QpCaps,
-        at: Placement,
+        at: CallerRings,
     ) -> RdmaResult<Qp> {
-        let qp = self.placed(at, "mlx5dv_create_qp", || {
+        let qp = self.in_caller_rings(at, "mlx5dv_create_qp", || {
             self.create_qp(send_cq, recv_cq, caps)
         })?;
         let r = qp.rings();
@@ -222,7 +234,7 @@ impl Pd {
             || r.dbrec != at.dbrec
         {
             return Err(RdmaError::InvalidArgument(format!(
-                "libmlx5 laid the QP out elsewhere ({r:?}) than placed ({at:?})"
+                "libmlx5 laid the QP out elsewhere ({r:?}) than given ({at:?})"
             )));
         }
         Ok(qp)

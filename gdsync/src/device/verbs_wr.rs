@@ -2,13 +2,14 @@
 //! gdsync's work requests translated to verbs ones, and `ibv_poll_cq`. gdsync's data path
 //! writes WQEs and reads CQEs with its own code; these let rdma-core's encoder and decoder do
 //! the same work, so that the two can be compared byte for byte and the device's execution
-//! checked against what rdma-core produced and reads back.
+//! checked against what rdma-core produced and reads back. Also a region's SGEs and remote
+//! addresses as gdsync's work requests name them.
+//!
+//! This is glue between the queue layer's work requests and the mlx5 backend, kept out of
+//! both: the mlx5 provider knows rdma-core, not the queue layer.
 
-use super::cq::Cq;
-use super::error::RdmaError;
-use super::qp::Qp;
-use super::{sys, RdmaResult};
-use crate::wr::{RecvWr, SendFlags, SendWr, Sge, WrOp};
+use super::mlx5::{sys, Cq, Mr, Qp, RdmaError, RdmaResult};
+use crate::wr::{RecvWr, RemoteAddr, SendFlags, SendWr, Sge, WrOp};
 
 /// The verbs send flags for gdsync's; `INLINE_HOST` (a gdsync choice, not a verbs flag) is
 /// refused rather than guessed.
@@ -53,13 +54,13 @@ fn verbs_send_wr(wr: &SendWr, sges: &mut [sys::ibv_sge]) -> RdmaResult<sys::ibv_
     // Verbs' imm_data is in network order: its bytes are the big-endian immediate, which is
     // what gdsync's writer puts into the WQE.
     let imm = |v: &mut sys::ibv_send_wr, i: u32| v.__bindgen_anon_1.imm_data = i.to_be();
-    let rdma = |v: &mut sys::ibv_send_wr, r: crate::RemoteAddr| {
+    let rdma = |v: &mut sys::ibv_send_wr, r: RemoteAddr| {
         v.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
             remote_addr: r.addr,
             rkey: r.rkey,
         }
     };
-    let atomic = |v: &mut sys::ibv_send_wr, r: crate::RemoteAddr, compare_add, swap| {
+    let atomic = |v: &mut sys::ibv_send_wr, r: RemoteAddr, compare_add, swap| {
         v.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
             remote_addr: r.addr,
             compare_add,
@@ -235,6 +236,27 @@ fn link<T>(chain: &mut [T], set_next: impl Fn(&mut T, *mut T)) -> Option<*mut T>
         set_next(&mut chain[i - 1], next);
     }
     chain.first_mut().map(|w| w as *mut T)
+}
+
+impl Mr<'_> {
+    /// `len` bytes at offset `off` of the region, as a local SGE. Not checked against the
+    /// region's bounds: as with `ibv_sge`, the device checks what a work request names.
+    pub fn sge(&self, off: u64, len: u32) -> Sge {
+        Sge {
+            addr: self.addr().wrapping_add(off),
+            len,
+            lkey: self.lkey(),
+        }
+    }
+
+    /// Byte `off` of the region, as a peer addresses it in RDMA and atomic requests (not
+    /// checked: the peer's device checks it).
+    pub fn remote(&self, off: u64) -> RemoteAddr {
+        RemoteAddr {
+            addr: self.addr().wrapping_add(off),
+            rkey: self.rkey(),
+        }
+    }
 }
 
 #[cfg(test)]
