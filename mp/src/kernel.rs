@@ -135,13 +135,15 @@ impl KernelChannels {
     }
 
     fn check_peer(&self, peer: usize) -> Result<&DeviceQp> {
-        if peer >= self.size || peer == self.rank {
-            return Err(Error::invalid(format!(
-                "rank {peer} is not a peer of rank {} (communicator of {})",
-                self.rank, self.size
-            )));
-        }
-        Ok(self.peers[peer].as_ref().unwrap())
+        self.peers
+            .get(peer)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "rank {peer} is not a peer of rank {} (communicator of {})",
+                    self.rank, self.size
+                ))
+            })
     }
 
     /// What the kernels have done with the channel to `peer` (their counters, stored

@@ -1,12 +1,10 @@
 //! The registration cache: buffers registered once, found again by address.
 //!
 //! Registering memory is dear on a real NIC (pinning, page-table writes), so codes that send
-//! from the same buffers over and over register each once. [`Comm::register_cached`] finds a
-//! cached registration that covers the range or makes one; the memory kind (host, pinned,
-//! GPU) is detected by the registration itself.
+//! from the same buffers over and over register each once. The cache finds a registration
+//! that covers a range or makes one; the communicator owns one (`Comm::register_cached`).
 
-use crate::comm::Comm;
-use gdsync::{Access, Error, MemoryRegion, Result, Sge};
+use gdsync::{Access, Error, MemoryRegion, ProtectionDomain, Result, Sge};
 use std::collections::BTreeMap;
 
 /// Registrations by start address.
@@ -45,16 +43,19 @@ impl RegCache {
     }
 }
 
-impl Comm {
-    /// The SGE for `len` bytes at `addr` (host or GPU memory), from a cached registration
-    /// covering them or a new one (registered for every access, as [`Comm::register`]).
+impl RegCache {
+    /// The SGE for `len` bytes at `addr`, from a cached registration covering them or a new
+    /// one in `pd` (registered for every access).
     ///
     /// # Safety
-    /// The memory must stay allocated until [`Comm::deregister`] is called for it or the
-    /// `Comm` is dropped: memory freed and allocated again at the same address would be
-    /// found in the cache and reached through the old registration (MPI libraries intercept
-    /// `free` for this; here the caller keeps the contract).
-    pub unsafe fn register_cached(&mut self, addr: *const u8, len: usize) -> Result<Sge> {
+    /// The memory must stay allocated until [`RegCache::deregister`] is called for it or the
+    /// cache is dropped (see `Comm::register_cached`).
+    pub(crate) unsafe fn register(
+        &mut self,
+        pd: &ProtectionDomain,
+        addr: *const u8,
+        len: usize,
+    ) -> Result<Sge> {
         if len == 0 {
             return Err(Error::invalid("cannot register a zero-length range"));
         }
@@ -62,41 +63,38 @@ impl Comm {
         let end = a
             .checked_add(len as u64)
             .ok_or_else(|| Error::invalid("address range wraps around"))?;
-        if let Some(mr) = self.regs.find(a, len as u64) {
+        if let Some(mr) = self.find(a, len as u64) {
             let off = (a - mr.addr()) as usize;
             let sge = mr.sge(off..off + len);
-            self.regs.hits += 1;
+            self.hits += 1;
             return Ok(sge);
         }
         // SAFETY: the caller keeps the memory allocated while the registration is cached.
-        let mr = unsafe { self.pd().register_raw(addr as *mut u8, len, Access::ALL)? };
+        let mr = unsafe { pd.register_raw(addr as *mut u8, len, Access::ALL)? };
         debug_assert_eq!(mr.addr() + mr.len() as u64, end);
-        self.regs.misses += 1;
+        self.misses += 1;
         let sge = mr.sge(..);
         // A registration of the same start is replaced (it covered less; work in flight on
         // it may fail with a key error once it is dropped, so deregister before reuse).
-        self.regs.entries.insert(a, mr);
+        self.entries.insert(a, mr);
         Ok(sge)
     }
 
     /// Drops every cached registration that overlaps `[addr, addr + len)`; returns how many.
-    /// Call it before freeing memory registered through [`Comm::register_cached`], once no
-    /// work on it is in flight.
-    pub fn deregister(&mut self, addr: *const u8, len: usize) -> usize {
+    pub(crate) fn deregister(&mut self, addr: *const u8, len: usize) -> usize {
         let (a, e) = (addr as u64, (addr as u64).saturating_add(len as u64));
-        let before = self.regs.entries.len();
-        self.regs
-            .entries
+        let before = self.entries.len();
+        self.entries
             .retain(|&s, mr| s + mr.len() as u64 <= a || s >= e);
-        before - self.regs.entries.len()
+        before - self.entries.len()
     }
 
-    /// Hits, misses and size of the registration cache.
-    pub fn reg_cache_stats(&self) -> RegCacheStats {
+    /// Hits, misses and size of the cache.
+    pub(crate) fn stats(&self) -> RegCacheStats {
         RegCacheStats {
-            hits: self.regs.hits,
-            misses: self.regs.misses,
-            entries: self.regs.entries.len(),
+            hits: self.hits,
+            misses: self.misses,
+            entries: self.entries.len(),
         }
     }
 }

@@ -1,0 +1,106 @@
+//! The CPU's progress: posting queued work whose credits arrived and polling each peer's
+//! completion queues into the request slots (or, where an executor consumes a queue, reading
+//! how far it got).
+
+use super::peers::side_index;
+use super::requests::{Side, Status};
+use super::{Comm, INTERNAL};
+use crate::fault::{Cause, Work};
+use gdsync::{Result, WcStatus};
+
+impl Comm {
+    /// Moves CPU work forward: posts queued work whose credits arrived, polls completions.
+    pub fn progress(&mut self) -> Result<()> {
+        for peer in 0..self.size {
+            if peer != self.rank {
+                self.progress_peer(peer)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn progress_peer(&mut self, peer: usize) -> Result<()> {
+        self.pump(peer)?;
+        self.poll_peer(peer)
+    }
+
+    pub(super) fn poll_peer(&mut self, peer: usize) -> Result<()> {
+        let Comm {
+            peers,
+            reqs,
+            polled,
+            rank,
+            ..
+        } = self;
+        let me = *rank;
+        let p = peers.get_mut(peer)?;
+        p.drain_credit_cq(me, peer);
+        for side in [Side::Send, Side::Recv] {
+            let cq = if side == Side::Send { &p.scq } else { &p.rcq };
+            let waits = &mut p.exec_waits[side_index(side)];
+            if *waits > 0 {
+                // An executor consumes this CQ: requests are done when the consumer index
+                // passed their completions (also CPU-waited ones it stepped over). Without the
+                // CQEs, an error completion fails every request resolved with it.
+                let ci = cq.consumer_index();
+                let errs = cq.take_errors();
+                let mut left = 0;
+                let mut failed = None;
+                for st in reqs.iter_mut().filter(|s| {
+                    s.live && s.peer == peer && s.side == side && s.status == Status::Pending
+                }) {
+                    if st.cqe().is_some_and(|n| n < ci) {
+                        st.status = match errs.first() {
+                            Some(e) => {
+                                failed.get_or_insert(st.work);
+                                Status::Failed(e.syndrome)
+                            }
+                            None => Status::Done(0),
+                        };
+                    } else if st.on_executor {
+                        left += 1;
+                    }
+                }
+                *waits = left;
+                if let Some(e) = errs.first() {
+                    let cause = Cause::Completion {
+                        syndrome: e.syndrome,
+                        work: failed.unwrap_or(Work::Internal),
+                        qpn: e.qpn,
+                    };
+                    p.note(me, peer, cause);
+                }
+                // The CPU does not poll a CQ an executor is consuming.
+                if left > 0 {
+                    continue;
+                }
+            }
+            let cq = if side == Side::Send { &p.scq } else { &p.rcq };
+            polled.clear();
+            cq.poll(polled, 64)?;
+            for c in polled.iter() {
+                let (slot, generation) = ((c.wr_id & 0xFFFF_FFFF) as usize, (c.wr_id >> 32) as u32);
+                let st = (c.wr_id != INTERNAL)
+                    .then(|| reqs.get_mut(slot))
+                    .flatten()
+                    .filter(|s| s.live && s.generation == generation);
+                if let WcStatus::Error(syndrome) = c.status {
+                    let work = st.as_ref().map_or(Work::Internal, |s| s.work);
+                    let cause = Cause::Completion {
+                        syndrome,
+                        work,
+                        qpn: c.qpn,
+                    };
+                    p.note(me, peer, cause);
+                }
+                if let Some(st) = st {
+                    st.status = match c.status {
+                        WcStatus::Success => Status::Done(c.byte_len),
+                        WcStatus::Error(s) => Status::Failed(s),
+                    };
+                }
+            }
+        }
+        Ok(())
+    }
+}
