@@ -59,21 +59,33 @@ fn render() -> String {
     byte_enum(&mut s, "GDS_SYNDROME_", Syndrome::from_u8);
     s.push_str("\n// Bits of the ctrl segment's fm_ce_se byte.\n");
     for (name, flag) in FmCeSe::all().iter_names() {
-        define(&mut s, &format!("GDS_FM_CE_SE_{name}"), format!("0x{:02X}u", flag.bits()));
+        define(
+            &mut s,
+            &format!("GDS_FM_CE_SE_{name}"),
+            format!("0x{:02X}u", flag.bits()),
+        );
     }
-    s.push_str("\n// WQE sizes in bytes, segment units (DS) and the inline and receive-list markers.\n");
+    s.push_str(
+        "\n// WQE sizes in bytes, segment units (DS) and the inline and receive-list markers.\n",
+    );
     define(&mut s, "GDS_WQEBB", WQEBB);
     define(&mut s, "GDS_SEG_SIZE", SEG_SIZE);
     define(&mut s, "GDS_MAX_WQE_DS", MAX_WQE_DS);
     define(&mut s, "GDS_MAX_WQE_WQEBBS", MAX_WQE_WQEBBS);
     define(&mut s, "GDS_INLINE_HEADER_SIZE", size_of::<InlineHeader>());
-    define(&mut s, "GDS_INLINE_SEG_FLAG", format!("0x{INLINE_SEG_FLAG:08X}u"));
+    define(
+        &mut s,
+        "GDS_INLINE_SEG_FLAG",
+        format!("0x{INLINE_SEG_FLAG:08X}u"),
+    );
     define(&mut s, "GDS_INVALID_LKEY", format!("0x{INVALID_LKEY:X}u"));
     s.push_str("\n// Doorbell records: 32-bit word index of each counter.\n");
     define(&mut s, "GDS_DBREC_RQ", DBREC_RQ);
     define(&mut s, "GDS_DBREC_SQ", DBREC_SQ);
     define(&mut s, "GDS_DBREC_CQ_CI", DBREC_CQ_CI);
-    s.push_str("\n// The 64-byte CQE: byte offsets of its fields, the owner bit, the initial op_own.\n");
+    s.push_str(
+        "\n// The 64-byte CQE: byte offsets of its fields, the owner bit, the initial op_own.\n",
+    );
     define(&mut s, "GDS_CQE_SIZE", CQE_SIZE);
     for (name, off) in [
         ("IMM", CQE_IMM_OFFSET),
@@ -87,8 +99,16 @@ fn render() -> String {
     ] {
         define(&mut s, &format!("GDS_CQE_{name}_OFFSET"), off);
     }
-    define(&mut s, "GDS_CQE_OWNER_MASK", format!("0x{CQE_OWNER_MASK:02X}u"));
-    define(&mut s, "GDS_CQE_INIT_OP_OWN", format!("0x{CQE_INIT_OP_OWN:02X}u"));
+    define(
+        &mut s,
+        "GDS_CQE_OWNER_MASK",
+        format!("0x{CQE_OWNER_MASK:02X}u"),
+    );
+    define(
+        &mut s,
+        "GDS_CQE_INIT_OP_OWN",
+        format!("0x{CQE_INIT_OP_OWN:02X}u"),
+    );
     s.push_str("\n#endif\n");
     s
 }
