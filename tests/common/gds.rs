@@ -117,6 +117,8 @@ fn build() -> PathBuf {
     lib
 }
 
+// Each transmute's target is the type of the field it fills.
+#[allow(clippy::missing_transmute_annotations)]
 fn lib() -> &'static Lib {
     static LIB: OnceLock<Lib> = OnceLock::new();
     LIB.get_or_init(|| {
