@@ -28,7 +28,7 @@ const TIMEOUT_NS: u64 = 20_000_000_000;
 #[test]
 #[cfg_attr(
     not(clang_cuda),
-    ignore = "needs clang++ to build gdsync.cuh for the host"
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
 )]
 fn kernel_qps_ping_pong_across_ring_and_index_wrap() {
     const ITERS: u64 = 1000;
@@ -137,7 +137,7 @@ fn kernel_qps_ping_pong_across_ring_and_index_wrap() {
 #[test]
 #[cfg_attr(
     not(clang_cuda),
-    ignore = "needs clang++ to build gdsync.cuh for the host"
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
 )]
 fn kernel_qp_operations_and_completion_fields() {
     // The GPU rings the doorbell itself, or asks the CPU proxy to.
@@ -309,7 +309,7 @@ fn operations(handler: NicHandler) {
 #[test]
 #[cfg_attr(
     not(clang_cuda),
-    ignore = "needs clang++ to build gdsync.cuh for the host"
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
 )]
 fn kernel_qp_full_rings_are_refused_without_overwriting() {
     let cfg = QpConfig {
@@ -406,7 +406,7 @@ fn kernel_qp_full_rings_are_refused_without_overwriting() {
 #[test]
 #[cfg_attr(
     not(clang_cuda),
-    ignore = "needs clang++ to build gdsync.cuh for the host"
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
 )]
 fn kernel_qp_errors_surface_as_codes_with_the_syndrome() {
     let (_dev, pd, a, b) = connected(&QpConfig::default());
@@ -502,7 +502,7 @@ fn kernel_qp_errors_surface_as_codes_with_the_syndrome() {
 #[test]
 #[cfg_attr(
     not(clang_cuda),
-    ignore = "needs clang++ to build gdsync.cuh for the host"
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
 )]
 fn device_qp_hand_over_rules() {
     let dev = Device::soft().unwrap();
@@ -590,7 +590,7 @@ fn device_qp_hand_over_rules() {
 #[test]
 #[cfg_attr(
     not(clang_cuda),
-    ignore = "needs clang++ to build gdsync.cuh for the host"
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
 )]
 fn kernel_channels_ping_pong_between_thread_ranks() {
     const ITERS: u64 = 1000;
@@ -667,7 +667,7 @@ fn kernel_channels_ping_pong_between_thread_ranks() {
 #[test]
 #[cfg_attr(
     not(clang_cuda),
-    ignore = "needs clang++ to build gdsync.cuh for the host"
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
 )]
 fn kernel_channel_errors_and_timeouts() {
     kernel_channel_ranks(4, |comm, ch| {
@@ -728,7 +728,7 @@ fn kernel_channel_errors_and_timeouts() {
 #[test]
 #[cfg_attr(
     not(clang_cuda),
-    ignore = "needs clang++ to build gdsync.cuh for the host"
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
 )]
 fn pingpong_kernel_schedule_between_thread_ranks() {
     const AHEAD: u32 = 64;
@@ -882,7 +882,7 @@ fn pingpong_kernel_schedule_between_thread_ranks() {
 #[test]
 #[cfg_attr(
     not(clang_cuda),
-    ignore = "needs clang++ to build gdsync.cuh for the host"
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
 )]
 fn kernel_channel_one_credit_covers_a_batch_of_receives() {
     const N: u64 = 8;
@@ -956,7 +956,7 @@ fn kernel_channel_one_credit_covers_a_batch_of_receives() {
 #[test]
 #[cfg_attr(
     not(clang_cuda),
-    ignore = "needs clang++ to build gdsync.cuh for the host"
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
 )]
 fn kernel_channel_unsignalled_sends_wrap_the_ring_and_are_counted() {
     const SENDS: u64 = 100;
@@ -1037,7 +1037,7 @@ fn kernel_channel_unsignalled_sends_wrap_the_ring_and_are_counted() {
 #[test]
 #[cfg_attr(
     not(clang_cuda),
-    ignore = "needs clang++ to build gdsync.cuh for the host"
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
 )]
 fn kernel_channel_wait_for_a_trailing_unsignalled_send_posts_a_nop() {
     kernel_channel_ranks(16, |comm, ch| {
@@ -1106,7 +1106,7 @@ fn kernel_channel_wait_for_a_trailing_unsignalled_send_posts_a_nop() {
 #[test]
 #[cfg_attr(
     not(clang_cuda),
-    ignore = "needs clang++ to build gdsync.cuh for the host"
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
 )]
 fn kernel_qp_nop_completes_after_the_work_before_it() {
     const WRITES: u64 = 6;
@@ -1163,7 +1163,7 @@ fn kernel_qp_nop_completes_after_the_work_before_it() {
 #[test]
 #[cfg_attr(
     not(clang_cuda),
-    ignore = "needs clang++ to build gdsync.cuh for the host"
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
 )]
 fn kernel_qp_wqes_read_back_through_the_device_reader() {
     let (_dev, pd, a, b) = connected(&QpConfig::default());
