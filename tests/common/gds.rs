@@ -15,23 +15,20 @@ use std::ffi::{c_int, c_void, CString};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-pub const OP_NOP: u32 = Opcode::Nop as u32;
-pub const OP_RDMA_WRITE: u32 = Opcode::RdmaWrite as u32;
-pub const OP_RDMA_WRITE_IMM: u32 = Opcode::RdmaWriteImm as u32;
-pub const OP_SEND: u32 = Opcode::Send as u32;
-pub const OP_SEND_IMM: u32 = Opcode::SendImm as u32;
-pub const OP_RDMA_READ: u32 = Opcode::RdmaRead as u32;
 /// `GDS_SIGNALED`, `GDS_FENCE`, `GDS_SOLICITED`: the header's flags (its own API, not
 /// the `fm_ce_se` bits they become).
 pub const SIGNALED: u32 = 1;
 pub const FENCE: u32 = 2;
 pub const SOLICITED: u32 = 4;
-pub const WC_SEND_DONE: u8 = CqeOpcode::Req as u8;
-pub const WC_RECV_WRITE_IMM: u8 = CqeOpcode::RespWrImm as u8;
-pub const WC_RECV: u8 = CqeOpcode::RespSend as u8;
-pub const WC_RECV_IMM: u8 = CqeOpcode::RespSendImm as u8;
-pub const WC_REQ_ERR: u8 = CqeOpcode::ReqErr as u8;
-pub const WC_RESP_ERR: u8 = CqeOpcode::RespErr as u8;
+
+/// Constants named as the header names them (`GDS_OP_*`, `GDS_WC_*`), from the format's enums.
+macro_rules! named {
+    ($t:ty, $enum:ident: $($name:ident = $v:ident),*) => { $(pub const $name: $t = $enum::$v as $t;)* };
+}
+named!(u32, Opcode: OP_NOP = Nop, OP_RDMA_WRITE = RdmaWrite, OP_RDMA_WRITE_IMM = RdmaWriteImm,
+    OP_SEND = Send, OP_SEND_IMM = SendImm, OP_RDMA_READ = RdmaRead);
+named!(u8, CqeOpcode: WC_SEND_DONE = Req, WC_RECV_WRITE_IMM = RespWrImm, WC_RECV = RespSend,
+    WC_RECV_IMM = RespSendImm, WC_REQ_ERR = ReqErr, WC_RESP_ERR = RespErr);
 
 /// `gds_wc` (its layout is asserted in gdsync_host.cpp).
 #[repr(C)]
