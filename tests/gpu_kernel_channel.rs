@@ -9,6 +9,8 @@ mod common;
 
 use common::gpu::{gpu, Buf};
 use common::kernel_channel_ranks;
+// The byte pattern of `test_byte`: message `i` of `side`.
+use common::kernel_qp::message;
 use gdasync::gdsync::cuda::{CudaStream, Module};
 use gdasync::gdsync::format::Syndrome;
 use gdasync::gdsync::kernel::{code, DeviceQp, QpDesc};
@@ -25,13 +27,6 @@ const TIMEOUT_NS: u64 = 10_000_000_000;
 
 /// The test kernels (compiled with NVRTC after the header).
 const KERNELS: &str = include_str!("kernels/kernel_channel.cu");
-
-/// The byte pattern of `test_byte`: message `i` of `side`.
-fn message(i: u64, side: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|k| (i as u8).wrapping_mul(13) ^ (k as u8).wrapping_mul(7) ^ side)
-        .collect()
-}
 
 fn test_len(i: u64) -> usize {
     1 + (i as usize * 37) % MAX

@@ -3,7 +3,13 @@
 // (gds_send, gds_wait, gds_ring_run), or drives a whole QP by itself: composes the WQEs,
 // rings, and polls the CQs (gds_qp_post_send, gds_qp_post_recv, gds_cq_poll, gds_cq_wait).
 // The layouts below mirror the Rust #[repr(C)] types; the static_asserts are checked against
-// the Rust offsets by a test, and hold when NVRTC compiles this header.
+// the Rust offsets by a test, and hold when NVRTC compiles this header. The mlx5 format's
+// constants (opcodes, CQE offsets, WQE sizes) come from gdsync_format.h, generated from the
+// Rust format module (gdsync::format).
+//
+// Tests compile this header for the host too (GDS_HOST defined, with host stand-ins for the
+// CUDA built-ins and for gds_now_ns, gds_ld_acquire32 and gds_ld_acquire64), and run its
+// functions against the soft device.
 #pragma once
 #ifdef __CUDACC_RTC__
 typedef unsigned long long uint64_t;
@@ -17,6 +23,11 @@ typedef int int32_t;
 #endif
 #ifndef __CUDACC__
 #define __align__(n) alignas(n)
+#endif
+// Where this header is compiled as one text (gdsync::kernel::HEADER, as NVRTC gets it), the
+// generated header comes first and the include is skipped.
+#ifndef GDSYNC_FORMAT_H
+#include "gdsync_format.h"
 #endif
 // NVRTC has no offsetof: there, GDS_OFFSET_CHECK is a no-op and only sizes are checked (the
 // Rust test checks the offsets written here against the Rust types).
@@ -172,13 +183,9 @@ GDS_OFFSET_CHECK(gds_qp, rq_stride, 76);
 GDS_OFFSET_CHECK(gds_qp, send_cq, 96);
 GDS_OFFSET_CHECK(gds_qp, recv_cq, 160);
 
-// Send opcodes (the mlx5 WQE opcodes) for gds_qp_post_send (GDS_OP_NOP: gds_qp_post_nop).
-#define GDS_OP_NOP 0x00
-#define GDS_OP_RDMA_WRITE 0x08
-#define GDS_OP_RDMA_WRITE_IMM 0x09
-#define GDS_OP_SEND 0x0A
-#define GDS_OP_SEND_IMM 0x0B
-#define GDS_OP_RDMA_READ 0x10
+// Send opcodes: the mlx5 WQE opcodes GDS_OP_* of gdsync_format.h. gds_qp_post_send takes
+// GDS_OP_SEND, _SEND_IMM, _RDMA_WRITE, _RDMA_WRITE_IMM and _RDMA_READ (GDS_OP_NOP:
+// gds_qp_post_nop).
 // Flags of gds_qp_post_send. Signal at least one send per ring's worth: slots are freed
 // only by completions (an unsignalled send completes with the next signalled one).
 #define GDS_SIGNALED 1u
@@ -186,14 +193,15 @@ GDS_OFFSET_CHECK(gds_qp, recv_cq, 160);
 #define GDS_SOLICITED 4u
 // Most inline payload: what keeps an inline RDMA write in one WQEBB (ctrl 16 + raddr 16 +
 // 4-byte header + 28).
-#define GDS_MAX_INLINE 28
+#define GDS_MAX_INLINE (GDS_WQEBB - 2 * GDS_SEG_SIZE - GDS_INLINE_HEADER_SIZE)
+static_assert(GDS_MAX_INLINE == 28, "GDS_MAX_INLINE");
 // gds_wc.opcode: the CQE opcode.
-#define GDS_WC_SEND_DONE 0x0       // a send, write or read of this QP completed
-#define GDS_WC_RECV_WRITE_IMM 0x1  // an RDMA write with immediate arrived (took a receive)
-#define GDS_WC_RECV 0x2            // a send arrived
-#define GDS_WC_RECV_IMM 0x3        // a send with immediate arrived
-#define GDS_WC_REQ_ERR 0xD
-#define GDS_WC_RESP_ERR 0xE
+#define GDS_WC_SEND_DONE GDS_CQE_OP_REQ              // a send, write or read of this QP completed
+#define GDS_WC_RECV_WRITE_IMM GDS_CQE_OP_RESP_WR_IMM  // an RDMA write with immediate arrived (took a receive)
+#define GDS_WC_RECV GDS_CQE_OP_RESP_SEND             // a send arrived
+#define GDS_WC_RECV_IMM GDS_CQE_OP_RESP_SEND_IMM     // a send with immediate arrived
+#define GDS_WC_REQ_ERR GDS_CQE_OP_REQ_ERR
+#define GDS_WC_RESP_ERR GDS_CQE_OP_RESP_ERR
 
 // One completion, as gds_cq_poll decodes it.
 struct gds_wc {
@@ -272,12 +280,15 @@ GDS_OFFSET_CHECK(gds_peer, credited, 312);
 GDS_OFFSET_CHECK(gds_peer, signaled_pi, 320);
 GDS_OFFSET_CHECK(gds_peer, signaled_sends, 328);
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(GDS_HOST)
+#ifndef GDS_HOST
 __device__ __forceinline__ uint64_t gds_now_ns() {
     uint64_t t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+
+#endif
 
 __device__ __forceinline__ bool gds_test32(uint32_t cur, uint32_t value, uint32_t cond) {
     switch (cond) {
@@ -319,6 +330,7 @@ __device__ __forceinline__ bool gds_expired(uint32_t spins, uint64_t *start, uin
 // it, and a store that hands a slot back follows the read of the slot. A full fence
 // (__threadfence_system) would also wait for this thread's earlier stores to reach the
 // system: about a microsecond on the H200, per wait.
+#ifndef GDS_HOST
 __device__ __forceinline__ uint32_t gds_ld_acquire32(uint64_t addr) {
     uint32_t v;
     asm volatile("ld.acquire.sys.u32 %0, [%1];" : "=r"(v) : "l"(addr) : "memory");
@@ -330,6 +342,7 @@ __device__ __forceinline__ uint64_t gds_ld_acquire64(uint64_t addr) {
     asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(addr) : "memory");
     return v;
 }
+#endif
 
 // Waits until the 32-bit word at addr satisfies cond; GDS_TIMEOUT after timeout_ns. What was
 // written before the word is visible after it (acquire).
@@ -446,20 +459,21 @@ __device__ __forceinline__ uint32_t gds_qp_send_room(const gds_qp *qp) {
 // send slot and rings: (data, WQE) -> fence -> doorbell record -> fence -> doorbell. The
 // first fence also publishes data this thread wrote for the NIC to read.
 __device__ __forceinline__ int gds_qp_submit(gds_qp *qp, uint32_t opcode, uint32_t *w, uint32_t ds, uint32_t imm, uint32_t flags) {
-    uint32_t fm_ce_se = ((flags & GDS_SIGNALED) ? 0x08u : 0u) | ((flags & GDS_SOLICITED) ? 0x02u : 0u) |
-                        ((flags & GDS_FENCE) ? 0x80u : 0u);
+    uint32_t fm_ce_se = ((flags & GDS_SIGNALED) ? GDS_FM_CE_SE_CQ_UPDATE : 0u) |
+                        ((flags & GDS_SOLICITED) ? GDS_FM_CE_SE_SOLICITED : 0u) |
+                        ((flags & GDS_FENCE) ? GDS_FM_CE_SE_FENCE : 0u);
     w[0] = gds_bswap32(((uint32_t)(qp->sq_pi & 0xFFFF) << 8) | opcode);
     w[1] = gds_bswap32((qp->qpn << 8) | ds);
     w[2] = fm_ce_se << 24;  // byte 11; signature and stream id (bytes 8..10) stay 0
     w[3] = (opcode == GDS_OP_SEND_IMM || opcode == GDS_OP_RDMA_WRITE_IMM) ? gds_bswap32(imm) : 0;
-    uint4 *slot = (uint4 *)(qp->sq + (qp->sq_pi & (qp->sq_wqebbs - 1)) * 64);
+    uint4 *slot = (uint4 *)(qp->sq + (qp->sq_pi & (qp->sq_wqebbs - 1)) * GDS_WQEBB);
     for (uint32_t i = 0; i < ds; i++) slot[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
     qp->sq_pi++;
     __threadfence_system();
     if (qp->proxy) {
         *(volatile uint64_t *)qp->proxy = qp->sq_pi;  // the CPU proxy rings
     } else {
-        *(volatile uint32_t *)(qp->dbrec + 4) = gds_bswap32((uint32_t)(qp->sq_pi & 0xFFFF));
+        *(volatile uint32_t *)(qp->dbrec + 4 * GDS_DBREC_SQ) = gds_bswap32((uint32_t)(qp->sq_pi & 0xFFFF));
         __threadfence_system();
         // The doorbell carries the first 8 bytes of the WQE's control segment.
         *(volatile uint64_t *)qp->db = ((uint64_t)w[1] << 32) | w[0];
@@ -511,10 +525,10 @@ __device__ __forceinline__ int gds_qp_post_send_inline(gds_qp *qp, uint32_t opco
     uint32_t ds;
     int rc = gds_qp_begin_send(qp, opcode, len, GDS_MAX_INLINE, raddr, rkey, w, &ds);
     if (rc != GDS_OK) return rc;
-    w[4 * ds] = gds_bswap32(len | 0x80000000u);  // inline header, payload at +4
-    unsigned char *payload = (unsigned char *)&w[4 * ds + 1];
+    w[4 * ds] = gds_bswap32(len | GDS_INLINE_SEG_FLAG);  // inline header, payload after it
+    unsigned char *payload = (unsigned char *)&w[4 * ds] + GDS_INLINE_HEADER_SIZE;
     for (uint32_t i = 0; i < len; i++) payload[i] = ((const unsigned char *)data)[i];
-    ds += (4 + len + 15) / 16;
+    ds += (GDS_INLINE_HEADER_SIZE + len + GDS_SEG_SIZE - 1) / GDS_SEG_SIZE;
     return gds_qp_submit(qp, opcode, w, ds, imm, flags);
 }
 
@@ -542,10 +556,10 @@ __device__ __forceinline__ int gds_qp_post_recv(gds_qp *qp, uint64_t addr, uint3
         gds_seg_data(w, addr, len, lkey);
         wqe[n++] = make_uint4(w[0], w[1], w[2], w[3]);
     }
-    if (n * 16 < qp->rq_stride) wqe[n] = make_uint4(0, gds_bswap32(0x100), 0, 0);  // list terminator
+    if (n * GDS_SEG_SIZE < qp->rq_stride) wqe[n] = make_uint4(0, gds_bswap32(GDS_INVALID_LKEY), 0, 0);  // list terminator
     qp->rq_pi++;
     __threadfence_system();  // the WQE before the counter the NIC reads
-    *(volatile uint32_t *)qp->dbrec = gds_bswap32((uint32_t)(qp->rq_pi & 0xFFFF));
+    *(volatile uint32_t *)(qp->dbrec + 4 * GDS_DBREC_RQ) = gds_bswap32((uint32_t)(qp->rq_pi & 0xFFFF));
     *(volatile uint64_t *)(qp->state + 8) = qp->rq_pi;
     return GDS_OK;
 }
@@ -559,15 +573,35 @@ __device__ __forceinline__ int gds_qp_post_recv(gds_qp *qp, uint64_t addr, uint3
 // word (bytes 56..63: QPN and WQE opcode, WQE counter, owner and opcode), one read across
 // PCIe, where the byte count and immediate (bytes 32..47) take a second one after the owner
 // is seen, and a fence. An error CQE's syndromes (bytes 54, 55) are read after the owner too.
+//
+// The poll reads the CQE's bytes 32..63 at most: the 8-byte word at GDS_CQE_SOP_DROP_QPN_OFFSET
+// (which holds the owner word), then two 16-byte loads (lo: 32..47, hi: 48..63).
+static_assert(GDS_CQE_SOP_DROP_QPN_OFFSET % 8 == 0 && GDS_CQE_SOP_DROP_QPN_OFFSET + 8 == GDS_CQE_SIZE,
+              "sop_drop_qpn and the owner word are the CQE's last 8 bytes");
+static_assert(GDS_CQE_WQE_COUNTER_OFFSET == GDS_CQE_OWNER_WORD_OFFSET &&
+                  GDS_CQE_OP_OWN_OFFSET == GDS_CQE_OWNER_WORD_OFFSET + 3,
+              "the owner word is wqe_counter (BE16), signature, op_own");
+static_assert(GDS_CQE_IMM_OFFSET >= 32 && GDS_CQE_BYTE_CNT_OFFSET >= 32 && GDS_CQE_VENDOR_SYNDROME_OFFSET >= 32 &&
+                  GDS_CQE_IMM_OFFSET % 4 == 0 && GDS_CQE_BYTE_CNT_OFFSET % 4 == 0,
+              "the fields a poll reads lie in bytes 32..63");
+// The 8-byte word of bytes 32..63 that holds byte `off` (a constant: this folds away).
+__device__ __forceinline__ uint64_t gds_cqe_word(ulonglong2 lo, ulonglong2 hi, uint32_t off) {
+    return off < 40 ? lo.x : off < 48 ? lo.y : off < 56 ? hi.x : hi.y;
+}
+// The CQE field at byte `off` in the low bits (a native load: little-endian).
+#define GDS_CQE_FIELD(lo, hi, off) (gds_cqe_word(lo, hi, off) >> (((off) & 7) * 8))
 __device__ __forceinline__ int gds_cq_poll_fields(gds_cq *cq, gds_wc *wc, bool body) {
-    uint64_t e = cq->cqes + (cq->ci & (cq->entries - 1)) * 64;
+    uint64_t e = cq->cqes + (cq->ci & (cq->entries - 1)) * GDS_CQE_SIZE;
     // One 8-byte load polls the owner byte and brings the fields beside it; acquire: the rest
     // of the CQE, the data it completes and the stores below come after it.
-    uint64_t tail = gds_ld_acquire64(e + 56);
-    uint32_t word60 = (uint32_t)(tail >> 32);  // wqe_counter (BE16), signature, op_own
-    uint32_t op_own = word60 >> 24;
-    if ((op_own >> 4) == 0xF || (op_own & 1) != (uint32_t)((cq->ci & cq->entries) != 0)) return GDS_EMPTY;
-    uint32_t opcode = word60 >> 28;
+    uint64_t tail = gds_ld_acquire64(e + GDS_CQE_SOP_DROP_QPN_OFFSET);
+    // wqe_counter (BE16), signature, op_own
+    uint32_t word60 = (uint32_t)(tail >> ((GDS_CQE_OWNER_WORD_OFFSET - GDS_CQE_SOP_DROP_QPN_OFFSET) * 8));
+    uint32_t op_own = word60 >> ((GDS_CQE_OP_OWN_OFFSET - GDS_CQE_OWNER_WORD_OFFSET) * 8);
+    if ((op_own >> 4) == GDS_CQE_OP_INVALID ||
+        (op_own & GDS_CQE_OWNER_MASK) != (uint32_t)((cq->ci & cq->entries) != 0))
+        return GDS_EMPTY;
+    uint32_t opcode = op_own >> 4;
     bool err = opcode == GDS_WC_REQ_ERR || opcode == GDS_WC_RESP_ERR;
     // Two independent 16-byte loads (bytes 32..63) when more is needed: they overlap, and a
     // fence keeps them before the store that hands the slot back.
@@ -579,19 +613,19 @@ __device__ __forceinline__ int gds_cq_poll_fields(gds_cq *cq, gds_wc *wc, bool b
     }
     uint16_t counter = (uint16_t)(((word60 & 0xFF) << 8) | ((word60 >> 8) & 0xFF));
     uint32_t sop = gds_bswap32((uint32_t)tail);  // sop_drop_qpn: WQE opcode | QPN
-    wc->byte_len = err || !body ? 0 : gds_bswap32((uint32_t)(lo.y >> 32));
-    wc->imm = body ? gds_bswap32((uint32_t)(lo.x >> 32)) : 0;
+    wc->byte_len = err || !body ? 0 : gds_bswap32((uint32_t)GDS_CQE_FIELD(lo, hi, GDS_CQE_BYTE_CNT_OFFSET));
+    wc->imm = body ? gds_bswap32((uint32_t)GDS_CQE_FIELD(lo, hi, GDS_CQE_IMM_OFFSET)) : 0;
     wc->qpn = sop & 0xFFFFFF;
     wc->wqe_counter = counter;
     wc->opcode = (uint8_t)opcode;
     wc->wqe_opcode = (opcode == GDS_WC_SEND_DONE || opcode == GDS_WC_REQ_ERR) ? (uint8_t)(sop >> 24) : 0;
-    wc->syndrome = err ? (uint8_t)(hi.x >> 56) : 0;  // byte 55
-    wc->vendor_syndrome = err ? (uint8_t)(hi.x >> 48) : 0;  // byte 54
+    wc->syndrome = err ? (uint8_t)GDS_CQE_FIELD(lo, hi, GDS_CQE_SYNDROME_OFFSET) : 0;
+    wc->vendor_syndrome = err ? (uint8_t)GDS_CQE_FIELD(lo, hi, GDS_CQE_VENDOR_SYNDROME_OFFSET) : 0;
     wc->reserved = 0;
     cq->ci++;
     // Work completes in order: everything up to this WQE (one slot each) is done.
     cq->wq_ci += (uint16_t)(counter + 1 - (uint16_t)cq->wq_ci);
-    *(volatile uint32_t *)cq->dbrec = gds_bswap32((uint32_t)(cq->ci & 0xFFFFFF));
+    *(volatile uint32_t *)(cq->dbrec + 4 * GDS_DBREC_CQ_CI) = gds_bswap32((uint32_t)(cq->ci & 0xFFFFFF));
     *(volatile uint64_t *)cq->retired = cq->ci;
     *(volatile uint64_t *)cq->wq_retired = cq->wq_ci;
     return err ? (GDS_ERR_CQE | wc->syndrome) : GDS_OK;

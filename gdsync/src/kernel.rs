@@ -29,8 +29,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The CUDA header with the device functions (`gds_send`, `gds_wait`, `gds_ring_run`, ...).
-pub const HEADER: &str = include_str!("../include/gdsync.cuh");
+pub use crate::kernel_header::HEADER;
 
 /// Return codes of the device functions.
 pub mod code {

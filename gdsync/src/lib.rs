@@ -49,6 +49,7 @@ pub mod format;
 pub mod fuzz;
 mod handler;
 pub mod kernel;
+mod kernel_header;
 mod mem;
 mod mr;
 mod nic;

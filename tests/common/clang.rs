@@ -5,6 +5,7 @@
 
 use super::clang_cuda::{clang_cuda, clang_cuda_works, CUDA_SHIM};
 use gdasync::gdsync::cuda::{nvrtc_available, Cuda, Module};
+use gdasync::gdsync::kernel::HEADER;
 
 /// Checks that `src` (after the gdsync header) compiles as CUDA device code: with clang++ in
 /// NVRTC mode and in nvcc mode; where clang++ is missing (a GPU machine running the ignored
@@ -29,9 +30,10 @@ pub fn check_cuda(what: &str, src: &str) {
 }
 
 fn check_with_clang(what: &str, src: &str, dir: &std::path::Path) {
-    let header = concat!(env!("CARGO_MANIFEST_DIR"), "/gdsync/include/gdsync.cuh");
+    // The header as NVRTC gets it (`Module::compile` puts this text before the source): the
+    // generated gdsync_format.h, then gdsync.cuh, in a folder where no include resolves.
     let file = dir.join("all.cu");
-    std::fs::write(&file, format!("{CUDA_SHIM}\n#include \"{header}\"\n{src}")).unwrap();
+    std::fs::write(&file, format!("{CUDA_SHIM}\n{HEADER}\n{src}")).unwrap();
     for mode in [&["-D__CUDACC_RTC__"][..], &[][..]] {
         let o = clang_cuda(mode, &file).unwrap();
         assert!(

@@ -1,7 +1,8 @@
 //! Helpers shared by the integration tests: connected QP pairs on the soft device (or on the
 //! emulated RDMA driver's mlx5 devices, in a child under the driver), completion
 //! polling with a deadline, deterministic data, the examples' binaries (`example`), the GPU
-//! gate (`gpu`), CUDA compile checks (`clang`), a child process's lines to its parent (`child`).
+//! gate (`gpu`), CUDA compile checks (`clang`), the real gdsync.cuh built for the host (`gds`), the
+//! kernel-driven QP fixtures (`kernel_qp`), a child process's lines to its parent (`child`).
 //!
 //! Each test binary uses a subset of these.
 #![allow(dead_code)]
@@ -10,7 +11,9 @@ pub mod child;
 pub mod clang;
 pub mod clang_cuda;
 pub mod example;
+pub mod gds;
 pub mod gpu;
+pub mod kernel_qp;
 pub mod output;
 
 /// [`example::path`] in an `Option`, always `Some` (a missing example is built, or the test

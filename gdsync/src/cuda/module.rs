@@ -52,7 +52,7 @@ impl Cuda {
                 "NVRTC (libnvrtc.so) is not installed: kernels cannot be compiled".into(),
             ));
         }
-        let full = format!("{}\n{}", crate::kernel::HEADER, src);
+        let full = format!("{}\n{}", crate::kernel_header::HEADER, src);
         let (maj, min) = gpu.compute_capability;
         let arch = Box::leak(format!("compute_{maj}{min}").into_boxed_str());
         let opts = cudarc::nvrtc::CompileOptions {

@@ -10,6 +10,22 @@ pub const CQE_SIZE: usize = 64;
 pub const CQE_INIT_OP_OWN: u8 = 0xF1;
 /// Offset of the 32-bit word `wqe_counter | signature | op_own` that waits watch.
 pub const CQE_OWNER_WORD_OFFSET: usize = 60;
+/// Offset of the immediate data (4 bytes, as sent).
+pub const CQE_IMM_OFFSET: usize = 36;
+/// Offset of `byte_cnt` (BE32).
+pub const CQE_BYTE_CNT_OFFSET: usize = 44;
+/// Offset of the vendor syndrome byte of an error CQE.
+pub const CQE_VENDOR_SYNDROME_OFFSET: usize = 54;
+/// Offset of the syndrome byte of an error CQE.
+pub const CQE_SYNDROME_OFFSET: usize = 55;
+/// Offset of `sop_drop_qpn` (BE32: WQE opcode in 31:24, QPN in 23:0).
+pub const CQE_SOP_DROP_QPN_OFFSET: usize = 56;
+/// Offset of `wqe_counter` (BE16).
+pub const CQE_WQE_COUNTER_OFFSET: usize = 60;
+/// Offset of `op_own`: opcode (7:4), format (3:2), SE (1), owner (0).
+pub const CQE_OP_OWN_OFFSET: usize = 63;
+/// The owner bit of `op_own`.
+pub const CQE_OWNER_MASK: u8 = 0x01;
 
 /// The owner-bit rule: which owner value marks CQE number `n` (free-running) as new.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,7 +123,7 @@ impl Cqe64 {
         set_byte_cnt,
         Be32,
         u32,
-        44,
+        CQE_BYTE_CNT_OFFSET,
         "byte_cnt (44): bytes received (responder) or read (requester)."
     );
     be_field!(timestamp, set_timestamp, Be64, u64, 48, "timestamp (48).");
@@ -116,7 +132,7 @@ impl Cqe64 {
         set_sop_drop_qpn,
         Be32,
         u32,
-        56,
+        CQE_SOP_DROP_QPN_OFFSET,
         "sop_drop_qpn (56): QPN in 23:0; requester: WQE opcode in 31:24."
     );
     be_field!(
@@ -124,25 +140,28 @@ impl Cqe64 {
         set_wqe_counter,
         Be16,
         u16,
-        60,
+        CQE_WQE_COUNTER_OFFSET,
         "wqe_counter (60): SQ wqe_index (requester) or RQ index (responder)."
     );
 
     /// Immediate data (offset 36) exactly as sent.
     pub fn imm(&self) -> [u8; 4] {
-        self.0[36..40].try_into().unwrap()
+        self.0[CQE_IMM_OFFSET..CQE_IMM_OFFSET + 4]
+            .try_into()
+            .unwrap()
     }
     /// Sets the immediate data.
     pub fn set_imm(&mut self, imm: [u8; 4]) {
-        self.0[36..40].copy_from_slice(&imm);
+        self.0[CQE_IMM_OFFSET..CQE_IMM_OFFSET + 4].copy_from_slice(&imm);
     }
     /// `op_own`: opcode (7:4), format (3:2), SE (1), owner (0).
     pub const fn op_own(&self) -> u8 {
-        self.0[63]
+        self.0[CQE_OP_OWN_OFFSET]
     }
     /// Sets `op_own`.
     pub fn set_op_own(&mut self, opcode: CqeOpcode, solicited: bool, owner: u8) {
-        self.0[63] = ((opcode as u8) << 4) | ((solicited as u8) << 1) | (owner & 1);
+        self.0[CQE_OP_OWN_OFFSET] =
+            ((opcode as u8) << 4) | ((solicited as u8) << 1) | (owner & CQE_OWNER_MASK);
     }
     /// The CQE opcode, `None` for values this model does not know.
     pub const fn opcode(&self) -> Option<CqeOpcode> {
@@ -150,7 +169,7 @@ impl Cqe64 {
     }
     /// The owner bit.
     pub const fn owner(&self) -> u8 {
-        self.op_own() & 1
+        self.op_own() & CQE_OWNER_MASK
     }
     /// The solicited-event bit.
     pub const fn solicited(&self) -> bool {
@@ -170,20 +189,20 @@ impl Cqe64 {
     }
     /// Error CQE: the syndrome byte (55).
     pub const fn syndrome_byte(&self) -> u8 {
-        self.0[55]
+        self.0[CQE_SYNDROME_OFFSET]
     }
     /// Error CQE: the decoded syndrome.
     pub const fn syndrome(&self) -> Option<Syndrome> {
-        Syndrome::from_u8(self.0[55])
+        Syndrome::from_u8(self.0[CQE_SYNDROME_OFFSET])
     }
     /// Error CQE: the vendor syndrome (54).
     pub const fn vendor_syndrome(&self) -> u8 {
-        self.0[54]
+        self.0[CQE_VENDOR_SYNDROME_OFFSET]
     }
     /// Error CQE: sets syndrome and vendor syndrome.
     pub fn set_syndrome(&mut self, s: Syndrome, vendor: u8) {
-        self.0[54] = vendor;
-        self.0[55] = s as u8;
+        self.0[CQE_VENDOR_SYNDROME_OFFSET] = vendor;
+        self.0[CQE_SYNDROME_OFFSET] = s as u8;
     }
     /// The 32-bit word at offset 60 as a little-endian load sees it (what a wait compares).
     pub fn owner_word(&self) -> u32 {

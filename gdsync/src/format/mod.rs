@@ -78,6 +78,8 @@ const _: () = assert!(core::mem::size_of::<Be16>() == 2);
 const _: () = assert!(core::mem::size_of::<Be32>() == 4);
 const _: () = assert!(core::mem::size_of::<Be64>() == 8);
 #[cfg(test)]
+mod c_header;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod wqe_tests;

@@ -1,0 +1,280 @@
+//! The real `gdsync.cuh`, compiled for the host and called from Rust: a thread that plays the
+//! kernel calls these functions with the descriptors the host filled (`QpDesc`, `PeerDesc`),
+//! and the soft device executes the very bytes the header writes (WQEs, doorbell records,
+//! doorbells, CQ consumer indices, credits).
+//!
+//! `gdsync_host.cpp` (beside this file) gives the header host stand-ins for the CUDA built-ins
+//! and exports `extern "C"` wrappers; clang++ builds it once into a shared library under the
+//! target folder (named by a hash of its sources, so an edit rebuilds it), which is loaded
+//! with `dlopen`. The tests that use it are ignored where clang++ was missing when they were
+//! built (`cfg(clang_cuda)`, set by build.rs).
+
+use gdasync::gdsync::format::{CqeOpcode, Opcode};
+use gdasync::gdsync::kernel::{CqDesc, PeerDesc, QpDesc};
+use std::ffi::{c_int, c_void, CString};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// `GDS_SIGNALED`, `GDS_FENCE`, `GDS_SOLICITED`: the header's flags (its own API, not
+/// the `fm_ce_se` bits they become).
+pub const SIGNALED: u32 = 1;
+pub const FENCE: u32 = 2;
+pub const SOLICITED: u32 = 4;
+
+/// Constants named as the header names them (`GDS_OP_*`, `GDS_WC_*`), from the format's enums.
+macro_rules! named {
+    ($t:ty, $enum:ident: $($name:ident = $v:ident),*) => { $(pub const $name: $t = $enum::$v as $t;)* };
+}
+named!(u32, Opcode: OP_NOP = Nop, OP_RDMA_WRITE = RdmaWrite, OP_RDMA_WRITE_IMM = RdmaWriteImm,
+    OP_SEND = Send, OP_SEND_IMM = SendImm, OP_RDMA_READ = RdmaRead);
+named!(u8, CqeOpcode: WC_SEND_DONE = Req, WC_RECV_WRITE_IMM = RespWrImm, WC_RECV = RespSend,
+    WC_RECV_IMM = RespSendImm, WC_REQ_ERR = ReqErr, WC_RESP_ERR = RespErr);
+
+/// `gds_wc` (its layout is asserted in gdsync_host.cpp).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Wc {
+    pub byte_len: u32,
+    pub imm: u32,
+    pub qpn: u32,
+    pub wqe_counter: u16,
+    pub opcode: u8,
+    pub wqe_opcode: u8,
+    pub syndrome: u8,
+    pub vendor_syndrome: u8,
+    pub reserved: u16,
+}
+
+type Qp = *mut QpDesc;
+type Peer = *mut PeerDesc;
+
+/// The exported functions, by name.
+struct Lib {
+    qp_send_room: unsafe extern "C" fn(*const QpDesc) -> u32,
+    qp_post_send: unsafe extern "C" fn(Qp, u32, u64, u32, u32, u64, u32, u32, u32) -> c_int,
+    qp_post_send_inline:
+        unsafe extern "C" fn(Qp, u32, *const c_void, u32, u64, u32, u32, u32) -> c_int,
+    qp_post_nop: unsafe extern "C" fn(Qp, u32) -> c_int,
+    qp_post_recv: unsafe extern "C" fn(Qp, u64, u32, u32) -> c_int,
+    cq_poll: unsafe extern "C" fn(*mut CqDesc, *mut Wc) -> c_int,
+    cq_wait: unsafe extern "C" fn(*mut CqDesc, *mut Wc, u64) -> c_int,
+    peer_send: unsafe extern "C" fn(Peer, u64, u32, u32, u64) -> c_int,
+    peer_send_flags: unsafe extern "C" fn(Peer, u64, u32, u32, u32, u64) -> c_int,
+    peer_post_recv: unsafe extern "C" fn(Peer, u64, u32, u32) -> c_int,
+    peer_give_credit: unsafe extern "C" fn(Peer, u64) -> c_int,
+    peer_recv: unsafe extern "C" fn(Peer, u64, u32, u32, u64) -> c_int,
+    peer_wait_sends: unsafe extern "C" fn(Peer, u64, u64) -> c_int,
+    peer_wait_send: unsafe extern "C" fn(Peer, u64) -> c_int,
+    peer_wait_recv: unsafe extern "C" fn(Peer, *mut u32, u64) -> c_int,
+}
+
+const INCLUDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/gdsync/include");
+const SOURCE: &str = include_str!("gdsync_host.cpp");
+
+/// Builds the library (once per source hash) and returns its path.
+fn build() -> PathBuf {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (SOURCE, gdasync::gdsync::kernel::HEADER).hash(&mut h);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let lib = dir.join(format!("libgdsync_host-{:016x}.so", h.finish()));
+    if lib.exists() {
+        return lib;
+    }
+    let src = dir.join(format!("gdsync_host-{}.cpp", std::process::id()));
+    std::fs::write(&src, SOURCE).unwrap();
+    let tmp = dir.join(format!("libgdsync_host-{}.so.tmp", std::process::id()));
+    let out = std::process::Command::new("clang++")
+        .args([
+            "-std=c++17",
+            "-O2",
+            "-fPIC",
+            "-shared",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+        ])
+        .args(["-Wno-pragma-once-outside-header", "-I", INCLUDE, "-o"])
+        .arg(&tmp)
+        .arg(&src)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "clang++ (which builds gdsync.cuh for the host) did not start: {e}; install it \
+                 (apt-get install clang), or touch build.rs to mark these tests ignored"
+            )
+        });
+    let _ = std::fs::remove_file(&src);
+    assert!(
+        out.status.success(),
+        "gdsync.cuh does not compile for the host:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::rename(&tmp, &lib).unwrap();
+    lib
+}
+
+// Each transmute's target is the type of the field it fills.
+#[allow(clippy::missing_transmute_annotations)]
+fn lib() -> &'static Lib {
+    static LIB: OnceLock<Lib> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let path = CString::new(build().into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path; the library is never closed.
+        let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(
+            !h.is_null(),
+            "dlopen of the host build of gdsync.cuh failed"
+        );
+        macro_rules! sym {
+            ($name:ident) => {{
+                let n = CString::new(concat!("gdst_", stringify!($name))).unwrap();
+                // SAFETY: a loaded library and a NUL-terminated name.
+                let p = unsafe { libc::dlsym(h, n.as_ptr()) };
+                assert!(!p.is_null(), "gdst_{} missing", stringify!($name));
+                // SAFETY: gdsync_host.cpp defines the symbol with the signature of the field.
+                unsafe { std::mem::transmute::<*mut c_void, _>(p) }
+            }};
+        }
+        Lib {
+            qp_send_room: sym!(qp_send_room),
+            qp_post_send: sym!(qp_post_send),
+            qp_post_send_inline: sym!(qp_post_send_inline),
+            qp_post_nop: sym!(qp_post_nop),
+            qp_post_recv: sym!(qp_post_recv),
+            cq_poll: sym!(cq_poll),
+            cq_wait: sym!(cq_wait),
+            peer_send: sym!(peer_send),
+            peer_send_flags: sym!(peer_send_flags),
+            peer_post_recv: sym!(peer_post_recv),
+            peer_give_credit: sym!(peer_give_credit),
+            peer_recv: sym!(peer_recv),
+            peer_wait_sends: sym!(peer_wait_sends),
+            peer_wait_send: sym!(peer_wait_send),
+            peer_wait_recv: sym!(peer_wait_recv),
+        }
+    })
+}
+
+// Every call below: the descriptors point at rings, doorbells and counters in pinned host
+// memory that the DeviceQp / KernelChannels the test holds keep alive; one thread drives one
+// descriptor, as the header requires.
+
+/// `gds_qp_send_room`.
+pub fn qp_send_room(qp: &QpDesc) -> u32 {
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    unsafe { (lib().qp_send_room)(qp) }
+}
+
+/// `gds_qp_post_send`.
+#[allow(clippy::too_many_arguments)]
+pub fn qp_post_send(
+    qp: &mut QpDesc,
+    opcode: u32,
+    laddr: u64,
+    lkey: u32,
+    len: u32,
+    raddr: u64,
+    rkey: u32,
+    imm: u32,
+    flags: u32,
+) -> i32 {
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    unsafe { (lib().qp_post_send)(qp, opcode, laddr, lkey, len, raddr, rkey, imm, flags) }
+}
+
+/// `gds_qp_post_send_inline`, with `data` as the payload.
+pub fn qp_post_send_inline(
+    qp: &mut QpDesc,
+    opcode: u32,
+    data: &[u8],
+    raddr: u64,
+    rkey: u32,
+    imm: u32,
+    flags: u32,
+) -> i32 {
+    let (p, n) = (data.as_ptr() as *const c_void, data.len() as u32);
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    unsafe { (lib().qp_post_send_inline)(qp, opcode, p, n, raddr, rkey, imm, flags) }
+}
+
+/// `gds_qp_post_nop`.
+pub fn qp_post_nop(qp: &mut QpDesc, flags: u32) -> i32 {
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    unsafe { (lib().qp_post_nop)(qp, flags) }
+}
+
+/// `gds_qp_post_recv`.
+pub fn qp_post_recv(qp: &mut QpDesc, addr: u64, len: u32, lkey: u32) -> i32 {
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    unsafe { (lib().qp_post_recv)(qp, addr, len, lkey) }
+}
+
+/// `gds_cq_poll`.
+pub fn cq_poll(cq: &mut CqDesc, wc: &mut Wc) -> i32 {
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    unsafe { (lib().cq_poll)(cq, wc) }
+}
+
+/// `gds_cq_wait`.
+pub fn cq_wait(cq: &mut CqDesc, wc: &mut Wc, timeout_ns: u64) -> i32 {
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    unsafe { (lib().cq_wait)(cq, wc, timeout_ns) }
+}
+
+/// `gds_peer_send`.
+pub fn peer_send(p: &mut PeerDesc, laddr: u64, lkey: u32, len: u32, timeout_ns: u64) -> i32 {
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    unsafe { (lib().peer_send)(p, laddr, lkey, len, timeout_ns) }
+}
+
+/// `gds_peer_send_flags`.
+pub fn peer_send_flags(
+    p: &mut PeerDesc,
+    laddr: u64,
+    lkey: u32,
+    len: u32,
+    flags: u32,
+    timeout_ns: u64,
+) -> i32 {
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    unsafe { (lib().peer_send_flags)(p, laddr, lkey, len, flags, timeout_ns) }
+}
+
+/// `gds_peer_post_recv`.
+pub fn peer_post_recv(p: &mut PeerDesc, laddr: u64, lkey: u32, len: u32) -> i32 {
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    unsafe { (lib().peer_post_recv)(p, laddr, lkey, len) }
+}
+
+/// `gds_peer_give_credit`.
+pub fn peer_give_credit(p: &mut PeerDesc, timeout_ns: u64) -> i32 {
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    unsafe { (lib().peer_give_credit)(p, timeout_ns) }
+}
+
+/// `gds_peer_recv`.
+pub fn peer_recv(p: &mut PeerDesc, laddr: u64, lkey: u32, len: u32, timeout_ns: u64) -> i32 {
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    unsafe { (lib().peer_recv)(p, laddr, lkey, len, timeout_ns) }
+}
+
+/// `gds_peer_wait_sends`.
+pub fn peer_wait_sends(p: &mut PeerDesc, n: u64, timeout_ns: u64) -> i32 {
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    unsafe { (lib().peer_wait_sends)(p, n, timeout_ns) }
+}
+
+/// `gds_peer_wait_send`.
+pub fn peer_wait_send(p: &mut PeerDesc, timeout_ns: u64) -> i32 {
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    unsafe { (lib().peer_wait_send)(p, timeout_ns) }
+}
+
+/// `gds_peer_wait_recv`; `len` None passes a null pointer (the header then skips the byte
+/// count).
+pub fn peer_wait_recv(p: &mut PeerDesc, len: Option<&mut u32>, timeout_ns: u64) -> i32 {
+    let len = len.map_or(std::ptr::null_mut(), |l| l as *mut u32);
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    unsafe { (lib().peer_wait_recv)(p, len, timeout_ns) }
+}
