@@ -1,9 +1,9 @@
 //! Completion queues: a ring of 64-byte mlx5 CQEs the device writes, polled on the host or
 //! waited for by an executor.
 
+use crate::backoff::Backoff;
 use crate::context::DeviceContext;
 use crate::device::provider::{CqSpec, MemAt};
-use crate::exec::Backoff;
 use crate::format::{
     cq_ci_value, Cqe64, CqeOpcode, CqeOwner, Opcode, Syndrome, CQE_INIT_OP_OWN,
     CQE_OWNER_WORD_OFFSET, CQE_SIZE,

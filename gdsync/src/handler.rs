@@ -2,8 +2,8 @@
 //! thread the GPU signals through a host word (for when the GPU may not write the doorbell
 //! page, e.g. a UAR that cannot be mapped without `PeerMappingOverride` or root).
 
+use crate::backoff::Backoff;
 use crate::device::provider::{MemAt, Provider};
-use crate::exec::Backoff;
 use crate::format::{doorbell_value, qp_dbrec_value, Be32};
 use crate::mem::RingMem;
 use crate::{Error, Result};

@@ -36,6 +36,7 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+mod backoff;
 mod bounds;
 mod context;
 mod cq;
@@ -48,6 +49,7 @@ pub mod format;
 #[doc(hidden)]
 pub mod fuzz;
 mod handler;
+mod idle;
 pub mod kernel;
 mod mem;
 mod mr;

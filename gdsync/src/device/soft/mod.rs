@@ -29,7 +29,7 @@ pub use device::{accept_tcp_links, host_id};
 pub(crate) use emulated::rnr_delay;
 pub use emulated::serve_emulated_driver;
 
-pub(crate) use progress::{help, Why};
+use progress::Why;
 pub use progress::{progress, progress_mode, progress_mode_for, ProgressMode};
 
 pub(crate) use link::{Link, PEER_WAIT};
