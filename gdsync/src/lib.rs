@@ -62,7 +62,7 @@ mod shm;
 mod signal;
 mod wr;
 
-pub use cq::{Completion, CompletionOp, Cq, CqError, WcStatus, MAX_KEPT_ERRORS};
+pub use cq::{Completion, CompletionOp, Cq, CqError, CqPoll, WcStatus, MAX_KEPT_ERRORS};
 pub use device::mlx5;
 pub use device::{
     accept_tcp_links, host_id, progress, progress_mode, progress_mode_for, Access, DeviceAttr,
