@@ -4,7 +4,6 @@
 
 use crate::backoff::Backoff;
 use crate::device::provider::{MemAt, Provider};
-use crate::format::{doorbell_value, qp_dbrec_value, Be32};
 use crate::mem::RingMem;
 use crate::{Error, Result};
 use parking_lot::Mutex;
@@ -181,23 +180,13 @@ fn run(me: Weak<Proxy>, dev: Weak<dyn Provider>, stop: Arc<AtomicBool>) {
             if want != *last {
                 // What the GPU would have stored: the doorbell record, then a doorbell whose
                 // index is the new producer index (as NVSHMEM and DOCA ring).
-                qp.sq_dbrec
-                    .mem
-                    .u32(qp.sq_dbrec.off)
-                    .store(qp_dbrec_value(want).native(), Ordering::Release);
-                if qp.doorbell_wc {
-                    crate::mem::wc_fence();
-                }
-                let mut head = [0u8; 8];
-                head[..4].copy_from_slice(&Be32::new(((want as u32) & 0xFFFF) << 8).bytes());
-                head[4..].copy_from_slice(&Be32::new((qp.qpn & 0xFF_FFFF) << 8).bytes());
-                qp.doorbell
-                    .mem
-                    .u64(qp.doorbell.off)
-                    .store(doorbell_value(head), Ordering::Release);
-                if qp.doorbell_wc {
-                    crate::mem::wc_fence();
-                }
+                crate::qp::ring(
+                    qp.sq_dbrec.mem.u32(qp.sq_dbrec.off),
+                    qp.doorbell.mem.u64(qp.doorbell.off),
+                    qp.doorbell_wc,
+                    want,
+                    crate::qp::index_head(want, qp.qpn),
+                );
                 *last = want;
                 work = true;
             }

@@ -73,7 +73,7 @@ pub use error::{Error, Result};
 pub use handler::NicHandler;
 pub use mr::{MemoryRegion, ProtectionDomain};
 pub use nic::Device;
-pub use qp::{CommitError, PreparedSend, Qp, QpConfig, QpState, RecvTicket, SendTicket};
+pub use qp::{CommitError, PreparedSend, Qp, QpConfig, QpState, RecvTicket, SendBatch, SendTicket};
 pub use shm::SharedMemory;
 pub use signal::{PinnedBuffer, SignalWords};
 pub use wr::{RecvWr, RemoteAddr, RemoteBuf, SendFlags, SendWr, Sge, WrOp};
