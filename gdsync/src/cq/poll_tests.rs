@@ -4,7 +4,7 @@
 use crate::format::{CqeOwner, Syndrome, CQE_SIZE};
 use crate::mem::slot_off;
 use crate::wr::RemoteAddr;
-use crate::{Access, Cq, Device, QpConfig, SendWr, WcStatus};
+use crate::{Access, Cq, Device, ProtectionDomain, Qp, QpConfig, SendWr, WcStatus};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -33,8 +33,9 @@ fn wait_written(cq: &Cq, n: u64) {
 }
 
 /// Posts `n` signalled 8-byte writes (wr_ids `0..n`) from a QP whose sends complete on `cq`
-/// alone, to `rkey` (a good one or not), and waits until they complete.
-fn writes(dev: &Device, cq: &Cq, n: u64, bad_rkey: bool) {
+/// alone, to a good rkey or a bad one, and waits until they complete. Returns the QPs (a
+/// completion of a destroyed QP has no wr_id).
+fn writes(dev: &Device, cq: &Cq, n: u64, bad_rkey: bool) -> (Qp, Qp, Cq, ProtectionDomain) {
     let pd = dev.alloc_pd();
     let other = dev.create_cq(16).unwrap();
     let mut a = pd.create_qp(cq, &other, &QpConfig::default()).unwrap();
@@ -62,14 +63,14 @@ fn writes(dev: &Device, cq: &Cq, n: u64, bad_rkey: bool) {
         a.post_send(&wr).unwrap();
     }
     wait_written(cq, n);
-    // (The QPs and regions may go: the CQEs stay in the ring.)
+    (a, b, other, pd)
 }
 
 #[test]
 fn a_lazy_poll_yields_in_order_and_publishes_the_index_once_when_dropped() {
     let dev = Device::soft().unwrap();
     let cq = dev.create_cq(16).unwrap();
-    writes(&dev, &cq, 3, false);
+    let _qps = writes(&dev, &cq, 3, false);
     assert_eq!(published(&cq), 0);
     let mut poll = cq.poll_iter().unwrap();
     for i in 0..3 {
@@ -93,7 +94,7 @@ fn a_lazy_poll_yields_in_order_and_publishes_the_index_once_when_dropped() {
 fn a_lazy_poll_dropped_part_way_publishes_what_it_took() {
     let dev = Device::soft().unwrap();
     let cq = dev.create_cq(16).unwrap();
-    writes(&dev, &cq, 3, false);
+    let _qps = writes(&dev, &cq, 3, false);
     let first = cq.poll_iter().unwrap().next().unwrap().unwrap();
     assert_eq!(first.wr_id, 0);
     assert_eq!(published(&cq), 1);
@@ -106,7 +107,7 @@ fn a_lazy_poll_dropped_part_way_publishes_what_it_took() {
 fn error_completions_surface_through_a_lazy_poll() {
     let dev = Device::soft().unwrap();
     let cq = dev.create_cq(16).unwrap();
-    writes(&dev, &cq, 1, true);
+    let _qps = writes(&dev, &cq, 1, true);
     let got: Vec<_> = cq.poll_iter().unwrap().map(|c| c.unwrap()).collect();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].status, WcStatus::Error(Syndrome::RemoteAccess));
