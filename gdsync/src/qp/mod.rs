@@ -147,24 +147,31 @@ impl Qp {
         };
         ctx.provider.modify_qp(qpn, QpModify::Init)?;
         if handler == crate::NicHandler::Cpu {
-            let s = &qp.shared;
-            let at = |off| MemAt {
-                mem: s.ctrl.clone(),
-                off,
-            };
-            let target = ProxyTarget {
-                qpn,
-                request: at(QP_PROXY),
-                sq_dbrec: MemAt {
-                    mem: s.dbrec.mem.clone(),
-                    off: s.dbrec.off + 4 * DBREC_SQ,
-                },
-                doorbell: s.doorbell.clone(),
-                doorbell_wc: s.doorbell_wc,
-            };
-            ctx.proxy.watch(target, &ctx.provider)?;
+            qp.watch_by_proxy()?;
         }
         Ok(qp)
+    }
+
+    /// Asks the device's CPU proxy to ring for this QP when GPU-posted work asks it to.
+    fn watch_by_proxy(&self) -> Result<()> {
+        let ctx = &self.ctx;
+        let qpn = self.shared.qpn;
+        let s = &self.shared;
+        let at = |off| MemAt {
+            mem: s.ctrl.clone(),
+            off,
+        };
+        let target = ProxyTarget {
+            qpn,
+            request: at(QP_PROXY),
+            sq_dbrec: MemAt {
+                mem: s.dbrec.mem.clone(),
+                off: s.dbrec.off + 4 * DBREC_SQ,
+            },
+            doorbell: s.doorbell.clone(),
+            doorbell_wc: s.doorbell_wc,
+        };
+        ctx.proxy.watch(target, &ctx.provider)
     }
 
     /// QP number.
