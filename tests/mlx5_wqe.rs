@@ -30,7 +30,7 @@
 //! work requests before a completion frees slots, and nothing completes here).
 
 use gdsync::format::{
-    doorbell_value, wqebbs_for_ds, AtomicSeg, DataSeg, DataSegs, FmCeSe, Opcode, RaddrSeg, RecvWqe,
+    doorbell_value, wqebbs_for_ds, AtomicSeg, DataSeg, DataSegs, FmCeSe, RaddrSeg, RecvWqe,
     SendWqe, WqeData, MAX_WQE_DS, SEG_SIZE, WQEBB,
 };
 use gdsync::mlx5::{Context, Mr, Qp, QpCaps, QpRings, RemoteQp, RtrAttr, RtsAttr};

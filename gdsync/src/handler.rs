@@ -7,7 +7,7 @@ use crate::device::provider::{MemAt, Provider};
 use crate::mem::RingMem;
 use crate::{Error, Result};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 
@@ -88,7 +88,13 @@ pub(crate) struct ProxyTarget {
     pub doorbell: MemAt,
     /// The register is write-combining device memory: fence around the store.
     pub doorbell_wc: bool,
+    /// How to ring (the queue layer's doorbell sequence): record, register, write-combining,
+    /// QPN, the producer counter the GPU asked for.
+    pub ring: RingFn,
 }
+
+/// How the proxy rings a QP's doorbell (see [`ProxyTarget::ring`]).
+pub(crate) type RingFn = fn(&AtomicU32, &AtomicU64, bool, u32, u64);
 
 /// The QPs a proxy watches.
 #[derive(Default)]
@@ -180,12 +186,12 @@ fn run(me: Weak<Proxy>, dev: Weak<dyn Provider>, stop: Arc<AtomicBool>) {
             if want != *last {
                 // What the GPU would have stored: the doorbell record, then a doorbell whose
                 // index is the new producer index (as NVSHMEM and DOCA ring).
-                crate::qp::ring(
+                (qp.ring)(
                     qp.sq_dbrec.mem.u32(qp.sq_dbrec.off),
                     qp.doorbell.mem.u64(qp.doorbell.off),
                     qp.doorbell_wc,
+                    qp.qpn,
                     want,
-                    crate::qp::index_head(want, qp.qpn),
                 );
                 *last = want;
                 work = true;

@@ -9,6 +9,7 @@
 //! device address is its host address.
 
 mod event;
+mod executor;
 mod foreign;
 mod memory;
 mod module;

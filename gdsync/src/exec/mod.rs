@@ -13,7 +13,6 @@
 mod host;
 mod host_stream;
 
-pub use crate::cuda::CudaStream;
 pub use host::HostExecutor;
 pub use host_stream::HostStream;
 
@@ -21,7 +20,7 @@ use crate::ops::Ops;
 use crate::Result;
 
 /// Something that runs op lists: now ([`HostExecutor`]), or queued in order ([`HostStream`],
-/// [`CudaStream`]).
+/// [`CudaStream`](crate::cuda::CudaStream)).
 pub trait Executor {
     /// Runs `ops`, or queues them behind what was submitted before.
     fn submit(&self, ops: Ops) -> Result<()>;
@@ -37,12 +36,6 @@ impl Executor for HostStream {
     fn submit(&self, ops: Ops) -> Result<()> {
         self.enqueue(ops);
         Ok(())
-    }
-}
-
-impl Executor for CudaStream {
-    fn submit(&self, ops: Ops) -> Result<()> {
-        self.enqueue(ops)
     }
 }
 

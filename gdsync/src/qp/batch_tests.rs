@@ -10,16 +10,16 @@ const WAIT: Duration = Duration::from_secs(5);
 
 /// QP `a` (its own send CQ, so its signalled sends get completion numbers) connected to `b`,
 /// a source region of 64 bytes `0..64` and a 64-byte zeroed destination.
-struct Pair {
-    a: Qp,
+pub(crate) struct Pair {
+    pub a: Qp,
     _b: Qp,
-    send_cq: Cq,
-    src: MemoryRegion<'static>,
-    dst: MemoryRegion<'static>,
+    pub send_cq: Cq,
+    pub src: MemoryRegion<'static>,
+    pub dst: MemoryRegion<'static>,
     _pd: ProtectionDomain,
 }
 
-fn pair(dev: &Device) -> Pair {
+pub(crate) fn pair(dev: &Device) -> Pair {
     let pd = dev.alloc_pd();
     let send_cq = dev.create_cq(64).unwrap();
     let other = dev.create_cq(64).unwrap();

@@ -25,13 +25,21 @@ pub(crate) fn ring(dbrec: &AtomicU32, register: &AtomicU64, wc: bool, end: u64, 
     }
 }
 
-/// The doorbell a proxy rings for sends a GPU wrote up to producer counter `end` on QP `qpn`
-/// (it has no WQE at hand): the index and the QP, as NVSHMEM and DOCA ring.
-pub(crate) fn index_head(end: u64, qpn: u32) -> [u8; 8] {
+/// How the CPU proxy rings for sends a GPU wrote up to producer counter `end` on QP `qpn`
+/// (the proxy is handed this function with the QP's doorbell, so it names no QP): [`ring`],
+/// with a doorbell that carries the index and the QP (the proxy has no WQE at hand), as
+/// NVSHMEM and DOCA ring.
+pub(crate) fn ring_for_proxy(
+    dbrec: &AtomicU32,
+    register: &AtomicU64,
+    wc: bool,
+    qpn: u32,
+    end: u64,
+) {
     let mut head = [0u8; 8];
     head[..4].copy_from_slice(&Be32::new(((end as u32) & 0xFFFF) << 8).bytes());
     head[4..].copy_from_slice(&Be32::new((qpn & 0xFF_FFFF) << 8).bytes());
-    head
+    ring(dbrec, register, wc, end, head);
 }
 
 /// The op list that rings for sends up to producer counter `end`, whose last WQE begins with

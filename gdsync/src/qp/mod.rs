@@ -9,7 +9,7 @@
 
 mod batch;
 #[cfg(test)]
-mod batch_tests;
+pub(crate) mod batch_tests;
 mod config;
 mod doorbell;
 mod encode;
@@ -21,7 +21,6 @@ mod wait;
 
 pub use batch::SendBatch;
 pub use config::{QpConfig, QpState, MAX_MESSAGE, MAX_SGE};
-pub(crate) use doorbell::{index_head, ring};
 pub use post::{CommitError, PreparedSend, RecvTicket, SendTicket};
 pub(crate) use shared::{
     QpShared, QP_KERNEL_RQ_PI, QP_KERNEL_SQ_PI, QP_PROXY, QP_RQ_RETIRED, QP_SQ_RETIRED,
@@ -170,6 +169,7 @@ impl Qp {
             },
             doorbell: s.doorbell.clone(),
             doorbell_wc: s.doorbell_wc,
+            ring: doorbell::ring_for_proxy,
         };
         ctx.proxy.watch(target, &ctx.provider)
     }
