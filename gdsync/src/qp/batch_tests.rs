@@ -168,3 +168,30 @@ fn a_batch_refuses_to_expose_a_prepared_send() {
     batch.push(&wr).unwrap();
     batch.ring().unwrap();
 }
+
+#[test]
+fn a_batch_rung_past_an_executors_unrung_commit_is_refused_and_taken_back() {
+    let dev = Device::soft().unwrap();
+    let mut p = pair(&dev);
+    let first = write8(&p, 0, 1);
+    let prepared = p.a.prepare_send(&first).unwrap();
+    let (t1, ops) = p.a.commit(prepared).unwrap();
+    // The commit's ops have not run: a doorbell on the CPU now would expose it early.
+    let second = write8(&p, 8, 2);
+    let mut batch = p.a.send_batch();
+    let would_be = batch.push(&second).unwrap();
+    assert!(batch.ring().is_err());
+    HostExecutor::default().submit(ops).unwrap();
+    assert_eq!(p.send_cq.wait_one(WAIT).unwrap().ok().unwrap().wr_id, 1);
+    // The refused batch took its send back: the next one lands where it would have.
+    let t = p.a.post_send(&write8(&p, 16, 3)).unwrap();
+    assert_eq!((t.index, t.cqe), (would_be.index, would_be.cqe));
+    assert_eq!(t.index, t1.end);
+    assert_eq!(p.send_cq.wait_one(WAIT).unwrap().ok().unwrap().wr_id, 3);
+    let want: Vec<u8> = (0..8)
+        .chain(std::iter::repeat_n(0, 8))
+        .chain(16..24)
+        .chain(std::iter::repeat_n(0, 40))
+        .collect();
+    assert_eq!(dst(&p), want);
+}
