@@ -30,7 +30,7 @@
 //! work requests before a completion frees slots, and nothing completes here).
 
 use gdsync::format::{
-    doorbell_value, wqebbs_for_ds, AtomicSeg, DataSeg, DataSegs, FmCeSe, Opcode, RaddrSeg, RecvWqe,
+    doorbell_value, wqebbs_for_ds, AtomicSeg, DataSeg, DataSegs, FmCeSe, RaddrSeg, RecvWqe,
     SendWqe, WqeData, MAX_WQE_DS, SEG_SIZE, WQEBB,
 };
 use gdsync::mlx5::{Context, Mr, Qp, QpCaps, QpRings, RemoteQp, RtrAttr, RtsAttr};
@@ -221,16 +221,8 @@ impl Rig {
 
     /// Our WQE for `wr` at producer index `pi`, filled as the queue layer's encoder fills it.
     fn our_wqe(&self, wr: &SendWr, pi: u16) -> Vec<u8> {
-        let (opcode, remote, imm) = match wr.op {
-            WrOp::Send => (Opcode::Send, None, 0),
-            WrOp::SendImm(i) => (Opcode::SendImm, None, i),
-            WrOp::Write(r) => (Opcode::RdmaWrite, Some(r), 0),
-            WrOp::WriteImm(r, i) => (Opcode::RdmaWriteImm, Some(r), i),
-            WrOp::Read(r) => (Opcode::RdmaRead, Some(r), 0),
-            WrOp::FetchAdd { remote, .. } => (Opcode::AtomicFa, Some(remote), 0),
-            WrOp::CompareSwap { remote, .. } => (Opcode::AtomicCs, Some(remote), 0),
-            WrOp::Nop => unreachable!("verbs has no NOP"),
-        };
+        assert!(wr.op != WrOp::Nop, "verbs has no NOP");
+        let (opcode, remote, imm) = wr.op.wqe_fields();
         let atomic = match wr.op {
             WrOp::FetchAdd { add, .. } => Some(AtomicSeg::new(add, 0)),
             WrOp::CompareSwap { compare, swap, .. } => Some(AtomicSeg::new(swap, compare)),

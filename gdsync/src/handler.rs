@@ -2,13 +2,12 @@
 //! thread the GPU signals through a host word (for when the GPU may not write the doorbell
 //! page, e.g. a UAR that cannot be mapped without `PeerMappingOverride` or root).
 
+use crate::backoff::Backoff;
 use crate::device::provider::{MemAt, Provider};
-use crate::exec::Backoff;
-use crate::format::{doorbell_value, qp_dbrec_value, Be32};
 use crate::mem::RingMem;
 use crate::{Error, Result};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 
@@ -89,7 +88,13 @@ pub(crate) struct ProxyTarget {
     pub doorbell: MemAt,
     /// The register is write-combining device memory: fence around the store.
     pub doorbell_wc: bool,
+    /// How to ring (the queue layer's doorbell sequence): record, register, write-combining,
+    /// QPN, the producer counter the GPU asked for.
+    pub ring: RingFn,
 }
+
+/// How the proxy rings a QP's doorbell (see [`ProxyTarget::ring`]).
+pub(crate) type RingFn = fn(&AtomicU32, &AtomicU64, bool, u32, u64);
 
 /// The QPs a proxy watches.
 #[derive(Default)]
@@ -181,23 +186,13 @@ fn run(me: Weak<Proxy>, dev: Weak<dyn Provider>, stop: Arc<AtomicBool>) {
             if want != *last {
                 // What the GPU would have stored: the doorbell record, then a doorbell whose
                 // index is the new producer index (as NVSHMEM and DOCA ring).
-                qp.sq_dbrec
-                    .mem
-                    .u32(qp.sq_dbrec.off)
-                    .store(qp_dbrec_value(want).native(), Ordering::Release);
-                if qp.doorbell_wc {
-                    crate::mem::wc_fence();
-                }
-                let mut head = [0u8; 8];
-                head[..4].copy_from_slice(&Be32::new(((want as u32) & 0xFFFF) << 8).bytes());
-                head[4..].copy_from_slice(&Be32::new((qp.qpn & 0xFF_FFFF) << 8).bytes());
-                qp.doorbell
-                    .mem
-                    .u64(qp.doorbell.off)
-                    .store(doorbell_value(head), Ordering::Release);
-                if qp.doorbell_wc {
-                    crate::mem::wc_fence();
-                }
+                (qp.ring)(
+                    qp.sq_dbrec.mem.u32(qp.sq_dbrec.off),
+                    qp.doorbell.mem.u64(qp.doorbell.off),
+                    qp.doorbell_wc,
+                    qp.qpn,
+                    want,
+                );
                 *last = want;
                 work = true;
             }

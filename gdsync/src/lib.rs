@@ -36,6 +36,7 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+mod backoff;
 mod bounds;
 mod context;
 mod cq;
@@ -48,6 +49,7 @@ pub mod format;
 #[doc(hidden)]
 pub mod fuzz;
 mod handler;
+mod idle;
 pub mod kernel;
 mod kernel_header;
 mod mem;
@@ -62,7 +64,7 @@ mod shm;
 mod signal;
 mod wr;
 
-pub use cq::{Completion, CompletionOp, Cq, CqError, WcStatus, MAX_KEPT_ERRORS};
+pub use cq::{Completion, CompletionOp, Cq, CqError, CqPoll, WcStatus, MAX_KEPT_ERRORS};
 /// The mlx5 backend: rdma-core's libibverbs and libmlx5 loaded at run time, safe types over
 /// them, and (with the `emulated-hca` feature, on by default) `serve_emulated_driver`
 /// (`mlx5::serve_emulated_driver`), which makes this process's soft devices the HCA of the
@@ -83,7 +85,7 @@ pub use error::{Error, Result};
 pub use handler::NicHandler;
 pub use mr::{MemoryRegion, ProtectionDomain};
 pub use nic::Device;
-pub use qp::{CommitError, PreparedSend, Qp, QpConfig, QpState, RecvTicket, SendTicket};
+pub use qp::{CommitError, PreparedSend, Qp, QpConfig, QpState, RecvTicket, SendBatch, SendTicket};
 pub use shm::SharedMemory;
 pub use signal::{PinnedBuffer, SignalWords};
 pub use wr::{RecvWr, RemoteAddr, RemoteBuf, SendFlags, SendWr, Sge, WrOp};

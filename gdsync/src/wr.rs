@@ -1,5 +1,6 @@
 //! Work requests: builders for send-queue and receive-queue entries.
 
+use crate::format::Opcode;
 use smallvec::SmallVec;
 
 /// A scatter/gather entry: `len` bytes at `addr` in the region with local key `lkey`.
@@ -44,6 +45,23 @@ pub enum WrOp {
     },
     /// No operation; completes locally in order.
     Nop,
+}
+
+impl WrOp {
+    /// The WQE opcode, remote address and immediate data (0 where none) the operation
+    /// writes into its WQE: the one table from work requests to mlx5 opcodes.
+    pub const fn wqe_fields(&self) -> (Opcode, Option<RemoteAddr>, u32) {
+        match *self {
+            WrOp::Send => (Opcode::Send, None, 0),
+            WrOp::SendImm(i) => (Opcode::SendImm, None, i),
+            WrOp::Write(r) => (Opcode::RdmaWrite, Some(r), 0),
+            WrOp::WriteImm(r, i) => (Opcode::RdmaWriteImm, Some(r), i),
+            WrOp::Read(r) => (Opcode::RdmaRead, Some(r), 0),
+            WrOp::FetchAdd { remote, .. } => (Opcode::AtomicFa, Some(remote), 0),
+            WrOp::CompareSwap { remote, .. } => (Opcode::AtomicCs, Some(remote), 0),
+            WrOp::Nop => (Opcode::Nop, None, 0),
+        }
+    }
 }
 
 bitflags::bitflags! {

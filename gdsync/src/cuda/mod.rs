@@ -15,6 +15,7 @@
 
 mod copy;
 mod event;
+mod executor;
 mod foreign;
 mod launch;
 mod load;

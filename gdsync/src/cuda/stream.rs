@@ -1,7 +1,7 @@
 //! The CUDA stream executor: runs op lists as `cuStreamBatchMemOp` (v2 API only).
 
 use super::{check, failed, Cuda, GpuCaps};
-use crate::exec::Backoff;
+use crate::backoff::Backoff;
 use crate::mem::RingMem;
 use crate::ops::{Op, Ops, WaitCond};
 use crate::{Error, Result};

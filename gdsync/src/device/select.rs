@@ -13,8 +13,8 @@
 //! runs against them.
 
 use super::mlx5::{Context, PortState, RdmaError, UarPages};
-use crate::cuda::Cuda;
 use super::soft::SoftDevice;
+use crate::cuda::Cuda;
 use crate::Device;
 use crate::{Error, Result};
 use std::sync::Arc;

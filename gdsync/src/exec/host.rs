@@ -1,6 +1,7 @@
 //! The host executor: runs an op list now, on the calling thread.
 
-use super::{Backoff, DEFAULT_WAIT_TIMEOUT};
+use super::DEFAULT_WAIT_TIMEOUT;
+use crate::backoff::Backoff;
 use crate::ops::{Op, Ops};
 use crate::{Error, Result};
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};

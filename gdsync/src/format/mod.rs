@@ -20,7 +20,7 @@ pub use doorbell::{
     cq_ci_value, doorbell_end, doorbell_value, qp_dbrec_value, DBREC_CQ_CI, DBREC_RQ, DBREC_SQ,
 };
 pub use index::{advance16, catch_up24, cq_full24, idx16, idx16_diff, reached16, wqebbs_for_ds};
-pub use opcode::{CqeOpcode, Opcode, Syndrome};
+pub use opcode::{CompletionOp, CqeOpcode, Opcode, Syndrome};
 pub use recv_wqe::RecvWqe;
 pub(crate) use send_wqe::{write_fixed, write_inline_seg};
 pub use send_wqe::{CommonData, CommonWqe, SendWqe, WqeData};

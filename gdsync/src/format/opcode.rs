@@ -1,5 +1,5 @@
 //! Send opcodes (ctrl segment, low byte of word 0), CQE opcodes (`op_own >> 4`) and error
-//! syndromes (error CQE byte 55).
+//! syndromes (error CQE byte 55), and what a completion reports it completed.
 
 macro_rules! byte_enum {
     ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident = $n:expr,)* }) => {
@@ -167,6 +167,18 @@ impl Opcode {
             Self::Send | Self::SendImm | Self::SendInval | Self::RdmaWrite | Self::RdmaWriteImm
         )
     }
+    /// What a requester completion of this opcode reports (opcodes a host does not post
+    /// complete as [`CompletionOp::Nop`]).
+    pub const fn completion_op(self) -> CompletionOp {
+        match self {
+            Self::Send | Self::SendImm => CompletionOp::Send,
+            Self::RdmaWrite | Self::RdmaWriteImm => CompletionOp::Write,
+            Self::RdmaRead => CompletionOp::Read,
+            Self::AtomicCs => CompletionOp::CompareSwap,
+            Self::AtomicFa => CompletionOp::FetchAdd,
+            _ => CompletionOp::Nop,
+        }
+    }
     /// The CQE opcode of the responder's completion, for operations that consume a receive.
     pub const fn responder_cqe(self) -> Option<CqeOpcode> {
         match self {
@@ -183,4 +195,25 @@ impl CqeOpcode {
     pub const fn is_error(self) -> bool {
         matches!(self, Self::ReqErr | Self::RespErr)
     }
+}
+
+/// What a completion completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompletionOp {
+    /// Send or send with immediate (requester).
+    Send,
+    /// RDMA write (requester).
+    Write,
+    /// RDMA read (requester).
+    Read,
+    /// Compare and swap (requester).
+    CompareSwap,
+    /// Fetch and add (requester).
+    FetchAdd,
+    /// No-op (requester).
+    Nop,
+    /// A send arrived (responder).
+    Recv,
+    /// An RDMA write with immediate arrived (responder).
+    RecvWriteImm,
 }

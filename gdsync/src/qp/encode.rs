@@ -7,7 +7,7 @@
 use super::{QpShared, MAX_MESSAGE, MAX_SGE};
 use crate::context::{DeviceContext, HostRegion, RegionCache, RegionsRead};
 use crate::format::*;
-use crate::wr::{RemoteAddr, SendFlags, SendWr, Sge, WrOp};
+use crate::wr::{SendFlags, SendWr, Sge, WrOp};
 use crate::{Error, Result};
 
 /// A WQE as written: its size and the first 8 bytes, which ring the doorbell.
@@ -42,7 +42,7 @@ pub(super) fn encode<'o>(
         return one.write(s, sq_pi, wr.flags, place);
     }
     let len = checked_len(wr)?;
-    let (opcode, remote, imm) = wr_opcode(&wr.op);
+    let (opcode, remote, imm) = wr.op.wqe_fields();
     let inlinable = opcode.carries_payload();
     // The region table, read once: for the inline decision and the inline copy.
     let mrs = wr
@@ -120,7 +120,7 @@ impl<'c> InlineOne<'c> {
         let [sge] = wr.sges.as_slice() else {
             return None;
         };
-        let (opcode, remote, imm) = wr_opcode(&wr.op);
+        let (opcode, remote, imm) = wr.op.wqe_fields();
         if !wr.flags.contains(SendFlags::INLINE)
             || !opcode.carries_payload()
             || sge.len == 0
@@ -270,20 +270,6 @@ fn gather_inline<'b>(
         p += n;
     }
     Ok(&buf[..p])
-}
-
-/// The WQE opcode, remote address and immediate data of a work request.
-fn wr_opcode(op: &WrOp) -> (Opcode, Option<RemoteAddr>, u32) {
-    match *op {
-        WrOp::Send => (Opcode::Send, None, 0),
-        WrOp::SendImm(i) => (Opcode::SendImm, None, i),
-        WrOp::Write(r) => (Opcode::RdmaWrite, Some(r), 0),
-        WrOp::WriteImm(r, i) => (Opcode::RdmaWriteImm, Some(r), i),
-        WrOp::Read(r) => (Opcode::RdmaRead, Some(r), 0),
-        WrOp::FetchAdd { remote, .. } => (Opcode::AtomicFa, Some(remote), 0),
-        WrOp::CompareSwap { remote, .. } => (Opcode::AtomicCs, Some(remote), 0),
-        WrOp::Nop => (Opcode::Nop, None, 0),
-    }
 }
 
 /// An atomic's operands, after checking its SGE (one, 8 bytes, for the old value) and its

@@ -5,7 +5,7 @@
 
 use crate::format::*;
 use crate::mem::slot_off;
-use crate::wr::{RemoteAddr, SendWr, WrOp};
+use crate::wr::{RemoteAddr, SendWr};
 use crate::{Access, Cq, Device, Error, ProtectionDomain, Qp, QpConfig};
 
 /// Two connected QPs of one PD on one soft device (sends are prepared, never rung).
@@ -22,14 +22,12 @@ fn connected(dev: &Device) -> (Qp, Qp, Cq, ProtectionDomain) {
 /// The WQE `wr` should give at producer counter `pi`, written by the checked writer;
 /// `payload` is its inline payload where it is inline.
 fn expected(qp: &Qp, pi: u64, wr: &SendWr, payload: Option<&[u8]>) -> Vec<u8> {
-    let (opcode, remote, imm) = match wr.op {
-        WrOp::Send => (Opcode::Send, None, 0),
-        WrOp::SendImm(i) => (Opcode::SendImm, None, i),
-        WrOp::Write(r) => (Opcode::RdmaWrite, Some(r), 0),
-        WrOp::WriteImm(r, i) => (Opcode::RdmaWriteImm, Some(r), i),
-        WrOp::Read(r) => (Opcode::RdmaRead, Some(r), 0),
-        ref op => panic!("not covered here: {op:?}"),
-    };
+    let (opcode, remote, imm) = wr.op.wqe_fields();
+    assert!(
+        !opcode.is_atomic() && opcode != Opcode::Nop,
+        "not covered here: {:?}",
+        wr.op
+    );
     let segs: Vec<DataSeg> = wr
         .sges
         .iter()

@@ -2,11 +2,16 @@
 //! the prepare → commit split that leaves ringing the doorbell to any executor.
 //!
 //! [`config`]: sizes, limits and states; [`shared`]: what the handle, the engine and CQ polls
-//! share; [`post`]: preparing, committing and posting; [`encode`]: work requests as WQEs;
-//! [`wait`]: completion waits as op lists. Handing the rings to a GPU kernel is in
+//! share; [`post`]: preparing, committing and posting; [`batch`]: several sends rung with one
+//! doorbell; [`doorbell`]: the one doorbell store sequence; [`encode`]: work requests as
+//! WQEs; [`wait`]: completion waits as op lists. Handing the rings to a GPU kernel is in
 //! [`crate::kernel`].
 
+mod batch;
+#[cfg(test)]
+pub(crate) mod batch_tests;
 mod config;
+mod doorbell;
 mod encode;
 #[cfg(test)]
 mod encode_tests;
@@ -14,6 +19,7 @@ mod post;
 mod shared;
 mod wait;
 
+pub use batch::SendBatch;
 pub use config::{QpConfig, QpState, MAX_MESSAGE, MAX_SGE};
 pub use post::{CommitError, PreparedSend, RecvTicket, SendTicket};
 pub(crate) use shared::{
@@ -169,6 +175,7 @@ impl Qp {
             },
             doorbell: s.doorbell.clone(),
             doorbell_wc: s.doorbell_wc,
+            ring: doorbell::ring_for_proxy,
         };
         self.ctx.proxy.watch(target, &self.ctx.provider)
     }

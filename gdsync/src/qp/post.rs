@@ -1,11 +1,12 @@
 //! Posting: prepare a send (its WQE into the send ring), commit it (the op list that rings
 //! the doorbell, for any executor) or post it from the CPU at once; post receives.
 
+use super::doorbell::ring_ops;
 use super::encode::encode;
 use super::{Qp, QpShared, QpState, MAX_SGE, QP_PROXY};
 use crate::format::*;
 use crate::mem::slot_off;
-use crate::ops::{Op, Ops};
+use crate::ops::Ops;
 use crate::wr::{RecvWr, SendFlags, SendWr, Sge};
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
@@ -140,9 +141,9 @@ fn copy_to_ring(s: &QpShared, start: u64, wqe: &[u8]) {
 }
 
 /// A send's WQE in the ring: the ticket and the first 8 bytes, which ring the doorbell.
-struct WrittenSend {
-    head: [u8; 8],
-    ticket: SendTicket,
+pub(super) struct WrittenSend {
+    pub(super) head: [u8; 8],
+    pub(super) ticket: SendTicket,
 }
 
 /// Identifies a posted send: where it is in the ring and which completion it will produce.
@@ -194,7 +195,7 @@ impl Qp {
 
     /// Encodes `wr` into the send ring at the producer index and advances it: what a
     /// prepared send and a CPU post have in common.
-    fn write_send(&mut self, wr: &SendWr) -> Result<WrittenSend> {
+    pub(super) fn write_send(&mut self, wr: &SendWr) -> Result<WrittenSend> {
         self.check_connected()?;
         let s = &*self.shared;
         let start = self.sq_pi;
@@ -275,39 +276,7 @@ impl Qp {
         if let Err(error) = self.take_commit(&mut p) {
             return Err(CommitError { error, prepared: p });
         }
-        let s = &*self.shared;
-        let keep = s.keep();
-        let mut ops = Ops::new();
-        if s.handler == crate::NicHandler::Cpu {
-            // The proxy rings: what ran before is visible first, then the request.
-            ops.push(Op::Barrier, &keep);
-            ops.push(
-                Op::Write64 {
-                    addr: s.ctrl.addr(QP_PROXY),
-                    value: p.end,
-                },
-                &keep,
-            );
-            ops.mark_ring(s.ctrl.addr(QP_PROXY));
-            return Ok((p.ticket, ops));
-        }
-        ops.push(
-            Op::Write32 {
-                addr: s.dbrec.addr() + 4 * DBREC_SQ as u64,
-                value: qp_dbrec_value(p.end).native(),
-            },
-            &s.keep_dbrec(),
-        );
-        ops.push(Op::Barrier, &keep);
-        ops.push(
-            Op::Write64 {
-                addr: s.doorbell.addr(),
-                value: doorbell_value(p.head),
-            },
-            &s.keep_doorbell(),
-        );
-        ops.mark_ring(s.dbrec.addr());
-        Ok((p.ticket, ops))
+        Ok((p.ticket, ring_ops(&self.shared, p.end, p.head)))
     }
 
     /// The bookkeeping of a commit, shared by [`commit`](Self::commit) and
@@ -329,14 +298,7 @@ impl Qp {
     /// Whether the send prepared at `start` is next, once prepared sends dropped without a
     /// commit in front of it are turned into no-ops and passed over.
     fn skip_abandoned(&mut self, start: u64) -> bool {
-        // Prepared sends dropped without a commit become no-ops and leave the queue.
-        let abandoned = std::mem::take(&mut *self.abandoned.lock());
-        for a in abandoned {
-            if let Some(i) = self.uncommitted.iter().position(|&(s, _)| s == a) {
-                let (s, e) = self.uncommitted.remove(i).unwrap();
-                self.neutralise(s, e);
-            }
-        }
+        self.neutralise_abandoned();
         // `uncommitted` holds the live ones in ring order: `start` is next if it is first.
         if self.uncommitted.front().map(|&(s, _)| s) == Some(start) {
             self.committed = start;
@@ -344,6 +306,26 @@ impl Qp {
         } else {
             false
         }
+    }
+
+    /// Prepared sends dropped without a commit become no-ops and leave the queue.
+    fn neutralise_abandoned(&mut self) {
+        let abandoned = std::mem::take(&mut *self.abandoned.lock());
+        for a in abandoned {
+            if let Some(i) = self.uncommitted.iter().position(|&(s, _)| s == a) {
+                let (s, e) = self.uncommitted.remove(i).unwrap();
+                self.neutralise(s, e);
+            }
+        }
+    }
+
+    /// Whether no prepared send waits for its commit (those dropped uncommitted are passed
+    /// over as no-ops): a doorbell rung now exposes nothing prepared.
+    pub(super) fn no_prepared_waiting(&mut self) -> bool {
+        if !self.uncommitted.is_empty() {
+            self.neutralise_abandoned();
+        }
+        self.uncommitted.is_empty()
     }
 
     /// Rewrites the WQE at `[start, end)` as a no-op of the same size (same completion).
@@ -412,12 +394,7 @@ impl Qp {
     /// doorbell record, order, store the doorbell) directly on this thread. Refused while
     /// sends committed for an executor are not rung yet ([`has_unrung_commits`](Self::has_unrung_commits)).
     pub fn post_send(&mut self, wr: &SendWr) -> Result<SendTicket> {
-        if self.has_unrung_commits() {
-            return Err(Error::invalid(format!(
-                "QP {}: sends committed for an executor have not been rung yet; a CPU post now would expose them early. Post on that executor too (prepare_send + commit), or let it run first",
-                self.shared.qpn
-            )));
-        }
+        self.refuse_unrung_commits()?;
         let (ticket, head) = if self.uncommitted.is_empty() {
             // Nothing prepared is waiting (and so nothing dropped uncommitted either): the
             // send is next in ring order, with no prepared send to track.
@@ -429,23 +406,21 @@ impl Qp {
             self.take_commit(&mut p)?;
             (p.ticket, p.head)
         };
-        let s = &*self.shared;
-        // The WQE before the record (release), the record before the register (a fence for
-        // a write-combining register), and the register's store pushed out after it.
-        s.sq_dbrec()
-            .store(qp_dbrec_value(ticket.end).native(), Ordering::Release);
-        if s.doorbell_wc {
-            crate::mem::wc_fence();
-        }
-        // The register's halves in turn, as libmlx5 rings (executors ring the first).
-        s.doorbell_half(self.bf_offset)
-            .store(doorbell_value(head), Ordering::Release);
-        if s.doorbell_wc {
-            crate::mem::wc_fence();
-        }
-        self.bf_offset ^= s.bf_size;
-        self.ctx.provider.kick();
+        self.ring_doorbell(ticket.end, head);
         Ok(ticket)
+    }
+
+    /// Refuses a CPU doorbell while sends committed for an executor are not rung yet
+    /// ([`has_unrung_commits`](Self::has_unrung_commits)).
+    #[inline]
+    pub(super) fn refuse_unrung_commits(&self) -> Result<()> {
+        if self.has_unrung_commits() {
+            return Err(Error::invalid(format!(
+                "QP {}: sends committed for an executor have not been rung yet; a CPU post now would expose them early. Post on that executor too (prepare_send + commit), or let it run first",
+                self.shared.qpn
+            )));
+        }
+        Ok(())
     }
 
     /// Commits a prepared send and submits its doorbell ops to `exec` (a stream: the send

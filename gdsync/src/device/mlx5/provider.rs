@@ -301,7 +301,8 @@ impl Mlx5Device {
                 // An emulated driver's doorbell page is ordinary memory, which CUDA
                 // registers only as such (a ConnectX's is I/O memory: no second try there).
                 Err(e)
-                    if self.uar == UarPages::MaybeHostMemory && mem.map_for_gpus(c, false).is_ok() =>
+                    if self.uar == UarPages::MaybeHostMemory
+                        && mem.map_for_gpus(c, false).is_ok() =>
                 {
                     if !self.plain_doorbell_said.swap(true, Ordering::Relaxed) {
                         tracing::info!(

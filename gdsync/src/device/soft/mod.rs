@@ -34,7 +34,7 @@ pub use device::{accept_tcp_links, host_id};
 #[cfg(feature = "emulated-hca")]
 pub use emulated::serve_emulated_driver;
 
-pub(crate) use progress::{help, Why};
+use progress::Why;
 pub use progress::{progress, progress_mode, progress_mode_for, ProgressMode};
 
 pub(crate) use link::{Link, PEER_WAIT};

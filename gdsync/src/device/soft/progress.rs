@@ -22,7 +22,7 @@
 use super::engine::Engine;
 use super::watch::Watch;
 use super::EngineCtl;
-use crate::exec::Backoff;
+use crate::backoff::Backoff;
 use crate::mem::Padded;
 use parking_lot::{Mutex, RwLock};
 use std::cell::RefCell;
@@ -143,6 +143,10 @@ fn update_mode() {
     let live = LIVE.load(Ordering::Acquire);
     let shared = decide(live);
     let was = SHARED.swap(shared, Ordering::AcqRel);
+    if shared {
+        // Waiters without a device at hand (executors, the CPU proxy) lend their threads too.
+        crate::idle::register(|| help(Why::Poll));
+    }
     static SAID: AtomicBool = AtomicBool::new(false);
     if shared && !was && !SAID.swap(true, Ordering::Relaxed) {
         let why = match setting() {

@@ -1,0 +1,100 @@
+//! The send doorbell: the one store sequence that exposes sends to the device (the doorbell
+//! record, the barrier, the doorbell register, the write-combining fences, the alternation of
+//! the register's halves), in the two forms its callers need: stores on this thread (a CPU
+//! post, a batch rung on the CPU, the CPU proxy ringing for a GPU) and an op list for an
+//! executor (a commit, a batch handed to an executor).
+
+use super::{Qp, QpShared, QP_PROXY};
+use crate::format::{doorbell_value, qp_dbrec_value, Be32, DBREC_SQ};
+use crate::ops::{Op, Ops};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Rings on this thread: the WQEs before the record (release), the record before the register
+/// (a fence for a write-combining register), and the register's store pushed out after it.
+/// `end` is the producer counter after the last WQE exposed, `head` the first 8 bytes of the
+/// last WQE.
+#[inline]
+pub(crate) fn ring(dbrec: &AtomicU32, register: &AtomicU64, wc: bool, end: u64, head: [u8; 8]) {
+    dbrec.store(qp_dbrec_value(end).native(), Ordering::Release);
+    if wc {
+        crate::mem::wc_fence();
+    }
+    register.store(doorbell_value(head), Ordering::Release);
+    if wc {
+        crate::mem::wc_fence();
+    }
+}
+
+/// How the CPU proxy rings for sends a GPU wrote up to producer counter `end` on QP `qpn`
+/// (the proxy is handed this function with the QP's doorbell, so it names no QP): [`ring`],
+/// with a doorbell that carries the index and the QP (the proxy has no WQE at hand), as
+/// NVSHMEM and DOCA ring.
+pub(crate) fn ring_for_proxy(
+    dbrec: &AtomicU32,
+    register: &AtomicU64,
+    wc: bool,
+    qpn: u32,
+    end: u64,
+) {
+    let mut head = [0u8; 8];
+    head[..4].copy_from_slice(&Be32::new(((end as u32) & 0xFFFF) << 8).bytes());
+    head[4..].copy_from_slice(&Be32::new((qpn & 0xFF_FFFF) << 8).bytes());
+    ring(dbrec, register, wc, end, head);
+}
+
+/// The op list that rings for sends up to producer counter `end`, whose last WQE begins with
+/// `head`: store the doorbell record, barrier, store the 8-byte doorbell (the first half of
+/// the register); or, where a CPU proxy rings for this QP, a barrier and the request to it.
+/// (`kernel::SendDesc::from_ops` reads this shape back.)
+pub(super) fn ring_ops(s: &QpShared, end: u64, head: [u8; 8]) -> Ops {
+    let keep = s.keep();
+    let mut ops = Ops::new();
+    if s.handler == crate::NicHandler::Cpu {
+        // The proxy rings: what ran before is visible first, then the request.
+        ops.push(Op::Barrier, &keep);
+        ops.push(
+            Op::Write64 {
+                addr: s.ctrl.addr(QP_PROXY),
+                value: end,
+            },
+            &keep,
+        );
+        ops.mark_ring(s.ctrl.addr(QP_PROXY));
+        return ops;
+    }
+    ops.push(
+        Op::Write32 {
+            addr: s.dbrec.addr() + 4 * DBREC_SQ as u64,
+            value: qp_dbrec_value(end).native(),
+        },
+        &s.keep_dbrec(),
+    );
+    ops.push(Op::Barrier, &keep);
+    ops.push(
+        Op::Write64 {
+            addr: s.doorbell.addr(),
+            value: doorbell_value(head),
+        },
+        &s.keep_doorbell(),
+    );
+    ops.mark_ring(s.dbrec.addr());
+    ops
+}
+
+impl Qp {
+    /// Rings on this thread for sends up to `end` (see [`ring`]): the register's halves in
+    /// turn, as libmlx5 rings (executors ring the first), then the device is told.
+    #[inline]
+    pub(super) fn ring_doorbell(&mut self, end: u64, head: [u8; 8]) {
+        let s = &*self.shared;
+        ring(
+            s.sq_dbrec(),
+            s.doorbell_half(self.bf_offset),
+            s.doorbell_wc,
+            end,
+            head,
+        );
+        self.bf_offset ^= s.bf_size;
+        self.ctx.provider.kick();
+    }
+}
