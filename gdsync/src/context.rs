@@ -3,8 +3,8 @@
 //! library does, each QP keeping the last one it used while no registration changes), the CPU
 //! proxy that rings for GPUs, and what asynchronous events reported.
 
-use crate::device::provider::{AsyncEvent, Provider};
 use crate::handler::Proxy;
+use crate::provider::{AsyncEvent, Provider};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};

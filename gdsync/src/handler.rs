@@ -3,8 +3,8 @@
 //! page, e.g. a UAR that cannot be mapped without `PeerMappingOverride` or root).
 
 use crate::backoff::Backoff;
-use crate::device::provider::{MemAt, Provider};
 use crate::mem::RingMem;
+use crate::provider::{MemAt, Provider};
 use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};

@@ -57,6 +57,7 @@ mod mr;
 mod nic;
 pub mod ops;
 pub mod probe;
+mod provider;
 mod qp;
 mod random;
 pub mod release;
@@ -77,14 +78,17 @@ pub mod mlx5 {
     pub use crate::device::VerbsCompletion;
 }
 pub use device::{
-    accept_tcp_links, host_id, progress, progress_mode, progress_mode_for, Access, DeviceAttr,
-    DeviceInfo, DeviceName, DeviceSelection, Endpoint, LinkKind, LinkLayer, LinkPolicy,
-    PortAddress, PortAttr, PortState, ProgressMode, DEVICE_VAR,
+    accept_tcp_links, host_id, progress, progress_mode, progress_mode_for, DeviceName,
+    DeviceSelection, ProgressMode, DEVICE_VAR,
 };
 pub use error::{Error, Result};
 pub use handler::NicHandler;
 pub use mr::{MemoryRegion, ProtectionDomain};
 pub use nic::Device;
+pub use provider::{
+    Access, DeviceAttr, DeviceInfo, Endpoint, LinkKind, LinkLayer, LinkPolicy, PortAddress,
+    PortAttr, PortState,
+};
 pub use qp::{CommitError, PreparedSend, Qp, QpConfig, QpState, RecvTicket, SendBatch, SendTicket};
 pub use shm::SharedMemory;
 pub use signal::{PinnedBuffer, SignalWords};

@@ -5,7 +5,7 @@
 use crate::bounds;
 use crate::context::{DeviceContext, HostRegion};
 use crate::cuda::{Cuda, DeviceBuffer, GpuCtx, MemoryKind};
-use crate::device::provider::{MrMemory, MrSpec};
+use crate::provider::{MrMemory, MrSpec};
 use crate::wr::{RemoteBuf, Sge};
 use crate::{Access, Error, Result};
 use std::marker::PhantomData;

@@ -5,9 +5,9 @@
 use crate::context::DeviceContext;
 use crate::cq::Cq;
 use crate::cuda::Cuda;
-use crate::device::provider::Provider;
-use crate::device::{DeviceAttr, DeviceInfo, Endpoint, LinkKind, PortAttr};
 use crate::mr::ProtectionDomain;
+use crate::provider::Provider;
+use crate::provider::{DeviceAttr, DeviceInfo, Endpoint, LinkKind, PortAttr};
 use crate::Result;
 use std::sync::Arc;
 
@@ -78,7 +78,7 @@ impl Device {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::MAX_MESSAGE;
+    use crate::provider::MAX_MESSAGE;
     use crate::{PortState, QpConfig};
 
     /// Memory made without a CUDA handle stays plain host memory, whatever GPUs the process

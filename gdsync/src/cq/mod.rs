@@ -13,12 +13,12 @@ pub use poll::CqPoll;
 
 use crate::backoff::Backoff;
 use crate::context::DeviceContext;
-use crate::device::provider::{CqMem, CqSpec, MemAt};
 use crate::format::{
     cq_ci_value, CqeOwner, Syndrome, CQE_INIT_OP_OWN, CQE_OWNER_WORD_OFFSET, CQE_SIZE,
 };
 use crate::mem::{slot_off, RingMem};
 use crate::ops::{KeepAlive, Op, Ops, WaitCond};
+use crate::provider::{CqMem, CqSpec, MemAt};
 use crate::{Error, Result};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{HashMap, HashSet};

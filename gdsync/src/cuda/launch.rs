@@ -34,6 +34,15 @@ pub struct LaunchArgs<'a> {
     _values: PhantomData<&'a ()>,
 }
 
+impl Function {
+    /// A launch of this kernel on `stream`: push its arguments with [`LaunchArgs::arg`], in
+    /// the kernel's parameter order, then [`LaunchArgs::launch`] (or
+    /// [`LaunchArgs::launch_cooperative`]).
+    pub fn launch_builder<'a>(&'a self, stream: &'a CudaStream) -> LaunchArgs<'a> {
+        LaunchArgs::new(self, stream)
+    }
+}
+
 impl<'a> LaunchArgs<'a> {
     pub(super) fn new(func: &'a Function, stream: &'a CudaStream) -> Self {
         Self {

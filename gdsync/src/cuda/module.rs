@@ -1,6 +1,6 @@
 //! Kernels compiled at run time with NVRTC (no nvcc-built artifacts are shipped).
 
-use super::{failed, Cuda, CudaStream, LaunchArgs};
+use super::{failed, Cuda};
 use crate::{Error, Result};
 use cudarc::driver::{result, sys};
 use std::ffi::CString;
@@ -110,13 +110,6 @@ impl Module {
 }
 
 impl Function {
-    /// A launch of this kernel on `stream`: push its arguments with [`LaunchArgs::arg`], in
-    /// the kernel's parameter order, then [`LaunchArgs::launch`] (or
-    /// [`LaunchArgs::launch_cooperative`]).
-    pub fn launch_builder<'a>(&'a self, stream: &'a CudaStream) -> LaunchArgs<'a> {
-        LaunchArgs::new(self, stream)
-    }
-
     pub(super) fn raw(&self) -> sys::CUfunction {
         self.raw
     }

@@ -244,7 +244,7 @@ impl Device {
     /// A soft device whose queues' memory (rings, doorbell pages, CQs) is mapped for the GPUs
     /// of `cuda`, or stays plain host memory (`None`: CPU triggers only).
     pub fn soft_with_cuda(cuda: Option<Arc<Cuda>>) -> Result<Self> {
-        let provider: Arc<dyn super::provider::Provider> = SoftDevice::new(cuda.as_ref())?;
+        let provider: Arc<dyn crate::provider::Provider> = SoftDevice::new(cuda.as_ref())?;
         Ok(Device::from_provider(provider, cuda))
     }
 

@@ -4,7 +4,7 @@ use crate::format::{MAX_WQE_DS, MAX_WQE_WQEBBS, SEG_SIZE};
 use crate::{Error, Result};
 use std::time::Duration;
 
-pub use crate::device::{MAX_MESSAGE, MAX_SGE};
+pub use crate::provider::{MAX_MESSAGE, MAX_SGE};
 
 /// QP sizes and transport settings.
 #[derive(Clone, Debug)]

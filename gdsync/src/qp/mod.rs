@@ -28,11 +28,11 @@ pub(crate) use shared::{
 
 use crate::context::DeviceContext;
 use crate::cq::{Cq, CqUser};
-use crate::device::provider::{MemAt, QpModify, QpPath, QpTimers};
-use crate::device::Endpoint;
 use crate::format::*;
 use crate::handler::ProxyTarget;
 use crate::mr::ProtectionDomain;
+use crate::provider::Endpoint;
+use crate::provider::{MemAt, QpModify, QpPath, QpTimers};
 use crate::{Error, Result};
 use shared::QpRingsAsked;
 use std::sync::atomic::Ordering;

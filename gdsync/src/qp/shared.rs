@@ -5,10 +5,10 @@
 use super::{QpConfig, QpState};
 use crate::context::DeviceContext;
 use crate::cq::{CqError, CqShared, CqUser};
-use crate::device::provider::{DeviceQpRings, HwQpState, MemAt, QpCreated, QpMem, QpSpec};
 use crate::format::{DBREC_SQ, SEG_SIZE, WQEBB};
 use crate::mem::RingMem;
 use crate::ops::KeepAlive;
+use crate::provider::{DeviceQpRings, HwQpState, MemAt, QpCreated, QpMem, QpSpec};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 

@@ -1,10 +1,10 @@
 //! The asynchronous events of an mlx5 device as the queue layer reads them: a thread waits on
 //! the context's event descriptor ([`Context::next_async_event`]), logs each event, and
-//! queues the ones about queues for [`Provider::get_async_event`](crate::device::provider::Provider),
+//! queues the ones about queues for [`Provider::get_async_event`](crate::provider::Provider),
 //! so that the queue layer's check for an event is one load, never a system call.
 
 use super::{AsyncEvent as RdmaEvent, Context};
-use crate::device::provider::AsyncEvent;
+use crate::provider::AsyncEvent;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -13,14 +13,15 @@ use super::event_watch::EventWatch;
 use super::{Context, Cq, DeviceLimits, Gid, LinkLayer, Mr, Pd, PortInfo, Qp, QpCaps};
 use super::{PortState as RdmaPortState, QpState, RdmaError, RemoteQp, RtrAttr, RtsAttr};
 use crate::cuda::Cuda;
-use crate::device::provider::*;
-use crate::device::{
-    host_id, DeviceAttr, Endpoint, LinkKind, LinkLayer as PortLink, LinkPolicy, PortAddress,
-    PortAttr, PortState,
-};
-use crate::device::{rnr_delay, transport_timeout};
 use crate::mem::RingMem;
 use crate::ops::KeepAlive;
+use crate::provider::host_id;
+use crate::provider::*;
+use crate::provider::{rnr_delay, transport_timeout};
+use crate::provider::{
+    DeviceAttr, Endpoint, LinkKind, LinkLayer as PortLink, LinkPolicy, PortAddress, PortAttr,
+    PortState,
+};
 use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;

@@ -2,9 +2,9 @@
 //! them: the numbers queue creation enforces.
 
 use super::{tcp, MAX_QPS};
-use crate::device::provider::{MAX_MESSAGE, MAX_SGE};
-use crate::device::{DeviceAttr, LinkLayer, PortAttr, PortState};
 use crate::format::MAX_INLINE_DATA;
+use crate::provider::{DeviceAttr, LinkLayer, PortAttr, PortState};
+use crate::provider::{MAX_MESSAGE, MAX_SGE};
 use crate::{Error, Result};
 
 /// Most work requests in one send queue (in 64-byte WQEBBs) or receive queue.

@@ -9,9 +9,8 @@ use super::qp_numbers::QpNumbers;
 use super::targets::WriteTargets;
 use super::uar::{Bfreg, UarPages, BF_SIZE};
 use super::{listen, tcp, Cmd, EngineHandle, Link, PEER_WAIT};
-use crate::device::endpoint::{choose_link, link_reason, Here};
-use crate::device::provider::*;
-use crate::device::{DeviceAttr, Endpoint, LinkKind, LinkPolicy, PortAttr};
+use crate::provider::*;
+use crate::provider::{choose_link, link_reason, Here};
 use crate::{Error, Result};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet};
@@ -24,22 +23,6 @@ use std::time::Instant;
 fn registry() -> &'static Mutex<HashMap<u64, Weak<SoftDevice>>> {
     static R: OnceLock<Mutex<HashMap<u64, Weak<SoftDevice>>>> = OnceLock::new();
     R.get_or_init(Default::default)
-}
-
-/// An identifier of this boot of this host (the [`Endpoint::host`] of its devices): processes
-/// with the same one share memory.
-pub fn host_id() -> u64 {
-    static H: OnceLock<u64> = OnceLock::new();
-    *H.get_or_init(|| {
-        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-        fnv1a(boot.trim().as_bytes())
-    })
-}
-
-pub(crate) fn fnv1a(b: &[u8]) -> u64 {
-    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
-        (h ^ x as u64).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 /// This process's link policy, from `GDSYNC_SOFT_LINK` (read once).

@@ -20,10 +20,10 @@
 
 use super::device::{DriverQp, SoftDevice};
 use super::qp_numbers::QpNumbers;
-use crate::device::endpoint::Endpoint;
-use crate::device::provider::*;
-use crate::device::{rnr_delay, transport_timeout, LinkPolicy};
 use crate::mem::RingMem;
+use crate::provider::Endpoint;
+use crate::provider::*;
+use crate::provider::{rnr_delay, transport_timeout, LinkPolicy};
 use crate::Error;
 use std::ffi::c_int;
 use std::sync::{Arc, OnceLock};
@@ -327,7 +327,7 @@ extern "C" fn to_rtr(dev: c_int, qpn: u32, r: *const uvemu_hca_rtr) -> c_int {
         d => match hca(d) {
             // A device of this process: no TCP address is needed to reach it.
             Some(peer) => Endpoint {
-                host: super::device::host_id(),
+                host: crate::provider::host_id(),
                 pid: std::process::id(),
                 device: peer.uid(),
                 qpn: r.dest_qpn,
@@ -401,7 +401,7 @@ mod tests {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../uverbs-emu/c/uvemu.h");
         let header = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
         assert_eq!(
-            super::super::device::fnv1a(&header),
+            crate::provider::fnv1a(&header),
             sys::UVEMU_H_FNV1A,
             "uvemu.h changed since uvemu_sys.rs was generated from it: run scripts/regen-uvemu-bindings"
         );

@@ -1,6 +1,6 @@
 //! The soft device: a software model of the mlx5 RC data path.
 //!
-//! [`SoftDevice`] serves the provider commands ([`crate::device::provider::Provider`]); each
+//! [`SoftDevice`] serves the provider commands ([`crate::provider::Provider`]); each
 //! device owns an engine thread ([`engine`]) that watches its QPs' doorbells, executes the
 //! WQEs it finds in the send rings, talks to peer engines over [`link`]s, and writes
 //! mlx5-format CQEs. It plays both roles of an RC connection: requester (send ring) and
@@ -29,8 +29,9 @@ mod uar;
 mod watch;
 mod wire;
 
+pub use crate::provider::host_id;
+pub use device::accept_tcp_links;
 pub(crate) use device::SoftDevice;
-pub use device::{accept_tcp_links, host_id};
 #[cfg(feature = "emulated-hca")]
 pub use emulated::serve_emulated_driver;
 
@@ -39,7 +40,7 @@ pub use progress::{progress, progress_mode, progress_mode_for, ProgressMode};
 
 pub(crate) use link::{Link, PEER_WAIT};
 
-use crate::device::provider::{AsyncEvent, HwQpState, QpAttr, QpLastError, QpTimers};
+use crate::provider::{AsyncEvent, HwQpState, QpAttr, QpLastError, QpTimers};
 use crate::{Error, Result};
 use engine::QpHw;
 use parking_lot::Mutex;

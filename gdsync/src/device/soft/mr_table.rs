@@ -2,8 +2,8 @@
 //! own memory. Registration inserts (the `reg_mr` command), deregistration removes and waits
 //! until the engine has stopped using the region; the engine works from its own copy.
 
-use crate::device::provider::{Access, MrMemory, MrSpec};
 use crate::mem::Padded;
+use crate::provider::{Access, MrMemory, MrSpec};
 use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -127,7 +127,7 @@ mod tests {
     use super::super::uar::UarPages;
     use super::super::wire::{kind, PktHeader};
     use super::*;
-    use crate::device::provider::{Access, MrMemory, MrSpec};
+    use crate::provider::{Access, MrMemory, MrSpec};
 
     /// A watch over one doorbell register and one ring, settled at the state they have now.
     fn settled(link: &Link, bfreg: &Bfreg, regions: &Arc<MrTable>) -> Watch {

@@ -156,7 +156,7 @@ impl Engine {
 mod tests {
     use super::super::super::mr_table::MrTable;
     use super::*;
-    use crate::device::provider::{Access, MrMemory, MrSpec};
+    use crate::provider::{Access, MrMemory, MrSpec};
 
     fn region(t: &MrTable, memory: MrMemory) -> u32 {
         t.register(&MrSpec {

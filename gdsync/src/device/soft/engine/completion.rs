@@ -6,9 +6,9 @@ use super::super::wire::PktHeader;
 use super::memory::scatter;
 use super::CqHw;
 use super::{psn_le, resp, Engine, QpContext, NAK_NOT_READY, NAK_RNR, NOT_READY_DELAY};
-use crate::device::provider::AsyncEvent;
 use crate::format::*;
 use crate::mem::slot_off;
+use crate::provider::AsyncEvent;
 use std::sync::atomic::Ordering;
 
 impl Engine {

@@ -28,7 +28,7 @@ use super::admission::{admission, Admission, Origin, QpView};
 use super::memory::Seg;
 use super::responder::remote_region;
 use super::{EngineLink, QpContext};
-use crate::device::provider::Access;
+use crate::provider::Access;
 
 /// What admission asks of a peer's published QP contexts.
 impl WriteTargets {

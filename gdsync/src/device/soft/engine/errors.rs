@@ -5,11 +5,11 @@
 use super::super::wire::kind;
 use super::completion::{complete_front, err_cqe, Side};
 use super::{Engine, EngineCtl, QpContext, WqeStep};
-use crate::device::provider::{AsyncEvent, HwQpState, QpLastError};
 use crate::format::*;
+use crate::provider::{AsyncEvent, HwQpState, QpLastError};
 
 /// Writes an error CQE of `q`; the QP's first error that is not a flush is also kept in its
-/// context, where [`Provider::query_qp`](crate::device::provider::Provider::query_qp)
+/// context, where [`Provider::query_qp`](crate::provider::Provider::query_qp)
 /// reads it (the CQE may be overwritten before the host looks at it).
 pub(super) fn complete_error(ctl: &EngineCtl, q: &mut QpContext, side: Side, mut cqe: Cqe64) {
     if let Some(syndrome) = cqe.syndrome().filter(|s| *s != Syndrome::WrFlush) {

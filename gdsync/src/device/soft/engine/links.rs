@@ -9,8 +9,8 @@ use super::by_ref::{by_ref, write_source_ref, SOURCE_REF_LEN};
 use super::memory::gather;
 use super::packets::{nak, packet_header};
 use super::{BodyRef, Engine, QueuedMessage};
-use crate::device::provider::Access;
 use crate::format::Syndrome;
+use crate::provider::Access;
 
 /// Most messages queued on a link (answers that wait for room in its send ring, mostly)
 /// before the engine stops reading its receive ring: a peer that sends requests and does not

@@ -2,8 +2,8 @@
 //! through lkeys, checked against the QP's protection domain and access rights.
 
 use super::super::mr_table::Slots;
-use crate::device::provider::Access;
 use crate::format::DataSeg;
+use crate::provider::Access;
 
 /// A scatter or gather entry as the device reads it from a WQE: `len` bytes at `addr` in
 /// the region with local key `lkey`.

@@ -40,9 +40,9 @@ use super::uar::{Bfreg, BF_SIZE};
 use super::watch::Watch;
 use super::wire::{resp, PktHeader};
 use super::{Cmd, EngineCtl};
-use crate::device::provider::{AsyncEvent, HwQpState, QpTimers};
 use crate::format::*;
 use crate::mem::RingMem;
+use crate::provider::{AsyncEvent, HwQpState, QpTimers};
 use memory::Seg;
 
 /// Called with the peer device of each link the engine releases: the device forgets it.

@@ -8,9 +8,9 @@ use super::memory::sges_ok;
 use super::memory::Seg;
 use super::packets::packet_header;
 use super::{psn_le, BodyRef, Engine, OutWqe, QpContext, QpHw, WqeStep, MAX_QUEUED};
-use crate::device::provider::{Access, MAX_MESSAGE};
 use crate::format::*;
 use crate::mem::slot_off;
+use crate::provider::{Access, MAX_MESSAGE};
 use smallvec::SmallVec;
 use std::time::Duration;
 

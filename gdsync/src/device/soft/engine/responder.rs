@@ -14,9 +14,9 @@ use super::packets::{nak, reply};
 use super::{
     psn_le, resp, Body, Dest, Engine, IncomingMessage, QpContext, QpHw, QueuedMessage, NAK_RNR,
 };
-use crate::device::provider::{Access, MAX_SGE};
 use crate::format::*;
 use crate::mem::slot_off;
+use crate::provider::{Access, MAX_SGE};
 use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
 

@@ -2,8 +2,8 @@
 //! ran out (RNR, peer not ready), and the transport timeout of QPs whose peer went silent.
 
 use super::Engine;
-use crate::device::provider::AsyncEvent;
 use crate::format::Syndrome;
+use crate::provider::AsyncEvent;
 use std::time::{Duration, Instant};
 
 impl Engine {

@@ -2,6 +2,23 @@
 
 use crate::{Error, Result};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::OnceLock;
+
+/// An identifier of this boot of this host (the [`Endpoint::host`] of its devices): processes
+/// with the same one share memory.
+pub fn host_id() -> u64 {
+    static H: OnceLock<u64> = OnceLock::new();
+    *H.get_or_init(|| {
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        fnv1a(boot.trim().as_bytes())
+    })
+}
+
+pub(crate) fn fnv1a(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
 
 /// Which links a process's soft devices may use, from `GDSYNC_SOFT_LINK` (`auto`, `shm`,
 /// `tcp`). Each endpoint carries its owner's policy, so both sides of a pair see both

@@ -1,4 +1,4 @@
-//! The provider interface: the commands a NIC driver takes, shaped like the verbs commands a
+//! The provider interface, the room the queue layer and both providers stand on: the commands a NIC driver takes, shaped like the verbs commands a
 //! ConnectX driver serves (`ibv_query_device`, `ibv_alloc_pd`, `ibv_reg_mr`, `ibv_create_cq`,
 //! `ibv_create_qp`, `ibv_modify_qp`, `ibv_query_qp`, `ibv_destroy_*`, `ibv_get_async_event`).
 //!
@@ -13,7 +13,17 @@
 //! device writes only CQEs into host memory; what it has to tell the host otherwise it reports
 //! through [`Provider::query_qp`] and asynchronous events.
 
-use super::{DeviceAttr, Endpoint, LinkKind, PortAttr};
+mod attr;
+mod endpoint;
+
+pub(crate) use attr::{rnr_delay, transport_timeout};
+pub use attr::{DeviceAttr, LinkLayer, PortAttr, PortState};
+pub use endpoint::host_id;
+#[cfg(test)]
+pub(crate) use endpoint::fnv1a;
+pub(crate) use endpoint::{choose_link, link_reason, Here};
+pub use endpoint::{Endpoint, LinkKind, LinkPolicy, PortAddress};
+
 use crate::format::Syndrome;
 use crate::mem::RingMem;
 use crate::Result;
@@ -297,4 +307,13 @@ pub(crate) trait Provider: Send + Sync {
     /// A host poll found nothing: where the device is served by the host's own threads, this
     /// is one.
     fn idle(&self);
+}
+
+/// A short description of a device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Device name.
+    pub name: String,
+    /// The unique id used in endpoints.
+    pub uid: u64,
 }
