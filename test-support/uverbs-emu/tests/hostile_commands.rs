@@ -482,7 +482,7 @@ fn fuzz_corpus_replays() {
     if in_child_under_emulator("fuzz_corpus_replays", "mlx5_0") {
         return;
     }
-    let fuzz = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
+    let fuzz = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz");
     let mut inputs = 0;
     let mut total = uverbs_emu::command_stream::Outcome::default();
     for dir in ["corpus/uverbs_commands", "seeds/uverbs_commands"] {
