@@ -11,8 +11,8 @@
 //! (after set-up and at the end) gathered on rank 0.
 //!
 //! ```sh
-//! cargo run --release --example soak -- --ranks 4 --messages 1000000
-//! cargo run --release --example soak -- --ranks 4 --ranks-as procs --messages 1000000
+//! cargo run --release --bin soak -- --ranks 4 --messages 1000000
+//! cargo run --release --bin soak -- --ranks 4 --ranks-as procs --messages 1000000
 //! ```
 
 #[path = "common/mod.rs"]

@@ -12,7 +12,7 @@ use common::output::GuardedOutput;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Output, Stdio};
 
-/// The tools, as `cargo build --release --examples` builds them.
+/// The measuring programs (package `gdasync-examples`).
 const TOOLS: [&str; 9] = [
     "pingpong",
     "bandwidth",
@@ -28,7 +28,7 @@ const TOOLS: [&str; 9] = [
 /// Example `name` as a command that sees no GPU and would print backtraces if it panicked.
 fn tool(name: &str) -> Command {
     let exe = common::example(name).unwrap_or_else(|| {
-        panic!("the {name} example is not built (cargo build --release --examples)")
+        panic!("the {name} program is not built (cargo build --release --bins)")
     });
     let mut c = Command::new(exe);
     c.env("GDSYNC_CUDA", "off")

@@ -16,10 +16,10 @@
 //! powers of 2 from 1 B to 8 MiB.
 //!
 //! ```text
-//! cargo run --release --example bandwidth                          # 1 B .. 8 MiB, RDMA write
-//! cargo run --release --example bandwidth -- --op read --sizes 4K,1M --json
-//! cargo run --release --example bandwidth -- --size 64K --duration 2
-//! cargo run --release --example bandwidth -- --trigger kernel --mem device   # with a GPU
+//! cargo run --release --bin bandwidth                          # 1 B .. 8 MiB, RDMA write
+//! cargo run --release --bin bandwidth -- --op read --sizes 4K,1M --json
+//! cargo run --release --bin bandwidth -- --size 64K --duration 2
+//! cargo run --release --bin bandwidth -- --trigger kernel --mem device   # with a GPU
 //! ```
 
 #[path = "../common/mod.rs"]

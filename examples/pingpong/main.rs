@@ -9,12 +9,12 @@
 //! size's row as soon as it is measured.
 //!
 //! ```text
-//! cargo run --release --example pingpong                       # soft device, threads
-//! cargo run --release --example pingpong -- --ranks-as procs --sizes 8,4K
-//! cargo run --release --example pingpong -- --raw --json
-//! cargo run --release --example pingpong -- --vs-raw --size 8 --iters 20000
-//! cargo run --release --example pingpong -- --duration 2 --size 8
-//! cargo run --release --example pingpong -- --api mp --trigger kernel --mem device
+//! cargo run --release --bin pingpong                       # soft device, threads
+//! cargo run --release --bin pingpong -- --ranks-as procs --sizes 8,4K
+//! cargo run --release --bin pingpong -- --raw --json
+//! cargo run --release --bin pingpong -- --vs-raw --size 8 --iters 20000
+//! cargo run --release --bin pingpong -- --duration 2 --size 8
+//! cargo run --release --bin pingpong -- --api mp --trigger kernel --mem device
 //! ```
 //!
 //! `--api mp` runs the same loop through the messaging layer (`mp::Comm`, send/receive with

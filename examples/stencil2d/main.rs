@@ -20,9 +20,9 @@
 //! the final grids bit for bit.
 //!
 //! ```text
-//! cargo run --release --example stencil2d -- --ranks 4 --n 256 --check
-//! cargo run --release --example stencil2d -- --ranks 4 --ranks-as procs --check --json
-//! cargo run --release --example stencil2d -- --trigger stream --ranks 2 --sub 1024 --iters 1000
+//! cargo run --release --bin stencil2d -- --ranks 4 --n 256 --check
+//! cargo run --release --bin stencil2d -- --ranks 4 --ranks-as procs --check --json
+//! cargo run --release --bin stencil2d -- --trigger stream --ranks 2 --sub 1024 --iters 1000
 //! ```
 
 #[path = "../common/mod.rs"]
@@ -641,7 +641,7 @@ fn mpi(cfg: &Config) -> Result<()> {
 
 #[cfg(not(feature = "mpi"))]
 fn mpi(_: &Config) -> Result<()> {
-    bail!("--ranks-as mpi needs the mpi feature: cargo build --release --features mpi --example stencil2d, then mpirun -np R target/release/examples/stencil2d --ranks-as mpi --ranks R")
+    bail!("--ranks-as mpi needs the mpi feature: cargo build --release -p gdasync-examples --features mpi --bin stencil2d, then mpirun -np R target/release/stencil2d --ranks-as mpi --ranks R")
 }
 
 fn run(args: &Args) -> Result<()> {
