@@ -31,6 +31,7 @@ use clap::{Parser, ValueEnum};
 use common::device::{is_rdma, open};
 use common::header::{cores, Header};
 use common::json::{Object, Value};
+use common::noise::{descheduled, involuntary_switches};
 use common::out::outln;
 use common::sizes::SizeArgs;
 use common::tool::exit_now;
@@ -491,7 +492,9 @@ const COLUMNS: [&str; 6] = [
     "rate[Mmsg/s]",
 ];
 
-fn report(plan: &Plan, header: &Header, m: &Measured) {
+/// One size's row; `noisy` says why its figures cannot be trusted, if they cannot (a note
+/// after the row, `"noisy": true` in JSON; the rule is in `common/noise.rs`).
+fn report(plan: &Plan, header: &Header, m: &Measured, noisy: Option<&str>) {
     let bytes = m.size as f64 * m.iters as f64;
     let (gbytes, mmsgs) = (bytes / m.seconds / 1e9, m.iters as f64 / m.seconds / 1e6);
     if plan.json {
@@ -503,11 +506,18 @@ fn report(plan: &Plan, header: &Header, m: &Measured) {
             .set("seconds", Value::Sig(m.seconds))
             .set("gbytes_per_s", Value::Sig(gbytes))
             .set("gbits_per_s", Value::Sig(gbytes * 8.0))
-            .set("mmsg_per_s", Value::Sig(mmsgs));
-        outln!("{o}");
+            .set("mmsg_per_s", Value::Sig(mmsgs))
+            .set("noisy", noisy.is_some());
+        match noisy {
+            Some(why) => outln!("{}", o.set("noisy_why", why)),
+            None => outln!("{o}"),
+        }
     } else {
+        let note = noisy
+            .map(|why| format!("   noisy: {why}"))
+            .unwrap_or_default();
         outln!(
-            "{:>10} {:>10} {:>12} {:>12} {:>12} {:>14}",
+            "{:>10} {:>10} {:>12} {:>12} {:>12} {:>14}{note}",
             m.size,
             m.iters,
             fixed4(m.seconds),
@@ -529,7 +539,14 @@ fn run(args: &Args) -> Result<()> {
     let max = *plan.sizes.iter().max().context("no sizes")?;
     let (b0, b1) = (Buffer::new(plan.mem, max)?, Buffer::new(plan.mem, max)?);
     let link = Link::new(&plan.device, &b0, &b1)?;
-    let mut out = |m: Measured| report(&plan, &header, &m);
+    // Involuntary context switches while each size was measured (its warm-up included).
+    let mut switches = involuntary_switches();
+    let mut out = |m: Measured| {
+        let now = involuntary_switches();
+        let noisy = descheduled(now.saturating_sub(switches), m.warmup + m.iters);
+        switches = now;
+        report(&plan, &header, &m, noisy.as_deref())
+    };
     match plan.trigger {
         Trigger::Stream => gpu::stream_run(link, &plan, &mut out),
         Trigger::Kernel => gpu::kernel_run(link, &plan, &mut out),
