@@ -191,6 +191,51 @@ fn bad_bandwidth_and_stencil_arguments_are_clean_errors() {
     refused("launch_probe", &["sideways"], "invalid value");
 }
 
+/// One convention for exit statuses, clap's: 2 when the command line is wrong (clap's own
+/// errors, flags that do not go together, values out of range), 1 when the run fails (a GPU
+/// or a device that is not there).
+#[test]
+fn usage_errors_exit_2_and_failed_runs_1() {
+    for (name, args) in [
+        ("pingpong", &["--no-such-flag"][..]),
+        ("pingpong", &["--ranks", "3"][..]),
+        ("pingpong", &["--raw", "--shared-device"][..]),
+        ("pingpong", &["--sizes", "0", "--op", "write"][..]),
+        ("bandwidth", &["--window", "0"][..]),
+        ("stencil2d", &["--corrupt"][..]),
+        ("stencil2d", &["--ranks", "0"][..]),
+    ] {
+        let out = output(name, args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name} {args:?}: {err}");
+    }
+    for (name, args) in [
+        ("pingpong", &["--trigger", "stream"][..]),
+        ("bandwidth", &["--device", "mlx5_7"][..]),
+        ("stencil2d", &["--device", "nonsense"][..]),
+    ] {
+        let out = output(name, args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name} {args:?}: {err}");
+    }
+}
+
+/// A device that is not here is one line, before any output, naming the devices that are
+/// (`soft` among them).
+#[test]
+fn a_device_that_is_not_here_names_the_devices_that_are() {
+    for name in ["pingpong", "bandwidth", "stencil2d"] {
+        let out = output(name, &["--device", "nonsense", "--iters", "5"]);
+        let err = text(&out.stderr);
+        assert!(out.stdout.is_empty(), "{name}: {}", text(&out.stdout));
+        assert!(
+            err.starts_with("error: device nonsense: ") && err.contains("soft"),
+            "{name}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{name}: {err}");
+    }
+}
+
 #[test]
 fn gpu_paths_without_a_gpu_are_clean_errors() {
     for api in ["gdsync", "mp"] {

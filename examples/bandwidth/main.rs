@@ -34,7 +34,7 @@ use common::json::{Object, Value};
 use common::noise::{descheduled, involuntary_switches};
 use common::out::outln;
 use common::sizes::SizeArgs;
-use common::tool::exit_now;
+use common::tool::{exit_now, usage};
 use common::{iters, name, one_of, DeviceArgs, Mem, ToolArgs, Trigger};
 use gdasync::gdsync::cuda::{Cuda, DeviceBuffer};
 use gdasync::gdsync::{
@@ -133,15 +133,16 @@ struct Plan {
 impl Plan {
     fn new(a: &Args) -> Result<Plan> {
         let sizes = a.sizes.or(|| (0..=23).map(|k| 1usize << k).collect());
-        common::sizes::check(&sizes, 1, MAX_SIZE, "empty messages have no bandwidth")?;
+        common::sizes::check(&sizes, 1, MAX_SIZE, "empty messages have no bandwidth")
+            .map_err(usage)?;
         if a.window == 0 || a.window > MAX_WINDOW {
-            bail!("--window must be 1 to {MAX_WINDOW}");
+            return Err(usage(format!("--window must be 1 to {MAX_WINDOW}")));
         }
         if a.host_stream && (a.trigger != Trigger::Stream || a.mem != Mem::Host) {
-            bail!("--host-stream runs --trigger stream with --mem host");
+            return Err(usage("--host-stream runs --trigger stream with --mem host"));
         }
         if a.duration.is_some() && a.trigger != Trigger::Cpu {
-            bail!("--duration applies to --trigger cpu (GPU triggers enqueue a fixed number of messages: use --iters)");
+            return Err(usage("--duration applies to --trigger cpu (GPU triggers enqueue a fixed number of messages: use --iters)"));
         }
         let gpu_need = match (a.trigger, a.mem) {
             (Trigger::Cpu, Mem::Host) => None,

@@ -39,6 +39,7 @@ use common::device::open;
 use common::header::cores;
 use common::json::{Object, Value};
 use common::out::outln;
+use common::tool::usage;
 pub use common::Trigger;
 use common::{iters, name, DeviceArgs, RanksAs, ToolArgs};
 use gdasync::gdsync::{Device, DeviceName};
@@ -70,7 +71,7 @@ pub enum Overlap {
     /// One kernel per iteration, after the halos arrived: nothing overlaps the messages, but
     /// the GPU has a step (and, on a stream, a list of memory operations) less per iteration.
     Off,
-    /// `off` for blocks of up to [`OVERLAP_MIN_CELLS`] cells, `on` for larger ones.
+    /// `off` for blocks of fewer than 512×512 cells, `on` from 512×512 up.
     Auto,
 }
 
@@ -199,27 +200,27 @@ const MAX_RANKS: usize = 4096;
 impl Config {
     fn new(a: &Args) -> Result<Config> {
         if a.ranks == 0 {
-            bail!("--ranks must be at least 1");
+            return Err(usage("--ranks must be at least 1"));
         }
         if a.ranks > MAX_RANKS {
-            bail!("--ranks {}: at most {MAX_RANKS}", a.ranks);
+            return Err(usage(format!("--ranks {}: at most {MAX_RANKS}", a.ranks)));
         }
-        check_flags(a)?;
+        check_flags(a).map_err(usage)?;
         let (px, py) = grid::decompose(a.ranks);
         let (gx, gy) = match a.sub {
             Some(s) => (s.saturating_mul(px), s.saturating_mul(py)),
             None => (a.n, a.n),
         };
         if gx == 0 || gy == 0 {
-            bail!("the grid must have at least one cell (--n / --sub)");
+            return Err(usage("the grid must have at least one cell (--n / --sub)"));
         }
         if gx < px || gy < py {
-            bail!("a {gx} x {gy} grid cannot give each of {px} x {py} ranks a row and a column: use a larger --n or fewer --ranks");
+            return Err(usage(format!("a {gx} x {gy} grid cannot give each of {px} x {py} ranks a row and a column: use a larger --n or fewer --ranks")));
         }
         let (bx, by) = Layout::largest_block(gx, gy, px, py);
         let block_cells = bx.saturating_add(2).saturating_mul(by.saturating_add(2));
         if block_cells > MAX_BLOCK_CELLS {
-            bail!("blocks of {bx} x {by} cells are larger than this example allows ({MAX_BLOCK_CELLS} cells per grid)");
+            return Err(usage(format!("blocks of {bx} x {by} cells are larger than this example allows ({MAX_BLOCK_CELLS} cells per grid)")));
         }
         // Host memory for the grids: the CPU trigger's blocks (two grids per rank), and for
         // --check the gathered grid, its copies and the single-rank reference.
