@@ -454,6 +454,8 @@ fn log_soft_device(name: &str) {
 impl SoftDevice {
     /// A new soft device with its engine thread.
     pub(crate) fn new() -> Result<Arc<Self>> {
+        // A GDSYNC_SOFT_PROGRESS it does not take is an error here (crate::env's rule).
+        super::progress::setting_from_env()?;
         let dev = Self::spawn()?;
         log_soft_device(&dev.label());
         Ok(dev)
