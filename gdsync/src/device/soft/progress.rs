@@ -163,8 +163,8 @@ fn update_mode() {
         // mode in their headers.
         tracing::info!(
             "{why}: engines run on the posting and polling threads instead of spinning \
-             (latency is best with a free core per engine; GDSYNC_SOFT_PROGRESS=thread \
-             keeps spinning engine threads)"
+             (for CPU-driven loops the faster mode; doorbells rung by streams and kernels \
+             wait for an engine thread's next look, up to about a millisecond)"
         );
     }
 }
