@@ -241,6 +241,11 @@ impl Config {
             a.ranks_as == RanksAs::Threads,
             grids.saturating_add(check),
         )?;
+        // MPI ranks may be spread over hosts: this host's cores say nothing about them.
+        let local = a.ranks_as != RanksAs::Mpi;
+        if let Some(why) = limits::oversubscribed(a.ranks, cores()).filter(|_| local) {
+            tracing::warn!("{why}");
+        }
         if a.trigger.gpu() {
             let c = gdasync::gdsync::cuda::Cuda::get()
                 .with_context(|| format!("--trigger {} needs a CUDA GPU", name(a.trigger)))?;
