@@ -574,6 +574,21 @@ fn tool_under(emu: &uverbs_emu::Emulator, gpu: bool, name: &str) -> Command {
 }
 
 /// `name args` under the emulated RDMA driver with `spec`'s devices: its output.
+/// The soft device asked for by name where an mlx5 device is present is no warning: it was
+/// asked for.
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn a_soft_device_asked_for_is_no_warning() {
+    let args = ["--device", "soft", "--sizes", "8", "--iters", "100"];
+    let out = under_emulated_hca("mlx5_0", "pingpong", &args);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("WARN"), "{err}");
+}
+
 fn under_emulated_hca(spec: &str, name: &str, args: &[&str]) -> Output {
     let emu = common::emulator(spec);
     tool_under(&emu, false, name).args(args).guarded_output()
