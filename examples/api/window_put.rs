@@ -16,18 +16,16 @@ const DATA_AT: usize = 64; // the signal word sits at offset 0, the data at 64
 const MESSAGE: &[u8] = b"put into rank 1's window, then signalled";
 
 fn main() -> Result<()> {
-    let dev = Device::soft()?;
-    let ranks: Vec<_> = ThreadBootstrap::group(2)
-        .into_iter()
-        .map(|boot| {
-            let dev = dev.clone();
-            std::thread::spawn(move || rank(Comm::new(Box::new(boot), &dev)?))
-        })
-        .collect();
-    for r in ranks {
-        r.join().expect("a rank panicked")?;
-    }
-    Ok(())
+    let dev = Device::soft()?; // one soft device serving both ranks, threads of this process
+    std::thread::scope(|s| {
+        let ranks: Vec<_> = ThreadBootstrap::group(2)
+            .into_iter()
+            .map(|boot| s.spawn(|| rank(Comm::new(Box::new(boot), &dev)?)))
+            .collect();
+        ranks
+            .into_iter()
+            .try_for_each(|r| r.join().expect("a rank panicked"))
+    })
 }
 
 fn rank(mut comm: Comm) -> Result<()> {
