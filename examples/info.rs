@@ -5,8 +5,8 @@
 //! would use.
 //!
 //! ```text
-//! cargo run --release --example info
-//! cargo run --release --example info -- --json
+//! cargo run --release --bin info
+//! cargo run --release --bin info -- --json
 //! ```
 
 #[path = "common/mod.rs"]

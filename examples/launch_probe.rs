@@ -4,7 +4,7 @@
 //! happen once per context). Also prints the stencil kernels' local memory.
 //!
 //! ```text
-//! cargo run --release --example launch_probe -- plain|local-small|local-big|stencil
+//! cargo run --release --bin launch_probe -- plain|local-small|local-big|stencil
 //! ```
 
 #[path = "common/mod.rs"]

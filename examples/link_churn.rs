@@ -7,8 +7,8 @@
 //! that are gone must be released: the columns stay flat.
 //!
 //! ```sh
-//! cargo run --release --example link_churn -- --peers 1000
-//! cargo run --release --example link_churn -- --peers 300 --link tcp
+//! cargo run --release --bin link_churn -- --peers 1000
+//! cargo run --release --bin link_churn -- --peers 300 --link tcp
 //! ```
 
 #[path = "common/mod.rs"]

@@ -5,7 +5,7 @@
 //! operation (docs/benchmarks.md).
 //!
 //! ```text
-//! cargo run --release --example memop_cost
+//! cargo run --release --bin memop_cost
 //! ```
 
 #[path = "common/mod.rs"]

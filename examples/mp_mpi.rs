@@ -2,8 +2,8 @@
 //! with its neighbours in a ring, puts into a window and meets at barriers; prints one line.
 //!
 //! ```text
-//! cargo build --release --features mpi --example mp_mpi
-//! mpirun -np 2 target/release/examples/mp_mpi
+//! cargo build --release -p gdasync-examples --features mpi --bin mp_mpi
+//! mpirun -np 2 target/release/mp_mpi
 //! ```
 
 #[path = "common/mod.rs"]
@@ -71,6 +71,6 @@ fn ring() -> anyhow::Result<()> {
 #[cfg(not(feature = "mpi"))]
 fn ring() -> anyhow::Result<()> {
     anyhow::bail!(
-        "built without the mpi feature: cargo build --release --features mpi --example mp_mpi, then mpirun -np 2 target/release/examples/mp_mpi"
+        "built without the mpi feature: cargo build --release -p gdasync-examples --features mpi --bin mp_mpi, then mpirun -np 2 target/release/mp_mpi"
     )
 }

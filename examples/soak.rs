@@ -11,8 +11,8 @@
 //! (after set-up and at the end) gathered on rank 0.
 //!
 //! ```sh
-//! cargo run --release --example soak -- --ranks 4 --messages 1000000
-//! cargo run --release --example soak -- --ranks 4 --ranks-as procs --messages 1000000
+//! cargo run --release --bin soak -- --ranks 4 --messages 1000000
+//! cargo run --release --bin soak -- --ranks 4 --ranks-as procs --messages 1000000
 //! ```
 
 #[path = "common/mod.rs"]
@@ -575,10 +575,22 @@ fn run(args: &Args) -> Result<()> {
 
 fn main() -> ExitCode {
     let mut args = Args::parse();
-    if args.seed.is_none() {
-        args.seed = std::env::var("GDSYNC_SOAK_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok());
+    let tool = args.tool.clone();
+    tool.run(|| {
+        if args.seed.is_none() {
+            args.seed = seed_from_env()?;
+        }
+        run(&args)
+    })
+}
+
+/// `GDSYNC_SOAK_SEED`: unset or empty, none; a number, that seed; anything else an error.
+fn seed_from_env() -> Result<Option<u64>> {
+    const VAR: &str = "GDSYNC_SOAK_SEED";
+    match std::env::var(VAR).ok().filter(|s| !s.trim().is_empty()) {
+        None => Ok(None),
+        Some(s) => s.trim().parse().map(Some).map_err(|_| {
+            gdasync::gdsync::env::invalid(VAR, &s, "a seed (a number from 0 to 2^64 - 1)").into()
+        }),
     }
-    args.tool.run(|| run(&args))
 }

@@ -1,5 +1,5 @@
 //! With the `uverbs` feature (the `uverbs_commands` target): compiles the emulated RDMA
-//! driver's C part (`../uverbs-emu/c/uvemu.c`) into this crate with clang's coverage
+//! driver's C part (`../test-support/uverbs-emu/c/uvemu.c`) into this crate with clang's coverage
 //! instrumentation, so that libFuzzer sees which of the driver's branches an input reached.
 //! Linked into the target's binary, its hooks of `open`, `write`, `ioctl` and `close` serve
 //! `/dev/infiniband/uverbs0` in-process, as the preload library does for other programs.
@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    println!("cargo:rerun-if-changed=../uverbs-emu/c/uvemu.c");
-    println!("cargo:rerun-if-changed=../uverbs-emu/c/uvemu.h");
+    println!("cargo:rerun-if-changed=../test-support/uverbs-emu/c/uvemu.c");
+    println!("cargo:rerun-if-changed=../test-support/uverbs-emu/c/uvemu.h");
     if std::env::var_os("CARGO_FEATURE_UVERBS").is_none() {
         return;
     }
@@ -19,7 +19,7 @@ fn main() {
     run(Command::new(&cc)
         .args(["-c", "-O1", "-g", "-fPIC", "-fsanitize=fuzzer-no-link", "-o"])
         .arg(&obj)
-        .arg("../uverbs-emu/c/uvemu.c"));
+        .arg("../test-support/uverbs-emu/c/uvemu.c"));
     run(Command::new("ar")
         .arg("rcs")
         .arg(out.join("libuvemu_fuzz.a"))

@@ -2,7 +2,7 @@
 //! bindgen (needs libclang: `apt-get install libclang-dev`): `regen-rdma-bindings`, rdma-core's
 //! (`src/device/mlx5/sys.rs`, from the installed headers: `libibverbs-dev` too), and
 //! `regen-uvemu-bindings`, the emulated driver's HCA interface (`src/device/soft/uvemu_sys.rs`,
-//! from `uverbs-emu/c/uvemu.h`; `scripts/regen-uvemu-bindings`). A plain build needs nothing
+//! from `test-support/uverbs-emu/c/uvemu.h`; `scripts/regen-uvemu-bindings`). A plain build needs nothing
 //! but cargo.
 
 fn main() {
@@ -28,8 +28,8 @@ mod regen_uvemu {
 
     pub fn write_bindings() {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let header = dir.join("../uverbs-emu/c/uvemu.h");
-        let text = std::fs::read(&header).expect("read uverbs-emu/c/uvemu.h");
+        let header = dir.join("../test-support/uverbs-emu/c/uvemu.h");
+        let text = std::fs::read(&header).expect("read test-support/uverbs-emu/c/uvemu.h");
         let b = bindgen::Builder::default()
             .header(header.to_str().expect("a UTF-8 path"))
             .allowlist_type("uvemu_hca_.*")

@@ -4,11 +4,11 @@
 # --trigger stream|kernel) are skipped where nvidia-smi finds none. Each run has a time limit.
 # Usage, from the repository root:
 #   scripts/bench-bandwidth.sh [BIN_DIR] [OUT]
-#     BIN_DIR: target/release/examples, or the directory of binaries built elsewhere
+#     BIN_DIR: target/release, or the directory of binaries built elsewhere
 #     OUT: default bandwidth.jsonl
 # Plot: python3 scripts/plot.py bandwidth OUT -o bandwidth.png --machine "..."
 set -euo pipefail
-bin=${1:-target/release/examples}
+bin=${1:-target/release}
 out=${2:-bandwidth.jsonl}
 : > "$out"
 gpu=0

@@ -9,7 +9,7 @@
 set -euo pipefail
 cores=${1:?usage: scripts/bench-cores.sh CORES [REPS] [BIN_DIR]}
 reps=${2:-3}
-bin=${3:-target/release/examples}
+bin=${3:-target/release}
 out=$(mktemp)
 echo "# cores $cores of $(nproc): $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 for rep in $(seq "$reps"); do

@@ -1,9 +1,9 @@
 #!/bin/bash
 # The CPU-triggered latency and bandwidth runs reported in docs/benchmarks.md.
-# Usage: scripts/bench-cpu.sh [BIN_DIR]   (default target/release/examples; for
+# Usage: scripts/bench-cpu.sh [BIN_DIR]   (default target/release; for
 # binaries built elsewhere: their directory). Prints JSON lines, then a table.
 set -euo pipefail
-bin=${1:-target/release/examples}
+bin=${1:-target/release}
 out=$(mktemp)
 echo "# $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 for ranks_as in threads procs; do

@@ -2,7 +2,7 @@
 # The GPU-trigger latency runs reported in docs/benchmarks.md (needs a CUDA GPU and NVRTC).
 # Usage: scripts/bench-gpu.sh [BIN_DIR]  (the directory of the built examples)
 set -euo pipefail
-bin=${1:-target/release/examples}
+bin=${1:-target/release}
 out=$(mktemp)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/# /' || true
 for trig in host stream kernel; do

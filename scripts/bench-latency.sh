@@ -4,7 +4,7 @@
 # scripts/bench-mp.sh. Needs a CUDA GPU for the host, stream and kernel triggers.
 # Usage: scripts/bench-latency.sh [BIN_DIR] [OUT]   (ITERS per size, default 3000)
 set -euo pipefail
-bin=${1:-target/release/examples}
+bin=${1:-target/release}
 out=${2:-latency.jsonl}
 : > "$out"
 sizes=8,64,512,4096,32768,262144,1048576

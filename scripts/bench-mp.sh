@@ -4,10 +4,10 @@
 # gdsync's descriptor-ring kernel, both timed by the GPU's clock) and the Open MPI baseline
 # (host buffers, and device buffers staged through pinned host memory), as reported in
 # docs/benchmarks.md.
-# Usage, from the repository root: scripts/bench-mp.sh [BIN_DIR]   (target/release/examples, or
+# Usage, from the repository root: scripts/bench-mp.sh [BIN_DIR]   (target/release, or
 # binaries built elsewhere; GPU triggers are skipped without a GPU, MPI without mpicc)
 set -euo pipefail
-bin=${1:-target/release/examples}
+bin=${1:-target/release}
 out=$(mktemp)
 it=${ITERS:-10000}
 trigs="cpu"

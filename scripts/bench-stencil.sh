@@ -7,7 +7,7 @@
 #   with binaries built elsewhere: bash scripts/bench-stencil.sh path/to/examples
 # Takes about 5 minutes (each run compiles its kernels with NVRTC first).
 set -euo pipefail
-bin=${1:-target/release/examples}
+bin=${1:-target/release}
 out=${2:-stencil-gpu.jsonl}
 : > "$out"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/# /' || true

@@ -6,10 +6,11 @@
 //! writes (or sends) round-robin over the pairs, each pair with `WINDOW` messages in flight
 //! and one in `WINDOW / 4` signalled, for `SECONDS` after a quarter of that as warm-up; prints
 //! messages/s. The link is the one the process's `GDSYNC_SOFT_LINK` picks (`tcp` forces TCP
-//! between the two devices). Copy it into a checkout's examples/ to build it:
+//! between the two devices). It is an example of the `gdasync-examples` package; in a checkout
+//! older than that package, copy it into examples/ first
+//! (`cp scripts/msgrate-probe.rs examples/msgrate_probe.rs`).
 //!
 //! ```text
-//! cp scripts/msgrate-probe.rs examples/msgrate_probe.rs
 //! cargo build --release --example msgrate_probe
 //! GDSYNC_SOFT_LINK=tcp target/release/examples/msgrate_probe 8 8 1.2 64 write
 //! #                                                  QPS BYTES SECONDS WINDOW write|send

@@ -2,7 +2,8 @@
 """Plots of the examples' --json output (PNG).
 
 Needs python3 and matplotlib (Agg backend, no display). Neither CI nor the cargo build uses this
-script; install matplotlib only where you make plots:
+script; install matplotlib only where you make plots (without it, --help and argument errors
+still work, and a plot ends with one line saying what to install):
     pip install --break-system-packages matplotlib     # or: apt-get install python3-matplotlib
 
 Usage:
@@ -34,11 +35,24 @@ import statistics
 import sys
 from collections import defaultdict
 
-import matplotlib
+# matplotlib, loaded by load_matplotlib() once the command line is read (so that --help and
+# argument errors work without it).
+plt = FuncFormatter = LogLocator = NullLocator = None
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
-from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
+
+def load_matplotlib():
+    """Imports matplotlib (Agg backend, no display), or ends with one line saying what to install."""
+    global plt, FuncFormatter, LogLocator, NullLocator
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as pyplot
+        from matplotlib import ticker
+    except ImportError as e:
+        sys.exit(f"plot.py: needs matplotlib ({e}): pip install matplotlib, or apt-get install python3-matplotlib")
+    plt, FuncFormatter, LogLocator = pyplot, ticker.FuncFormatter, ticker.LogLocator
+    NullLocator = ticker.NullLocator
 
 TRIGGER_ORDER = ["cpu", "host", "stream", "kernel", "host-stream", "openmpi"]
 TRIGGER_COLOR = {
@@ -124,7 +138,7 @@ def thin_ticks(ax, values):
     vals = sorted(set(values))
     step = max(1, (len(vals) + 11) // 12)
     ax.set_xticks(vals[::step])
-    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.xaxis.set_minor_locator(NullLocator())
 
 
 def median_points(rows, key_fn, x_fn, y_fn):
@@ -304,7 +318,7 @@ def stencil(rows, args):
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({x for pts in series.values() for x, _ in pts}))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _p: f"{x:g}²"))
-    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("subdomain per rank (edge² cells, log scale)")
     log_y(ax, "time per iteration (µs, log scale)")
     finish(fig, [ax], "stencil2d: time per Jacobi iteration vs subdomain", args)
@@ -394,6 +408,7 @@ def main():
         if "=" not in f:
             p.error(f"--filter {f!r}: expected KEY=VALUE")
         filters.append(tuple(f.split("=", 1)))
+    load_matplotlib()
     rows, args.failed = read_rows(args.files, filters)
     {"latency": latency, "stencil": stencil, "bandwidth": bandwidth}[args.kind](rows, args)
 

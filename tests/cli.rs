@@ -12,7 +12,7 @@ use common::output::GuardedOutput;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Output, Stdio};
 
-/// The tools, as `cargo build --release --examples` builds them.
+/// The measuring programs (package `gdasync-examples`).
 const TOOLS: [&str; 9] = [
     "pingpong",
     "bandwidth",
@@ -28,7 +28,7 @@ const TOOLS: [&str; 9] = [
 /// Example `name` as a command that sees no GPU and would print backtraces if it panicked.
 fn tool(name: &str) -> Command {
     let exe = common::example(name).unwrap_or_else(|| {
-        panic!("the {name} example is not built (cargo build --release --examples)")
+        panic!("the {name} program is not built (cargo build --release --bins)")
     });
     let mut c = Command::new(exe);
     c.env("GDSYNC_CUDA", "off")
@@ -189,6 +189,51 @@ fn bad_bandwidth_and_stencil_arguments_are_clean_errors() {
         refused("stencil2d", args, says);
     }
     refused("launch_probe", &["sideways"], "invalid value");
+}
+
+/// One convention for exit statuses, clap's: 2 when the command line is wrong (clap's own
+/// errors, flags that do not go together, values out of range), 1 when the run fails (a GPU
+/// or a device that is not there).
+#[test]
+fn usage_errors_exit_2_and_failed_runs_1() {
+    for (name, args) in [
+        ("pingpong", &["--no-such-flag"][..]),
+        ("pingpong", &["--ranks", "3"][..]),
+        ("pingpong", &["--raw", "--shared-device"][..]),
+        ("pingpong", &["--sizes", "0", "--op", "write"][..]),
+        ("bandwidth", &["--window", "0"][..]),
+        ("stencil2d", &["--corrupt"][..]),
+        ("stencil2d", &["--ranks", "0"][..]),
+    ] {
+        let out = output(name, args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name} {args:?}: {err}");
+    }
+    for (name, args) in [
+        ("pingpong", &["--trigger", "stream"][..]),
+        ("bandwidth", &["--device", "mlx5_7"][..]),
+        ("stencil2d", &["--device", "nonsense"][..]),
+    ] {
+        let out = output(name, args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name} {args:?}: {err}");
+    }
+}
+
+/// A device that is not here is one line, before any output, naming the devices that are
+/// (`soft` among them).
+#[test]
+fn a_device_that_is_not_here_names_the_devices_that_are() {
+    for name in ["pingpong", "bandwidth", "stencil2d"] {
+        let out = output(name, &["--device", "nonsense", "--iters", "5"]);
+        let err = text(&out.stderr);
+        assert!(out.stdout.is_empty(), "{name}: {}", text(&out.stdout));
+        assert!(
+            err.starts_with("error: device nonsense: ") && err.contains("soft"),
+            "{name}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{name}: {err}");
+    }
 }
 
 #[test]
@@ -529,6 +574,21 @@ fn tool_under(emu: &uverbs_emu::Emulator, gpu: bool, name: &str) -> Command {
 }
 
 /// `name args` under the emulated RDMA driver with `spec`'s devices: its output.
+/// The soft device asked for by name where an mlx5 device is present is no warning: it was
+/// asked for.
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn a_soft_device_asked_for_is_no_warning() {
+    let args = ["--device", "soft", "--sizes", "8", "--iters", "100"];
+    let out = under_emulated_hca("mlx5_0", "pingpong", &args);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("WARN"), "{err}");
+}
+
 fn under_emulated_hca(spec: &str, name: &str, args: &[&str]) -> Output {
     let emu = common::emulator(spec);
     tool_under(&emu, false, name).args(args).guarded_output()

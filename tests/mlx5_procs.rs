@@ -126,10 +126,13 @@ fn parse_gid(s: &str) -> Option<Gid> {
 /// GID on RoCE, the LID alone on InfiniBand), then connected to the peer's address the test
 /// process relays on stdin.
 fn connect(seed: u8, input: &Receiver<String>) -> Side {
-    // The soft HCAs' warnings (a link down, a refused RTR) on stderr, which the test shows.
+    // The soft HCAs' warnings (a link down, a refused RTR) on stderr, which the test shows;
+    // colour only on a terminal (not in a CI log).
+    use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter("warn")
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
     serve_emulated_driver().unwrap();
     let ctx = Context::open("mlx5_0").unwrap();

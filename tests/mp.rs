@@ -6,7 +6,9 @@ use gdasync::gdsync::exec::HostStream;
 use gdasync::gdsync::format::Syndrome;
 use gdasync::gdsync::ops::WaitCond;
 use gdasync::gdsync::{Device, Error, LinkPolicy, QpConfig};
-use gdasync::mp::bootstrap::{launch_local, Bootstrap, JobInfo, TcpBootstrap, ThreadBootstrap};
+use gdasync::mp::bootstrap::{
+    launch_local_with, Bootstrap, JobInfo, TcpBootstrap, ThreadBootstrap,
+};
 use gdasync::mp::Comm;
 use std::time::{Duration, Instant};
 
@@ -331,6 +333,16 @@ fn rank_entry() {
     }
 }
 
+/// What a rank process printed, for an assertion's message.
+fn shown(o: &std::process::Output) -> String {
+    format!(
+        "{}; its output:\n{}{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 fn procs(n: usize, mode: &str) -> Vec<std::process::Output> {
     // The mode reaches the children through the environment they inherit at spawn: tests
     // running in parallel must not set it for each other's children (seen on 16 cores: a
@@ -350,7 +362,12 @@ fn procs(n: usize, mode: &str) -> Vec<std::process::Output> {
     let children = {
         let _g = SPAWN.lock().unwrap_or_else(|e| e.into_inner());
         std::env::set_var("GDSYNC_MP_TEST", mode);
-        let c = launch_local(n, &exe, &args);
+        // The ranks' output (their test harness's lines, what they print) is captured, as a
+        // test's own is, and shown by the assertions that fail.
+        let c = launch_local_with(n, &exe, &args, |cmd| {
+            cmd.stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+        });
         std::env::remove_var("GDSYNC_MP_TEST");
         c.unwrap()
     };
@@ -363,7 +380,7 @@ fn procs(n: usize, mode: &str) -> Vec<std::process::Output> {
 #[test]
 fn processes_2() {
     for (r, o) in procs(2, "workload").iter().enumerate() {
-        assert!(o.status.success(), "rank {r} failed");
+        assert!(o.status.success(), "rank {r} failed: {}", shown(o));
     }
 }
 
@@ -371,14 +388,14 @@ fn processes_2() {
 #[test]
 fn processes_2_over_tcp_links() {
     for (r, o) in procs(2, "workload+tcp").iter().enumerate() {
-        assert!(o.status.success(), "rank {r} failed");
+        assert!(o.status.success(), "rank {r} failed: {}", shown(o));
     }
 }
 
 #[test]
 fn processes_4() {
     for (r, o) in procs(4, "workload").iter().enumerate() {
-        assert!(o.status.success(), "rank {r} failed");
+        assert!(o.status.success(), "rank {r} failed: {}", shown(o));
     }
 }
 
@@ -386,6 +403,12 @@ fn processes_4() {
 fn dead_peer_completes_requests_with_an_error() {
     let outs = procs(2, "dies");
     assert!(outs.iter().all(|o| o.status.success()));
+    let survivor = String::from_utf8_lossy(&outs[0].stdout);
+    assert!(
+        survivor.contains("DEAD-PEER-NOTICED"),
+        "rank 0 did not report the dead peer: {}",
+        shown(&outs[0])
+    );
 }
 
 /// How long into the survivors' wait the victim of a `kill:` job is killed.
@@ -452,13 +475,13 @@ fn killed_rank_entry(spec: &str, mut boot: TcpBootstrap, dev: &Device) {
 /// Ranks in `wait` while rank `victim` of `n` is killed: every survivor's wait ends within
 /// 2 s with an error naming the victim (it waited for the timeout).
 fn rank_killed_during(n: usize, wait: &str, victim: usize) {
-    // The ranks' output goes to this test's (it says what each survivor saw).
+    // A survivor's output (what it saw) comes with its failure.
     let outs = procs(n, &format!("kill:{wait}:{victim}"));
     for (r, o) in outs.iter().enumerate() {
         if r == victim {
-            assert!(!o.status.success(), "rank {r} was not killed");
+            assert!(!o.status.success(), "rank {r} was not killed: {}", shown(o));
         } else {
-            assert!(o.status.success(), "rank {r} failed: see its output above");
+            assert!(o.status.success(), "rank {r} failed: {}", shown(o));
         }
     }
 }

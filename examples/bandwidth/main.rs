@@ -16,10 +16,10 @@
 //! powers of 2 from 1 B to 8 MiB.
 //!
 //! ```text
-//! cargo run --release --example bandwidth                          # 1 B .. 8 MiB, RDMA write
-//! cargo run --release --example bandwidth -- --op read --sizes 4K,1M --json
-//! cargo run --release --example bandwidth -- --size 64K --duration 2
-//! cargo run --release --example bandwidth -- --trigger kernel --mem device   # with a GPU
+//! cargo run --release --bin bandwidth                          # 1 B .. 8 MiB, RDMA write
+//! cargo run --release --bin bandwidth -- --op read --sizes 4K,1M --json
+//! cargo run --release --bin bandwidth -- --size 64K --duration 2
+//! cargo run --release --bin bandwidth -- --trigger kernel --mem device   # with a GPU
 //! ```
 
 #[path = "../common/mod.rs"]
@@ -31,9 +31,10 @@ use clap::{Parser, ValueEnum};
 use common::device::{is_rdma, open};
 use common::header::{cores, Header};
 use common::json::{Object, Value};
+use common::noise::{descheduled, involuntary_switches};
 use common::out::outln;
 use common::sizes::SizeArgs;
-use common::tool::exit_now;
+use common::tool::{exit_now, usage};
 use common::{iters, name, one_of, DeviceArgs, Mem, ToolArgs, Trigger};
 use gdasync::gdsync::cuda::{Cuda, DeviceBuffer};
 use gdasync::gdsync::{
@@ -132,15 +133,16 @@ struct Plan {
 impl Plan {
     fn new(a: &Args) -> Result<Plan> {
         let sizes = a.sizes.or(|| (0..=23).map(|k| 1usize << k).collect());
-        common::sizes::check(&sizes, 1, MAX_SIZE, "empty messages have no bandwidth")?;
+        common::sizes::check(&sizes, 1, MAX_SIZE, "empty messages have no bandwidth")
+            .map_err(usage)?;
         if a.window == 0 || a.window > MAX_WINDOW {
-            bail!("--window must be 1 to {MAX_WINDOW}");
+            return Err(usage(format!("--window must be 1 to {MAX_WINDOW}")));
         }
         if a.host_stream && (a.trigger != Trigger::Stream || a.mem != Mem::Host) {
-            bail!("--host-stream runs --trigger stream with --mem host");
+            return Err(usage("--host-stream runs --trigger stream with --mem host"));
         }
         if a.duration.is_some() && a.trigger != Trigger::Cpu {
-            bail!("--duration applies to --trigger cpu (GPU triggers enqueue a fixed number of messages: use --iters)");
+            return Err(usage("--duration applies to --trigger cpu (GPU triggers enqueue a fixed number of messages: use --iters)"));
         }
         let gpu_need = match (a.trigger, a.mem) {
             (Trigger::Cpu, Mem::Host) => None,
@@ -491,7 +493,9 @@ const COLUMNS: [&str; 6] = [
     "rate[Mmsg/s]",
 ];
 
-fn report(plan: &Plan, header: &Header, m: &Measured) {
+/// One size's row; `noisy` says why its figures cannot be trusted, if they cannot (a note
+/// after the row, `"noisy": true` in JSON; the rule is in `common/noise.rs`).
+fn report(plan: &Plan, header: &Header, m: &Measured, noisy: Option<&str>) {
     let bytes = m.size as f64 * m.iters as f64;
     let (gbytes, mmsgs) = (bytes / m.seconds / 1e9, m.iters as f64 / m.seconds / 1e6);
     if plan.json {
@@ -503,11 +507,18 @@ fn report(plan: &Plan, header: &Header, m: &Measured) {
             .set("seconds", Value::Sig(m.seconds))
             .set("gbytes_per_s", Value::Sig(gbytes))
             .set("gbits_per_s", Value::Sig(gbytes * 8.0))
-            .set("mmsg_per_s", Value::Sig(mmsgs));
-        outln!("{o}");
+            .set("mmsg_per_s", Value::Sig(mmsgs))
+            .set("noisy", noisy.is_some());
+        match noisy {
+            Some(why) => outln!("{}", o.set("noisy_why", why)),
+            None => outln!("{o}"),
+        }
     } else {
+        let note = noisy
+            .map(|why| format!("   noisy: {why}"))
+            .unwrap_or_default();
         outln!(
-            "{:>10} {:>10} {:>12} {:>12} {:>12} {:>14}",
+            "{:>10} {:>10} {:>12} {:>12} {:>12} {:>14}{note}",
             m.size,
             m.iters,
             fixed4(m.seconds),
@@ -529,7 +540,14 @@ fn run(args: &Args) -> Result<()> {
     let max = *plan.sizes.iter().max().context("no sizes")?;
     let (b0, b1) = (Buffer::new(plan.mem, max)?, Buffer::new(plan.mem, max)?);
     let link = Link::new(&plan.device, &b0, &b1)?;
-    let mut out = |m: Measured| report(&plan, &header, &m);
+    // Involuntary context switches while each size was measured (its warm-up included).
+    let mut switches = involuntary_switches();
+    let mut out = |m: Measured| {
+        let now = involuntary_switches();
+        let noisy = descheduled(now.saturating_sub(switches), m.warmup + m.iters);
+        switches = now;
+        report(&plan, &header, &m, noisy.as_deref())
+    };
     match plan.trigger {
         Trigger::Stream => gpu::stream_run(link, &plan, &mut out),
         Trigger::Kernel => gpu::kernel_run(link, &plan, &mut out),

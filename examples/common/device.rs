@@ -1,8 +1,8 @@
 //! `--device`: which device a tool's ranks run on, the same flag in every tool (perftest's
 //! `-d`). Resolved once, so the header names the device and every rank opens the same one.
 
-use anyhow::{Context, Result};
-use gdasync::gdsync::{Device, DeviceName, DeviceSelection};
+use anyhow::{bail, Context, Result};
+use gdasync::gdsync::{mlx5, Device, DeviceName, DeviceSelection};
 
 /// The device flag.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -18,13 +18,35 @@ fn parse_device(s: &str) -> std::result::Result<DeviceName, String> {
 }
 
 impl DeviceArgs {
-    /// The device named, else the process's default choice ([`DeviceSelection`]).
+    /// The device named (an RDMA device must be present), else the process's default choice
+    /// ([`DeviceSelection`]). Called before anything is printed, so that a wrong name is one
+    /// line.
     pub fn resolve(&self) -> Result<DeviceName> {
         match &self.device {
-            Some(d) => Ok(d.clone()),
+            Some(d) => present(d).map(|()| d.clone()),
             None => Ok(DeviceSelection::for_process()?.device),
         }
     }
+}
+
+/// Whether device `d` is here; if not, an error that names the devices that are.
+fn present(d: &DeviceName) -> Result<()> {
+    let DeviceName::Rdma { name, .. } = d else {
+        return Ok(());
+    };
+    let (mut here, why) = match mlx5::devices() {
+        Ok(list) => (list.into_iter().map(|i| i.name).collect::<Vec<_>>(), None),
+        Err(e) => (Vec::new(), Some(e)),
+    };
+    if here.contains(name) {
+        return Ok(());
+    }
+    here.insert(0, "soft".into());
+    let why = why.map(|e| format!(" ({e})")).unwrap_or_default();
+    bail!(
+        "device {d}: no such device; the devices here: {}{why}",
+        here.join(", ")
+    )
 }
 
 /// Opens `name` for a rank.

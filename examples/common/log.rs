@@ -8,9 +8,17 @@ use tracing_subscriber::EnvFilter;
 /// The variable that sets the log filter.
 pub const LOG_VAR: &str = "GDSYNC_LOG";
 
-/// Installs the subscriber. An invalid `GDSYNC_LOG` is an error.
+/// Installs the subscriber. An invalid `GDSYNC_LOG` is an error (`gdsync::env`'s rule: a
+/// misspelt level is not taken for a target).
 pub fn init(debug: bool) -> anyhow::Result<()> {
     let set = std::env::var(LOG_VAR).ok().filter(|v| !v.trim().is_empty());
+    if let Some(v) = &set {
+        // The rule's message alone ("GDSYNC_LOG=...: expected ..."), as the filter's own.
+        gdasync::gdsync::env::check_log_filter(LOG_VAR, v).map_err(|e| match e {
+            gdasync::gdsync::Error::InvalidArgument(m) => anyhow::anyhow!(m),
+            e => e.into(),
+        })?;
+    }
     let filter = match &set {
         Some(v) => EnvFilter::try_new(v)
             .map_err(|e| anyhow::anyhow!("{LOG_VAR}={v:?} is not a log filter: {e}"))?,

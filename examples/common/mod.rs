@@ -1,6 +1,7 @@
 //! What every example shares: the command-line vocabulary (value types, size and iteration
 //! parsing), start-up (logging, errors, exit codes), output that ends quietly on a closed
-//! pipe, JSON lines, run headers, progress on stderr and the local process launcher.
+//! pipe, JSON lines, run headers, the rule that marks a row noisy, progress on stderr and the
+//! local process launcher.
 //!
 //! Each example includes this module with `#[path]`; each uses a subset of it.
 #![allow(dead_code, unused_imports, unused_macros)]
@@ -12,6 +13,7 @@ pub mod iters;
 pub mod json;
 pub mod launch;
 pub mod log;
+pub mod noise;
 pub mod out;
 pub mod progress;
 pub mod sizes;

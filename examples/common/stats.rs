@@ -1,6 +1,9 @@
 //! Latency figures of one measurement, as perftest reports them: minimum, maximum, median
 //! (perftest's "typical"), mean, standard deviation, 99th and 99.9th percentiles of the half
-//! round trips; and the CPU time spent per iteration.
+//! round trips; the CPU time spent per iteration; and whether the row is noisy
+//! ([`super::noise`]).
+
+use super::noise;
 
 /// The figures of one size, in microseconds.
 #[derive(Clone, Debug, PartialEq)]
@@ -15,12 +18,16 @@ pub struct Stats {
     pub p99: f64,
     pub p999: f64,
     pub cpu_us_per_iter: f64,
+    /// Why the figures cannot be trusted, if they cannot ([`super::noise`]).
+    pub noisy: Option<String>,
 }
 
 impl Stats {
-    /// From the half round trips of `bytes`-byte messages (µs); `cpu` µs of CPU time per
-    /// iteration. No samples give NaNs (printed as `null` in JSON).
+    /// From the half round trips of `bytes`-byte messages (µs), in the order they were
+    /// taken; `cpu` µs of CPU time per iteration. No samples give NaNs (printed as `null` in
+    /// JSON).
     pub fn new(bytes: usize, mut half_rtts: Vec<f64>, cpu: f64) -> Stats {
+        let noisy = noise::blocks_disagree(&half_rtts);
         half_rtts.sort_by(f64::total_cmp);
         let n = half_rtts.len();
         let pct = |p: f64| match n {
@@ -40,7 +47,16 @@ impl Stats {
             p99: pct(0.99),
             p999: pct(0.999),
             cpu_us_per_iter: cpu,
+            noisy,
         }
+    }
+
+    /// These figures, marked noisy if the process was descheduled `switches` times while
+    /// they were taken ([`noise::descheduled`]).
+    pub fn with_switches(mut self, switches: u64) -> Stats {
+        let why = noise::descheduled(switches, self.iters as u64);
+        self.noisy = noise::verdict([self.noisy.take(), why]);
+        self
     }
 }
 

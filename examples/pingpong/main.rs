@@ -9,12 +9,12 @@
 //! size's row as soon as it is measured.
 //!
 //! ```text
-//! cargo run --release --example pingpong                       # soft device, threads
-//! cargo run --release --example pingpong -- --ranks-as procs --sizes 8,4K
-//! cargo run --release --example pingpong -- --raw --json
-//! cargo run --release --example pingpong -- --vs-raw --size 8 --iters 20000
-//! cargo run --release --example pingpong -- --duration 2 --size 8
-//! cargo run --release --example pingpong -- --api mp --trigger kernel --mem device
+//! cargo run --release --bin pingpong                       # soft device, threads
+//! cargo run --release --bin pingpong -- --ranks-as procs --sizes 8,4K
+//! cargo run --release --bin pingpong -- --raw --json
+//! cargo run --release --bin pingpong -- --vs-raw --size 8 --iters 20000
+//! cargo run --release --bin pingpong -- --duration 2 --size 8
+//! cargo run --release --bin pingpong -- --api mp --trigger kernel --mem device
 //! ```
 //!
 //! `--api mp` runs the same loop through the messaging layer (`mp::Comm`, send/receive with
@@ -39,6 +39,7 @@ use clap::{Parser, ValueEnum};
 use common::device::{is_rdma, open};
 use common::header::{cores, Header};
 use common::sizes::SizeArgs;
+use common::tool::usage;
 use common::{iters, name, one_of, DeviceArgs, Mem, RanksAs, ToolArgs, Trigger};
 use gdasync::gdsync::{DeviceName, LinkPolicy};
 use gdasync::mp::bootstrap::{Bootstrap, JobInfo, TcpBootstrap, ThreadBootstrap};
@@ -179,29 +180,32 @@ struct Args {
 impl Args {
     fn new(c: &Cli) -> Result<Args> {
         if c.ranks != 2 {
-            bail!(
+            return Err(usage(format!(
                 "--ranks {}: pingpong runs between 2 ranks (for more, see stencil2d)",
                 c.ranks
-            );
+            )));
         }
         let op = match (c.api, c.op) {
             (Api::Mp, Some(op)) if op != Op::Send => {
-                bail!("--api mp sends messages: --op {} does not apply", name(op))
+                let why = format!("--api mp sends messages: --op {} does not apply", name(op));
+                return Err(usage(why));
             }
             (Api::Mp, _) => Op::Send,
             (Api::Gdsync, op) => op.unwrap_or(Op::Write),
         };
         check_flags(c, op)?;
-        let sizes = check_sizes(c, op)?;
+        let sizes = check_sizes(c, op).map_err(usage)?;
+        let named = c.device.device.as_ref();
+        refuse_if(
+            c.shared_device && named.is_some_and(is_rdma),
+            SHARED_SOFT_ONLY,
+        )?;
         let device = if c.raw {
             DeviceName::Soft
         } else {
             c.device.resolve()?
         };
-        refuse_if(
-            c.shared_device && is_rdma(&device),
-            "--shared-device applies to the soft device (the ranks on an RDMA device share it already)",
-        )?;
+        refuse_if(c.shared_device && is_rdma(&device), SHARED_SOFT_ONLY)?;
         if c.trigger.gpu() && !c.host_stream {
             if let Err(e) = gdasync::gdsync::cuda::Cuda::get().and_then(|c| c.gpu(0).map(|_| ())) {
                 bail!("--trigger {} needs a CUDA GPU: {e}", name(c.trigger));
@@ -322,10 +326,14 @@ fn check_sizes(c: &Cli, op: Op) -> Result<Vec<usize>> {
     Ok(sizes)
 }
 
-/// An error saying `why` when a flag does not apply to the chosen mode.
+/// Why `--shared-device` does not go with an RDMA device.
+const SHARED_SOFT_ONLY: &str =
+    "--shared-device applies to the soft device (the ranks on an RDMA device share it already)";
+
+/// A [`usage`] error saying `why` when a flag does not apply to the chosen mode.
 fn refuse_if(refused: bool, why: &str) -> Result<()> {
     if refused {
-        bail!("{why}");
+        return Err(usage(why));
     }
     Ok(())
 }

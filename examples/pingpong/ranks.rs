@@ -5,6 +5,7 @@
 
 use super::wire::Wire;
 use super::{Args, MAX_SAMPLES};
+use crate::common::noise::involuntary_switches;
 use crate::common::stats::{cpu_time_us, Stats};
 use anyhow::{Context, Result};
 use gdasync::mp::bootstrap::Bootstrap;
@@ -49,6 +50,7 @@ pub(crate) fn run_rank<'w>(
         if let Some(f) = floor.as_deref_mut() {
             round_trips(rank, f, &mut j, size, warmup, None)?;
         }
+        let switches0 = involuntary_switches();
         let (samples, cpu, floor_samples) = match (args.duration, floor.as_deref_mut()) {
             (Some(d), _) => {
                 let cpu0 = cpu_time_us();
@@ -60,6 +62,7 @@ pub(crate) fn run_rank<'w>(
                 alternating(rank, w, f, (&mut i, &mut j), size, n)?
             }
         };
+        let switches = involuntary_switches().saturating_sub(switches0);
         let cpu = cpu / samples.len().max(1) as f64;
         w.drain()?;
         let mine = if own_cpu || rank == 0 { cpu } else { 0.0 };
@@ -72,7 +75,10 @@ pub(crate) fn run_rank<'w>(
                 .filter_map(|b| Some(f64::from_le_bytes(b.as_slice().try_into().ok()?)))
                 .sum();
             let floor = floor_samples.map(|s| Stats::new(size, s, 0.0));
-            emit(Stats::new(size, samples, total), floor)?;
+            emit(
+                Stats::new(size, samples, total).with_switches(switches),
+                floor,
+            )?;
         }
     }
     Ok(())

@@ -1,6 +1,8 @@
 //! pingpong's output: the header at once, then one row per size as soon as it is measured
 //! (a table, or with `--json` one object per line carrying the header's fields). With
-//! `--vs-raw`, each row adds the floor measured in the same run and the ratio to it.
+//! `--vs-raw`, each row adds the floor measured in the same run and the ratio to it. A row
+//! whose figures cannot be trusted ends with `noisy: why` (`"noisy": true` in JSON; the rule
+//! is in `common/noise.rs`).
 
 use crate::common::header::Header;
 use crate::common::json::{Object, Value};
@@ -65,7 +67,11 @@ impl Report {
                 .set("t_stdev_us", f(s.stdev))
                 .set("t_p99_us", f(s.p99))
                 .set("t_p999_us", f(s.p999))
-                .set("cpu_us_per_iter", f(s.cpu_us_per_iter));
+                .set("cpu_us_per_iter", f(s.cpu_us_per_iter))
+                .set("noisy", s.noisy.is_some());
+            if let Some(why) = &s.noisy {
+                o = o.set("noisy_why", why.as_str());
+            }
             if let Some(r) = floor {
                 o = o
                     .set("raw_p50_us", f(r.p50))
@@ -90,7 +96,10 @@ impl Report {
             if let Some(r) = floor {
                 cells.extend([f(r.p50), format!("{:.2}", s.p50 / r.p50)]);
             }
-            outln!("{}", row(&cells));
+            match &s.noisy {
+                Some(why) => outln!("{}   noisy: {why}", row(&cells)),
+                None => outln!("{}", row(&cells)),
+            }
         }
     }
 }

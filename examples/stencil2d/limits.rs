@@ -77,6 +77,24 @@ pub fn check(device: &DeviceName, ranks: usize, threads: bool, data_bytes: usize
     Ok(())
 }
 
+/// Ranks per core from which a run is said to be oversubscribed: a few ranks per core take
+/// turns without much loss (CI runs 4 on 2 cores), many do not.
+pub const RANKS_PER_CORE_WARNED: usize = 4;
+
+/// Why `ranks` ranks on `cores` cores will be slow, if they will: with many more ranks than
+/// cores, ranks that poll for their halos take turns on the scheduler, and an iteration can
+/// take tens of times longer (on a 2-core machine a new user saw 8 ms per iteration at 32
+/// thread ranks and 220–430 ms at 64).
+pub fn oversubscribed(ranks: usize, cores: usize) -> Option<String> {
+    (ranks > cores.saturating_mul(RANKS_PER_CORE_WARNED)).then(|| {
+        format!(
+            "{ranks} ranks on {cores} cores: ranks that wait for their halos take turns on the \
+             scheduler, so iterations can be many times slower than with a core per rank \
+             (fewer --ranks, or more cores)"
+        )
+    })
+}
+
 /// `MemAvailable` of /proc/meminfo, in bytes (None where there is no such file).
 fn mem_available() -> Option<usize> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -92,6 +110,16 @@ fn gib(b: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn more_ranks_than_cores_is_said() {
+        assert_eq!(oversubscribed(2, 2), None);
+        assert_eq!(oversubscribed(8, 2), None);
+        assert_eq!(oversubscribed(32, 64), None);
+        assert!(oversubscribed(9, 2).is_some());
+        let why = oversubscribed(64, 2).expect("said");
+        assert!(why.starts_with("64 ranks on 2 cores: "), "{why}");
+    }
 
     #[test]
     fn threads_share_one_device_processes_have_one_each() {

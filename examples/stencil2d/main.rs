@@ -20,9 +20,9 @@
 //! the final grids bit for bit.
 //!
 //! ```text
-//! cargo run --release --example stencil2d -- --ranks 4 --n 256 --check
-//! cargo run --release --example stencil2d -- --ranks 4 --ranks-as procs --check --json
-//! cargo run --release --example stencil2d -- --trigger stream --ranks 2 --sub 1024 --iters 1000
+//! cargo run --release --bin stencil2d -- --ranks 4 --n 256 --check
+//! cargo run --release --bin stencil2d -- --ranks 4 --ranks-as procs --check --json
+//! cargo run --release --bin stencil2d -- --trigger stream --ranks 2 --sub 1024 --iters 1000
 //! ```
 
 #[path = "../common/mod.rs"]
@@ -39,6 +39,7 @@ use common::device::open;
 use common::header::cores;
 use common::json::{Object, Value};
 use common::out::outln;
+use common::tool::usage;
 pub use common::Trigger;
 use common::{iters, name, DeviceArgs, RanksAs, ToolArgs};
 use gdasync::gdsync::{Device, DeviceName};
@@ -70,7 +71,7 @@ pub enum Overlap {
     /// One kernel per iteration, after the halos arrived: nothing overlaps the messages, but
     /// the GPU has a step (and, on a stream, a list of memory operations) less per iteration.
     Off,
-    /// `off` for blocks of up to [`OVERLAP_MIN_CELLS`] cells, `on` for larger ones.
+    /// `off` for blocks of fewer than 512×512 cells, `on` from 512×512 up.
     Auto,
 }
 
@@ -199,27 +200,27 @@ const MAX_RANKS: usize = 4096;
 impl Config {
     fn new(a: &Args) -> Result<Config> {
         if a.ranks == 0 {
-            bail!("--ranks must be at least 1");
+            return Err(usage("--ranks must be at least 1"));
         }
         if a.ranks > MAX_RANKS {
-            bail!("--ranks {}: at most {MAX_RANKS}", a.ranks);
+            return Err(usage(format!("--ranks {}: at most {MAX_RANKS}", a.ranks)));
         }
-        check_flags(a)?;
+        check_flags(a).map_err(usage)?;
         let (px, py) = grid::decompose(a.ranks);
         let (gx, gy) = match a.sub {
             Some(s) => (s.saturating_mul(px), s.saturating_mul(py)),
             None => (a.n, a.n),
         };
         if gx == 0 || gy == 0 {
-            bail!("the grid must have at least one cell (--n / --sub)");
+            return Err(usage("the grid must have at least one cell (--n / --sub)"));
         }
         if gx < px || gy < py {
-            bail!("a {gx} x {gy} grid cannot give each of {px} x {py} ranks a row and a column: use a larger --n or fewer --ranks");
+            return Err(usage(format!("a {gx} x {gy} grid cannot give each of {px} x {py} ranks a row and a column: use a larger --n or fewer --ranks")));
         }
         let (bx, by) = Layout::largest_block(gx, gy, px, py);
         let block_cells = bx.saturating_add(2).saturating_mul(by.saturating_add(2));
         if block_cells > MAX_BLOCK_CELLS {
-            bail!("blocks of {bx} x {by} cells are larger than this example allows ({MAX_BLOCK_CELLS} cells per grid)");
+            return Err(usage(format!("blocks of {bx} x {by} cells are larger than this example allows ({MAX_BLOCK_CELLS} cells per grid)")));
         }
         // Host memory for the grids: the CPU trigger's blocks (two grids per rank), and for
         // --check the gathered grid, its copies and the single-rank reference.
@@ -240,6 +241,11 @@ impl Config {
             a.ranks_as == RanksAs::Threads,
             grids.saturating_add(check),
         )?;
+        // MPI ranks may be spread over hosts: this host's cores say nothing about them.
+        let local = a.ranks_as != RanksAs::Mpi;
+        if let Some(why) = limits::oversubscribed(a.ranks, cores()).filter(|_| local) {
+            tracing::warn!("{why}");
+        }
         if a.trigger.gpu() {
             let c = gdasync::gdsync::cuda::Cuda::get()
                 .with_context(|| format!("--trigger {} needs a CUDA GPU", name(a.trigger)))?;
@@ -641,7 +647,7 @@ fn mpi(cfg: &Config) -> Result<()> {
 
 #[cfg(not(feature = "mpi"))]
 fn mpi(_: &Config) -> Result<()> {
-    bail!("--ranks-as mpi needs the mpi feature: cargo build --release --features mpi --example stencil2d, then mpirun -np R target/release/examples/stencil2d --ranks-as mpi --ranks R")
+    bail!("--ranks-as mpi needs the mpi feature: cargo build --release -p gdasync-examples --features mpi --bin stencil2d, then mpirun -np R target/release/stencil2d --ranks-as mpi --ranks R")
 }
 
 fn run(args: &Args) -> Result<()> {

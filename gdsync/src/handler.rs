@@ -23,14 +23,13 @@ pub enum NicHandler {
 impl NicHandler {
     /// The handler `GDSYNC_NIC_HANDLER` (auto | gpu | cpu) asks for; `None` for auto or unset.
     pub fn from_env() -> Result<Option<NicHandler>> {
-        match std::env::var("GDSYNC_NIC_HANDLER").as_deref() {
-            Err(_) | Ok("") | Ok("auto") => Ok(None),
-            Ok("gpu") => Ok(Some(NicHandler::Gpu)),
-            Ok("cpu") => Ok(Some(NicHandler::Cpu)),
-            Ok(other) => Err(Error::invalid(format!(
-                "GDSYNC_NIC_HANDLER={other}: expected auto, gpu or cpu"
-            ))),
-        }
+        Ok(
+            match crate::env::choice("GDSYNC_NIC_HANDLER", &["auto", "gpu", "cpu"])? {
+                Some("gpu") => Some(NicHandler::Gpu),
+                Some("cpu") => Some(NicHandler::Cpu),
+                _ => None,
+            },
+        )
     }
 
     /// The handler for a soft device, and why: `GDSYNC_NIC_HANDLER` if set, else the GPU

@@ -42,6 +42,7 @@ mod context;
 mod cq;
 pub mod cuda;
 mod device;
+pub mod env;
 mod error;
 pub mod exec;
 pub mod format;

@@ -678,6 +678,18 @@ pub fn launch_local(
     program: &std::path::Path,
     args: &[String],
 ) -> Result<Vec<std::process::Child>> {
+    launch_local_with(n, program, args, |_| {})
+}
+
+/// [`launch_local`], with `configure` applied to each rank's command before it starts (say,
+/// `stdout(Stdio::piped())` to capture what the ranks print instead of sharing this
+/// process's output).
+pub fn launch_local_with(
+    n: usize,
+    program: &std::path::Path,
+    args: &[String],
+    configure: impl Fn(&mut std::process::Command),
+) -> Result<Vec<std::process::Child>> {
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(io("pick a port"))?
@@ -692,6 +704,7 @@ pub fn launch_local(
                 .env("GDSYNC_SIZE", n.to_string())
                 .env("GDSYNC_ROOT", &root)
                 .env(SECRET_ENV, &secret);
+            configure(&mut cmd);
             die_with_parent(&mut cmd);
             let child = cmd
                 .spawn()

@@ -1,5 +1,6 @@
-//! The examples' binaries for the tests that run them: found where device-pack staged them, or
-//! built by cargo for the running test binary's profile; run under the tests' hang guard.
+//! The measuring programs' binaries (package `gdasync-examples`) for the tests that run them:
+//! found where device-pack staged them, or built by cargo for the running test binary's profile;
+//! run under the tests' hang guard.
 
 use super::output::GuardedOutput;
 use std::collections::BTreeMap;
@@ -7,10 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
-/// Example `name`'s binary: device-pack's staged copy where the tests were staged with it,
-/// otherwise built by cargo for this test binary's profile and target directory (cargo builds
-/// no example when one test target is run alone, builds the unit tests of an example with
-/// `test = true` instead of its binary, and may have left a stale binary). Built once per test
+/// Program `name`'s binary: device-pack's staged copy where the tests were staged with it,
+/// otherwise built by cargo for this test binary's profile and target directory (the programs
+/// are another package's binaries, which cargo does not build for this package's tests, and a
+/// binary left in the target directory may be stale). Built once per test
 /// process; panics with cargo's error where it cannot be built.
 pub fn path(name: &str) -> PathBuf {
     static BUILT: Mutex<BTreeMap<String, Result<PathBuf, String>>> = Mutex::new(BTreeMap::new());
@@ -36,8 +37,15 @@ fn find_or_build(name: &str) -> Result<PathBuf, String> {
     }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--example", name, "--manifest-path"])
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+    cmd.args([
+        "build",
+        "-p",
+        "gdasync-examples",
+        "--bin",
+        name,
+        "--manifest-path",
+    ])
+    .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
     match profile_dir.file_name().and_then(|p| p.to_str()) {
         Some("debug") => {}
         Some("release") => {
@@ -67,7 +75,7 @@ fn find_or_build(name: &str) -> Result<PathBuf, String> {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    let built = profile_dir.join("examples").join(name);
+    let built = profile_dir.join(name);
     if built.is_file() {
         Ok(built)
     } else {
@@ -75,7 +83,7 @@ fn find_or_build(name: &str) -> Result<PathBuf, String> {
     }
 }
 
-/// Runs example `name` (see [`path`]) with `args`: (success, stdout, stderr).
+/// Runs program `name` (see [`path`]) with `args`: (success, stdout, stderr).
 pub fn run(name: &str, args: &[&str]) -> (bool, String, String) {
     run_env(name, args, &[])
 }

@@ -212,14 +212,24 @@ fn usable_port(ctx: &Context, port: Option<u8>) -> std::result::Result<u8, RdmaE
     )))
 }
 
-/// Opens an RDMA device by name: checks it and its port, then hands it to the mlx5 data path.
-fn open_rdma(name: &str, port: Option<u8>, cuda: Option<Arc<Cuda>>) -> Result<Device> {
-    let on = |e: RdmaError| match e {
+/// What opening RDMA device `name` answers for `e`: a device not there names the one that
+/// always is (`soft`); an invalid argument is said once.
+fn open_error(name: &str, e: RdmaError) -> Error {
+    match e {
         RdmaError::LibraryMissing { .. } | RdmaError::LibraryTooOld { .. } => {
             Error::Unsupported(format!("{name}: {e}"))
         }
+        RdmaError::NoDevice(_) | RdmaError::UnknownDevice { .. } => {
+            Error::invalid(format!("{e}; the soft device is always there: soft"))
+        }
+        RdmaError::InvalidArgument(m) => Error::invalid(m),
         e => Error::invalid(e.to_string()),
-    };
+    }
+}
+
+/// Opens an RDMA device by name: checks it and its port, then hands it to the mlx5 data path.
+fn open_rdma(name: &str, port: Option<u8>, cuda: Option<Arc<Cuda>>) -> Result<Device> {
+    let on = |e: RdmaError| open_error(name, e);
     let ctx = Context::open(name).map_err(on)?;
     let port = usable_port(&ctx, port).map_err(on)?;
     drop(ctx);
@@ -359,6 +369,32 @@ mod tests {
             s.why,
             "no mlx5 port to use: no RDMA device: no mlx5 device found"
         );
+    }
+
+    #[test]
+    fn open_errors_say_invalid_argument_once_and_name_soft() {
+        let e = open_error(
+            "mlx5_0",
+            RdmaError::InvalidArgument("mlx5_0 has 1 port(s), not 7".into()),
+        );
+        assert_eq!(
+            e.to_string(),
+            "invalid argument: mlx5_0 has 1 port(s), not 7"
+        );
+        let e = open_error(
+            "x",
+            RdmaError::NoDevice("the kernel has no RDMA subsystem".into()),
+        );
+        assert_eq!(
+            e.to_string(),
+            "invalid argument: no RDMA device: the kernel has no RDMA subsystem; the soft device is always there: soft"
+        );
+        let unknown = RdmaError::UnknownDevice {
+            name: "mlx5_9".into(),
+            present: "mlx5_0".into(),
+        };
+        let e = open_error("mlx5_9", unknown).to_string();
+        assert!(e.contains("no RDMA device named \"mlx5_9\" (present: mlx5_0); the soft device is always there: soft"), "{e}");
     }
 
     #[test]

@@ -18,9 +18,9 @@ mod endpoint;
 
 pub(crate) use attr::{rnr_delay, transport_timeout};
 pub use attr::{DeviceAttr, LinkLayer, PortAttr, PortState};
-pub use endpoint::host_id;
 #[cfg(test)]
 pub(crate) use endpoint::fnv1a;
+pub use endpoint::host_id;
 pub(crate) use endpoint::{choose_link, link_reason, Here};
 pub use endpoint::{Endpoint, LinkKind, LinkPolicy, PortAddress};
 

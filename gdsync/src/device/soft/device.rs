@@ -406,7 +406,8 @@ impl Drop for SoftDevice {
 }
 
 /// Logs a new soft device: the first of the process at info level, with why no RDMA NIC is
-/// used (warn where one exists: this build drives none), the others at debug level.
+/// used or which are present (a soft device is always asked for, by `Device::soft`, by name or
+/// as the default where no mlx5 port is active: never a warning), the others at debug level.
 fn log_soft_device(name: &str) {
     static FIRST: AtomicBool = AtomicBool::new(true);
     if !FIRST.swap(false, Ordering::Relaxed) {
@@ -414,7 +415,7 @@ fn log_soft_device(name: &str) {
         return;
     }
     // The probe loads libibverbs: only when an event would be recorded.
-    if !tracing::enabled!(tracing::Level::WARN) {
+    if !tracing::enabled!(tracing::Level::INFO) {
         return;
     }
     match crate::probe::rdma() {
@@ -426,8 +427,8 @@ fn log_soft_device(name: &str) {
         ),
         crate::probe::RdmaStatus::Devices(d) => {
             let names: Vec<&str> = d.iter().map(|d| d.name.as_str()).collect();
-            tracing::warn!(
-                "{name}: soft device (a software NIC) created, though {} is present (Device::open or GDSYNC_DEVICE chooses an RDMA device)",
+            tracing::info!(
+                "{name}: soft device (a software NIC) created; {} is present too (Device::open or GDSYNC_DEVICE chooses an RDMA device)",
                 names.join(", ")
             );
         }
@@ -438,6 +439,8 @@ impl SoftDevice {
     /// A new soft device with its engine thread, its doorbell pages mapped for the GPUs of
     /// `gpus` (none: host memory only).
     pub(crate) fn new(gpus: Option<&Arc<crate::cuda::Cuda>>) -> Result<Arc<Self>> {
+        // A GDSYNC_SOFT_PROGRESS it does not take is an error here (crate::env's rule).
+        super::progress::setting_from_env()?;
         let dev = Self::spawn()?;
         dev.uars.lock().map_for(gpus);
         log_soft_device(&dev.label());

@@ -398,7 +398,10 @@ mod tests {
 
     #[test]
     fn uvemu_bindings_match_the_header() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../uverbs-emu/c/uvemu.h");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../test-support/uverbs-emu/c/uvemu.h"
+        );
         let header = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
         assert_eq!(
             crate::provider::fnv1a(&header),

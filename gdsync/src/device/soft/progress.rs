@@ -1,9 +1,11 @@
 //! Who runs a soft engine's rounds: its own thread, or the threads that post and poll.
 //!
 //! A NIC has its own processors; the soft device borrows the host's. With a core to spare,
-//! each engine's thread spins on its doorbells (the lowest latency). When the engines and
-//! the ranks' polling threads outnumber the cores, spinning engines take turns with the
-//! ranks on the scheduler and a round trip costs tens of microseconds. Then the process
+//! each engine's thread spins on its doorbells, so work no CPU thread of the process posts or
+//! polls (doorbells that streams and kernels ring, packets from other processes) is served at
+//! once. When the engines and the ranks' polling threads outnumber the cores, spinning engines
+//! take turns with the ranks on the scheduler and a round trip costs tens of microseconds.
+//! Then the process
 //! switches to **shared progress** (logged once at info level): a thread that rings a
 //! doorbell or finds nothing to poll runs the engine's rounds itself, as software RDMA
 //! providers progress on the caller's thread, and the engine threads nap between short
@@ -17,7 +19,10 @@
 //! control command (a modify) helps the engine without taking it.
 //!
 //! `GDSYNC_SOFT_PROGRESS=thread|shared|auto` chooses; `auto` (the default) shares when
-//! `cores < engines + 2` (an engine thread beside two polling ranks).
+//! `cores < engines + 2` (an engine thread beside two polling ranks). For CPU-driven loops
+//! shared progress measured faster than spinning engine threads on free cores
+//! (docs/benchmarks.md, "Soft device on few cores"); a value it does not take is an error
+//! when a soft device is created ([`crate::env`]).
 
 use super::engine::Engine;
 use super::watch::Watch;
@@ -111,25 +116,27 @@ thread_local! {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Setting {
+pub(crate) enum Setting {
     Auto,
     Thread,
     Shared,
 }
 
+/// `GDSYNC_SOFT_PROGRESS`'s setting, or the error for a value it does not take.
+pub(crate) fn setting_from_env() -> crate::Result<Setting> {
+    let v = crate::env::choice("GDSYNC_SOFT_PROGRESS", &["auto", "thread", "shared"])?;
+    Ok(match v {
+        Some("thread") => Setting::Thread,
+        Some("shared") => Setting::Shared,
+        _ => Setting::Auto,
+    })
+}
+
+/// The setting, read once (a soft device is never created under a value it does not take:
+/// see `SoftDevice::new`, so the default here is never used for one).
 fn setting() -> Setting {
     static S: OnceLock<Setting> = OnceLock::new();
-    *S.get_or_init(|| match std::env::var("GDSYNC_SOFT_PROGRESS").as_deref() {
-        Err(_) | Ok("") | Ok("auto") => Setting::Auto,
-        Ok("thread") => Setting::Thread,
-        Ok("shared") => Setting::Shared,
-        Ok(other) => {
-            tracing::warn!(
-                "GDSYNC_SOFT_PROGRESS={other:?} is not auto, thread or shared: using auto"
-            );
-            Setting::Auto
-        }
-    })
+    *S.get_or_init(|| setting_from_env().unwrap_or(Setting::Auto))
 }
 
 /// The cores this process may run on (affinity and cgroup quota included).
@@ -160,8 +167,8 @@ fn update_mode() {
         // mode in their headers.
         tracing::info!(
             "{why}: engines run on the posting and polling threads instead of spinning \
-             (latency is best with a free core per engine; GDSYNC_SOFT_PROGRESS=thread \
-             keeps spinning engine threads)"
+             (for CPU-driven loops the faster mode; doorbells rung by streams and kernels \
+             wait for an engine thread's next look, up to about a millisecond)"
         );
     }
 }

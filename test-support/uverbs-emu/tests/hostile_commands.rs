@@ -373,7 +373,7 @@ extern "C" fn stub_destroy_qp(_: i32, _: u32) {}
 
 /// The driver's HCA interface (`struct uvemu_hca_ops` and what it passes), as gdsync's soft
 /// device uses it: the bindings generated from uvemu.h, kept in gdsync.
-#[path = "../../gdsync/src/device/soft/uvemu_sys.rs"]
+#[path = "../../../gdsync/src/device/soft/uvemu_sys.rs"]
 #[allow(non_camel_case_types, dead_code, clippy::all)]
 mod uvemu_sys;
 use uvemu_sys::{uvemu_hca_ops, uvemu_hca_qp, uvemu_hca_rtr, uvemu_hca_rts};
@@ -477,7 +477,7 @@ fn fuzz_corpus_replays() {
     if in_child_under_emulator("fuzz_corpus_replays", "mlx5_0") {
         return;
     }
-    let fuzz = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
+    let fuzz = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz");
     let mut inputs = 0;
     let mut total = uverbs_emu::command_stream::Outcome::default();
     for dir in ["corpus/uverbs_commands", "seeds/uverbs_commands"] {

@@ -7,8 +7,8 @@
 //! preload in `UVEMU_PRELOAD` to compare side by side.
 //!
 //! ```text
-//! cargo run --release --example emulated_pins
-//! UVEMU_PRELOAD=/path/to/other/libuvemu.so cargo run --release --example emulated_pins
+//! cargo run --release -p gdasync-uverbs-emu --example emulated_pins
+//! UVEMU_PRELOAD=/path/to/other/libuvemu.so cargo run --release -p gdasync-uverbs-emu --example emulated_pins
 //! ```
 
 use gdsync::mlx5::{serve_emulated_driver, Context, QpCaps, RemoteQp, RtrAttr, RtsAttr};

@@ -1,0 +1,149 @@
+//! The one rule for gdasync's environment variables (`GDSYNC_*`): unset or empty means the
+//! default; any other value must be one the variable takes, or it is a one-line error that
+//! names the values it takes (never a warning, never a silent default).
+//!
+//! | variable | values |
+//! |---|---|
+//! | `GDSYNC_SOFT_PROGRESS` | `auto`, `thread`, `shared` |
+//! | `GDSYNC_SOFT_LINK` | `auto`, `shm`, `tcp` |
+//! | `GDSYNC_NIC_HANDLER` | `auto`, `gpu`, `cpu` |
+//! | `GDSYNC_DEVICE` | `soft`, an RDMA device (`mlx5_0`, `mlx5_0:1`) |
+//! | `GDSYNC_LOG` (the examples) | levels (`off`, `error`, `warn`, `info`, `debug`, `trace`) and `TARGET=LEVEL` directives |
+
+use crate::error::{Error, Result};
+
+/// The levels a log directive may name.
+pub const LOG_LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+
+/// `choices` as a sentence: `a, b or c`.
+pub fn one_of(choices: &[&str]) -> String {
+    match choices {
+        [] => String::new(),
+        [one] => (*one).to_string(),
+        [init @ .., last] => format!("{} or {last}", init.join(", ")),
+    }
+}
+
+/// The error for value `value` of variable `var`, which takes `expected`.
+pub fn invalid(var: &str, value: &str, expected: &str) -> Error {
+    Error::invalid(format!("{var}={value:?}: expected {expected}"))
+}
+
+/// `value` (variable `var`'s, `None` when unset) among `choices`: `None` when unset or empty
+/// (the default), the choice when it is one of them, else an error naming them.
+pub fn choice_of(
+    var: &str,
+    value: Option<&str>,
+    choices: &[&'static str],
+) -> Result<Option<&'static str>> {
+    let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    match choices.iter().find(|c| **c == v) {
+        Some(c) => Ok(Some(*c)),
+        None => Err(invalid(var, v, &one_of(choices))),
+    }
+}
+
+/// Variable `var` read from the environment, by [`choice_of`] (a value that is not Unicode is
+/// an error too).
+pub fn choice(var: &str, choices: &[&'static str]) -> Result<Option<&'static str>> {
+    choice_of(var, read(var)?.as_deref(), choices)
+}
+
+/// Variable `var`'s value; `None` when unset.
+fn read(var: &str) -> Result<Option<String>> {
+    match std::env::var(var) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(invalid(var, &v.to_string_lossy(), "text")),
+    }
+}
+
+/// Checks a log filter (`GDSYNC_LOG`, the syntax of tracing-subscriber's `EnvFilter`): each
+/// comma-separated directive is a level, or `TARGET=LEVEL`, or a target of gdasync's crates
+/// (`gdsync`, `mp`, `gdasync`, with any `::module` path) for every level. Anything else, such
+/// as a misspelt level (`wran`, which the filter would take as a target and so hide every
+/// warning), is an error naming the levels.
+pub fn check_log_filter(var: &str, value: &str) -> Result<()> {
+    let expected = || {
+        format!(
+            "comma-separated levels ({}) or TARGET=LEVEL directives",
+            one_of(&LOG_LEVELS)
+        )
+    };
+    for d in value.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let level = match d.split_once('=') {
+            Some((target, level)) if !target.is_empty() => level,
+            Some(_) => return Err(invalid(var, value, &expected())),
+            None if ours(d) => continue,
+            None => d,
+        };
+        if !LOG_LEVELS.contains(&level.to_ascii_lowercase().as_str()) {
+            return Err(invalid(var, value, &expected()));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `target` names one of gdasync's crates or a module in one.
+fn ours(target: &str) -> bool {
+    let krate = target.split("::").next().unwrap_or("");
+    ["gdsync", "mp", "gdasync"].contains(&krate)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unset_or_empty_is_the_default_and_a_choice_is_itself() {
+        let c = ["auto", "thread", "shared"];
+        assert_eq!(choice_of("V", None, &c).unwrap(), None);
+        assert_eq!(choice_of("V", Some(""), &c).unwrap(), None);
+        assert_eq!(choice_of("V", Some(" "), &c).unwrap(), None);
+        assert_eq!(choice_of("V", Some("thread"), &c).unwrap(), Some("thread"));
+    }
+
+    #[test]
+    fn anything_else_is_one_line_naming_the_choices() {
+        let e = choice_of(
+            "GDSYNC_SOFT_PROGRESS",
+            Some("threads"),
+            &["auto", "thread", "shared"],
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "invalid argument: GDSYNC_SOFT_PROGRESS=\"threads\": expected auto, thread or shared"
+        );
+        assert_eq!(one_of(&["a"]), "a");
+        assert_eq!(one_of(&["a", "b"]), "a or b");
+    }
+
+    #[test]
+    fn log_filters_take_levels_directives_and_our_targets() {
+        for ok in [
+            "debug",
+            "WARN",
+            "warn,gdsync::device=debug",
+            "gdsync",
+            "mp::comm",
+            "gdsync::device::soft=trace,info",
+            "",
+        ] {
+            assert!(check_log_filter("GDSYNC_LOG", ok).is_ok(), "{ok:?}");
+        }
+        for bad in ["wran", "warn,dbug", "gdsync=loud", "=debug", "tokio"] {
+            let e = check_log_filter("GDSYNC_LOG", bad).unwrap_err().to_string();
+            assert!(
+                e.contains(
+                    "expected comma-separated levels (off, error, warn, info, debug or trace)"
+                ),
+                "{bad:?}: {e}"
+            );
+            assert_eq!(e.lines().count(), 1, "{e}");
+        }
+    }
+}
