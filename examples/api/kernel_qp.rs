@@ -18,7 +18,7 @@ extern "C" __global__ void write_once(gds_qp q, uint64_t src, uint32_t lkey, uin
     gds_wc wc;
     int rc = gds_qp_post_send(&q, GDS_OP_RDMA_WRITE, src, lkey, len, raddr, rkey, 0, GDS_SIGNALED);
     if (rc == GDS_OK) rc = gds_cq_wait(&q.send_cq, &wc, 5000000000ull);
-    *(volatile int64_t *)out = rc;
+    *(volatile long long *)out = rc;
     __threadfence_system();
 }
 "#;
@@ -34,7 +34,11 @@ fn main() -> Result<()> {
     let dev = Device::soft()?;
     let pd = dev.alloc_pd();
     // A device QP has CQs of its own: the kernel polls them.
-    let (scq, rcq, cq_b) = (dev.create_cq(16)?, dev.create_cq(16)?, dev.create_cq(16)?);
+    let (scq, rcq, cq_b) = (
+        dev.create_cq(256)?,
+        dev.create_cq(256)?,
+        dev.create_cq(256)?,
+    );
     let mut a = pd.create_qp(&scq, &rcq, &QpConfig::default())?;
     let mut b = pd.create_qp(&cq_b, &cq_b, &QpConfig::default())?;
     a.connect(&b.endpoint())?;
