@@ -10,14 +10,17 @@
 
 mod common;
 
+#[path = "../mp/tests/support/mod.rs"]
+mod support;
 use common::gpu::gpu;
 use gdasync::gdsync::cuda::CudaStream;
 use gdasync::gdsync::ops::WaitCond;
-use gdasync::gdsync::{Access, Cq, Device, PinnedBuffer, Qp, QpConfig, SendWr, SignalWords};
+use gdasync::gdsync::{Access, Device, PinnedBuffer, SendWr, SignalWords};
 use gdasync::mp::bootstrap::ThreadBootstrap;
 use gdasync::mp::Comm;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
+use support::pair;
 
 /// A drop that takes longer than this waited for the gated stream.
 const PROMPT: Duration = Duration::from_secs(1);
@@ -60,18 +63,6 @@ impl Gated {
         assert_eq!(self.done.load32(0), 1, "the stream ran {what}");
         self.stream.synchronize().unwrap();
     }
-}
-
-/// Two connected QPs, each with a send and a receive CQ, on one soft device.
-fn pair(dev: &Device) -> (Qp, Cq, Cq, Qp, Cq, Cq) {
-    let pd = dev.alloc_pd();
-    let cqs = || (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
-    let ((s0, r0), (s1, r1)) = (cqs(), cqs());
-    let mut q0 = pd.create_qp(&s0, &r0, &QpConfig::default()).unwrap();
-    let mut q1 = pd.create_qp(&s1, &r1, &QpConfig::default()).unwrap();
-    q0.connect(&q1.endpoint()).unwrap();
-    q1.connect(&q0.endpoint()).unwrap();
-    (q0, s0, r0, q1, s1, r1)
 }
 
 /// A committed send's doorbell stores wait behind the gate; the QP and its CQs go first.

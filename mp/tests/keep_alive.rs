@@ -3,13 +3,15 @@
 //! writes) live memory, never freed memory. CI runs this
 //! file under AddressSanitizer as well (`.ci/run`), where a read of freed memory aborts.
 
+mod support;
 use gdsync::exec::HostStream;
 use gdsync::ops::WaitCond;
-use gdsync::{Access, Cq, Device, PinnedBuffer, Qp, QpConfig, SendWr, SignalWords};
+use gdsync::{Access, Device, PinnedBuffer, SendWr, SignalWords};
 use mp::bootstrap::ThreadBootstrap;
 use mp::Comm;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
+use support::pair;
 
 /// How long the stream's wait polls the dropped communicator's memory before giving up.
 const WAIT: Duration = Duration::from_millis(300);
@@ -123,18 +125,6 @@ fn memory_region_dropped_while_a_stream_waits_on_its_memory() {
     drop(buf);
     drop(pd);
     wait_still_pending_then_times_out(&stream);
-}
-
-/// Two connected QPs, each with a send and a receive CQ, on one soft device.
-fn pair(dev: &Device) -> (Qp, Cq, Cq, Qp, Cq, Cq) {
-    let pd = dev.alloc_pd();
-    let cqs = || (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
-    let ((s0, r0), (s1, r1)) = (cqs(), cqs());
-    let mut q0 = pd.create_qp(&s0, &r0, &QpConfig::default()).unwrap();
-    let mut q1 = pd.create_qp(&s1, &r1, &QpConfig::default()).unwrap();
-    q0.connect(&q1.endpoint()).unwrap();
-    q1.connect(&q0.endpoint()).unwrap();
-    (q0, s0, r0, q1, s1, r1)
 }
 
 /// A completion queue: the stream waits for a completion that never comes (nothing was
