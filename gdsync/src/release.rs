@@ -19,11 +19,18 @@ use std::time::{Duration, Instant};
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// The releases not run yet, and how many are running (0 or 1).
+/// The releases not run yet, and whether one is running.
 #[derive(Default)]
 struct Pending {
     jobs: VecDeque<Job>,
-    running: usize,
+    running: bool,
+}
+
+impl Pending {
+    /// Whether a release is queued or running.
+    fn busy(&self) -> bool {
+        self.running || !self.jobs.is_empty()
+    }
 }
 
 struct Releaser {
@@ -55,11 +62,11 @@ fn run(r: &Releaser) {
             while p.jobs.is_empty() {
                 r.changed.wait(&mut p);
             }
-            p.running = 1;
+            p.running = true;
             p.jobs.pop_front().expect("not empty")
         };
         job();
-        r.pending.lock().running = 0;
+        r.pending.lock().running = false;
         r.changed.notify_all();
     }
 }
@@ -80,10 +87,7 @@ pub(crate) fn later(job: impl FnOnce() + Send + 'static) {
 /// someone else owns, whose owner a queued release may still need) goes through the queue too.
 pub(crate) fn pending() -> bool {
     match RELEASER.get() {
-        Some(Some(r)) => {
-            let p = r.pending.lock();
-            !p.jobs.is_empty() || p.running != 0
-        }
+        Some(Some(r)) => r.pending.lock().busy(),
         _ => false,
     }
 }
@@ -96,9 +100,9 @@ pub fn settle(timeout: Duration) -> bool {
     let Some(r) = releaser() else { return true };
     let end = Instant::now() + timeout;
     let mut p = r.pending.lock();
-    while !p.jobs.is_empty() || p.running != 0 {
+    while p.busy() {
         if r.changed.wait_until(&mut p, end).timed_out() {
-            return p.jobs.is_empty() && p.running == 0;
+            return !p.busy();
         }
     }
     true
