@@ -1,0 +1,209 @@
+//! The doctor: what works on this machine for GPUDirect Async, checked step by step, with the
+//! fix for what does not. Run it first on a new machine, and paste its output (`--json` for
+//! a script or a bug report) when something fails.
+//!
+//! ```text
+//! cargo run --release --bin doctor
+//! cargo run --release --bin doctor -- --json
+//! ```
+//!
+//! Each step is one line: OK, WARN, FAIL or SKIP (could not run here: not a pass), the step,
+//! what it is about (`host`, `GPU 0`, a device and port), the measured value, and on anything
+//! but OK the fix in one sentence. In order: rdma-core, devices and ports, `ulimit -l`, the
+//! GPU and driver, GPU memory registration, the GPU's mapping of the doorbell page, inbound
+//! write ordering, then loopback writes on each active port (CPU-posted, stream-triggered
+//! and kernel-initiated, into host and GPU memory, each checked byte for byte and timed), and
+//! the verdict for each port. Without an RDMA device the loopback runs on the soft device.
+//! Exit status: 0 when no step failed, 1 when one did, 2 for a wrong command line.
+
+#[path = "../common/mod.rs"]
+mod common;
+mod loopback;
+mod machine;
+mod step;
+mod uar;
+mod verdict;
+
+use anyhow::{bail, Result};
+use clap::Parser;
+use common::cli::{Mem, Trigger};
+use common::json::{array, Object};
+use common::out::outln;
+use common::rdma::RdmaDevice;
+use common::ToolArgs;
+use gdasync::gdsync::cuda::{nvrtc_available, Cuda};
+use gdasync::gdsync::mlx5::PortState as RdmaPortState;
+use gdasync::gdsync::Device;
+use std::process::ExitCode;
+use step::{Status, Step};
+
+#[derive(Parser)]
+#[command(
+    name = "doctor",
+    version,
+    about = "What works on this machine for GPUDirect Async, step by step, with the fix for what does not (exit status 1 when a step fails)"
+)]
+struct Args {
+    /// One JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Writes per loopback step (the p50 is of these).
+    #[arg(long, default_value_t = 2000, value_parser = common::iters::count(64, 1_000_000))]
+    writes: u64,
+    #[command(flatten)]
+    tool: ToolArgs,
+}
+
+/// The steps so far, printed as they come (text) or at the end (JSON).
+struct Report {
+    json: bool,
+    steps: Vec<Step>,
+}
+
+impl Report {
+    fn add(&mut self, s: Step) {
+        if !self.json {
+            outln!("{}", s.line());
+        }
+        self.steps.push(s);
+    }
+    fn count(&self, st: Status) -> usize {
+        self.steps.iter().filter(|s| s.status == st).count()
+    }
+}
+
+/// The loopback combinations, in the order they run.
+const LOOPS: [(Trigger, Mem); 6] = [
+    (Trigger::Cpu, Mem::Host),
+    (Trigger::Cpu, Mem::Device),
+    (Trigger::Stream, Mem::Host),
+    (Trigger::Stream, Mem::Device),
+    (Trigger::Kernel, Mem::Host),
+    (Trigger::Kernel, Mem::Device),
+];
+
+/// The device ports the loopback runs on: every active port of every RDMA device, or the
+/// soft device where there is none.
+fn targets(rdma: &Result<Vec<RdmaDevice>, gdasync::gdsync::mlx5::RdmaError>) -> Vec<String> {
+    let mut t = Vec::new();
+    for d in rdma.iter().flatten() {
+        if let Ok((_, ports)) = &d.query {
+            t.extend(
+                ports
+                    .iter()
+                    .filter(|p| p.info.state == RdmaPortState::Active)
+                    .map(|p| format!("{}:{}", d.name, p.info.port)),
+            );
+        }
+    }
+    if t.is_empty() {
+        t.push("soft".into());
+    }
+    t
+}
+
+/// One loopback step on `dev` (`about`).
+fn loop_step(about: &str, dev: &Device, t: Trigger, m: Mem, writes: usize, gpu: bool) -> Step {
+    let name = format!(
+        "loopback {} write -> {} memory",
+        common::name(t),
+        if m == Mem::Host { "host" } else { "GPU" }
+    );
+    if let Some(why) = loopback::cannot_run(t, m, gpu, nvrtc_available()) {
+        return Step::new(Status::Skip, &name, about, why, "");
+    }
+    let fix = "fix what the message names; if it is unclear, send this output with --json (docs/hardware.md, First light)";
+    match loopback::run(dev, t, m, writes) {
+        Err(e) => Step::new(Status::Fail, &name, about, format!("{e:#}"), fix),
+        Ok(o) => match o.mismatch {
+            Some((at, sent, got)) => Step::new(
+                Status::Fail,
+                &name,
+                about,
+                format!("{} writes completed but byte {at} differs: sent {sent:#04x}, landed {got:#04x}", o.writes),
+                fix,
+            ),
+            None => Step::ok(
+                &name,
+                about,
+                format!(
+                    "p50 {:.2} us post to completion, {} writes of 64 B, 4096 B checked",
+                    o.p50_us, o.writes
+                ),
+            ),
+        },
+    }
+}
+
+fn run(args: &Args) -> Result<()> {
+    let mut r = Report {
+        json: args.json,
+        steps: Vec::new(),
+    };
+    if !args.json {
+        outln!(
+            "gdasync {} doctor: status, step, [what it is about], measured value -- fix",
+            env!("CARGO_PKG_VERSION")
+        );
+    }
+    let cuda = Cuda::get().map(|c| &**c).map_err(|e| e.to_string());
+    let rdma = RdmaDevice::probe();
+    r.add(machine::rdma_core(&rdma));
+    machine::ports(&rdma).into_iter().for_each(|s| r.add(s));
+    r.add(machine::memlock());
+    r.add(machine::gpu(&cuda));
+    r.add(machine::dma_buf(&cuda));
+    let gpu = cuda.as_ref().is_ok_and(|c| !c.gpus.is_empty());
+    let mut opened = Vec::new();
+    for about in targets(&rdma) {
+        match Device::open(&about) {
+            Ok(dev) => {
+                let (s, handler) = uar::step(&about, &dev, cuda.as_ref().ok().copied());
+                r.add(s);
+                opened.push((about, dev, handler));
+            }
+            Err(e) => r.add(Step::new(
+                Status::Fail,
+                "open the device",
+                &about,
+                e.to_string(),
+                "see the device and port step above",
+            )),
+        }
+    }
+    r.add(machine::flush(&cuda));
+    let writes = args.writes as usize;
+    for (about, dev, handler) in &opened {
+        let start = r.steps.len();
+        for (t, m) in LOOPS {
+            r.add(loop_step(about, dev, t, m, writes, gpu));
+        }
+        let v = verdict::of(about, &r.steps[start..], *handler, gpu);
+        r.add(v);
+    }
+    let (fails, warns, skips) = (
+        r.count(Status::Fail),
+        r.count(Status::Warn),
+        r.count(Status::Skip),
+    );
+    if args.json {
+        let o = Object::new()
+            .set("version", env!("CARGO_PKG_VERSION"))
+            .set("fail", fails)
+            .set("warn", warns)
+            .set("skip", skips)
+            .set("steps", array(r.steps.iter().map(Step::json)));
+        outln!("{o}");
+    } else {
+        outln!("doctor: {fails} FAIL, {warns} WARN, {skips} SKIP");
+    }
+    if fails > 0 {
+        bail!("{fails} step(s) failed: see the FAIL lines and their fixes");
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    args.tool.run(|| run(&args))
+}
