@@ -102,37 +102,42 @@ fn targets(rdma: &Result<Vec<RdmaDevice>, gdasync::gdsync::mlx5::RdmaError>) -> 
     t
 }
 
+/// The loopback step's name for trigger `t` into memory `m`.
+fn loop_name(t: Trigger, m: Mem) -> String {
+    let mem = if m == Mem::Host { "host" } else { "GPU" };
+    format!("loopback {} write -> {mem} memory", common::name(t))
+}
+
 /// One loopback step on `dev` (`about`).
 fn loop_step(about: &str, dev: &Device, t: Trigger, m: Mem, writes: usize, gpu: bool) -> Step {
-    let name = format!(
-        "loopback {} write -> {} memory",
-        common::name(t),
-        if m == Mem::Host { "host" } else { "GPU" }
-    );
+    let name = loop_name(t, m);
     if let Some(why) = loopback::cannot_run(t, m, gpu, nvrtc_available()) {
         return Step::new(Status::Skip, &name, about, why, "");
     }
+    judge(&name, about, loopback::run(dev, t, m, writes))
+}
+
+/// A loopback's step: FAIL on an error or on any byte that differs, else OK with the p50.
+fn judge(name: &str, about: &str, r: Result<loopback::Outcome>) -> Step {
     let fix = "fix what the message names; if it is unclear, send this output with --json (docs/hardware.md, First light)";
-    match loopback::run(dev, t, m, writes) {
-        Err(e) => Step::new(Status::Fail, &name, about, format!("{e:#}"), fix),
-        Ok(o) => match o.mismatch {
-            Some((at, sent, got)) => Step::new(
-                Status::Fail,
-                &name,
-                about,
-                format!("{} writes completed but byte {at} differs: sent {sent:#04x}, landed {got:#04x}", o.writes),
-                fix,
-            ),
-            None => Step::ok(
-                &name,
-                about,
-                format!(
-                    "p50 {:.2} us post to completion, {} writes of 64 B, 4096 B checked",
-                    o.p50_us, o.writes
-                ),
-            ),
-        },
+    let o = match r {
+        Err(e) => return Step::new(Status::Fail, name, about, format!("{e:#}"), fix),
+        Ok(o) => o,
+    };
+    if let Some((at, sent, got)) = o.mismatch {
+        let v = format!(
+            "{} writes completed but byte {at} differs: sent {sent:#04x}, landed {got:#04x}",
+            o.writes
+        );
+        return Step::new(Status::Fail, name, about, v, fix);
     }
+    let v = format!(
+        "p50 {:.2} us post to completion, {} writes of 64 B, 4096 B checked",
+        o.p50_us, o.writes
+    );
+    let mut s = Step::ok(name, about, v);
+    s.p50_us = Some(o.p50_us);
+    s
 }
 
 fn run(args: &Args) -> Result<()> {
@@ -206,4 +211,36 @@ fn run(args: &Args) -> Result<()> {
 fn main() -> ExitCode {
     let args = Args::parse();
     args.tool.run(|| run(&args))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(mismatch: Option<(usize, u8, u8)>) -> Result<loopback::Outcome> {
+        Ok(loopback::Outcome {
+            p50_us: 1.5,
+            writes: 2000,
+            mismatch,
+        })
+    }
+
+    #[test]
+    fn a_byte_that_differs_fails_the_step_and_an_error_too() {
+        let name = loop_name(Trigger::Stream, Mem::Device);
+        assert_eq!(name, "loopback stream write -> GPU memory");
+        let ok = judge(&name, "mlx5_0:1", outcome(None));
+        assert_eq!((ok.status, ok.p50_us), (Status::Ok, Some(1.5)));
+        let bad = judge(&name, "mlx5_0:1", outcome(Some((77, 0x31, 0x00))));
+        assert_eq!(bad.status, Status::Fail);
+        assert!(
+            bad.value
+                .contains("byte 77 differs: sent 0x31, landed 0x00"),
+            "{}",
+            bad.value
+        );
+        assert!(!bad.fix.is_empty() && bad.p50_us.is_none());
+        let err = judge(&name, "soft", Err(anyhow::anyhow!("write 3: timed out")));
+        assert_eq!(err.status, Status::Fail);
+    }
 }

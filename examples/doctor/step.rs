@@ -3,7 +3,7 @@
 //! anything but OK, what to do in one sentence; printed as one line of text or one JSON
 //! object.
 
-use crate::common::json::Object;
+use crate::common::json::{Object, Value};
 
 /// How a step went.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +42,8 @@ pub struct Step {
     pub value: String,
     /// What to do, one sentence (empty on OK).
     pub fix: String,
+    /// A loopback's median, µs (also in `value`), for scripts.
+    pub p50_us: Option<f64>,
 }
 
 impl Step {
@@ -63,6 +65,7 @@ impl Step {
             status,
             value: value.into(),
             fix: fix.into(),
+            p50_us: None,
         }
     }
 
@@ -83,12 +86,16 @@ impl Step {
     }
 
     pub fn json(&self) -> Object {
-        Object::new()
+        let o = Object::new()
             .set("step", self.name.as_str())
             .set("about", self.about.as_str())
             .set("status", self.status.word())
             .set("value", self.value.as_str())
-            .set("fix", self.fix.as_str())
+            .set("fix", self.fix.as_str());
+        match self.p50_us {
+            Some(p) => o.set("p50_us", Value::Fixed(p, 3)),
+            None => o,
+        }
     }
 }
 
