@@ -64,24 +64,31 @@ impl RdmaDevice {
         }
     }
 
+    /// The devices, each port with the GID gdsync's automatic choice picks.
     pub fn probe() -> Result<Vec<RdmaDevice>, RdmaError> {
+        Self::probe_with_gid(None)
+    }
+
+    /// The devices, each port with GID entry `wanted` (as `GDSYNC_GID_INDEX` asks), else
+    /// the automatic choice.
+    pub fn probe_with_gid(wanted: Option<u32>) -> Result<Vec<RdmaDevice>, RdmaError> {
         Ok(mlx5::devices()?
             .into_iter()
             .map(|d| RdmaDevice {
-                query: Self::query(&d.name),
+                query: Self::query(&d.name, wanted),
                 name: d.name,
             })
             .collect())
     }
 
-    pub fn query(name: &str) -> Result<(DeviceLimits, Vec<RdmaPort>), RdmaError> {
+    fn query(name: &str, wanted: Option<u32>) -> Result<(DeviceLimits, Vec<RdmaPort>), RdmaError> {
         let ctx = Context::open(name)?;
         let limits = ctx.query_device()?;
         let ports = (1..=limits.phys_port_cnt)
             .map(|p| {
                 Ok(RdmaPort {
                     info: ctx.query_port(p)?,
-                    gid: ctx.choose_gid(p, None),
+                    gid: ctx.choose_gid(p, wanted),
                 })
             })
             .collect::<Result<_, RdmaError>>()?;

@@ -152,7 +152,12 @@ fn run(args: &Args) -> Result<()> {
         );
     }
     let cuda = Cuda::get().map(|c| &**c).map_err(|e| e.to_string());
-    let rdma = RdmaDevice::probe();
+    // The GID connections will use: the entry GDSYNC_GID_INDEX names (a value that is no
+    // index fails the device's opening below, with the library's error), else the automatic one.
+    let gid = std::env::var("GDSYNC_GID_INDEX")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let rdma = RdmaDevice::probe_with_gid(gid);
     r.add(machine::rdma_core(&rdma));
     machine::ports(&rdma).into_iter().for_each(|s| r.add(s));
     r.add(machine::memlock());
