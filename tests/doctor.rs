@@ -200,15 +200,12 @@ fn clean_under_the_emulated_driver_on_each_port() {
     }
 }
 
-/// On the GPU machine, under the emulated driver: every loopback runs and checks out, the GPU
-/// rings the emulated doorbell page itself.
-#[test]
-#[ignore = "needs a CUDA GPU and rdma-core: GDSYNC_TEST_CUDA=1 cargo test --release --test doctor -- --include-ignored"]
-fn every_step_runs_on_a_gpu() {
-    let _gpu = common::gpu::gpu();
-    let emu = common::emulator("mlx5_0");
-    let out = doctor(true).envs(emu.env()).guarded_output();
+/// Every loopback step of the doctor run `cmd` on a GPU went OK; its output, printed for
+/// docs/hardware.md (`--show-output`).
+fn every_loopback_ok(what: &str, cmd: &mut Command) -> Vec<(String, String, String, String)> {
+    let out = cmd.guarded_output();
     let (o, e) = (text(&out.stdout), text(&out.stderr));
+    println!("---- the doctor {what}:\n{o}");
     assert!(out.status.success(), "{o}\n{e}");
     let s = steps(&out);
     for w in PORT_STEPS {
@@ -218,19 +215,30 @@ fn every_step_runs_on_a_gpu() {
             .unwrap_or_else(|| panic!("{w}:\n{o}"));
         assert_eq!(x.0, "OK", "{w}:\n{o}");
     }
-    let uar = s
-        .iter()
-        .find(|x| x.1 == MACHINE_STEPS[5])
-        .expect("the doorbell step");
-    assert!(
-        uar.3.contains("ordinary memory: emulated driver") && uar.3.contains("the GPU rings"),
-        "{o}"
-    );
     let gpu = s
         .iter()
         .find(|x| x.1 == "GPU and driver")
         .expect("the GPU step");
     assert_ne!(gpu.0, "SKIP", "{o}");
+    s
+}
+
+/// On the GPU machine, on the soft device and under the emulated driver: every loopback
+/// (CPU, stream, kernel; host and GPU memory) runs and checks out, and the GPU rings the
+/// emulated doorbell page itself.
+#[test]
+#[ignore = "needs a CUDA GPU and rdma-core: GDSYNC_TEST_CUDA=1 cargo test --release --test doctor -- --include-ignored --show-output"]
+fn every_step_runs_on_a_gpu() {
+    let _gpu = common::gpu::gpu();
+    every_loopback_ok("on this machine", &mut doctor(true));
+    let emu = common::emulator("mlx5_0");
+    let s = every_loopback_ok("under the emulated driver", doctor(true).envs(emu.env()));
+    let uar = s
+        .iter()
+        .find(|x| x.1 == MACHINE_STEPS[5])
+        .expect("the doorbell step");
+    let (a, b) = ("ordinary memory: emulated driver", "the GPU rings");
+    assert!(uar.3.contains(a) && uar.3.contains(b), "{uar:?}");
 }
 
 /// The doctor's kernel compiles as CUDA (`common::clang::check_cuda`): CI has no GPU and no
