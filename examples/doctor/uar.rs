@@ -43,12 +43,11 @@ pub fn emulated() -> bool {
 /// Step 6 for the device `about` (`soft`, `mlx5_0:1`) opened as `dev`.
 pub fn step(about: &str, dev: &Device, cuda: Option<&Cuda>) -> (Step, Option<NicHandler>) {
     let rdma = about != "soft";
-    let memory = if !rdma {
-        "soft device: the doorbell page is pinned host memory"
-    } else if emulated() {
-        "ordinary memory: emulated driver"
-    } else {
-        "I/O memory of the HCA"
+    let emulated = rdma && emulated();
+    let memory = match (rdma, emulated) {
+        (false, _) => "soft device: the doorbell page is pinned host memory",
+        (true, true) => "ordinary memory: emulated driver",
+        (true, false) => "I/O memory of the HCA",
     };
     let Some(cuda) = cuda.filter(|c| !c.gpus.is_empty()) else {
         return (
@@ -69,28 +68,37 @@ pub fn step(about: &str, dev: &Device, cuda: Option<&Cuda>) -> (Step, Option<Nic
             return (s, None);
         }
     };
+    let asked_cpu = std::env::var("GDSYNC_NIC_HANDLER").is_ok_and(|v| v == "cpu");
+    let registration = match (rdma, emulated, h, asked_cpu) {
+        (false, ..) => "registered as pinned host memory",
+        (true, true, ..) => "registered plainly (IOMEMORY is for device memory)",
+        (true, false, _, true) => "not needed (GDSYNC_NIC_HANDLER=cpu)",
+        (true, false, NicHandler::Gpu, false) => "IOMEMORY registration accepted",
+        (true, false, NicHandler::Cpu, false) => "IOMEMORY registration refused",
+    };
     let addr = if cuda.host_pointers_are_device_pointers() {
         "device pointer: the host address (unified addressing)"
     } else {
         "device pointer: differs from the host address"
     };
-    let pmo = peer_mapping_override();
-    let asked = std::env::var("GDSYNC_NIC_HANDLER").ok();
-    let value = |who: &str| {
-        format!("{memory}; {addr}; PeerMappingOverride {pmo}; {who} rings for streams and kernels")
+    let who = match h {
+        NicHandler::Gpu => "the GPU",
+        NicHandler::Cpu => "the CPU proxy",
     };
-    let s = match (h, asked.as_deref()) {
-        (NicHandler::Gpu, _) => Step::ok(NAME, about, value("the GPU")),
-        (NicHandler::Cpu, Some("cpu")) => {
-            Step::ok(NAME, about, value("the CPU proxy (GDSYNC_NIC_HANDLER=cpu)"))
-        }
-        (NicHandler::Cpu, _) => Step::new(
+    let value = format!(
+        "{memory}; {registration}; {addr}; PeerMappingOverride {}; {who} rings for streams and kernels",
+        peer_mapping_override()
+    );
+    let s = if h == NicHandler::Gpu || asked_cpu {
+        Step::ok(NAME, about, value)
+    } else {
+        Step::new(
             Status::Warn,
             NAME,
             about,
-            value("the CPU proxy (IOMEMORY registration refused)"),
+            value,
             "load the nvidia module with NVreg_RegistryDwords=\"PeerMappingOverride=1\" (options nvidia in /etc/modprobe.d, then reload it) so the GPU may map the HCA's page",
-        ),
+        )
     };
     (s, Some(h))
 }

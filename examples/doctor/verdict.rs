@@ -34,10 +34,16 @@ pub fn of(about: &str, loops: &[Step], handler: Option<NicHandler>, gpu: bool) -
     let (cpu_st, cpu) = outcome(loops, "cpu");
     let mut parts = vec![format!("cpu trigger: {cpu}")];
     let mut worst = cpu_st;
-    let ringer = match handler {
-        Some(NicHandler::Gpu) => "on the GPU (it rings the doorbell itself)",
-        Some(NicHandler::Cpu) => "through the CPU proxy (a CPU thread rings the doorbell)",
-        None => "",
+    let asked_cpu = std::env::var("GDSYNC_NIC_HANDLER").is_ok_and(|v| v == "cpu");
+    let ringer = match (handler, asked_cpu) {
+        (Some(NicHandler::Gpu), _) => "on the GPU (it rings the doorbell itself)",
+        (Some(NicHandler::Cpu), true) => {
+            "through the CPU proxy (GDSYNC_NIC_HANDLER=cpu asks for it)"
+        }
+        (Some(NicHandler::Cpu), false) => {
+            "through the CPU proxy (the GPU may not map the doorbell page: see that step)"
+        }
+        (None, _) => "",
     };
     for t in ["stream", "kernel"] {
         let (st, how) = outcome(loops, t);
@@ -61,7 +67,7 @@ pub fn of(about: &str, loops: &[Step], handler: Option<NicHandler>, gpu: bool) -
             "send this output with --json, `ibv_devinfo -v` and `nvidia-smi -q` (docs/hardware.md, First light)",
         );
     }
-    if gpu && handler == Some(NicHandler::Cpu) && std::env::var("GDSYNC_NIC_HANDLER").is_err() {
+    if gpu && handler == Some(NicHandler::Cpu) && !asked_cpu {
         return Step::new(
             Status::Warn,
             "verdict",
