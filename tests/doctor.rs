@@ -142,6 +142,18 @@ fn clean_on_the_soft_device_without_a_gpu() {
     );
 }
 
+/// `--help` says what the exit status means; a wrong flag is clap's error and status 2.
+#[test]
+fn help_version_and_a_wrong_flag() {
+    let help = doctor(false).arg("--help").guarded_output();
+    assert!(help.status.success());
+    assert!(text(&help.stdout).contains("exit status 1 when a step fails"));
+    let v = doctor(false).arg("--version").guarded_output();
+    assert!(v.status.success() && text(&v.stdout).starts_with("doctor "));
+    let bad = doctor(false).args(["--writes", "3"]).guarded_output();
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
+}
+
 /// A step that fails makes the run fail (exit status 1, one `error:` line), the others still
 /// run: here every queue pair is refused (an invalid GDSYNC_NIC_HANDLER).
 #[test]
