@@ -13,6 +13,7 @@ use gdasync::gdsync::exec::Executor;
 use gdasync::gdsync::kernel::code;
 use gdasync::gdsync::{
     Access, Cq, Device, MemoryRegion, PinnedBuffer, ProtectionDomain, Qp, QpConfig, SendWr,
+    SignalWords,
 };
 use std::time::{Duration, Instant};
 
@@ -128,9 +129,20 @@ pub fn run(dev: &Device, trigger: Trigger, mem: Mem, writes: usize) -> Result<Ou
     let target = Target::new(mem)?;
     let dst_mr = target.register(&pd)?;
     let times = match trigger {
-        Trigger::Cpu | Trigger::Host => cpu_writes(p, &src_mr, &dst_mr, writes)?,
-        Trigger::Stream => stream_writes(p, &src_mr, &dst_mr, writes)?,
-        Trigger::Kernel => kernel_writes(p, &src_mr, &dst_mr, writes)?,
+        Trigger::Cpu | Trigger::Host => cpu_writes(p, &src_mr, &dst_mr, writes),
+        Trigger::Stream => stream_writes(p, &src_mr, &dst_mr, writes),
+        Trigger::Kernel => kernel_writes(p, &src_mr, &dst_mr, writes),
+    };
+    let times = match times {
+        Err(e) if e.is::<Stalled>() => {
+            // A stream still waits on the pair and may write the target: keep both.
+            std::mem::forget(dst_mr);
+            std::mem::forget(target);
+            std::mem::forget(src_mr);
+            std::mem::forget(src);
+            return Err(e);
+        }
+        r => r?,
     };
     let mut landed = vec![0u8; REGION];
     dst_mr.try_read_at(0, &mut landed)?;
@@ -164,7 +176,7 @@ fn cpu_writes(
 }
 
 /// The CPU prepares each write; a CUDA stream on GPU 0 rings its doorbell and waits for its
-/// completion; the CPU waits for the stream.
+/// completion; the CPU watches the stream's progress.
 fn stream_writes(
     p: Pair,
     src: &MemoryRegion,
@@ -172,11 +184,30 @@ fn stream_writes(
     writes: usize,
 ) -> Result<Vec<f64>> {
     let stream = CudaStream::new(0)?;
-    executor_writes(p, src, dst, writes, &stream, || stream.synchronize())
+    let r = executor_writes(p, src, dst, writes, &stream, || stream.synchronize());
+    if r.as_ref().is_err_and(|e| e.is::<Stalled>()) {
+        // Destroying a stream that still waits is not worth the risk: the process ends soon.
+        std::mem::forget(stream);
+    }
+    r
 }
 
-/// Each write prepared by the CPU, its doorbell and completion wait handed to `exec`, and
-/// `sync` waiting for `exec` to have run them.
+/// A stream wait that did not pass within [`TIMEOUT`]: what it left behind (the queue pair,
+/// the memory) must not be freed while the stream waits, so the doctor ends after saying so.
+#[derive(Debug)]
+pub struct Stalled(pub String);
+
+impl std::fmt::Display for Stalled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Stalled {}
+
+/// Each write prepared by the CPU, its doorbell and completion wait handed to `exec`, then a
+/// progress word the CPU watches for (with a deadline: a stream's wait has none); `sync`
+/// waits for `exec` once all have passed.
 fn executor_writes<E: Executor>(
     mut p: Pair,
     src: &MemoryRegion,
@@ -185,6 +216,7 @@ fn executor_writes<E: Executor>(
     exec: &E,
     sync: impl Fn() -> gdasync::gdsync::Result<()>,
 ) -> Result<Vec<f64>> {
+    let progress = SignalWords::new(1);
     let mut times = Vec::with_capacity(writes);
     for i in 0..writes {
         let prepared = p.a.prepare_send(&write(i, src, dst))?;
@@ -192,9 +224,25 @@ fn executor_writes<E: Executor>(
         let t0 = Instant::now();
         exec.submit(doorbell)?;
         exec.submit(p.a.send_wait_ops(&ticket)?)?;
-        sync().with_context(|| format!("write {i}"))?;
+        exec.submit(progress.write64(0, i as u64 + 1))?;
+        while progress.load64(0) != i as u64 + 1 {
+            if t0.elapsed() > TIMEOUT {
+                let why = format!(
+                    "write {i}: its completion wait did not pass within {TIMEOUT:?} ({}); the doctor stops here, as the stream still waits",
+                    p.a.describe()
+                );
+                std::mem::forget(p);
+                std::mem::forget(progress);
+                return Err(Stalled(why).into());
+            }
+            std::hint::spin_loop();
+        }
         times.push(t0.elapsed().as_secs_f64() * 1e6);
     }
+    sync()?;
+    // A wait passes on an error completion too (the byte check would see the write missing):
+    // name the error instead.
+    p.scq.check().context("the writes' completions")?;
     Ok(times)
 }
 
@@ -317,6 +365,23 @@ mod tests {
         let mut landed = vec![0u8; REGION];
         dst_mr.try_read_at(0, &mut landed).unwrap();
         assert_eq!(first_difference(&sent, &landed), None);
+    }
+
+    /// A write that completes in error (here: into a region without remote write access)
+    /// fails the stream step, naming the error, although the stream's wait passed.
+    #[test]
+    fn an_error_completion_under_a_stream_fails_the_step() {
+        let dev = Device::soft().unwrap();
+        let pd = dev.alloc_pd();
+        let p = pair(&dev, &pd).unwrap();
+        let src = PinnedBuffer::new(REGION);
+        let src_mr = pd.register_pinned(&src, Access::empty()).unwrap();
+        let dst_mr = pd.register_pinned(&src, Access::empty()).unwrap();
+        let hs = gdasync::gdsync::exec::HostStream::new().unwrap();
+        let e = executor_writes(p, &src_mr, &dst_mr, 10, &hs, || hs.synchronize()).unwrap_err();
+        assert!(!e.is::<Stalled>(), "{e:#}");
+        let msg = format!("{e:#}");
+        assert!(msg.starts_with("the writes' completions: "), "{msg}");
     }
 
     #[test]

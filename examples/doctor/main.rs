@@ -108,13 +108,22 @@ fn loop_name(t: Trigger, m: Mem) -> String {
     format!("loopback {} write -> {mem} memory", common::name(t))
 }
 
-/// One loopback step on `dev` (`about`).
-fn loop_step(about: &str, dev: &Device, t: Trigger, m: Mem, writes: usize, gpu: bool) -> Step {
+/// One loopback step on `dev` (`about`), and whether a stream was left waiting.
+fn loop_step(
+    about: &str,
+    dev: &Device,
+    t: Trigger,
+    m: Mem,
+    writes: usize,
+    gpu: bool,
+) -> (Step, bool) {
     let name = loop_name(t, m);
     if let Some(why) = loopback::cannot_run(t, m, gpu, nvrtc_available()) {
-        return Step::new(Status::Skip, &name, about, why, "");
+        return (Step::new(Status::Skip, &name, about, why, ""), false);
     }
-    judge(&name, about, loopback::run(dev, t, m, writes))
+    let r = loopback::run(dev, t, m, writes);
+    let stalled = r.as_ref().is_err_and(|e| e.is::<loopback::Stalled>());
+    (judge(&name, about, r), stalled)
 }
 
 /// A loopback's step: FAIL on an error or on any byte that differs, else OK with the p50.
@@ -138,6 +147,27 @@ fn judge(name: &str, about: &str, r: Result<loopback::Outcome>) -> Step {
     let mut s = Step::ok(name, about, v);
     s.p50_us = Some(o.p50_us);
     s
+}
+
+/// Prints the counts (text) or the whole report (JSON); the number of failed steps.
+fn summary(r: &Report) -> usize {
+    let (fails, warns, skips) = (
+        r.count(Status::Fail),
+        r.count(Status::Warn),
+        r.count(Status::Skip),
+    );
+    if r.json {
+        let o = Object::new()
+            .set("version", env!("CARGO_PKG_VERSION"))
+            .set("fail", fails)
+            .set("warn", warns)
+            .set("skip", skips)
+            .set("steps", array(r.steps.iter().map(Step::json)));
+        outln!("{o}");
+    } else {
+        outln!("doctor: {fails} FAIL, {warns} WARN, {skips} SKIP");
+    }
+    fails
 }
 
 fn run(args: &Args) -> Result<()> {
@@ -186,27 +216,19 @@ fn run(args: &Args) -> Result<()> {
     for (about, dev, handler) in &opened {
         let start = r.steps.len();
         for (t, m) in LOOPS {
-            r.add(loop_step(about, dev, t, m, writes, gpu));
+            let (step, stalled) = loop_step(about, dev, t, m, writes, gpu);
+            r.add(step);
+            if stalled {
+                // Nothing may be freed while a stream waits: report and end now.
+                let fails = summary(&r);
+                eprintln!("error: {fails} step(s) failed; a stream still waits, so the doctor stopped there");
+                std::process::exit(1);
+            }
         }
         let v = verdict::of(about, &r.steps[start..], *handler, gpu);
         r.add(v);
     }
-    let (fails, warns, skips) = (
-        r.count(Status::Fail),
-        r.count(Status::Warn),
-        r.count(Status::Skip),
-    );
-    if args.json {
-        let o = Object::new()
-            .set("version", env!("CARGO_PKG_VERSION"))
-            .set("fail", fails)
-            .set("warn", warns)
-            .set("skip", skips)
-            .set("steps", array(r.steps.iter().map(Step::json)));
-        outln!("{o}");
-    } else {
-        outln!("doctor: {fails} FAIL, {warns} WARN, {skips} SKIP");
-    }
+    let fails = summary(&r);
     if fails > 0 {
         bail!("{fails} step(s) failed: see the FAIL lines and their fixes");
     }
