@@ -16,15 +16,12 @@ use anyhow::Result;
 use clap::Parser;
 use common::json::{array, Object, Value};
 use common::out::outln;
+use common::rdma::{link_layer, mtu_code, state, yes, RdmaDevice, RdmaPort};
 use common::ToolArgs;
 use gdasync::gdsync::cuda::{nvrtc_available, Cuda, GpuInfo};
-use gdasync::gdsync::mlx5::{
-    self, Context, DeviceLimits, GidChoice, PortInfo, PortState as RdmaPortState, RdmaError,
-};
+use gdasync::gdsync::mlx5::{DeviceLimits, RdmaError};
 use gdasync::gdsync::probe::Gdrcopy;
-use gdasync::gdsync::{
-    Device, DeviceAttr, DeviceSelection, LinkLayer, NicHandler, PortAttr, PortState,
-};
+use gdasync::gdsync::{Device, DeviceAttr, DeviceSelection, NicHandler, PortAttr};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -77,86 +74,7 @@ impl Machine {
     }
 }
 
-fn yes(b: bool) -> &'static str {
-    if b {
-        "yes"
-    } else {
-        "no"
-    }
-}
-
-fn state(s: PortState) -> &'static str {
-    match s {
-        PortState::Active => "PORT_ACTIVE",
-        PortState::Down => "PORT_DOWN",
-    }
-}
-
-fn link_layer(l: LinkLayer) -> &'static str {
-    match l {
-        LinkLayer::Soft => "soft",
-        LinkLayer::InfiniBand => "InfiniBand",
-        LinkLayer::Ethernet => "Ethernet",
-    }
-}
-
 // ---------------------------------------------------------------------------- text
-
-/// `ibv_mtu` of a size in bytes, as ibv_devinfo prints it next to the size.
-fn mtu_code(bytes: u32) -> u32 {
-    bytes.checked_ilog2().map_or(0, |l| l.saturating_sub(7))
-}
-
-/// An RDMA device rdma-core finds, queried once for the text and the JSON.
-struct RdmaDevice {
-    name: String,
-    /// Its limits and ports, or the call that failed.
-    query: Result<(DeviceLimits, Vec<RdmaPort>), RdmaError>,
-}
-
-struct RdmaPort {
-    info: PortInfo,
-    /// The GID connections on the port use.
-    gid: Result<GidChoice, RdmaError>,
-}
-
-impl RdmaDevice {
-    /// Whether gdsync's queues can run on it (an mlx5 device with an active port), and why.
-    fn usable(&self) -> (bool, String) {
-        match &self.query {
-            Err(e) => (false, e.to_string()),
-            Ok((_, ports)) if ports.iter().any(|p| p.info.state == RdmaPortState::Active) => (
-                true,
-                format!("gdsync's queues run on it: GDSYNC_DEVICE={}", self.name),
-            ),
-            Ok(_) => (false, "no active port".into()),
-        }
-    }
-
-    fn probe() -> Result<Vec<RdmaDevice>, RdmaError> {
-        Ok(mlx5::devices()?
-            .into_iter()
-            .map(|d| RdmaDevice {
-                query: Self::query(&d.name),
-                name: d.name,
-            })
-            .collect())
-    }
-
-    fn query(name: &str) -> Result<(DeviceLimits, Vec<RdmaPort>), RdmaError> {
-        let ctx = Context::open(name)?;
-        let limits = ctx.query_device()?;
-        let ports = (1..=limits.phys_port_cnt)
-            .map(|p| {
-                Ok(RdmaPort {
-                    info: ctx.query_port(p)?,
-                    gid: ctx.choose_gid(p, None),
-                })
-            })
-            .collect::<Result<_, RdmaError>>()?;
-        Ok((limits, ports))
-    }
-}
 
 /// The RDMA devices rdma-core finds, printed as `ibv_devinfo` does, or why there are none.
 fn rdma_text(rdma: &Result<Vec<RdmaDevice>, RdmaError>) {

@@ -1,7 +1,7 @@
 //! What every example shares: the command-line vocabulary (value types, size and iteration
 //! parsing), start-up (logging, errors, exit codes), output that ends quietly on a closed
 //! pipe, JSON lines, run headers, the rule that marks a row noisy, progress on stderr and the
-//! local process launcher.
+//! local process launcher, and the RDMA devices rdma-core finds, queried once.
 //!
 //! Each example includes this module with `#[path]`; each uses a subset of it.
 #![allow(dead_code, unused_imports, unused_macros)]
@@ -16,6 +16,7 @@ pub mod log;
 pub mod noise;
 pub mod out;
 pub mod progress;
+pub mod rdma;
 pub mod sizes;
 pub mod stats;
 pub mod tool;

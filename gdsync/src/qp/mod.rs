@@ -185,6 +185,12 @@ impl Qp {
         self.shared.qpn
     }
 
+    /// Who rings this QP's doorbell for work that streams and kernels post: the GPU, or the
+    /// CPU proxy (chosen when the QP was made; see [`crate::NicHandler`]).
+    pub fn nic_handler(&self) -> crate::NicHandler {
+        self.shared.handler
+    }
+
     /// Current state.
     pub fn state(&self) -> QpState {
         self.shared.state()
