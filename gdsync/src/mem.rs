@@ -45,6 +45,10 @@ pub(crate) trait GpuMapper: Send + Sync {
     fn unregister_foreign(&self, addr: u64);
 }
 
+/// What keeps someone else's pages allocated (an op list's keep-alive handle is the same
+/// type: memory names no op list, op lists name memory).
+type Holder = Arc<dyn std::any::Any + Send + Sync>;
+
 /// A zeroed, page-aligned allocation that lives as long as its longest holder (queues, the
 /// engine, and any op list that points into it hold an `Arc`).
 pub(crate) struct RingMem {
@@ -60,7 +64,7 @@ pub(crate) struct RingMem {
     /// The GPUs' address of byte 0, once registered (see [`RingMem::gpu_addr`]).
     gpu_base: OnceLock<u64>,
     /// What keeps someone else's pages allocated while this lives ([`RingMem::held`]).
-    _owner: Option<crate::ops::KeepAlive>,
+    _owner: Option<Holder>,
 }
 
 // SAFETY: RingMem is a plain allocation; every access goes through the atomic or
@@ -138,11 +142,7 @@ impl RingMem {
     ///
     /// # Safety
     /// `owner` must keep the pages mapped, readable and writable while it lives.
-    pub(crate) unsafe fn held(
-        addr: u64,
-        len: usize,
-        owner: crate::ops::KeepAlive,
-    ) -> (Self, usize) {
+    pub(crate) unsafe fn held(addr: u64, len: usize, owner: Holder) -> (Self, usize) {
         // SAFETY: the caller's contract, kept for as long as `owner` is held here.
         let (mut mem, off) = unsafe { Self::foreign(addr, len) };
         mem._owner = Some(owner);
@@ -333,6 +333,15 @@ pub(crate) fn prefetch_line<const WRITE: bool>(p: *const u8) {
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
+}
+
+/// The address a GPU uses for the host address `host` of an op whose list keeps `kept`: the
+/// GPUs' address of the ring memory it lies in ([`RingMem::gpu_addr`]), else `host` itself
+/// (memory an op names without the list keeping it, device memory).
+pub(crate) fn gpu_addr_in(kept: &[Holder], host: u64) -> u64 {
+    kept.iter()
+        .find_map(|k| k.downcast_ref::<RingMem>()?.gpu_addr_of(host))
+        .unwrap_or(host)
 }
 
 /// Wraps a ring of `cnt` entries of `size` bytes at `base` in a RingMem: offset of entry `i`.

@@ -48,7 +48,7 @@ impl WaitCond {
 /// One memory operation. Addresses are host addresses of memory the list keeps alive (ring
 /// memory, signal words, pinned buffers: a CPU executor stores there), or whatever address the
 /// caller of [`Ops::push_raw`] gave; an executor on a GPU resolves each through the list to
-/// the GPUs' address of that memory ([`Ops::gpu_addr`]). Values are native integers, i.e. what
+/// the GPUs' address of that memory (`mem::gpu_addr_in`). Values are native integers, i.e. what
 /// a plain load of the word returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -183,14 +183,10 @@ impl Ops {
         self.ring_tail = None;
         self.keep_alive(keep.clone());
     }
-    /// The address a GPU uses for `addr` of an op of this list: the GPUs' address of the
-    /// kept memory it lies in (`cuMemHostGetDevicePointer` of its registration), else `addr`
-    /// itself (memory the caller of [`push_raw`](Self::push_raw) named, device memory).
-    pub(crate) fn gpu_addr(&self, addr: u64) -> u64 {
-        self.keep
-            .iter()
-            .find_map(|k| k.downcast_ref::<crate::mem::RingMem>()?.gpu_addr_of(addr))
-            .unwrap_or(addr)
+    /// What the list keeps alive: the memory its ops name (where a GPU executor looks up
+    /// the GPUs' address of an op's memory).
+    pub(crate) fn kept(&self) -> &[KeepAlive] {
+        &self.keep
     }
     fn keep_alive(&mut self, k: KeepAlive) {
         if !self.keep.iter().any(|h| Arc::ptr_eq(h, &k)) {

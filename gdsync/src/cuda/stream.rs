@@ -1,9 +1,9 @@
 //! The CUDA stream executor: runs op lists as `cuStreamBatchMemOp` (v2 API only), at the GPUs'
-//! addresses of the memory they name ([`Ops::gpu_addr`]).
+//! addresses of the memory they name (`mem::gpu_addr_in`).
 
 use super::{check, failed, Cuda, GpuCaps, InboundWrites};
 use crate::backoff::Backoff;
-use crate::mem::RingMem;
+use crate::mem::{gpu_addr_in, RingMem};
 use crate::ops::{Op, Ops, WaitCond};
 use crate::{Error, Result};
 use cudarc::driver::{result, sys};
@@ -299,16 +299,16 @@ pub(super) fn translate(ops: &Ops, caps: &GpuCaps) -> Result<Vec<sys::CUstreamBa
         let mut p: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
         match *op {
             Op::Write32 { addr, value } => {
-                let at = ops.gpu_addr(addr);
+                let at = gpu_addr_in(ops.kept(), addr);
                 p.writeValue = write_params(T::CU_STREAM_MEM_OP_WRITE_VALUE_32, at, value as u64);
             }
             Op::Write64 { addr, value } if caps.mem_ops_64 => {
-                let at = ops.gpu_addr(addr);
+                let at = gpu_addr_in(ops.kept(), addr);
                 p.writeValue = write_params(T::CU_STREAM_MEM_OP_WRITE_VALUE_64, at, value);
             }
             Op::Write64 { addr, value } => {
                 // Two 32-bit writes, low word first (as libgdsync does without 64-bit memops).
-                let at = ops.gpu_addr(addr);
+                let at = gpu_addr_in(ops.kept(), addr);
                 let low = value & 0xFFFF_FFFF;
                 p.writeValue = write_params(T::CU_STREAM_MEM_OP_WRITE_VALUE_32, at, low);
                 out.push(p);
@@ -316,7 +316,10 @@ pub(super) fn translate(ops: &Ops, caps: &GpuCaps) -> Result<Vec<sys::CUstreamBa
                     write_params(T::CU_STREAM_MEM_OP_WRITE_VALUE_32, at + 4, value >> 32);
             }
             Op::Wait32 { addr, value, cond } => {
-                let (at, flags) = (ops.gpu_addr(addr), wait_cond(caps, cond)? | flush);
+                let (at, flags) = (
+                    gpu_addr_in(ops.kept(), addr),
+                    wait_cond(caps, cond)? | flush,
+                );
                 p.waitValue =
                     wait_params(T::CU_STREAM_MEM_OP_WAIT_VALUE_32, at, value as u64, flags);
             }
@@ -327,7 +330,10 @@ pub(super) fn translate(ops: &Ops, caps: &GpuCaps) -> Result<Vec<sys::CUstreamBa
                             .into(),
                     ));
                 }
-                let (at, flags) = (ops.gpu_addr(addr), wait_cond(caps, cond)? | flush);
+                let (at, flags) = (
+                    gpu_addr_in(ops.kept(), addr),
+                    wait_cond(caps, cond)? | flush,
+                );
                 p.waitValue = wait_params(T::CU_STREAM_MEM_OP_WAIT_VALUE_64, at, value, flags);
             }
             // A write carries its own fence: a barrier right before one adds nothing.

@@ -22,7 +22,7 @@ mod qp_handover;
 pub use device_qp::{CqDesc, DeviceQp, DeviceQpProgress, IntoHostError, QpDesc};
 pub use peer::{PeerDesc, PeerState};
 
-use crate::mem::RingMem;
+use crate::mem::{gpu_addr_in, RingMem};
 use crate::ops::{Op, Ops, WaitCond};
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
@@ -115,7 +115,7 @@ impl SendDesc {
     /// doorbell; or, where a CPU proxy rings, `Barrier`, `Write64` request. Addresses are the
     /// GPUs' addresses of the memory the list names.
     pub fn from_ops(ops: &Ops) -> Result<Self> {
-        let at = |a: &u64| ops.gpu_addr(*a);
+        let at = |a: &u64| gpu_addr_in(ops.kept(), *a);
         match ops.as_slice() {
             [Op::Barrier, Op::Write64 {
                 addr: db,
@@ -153,7 +153,7 @@ impl WaitDesc {
         let s = ops.as_slice();
         let (word, value, cond) = match s.first() {
             Some(Op::Wait32 { addr, value, cond }) => {
-                (ops.gpu_addr(*addr), *value, cond_code(*cond))
+                (gpu_addr_in(ops.kept(), *addr), *value, cond_code(*cond))
             }
             _ => return Err(Error::invalid(format!("not a wait op list: {s:?}"))),
         };
@@ -167,16 +167,16 @@ impl WaitDesc {
         for op in &s[1..] {
             match *op {
                 Op::Write32 { addr, value } if d.ci_rec == 0 => {
-                    d.ci_rec = ops.gpu_addr(addr);
+                    d.ci_rec = gpu_addr_in(ops.kept(), addr);
                     d.ci_value = value;
                 }
                 Op::Write64 { addr, value } if writes64 == 0 => {
-                    d.retired = ops.gpu_addr(addr);
+                    d.retired = gpu_addr_in(ops.kept(), addr);
                     d.retired_value = value;
                     writes64 += 1;
                 }
                 Op::Write64 { addr, value } if writes64 == 1 => {
-                    d.ring_retired = ops.gpu_addr(addr);
+                    d.ring_retired = gpu_addr_in(ops.kept(), addr);
                     d.ring_retired_value = value;
                     writes64 += 1;
                 }
