@@ -187,10 +187,11 @@ impl RingMem {
         self.gpu_base.get().map_or(host, |b| b + off as u64)
     }
 
-    /// [`RingMem::gpu_addr`] of the host address `host`, if it lies in this memory.
+    /// [`RingMem::gpu_addr`] of the host address `host`, if a word there lies in this memory
+    /// (its end is not: the next allocation may begin there).
     pub(crate) fn gpu_addr_of(&self, host: u64) -> Option<u64> {
         let off = host.checked_sub(self.ptr as u64)?;
-        (off <= self.len as u64).then(|| self.gpu_addr(off as usize))
+        (off < self.len as u64).then(|| self.gpu_addr(off as usize))
     }
 
     /// Takes `base` as the GPUs' address of this memory, as a registration would answer

@@ -111,6 +111,11 @@ fn ring_memory_answers_the_address_its_mapper_gave() {
     );
     held.map_for_gpus(&Arc::new(OffsetMapper), true).unwrap();
     assert_eq!(held.gpu_addr(off), gpu(pages.addr(0x40)));
+    // An op's word is looked up in the memory that holds it, never at another's end.
+    let end = m.addr(0) + m.len() as u64;
+    assert_eq!(m.gpu_addr_of(end - 4), Some(gpu(end - 4)));
+    assert_eq!(m.gpu_addr_of(end), None);
+    assert_eq!(m.gpu_addr_of(m.addr(0) - 1), None);
 }
 
 #[test]
@@ -188,7 +193,7 @@ fn stream_memops_resolve_the_memory_each_op_names() {
 }
 
 #[test]
-fn waits_flush_inbound_writes_only_where_the_gpu_neither_orders_them_nor_is_spared() {
+fn waits_flush_inbound_writes_only_where_the_gpu_can_flush_and_does_not_order_them() {
     let flush = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_FLUSH as u32;
     let m: Arc<RingMem> = Arc::new(RingMem::host(4096));
     let keep: crate::ops::KeepAlive = m.clone();
