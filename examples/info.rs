@@ -18,7 +18,7 @@ use common::json::{array, Object, Value};
 use common::out::outln;
 use common::rdma::{link_layer, mtu_code, state, yes, RdmaDevice, RdmaPort};
 use common::ToolArgs;
-use gdasync::gdsync::cuda::{nvrtc_available, Cuda, GpuInfo};
+use gdasync::gdsync::cuda::{nvrtc_available, Cuda, GpuInfo, InboundWrites};
 use gdasync::gdsync::mlx5::{DeviceLimits, RdmaError};
 use gdasync::gdsync::probe::Gdrcopy;
 use gdasync::gdsync::{Device, DeviceAttr, DeviceSelection, NicHandler, PortAttr};
@@ -229,6 +229,10 @@ fn gpu_text(g: &GpuInfo) {
         yes(k.gpudirect_rdma),
         k.gpudirect_rdma_writes_ordering
     );
+    outln!(
+        "    inbound RDMA writes flush ......... {}",
+        k.inbound_line()
+    );
     outln!("    dma-buf export .................... {}", yes(k.dma_buf));
     outln!(
         "    unified addressing ................ {} (host pointers usable: {})",
@@ -378,6 +382,19 @@ fn gpu_json(g: &GpuInfo) -> Value {
         .set("mem_ops_64", k.mem_ops_64)
         .set("wait_nor", k.wait_nor)
         .set("flush_remote_writes", k.flush_remote_writes)
+        .set(
+            "inbound_rdma_writes",
+            Object::new()
+                .set(
+                    "policy",
+                    match k.inbound_writes(true) {
+                        InboundWrites::InOrder => "not needed",
+                        InboundWrites::Flush => "stream waits flush",
+                        InboundWrites::Unordered => "unordered: GPU memory refused as a target",
+                    },
+                )
+                .set("why", k.inbound_line()),
+        )
         .set("gpudirect_rdma", k.gpudirect_rdma)
         .set(
             "gpudirect_rdma_writes_ordering",

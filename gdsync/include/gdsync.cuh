@@ -564,6 +564,13 @@ __device__ __forceinline__ int gds_qp_post_recv(gds_qp *qp, uint64_t addr, uint3
     return GDS_OK;
 }
 
+// Payloads in GPU memory: a ConnectX writes them peer-to-peer while the CQE goes to host
+// memory, so seeing the CQE here implies seeing the payload only on a GPU whose
+// GPU_DIRECT_RDMA_WRITES_ORDERING is at least 100 (owner; the H100 and H200 report 100). A
+// kernel cannot flush inbound writes itself; the host refuses GPU-memory write targets where
+// the GPU neither orders nor flushes them (docs/hardware.md). Every address in gds_qp/gds_cq
+// is the GPUs' address of the memory (cuMemHostGetDevicePointer), filled in by the host.
+//
 // Consumes the next completion if the NIC wrote it: GDS_OK (wc filled), GDS_EMPTY, or
 // GDS_ERR_CQE | syndrome for an error completion (wc filled too; the QP is then in error and
 // its later work completes with GDS_ERR_CQE | 0x05, flushed). A CQE is new when its opcode

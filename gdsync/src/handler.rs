@@ -46,13 +46,19 @@ impl NicHandler {
 }
 
 /// The handler for a QP whose device says whether GPUs can store to its doorbell register
-/// (`gpu_doorbell`), and why: `GDSYNC_NIC_HANDLER` (`env`) if set, else the GPU where it can,
-/// else the CPU proxy, with the device's reason.
+/// (`gpu_doorbell`: the page is mapped for GPUs and CUDA gave its device address), and why:
+/// `GDSYNC_NIC_HANDLER` (`env`) if set, else the GPU where it can, else the CPU proxy, with
+/// the device's reason. A GPU asked for where it cannot ring gets the CPU proxy, and says so:
+/// it would store to an address it has no mapping of.
 pub(crate) fn choose(
     env: Option<NicHandler>,
     gpu_doorbell: &std::result::Result<(), String>,
 ) -> (NicHandler, String) {
     match (env, gpu_doorbell) {
+        (Some(NicHandler::Gpu), Err(why)) => (
+            NicHandler::Cpu,
+            format!("GDSYNC_NIC_HANDLER=gpu, but {why}"),
+        ),
         (Some(h), _) => (h, "set by GDSYNC_NIC_HANDLER".into()),
         (None, Ok(())) => (
             NicHandler::Gpu,
@@ -204,5 +210,22 @@ fn run(me: Weak<Proxy>, dev: Weak<dyn Provider>, stop: Arc<AtomicBool>) {
         } else {
             backoff.snooze();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_doorbell_page_without_a_gpu_address_is_rung_by_the_cpu_proxy_and_says_why() {
+        let no = Err("the doorbell page of mlx5_0 cannot be mapped for GPUs (cuMemHostGetDevicePointer failed)".to_string());
+        for env in [None, Some(NicHandler::Gpu)] {
+            let (h, why) = choose(env, &no);
+            assert_eq!(h, NicHandler::Cpu, "{env:?}");
+            assert!(why.contains("cuMemHostGetDevicePointer"), "{why}");
+        }
+        assert_eq!(choose(Some(NicHandler::Cpu), &Ok(())).0, NicHandler::Cpu);
+        assert_eq!(choose(None, &Ok(())).0, NicHandler::Gpu);
     }
 }

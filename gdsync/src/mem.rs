@@ -4,7 +4,7 @@
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Alignment of every ring allocation (one host page).
 pub(crate) const PAGE: usize = 4096;
@@ -22,26 +22,32 @@ impl<T> std::ops::Deref for Padded<T> {
 }
 
 /// What pins host memory and maps it for GPUs (a CUDA handle): ring memory is told which, by
-/// whoever creates it, and keeps it to undo the registration.
+/// whoever creates it, and keeps it to undo the registration. Registering answers the GPUs'
+/// address of the memory (`cuMemHostGetDevicePointer`), which is not always its host address
+/// (a device's register page mapped as I/O memory): what a GPU executes uses that one.
 pub(crate) trait GpuMapper: Send + Sync {
     /// Whether there is a GPU to map for.
     fn has_gpus(&self) -> bool;
-    /// Pins and maps `[ptr, ptr+len)` for every GPU.
+    /// Pins and maps `[ptr, ptr+len)` for every GPU; returns the GPUs' address of `ptr`.
     ///
     /// # Safety
     /// The range is allocated, and stays so until [`GpuMapper::unregister`].
-    unsafe fn register(&self, ptr: *mut u8, len: usize) -> crate::Result<()>;
+    unsafe fn register(&self, ptr: *mut u8, len: usize) -> crate::Result<u64>;
     /// Undoes [`GpuMapper::register`].
     fn unregister(&self, ptr: *mut u8);
     /// Maps someone else's pages (IOMEMORY for a device's register page); pages several
-    /// holders share are registered once.
+    /// holders share are registered once. Returns the GPUs' address of `addr`.
     ///
     /// # Safety
     /// The range stays mapped until the matching [`GpuMapper::unregister_foreign`].
-    unsafe fn register_foreign(&self, addr: u64, len: usize, io: bool) -> crate::Result<()>;
+    unsafe fn register_foreign(&self, addr: u64, len: usize, io: bool) -> crate::Result<u64>;
     /// Drops one holder of a [`GpuMapper::register_foreign`] range.
     fn unregister_foreign(&self, addr: u64);
 }
+
+/// What keeps someone else's pages allocated (an op list's keep-alive handle is the same
+/// type: memory names no op list, op lists name memory).
+type Holder = Arc<dyn std::any::Any + Send + Sync>;
 
 /// A zeroed, page-aligned allocation that lives as long as its longest holder (queues, the
 /// engine, and any op list that points into it hold an `Arc`).
@@ -55,8 +61,10 @@ pub(crate) struct RingMem {
     owned: bool,
     /// The handle someone else's pages were registered with ([`RingMem::map_for_gpus`]).
     foreign_cuda: Option<Arc<dyn GpuMapper>>,
+    /// The GPUs' address of byte 0, once registered (see [`RingMem::gpu_addr`]).
+    gpu_base: OnceLock<u64>,
     /// What keeps someone else's pages allocated while this lives ([`RingMem::held`]).
-    _owner: Option<crate::ops::KeepAlive>,
+    _owner: Option<Holder>,
 }
 
 // SAFETY: RingMem is a plain allocation; every access goes through the atomic or
@@ -77,10 +85,14 @@ impl RingMem {
         if ptr.is_null() {
             std::alloc::handle_alloc_error(layout);
         }
+        let gpu_base = OnceLock::new();
         let cuda = gpus.filter(|c| c.has_gpus()).and_then(|c| {
             // SAFETY: the allocation lives until Drop, which unregisters it first.
             match unsafe { c.register(ptr, len) } {
-                Ok(()) => Some(c.clone() as Arc<dyn GpuMapper>),
+                Ok(at) => {
+                    let _ = gpu_base.set(at);
+                    Some(c.clone() as Arc<dyn GpuMapper>)
+                }
                 Err(e) => {
                     tracing::warn!("ring memory stays unregistered (GPUs cannot reach it): {e}");
                     None
@@ -93,6 +105,7 @@ impl RingMem {
             cuda,
             owned: true,
             foreign_cuda: None,
+            gpu_base,
             _owner: None,
         }
     }
@@ -117,6 +130,7 @@ impl RingMem {
             cuda: None,
             owned: false,
             foreign_cuda: None,
+            gpu_base: OnceLock::new(),
             _owner: None,
         };
         (mem, off)
@@ -128,11 +142,7 @@ impl RingMem {
     ///
     /// # Safety
     /// `owner` must keep the pages mapped, readable and writable while it lives.
-    pub(crate) unsafe fn held(
-        addr: u64,
-        len: usize,
-        owner: crate::ops::KeepAlive,
-    ) -> (Self, usize) {
+    pub(crate) unsafe fn held(addr: u64, len: usize, owner: Holder) -> (Self, usize) {
         // SAFETY: the caller's contract, kept for as long as `owner` is held here.
         let (mut mem, off) = unsafe { Self::foreign(addr, len) };
         mem._owner = Some(owner);
@@ -152,7 +162,8 @@ impl RingMem {
         }
         // SAFETY: the pages stay mapped while this lives (the contract of `held`), and Drop
         // unregisters them before the owner is released.
-        unsafe { cuda.register_foreign(self.ptr as u64, self.len, io)? };
+        let at = unsafe { cuda.register_foreign(self.ptr as u64, self.len, io)? };
+        let _ = self.gpu_base.set(at);
         self.foreign_cuda = Some(cuda.clone() as Arc<dyn GpuMapper>);
         Ok(())
     }
@@ -162,10 +173,32 @@ impl RingMem {
         self.cuda.is_some() || self.foreign_cuda.is_some()
     }
 
-    /// Device-visible address of byte `off` (the host virtual address for host memory).
+    /// Host address of byte `off`: what the CPU (and CPU executors) store to and load from.
     pub(crate) fn addr(&self, off: usize) -> u64 {
         assert!(off <= self.len, "ring offset {off} out of {}", self.len);
         self.ptr as u64 + off as u64
+    }
+
+    /// The GPUs' address of byte `off` (`cuMemHostGetDevicePointer` of the registration):
+    /// what stream memory operations and kernels use. Memory no GPU maps answers its host
+    /// address (no GPU executes on it: see [`RingMem::gpu_mapped`]).
+    pub(crate) fn gpu_addr(&self, off: usize) -> u64 {
+        let host = self.addr(off);
+        self.gpu_base.get().map_or(host, |b| b + off as u64)
+    }
+
+    /// [`RingMem::gpu_addr`] of the host address `host`, if a word there lies in this memory
+    /// (its end is not: the next allocation may begin there).
+    pub(crate) fn gpu_addr_of(&self, host: u64) -> Option<u64> {
+        let off = host.checked_sub(self.ptr as u64)?;
+        (off < self.len as u64).then(|| self.gpu_addr(off as usize))
+    }
+
+    /// Takes `base` as the GPUs' address of this memory, as a registration would answer
+    /// (tests: a fake mapper without a GPU). No effect once an address is known.
+    #[cfg(test)]
+    pub(crate) fn fake_gpu_map(&self, base: u64) {
+        let _ = self.gpu_base.set(base);
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -271,13 +304,13 @@ impl GpuMapper for NoGpus {
     fn has_gpus(&self) -> bool {
         match *self {}
     }
-    unsafe fn register(&self, _: *mut u8, _: usize) -> crate::Result<()> {
+    unsafe fn register(&self, _: *mut u8, _: usize) -> crate::Result<u64> {
         match *self {}
     }
     fn unregister(&self, _: *mut u8) {
         match *self {}
     }
-    unsafe fn register_foreign(&self, _: u64, _: usize, _: bool) -> crate::Result<()> {
+    unsafe fn register_foreign(&self, _: u64, _: usize, _: bool) -> crate::Result<u64> {
         match *self {}
     }
     fn unregister_foreign(&self, _: u64) {
@@ -301,6 +334,15 @@ pub(crate) fn prefetch_line<const WRITE: bool>(p: *const u8) {
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
+}
+
+/// The address a GPU uses for the host address `host` of an op whose list keeps `kept`: the
+/// GPUs' address of the ring memory it lies in ([`RingMem::gpu_addr`]), else `host` itself
+/// (memory an op names without the list keeping it, device memory).
+pub(crate) fn gpu_addr_in(kept: &[Holder], host: u64) -> u64 {
+    kept.iter()
+        .find_map(|k| k.downcast_ref::<RingMem>()?.gpu_addr_of(host))
+        .unwrap_or(host)
 }
 
 /// Wraps a ring of `cnt` entries of `size` bytes at `base` in a RingMem: offset of entry `i`.

@@ -117,6 +117,9 @@ impl ProtectionDomain {
                 "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE as well (as in verbs)",
             ));
         }
+        if let Some((c, ordinal)) = &gpu {
+            refuse_unordered_target(c, *ordinal, access, &*self.ctx.provider)?;
+        }
         let gpu = gpu.map(|(c, ordinal)| c.gpu_ctx(ordinal)).transpose()?;
         let keys = self.ctx.provider.reg_mr(&MrSpec {
             pd: self.id,
@@ -156,6 +159,22 @@ impl ProtectionDomain {
         // only through the driver.
         unsafe { self.register_at(buf.ptr() as *mut u8, buf.len(), access, gpu) }
     }
+}
+
+/// Refuses GPU `ordinal` memory as a write target (`LOCAL_WRITE`: receives, RDMA writes, read
+/// results) of a device whose payload writes travel apart from its completions, where the GPU
+/// neither orders nor flushes them ([`crate::cuda::InboundWrites::Unordered`]).
+fn refuse_unordered_target(
+    c: &Cuda,
+    ordinal: i32,
+    access: Access,
+    dev: &dyn crate::provider::Provider,
+) -> Result<()> {
+    if !access.contains(Access::LOCAL_WRITE) || !dev.query_device().gpu_writes_separate {
+        return Ok(());
+    }
+    crate::cuda::refuse_write_target(&c.gpu(ordinal)?.caps, ordinal, &dev.name())
+        .map_or(Ok(()), Err)
 }
 
 /// A registered memory region. Dropping it deregisters: the device no longer touches the

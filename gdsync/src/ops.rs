@@ -45,8 +45,11 @@ impl WaitCond {
     }
 }
 
-/// One memory operation. Addresses are device-visible addresses (host virtual addresses for
-/// host memory); values are native integers, i.e. what a plain load of the word returns.
+/// One memory operation. Addresses are host addresses of memory the list keeps alive (ring
+/// memory, signal words, pinned buffers: a CPU executor stores there), or whatever address the
+/// caller of [`Ops::push_raw`] gave; an executor on a GPU resolves each through the list to
+/// the GPUs' address of that memory (`mem::gpu_addr_in`). Values are native integers, i.e. what
+/// a plain load of the word returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     /// Store a 32-bit value. A write implies no ordering with earlier work: put a
@@ -179,6 +182,11 @@ impl Ops {
         self.ops.push(op);
         self.ring_tail = None;
         self.keep_alive(keep.clone());
+    }
+    /// What the list keeps alive: the memory its ops name (where a GPU executor looks up
+    /// the GPUs' address of an op's memory).
+    pub(crate) fn kept(&self) -> &[KeepAlive] {
+        &self.keep
     }
     fn keep_alive(&mut self, k: KeepAlive) {
         if !self.keep.iter().any(|h| Arc::ptr_eq(h, &k)) {

@@ -46,10 +46,16 @@ impl SignalWords {
     pub fn is_empty(&self) -> bool {
         false
     }
-    /// Device-visible address of word `i`.
+    /// Host address of word `i` (what the CPU and the NIC use; op lists name the word by it).
     pub fn addr(&self, i: usize) -> u64 {
         assert!(i < self.n, "signal word {i} of {}", self.n);
         self.mem.addr(i * 8)
+    }
+    /// The GPUs' address of word `i`: what to hand a kernel (`cuMemHostGetDevicePointer` of
+    /// the registration; the host address where the words are not mapped for GPUs).
+    pub fn gpu_addr(&self, i: usize) -> u64 {
+        assert!(i < self.n, "signal word {i} of {}", self.n);
+        self.mem.gpu_addr(i * 8)
     }
     /// Loads word `i` as 32 bits.
     pub fn load32(&self, i: usize) -> u32 {
@@ -156,9 +162,14 @@ impl PinnedBuffer {
             len,
         }
     }
-    /// Start address (the same for the CPU and, when mapped, for GPUs).
+    /// Host start address (what the CPU and the NIC use; op lists name the buffer by it).
     pub fn addr(&self) -> u64 {
         self.mem.addr(0)
+    }
+    /// The GPUs' start address: what to hand a kernel (`cuMemHostGetDevicePointer` of the
+    /// registration; the host address where the buffer is not mapped for GPUs).
+    pub fn gpu_addr(&self) -> u64 {
+        self.mem.gpu_addr(0)
     }
     /// Length in bytes.
     pub fn len(&self) -> usize {

@@ -162,10 +162,10 @@ impl KernelChannels {
         let qp = self.check_peer(peer)?;
         let mut d = PeerDesc {
             qp: qp.desc(),
-            credit: self.credit.addr() + 8 * peer as u64,
+            credit: self.credit.gpu_addr() + 8 * peer as u64,
             // A peer's address: wrapping, its device checks the access.
             remote_credit: self.remote_credit[peer].at(8 * self.rank as u64).addr,
-            state: self.state.addr() + (PeerState::SIZE * peer) as u64,
+            state: self.state.gpu_addr() + (PeerState::SIZE * peer) as u64,
             remote_credit_rkey: self.remote_credit[peer].rkey,
             rank: peer as u32,
             ..PeerDesc::default()
@@ -191,15 +191,15 @@ impl KernelChannels {
             .collect()
     }
 
-    /// Writes [`descs`](Self::descs) into a table in pinned host memory and returns its
-    /// address: pass it to a kernel as `const gds_peer *peers` (`peers[rank]`). As with
+    /// Writes [`descs`](Self::descs) into a table in pinned host memory and returns the GPUs'
+    /// address of it: pass it to a kernel as `const gds_peer *peers` (`peers[rank]`). As with
     /// `descs`, refresh it before each launch, never while a kernel runs.
     pub fn table(&self) -> Result<u64> {
         for (p, d) in self.descs()?.iter().enumerate() {
             self.table
                 .write_at(std::mem::size_of::<PeerDesc>() * p, d.as_bytes());
         }
-        Ok(self.table.addr())
+        Ok(self.table.gpu_addr())
     }
 
     /// Whether GPUs can reach the rings, credit words, state blocks and table (pinned and

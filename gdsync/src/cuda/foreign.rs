@@ -1,8 +1,9 @@
 //! Host memory made reachable by GPUs (the handle's side of [`GpuMapper`]): ring memory of
 //! ours, and memory another driver owns (pages libmlx5 allocated, rings and doorbell records,
 //! and the HCA's doorbell (UAR) page), registered with `cuMemHostRegister` once per page range
-//! however many queues share it; and a GPU buffer exported as a dma-buf for
-//! `ibv_reg_dmabuf_mr`.
+//! however many queues share it, each with the GPUs' address of it (`cuMemHostGetDevicePointer`,
+//! which for I/O memory need not be the host address); and a GPU buffer exported as a dma-buf
+//! for `ibv_reg_dmabuf_mr`.
 
 use super::{check, sys, Cuda};
 use crate::mem::GpuMapper;
@@ -11,10 +12,35 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::os::fd::{FromRawFd, OwnedFd};
 
-/// Registrations by first address: (length, holders). Queues share pages (libmlx5 packs
-/// doorbell records of several queues into one page, and hands out several doorbell registers
-/// of one UAR page), and CUDA refuses to register a range twice.
-static REGISTERED: Mutex<Option<HashMap<u64, (usize, usize)>>> = Mutex::new(None);
+/// One registered range of someone else's pages: its length, its holders, the GPUs' address.
+type Registered = (usize, usize, u64);
+
+/// Registrations by first address. Queues share pages (libmlx5 packs doorbell records of
+/// several queues into one page, and hands out several doorbell registers of one UAR page),
+/// and CUDA refuses to register a range twice.
+static REGISTERED: Mutex<Option<HashMap<u64, Registered>>> = Mutex::new(None);
+
+/// The GPUs' address of registered host memory at `host` (`cuMemHostGetDevicePointer` in the
+/// bound context; with unified addressing it is the same in every context).
+fn device_pointer(host: u64) -> Result<u64> {
+    let mut dptr: sys::CUdeviceptr = 0;
+    // SAFETY: FFI; `dptr` outlives the call, which writes one pointer; flags must be 0.
+    check(
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host as *mut _, 0) },
+        "cuMemHostGetDevicePointer",
+    )?;
+    Ok(dptr)
+}
+
+impl Cuda {
+    /// The GPUs' address of registered host memory at `host` (`cuMemHostGetDevicePointer`,
+    /// in GPU 0's context): what a stream or kernel must use for it. Fails for memory that
+    /// is not registered with CUDA.
+    pub fn host_device_pointer(&self, host: u64) -> Result<u64> {
+        self.bind(0)?;
+        device_pointer(host)
+    }
+}
 
 impl GpuMapper for Cuda {
     fn has_gpus(&self) -> bool {
@@ -22,15 +48,16 @@ impl GpuMapper for Cuda {
     }
 
     /// Registers host memory as pinned and mapped for every GPU (`cuMemHostRegister` with
-    /// PORTABLE | DEVICEMAP).
-    unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<()> {
+    /// PORTABLE | DEVICEMAP) and answers its device pointer; undone if there is none.
+    unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<u64> {
         self.bind(0)?;
         let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
         // SAFETY: the caller guarantees the range.
         check(
             unsafe { sys::cuMemHostRegister_v2(ptr as *mut _, len, flags) },
             "cuMemHostRegister",
-        )
+        )?;
+        device_pointer(ptr as u64).inspect_err(|_| self.unregister(ptr))
     }
 
     fn unregister(&self, ptr: *mut u8) {
@@ -42,14 +69,15 @@ impl GpuMapper for Cuda {
 
     /// Registers `len` bytes at the page-aligned `addr` for every GPU (PORTABLE | DEVICEMAP,
     /// and IOMEMORY for a device's register page), or counts one more holder of the same
-    /// range.
-    unsafe fn register_foreign(&self, addr: u64, len: usize, io: bool) -> Result<()> {
+    /// range; answers the device pointer. A range whose device pointer cannot be had is
+    /// unregistered again and the call fails (a GPU must not be handed the host address).
+    unsafe fn register_foreign(&self, addr: u64, len: usize, io: bool) -> Result<u64> {
         let mut reg = REGISTERED.lock();
         let reg = reg.get_or_insert_with(HashMap::new);
-        if let Some((l, n)) = reg.get_mut(&addr) {
+        if let Some((l, n, at)) = reg.get_mut(&addr) {
             if *l == len {
                 *n += 1;
-                return Ok(());
+                return Ok(*at);
             }
         }
         self.bind(0)?;
@@ -62,8 +90,12 @@ impl GpuMapper for Cuda {
             unsafe { sys::cuMemHostRegister_v2(addr as *mut _, len, flags) },
             "cuMemHostRegister",
         )?;
-        reg.insert(addr, (len, 1));
-        Ok(())
+        let at = device_pointer(addr).inspect_err(|_| self.unregister(addr as *mut u8))?;
+        if at != addr {
+            tracing::info!("host memory at {addr:#x} (io {io}) has device pointer {at:#x}");
+        }
+        reg.insert(addr, (len, 1, at));
+        Ok(at)
     }
 
     /// Drops one holder of a [`register_foreign`](GpuMapper::register_foreign) range; the
@@ -71,7 +103,7 @@ impl GpuMapper for Cuda {
     fn unregister_foreign(&self, addr: u64) {
         let mut reg = REGISTERED.lock();
         let Some(reg) = reg.as_mut() else { return };
-        let Some((_, n)) = reg.get_mut(&addr) else {
+        let Some((_, n, _)) = reg.get_mut(&addr) else {
             return;
         };
         *n -= 1;

@@ -11,12 +11,17 @@
 //! context. Host memory the GPU must reach (rings, doorbell words and CQs, signal words) is
 //! registered as pinned, device-mapped memory when its creator passes a handle; on the
 //! machines we support (unified addressing, `CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM`) its
-//! device address is its host address.
+//! device address is its host address; a device's register page registered as I/O memory need
+//! not be, so every registration asks `cuMemHostGetDevicePointer` and what a GPU executes uses
+//! that address.
 
 mod copy;
 mod event;
 mod executor;
 mod foreign;
+#[cfg(test)]
+mod gpu_addr_tests;
+mod inbound;
 mod launch;
 mod load;
 mod memory;
@@ -26,6 +31,8 @@ mod stream;
 pub(crate) use copy::{read_region, GpuCtx};
 pub use event::CudaEvent;
 pub(crate) use foreign::dma_buf;
+pub(crate) use inbound::refuse_write_target;
+pub use inbound::{InboundWrites, WRITES_ORDERING_OWNER};
 pub use launch::{KernelArg, LaunchArgs};
 pub use memory::{DeviceBuffer, IpcHandle, MemoryKind};
 pub use module::{nvrtc_available, Function, Module};
@@ -47,11 +54,13 @@ pub struct GpuCaps {
     pub mem_ops_64: bool,
     /// `CU_STREAM_WAIT_VALUE_NOR`.
     pub wait_nor: bool,
-    /// `CU_STREAM_WAIT_VALUE_FLUSH` / flushing remote writes.
+    /// `CU_STREAM_WAIT_VALUE_FLUSH` / flushing remote writes (used where the GPU does not
+    /// order them: [`GpuCaps::inbound_writes`]).
     pub flush_remote_writes: bool,
     /// GPUDirect RDMA.
     pub gpudirect_rdma: bool,
-    /// Ordering of GPUDirect RDMA writes (0 none, 100 owner, 200 all devices).
+    /// Ordering of GPUDirect RDMA writes (0 none, 100 owner, 200 all devices): at least
+    /// [`WRITES_ORDERING_OWNER`] and no flush is needed.
     pub gpudirect_rdma_writes_ordering: i32,
     /// dma-buf export of device memory (for `ibv_reg_dmabuf_mr`).
     pub dma_buf: bool,

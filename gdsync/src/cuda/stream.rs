@@ -1,8 +1,9 @@
-//! The CUDA stream executor: runs op lists as `cuStreamBatchMemOp` (v2 API only).
+//! The CUDA stream executor: runs op lists as `cuStreamBatchMemOp` (v2 API only), at the GPUs'
+//! addresses of the memory they name (`mem::gpu_addr_in`).
 
-use super::{check, failed, Cuda, GpuCaps};
+use super::{check, failed, Cuda, GpuCaps, InboundWrites};
 use crate::backoff::Backoff;
-use crate::mem::RingMem;
+use crate::mem::{gpu_addr_in, RingMem};
 use crate::ops::{Op, Ops, WaitCond};
 use crate::{Error, Result};
 use cudarc::driver::{result, sys};
@@ -186,7 +187,7 @@ impl CudaStream {
         if ops.is_empty() {
             return Ok(());
         }
-        let mut params = self.translate(&ops)?;
+        let mut params = translate(&ops, &self.caps)?;
         self.cuda.bind(self.ordinal)?;
         // One more for the sequence number.
         self.make_room(params.len() + 1)?;
@@ -199,7 +200,7 @@ impl CudaStream {
             let mut p: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
             p.writeValue = write_params(
                 sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32,
-                self.done.addr(0),
+                self.done.gpu_addr(0),
                 seq as u64,
             );
             params.push(p);
@@ -279,85 +280,91 @@ impl CudaStream {
             backoff.snooze();
         }
     }
+}
 
-    fn translate(&self, ops: &Ops) -> Result<Vec<sys::CUstreamBatchMemOpParams>> {
-        use sys::CUstreamBatchMemOpType as T;
-        let mut out = Vec::with_capacity(ops.len() + 2);
-        for (k, op) in ops.as_slice().iter().enumerate() {
-            // SAFETY: an all-zero params union is a valid (empty) value; fields are set below.
-            let mut p: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
-            match *op {
-                Op::Write32 { addr, value } => {
-                    p.writeValue =
-                        write_params(T::CU_STREAM_MEM_OP_WRITE_VALUE_32, addr, value as u64);
-                }
-                Op::Write64 { addr, value } if self.caps.mem_ops_64 => {
-                    p.writeValue = write_params(T::CU_STREAM_MEM_OP_WRITE_VALUE_64, addr, value);
-                }
-                Op::Write64 { addr, value } => {
-                    // Two 32-bit writes, low word first (as libgdsync does without 64-bit memops).
-                    p.writeValue = write_params(
-                        T::CU_STREAM_MEM_OP_WRITE_VALUE_32,
-                        addr,
-                        value & 0xFFFF_FFFF,
-                    );
-                    out.push(p);
-                    p.writeValue =
-                        write_params(T::CU_STREAM_MEM_OP_WRITE_VALUE_32, addr + 4, value >> 32);
-                }
-                Op::Wait32 { addr, value, cond } => {
-                    p.waitValue = wait_params(
-                        T::CU_STREAM_MEM_OP_WAIT_VALUE_32,
-                        addr,
-                        value as u64,
-                        self.cond(cond)?,
-                    );
-                }
-                Op::Wait64 { addr, value, cond } => {
-                    if !self.caps.mem_ops_64 {
-                        return Err(Error::Unsupported(
-                            "64-bit stream waits: this GPU lacks 64-bit stream memory operations"
-                                .into(),
-                        ));
-                    }
-                    p.waitValue = wait_params(
-                        T::CU_STREAM_MEM_OP_WAIT_VALUE_64,
-                        addr,
-                        value,
-                        self.cond(cond)?,
-                    );
-                }
-                // A write carries its own fence: a barrier right before one adds nothing.
-                Op::Barrier if barrier_elided(ops.as_slice(), k) => continue,
-                Op::Barrier => {
-                    p.memoryBarrier =
-                        sys::CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st {
-                            operation: T::CU_STREAM_MEM_OP_BARRIER,
-                            flags:
-                                sys::CUstreamMemoryBarrier_flags::CU_STREAM_MEMORY_BARRIER_TYPE_SYS
-                                    as u32,
-                        };
-                }
+/// The stream memory operations that run `ops` on a GPU with `caps`: every address resolved
+/// to the GPUs' address of the memory it names, and every wait flushing inbound RDMA writes
+/// first where the GPU does not order them but can flush ([`InboundWrites::Flush`]: a
+/// stream does not know which NIC wrote the word it waits on, so every wait flushes there).
+pub(super) fn translate(ops: &Ops, caps: &GpuCaps) -> Result<Vec<sys::CUstreamBatchMemOpParams>> {
+    use sys::CUstreamBatchMemOpType as T;
+    let flush = if caps.inbound_writes(true) == InboundWrites::Flush {
+        sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_FLUSH as u32
+    } else {
+        0
+    };
+    let mut out = Vec::with_capacity(ops.len() + 2);
+    for (k, op) in ops.as_slice().iter().enumerate() {
+        // SAFETY: an all-zero params union is a valid (empty) value; fields are set below.
+        let mut p: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
+        match *op {
+            Op::Write32 { addr, value } => {
+                let at = gpu_addr_in(ops.kept(), addr);
+                p.writeValue = write_params(T::CU_STREAM_MEM_OP_WRITE_VALUE_32, at, value as u64);
             }
-            out.push(p);
+            Op::Write64 { addr, value } if caps.mem_ops_64 => {
+                let at = gpu_addr_in(ops.kept(), addr);
+                p.writeValue = write_params(T::CU_STREAM_MEM_OP_WRITE_VALUE_64, at, value);
+            }
+            Op::Write64 { addr, value } => {
+                // Two 32-bit writes, low word first (as libgdsync does without 64-bit memops).
+                let at = gpu_addr_in(ops.kept(), addr);
+                let low = value & 0xFFFF_FFFF;
+                p.writeValue = write_params(T::CU_STREAM_MEM_OP_WRITE_VALUE_32, at, low);
+                out.push(p);
+                p.writeValue =
+                    write_params(T::CU_STREAM_MEM_OP_WRITE_VALUE_32, at + 4, value >> 32);
+            }
+            Op::Wait32 { addr, value, cond } => {
+                let (at, flags) = (
+                    gpu_addr_in(ops.kept(), addr),
+                    wait_cond(caps, cond)? | flush,
+                );
+                p.waitValue =
+                    wait_params(T::CU_STREAM_MEM_OP_WAIT_VALUE_32, at, value as u64, flags);
+            }
+            Op::Wait64 { addr, value, cond } => {
+                if !caps.mem_ops_64 {
+                    return Err(Error::Unsupported(
+                        "64-bit stream waits: this GPU lacks 64-bit stream memory operations"
+                            .into(),
+                    ));
+                }
+                let (at, flags) = (
+                    gpu_addr_in(ops.kept(), addr),
+                    wait_cond(caps, cond)? | flush,
+                );
+                p.waitValue = wait_params(T::CU_STREAM_MEM_OP_WAIT_VALUE_64, at, value, flags);
+            }
+            // A write carries its own fence: a barrier right before one adds nothing.
+            Op::Barrier if barrier_elided(ops.as_slice(), k) => continue,
+            Op::Barrier => p.memoryBarrier = system_barrier(),
         }
-        Ok(out)
+        out.push(p);
     }
+    Ok(out)
+}
 
-    fn cond(&self, c: WaitCond) -> Result<u32> {
-        use sys::CUstreamWaitValue_flags as F;
-        Ok(match c {
-            WaitCond::Geq => F::CU_STREAM_WAIT_VALUE_GEQ as u32,
-            WaitCond::Eq => F::CU_STREAM_WAIT_VALUE_EQ as u32,
-            WaitCond::And => F::CU_STREAM_WAIT_VALUE_AND as u32,
-            WaitCond::Nor if self.caps.wait_nor => F::CU_STREAM_WAIT_VALUE_NOR as u32,
-            WaitCond::Nor => {
-                return Err(Error::Unsupported(
-                    "NOR stream waits (CAN_USE_STREAM_WAIT_VALUE_NOR = 0): completion waits on the first pass of a CQ need them".into(),
-                ))
-            }
-        })
+fn system_barrier() -> sys::CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st {
+    sys::CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st {
+        operation: sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_BARRIER,
+        flags: sys::CUstreamMemoryBarrier_flags::CU_STREAM_MEMORY_BARRIER_TYPE_SYS as u32,
     }
+}
+
+fn wait_cond(caps: &GpuCaps, c: WaitCond) -> Result<u32> {
+    use sys::CUstreamWaitValue_flags as F;
+    Ok(match c {
+        WaitCond::Geq => F::CU_STREAM_WAIT_VALUE_GEQ as u32,
+        WaitCond::Eq => F::CU_STREAM_WAIT_VALUE_EQ as u32,
+        WaitCond::And => F::CU_STREAM_WAIT_VALUE_AND as u32,
+        WaitCond::Nor if caps.wait_nor => F::CU_STREAM_WAIT_VALUE_NOR as u32,
+        WaitCond::Nor => {
+            return Err(Error::Unsupported(
+                "NOR stream waits (CAN_USE_STREAM_WAIT_VALUE_NOR = 0): completion waits on the first pass of a CQ need them".into(),
+            ))
+        }
+    })
 }
 
 /// A word of host memory that a pending list's wait points at, or `None` for device memory.

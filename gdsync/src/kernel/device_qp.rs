@@ -154,9 +154,9 @@ impl From<IntoHostError> for Error {
 
 fn cq_desc(cq: &CqShared, wq_retired: u64, wq_ci: u64) -> CqDesc {
     CqDesc {
-        cqes: cq.ring.addr(0),
-        dbrec: cq.dbrec.addr(),
-        retired: cq.ctrl.addr(CQ_RETIRED),
+        cqes: cq.ring.gpu_addr(0),
+        dbrec: cq.dbrec.gpu_addr(),
+        retired: cq.ctrl.gpu_addr(CQ_RETIRED),
         wq_retired,
         ci: cq.ctrl.u64(CQ_RETIRED).load(Ordering::Acquire),
         wq_ci,
@@ -196,18 +196,22 @@ impl DeviceQp {
     }
 
     /// The descriptor to pass to a kernel, with the counters where the last kernel left them
-    /// (so a new launch resumes). Take a new one for each launch, never while a kernel runs.
+    /// (so a new launch resumes), at the GPUs' addresses of the rings, records and doorbell. Take a new one for each launch, never while a kernel runs.
     pub fn desc(&self) -> QpDesc {
         let s = &*self.qp.shared;
         let (sq_ci, rq_ci) = s.kernel_retired();
         let gpu_rings = s.handler == NicHandler::Gpu;
         QpDesc {
-            sq: s.buf.addr(s.sq_off),
-            rq: s.buf.addr(0),
-            dbrec: s.dbrec.addr(),
-            db: if gpu_rings { s.doorbell.addr() } else { 0 },
-            proxy: if gpu_rings { 0 } else { s.ctrl.addr(QP_PROXY) },
-            state: s.ctrl.addr(QP_KERNEL_SQ_PI),
+            sq: s.buf.gpu_addr(s.sq_off),
+            rq: s.buf.gpu_addr(0),
+            dbrec: s.dbrec.gpu_addr(),
+            db: if gpu_rings { s.doorbell.gpu_addr() } else { 0 },
+            proxy: if gpu_rings {
+                0
+            } else {
+                s.ctrl.gpu_addr(QP_PROXY)
+            },
+            state: s.ctrl.gpu_addr(QP_KERNEL_SQ_PI),
             sq_pi: s.ctrl.u64(QP_KERNEL_SQ_PI).load(Ordering::Acquire),
             rq_pi: s.ctrl.u64(QP_KERNEL_RQ_PI).load(Ordering::Acquire),
             qpn: s.qpn,
@@ -215,8 +219,8 @@ impl DeviceQp {
             rq_wqes: s.rq_cnt,
             rq_stride: s.rq_stride,
             reserved: [0; 2],
-            send_cq: cq_desc(&s.send_cq, s.ctrl.addr(QP_SQ_RETIRED), sq_ci),
-            recv_cq: cq_desc(&s.recv_cq, s.ctrl.addr(QP_RQ_RETIRED), rq_ci),
+            send_cq: cq_desc(&s.send_cq, s.ctrl.gpu_addr(QP_SQ_RETIRED), sq_ci),
+            recv_cq: cq_desc(&s.recv_cq, s.ctrl.gpu_addr(QP_RQ_RETIRED), rq_ci),
         }
     }
 

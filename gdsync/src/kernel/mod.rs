@@ -22,7 +22,7 @@ mod qp_handover;
 pub use device_qp::{CqDesc, DeviceQp, DeviceQpProgress, IntoHostError, QpDesc};
 pub use peer::{PeerDesc, PeerState};
 
-use crate::mem::RingMem;
+use crate::mem::{gpu_addr_in, RingMem};
 use crate::ops::{Op, Ops, WaitCond};
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
@@ -112,15 +112,17 @@ fn cond_code(c: WaitCond) -> u32 {
 
 impl SendDesc {
     /// The descriptor for a commit's op list: `Write32` doorbell record, `Barrier`, `Write64`
-    /// doorbell; or, where a CPU proxy rings, `Barrier`, `Write64` request.
+    /// doorbell; or, where a CPU proxy rings, `Barrier`, `Write64` request. Addresses are the
+    /// GPUs' addresses of the memory the list names.
     pub fn from_ops(ops: &Ops) -> Result<Self> {
+        let at = |a: &u64| gpu_addr_in(ops.kept(), *a);
         match ops.as_slice() {
             [Op::Barrier, Op::Write64 {
                 addr: db,
                 value: db_value,
             }] => Ok(SendDesc {
                 dbrec: 0,
-                db: *db,
+                db: at(db),
                 db_value: *db_value,
                 dbrec_value: 0,
                 reserved: 0,
@@ -132,8 +134,8 @@ impl SendDesc {
                 addr: db,
                 value: db_value,
             }] => Ok(SendDesc {
-                dbrec: *dbrec,
-                db: *db,
+                dbrec: at(dbrec),
+                db: at(db),
                 db_value: *db_value,
                 dbrec_value: *dbrec_value,
                 reserved: 0,
@@ -145,11 +147,14 @@ impl SendDesc {
 
 impl WaitDesc {
     /// The descriptor for a completion wait's op list (`Wait32` on the CQE word, `Write32`
-    /// consumer index, `Write64` retired counter, optionally `Write64` ring retired counter).
+    /// consumer index, `Write64` retired counter, optionally `Write64` ring retired counter),
+    /// at the GPUs' addresses of the memory the list names.
     pub fn from_ops(ops: &Ops) -> Result<Self> {
         let s = ops.as_slice();
         let (word, value, cond) = match s.first() {
-            Some(Op::Wait32 { addr, value, cond }) => (*addr, *value, cond_code(*cond)),
+            Some(Op::Wait32 { addr, value, cond }) => {
+                (gpu_addr_in(ops.kept(), *addr), *value, cond_code(*cond))
+            }
             _ => return Err(Error::invalid(format!("not a wait op list: {s:?}"))),
         };
         let mut d = WaitDesc {
@@ -162,16 +167,16 @@ impl WaitDesc {
         for op in &s[1..] {
             match *op {
                 Op::Write32 { addr, value } if d.ci_rec == 0 => {
-                    d.ci_rec = addr;
+                    d.ci_rec = gpu_addr_in(ops.kept(), addr);
                     d.ci_value = value;
                 }
                 Op::Write64 { addr, value } if writes64 == 0 => {
-                    d.retired = addr;
+                    d.retired = gpu_addr_in(ops.kept(), addr);
                     d.retired_value = value;
                     writes64 += 1;
                 }
                 Op::Write64 { addr, value } if writes64 == 1 => {
-                    d.ring_retired = addr;
+                    d.ring_retired = gpu_addr_in(ops.kept(), addr);
                     d.ring_retired_value = value;
                     writes64 += 1;
                 }
@@ -259,8 +264,8 @@ impl DescRing {
     /// What to pass to the kernel.
     pub fn device_desc(&self) -> RingDesc {
         RingDesc {
-            descs: self.mem.addr(ENTRIES_OFF),
-            consumed: self.mem.addr(CONSUMED_OFF),
+            descs: self.mem.gpu_addr(ENTRIES_OFF),
+            consumed: self.mem.gpu_addr(CONSUMED_OFF),
             cap: self.cap,
             reserved: 0,
         }

@@ -26,6 +26,13 @@ pub struct DeviceAttr {
     /// creating a queue hands it no ring memory, and the queue uses the device's. Otherwise
     /// (the soft device) the queue layer allocates them and hands them over.
     pub owns_rings: bool,
+    /// Payloads the device writes into GPU memory travel a different path from its
+    /// completions (a ConnectX: PCIe peer-to-peer writes to the GPU, CQEs to host memory), so
+    /// a GPU that sees a completion may not see the payload yet unless it orders or flushes
+    /// such writes (see [`GpuCaps::inbound_writes`](crate::cuda::GpuCaps::inbound_writes)).
+    /// False where the device copies a payload before it writes the completion (the soft
+    /// device).
+    pub gpu_writes_separate: bool,
 }
 
 /// A port's state (as `ibv_port_state`).

@@ -64,9 +64,13 @@ pub(crate) struct MemAt {
 }
 
 impl MemAt {
-    /// The address of the place.
+    /// The host address of the place.
     pub(crate) fn addr(&self) -> u64 {
         self.mem.addr(self.off)
+    }
+    /// The GPUs' address of the place ([`RingMem::gpu_addr`]).
+    pub(crate) fn gpu_addr(&self) -> u64 {
+        self.mem.gpu_addr(self.off)
     }
 }
 

@@ -339,8 +339,11 @@ fn path_mtu(bytes: u32) -> u32 {
         .unwrap_or(256)
 }
 
-/// Why a UAR page may not map for GPUs, as far as this process can tell.
-fn gpu_doorbell_hint() -> &'static str {
+/// Why a UAR page may not map for GPUs, as far as this process can tell from `e`.
+fn gpu_doorbell_hint(e: &Error) -> &'static str {
+    if matches!(e, Error::Cuda { call, .. } if *call == "cuMemHostGetDevicePointer") {
+        return "CUDA registered the page but gave no device address for it, and a GPU must not ring it at its host address";
+    }
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } == 0 {
         "this process is root, so the GPU driver refuses peer mappings of the HCA's page \
@@ -425,6 +428,8 @@ impl Provider for Mlx5Device {
             phys_port_cnt: l.phys_port_cnt,
             // libmlx5 allocates the rings.
             owns_rings: true,
+            // NIC → GPU payloads go peer-to-peer, CQEs to host memory.
+            gpu_writes_separate: true,
         }
     }
 
@@ -549,7 +554,7 @@ impl Provider for Mlx5Device {
             Some(e) => Err(format!(
                 "the doorbell page of {} cannot be mapped for GPUs ({e}; {})",
                 self.ctx.name(),
-                gpu_doorbell_hint()
+                gpu_doorbell_hint(&e)
             )),
         };
         self.qps.lock().insert(r.qpn, qp);

@@ -22,6 +22,8 @@ pub(crate) fn device_attr() -> DeviceAttr {
         max_inline_data: MAX_INLINE_DATA as u32,
         phys_port_cnt: 1,
         owns_rings: false,
+        // Payloads are copied (synchronously, also into GPU memory) before the CQE.
+        gpu_writes_separate: false,
     }
 }
 
