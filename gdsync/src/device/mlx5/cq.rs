@@ -1,6 +1,7 @@
 //! Completion queues: `ibv_create_cq`, then `mlx5dv_init_obj` for the CQE ring and its
 //! doorbell record, with every CQE marked invalid so that a wait on the owner bit alone (a
-//! GPU's one-word wait) cannot pass before the HCA wrote the entry.
+//! GPU's one-word wait) cannot pass before the HCA wrote the entry; and the number of a CQ an
+//! asynchronous event names.
 
 use super::context::Context;
 use super::error::RdmaError;
@@ -60,6 +61,31 @@ impl Context {
         };
         let raw = NonNull::new(raw).ok_or_else(|| RdmaError::last("ibv_create_cq"))?;
         Cq::adopt(self, raw)
+    }
+}
+
+impl Context {
+    /// The number of the CQ `cq` (an event names the `ibv_cq`), from `mlx5dv_init_obj`;
+    /// `None` when libmlx5 cannot say.
+    ///
+    /// # Safety
+    /// `cq` is a live CQ of this context (an unacknowledged event keeps it alive).
+    pub(crate) unsafe fn cq_number(&self, cq: *mut sys::ibv_cq) -> Option<u32> {
+        if cq.is_null() {
+            return None;
+        }
+        let mut dv = sys::mlx5dv_cq::default();
+        let mut obj = sys::mlx5dv_obj::default();
+        obj.cq.in_ = cq;
+        obj.cq.out = &mut dv;
+        // SAFETY: FFI on a live CQ (the caller's word); `obj` and `dv` outlive the call, and
+        // only the CQ pair is selected. (The CQ was already initialised this way at creation.)
+        let rc = unsafe {
+            self.rdma
+                .mlx5
+                .mlx5dv_init_obj(&mut obj, sys::MLX5DV_OBJ_CQ.into())
+        };
+        (rc == 0).then_some(dv.cqn)
     }
 }
 
