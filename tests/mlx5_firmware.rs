@@ -2,11 +2,12 @@
 //! counts the verbs commands it serves (on a ConnectX each is a firmware command) and raises
 //! the events a HCA raises on its own: an `mp` run asks the device nothing once connected
 //! (no QUERY_QP in its progress loop), and a CQ error (a CQ overrun on a ConnectX) fails the
-//! CQ's polls and waits within 2 s, naming the CQ, where they used to wait until their
-//! timeout. Each test runs its body in a child under the driver (this binary again). Ignored
+//! CQ's polls and waits (CPU polls, host executors, `mp`) within 2 s, naming the CQ, where
+//! they used to wait until their timeout. Each test runs its body in a child under the driver (this binary again). Ignored
 //! where rdma-core is not installed.
 
-use gdasync::gdsync::{Device, Error, QpConfig, QpState};
+use gdasync::gdsync::exec::{HostExecutor, HostStream};
+use gdasync::gdsync::{Device, Error, QpConfig, QpState, RecvWr};
 use gdasync::mp::bootstrap::ThreadBootstrap;
 use gdasync::mp::Comm;
 use std::sync::{Arc, Barrier};
@@ -163,6 +164,40 @@ fn mlx5_a_cq_error_fails_the_cqs_polls() {
     // The other CQ is not affected.
     assert!(other.check().is_ok());
     assert_eq!(other.poll_one().unwrap(), None);
+}
+
+/// Host executors' waits for a completion of a CQ that fails (a `HostExecutor` on this
+/// thread, a `HostStream` on its own): the error, naming the CQ, within 2 s.
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn mlx5_a_cq_error_fails_host_executor_waits() {
+    if in_child_under_emulator("mlx5_a_cq_error_fails_host_executor_waits", "mlx5_0") {
+        return;
+    }
+    let dev = Device::open("mlx5_0").unwrap();
+    let pd = dev.alloc_pd();
+    let (scq, rcq) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+    let mut qp = pd.create_qp(&scq, &rcq, &QpConfig::default()).unwrap();
+    let peer = pd.create_qp(&scq, &scq, &QpConfig::default()).unwrap();
+    qp.connect(&peer.endpoint()).unwrap();
+    // Receives nobody sends to: only the CQ error ends their waits.
+    let stream = HostStream::with_timeout(GIVE_UP).unwrap();
+    let t = qp.post_recv(&RecvWr::new()).unwrap();
+    stream.enqueue(qp.recv_wait_ops(&t).unwrap());
+    let t = qp.post_recv(&RecvWr::new()).unwrap();
+    let ops = qp.recv_wait_ops(&t).unwrap();
+    let cqn = rcq.cqn();
+    let raiser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        raise_cq_error(cqn)
+    });
+    let got = HostExecutor::with_timeout(GIVE_UP).run(&ops);
+    let raised = raiser.join().unwrap();
+    assert_fails_naming(got, cqn, raised, "a HostExecutor wait");
+    assert_fails_naming(stream.synchronize(), cqn, raised, "a HostStream wait");
 }
 
 /// An `mp` wait for a receive whose CQ fails: the error (naming the CQ) within 2 s.

@@ -65,12 +65,13 @@ impl Context {
 }
 
 impl Context {
-    /// The number of the CQ `cq` (an event names the `ibv_cq`), from `mlx5dv_init_obj`;
-    /// `None` when libmlx5 cannot say.
+    /// The CQ `cq` that a CQ-error event names failed: its number, from `mlx5dv_init_obj`
+    /// (`None` when libmlx5 cannot say); its ring is recorded as written no more, so that
+    /// host waits on it fail at once ([`crate::failed_rings`]).
     ///
     /// # Safety
     /// `cq` is a live CQ of this context (an unacknowledged event keeps it alive).
-    pub(crate) unsafe fn cq_number(&self, cq: *mut sys::ibv_cq) -> Option<u32> {
+    pub(crate) unsafe fn cq_failed(&self, cq: *mut sys::ibv_cq) -> Option<u32> {
         if cq.is_null() {
             return None;
         }
@@ -85,7 +86,12 @@ impl Context {
                 .mlx5
                 .mlx5dv_init_obj(&mut obj, sys::MLX5DV_OBJ_CQ.into())
         };
-        (rc == 0).then_some(dv.cqn)
+        if rc != 0 {
+            return None;
+        }
+        let len = u64::from(dv.cqe_cnt) * u64::from(dv.cqe_size);
+        crate::failed_rings::cq_failed(dv.buf as u64, len, dv.cqn);
+        Some(dv.cqn)
     }
 }
 
@@ -168,6 +174,7 @@ impl Cq {
 
 impl Drop for Cq {
     fn drop(&mut self) {
+        crate::failed_rings::forget(self.ring.buf as u64);
         // SAFETY: every QP using the CQ holds an Arc of it, so none is left.
         let rc = unsafe { self.ctx.rdma.verbs.ibv_destroy_cq(self.raw.as_ptr()) };
         if let Err(e) = RdmaError::check("ibv_destroy_cq", rc) {

@@ -109,7 +109,7 @@ impl std::fmt::Display for AsyncEvent {
 
 impl AsyncEvent {
     /// The event `e` describes (read before it is acknowledged: the QP or CQ it names is
-    /// alive); `cq_number` tells a CQ's number ([`Context::cq_number`]).
+    /// alive); `cq_number` tells a CQ's number ([`Context::cq_failed`]).
     ///
     /// # Safety
     /// `e` was filled by `ibv_get_async_event` and is not yet acknowledged.
@@ -151,7 +151,8 @@ impl AsyncEvent {
 
 impl Context {
     /// The device's next asynchronous event, waiting at most `timeout` (zero: only look);
-    /// `None` when none came. The event is acknowledged before this returns.
+    /// `None` when none came. The event is acknowledged before this returns. (A CQ error
+    /// also marks the CQ's ring as written no more: host executors' waits on it fail.)
     pub fn next_async_event(&self, timeout: Duration) -> RdmaResult<Option<AsyncEvent>> {
         // SAFETY: the context is open; async_fd is its event descriptor, owned by libibverbs.
         let fd = unsafe { (*self.raw.as_ptr()).async_fd };
@@ -169,7 +170,7 @@ impl Context {
             if rc == 0 {
                 // SAFETY: just filled by ibv_get_async_event, acknowledged right after (so
                 // the CQ it may name is alive while its number is read).
-                let ev = unsafe { AsyncEvent::from_raw(&e, |cq| self.cq_number(cq)) };
+                let ev = unsafe { AsyncEvent::from_raw(&e, |cq| self.cq_failed(cq)) };
                 // SAFETY: an event ibv_get_async_event returned, acknowledged once.
                 unsafe { self.rdma.verbs.ibv_ack_async_event(&mut e) };
                 return Ok(Some(ev));
