@@ -114,7 +114,10 @@ fn raise_cq_error(cqn: u32) -> Instant {
 fn assert_fails_naming(got: Result<(), Error>, cqn: u32, raised: Instant, who: &str) {
     let took = raised.elapsed();
     let e = got.expect_err(who);
-    assert!(matches!(e, Error::CqOverrun { cqn: c } if c == cqn), "{who}: {e}");
+    assert!(
+        matches!(e, Error::CqOverrun { cqn: c } if c == cqn),
+        "{who}: {e}"
+    );
     assert!(e.to_string().contains(&format!("{cqn:#x}")), "{who}: {e}");
     assert!(took < FAULT_LIMIT, "{who} failed after {took:?}");
 }

@@ -268,7 +268,10 @@ impl QpShared {
     /// the last look (an executor or kernel may have consumed one: its wait passes for
     /// errors too).
     fn look_at_cqs(&self) {
-        for (cq, looked) in [&self.send_cq, &self.recv_cq].into_iter().zip(&self.cq_looked) {
+        for (cq, looked) in [&self.send_cq, &self.recv_cq]
+            .into_iter()
+            .zip(&self.cq_looked)
+        {
             let ci = cq.ci_word();
             if looked.load(Ordering::Relaxed) != ci {
                 cq.look_for_errors();
