@@ -3,8 +3,9 @@
 //! the events a HCA raises on its own: an `mp` run asks the device nothing once connected
 //! (no QUERY_QP in its progress loop), and a CQ error (a CQ overrun on a ConnectX) fails the
 //! CQ's polls and waits (CPU polls, host executors, `mp`) within 2 s, naming the CQ, where
-//! they used to wait until their timeout. Each test runs its body in a child under the driver (this binary again). Ignored
-//! where rdma-core is not installed.
+//! they used to wait until their timeout. Each test runs its body in a child under the driver
+//! (this binary again, as the other tests of `tests/mlx5.rs`). Ignored where rdma-core is not
+//! installed.
 
 use gdasync::gdsync::exec::{HostExecutor, HostStream};
 use gdasync::gdsync::{Device, Error, QpConfig, QpState, RecvWr};
@@ -73,7 +74,10 @@ fn rank(boot: ThreadBootstrap, dev: &Device, counted: &Barrier) -> u64 {
     ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
 )]
 fn mlx5_an_mp_run_issues_no_query_qp_after_connect() {
-    if in_child_under_emulator("mlx5_an_mp_run_issues_no_query_qp_after_connect", "mlx5_0") {
+    if in_child_under_emulator(
+        "firmware::mlx5_an_mp_run_issues_no_query_qp_after_connect",
+        "mlx5_0",
+    ) {
         return;
     }
     let dev = Device::open("mlx5_0").unwrap();
@@ -130,7 +134,7 @@ fn assert_fails_naming(got: Result<(), Error>, cqn: u32, raised: Instant, who: &
     ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
 )]
 fn mlx5_a_cq_error_fails_the_cqs_polls() {
-    if in_child_under_emulator("mlx5_a_cq_error_fails_the_cqs_polls", "mlx5_0") {
+    if in_child_under_emulator("firmware::mlx5_a_cq_error_fails_the_cqs_polls", "mlx5_0") {
         return;
     }
     let dev = Device::open("mlx5_0").unwrap();
@@ -177,7 +181,10 @@ fn mlx5_a_cq_error_fails_the_cqs_polls() {
     ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
 )]
 fn mlx5_a_cq_error_fails_host_executor_waits() {
-    if in_child_under_emulator("mlx5_a_cq_error_fails_host_executor_waits", "mlx5_0") {
+    if in_child_under_emulator(
+        "firmware::mlx5_a_cq_error_fails_host_executor_waits",
+        "mlx5_0",
+    ) {
         return;
     }
     let dev = Device::open("mlx5_0").unwrap();
@@ -210,7 +217,7 @@ fn mlx5_a_cq_error_fails_host_executor_waits() {
     ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
 )]
 fn mlx5_a_cq_error_fails_an_mp_wait() {
-    if in_child_under_emulator("mlx5_a_cq_error_fails_an_mp_wait", "mlx5_0") {
+    if in_child_under_emulator("firmware::mlx5_a_cq_error_fails_an_mp_wait", "mlx5_0") {
         return;
     }
     let dev = Device::open("mlx5_0").unwrap();
