@@ -2,7 +2,8 @@
 //! under the emulated kernel driver (uverbs-emu): device list, query device and port, GID
 //! choice, PD, MRs, CQ ring, mlx5dv QP rings, INIT/RTR/RTS and the driver's refusals,
 //! `ibv_query_qp`, the async events (port down and up, QP fatal), the device selection
-//! (`Device::open`, `GDSYNC_DEVICE`, `Device::default`); and what is reported without a device. The preload must be in a process's environment from its
+//! (`Device::open`, `GDSYNC_DEVICE`, `Device::default`); and what is reported without a device;
+//! in [`firmware`], the commands a run issues once connected and what a CQ error fails. The preload must be in a process's environment from its
 //! start, so each test runs its body in a child (this test binary again, with the emulator's
 //! environment). Ignored where rdma-core is not installed.
 
@@ -16,6 +17,9 @@ use std::time::Duration;
 use uverbs_emu::control;
 
 use uverbs_emu::in_child_under_emulator;
+
+#[path = "mlx5/firmware.rs"]
+mod firmware;
 
 #[test]
 #[cfg_attr(

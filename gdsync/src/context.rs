@@ -1,14 +1,16 @@
 //! The device as the queue layer holds it: the provider it gives commands to, the host's own
 //! record of registered regions (inline sends copy from them at post time, as the verbs
 //! library does, each QP keeping the last one it used while no registration changes), the CPU
-//! proxy that rings for GPUs, and what asynchronous events reported.
+//! proxy that rings for GPUs, and what asynchronous events reported (CQs that overran, QPs
+//! that failed: each QP's state word, which [`Qp::state`](crate::Qp::state) reads instead of
+//! asking the device).
 
 use crate::handler::Proxy;
-use crate::provider::{AsyncEvent, Provider};
+use crate::provider::{AsyncEvent, HwQpState, Provider};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 /// Hashes a key this library made (an lkey, a QP number) with one multiplication: an inline
@@ -142,6 +144,9 @@ pub(crate) struct DeviceContext {
     /// CQs the device reported as overrun.
     overran: Mutex<HashSet<u32>>,
     any_overrun: AtomicBool,
+    /// The state word of each live QP (a [`HwQpState`] as `u8`), by QPN: events and error
+    /// completions that name a QP set it to ERROR.
+    qp_states: Mutex<KeyMap<Arc<AtomicU8>>>,
 }
 
 impl DeviceContext {
@@ -153,6 +158,7 @@ impl DeviceContext {
             proxy: Default::default(),
             overran: Mutex::new(HashSet::new()),
             any_overrun: AtomicBool::new(false),
+            qp_states: Mutex::new(KeyMap::default()),
         }
     }
 
@@ -162,7 +168,12 @@ impl DeviceContext {
         while let Some(e) = self.provider.get_async_event() {
             match e {
                 AsyncEvent::CqError { cqn } => {
-                    self.overran.lock().insert(cqn);
+                    if self.overran.lock().insert(cqn) {
+                        tracing::error!(
+                            "{}: CQ {cqn:#x} overran (the device reported a CQ error): its completions are lost, and its polls and waits fail from now on",
+                            self.provider.name()
+                        );
+                    }
                     self.any_overrun.store(true, Ordering::Release);
                 }
                 AsyncEvent::QpFatal { qpn } => {
@@ -170,6 +181,7 @@ impl DeviceContext {
                         "{}: QP {qpn:#x} is in the error state",
                         self.provider.name()
                     );
+                    self.qp_failed(qpn);
                 }
                 AsyncEvent::PeerLost { peer } => {
                     tracing::debug!("{}: link to device {peer:016x} lost", self.provider.name());
@@ -178,11 +190,34 @@ impl DeviceContext {
         }
     }
 
-    /// Whether the device reported CQ `cqn` as overrun.
-    pub(crate) fn cq_overran(&self, cqn: u32) -> bool {
+    /// Reads the events that wait, if any (one load when none does).
+    #[inline]
+    pub(crate) fn poll_events(&self) {
         if self.provider.has_async_event() {
             self.read_events();
         }
+    }
+
+    /// Whether the device reported CQ `cqn` as overrun.
+    pub(crate) fn cq_overran(&self, cqn: u32) -> bool {
+        self.poll_events();
         self.any_overrun.load(Ordering::Acquire) && self.overran.lock().contains(&cqn)
+    }
+
+    /// Keeps QP `qpn`'s state word, for the events and error completions that name it.
+    pub(crate) fn watch_qp(&self, qpn: u32, state: Arc<AtomicU8>) {
+        self.qp_states.lock().insert(qpn, state);
+    }
+
+    /// QP `qpn` is destroyed: its number no longer names it.
+    pub(crate) fn forget_qp(&self, qpn: u32) {
+        self.qp_states.lock().remove(&qpn);
+    }
+
+    /// QP `qpn` is in the error state (an event or an error completion said so).
+    pub(crate) fn qp_failed(&self, qpn: u32) {
+        if let Some(w) = self.qp_states.lock().get(&qpn) {
+            w.store(HwQpState::Error as u8, Ordering::Release);
+        }
     }
 }

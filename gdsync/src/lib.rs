@@ -45,6 +45,7 @@ mod device;
 pub mod env;
 mod error;
 pub mod exec;
+mod failed_rings;
 pub mod format;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]

@@ -80,7 +80,9 @@ impl CqShared {
                 self.ring.read(off, &mut cqe.0);
                 // Still the same CQE after the read: the device did not start writing over it.
                 if self.ring.u8(off + 63).load(Ordering::Acquire) == op_own {
-                    st.keep_error(cq_error(&cqe), false);
+                    let e = cq_error(&cqe);
+                    self.ctx.qp_failed(e.qpn); // (an error completion: its QP is in error)
+                    st.keep_error(e, false);
                 } else {
                     lost = true;
                 }
@@ -88,6 +90,26 @@ impl CqShared {
             st.scanned = i + 1;
         }
         lost
+    }
+
+    /// The consumer index in the doorbell record (its 24 bits, as stored): it moves whenever
+    /// a host poll, an executor or a kernel consumes a completion.
+    pub(crate) fn ci_word(&self) -> u32 {
+        crate::mem::load_be32(&self.dbrec.mem, self.dbrec.off) & 0xFF_FFFF
+    }
+
+    /// Looks for error completions among those executors or kernels consumed since the host
+    /// last looked (and those written since), as [`Cq::take_errors`] does: their QPs' state
+    /// words learn of them, and `take_errors` reports them. Skipped while a host poll holds
+    /// the CQ (that poll decodes what it consumes).
+    pub(crate) fn look_for_errors(&self) {
+        let Some(mut st) = self.poll.try_lock() else {
+            return;
+        };
+        self.catch_up(&mut st);
+        if self.scan(&mut st) {
+            self.recover_lost_errors(&mut st);
+        }
     }
 
     /// The first errors of this CQ's QPs, from the device (`query_qp`), for QPs whose error
@@ -101,6 +123,7 @@ impl CqShared {
             .collect();
         for u in users {
             if let Some(e) = u.first_error_on(self.cqn) {
+                self.ctx.qp_failed(e.qpn);
                 if !st.reported.contains(&e.qpn) {
                     st.keep_error(e, false);
                 }

@@ -68,6 +68,7 @@ impl Iterator for CqPoll<'_> {
         s.ring.read(off, &mut cqe.0);
         let c = decode(&cqe, st.ci, &mut st.last, &s.users_by_qpn);
         if !c.is_ok() {
+            s.ctx.qp_failed(c.qpn); // (an error completion: its QP is in error)
             let in_error = st.last.as_ref().is_some_and(|(_, q)| q.in_error());
             log_polled_error(s, &c, in_error);
             if st.ci >= st.scanned {

@@ -8,7 +8,8 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Runs op lists on the calling CPU thread. Waits spin briefly, then back off, and give up
-/// with [`Error::Timeout`] after the executor's timeout.
+/// with [`Error::Timeout`] after the executor's timeout, or with [`Error::CqOverrun`] as
+/// soon as the device reported an error of the CQ they wait on (it writes no more).
 #[derive(Clone, Debug)]
 pub struct HostExecutor {
     timeout: Duration,
@@ -53,6 +54,7 @@ pub(crate) fn run_ops(ops: &Ops, timeout: Duration, stop: Option<&AtomicBool>) -
                     let w = &*(addr as *const AtomicU32);
                     wait(
                         || cond.test32(w.load(Ordering::Acquire), value),
+                        addr,
                         timeout,
                         stop,
                         || {
@@ -67,6 +69,7 @@ pub(crate) fn run_ops(ops: &Ops, timeout: Duration, stop: Option<&AtomicBool>) -
                     let w = &*(addr as *const AtomicU64);
                     wait(
                         || cond.test64(w.load(Ordering::Acquire), value),
+                        addr,
                         timeout,
                         stop,
                         || {
@@ -83,8 +86,11 @@ pub(crate) fn run_ops(ops: &Ops, timeout: Duration, stop: Option<&AtomicBool>) -
     Ok(())
 }
 
+/// Waits until `ready`, for the word at `addr`: fails after `timeout`, when `stop` is set,
+/// or at once when the word lies in a ring the device will write no more (a failed CQ's).
 fn wait(
     mut ready: impl FnMut() -> bool,
+    addr: u64,
     timeout: Duration,
     stop: Option<&AtomicBool>,
     what: impl FnOnce() -> String,
@@ -100,6 +106,9 @@ fn wait(
                 return Ok(());
             }
             backoff.snooze();
+        }
+        if let Some(e) = crate::failed_rings::wait_error(addr) {
+            return Err(e);
         }
         if start.elapsed() >= timeout || stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
             return Err(Error::Timeout {

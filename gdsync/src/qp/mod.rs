@@ -32,7 +32,7 @@ use crate::format::*;
 use crate::handler::ProxyTarget;
 use crate::mr::ProtectionDomain;
 use crate::provider::Endpoint;
-use crate::provider::{MemAt, QpModify, QpPath, QpTimers};
+use crate::provider::{HwQpState, MemAt, QpModify, QpPath, QpTimers};
 use crate::{Error, Result};
 use shared::QpRingsAsked;
 use std::sync::atomic::Ordering;
@@ -135,6 +135,7 @@ impl Qp {
             }
             cq.attach(qpn, user.clone());
         }
+        ctx.watch_qp(qpn, shared.hw_state.clone());
         // From here on the QP's drop destroys it.
         let qp = Qp {
             shared,
@@ -152,6 +153,7 @@ impl Qp {
             bf_offset: 0,
         };
         ctx.provider.modify_qp(qpn, QpModify::Init)?;
+        qp.shared.moved_to(HwQpState::Init);
         if handler == crate::NicHandler::Cpu {
             qp.ring_by_proxy()?;
         }
@@ -191,9 +193,21 @@ impl Qp {
         self.shared.handler
     }
 
-    /// Current state.
+    /// The current state, as this library knows it: from its own transitions (create,
+    /// [`connect`](Self::connect)), the device's asynchronous events about the QP, and the
+    /// error completions polled or checked ([`Cq::take_errors`]) on its CQs. Asks the device
+    /// nothing (cheap enough for every progress loop). An error completion an executor or
+    /// kernel consumed shows here once its CQ's errors are taken or checked.
     pub fn state(&self) -> QpState {
         self.shared.state()
+    }
+
+    /// The current state as the device reports it: `ibv_query_qp`, on a ConnectX a
+    /// firmware command (tens of microseconds, serialised for the whole NIC). For
+    /// diagnostics; [`state`](Self::state) is what progress loops should read. The answer
+    /// is kept: `state` reports it from then on.
+    pub fn query_state(&self) -> QpState {
+        self.shared.query_state()
     }
 
     /// What a peer needs to connect to this QP: plain data to exchange out of band.
@@ -203,11 +217,11 @@ impl Qp {
 
     /// Connects to the peer QP described by `remote` and moves to RTS.
     pub fn connect(&mut self, remote: &Endpoint) -> Result<()> {
-        if self.state() != QpState::Init {
+        let state = self.query_state();
+        if state != QpState::Init {
             return Err(Error::invalid(format!(
-                "QP {:#x} is {:?}; only a new QP can connect",
+                "QP {:#x} is {state:?}; only a new QP can connect",
                 self.qpn(),
-                self.state()
             )));
         }
         let p = &self.ctx.provider;
@@ -226,7 +240,9 @@ impl Qp {
             rnr_retry: cfg.rnr_retry,
             min_rnr_timer: cfg.rnr_timer,
         };
-        p.modify_qp(self.qpn(), QpModify::Rts(timers))
+        p.modify_qp(self.qpn(), QpModify::Rts(timers))?;
+        self.shared.moved_to(HwQpState::Rts);
+        Ok(())
     }
 
     /// Send ring size in WQEBBs.
@@ -262,6 +278,7 @@ impl Drop for Qp {
         self.shared.recv_cq.forget_qp(self.shared.qpn);
         self.shared.send_cq.users.fetch_sub(1, Ordering::AcqRel);
         self.shared.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
+        self.ctx.forget_qp(self.shared.qpn);
         self.ctx.provider.destroy_qp(self.shared.qpn);
     }
 }

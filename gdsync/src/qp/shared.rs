@@ -1,6 +1,7 @@
 //! What the user's QP handle and CQ polls share: the rings and control page the queue layer
-//! allocated, the doorbell register the device handed out, the work-request ids, and the
-//! counters that say which slots are free again.
+//! allocated, the doorbell register the device handed out, the work-request ids, the
+//! counters that say which slots are free again, and the QP's state word (what the library
+//! knows of its state without asking the device).
 
 use super::{QpConfig, QpState};
 use crate::context::DeviceContext;
@@ -159,6 +160,14 @@ pub(crate) struct QpShared {
     /// until the first receive; [`BAD_BASE`] for good once the numbering stopped matching.
     rq_cqe_base: AtomicU64,
     pub cfg: QpConfig,
+    /// The QP's state as the library knows it (a [`HwQpState`] as `u8`): set by its own
+    /// transitions, by the device's events and error completions that name the QP
+    /// ([`DeviceContext::qp_failed`]), and by [`QpShared::query_state`]. Reading it is no
+    /// device command (on a ConnectX, `ibv_query_qp` is a firmware command).
+    pub(super) hw_state: Arc<AtomicU8>,
+    /// The send and receive CQs' consumer index words when [`QpShared::state`] last looked
+    /// at their completions for errors.
+    cq_looked: [AtomicU32; 2],
     /// Who rings for committed op lists.
     pub handler: crate::NicHandler,
     pub ctx: Arc<DeviceContext>,
@@ -224,6 +233,8 @@ impl QpShared {
             rq_polled: AtomicU64::new(0),
             rq_cqe_base: AtomicU64::new(NO_BASE),
             cfg: cfg.clone(),
+            hw_state: Arc::new(AtomicU8::new(HwQpState::Reset as u8)),
+            cq_looked: [AtomicU32::new(0), AtomicU32::new(0)],
             handler,
             ctx: ctx.clone(),
         }
@@ -242,13 +253,47 @@ impl QpShared {
         advance16(&self.rq_polled, c.wrapping_add(1));
         wr_id
     }
-    /// The QP's state, as the device reports it (`query_qp`).
+    /// The QP's state as the library knows it: its own transitions, and the events and
+    /// error completions that said it failed (read here: a few loads when none waits and
+    /// no executor consumed completions since the last look). No device command.
+    #[inline]
     pub(crate) fn state(&self) -> QpState {
-        match self.ctx.provider.query_qp(self.qpn).state {
-            HwQpState::Reset | HwQpState::Init | HwQpState::Rtr => QpState::Init,
-            HwQpState::Rts => QpState::Rts,
-            HwQpState::Error => QpState::Error,
+        self.ctx.poll_events();
+        if self.hw_state.load(Ordering::Acquire) != HwQpState::Error as u8 {
+            self.look_at_cqs();
         }
+        visible(HwQpState::from_u8(self.hw_state.load(Ordering::Acquire)))
+    }
+    /// Looks for error completions on the QP's CQs where their consumer index moved since
+    /// the last look (an executor or kernel may have consumed one: its wait passes for
+    /// errors too).
+    fn look_at_cqs(&self) {
+        for (cq, looked) in [&self.send_cq, &self.recv_cq]
+            .into_iter()
+            .zip(&self.cq_looked)
+        {
+            let ci = cq.ci_word();
+            if looked.load(Ordering::Relaxed) != ci {
+                cq.look_for_errors();
+                looked.store(ci, Ordering::Relaxed);
+            }
+        }
+    }
+    /// The QP's state as the device reports it (`query_qp`: a firmware command on a
+    /// ConnectX), kept as the library's word from then on.
+    pub(crate) fn query_state(&self) -> QpState {
+        let hw = self.ctx.provider.query_qp(self.qpn).state;
+        self.hw_state.store(hw as u8, Ordering::Release);
+        visible(hw)
+    }
+    /// A transition the library made succeeded: the QP is now `to` (unless it failed
+    /// meanwhile: ERROR stays).
+    pub(super) fn moved_to(&self, to: HwQpState) {
+        let _ = self
+            .hw_state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                (s != HwQpState::Error as u8).then_some(to as u8)
+            });
     }
     pub(crate) fn sq_retired(&self) -> u64 {
         self.sq_polled
@@ -347,6 +392,15 @@ impl CqUser for QpShared {
             syndrome: e.syndrome,
             responder: e.responder,
         })
+    }
+}
+
+/// The state a user sees of the device's state: INIT until RTS.
+fn visible(hw: HwQpState) -> QpState {
+    match hw {
+        HwQpState::Reset | HwQpState::Init | HwQpState::Rtr => QpState::Init,
+        HwQpState::Rts => QpState::Rts,
+        HwQpState::Error => QpState::Error,
     }
 }
 

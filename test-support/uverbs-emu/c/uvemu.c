@@ -13,8 +13,12 @@
  *     right type and context, references that forbid destroying a PD or CQ still in use, QP
  *     state transitions with their required attributes, response lengths honoured;
  *   - backs UAR mmaps with anonymous shared pages and records them;
- *   - raises async events (port up/down, QP fatal) on the contexts' async fds when a test
- *     asks through uvemu_set_port_state() / uvemu_qp_fatal() (uvemu.h);
+ *   - raises async events (port up/down, QP fatal, CQ error) on the contexts' async fds when
+ *     a test asks through uvemu_set_port_state() / uvemu_qp_fatal() (uvemu.h) /
+ *     uvemu_cq_error() (below);
+ *   - counts the commands it serves by kind (a ConnectX's kernel driver turns most of them
+ *     into firmware commands: QUERY_QP, MODIFY_QP, CREATE_CQ...), for tests to read through
+ *     uvemu_command_count() (below);
  *   - hands every MR, CQ and QP, with libmlx5's own rings, doorbell records and BlueFlame
  *     register, to the soft HCA a process attached (uvemu_attach_hca(), uvemu.h), which then
  *     serves the data path; without one, nothing executes WQEs;
@@ -75,7 +79,7 @@ enum {
 enum { QPS_RESET = 0, QPS_INIT = 1, QPS_RTR = 2, QPS_RTS = 3, QPS_ERR = 6 };
 enum { LINK_LAYER_INFINIBAND = 1, LINK_LAYER_ETHERNET = 2 };
 /* Async event types, as enum ib_event_type names them (not in the uapi headers either). */
-enum { IB_EVENT_QP_FATAL = 1, IB_EVENT_PORT_ACTIVE = 9, IB_EVENT_PORT_ERR = 10 };
+enum { IB_EVENT_CQ_ERR = 0, IB_EVENT_QP_FATAL = 1, IB_EVENT_PORT_ACTIVE = 9, IB_EVENT_PORT_ERR = 10 };
 
 static int (*r_open)(const char *, int, ...);
 static int (*r_close)(int);
@@ -1335,8 +1339,12 @@ static int cmd_destroy(struct cmd *m, enum uvemu_obj_type t, int has_response)
 	return rc;
 }
 
+/* Commands served, by ib_user_verbs.h command number (legacy and extended alike). */
+static uint64_t cmd_count[IB_USER_VERBS_CMD_COMMAND_MASK + 1];
+
 static int do_cmd(struct cmd *m)
 {
+	cmd_count[m->op & IB_USER_VERBS_CMD_COMMAND_MASK]++;
 	switch (m->op) {
 	case IB_USER_VERBS_CMD_GET_CONTEXT: return cmd_get_context(m);
 	case IB_USER_VERBS_CMD_QUERY_DEVICE: return cmd_query_device(m);
@@ -1518,6 +1526,41 @@ int uvemu_qp_fatal(uint32_t qpn)
 	}
 	pthread_mutex_unlock(&lock);
 	return rc;
+}
+
+/* Test controls beside uvemu.h's (declared here: the header is the soft HCA's interface,
+ * whose Rust bindings are generated from it). Each returns 0 or an errno. */
+
+/* Raises IBV_EVENT_CQ_ERR about the CQ numbered `cqn` on its context, as a HCA does when a
+ * CQ overruns. Only the event: the HCA serving the data path is not told. */
+int uvemu_cq_error(uint32_t cqn)
+{
+	ensure_init();
+	int rc = ENOENT;
+	pthread_mutex_lock(&lock);
+	for (int i = 0; i < MAX_CONTEXTS && rc == ENOENT; i++) {
+		if (!contexts[i].in_use) continue;
+		for (int h = 0; h < UVEMU_MAX_OBJECTS; h++) {
+			struct uvemu_obj *o = &contexts[i].obj[h];
+			if (o->type != UVEMU_CQ || o->u.cq.cqn != cqn) continue;
+			rc = raise_event(&contexts[i], IB_EVENT_CQ_ERR, o->u.cq.user_handle);
+			o->async_events += !rc;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&lock);
+	return rc;
+}
+
+/* The number of commands numbered `op` (ib_user_verbs.h: IB_USER_VERBS_CMD_QUERY_QP...)
+ * this process's contexts were served, in `*count`. */
+int uvemu_command_count(uint32_t op, uint64_t *count)
+{
+	if (op > IB_USER_VERBS_CMD_COMMAND_MASK || !count) return EINVAL;
+	pthread_mutex_lock(&lock);
+	*count = cmd_count[op];
+	pthread_mutex_unlock(&lock);
+	return 0;
 }
 
 /* ------------------------------------------------------------------ ioctl, mmap */

@@ -1,5 +1,6 @@
 //! Test controls of the emulated driver serving this process: events a HCA raises on its own
-//! (a link going down or up, a QP failing fatally), asked for from the process itself. They
+//! (a link going down or up, a QP failing fatally, a CQ error), asked for from the process
+//! itself, and the count of the commands the driver served by kind. They
 //! reach the preload library through `dlsym`, so they work only in a process started under
 //! an [`Emulator`](crate::Emulator); elsewhere they say so.
 
@@ -49,6 +50,52 @@ pub fn qp_fatal(qpn: u32) -> Result<(), String> {
     check(&format!("QP {qpn:#x}"), unsafe { f(qpn) })
 }
 
+/// Raises the CQ-error async event (`IBV_EVENT_CQ_ERR`) about CQ `cqn` on its context, as a
+/// HCA does when a CQ overruns. Only the event: the soft HCA serving the data path goes on.
+pub fn cq_error(cqn: u32) -> Result<(), String> {
+    type CqError = unsafe extern "C" fn(u32) -> c_int;
+    let f: CqError = control(c"uvemu_cq_error")?;
+    // SAFETY: the function uvemu.c declares for tests.
+    check(&format!("CQ {cqn:#x}"), unsafe { f(cqn) })
+}
+
+/// A kind of command the driver serves. On a ConnectX the kernel driver turns each into a
+/// firmware command (serialised on the device's command interface, tens of microseconds):
+/// none belongs in a data path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Command {
+    /// `ibv_alloc_pd`.
+    AllocPd = 3,
+    /// `ibv_reg_mr`.
+    RegMr = 9,
+    /// `ibv_dereg_mr`.
+    DeregMr = 13,
+    /// `ibv_create_cq`.
+    CreateCq = 18,
+    /// `ibv_destroy_cq`.
+    DestroyCq = 20,
+    /// `ibv_create_qp`.
+    CreateQp = 24,
+    /// `ibv_query_qp` (firmware QUERY_QP).
+    QueryQp = 25,
+    /// `ibv_modify_qp` (firmware RST2INIT, INIT2RTR, RTR2RTS, 2ERR...).
+    ModifyQp = 26,
+    /// `ibv_destroy_qp`.
+    DestroyQp = 27,
+}
+
+/// How many commands of kind `c` the driver has served this process so far (all its
+/// contexts). (The numbers are `ib_user_verbs.h`'s `IB_USER_VERBS_CMD_*`.)
+pub fn command_count(c: Command) -> Result<u64, String> {
+    type Count = unsafe extern "C" fn(u32, *mut u64) -> c_int;
+    let f: Count = control(c"uvemu_command_count")?;
+    let mut n = 0u64;
+    // SAFETY: the function uvemu.c declares for tests, with a pointer to a live u64.
+    check(&format!("{c:?}"), unsafe { f(c as u32, &mut n) })?;
+    Ok(n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,5 +108,7 @@ mod tests {
             "{e}"
         );
         assert!(set_port_state("mlx5_0", 1, false).is_err());
+        assert!(cq_error(0x400).is_err());
+        assert!(command_count(Command::QueryQp).is_err());
     }
 }

@@ -7,7 +7,8 @@
 //! (`c/uvemu.c`) in `LD_PRELOAD`; the library blocks RDMA netlink, fakes the character devices
 //! and serves the verbs commands of the control path (see its header comment). The preload
 //! must be in a process's environment when it starts: run the work in a child process. There,
-//! [`control`] raises the events a HCA raises on its own (port down and up, QP fatal).
+//! [`control`] raises the events a HCA raises on its own (port down and up, QP fatal, CQ
+//! error) and counts the commands the driver served.
 //! Processes under different emulators of one host reach each other's devices through the
 //! [`fabric`], each emulator being a node of it.
 

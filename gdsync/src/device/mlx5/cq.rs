@@ -1,6 +1,7 @@
 //! Completion queues: `ibv_create_cq`, then `mlx5dv_init_obj` for the CQE ring and its
 //! doorbell record, with every CQE marked invalid so that a wait on the owner bit alone (a
-//! GPU's one-word wait) cannot pass before the HCA wrote the entry.
+//! GPU's one-word wait) cannot pass before the HCA wrote the entry; and the number of a CQ an
+//! asynchronous event names.
 
 use super::context::Context;
 use super::error::RdmaError;
@@ -60,6 +61,37 @@ impl Context {
         };
         let raw = NonNull::new(raw).ok_or_else(|| RdmaError::last("ibv_create_cq"))?;
         Cq::adopt(self, raw)
+    }
+}
+
+impl Context {
+    /// The CQ `cq` that a CQ-error event names failed: its number, from `mlx5dv_init_obj`
+    /// (`None` when libmlx5 cannot say); its ring is recorded as written no more, so that
+    /// host waits on it fail at once ([`crate::failed_rings`]).
+    ///
+    /// # Safety
+    /// `cq` is a live CQ of this context (an unacknowledged event keeps it alive).
+    pub(crate) unsafe fn cq_failed(&self, cq: *mut sys::ibv_cq) -> Option<u32> {
+        if cq.is_null() {
+            return None;
+        }
+        let mut dv = sys::mlx5dv_cq::default();
+        let mut obj = sys::mlx5dv_obj::default();
+        obj.cq.in_ = cq;
+        obj.cq.out = &mut dv;
+        // SAFETY: FFI on a live CQ (the caller's word); `obj` and `dv` outlive the call, and
+        // only the CQ pair is selected. (The CQ was already initialised this way at creation.)
+        let rc = unsafe {
+            self.rdma
+                .mlx5
+                .mlx5dv_init_obj(&mut obj, sys::MLX5DV_OBJ_CQ.into())
+        };
+        if rc != 0 {
+            return None;
+        }
+        let len = u64::from(dv.cqe_cnt) * u64::from(dv.cqe_size);
+        crate::failed_rings::cq_failed(dv.buf as u64, len, dv.cqn);
+        Some(dv.cqn)
     }
 }
 
@@ -142,6 +174,7 @@ impl Cq {
 
 impl Drop for Cq {
     fn drop(&mut self) {
+        crate::failed_rings::forget(self.ring.buf as u64);
         // SAFETY: every QP using the CQ holds an Arc of it, so none is left.
         let rc = unsafe { self.ctx.rdma.verbs.ibv_destroy_cq(self.raw.as_ptr()) };
         if let Err(e) = RdmaError::check("ibv_destroy_cq", rc) {

@@ -1,5 +1,6 @@
 //! A device's asynchronous events (`ibv_get_async_event`, `ibv_ack_async_event`): a link
-//! going down or up, a QP that failed outside any completion, a fatal device error. Read with
+//! going down or up, a QP that failed outside any completion, a CQ that overran (named by its
+//! number), a fatal device error. Read with
 //! a timeout from the context's event descriptor (made non-blocking, as the verbs manual
 //! suggests), and acknowledged at once: verbs cannot destroy a QP or CQ with an event about it
 //! unacknowledged.
@@ -50,8 +51,11 @@ pub enum AsyncEvent {
         /// Whether the migration failed.
         failed: bool,
     },
-    /// A CQ overran or failed; its QPs are in error.
-    CqError,
+    /// A CQ overran or failed: it writes no more completions, and its QPs are in error.
+    CqError {
+        /// The CQ number (`None`: libmlx5 could not say which CQ the event names).
+        cqn: Option<u32>,
+    },
     /// A port became active.
     PortActive {
         /// The port (from 1).
@@ -92,7 +96,8 @@ impl std::fmt::Display for AsyncEvent {
                 "QP {qpn:#x}: path migration {}",
                 if failed { "failed" } else { "done" }
             ),
-            AsyncEvent::CqError => f.write_str("CQ error"),
+            AsyncEvent::CqError { cqn: Some(cqn) } => write!(f, "CQ {cqn:#x}: error (overrun)"),
+            AsyncEvent::CqError { cqn: None } => f.write_str("CQ error (which CQ is unknown)"),
             AsyncEvent::PortActive { port } => write!(f, "port {port}: active"),
             AsyncEvent::PortError { port } => write!(f, "port {port}: down"),
             AsyncEvent::PortChange { port, event } => write!(f, "port {port}: change {event}"),
@@ -103,11 +108,15 @@ impl std::fmt::Display for AsyncEvent {
 }
 
 impl AsyncEvent {
-    /// The event `e` describes (read before it is acknowledged: the QP it names is alive).
+    /// The event `e` describes (read before it is acknowledged: the QP or CQ it names is
+    /// alive); `cq_number` tells a CQ's number ([`Context::cq_failed`]).
     ///
     /// # Safety
     /// `e` was filled by `ibv_get_async_event` and is not yet acknowledged.
-    unsafe fn from_raw(e: &sys::ibv_async_event) -> AsyncEvent {
+    unsafe fn from_raw(
+        e: &sys::ibv_async_event,
+        cq_number: impl FnOnce(*mut sys::ibv_cq) -> Option<u32>,
+    ) -> AsyncEvent {
         let qpn = || (*e.element.qp).qp_num;
         let port = || e.element.port_num as u8;
         match e.event_type {
@@ -121,7 +130,9 @@ impl AsyncEvent {
                 qpn: qpn(),
                 failed: e.event_type == sys::IBV_EVENT_PATH_MIG_ERR,
             },
-            sys::IBV_EVENT_CQ_ERR => AsyncEvent::CqError,
+            sys::IBV_EVENT_CQ_ERR => AsyncEvent::CqError {
+                cqn: cq_number(e.element.cq),
+            },
             sys::IBV_EVENT_PORT_ACTIVE => AsyncEvent::PortActive { port: port() },
             sys::IBV_EVENT_PORT_ERR => AsyncEvent::PortError { port: port() },
             sys::IBV_EVENT_LID_CHANGE
@@ -140,7 +151,8 @@ impl AsyncEvent {
 
 impl Context {
     /// The device's next asynchronous event, waiting at most `timeout` (zero: only look);
-    /// `None` when none came. The event is acknowledged before this returns.
+    /// `None` when none came. The event is acknowledged before this returns. (A CQ error
+    /// also marks the CQ's ring as written no more: host executors' waits on it fail.)
     pub fn next_async_event(&self, timeout: Duration) -> RdmaResult<Option<AsyncEvent>> {
         // SAFETY: the context is open; async_fd is its event descriptor, owned by libibverbs.
         let fd = unsafe { (*self.raw.as_ptr()).async_fd };
@@ -156,8 +168,9 @@ impl Context {
                     .ibv_get_async_event(self.raw.as_ptr(), &mut e)
             };
             if rc == 0 {
-                // SAFETY: just filled by ibv_get_async_event, acknowledged right after.
-                let ev = unsafe { AsyncEvent::from_raw(&e) };
+                // SAFETY: just filled by ibv_get_async_event, acknowledged right after (so
+                // the CQ it may name is alive while its number is read).
+                let ev = unsafe { AsyncEvent::from_raw(&e, |cq| self.cq_failed(cq)) };
                 // SAFETY: an event ibv_get_async_event returned, acknowledged once.
                 unsafe { self.rdma.verbs.ibv_ack_async_event(&mut e) };
                 return Ok(Some(ev));
@@ -215,7 +228,7 @@ mod tests {
             event_type: sys::IBV_EVENT_PORT_ERR,
         };
         // SAFETY: a port event: only the port number is read.
-        let ev = unsafe { AsyncEvent::from_raw(&e) };
+        let ev = unsafe { AsyncEvent::from_raw(&e, |_| None) };
         assert_eq!(ev, AsyncEvent::PortError { port: 2 });
         assert_eq!(ev.to_string(), "port 2: down");
         let e = sys::ibv_async_event {
@@ -223,7 +236,7 @@ mod tests {
             ..e
         };
         // SAFETY: as above.
-        let ev = unsafe { AsyncEvent::from_raw(&e) };
+        let ev = unsafe { AsyncEvent::from_raw(&e, |_| None) };
         assert_eq!(
             ev,
             AsyncEvent::PortChange {
@@ -244,8 +257,25 @@ mod tests {
             event_type: sys::IBV_EVENT_QP_FATAL,
         };
         // SAFETY: the element is a live QP struct.
-        let ev = unsafe { AsyncEvent::from_raw(&e) };
+        let ev = unsafe { AsyncEvent::from_raw(&e, |_| None) };
         assert_eq!(ev, AsyncEvent::QpFatal { qpn: 0x1234 });
         assert_eq!(ev.to_string(), "QP 0x1234: fatal error");
+    }
+
+    #[test]
+    fn cq_errors_name_the_cq() {
+        let mut cq = sys::ibv_cq::default();
+        let at: *mut sys::ibv_cq = &mut cq;
+        let e = sys::ibv_async_event {
+            element: sys::ibv_async_event__bindgen_ty_1 { cq: at },
+            event_type: sys::IBV_EVENT_CQ_ERR,
+        };
+        // SAFETY: the element is a live CQ struct; only its address is compared.
+        let ev = unsafe { AsyncEvent::from_raw(&e, |c| (c == at).then_some(0x401)) };
+        assert_eq!(ev, AsyncEvent::CqError { cqn: Some(0x401) });
+        assert_eq!(ev.to_string(), "CQ 0x401: error (overrun)");
+        // SAFETY: as above.
+        let ev = unsafe { AsyncEvent::from_raw(&e, |_| None) };
+        assert_eq!(ev.to_string(), "CQ error (which CQ is unknown)");
     }
 }

@@ -1,6 +1,6 @@
 //! The asynchronous events of an mlx5 device as the queue layer reads them: a thread waits on
 //! the context's event descriptor ([`Context::next_async_event`]), logs each event, and
-//! queues the ones about queues for [`Provider::get_async_event`](crate::provider::Provider),
+//! queues the ones about queues (a QP that failed, a CQ that overran) for [`Provider::get_async_event`](crate::provider::Provider),
 //! so that the queue layer's check for an event is one load, never a system call.
 
 use super::{AsyncEvent as RdmaEvent, Context};
@@ -97,7 +97,11 @@ fn queue_event(dev: &str, e: RdmaEvent) -> Option<AsyncEvent> {
             tracing::debug!("{dev}: {e}");
             Some(AsyncEvent::QpFatal { qpn })
         }
-        RdmaEvent::PortError { .. } | RdmaEvent::DeviceFatal | RdmaEvent::CqError => {
+        RdmaEvent::CqError { cqn: Some(cqn) } => {
+            tracing::warn!("{dev}: {e}");
+            Some(AsyncEvent::CqError { cqn })
+        }
+        RdmaEvent::PortError { .. } | RdmaEvent::DeviceFatal | RdmaEvent::CqError { .. } => {
             tracing::warn!("{dev}: {e}");
             None
         }
@@ -113,7 +117,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn qp_errors_reach_the_queues_and_port_events_are_only_logged() {
+    fn qp_and_cq_errors_reach_the_queues_and_port_events_are_only_logged() {
         for e in [
             RdmaEvent::QpFatal { qpn: 7 },
             RdmaEvent::QpRequestError { qpn: 7 },
@@ -121,6 +125,11 @@ mod tests {
         ] {
             assert_eq!(queue_event("d", e), Some(AsyncEvent::QpFatal { qpn: 7 }));
         }
+        assert_eq!(
+            queue_event("d", RdmaEvent::CqError { cqn: Some(0x401) }),
+            Some(AsyncEvent::CqError { cqn: 0x401 })
+        );
+        assert_eq!(queue_event("d", RdmaEvent::CqError { cqn: None }), None);
         assert_eq!(queue_event("d", RdmaEvent::PortError { port: 1 }), None);
         assert_eq!(queue_event("d", RdmaEvent::PortActive { port: 1 }), None);
     }
