@@ -48,6 +48,15 @@ pub(crate) fn run_ops(ops: &Ops, timeout: Duration, stop: Option<&AtomicBool>) -
                 Op::Write64 { addr, value } => {
                     (*(addr as *const AtomicU64)).store(value, Ordering::Release)
                 }
+                Op::Doorbell { addr, value } => {
+                    (*(addr as *const AtomicU64)).store(value, Ordering::Release);
+                    // Out of the write-combining buffer now: a lone doorbell store could
+                    // otherwise linger there, and reach the device after a later doorbell
+                    // of the same queue rung from another thread.
+                    crate::mem::wc_fence();
+                    #[cfg(test)]
+                    flushes::note(addr);
+                }
                 Op::Barrier => fence(Ordering::SeqCst),
                 Op::Wait32 { addr, value, cond } => {
                     let w = &*(addr as *const AtomicU32);
@@ -81,6 +90,33 @@ pub(crate) fn run_ops(ops: &Ops, timeout: Duration, stop: Option<&AtomicBool>) -
         }
     }
     Ok(())
+}
+
+/// Test builds count the write-combining flushes CPU executors perform after doorbells, per
+/// doorbell address, so tests can assert one flush per doorbell rung.
+#[cfg(test)]
+pub(crate) mod flushes {
+    use std::collections::HashMap;
+    static FLUSHED: parking_lot::Mutex<Option<HashMap<u64, u64>>> =
+        parking_lot::Mutex::new(None);
+
+    /// A flush after a doorbell store to `addr`.
+    pub(crate) fn note(addr: u64) {
+        *FLUSHED
+            .lock()
+            .get_or_insert_with(HashMap::new)
+            .entry(addr)
+            .or_default() += 1;
+    }
+
+    /// Flushes after doorbell stores to `addr` so far.
+    pub(crate) fn after(addr: u64) -> u64 {
+        FLUSHED
+            .lock()
+            .as_ref()
+            .and_then(|m| m.get(&addr).copied())
+            .unwrap_or(0)
+    }
 }
 
 fn wait(

@@ -16,6 +16,8 @@ mod encode;
 #[cfg(test)]
 mod encode_tests;
 mod post;
+#[cfg(test)]
+mod ring_order_tests;
 mod shared;
 mod wait;
 
@@ -24,6 +26,7 @@ pub use config::{QpConfig, QpState, MAX_MESSAGE, MAX_SGE};
 pub use post::{CommitError, PreparedSend, RecvTicket, SendTicket};
 pub(crate) use shared::{
     QpShared, QP_KERNEL_RQ_PI, QP_KERNEL_SQ_PI, QP_PROXY, QP_RQ_RETIRED, QP_SQ_RETIRED,
+    QP_SQ_RUNG,
 };
 
 use crate::context::DeviceContext;
@@ -174,6 +177,7 @@ impl Qp {
                 off: s.dbrec.off + 4 * DBREC_SQ,
             },
             doorbell: s.doorbell.clone(),
+            rung: at(QP_SQ_RUNG),
             doorbell_wc: s.doorbell_wc,
             ring: doorbell::ring_for_proxy,
         };
