@@ -3,7 +3,7 @@
 //! is out (the "rung to" word), so doorbells never go backwards.
 
 use super::batch_tests::{pair, Pair};
-use crate::exec::{Executor, HostExecutor, HostStream};
+use crate::exec::{test_hooks, Executor, HostExecutor, HostStream};
 use crate::ops::{ops_of, Op, Ops};
 use crate::{Device, SendWr};
 use std::time::Duration;
@@ -29,11 +29,11 @@ fn cpu_executors_flush_every_doorbell_they_ring() {
     let db = doorbell(&p);
     let host = HostExecutor::default();
     for i in 0..8 {
-        let before = crate::exec::flushes::after(db);
+        let before = test_hooks::flushes_after(db);
         let prepared = p.a.prepare_send(&write8(&p, 8 * i, i as u64)).unwrap();
         p.a.post_prepared(prepared, &host).unwrap();
         assert_eq!(
-            crate::exec::flushes::after(db),
+            test_hooks::flushes_after(db),
             before + 1,
             "the host executor flushed its doorbell {i}"
         );
@@ -41,12 +41,12 @@ fn cpu_executors_flush_every_doorbell_they_ring() {
     }
     let stream = HostStream::new().unwrap();
     for i in 0..8 {
-        let before = crate::exec::flushes::after(db);
+        let before = test_hooks::flushes_after(db);
         let prepared = p.a.prepare_send(&write8(&p, 8 * i, i as u64)).unwrap();
         p.a.post_prepared(prepared, &stream).unwrap();
         stream.synchronize().unwrap();
         assert_eq!(
-            crate::exec::flushes::after(db),
+            test_hooks::flushes_after(db),
             before + 1,
             "the host stream flushed its doorbell {i}"
         );
@@ -144,6 +144,19 @@ fn cpu_posts_and_host_stream_commits_interleave_on_one_qp() {
     let dev = Device::soft().unwrap();
     let mut p = pair(&dev);
     interleave_cpu_and_stream(&mut p, 500, 8);
+}
+
+/// As [`cpu_posts_and_host_stream_commits_interleave_on_one_qp`], with the stream's
+/// doorbells lingering before their store (as a store lingers in a write-combining buffer):
+/// a CPU post that took the doorbell record for "rung" would ring in between, and the
+/// stream's doorbell would then go backwards.
+#[test]
+fn cpu_posts_and_lingering_host_stream_doorbells_interleave_on_one_qp() {
+    let dev = Device::soft().unwrap();
+    let mut p = pair(&dev);
+    test_hooks::linger_at(doorbell(&p));
+    interleave_cpu_and_stream(&mut p, 250, 8);
+    test_hooks::linger_at(0);
 }
 
 /// Two executors on one QP, each ringing in commit order after the other: the doorbells
