@@ -104,8 +104,7 @@ pub(crate) mod test_hooks {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::{Duration, Instant};
 
-    static FLUSHED: parking_lot::Mutex<Option<HashMap<u64, u64>>> =
-        parking_lot::Mutex::new(None);
+    static FLUSHED: parking_lot::Mutex<Option<HashMap<u64, u64>>> = parking_lot::Mutex::new(None);
     static LINGER: AtomicU64 = AtomicU64::new(0);
 
     /// Doorbell stores to `addr` (0: none) wait a while before they are made.

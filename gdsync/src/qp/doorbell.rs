@@ -26,7 +26,8 @@ pub(crate) struct RingWords<'a> {
 /// `head` the first 8 bytes of the last WQE.
 #[inline]
 pub(crate) fn ring(w: &RingWords, end: u64, head: [u8; 8]) {
-    w.dbrec.store(qp_dbrec_value(end).native(), Ordering::Release);
+    w.dbrec
+        .store(qp_dbrec_value(end).native(), Ordering::Release);
     if w.wc {
         crate::mem::wc_fence();
     }

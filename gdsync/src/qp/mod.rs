@@ -25,8 +25,7 @@ pub use batch::SendBatch;
 pub use config::{QpConfig, QpState, MAX_MESSAGE, MAX_SGE};
 pub use post::{CommitError, PreparedSend, RecvTicket, SendTicket};
 pub(crate) use shared::{
-    QpShared, QP_KERNEL_RQ_PI, QP_KERNEL_SQ_PI, QP_PROXY, QP_RQ_RETIRED, QP_SQ_RETIRED,
-    QP_SQ_RUNG,
+    QpShared, QP_KERNEL_RQ_PI, QP_KERNEL_SQ_PI, QP_PROXY, QP_RQ_RETIRED, QP_SQ_RETIRED, QP_SQ_RUNG,
 };
 
 use crate::context::DeviceContext;

@@ -131,7 +131,10 @@ pub(crate) fn interleave_cpu_and_stream(p: &mut Pair, rounds: u64, per: u64) {
         stream.synchronize().unwrap();
         for id in first..next {
             let c = p.send_cq.wait_one(WAIT).unwrap_or_else(|e| {
-                panic!("round {round}: send {id} did not complete: {e}; {}", p.a.describe())
+                panic!(
+                    "round {round}: send {id} did not complete: {e}; {}",
+                    p.a.describe()
+                )
             });
             assert!(c.is_ok(), "round {round}: {c:?}");
             assert_eq!(c.wr_id, id, "round {round}: completions in order");

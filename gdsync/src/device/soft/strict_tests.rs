@@ -2,11 +2,11 @@
 //! or writer would: the QP goes to the error state, its send CQ gets a LOCAL_QP_OP error
 //! completion, and the device raises the async event "QP fatal".
 
+use crate::exec::HostExecutor;
 use crate::format::{doorbell_value, qp_dbrec_value, Syndrome};
 use crate::ops::{ops_of, Op, Ops};
 use crate::provider::AsyncEvent;
 use crate::qp::batch_tests::{pair, Pair};
-use crate::exec::HostExecutor;
 use crate::{Device, QpState, SendWr, WcStatus};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -37,7 +37,10 @@ fn is_doorbell(o: &Op) -> bool {
 fn expect_refused(p: &Pair) {
     let start = Instant::now();
     while p.a.state() != QpState::Error {
-        assert!(start.elapsed() < Duration::from_secs(2), "the QP is not refused");
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "the QP is not refused"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
     let qpn = p.a.qpn();

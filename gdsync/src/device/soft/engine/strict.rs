@@ -71,9 +71,7 @@ pub(super) fn ctrl_complaint(hw: &QpHw, ctrl: &CtrlSeg, sq_ci: u64, avail: u32) 
             "the WQE at index {at} has {ds} DS ({nbb} blocks): the device takes WQEs of at most {MAX_WQE_WQEBBS} blocks"
         )
     } else if nbb > avail as usize {
-        format!(
-            "the WQE at index {at} has {ds} DS ({nbb} blocks) but the doorbell exposes {avail}"
-        )
+        format!("the WQE at index {at} has {ds} DS ({nbb} blocks) but the doorbell exposes {avail}")
     } else {
         return None;
     })
