@@ -94,6 +94,33 @@ pub(crate) fn run_ops(ops: &Ops, timeout: Duration, stop: Option<&AtomicBool>) -
     Ok(())
 }
 
+fn wait(
+    mut ready: impl FnMut() -> bool,
+    timeout: Duration,
+    stop: Option<&AtomicBool>,
+    what: impl FnOnce() -> String,
+) -> Result<()> {
+    if ready() {
+        return Ok(());
+    }
+    let start = Instant::now();
+    let mut backoff = Backoff::default();
+    loop {
+        for _ in 0..64 {
+            if ready() {
+                return Ok(());
+            }
+            backoff.snooze();
+        }
+        if start.elapsed() >= timeout || stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+            return Err(Error::Timeout {
+                what: what(),
+                timeout_ms: timeout.as_millis() as u64,
+            });
+        }
+    }
+}
+
 /// What test builds of CPU executors do around doorbells: count the write-combining flushes
 /// after them, per doorbell address (so tests assert one flush per doorbell), and let one
 /// doorbell address linger before its store, as a store can linger in a write-combining
@@ -138,32 +165,5 @@ pub(crate) mod test_hooks {
             .as_ref()
             .and_then(|m| m.get(&addr).copied())
             .unwrap_or(0)
-    }
-}
-
-fn wait(
-    mut ready: impl FnMut() -> bool,
-    timeout: Duration,
-    stop: Option<&AtomicBool>,
-    what: impl FnOnce() -> String,
-) -> Result<()> {
-    if ready() {
-        return Ok(());
-    }
-    let start = Instant::now();
-    let mut backoff = Backoff::default();
-    loop {
-        for _ in 0..64 {
-            if ready() {
-                return Ok(());
-            }
-            backoff.snooze();
-        }
-        if start.elapsed() >= timeout || stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
-            return Err(Error::Timeout {
-                what: what(),
-                timeout_ms: timeout.as_millis() as u64,
-            });
-        }
     }
 }
