@@ -237,15 +237,17 @@ impl Qp {
     }
 
     /// One line for error reports: the state, how far the send ring is prepared, committed
-    /// and rung (the doorbell record, which executors store), and receives posted.
+    /// and rung (the "rung to" word every ringer stores after its doorbell, and the doorbell
+    /// record, which ringers store before it), and receives posted.
     pub fn describe(&self) -> String {
         let rec = self.sq_doorbell_record();
         format!(
-            "QP {:#x} {:?}: send ring prepared to {}, committed to {}, doorbell record {} (low 16 bits, at {:#x}); {} receives posted",
+            "QP {:#x} {:?}: send ring prepared to {}, committed to {}, rung to {}, doorbell record {} (low 16 bits, at {:#x}); {} receives posted",
             self.shared.qpn,
             self.state(),
             self.sq_pi,
             self.committed,
+            self.shared.sq_rung().load(Ordering::Acquire),
             rec,
             self.shared.dbrec.addr() + 4 * DBREC_SQ as u64,
             self.rq_pi,
