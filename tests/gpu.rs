@@ -582,3 +582,58 @@ fn stream_triggered_with_a_cpu_proxy_handler() {
     }
     cqs[0].check().unwrap();
 }
+
+/// CPU posts interleaved with sends a CUDA stream commits on one QP, thousands of times: the
+/// CPU post waits until the stream's doorbell is out ("rung to", stored by the stream after
+/// its doorbell), so doorbells never go backwards. The soft device refuses one that does (a
+/// QP error, LOCAL_QP_OP): every send must complete without error, in order.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
+fn stream_commits_and_cpu_posts_interleave_on_one_qp() {
+    let _gpu = gpu();
+    let p = &mut pair();
+    let stream = CudaStream::new(0).unwrap();
+    let mut src = pattern(64, 3);
+    let mut dst = vec![0u8; 64];
+    let smr = p.pd.register(&mut src, Access::empty()).unwrap();
+    let dmr =
+        p.pd.register(&mut dst, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let mut next = 0u64;
+    for round in 0..500 {
+        let first = next;
+        for k in 0..8u64 {
+            let wr = SendWr::write(dmr.remote().at(8 * k))
+                .sge(smr.sge(8 * k as usize..8 * k as usize + 8))
+                .wr_id(next);
+            if k % 2 == 0 {
+                let prepared = p.a.prepare_send(&wr).unwrap();
+                p.a.post_prepared(prepared, &stream).unwrap();
+            } else {
+                // Right after the stream was handed a commit: the CPU post races its ring.
+                let start = Instant::now();
+                while p.a.has_unrung_commits() {
+                    assert!(
+                        start.elapsed() < Duration::from_secs(5),
+                        "the stream never rang"
+                    );
+                    std::hint::spin_loop();
+                }
+                p.a.post_send(&wr).unwrap();
+            }
+            next += 1;
+        }
+        stream.synchronize().unwrap();
+        for id in first..next {
+            let c = p.a_scq.wait_one(Duration::from_secs(5)).unwrap();
+            assert!(
+                c.is_ok() && c.wr_id == id,
+                "round {round}: {c:?}; {}",
+                p.a.describe()
+            );
+        }
+    }
+    let mut got = vec![0u8; 64];
+    dmr.read_at(0, &mut got);
+    assert_eq!(got, pattern(64, 3));
+}

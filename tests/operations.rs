@@ -40,6 +40,7 @@ both!(
     writes_to_one_location_last_wins,
     sends_arrive_in_order,
     send_ring_is_the_size_asked_for_so_a_kernel_can_take_it,
+    cpu_posts_interleave_with_host_stream_commits,
 );
 
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
@@ -1437,4 +1438,46 @@ fn cpu_proxy_rings_for_committed_sends() {
     dmr.read_at(0, &mut got);
     assert_eq!(got, [4u8; 64]);
     assert_eq!(scq.consumer_index(), 2);
+}
+
+/// CPU posts interleaved with `HostStream` commits on one QP, thousands of times: each CPU
+/// post waits until the stream's doorbell is out (the "rung to" word), so the QP's doorbells
+/// never go backwards (the soft device, also behind the emulated driver, refuses one that
+/// does with a QP error). Every send completes without error, in order, and its bytes land.
+fn cpu_posts_interleave_with_host_stream_commits(t: Topo) {
+    let mut p = Pair::new(t);
+    let mut src = pattern(1, 64);
+    let mut dst = vec![0u8; 64];
+    let smr = p.a.pd.register(&mut src, Access::empty()).unwrap();
+    let dmr = p.b.pd.register(&mut dst, RW).unwrap();
+    let stream = HostStream::new().unwrap();
+    let mut next = 0u64;
+    for round in 0..250 {
+        let first = next;
+        for k in 0..8usize {
+            let wr = SendWr::write(dmr.remote().at(8 * k as u64))
+                .sge(smr.sge(8 * k..8 * k + 8))
+                .wr_id(next);
+            if k % 2 == 0 {
+                let prepared = p.a.qp.prepare_send(&wr).unwrap();
+                p.a.qp.post_prepared(prepared, &stream).unwrap();
+            } else {
+                // Right after the stream was handed a commit: the CPU post races its ring.
+                let start = std::time::Instant::now();
+                while p.a.qp.has_unrung_commits() {
+                    assert!(start.elapsed() < TIMEOUT, "the stream never rang");
+                    std::hint::spin_loop();
+                }
+                p.a.qp.post_send(&wr).unwrap();
+            }
+            next += 1;
+        }
+        stream.synchronize().unwrap();
+        for (c, id) in poll_ok(&p.a.scq, 8).iter().zip(first..next) {
+            assert_eq!(c.wr_id, id, "round {round}: completions in order");
+        }
+    }
+    let mut got = vec![0u8; 64];
+    dmr.read_at(0, &mut got);
+    assert_eq!(got, pattern(1, 64));
 }

@@ -54,21 +54,27 @@ typedef int int32_t;
 #define GDS_DESC_SEND 1
 #define GDS_DESC_WAIT 2
 
-// Ring a QP's doorbell: store the doorbell record, fence, store the 8-byte doorbell. Where
-// GPUs cannot reach the doorbell (a CPU proxy rings it), dbrec is 0 and db is the proxy's
-// request word: the one store asks the proxy to ring.
+// Ring a QP's doorbell: store the doorbell record, fence, store the 8-byte doorbell, then the
+// QP's "rung to" word (after the doorbell: a CPU post of the QP reads it to know this
+// doorbell is out). Where GPUs cannot reach the doorbell (a CPU proxy rings it), dbrec is 0
+// and db is the proxy's request word: the one store asks the proxy to ring (and the proxy
+// stores "rung to").
 struct gds_send_desc {
     uint64_t dbrec;        // address of the send doorbell-record word (BE32 counter), or 0
     uint64_t db;           // address of the doorbell register, or the proxy's request word
     uint64_t db_value;     // the 8 doorbell bytes, as a native 64-bit store writes them
     uint32_t dbrec_value;  // the doorbell-record word, as a native 32-bit store writes it
     uint32_t reserved;
+    uint64_t rung;         // address of the QP's "rung to" word (native u64), or 0
+    uint64_t rung_value;   // the producer counter the doorbell exposes sends up to
 };
-static_assert(sizeof(gds_send_desc) == 32, "gds_send_desc size");
+static_assert(sizeof(gds_send_desc) == 48, "gds_send_desc size");
 GDS_OFFSET_CHECK(gds_send_desc, dbrec, 0);
 GDS_OFFSET_CHECK(gds_send_desc, db, 8);
 GDS_OFFSET_CHECK(gds_send_desc, db_value, 16);
 GDS_OFFSET_CHECK(gds_send_desc, dbrec_value, 24);
+GDS_OFFSET_CHECK(gds_send_desc, rung, 32);
+GDS_OFFSET_CHECK(gds_send_desc, rung_value, 40);
 
 // Wait until a 32-bit word satisfies a condition (for a completion: the CQE word at offset 60
 // and its owner bit), then retire: store the CQ consumer index and the retired counters.
@@ -365,6 +371,10 @@ __device__ __forceinline__ int gds_send(const gds_send_desc *d) {
         __threadfence_system();
     }
     *(volatile uint64_t *)d->db = d->db_value;
+    if (d->rung) {
+        __threadfence_system();  // the doorbell before "rung to"
+        *(volatile uint64_t *)d->rung = d->rung_value;
+    }
     return GDS_OK;
 }
 

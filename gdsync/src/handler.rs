@@ -85,21 +85,23 @@ pub(crate) fn log_choice(h: NicHandler, why: &str) {
 }
 
 /// What the proxy rings for one QP: the word the GPU stores its producer index to, the send
-/// doorbell record, and the doorbell register.
+/// doorbell record, the doorbell register, and the "rung to" word it stores after the
+/// doorbell (what a CPU post of the QP reads to know the proxy's doorbell is out).
 pub(crate) struct ProxyTarget {
     pub qpn: u32,
     pub request: MemAt,
     pub sq_dbrec: MemAt,
     pub doorbell: MemAt,
+    pub rung: MemAt,
     /// The register is write-combining device memory: fence around the store.
     pub doorbell_wc: bool,
-    /// How to ring (the queue layer's doorbell sequence): record, register, write-combining,
-    /// QPN, the producer counter the GPU asked for.
+    /// How to ring (the queue layer's doorbell sequence): record, register, "rung to",
+    /// write-combining, QPN, the producer counter the GPU asked for.
     pub ring: RingFn,
 }
 
 /// How the proxy rings a QP's doorbell (see [`ProxyTarget::ring`]).
-pub(crate) type RingFn = fn(&AtomicU32, &AtomicU64, bool, u32, u64);
+pub(crate) type RingFn = fn(&AtomicU32, &AtomicU64, &AtomicU64, bool, u32, u64);
 
 /// The QPs a proxy watches.
 #[derive(Default)]
@@ -190,10 +192,12 @@ fn run(me: Weak<Proxy>, dev: Weak<dyn Provider>, stop: Arc<AtomicBool>) {
             let want = qp.request.mem.u64(qp.request.off).load(Ordering::Acquire);
             if want != *last {
                 // What the GPU would have stored: the doorbell record, then a doorbell whose
-                // index is the new producer index (as NVSHMEM and DOCA ring).
+                // index is the new producer index (as NVSHMEM and DOCA ring), and after its
+                // second fence "rung to".
                 (qp.ring)(
                     qp.sq_dbrec.mem.u32(qp.sq_dbrec.off),
                     qp.doorbell.mem.u64(qp.doorbell.off),
+                    qp.rung.mem.u64(qp.rung.off),
                     qp.doorbell_wc,
                     qp.qpn,
                     want,

@@ -1,7 +1,7 @@
 //! Memory-operation lists: the vocabulary every trigger and every wait is expressed in.
 //!
-//! Posting a work request leaves three memory operations to do (store the doorbell record,
-//! barrier, store 8 bytes to the doorbell); waiting for a completion is a wait on a CQE word
+//! Posting a work request leaves memory operations to do (store the doorbell record, barrier,
+//! ring the 8-byte doorbell, publish how far the queue is rung); waiting for a completion is a wait on a CQE word
 //! followed by stores of the new consumer index and a retired counter. An [`Ops`] list holds
 //! such operations together with handles that keep the memory they point to alive, so running
 //! a list is always memory-safe. Executors ([`crate::exec`]) run lists: on the calling thread,
@@ -87,6 +87,17 @@ pub enum Op {
     },
     /// Order every earlier store before every later one, system-wide.
     Barrier,
+    /// Ring a send queue's doorbell register: one 8-byte store, as [`Op::Write64`], to a
+    /// register that may be write-combining device memory (a ConnectX's UAR). A CPU executor
+    /// pushes the store out of the core's write-combining buffer right after it (one store
+    /// fence per doorbell, as libmlx5's `mmio_flush_writes`); a CUDA stream or kernel writes
+    /// it as any other 64-bit value (its writes leave no such buffer behind).
+    Doorbell {
+        /// The register's address, 8-byte aligned.
+        addr: u64,
+        /// The 8 doorbell bytes, as a native 64-bit store writes them.
+        value: u64,
+    },
 }
 
 impl Op {

@@ -302,11 +302,13 @@ pub(super) fn translate(ops: &Ops, caps: &GpuCaps) -> Result<Vec<sys::CUstreamBa
                 let at = gpu_addr_in(ops.kept(), addr);
                 p.writeValue = write_params(T::CU_STREAM_MEM_OP_WRITE_VALUE_32, at, value as u64);
             }
-            Op::Write64 { addr, value } if caps.mem_ops_64 => {
+            // (A stream's write leaves no write-combining buffer to flush: the doorbell is a
+            // plain 64-bit write.)
+            Op::Write64 { addr, value } | Op::Doorbell { addr, value } if caps.mem_ops_64 => {
                 let at = gpu_addr_in(ops.kept(), addr);
                 p.writeValue = write_params(T::CU_STREAM_MEM_OP_WRITE_VALUE_64, at, value);
             }
-            Op::Write64 { addr, value } => {
+            Op::Write64 { addr, value } | Op::Doorbell { addr, value } => {
                 // Two 32-bit writes, low word first (as libgdsync does without 64-bit memops).
                 let at = gpu_addr_in(ops.kept(), addr);
                 let low = value & 0xFFFF_FFFF;
@@ -425,7 +427,7 @@ fn wait_params(
 fn barrier_elided(ops: &[Op], k: usize) -> bool {
     matches!(
         ops.get(k + 1),
-        Some(Op::Write32 { .. } | Op::Write64 { .. })
+        Some(Op::Write32 { .. } | Op::Write64 { .. } | Op::Doorbell { .. })
     )
 }
 

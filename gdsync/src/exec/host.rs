@@ -49,6 +49,17 @@ pub(crate) fn run_ops(ops: &Ops, timeout: Duration, stop: Option<&AtomicBool>) -
                 Op::Write64 { addr, value } => {
                     (*(addr as *const AtomicU64)).store(value, Ordering::Release)
                 }
+                Op::Doorbell { addr, value } => {
+                    #[cfg(test)]
+                    test_hooks::linger(addr);
+                    (*(addr as *const AtomicU64)).store(value, Ordering::Release);
+                    // Out of the write-combining buffer now: a lone doorbell store could
+                    // otherwise linger there, and reach the device after a later doorbell
+                    // of the same queue rung from another thread.
+                    crate::mem::wc_fence();
+                    #[cfg(test)]
+                    test_hooks::note_flush(addr);
+                }
                 Op::Barrier => fence(Ordering::SeqCst),
                 Op::Wait32 { addr, value, cond } => {
                     let w = &*(addr as *const AtomicU32);
@@ -116,5 +127,52 @@ fn wait(
                 timeout_ms: timeout.as_millis() as u64,
             });
         }
+    }
+}
+
+/// What test builds of CPU executors do around doorbells: count the write-combining flushes
+/// after them, per doorbell address (so tests assert one flush per doorbell), and let one
+/// doorbell address linger before its store, as a store can linger in a write-combining
+/// buffer (so tests see what another ringer does meanwhile).
+#[cfg(test)]
+pub(crate) mod test_hooks {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    static FLUSHED: parking_lot::Mutex<Option<HashMap<u64, u64>>> = parking_lot::Mutex::new(None);
+    static LINGER: AtomicU64 = AtomicU64::new(0);
+
+    /// Doorbell stores to `addr` (0: none) wait a while before they are made.
+    pub(crate) fn linger_at(addr: u64) {
+        LINGER.store(addr, Ordering::Relaxed);
+    }
+
+    /// Waits a while if `addr` is the doorbell to linger on.
+    pub(crate) fn linger(addr: u64) {
+        if addr != 0 && LINGER.load(Ordering::Relaxed) == addr {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_micros(20) {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// A flush after a doorbell store to `addr`.
+    pub(crate) fn note_flush(addr: u64) {
+        *FLUSHED
+            .lock()
+            .get_or_insert_with(HashMap::new)
+            .entry(addr)
+            .or_default() += 1;
+    }
+
+    /// Flushes after doorbell stores to `addr` so far.
+    pub(crate) fn flushes_after(addr: u64) -> u64 {
+        FLUSHED
+            .lock()
+            .as_ref()
+            .and_then(|m| m.get(&addr).copied())
+            .unwrap_or(0)
     }
 }

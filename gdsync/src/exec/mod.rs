@@ -13,6 +13,8 @@
 mod host;
 mod host_stream;
 
+#[cfg(test)]
+pub(crate) use host::test_hooks;
 pub use host::HostExecutor;
 pub use host_stream::HostStream;
 

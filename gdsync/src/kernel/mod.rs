@@ -56,8 +56,10 @@ pub mod code {
     }
 }
 
-/// Ring a doorbell: store `dbrec_value` at `dbrec`, fence, store `db_value` at `db`. Where a
-/// CPU proxy rings the doorbell, `dbrec` is 0 and `db` is the proxy's request word.
+/// Ring a doorbell: store `dbrec_value` at `dbrec`, fence, store `db_value` at `db`, then
+/// `rung_value` at `rung` (the QP's "rung to" word, stored after the doorbell; 0: none). Where
+/// a CPU proxy rings the doorbell, `dbrec` is 0 and `db` is the proxy's request word (the
+/// proxy publishes "rung to").
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SendDesc {
@@ -71,8 +73,12 @@ pub struct SendDesc {
     pub dbrec_value: u32,
     /// Zero.
     pub reserved: u32,
+    /// Address of the QP's "rung to" word, stored after the doorbell (0: none).
+    pub rung: u64,
+    /// The "rung to" value: the producer counter the doorbell exposes sends up to.
+    pub rung_value: u64,
 }
-const _: () = assert!(std::mem::size_of::<SendDesc>() == 32);
+const _: () = assert!(std::mem::size_of::<SendDesc>() == 48);
 
 /// Wait for a 32-bit word, then store the CQ consumer index and retired counters.
 #[repr(C)]
@@ -111,21 +117,38 @@ fn cond_code(c: WaitCond) -> u32 {
 }
 
 impl SendDesc {
-    /// The descriptor for a commit's op list: `Write32` doorbell record, `Barrier`, `Write64`
-    /// doorbell; or, where a CPU proxy rings, `Barrier`, `Write64` request. Addresses are the
-    /// GPUs' addresses of the memory the list names.
+    /// The descriptor for a commit's op list: `Write32` doorbell record, `Barrier`,
+    /// `Doorbell`, `Write64` "rung to"; or, where a CPU proxy rings, `Barrier`, `Write64`
+    /// request. (A list of the first three alone, with a `Write64` doorbell, is read too.)
+    /// Addresses are the GPUs' addresses of the memory the list names.
     pub fn from_ops(ops: &Ops) -> Result<Self> {
         let at = |a: &u64| gpu_addr_in(ops.kept(), *a);
         match ops.as_slice() {
+            [Op::Write32 {
+                addr: dbrec,
+                value: dbrec_value,
+            }, Op::Barrier, Op::Doorbell {
+                addr: db,
+                value: db_value,
+            }, Op::Write64 {
+                addr: rung,
+                value: rung_value,
+            }] => Ok(SendDesc {
+                dbrec: at(dbrec),
+                db: at(db),
+                db_value: *db_value,
+                dbrec_value: *dbrec_value,
+                rung: at(rung),
+                rung_value: *rung_value,
+                ..Default::default()
+            }),
             [Op::Barrier, Op::Write64 {
                 addr: db,
                 value: db_value,
             }] => Ok(SendDesc {
-                dbrec: 0,
                 db: at(db),
                 db_value: *db_value,
-                dbrec_value: 0,
-                reserved: 0,
+                ..Default::default()
             }),
             [Op::Write32 {
                 addr: dbrec,
@@ -138,7 +161,7 @@ impl SendDesc {
                 db: at(db),
                 db_value: *db_value,
                 dbrec_value: *dbrec_value,
-                reserved: 0,
+                ..Default::default()
             }),
             other => Err(Error::invalid(format!("not a commit op list: {other:?}"))),
         }
@@ -292,6 +315,8 @@ impl DescRing {
         body[1] = d.db;
         body[2] = d.db_value;
         body[3] = d.dbrec_value as u64;
+        body[4] = d.rung;
+        body[5] = d.rung_value;
         self.push(1, body, ops, timeout)
     }
     /// Pushes the wait for a completion wait's op list.
@@ -372,6 +397,8 @@ mod tests {
                     ("gds_send_desc", "db") => offset_of!(SendDesc, db),
                     ("gds_send_desc", "db_value") => offset_of!(SendDesc, db_value),
                     ("gds_send_desc", "dbrec_value") => offset_of!(SendDesc, dbrec_value),
+                    ("gds_send_desc", "rung") => offset_of!(SendDesc, rung),
+                    ("gds_send_desc", "rung_value") => offset_of!(SendDesc, rung_value),
                     ("gds_wait_desc", "word") => offset_of!(WaitDesc, word),
                     ("gds_wait_desc", "ci_rec") => offset_of!(WaitDesc, ci_rec),
                     ("gds_wait_desc", "retired") => offset_of!(WaitDesc, retired),
@@ -462,8 +489,44 @@ mod tests {
             }
         }
         assert_eq!(
-            checked, 71,
+            checked, 73,
             "every layout assertion of the header was checked"
+        );
+    }
+
+    /// A commit's list as commits make it (record, barrier, doorbell, "rung to") gives a
+    /// descriptor that stores "rung to" after the doorbell.
+    #[test]
+    fn send_descriptor_carries_rung_to() {
+        // SAFETY: the ops are only converted, never run.
+        let ops = unsafe {
+            ops_of(&[
+                Op::Write32 {
+                    addr: 0x1000,
+                    value: 0x0600_0000,
+                },
+                Op::Barrier,
+                Op::Doorbell {
+                    addr: 0x2008,
+                    value: 0x0323_0100_0805_0000,
+                },
+                Op::Write64 {
+                    addr: 0x3140,
+                    value: 6,
+                },
+            ])
+        };
+        assert_eq!(
+            SendDesc::from_ops(&ops).unwrap(),
+            SendDesc {
+                dbrec: 0x1000,
+                db: 0x2008,
+                db_value: 0x0323_0100_0805_0000,
+                dbrec_value: 0x0600_0000,
+                reserved: 0,
+                rung: 0x3140,
+                rung_value: 6
+            }
         );
     }
 
@@ -492,7 +555,9 @@ mod tests {
                 db: 0x2008,
                 db_value: 0x0323_0100_0805_0000,
                 dbrec_value: 0x0600_0000,
-                reserved: 0
+                reserved: 0,
+                rung: 0,
+                rung_value: 0
             }
         );
         assert!(WaitDesc::from_ops(&ops).is_err());
@@ -514,7 +579,9 @@ mod tests {
                 db: 0x7000,
                 db_value: 1,
                 dbrec_value: 0,
-                reserved: 0
+                reserved: 0,
+                rung: 0,
+                rung_value: 0
             }
         );
         // SAFETY: as above.

@@ -77,6 +77,8 @@ impl Qp {
         let s = &*self.shared;
         self.sq_pi = sq_pi;
         self.committed = sq_pi;
+        // The kernel rang everything it posted (its sends completed): CPU posts may follow.
+        s.sq_rung().store(sq_pi, Ordering::Release);
         self.rq_pi = rq_pi;
         // Host polls count on from here (the kernel may have moved the rings by more than
         // the 16-bit distance `advance16` bridges).

@@ -95,12 +95,17 @@ fn a_batch_for_an_executor_is_one_doorbell_op_list() {
         batch.push(wr).unwrap();
     }
     let ops = batch.ops();
-    // The record, a barrier, the register: as a commit's.
+    // The record, a barrier, the register, "rung to": as a commit's.
     let kinds: Vec<&Op> = ops.as_slice().iter().collect();
     assert!(
         matches!(
             kinds[..],
-            [Op::Write32 { .. }, Op::Barrier, Op::Write64 { .. }]
+            [
+                Op::Write32 { .. },
+                Op::Barrier,
+                Op::Doorbell { .. },
+                Op::Write64 { .. }
+            ]
         ),
         "{ops:?}"
     );

@@ -16,6 +16,8 @@ mod encode;
 #[cfg(test)]
 mod encode_tests;
 mod post;
+#[cfg(test)]
+mod ring_order_tests;
 mod shared;
 mod wait;
 
@@ -23,7 +25,7 @@ pub use batch::SendBatch;
 pub use config::{QpConfig, QpState, MAX_MESSAGE, MAX_SGE};
 pub use post::{CommitError, PreparedSend, RecvTicket, SendTicket};
 pub(crate) use shared::{
-    QpShared, QP_KERNEL_RQ_PI, QP_KERNEL_SQ_PI, QP_PROXY, QP_RQ_RETIRED, QP_SQ_RETIRED,
+    QpShared, QP_KERNEL_RQ_PI, QP_KERNEL_SQ_PI, QP_PROXY, QP_RQ_RETIRED, QP_SQ_RETIRED, QP_SQ_RUNG,
 };
 
 use crate::context::DeviceContext;
@@ -176,6 +178,7 @@ impl Qp {
                 off: s.dbrec.off + 4 * DBREC_SQ,
             },
             doorbell: s.doorbell.clone(),
+            rung: at(QP_SQ_RUNG),
             doorbell_wc: s.doorbell_wc,
             ring: doorbell::ring_for_proxy,
         };
@@ -256,15 +259,17 @@ impl Qp {
     }
 
     /// One line for error reports: the state, how far the send ring is prepared, committed
-    /// and rung (the doorbell record, which executors store), and receives posted.
+    /// and rung (the "rung to" word every ringer stores after its doorbell, and the doorbell
+    /// record, which ringers store before it), and receives posted.
     pub fn describe(&self) -> String {
         let rec = self.sq_doorbell_record();
         format!(
-            "QP {:#x} {:?}: send ring prepared to {}, committed to {}, doorbell record {} (low 16 bits, at {:#x}); {} receives posted",
+            "QP {:#x} {:?}: send ring prepared to {}, committed to {}, rung to {}, doorbell record {} (low 16 bits, at {:#x}); {} receives posted",
             self.shared.qpn,
             self.state(),
             self.sq_pi,
             self.committed,
+            self.shared.sq_rung().load(Ordering::Acquire),
             rec,
             self.shared.dbrec.addr() + 4 * DBREC_SQ as u64,
             self.rq_pi,

@@ -338,13 +338,16 @@ impl Qp {
         s.buf.write(off, &b);
     }
 
-    /// Whether the send doorbell record has reached `end` (a [`SendTicket::end`]): every send
-    /// before it is exposed to the device, whether this thread posted it or an executor ran
-    /// its commit ops. A CPU post must wait for this before it moves the record past sends an
-    /// executor has not rung yet (the record would otherwise expose them early, then move
-    /// backwards).
+    /// Whether the doorbell has been rung for every send up to `end` (a
+    /// [`SendTicket::end`]), whether this thread posted them or an executor, a kernel or the
+    /// CPU proxy rang their commit: every ringer publishes how far it rang AFTER its doorbell
+    /// (the doorbell record cannot tell: ringers store it before their doorbell). A CPU post
+    /// must wait for this before it rings past sends another ringer has not rung yet (its
+    /// doorbell would otherwise expose them early, and the other doorbell, still to come,
+    /// would then go backwards).
     pub fn doorbell_reached(&self, end: u64) -> bool {
-        reached16(self.sq_doorbell_record(), end)
+        let rung = self.shared.sq_rung().load(Ordering::Acquire);
+        (rung.wrapping_sub(end) as i64) >= 0
     }
 
     /// The send doorbell record: the low 16 bits of the producer counter (big-endian in
@@ -354,20 +357,19 @@ impl Qp {
         u32::from_be(native) as u16
     }
 
-    /// Whether sends committed for an executor ([`commit`](Self::commit)) are not visible to
-    /// the device yet (their ops have not run). A CPU post now would ring past them, so they
+    /// Whether sends committed for an executor ([`commit`](Self::commit)) are not rung yet
+    /// (their ops have not run to the end). A CPU post now would ring past them, so they
     /// would go out before whatever the executor waits for, and the executor's own doorbell
     /// would later move backwards: [`post_send`](Self::post_send) refuses then.
     /// (A QP in error flushes all work anyway: never then.)
     #[inline]
     pub fn has_unrung_commits(&self) -> bool {
-        // Rung once the record has reached the last commit (or passed it, had something
-        // else rung): the common case, one load.
+        // Rung once "rung to" has reached the last commit: the common case, one load.
         !self.doorbell_reached(self.committed) && self.unrung_beyond_record()
     }
 
-    /// [`has_unrung_commits`](Self::has_unrung_commits) once the doorbell record is short of
-    /// the last commit: unless the QP is in error, or the proxy thread rings within a second.
+    /// [`has_unrung_commits`](Self::has_unrung_commits) once "rung to" is short of the last
+    /// commit: unless the QP is in error, or the proxy thread rings within a second.
     #[inline(never)]
     fn unrung_beyond_record(&self) -> bool {
         let c = &self.shared.ctrl;

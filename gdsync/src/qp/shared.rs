@@ -27,6 +27,10 @@ pub(crate) const QP_PROXY: usize = 192;
 /// progress and the next launch resumes.
 pub(crate) const QP_KERNEL_SQ_PI: usize = 256;
 pub(crate) const QP_KERNEL_RQ_PI: usize = 264;
+/// How far the send queue is rung: the producer counter (native u64, free-running) of the
+/// last doorbell, stored by every ringer (the CPU, an executor, a kernel, the proxy) AFTER
+/// its doorbell. The doorbell record cannot tell: ringers store it before their doorbell.
+pub(crate) const QP_SQ_RUNG: usize = 320;
 
 /// A QP's rings and control page, laid out as mlx5 does (receive ring at offset 0, send
 /// ring after it): the queue layer's, or the device's own.
@@ -347,6 +351,11 @@ impl QpShared {
         // SAFETY: `doorbell.mem.u64` checked both halves (in bounds, aligned) in `new`; the
         // memory lives as long as `self.doorbell`.
         unsafe { &*((self.doorbell_addr + bf_offset as u64) as *const AtomicU64) }
+    }
+    /// The "rung to" word ([`QP_SQ_RUNG`]).
+    #[inline]
+    pub(crate) fn sq_rung(&self) -> &AtomicU64 {
+        self.ctrl.u64(QP_SQ_RUNG)
     }
     /// Keeps the control page alive for an op list that stores into it.
     pub(crate) fn keep(&self) -> KeepAlive {

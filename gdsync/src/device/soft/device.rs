@@ -760,3 +760,6 @@ mod link_release_tests;
 #[cfg(test)]
 #[path = "modify_tests.rs"]
 mod modify_tests;
+#[cfg(test)]
+#[path = "strict_tests.rs"]
+mod strict_tests;

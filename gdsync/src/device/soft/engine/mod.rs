@@ -31,6 +31,7 @@ mod memory;
 mod packets;
 mod requester;
 mod responder;
+mod strict;
 mod timers;
 
 use super::link::{DeviceShare, Link};
@@ -269,6 +270,9 @@ struct SqContext {
     ci: u64,
     /// The doorbell register's halves as last seen.
     last_db: [u64; 2],
+    /// Where the WQEs of the newest doorbell that named one end (the strict checks refuse a
+    /// doorbell behind it).
+    rung_end: u16,
     /// The ring is to be looked at again without a new doorbell (stalled, or not read to
     /// its end).
     pending: bool,
@@ -708,6 +712,7 @@ impl Engine {
             sq: SqContext {
                 ci: 0,
                 last_db,
+                rung_end: 0,
                 pending: false,
                 next_psn: 0,
                 out: VecDeque::new(),

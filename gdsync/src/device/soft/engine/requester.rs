@@ -7,6 +7,7 @@ use super::direct_write::{direct_write, local_bytes};
 use super::memory::sges_ok;
 use super::memory::Seg;
 use super::packets::packet_header;
+use super::strict::{ctrl_complaint, inline_ds_agrees};
 use super::{psn_le, BodyRef, Engine, OutWqe, QpContext, QpHw, WqeStep, MAX_QUEUED};
 use crate::format::*;
 use crate::mem::slot_off;
@@ -77,6 +78,17 @@ impl Engine {
         let work = q.err && super::errors::flush_recv_ring(q);
         if db == q.sq.last_db && !q.sq.pending {
             return work;
+        }
+        if db != q.sq.last_db && !q.err {
+            match super::strict::check_doorbell(&q.hw, db, q.sq.last_db, q.sq.rung_end) {
+                Ok(end) => q.sq.rung_end = end,
+                Err(why) => {
+                    q.sq.last_db = db;
+                    let (ci, pi) = (q.sq.ci, q.hw.sq_producer());
+                    self.refuse(qpn, None, ci, pi, &why);
+                    return true;
+                }
+            }
         }
         // A new doorbell names the last WQE posted, and so how far to go, as a ConnectX takes
         // it from the register; the doorbell record is read when the doorbell cannot say
@@ -166,6 +178,8 @@ impl Engine {
             return None;
         }
         match w.data {
+            // (A ds count with room to spare is the steps' to report.)
+            CommonData::Inline { at, len } if !inline_ds_agrees(w.ctrl.ds(), at, len) => None,
             CommonData::Inline { at, len } => self.inline_at_once(qpn, &w, at..at + len, first),
             CommonData::Segment(d) => self.segment_at_once(qpn, &w, Seg::of(d)),
         }
@@ -251,9 +265,12 @@ impl Engine {
         let (mut small, mut big) = ([0u8; 2 * WQEBB], Vec::new());
         small[..WQEBB].copy_from_slice(first);
         let ctrl = CtrlSeg::from_bytes(small[..SEG_SIZE].try_into().unwrap());
-        let Some(opcode) = check_ctrl(&q.hw, &ctrl, sq_ci, avail) else {
-            self.malformed(qpn, Some(&ctrl), sq_ci, pi);
-            return WqeStep::Stop;
+        let opcode = match check_ctrl(&q.hw, &ctrl, sq_ci, avail) {
+            Ok(opcode) => opcode,
+            Err(why) => {
+                self.refuse(qpn, Some(&ctrl), sq_ci, pi, &why);
+                return WqeStep::Stop;
+            }
         };
         let at = StartedWqe {
             ctrl,
@@ -286,12 +303,17 @@ impl Engine {
             Some(r) => r,
             None => match SendWqe::parse(wqe) {
                 Ok(w) => decode(hdr, &w),
-                Err(_) => {
-                    self.malformed(qpn, Some(&ctrl), sq_ci, pi);
+                Err(e) => {
+                    let why = format!("the WQE at index {} cannot be read: {e}", sq_ci as u16);
+                    self.refuse(qpn, Some(&ctrl), sq_ci, pi, &why);
                     return WqeStep::Stop;
                 }
             },
         };
+        if let Some(why) = inline_ds_disagrees(&ctrl, opcode, &req) {
+            self.refuse(qpn, Some(&ctrl), sq_ci, pi, &why);
+            return WqeStep::Stop;
+        }
         if let Some(step) = self.local_checks(qpn, &at, &req) {
             return step;
         }
@@ -399,23 +421,35 @@ impl Engine {
     }
 }
 
-/// Step 2, parse: whether the control segment is the one expected there (index, QPN, a
-/// size within what the doorbell record exposes and a WQE can have) with an opcode this
-/// model serves; the opcode if so.
-fn check_ctrl(hw: &QpHw, ctrl: &CtrlSeg, sq_ci: u64, avail: u32) -> Option<Opcode> {
-    if !ctrl_in_place(hw, ctrl, sq_ci, avail) {
-        tracing::warn!(qpn = hw.qpn, ?ctrl, "malformed WQE");
-        return None;
+/// Step 2, parse: the control segment's opcode if it is the one expected there (index, QPN,
+/// a size within what the doorbell record exposes and a WQE can have) with an opcode this
+/// model serves; else what is wrong.
+fn check_ctrl(hw: &QpHw, ctrl: &CtrlSeg, sq_ci: u64, avail: u32) -> Result<Opcode, String> {
+    if let Some(why) = ctrl_complaint(hw, ctrl, sq_ci, avail) {
+        return Err(why);
     }
-    let opcode = ctrl.opcode().filter(|o| o.is_supported());
-    if opcode.is_none() {
-        tracing::warn!(
-            qpn = hw.qpn,
-            opcode = ctrl.opcode_byte(),
-            "unsupported opcode"
-        );
-    }
-    opcode
+    ctrl.opcode().filter(|o| o.is_supported()).ok_or_else(|| {
+        format!(
+            "the WQE at index {} has opcode {:#x}, which this device does not serve",
+            sq_ci as u16,
+            ctrl.opcode_byte()
+        )
+    })
+}
+
+/// What is wrong with the ds count of a WQE with an inline payload (`req` read from it), if
+/// anything: its units must end with the payload (see [`inline_ds_agrees`]).
+fn inline_ds_disagrees(ctrl: &CtrlSeg, opcode: Opcode, req: &Request) -> Option<String> {
+    let len = req.inline?.len();
+    let at = SEG_SIZE * (1 + usize::from(opcode.has_raddr())) + 4;
+    (!inline_ds_agrees(ctrl.ds(), at, len)).then(|| {
+        format!(
+            "the WQE at index {} has {} DS, but its inline payload of {len} bytes takes {}: the ds count disagrees with the segments; a ConnectX leaves this undefined",
+            ctrl.wqe_index(),
+            ctrl.ds(),
+            (at + len).div_ceil(SEG_SIZE)
+        )
+    })
 }
 
 /// Whether the control segment is the one expected at `sq_ci` (index, QPN) with a size
