@@ -77,6 +77,7 @@ fn host_addrs(ops: &Ops) -> Vec<u64> {
         .filter_map(|op| match *op {
             Op::Write32 { addr, .. }
             | Op::Write64 { addr, .. }
+            | Op::Doorbell { addr, .. }
             | Op::Wait32 { addr, .. }
             | Op::Wait64 { addr, .. } => Some(addr),
             Op::Barrier => None,
