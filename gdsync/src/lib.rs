@@ -37,6 +37,7 @@
 
 pub mod auth;
 mod backoff;
+mod barrier;
 mod bounds;
 mod context;
 mod cq;

@@ -9,12 +9,14 @@ use crate::format::{doorbell_value, qp_dbrec_value, Be32, DBREC_SQ};
 use crate::ops::{Op, Ops};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-/// Rings on this thread: the WQEs before the record (release), the record before the register
+/// Rings on this thread: the WQEs before the record (a barrier for the device, then release),
+/// the record before the register
 /// (a fence for a write-combining register), and the register's store pushed out after it.
 /// `end` is the producer counter after the last WQE exposed, `head` the first 8 bytes of the
 /// last WQE.
 #[inline]
 pub(crate) fn ring(dbrec: &AtomicU32, register: &AtomicU64, wc: bool, end: u64, head: [u8; 8]) {
+    crate::barrier::dma_wmb();
     dbrec.store(qp_dbrec_value(end).native(), Ordering::Release);
     if wc {
         crate::mem::wc_fence();

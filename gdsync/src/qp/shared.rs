@@ -62,7 +62,7 @@ impl QpRingsAsked {
         let rq_stride = (SEG_SIZE as u32 * cfg.max_recv_sge).next_power_of_two();
         let rq_bytes = (rq_cnt * rq_stride) as usize;
         let sq_off = rq_bytes.max(64);
-        let ctrl = Arc::new(RingMem::new(crate::mem::PAGE, gpus));
+        let ctrl = Arc::new(RingMem::new(crate::mem::page_size(), gpus));
         let mem = (!device_owns_rings).then(|| QpMem {
             buf: Arc::new(RingMem::new(sq_off + sq_cnt as usize * WQEBB, gpus)),
             sq_off,
@@ -378,7 +378,7 @@ mod tests {
             asked.spec(1, 2, 3).mem.is_none(),
             "no ring made for the device"
         );
-        let ctrl = Arc::new(RingMem::host(crate::mem::PAGE));
+        let ctrl = Arc::new(RingMem::host(crate::mem::page_size()));
         let device = DeviceQpRings {
             mem: QpMem {
                 buf: Arc::new(RingMem::host(4 * WQEBB + 256)),

@@ -248,9 +248,9 @@ impl Mlx5Device {
     /// Registers GPU memory: through a dma-buf where the GPU exports one, else the device
     /// pointer itself (the peer-memory module), the choice logged.
     fn reg_gpu_mr(&self, pd: &Arc<Pd>, spec: &MrSpec, ordinal: i32) -> Result<Mr<'static>> {
-        let page = crate::mem::PAGE as u64;
-        let start = spec.addr - spec.addr % page;
-        let len = (spec.addr + spec.len).next_multiple_of(page) - start;
+        // The export covers whole pages of the running system (64 KiB on many AArch64 hosts).
+        let page = crate::mem::page_size() as u64;
+        let (start, len) = crate::mem::page_span(spec.addr, spec.len, page);
         let gpus = self.gpus.as_ref().ok_or_else(|| {
             Error::NoCuda("GPU memory on a device opened without a CUDA handle".into())
         });

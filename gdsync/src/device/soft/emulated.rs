@@ -190,7 +190,7 @@ fn foreign(addr: u64, len: usize) -> (Arc<RingMem>, usize) {
 
 /// A ring must start on a page: the device's ring offsets count from 0.
 fn page_aligned(what: &str, addr: u64) -> crate::Result<()> {
-    match addr % crate::mem::PAGE as u64 {
+    match addr % crate::mem::page_size() as u64 {
         0 => Ok(()),
         _ => Err(Error::invalid(format!(
             "{what} at {addr:#x} does not start on a page"
@@ -422,7 +422,7 @@ mod tests {
     /// A QP spec over `owner`'s pages, as the driver would build it from libmlx5's memory,
     /// with the doorbell register at `bf_off` of a foreign page.
     fn foreign_qp(owner: &RingMem, cqn: u32, bf_off: usize) -> (QpSpec, DriverQp) {
-        let (buf, _) = foreign(owner.addr(0), 2 * crate::mem::PAGE);
+        let (buf, _) = foreign(owner.addr(0), 2 * crate::mem::page_size());
         let (db, db_off) = foreign(owner.addr(0x1000), 8);
         let (bf, _) = foreign(owner.addr(0x2000), 8);
         let spec = QpSpec {
@@ -453,12 +453,12 @@ mod tests {
 
     #[test]
     fn foreign_rings_are_served_and_never_freed() {
-        let owner = RingMem::host(4 * crate::mem::PAGE);
+        let owner = RingMem::host(4 * crate::mem::page_size());
         let dev = SoftDevice::spawn().unwrap();
         let (ring, off) = foreign(owner.addr(0x3000), 64 * 8);
         assert_eq!(off, 0);
         let (dbrec, dbrec_off) = foreign(owner.addr(0x1040), 8);
-        assert_eq!((dbrec_off, dbrec.len()), (0x40, crate::mem::PAGE));
+        assert_eq!((dbrec_off, dbrec.len()), (0x40, crate::mem::page_size()));
         let dbrec = MemAt {
             mem: dbrec,
             off: dbrec_off,
