@@ -47,6 +47,7 @@ pub(crate) struct QpRingsAsked {
     sq_cnt: u32,
     rq_cnt: u32,
     rq_stride: u32,
+    max_inline: u32,
     mem: Option<QpMem>,
 }
 
@@ -76,6 +77,7 @@ impl QpRingsAsked {
             sq_cnt,
             rq_cnt,
             rq_stride,
+            max_inline: cfg.max_inline,
             mem,
         }
     }
@@ -87,6 +89,7 @@ impl QpRingsAsked {
             rq_wqes: self.rq_cnt,
             rq_stride: self.rq_stride,
             sq_wqebbs: self.sq_cnt,
+            max_inline: self.max_inline,
             send_cqn,
             recv_cqn,
             mem: self.mem.clone(),

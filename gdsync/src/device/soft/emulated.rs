@@ -297,6 +297,7 @@ extern "C" fn create_qp(dev: c_int, q: *const uvemu_hca_qp, qpn: *mut u32) -> c_
             rq_wqes: q.rq_wqes,
             rq_stride: q.rq_stride,
             sq_wqebbs: q.sq_wqebbs,
+            max_inline: 0,
             send_cqn: q.send_cqn,
             recv_cqn: q.recv_cqn,
             mem: Some(mem),
@@ -345,6 +346,7 @@ extern "C" fn to_rtr(dev: c_int, qpn: u32, r: *const uvemu_hca_rtr) -> c_int {
                 remote,
                 rq_psn: r.rq_psn,
                 mtu: r.mtu,
+                route: Default::default(),
             }),
         )
     })
@@ -430,6 +432,7 @@ mod tests {
             rq_wqes: 16,
             rq_stride: 32,
             sq_wqebbs: 16,
+            max_inline: 0,
             send_cqn: cqn,
             recv_cqn: cqn,
             mem: Some(QpMem {
