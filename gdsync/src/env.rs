@@ -9,6 +9,9 @@
 //! | `GDSYNC_NIC_HANDLER` | `auto`, `gpu`, `cpu` |
 //! | `GDSYNC_CUDA` | `on`, `off`, `1`, `0` (checked where the driver loads, `cuda/load.rs`) |
 //! | `GDSYNC_DEVICE` | `soft`, an RDMA device (`mlx5_0`, `mlx5_0:1`) |
+//! | `GDSYNC_IB_TC` | a RoCE traffic class, `0` to `255` |
+//! | `GDSYNC_IB_SL` | an InfiniBand service level, `0` to `15` |
+//! | `GDSYNC_IB_HOP_LIMIT` | a hop limit, `1` to `255` |
 //! | `GDSYNC_LOG` (the examples) | levels (`off`, `error`, `warn`, `info`, `debug`, `trace`) and `TARGET=LEVEL` directives |
 
 use crate::error::{Error, Result};
@@ -50,6 +53,31 @@ pub fn choice_of(
 /// an error too).
 pub fn choice(var: &str, choices: &[&'static str]) -> Result<Option<&'static str>> {
     choice_of(var, read(var)?.as_deref(), choices)
+}
+
+/// `value` (variable `var`'s, `None` when unset) as a number in `range`: `None` when unset or
+/// empty (the default), else the number, or an error naming the range.
+pub fn number_of(
+    var: &str,
+    value: Option<&str>,
+    range: std::ops::RangeInclusive<u32>,
+) -> Result<Option<u32>> {
+    let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    match v.parse::<u32>() {
+        Ok(n) if range.contains(&n) => Ok(Some(n)),
+        _ => Err(invalid(
+            var,
+            v,
+            &format!("a number from {} to {}", range.start(), range.end()),
+        )),
+    }
+}
+
+/// Variable `var` read from the environment, by [`number_of`].
+pub fn number(var: &str, range: std::ops::RangeInclusive<u32>) -> Result<Option<u32>> {
+    number_of(var, read(var)?.as_deref(), range)
 }
 
 /// Variable `var`'s value; `None` when unset.
@@ -121,6 +149,23 @@ mod tests {
         );
         assert_eq!(one_of(&["a"]), "a");
         assert_eq!(one_of(&["a", "b"]), "a or b");
+    }
+
+    #[test]
+    fn numbers_are_in_their_range_or_one_line_naming_it() {
+        assert_eq!(number_of("V", None, 0..=15).unwrap(), None);
+        assert_eq!(number_of("V", Some(" "), 0..=15).unwrap(), None);
+        assert_eq!(number_of("V", Some("15"), 0..=15).unwrap(), Some(15));
+        assert_eq!(number_of("V", Some(" 3 "), 0..=15).unwrap(), Some(3));
+        for bad in ["16", "-1", "3.0", "x", "0x3"] {
+            let e = number_of("GDSYNC_IB_SL", Some(bad), 0..=15)
+                .unwrap_err()
+                .to_string();
+            assert_eq!(
+                e,
+                format!("invalid argument: GDSYNC_IB_SL={bad:?}: expected a number from 0 to 15")
+            );
+        }
     }
 
     #[test]

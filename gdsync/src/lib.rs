@@ -37,6 +37,7 @@
 
 pub mod auth;
 mod backoff;
+mod barrier;
 mod bounds;
 mod context;
 mod cq;
@@ -55,6 +56,7 @@ mod idle;
 pub mod kernel;
 mod kernel_header;
 mod mem;
+mod memlock;
 mod mr;
 mod nic;
 pub mod ops;
@@ -85,13 +87,17 @@ pub use device::{
 };
 pub use error::{Error, Result};
 pub use handler::NicHandler;
+pub use memlock::{memlock_limit, MemlockLimit};
 pub use mr::{MemoryRegion, ProtectionDomain};
 pub use nic::Device;
 pub use provider::{
     Access, DeviceAttr, DeviceInfo, Endpoint, LinkKind, LinkLayer, LinkPolicy, PortAddress,
     PortAttr, PortState,
 };
-pub use qp::{CommitError, PreparedSend, Qp, QpConfig, QpState, RecvTicket, SendBatch, SendTicket};
+pub use qp::{
+    CommitError, PreparedSend, Qp, QpConfig, QpState, RecvTicket, SendBatch, SendTicket,
+    IB_HOP_LIMIT_VAR, IB_SL_VAR, IB_TC_VAR,
+};
 pub use shm::SharedMemory;
 pub use signal::{PinnedBuffer, SignalWords};
 pub use wr::{RecvWr, RemoteAddr, RemoteBuf, SendFlags, SendWr, Sge, WrOp};

@@ -6,8 +6,28 @@ use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
-/// Alignment of every ring allocation (one host page).
-pub(crate) const PAGE: usize = 4096;
+/// The page size of the running system (`sysconf(_SC_PAGESIZE)`, read once): every ring
+/// allocation is aligned to it, and ranges registered with CUDA or exported as dma-bufs are
+/// widened to it (4 KiB on x86-64; 64 KiB on many AArch64 kernels, Grace-Hopper's among them).
+pub(crate) fn page_size() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(|| {
+        // SAFETY: sysconf has no preconditions.
+        let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(n)
+            .ok()
+            .filter(|n| n.is_power_of_two())
+            .unwrap_or(4096)
+    })
+}
+
+/// The whole pages of size `page` (a power of two) around `len` bytes at `addr`: their first
+/// address and their length.
+pub(crate) fn page_span(addr: u64, len: u64, page: u64) -> (u64, u64) {
+    let start = addr & !(page - 1);
+    let end = addr.saturating_add(len.max(1)).next_multiple_of(page);
+    (start, end - start)
+}
 
 /// A value on its own cache lines, so that writers of its neighbours do not steal it.
 #[repr(align(128))]
@@ -78,8 +98,8 @@ impl RingMem {
     /// `gpus` where the caller gives a handle (streams and kernels write doorbells and wait on
     /// CQEs here), plain host memory where it gives none.
     pub(crate) fn new<G: GpuMapper + 'static>(len: usize, gpus: Option<&Arc<G>>) -> Self {
-        let len = len.max(1).next_multiple_of(PAGE);
-        let layout = Layout::from_size_align(len, PAGE).expect("ring layout");
+        let len = len.max(1).next_multiple_of(page_size());
+        let layout = Layout::from_size_align(len, page_size()).expect("ring layout");
         // SAFETY: layout has a nonzero size.
         let ptr = unsafe { alloc_zeroed(layout) };
         if ptr.is_null() {
@@ -123,17 +143,17 @@ impl RingMem {
     /// The pages must stay mapped, readable and writable, and be accessed by their owner only
     /// through the ring protocol (doorbells, owner bits), as long as the RingMem lives.
     pub(crate) unsafe fn foreign(addr: u64, len: usize) -> (Self, usize) {
-        let off = (addr % PAGE as u64) as usize;
+        let (start, span) = page_span(addr, len as u64, page_size() as u64);
         let mem = Self {
-            ptr: (addr - off as u64) as *mut u8,
-            len: (off + len.max(1)).next_multiple_of(PAGE),
+            ptr: start as *mut u8,
+            len: span as usize,
             cuda: None,
             owned: false,
             foreign_cuda: None,
             gpu_base: OnceLock::new(),
             _owner: None,
         };
-        (mem, off)
+        (mem, (addr - start) as usize)
     }
 
     /// As [`RingMem::foreign`], for pages a device placed itself (libmlx5's rings, doorbell
@@ -246,9 +266,11 @@ impl RingMem {
         prefetch_line::<false>(self.ptr.wrapping_add(off));
     }
 
-    /// Copies from the ring at `off` into `dst`.
+    /// Copies from the ring at `off` into `dst`, after the loads before it (the owner bit that
+    /// said a device wrote these bytes: [`crate::barrier::dma_rmb`]).
     pub(crate) fn read(&self, off: usize, dst: &mut [u8]) {
         self.check(off, dst.len(), 1);
+        crate::barrier::dma_rmb();
         // SAFETY: in bounds (checked).
         unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off), dst.as_mut_ptr(), dst.len()) }
     }
@@ -261,7 +283,12 @@ impl Drop for RingMem {
         if self.cuda.is_none() && self.foreign_cuda.is_none() && !queued_behind {
             if self.owned {
                 // SAFETY: allocated in new() with this exact layout; nothing else points here.
-                unsafe { dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, PAGE)) }
+                unsafe {
+                    dealloc(
+                        self.ptr,
+                        Layout::from_size_align_unchecked(self.len, page_size()),
+                    )
+                }
             }
             return;
         }
@@ -290,7 +317,7 @@ impl Drop for RingMem {
             unsafe {
                 dealloc(
                     addr as *mut u8,
-                    Layout::from_size_align_unchecked(len, PAGE),
+                    Layout::from_size_align_unchecked(len, page_size()),
                 )
             }
         });
@@ -357,16 +384,11 @@ pub(crate) fn load_be32(mem: &RingMem, off: usize) -> u32 {
 
 /// Orders earlier stores before a store to a write-combining doorbell page, or pushes such a
 /// store out of the CPU's write-combining buffer (libmlx5's `mmio_wc_start` and
-/// `mmio_flush_writes`: `sfence` on x86-64).
+/// `mmio_flush_writes`): [`crate::barrier::mmio_flush_writes`], under the name its callers
+/// know.
+#[inline(always)]
 pub(crate) fn wc_fence() {
-    #[cfg(target_arch = "x86_64")]
-    #[allow(unused_unsafe)] // safe to call in newer compilers (SSE is baseline on x86-64)
-    // SAFETY: sfence takes no operands; it only orders stores.
-    unsafe {
-        std::arch::x86_64::_mm_sfence()
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    std::sync::atomic::fence(Ordering::SeqCst);
+    crate::barrier::mmio_flush_writes();
 }
 
 #[cfg(test)]
@@ -375,23 +397,44 @@ mod tests {
 
     #[test]
     fn held_pages_keep_their_owner_until_the_last_holder_goes() {
+        let page = page_size();
         // The owner stands for libmlx5's object; its pages are an allocation of ours here.
-        let pages = Arc::new(RingMem::host(2 * PAGE));
+        let pages = Arc::new(RingMem::host(2 * page));
         let owner: crate::ops::KeepAlive = pages.clone();
         // SAFETY: `owner` keeps the pages allocated while the wrapper lives.
-        let (held, off) = unsafe { RingMem::held(pages.addr(PAGE + 0x40), 8, owner) };
+        let (held, off) = unsafe { RingMem::held(pages.addr(page + 0x40), 8, owner) };
         assert_eq!(
             (off, held.len()),
-            (0x40, PAGE),
+            (0x40, page),
             "the whole page around the record"
         );
-        assert_eq!(held.addr(off), pages.addr(PAGE + 0x40));
+        assert_eq!(held.addr(off), pages.addr(page + 0x40));
         assert_eq!(Arc::strong_count(&pages), 2);
         held.u32(off).store(7, Ordering::Release);
-        assert_eq!(pages.u32(PAGE + 0x40).load(Ordering::Acquire), 7);
+        assert_eq!(pages.u32(page + 0x40).load(Ordering::Acquire), 7);
         drop(held);
         assert_eq!(Arc::strong_count(&pages), 1, "released with the wrapper");
         // Not freed by the wrapper: still ours.
-        pages.u32(PAGE).store(1, Ordering::Relaxed);
+        pages.u32(page).store(1, Ordering::Relaxed);
+    }
+
+    #[test]
+    fn rings_are_aligned_to_the_page_size_of_the_running_system() {
+        // SAFETY: sysconf has no preconditions.
+        let sys = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        assert_eq!(page_size(), sys);
+        let ring = RingMem::host(100);
+        assert_eq!((ring.addr(0) % sys as u64, ring.len()), (0, sys));
+    }
+
+    #[test]
+    fn page_spans_cover_whole_pages_of_any_size() {
+        // 4 KiB pages (x86-64), and 64 KiB pages (many AArch64 kernels), where a range that
+        // is 4 KiB-aligned is not page-aligned.
+        assert_eq!(page_span(0x1_2345, 8, 4096), (0x1_2000, 4096));
+        assert_eq!(page_span(0x1_3000, 0x1000, 4096), (0x1_3000, 0x1000));
+        assert_eq!(page_span(0x1_3000, 0x1000, 65536), (0x1_0000, 0x1_0000));
+        assert_eq!(page_span(0x1_fff8, 16, 65536), (0x1_0000, 0x2_0000));
+        assert_eq!(page_span(0x2_0000, 0, 65536), (0x2_0000, 0x1_0000));
     }
 }

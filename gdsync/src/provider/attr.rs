@@ -22,6 +22,9 @@ pub struct DeviceAttr {
     pub max_inline_data: u32,
     /// Number of ports (`phys_port_cnt`).
     pub phys_port_cnt: u8,
+    /// The device executes atomics (compare-and-swap, fetch-and-add): verbs' `atomic_cap`
+    /// is not `IBV_ATOMIC_NONE`. Without them, atomic work requests are refused.
+    pub atomics: bool,
     /// The device allocates its queues' rings and doorbell records itself (libmlx5 does):
     /// creating a queue hands it no ring memory, and the queue uses the device's. Otherwise
     /// (the soft device) the queue layer allocates them and hands them over.

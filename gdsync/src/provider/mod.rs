@@ -131,6 +131,9 @@ pub(crate) struct QpSpec {
     pub rq_wqes: u32,
     pub rq_stride: u32,
     pub sq_wqebbs: u32,
+    /// The inline payload one send may carry (`QpConfig::max_inline`): a device that makes
+    /// its own rings sizes (and checks) its WQEs for it.
+    pub max_inline: u32,
     pub send_cqn: u32,
     pub recv_cqn: u32,
     pub mem: Option<QpMem>,
@@ -229,6 +232,27 @@ pub(crate) struct QpPath {
     pub remote: Endpoint,
     pub rq_psn: u32,
     pub mtu: u32,
+    pub route: QpRoute,
+}
+
+/// How the path's packets are marked: the RoCE traffic class, the service level and the
+/// hop limit of the global route header (an RDMA device's RTR; the soft device's links have
+/// no classes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct QpRoute {
+    pub traffic_class: u8,
+    pub service_level: u8,
+    pub hop_limit: u8,
+}
+
+impl Default for QpRoute {
+    fn default() -> Self {
+        QpRoute {
+            traffic_class: 0,
+            service_level: 0,
+            hop_limit: 64,
+        }
+    }
 }
 
 /// The requester's timers (RTS): the transport timeout, the retry counts and the RNR delay.

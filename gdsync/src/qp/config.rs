@@ -4,7 +4,15 @@ use crate::format::{MAX_WQE_DS, MAX_WQE_WQEBBS, SEG_SIZE};
 use crate::{Error, Result};
 use std::time::Duration;
 
+use crate::provider::QpRoute;
 pub use crate::provider::{MAX_MESSAGE, MAX_SGE};
+
+/// The environment variable for [`QpConfig::traffic_class`] (0 to 255).
+pub const IB_TC_VAR: &str = "GDSYNC_IB_TC";
+/// The environment variable for [`QpConfig::service_level`] (0 to 15).
+pub const IB_SL_VAR: &str = "GDSYNC_IB_SL";
+/// The environment variable for [`QpConfig::hop_limit`] (1 to 255).
+pub const IB_HOP_LIMIT_VAR: &str = "GDSYNC_IB_HOP_LIMIT";
 
 /// QP sizes and transport settings.
 #[derive(Clone, Debug)]
@@ -34,6 +42,16 @@ pub struct QpConfig {
     /// (verbs' `retry_cnt`, 0 to 7; default 7). The soft device's links lose nothing, so it
     /// only waits out [`timeout`](Self::timeout).
     pub retry_count: u8,
+    /// RoCE traffic class of the QP's packets (the global route header's: DSCP << 2 | ECN),
+    /// which selects the fabric's priority: lossless RoCE fabrics commonly use 106 (DSCP 26),
+    /// as `NCCL_IB_TC` sets for NCCL. `None`: `GDSYNC_IB_TC`, else 0.
+    pub traffic_class: Option<u8>,
+    /// InfiniBand service level (0 to 15; on RoCE the priority where the fabric maps it).
+    /// `None`: `GDSYNC_IB_SL`, else 0.
+    pub service_level: Option<u8>,
+    /// Hop limit of the global route header (1 to 255). `None`: `GDSYNC_IB_HOP_LIMIT`,
+    /// else 64.
+    pub hop_limit: Option<u8>,
     /// Who rings the doorbell for op lists from [`Qp::commit`](super::Qp::commit); `None`: chosen automatically
     /// (`GDSYNC_NIC_HANDLER`, else the GPU).
     pub nic_handler: Option<crate::NicHandler>,
@@ -50,6 +68,9 @@ impl Default for QpConfig {
             rnr_timer: Duration::from_millis(2),
             timeout: Duration::from_secs(5),
             retry_count: 7,
+            traffic_class: None,
+            service_level: None,
+            hop_limit: None,
             nic_handler: None,
         }
     }
@@ -95,6 +116,7 @@ impl QpConfig {
                 "timeout must be more than zero (it bounds how long a silent peer is waited for)",
             ));
         }
+        self.route()?;
         // ctrl + raddr + the inline header must fit in the 63 DS a WQE can have.
         let max_inline = (MAX_WQE_DS * SEG_SIZE - 2 * SEG_SIZE - 4) as u32;
         if self.max_inline > max_inline {
@@ -106,10 +128,73 @@ impl QpConfig {
         Ok(())
     }
 
+    /// Traffic class, service level and hop limit of the QP's path: the fields set here,
+    /// else the environment's (`GDSYNC_IB_TC`, `GDSYNC_IB_SL`, `GDSYNC_IB_HOP_LIMIT`), else
+    /// 0, 0 and 64; each checked against its range.
+    pub(crate) fn route(&self) -> Result<QpRoute> {
+        let pick =
+            |set: Option<u8>, (field, var), range: std::ops::RangeInclusive<u32>, default| {
+                let v = match set {
+                    Some(v) if !range.contains(&u32::from(v)) => {
+                        return Err(Error::invalid(format!(
+                            "QpConfig::{field} {v} is out of {}..={}",
+                            range.start(),
+                            range.end()
+                        )))
+                    }
+                    Some(v) => u32::from(v),
+                    None => crate::env::number(var, range)?.unwrap_or(default),
+                };
+                Ok(v as u8)
+            };
+        Ok(QpRoute {
+            traffic_class: pick(self.traffic_class, ("traffic_class", IB_TC_VAR), 0..=255, 0)?,
+            service_level: pick(self.service_level, ("service_level", IB_SL_VAR), 0..=15, 0)?,
+            hop_limit: pick(self.hop_limit, ("hop_limit", IB_HOP_LIMIT_VAR), 1..=255, 64)?,
+        })
+    }
+
     /// The send ring's size in WQEBBs: a power of two, at least the largest WQE.
     pub(crate) fn sq_cnt(&self) -> u32 {
         self.send_wqebbs
             .next_power_of_two()
             .max(MAX_WQE_WQEBBS as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_route_takes_the_fields_set_and_checks_their_ranges() {
+        let cfg = QpConfig {
+            traffic_class: Some(106),
+            service_level: Some(3),
+            hop_limit: Some(8),
+            ..QpConfig::default()
+        };
+        let r = cfg.route().unwrap();
+        assert_eq!((r.traffic_class, r.service_level, r.hop_limit), (106, 3, 8));
+        for (cfg, what) in [
+            (
+                QpConfig {
+                    service_level: Some(16),
+                    ..QpConfig::default()
+                },
+                "QpConfig::service_level 16 is out of 0..=15",
+            ),
+            (
+                QpConfig {
+                    hop_limit: Some(0),
+                    ..QpConfig::default()
+                },
+                "QpConfig::hop_limit 0 is out of 1..=255",
+            ),
+        ] {
+            let e = cfg.route().unwrap_err().to_string();
+            assert!(e.contains(what), "{e}");
+            assert!(cfg.check().is_err());
+        }
     }
 }

@@ -19,13 +19,14 @@ pub(crate) struct RingWords<'a> {
     pub wc: bool,
 }
 
-/// Rings on this thread: the WQEs before the record (release), the record before the register
-/// (a fence for a write-combining register), the register's store pushed out after it, then
-/// "rung to" `end` (so a CPU post that reads it knows this doorbell is out: see
+/// Rings on this thread: the WQEs before the record (a barrier for the device, then release),
+/// the record before the register (a fence for a write-combining register), the register's
+/// store pushed out after it, then "rung to" `end` (so a CPU post that reads it knows this doorbell is out: see
 /// [`Qp::has_unrung_commits`]). `end` is the producer counter after the last WQE exposed,
 /// `head` the first 8 bytes of the last WQE.
 #[inline]
 pub(crate) fn ring(w: &RingWords, end: u64, head: [u8; 8]) {
+    crate::barrier::dma_wmb();
     w.dbrec
         .store(qp_dbrec_value(end).native(), Ordering::Release);
     if w.wc {

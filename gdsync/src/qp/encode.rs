@@ -61,6 +61,9 @@ pub(super) fn encode<'o>(
         return Err(not_inlinable(opcode));
     }
     let atomic = atomic_seg(wr)?;
+    if atomic.is_some() {
+        no_atomics(&ctx.provider.query_device(), &ctx.provider.name())?;
+    }
     let mut segs: [DataSeg; MAX_SGE];
     let data = if inline_it {
         let mrs = mrs
@@ -270,6 +273,18 @@ fn gather_inline<'b>(
         p += n;
     }
     Ok(&buf[..p])
+}
+
+/// Refuses an atomic on device `name` whose attributes `attr` say it has none (a HCA
+/// reporting `IBV_ATOMIC_NONE` fails them, or returns byte-swapped values).
+fn no_atomics(attr: &crate::provider::DeviceAttr, name: &str) -> Result<()> {
+    if attr.atomics {
+        return Ok(());
+    }
+    Err(Error::Unsupported(format!(
+        "{name} does not execute atomics (atomic_cap is IBV_ATOMIC_NONE): use another device \
+         for compare-and-swap and fetch-and-add, or RDMA reads and writes"
+    )))
 }
 
 /// An atomic's operands, after checking its SGE (one, 8 bytes, for the old value) and its

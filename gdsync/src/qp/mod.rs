@@ -22,7 +22,7 @@ mod shared;
 mod wait;
 
 pub use batch::SendBatch;
-pub use config::{QpConfig, QpState, MAX_MESSAGE, MAX_SGE};
+pub use config::{QpConfig, QpState, IB_HOP_LIMIT_VAR, IB_SL_VAR, IB_TC_VAR, MAX_MESSAGE, MAX_SGE};
 pub use post::{CommitError, PreparedSend, RecvTicket, SendTicket};
 pub(crate) use shared::{
     QpShared, QP_KERNEL_RQ_PI, QP_KERNEL_SQ_PI, QP_PROXY, QP_RQ_RETIRED, QP_SQ_RETIRED, QP_SQ_RUNG,
@@ -33,7 +33,7 @@ use crate::cq::{Cq, CqUser};
 use crate::format::*;
 use crate::handler::ProxyTarget;
 use crate::mr::ProtectionDomain;
-use crate::provider::Endpoint;
+use crate::provider::{Endpoint, PortAttr};
 use crate::provider::{HwQpState, MemAt, QpModify, QpPath, QpTimers};
 use crate::{Error, Result};
 use shared::QpRingsAsked;
@@ -228,11 +228,13 @@ impl Qp {
             )));
         }
         let p = &self.ctx.provider;
-        let mtu = p.query_port(1)?.active_mtu;
+        let route = self.shared.cfg.route()?;
+        let mtu = own_port_mtu(&self.endpoint(), || p.query_port(1))?;
         let path = QpPath {
             remote: *remote,
             rq_psn: 0,
             mtu,
+            route,
         };
         p.modify_qp(self.qpn(), QpModify::Rtr(path))?;
         let cfg = &self.shared.cfg;
@@ -277,6 +279,15 @@ impl Qp {
     }
 }
 
+/// The active MTU of the port a QP is on: the one its endpoint `own` carries (an RDMA
+/// device's port, which may be port 2), else port 1's (`port1`: the soft device has one).
+fn own_port_mtu(own: &Endpoint, port1: impl FnOnce() -> Result<PortAttr>) -> Result<u32> {
+    match own.port {
+        Some(p) => Ok(p.mtu),
+        None => Ok(port1()?.active_mtu),
+    }
+}
+
 impl Drop for Qp {
     fn drop(&mut self) {
         self.shared.send_cq.forget_qp(self.shared.qpn);
@@ -285,5 +296,36 @@ impl Drop for Qp {
         self.shared.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
         self.ctx.forget_qp(self.shared.qpn);
         self.ctx.provider.destroy_qp(self.shared.qpn);
+    }
+}
+
+#[cfg(test)]
+mod port_tests {
+    use super::*;
+    use crate::provider::PortAddress;
+
+    #[test]
+    fn a_qp_connects_with_its_own_ports_mtu() {
+        let mut own: Endpoint =
+            "gdsync:0123456789abcdef:4242:fedcba9876543211:10000:auto@-+ib/44/fe80::e42:a1ff:fe07:1/4096"
+                .parse()
+                .unwrap();
+        let port = own.port.expect("an RDMA port's endpoint");
+        assert_eq!(port.mtu, 4096);
+        // Port 1 of the same device is a RoCE port of 2048 bytes: not asked, not used.
+        let port1 = || -> Result<PortAttr> { panic!("port 1 asked for a QP of another port") };
+        assert_eq!(own_port_mtu(&own, port1).unwrap(), 4096);
+        own.port = Some(PortAddress { mtu: 1024, ..port });
+        assert_eq!(own_port_mtu(&own, || unreachable!()).unwrap(), 1024);
+        // A soft device's endpoint names no port: its one port is asked.
+        own.port = None;
+        let soft = PortAttr {
+            state: crate::provider::PortState::Active,
+            max_mtu: 8192,
+            active_mtu: 8192,
+            max_msg_sz: 1 << 30,
+            link_layer: crate::provider::LinkLayer::Soft,
+        };
+        assert_eq!(own_port_mtu(&own, || Ok(soft.clone())).unwrap(), 8192);
     }
 }

@@ -480,7 +480,9 @@ impl Qp {
         if let Some(n) = cqe {
             s.note_rq_cqe(index, n);
         }
-        // The release store orders the segments before the counter the device reads.
+        // The segments before the counter the device reads (a release store orders them for
+        // CPUs; the barrier for a device on an AArch64 host).
+        crate::barrier::dma_wmb();
         s.dbrec_word(DBREC_RQ)
             .store(qp_dbrec_value(self.rq_pi).native(), Ordering::Release);
         self.ctx.provider.kick();

@@ -52,6 +52,7 @@ pub(crate) struct QpRingsAsked {
     sq_cnt: u32,
     rq_cnt: u32,
     rq_stride: u32,
+    max_inline: u32,
     mem: Option<QpMem>,
 }
 
@@ -67,7 +68,7 @@ impl QpRingsAsked {
         let rq_stride = (SEG_SIZE as u32 * cfg.max_recv_sge).next_power_of_two();
         let rq_bytes = (rq_cnt * rq_stride) as usize;
         let sq_off = rq_bytes.max(64);
-        let ctrl = Arc::new(RingMem::new(crate::mem::PAGE, gpus));
+        let ctrl = Arc::new(RingMem::new(crate::mem::page_size(), gpus));
         let mem = (!device_owns_rings).then(|| QpMem {
             buf: Arc::new(RingMem::new(sq_off + sq_cnt as usize * WQEBB, gpus)),
             sq_off,
@@ -81,6 +82,7 @@ impl QpRingsAsked {
             sq_cnt,
             rq_cnt,
             rq_stride,
+            max_inline: cfg.max_inline,
             mem,
         }
     }
@@ -92,6 +94,7 @@ impl QpRingsAsked {
             rq_wqes: self.rq_cnt,
             rq_stride: self.rq_stride,
             sq_wqebbs: self.sq_cnt,
+            max_inline: self.max_inline,
             send_cqn,
             recv_cqn,
             mem: self.mem.clone(),
@@ -441,7 +444,7 @@ mod tests {
             asked.spec(1, 2, 3).mem.is_none(),
             "no ring made for the device"
         );
-        let ctrl = Arc::new(RingMem::host(crate::mem::PAGE));
+        let ctrl = Arc::new(RingMem::host(crate::mem::page_size()));
         let device = DeviceQpRings {
             mem: QpMem {
                 buf: Arc::new(RingMem::host(4 * WQEBB + 256)),

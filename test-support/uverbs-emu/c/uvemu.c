@@ -139,6 +139,13 @@ static int read_sysfs(const char *rel, char *out, size_t n)
 	return 1;
 }
 
+/* The value of environment variable `name` (a test's setting of a device limit), or `def`. */
+static uint32_t env_u32(const char *name, uint32_t def)
+{
+	const char *e = getenv(name);
+	return e && *e ? (uint32_t)strtoul(e, NULL, 0) : def;
+}
+
 static void load_devices(void)
 {
 	char rel[256], v[64];
@@ -936,7 +943,8 @@ static void device_attr(const struct uvemu_context *c, struct ib_uverbs_query_de
 	r->max_qp = 1 << 18; r->max_qp_wr = 1 << 15; r->device_cap_flags = 0x21361c36;
 	r->max_sge = 30; r->max_sge_rd = 30; r->max_cq = 1 << 24; r->max_cqe = (1 << 22) - 1;
 	r->max_mr = 1 << 24; r->max_pd = 1 << 24; r->max_qp_rd_atom = 16;
-	r->max_res_rd_atom = 16 << 18; r->max_qp_init_rd_atom = 16; r->atomic_cap = 1;
+	r->max_res_rd_atom = 16 << 18; r->max_qp_init_rd_atom = 16;
+	r->atomic_cap = env_u32("UVEMU_ATOMIC_CAP", 1); /* 0: IBV_ATOMIC_NONE, as some HCAs report */
 	r->max_mcast_grp = 1 << 21; r->max_mcast_qp_attach = 240; r->max_total_mcast_qp_attach = 240 << 21;
 	r->max_srq = 1 << 23; r->max_srq_wr = (1 << 15) - 1; r->max_srq_sge = 31; r->max_pkeys = 128;
 	r->local_ca_ack_delay = 16;
@@ -958,7 +966,10 @@ static int cmd_get_context(struct cmd *m)
 	struct ib_uverbs_get_context_resp r = { .async_fd = (uint32_t)p[0], .num_comp_vectors = 4 };
 	struct mlx5_ib_alloc_ucontext_resp d = {0};
 	d.qp_tab_size = 1 << 18; d.bf_reg_size = 512; d.tot_bfregs = bfregs;
-	d.cache_line_size = 64; d.max_sq_desc_sz = 512; d.max_rq_desc_sz = 512;
+	d.cache_line_size = 64; d.max_rq_desc_sz = 512;
+	/* The largest send WQE: 1024 bytes (64 segments of 16), as ConnectX-4 and later report;
+	 * UVEMU_MAX_SQ_DESC_SZ sets another, for tests of a device with smaller WQEs. */
+	d.max_sq_desc_sz = env_u32("UVEMU_MAX_SQ_DESC_SZ", 1024);
 	d.max_send_wqebb = 1 << 15; d.max_recv_wr = 1 << 15; d.max_srq_recv_wr = (1 << 15) - 1;
 	d.num_ports = (uint16_t)devices[m->c->dev].nports;
 	d.cqe_version = rq.max_cqe_version ? 1 : 0;

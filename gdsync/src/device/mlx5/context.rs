@@ -176,6 +176,22 @@ impl DeviceLimits {
     }
 }
 
+/// libmlx5's switch for WQE signatures: set (to anything), it makes QPs whose send WQEs the
+/// HCA checks for a signature gdsync does not write, and whose receive WQEs start with a
+/// signature segment where gdsync writes a scatter entry.
+pub const QP_SIGNATURE_VAR: &str = "MLX5_QP_SIGNATURE";
+
+/// Refuses to open `name` with [`QP_SIGNATURE_VAR`] set (`set`), as 128-byte CQEs are.
+fn refuse_qp_signatures(name: &str, set: bool) -> RdmaResult<()> {
+    if set {
+        return Err(RdmaError::InvalidArgument(format!(
+            "{name}: {QP_SIGNATURE_VAR} is set: libmlx5 would make QPs with WQE signatures, \
+             which gdsync does not write; unset it"
+        )));
+    }
+    Ok(())
+}
+
 /// An open RDMA device (`ibv_context`), closed when the last object made from it is gone.
 pub struct Context {
     pub(crate) rdma: &'static Rdma,
@@ -211,6 +227,7 @@ impl Context {
                 "{name} is not driven by libmlx5 (only mlx5 devices are supported)"
             )));
         }
+        refuse_qp_signatures(name, std::env::var_os(QP_SIGNATURE_VAR).is_some())?;
         // SAFETY: `dev` is an entry of the live list; an opened device stays valid after the
         // list is freed (libibverbs holds a reference).
         let raw = unsafe { rdma.verbs.ibv_open_device(dev.as_ptr()) };

@@ -53,7 +53,10 @@ pub use pd::{Mr, Pd};
 pub use port::{LinkLayer, PortInfo, PortState};
 pub use provider::GID_INDEX_VAR;
 pub(crate) use provider::{open as open_provider, UarPages};
-pub use qp::{Qp, QpAttr, QpCaps, QpRings, QpState, RemoteQp, RtrAttr, RtsAttr};
+pub use qp::{
+    Qp, QpAttr, QpCaps, QpRings, QpState, RemoteQp, RtrAttr, RtsAttr, GDSYNC_ATOMIC_OPS,
+    GDSYNC_SEND_OPS,
+};
 
 /// Result of the mlx5 control path.
 pub type RdmaResult<T> = std::result::Result<T, RdmaError>;

@@ -10,7 +10,11 @@
 //! peer's RTR uses, so QPs of two processes or two hosts connect as with any verbs library.
 
 use super::event_watch::EventWatch;
-use super::{Context, Cq, DeviceLimits, Gid, LinkLayer, Mr, Pd, PortInfo, Qp, QpCaps};
+use super::qp::gdsync_send_wqe_size;
+use super::{
+    Context, Cq, DeviceLimits, Gid, LinkLayer, Mr, Pd, PortInfo, Qp, QpCaps, GDSYNC_ATOMIC_OPS,
+    GDSYNC_SEND_OPS,
+};
 use super::{PortState as RdmaPortState, QpState, RdmaError, RemoteQp, RtrAttr, RtsAttr};
 use crate::cuda::Cuda;
 use crate::mem::RingMem;
@@ -104,6 +108,13 @@ pub(crate) fn open(
 fn rdma_error(dev: &str, e: RdmaError) -> Error {
     match e {
         RdmaError::InvalidArgument(m) => Error::invalid(format!("{dev}: {m}")),
+        RdmaError::Verbs { call, errno } if errno == libc::ENOMEM => Error::os(
+            format!(
+                "{dev}: {call} ({})",
+                crate::memlock::enomem_hint(crate::memlock_limit())
+            ),
+            std::io::Error::from_raw_os_error(errno),
+        ),
         RdmaError::Verbs { call, errno } => Error::os(
             format!("{dev}: {call}"),
             std::io::Error::from_raw_os_error(errno),
@@ -207,11 +218,13 @@ impl Mlx5Device {
             .ok_or_else(|| Error::invalid(format!("CQ {cqn:#x} does not exist")))
     }
 
-    /// A QP whose send ring has the WQEBBs `spec` asks for. libmlx5 sizes the ring from work
-    /// requests, each as large as the largest WQE it may build (several WQEBBs: 16 requests
-    /// give 64 WQEBBs on rdma-core 44), so the request count is scaled down once to match.
-    /// A larger ring would let more work be outstanding than the CQs the caller sized for
-    /// the ring can take (a kernel that owns the QP could overrun them).
+    /// A QP whose send ring has the WQEBBs `spec` asks for, made with the capabilities
+    /// gdsync's WQEs need (its SGEs, `spec.max_inline` bytes inline, its send operations), so
+    /// that libmlx5 refuses a device whose WQEs are too small for them. libmlx5 sizes the ring
+    /// from requests of the largest such WQE ([`gdsync_send_wqe_size`]): the request count is
+    /// chosen to match, and scaled down once more where libmlx5 made the ring larger. A larger
+    /// ring would let more work be outstanding than the CQs the caller sized for the ring can
+    /// take (a kernel that owns the QP could overrun them).
     fn create_sized_qp(
         &self,
         pd: &Arc<Pd>,
@@ -219,38 +232,71 @@ impl Mlx5Device {
         rcq: &Arc<Cq>,
         spec: &QpSpec,
     ) -> Result<Arc<Qp>> {
+        // libmlx5 refuses atomics on a device without them (gdsync refuses them at posting).
+        let send_ops = match self.limits.atomic_cap {
+            super::sys::IBV_ATOMIC_NONE => GDSYNC_SEND_OPS & !GDSYNC_ATOMIC_OPS,
+            _ => GDSYNC_SEND_OPS,
+        };
         let caps = |max_send_wr: u32| QpCaps {
             max_send_wr,
             max_recv_wr: spec.rq_wqes,
-            max_send_sge: 1,
+            max_send_sge: self.limits.max_sge.clamp(1, MAX_SGE as u32),
             max_recv_sge: spec.rq_stride / crate::format::SEG_SIZE as u32,
-            max_inline_data: 0,
+            max_inline_data: spec.max_inline,
+            send_ops,
         };
-        let create = |wr: u32| pd.create_qp(scq, rcq, &caps(wr)).map_err(|e| self.err(e));
-        let first = create(spec.sq_wqebbs)?;
+        let per_wr = gdsync_send_wqe_size(&caps(1)) / crate::format::WQEBB as u32;
+        let create = |wr: u32| {
+            pd.create_qp(scq, rcq, &caps(wr))
+                .map_err(|e| self.qp_refused(e, &caps(wr), spec.sq_wqebbs))
+        };
+        let first = create((spec.sq_wqebbs / per_wr).max(1))?;
         let got = first.rings().sq_wqe_cnt;
-        if got <= spec.sq_wqebbs {
-            return Ok(Arc::new(first));
-        }
-        let per_wr = (got / spec.sq_wqebbs.max(1)).max(1);
-        let wr = (spec.sq_wqebbs / per_wr).max(1);
-        drop(first);
-        let qp = create(wr)?;
+        let qp = if got <= spec.sq_wqebbs {
+            first
+        } else {
+            let per_wr = (got / spec.sq_wqebbs.max(1)).max(1) * per_wr;
+            drop(first);
+            create((spec.sq_wqebbs / per_wr).max(1))?
+        };
         tracing::debug!(
-            "{}: libmlx5 sizes a send request at up to {per_wr} WQEBBs: {wr} requests asked for a ring of {} WQEBBs (asked for {})",
+            "{}: QP {:#x}: a send ring of {} WQEBBs (asked for {}), {} bytes inline (asked for {})",
             self.ctx.name(),
+            qp.qpn(),
             qp.rings().sq_wqe_cnt,
-            spec.sq_wqebbs
+            spec.sq_wqebbs,
+            qp.max_inline_data(),
+            spec.max_inline
         );
         Ok(Arc::new(qp))
+    }
+
+    /// libmlx5's or the device's refusal of a QP with `caps`: where it found an argument
+    /// invalid, what gdsync asked for and what to change.
+    fn qp_refused(&self, e: RdmaError, caps: &QpCaps, sq_wqebbs: u32) -> Error {
+        let RdmaError::Verbs { call, errno } = e else {
+            return self.err(e);
+        };
+        if errno != libc::EINVAL {
+            return self.err(e);
+        }
+        Error::invalid(format!(
+            "{}: {call} refused a QP whose WQEs need {} bytes ({} bytes inline, {} SGEs) with a \
+             send ring of {sq_wqebbs} WQEBBs: the device's largest WQE or ring is smaller; \
+             lower QpConfig::max_inline or QpConfig::send_wqebbs",
+            self.ctx.name(),
+            gdsync_send_wqe_size(caps),
+            caps.max_inline_data,
+            caps.max_send_sge
+        ))
     }
 
     /// Registers GPU memory: through a dma-buf where the GPU exports one, else the device
     /// pointer itself (the peer-memory module), the choice logged.
     fn reg_gpu_mr(&self, pd: &Arc<Pd>, spec: &MrSpec, ordinal: i32) -> Result<Mr<'static>> {
-        let page = crate::mem::PAGE as u64;
-        let start = spec.addr - spec.addr % page;
-        let len = (spec.addr + spec.len).next_multiple_of(page) - start;
+        // The export covers whole pages of the running system (64 KiB on many AArch64 hosts).
+        let page = crate::mem::page_size() as u64;
+        let (start, len) = crate::mem::page_span(spec.addr, spec.len, page);
         let gpus = self.gpus.as_ref().ok_or_else(|| {
             Error::NoCuda("GPU memory on a device opened without a CUDA handle".into())
         });
@@ -369,6 +415,16 @@ fn rts_attr(t: &QpTimers, max_rd_atomic: u8) -> RtsAttr {
     }
 }
 
+/// `base` with the path's marking: its traffic class, service level and hop limit.
+fn rtr_attr(base: RtrAttr, route: &QpRoute) -> RtrAttr {
+    RtrAttr {
+        traffic_class: route.traffic_class,
+        service_level: route.service_level,
+        hop_limit: route.hop_limit,
+        ..base
+    }
+}
+
 /// The IB transport-timeout code whose wait (4.096 µs × 2^code) covers `d`.
 fn timeout_code(d: Duration) -> u8 {
     (1..32).find(|&c| transport_timeout(c) >= d).unwrap_or(31)
@@ -426,6 +482,7 @@ impl Provider for Mlx5Device {
             // gdsync's writer copies inline payload itself: a WQE's size is the limit.
             max_inline_data: crate::format::MAX_INLINE_DATA as u32,
             phys_port_cnt: l.phys_port_cnt,
+            atomics: l.atomic_cap != super::sys::IBV_ATOMIC_NONE,
             // libmlx5 allocates the rings.
             owns_rings: true,
             // NIC → GPU payloads go peer-to-peer, CQEs to host memory.
@@ -597,11 +654,14 @@ impl Provider for Mlx5Device {
                     gid: self.addr.ethernet.then_some(Gid(peer.gid)),
                 };
                 let mtu = path_mtu(path.mtu.min(self.addr.mtu).min(peer.mtu));
-                qp.to_rtr(&RtrAttr {
-                    sgid_index: self.addr.gid_index,
-                    max_dest_rd_atomic: rd_atomic(l.max_qp_rd_atom),
-                    ..RtrAttr::new(remote, self.port, mtu)
-                })
+                qp.to_rtr(&rtr_attr(
+                    RtrAttr {
+                        sgid_index: self.addr.gid_index,
+                        max_dest_rd_atomic: rd_atomic(l.max_qp_rd_atom),
+                        ..RtrAttr::new(remote, self.port, mtu)
+                    },
+                    &path.route,
+                ))
             }
             QpModify::Rts(t) => qp.to_rts(&rts_attr(&t, rd_atomic(l.max_qp_init_rd_atom))),
         }
@@ -667,6 +727,51 @@ mod tests {
         // 300 ms over 4 tries: 75 ms, covered by 4.096 us << 15 (134 ms).
         let a = rts_attr(&t(300, 3), 1);
         assert_eq!((a.timeout, a.retry_cnt), (15, 3));
+    }
+
+    #[test]
+    fn a_devices_enomem_says_the_locked_memory_limit() {
+        let e = |errno| {
+            rdma_error(
+                "mlx5_0",
+                RdmaError::Verbs {
+                    call: "ibv_reg_mr",
+                    errno,
+                },
+            )
+            .to_string()
+        };
+        let limit = crate::memlock_limit().expect("getrlimit");
+        let m = e(libc::ENOMEM);
+        assert!(
+            m.contains("mlx5_0: ibv_reg_mr (") && m.contains(&limit.to_string()),
+            "{m}"
+        );
+        assert!(!e(libc::EINVAL).contains("ulimit"));
+    }
+
+    #[test]
+    fn rtr_carries_the_routes_class_level_and_hop_limit() {
+        let remote = RemoteQp {
+            qpn: 0x12,
+            psn: 0,
+            lid: 0,
+            gid: Some(Gid([0xfe; 16])),
+        };
+        let base = RtrAttr::new(remote, 2, 4096);
+        assert_eq!(
+            (base.traffic_class, base.service_level, base.hop_limit),
+            (0, 0, 64)
+        );
+        let route = QpRoute {
+            traffic_class: 106,
+            service_level: 3,
+            hop_limit: 5,
+        };
+        let a = rtr_attr(base, &route);
+        assert_eq!((a.traffic_class, a.service_level, a.hop_limit), (106, 3, 5));
+        assert_eq!((a.remote, a.port, a.mtu), (remote, 2, 4096));
+        assert_eq!(rtr_attr(base, &QpRoute::default()), base);
     }
 
     #[test]

@@ -26,6 +26,39 @@ pub struct QpCaps {
     pub max_recv_sge: u32,
     /// Bytes of inline payload in one send.
     pub max_inline_data: u32,
+    /// The send operations the QP is used for (`IBV_QP_EX_WITH_*` bits, [`GDSYNC_SEND_OPS`]
+    /// for what gdsync writes); 0: libmlx5's default set. libmlx5 sizes every send request
+    /// for the largest of them: the default set (with memory-window binds) takes 4 WQEBBs a
+    /// request, gdsync's 1 with one SGE and no inline data.
+    pub send_ops: u64,
+}
+
+/// The send operations gdsync writes WQEs for: RDMA write (with immediate), send (with
+/// immediate), RDMA read, compare-and-swap and fetch-and-add (verbs.h's
+/// `IBV_QP_EX_WITH_*` bits 0 to 6, which the generated bindings leave out).
+pub const GDSYNC_SEND_OPS: u64 = 0x7f;
+
+/// The atomics among [`GDSYNC_SEND_OPS`] (`IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP`,
+/// `…_FETCH_AND_ADD`): libmlx5 refuses a QP that asks for them on a device without atomics.
+pub const GDSYNC_ATOMIC_OPS: u64 = 0x60;
+
+/// The bytes libmlx5 sets aside for one send request of a QP made with `caps` whose send
+/// operations are among [`GDSYNC_SEND_OPS`] (a multiple of the 64-byte WQEBB): the control,
+/// remote-address and atomic segments, then the larger of the data segments and the inline
+/// payload with its header.
+pub(crate) fn gdsync_send_wqe_size(caps: &QpCaps) -> u32 {
+    // Control and remote address, and the atomic segment where atomics are among them.
+    let headers = if caps.send_ops & GDSYNC_ATOMIC_OPS != 0 {
+        48
+    } else {
+        32
+    };
+    let gather = headers + 16 * caps.max_send_sge;
+    let inline = match caps.max_inline_data {
+        0 => 0,
+        n => headers + (4 + n).next_multiple_of(16),
+    };
+    gather.max(inline).next_multiple_of(64)
 }
 
 impl Default for QpCaps {
@@ -36,6 +69,7 @@ impl Default for QpCaps {
             max_send_sge: 1,
             max_recv_sge: 1,
             max_inline_data: 0,
+            send_ops: 0,
         }
     }
 }
@@ -224,6 +258,9 @@ pub struct Qp {
     _recv_cq: Arc<Cq>,
     pub(crate) raw: NonNull<sys::ibv_qp>,
     rings: QpRings,
+    /// The inline payload one send may carry, as libmlx5 sized the QP (at least what was
+    /// asked for).
+    max_inline_data: u32,
 }
 
 // SAFETY: libibverbs objects may be used from any thread; this type hands out addresses only.
@@ -260,6 +297,10 @@ impl Pd {
             pd: self.raw.as_ptr(),
             ..Default::default()
         };
+        if caps.send_ops != 0 {
+            attr.comp_mask |= sys::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+            attr.send_ops_flags = caps.send_ops;
+        }
         let mut dv = sys::mlx5dv_qp_init_attr {
             comp_mask: sys::MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS.into(),
             create_flags: sys::MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE,
@@ -289,6 +330,7 @@ impl Pd {
                 bf_reg: 0,
                 bf_size: 0,
             },
+            max_inline_data: attr.cap.max_inline_data,
         };
         qp.rings = qp.init_obj()?;
         Ok(qp)
@@ -335,6 +377,12 @@ impl Qp {
     /// Its rings, doorbell record and doorbell register.
     pub fn rings(&self) -> QpRings {
         self.rings
+    }
+
+    /// The inline payload one send may carry, as libmlx5 made the QP (`cap.max_inline_data`
+    /// after creation: at least what [`QpCaps::max_inline_data`] asked for).
+    pub fn max_inline_data(&self) -> u32 {
+        self.max_inline_data
     }
 
     /// `ibv_query_qp`: the state and connection the device holds for this QP.
@@ -518,6 +566,27 @@ impl Drop for Qp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn libmlx5_budgets_a_request_by_gdsyncs_largest_wqe() {
+        let caps = |sge, inline, send_ops| QpCaps {
+            max_send_sge: sge,
+            max_inline_data: inline,
+            send_ops,
+            ..QpCaps::default()
+        };
+        // One WQEBB for a one-SGE QP (libmlx5's default operations take four).
+        assert_eq!(gdsync_send_wqe_size(&caps(1, 0, GDSYNC_SEND_OPS)), 64);
+        // 48 + 16 SGEs = 304, 48 + 4 + 220 inline = 272 (rounded to 16: 48 + 224).
+        assert_eq!(gdsync_send_wqe_size(&caps(16, 220, GDSYNC_SEND_OPS)), 320);
+        // The largest inline payload: 48 + 976 = 1024 bytes.
+        assert_eq!(gdsync_send_wqe_size(&caps(1, 972, GDSYNC_SEND_OPS)), 1024);
+        // Without atomics, no atomic segment: 32 + 976.
+        let no_atomics = GDSYNC_SEND_OPS & !GDSYNC_ATOMIC_OPS;
+        assert_eq!(gdsync_send_wqe_size(&caps(1, 972, no_atomics)), 1024);
+        assert_eq!(gdsync_send_wqe_size(&caps(2, 0, no_atomics)), 64);
+        assert_eq!(gdsync_send_wqe_size(&caps(2, 0, GDSYNC_SEND_OPS)), 128);
+    }
 
     #[test]
     fn out_of_range_attributes_are_refused_with_their_name() {

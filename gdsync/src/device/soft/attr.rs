@@ -21,6 +21,7 @@ pub(crate) fn device_attr() -> DeviceAttr {
         max_cqe: MAX_CQE,
         max_inline_data: MAX_INLINE_DATA as u32,
         phys_port_cnt: 1,
+        atomics: true,
         owns_rings: false,
         // Payloads are copied (synchronously, also into GPU memory) before the CQE.
         gpu_writes_separate: false,

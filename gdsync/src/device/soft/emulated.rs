@@ -190,7 +190,7 @@ fn foreign(addr: u64, len: usize) -> (Arc<RingMem>, usize) {
 
 /// A ring must start on a page: the device's ring offsets count from 0.
 fn page_aligned(what: &str, addr: u64) -> crate::Result<()> {
-    match addr % crate::mem::PAGE as u64 {
+    match addr % crate::mem::page_size() as u64 {
         0 => Ok(()),
         _ => Err(Error::invalid(format!(
             "{what} at {addr:#x} does not start on a page"
@@ -297,6 +297,7 @@ extern "C" fn create_qp(dev: c_int, q: *const uvemu_hca_qp, qpn: *mut u32) -> c_
             rq_wqes: q.rq_wqes,
             rq_stride: q.rq_stride,
             sq_wqebbs: q.sq_wqebbs,
+            max_inline: 0,
             send_cqn: q.send_cqn,
             recv_cqn: q.recv_cqn,
             mem: Some(mem),
@@ -345,6 +346,7 @@ extern "C" fn to_rtr(dev: c_int, qpn: u32, r: *const uvemu_hca_rtr) -> c_int {
                 remote,
                 rq_psn: r.rq_psn,
                 mtu: r.mtu,
+                route: Default::default(),
             }),
         )
     })
@@ -422,7 +424,7 @@ mod tests {
     /// A QP spec over `owner`'s pages, as the driver would build it from libmlx5's memory,
     /// with the doorbell register at `bf_off` of a foreign page.
     fn foreign_qp(owner: &RingMem, cqn: u32, bf_off: usize) -> (QpSpec, DriverQp) {
-        let (buf, _) = foreign(owner.addr(0), 2 * crate::mem::PAGE);
+        let (buf, _) = foreign(owner.addr(0), 2 * crate::mem::page_size());
         let (db, db_off) = foreign(owner.addr(0x1000), 8);
         let (bf, _) = foreign(owner.addr(0x2000), 8);
         let spec = QpSpec {
@@ -430,6 +432,7 @@ mod tests {
             rq_wqes: 16,
             rq_stride: 32,
             sq_wqebbs: 16,
+            max_inline: 0,
             send_cqn: cqn,
             recv_cqn: cqn,
             mem: Some(QpMem {
@@ -453,12 +456,12 @@ mod tests {
 
     #[test]
     fn foreign_rings_are_served_and_never_freed() {
-        let owner = RingMem::host(4 * crate::mem::PAGE);
+        let owner = RingMem::host(4 * crate::mem::page_size());
         let dev = SoftDevice::spawn().unwrap();
         let (ring, off) = foreign(owner.addr(0x3000), 64 * 8);
         assert_eq!(off, 0);
         let (dbrec, dbrec_off) = foreign(owner.addr(0x1040), 8);
-        assert_eq!((dbrec_off, dbrec.len()), (0x40, crate::mem::PAGE));
+        assert_eq!((dbrec_off, dbrec.len()), (0x40, crate::mem::page_size()));
         let dbrec = MemAt {
             mem: dbrec,
             off: dbrec_off,
