@@ -11,7 +11,7 @@ use crate::exec::{Executor, HostExecutor};
 use crate::kernel::{SendDesc, WaitDesc};
 use crate::mem::{GpuMapper, RingMem};
 use crate::ops::{Op, Ops};
-use crate::qp::{QP_KERNEL_SQ_PI, QP_PROXY, QP_RQ_RETIRED, QP_SQ_RETIRED};
+use crate::qp::{QP_KERNEL_SQ_PI, QP_PROXY, QP_RQ_RETIRED, QP_SQ_RETIRED, QP_SQ_RUNG};
 use crate::{Access, Device, NicHandler, QpConfig, SendWr};
 use cudarc::driver::sys;
 use std::sync::Arc;
@@ -281,14 +281,27 @@ fn commits_waits_and_kernel_descriptors_carry_the_gpu_address_and_the_cpu_the_ho
     // of the proxy's word).
     let host = host_addrs(&commit);
     match s.handler {
-        NicHandler::Gpu => assert_eq!(host, [s.dbrec.addr() + 4, s.doorbell.addr()]),
+        NicHandler::Gpu => assert_eq!(
+            host,
+            [
+                s.dbrec.addr() + 4,
+                s.doorbell.addr(),
+                s.ctrl.addr(QP_SQ_RUNG)
+            ]
+        ),
         NicHandler::Cpu => assert_eq!(host, [s.ctrl.addr(QP_PROXY)]),
     }
     // As a stream and a kernel's descriptor ring see it: the GPUs' addresses.
     assert_stream_uses_gpu_addresses(&commit, "commit");
     let d = SendDesc::from_ops(&commit).unwrap();
-    assert_eq!(d.db, gpu(*host.last().unwrap()), "kernel send descriptor");
-    assert_eq!(d.dbrec, if host.len() == 2 { gpu(host[0]) } else { 0 });
+    match s.handler {
+        NicHandler::Gpu => {
+            assert_eq!(d.db, gpu(host[1]), "kernel send descriptor: doorbell");
+            assert_eq!(d.rung, gpu(host[2]), "kernel send descriptor: rung to");
+        }
+        NicHandler::Cpu => assert_eq!(d.db, gpu(host[0]), "kernel send descriptor"),
+    }
+    assert_eq!(d.dbrec, if host.len() == 3 { gpu(host[0]) } else { 0 });
     assert_stream_uses_gpu_addresses(&wait, "send wait");
     let w = WaitDesc::from_ops(&wait).unwrap();
     let wh = host_addrs(&wait);
