@@ -63,7 +63,10 @@ fn assert_cq_error(p: &Pair) {
             Err(e) => break e,
         }
     };
-    assert!(matches!(err, Error::CqOverrun { cqn } if cqn == cq.cqn()), "{err}");
+    assert!(
+        matches!(err, Error::CqOverrun { cqn } if cqn == cq.cqn()),
+        "{err}"
+    );
 }
 
 #[test]
