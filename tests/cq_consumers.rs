@@ -148,9 +148,7 @@ fn mixed_run<E: Executor>(exec: &E, sync: impl Fn(&E), seed: u64, steps: usize) 
             }
             // A gated wait for the newest completion, if no wait or poll is past it.
             // (One step in 16: the CPU gets completions of its own between waits.)
-            3 if posted > 0 && posted - 1 >= ci.max(waited_to) && rng.below(2) == 0 => {
-                r.enqueue_wait(exec)
-            }
+            3 if posted > ci.max(waited_to) && rng.below(2) == 0 => r.enqueue_wait(exec),
             // Open the gate up to a random enqueued wait.
             4 | 5 if !r.waits.is_empty() => {
                 let k = r.waits[rng
