@@ -89,7 +89,7 @@ fn cq_dropped_while_a_cuda_stream_waits_for_a_completion() {
     let _gpu = gpu();
     let g = Gated::new();
     let (mut q0, s0, r0, q1, s1, r1) = pair(&Device::soft().unwrap());
-    g.stream.enqueue(s0.wait_ops(0)).unwrap();
+    g.stream.enqueue(s0.wait_ops(0).unwrap()).unwrap();
     q0.post_send(&SendWr::nop().wr_id(7)).unwrap();
     // Time for the CQE to land (the posting thread runs the soft engine as it posts): if it
     // had not, the stream would never pass and `open` fails.

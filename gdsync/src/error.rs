@@ -74,6 +74,17 @@ pub enum Error {
         /// The CQ number.
         cqn: u32,
     },
+    /// A CPU poll would consume a completion that an executor wait, prepared and not run
+    /// yet, consumes when it runs ([`Cq::wait_ops`](crate::Cq::wait_ops)).
+    #[error("CQ {cqn:#x}: completion {index} is reserved for an executor (stream) wait on completion {wait}, which consumes every completion up to its own and has not run yet: synchronize the stream that runs it (or drop the list if it was never submitted) before polling, or poll this work on a CQ of its own")]
+    CqBusy {
+        /// The CQ number.
+        cqn: u32,
+        /// The completion the poll would consume.
+        index: u64,
+        /// The completion the wait is for.
+        wait: u64,
+    },
     /// The peer cannot be reached with the links this build has.
     #[error("cannot reach the peer: {0}")]
     Unreachable(String),

@@ -134,7 +134,7 @@ fn cq_dropped_while_a_stream_waits_for_a_completion() {
     let dev = Device::soft().unwrap();
     let stream = HostStream::with_timeout(WAIT).unwrap();
     let pair = pair(&dev);
-    stream.enqueue(pair.2.wait_ops(0));
+    stream.enqueue(pair.2.wait_ops(0).unwrap());
     drop(pair);
     wait_still_pending_then_times_out(&stream);
 }

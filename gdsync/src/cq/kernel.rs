@@ -8,8 +8,8 @@ use crate::{Error, Result};
 use std::sync::atomic::Ordering;
 
 impl CqShared {
-    /// Hands the CQ to a kernel: refuses if a kernel already owns it or a completion waits
-    /// unconsumed; else publishes the consumer index in the retired counter (where the kernel
+    /// Hands the CQ to a kernel: refuses if a kernel already owns it, a completion waits
+    /// unconsumed or an executor wait not run yet covers one; else publishes the consumer index in the retired counter (where the kernel
     /// resumes) and returns it.
     pub(crate) fn hand_to_kernel(&self) -> Result<u64> {
         let mut st = self.poll.lock();
@@ -20,6 +20,8 @@ impl CqShared {
             )));
         }
         self.catch_up(&mut st);
+        // A stream wait would store the consumer index beside the kernel.
+        self.check_not_reserved(st.ci)?;
         let op_own = self
             .ring
             .u8(slot_off(0, st.ci, self.cnt, CQE_SIZE) + 63)

@@ -6,6 +6,7 @@ mod kernel;
 mod poll;
 #[cfg(test)]
 mod poll_tests;
+mod reserve;
 
 pub use crate::format::CompletionOp;
 pub use errors::{CqError, MAX_KEPT_ERRORS};
@@ -70,6 +71,8 @@ pub(crate) struct CqShared {
     /// Set while a GPU kernel consumes this CQ ([`crate::kernel::DeviceQp`]): host polls
     /// would steal its completions, so they are refused.
     pub kernel_owned: AtomicBool,
+    /// The completions that prepared executor waits cover: CPU polls leave them alone.
+    waits: Arc<reserve::Waits>,
     poll: Mutex<PollState>,
     /// The queue sides completing here, by QPN.
     users_by_qpn: RwLock<HashMap<u32, Weak<dyn CqUser>>>,
@@ -113,12 +116,6 @@ impl CqShared {
     /// The device this CQ belongs to.
     pub(crate) fn ctx(&self) -> &Arc<DeviceContext> {
         &self.ctx
-    }
-
-    /// What op lists on this CQ keep alive: the ring, the control block and the doorbell
-    /// record's memory.
-    pub(crate) fn keep(self: &Arc<Self>) -> (KeepAlive, KeepAlive, KeepAlive) {
-        (self.ring.clone(), self.ctrl.clone(), self.dbrec.mem.clone())
     }
 
     /// Stores the consumer index `ci` to the doorbell record: the slots before it are the
@@ -265,6 +262,7 @@ impl Cq {
             users: AtomicU32::new(0),
             shared_ever: AtomicBool::new(false),
             kernel_owned: AtomicBool::new(false),
+            waits: Arc::default(),
             poll: Mutex::new(PollState {
                 ci: 0,
                 scanned: 0,
@@ -357,13 +355,21 @@ impl Cq {
     /// a wait on the owner bit of its CQE (which error CQEs satisfy too) and a store of the
     /// new consumer index to the doorbell record, which the host reads back, so no CPU poll
     /// is needed afterwards.
-    pub fn wait_ops(&self, n: u64) -> Ops {
+    ///
+    /// The store consumes every completion up to `n`: until the list has run (or every copy
+    /// of it is dropped unrun), CPU polls of those completions fail with
+    /// [`Error::CqBusy`]. Refused where the store would move the consumer index backwards
+    /// (completion `n` is polled past already, or a wait for a later completion is
+    /// prepared: prepare waits on one CQ in completion order) and on a CQ a GPU kernel
+    /// consumes.
+    pub fn wait_ops(&self, n: u64) -> Result<Ops> {
         wait_ops(&self.shared, n)
     }
 }
 
-pub(crate) fn wait_ops(s: &Arc<CqShared>, n: u64) -> Ops {
-    let (ring, _, dbrec) = s.keep();
+pub(crate) fn wait_ops(s: &Arc<CqShared>, n: u64) -> Result<Ops> {
+    let hold = s.reserve_wait(n)?;
+    let ring: KeepAlive = s.ring.clone();
     let (cond, value) = CqeOwner::wait_word(n, s.cnt);
     let word = s
         .ring
@@ -378,14 +384,15 @@ pub(crate) fn wait_ops(s: &Arc<CqShared>, n: u64) -> Ops {
         &ring,
     );
     // Consumed: the slot is the device's again (an error it held is found by the host's
-    // scan while the ring still holds it, else from the QP's context).
+    // scan while the ring still holds it, else from the QP's context). `hold` keeps the
+    // doorbell record's memory alive, and the completions up to `n` reserved.
     ops.push(
         Op::Write32 {
             addr: s.dbrec.addr(),
             value: cq_ci_value(n + 1).native(),
         },
-        &dbrec,
+        &hold,
     );
     debug_assert!(matches!(cond, WaitCond::And | WaitCond::Nor));
-    ops
+    Ok(ops)
 }

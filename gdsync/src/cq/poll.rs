@@ -31,7 +31,9 @@ pub struct CqPoll<'a> {
 
 impl Cq {
     /// Polls lazily: an iterator over the completions written so far, which publishes the
-    /// consumer index once, when dropped. Refused while a GPU kernel consumes the CQ.
+    /// consumer index once, when dropped. Refused while a GPU kernel consumes the CQ, and
+    /// while the next completion is covered by an executor wait that has not run yet
+    /// ([`Error::CqBusy`], see [`Cq::wait_ops`]).
     pub fn poll_iter(&self) -> Result<CqPoll<'_>> {
         let s = &*self.shared;
         if s.kernel_owned.load(Ordering::Acquire) {
@@ -43,6 +45,8 @@ impl Cq {
         let mut st = s.poll.lock();
         // Completions an executor or kernel consumed are consumed.
         s.catch_up(&mut st);
+        // (A wait cannot be reserved while this poll holds the lock.)
+        s.check_not_reserved(st.ci)?;
         Ok(CqPoll {
             s,
             from: st.ci,

@@ -26,7 +26,7 @@ impl Qp {
         let n = t.cqe.ok_or(Error::NotWaitable(
             "the send is unsignalled, or its CQ also serves other queues (use a dedicated send CQ)",
         ))?;
-        let mut ops = wait_ops(&self.shared.send_cq, n);
+        let mut ops = wait_ops(&self.shared.send_cq, n)?;
         let keep = self.shared.keep();
         ops.push(
             Op::Write64 {
@@ -43,7 +43,7 @@ impl Qp {
         let n = t.cqe.ok_or(Error::NotWaitable(
             "the receive CQ also serves other queues (use a dedicated receive CQ)",
         ))?;
-        let mut ops = wait_ops(&self.shared.recv_cq, n);
+        let mut ops = wait_ops(&self.shared.recv_cq, n)?;
         // The CQ's consumption, which the wait stores, retires the receive, unless the
         // numbering does not tell (then the receive ring's retired counter is stored too).
         if self.shared.rq_base() != Some(n.wrapping_sub(t.index)) {

@@ -165,25 +165,22 @@ impl QpContext {
 }
 
 /// Writes a CQE at the CQ's producer index: bytes 0..63 first, then `op_own` with the
-/// owner bit of this pass, with release order. Only while the producer is less than a
-/// ring ahead of the consumer index the host or an executor stored in the CQ's doorbell
-/// record: else the CQ overran (a CQ error, reported as [`AsyncEvent::CqError`]) and takes
-/// no more CQEs. Returns whether the CQE was written.
+/// owner bit of this pass, with release order. Only while the CQ is not in error and the
+/// consumer index in its doorbell record, read for every CQE, is one a ConnectX could act on
+/// ([`ci_fault`]): else the CQ goes to error (a CQ error, reported as
+/// [`AsyncEvent::CqError`]) and takes no more CQEs. Returns whether the CQE was written.
 #[must_use]
 fn push_cqe(cq: &CqHw, cqe: &mut Cqe64) -> bool {
     if cq.overrun.load(Ordering::Relaxed) {
         return false;
     }
     let pi = cq.pi.load(Ordering::Relaxed);
-    let full = |ci: u32| cq_full24(pi, ci, cq.cnt);
-    if full(cq.ci_seen.load(Ordering::Relaxed)) {
-        let ci = crate::mem::load_be32(&cq.dbrec, cq.dbrec_off) & 0xFF_FFFF;
-        cq.ci_seen.store(ci, Ordering::Relaxed);
-    }
-    if full(cq.ci_seen.load(Ordering::Relaxed)) {
-        cq.overrun.store(true, Ordering::Relaxed);
-        tracing::error!(cqn = cq.cqn, "CQ overrun: completion dropped");
-        cq.ctl.event(AsyncEvent::CqError { cqn: cq.cqn });
+    let ci = crate::mem::load_be32(&cq.dbrec, cq.dbrec_off) & 0xFF_FFFF;
+    // (One writer: the engine that owns the CQ.)
+    let seen = cq.ci_seen.load(Ordering::Relaxed);
+    cq.ci_seen.store(ci, Ordering::Relaxed);
+    if let Some(fault) = ci_fault(pi, seen, ci, cq.cnt) {
+        cq_error(cq, &fault);
         return false;
     }
     let owner = CqeOwner::expected(pi, cq.cnt);
@@ -194,3 +191,40 @@ fn push_cqe(cq: &CqHw, cqe: &mut Cqe64) -> bool {
     cq.pi.store(pi + 1, Ordering::Relaxed);
     true
 }
+
+/// What is wrong with consumer index `ci` (24 bits, as the doorbell record holds it) when the
+/// device has written `pi` CQEs (free-running) and last read `seen`: a ConnectX leaves a
+/// consumer index that moves backwards or names CQEs it has not written undefined, and a
+/// producer a whole ring ahead of the consumer is an overrun. The soft device refuses all
+/// three (see `docs/soft-device.md`, "Strict checks").
+pub(super) fn ci_fault(pi: u64, seen: u32, ci: u32, cnt: u32) -> Option<String> {
+    let behind = seen.wrapping_sub(ci) & 0xFF_FFFF;
+    if behind != 0 && behind < 0x80_0000 {
+        return Some(format!(
+            "its consumer index moved backwards, from {seen} to {ci} (two consumers store it?)"
+        ));
+    }
+    let pi24 = pi as u32 & 0xFF_FFFF;
+    let ahead = ci.wrapping_sub(pi24) & 0xFF_FFFF;
+    if ahead != 0 && ahead < 0x80_0000 {
+        return Some(format!(
+            "its consumer index {ci} is ahead of the {pi24} CQEs the device has written (a consumer stored an index it never polled)"
+        ));
+    }
+    cq_full24(pi, ci, cnt).then(|| {
+        format!("overrun: all {cnt} entries hold CQEs not consumed (consumer index {ci}); a completion was dropped")
+    })
+}
+
+/// Puts the CQ in error, as a ConnectX does: one log line saying why, the asynchronous event
+/// naming the CQ, and no more CQEs (the QP whose CQE is dropped goes to error).
+#[cold]
+fn cq_error(cq: &CqHw, why: &str) {
+    cq.overrun.store(true, Ordering::Relaxed);
+    tracing::error!(cqn = cq.cqn, "CQ {:#x} error: {why}", cq.cqn);
+    cq.ctl.event(AsyncEvent::CqError { cqn: cq.cqn });
+}
+
+#[cfg(test)]
+#[path = "completion_tests.rs"]
+mod tests;

@@ -55,7 +55,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A CQ as the device knows it (its CQ context): the ring and doorbell record the host
-/// placed, and the producer index and overrun flag, which are the device's own.
+/// placed, and the producer index and error flag, which are the device's own.
 pub(crate) struct CqHw {
     pub cqn: u32,
     pub cnt: u32,
@@ -64,11 +64,13 @@ pub(crate) struct CqHw {
     pub dbrec_off: usize,
     /// Producer index (free-running): the device's own counter.
     pub pi: crate::mem::Padded<AtomicU64>,
-    /// The consumer index last read from the doorbell record: the record (a line the
-    /// consumer writes on every poll) is read again only when this one says the ring is full.
+    /// The consumer index last read from the doorbell record (24 bits), which is read for
+    /// every CQE: the strict checks compare each read with the one before.
     pub ci_seen: AtomicU32,
+    /// The CQ is in error (it overran, or its consumer index was one the device refuses):
+    /// it takes no more CQEs.
     pub overrun: AtomicBool,
-    /// Where the device reports an overrun.
+    /// Where the device reports a CQ error.
     pub ctl: Arc<EngineCtl>,
 }
 

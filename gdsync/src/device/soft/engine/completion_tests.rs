@@ -1,0 +1,112 @@
+//! The strict checks on a CQ's consumer index: an index that moves backwards, one ahead of
+//! the CQEs written and an overrun each put the CQ in error, with one log line and the
+//! asynchronous event naming the CQ; the QP whose CQE was dropped goes to error.
+
+use super::ci_fault;
+use crate::qp::batch_tests::{pair, Pair};
+use crate::{Device, Error, QpState, SendWr};
+use std::time::{Duration, Instant};
+
+#[test]
+fn ci_fault_names_each_case_and_passes_good_indexes() {
+    // Good: nothing consumed, some consumed, all consumed, across the 24-bit wrap.
+    assert_eq!(ci_fault(0, 0, 0, 4), None);
+    assert_eq!(ci_fault(3, 0, 2, 4), None);
+    assert_eq!(ci_fault(3, 2, 3, 4), None);
+    assert_eq!(ci_fault((1 << 24) + 2, 0xFF_FFFF, 1, 4), None);
+    let back = ci_fault(3, 2, 1, 4).unwrap();
+    assert!(back.contains("backwards, from 2 to 1"), "{back}");
+    let back_wrap = ci_fault((1 << 24) + 2, 1, 0xFF_FFFF, 4).unwrap();
+    assert!(back_wrap.contains("backwards"), "{back_wrap}");
+    let ahead = ci_fault(3, 2, 4, 4).unwrap();
+    assert!(ahead.contains("ahead of the 3 CQEs"), "{ahead}");
+    let over = ci_fault(6, 2, 2, 4).unwrap();
+    assert!(over.contains("overrun"), "{over}");
+}
+
+/// Posts a signalled write from `p.a` (its completion goes to `p.send_cq`).
+fn write(p: &mut Pair, wr_id: u64) {
+    let wr = SendWr::write(p.dst.remote().at(0))
+        .sge(p.src.sge(0..8))
+        .wr_id(wr_id);
+    p.a.post_send(&wr).unwrap();
+}
+
+/// Waits until the QP is in the error state (its CQE found the CQ in error).
+fn wait_error(p: &Pair) {
+    let start = Instant::now();
+    while p.a.state() != QpState::Error {
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "QP still {:?}",
+            p.a.state()
+        );
+        crate::device::soft::progress();
+        std::thread::yield_now();
+    }
+}
+
+/// The CQ is in error: the device raised the event naming it, and a poll that finds nothing
+/// more says so.
+fn assert_cq_error(p: &Pair) {
+    let cq = &p.send_cq;
+    assert!(
+        cq.shared.ctx().cq_overran(cq.cqn()),
+        "no CQ error event for CQ {:#x}",
+        cq.cqn()
+    );
+    let mut got = Vec::new();
+    let err = loop {
+        match cq.poll(&mut got, 16) {
+            Ok(0) => panic!("an empty poll of a CQ in error must fail"),
+            Ok(_) => continue,
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(err, Error::CqOverrun { cqn } if cqn == cq.cqn()),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_consumer_index_that_moves_backwards_is_a_cq_error() {
+    let dev = Device::soft().unwrap();
+    let mut p = pair(&dev);
+    for i in 0..2 {
+        write(&mut p, i);
+        p.send_cq.wait_one(Duration::from_secs(2)).unwrap();
+    }
+    assert_eq!(p.send_cq.consumer_index(), 2);
+    // Another write, so the device reads the record (2) before the index goes back.
+    write(&mut p, 2);
+    p.send_cq.wait_one(Duration::from_secs(2)).unwrap();
+    p.send_cq.shared.store_ci(1);
+    write(&mut p, 3);
+    wait_error(&p);
+    assert_cq_error(&p);
+}
+
+#[test]
+fn a_consumer_index_ahead_of_the_cqes_written_is_a_cq_error() {
+    let dev = Device::soft().unwrap();
+    let mut p = pair(&dev);
+    // Nothing written yet, and the record says 5 consumed.
+    p.send_cq.shared.store_ci(5);
+    write(&mut p, 0);
+    wait_error(&p);
+    assert_cq_error(&p);
+}
+
+#[test]
+fn an_overrun_is_a_cq_error_with_its_event() {
+    let dev = Device::soft().unwrap();
+    let mut p = pair(&dev);
+    let cnt = u64::from(p.send_cq.entries());
+    // One more completion than the ring holds, none consumed.
+    for i in 0..=cnt {
+        write(&mut p, i);
+    }
+    wait_error(&p);
+    assert_cq_error(&p);
+}
