@@ -175,13 +175,12 @@ fn can_lock_any() -> bool {
 
 /// `RLIMIT_MEMLOCK`'s soft limit in bytes, `None` for unlimited.
 fn memlock_limit() -> Option<u64> {
-    // SAFETY: getrlimit fills the struct we pass; all-zero bytes are a valid rlimit.
-    let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0 {
-        return Some(0);
+    use gdasync::gdsync::MemlockLimit;
+    match gdasync::gdsync::memlock_limit() {
+        Some(MemlockLimit::Unlimited) => None,
+        Some(MemlockLimit::Bytes(n)) => Some(n),
+        None => Some(0),
     }
-    (r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
 }
 
 /// Step 3: `ulimit -l`.
@@ -352,8 +351,8 @@ pub fn flush_verdict(gdr: bool, ordering: i32, can_flush: bool) -> Step {
         Status::Warn,
         NAME,
         "GPU 0",
-        format!("{value}: a stream or kernel may see a completion before the payload in GPU memory"),
-        "receive into host memory where a stream or kernel waits, or use a driver and GPU that report ordering 100 or a flush",
+        format!("{value}: a stream or kernel could see a completion before its payload, so GPU memory is refused as an RDMA write target on mlx5 devices"),
+        "receive into host memory (PinnedBuffer) and copy, or use a driver and GPU that report ordering 100 or a flush",
     )
 }
 

@@ -60,7 +60,14 @@ pub(crate) fn run_ops(ops: &Ops, timeout: Duration, stop: Option<&AtomicBool>) -
                     #[cfg(test)]
                     test_hooks::note_flush(addr);
                 }
-                Op::Barrier => fence(Ordering::SeqCst),
+                Op::Barrier => {
+                    // Earlier accesses before later ones as the CPUs see them (a full fence)
+                    // and as a device and the write-combining doorbell page see them: mfence
+                    // covers both on x86-64, AArch64 adds `dsb st`.
+                    fence(Ordering::SeqCst);
+                    #[cfg(not(target_arch = "x86_64"))]
+                    crate::barrier::mmio_flush_writes();
+                }
                 Op::Wait32 { addr, value, cond } => {
                     let w = &*(addr as *const AtomicU32);
                     wait(
