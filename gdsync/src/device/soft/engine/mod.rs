@@ -99,14 +99,23 @@ pub(crate) struct QpHw {
 }
 
 impl QpHw {
-    /// Both halves of the QP's doorbell register (a CPU poster alternates between them).
+    /// Both halves of the QP's doorbell register (a CPU poster alternates between them), as
+    /// they stood at one moment. A ConnectX takes doorbells one after the other, in the order
+    /// they were written; two loads are not one moment: the first half read before a
+    /// doorbell and the second after a later one would show the later doorbell first, and
+    /// the earlier one, seen at the next look, would seem to go backwards. So the first
+    /// half is read again, and the pair taken again if it moved (doorbells only move on).
     #[inline]
     fn doorbell(&self) -> [u64; 2] {
         let b = &self.bfreg;
-        [
-            b.page.u64(b.off).load(Ordering::Acquire),
-            b.page.u64(b.off + BF_SIZE).load(Ordering::Acquire),
-        ]
+        let (lo, hi) = (b.page.u64(b.off), b.page.u64(b.off + BF_SIZE));
+        loop {
+            let first = lo.load(Ordering::Acquire);
+            let second = hi.load(Ordering::Acquire);
+            if lo.load(Ordering::Acquire) == first {
+                return [first, second];
+            }
+        }
     }
     /// Where the newest doorbell rung since `last` ends (see [`doorbell_end`]), if every half
     /// that changed names this QP and lies at most a ring ahead of `ci`: the send queue's
