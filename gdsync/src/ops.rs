@@ -194,6 +194,11 @@ impl Ops {
         self.ring_tail = None;
         self.keep_alive(keep.clone());
     }
+    /// Keeps `keep` alive with the list without naming memory an op touches (e.g. a
+    /// reservation that ends when the list has run or is dropped).
+    pub(crate) fn hold(&mut self, keep: KeepAlive) {
+        self.keep_alive(keep);
+    }
     /// What the list keeps alive: the memory its ops name (where a GPU executor looks up
     /// the GPUs' address of an op's memory).
     pub(crate) fn kept(&self) -> &[KeepAlive] {

@@ -384,15 +384,18 @@ pub(crate) fn wait_ops(s: &Arc<CqShared>, n: u64) -> Result<Ops> {
         &ring,
     );
     // Consumed: the slot is the device's again (an error it held is found by the host's
-    // scan while the ring still holds it, else from the QP's context). `hold` keeps the
-    // doorbell record's memory alive, and the completions up to `n` reserved.
+    // scan while the ring still holds it, else from the QP's context). The list keeps the
+    // doorbell record's memory (where a GPU executor finds its address) and `hold`, which
+    // keeps the completions up to `n` reserved until the list has run or is dropped.
+    let dbrec: KeepAlive = s.dbrec.mem.clone();
     ops.push(
         Op::Write32 {
             addr: s.dbrec.addr(),
             value: cq_ci_value(n + 1).native(),
         },
-        &hold,
+        &dbrec,
     );
+    ops.hold(hold);
     debug_assert!(matches!(cond, WaitCond::And | WaitCond::Nor));
     Ok(ops)
 }
