@@ -8,8 +8,8 @@
 // Rust format module (gdsync::format).
 //
 // Tests compile this header for the host too (GDS_HOST defined, with host stand-ins for the
-// CUDA built-ins and for gds_now_ns, gds_ld_acquire32 and gds_ld_acquire64), and run its
-// functions against the soft device.
+// CUDA built-ins and for gds_now_ns, gds_ld_acquire32, gds_ld_acquire64 and gds_st_release64),
+// and run its functions against the soft device.
 #pragma once
 #ifdef __CUDACC_RTC__
 typedef unsigned long long uint64_t;
@@ -348,6 +348,13 @@ __device__ __forceinline__ uint64_t gds_ld_acquire64(uint64_t addr) {
     asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(addr) : "memory");
     return v;
 }
+
+// A store that the thread's earlier accesses, MMIO included, are performed before, as seen
+// from the whole system (a release at system scope: lighter than __threadfence_system then a
+// store, which would also order later accesses).
+__device__ __forceinline__ void gds_st_release64(uint64_t addr, uint64_t v) {
+    asm volatile("st.release.sys.u64 [%0], %1;" ::"l"(addr), "l"(v) : "memory");
+}
 #endif
 
 // Waits until the 32-bit word at addr satisfies cond; GDS_TIMEOUT after timeout_ns. What was
@@ -372,8 +379,9 @@ __device__ __forceinline__ int gds_send(const gds_send_desc *d) {
     }
     *(volatile uint64_t *)d->db = d->db_value;
     if (d->rung) {
-        __threadfence_system();  // the doorbell before "rung to"
-        *(volatile uint64_t *)d->rung = d->rung_value;
+        // A release store at system scope: the doorbell is performed before "rung to" is
+        // seen (what a fence then a store would give, without a full sequential fence).
+        gds_st_release64(d->rung, d->rung_value);
     }
     return GDS_OK;
 }

@@ -50,6 +50,7 @@ static inline uint64_t gds_now_ns() {
 
 static inline uint32_t gds_ld_acquire32(uint64_t addr) { return __atomic_load_n((const uint32_t *)addr, __ATOMIC_ACQUIRE); }
 static inline uint64_t gds_ld_acquire64(uint64_t addr) { return __atomic_load_n((const uint64_t *)addr, __ATOMIC_ACQUIRE); }
+static inline void gds_st_release64(uint64_t addr, uint64_t v) { __atomic_store_n((uint64_t *)addr, v, __ATOMIC_RELEASE); }
 
 #include "gdsync.cuh"
 
