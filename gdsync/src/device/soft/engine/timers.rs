@@ -10,7 +10,19 @@ impl Engine {
     /// Checks links and QP timers at `now`. Returns whether anything happened.
     pub(super) fn timers(&mut self, now: Instant) -> bool {
         let links = self.check_links(now);
+        self.check_cqs();
         self.qp_timers(now) || links
+    }
+
+    /// The strict consumer-index check of every CQ an active QP completes to
+    /// ([`check_cq`](super::completion::check_cq)).
+    fn check_cqs(&self) {
+        for &qpn in &self.active {
+            if let Some(q) = self.qps.get(qpn) {
+                super::completion::check_cq(&q.hw.send_cq);
+                super::completion::check_cq(&q.hw.recv_cq);
+            }
+        }
     }
 
     /// Fails the QPs of every link found down since the last check, then releases the link
