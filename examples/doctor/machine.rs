@@ -7,7 +7,7 @@
 
 use crate::common::rdma::{yes, RdmaDevice};
 use crate::step::{Status, Step};
-use gdasync::gdsync::cuda::{nvrtc_available, Cuda};
+use gdasync::gdsync::cuda::{nvrtc_available, Cuda, GpuCaps, InboundWrites, WRITES_ORDERING_OWNER};
 use gdasync::gdsync::mlx5::{PortState as RdmaPortState, RdmaError};
 
 /// `ulimit -l` below this (and no CAP_IPC_LOCK) is a warning: rings and every registered host
@@ -15,8 +15,6 @@ use gdasync::gdsync::mlx5::{PortState as RdmaPortState, RdmaError};
 const MEMLOCK_ENOUGH: u64 = 1 << 30;
 /// The capability that lifts `ulimit -l` (linux/capability.h).
 const CAP_IPC_LOCK: u32 = 14;
-/// GPUDirect RDMA writes ordered to the owning GPU (`CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER`).
-pub const ORDERING_OWNER: i32 = 100;
 
 /// The shared libraries of rdma-core this process loaded, with their versions: the file
 /// names the dynamic loader resolved (`libibverbs.so.1.14.50.0`), read from `/proc/self/maps`.
@@ -317,7 +315,7 @@ pub fn flush_verdict(gdr: bool, ordering: i32, can_flush: bool) -> Step {
     let value = format!(
         "GPUDirect RDMA {}, writes ordering {ordering}{}, flush remote writes {}",
         yes(gdr),
-        if ordering >= ORDERING_OWNER {
+        if ordering >= WRITES_ORDERING_OWNER {
             " (OWNER or better)"
         } else {
             " (none)"
@@ -333,27 +331,33 @@ pub fn flush_verdict(gdr: bool, ordering: i32, can_flush: bool) -> Step {
             "use host memory for buffers the NIC writes, or a data-centre GPU with GPUDirect RDMA",
         );
     }
-    if ordering >= ORDERING_OWNER {
-        return Step::ok(
+    // The library's own decision for a NIC that writes payloads apart from completions (a
+    // ConnectX), so the doctor says what gdsync will do.
+    let caps = GpuCaps {
+        gpudirect_rdma: gdr,
+        gpudirect_rdma_writes_ordering: ordering,
+        flush_remote_writes: can_flush,
+        ..GpuCaps::default()
+    };
+    match caps.inbound_writes(true) {
+        InboundWrites::InOrder => Step::ok(
             NAME,
             "GPU 0",
             format!("{value}: inbound writes reach the GPU in order, no flush needed"),
-        );
-    }
-    if can_flush {
-        return Step::ok(
+        ),
+        InboundWrites::Flush => Step::ok(
             NAME,
             "GPU 0",
             format!("{value}: waits flush inbound writes before the GPU reads them"),
-        );
+        ),
+        InboundWrites::Unordered => Step::new(
+            Status::Warn,
+            NAME,
+            "GPU 0",
+            format!("{value}: a stream or kernel could see a completion before its payload, so GPU memory is refused as an RDMA write target on mlx5 devices"),
+            "receive into host memory (PinnedBuffer) and copy, or use a driver and GPU that report ordering 100 or a flush",
+        ),
     }
-    Step::new(
-        Status::Warn,
-        NAME,
-        "GPU 0",
-        format!("{value}: a stream or kernel could see a completion before its payload, so GPU memory is refused as an RDMA write target on mlx5 devices"),
-        "receive into host memory (PinnedBuffer) and copy, or use a driver and GPU that report ordering 100 or a flush",
-    )
 }
 
 #[cfg(test)]
