@@ -1519,21 +1519,34 @@ int uvemu_set_port_state(const char *name, int port, int active)
 	return rc;
 }
 
+/* The QP or CQ object numbered `num` (a QPN or CQN) of any context in use, with its context
+ * in `*ctx`; NULL if none. Called with `lock` held. */
+static struct uvemu_obj *find_numbered(int type, uint32_t num, struct uvemu_context **ctx)
+{
+	for (int i = 0; i < MAX_CONTEXTS; i++) {
+		if (!contexts[i].in_use) continue;
+		for (int h = 0; h < UVEMU_MAX_OBJECTS; h++) {
+			struct uvemu_obj *o = &contexts[i].obj[h];
+			if (o->type != type) continue;
+			if ((type == UVEMU_QP ? o->u.qp.qpn : o->u.cq.cqn) != num) continue;
+			*ctx = &contexts[i];
+			return o;
+		}
+	}
+	return NULL;
+}
+
 int uvemu_qp_fatal(uint32_t qpn)
 {
 	ensure_init();
 	int rc = ENOENT;
+	struct uvemu_context *ctx;
 	pthread_mutex_lock(&lock);
-	for (int i = 0; i < MAX_CONTEXTS && rc == ENOENT; i++) {
-		if (!contexts[i].in_use) continue;
-		for (int h = 0; h < UVEMU_MAX_OBJECTS; h++) {
-			struct uvemu_obj *o = &contexts[i].obj[h];
-			if (o->type != UVEMU_QP || o->u.qp.qpn != qpn) continue;
-			o->u.qp.state = QPS_ERR;
-			rc = raise_event(&contexts[i], IB_EVENT_QP_FATAL, o->u.qp.user_handle);
-			o->async_events += !rc;
-			break;
-		}
+	struct uvemu_obj *o = find_numbered(UVEMU_QP, qpn, &ctx);
+	if (o) {
+		o->u.qp.state = QPS_ERR;
+		rc = raise_event(ctx, IB_EVENT_QP_FATAL, o->u.qp.user_handle);
+		o->async_events += !rc;
 	}
 	pthread_mutex_unlock(&lock);
 	return rc;
@@ -1548,16 +1561,12 @@ int uvemu_cq_error(uint32_t cqn)
 {
 	ensure_init();
 	int rc = ENOENT;
+	struct uvemu_context *ctx;
 	pthread_mutex_lock(&lock);
-	for (int i = 0; i < MAX_CONTEXTS && rc == ENOENT; i++) {
-		if (!contexts[i].in_use) continue;
-		for (int h = 0; h < UVEMU_MAX_OBJECTS; h++) {
-			struct uvemu_obj *o = &contexts[i].obj[h];
-			if (o->type != UVEMU_CQ || o->u.cq.cqn != cqn) continue;
-			rc = raise_event(&contexts[i], IB_EVENT_CQ_ERR, o->u.cq.user_handle);
-			o->async_events += !rc;
-			break;
-		}
+	struct uvemu_obj *o = find_numbered(UVEMU_CQ, cqn, &ctx);
+	if (o) {
+		rc = raise_event(ctx, IB_EVENT_CQ_ERR, o->u.cq.user_handle);
+		o->async_events += !rc;
 	}
 	pthread_mutex_unlock(&lock);
 	return rc;
