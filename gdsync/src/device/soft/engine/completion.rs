@@ -178,7 +178,7 @@ fn push_cqe(cq: &CqHw, cqe: &mut Cqe64) -> bool {
     // The consumer index is read when the ring looks full by the one read last, as a
     // ConnectX reads it when it needs it, and on every timer tick ([`check_cq`]): reading
     // it for every CQE would fetch a line the consumer writes, once per completion.
-    if cq_full24(pi, cq.ci_seen.load(Ordering::Relaxed), cq.cnt) && !read_ci(cq) {
+    if cq_full24(pi, cq.ci_seen.load(Ordering::Relaxed), cq.cnt) && !read_ci(cq, true) {
         return false;
     }
     let owner = CqeOwner::expected(pi, cq.cnt);
@@ -191,14 +191,15 @@ fn push_cqe(cq: &CqHw, cqe: &mut Cqe64) -> bool {
 }
 
 /// Reads the CQ's consumer index from its doorbell record and refuses one a ConnectX leaves
-/// undefined ([`ci_fault`]): the CQ goes to error. Returns whether the CQ may take a CQE.
-fn read_ci(cq: &CqHw) -> bool {
+/// undefined ([`ci_fault`]; `writing`: a CQE waits to be written): the CQ goes to error.
+/// Returns whether the CQ may take a CQE.
+fn read_ci(cq: &CqHw, writing: bool) -> bool {
     let pi = cq.pi.load(Ordering::Relaxed);
     let ci = crate::mem::load_be32(&cq.dbrec, cq.dbrec_off) & 0xFF_FFFF;
     // (One writer: the engine that owns the CQ.)
     let seen = cq.ci_seen.load(Ordering::Relaxed);
     cq.ci_seen.store(ci, Ordering::Relaxed);
-    match ci_fault(pi, seen, ci, cq.cnt) {
+    match ci_fault(pi, seen, ci, cq.cnt, writing) {
         Some(fault) => {
             cq_error(cq, &fault);
             false
@@ -208,19 +209,21 @@ fn read_ci(cq: &CqHw) -> bool {
 }
 
 /// The strict check of a CQ's consumer index on a timer tick (a moved-back or
-/// ahead-of-the-device index shows within a tick, whatever the ring's fill).
+/// ahead-of-the-device index shows within a tick, whatever the ring's fill). A ring that is
+/// full is no fault here: only a CQE that finds it full is an overrun.
 pub(super) fn check_cq(cq: &CqHw) {
     if !cq.overrun.load(Ordering::Relaxed) {
-        read_ci(cq);
+        read_ci(cq, false);
     }
 }
 
 /// What is wrong with consumer index `ci` (24 bits, as the doorbell record holds it) when the
 /// device has written `pi` CQEs (free-running) and last read `seen`: a ConnectX leaves a
-/// consumer index that moves backwards or names CQEs it has not written undefined, and a
-/// producer a whole ring ahead of the consumer is an overrun. The soft device refuses all
-/// three (see `docs/soft-device.md`, "Strict checks").
-pub(super) fn ci_fault(pi: u64, seen: u32, ci: u32, cnt: u32) -> Option<String> {
+/// consumer index that moves backwards or names CQEs it has not written undefined, and a CQE
+/// to write (`writing`) while all entries hold CQEs not consumed is an overrun. The soft
+/// device refuses all three (see `docs/soft-device.md`, "Strict checks"). A ring that is
+/// merely full, with no CQE waiting, is no fault: the consumer may be about to poll it.
+pub(super) fn ci_fault(pi: u64, seen: u32, ci: u32, cnt: u32, writing: bool) -> Option<String> {
     let behind = seen.wrapping_sub(ci) & 0xFF_FFFF;
     if behind != 0 && behind < 0x80_0000 {
         return Some(format!(
@@ -234,7 +237,7 @@ pub(super) fn ci_fault(pi: u64, seen: u32, ci: u32, cnt: u32) -> Option<String> 
             "its consumer index {ci} is ahead of the {pi24} CQEs the device has written (a consumer stored an index it never polled)"
         ));
     }
-    cq_full24(pi, ci, cnt).then(|| {
+    (writing && cq_full24(pi, ci, cnt)).then(|| {
         format!("overrun: all {cnt} entries hold CQEs not consumed (consumer index {ci}); a completion was dropped")
     })
 }
