@@ -24,6 +24,7 @@
 //! gives the same bits.
 
 use crate::grid::{self, Layout, Side, C0, C1};
+use crate::profile::{Counted, OpCount, StepClock};
 use crate::progress::{self, Step};
 use crate::{Config, Halo, Solver, Trigger};
 use anyhow::{bail, Context, Result};
@@ -52,9 +53,9 @@ const SHORT_MESSAGE: i32 = 0x1002;
 const KERNEL_TIMEOUT_NS: u64 = 10_000_000_000;
 
 /// The compiled kernels, one module per GPU that this process's ranks use (shared by the rank
-/// threads of a process). Rank `r` runs on GPU `r % GPUs`.
+/// threads of a process). Where each rank runs is `--gpus`' placement ([`Config::placement`]).
 pub struct Kernels {
-    /// Indexed by GPU; `None` for GPUs none of this process's ranks runs on.
+    /// Indexed by GPU ordinal; `None` for GPUs none of this process's ranks runs on.
     per_gpu: Vec<Option<GpuKernels>>,
 }
 
@@ -70,42 +71,34 @@ struct GpuKernels {
 }
 
 impl Kernels {
-    /// Compiles and loads the kernels on the GPUs of `ranks` (the ranks this process runs).
-    pub fn compile(ranks: impl IntoIterator<Item = usize>) -> Result<Kernels> {
-        let gpus = Cuda::get()?.gpus.len();
-        let mut used = vec![false; gpus];
-        for r in ranks {
-            used[r % gpus] = true;
+    /// Compiles and loads the kernels on `gpus` (the GPUs this process's ranks run on).
+    pub fn compile(gpus: &[i32]) -> Result<Kernels> {
+        let n = Cuda::get()?.gpus.len();
+        let mut per_gpu: Vec<Option<GpuKernels>> = (0..n).map(|_| None).collect();
+        for &ordinal in gpus {
+            let m = Module::compile_with_options(ordinal, KERNELS, &["--fmad=false"])
+                .with_context(|| {
+                    format!("compile the stencil kernels with NVRTC for GPU {ordinal}")
+                })?;
+            per_gpu[ordinal as usize] = Some(GpuKernels {
+                ordinal,
+                interior: m.function("interior")?,
+                ring: m.function("ring")?,
+                whole: m.function("whole")?,
+                pack: m.function("pack")?,
+                persistent: m.function("persistent")?,
+                _module: m,
+            });
         }
-        let per_gpu = (0..gpus as i32)
-            .map(|ordinal| {
-                if !used[ordinal as usize] {
-                    return Ok(None);
-                }
-                let m = Module::compile_with_options(ordinal, KERNELS, &["--fmad=false"])
-                    .with_context(|| {
-                        format!("compile the stencil kernels with NVRTC for GPU {ordinal}")
-                    })?;
-                Ok(Some(GpuKernels {
-                    ordinal,
-                    interior: m.function("interior")?,
-                    ring: m.function("ring")?,
-                    whole: m.function("whole")?,
-                    pack: m.function("pack")?,
-                    persistent: m.function("persistent")?,
-                    _module: m,
-                }))
-            })
-            .collect::<Result<_>>()?;
         Ok(Kernels { per_gpu })
     }
 
-    /// The kernels of the GPU rank `rank` runs on.
-    fn for_rank(&self, rank: usize) -> Result<&GpuKernels> {
-        let gpu = rank % self.per_gpu.len();
-        self.per_gpu[gpu]
-            .as_ref()
-            .with_context(|| format!("the kernels were not compiled for GPU {gpu} (rank {rank})"))
+    /// The kernels of GPU `gpu`.
+    fn on(&self, gpu: i32) -> Result<&GpuKernels> {
+        self.per_gpu
+            .get(gpu as usize)
+            .and_then(Option::as_ref)
+            .with_context(|| format!("the kernels were not compiled for GPU {gpu}"))
     }
 }
 
@@ -231,6 +224,10 @@ struct GpuRank<'m> {
     rank: usize,
     /// `--trace`: time the CPU's steps of the stream trigger.
     trace: bool,
+    /// `--trace`: the CPU's time per step of the last run (the timed one).
+    clock: std::cell::RefCell<Option<StepClock>>,
+    /// The memory operations the stream trigger's last run handed its stream.
+    ops: OpCount,
     /// `--overlap`: an interior kernel while the halos fly, then a ring kernel; else one
     /// [`whole`](Self::whole) kernel once they arrived.
     overlap: bool,
@@ -329,6 +326,8 @@ impl<'m> GpuRank<'m> {
             ranks_on_gpu: 1,
             rank: 0,
             trace: false,
+            clock: std::cell::RefCell::new(None),
+            ops: OpCount::default(),
             overlap: true,
         })
     }
@@ -375,6 +374,9 @@ impl<'m> GpuRank<'m> {
     /// Notes where this rank's CPU is (see [`progress`]).
     fn at(&self, i: u64, step: Step) {
         progress::at(self.rank, i, step);
+        if let Some(c) = self.clock.borrow_mut().as_mut() {
+            c.enter(step);
+        }
     }
 
     fn grid(&self, p: usize) -> u64 {
@@ -487,6 +489,8 @@ impl<'m> GpuRank<'m> {
     /// stream waits for receives only (send completions are the CPU's, see [`SENDS`]).
     fn run_stream(&mut self, comm: &mut Comm, first: u64, end: u64) -> Result<()> {
         let batch = OpBatch::new();
+        // What the stream is handed, counted for `--trace`.
+        let exec = Counted::new(&self.stream);
         let mut trace = match self.trace && end - first > Trace::ITERS {
             true => Some(Trace::new(end, self.k.ordinal)?),
             false => None,
@@ -506,7 +510,7 @@ impl<'m> GpuRank<'m> {
         // credits before any stream waits for a peer. Without it, 4 ranks on one GPU stalled
         // in about one run in ten (H100, 4096² blocks): some ranks' streams never ran their
         // first list while the others' waited for those credits (see docs/benchmarks.md).
-        batch.flush(&self.stream)?;
+        batch.flush(&exec)?;
         self.at(first, Step::Synchronize);
         self.stream.synchronize()?;
         comm.barrier()?;
@@ -537,7 +541,7 @@ impl<'m> GpuRank<'m> {
             }
             if self.overlap {
                 self.at(i, Step::Flush);
-                batch.flush(&self.stream)?;
+                batch.flush(&exec)?;
             }
             mark(1)?;
             // The interior needs no halo: it overlaps with the messages in flight. Without
@@ -557,7 +561,7 @@ impl<'m> GpuRank<'m> {
             // The stream waits for the halos, consuming their completions itself.
             comm.wait_all_on(&recvd, &batch)?;
             self.at(i, Step::Flush);
-            batch.flush(&self.stream)?;
+            batch.flush(&exec)?;
             reqs.extend(recvd);
             mark(3)?;
             self.at(i, Step::Ring);
@@ -580,7 +584,8 @@ impl<'m> GpuRank<'m> {
             in_flight.push_back(reqs);
         }
         self.at(end, Step::Flush);
-        batch.flush(&self.stream)?;
+        batch.flush(&exec)?;
+        self.ops = exec.count.get();
         self.at(end, Step::Synchronize);
         self.stream.synchronize()?;
         self.at(end, Step::RunAheadWait);
@@ -760,6 +765,10 @@ fn kernel_error(rc: i32) -> String {
 impl Solver for GpuRank<'_> {
     fn run(&mut self, comm: &mut Comm, first: u64, count: u64) -> Result<()> {
         let end = first + count;
+        if self.trace {
+            // Each run counts afresh: the last one is the timed one.
+            *self.clock.borrow_mut() = Some(StepClock::new());
+        }
         let r = match self.trigger {
             Trigger::Stream => self.run_stream(comm, first, end).map_err(|e| {
                 // Where this rank's stream sits, if it is held up by a wait.
@@ -792,8 +801,8 @@ impl Solver for GpuRank<'_> {
 
 /// Runs this rank's part: returns the time per iteration and the final owned cells.
 pub fn solve(comm: &mut Comm, lay: &Layout, cfg: &Config, k: &Kernels) -> Result<(f64, Vec<f64>)> {
-    let gpus = k.per_gpu.len();
-    let k = k.for_rank(comm.rank())?;
+    let place = cfg.placement.as_ref().context("a GPU placement")?;
+    let k = k.on(place.ordinal(comm.rank()))?;
     let dev_halo = if cfg.halo == Halo::Device {
         halo_bytes(lay)
     } else {
@@ -806,20 +815,28 @@ pub fn solve(comm: &mut Comm, lay: &Layout, cfg: &Config, k: &Kernels) -> Result
         bail!("--halo host: pinned host memory could not be mapped for the GPU");
     }
     let mut rank = GpuRank::new(lay, k, &mem, host.as_ref(), Some(comm), cfg.trigger)?;
-    // Ranks are spread over the GPUs round robin (threads share a GPU; processes time-share it).
-    rank.ranks_on_gpu = cfg.ranks.div_ceil(gpus) as u32;
+    // Ranks that share a GPU (threads share it; processes time-share it).
+    rank.ranks_on_gpu = place.sharing(comm.rank(), cfg.ranks) as u32;
     rank.trace = cfg.trace;
     rank.overlap = cfg.overlap;
     rank.rank = comm.rank();
     let out = crate::drive(comm, &mut rank, cfg);
     // Nothing of this rank may still run when its memory goes.
     rank.stream.synchronize()?;
+    if cfg.trace {
+        if let Some(c) = rank.clock.borrow().as_ref() {
+            eprintln!("{}", c.line(rank.rank, cfg.iters));
+        }
+        if cfg.trigger == Trigger::Stream {
+            eprintln!("{}", rank.ops.line(rank.rank, cfg.iters));
+        }
+    }
     out
 }
 
 /// The single-rank run `--check` compares with, with the same kernels.
-pub fn reference(k: &Kernels, gx: usize, gy: usize, iters: u64) -> Result<Vec<f64>> {
-    let k = k.for_rank(0)?;
+pub fn reference(k: &Kernels, gpu: i32, gx: usize, gy: usize, iters: u64) -> Result<Vec<f64>> {
+    let k = k.on(gpu)?;
     let lay = Layout::whole(gx, gy);
     let mem = DeviceBuffer::alloc(k.ordinal, Offsets::new(&lay).total)?;
     let rank = GpuRank::new(&lay, k, &mem, None, None, Trigger::Host)?;
