@@ -776,17 +776,33 @@ fn receives_behind_a_held_stream_send() {
 /// stays at most `AHEAD` iterations ahead. Every iteration must complete (no stall).
 #[test]
 fn four_ranks_large_halos_on_a_host_stream() {
+    four_ranks_halo_pattern(false);
+}
+
+/// The same with a soft device for each rank (in-process links between four engines), as
+/// stencil2d's thread ranks of the GPU triggers run.
+#[test]
+fn four_ranks_with_a_device_each_large_halos_on_a_host_stream() {
+    four_ranks_halo_pattern(true);
+}
+
+/// The stencil's stream pattern between four thread ranks: on one soft device, or
+/// (`device_each`) on a device each.
+fn four_ranks_halo_pattern(device_each: bool) {
     use gdasync::gdsync::exec::OpBatch;
     const AHEAD: usize = 4;
     const RECVS: usize = AHEAD + 2;
     const SENDS: usize = AHEAD + 1;
     const LEN: usize = 32 << 10;
     const ITERS: u64 = 300;
-    let dev = Device::soft().unwrap();
+    let shared = Device::soft().unwrap();
     let hs: Vec<_> = ThreadBootstrap::group(4)
         .into_iter()
         .map(|b| {
-            let dev = dev.clone();
+            let dev = match device_each {
+                true => Device::soft().unwrap(),
+                false => shared.clone(),
+            };
             std::thread::spawn(move || {
                 let mut comm = Comm::new(Box::new(b), &dev).unwrap();
                 let me = comm.rank();
