@@ -218,8 +218,9 @@ extern "C" __global__ void whole(StencilRun a, long i, int pack_next, double c0,
 
 // One rank's iterations first..end in one kernel. Thread 0 of block 0 drives the channels
 // (gds_peer_*); every thread computes. Per iteration: sends (buffers packed by the previous
-// iteration) -> interior -> wait for the halos and the sends -> barrier -> ring cells from the
-// received halos, packing the next sends -> barrier -> receives for iteration i + 2.
+// iteration) -> interior -> wait for the halos, and for the sends whose buffers the ring packs
+// next -> barrier -> ring cells from the received halos, packing the next sends -> barrier ->
+// receives for iteration i + 2.
 extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
     __shared__ unsigned gen;
     __shared__ gds_peer peer[4];
@@ -265,8 +266,13 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
                 unsigned got = 0;
                 rc = gds_peer_wait_recv(&peer[d], &got, a.timeout_ns);
                 if (rc == GDS_OK && got != a.side[d].len) rc = STENCIL_SHORT_MESSAGE;
-                // The buffer is packed again next iteration (rows: rewritten as the next grid).
-                if (rc == GDS_OK) rc = gds_peer_wait_send(&peer[d], a.timeout_ns);
+                // This iteration's ring packs buffer (i + 1) % nsend, which iteration
+                // i + 1 - nsend sent: that send and the older ones must be complete, the
+                // nsend - 1 newest may still be read by the NIC (their completions are not on
+                // the iteration's path). The last iteration waits for every send.
+                uint64_t keep = i + 1 < a.end ? a.side[d].nsend - 1 : 0;
+                while (rc == GDS_OK && peer[d].sends - peer[d].sends_waited > keep)
+                    rc = gds_peer_wait_send(&peer[d], a.timeout_ns);
             }
             if (rc != GDS_OK) stencil_fail(a, rc, i);
         }
