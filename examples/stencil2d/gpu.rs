@@ -160,6 +160,10 @@ const SENDS: usize = AHEAD + 1;
 /// merges with the credit's.
 const RECVS: usize = AHEAD + 2;
 
+// The persistent kernel posts receives up to 3 iterations ahead (two at a time, under one
+// credit) into buffers that iteration's ring read 6 iterations before (kernels.cu).
+const _: () = assert!(RECVS == 6);
+
 /// One neighbour's messages: iteration `i` sends `send[i % SENDS]` and receives into
 /// `recv[i % RECVS]`.
 struct Link {
