@@ -209,6 +209,18 @@ fn the_gpus_flag_is_checked_and_reported_alike_in_every_tool() {
         &["--trigger", "stream", "--gpus", "0,1"],
         "needs a CUDA GPU",
     );
+    refused("stencil2d", &["--shared-device"], "--shared-device applies");
+    refused(
+        "stencil2d",
+        &[
+            "--trigger",
+            "host",
+            "--ranks-as",
+            "procs",
+            "--shared-device",
+        ],
+        "--shared-device applies",
+    );
     refused(
         "pingpong",
         &["--trigger", "kernel", "--gpus", "1"],

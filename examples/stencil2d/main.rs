@@ -44,7 +44,7 @@ use common::out::outln;
 use common::tool::usage;
 pub use common::Trigger;
 use common::{iters, name, DeviceArgs, GpuArgs, RanksAs, ToolArgs};
-use gdasync::gdsync::{Device, DeviceName};
+use gdasync::gdsync::{Device, DeviceName, ProgressMode};
 use gdasync::mp::bootstrap::{Bootstrap, JobInfo, TcpBootstrap, ThreadBootstrap};
 use gdasync::mp::Comm;
 use grid::Layout;
@@ -256,10 +256,14 @@ impl Config {
         if a.shared_device && common::device::is_rdma(&device) {
             return Err(usage("--shared-device applies to the soft device (the ranks on an RDMA device share it already)"));
         }
+        // A device per rank while each engine still gets a core to spin on: where the engines
+        // would share the cores with the ranks (shared progress), the engines of GPU memory
+        // wait for their own threads' naps, and one engine serves better.
         let device_per_rank = a.trigger.gpu()
             && a.ranks_as == RanksAs::Threads
             && !a.shared_device
-            && !common::device::is_rdma(&device);
+            && !common::device::is_rdma(&device)
+            && gdasync::gdsync::progress_mode_for(a.ranks) == ProgressMode::Thread;
         // (Thread ranks with a device each are checked as processes: a device's queue pairs
         // are then one rank's, and the memory counted for process links is a bound.)
         limits::check(
