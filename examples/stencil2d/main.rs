@@ -264,14 +264,12 @@ impl Config {
             && !a.shared_device
             && !common::device::is_rdma(&device)
             && gdasync::gdsync::progress_mode_for(a.ranks) == ProgressMode::Thread;
-        // (Thread ranks with a device each are checked as processes: a device's queue pairs
-        // are then one rank's, and the memory counted for process links is a bound.)
-        limits::check(
-            &device,
-            a.ranks,
-            a.ranks_as == RanksAs::Threads && !device_per_rank,
-            grids.saturating_add(check),
-        )?;
+        let sharing = match a.ranks_as {
+            RanksAs::Threads if device_per_rank => limits::Sharing::DevicePerThread,
+            RanksAs::Threads => limits::Sharing::OneDevice,
+            _ => limits::Sharing::Processes,
+        };
+        limits::check_with(&device, a.ranks, sharing, grids.saturating_add(check))?;
         // MPI ranks may be spread over hosts: this host's cores say nothing about them.
         let local = a.ranks_as != RanksAs::Mpi;
         if let Some(why) = limits::oversubscribed(a.ranks, cores()).filter(|_| local) {
