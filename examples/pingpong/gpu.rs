@@ -7,9 +7,10 @@
 //! marker word (`--op write`) or for its receive completion (`write-imm`, `send`).
 
 use super::{Args, Mem, Op, Trigger};
+use crate::common::gpus::{self, Modules};
 use crate::common::stats::{cpu_time_us, Stats};
 use anyhow::{bail, Context, Result};
-use gdasync::gdsync::cuda::{Cuda, CudaStream, DeviceBuffer, Function, Module};
+use gdasync::gdsync::cuda::{Cuda, CudaStream, DeviceBuffer, Function};
 use gdasync::gdsync::exec::Executor;
 use gdasync::gdsync::kernel::DescRing;
 use gdasync::gdsync::ops::{Op as MemOp, Ops, WaitCond};
@@ -40,10 +41,10 @@ pub(crate) enum Buf {
 }
 
 impl Buf {
-    pub(crate) fn new(mem: Mem, len: usize) -> Result<Buf> {
+    pub(crate) fn new(mem: Mem, len: usize, rank: usize) -> Result<Buf> {
         Ok(match mem {
             Mem::Host => Buf::Host(PinnedBuffer::new(len)),
-            Mem::Device => Buf::Dev(DeviceBuffer::alloc(0, len)?),
+            Mem::Device => Buf::Dev(DeviceBuffer::alloc(gpus::of(rank), len)?),
         })
     }
     fn addr(&self) -> u64 {
@@ -80,16 +81,16 @@ struct Rank {
 
 fn setup(dev: &Device, args: &Args, max: usize) -> Result<(Rank, Rank)> {
     type Reg = (u64, MemoryRegion<'static>);
-    let mk = || -> Result<(Qp, Cq, Cq, Reg, Reg)> {
+    let mk = |rank: usize| -> Result<(Qp, Cq, Cq, Reg, Reg)> {
         let pd = dev.alloc_pd();
         let (scq, rcq) = (dev.create_cq(1024)?, dev.create_cq(1024)?);
         let qp = pd.create_qp(&scq, &rcq, &QpConfig::default())?;
-        let s = Buf::new(args.mem, max)?.leak_register(&pd)?;
-        let r = Buf::new(args.mem, max)?.leak_register(&pd)?;
+        let s = Buf::new(args.mem, max, rank)?.leak_register(&pd)?;
+        let r = Buf::new(args.mem, max, rank)?.leak_register(&pd)?;
         Ok((qp, scq, rcq, s, r))
     };
-    let (mut q0, s0, r0, (sa0, sb0), (ra0, rb0)) = mk()?;
-    let (mut q1, s1, r1, (sa1, sb1), (ra1, rb1)) = mk()?;
+    let (mut q0, s0, r0, (sa0, sb0), (ra0, rb0)) = mk(0)?;
+    let (mut q1, s1, r1, (sa1, sb1), (ra1, rb1)) = mk(1)?;
     q0.connect(&q1.endpoint())?;
     q1.connect(&q0.endpoint())?;
     let (rem0, rem1) = (rb1.remote(), rb0.remote());
@@ -221,7 +222,7 @@ pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Res
         bail!("--trigger {:?} needs a GPU; none found", args.trigger);
     }
     let module = if args.trigger != Trigger::Stream {
-        Some(Module::compile(0, KERNELS).context("compile the pingpong kernels with NVRTC")?)
+        Some(Modules::compile(KERNELS, 2).context("the pingpong kernels")?)
     } else {
         None
     };
@@ -242,7 +243,7 @@ pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Res
                 warm + iters,
                 r0,
                 r1,
-                &module.as_ref().unwrap().function("step")?,
+                &module.as_ref().unwrap().functions("step")?,
             )?,
             Trigger::Cpu => unreachable!(),
         };
@@ -287,7 +288,7 @@ fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Resul
     ];
     let spawn = |rank: usize, mut r: Rank, barrier: Arc<Barrier>, progress: SignalWords| {
         std::thread::spawn(move || -> Result<Vec<f64>> {
-            let stream = CudaStream::new(0)?;
+            let stream = CudaStream::new(gpus::of(rank))?;
             let my_word = words[rank];
             let peer_word = words[1 - rank];
             let out_word = r.sbuf_addr + size as u64 - 4;
@@ -383,9 +384,9 @@ fn kernel_run(
     iters: u64,
     r0: Rank,
     r1: Rank,
-    m: &Module,
+    m: &Modules,
 ) -> Result<Vec<f64>> {
-    let f = m.function("pp")?;
+    let f = m.functions("pp")?;
     let times = PinnedBuffer::new(iters as usize * 8);
     let rcs = SignalWords::new(2);
     let words = [
@@ -394,7 +395,7 @@ fn kernel_run(
     ];
     let ring_waits = !args.raw && args.op != Op::Write;
     let (raw, op) = (args.raw, args.op);
-    let streams = [CudaStream::new(0)?, CudaStream::new(0)?];
+    let streams = [CudaStream::new(gpus::of(0))?, CudaStream::new(gpus::of(1))?];
     let mut rings = [DescRing::new(64), DescRing::new(64)];
     let ranks = [r0, r1];
     for rank in 0..2 {
@@ -419,7 +420,7 @@ fn kernel_run(
             KERNEL_WAIT_NS,
             rcs.addr(rank),
         );
-        let mut l = f.launch_builder(&streams[rank]);
+        let mut l = f[rank].launch_builder(&streams[rank]);
         l.arg(&ring).arg(&rank_i).arg(&n).arg(&sig).arg(&rw);
         l.arg(&rawi).arg(&my).arg(&outw).arg(&tms).arg(&to);
         l.arg(&rc);
@@ -507,7 +508,7 @@ fn host_run(
     iters: u64,
     r0: Rank,
     r1: Rank,
-    step: &Function,
+    step: &[Function; 2],
 ) -> Result<Vec<f64>> {
     let barrier = Arc::new(Barrier::new(2));
     let (raw, op, mem) = (args.raw, args.op, args.mem);
@@ -516,9 +517,9 @@ fn host_run(
         r1.rbuf_addr + size as u64 - 4,
     ];
     let spawn = |rank: usize, mut r: Rank, barrier: Arc<Barrier>| {
-        let step = step.clone();
+        let step = step[rank].clone();
         std::thread::spawn(move || -> Result<Vec<f64>> {
-            let stream = CudaStream::new(0)?;
+            let stream = CudaStream::new(gpus::of(rank))?;
             let mut times = Vec::with_capacity(iters as usize);
             let recv_op = !raw && op != Op::Write;
             if recv_op {

@@ -37,10 +37,11 @@ mod wire;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
 use common::device::{is_rdma, open};
+use common::gpus::Placement;
 use common::header::{cores, Header};
 use common::sizes::SizeArgs;
 use common::tool::usage;
-use common::{iters, name, one_of, DeviceArgs, Mem, RanksAs, ToolArgs, Trigger};
+use common::{iters, name, one_of, DeviceArgs, GpuArgs, Mem, RanksAs, ToolArgs, Trigger};
 use gdasync::gdsync::{DeviceName, LinkPolicy};
 use gdasync::mp::bootstrap::{Bootstrap, JobInfo, TcpBootstrap, ThreadBootstrap};
 use report::Report;
@@ -105,6 +106,8 @@ struct Cli {
     ranks_as: RanksAs,
     #[command(flatten)]
     device: DeviceArgs,
+    #[command(flatten)]
+    gpus: GpuArgs,
     #[command(flatten)]
     sizes: SizeArgs,
     /// Timed round trips per size (default: 10000, fewer for large sizes).
@@ -175,6 +178,8 @@ struct Args {
     recv_batch: usize,
     json: bool,
     host_stream: bool,
+    /// The GPU triggers: the GPU of each rank (`--gpus`).
+    placement: Option<Placement>,
 }
 
 impl Args {
@@ -206,11 +211,24 @@ impl Args {
             c.device.resolve()?
         };
         refuse_if(c.shared_device && is_rdma(&device), SHARED_SOFT_ONLY)?;
-        if c.trigger.gpu() && !c.host_stream {
+        let gpu = c.trigger.gpu() && !c.host_stream;
+        refuse_if(
+            c.gpus.gpus.is_some() && !gpu,
+            "--gpus applies to the GPU triggers (host, stream, kernel)",
+        )?;
+        let placement = if gpu {
             if let Err(e) = gdasync::gdsync::cuda::Cuda::get().and_then(|c| c.gpu(0).map(|_| ())) {
                 bail!("--trigger {} needs a CUDA GPU: {e}", name(c.trigger));
             }
-        }
+            let p = c.gpus.resolve_here()?;
+            if c.raw && c.mem == Mem::Device && p.ordinal(0) != p.ordinal(1) {
+                bail!("--raw --mem device stores into the other rank's GPU memory, which this tool does not map across GPUs: put both ranks on one GPU (--gpus 0)");
+            }
+            common::gpus::place(p.clone());
+            Some(p)
+        } else {
+            None
+        };
         Ok(Args {
             op,
             trigger: c.trigger,
@@ -228,6 +246,7 @@ impl Args {
             recv_batch: c.recv_batch.unwrap_or(16) as usize,
             json: c.json,
             host_stream: c.host_stream,
+            placement,
         })
     }
     fn sizes(&self) -> Vec<usize> {
@@ -395,8 +414,11 @@ fn header(a: &Args) -> Result<Header> {
     }
     if a.trigger.gpu() && !a.host_stream {
         let c = gdasync::gdsync::cuda::Cuda::get()?;
-        h = h.field("gpu", c.gpu(0)?.name.clone());
+        let p = a.placement.as_ref().context("the GPU placement")?;
+        h = h.field("gpu", c.gpu(p.ordinal(0))?.name.clone());
     }
+    // The GPU of each rank (`null` where no GPU is used).
+    h = h.field("gpus", a.placement.as_ref().map(|p| p.label(2)));
     if a.duration.is_some() {
         h = h.field(
             "duration_s",

@@ -16,9 +16,10 @@ use super::gpu::{
     SIGNAL_EVERY, TIMEOUT,
 };
 use super::{Args, Trigger};
+use crate::common::gpus::{self, Modules};
 use crate::common::stats::{cpu_time_us, Stats};
 use anyhow::{bail, Context, Result};
-use gdasync::gdsync::cuda::{CudaStream, Function, Module};
+use gdasync::gdsync::cuda::{CudaStream, Function};
 use gdasync::gdsync::exec::{Executor, HostStream, OpBatch};
 use gdasync::gdsync::kernel::code;
 use gdasync::gdsync::{Device, MemoryRegion, PinnedBuffer, SignalWords};
@@ -66,8 +67,9 @@ struct MpRank {
 impl MpRank {
     fn new(boot: ThreadBootstrap, dev: &Device, args: &Args, max: usize) -> Result<Self> {
         let comm = Comm::new(Box::new(boot), dev)?;
-        let (sbuf_addr, sbuf) = Buf::new(args.mem, max)?.leak_register(comm.pd())?;
-        let (rbuf_addr, rbuf) = Buf::new(args.mem, max)?.leak_register(comm.pd())?;
+        let rank = comm.rank();
+        let (sbuf_addr, sbuf) = Buf::new(args.mem, max, rank)?.leak_register(comm.pd())?;
+        let (rbuf_addr, rbuf) = Buf::new(args.mem, max, rank)?.leak_register(comm.pd())?;
         Ok(Self {
             peer: 1 - comm.rank(),
             comm,
@@ -94,15 +96,22 @@ impl MpRank {
 pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Result<()> {
     // The module stays loaded while its functions are launched.
     let module = if args.trigger != Trigger::Stream {
-        Some(Module::compile(0, KERNELS).context("compile the pingpong kernels with NVRTC")?)
+        Some(Modules::compile(KERNELS, 2).context("the pingpong kernels")?)
     } else {
         None
     };
-    let kernel = match args.trigger {
-        Trigger::Host => Some(GpuFn::Step(module.as_ref().unwrap().function("step")?)),
-        Trigger::Kernel => Some(GpuFn::Loop(module.as_ref().unwrap().function("mp_pp")?)),
-        _ => None,
+    let kernel_of = |rank: usize| -> Result<Option<GpuFn>> {
+        Ok(match args.trigger {
+            Trigger::Host => Some(GpuFn::Step(
+                module.as_ref().unwrap().function(rank, "step")?,
+            )),
+            Trigger::Kernel => Some(GpuFn::Loop(
+                module.as_ref().unwrap().function(rank, "mp_pp")?,
+            )),
+            _ => None,
+        })
     };
+    let kernels = [kernel_of(0)?, kernel_of(1)?];
     // `kernel` gives credits in batches, as the CPU loop of `--api mp` does (`irecv_batch`).
     let recv_batch = u32::try_from(args.recv_batch)
         .ok()
@@ -123,7 +132,7 @@ pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Res
         let (b1, b0) = (boots.pop().unwrap(), boots.pop().unwrap());
         let spawn = |rank: usize, boot: ThreadBootstrap| {
             let (dev, args, progress) = (dev.clone(), args.clone(), progress.clone());
-            let kernel = kernel.clone();
+            let kernel = kernels[rank].clone();
             std::thread::spawn(move || -> Result<Vec<f64>> {
                 let r = MpRank::new(boot, &dev, &args, max)?;
                 match kernel {
@@ -138,7 +147,7 @@ pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Res
                         })
                     }
                     None => {
-                        let s = CudaStream::new(0)?;
+                        let s = CudaStream::new(gpus::of(rank))?;
                         stream_rank(rank, r, size, warm + iters, &progress, s, |s| {
                             s.synchronize()
                         })
