@@ -345,9 +345,15 @@ impl Qp {
     /// must wait for this before it rings past sends another ringer has not rung yet (its
     /// doorbell would otherwise expose them early, and the other doorbell, still to come,
     /// would then go backwards).
+    ///
+    /// A completion at or beyond `end` that a wait or a poll has retired tells it too: the
+    /// device executes only sends a doorbell exposed. That is how a QP of
+    /// [`Ringers::Executors`](super::Ringers::Executors), whose commits store no "rung to",
+    /// finds its commits rung.
     pub fn doorbell_reached(&self, end: u64) -> bool {
-        let rung = self.shared.sq_rung().load(Ordering::Acquire);
-        (rung.wrapping_sub(end) as i64) >= 0
+        let reached = |v: u64| (v.wrapping_sub(end) as i64) >= 0;
+        reached(self.shared.sq_rung().load(Ordering::Acquire))
+            || reached(self.shared.sq_retired())
     }
 
     /// The send doorbell record: the low 16 bits of the producer counter (big-endian in
@@ -416,13 +422,19 @@ impl Qp {
     /// ([`has_unrung_commits`](Self::has_unrung_commits)).
     #[inline]
     pub(super) fn refuse_unrung_commits(&self) -> Result<()> {
-        if self.has_unrung_commits() {
+        if !self.has_unrung_commits() {
+            return Ok(());
+        }
+        if self.shared.cfg.ringers == super::Ringers::Executors {
             return Err(Error::invalid(format!(
-                "QP {}: sends committed for an executor have not been rung yet; a CPU post now would expose them early. Post on that executor too (prepare_send + commit), or let it run first",
+                "QP {}: sends committed for an executor are not known to be rung (with QpConfig::ringers Ringers::Executors commits do not publish it); a CPU post now could expose them early. Wait for a signalled send's completion at or after the last commit first, post on the executor too (prepare_send + commit), or create the QP with Ringers::Mixed",
                 self.shared.qpn
             )));
         }
-        Ok(())
+        Err(Error::invalid(format!(
+            "QP {}: sends committed for an executor have not been rung yet; a CPU post now would expose them early. Post on that executor too (prepare_send + commit), or let it run first",
+            self.shared.qpn
+        )))
     }
 
     /// Commits a prepared send and submits its doorbell ops to `exec` (a stream: the send
