@@ -28,7 +28,7 @@ pub const MAX_QUEUED_OPS: usize = 512;
 /// at most [`MARK_OPS`] operations): each write costs the GPU ~0.6 µs (H200), as much as a
 /// doorbell, so most lists go without one. A list without its own write is known to have run
 /// once a later list's write lands, or once the stream is idle (`cuStreamQuery`).
-const MARK_EVERY: u32 = 8;
+pub const MARK_EVERY: u32 = 8;
 /// See [`MARK_EVERY`].
 const MARK_OPS: usize = 128;
 
@@ -421,6 +421,15 @@ fn wait_params(
         flags,
         alias: 0,
     }
+}
+
+/// How many stream memory operations `ops` becomes on a GPU with 64-bit memory operations
+/// ([`translate`] drops a barrier right before a write, which fences by itself); a stream
+/// adds a write of its own at the end of one list in several ([`MARK_EVERY`]).
+pub fn stream_memops(ops: &[Op]) -> usize {
+    (0..ops.len())
+        .filter(|&k| !(matches!(ops[k], Op::Barrier) && barrier_elided(ops, k)))
+        .count()
 }
 
 /// Whether the barrier at `k` is followed by a write (which fences by itself).

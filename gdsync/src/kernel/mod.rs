@@ -555,7 +555,10 @@ mod tests {
             ])
         };
         let d = SendDesc::from_ops(&ops).unwrap();
-        assert_eq!((d.dbrec, d.db, d.rung, d.rung_value), (0x1000, 0x2008, 0, 0));
+        assert_eq!(
+            (d.dbrec, d.db, d.rung, d.rung_value),
+            (0x1000, 0x2008, 0, 0)
+        );
     }
 
     /// The descriptors a commit and a completion wait produce carry exactly their ops.

@@ -24,7 +24,9 @@ mod shared;
 mod wait;
 
 pub use batch::SendBatch;
-pub use config::{QpConfig, QpState, Ringers, IB_HOP_LIMIT_VAR, IB_SL_VAR, IB_TC_VAR, MAX_MESSAGE, MAX_SGE};
+pub use config::{
+    QpConfig, QpState, Ringers, IB_HOP_LIMIT_VAR, IB_SL_VAR, IB_TC_VAR, MAX_MESSAGE, MAX_SGE,
+};
 pub use post::{CommitError, PreparedSend, RecvTicket, SendTicket};
 pub(crate) use shared::{
     QpShared, QP_KERNEL_RQ_PI, QP_KERNEL_SQ_PI, QP_PROXY, QP_RQ_RETIRED, QP_SQ_RETIRED, QP_SQ_RUNG,

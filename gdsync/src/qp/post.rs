@@ -352,8 +352,7 @@ impl Qp {
     /// finds its commits rung.
     pub fn doorbell_reached(&self, end: u64) -> bool {
         let reached = |v: u64| (v.wrapping_sub(end) as i64) >= 0;
-        reached(self.shared.sq_rung().load(Ordering::Acquire))
-            || reached(self.shared.sq_retired())
+        reached(self.shared.sq_rung().load(Ordering::Acquire)) || reached(self.shared.sq_retired())
     }
 
     /// The send doorbell record: the low 16 bits of the producer counter (big-endian in

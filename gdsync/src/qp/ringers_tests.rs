@@ -64,7 +64,10 @@ fn an_executors_only_qp_refuses_cpu_posts_until_a_completion_shows_commits_rung(
     // Rung, but nothing says so: refused, and the error says what to do.
     assert!(p.a.has_unrung_commits());
     let e = p.a.post_send(&write8(&p, 16, 2)).unwrap_err().to_string();
-    assert!(e.contains("Ringers::Mixed") && e.contains("completion"), "{e}");
+    assert!(
+        e.contains("Ringers::Mixed") && e.contains("completion"),
+        "{e}"
+    );
     // Its completion polled: the doorbell rang, the CPU may ring.
     assert_eq!(p.send_cq.wait_one(WAIT).unwrap().wr_id, 1);
     assert!(!p.a.has_unrung_commits());
@@ -94,7 +97,10 @@ fn executors_only_commits_and_cpu_posts_after_their_stream_wait_interleave() {
         // The CPU races the stream: refused until the stream's wait has retired the sends.
         let start = std::time::Instant::now();
         while p.a.has_unrung_commits() {
-            assert!(start.elapsed() < WAIT, "round {round}: the stream never waited");
+            assert!(
+                start.elapsed() < WAIT,
+                "round {round}: the stream never waited"
+            );
             std::hint::spin_loop();
         }
         p.a.post_send(&write8(&p, 24, next)).unwrap();
@@ -102,7 +108,11 @@ fn executors_only_commits_and_cpu_posts_after_their_stream_wait_interleave() {
         stream.synchronize().unwrap();
         // The stream's wait consumed the commits' completions; the CPU post's comes next.
         let c = p.send_cq.wait_one(WAIT).unwrap();
-        assert_eq!((c.wr_id, c.is_ok()), (next - 1, true), "round {round}: {c:?}");
+        assert_eq!(
+            (c.wr_id, c.is_ok()),
+            (next - 1, true),
+            "round {round}: {c:?}"
+        );
         assert_eq!(c.wqe_counter as u64, (next - 1) & 0xFFFF, "round {round}");
     }
 }
