@@ -1361,3 +1361,15 @@ fn pingpong_kernels_compile_as_cuda() {
     let src = include_str!("../examples/pingpong/kernels.cu");
     common::clang::check_cuda("pingpong", src);
 }
+
+/// The step sequences `memop_cost` times in a kernel compile as CUDA (clang, where NVRTC and
+/// the GPU are not).
+#[test]
+#[cfg_attr(
+    not(clang_cuda),
+    ignore = "needs clang++ with its CUDA front end when the tests are built (apt-get install clang, then touch build.rs)"
+)]
+fn memop_cost_kernel_compiles_as_cuda() {
+    let src = include_str!("../examples/memop_cost.cu");
+    common::clang::check_cuda("memop_cost", src);
+}
