@@ -153,9 +153,67 @@ fn bad_pingpong_arguments_are_clean_errors() {
         ),
         (&["--device", "mlx5 0"][..], "not a device name"),
         (&["-d", "mlx5_0:0"][..], "not a port number"),
+        (&["--ringers", "mixed"][..], "--ringers applies"),
+        (
+            &["--trigger", "stream", "--raw", "--ringers", "mixed"][..],
+            "--ringers applies",
+        ),
+        (&["--explain", "--api", "mp"][..], "--explain prints"),
+        (&["--explain", "--trigger", "host"][..], "--explain prints"),
     ] {
         refused("pingpong", args, says);
     }
+}
+
+/// `pingpong --explain` prints the lists the GPU loops build, without a GPU: a stream's
+/// commits store "rung to" after the doorbell only with `--ringers mixed`, and a kernel's
+/// send then ends with a release store; the `--raw` floor writes the marker to the peer.
+#[test]
+fn pingpong_explain_prints_the_gpu_loops_lists() {
+    let lines = |args: &[&str]| -> String {
+        let out = output("pingpong", args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let all = lines(&["--explain", "--size", "8"]);
+    for want in [
+        "== --trigger stream --op write --raw",
+        "== --trigger kernel --op send",
+        "    shape: w32 wait w64\n",
+        "    shape: w32 w32 db wait w64\n",
+        "    shape: w32 w32 db wait w32 w64 wait w64\n",
+        "fence.sys; st dbrec; fence.sys; st doorbell\n",
+        "send wait",
+    ] {
+        assert!(all.contains(want), "want {want:?} in\n{all}");
+    }
+    assert!(!all.contains("rung-to"), "{all}");
+    let mixed = lines(&[
+        "--explain",
+        "--size",
+        "8",
+        "--trigger",
+        "stream",
+        "--ringers",
+        "mixed",
+    ]);
+    assert!(
+        mixed.contains("    shape: w32 w32 db w64 wait w64\n"),
+        "{mixed}"
+    );
+    let kernel = lines(&[
+        "--explain",
+        "--size",
+        "8",
+        "--trigger",
+        "kernel",
+        "--ringers",
+        "mixed",
+    ]);
+    assert!(
+        kernel.contains("st doorbell; st.release.sys rung-to\n"),
+        "{kernel}"
+    );
 }
 
 #[test]
