@@ -247,7 +247,7 @@ fn explain_kernel(a: &Args) -> Result<()> {
                     outln!("    {part:<16} {}", s.join("; "));
                 }
                 for step in s {
-                    if step.starts_with("fence") || step.contains("release.sys") {
+                    if *step == "fence.sys" || step.contains("release.sys") {
                         fences += 1;
                     }
                     if step.starts_with("st") {
