@@ -11,8 +11,8 @@ use gdasync::gdsync::format::Syndrome;
 use gdasync::gdsync::kernel::{code, DescRing, RingDesc};
 use gdasync::gdsync::ops::WaitCond;
 use gdasync::gdsync::{
-    Access, Cq, Device, Error, PinnedBuffer, ProtectionDomain, Qp, QpConfig, RecvWr, SendWr,
-    SignalWords,
+    Access, Cq, Device, Error, PinnedBuffer, ProtectionDomain, Qp, QpConfig, RecvWr, Ringers,
+    SendWr, SignalWords,
 };
 use std::time::{Duration, Instant};
 
@@ -29,12 +29,15 @@ struct Pair {
 }
 
 fn pair() -> Pair {
+    pair_with(&QpConfig::default())
+}
+
+/// [`pair`], QP `a` created with `cfg`.
+fn pair_with(cfg: &QpConfig) -> Pair {
     let dev = Device::soft().unwrap();
     let pd = dev.alloc_pd();
     let cqs: Vec<Cq> = (0..4).map(|_| dev.create_cq(256).unwrap()).collect();
-    let mut a = pd
-        .create_qp(&cqs[0], &cqs[1], &QpConfig::default())
-        .unwrap();
+    let mut a = pd.create_qp(&cqs[0], &cqs[1], cfg).unwrap();
     let mut b = pd
         .create_qp(&cqs[2], &cqs[3], &QpConfig::default())
         .unwrap();
@@ -581,6 +584,63 @@ fn stream_triggered_with_a_cpu_proxy_handler() {
         assert_eq!(got, [i; 256]);
     }
     cqs[0].check().unwrap();
+}
+
+/// A QP of `Ringers::Executors`: a CUDA stream commits sends (no "rung to" after their
+/// doorbells) and waits for the last one's completion; the CPU posts as soon as that wait has
+/// retired it. Every send completes without error, in
+/// order, hundreds of times (the soft device fails a QP whose doorbell goes backwards).
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
+fn executors_only_stream_commits_and_cpu_posts_after_the_stream_wait() {
+    let _gpu = gpu();
+    let p = &mut pair_with(&QpConfig {
+        ringers: Ringers::Executors,
+        ..QpConfig::default()
+    });
+    let stream = CudaStream::new(0).unwrap();
+    let mut src = pattern(64, 5);
+    let mut dst = vec![0u8; 64];
+    let smr = p.pd.register(&mut src, Access::empty()).unwrap();
+    let dmr =
+        p.pd.register(&mut dst, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let wr = |k: u64, id: u64| {
+        SendWr::write(dmr.remote().at(8 * k))
+            .sge(smr.sge(8 * k as usize..8 * k as usize + 8))
+            .wr_id(id)
+    };
+    let mut next = 0u64;
+    for round in 0..300 {
+        let mut last = None;
+        for k in 0..7u64 {
+            let prepared = p.a.prepare_send(&wr(k, next)).unwrap();
+            last = Some(p.a.post_prepared(prepared, &stream).unwrap());
+            next += 1;
+        }
+        p.a.wait_send(&last.unwrap(), &stream).unwrap();
+        let start = Instant::now();
+        while p.a.has_unrung_commits() {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "round {round}: the stream's wait never retired the sends"
+            );
+            std::hint::spin_loop();
+        }
+        p.a.post_send(&wr(7, next)).unwrap();
+        next += 1;
+        stream.synchronize().unwrap();
+        // The stream's wait consumed the commits' completions; the CPU post's comes next.
+        let c = p.a_scq.wait_one(Duration::from_secs(5)).unwrap();
+        assert!(
+            c.is_ok() && c.wr_id == next - 1,
+            "round {round}: {c:?}; {}",
+            p.a.describe()
+        );
+    }
+    let mut got = vec![0u8; 64];
+    dmr.read_at(0, &mut got);
+    assert_eq!(got, pattern(64, 5));
 }
 
 /// CPU posts interleaved with sends a CUDA stream commits on one QP, thousands of times: the
