@@ -82,14 +82,15 @@ fn explain_stream(a: &Args) -> Result<()> {
     };
     for (rank, r) in ranks.iter_mut().enumerate() {
         let mut total = 0;
-        for i in 0..SIGNAL_EVERY {
+        // Lists 1..=16 (rank 0's list 0 has no answer to wait for yet).
+        for i in 1..=SIGNAL_EVERY {
             lp.post_recvs(r, i, SIGNAL_EVERY + 64)?;
-            let parts = lp.parts(r, rank, i)?;
+            let parts = lp.parts(r, rank, i, u64::MAX)?;
             let mut all = Ops::new();
-            let show = i == 0 || i == SIGNAL_EVERY - 1;
+            let show = i == 1 || i == SIGNAL_EVERY - 1;
             if show {
-                let sig = if i == 0 { "unsignalled" } else { "signalled" };
-                outln!("  rank {rank}, iteration {i} ({sig} send), one list:");
+                let sig = if i == 1 { "unsignalled" } else { "signalled" };
+                outln!("  rank {rank}, list {i} ({sig} send):");
             }
             for (part, ops) in parts {
                 if show {

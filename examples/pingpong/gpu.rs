@@ -10,7 +10,7 @@ use super::{Args, Mem, Op, Trigger};
 use crate::common::stats::{cpu_time_us, Stats};
 use anyhow::{bail, Context, Result};
 use gdasync::gdsync::cuda::{Cuda, CudaStream, DeviceBuffer, Function, Module};
-use gdasync::gdsync::exec::Executor;
+use gdasync::gdsync::exec::{Executor, HostStream};
 use gdasync::gdsync::kernel::DescRing;
 use gdasync::gdsync::ops::{Op as MemOp, Ops, WaitCond};
 use gdasync::gdsync::{
@@ -231,9 +231,11 @@ pub(crate) fn join_ranks(
 
 /// Runs every size; each size's figures go to `emit` as soon as they are measured.
 pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Result<()> {
-    let c = Cuda::get().context("--trigger host|stream|kernel need a CUDA GPU")?;
-    if c.gpus.is_empty() {
-        bail!("--trigger {:?} needs a GPU; none found", args.trigger);
+    if !args.host_stream {
+        let c = Cuda::get().context("--trigger host|stream|kernel need a CUDA GPU")?;
+        if c.gpus.is_empty() {
+            bail!("--trigger {:?} needs a GPU; none found", args.trigger);
+        }
     }
     let module = if args.trigger != Trigger::Stream {
         Some(Module::compile(0, KERNELS).context("compile the pingpong kernels with NVRTC")?)
@@ -313,64 +315,88 @@ impl StreamLoop {
         Ok(())
     }
 
-    /// The parts of rank `rank`'s list for iteration `i`, named, in the order the stream
-    /// runs them (pingpong --explain prints them): the peer's message awaited (rank 1
-    /// first), the marker written, the send committed (or, `--raw`, the marker stored into
-    /// the peer's buffer), every [`SIGNAL_EVERY`]th send's completion awaited, and rank 0's
-    /// progress word. Receives are posted by the CPU beforehand.
+    /// The parts of rank `rank`'s list `i`, named, in the order the stream runs them
+    /// (pingpong --explain prints them). Each list begins with a wait: rank 1's for message
+    /// `i`, rank 0's for the answer to message `i - 1`, so that the stream's step from one
+    /// list to the next, which costs it more than an operation does (docs/benchmarks.md),
+    /// falls while it waits rather than between a message's arrival and the answer. Then the
+    /// marker written, the send committed (or, `--raw`, the marker stored into the peer's
+    /// buffer), rank 0's progress word (round trips done, which its CPU timestamps), and
+    /// every [`SIGNAL_EVERY`]th send's completion awaited. Rank 0 has one list more than `iters`
+    /// iterations: the last answer's wait.
+    /// Receives are posted by the CPU beforehand.
     pub(crate) fn parts(
         &self,
         r: &mut Rank,
         rank: usize,
         i: u64,
+        iters: u64,
     ) -> Result<Vec<(&'static str, Ops)>> {
-        let (mine, theirs) = (
-            (2 * i + 1 + rank as u64) as u32,
-            (2 * i + 2 - rank as u64) as u32,
-        );
-        let mut parts = Vec::new();
-        let wait = |r: &Rank| -> Result<(&'static str, Ops)> {
+        let wait = |r: &Rank, j: u64| -> Result<(&'static str, Ops)> {
             Ok(if self.ring_waits() {
-                ("receive wait", r.qp.recv_wait_ops(&r.recvs[i as usize])?)
+                ("receive wait", r.qp.recv_wait_ops(&r.recvs[j as usize])?)
             } else {
+                let theirs = (2 * j + 2 - rank as u64) as u32;
                 // SAFETY: the word lies in this rank's leaked receive buffer.
                 ("marker wait", unsafe {
                     marker_wait(self.words[rank], theirs)
                 })
             })
         };
+        let mut parts = Vec::new();
         if rank == 1 {
-            parts.push(wait(r)?);
+            parts.push(wait(r, i)?);
         }
+        if rank == 0 && i > 0 {
+            parts.push(wait(r, i - 1)?);
+        }
+        if i < iters {
+            self.send_parts(r, rank, i, &mut parts)?;
+        }
+        if rank == 0 && i > 0 {
+            // After the send (the message does not wait for the clock), before the send's
+            // completion is awaited (the clock does not wait for that).
+            let at = parts.iter().position(|(n, _)| *n == "send wait");
+            let progress = ("progress", self.progress.write64(0, i));
+            parts.insert(at.unwrap_or(parts.len()), progress);
+        }
+        Ok(parts)
+    }
+
+    /// The send of iteration `i` of rank `rank` (see [`parts`](Self::parts)).
+    fn send_parts(
+        &self,
+        r: &mut Rank,
+        rank: usize,
+        i: u64,
+        parts: &mut Vec<(&'static str, Ops)>,
+    ) -> Result<()> {
+        let mine = (2 * i + 1 + rank as u64) as u32;
         if self.raw {
             // SAFETY: the word lies in the peer's leaked receive buffer.
             let w = unsafe { marker_write(self.words[1 - rank], mine) };
             parts.push(("marker to peer", w));
-        } else {
-            let out_word = r.sbuf_addr + self.size as u64 - 4;
-            // SAFETY: the word lies in this rank's leaked send buffer.
-            parts.push(("marker", unsafe { marker_write(out_word, mine) }));
-            let sig = i % SIGNAL_EVERY == SIGNAL_EVERY - 1;
-            let wr = r.wr(self.op, self.size, mine, sig);
-            let p = r.prepare(&wr)?;
-            let (t, commit) = r.qp.commit(p)?;
-            parts.push(("commit", commit));
-            if sig {
-                parts.push(("send wait", r.qp.send_wait_ops(&t)?));
-            }
+            return Ok(());
         }
-        if rank == 0 {
-            parts.push(wait(r)?);
-            parts.push(("progress", self.progress.write64(0, i + 1)));
+        let out_word = r.sbuf_addr + self.size as u64 - 4;
+        // SAFETY: the word lies in this rank's leaked send buffer.
+        parts.push(("marker", unsafe { marker_write(out_word, mine) }));
+        let sig = i % SIGNAL_EVERY == SIGNAL_EVERY - 1;
+        let wr = r.wr(self.op, self.size, mine, sig);
+        let p = r.prepare(&wr)?;
+        let (t, commit) = r.qp.commit(p)?;
+        parts.push(("commit", commit));
+        if sig {
+            parts.push(("send wait", r.qp.send_wait_ops(&t)?));
         }
-        Ok(parts)
+        Ok(())
     }
 
     /// Rank `rank`'s list for iteration `i`, posting the receives it waits for first.
     fn list(&self, r: &mut Rank, rank: usize, i: u64, iters: u64) -> Result<Ops> {
         self.post_recvs(r, i, iters)?;
         let mut ops = Ops::new();
-        for (_, part) in self.parts(r, rank, i)? {
+        for (_, part) in self.parts(r, rank, i, iters)? {
             ops.append(part);
         }
         Ok(ops)
@@ -391,47 +417,78 @@ fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Resul
         progress: SignalWords::new(2),
     });
     let barrier = Arc::new(Barrier::new(2));
-    let spawn = |rank: usize, mut r: Rank, barrier: Arc<Barrier>, lp: Arc<StreamLoop>| {
+    let host_stream = args.host_stream;
+    // A rank's queues outlive both threads: rank 1's last message may still be on its way
+    // when its stream is done (a QP destroyed then would lose it).
+    let keep = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let spawn = |rank: usize, r: Rank, barrier: Arc<Barrier>, lp: Arc<StreamLoop>| {
+        let keep = keep.clone();
         std::thread::spawn(move || -> Result<Vec<f64>> {
-            let stream = CudaStream::new(0)?;
-            barrier.wait();
-            let mut clock = ProgressClock {
-                seen: 0,
-                last: Instant::now(),
-                times: Vec::with_capacity(iters as usize),
+            let (times, r) = if host_stream {
+                let stream = HostStream::new()?;
+                stream_rank(rank, r, &lp, iters, &barrier, &stream, || {
+                    Ok(stream.synchronize()?)
+                })?
+            } else {
+                let stream = CudaStream::new(0)?;
+                stream_rank(rank, r, &lp, iters, &barrier, &stream, || {
+                    Ok(stream.synchronize()?)
+                })?
             };
-            for i in 0..iters {
-                stream.submit(lp.list(&mut r, rank, i, iters)?)?;
-                // Stay at most AHEAD iterations ahead; rank 0 timestamps progress meanwhile.
-                loop {
-                    let done = if rank == 0 {
-                        lp.progress.load64(0)
-                    } else {
-                        i.saturating_sub(AHEAD)
-                    };
-                    if rank == 0 {
-                        clock.observe(done);
-                    }
-                    if rank == 1 || done + AHEAD > i || i + 1 == iters {
-                        break;
-                    }
-                    std::hint::spin_loop();
-                }
-            }
-            while rank == 0 && clock.seen < iters {
-                clock.observe(lp.progress.load64(0));
-                if clock.last.elapsed() > TIMEOUT {
-                    bail!("stream pingpong stalled at {}/{iters}", clock.seen);
-                }
-            }
-            stream.synchronize()?;
-            r.rcq.check()?;
-            Ok(clock.times)
+            keep.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+            Ok(times)
         })
     };
     let t1 = spawn(1, r1, barrier.clone(), lp.clone());
     let t0 = spawn(0, r0, barrier, lp);
     join_ranks(t0, t1)
+}
+
+/// One rank of [`stream_run`] on `stream` (`sync` waits until it has run everything).
+fn stream_rank<E: Executor>(
+    rank: usize,
+    mut r: Rank,
+    lp: &StreamLoop,
+    iters: u64,
+    barrier: &Barrier,
+    stream: &E,
+    sync: impl FnOnce() -> Result<()>,
+) -> Result<(Vec<f64>, Rank)> {
+    barrier.wait();
+    let mut clock = ProgressClock {
+        seen: 0,
+        last: Instant::now(),
+        times: Vec::with_capacity(iters as usize),
+    };
+    // Rank 0's last list waits for the last answer.
+    let lists = if rank == 0 { iters + 1 } else { iters };
+    for i in 0..lists {
+        stream.submit(lp.list(&mut r, rank, i, iters)?)?;
+        // Stay at most AHEAD iterations ahead; rank 0 timestamps progress meanwhile.
+        loop {
+            let done = if rank == 0 {
+                lp.progress.load64(0)
+            } else {
+                i.saturating_sub(AHEAD)
+            };
+            if rank == 0 {
+                clock.observe(done);
+            }
+            if rank == 1 || done + AHEAD > i || i + 1 >= iters {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+    }
+    while rank == 0 && clock.seen < iters {
+        clock.observe(lp.progress.load64(0));
+        if clock.last.elapsed() > TIMEOUT {
+            bail!("stream pingpong stalled at {}/{iters}", clock.seen);
+        }
+    }
+    sync()?;
+    r.rcq.check()?;
+    Ok((clock.times, r))
 }
 
 // ---------------------------------------------------------------------------- kernel

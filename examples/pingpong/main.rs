@@ -152,8 +152,8 @@ struct Cli {
     /// One JSON object per size instead of a table.
     #[arg(long)]
     json: bool,
-    /// With --api mp --trigger stream: run the stream loop on a host stream (no GPU), to
-    /// test the loop where there is no GPU.
+    /// With --trigger stream: run the stream loop on a host stream (no GPU), to test the
+    /// loop where there is no GPU.
     #[arg(long, hide = true)]
     host_stream: bool,
     /// Internal: this process is a rank of --ranks-as procs.
@@ -321,8 +321,8 @@ fn check_flags(c: &Cli, op: Op) -> Result<()> {
         "--trigger cpu polls host memory: use --mem host, or a GPU trigger for --mem device",
     )?;
     refuse_if(
-        c.host_stream && !(c.api == Api::Mp && c.trigger == Trigger::Stream),
-        "--host-stream applies to --api mp --trigger stream",
+        c.host_stream && c.trigger != Trigger::Stream,
+        "--host-stream applies to --trigger stream",
     )?;
     refuse_if(
         c.recv_batch.is_some()
