@@ -136,15 +136,43 @@ fn shapes(shapes: &[String]) -> Result<()> {
     let s = CudaStream::new(0)?;
     let w = SignalWords::new(GATE + 1);
     let ev = events()?;
-    outln!("GPU µs (median of 300): kernel, event, [list], event, kernel, event");
-    outln!("{:>10} {:>12}  shape", "list", "next kernel");
+    outln!("GPU µs: list = kernel, event, [list], event, kernel, event (median of 300);");
+    outln!("in a chain = {CHAIN} lists back to back behind a gate, per list (median of 20)");
+    outln!(
+        "{:>10} {:>12} {:>11}  shape",
+        "list",
+        "next kernel",
+        "in a chain"
+    );
     for shape in shapes {
         shaped(&w, shape, 0)?;
         let (a, b) = time_list(&f, &s, &ev, |i| shaped(&w, shape, i).map(Some))?;
-        outln!("{a:>10.2} {b:>12.2}  {shape}");
+        let c = time_chain(&s, &w, &ev, shape)?;
+        outln!("{a:>10.2} {b:>12.2} {c:>11.2}  {shape}");
     }
     s.synchronize()?;
     Ok(())
+}
+
+/// Lists per chain: as a stream-triggered loop runs them, one after another (few enough that
+/// the stream's bound on queued operations is never reached behind the gate).
+const CHAIN: usize = 32;
+
+/// GPU µs per list of `shape` in chains of [`CHAIN`] queued behind a gate (median of 20).
+fn time_chain(s: &CudaStream, w: &SignalWords, ev: &[CudaEvent], shape: &str) -> Result<f64> {
+    let mut v = vec![];
+    for i in 0..20u32 {
+        w.store32(GATE, 0);
+        s.submit(w.wait32(GATE, 1, WaitCond::Geq))?;
+        ev[0].record(s)?;
+        for _ in 0..CHAIN {
+            s.submit(shaped(w, shape, i)?)?;
+        }
+        ev[1].record(s)?;
+        w.store32(GATE, 1);
+        v.push(ev[1].since(&ev[0])?.as_secs_f64() * 1e6 / CHAIN as f64);
+    }
+    Ok(median(v))
 }
 
 fn events() -> Result<Vec<CudaEvent>> {
