@@ -421,19 +421,26 @@ impl Qp {
     /// ([`has_unrung_commits`](Self::has_unrung_commits)).
     #[inline]
     pub(super) fn refuse_unrung_commits(&self) -> Result<()> {
-        if !self.has_unrung_commits() {
-            return Ok(());
+        if self.has_unrung_commits() {
+            return Err(self.unrung_commits_error());
         }
+        Ok(())
+    }
+
+    /// The error of [`refuse_unrung_commits`](Self::refuse_unrung_commits), off the posting
+    /// path.
+    #[cold]
+    #[inline(never)]
+    fn unrung_commits_error(&self) -> Error {
+        let qpn = self.shared.qpn;
         if self.shared.cfg.ringers == super::Ringers::Executors {
-            return Err(Error::invalid(format!(
-                "QP {}: sends committed for an executor are not known to be rung (with QpConfig::ringers Ringers::Executors commits do not publish it); a CPU post now could expose them early. Wait for a signalled send's completion at or after the last commit first, post on the executor too (prepare_send + commit), or create the QP with Ringers::Mixed",
-                self.shared.qpn
-            )));
+            return Error::invalid(format!(
+                "QP {qpn}: sends committed for an executor are not known to be rung (with QpConfig::ringers Ringers::Executors commits do not publish it); a CPU post now could expose them early. Wait for a signalled send's completion at or after the last commit first, post on the executor too (prepare_send + commit), or create the QP with Ringers::Mixed"
+            ));
         }
-        Err(Error::invalid(format!(
-            "QP {}: sends committed for an executor have not been rung yet; a CPU post now would expose them early. Post on that executor too (prepare_send + commit), or let it run first",
-            self.shared.qpn
-        )))
+        Error::invalid(format!(
+            "QP {qpn}: sends committed for an executor have not been rung yet; a CPU post now would expose them early. Post on that executor too (prepare_send + commit), or let it run first"
+        ))
     }
 
     /// Commits a prepared send and submits its doorbell ops to `exec` (a stream: the send
