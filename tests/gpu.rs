@@ -5,6 +5,7 @@
 mod common;
 
 use common::gpu::{gpu, Buf};
+use common::{example, json_field};
 use gdasync::gdsync::cuda::{CudaEvent, CudaStream, DeviceBuffer, MemoryKind, Module};
 use gdasync::gdsync::exec::Executor;
 use gdasync::gdsync::format::Syndrome;
@@ -696,4 +697,34 @@ fn stream_commits_and_cpu_posts_interleave_on_one_qp() {
     let mut got = vec![0u8; 64];
     dmr.read_at(0, &mut got);
     assert_eq!(got, pattern(64, 3));
+}
+
+/// pingpong's stream and kernel loops on the GPU, every op and the `--raw` floor, with
+/// commits that publish no "rung to" (the default for these loops) and with `--ringers
+/// mixed`: each run ends (no stall, no error completion) with its row of figures.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
+fn pingpong_gpu_loops_with_and_without_rung_to() {
+    let _gpu = gpu();
+    for trigger in ["stream", "kernel"] {
+        for extra in [
+            &["--op", "write"][..],
+            &["--op", "write-imm"],
+            &["--op", "send"],
+            &["--raw"],
+            &["--ringers", "mixed"],
+        ] {
+            let mut args = vec!["--trigger", trigger, "--size", "8", "--iters", "300"];
+            args.extend(["--warmup", "50", "--json"]);
+            args.extend(extra);
+            let (ok, out, err) = example::run("pingpong", &args);
+            assert!(ok, "pingpong {args:?} failed:\n{out}\n{err}");
+            let row = out.lines().find(|l| l.contains("\"t_p50_us\""));
+            let row = row.unwrap_or_else(|| panic!("pingpong {args:?}: no row in\n{out}"));
+            assert_eq!(json_field(row, "iters"), "300", "{row}");
+            let p50: f64 = json_field(row, "t_p50_us").parse().unwrap();
+            assert!(p50 > 0.0 && p50.is_finite(), "{row}");
+            eprintln!("pingpong {args:?}: p50 {p50} us");
+        }
+    }
 }
