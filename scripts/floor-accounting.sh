@@ -32,6 +32,7 @@ run() { # label, pingpong flags
 }
 for rep in 1 2 3; do
   echo "# repetition $rep"
+  run "host --raw" --trigger host --raw
   run "host write" --trigger host
   for trig in stream kernel; do
     run "$trig --raw" --trigger $trig --raw
