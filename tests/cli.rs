@@ -153,9 +153,94 @@ fn bad_pingpong_arguments_are_clean_errors() {
         ),
         (&["--device", "mlx5 0"][..], "not a device name"),
         (&["-d", "mlx5_0:0"][..], "not a port number"),
+        (&["--ringers", "mixed"][..], "--ringers applies"),
+        (
+            &["--trigger", "stream", "--raw", "--ringers", "mixed"][..],
+            "--ringers applies",
+        ),
+        (&["--explain", "--api", "mp"][..], "--explain prints"),
+        (&["--explain", "--trigger", "host"][..], "--explain prints"),
     ] {
         refused("pingpong", args, says);
     }
+}
+
+/// The stream loop of `pingpong --trigger stream` runs to the end on a host stream (no GPU)
+/// for every op, its `--raw` floor and `--ringers mixed`: each list begins with its wait,
+/// rank 0 has one list more (the last answer's wait), and rank 1's queues outlive its
+/// stream until rank 0 has seen its last message.
+#[test]
+fn pingpong_stream_loop_runs_on_a_host_stream() {
+    for extra in [
+        &["--op", "write"][..],
+        &["--op", "write-imm"],
+        &["--op", "send"],
+        &["--raw"],
+        &["--ringers", "mixed"],
+    ] {
+        let mut args = vec!["--trigger", "stream", "--host-stream", "--size", "8"];
+        args.extend(["--iters", "300", "--warmup", "20", "--json"]);
+        args.extend(extra);
+        let out = output("pingpong", &args);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        let row = stdout.lines().find(|l| l.contains("\"t_p50_us\""));
+        assert!(
+            row.is_some_and(|r| r.contains("\"iters\":300")),
+            "{args:?}:\n{stdout}"
+        );
+    }
+}
+
+/// `pingpong --explain` prints the lists the GPU loops build, without a GPU: a stream's
+/// commits store "rung to" after the doorbell only with `--ringers mixed`, and a kernel's
+/// send then ends with a release store; the `--raw` floor writes the marker to the peer.
+#[test]
+fn pingpong_explain_prints_the_gpu_loops_lists() {
+    let lines = |args: &[&str]| -> String {
+        let out = output("pingpong", args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let all = lines(&["--explain", "--size", "8"]);
+    for want in [
+        "== --trigger stream --op write --raw",
+        "== --trigger kernel --op send",
+        "    shape: wait w32 w64\n",
+        "    shape: wait w32 w32 db w64\n",
+        "    shape: wait w32 w32 db w64 wait w32 w64\n",
+        "fence.sys; st dbrec; fence.sys; st doorbell\n",
+        "send wait",
+    ] {
+        assert!(all.contains(want), "want {want:?} in\n{all}");
+    }
+    assert!(!all.contains("rung-to"), "{all}");
+    let mixed = lines(&[
+        "--explain",
+        "--size",
+        "8",
+        "--trigger",
+        "stream",
+        "--ringers",
+        "mixed",
+    ]);
+    assert!(
+        mixed.contains("    shape: wait w32 w32 db w64 w64\n"),
+        "{mixed}"
+    );
+    let kernel = lines(&[
+        "--explain",
+        "--size",
+        "8",
+        "--trigger",
+        "kernel",
+        "--ringers",
+        "mixed",
+    ]);
+    assert!(
+        kernel.contains("st doorbell; st.release.sys rung-to\n"),
+        "{kernel}"
+    );
 }
 
 #[test]

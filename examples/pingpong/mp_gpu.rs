@@ -238,7 +238,7 @@ fn host_rank(
     iters: u64,
     step: &Function,
 ) -> Result<Vec<f64>> {
-    let stream = CudaStream::new(0)?;
+    let stream = CudaStream::new(gpus::of(rank))?;
     let mut sends: VecDeque<Request> = VecDeque::new();
     let mut times = Vec::with_capacity(iters as usize);
     r.comm.barrier()?;
@@ -289,7 +289,7 @@ fn kernel_rank(
     if !ch.gpu_mapped() {
         bail!("the kernel channel's rings and words are not reachable from the GPU");
     }
-    let stream = CudaStream::new(0)?;
+    let stream = CudaStream::new(gpus::of(rank))?;
     // Only rank 0's kernel stamps the iterations.
     let times = PinnedBuffer::new(8 * if rank == 0 { iters.max(1) as usize } else { 1 });
     let result = SignalWords::new(MP_WORDS);

@@ -4,7 +4,7 @@
 //! post, a batch rung on the CPU, the CPU proxy ringing for a GPU) and an op list for an
 //! executor (a commit, a batch handed to an executor).
 
-use super::{Qp, QpShared, QP_PROXY, QP_SQ_RUNG};
+use super::{Qp, QpShared, Ringers, QP_PROXY, QP_SQ_RUNG};
 use crate::format::{doorbell_value, qp_dbrec_value, Be32, DBREC_SQ};
 use crate::ops::{Op, Ops};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -66,7 +66,7 @@ pub(crate) fn ring_for_proxy(
 /// The op list that rings for sends up to producer counter `end`, whose last WQE begins with
 /// `head`: store the doorbell record, barrier, ring the 8-byte doorbell (the first half of
 /// the register; CPU executors flush it), store "rung to" `end` (after the doorbell: a
-/// stream's write fences by itself); or, where a CPU proxy rings for this QP, a barrier and
+/// stream's write fences by itself; only for a QP of [`Ringers::Mixed`]); or, where a CPU proxy rings for this QP, a barrier and
 /// the request to it (the proxy publishes "rung to"). (`kernel::SendDesc::from_ops` reads
 /// this shape back.)
 pub(super) fn ring_ops(s: &QpShared, end: u64, head: [u8; 8]) -> Ops {
@@ -100,13 +100,18 @@ pub(super) fn ring_ops(s: &QpShared, end: u64, head: [u8; 8]) -> Ops {
         },
         &s.keep_doorbell(),
     );
-    ops.push(
-        Op::Write64 {
-            addr: s.ctrl.addr(QP_SQ_RUNG),
-            value: end,
-        },
-        &keep,
-    );
+    // "Rung to", only where CPU posts interleave with commits (`Ringers`): the CPU post
+    // reads it to know this doorbell is out. Where only executors ring, a CPU post learns
+    // that from completions instead (`Qp::doorbell_reached`).
+    if s.cfg.ringers == Ringers::Mixed {
+        ops.push(
+            Op::Write64 {
+                addr: s.ctrl.addr(QP_SQ_RUNG),
+                value: end,
+            },
+            &keep,
+        );
+    }
     ops.mark_ring(s.dbrec.addr());
     ops
 }
