@@ -166,7 +166,7 @@ fn bad_pingpong_arguments_are_clean_errors() {
 }
 
 /// The stream loop of `pingpong --trigger stream` runs to the end on a host stream (no GPU)
-/// for every op, its `--raw` floor and `--ringers mixed`: each list begins with its wait,
+/// for every op, its `--raw` floor, `--ringers mixed` and `--api mp`: each list begins with its wait,
 /// rank 0 has one list more (the last answer's wait), and rank 1's queues outlive its
 /// stream until rank 0 has seen its last message.
 #[test]
@@ -177,6 +177,7 @@ fn pingpong_stream_loop_runs_on_a_host_stream() {
         &["--op", "send"],
         &["--raw"],
         &["--ringers", "mixed"],
+        &["--api", "mp", "--op", "send"],
     ] {
         let mut args = vec!["--trigger", "stream", "--host-stream", "--size", "8"];
         args.extend(["--iters", "300", "--warmup", "20", "--json"]);

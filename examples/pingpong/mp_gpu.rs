@@ -164,9 +164,11 @@ pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Res
     Ok(())
 }
 
-/// Stream-triggered: per iteration the CPU enqueues (rank 1) wait for the receive, write the
-/// marker, send; (rank 0) write, send, wait, bump the progress word. Nothing on the CPU is
-/// in the message's path.
+/// Stream-triggered: per iteration the CPU enqueues one list: (rank 1) wait for the receive,
+/// write the marker, send; (rank 0) wait for the answer to the previous message, write, send,
+/// bump the progress word (one list more than iterations: the last answer's wait). Each list
+/// begins with its wait, as gdsync's stream loop, so the stream's step from one list to the
+/// next falls while the message is in flight. Nothing on the CPU is in the message's path.
 fn stream_rank<E: Executor>(
     rank: usize,
     mut r: MpRank,
@@ -185,23 +187,35 @@ fn stream_rank<E: Executor>(
         last: Instant::now(),
         times: Vec::with_capacity(iters as usize),
     };
-    for i in 0..iters {
-        let mine = (2 * i + 1 + rank as u64) as u32;
-        let recv = r.recv_for(i, size, iters)?;
-        // One iteration's ops reach the stream as one list (one batch of memory operations).
-        if rank == 1 {
-            r.comm.wait_on(recv, &batch)?;
+    let lists = if rank == 0 { iters + 1 } else { iters };
+    // Rank 0's receive for the message it sent in the list before.
+    let mut answer: Option<Request> = None;
+    for i in 0..lists {
+        let recv = if i < iters {
+            Some(r.recv_for(i, size, iters)?)
+        } else {
+            None
+        };
+        // One list's ops reach the stream as one list (one batch of memory operations).
+        let wait = if rank == 1 { recv } else { answer.take() };
+        if let Some(w) = wait {
+            r.comm.wait_on(w, &batch)?;
+            live.push_back(w);
         }
-        // SAFETY: the word lies in this rank's send buffer, leaked for the process's life.
-        batch.submit(unsafe { marker_write(out_word, mine) })?;
-        let send = r.comm.isend_on(r.sbuf.sge(..size), r.peer, &batch)?;
+        if i < iters {
+            let mine = (2 * i + 1 + rank as u64) as u32;
+            // SAFETY: the word lies in this rank's send buffer, leaked for the process's life.
+            batch.submit(unsafe { marker_write(out_word, mine) })?;
+            live.push_back(r.comm.isend_on(r.sbuf.sge(..size), r.peer, &batch)?);
+        }
         if rank == 0 {
-            r.comm.wait_on(recv, &batch)?;
-            batch.submit(progress.write64(0, i + 1))?;
+            answer = recv;
+            if i > 0 {
+                // After the send: the message does not wait for the clock.
+                batch.submit(progress.write64(0, i))?;
+            }
         }
         batch.flush(&stream)?;
-        live.push_back(send);
-        live.push_back(recv);
         // Release what the stream finished; stay at most AHEAD iterations ahead of it.
         let start = Instant::now();
         while let Some(&front) = live.front() {
