@@ -10,7 +10,8 @@
 //! device per emulated device, attached as the driver's HCA and published on the emulators'
 //! fabric, as a gdasync process does for itself. Programs that never open a uverbs device
 //! (shells, `timeout`) never load it. gdasync's own processes attach their soft HCA before
-//! they open a device, so the driver never loads this one there (no double attachment).
+//! they open a device, so the driver does not load this one there; one that opens a device
+//! first finds this HCA attached and does not attach another (no double attachment).
 
 use std::ffi::c_int;
 

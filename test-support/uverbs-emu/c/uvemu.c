@@ -207,16 +207,15 @@ static void ensure_init(void) { pthread_once(&once, init); }
  * with no HCA attached yet loads it and attaches its soft HCA, so any verbs program's work
  * executes. It runs at that open, never at start: shells and programs that never open a uverbs
  * device load nothing. A gdasync process attaches its own soft HCA before it opens a device
- * (serve_emulated_driver()), and then nothing is loaded. Called without the lock held (the
+ * (serve_emulated_driver()), and then nothing is loaded; one that opened a device first finds
+ * this HCA attached when it asks (uvemu_hca_attached()) and is served by it: never two. Called without the lock held (the
  * attach takes it); a failure is reported on stderr and the process runs unserved. */
+int uvemu_hca_attached(void);
 static pthread_once_t auto_hca_once = PTHREAD_ONCE_INIT;
 static void auto_hca(void)
 {
 	const char *path = getenv("UVEMU_HCA");
-	pthread_mutex_lock(&lock);
-	int attached = hca != NULL;
-	pthread_mutex_unlock(&lock);
-	if (!path || !*path || attached) return;
+	if (!path || !*path || uvemu_hca_attached()) return;
 	void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
 	int (*attach)(void) = lib ? (int (*)(void))dlsym(lib, "gdasync_emulated_hca_attach") : NULL;
 	if (!attach) {
@@ -707,6 +706,17 @@ int uvemu_attach_hca(const struct uvemu_hca_ops *ops)
 	pthread_mutex_unlock(&lock);
 	L("HCA attached: %s", rc ? strerror(rc) : "the data path is served");
 	return rc;
+}
+
+/* Whether a HCA serves the data path (1) or none yet (0): a gdasync process that opened a device
+ * before it asked to serve it finds the soft HCA auto_hca() loaded there, and is served by it. */
+int uvemu_hca_attached(void)
+{
+	ensure_init();
+	pthread_mutex_lock(&lock);
+	int attached = hca != NULL;
+	pthread_mutex_unlock(&lock);
+	return attached;
 }
 
 /* The record of device `dev` of node `n`, served by the process of QPN slot `slot`, in the
