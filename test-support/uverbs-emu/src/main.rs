@@ -52,7 +52,9 @@ fn run() -> Result<ExitCode, String> {
 }
 
 /// The soft HCA library every process gets: `$UVEMU_HCA` as given (empty: none), else the one
-/// built beside this program, if any.
+/// built beside this program, if any. Without one, only programs that serve the emulated
+/// driver themselves (gdasync's) move data: any other verbs program would wait for
+/// completions forever, so that is said up front.
 fn soft_hca() -> Option<std::path::PathBuf> {
     if let Some(v) = std::env::var_os("UVEMU_HCA") {
         return Some(v.into());
@@ -60,5 +62,12 @@ fn soft_hca() -> Option<std::path::PathBuf> {
     let lib = std::env::current_exe()
         .ok()?
         .with_file_name("libgdasync_emulated_hca.so");
-    lib.is_file().then_some(lib)
+    if !lib.is_file() {
+        eprintln!(
+            "with-emulated-hca: warning: no soft HCA library at {}: only programs that serve the emulated driver themselves (gdasync's) will move data; build it with `cargo build --release -p gdasync-emulated-hca` (scripts/with-emulated-hca does)",
+            lib.display()
+        );
+        return None;
+    }
+    Some(lib)
 }
