@@ -351,8 +351,8 @@ impl Qp {
     /// [`Ringers::Executors`](super::Ringers::Executors), whose commits store no "rung to",
     /// finds its commits rung.
     pub fn doorbell_reached(&self, end: u64) -> bool {
-        let reached = |v: u64| (v.wrapping_sub(end) as i64) >= 0;
-        reached(self.shared.sq_rung().load(Ordering::Acquire)) || reached(self.shared.sq_retired())
+        reached(self.shared.sq_rung().load(Ordering::Acquire), end)
+            || reached(self.shared.sq_retired(), end)
     }
 
     /// The send doorbell record: the low 16 bits of the producer counter (big-endian in
