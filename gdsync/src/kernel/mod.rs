@@ -500,30 +500,30 @@ mod tests {
         );
     }
 
-    /// A commit's list as commits make it (record, barrier, doorbell, "rung to") gives a
-    /// descriptor that stores "rung to" after the doorbell.
+    /// A commit's list as commits make it: record, barrier, doorbell, then "rung to" at
+    /// `rung` (address, value) where the QP's commits store it.
+    fn commit_ops(rung: Option<(u64, u64)>) -> Ops {
+        let mut list = vec![
+            Op::Write32 {
+                addr: 0x1000,
+                value: 0x0600_0000,
+            },
+            Op::Barrier,
+            Op::Doorbell {
+                addr: 0x2008,
+                value: 0x0323_0100_0805_0000,
+            },
+        ];
+        list.extend(rung.map(|(addr, value)| Op::Write64 { addr, value }));
+        // SAFETY: the ops are only converted, never run.
+        unsafe { ops_of(&list) }
+    }
+
+    /// A commit that stores "rung to" gives a descriptor that stores it after the doorbell.
     #[test]
     fn send_descriptor_carries_rung_to() {
-        // SAFETY: the ops are only converted, never run.
-        let ops = unsafe {
-            ops_of(&[
-                Op::Write32 {
-                    addr: 0x1000,
-                    value: 0x0600_0000,
-                },
-                Op::Barrier,
-                Op::Doorbell {
-                    addr: 0x2008,
-                    value: 0x0323_0100_0805_0000,
-                },
-                Op::Write64 {
-                    addr: 0x3140,
-                    value: 6,
-                },
-            ])
-        };
         assert_eq!(
-            SendDesc::from_ops(&ops).unwrap(),
+            SendDesc::from_ops(&commit_ops(Some((0x3140, 6)))).unwrap(),
             SendDesc {
                 dbrec: 0x1000,
                 db: 0x2008,
@@ -540,21 +540,7 @@ mod tests {
     /// descriptor that stores nothing after the doorbell.
     #[test]
     fn send_descriptor_without_rung_to() {
-        // SAFETY: the ops are only converted, never run.
-        let ops = unsafe {
-            ops_of(&[
-                Op::Write32 {
-                    addr: 0x1000,
-                    value: 0x0600_0000,
-                },
-                Op::Barrier,
-                Op::Doorbell {
-                    addr: 0x2008,
-                    value: 0x0323_0100_0805_0000,
-                },
-            ])
-        };
-        let d = SendDesc::from_ops(&ops).unwrap();
+        let d = SendDesc::from_ops(&commit_ops(None)).unwrap();
         assert_eq!(
             (d.dbrec, d.db, d.rung, d.rung_value),
             (0x1000, 0x2008, 0, 0)
