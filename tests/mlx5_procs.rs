@@ -130,7 +130,7 @@ fn connect(seed: u8, input: &Receiver<String>) -> Side {
     // colour only on a terminal (not in a CI log).
     use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
-        .with_env_filter("warn")
+        .with_max_level(tracing::Level::WARN)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .try_init();

@@ -1,9 +1,10 @@
 //! Logging: a `tracing` subscriber writing to stderr, filtered by `GDSYNC_LOG` (e.g.
-//! `GDSYNC_LOG=debug`, `GDSYNC_LOG=gdsync::device=trace`, the `RUST_LOG` syntax); without it,
+//! `GDSYNC_LOG=debug`, `GDSYNC_LOG=gdsync::device=trace`: levels and `TARGET=LEVEL` directives); without it,
 //! warnings only, or debug with `--debug`.
 
 use std::io::IsTerminal;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::prelude::*;
 
 /// The variable that sets the log filter.
 pub const LOG_VAR: &str = "GDSYNC_LOG";
@@ -20,25 +21,26 @@ pub fn init(debug: bool) -> anyhow::Result<()> {
         })?;
     }
     let filter = match &set {
-        Some(v) => EnvFilter::try_new(v)
+        Some(v) => v
+            .parse::<Targets>()
             .map_err(|e| anyhow::anyhow!("{LOG_VAR}={v:?} is not a log filter: {e}"))?,
-        None if debug => EnvFilter::new("debug"),
-        None => EnvFilter::new("warn"),
+        None if debug => Targets::new().with_default(tracing::Level::DEBUG),
+        None => Targets::new().with_default(tracing::Level::WARN),
     };
     let detailed = set.is_some() || debug;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(detailed)
         .with_thread_names(detailed);
+    let registry = tracing_subscriber::registry().with(filter);
     // A subscriber installed already (a second call) keeps its settings.
     let _ = if detailed {
-        builder
-            .with_timer(tracing_subscriber::fmt::time::uptime())
+        registry
+            .with(layer.with_timer(tracing_subscriber::fmt::time::uptime()))
             .try_init()
     } else {
-        builder.without_time().try_init()
+        registry.with(layer.without_time()).try_init()
     };
     Ok(())
 }

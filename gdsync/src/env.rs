@@ -89,7 +89,7 @@ fn read(var: &str) -> Result<Option<String>> {
     }
 }
 
-/// Checks a log filter (`GDSYNC_LOG`, the syntax of tracing-subscriber's `EnvFilter`): each
+/// Checks a log filter (`GDSYNC_LOG`, the directives of tracing-subscriber's `Targets`): each
 /// comma-separated directive is a level, or `TARGET=LEVEL`, or a target of gdasync's crates
 /// (`gdsync`, `mp`, `gdasync`, with any `::module` path) for every level. Anything else, such
 /// as a misspelt level (`wran`, which the filter would take as a target and so hide every
