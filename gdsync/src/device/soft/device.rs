@@ -496,6 +496,28 @@ impl SoftDevice {
 pub(crate) struct DriverQp {
     pub doorbell: MemAt,
     pub user_index: u32,
+    /// Where in `buf`'s first page libmlx5 placed the receive ring (any offset the kernel
+    /// accepts: a parent domain's allocator may place it inside a page).
+    pub rq_off: usize,
+}
+
+impl SoftDevice {
+    /// The send and receive CQs a QP spec names.
+    fn cq_pair(&self, spec: &QpSpec) -> Result<(Arc<CqHw>, Arc<CqHw>)> {
+        let cqs = self.cqs.lock();
+        let cq = |n: u32| {
+            cqs.get(&n)
+                .cloned()
+                .ok_or_else(|| Error::invalid(format!("no CQ {n:#x} on {}", self.label())))
+        };
+        Ok((cq(spec.send_cqn)?, cq(spec.recv_cqn)?))
+    }
+
+    /// Sets the remote access QP `qpn` grants its peer (the emulated driver's modify with
+    /// access flags); applied before the command returns, as a HCA's modify is.
+    pub(crate) fn set_qp_access(&self, qpn: u32, access: Access) -> Result<()> {
+        self.engine.send_and_wait(Cmd::Access { qpn, access })
+    }
 }
 
 /// The ring memory a create command gave: the soft device owns no rings of its own.
@@ -515,16 +537,8 @@ impl SoftDevice {
         spec: QpSpec,
         driver: Option<DriverQp>,
     ) -> Result<QpCreated> {
+        let (send_cq, recv_cq) = self.cq_pair(&spec)?;
         let mem = given(spec.mem, "QP")?;
-        let (send_cq, recv_cq) = {
-            let cqs = self.cqs.lock();
-            let cq = |n: u32| {
-                cqs.get(&n)
-                    .cloned()
-                    .ok_or_else(|| Error::invalid(format!("no CQ {n:#x} on {}", self.label())))
-            };
-            (cq(spec.send_cqn)?, cq(spec.recv_cqn)?)
-        };
         if let Some(DriverQp { doorbell: at, .. }) = &driver {
             // Both halves are read as u64s: a register that does not fit is refused here
             // rather than trusted.
@@ -537,20 +551,25 @@ impl SoftDevice {
             }
         }
         let qpn = self.qpns.lock().take()?;
-        let (bfreg, user_index) = match driver {
+        // A driver's QP grants no remote access until its INIT says which (`set_qp_access`);
+        // the queue layer's QPs grant it all (gdsync's INIT on a ConnectX does).
+        let (bfreg, user_index, rq_off, access) = match driver {
             Some(d) => (
                 Bfreg {
                     page: d.doorbell.mem,
                     off: d.doorbell.off,
                 },
                 d.user_index,
+                d.rq_off,
+                Access::empty(),
             ),
-            None => (self.uars.lock().alloc(qpn), 0),
+            None => (self.uars.lock().alloc(qpn), 0, 0, Access::all()),
         };
         let hw = QpHw {
             qpn,
             pd: spec.pd,
             buf: mem.buf,
+            rq_off,
             sq_off: mem.sq_off,
             sq_cnt: spec.sq_wqebbs,
             rq_cnt: spec.rq_wqes,
@@ -561,6 +580,7 @@ impl SoftDevice {
             send_cq,
             recv_cq,
             user_index,
+            access,
             timers: QpTimers {
                 sq_psn: 0,
                 timeout: std::time::Duration::from_secs(5),

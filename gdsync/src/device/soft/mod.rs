@@ -40,7 +40,7 @@ pub use progress::{progress, progress_mode, progress_mode_for, ProgressMode};
 
 pub(crate) use link::{Link, PEER_WAIT};
 
-use crate::provider::{AsyncEvent, HwQpState, QpAttr, QpLastError, QpTimers};
+use crate::provider::{Access, AsyncEvent, HwQpState, QpAttr, QpLastError, QpTimers};
 use crate::{Error, Result};
 use engine::QpHw;
 use parking_lot::Mutex;
@@ -66,6 +66,11 @@ pub(crate) enum Cmd {
     Timers {
         qpn: u32,
         timers: QpTimers,
+    },
+    /// The remote access a QP grants (a modify that sets its access flags).
+    Access {
+        qpn: u32,
+        access: Access,
     },
     AddLink(Box<Link>),
 }

@@ -43,7 +43,7 @@ use super::wire::{resp, PktHeader};
 use super::{Cmd, EngineCtl};
 use crate::format::*;
 use crate::mem::RingMem;
-use crate::provider::{AsyncEvent, HwQpState, QpTimers};
+use crate::provider::{Access, AsyncEvent, HwQpState, QpTimers};
 use memory::Seg;
 
 /// Called with the peer device of each link the engine releases: the device forgets it.
@@ -80,8 +80,10 @@ pub(crate) struct CqHw {
 pub(crate) struct QpHw {
     pub qpn: u32,
     pub pd: u32,
-    /// RQ at offset 0, SQ at `sq_off` (the mlx5 layout).
+    /// RQ at `rq_off`, SQ at `sq_off` after it (the mlx5 layout; `rq_off` is where in its
+    /// first page the host placed the ring, 0 for the queue layer's own).
     pub buf: Arc<RingMem>,
+    pub rq_off: usize,
     pub sq_off: usize,
     pub sq_cnt: u32,
     pub rq_cnt: u32,
@@ -96,6 +98,9 @@ pub(crate) struct QpHw {
     pub timers: QpTimers,
     /// What CQEs carry in `srqn_uidx` (the user index the host gave the QP).
     pub user_index: u32,
+    /// The remote access the QP grants its peer (the QP context's RRE, RWE and RAE bits):
+    /// the responder refuses a read, write or atomic not granted, whatever the region allows.
+    pub access: Access,
 }
 
 impl QpHw {
@@ -266,7 +271,6 @@ struct QpContext {
     link: Option<usize>,
     /// The peer QP's number.
     rqpn: u32,
-    /// In the error state: work is flushed, nothing is sent or taken.
     err: bool,
     /// A CQE of this QP was dropped because its CQ overran: the QP goes to error.
     cq_overrun: bool,
@@ -693,6 +697,7 @@ impl Engine {
                         q.sq.next_psn = timers.sq_psn;
                     }
                 }
+                Cmd::Access { qpn, access } => self.set_access(qpn, access),
                 Cmd::AddLink(l) => {
                     self.links.push(EngineLink {
                         link: *l,
@@ -745,6 +750,20 @@ impl Engine {
         self.active.push(n);
     }
 
+    /// The remote access QP `qpn` grants from now on. A QP that no longer takes remote writes
+    /// is withdrawn from its in-process peer's direct writes (they come as packets then, and
+    /// are refused).
+    fn set_access(&mut self, qpn: u32, access: Access) {
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return;
+        };
+        q.hw.access = access;
+        if q.rq.published && !access.contains(Access::REMOTE_WRITE) {
+            q.rq.published = false;
+            self.targets.close(qpn);
+        }
+    }
+
     /// A destroyed QP: out of the table, its queued packets dropped.
     fn remove_qp(&mut self, qpn: u32) {
         self.targets.close(qpn);
@@ -759,7 +778,8 @@ impl Engine {
     /// A QP connected to peer QP `rqpn` of the device at the other end of the link to `peer`
     /// (the newest link to it that is not dead). With none (the peer went away between the
     /// connect's link set-up and this command), the QP fails as its first send would. On a
-    /// link within this process its context is published for direct writes.
+    /// link within this process its context is published for direct writes (if it takes
+    /// remote writes).
     fn connect(&mut self, qpn: u32, peer: u64, rqpn: u32, rq_psn: u32) {
         let li = (self.links.iter()).rposition(|l| l.link.peer == peer && !l.link.dead);
         let Some(q) = self.qps.get_mut(qpn) else {
@@ -778,7 +798,8 @@ impl Engine {
             return;
         };
         let link = &self.links[li].link;
-        q.rq.published = link.peer_targets().is_some();
+        q.rq.published =
+            link.peer_targets().is_some() && q.hw.access.contains(Access::REMOTE_WRITE);
         if q.rq.published {
             self.targets.open(qpn, link.pair_id, rqpn, q.hw.pd, rq_psn);
         } else {
