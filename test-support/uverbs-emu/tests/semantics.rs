@@ -2,7 +2,8 @@
 //! plain libibverbs calls: `tests/verbs_semantics.c`, built here with the system C compiler
 //! and run under `scripts/with-emulated-hca` (each process under its own emulator, with the
 //! soft HCA every verbs program gets). Faithful queries; QP access flags enforced by the
-//! responder; rings at a sub-page offset. Ignored where
+//! responder; rings at a sub-page offset; RTR that never waits for the peer (links form
+//! lazily); and a peer's clean exit that leaves the survivor's receives posted. Ignored where
 //! libibverbs' headers are not installed (`apt-get install libibverbs-dev`).
 
 use std::io::{BufRead, BufReader, Write};
@@ -11,6 +12,12 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::OnceLock;
 use std::time::Duration;
+
+/// `ibv_wc_status` values.
+const WC_SUCCESS: i32 = 0;
+const WC_RETRY_EXC_ERR: i32 = 12;
+/// `ibv_qp_state` RTS.
+const QPS_RTS: i32 = 3;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -92,8 +99,7 @@ fn node_guids_are_unique_across_emulators() {
     let (ga, gb) = (a.ask("guid", PROMPT), b.ask("guid", PROMPT));
     assert!(ga.starts_with("guid "), "{ga}");
     assert_ne!(ga, gb, "two emulators gave one node GUID");
-    a.exit();
-    b.exit();
+    Peer::exit_both(a, b);
 }
 
 #[test]
@@ -169,6 +175,11 @@ impl Peer {
         a
     }
 
+    fn exit_both(a: Peer, b: Peer) {
+        a.exit();
+        b.exit();
+    }
+
     fn exit(mut self) {
         writeln!(self.stdin, "exit").unwrap();
         let st = self.child.wait().unwrap();
@@ -177,3 +188,79 @@ impl Peer {
 }
 
 const PROMPT: Duration = Duration::from_secs(5);
+
+/// Two peers that know each other's address.
+fn introduced() -> (Peer, Peer) {
+    let (mut a, mut b) = (Peer::start(), Peer::start());
+    let (aa, ba) = (a.addr.clone(), b.addr.clone());
+    a.ask(&format!("peer {ba}"), PROMPT);
+    b.ask(&format!("peer {aa}"), PROMPT);
+    (a, b)
+}
+
+/// `first` goes to RTR and RTS and posts a send while `second` is still in INIT: its RTR
+/// returns at once (a ConnectX's does; it used to wait up to 30 s for the peer's link when
+/// its device's id was the larger), and the send completes once `second` is ready.
+fn rtr_before_the_peer(first: &mut Peer, second: &mut Peer) {
+    let took = first.ask("rtr", PROMPT);
+    let ms: f64 = took.strip_prefix("rtr ").unwrap().parse().unwrap();
+    assert!(ms < 1000.0, "RTR took {ms} ms, waiting for the peer");
+    first.ask("rts", PROMPT);
+    first.ask("post", PROMPT);
+    second.ask("rtr", PROMPT);
+    second.ask("rts", PROMPT);
+    let sent = first.ask("wait", Duration::from_secs(15));
+    assert_eq!(sent, format!("send {WC_SUCCESS}"));
+    let got = second.ask("recv", Duration::from_secs(10));
+    assert_eq!(got, format!("recv {WC_SUCCESS}"));
+}
+
+/// Both orders, twice: which of two devices used to wait depends on their random ids.
+#[test]
+#[cfg_attr(
+    not(verbs_dev),
+    ignore = "needs libibverbs-dev and rdma-core's providers"
+)]
+fn rtr_never_waits_for_the_peer() {
+    for round in 0..4 {
+        let (mut a, mut b) = introduced();
+        match round % 2 {
+            0 => rtr_before_the_peer(&mut a, &mut b),
+            _ => rtr_before_the_peer(&mut b, &mut a),
+        }
+        Peer::exit_both(a, b);
+    }
+}
+
+/// After a send between them, the peer exits cleanly: the survivor's receives stay posted
+/// (no completion, the QP still in RTS), and only a send it posts then fails, with transport
+/// retries exceeded.
+#[test]
+#[cfg_attr(
+    not(verbs_dev),
+    ignore = "needs libibverbs-dev and rdma-core's providers"
+)]
+fn a_peers_clean_exit_leaves_the_survivors_receives_posted() {
+    let (mut a, mut b) = introduced();
+    for p in [&mut a, &mut b] {
+        p.ask("rtr", PROMPT);
+    }
+    for p in [&mut a, &mut b] {
+        p.ask("rts", PROMPT);
+    }
+    a.ask("post", PROMPT);
+    assert_eq!(a.ask("wait", PROMPT), format!("send {WC_SUCCESS}"));
+    assert_eq!(b.ask("recv", PROMPT), format!("recv {WC_SUCCESS}"));
+    b.exit();
+    assert_eq!(
+        a.ask("quiet 500", PROMPT),
+        format!("quiet 0 {QPS_RTS}"),
+        "receive completions and the QP state after the peer's exit"
+    );
+    a.ask("post", PROMPT);
+    assert_eq!(
+        a.ask("wait", Duration::from_secs(15)),
+        format!("send {WC_RETRY_EXC_ERR}")
+    );
+    a.exit();
+}

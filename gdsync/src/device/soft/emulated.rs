@@ -96,6 +96,11 @@ pub fn serve_emulated_driver() -> std::result::Result<usize, String> {
         })
         .collect::<crate::Result<Vec<_>>>()
         .map_err(|e| format!("soft devices for the emulated driver: {e}"))?;
+    for d in &devices {
+        // A verbs program's RTR returns at once, as on a ConnectX, even where it moves to
+        // RTR before its peer (ibv_rc_pingpong's server does).
+        d.link_lazily();
+    }
     if HCAS.set(devices).is_err() {
         return Ok(n); // another thread attached meanwhile
     }

@@ -62,6 +62,9 @@ pub(crate) enum Cmd {
         peer: u64,
         rqpn: u32,
         rq_psn: u32,
+        /// The link to `peer` is being set up (it may not be up yet): the QP waits for it
+        /// instead of failing.
+        lazy: bool,
     },
     Timers {
         qpn: u32,
@@ -73,6 +76,9 @@ pub(crate) enum Cmd {
         access: Access,
     },
     AddLink(Box<Link>),
+    /// The link to this peer device, being set up for QPs that wait for it, will not come:
+    /// the peer is gone.
+    NoLink(u64),
 }
 
 /// What the engine thread and the device handles share.
