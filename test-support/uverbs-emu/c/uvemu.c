@@ -1115,6 +1115,9 @@ static struct uvemu_obj *new_mr(struct uvemu_context *c, uint32_t pd_handle, uin
 {
 	struct uvemu_obj *pd = obj_get(c, pd_handle, UVEMU_PD);
 	*err = !pd || !access_ok(access) ? EINVAL : 0;
+	/* On-demand paging: the device reports no ODP capabilities, and a kernel whose device
+	 * has none refuses the flag (ib_check_mr_access) rather than pin the pages silently. */
+	if (!*err && (access & IB_UVERBS_ACCESS_ON_DEMAND)) *err = EOPNOTSUPP;
 	if (*err) return NULL;
 	struct uvemu_obj *o = obj_new(c, UVEMU_MR, handle);
 	if (!o) { *err = ENOMEM; return NULL; }

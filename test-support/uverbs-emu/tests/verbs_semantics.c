@@ -2,7 +2,8 @@
  * a ConnectX does where a verbs program looks. Built and run by tests/semantics.rs under
  * scripts/with-emulated-hca (each process under its own emulator, with the soft HCA loaded).
  *
- *   verbs_semantics query    one node GUID, the same in sysfs and ibv_query_device;
+ *   verbs_semantics query    one node GUID, the same in sysfs and ibv_query_device; an ODP
+ *                            region refused (EOPNOTSUPP) where the device reports no ODP;
  *                            max_mw / max_srq agree with the capability flags; the sysfs rate
  *                            agrees with the port's width and speed; an ioctl method the
  *                            device does not serve answers EPROTONOSUPPORT/EOPNOTSUPP
@@ -117,6 +118,16 @@ static int query(void)
 	struct ibv_srq *srq = ibv_create_srq(pd, &si);
 	CHECK(!srq == !a.max_srq, "max_srq %d but ibv_create_srq %s", a.max_srq, srq ? "works" : "fails");
 	if (srq) ibv_destroy_srq(srq);
+	/* On-demand paging: a device without ODP capabilities refuses an ODP region. */
+	struct ibv_device_attr_ex ax;
+	MUST(!ibv_query_device_ex(ctx, NULL, &ax), "ibv_query_device_ex");
+	if (!(ax.odp_caps.general_caps & IBV_ODP_SUPPORT)) {
+		static char odp[4096];
+		struct ibv_mr *mr = ibv_reg_mr(pd, odp, sizeof(odp), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND);
+		CHECK(!mr && errno == EOPNOTSUPP, "an ODP region on a device without ODP: %s",
+		      mr ? "registered" : strerror(errno));
+		if (mr) ibv_dereg_mr(mr);
+	}
 	/* Address handles: UD is not served, so max_ah is 0 and none is made. */
 	CHECK(a.max_ah == 0, "max_ah %d, but the device serves no UD", a.max_ah);
 	struct ibv_port_attr p;
