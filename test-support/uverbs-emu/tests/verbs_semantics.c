@@ -200,8 +200,9 @@ static int to_rtr(struct ibv_qp *qp, uint32_t dest_qpn, const union ibv_gid *dgi
 
 static int to_rts(struct ibv_qp *qp)
 {
-	/* timeout 18: about 1 s per try on a ConnectX (4.096 us << 18), 2 tries */
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTS, .timeout = 18, .retry_cnt = 1, .rnr_retry = 7,
+	/* timeout 18: about 1 s per try on a ConnectX (4.096 us << 18), 8 tries: room for a busy
+	 * machine between a send posted before the peer's RTR and the link it waits for */
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTS, .timeout = 18, .retry_cnt = 7, .rnr_retry = 7,
 				 .sq_psn = 0, .max_rd_atomic = 1 };
 	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
 					     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
