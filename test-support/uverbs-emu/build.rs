@@ -3,7 +3,8 @@
 //! `cc`); it needs only libc and the kernel's uapi headers (linux-libc-dev), not rdma-core.
 //! Where it cannot be built the crate still builds, and says why at run time. Sets
 //! `cfg(perftest)` where Debian's perftest is installed, so that the test running it under the
-//! emulator runs there and is counted as ignored elsewhere.
+//! emulator runs there and is counted as ignored elsewhere, and `cfg(verbs_dev)` where
+//! libibverbs' headers are (for the tests that build a small verbs program).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -14,6 +15,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=CC");
     println!("cargo:rustc-check-cfg=cfg(uvemu_built)");
     perftest_cfg();
+    verbs_dev_cfg();
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let so = out.join("libuvemu.so");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
@@ -52,6 +54,18 @@ fn main() {
 fn fail(why: &str) {
     println!("cargo:warning=the emulated RDMA driver is not built: {why}");
     println!("cargo:rustc-env=UVEMU_BUILD_ERROR={why}");
+}
+
+/// `cfg(verbs_dev)` where libibverbs' and mlx5dv's headers are installed (libibverbs-dev), so
+/// that the tests building a small verbs program (tests/verbs_semantics.c) run there and are
+/// counted as ignored elsewhere.
+fn verbs_dev_cfg() {
+    println!("cargo:rustc-check-cfg=cfg(verbs_dev)");
+    let header = std::path::Path::new("/usr/include/infiniband/mlx5dv.h");
+    println!("cargo:rerun-if-changed={}", header.display());
+    if header.is_file() {
+        println!("cargo:rustc-cfg=verbs_dev");
+    }
 }
 
 /// `cfg(perftest)` where perftest's `ib_write_lat` is on PATH (checked again when /usr/bin

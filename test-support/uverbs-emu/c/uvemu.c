@@ -1,13 +1,14 @@
 /* uvemu.c - an emulated kernel driver for the real libibverbs + libmlx5 (LD_PRELOAD).
  *
  * rdma-core finds devices through RDMA netlink, else through sysfs under $SYSFS_PATH; it opens
- * /dev/infiniband/uverbsN, and when the ioctl ABI answers ENOTTY it speaks the legacy write()
- * command ABI. This library:
+ * /dev/infiniband/uverbsN, and for each ioctl method the kernel answers EPROTONOSUPPORT (or
+ * all of them, ENOTTY) it speaks the legacy write() command ABI. This library:
  *   - refuses socket(AF_NETLINK, NETLINK_RDMA), so that sysfs discovery runs;
  *   - fakes stat/open/fstat/close of /dev/infiniband/uverbsN for each device the fake sysfs
  *     lists (a memfd dressed as character device 231:192+N);
- *   - answers RDMA_VERBS_IOCTL with ENOTTY, except MR/REG_DMABUF_MR (ibv_reg_dmabuf_mr is
- *     ioctl-only);
+ *   - answers RDMA_VERBS_IOCTL methods other than MR/REG_DMABUF_MR (ibv_reg_dmabuf_mr is
+ *     ioctl-only) with EPROTONOSUPPORT, as a kernel without the method does: libibverbs then
+ *     falls back to the write() command, or skips what the device lacks;
  *   - serves the write() commands of the control path with mlx5 driver data, keeping every
  *     object in per-context tables (uvemu.h) with the checks the kernel makes: handles of the
  *     right type and context, references that forbid destroying a PD or CQ still in use, QP
@@ -149,6 +150,14 @@ static uint32_t env_u32(const char *name, uint32_t def)
 	return e && *e ? (uint32_t)strtoul(e, NULL, 0) : def;
 }
 
+/* A GUID as sysfs writes it ("0c42:a103:0001:0001"), in host order (0 if malformed). */
+static uint64_t guid_of(const char *text)
+{
+	unsigned a, b, c, d;
+	if (sscanf(text, "%4x:%4x:%4x:%4x", &a, &b, &c, &d) != 4) return 0;
+	return (uint64_t)a << 48 | (uint64_t)b << 32 | (uint64_t)c << 16 | d;
+}
+
 static void load_devices(void)
 {
 	char rel[256], v[64];
@@ -157,6 +166,8 @@ static void load_devices(void)
 		if (!read_sysfs(rel, v, sizeof(v)) || !v[0]) break;
 		struct uvemu_device *dev = &devices[ndevices++];
 		snprintf(dev->name, sizeof(dev->name), "%s", v);
+		snprintf(rel, sizeof(rel), "class/infiniband/%s/node_guid", dev->name);
+		dev->node_guid = read_sysfs(rel, v, sizeof(v)) ? guid_of(v) : 0;
 		for (int p = 1; p <= UVEMU_MAX_PORTS; p++) {
 			snprintf(rel, sizeof(rel), "class/infiniband/%s/ports/%d/link_layer", dev->name, p);
 			if (!read_sysfs(rel, v, sizeof(v))) break;
@@ -976,19 +987,22 @@ static void device_attr(const struct uvemu_context *c, struct ib_uverbs_query_de
 {
 	memset(r, 0, sizeof(*r));
 	r->fw_ver = (22ULL << 32) | (36ULL << 16) | 1010;
-	r->node_guid = __builtin_bswap64(0x0c42a10300aa0001ULL + ((uint64_t)c->dev << 8));
+	/* The GUID sysfs shows (it names the emulator's fabric node: unique across emulators). */
+	r->node_guid = __builtin_bswap64(devices[c->dev].node_guid);
 	r->sys_image_guid = r->node_guid;
 	r->max_mr_size = ~0ULL;
 	r->page_size_cap = ~0xfffULL;
 	r->vendor_id = 0x02c9;
 	r->vendor_part_id = 4125;
-	r->max_qp = 1 << 18; r->max_qp_wr = 1 << 15; r->device_cap_flags = 0x21361c36;
+	/* BAD_PKEY_CNTR, BAD_QKEY_CNTR, CHANGE_PHY_PORT, PORT_ACTIVE_EVENT, SYS_IMAGE_GUID,
+	 * RC_RNR_NAK_GEN: not memory windows, XRC, UD checksums, APM, fast registration or flow
+	 * steering, which the soft HCA does not serve (max_mw, max_ah, max_srq, multicast are 0). */
+	r->max_qp = 1 << 18; r->max_qp_wr = 1 << 15; r->device_cap_flags = 0x1c26;
 	r->max_sge = 30; r->max_sge_rd = 30; r->max_cq = 1 << 24; r->max_cqe = (1 << 22) - 1;
 	r->max_mr = 1 << 24; r->max_pd = 1 << 24; r->max_qp_rd_atom = 16;
 	r->max_res_rd_atom = 16 << 18; r->max_qp_init_rd_atom = 16;
 	r->atomic_cap = env_u32("UVEMU_ATOMIC_CAP", 1); /* 0: IBV_ATOMIC_NONE, as some HCAs report */
-	r->max_mcast_grp = 1 << 21; r->max_mcast_qp_attach = 240; r->max_total_mcast_qp_attach = 240 << 21;
-	r->max_srq = 1 << 23; r->max_srq_wr = (1 << 15) - 1; r->max_srq_sge = 31; r->max_pkeys = 128;
+	r->max_pkeys = 128;
 	r->local_ca_ack_delay = 16;
 	r->phys_port_cnt = (uint8_t)devices[c->dev].nports;
 }
@@ -1012,7 +1026,7 @@ static int cmd_get_context(struct cmd *m)
 	/* The largest send WQE: 1024 bytes (64 segments of 16), as ConnectX-4 and later report;
 	 * UVEMU_MAX_SQ_DESC_SZ sets another, for tests of a device with smaller WQEs. */
 	d.max_sq_desc_sz = env_u32("UVEMU_MAX_SQ_DESC_SZ", 1024);
-	d.max_send_wqebb = 1 << 15; d.max_recv_wr = 1 << 15; d.max_srq_recv_wr = (1 << 15) - 1;
+	d.max_send_wqebb = 1 << 15; d.max_recv_wr = 1 << 15;
 	d.num_ports = (uint16_t)devices[m->c->dev].nports;
 	d.cqe_version = rq.max_cqe_version ? 1 : 0;
 	d.cmds_supp_uhw = MLX5_USER_CMDS_SUPP_UHW_QUERY_DEVICE | MLX5_USER_CMDS_SUPP_UHW_CREATE_AH;
@@ -1101,6 +1115,9 @@ static struct uvemu_obj *new_mr(struct uvemu_context *c, uint32_t pd_handle, uin
 {
 	struct uvemu_obj *pd = obj_get(c, pd_handle, UVEMU_PD);
 	*err = !pd || !access_ok(access) ? EINVAL : 0;
+	/* On-demand paging: the device reports no ODP capabilities, and a kernel whose device
+	 * has none refuses the flag (ib_check_mr_access) rather than pin the pages silently. */
+	if (!*err && (access & IB_UVERBS_ACCESS_ON_DEMAND)) *err = EOPNOTSUPP;
 	if (*err) return NULL;
 	struct uvemu_obj *o = obj_new(c, UVEMU_MR, handle);
 	if (!o) { *err = ENOMEM; return NULL; }
@@ -1336,6 +1353,10 @@ static int cmd_modify_qp(struct cmd *m)
 			L("   qp %u: %u -> %u refused by the HCA: %s", q->qp_handle, cur, next, strerror(rc));
 			return rc;
 		}
+	}
+	if (o->served && (q->attr_mask & IB_QP_ACCESS_FLAGS_MASK) && hca->qp_access) {
+		int rc = hca->qp_access(m->c->dev, o->u.qp.qpn, o->u.qp.access);
+		if (rc) return rc;
 	}
 	o->u.qp.state = next;
 	if (m->ex && m->out) {
@@ -1679,7 +1700,8 @@ static int reg_dmabuf_mr(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 
 /* One RDMA_VERBS_IOCTL: its header and attributes copied in (with the kernel's length check),
  * the method run, the attributes copied back (outputs, flags). Methods other than
- * REG_DMABUF_MR answer ENOTTY: "no ioctl framework", and libibverbs falls back to write(). */
+ * REG_DMABUF_MR answer EPROTONOSUPPORT, as a kernel whose uverbs tree lacks the object or
+ * method: libibverbs falls back to write() for that method, or skips what it cannot do. */
 static int ioctl_method(struct uvemu_context *c, void *arg)
 {
 	union {
@@ -1689,8 +1711,8 @@ static int ioctl_method(struct uvemu_context *c, void *arg)
 	struct ib_uverbs_ioctl_hdr *h = &local.h, *user = arg;
 	if (user_copy(h, user, sizeof(*h))) return EFAULT;
 	if (h->object_id != UVERBS_OBJECT_MR || h->method_id != UVERBS_METHOD_REG_DMABUF_MR) {
-		L("ioctl object %#x method %#x -> ENOTTY", h->object_id, h->method_id);
-		return ENOTTY;
+		L("ioctl object %#x method %#x -> EPROTONOSUPPORT", h->object_id, h->method_id);
+		return EPROTONOSUPPORT;
 	}
 	size_t attrs = h->num_attrs * sizeof(h->attrs[0]);
 	if (h->num_attrs > MAX_IOCTL_ATTRS || h->length != sizeof(*h) + attrs) return EINVAL;

@@ -28,6 +28,7 @@ struct uvemu_port {
 
 struct uvemu_device {
 	char name[64];  /* mlx5_0 */
+	uint64_t node_guid; /* from the fake sysfs (host order): what QUERY_DEVICE reports too */
 	int nports;
 	struct uvemu_port port[UVEMU_MAX_PORTS]; /* port[0] is port 1 */
 };
@@ -125,6 +126,10 @@ struct uvemu_hca_ops {
 	/* The QP's state as the HCA holds it (enum ib_qp_state; -1: unknown), or NULL: QUERY_QP
 	 * then reports ERR once the HCA moved the QP there on its own, as a kernel asks the firmware. */
 	int (*qp_state)(int dev, uint32_t qpn);
+	/* The remote access the QP grants its peer (IB_ACCESS_REMOTE_WRITE/READ/ATOMIC bits of
+	 * ib_uverbs_modify_qp's qp_access_flags), at INIT and at every later modify that sets
+	 * them: the responder refuses what is not granted, with a remote access error NAK. */
+	int (*qp_access)(int dev, uint32_t qpn, uint32_t access);
 };
 /* The number of emulated devices. */
 int uvemu_device_count(void);

@@ -142,7 +142,8 @@ fn write_port(dir: &Path, at: PortAt, kind: PortKind) -> io::Result<()> {
     )?;
     put(&dir.join("state"), "4: ACTIVE")?;
     put(&dir.join("phys_state"), "5: LinkUp")?;
-    put(&dir.join("rate"), "100 Gb/sec (2X HDR)")?;
+    // What QUERY_PORT reports: 4X (active_width 2) at HDR (active_speed 64, 50 Gb/s a lane).
+    put(&dir.join("rate"), "200 Gb/sec (4X HDR)")?;
     let lid = match roce {
         true => 0,
         false => (node as usize) << 5 | (dev as usize) << 2 | (port as usize - 1),

@@ -89,6 +89,10 @@ pub(crate) struct SoftDevice {
     links: Arc<Mutex<Links>>,
     /// Signalled when a link comes up or a dial ends.
     links_changed: Condvar,
+    /// Shared-memory links form after the connect that needs them returns, as the HCA of
+    /// the emulated driver (set by [`SoftDevice::link_lazily`]): an RTR never waits for the
+    /// peer there. gdsync's own connects set the link up before they return.
+    lazy_links: AtomicBool,
     engine: EngineHandle,
 }
 
@@ -149,9 +153,12 @@ impl SoftDevice {
     fn connect(&self, qpn: u32, remote: &Endpoint, rq_psn: u32) -> Result<()> {
         let here = self.here()?;
         let kind = choose_link(&here, remote)?;
+        // Whether the link may come up after this connect returns (a shared-memory link whose
+        // file the peer has yet to create: its own RTR does).
+        let mut lazy = false;
         match kind {
             LinkKind::Loopback | LinkKind::InProcess => self.link_in_process(remote)?,
-            LinkKind::SharedMemory => self.link_shared_memory(remote)?,
+            LinkKind::SharedMemory => lazy = !self.link_shared_memory(remote)?,
             LinkKind::Tcp => self.link_tcp(remote)?,
             LinkKind::Fabric => unreachable!("choose_link never picks an RDMA fabric"),
         }
@@ -161,6 +168,7 @@ impl SoftDevice {
             rq_psn,
             peer: remote.device,
             rqpn: remote.qpn,
+            lazy,
         })?;
         tracing::debug!(
             "{}: QP {:#x} connected to QP {:#x} of device {:016x} (pid {}) over the {kind} link",
@@ -244,15 +252,37 @@ impl SoftDevice {
         Ok(())
     }
 
-    fn link_shared_memory(&self, remote: &Endpoint) -> Result<()> {
+    /// A shared-memory link to `remote`'s device: whether it is up now. The device with the
+    /// smaller uid creates the link's file at once; the other maps it once its peer created
+    /// it, which may be only at the peer's own connect (its RTR). Where links form lazily
+    /// ([`link_lazily`](Self::link_lazily)) that wait runs on a thread of its own, so that
+    /// this connect (an RTR, which on a ConnectX returns at once) does not wait for the peer:
+    /// QPs connected meanwhile wait for the link ([`Cmd::Connect`]'s `lazy`), their sends
+    /// under the transport timeout.
+    fn link_shared_memory(&self, remote: &Endpoint) -> Result<bool> {
         let mut l = self.links.lock();
         if l.up.contains(&remote.device) {
-            return Ok(());
+            return Ok(true);
         }
-        let link = Link::shared_memory(self.uid, remote.device, remote.pid)?;
-        self.engine.send(Cmd::AddLink(Box::new(link)))?;
-        l.up.insert(remote.device);
-        Ok(())
+        if self.uid < remote.device || !self.lazy_links.load(Ordering::Relaxed) {
+            let link = Link::shared_memory(self.uid, remote.device, remote.pid)?;
+            self.engine.send(Cmd::AddLink(Box::new(link)))?;
+            l.up.insert(remote.device);
+            return Ok(true);
+        }
+        if l.dialing.insert(remote.device) {
+            let me = registry()
+                .lock()
+                .get(&self.uid)
+                .cloned()
+                .unwrap_or_default();
+            let (uid, peer, pid) = (self.uid, remote.device, remote.pid);
+            std::thread::Builder::new()
+                .name("gdsync-shm-link".into())
+                .spawn(move || link_when_created(&me, uid, peer, pid))
+                .map_err(|e| Error::Unreachable(format!("a thread to set up a link: {e}")))?;
+        }
+        Ok(false)
     }
 
     /// A TCP link to `remote`'s device. The device that connects first dials the other's
@@ -325,6 +355,30 @@ impl SoftDevice {
             }
         }
         Ok(())
+    }
+}
+
+/// Maps the shared-memory link file device `peer` (of process `pid`) creates for device `uid`
+/// (`me`, while it lives), waiting for it as [`Link::shared_memory`] does, and hands the link
+/// to `me`'s engine. A peer that never creates it (its process exited first, or it never
+/// connected within the set-up wait) is logged, and the QPs waiting for the link learn that
+/// the peer is gone ([`Cmd::NoLink`]).
+fn link_when_created(me: &Weak<SoftDevice>, uid: u64, peer: u64, pid: u32) {
+    let link = Link::shared_memory(uid, peer, pid);
+    let Some(dev) = me.upgrade() else {
+        return;
+    };
+    let mut l = dev.links.lock();
+    l.dialing.remove(&peer);
+    dev.links_changed.notify_all();
+    match link.and_then(|link| dev.engine.send(Cmd::AddLink(Box::new(link)))) {
+        Ok(()) => {
+            l.up.insert(peer);
+        }
+        Err(e) => {
+            tracing::warn!("{}: no link to device {peer:016x}: {e}", dev.label());
+            let _ = dev.engine.send(Cmd::NoLink(peer));
+        }
     }
 }
 
@@ -482,6 +536,7 @@ impl SoftDevice {
             next_pd: AtomicU32::new(1),
             links,
             links_changed: Condvar::new(),
+            lazy_links: AtomicBool::new(false),
             engine,
         });
         registry().lock().insert(uid, Arc::downgrade(&dev));
@@ -496,6 +551,35 @@ impl SoftDevice {
 pub(crate) struct DriverQp {
     pub doorbell: MemAt,
     pub user_index: u32,
+    /// Where in `buf`'s first page libmlx5 placed the receive ring (any offset the kernel
+    /// accepts: a parent domain's allocator may place it inside a page).
+    pub rq_off: usize,
+}
+
+impl SoftDevice {
+    /// The send and receive CQs a QP spec names.
+    fn cq_pair(&self, spec: &QpSpec) -> Result<(Arc<CqHw>, Arc<CqHw>)> {
+        let cqs = self.cqs.lock();
+        let cq = |n: u32| {
+            cqs.get(&n)
+                .cloned()
+                .ok_or_else(|| Error::invalid(format!("no CQ {n:#x} on {}", self.label())))
+        };
+        Ok((cq(spec.send_cqn)?, cq(spec.recv_cqn)?))
+    }
+
+    /// From now on, a connect does not wait for the peer's half of a shared-memory link: the
+    /// QP waits for the link instead, as a ConnectX's RTR returns at once (the emulated
+    /// driver's HCA, whose programs may move to RTR before their peer does).
+    pub(crate) fn link_lazily(&self) {
+        self.lazy_links.store(true, Ordering::Relaxed);
+    }
+
+    /// Sets the remote access QP `qpn` grants its peer (the emulated driver's modify with
+    /// access flags); applied before the command returns, as a HCA's modify is.
+    pub(crate) fn set_qp_access(&self, qpn: u32, access: Access) -> Result<()> {
+        self.engine.send_and_wait(Cmd::Access { qpn, access })
+    }
 }
 
 /// The ring memory a create command gave: the soft device owns no rings of its own.
@@ -515,16 +599,8 @@ impl SoftDevice {
         spec: QpSpec,
         driver: Option<DriverQp>,
     ) -> Result<QpCreated> {
+        let (send_cq, recv_cq) = self.cq_pair(&spec)?;
         let mem = given(spec.mem, "QP")?;
-        let (send_cq, recv_cq) = {
-            let cqs = self.cqs.lock();
-            let cq = |n: u32| {
-                cqs.get(&n)
-                    .cloned()
-                    .ok_or_else(|| Error::invalid(format!("no CQ {n:#x} on {}", self.label())))
-            };
-            (cq(spec.send_cqn)?, cq(spec.recv_cqn)?)
-        };
         if let Some(DriverQp { doorbell: at, .. }) = &driver {
             // Both halves are read as u64s: a register that does not fit is refused here
             // rather than trusted.
@@ -537,20 +613,25 @@ impl SoftDevice {
             }
         }
         let qpn = self.qpns.lock().take()?;
-        let (bfreg, user_index) = match driver {
+        // A driver's QP grants no remote access until its INIT says which (`set_qp_access`);
+        // the queue layer's QPs grant it all (gdsync's INIT on a ConnectX does).
+        let (bfreg, user_index, rq_off, access) = match driver {
             Some(d) => (
                 Bfreg {
                     page: d.doorbell.mem,
                     off: d.doorbell.off,
                 },
                 d.user_index,
+                d.rq_off,
+                Access::empty(),
             ),
-            None => (self.uars.lock().alloc(qpn), 0),
+            None => (self.uars.lock().alloc(qpn), 0, 0, Access::all()),
         };
         let hw = QpHw {
             qpn,
             pd: spec.pd,
             buf: mem.buf,
+            rq_off,
             sq_off: mem.sq_off,
             sq_cnt: spec.sq_wqebbs,
             rq_cnt: spec.rq_wqes,
@@ -561,6 +642,7 @@ impl SoftDevice {
             send_cq,
             recv_cq,
             user_index,
+            access,
             timers: QpTimers {
                 sq_psn: 0,
                 timeout: std::time::Duration::from_secs(5),

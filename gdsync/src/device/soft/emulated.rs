@@ -49,6 +49,7 @@ static OPS: uvemu_hca_ops = uvemu_hca_ops {
     to_rts: Some(to_rts),
     destroy_qp: Some(destroy_qp),
     qp_state: Some(qp_state),
+    qp_access: Some(qp_access),
 };
 
 /// The endpoint a peer's process published travels in `uvemu_hca_rtr` as gdsync's wire form.
@@ -95,6 +96,11 @@ pub fn serve_emulated_driver() -> std::result::Result<usize, String> {
         })
         .collect::<crate::Result<Vec<_>>>()
         .map_err(|e| format!("soft devices for the emulated driver: {e}"))?;
+    for d in &devices {
+        // A verbs program's RTR returns at once, as on a ConnectX, even where it moves to
+        // RTR before its peer (ibv_rc_pingpong's server does).
+        d.link_lazily();
+    }
     if HCAS.set(devices).is_err() {
         return Ok(n); // another thread attached meanwhile
     }
@@ -284,9 +290,14 @@ extern "C" fn create_qp(dev: c_int, q: *const uvemu_hca_qp, qpn: *mut u32) -> c_
     // SAFETY: the driver passes a filled uvemu_hca_qp.
     let q = unsafe { &*q };
     on(dev, "a QP", |h| {
-        page_aligned("the QP ring", q.buf)?;
-        let sq_off = q.rq_wqes as usize * q.rq_stride as usize;
-        let (buf, _) = foreign(q.buf, sq_off + q.sq_wqebbs as usize * crate::format::WQEBB);
+        // The ring may start anywhere in its page (a parent domain's allocator places it at
+        // a sub-page offset, which an mlx5 kernel accepts): its offset there is the RQ's.
+        let rq_bytes = q.rq_wqes as usize * q.rq_stride as usize;
+        let (buf, rq_off) = foreign(
+            q.buf,
+            rq_bytes + q.sq_wqebbs as usize * crate::format::WQEBB,
+        );
+        let sq_off = rq_off + rq_bytes;
         let (db_mem, db_off) = foreign(q.dbrec, 8);
         let (bf_mem, bf_off) = foreign(q.bf_reg, 8);
         let mem = QpMem {
@@ -303,6 +314,7 @@ extern "C" fn create_qp(dev: c_int, q: *const uvemu_hca_qp, qpn: *mut u32) -> c_
                 off: bf_off,
             },
             user_index: q.user_index,
+            rq_off,
         };
         let spec = QpSpec {
             pd: q.pdn,
@@ -388,6 +400,14 @@ extern "C" fn destroy_qp(dev: c_int, qpn: u32) {
     }
 }
 
+/// The remote access a QP grants (`IB_ACCESS_REMOTE_WRITE/READ/ATOMIC`, the values of
+/// `ibv_access_flags`), set at INIT and by any later modify that names access flags.
+extern "C" fn qp_access(dev: c_int, qpn: u32, access: u32) -> c_int {
+    let remote = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let granted = Access::from_bits_truncate(access) & remote;
+    on(dev, "QP access flags", |h| h.set_qp_access(qpn, granted))
+}
+
 /// The QP's state as the soft HCA holds it (`enum ib_qp_state`; -1 for no such device): the
 /// driver's QUERY_QP reports an error state the HCA entered on its own.
 extern "C" fn qp_state(dev: c_int, qpn: u32) -> c_int {
@@ -462,6 +482,7 @@ mod tests {
                 off: bf_off,
             },
             user_index: 7,
+            rq_off: 0,
         };
         (spec, driver)
     }

@@ -204,6 +204,12 @@ impl Link {
             != 0
     }
 
+    /// Whether the other end is another process's device that closed the link in order (its
+    /// process dropped the device or exited cleanly).
+    pub(crate) fn peer_process_closed(&self) -> bool {
+        matches!(self.live, Liveness::Process { .. }) && self.peer_closed()
+    }
+
     /// Why a dead link died, for the log.
     pub(crate) fn down_reason(&self) -> String {
         let closed = self.peer_closed();

@@ -40,7 +40,7 @@ pub use progress::{progress, progress_mode, progress_mode_for, ProgressMode};
 
 pub(crate) use link::{Link, PEER_WAIT};
 
-use crate::provider::{AsyncEvent, HwQpState, QpAttr, QpLastError, QpTimers};
+use crate::provider::{Access, AsyncEvent, HwQpState, QpAttr, QpLastError, QpTimers};
 use crate::{Error, Result};
 use engine::QpHw;
 use parking_lot::Mutex;
@@ -62,12 +62,23 @@ pub(crate) enum Cmd {
         peer: u64,
         rqpn: u32,
         rq_psn: u32,
+        /// The link to `peer` is being set up (it may not be up yet): the QP waits for it
+        /// instead of failing.
+        lazy: bool,
     },
     Timers {
         qpn: u32,
         timers: QpTimers,
     },
+    /// The remote access a QP grants (a modify that sets its access flags).
+    Access {
+        qpn: u32,
+        access: Access,
+    },
     AddLink(Box<Link>),
+    /// The link to this peer device, being set up for QPs that wait for it, will not come:
+    /// the peer is gone.
+    NoLink(u64),
 }
 
 /// What the engine thread and the device handles share.

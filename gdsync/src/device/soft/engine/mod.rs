@@ -43,7 +43,7 @@ use super::wire::{resp, PktHeader};
 use super::{Cmd, EngineCtl};
 use crate::format::*;
 use crate::mem::RingMem;
-use crate::provider::{AsyncEvent, HwQpState, QpTimers};
+use crate::provider::{Access, AsyncEvent, HwQpState, QpTimers};
 use memory::Seg;
 
 /// Called with the peer device of each link the engine releases: the device forgets it.
@@ -80,8 +80,10 @@ pub(crate) struct CqHw {
 pub(crate) struct QpHw {
     pub qpn: u32,
     pub pd: u32,
-    /// RQ at offset 0, SQ at `sq_off` (the mlx5 layout).
+    /// RQ at `rq_off`, SQ at `sq_off` after it (the mlx5 layout; `rq_off` is where in its
+    /// first page the host placed the ring, 0 for the queue layer's own).
     pub buf: Arc<RingMem>,
+    pub rq_off: usize,
     pub sq_off: usize,
     pub sq_cnt: u32,
     pub rq_cnt: u32,
@@ -96,6 +98,9 @@ pub(crate) struct QpHw {
     pub timers: QpTimers,
     /// What CQEs carry in `srqn_uidx` (the user index the host gave the QP).
     pub user_index: u32,
+    /// The remote access the QP grants its peer (the QP context's RRE, RWE and RAE bits):
+    /// the responder refuses a read, write or atomic not granted, whatever the region allows.
+    pub access: Access,
 }
 
 impl QpHw {
@@ -266,6 +271,14 @@ struct QpContext {
     link: Option<usize>,
     /// The peer QP's number.
     rqpn: u32,
+    /// Connected to the device of this uid, whose link is still being set up (links form
+    /// lazily, as a ConnectX's path needs no handshake): bound to it when it comes up. Until
+    /// then sends wait under the transport timeout.
+    awaiting: Option<u64>,
+    /// The peer closed the link in order while this QP had no work outstanding: the QP keeps
+    /// its state and its posted receives (as on a ConnectX, whose QP learns nothing of a
+    /// peer's exit); work posted later fails, as a request to a gone peer does.
+    peer_gone: bool,
     /// In the error state: work is flushed, nothing is sent or taken.
     err: bool,
     /// A CQE of this QP was dropped because its CQ overran: the QP goes to error.
@@ -685,7 +698,8 @@ impl Engine {
                     peer,
                     rqpn,
                     rq_psn,
-                } => self.connect(qpn, peer, rqpn, rq_psn),
+                    lazy,
+                } => self.connect(qpn, peer, rqpn, rq_psn, lazy),
                 Cmd::Timers { qpn, timers } => {
                     if let Some(q) = self.qps.get_mut(qpn) {
                         q.hw.timers = timers;
@@ -693,6 +707,8 @@ impl Engine {
                         q.sq.next_psn = timers.sq_psn;
                     }
                 }
+                Cmd::Access { qpn, access } => self.set_access(qpn, access),
+                Cmd::NoLink(peer) => self.no_link(peer),
                 Cmd::AddLink(l) => {
                     self.links.push(EngineLink {
                         link: *l,
@@ -701,6 +717,7 @@ impl Engine {
                     self.ctl
                         .links_held
                         .store(self.links.len(), Ordering::Release);
+                    self.bind_awaiting(self.links.len() - 1);
                 }
             }
         }
@@ -718,6 +735,8 @@ impl Engine {
             hw,
             link: None,
             rqpn: 0,
+            awaiting: None,
+            peer_gone: false,
             err: false,
             cq_overrun: false,
             sq: SqContext {
@@ -745,6 +764,20 @@ impl Engine {
         self.active.push(n);
     }
 
+    /// The remote access QP `qpn` grants from now on. A QP that no longer takes remote writes
+    /// is withdrawn from its in-process peer's direct writes (they come as packets then, and
+    /// are refused).
+    fn set_access(&mut self, qpn: u32, access: Access) {
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return;
+        };
+        q.hw.access = access;
+        if q.rq.published && !access.contains(Access::REMOTE_WRITE) {
+            q.rq.published = false;
+            self.targets.close(qpn);
+        }
+    }
+
     /// A destroyed QP: out of the table, its queued packets dropped.
     fn remove_qp(&mut self, qpn: u32) {
         self.targets.close(qpn);
@@ -757,10 +790,12 @@ impl Engine {
     }
 
     /// A QP connected to peer QP `rqpn` of the device at the other end of the link to `peer`
-    /// (the newest link to it that is not dead). With none (the peer went away between the
-    /// connect's link set-up and this command), the QP fails as its first send would. On a
-    /// link within this process its context is published for direct writes.
-    fn connect(&mut self, qpn: u32, peer: u64, rqpn: u32, rq_psn: u32) {
+    /// (the newest link to it that is not dead). With none: if the link is being set up
+    /// (`lazy`), the QP waits for it ([`bind_awaiting`](Self::bind_awaiting)); otherwise the
+    /// peer went away between the connect's link set-up and this command, and the QP fails as
+    /// its first send would. On a link within this process its context is published for
+    /// direct writes.
+    fn connect(&mut self, qpn: u32, peer: u64, rqpn: u32, rq_psn: u32, lazy: bool) {
         let li = (self.links.iter()).rposition(|l| l.link.peer == peer && !l.link.dead);
         let Some(q) = self.qps.get_mut(qpn) else {
             return;
@@ -769,6 +804,12 @@ impl Engine {
         q.rqpn = rqpn;
         q.rq.exp_psn = rq_psn;
         q.sq.pending = true;
+        q.awaiting = (li.is_none() && lazy).then_some(peer);
+        q.peer_gone = false;
+        if q.awaiting.is_some() {
+            self.targets.close(qpn);
+            return;
+        }
         let Some(li) = li else {
             tracing::warn!(
                 "soft device: connect of QP {qpn:#x}: the link to peer device {peer:016x} is gone: the QP fails"
@@ -777,12 +818,49 @@ impl Engine {
             self.fail_first(qpn, Syndrome::TransportRetryExc);
             return;
         };
+        self.bind(qpn, li);
+    }
+
+    /// QP `qpn`, connected, goes over link `li`: on a link within this process its context is
+    /// published for direct writes (if it takes remote writes).
+    fn bind(&mut self, qpn: u32, li: usize) {
+        let Some(q) = self.qps.get_mut(qpn) else {
+            return;
+        };
+        q.link = Some(li);
+        q.awaiting = None;
+        q.sq.pending = true;
         let link = &self.links[li].link;
-        q.rq.published = link.peer_targets().is_some();
+        q.rq.published =
+            link.peer_targets().is_some() && q.hw.access.contains(Access::REMOTE_WRITE);
         if q.rq.published {
-            self.targets.open(qpn, link.pair_id, rqpn, q.hw.pd, rq_psn);
+            let (pair, rqpn, pd, psn) = (link.pair_id, q.rqpn, q.hw.pd, q.rq.exp_psn);
+            self.targets.open(qpn, pair, rqpn, pd, psn);
         } else {
             self.targets.close(qpn);
+        }
+    }
+
+    /// The link to `peer` will not come: the QPs that wait for it are left as a peer's clean
+    /// exit leaves them (their receives stay posted; work posted fails).
+    fn no_link(&mut self, peer: u64) {
+        for &qpn in &self.active {
+            if let Some(q) = self.qps.get_mut(qpn).filter(|q| q.awaiting == Some(peer)) {
+                q.awaiting = None;
+                q.peer_gone = true;
+                q.sq.pending = true;
+            }
+        }
+    }
+
+    /// The new link `li` came up: the QPs that wait for a link to its peer go over it.
+    fn bind_awaiting(&mut self, li: usize) {
+        let peer = self.links[li].link.peer;
+        let waiting: Vec<u32> = (self.active.iter().copied())
+            .filter(|&n| self.qps.get(n).is_some_and(|q| q.awaiting == Some(peer)))
+            .collect();
+        for qpn in waiting {
+            self.bind(qpn, li);
         }
     }
 

@@ -97,8 +97,19 @@ impl Engine {
             .then(|| q.hw.doorbell_end(db, q.sq.last_db, q.sq.ci as u16))
             .flatten();
         q.sq.last_db = db;
-        // (A QP in error needs no link: it flushes; its link may have been released.)
-        if (q.link.is_none() && !q.err) || q.sq.retry_at.is_some() {
+        // (A QP in error needs no link: it flushes; its link may have been released. One
+        // whose peer is gone fails what is posted: the steps find no link.)
+        if q.link.is_none() && !q.err && !q.peer_gone {
+            // Its link is being set up: work posted meanwhile waits for it under the
+            // transport timeout, which starts now.
+            if q.awaiting.is_some() && !q.sq.not_ready && q.hw.sq_producer() != q.sq.ci as u16 {
+                q.sq.not_ready = true;
+                q.sq.progressed = true;
+            }
+            q.sq.pending = true;
+            return work;
+        }
+        if q.sq.retry_at.is_some() {
             q.sq.pending = true;
             return work;
         }

@@ -69,8 +69,9 @@ impl Engine {
             return false;
         };
         let len = payload.len() as u64;
-        let written = remote_region(q.hw.pd, &self.mrc.slots, h, Access::REMOTE_WRITE, len)
-            .is_some_and(|e| e.write(h.raddr, payload));
+        let written = q.hw.access.contains(Access::REMOTE_WRITE)
+            && remote_region(q.hw.pd, &self.mrc.slots, h, Access::REMOTE_WRITE, len)
+                .is_some_and(|e| e.write(h.raddr, payload));
         if written {
             q.rq.inmsg = None;
             q.expect_next(&self.targets);
@@ -130,6 +131,7 @@ impl Engine {
         q.rq.inmsg = None;
         let slots = &*self.mrc.slots;
         let r = match op {
+            _ if !qp_grants(q, op) => Err(Refusal::Nak(Syndrome::RemoteAccess as u8)),
             Opcode::RdmaWrite | Opcode::RdmaWriteImm => accept_write(q, slots, h, op),
             Opcode::Send | Opcode::SendImm => accept_send(q, slots, h),
             Opcode::RdmaRead => serve_read(q, slots, h),
@@ -225,6 +227,18 @@ impl Engine {
         q.rq.ci += 1;
         self.enter_error(qpn, None);
     }
+}
+
+/// Whether the QP grants its peer the remote access `op` needs (the QP's access flags, checked
+/// before the region's, as the IB spec's responder does): sends need none.
+fn qp_grants(q: &QpContext, op: Opcode) -> bool {
+    let need = match op {
+        Opcode::RdmaWrite | Opcode::RdmaWriteImm => Access::REMOTE_WRITE,
+        Opcode::RdmaRead => Access::REMOTE_READ,
+        Opcode::AtomicCs | Opcode::AtomicFa => Access::REMOTE_ATOMIC,
+        _ => Access::empty(),
+    };
+    q.hw.access.contains(need)
 }
 
 /// An RDMA write (with immediate): a receive posted if it consumes one, and the rkey names
@@ -376,7 +390,7 @@ fn read_recv_wqe(hw: &QpHw, rq_ci: u64) -> SmallVec<[Seg; 4]> {
     let stride = (hw.rq_stride as usize).min(MAX_RQ_STRIDE);
     let mut slot = [0u8; MAX_RQ_STRIDE];
     hw.buf.read(
-        slot_off(0, rq_ci, hw.rq_cnt, hw.rq_stride as usize),
+        slot_off(hw.rq_off, rq_ci, hw.rq_cnt, hw.rq_stride as usize),
         &mut slot[..stride],
     );
     let segs = RecvWqe::parse(&slot[..stride]).map_or(DataSegs::EMPTY, |w| w.segs);

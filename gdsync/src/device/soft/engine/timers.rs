@@ -44,9 +44,16 @@ impl Engine {
     }
 
     /// Link `li` went down: its queue is dropped and its QPs fail with transport retries
-    /// exceeded. Returns whether a QP failed.
+    /// exceeded, except, where another process closed the link in order (it dropped its
+    /// device or exited cleanly, as a verbs program's end does), the QPs with nothing
+    /// outstanding: those keep their state and posted receives, as a ConnectX's QP learns
+    /// nothing of a peer's exit ([`peer_gone`](super::QpContext::peer_gone)). Returns whether
+    /// a QP failed. (A device of this process dropped still fails its peers' QPs.)
     fn link_down(&mut self, li: usize) -> bool {
         let (peer, why) = (self.links[li].link.peer, self.links[li].link.down_reason());
+        if self.links[li].link.peer_process_closed() {
+            self.detach_idle(li);
+        }
         let hit: Vec<u32> = (self.active.iter().copied())
             .filter(|&qpn| (self.qps.get(qpn)).is_some_and(|q| q.link == Some(li) && !q.err))
             .collect();
@@ -64,6 +71,23 @@ impl Engine {
             self.fail_first(qpn, Syndrome::TransportRetryExc);
         }
         !hit.is_empty()
+    }
+
+    /// The QPs of link `li`, whose peer closed it in order, that have nothing outstanding
+    /// (no request unanswered, no retry waiting) lose the link but not their state.
+    fn detach_idle(&mut self, li: usize) {
+        for i in 0..self.active.len() {
+            let qpn = self.active[i];
+            let Some(q) = self.qps.get_mut(qpn) else {
+                continue;
+            };
+            if q.link == Some(li) && !q.err && q.sq.out.is_empty() && q.sq.retry_at.is_none() {
+                q.link = None;
+                q.peer_gone = true;
+                q.rq.published = false;
+                self.targets.close(qpn);
+            }
+        }
     }
 
     /// Ends retry delays that ran out and fails QPs whose peer has not answered within
