@@ -662,8 +662,8 @@ fn nap(core: &EngineCore, backoff: &mut Backoff) {
 /// whose posts and polls run the rounds. An engine nobody drives (the process is a verbs
 /// program that knows nothing of gdsync, or its ranks are busy elsewhere) must find
 /// doorbells and other processes' packets by looking: it spins briefly after work, then
-/// sleeps in short steps ([`waiting`]), never yielding to a thread that would keep the core
-/// for a whole slice.
+/// yields, and once a yield kept it off its core for a slice (a thread beside it polls
+/// without backing off), sleeps in short steps instead ([`waiting`]).
 pub(super) fn shared_step(core: &EngineCore, w: &mut Waiting) {
     let now = Instant::now();
     core.timers_asked.store(true, Ordering::Release);
@@ -677,6 +677,10 @@ pub(super) fn shared_step(core: &EngineCore, w: &mut Waiting) {
     let step = w.next(now, driven, work);
     if step == Step::Spin {
         std::hint::spin_loop();
+        return;
+    }
+    if step == Step::Yield {
+        w.sleep(step);
         return;
     }
     core.ctl.sleeping.store(true, Ordering::SeqCst);

@@ -33,6 +33,9 @@ const SHORT_SLACK_NS: libc::c_ulong = 1_000;
 pub(super) enum Step {
     /// Look again at once.
     Spin,
+    /// Yield the core, then look again: while yields come back at once (the threads beside
+    /// the engine back off, as gdasync's ranks do, or the core is free).
+    Yield,
     /// Sleep this long (a poster's wake cuts it short), with the timer slack cut.
     Short(Duration),
     /// Sleep this long with the thread's ordinary timer slack: the ranks drive the engine.
@@ -40,8 +43,9 @@ pub(super) enum Step {
 }
 
 /// The step after a look that found nothing, `idle` after the engine's last work; `driven`:
-/// threads of the process ran the engine since its thread last looked.
-pub(super) fn step(idle: Duration, driven: bool) -> Step {
+/// threads of the process ran the engine recently; `contended`: a yield lately kept the
+/// engine off its core for a scheduler slice (a thread beside it polls without backing off).
+pub(super) fn step(idle: Duration, driven: bool, contended: bool) -> Step {
     if driven {
         // (The ranks' posts and polls run the rounds; the thread only runs the timers.)
         let k = (idle.as_micros() / 200).min(5) as u32;
@@ -50,12 +54,19 @@ pub(super) fn step(idle: Duration, driven: bool) -> Step {
     if idle < SPIN {
         return Step::Spin;
     }
+    if idle < DOUBLE_EVERY && !contended {
+        return Step::Yield;
+    }
     let k = (idle.as_micros() / DOUBLE_EVERY.as_micros()).min(16) as u32;
     Step::Short((SHORT_STEP * (1 << k)).min(LONGEST_STEP))
 }
 
 /// A helper ran the engine within this long: the process's threads drive it.
 const DRIVEN_WITHIN: Duration = Duration::from_millis(2);
+/// A yield that kept the engine away this long ran a thread that does not back off ...
+const SLOW_YIELD: Duration = Duration::from_micros(50);
+/// ... and the engine then sleeps in steps instead of yielding for this long.
+const CONTENDED_FOR: Duration = Duration::from_millis(100);
 
 /// The engine thread's waiting state in shared progress: since when it found no work, when
 /// the process's threads last drove it, its timer slack, and counts of what it did.
@@ -63,9 +74,12 @@ const DRIVEN_WITHIN: Duration = Duration::from_millis(2);
 pub(crate) struct Waiting {
     idle_since: Option<Instant>,
     driven_at: Option<Instant>,
+    /// When a yield last kept the engine off its core for a slice.
+    contended_at: Option<Instant>,
     slack: Slack,
-    /// Looks taken again at once, short sleeps, naps (read by tests).
+    /// Looks taken again at once, yields, short sleeps, naps (read by tests).
     pub(crate) spins: u64,
+    pub(crate) yields: u64,
     pub(crate) short_sleeps: u64,
     pub(crate) naps: u64,
 }
@@ -89,19 +103,32 @@ impl Waiting {
         let recently = self
             .driven_at
             .is_some_and(|t| now.duration_since(t) < DRIVEN_WITHIN);
-        let s = step(idle, recently);
+        let contended = self
+            .contended_at
+            .is_some_and(|t| now.duration_since(t) < CONTENDED_FOR);
+        let s = step(idle, recently, contended);
         match s {
             Step::Spin => self.spins += 1,
+            Step::Yield => self.yields += 1,
             Step::Short(_) => self.short_sleeps += 1,
             Step::Nap(_) => self.naps += 1,
         }
         s
     }
 
-    /// Sleeps for `step` (a sleep step or a nap), or until the thread is unparked.
+    /// Yields, or sleeps for `step` (a sleep step or a nap) or until the thread is unparked.
     pub(super) fn sleep(&mut self, step: Step) {
         let d = match step {
             Step::Spin => return,
+            Step::Yield => {
+                let t = Instant::now();
+                std::thread::yield_now();
+                let back = Instant::now();
+                if back.duration_since(t) > SLOW_YIELD {
+                    self.contended_at = Some(back);
+                }
+                return;
+            }
             Step::Short(d) | Step::Nap(d) => d,
         };
         self.slack.for_step(step);
@@ -142,35 +169,47 @@ mod tests {
     }
 
     #[test]
-    fn an_engine_nobody_drives_spins_after_work_then_sleeps_in_short_steps() {
-        assert_eq!(step(Duration::ZERO, false), Step::Spin);
-        assert_eq!(step(SPIN - us(1), false), Step::Spin);
-        assert_eq!(step(SPIN, false), Step::Short(SHORT_STEP));
-        assert_eq!(step(us(1_999), false), Step::Short(SHORT_STEP));
-        assert_eq!(step(us(2_000), false), Step::Short(SHORT_STEP * 2));
+    fn an_engine_nobody_drives_spins_after_work_then_sleeps_in_short_steps_when_contended() {
+        for contended in [false, true] {
+            assert_eq!(step(Duration::ZERO, false, contended), Step::Spin);
+            assert_eq!(step(SPIN - us(1), false, contended), Step::Spin);
+        }
+        assert_eq!(step(SPIN, false, true), Step::Short(SHORT_STEP));
+        assert_eq!(step(us(1_999), false, true), Step::Short(SHORT_STEP));
+        assert_eq!(step(us(2_000), false, true), Step::Short(SHORT_STEP * 2));
+    }
+
+    #[test]
+    fn an_engine_nobody_drives_yields_until_a_yield_cost_it_a_slice() {
+        assert_eq!(step(SPIN, false, false), Step::Yield);
+        assert_eq!(step(us(1_999), false, false), Step::Yield);
+        assert_eq!(step(us(2_000), false, false), Step::Short(SHORT_STEP * 2));
     }
 
     #[test]
     fn long_idleness_lengthens_the_steps_up_to_the_longest() {
         let mut last = Duration::ZERO;
         for ms in 0..100 {
-            let Step::Short(d) = step(Duration::from_millis(ms) + SPIN, false) else {
-                panic!("an undriven engine sleeps in steps, it never naps or yields");
+            let Step::Short(d) = step(Duration::from_millis(ms) + SPIN, false, true) else {
+                panic!("a contended undriven engine sleeps in steps, it never naps or yields");
             };
             assert!(d >= last && d <= LONGEST_STEP);
             last = d;
         }
         assert_eq!(last, LONGEST_STEP);
         assert_eq!(
-            step(Duration::from_secs(3600), false),
+            step(Duration::from_secs(3600), false, true),
             Step::Short(LONGEST_STEP)
         );
     }
 
     #[test]
     fn an_engine_the_ranks_drive_naps_as_before_and_never_spins() {
-        assert_eq!(step(Duration::ZERO, true), Step::Nap(us(32)));
-        assert_eq!(step(us(450), true), Step::Nap(us(128)));
-        assert_eq!(step(Duration::from_secs(1), true), Step::Nap(us(1024)));
+        assert_eq!(step(Duration::ZERO, true, false), Step::Nap(us(32)));
+        assert_eq!(step(us(450), true, true), Step::Nap(us(128)));
+        assert_eq!(
+            step(Duration::from_secs(1), true, false),
+            Step::Nap(us(1024))
+        );
     }
 }
