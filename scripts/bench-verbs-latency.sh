@@ -75,28 +75,12 @@ for r in $(seq "$reps"); do
       for which in before after; do
         lib=$before; [ $which = after ] && lib=$after
         v=$(run_pair "$lib" "$t" "$s")
-        echo "$t $s $which $v" >>"$results"
+        printf '%s -s %s\t%s\t%s\n' "$t" "$s" "$which" "$v" >>"$results"
         printf 'rep %d  %-12s -s %-5s %-6s %s\n' "$r" "$t" "$s" "$which" "$v"
       done
     done
   done
 done
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 - "$results" <<'PY'
-import statistics, sys
-rows = {}
-for line in open(sys.argv[1]):
-    t, s, which, v = (line.split() + [""])[:4]
-    rows.setdefault((t, s), {}).setdefault(which, []).append(v)
-print(f"{'test':<14}{'size':>6}{'before µs':>12}{'after µs':>11}{'ratio':>8}{'failed b/a':>12}")
-for (t, s), d in rows.items():
-    med, bad = {}, {}
-    for w in ("before", "after"):
-        vals = d.get(w, [])
-        ok = [float(v) for v in vals if v not in ("", "FAIL")]
-        bad[w] = len(vals) - len(ok)
-        med[w] = statistics.median(ok) if ok else float("nan")
-    ratio = med["after"] / med["before"] if med["before"] == med["before"] and med["before"] else float("nan")
-    print(f"{t:<14}{s:>6}{med['before']:>12.2f}{med['after']:>11.2f}{ratio:>8.3f}{bad['before']:>6}/{bad['after']}")
-PY
+python3 "$root/scripts/median-table.py" "$results" "µs"
 rm -rf "$logs"
