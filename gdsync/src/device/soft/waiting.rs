@@ -17,7 +17,7 @@
 use std::time::{Duration, Instant};
 
 /// After work, the engine looks again without sleeping for this long.
-pub(super) const SPIN: Duration = Duration::from_micros(20);
+pub(super) const SPIN: Duration = Duration::from_micros(5);
 /// The first sleep step of an engine nobody drives.
 pub(super) const SHORT_STEP: Duration = Duration::from_micros(10);
 /// Idle this long, an undriven engine's steps double (up to [`LONGEST_STEP`]).
