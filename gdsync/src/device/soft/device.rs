@@ -845,3 +845,6 @@ mod modify_tests;
 #[cfg(test)]
 #[path = "strict_tests.rs"]
 mod strict_tests;
+#[cfg(test)]
+#[path = "waiting_tests.rs"]
+mod waiting_tests;

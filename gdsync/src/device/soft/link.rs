@@ -77,12 +77,6 @@ impl Link {
         matches!(self.live, Liveness::Loopback)
     }
 
-    /// Whether the far end is an engine of another process (shared memory or a transport),
-    /// which only that process's threads drive.
-    pub(crate) fn is_remote(&self) -> bool {
-        matches!(self.live, Liveness::Process { .. } | Liveness::Bridged(_))
-    }
-
     /// Whether the receive ring is filled by this process's bridge thread from a transport
     /// (TCP), not by the peer engine's core.
     pub(crate) fn is_bridged(&self) -> bool {

@@ -26,6 +26,7 @@ mod shm_link;
 mod targets;
 pub(crate) mod tcp;
 mod uar;
+mod waiting;
 mod watch;
 mod wire;
 

@@ -25,6 +25,7 @@
 //! when a soft device is created ([`crate::env`]).
 
 use super::engine::Engine;
+use super::waiting::{Step, Waiting};
 use super::watch::Watch;
 use super::EngineCtl;
 use crate::backoff::Backoff;
@@ -33,7 +34,7 @@ use parking_lot::{Mutex, RwLock};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// How this process's soft engines make progress.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -620,13 +621,13 @@ pub(super) fn engine_thread(core: Arc<EngineCore>) {
     core.engine.lock().attach_thread();
     let mut backoff = Backoff::default();
     let mut round = 0u32;
-    let mut idle_since: Option<Instant> = None;
+    let mut waiting = Waiting::default();
     while !core.ctl.stop.load(Ordering::Acquire) {
         if SHARED.load(Ordering::Relaxed) {
-            shared_step(&core, &mut idle_since);
+            shared_step(&core, &mut waiting);
             continue;
         }
-        idle_since = None;
+        waiting.reset();
         // The coarse clock: every 64 rounds while spinning, every round once the engine
         // yields or sleeps between rounds (a round may then start milliseconds later).
         round = round.wrapping_add(1);
@@ -658,10 +659,12 @@ fn nap(core: &EngineCore, backoff: &mut Backoff) {
 }
 
 /// Shared mode: run what is pending (timers included), then leave the cores to the ranks,
-/// whose posts and polls run the rounds. Packets from other processes wake nobody here, so
-/// an engine with such links yields for a while after the last sign of life before it naps,
-/// unless the ranks themselves drive it (they poll, or call [`progress`]).
-fn shared_step(core: &EngineCore, idle_since: &mut Option<Instant>) {
+/// whose posts and polls run the rounds. An engine nobody drives (the process is a verbs
+/// program that knows nothing of gdsync, or its ranks are busy elsewhere) must find
+/// doorbells and other processes' packets by looking: it spins briefly after work, then
+/// yields, and once a yield kept it off its core for a slice (a thread beside it polls
+/// without backing off), sleeps in short steps instead ([`waiting`]).
+pub(super) fn shared_step(core: &EngineCore, w: &mut Waiting) {
     let now = Instant::now();
     core.timers_asked.store(true, Ordering::Release);
     // Ranks that drove the engine since the last look run the timers (asked above) and
@@ -670,13 +673,14 @@ fn shared_step(core: &EngineCore, idle_since: &mut Option<Instant>) {
     let driven = core.helped.swap(false, Ordering::Relaxed);
     set_flag(&core.owned, false);
     // As a doorbell: if a helper holds the engine, it runs the rounds (timers included).
-    if !driven && core.help(Who::Engine, Why::Doorbell) {
-        *idle_since = Some(now);
+    let work = !driven && core.help(Who::Engine, Why::Doorbell);
+    let step = w.next(now, driven, work);
+    if step == Step::Spin {
+        std::hint::spin_loop();
+        return;
     }
-    let idle = now.duration_since(*idle_since.get_or_insert(now));
-    let remote = !driven && core.engine.try_lock().is_some_and(|e| e.has_remote_links());
-    if remote && idle < Duration::from_millis(2) {
-        std::thread::yield_now();
+    if step == Step::Yield {
+        w.sleep(step);
         return;
     }
     core.ctl.sleeping.store(true, Ordering::SeqCst);
@@ -684,8 +688,7 @@ fn shared_step(core: &EngineCore, idle_since: &mut Option<Instant>) {
     let again = !driven && core.engine.try_lock().is_some_and(|mut e| e.last_look());
     // (A doorbell whose thread found the engine busy during the last look is waiting.)
     if !again && !core.ctl.has_cmds.load(Ordering::Acquire) && !core.asked.load(Ordering::SeqCst) {
-        let k = (idle.as_micros() / 200).min(5) as u32;
-        std::thread::park_timeout(Duration::from_micros(32 << k));
+        w.sleep(step);
     }
     core.ctl.sleeping.store(false, Ordering::Relaxed);
 }

@@ -670,11 +670,6 @@ impl Engine {
         self.now
     }
 
-    /// Whether a link leads to another process (whose engine nobody here can drive).
-    pub(crate) fn has_remote_links(&self) -> bool {
-        self.links.iter().any(|l| l.link.is_remote())
-    }
-
     /// Whether the device holds regions in GPU memory (copies to them bind a CUDA context,
     /// so only the engine's own thread may run rounds).
     pub(crate) fn has_gpu_regions(&self) -> bool {

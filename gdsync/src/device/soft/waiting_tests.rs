@@ -1,0 +1,57 @@
+//! How a real engine waits when no thread drives it (shared progress's step, run from the
+//! test thread on a soft device's engine): what it did, counted, not how long it took.
+
+use super::super::progress::shared_step;
+use super::super::waiting::{Step, Waiting};
+use super::SoftDevice;
+use std::time::{Duration, Instant};
+
+/// An engine with no work that no thread of the process drives (a verbs program under the
+/// emulated driver never lends its threads) spins a little, then yields or (where a yield
+/// cost it a slice) sleeps in short steps: it never naps as an engine the ranks drive does
+/// (the old policy napped from the first look, so a doorbell nobody announced waited up to
+/// a millisecond).
+#[test]
+fn an_engine_nobody_drives_spins_then_yields_or_sleeps_in_short_steps_never_naps() {
+    let dev = SoftDevice::spawn().unwrap();
+    let core = dev.engine.core.clone();
+    let mut w = Waiting::default();
+    let mut steps = 0u64;
+    while w.short_sleeps + w.yields < 20 {
+        shared_step(&core, &mut w);
+        steps += 1;
+        assert!(
+            steps < 50_000_000,
+            "no yield or short sleep after {steps} looks: {w:?}"
+        );
+    }
+    assert!(w.spins > 0, "the first looks after work are spins: {w:?}");
+    assert_eq!(
+        w.naps, 0,
+        "an undriven engine never takes the ranks' naps: {w:?}"
+    );
+}
+
+/// The steps of [`Waiting`], fed instants: work found starts the spin again, a helper that
+/// ran the engine turns the steps into naps, and they stay naps while the ranks drove it
+/// within the last two milliseconds.
+#[test]
+fn waiting_naps_while_the_ranks_drive_and_spins_again_after_work() {
+    let t0 = Instant::now();
+    let at = |us: u64| t0 + Duration::from_micros(us);
+    let mut w = Waiting::default();
+    assert_eq!(w.next(at(0), false, true), Step::Spin);
+    assert_eq!(w.next(at(100), false, false), Step::Yield);
+    assert_eq!(
+        w.next(at(101), false, true),
+        Step::Spin,
+        "work restarts the spin"
+    );
+    assert!(matches!(w.next(at(200), true, false), Step::Nap(_)));
+    assert!(matches!(w.next(at(1_000), false, false), Step::Nap(_)));
+    assert!(
+        matches!(w.next(at(3_000), false, false), Step::Short(_)),
+        "undriven for 2 ms: the engine looks for itself again"
+    );
+    assert_eq!((w.spins, w.yields, w.short_sleeps, w.naps), (2, 1, 1, 2));
+}
