@@ -67,6 +67,7 @@ mod random;
 pub mod release;
 mod shm;
 mod signal;
+pub mod staging;
 mod wr;
 
 pub use cq::{Completion, CompletionOp, Cq, CqError, CqPoll, WcStatus, MAX_KEPT_ERRORS};

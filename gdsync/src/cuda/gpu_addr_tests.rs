@@ -80,7 +80,7 @@ fn host_addrs(ops: &Ops) -> Vec<u64> {
             | Op::Doorbell { addr, .. }
             | Op::Wait32 { addr, .. }
             | Op::Wait64 { addr, .. } => Some(addr),
-            Op::Barrier => None,
+            Op::Barrier | Op::Copy { .. } => None,
         })
         .collect()
 }
