@@ -9,7 +9,7 @@
 //! executor with the CPU. Register [`Staging::bounce`] with the device as the send or
 //! receive buffer; [`Staging::chunks`] cuts a message into chunks and slots.
 
-use crate::cuda::Cuda;
+use crate::cuda::{Cuda, DeviceBuffer};
 use crate::ops::Ops;
 use crate::PinnedBuffer;
 use std::sync::Arc;
@@ -104,6 +104,36 @@ impl Staging {
         );
         o
     }
+    /// Ops: copy `len` bytes at byte `offset` of GPU buffer `buf` into slot `slot` (the list
+    /// keeps the buffer alive). Panics if the range is outside the buffer or the slot.
+    pub fn copy_out_of_device(
+        &self,
+        slot: usize,
+        buf: &Arc<DeviceBuffer>,
+        offset: usize,
+        len: usize,
+    ) -> Ops {
+        let src = device_range(buf, offset, len);
+        // SAFETY: the list keeps the buffer alive; the range lies inside it.
+        let mut o = unsafe { self.copy_out(slot, src, len) };
+        o.hold(buf.clone());
+        o
+    }
+    /// Ops: copy `len` bytes of slot `slot` to byte `offset` of GPU buffer `buf` (see
+    /// [`copy_out_of_device`](Self::copy_out_of_device)).
+    pub fn copy_in_to_device(
+        &self,
+        slot: usize,
+        buf: &Arc<DeviceBuffer>,
+        offset: usize,
+        len: usize,
+    ) -> Ops {
+        let dst = device_range(buf, offset, len);
+        // SAFETY: as copy_out_of_device.
+        let mut o = unsafe { self.copy_in(slot, dst, len) };
+        o.hold(buf.clone());
+        o
+    }
     /// `len` as a copy length, checked against the slot size.
     fn fit(&self, len: usize) -> u64 {
         assert!(
@@ -113,6 +143,16 @@ impl Staging {
         );
         len as u64
     }
+}
+
+/// The device address of `len` bytes at `offset` of `buf`; panics outside it.
+fn device_range(buf: &DeviceBuffer, offset: usize, len: usize) -> u64 {
+    assert!(
+        crate::bounds::fits(offset, len, buf.len()),
+        "{len} bytes at offset {offset} are outside the GPU buffer of {} bytes",
+        buf.len()
+    );
+    buf.ptr() + offset as u64
 }
 
 #[cfg(test)]
