@@ -518,6 +518,32 @@ fn logging_goes_to_stderr_filtered_by_gdsync_log() {
     );
 }
 
+/// `info` says how GPU payloads reach the soft device (staged: its engine cannot DMA GPU
+/// memory), and follows `GDSYNC_STAGING`.
+#[test]
+fn info_reports_the_gpu_memory_path() {
+    let out = output("info", &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let t = text(&out.stdout);
+    assert!(
+        t.contains("GPU memory path (soft device): Staged (auto: "),
+        "{t}"
+    );
+    let j = &json_lines("info", &[])[0];
+    assert!(
+        j.contains("\"gpu_memory\":{\"soft\":{\"path\":\"Staged\""),
+        "{j}"
+    );
+    let bad = tool("info")
+        .env("GDSYNC_STAGING", "sometimes")
+        .guarded_output();
+    let t = text(&bad.stdout) + &text(&bad.stderr);
+    assert!(
+        t.contains("GDSYNC_STAGING=\"sometimes\": expected auto, on or off"),
+        "{t}"
+    );
+}
+
 #[test]
 fn info_lists_the_soft_device_with_its_limits() {
     let out = output("info", &[]);
