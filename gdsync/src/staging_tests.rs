@@ -126,3 +126,50 @@ fn a_copy_larger_than_a_slot_is_refused() {
     // SAFETY: the list is never run.
     let _ = unsafe { st.copy_out(0, buf.as_ptr() as u64, 32) };
 }
+
+/// A CUDA stream runs a list with copies as runs of memory operations with the copies between
+/// them: the cut keeps the order, and every run keeps all the list's memory alive (a copy's
+/// memory must outlive the run after it).
+#[test]
+fn a_list_is_cut_at_its_copies_in_order_with_its_memory_kept() {
+    let st = Staging::new(64, None);
+    let flag = PinnedBuffer::new(64);
+    let src = [0u8; 8];
+    let mut ops = flag.wait32(0, 1, WaitCond::Geq);
+    // SAFETY: the list is never run.
+    ops.append(unsafe { st.copy_out(1, src.as_ptr() as u64, 8) });
+    ops.append(flag.write32(4, 2));
+    ops.append(flag.write32(8, 3));
+    // SAFETY: as above.
+    ops.append(unsafe { st.copy_in(0, src.as_ptr() as u64, 8) });
+    let parts = ops.split_at_copies();
+    let shape: Vec<String> = parts
+        .iter()
+        .map(|p| match p {
+            Ok(run) => format!("run of {}", run.len()),
+            Err(op) => format!(
+                "copy of {}",
+                if let Op::Copy { len, .. } = op {
+                    *len
+                } else {
+                    0
+                }
+            ),
+        })
+        .collect();
+    assert_eq!(shape, ["run of 1", "copy of 8", "run of 2", "copy of 8"]);
+    for run in parts.iter().filter_map(|p| p.as_ref().ok()) {
+        assert_eq!(
+            run.kept().len(),
+            ops.kept().len(),
+            "every run keeps the list's memory"
+        );
+    }
+    assert_eq!(
+        ops.kept().len(),
+        2,
+        "the flag's buffer and the bounce buffer"
+    );
+    let plain = flag.write32(0, 1).split_at_copies();
+    assert!(matches!(plain.as_slice(), [Ok(r)] if r.len() == 1));
+}
