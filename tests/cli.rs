@@ -153,9 +153,95 @@ fn bad_pingpong_arguments_are_clean_errors() {
         ),
         (&["--device", "mlx5 0"][..], "not a device name"),
         (&["-d", "mlx5_0:0"][..], "not a port number"),
+        (&["--ringers", "mixed"][..], "--ringers applies"),
+        (
+            &["--trigger", "stream", "--raw", "--ringers", "mixed"][..],
+            "--ringers applies",
+        ),
+        (&["--explain", "--api", "mp"][..], "--explain prints"),
+        (&["--explain", "--trigger", "host"][..], "--explain prints"),
     ] {
         refused("pingpong", args, says);
     }
+}
+
+/// The stream loop of `pingpong --trigger stream` runs to the end on a host stream (no GPU)
+/// for every op, its `--raw` floor, `--ringers mixed` and `--api mp`: each list begins with its wait,
+/// rank 0 has one list more (the last answer's wait), and rank 1's queues outlive its
+/// stream until rank 0 has seen its last message.
+#[test]
+fn pingpong_stream_loop_runs_on_a_host_stream() {
+    for extra in [
+        &["--op", "write"][..],
+        &["--op", "write-imm"],
+        &["--op", "send"],
+        &["--raw"],
+        &["--ringers", "mixed"],
+        &["--api", "mp", "--op", "send"],
+    ] {
+        let mut args = vec!["--trigger", "stream", "--host-stream", "--size", "8"];
+        args.extend(["--iters", "300", "--warmup", "20", "--json"]);
+        args.extend(extra);
+        let out = output("pingpong", &args);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        let row = stdout.lines().find(|l| l.contains("\"t_p50_us\""));
+        assert!(
+            row.is_some_and(|r| r.contains("\"iters\":300")),
+            "{args:?}:\n{stdout}"
+        );
+    }
+}
+
+/// `pingpong --explain` prints the lists the GPU loops build, without a GPU: a stream's
+/// commits store "rung to" after the doorbell only with `--ringers mixed`, and a kernel's
+/// send then ends with a release store; the `--raw` floor writes the marker to the peer.
+#[test]
+fn pingpong_explain_prints_the_gpu_loops_lists() {
+    let lines = |args: &[&str]| -> String {
+        let out = output("pingpong", args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let all = lines(&["--explain", "--size", "8"]);
+    for want in [
+        "== --trigger stream --op write --raw",
+        "== --trigger kernel --op send",
+        "    shape: wait w32 w64\n",
+        "    shape: wait w32 w32 db w64\n",
+        "    shape: wait w32 w32 db w64 wait w32 w64\n",
+        "fence.sys; st dbrec; fence.sys; st doorbell\n",
+        "send wait",
+    ] {
+        assert!(all.contains(want), "want {want:?} in\n{all}");
+    }
+    assert!(!all.contains("rung-to"), "{all}");
+    let mixed = lines(&[
+        "--explain",
+        "--size",
+        "8",
+        "--trigger",
+        "stream",
+        "--ringers",
+        "mixed",
+    ]);
+    assert!(
+        mixed.contains("    shape: wait w32 w32 db w64 w64\n"),
+        "{mixed}"
+    );
+    let kernel = lines(&[
+        "--explain",
+        "--size",
+        "8",
+        "--trigger",
+        "kernel",
+        "--ringers",
+        "mixed",
+    ]);
+    assert!(
+        kernel.contains("st doorbell; st.release.sys rung-to\n"),
+        "{kernel}"
+    );
 }
 
 #[test]
@@ -189,6 +275,54 @@ fn bad_bandwidth_and_stencil_arguments_are_clean_errors() {
         refused("stencil2d", args, says);
     }
     refused("launch_probe", &["sideways"], "invalid value");
+}
+
+/// `--gpus` is one flag in every tool: a list of distinct GPU ordinals, refused where no GPU
+/// is used, and reported (`gpus`, `null` without a GPU) in every tool's JSON.
+#[test]
+fn the_gpus_flag_is_checked_and_reported_alike_in_every_tool() {
+    for name in ["pingpong", "bandwidth", "stencil2d"] {
+        refused(name, &["--gpus", "x"], "not a GPU number");
+        refused(name, &["--gpus", "0,,1"], "not a GPU number");
+        refused(name, &["--gpus=-1"], "not a GPU number");
+        refused(name, &["--gpus", "1,0,1"], "GPU 1 is listed twice");
+        refused(name, &["--gpus", "0"], "--gpus applies");
+        let out = output(name, &["--gpus", "0"]);
+        assert_eq!(out.status.code(), Some(2), "{name}: {}", text(&out.stderr));
+    }
+    refused(
+        "stencil2d",
+        &["--trigger", "stream", "--gpus", "0,1"],
+        "needs a CUDA GPU",
+    );
+    refused("stencil2d", &["--shared-device"], "--shared-device applies");
+    refused(
+        "stencil2d",
+        &[
+            "--trigger",
+            "host",
+            "--ranks-as",
+            "procs",
+            "--shared-device",
+        ],
+        "--shared-device applies",
+    );
+    refused(
+        "pingpong",
+        &["--trigger", "kernel", "--gpus", "1"],
+        "needs a CUDA GPU",
+    );
+    refused(
+        "bandwidth",
+        &["--mem", "device", "--gpus", "0"],
+        "needs a CUDA GPU",
+    );
+    let pp = json_lines("pingpong", &["--sizes", "8", "--iters", "50"]);
+    let bw = json_lines("bandwidth", &["--sizes", "64", "--iters", "50"]);
+    let st = json_lines("stencil2d", &["--n", "16", "--iters", "2"]);
+    for line in pp.iter().chain(&bw).chain(&st) {
+        assert_eq!(gpus_field(line), "null", "{line}");
+    }
 }
 
 /// One convention for exit statuses, clap's: 2 when the command line is wrong (clap's own
@@ -600,6 +734,125 @@ fn tool_under(emu: &uverbs_emu::Emulator, gpu: bool, name: &str) -> Command {
 }
 
 /// `name args` under the emulated RDMA driver with `spec`'s devices: its output.
+/// The `gpus` field of a JSON row: its string (`0,1`), or `null`.
+fn gpus_field(line: &str) -> String {
+    let at = line
+        .find("\"gpus\":")
+        .unwrap_or_else(|| panic!("no gpus in {line}"))
+        + 7;
+    let rest = &line[at..];
+    match rest.strip_prefix('"') {
+        Some(s) => s[..s.find('"').unwrap()].to_string(),
+        None => rest[..rest.find([',', '}']).unwrap()].to_string(),
+    }
+}
+
+/// Example `name` seeing the machine's GPUs.
+fn gpu_tool(name: &str) -> Command {
+    let mut c = tool(name);
+    c.env_remove("GDSYNC_CUDA");
+    c
+}
+
+/// `name --json args` with the GPUs: its rows (the run must succeed).
+fn gpu_json(name: &str, args: &[&str]) -> Vec<String> {
+    let out = gpu_tool(name).arg("--json").args(args).guarded_output();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{name} {args:?}: {err}");
+    let rows: Vec<String> = text(&out.stdout).lines().map(String::from).collect();
+    for r in &rows {
+        json::check(r).unwrap_or_else(|e| panic!("{name}: {e} in {r}"));
+    }
+    rows
+}
+
+/// Ranks go round robin over the machine's GPUs unless `--gpus` says otherwise, every tool
+/// reports where, and what crosses GPUs works: with two GPUs rank 0 and rank 1 run on
+/// different ones (memory registered on one, streams and kernels on the other, the soft
+/// device's copies through each region's own GPU), and stencil2d's result stays bit-exact.
+#[test]
+#[ignore = "needs a CUDA GPU (two for the placement across GPUs): GDSYNC_TEST_CUDA=1 cargo test --release --test cli -- --include-ignored gpus"]
+fn ranks_are_placed_round_robin_over_the_gpus() {
+    let n = gdasync::gdsync::cuda::Cuda::get()
+        .map(|c| c.gpus.len())
+        .unwrap_or(0);
+    assert!(n > 0, "no CUDA GPU");
+    let rr = |ranks: usize| -> String {
+        let v: Vec<String> = (0..ranks).map(|r| (r % n).to_string()).collect();
+        v.join(",")
+    };
+    for trigger in ["host", "stream", "kernel"] {
+        for halo in ["host", "device"] {
+            let args = [
+                "--trigger",
+                trigger,
+                "--halo",
+                halo,
+                "--ranks",
+                "4",
+                "--n",
+                "64",
+            ];
+            let st = gpu_json(
+                "stencil2d",
+                &[&args[..], &["--iters", "20", "--check"]].concat(),
+            );
+            assert_eq!(gpus_field(&st[0]), rr(4), "{}", st[0]);
+            assert_eq!(common::json_field(&st[0], "mismatches"), "0", "{}", st[0]);
+        }
+        for mem in ["host", "device"] {
+            let t = ["--trigger", trigger, "--mem", mem, "--sizes", "8,65536"];
+            let pp = gpu_json("pingpong", &[&t[..], &["--iters", "300"]].concat());
+            assert_eq!(gpus_field(&pp[0]), rr(2), "{}", pp[0]);
+            let mp = [
+                "--api",
+                "mp",
+                "--trigger",
+                trigger,
+                "--mem",
+                mem,
+                "--iters",
+                "300",
+            ];
+            let pp = gpu_json("pingpong", &[&mp[..], &["--sizes", "8"]].concat());
+            assert_eq!(gpus_field(&pp[0]), rr(2), "mp: {}", pp[0]);
+            if trigger != "host" {
+                let bw = gpu_json("bandwidth", &[&t[..], &["--iters", "300"]].concat());
+                assert_eq!(gpus_field(&bw[0]), rr(2), "{}", bw[0]);
+            }
+        }
+    }
+    // Every rank on the last GPU, as asked.
+    let last = (n - 1).to_string();
+    let st = gpu_json(
+        "stencil2d",
+        &[
+            "--trigger",
+            "stream",
+            "--ranks",
+            "2",
+            "--n",
+            "32",
+            "--iters",
+            "5",
+            "--gpus",
+            &last,
+        ],
+    );
+    assert_eq!(gpus_field(&st[0]), format!("{last},{last}"));
+    // A GPU that is not here: one line, naming those that are.
+    let out = gpu_tool("stencil2d")
+        .args(["--trigger", "stream", "--gpus", &n.to_string()])
+        .guarded_output();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with(&format!("error: --gpus: no GPU {n} on this machine")),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
 /// The soft device asked for by name where an mlx5 device is present is no warning: it was
 /// asked for.
 #[test]

@@ -5,14 +5,15 @@
 mod common;
 
 use common::gpu::{gpu, Buf};
+use common::{example, json_field};
 use gdasync::gdsync::cuda::{CudaEvent, CudaStream, DeviceBuffer, MemoryKind, Module};
 use gdasync::gdsync::exec::Executor;
 use gdasync::gdsync::format::Syndrome;
 use gdasync::gdsync::kernel::{code, DescRing, RingDesc};
 use gdasync::gdsync::ops::WaitCond;
 use gdasync::gdsync::{
-    Access, Cq, Device, Error, PinnedBuffer, ProtectionDomain, Qp, QpConfig, RecvWr, SendWr,
-    SignalWords,
+    Access, Cq, Device, Error, PinnedBuffer, ProtectionDomain, Qp, QpConfig, RecvWr, Ringers,
+    SendWr, SignalWords,
 };
 use std::time::{Duration, Instant};
 
@@ -29,12 +30,15 @@ struct Pair {
 }
 
 fn pair() -> Pair {
+    pair_with(&QpConfig::default())
+}
+
+/// [`pair`], QP `a` created with `cfg`.
+fn pair_with(cfg: &QpConfig) -> Pair {
     let dev = Device::soft().unwrap();
     let pd = dev.alloc_pd();
     let cqs: Vec<Cq> = (0..4).map(|_| dev.create_cq(256).unwrap()).collect();
-    let mut a = pd
-        .create_qp(&cqs[0], &cqs[1], &QpConfig::default())
-        .unwrap();
+    let mut a = pd.create_qp(&cqs[0], &cqs[1], cfg).unwrap();
     let mut b = pd
         .create_qp(&cqs[2], &cqs[3], &QpConfig::default())
         .unwrap();
@@ -583,6 +587,63 @@ fn stream_triggered_with_a_cpu_proxy_handler() {
     cqs[0].check().unwrap();
 }
 
+/// A QP of `Ringers::Executors`: a CUDA stream commits sends (no "rung to" after their
+/// doorbells) and waits for the last one's completion; the CPU posts as soon as that wait has
+/// retired it. Every send completes without error, in
+/// order, hundreds of times (the soft device fails a QP whose doorbell goes backwards).
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
+fn executors_only_stream_commits_and_cpu_posts_after_the_stream_wait() {
+    let _gpu = gpu();
+    let p = &mut pair_with(&QpConfig {
+        ringers: Ringers::Executors,
+        ..QpConfig::default()
+    });
+    let stream = CudaStream::new(0).unwrap();
+    let mut src = pattern(64, 5);
+    let mut dst = vec![0u8; 64];
+    let smr = p.pd.register(&mut src, Access::empty()).unwrap();
+    let dmr =
+        p.pd.register(&mut dst, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let wr = |k: u64, id: u64| {
+        SendWr::write(dmr.remote().at(8 * k))
+            .sge(smr.sge(8 * k as usize..8 * k as usize + 8))
+            .wr_id(id)
+    };
+    let mut next = 0u64;
+    for round in 0..300 {
+        let mut last = None;
+        for k in 0..7u64 {
+            let prepared = p.a.prepare_send(&wr(k, next)).unwrap();
+            last = Some(p.a.post_prepared(prepared, &stream).unwrap());
+            next += 1;
+        }
+        p.a.wait_send(&last.unwrap(), &stream).unwrap();
+        let start = Instant::now();
+        while p.a.has_unrung_commits() {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "round {round}: the stream's wait never retired the sends"
+            );
+            std::hint::spin_loop();
+        }
+        p.a.post_send(&wr(7, next)).unwrap();
+        next += 1;
+        stream.synchronize().unwrap();
+        // The stream's wait consumed the commits' completions; the CPU post's comes next.
+        let c = p.a_scq.wait_one(Duration::from_secs(5)).unwrap();
+        assert!(
+            c.is_ok() && c.wr_id == next - 1,
+            "round {round}: {c:?}; {}",
+            p.a.describe()
+        );
+    }
+    let mut got = vec![0u8; 64];
+    dmr.read_at(0, &mut got);
+    assert_eq!(got, pattern(64, 5));
+}
+
 /// CPU posts interleaved with sends a CUDA stream commits on one QP, thousands of times: the
 /// CPU post waits until the stream's doorbell is out ("rung to", stored by the stream after
 /// its doorbell), so doorbells never go backwards. The soft device refuses one that does (a
@@ -636,4 +697,34 @@ fn stream_commits_and_cpu_posts_interleave_on_one_qp() {
     let mut got = vec![0u8; 64];
     dmr.read_at(0, &mut got);
     assert_eq!(got, pattern(64, 3));
+}
+
+/// pingpong's stream and kernel loops on the GPU, every op and the `--raw` floor, with
+/// commits that publish no "rung to" (the default for these loops) and with `--ringers
+/// mixed`: each run ends (no stall, no error completion) with its row of figures.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
+fn pingpong_gpu_loops_with_and_without_rung_to() {
+    let _gpu = gpu();
+    for trigger in ["stream", "kernel"] {
+        for extra in [
+            &["--op", "write"][..],
+            &["--op", "write-imm"],
+            &["--op", "send"],
+            &["--raw"],
+            &["--ringers", "mixed"],
+        ] {
+            let mut args = vec!["--trigger", trigger, "--size", "8", "--iters", "300"];
+            args.extend(["--warmup", "50", "--json"]);
+            args.extend(extra);
+            let (ok, out, err) = example::run("pingpong", &args);
+            assert!(ok, "pingpong {args:?} failed:\n{out}\n{err}");
+            let row = out.lines().find(|l| l.contains("\"t_p50_us\""));
+            let row = row.unwrap_or_else(|| panic!("pingpong {args:?}: no row in\n{out}"));
+            assert_eq!(json_field(row, "iters"), "300", "{row}");
+            let p50: f64 = json_field(row, "t_p50_us").parse().unwrap();
+            assert!(p50 > 0.0 && p50.is_finite(), "{row}");
+            eprintln!("pingpong {args:?}: p50 {p50} us");
+        }
+    }
 }

@@ -13,14 +13,70 @@ use common::kernel_qp::{advance, connected, message, pinned, read, write};
 use gdasync::gdsync::format::{
     DataSeg, DataSegs, FmCeSe, Opcode, RaddrSeg, RecvWqe, SendWqe, Syndrome, WqeData,
 };
-use gdasync::gdsync::kernel::{code, DeviceQp, PeerDesc, QpDesc};
-use gdasync::gdsync::{Device, NicHandler, QpConfig, RecvWr, SendWr};
+use gdasync::gdsync::kernel::{code, DeviceQp, PeerDesc, QpDesc, SendDesc, WaitDesc};
+use gdasync::gdsync::{Device, NicHandler, QpConfig, RecvWr, Ringers, SendWr};
 use std::time::{Duration, Instant};
 
 /// A wait that should pass promptly (seconds: a loaded 2-core machine must never trip it).
 const TIMEOUT_NS: u64 = 20_000_000_000;
 
 // ------------------------------------------------------------------ kernel-driven QPs
+
+/// Commits run by the header's `gds_send` from their send descriptors, each followed by
+/// `gds_wait` on its completion descriptor: the soft device executes every send. A QP of
+/// `Ringers::Mixed` gets "rung to" stored after each doorbell; one of `Ringers::Executors`
+/// gets none (its descriptors carry no address for it), and a CPU post on it is refused until
+/// the completion wait has retired the send, then goes out in order.
+#[test]
+#[cfg_attr(
+    not(clang_cuda),
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
+)]
+fn header_sends_commits_with_and_without_rung_to() {
+    for ringers in [Ringers::Mixed, Ringers::Executors] {
+        let cfg = QpConfig {
+            ringers,
+            ..QpConfig::default()
+        };
+        let (_dev, pd, mut a, b) = connected(&cfg);
+        let (src, smr) = pinned(&pd, 64);
+        let (dst, dmr) = pinned(&pd, 64);
+        for i in 0..40u64 {
+            let data = message(i, 1, 64);
+            write(src.addr(), &data);
+            let wr = SendWr::write(dmr.remote().at(0)).sge(smr.sge(..));
+            let p = a.qp.prepare_send(&wr).unwrap();
+            let (t, ops) = a.qp.commit(p).unwrap();
+            let d = SendDesc::from_ops(&ops).unwrap();
+            assert_eq!(d.rung != 0, ringers == Ringers::Mixed, "{ringers:?}: {d:?}");
+            assert_eq!(gds::send(&d), code::OK);
+            // Rung; only "rung to" or a retired completion can tell a CPU post.
+            let mixed = ringers == Ringers::Mixed;
+            assert_eq!(a.qp.has_unrung_commits(), !mixed, "{ringers:?} send {i}");
+            if !mixed {
+                let e =
+                    a.qp.post_send(&SendWr::write(dmr.remote().at(0)).sge(smr.sge(..)));
+                assert!(e.unwrap_err().to_string().contains("Ringers::Mixed"));
+            }
+            let w = a.qp.send_wait_ops(&t).unwrap();
+            assert_eq!(
+                gds::wait(&WaitDesc::from_ops(&w).unwrap(), TIMEOUT_NS),
+                code::OK
+            );
+            assert!(!a.qp.has_unrung_commits(), "{ringers:?} send {i}");
+            assert_eq!(read(dst.addr(), 64), data, "{ringers:?} send {i}");
+            // A CPU post now goes out after it.
+            a.qp.post_send(&wr.wr_id(i)).unwrap();
+            let c = a.scq.wait_one(Duration::from_secs(20)).unwrap();
+            assert!(
+                c.is_ok() && c.wr_id == i,
+                "{ringers:?}: {c:?}; {}",
+                a.qp.describe()
+            );
+        }
+        drop(b);
+    }
+}
 
 /// One "kernel" per end, each driving its QP: ping-pongs of sends of varying lengths, data
 /// checked on arrival. Small rings and CQs (16) wrap ~60 times, and the counters start just
@@ -1360,4 +1416,16 @@ fn header_device_code_compiles_as_cuda() {
 fn pingpong_kernels_compile_as_cuda() {
     let src = include_str!("../examples/pingpong/kernels.cu");
     common::clang::check_cuda("pingpong", src);
+}
+
+/// The step sequences `memop_cost` times in a kernel compile as CUDA (clang, where NVRTC and
+/// the GPU are not).
+#[test]
+#[cfg_attr(
+    not(clang_cuda),
+    ignore = "needs clang++ with its CUDA front end when the tests are built (apt-get install clang, then touch build.rs)"
+)]
+fn memop_cost_kernel_compiles_as_cuda() {
+    let src = include_str!("../examples/memop_cost.cu");
+    common::clang::check_cuda("memop_cost", src);
 }

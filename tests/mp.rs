@@ -776,17 +776,33 @@ fn receives_behind_a_held_stream_send() {
 /// stays at most `AHEAD` iterations ahead. Every iteration must complete (no stall).
 #[test]
 fn four_ranks_large_halos_on_a_host_stream() {
+    four_ranks_halo_pattern(false);
+}
+
+/// The same with a soft device for each rank (in-process links between four engines), as
+/// stencil2d's thread ranks of the GPU triggers run.
+#[test]
+fn four_ranks_with_a_device_each_large_halos_on_a_host_stream() {
+    four_ranks_halo_pattern(true);
+}
+
+/// The stencil's stream pattern between four thread ranks: on one soft device, or
+/// (`device_each`) on a device each.
+fn four_ranks_halo_pattern(device_each: bool) {
     use gdasync::gdsync::exec::OpBatch;
     const AHEAD: usize = 4;
     const RECVS: usize = AHEAD + 2;
     const SENDS: usize = AHEAD + 1;
     const LEN: usize = 32 << 10;
     const ITERS: u64 = 300;
-    let dev = Device::soft().unwrap();
+    let shared = Device::soft().unwrap();
     let hs: Vec<_> = ThreadBootstrap::group(4)
         .into_iter()
         .map(|b| {
-            let dev = dev.clone();
+            let dev = match device_each {
+                true => Device::soft().unwrap(),
+                false => shared.clone(),
+            };
             std::thread::spawn(move || {
                 let mut comm = Comm::new(Box::new(b), &dev).unwrap();
                 let me = comm.rank();
@@ -852,6 +868,112 @@ fn four_ranks_large_halos_on_a_host_stream() {
     for h in hs {
         h.join().unwrap();
     }
+}
+
+/// A credit and a send to one peer, next to each other in a stream's list, are rung with one
+/// doorbell: the stencil's stream pattern between four thread ranks (two neighbours each)
+/// rings 2 doorbells per iteration when each peer's credit goes just before its send, and 4
+/// when all credits go before all sends (the order stencil2d used to have).
+#[test]
+fn a_credit_next_to_its_peers_send_shares_the_doorbell() {
+    // 40 iterations, two sends each; credits in iterations 1 to 34. Apart: a doorbell for
+    // each credit and each send (2 + 34 * 4 + 5 * 2). Adjacent: one per send, plus one where a
+    // send had to wait for its credit, which splits the pair: only in iterations 1 to 3 (from
+    // iteration 4 on, the CPU has waited for a message its peer rang after the credit).
+    let (adjacent, apart) = (halo_doorbells(true), halo_doorbells(false));
+    assert_eq!(apart, 148);
+    assert!((80..=86).contains(&adjacent), "{adjacent}");
+}
+
+/// Doorbells over 40 iterations (the most of any rank) of the stencil's stream pattern, each
+/// rank on a device of its own; `adjacent`: each credit just before the send to its peer.
+fn halo_doorbells(adjacent: bool) -> u64 {
+    use gdasync::gdsync::exec::{Executor, OpBatch};
+    use gdasync::gdsync::ops::{Op, Ops};
+    const AHEAD: usize = 4;
+    const RECVS: usize = AHEAD + 2;
+    const SENDS: usize = AHEAD + 1;
+    const LEN: usize = 256;
+    const ITERS: u64 = 40;
+    /// Counts the doorbells of the lists it passes on.
+    struct Doorbells<'a>(&'a HostStream, std::cell::Cell<u64>);
+    impl Executor for Doorbells<'_> {
+        fn submit(&self, ops: Ops) -> gdasync::gdsync::Result<()> {
+            let n = ops
+                .as_slice()
+                .iter()
+                .filter(|o| matches!(o, Op::Doorbell { .. }));
+            self.1.set(self.1.get() + n.count() as u64);
+            self.0.submit(ops)
+        }
+    }
+    let hs: Vec<_> = ThreadBootstrap::group(4)
+        .into_iter()
+        .map(|b| {
+            let dev = Device::soft().unwrap();
+            std::thread::spawn(move || {
+                let mut comm = Comm::new(Box::new(b), &dev).unwrap();
+                let me = comm.rank();
+                let peers = [(me + 1) % 4, (me + 3) % 4];
+                let stream = HostStream::new().unwrap();
+                let (batch, counted) = (OpBatch::new(), Doorbells(&stream, Default::default()));
+                let mut sbuf = vec![0u8; 2 * SENDS * LEN];
+                let mut rbuf = vec![0u8; 2 * RECVS * LEN];
+                let smr = comm.register(&mut sbuf).unwrap();
+                let rmr = comm.register(&mut rbuf).unwrap();
+                let at = |k: usize, n: usize, i: u64| (k * n + (i as usize % n)) * LEN;
+                let send = |k: usize, i: u64| smr.sge(at(k, SENDS, i)..at(k, SENDS, i) + LEN);
+                let recv = |k: usize, i: u64| rmr.sge(at(k, RECVS, i)..at(k, RECVS, i) + LEN);
+                let mut recvs: Vec<Vec<Option<_>>> = vec![vec![None; RECVS]; 2];
+                for i in 0..RECVS as u64 {
+                    for (k, &p) in peers.iter().enumerate() {
+                        recvs[k][i as usize % RECVS] =
+                            Some(comm.irecv_on(recv(k, i), p, &batch).unwrap());
+                    }
+                }
+                batch.flush(&stream).unwrap();
+                let mut in_flight = std::collections::VecDeque::new();
+                for i in 0..ITERS {
+                    while in_flight.len() >= AHEAD {
+                        let done: Vec<_> = in_flight.pop_front().unwrap();
+                        comm.wait_all(&done).unwrap();
+                    }
+                    let j = i + RECVS as u64 - 1;
+                    let credit = i > 0 && j < ITERS;
+                    let mut reqs = Vec::new();
+                    for (k, &p) in peers.iter().enumerate() {
+                        if credit && adjacent {
+                            recvs[k][j as usize % RECVS] =
+                                Some(comm.irecv_on(recv(k, j), p, &batch).unwrap());
+                        }
+                        reqs.push(comm.isend_on(send(k, i), p, &batch).unwrap());
+                    }
+                    let got: Vec<_> = (0..2)
+                        .map(|k| recvs[k][i as usize % RECVS].take().unwrap())
+                        .collect();
+                    comm.wait_all_on(&got, &batch).unwrap();
+                    batch.flush(&counted).unwrap();
+                    reqs.extend(got);
+                    if credit && !adjacent {
+                        // (Given after the list, as after a kernel: the next list opens with them.)
+                        for (k, &p) in peers.iter().enumerate() {
+                            recvs[k][j as usize % RECVS] =
+                                Some(comm.irecv_on(recv(k, j), p, &batch).unwrap());
+                        }
+                    }
+                    in_flight.push_back(reqs);
+                }
+                batch.flush(&counted).unwrap();
+                stream.synchronize().unwrap();
+                for done in in_flight {
+                    comm.wait_all(&done).unwrap();
+                }
+                comm.barrier().unwrap();
+                counted.1.get()
+            })
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).max().unwrap()
 }
 
 /// A wait that never passes ends with a report of the connection: rank 1 posts receives

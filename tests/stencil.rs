@@ -181,6 +181,65 @@ fn gpu_triggers_are_bit_exact() {
     }
 }
 
+/// Thread ranks on one shared soft device (`--shared-device`, one engine for every rank) as
+/// well as with a device each (the default of the GPU triggers), with `--trace`: bit-exact
+/// either way, and the trace accounts for the run on stderr (threads, steps, and the stream's
+/// memory operations per iteration).
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test stencil -- --include-ignored"]
+fn gpu_devices_per_rank_or_shared_are_bit_exact_and_traced() {
+    let _g = gpu();
+    for trigger in ["host", "stream", "kernel"] {
+        for shared in [false, true] {
+            let mut all = vec!["--check", "--json", "--trace", "--trigger", trigger];
+            all.extend([
+                "--ranks", "4", "--n", "64", "--iters", "300", "--warmup", "5",
+            ]);
+            if shared {
+                all.push("--shared-device");
+            }
+            let (ok, out, err) = run(&all);
+            assert!(ok, "{all:?} failed:\n{out}\n{err}");
+            let line = out.lines().last().unwrap_or("");
+            assert_eq!(field(line, "mismatches"), "0", "{all:?}: {line}");
+            let devices = if shared {
+                "one for all ranks"
+            } else {
+                "one per rank"
+            };
+            assert_eq!(field(line, "devices"), devices, "{line}");
+            let engines = if shared {
+                "1 soft-device engine"
+            } else {
+                "4 soft-device engine"
+            };
+            assert!(err.contains("trace process: 4 rank thread(s)"), "{err}");
+            assert!(err.contains(engines), "{err}");
+            assert!(err.contains("busy over the timed run"), "{err}");
+            assert!(
+                err.contains("trace rank 3, CPU µs per iteration by step"),
+                "{err}"
+            );
+            if trigger == "stream" {
+                // Two neighbours: a doorbell record, barrier, doorbell and "rung to" per
+                // neighbour (its credit and its send rung together), a wait and a consumer
+                // index per halo: 12 operations and 2 doorbells per iteration, plus the
+                // first credits spread over the run.
+                let line = err
+                    .lines()
+                    .find(|l| l.starts_with("trace rank 0, stream work per iteration"))
+                    .unwrap_or_else(|| panic!("{err}"));
+                let num = |before: &str| -> f64 {
+                    let head = &line[..line.find(before).unwrap_or_else(|| panic!("{line}"))];
+                    head.rsplit([' ', '(']).next().unwrap().parse().unwrap()
+                };
+                assert!((12.0..12.5).contains(&num(" operations (")), "{line}");
+                assert!((2.0..2.1).contains(&num(" doorbells")), "{line}");
+            }
+        }
+    }
+}
+
 /// The persistent kernel over many iterations and several launches (warm-up, then timed),
 /// each launch resuming the channels where the last one left them.
 #[test]

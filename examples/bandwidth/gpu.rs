@@ -103,7 +103,7 @@ pub(crate) fn stream_run(link: Link, plan: &Plan, out: &mut dyn FnMut(Measured))
     if plan.host_stream {
         return run_on(HostStream::with_timeout(TIMEOUT)?, link, plan, out);
     }
-    run_on(CudaStream::new(0)?, link, plan, out)
+    run_on(CudaStream::new(plan.gpu(0))?, link, plan, out)
 }
 
 /// The stream trigger on `stream` (a CUDA stream, or a host stream to test the loop where
@@ -166,7 +166,8 @@ struct KernelRun {
 }
 
 pub(crate) fn kernel_run(link: Link, plan: &Plan, out: &mut dyn FnMut(Measured)) -> Result<()> {
-    let module = Module::compile(0, KERNEL).context("compile the bandwidth kernel with NVRTC")?;
+    let module =
+        Module::compile(plan.gpu(0), KERNEL).context("compile the bandwidth kernel with NVRTC")?;
     let Link {
         q0,
         local,
@@ -180,7 +181,7 @@ pub(crate) fn kernel_run(link: Link, plan: &Plan, out: &mut dyn FnMut(Measured))
     }
     let k = KernelRun {
         f: module.function("bw")?,
-        stream: CudaStream::new(0)?,
+        stream: CudaStream::new(plan.gpu(0))?,
         dq,
         words: SignalWords::new(CREDIT + 1),
     };

@@ -29,13 +29,14 @@ mod gpu;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
 use common::device::{is_rdma, open};
+use common::gpus::Placement;
 use common::header::{cores, Header};
 use common::json::{Object, Value};
 use common::noise::{descheduled, involuntary_switches};
 use common::out::outln;
 use common::sizes::SizeArgs;
 use common::tool::{exit_now, usage};
-use common::{iters, name, one_of, DeviceArgs, Mem, ToolArgs, Trigger};
+use common::{iters, name, one_of, DeviceArgs, GpuArgs, Mem, ToolArgs, Trigger};
 use gdasync::gdsync::cuda::{Cuda, DeviceBuffer};
 use gdasync::gdsync::{
     Access, Cq, Device, DeviceName, Error, MemoryRegion, PinnedBuffer, PreparedSend,
@@ -88,6 +89,8 @@ struct Args {
     #[command(flatten)]
     device: DeviceArgs,
     #[command(flatten)]
+    gpus: GpuArgs,
+    #[command(flatten)]
     sizes: SizeArgs,
     /// Timed messages per size (default: 1 GiB worth, between 100 and 20000).
     #[arg(long, value_parser = iters::count(1, iters::MAX_ITERS), conflicts_with = "duration")]
@@ -119,6 +122,8 @@ struct Plan {
     trigger: Trigger,
     /// The device both ranks run on.
     device: DeviceName,
+    /// Where a GPU is used: the GPU of each rank (`--gpus`).
+    placement: Option<Placement>,
     sizes: Vec<usize>,
     iters: Option<u64>,
     duration: Option<Duration>,
@@ -150,16 +155,27 @@ impl Plan {
             (Trigger::Cpu, Mem::Device) => Some("--mem device".to_string()),
             (t, _) => Some(format!("--trigger {}", name(t))),
         };
-        if let Some(what) = gpu_need {
-            if let Err(e) = Cuda::get().and_then(|c| c.gpu(0).map(|_| ())) {
-                bail!("{what} needs a CUDA GPU: {e}");
+        a.gpus
+            .refuse_unless(
+                gpu_need.is_some(),
+                "--trigger stream or kernel, or --mem device",
+            )
+            .map_err(usage)?;
+        let placement = match gpu_need {
+            Some(what) => {
+                if let Err(e) = Cuda::get().and_then(|c| c.gpu(0).map(|_| ())) {
+                    bail!("{what} needs a CUDA GPU: {e}");
+                }
+                Some(a.gpus.resolve_here()?)
             }
-        }
+            None => None,
+        };
         Ok(Plan {
             op: a.op,
             mem: a.mem,
             trigger: a.trigger,
             device: a.device.resolve()?,
+            placement,
             sizes,
             iters: a.iters,
             duration: a.duration,
@@ -173,6 +189,10 @@ impl Plan {
     fn iters(&self, size: usize) -> u64 {
         self.iters
             .unwrap_or_else(|| (DEFAULT_BYTES / size).clamp(MIN_ITERS, MAX_ITERS) as u64)
+    }
+    /// The GPU of rank `rank` (0 where no GPU is used).
+    fn gpu(&self, rank: usize) -> i32 {
+        self.placement.as_ref().map_or(0, |p| p.ordinal(rank))
     }
     fn warmup(&self, size: usize) -> u64 {
         self.warmup.unwrap_or_else(|| self.iters(size).div_ceil(10))
@@ -208,6 +228,7 @@ impl Plan {
             )
             .field("ranks", 2u32)
             .field("ranks_as", "threads")
+            .field("gpus", self.placement.as_ref().map(|p| p.label(2)))
             .field("window", self.window)
             .field("signal_every", self.chunk)
             .field("cores", cores());
@@ -230,11 +251,12 @@ enum Buffer {
 }
 
 impl Buffer {
-    fn new(mem: Mem, len: usize) -> Result<Buffer> {
-        Ok(match mem {
+    /// Rank `rank`'s buffer (in GPU memory: on the rank's GPU).
+    fn new(plan: &Plan, rank: usize, len: usize) -> Result<Buffer> {
+        Ok(match plan.mem {
             Mem::Host => Buffer::Host(PinnedBuffer::new(len)),
             Mem::Device => Buffer::Device(
-                DeviceBuffer::alloc(0, len)
+                DeviceBuffer::alloc(plan.gpu(rank), len)
                     .with_context(|| format!("allocate {len} bytes of GPU memory"))?,
             ),
         })
@@ -538,7 +560,7 @@ fn run(args: &Args) -> Result<()> {
         outln!("{a:>10} {b:>10} {c:>12} {d:>12} {e:>12} {f:>14}");
     }
     let max = *plan.sizes.iter().max().context("no sizes")?;
-    let (b0, b1) = (Buffer::new(plan.mem, max)?, Buffer::new(plan.mem, max)?);
+    let (b0, b1) = (Buffer::new(&plan, 0, max)?, Buffer::new(&plan, 1, max)?);
     let link = Link::new(&plan.device, &b0, &b1)?;
     // Involuntary context switches while each size was measured (its warm-up included).
     let mut switches = involuntary_switches();

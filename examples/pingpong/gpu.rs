@@ -7,10 +7,11 @@
 //! marker word (`--op write`) or for its receive completion (`write-imm`, `send`).
 
 use super::{Args, Mem, Op, Trigger};
+use crate::common::gpus::{self, Modules};
 use crate::common::stats::{cpu_time_us, Stats};
 use anyhow::{bail, Context, Result};
-use gdasync::gdsync::cuda::{Cuda, CudaStream, DeviceBuffer, Function, Module};
-use gdasync::gdsync::exec::Executor;
+use gdasync::gdsync::cuda::{Cuda, CudaStream, DeviceBuffer, Function};
+use gdasync::gdsync::exec::{Executor, HostStream};
 use gdasync::gdsync::kernel::DescRing;
 use gdasync::gdsync::ops::{Op as MemOp, Ops, WaitCond};
 use gdasync::gdsync::{
@@ -40,10 +41,10 @@ pub(crate) enum Buf {
 }
 
 impl Buf {
-    pub(crate) fn new(mem: Mem, len: usize) -> Result<Buf> {
+    pub(crate) fn new(mem: Mem, len: usize, rank: usize) -> Result<Buf> {
         Ok(match mem {
             Mem::Host => Buf::Host(PinnedBuffer::new(len)),
-            Mem::Device => Buf::Dev(DeviceBuffer::alloc(0, len)?),
+            Mem::Device => Buf::Dev(DeviceBuffer::alloc(gpus::of(rank), len)?),
         })
     }
     fn addr(&self) -> u64 {
@@ -66,7 +67,7 @@ impl Buf {
 }
 
 /// One rank's queues and buffers.
-struct Rank {
+pub(crate) struct Rank {
     qp: Qp,
     _scq: Cq,
     rcq: Cq,
@@ -80,16 +81,20 @@ struct Rank {
 
 fn setup(dev: &Device, args: &Args, max: usize) -> Result<(Rank, Rank)> {
     type Reg = (u64, MemoryRegion<'static>);
-    let mk = || -> Result<(Qp, Cq, Cq, Reg, Reg)> {
+    let mk = |rank: usize| -> Result<(Qp, Cq, Cq, Reg, Reg)> {
         let pd = dev.alloc_pd();
         let (scq, rcq) = (dev.create_cq(1024)?, dev.create_cq(1024)?);
-        let qp = pd.create_qp(&scq, &rcq, &QpConfig::default())?;
-        let s = Buf::new(args.mem, max)?.leak_register(&pd)?;
-        let r = Buf::new(args.mem, max)?.leak_register(&pd)?;
+        let cfg = QpConfig {
+            ringers: args.ringers,
+            ..QpConfig::default()
+        };
+        let qp = pd.create_qp(&scq, &rcq, &cfg)?;
+        let s = Buf::new(args.mem, max, rank)?.leak_register(&pd)?;
+        let r = Buf::new(args.mem, max, rank)?.leak_register(&pd)?;
         Ok((qp, scq, rcq, s, r))
     };
-    let (mut q0, s0, r0, (sa0, sb0), (ra0, rb0)) = mk()?;
-    let (mut q1, s1, r1, (sa1, sb1), (ra1, rb1)) = mk()?;
+    let (mut q0, s0, r0, (sa0, sb0), (ra0, rb0)) = mk(0)?;
+    let (mut q1, s1, r1, (sa1, sb1), (ra1, rb1)) = mk(1)?;
     q0.connect(&q1.endpoint())?;
     q1.connect(&q0.endpoint())?;
     let (rem0, rem1) = (rb1.remote(), rb0.remote());
@@ -110,7 +115,18 @@ fn setup(dev: &Device, args: &Args, max: usize) -> Result<(Rank, Rank)> {
     ))
 }
 
+/// Both ranks of `args`, on its device, as the benchmark sets them up (for `--explain`).
+pub(crate) fn explain_ranks(args: &Args) -> Result<[Rank; 2]> {
+    let dev = crate::common::device::open(&args.device)?;
+    let (r0, r1) = setup(&dev, args, args.max_size())?;
+    Ok([r0, r1])
+}
+
 impl Rank {
+    /// The marker word of a message of `size` bytes: the receive buffer's last 4 bytes.
+    pub(crate) fn recv_word(&self, size: usize) -> u64 {
+        self.rbuf_addr + size as u64 - 4
+    }
     fn wr(&self, op: Op, size: usize, marker: u32, signalled: bool) -> SendWr {
         let mut wr = match op {
             Op::Write => SendWr::write(self.remote.at(0)),
@@ -216,12 +232,14 @@ pub(crate) fn join_ranks(
 
 /// Runs every size; each size's figures go to `emit` as soon as they are measured.
 pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Result<()> {
-    let c = Cuda::get().context("--trigger host|stream|kernel need a CUDA GPU")?;
-    if c.gpus.is_empty() {
-        bail!("--trigger {:?} needs a GPU; none found", args.trigger);
+    if !args.host_stream {
+        let c = Cuda::get().context("--trigger host|stream|kernel need a CUDA GPU")?;
+        if c.gpus.is_empty() {
+            bail!("--trigger {:?} needs a GPU; none found", args.trigger);
+        }
     }
     let module = if args.trigger != Trigger::Stream {
-        Some(Module::compile(0, KERNELS).context("compile the pingpong kernels with NVRTC")?)
+        Some(Modules::compile(KERNELS, 2).context("the pingpong kernels")?)
     } else {
         None
     };
@@ -242,7 +260,7 @@ pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Res
                 warm + iters,
                 r0,
                 r1,
-                &module.as_ref().unwrap().function("step")?,
+                &module.as_ref().unwrap().functions("step")?,
             )?,
             Trigger::Cpu => unreachable!(),
         };
@@ -274,103 +292,204 @@ impl ProgressClock {
     }
 }
 
+/// What a rank's stream runs each iteration, and where: the loop's constants.
+pub(crate) struct StreamLoop {
+    pub(crate) raw: bool,
+    pub(crate) op: Op,
+    pub(crate) size: usize,
+    /// Each rank's marker word (the last 4 bytes of its receive buffer).
+    pub(crate) words: [u64; 2],
+    /// Rank 0's progress word (word 0), which its CPU timestamps.
+    pub(crate) progress: SignalWords,
+}
+
+impl StreamLoop {
+    fn ring_waits(&self) -> bool {
+        !self.raw && self.op != Op::Write
+    }
+
+    /// Posts the receives that iterations up to `i` + 63 (of `iters`) wait for.
+    pub(crate) fn post_recvs(&self, r: &mut Rank, i: u64, iters: u64) -> Result<()> {
+        while self.ring_waits() && (r.recvs.len() as u64) < (i + 64).min(iters) {
+            r.post_recv(self.size)?;
+        }
+        Ok(())
+    }
+
+    /// The parts of rank `rank`'s list `i`, named, in the order the stream runs them
+    /// (pingpong --explain prints them). Each list begins with a wait: rank 1's for message
+    /// `i`, rank 0's for the answer to message `i - 1`, so that the stream's step from one
+    /// list to the next, which costs it more than an operation does (docs/benchmarks.md),
+    /// falls while it waits rather than between a message's arrival and the answer. Then the
+    /// marker written, the send committed (or, `--raw`, the marker stored into the peer's
+    /// buffer), rank 0's progress word (round trips done, which its CPU timestamps), and
+    /// every [`SIGNAL_EVERY`]th send's completion awaited. Rank 0 has one list more than `iters`
+    /// iterations: the last answer's wait.
+    /// Receives are posted by the CPU beforehand.
+    pub(crate) fn parts(
+        &self,
+        r: &mut Rank,
+        rank: usize,
+        i: u64,
+        iters: u64,
+    ) -> Result<Vec<(&'static str, Ops)>> {
+        let wait = |r: &Rank, j: u64| -> Result<(&'static str, Ops)> {
+            Ok(if self.ring_waits() {
+                ("receive wait", r.qp.recv_wait_ops(&r.recvs[j as usize])?)
+            } else {
+                let theirs = (2 * j + 2 - rank as u64) as u32;
+                // SAFETY: the word lies in this rank's leaked receive buffer.
+                ("marker wait", unsafe {
+                    marker_wait(self.words[rank], theirs)
+                })
+            })
+        };
+        let mut parts = Vec::new();
+        if rank == 1 {
+            parts.push(wait(r, i)?);
+        }
+        if rank == 0 && i > 0 {
+            parts.push(wait(r, i - 1)?);
+        }
+        if i < iters {
+            self.send_parts(r, rank, i, &mut parts)?;
+        }
+        if rank == 0 && i > 0 {
+            // After the send (the message does not wait for the clock), before the send's
+            // completion is awaited (the clock does not wait for that).
+            let at = parts.iter().position(|(n, _)| *n == "send wait");
+            let progress = ("progress", self.progress.write64(0, i));
+            parts.insert(at.unwrap_or(parts.len()), progress);
+        }
+        Ok(parts)
+    }
+
+    /// The send of iteration `i` of rank `rank` (see [`parts`](Self::parts)).
+    fn send_parts(
+        &self,
+        r: &mut Rank,
+        rank: usize,
+        i: u64,
+        parts: &mut Vec<(&'static str, Ops)>,
+    ) -> Result<()> {
+        let mine = (2 * i + 1 + rank as u64) as u32;
+        if self.raw {
+            // SAFETY: the word lies in the peer's leaked receive buffer.
+            let w = unsafe { marker_write(self.words[1 - rank], mine) };
+            parts.push(("marker to peer", w));
+            return Ok(());
+        }
+        let out_word = r.sbuf_addr + self.size as u64 - 4;
+        // SAFETY: the word lies in this rank's leaked send buffer.
+        parts.push(("marker", unsafe { marker_write(out_word, mine) }));
+        let sig = i % SIGNAL_EVERY == SIGNAL_EVERY - 1;
+        let wr = r.wr(self.op, self.size, mine, sig);
+        let p = r.prepare(&wr)?;
+        let (t, commit) = r.qp.commit(p)?;
+        parts.push(("commit", commit));
+        if sig {
+            parts.push(("send wait", r.qp.send_wait_ops(&t)?));
+        }
+        Ok(())
+    }
+
+    /// Rank `rank`'s list for iteration `i`, posting the receives it waits for first.
+    fn list(&self, r: &mut Rank, rank: usize, i: u64, iters: u64) -> Result<Ops> {
+        self.post_recvs(r, i, iters)?;
+        let mut ops = Ops::new();
+        for (_, part) in self.parts(r, rank, i, iters)? {
+            ops.append(part);
+        }
+        Ok(ops)
+    }
+}
+
 /// Each rank's CPU thread enqueues its iterations on its own stream, a few ahead; rank 0's
 /// stream bumps a progress word after each round trip, which its CPU timestamps.
 fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Result<Vec<f64>> {
-    let progress = SignalWords::new(2);
-    let raw = args.raw;
-    let op = args.op;
+    let lp = Arc::new(StreamLoop {
+        raw: args.raw,
+        op: args.op,
+        size,
+        words: [
+            r0.rbuf_addr + size as u64 - 4,
+            r1.rbuf_addr + size as u64 - 4,
+        ],
+        progress: SignalWords::new(2),
+    });
     let barrier = Arc::new(Barrier::new(2));
-    let words = [
-        r0.rbuf_addr + size as u64 - 4,
-        r1.rbuf_addr + size as u64 - 4,
-    ];
-    let spawn = |rank: usize, mut r: Rank, barrier: Arc<Barrier>, progress: SignalWords| {
+    let host_stream = args.host_stream;
+    // A rank's queues outlive both threads: rank 1's last message may still be on its way
+    // when its stream is done (a QP destroyed then would lose it).
+    let keep = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let spawn = |rank: usize, r: Rank, barrier: Arc<Barrier>, lp: Arc<StreamLoop>| {
+        let keep = keep.clone();
         std::thread::spawn(move || -> Result<Vec<f64>> {
-            let stream = CudaStream::new(0)?;
-            let my_word = words[rank];
-            let peer_word = words[1 - rank];
-            let out_word = r.sbuf_addr + size as u64 - 4;
-            let ring_waits = !raw && op != Op::Write;
-            let mut posted_recv = 0u64;
-            barrier.wait();
-            let mut clock = ProgressClock {
-                seen: 0,
-                last: Instant::now(),
-                times: Vec::with_capacity(iters as usize),
+            let (times, r) = if host_stream {
+                let stream = HostStream::new()?;
+                stream_rank(rank, r, &lp, iters, &barrier, &stream, || {
+                    Ok(stream.synchronize()?)
+                })?
+            } else {
+                let stream = CudaStream::new(gpus::of(rank))?;
+                stream_rank(rank, r, &lp, iters, &barrier, &stream, || {
+                    Ok(stream.synchronize()?)
+                })?
             };
-            for i in 0..iters {
-                let (mine, theirs) = (
-                    (2 * i + 1 + rank as u64) as u32,
-                    (2 * i + 2 - rank as u64) as u32,
-                );
-                while ring_waits && posted_recv < (i + 64).min(iters) {
-                    r.post_recv(size)?;
-                    posted_recv += 1;
-                }
-                let mut ops = Ops::new();
-                let wait = |ops: &mut Ops, r: &Rank| -> Result<()> {
-                    if ring_waits {
-                        ops.append(r.qp.recv_wait_ops(&r.recvs[i as usize])?);
-                    } else {
-                        // SAFETY: the word lies in this rank's leaked receive buffer.
-                        ops.append(unsafe { marker_wait(my_word, theirs) });
-                    }
-                    Ok(())
-                };
-                if rank == 1 {
-                    wait(&mut ops, &r)?;
-                }
-                if raw {
-                    // SAFETY: the word lies in the peer's leaked receive buffer.
-                    ops.append(unsafe { marker_write(peer_word, mine) });
-                } else {
-                    // SAFETY: the word lies in this rank's leaked send buffer.
-                    ops.append(unsafe { marker_write(out_word, mine) });
-                    let sig = i % SIGNAL_EVERY == SIGNAL_EVERY - 1;
-                    let wr = r.wr(op, size, mine, sig);
-                    let p = r.prepare(&wr)?;
-                    let (t, commit) = r.qp.commit(p)?;
-                    ops.append(commit);
-                    if sig {
-                        ops.append(r.qp.send_wait_ops(&t)?);
-                    }
-                }
-                if rank == 0 {
-                    wait(&mut ops, &r)?;
-                    ops.append(progress.write64(0, i + 1));
-                }
-                stream.submit(ops)?;
-                // Stay at most AHEAD iterations ahead; rank 0 timestamps progress meanwhile.
-                loop {
-                    let done = if rank == 0 {
-                        progress.load64(0)
-                    } else {
-                        i.saturating_sub(AHEAD)
-                    };
-                    if rank == 0 {
-                        clock.observe(done);
-                    }
-                    if rank == 1 || done + AHEAD > i || i + 1 == iters {
-                        break;
-                    }
-                    std::hint::spin_loop();
-                }
-            }
-            while rank == 0 && clock.seen < iters {
-                clock.observe(progress.load64(0));
-                if clock.last.elapsed() > TIMEOUT {
-                    bail!("stream pingpong stalled at {}/{iters}", clock.seen);
-                }
-            }
-            stream.synchronize()?;
-            r.rcq.check()?;
-            Ok(clock.times)
+            keep.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+            Ok(times)
         })
     };
-    let t1 = spawn(1, r1, barrier.clone(), progress.clone());
-    let t0 = spawn(0, r0, barrier, progress);
+    let t1 = spawn(1, r1, barrier.clone(), lp.clone());
+    let t0 = spawn(0, r0, barrier, lp);
     join_ranks(t0, t1)
+}
+
+/// One rank of [`stream_run`] on `stream` (`sync` waits until it has run everything).
+fn stream_rank<E: Executor>(
+    rank: usize,
+    mut r: Rank,
+    lp: &StreamLoop,
+    iters: u64,
+    barrier: &Barrier,
+    stream: &E,
+    sync: impl FnOnce() -> Result<()>,
+) -> Result<(Vec<f64>, Rank)> {
+    barrier.wait();
+    let mut clock = ProgressClock {
+        seen: 0,
+        last: Instant::now(),
+        times: Vec::with_capacity(iters as usize),
+    };
+    // Rank 0's last list waits for the last answer.
+    let lists = if rank == 0 { iters + 1 } else { iters };
+    for i in 0..lists {
+        stream.submit(lp.list(&mut r, rank, i, iters)?)?;
+        // Stay at most AHEAD iterations ahead; rank 0 timestamps progress meanwhile.
+        loop {
+            let done = if rank == 0 {
+                lp.progress.load64(0)
+            } else {
+                i.saturating_sub(AHEAD)
+            };
+            if rank == 0 {
+                clock.observe(done);
+            }
+            if rank == 1 || done + AHEAD > i || i + 1 >= iters {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+    }
+    while rank == 0 && clock.seen < iters {
+        clock.observe(lp.progress.load64(0));
+        if clock.last.elapsed() > TIMEOUT {
+            bail!("stream pingpong stalled at {}/{iters}", clock.seen);
+        }
+    }
+    sync()?;
+    r.rcq.check()?;
+    Ok((clock.times, r))
 }
 
 // ---------------------------------------------------------------------------- kernel
@@ -383,9 +502,9 @@ fn kernel_run(
     iters: u64,
     r0: Rank,
     r1: Rank,
-    m: &Module,
+    m: &Modules,
 ) -> Result<Vec<f64>> {
-    let f = m.function("pp")?;
+    let f = m.functions("pp")?;
     let times = PinnedBuffer::new(iters as usize * 8);
     let rcs = SignalWords::new(2);
     let words = [
@@ -394,7 +513,7 @@ fn kernel_run(
     ];
     let ring_waits = !args.raw && args.op != Op::Write;
     let (raw, op) = (args.raw, args.op);
-    let streams = [CudaStream::new(0)?, CudaStream::new(0)?];
+    let streams = [CudaStream::new(gpus::of(0))?, CudaStream::new(gpus::of(1))?];
     let mut rings = [DescRing::new(64), DescRing::new(64)];
     let ranks = [r0, r1];
     for rank in 0..2 {
@@ -419,7 +538,7 @@ fn kernel_run(
             KERNEL_WAIT_NS,
             rcs.addr(rank),
         );
-        let mut l = f.launch_builder(&streams[rank]);
+        let mut l = f[rank].launch_builder(&streams[rank]);
         l.arg(&ring).arg(&rank_i).arg(&n).arg(&sig).arg(&rw);
         l.arg(&rawi).arg(&my).arg(&outw).arg(&tms).arg(&to);
         l.arg(&rc);
@@ -442,20 +561,11 @@ fn kernel_run(
                     r.post_recv(size)?;
                     posted[rank] += 1;
                 }
-                let mine = (2 * i + 1 + rank as u64) as u32;
-                if rank == 1 && ring_waits {
-                    ring.push_wait(r.qp.recv_wait_ops(&r.recvs[i as usize])?, TIMEOUT)?;
-                }
-                let sig = i % SIGNAL_EVERY == SIGNAL_EVERY - 1;
-                let wr = r.wr(op, size, mine, sig);
-                let p = r.prepare(&wr)?;
-                let (t, commit) = r.qp.commit(p)?;
-                ring.push_send(commit, TIMEOUT)?;
-                if sig {
-                    ring.push_wait(r.qp.send_wait_ops(&t)?, TIMEOUT)?;
-                }
-                if rank == 0 && ring_waits {
-                    ring.push_wait(r.qp.recv_wait_ops(&r.recvs[i as usize])?, TIMEOUT)?;
+                for (_, d) in kernel_descs(r, op, size, rank, i)? {
+                    match d {
+                        KernelDesc::Send(ops) => ring.push_send(ops, TIMEOUT)?,
+                        KernelDesc::Wait(ops) => ring.push_wait(ops, TIMEOUT)?,
+                    };
                 }
             }
         }
@@ -477,6 +587,45 @@ fn kernel_run(
         );
     }
     Ok(kernel_half_rtts(&times, iters))
+}
+
+/// A descriptor a rank's CPU pushes for its kernel: a send's commit or a completion wait.
+pub(crate) enum KernelDesc {
+    Send(Ops),
+    Wait(Ops),
+}
+
+/// The descriptors rank `rank`'s CPU pushes for iteration `i` of its kernel, named, in the
+/// order the kernel consumes them (pingpong --explain prints them): the receive awaited
+/// (rank 1, `--op write-imm|send`), the send's commit, every [`SIGNAL_EVERY`]th send's
+/// completion, the receive awaited (rank 0). `--op write` waits on the marker in the kernel.
+pub(crate) fn kernel_descs(
+    r: &mut Rank,
+    op: Op,
+    size: usize,
+    rank: usize,
+    i: u64,
+) -> Result<Vec<(&'static str, KernelDesc)>> {
+    let ring_waits = op != Op::Write;
+    let mut descs = Vec::new();
+    let mine = (2 * i + 1 + rank as u64) as u32;
+    if rank == 1 && ring_waits {
+        let w = r.qp.recv_wait_ops(&r.recvs[i as usize])?;
+        descs.push(("receive wait", KernelDesc::Wait(w)));
+    }
+    let sig = i % SIGNAL_EVERY == SIGNAL_EVERY - 1;
+    let wr = r.wr(op, size, mine, sig);
+    let p = r.prepare(&wr)?;
+    let (t, commit) = r.qp.commit(p)?;
+    descs.push(("send", KernelDesc::Send(commit)));
+    if sig {
+        descs.push(("send wait", KernelDesc::Wait(r.qp.send_wait_ops(&t)?)));
+    }
+    if rank == 0 && ring_waits {
+        let w = r.qp.recv_wait_ops(&r.recvs[i as usize])?;
+        descs.push(("receive wait", KernelDesc::Wait(w)));
+    }
+    Ok(descs)
 }
 
 /// Rank 0's kernel stamps the GPU's global timer after each round trip into `times`; one
@@ -507,7 +656,7 @@ fn host_run(
     iters: u64,
     r0: Rank,
     r1: Rank,
-    step: &Function,
+    step: &[Function; 2],
 ) -> Result<Vec<f64>> {
     let barrier = Arc::new(Barrier::new(2));
     let (raw, op, mem) = (args.raw, args.op, args.mem);
@@ -516,9 +665,9 @@ fn host_run(
         r1.rbuf_addr + size as u64 - 4,
     ];
     let spawn = |rank: usize, mut r: Rank, barrier: Arc<Barrier>| {
-        let step = step.clone();
+        let step = step[rank].clone();
         std::thread::spawn(move || -> Result<Vec<f64>> {
-            let stream = CudaStream::new(0)?;
+            let stream = CudaStream::new(gpus::of(rank))?;
             let mut times = Vec::with_capacity(iters as usize);
             let recv_op = !raw && op != Op::Write;
             if recv_op {

@@ -24,6 +24,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod explain;
 mod gpu;
 mod mp_gpu;
 mod mp_wire;
@@ -37,11 +38,12 @@ mod wire;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
 use common::device::{is_rdma, open};
+use common::gpus::Placement;
 use common::header::{cores, Header};
 use common::sizes::SizeArgs;
 use common::tool::usage;
-use common::{iters, name, one_of, DeviceArgs, Mem, RanksAs, ToolArgs, Trigger};
-use gdasync::gdsync::{DeviceName, LinkPolicy};
+use common::{iters, name, one_of, DeviceArgs, GpuArgs, Mem, RanksAs, ToolArgs, Trigger};
+use gdasync::gdsync::{DeviceName, LinkPolicy, Ringers};
 use gdasync::mp::bootstrap::{Bootstrap, JobInfo, TcpBootstrap, ThreadBootstrap};
 use report::Report;
 use std::process::ExitCode;
@@ -56,6 +58,15 @@ enum Op {
     WriteImm,
     /// Send; the receiver polls its completion queue.
     Send,
+}
+
+/// `--ringers`: who rings the QPs' doorbells ([`Ringers`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum RingersArg {
+    /// Only the stream or kernel rings: commits store nothing after the doorbell.
+    Executors,
+    /// As where CPU posts interleave: every commit stores "rung to" after its doorbell.
+    Mixed,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -106,6 +117,8 @@ struct Cli {
     #[command(flatten)]
     device: DeviceArgs,
     #[command(flatten)]
+    gpus: GpuArgs,
+    #[command(flatten)]
     sizes: SizeArgs,
     /// Timed round trips per size (default: 10000, fewer for large sizes).
     #[arg(long, value_parser = iters::count(1, MAX_SAMPLES), conflicts_with = "duration")]
@@ -128,11 +141,22 @@ struct Cli {
     /// many at a time, with one credit per batch (1: a credit for every message; default 16).
     #[arg(long, value_parser = iters::count(1, mp_wire::RECVS_AHEAD as u64))]
     recv_batch: Option<u64>,
+    /// With --trigger stream|kernel: who rings the QPs' doorbells. These loops never post
+    /// from the CPU, so their commits need not publish how far they rang (default:
+    /// executors); `mixed` measures what publishing it costs.
+    #[arg(long, value_enum)]
+    ringers: Option<RingersArg>,
+    /// Print what each rank runs per iteration (stream memory operations; a kernel's stores,
+    /// fences and polls), as the benchmark builds it, instead of running: for --trigger
+    /// stream|kernel, or with no --trigger for every GPU trigger, op and --raw floor. Needs
+    /// no GPU with --mem host.
+    #[arg(long)]
+    explain: bool,
     /// One JSON object per size instead of a table.
     #[arg(long)]
     json: bool,
-    /// With --api mp --trigger stream: run the stream loop on a host stream (no GPU), to
-    /// test the loop where there is no GPU.
+    /// With --trigger stream: run the stream loop on a host stream (no GPU), to test the
+    /// loop where there is no GPU.
     #[arg(long, hide = true)]
     host_stream: bool,
     /// Internal: this process is a rank of --ranks-as procs.
@@ -175,6 +199,10 @@ struct Args {
     recv_batch: usize,
     json: bool,
     host_stream: bool,
+    /// The GPU triggers: the GPU of each rank (`--gpus`).
+    placement: Option<Placement>,
+    ringers: Ringers,
+    explain: bool,
 }
 
 impl Args {
@@ -206,11 +234,26 @@ impl Args {
             c.device.resolve()?
         };
         refuse_if(c.shared_device && is_rdma(&device), SHARED_SOFT_ONLY)?;
-        if c.trigger.gpu() && !c.host_stream {
+        let gpu = c.trigger.gpu() && !c.host_stream;
+        refuse_if(
+            c.gpus.gpus.is_some() && !gpu,
+            "--gpus applies to the GPU triggers (host, stream, kernel)",
+        )?;
+        // --explain prints the lists without running them: a GPU only for device memory.
+        let gpu_needed = !c.explain || c.mem == Mem::Device;
+        let placement = if gpu && gpu_needed {
             if let Err(e) = gdasync::gdsync::cuda::Cuda::get().and_then(|c| c.gpu(0).map(|_| ())) {
                 bail!("--trigger {} needs a CUDA GPU: {e}", name(c.trigger));
             }
-        }
+            let p = c.gpus.resolve_here()?;
+            if c.raw && c.mem == Mem::Device && p.ordinal(0) != p.ordinal(1) {
+                bail!("--raw --mem device stores into the other rank's GPU memory, which this tool does not map across GPUs: put both ranks on one GPU (--gpus 0)");
+            }
+            common::gpus::place(p.clone());
+            Some(p)
+        } else {
+            None
+        };
         Ok(Args {
             op,
             trigger: c.trigger,
@@ -228,6 +271,17 @@ impl Args {
             recv_batch: c.recv_batch.unwrap_or(16) as usize,
             json: c.json,
             host_stream: c.host_stream,
+            placement,
+            ringers: match c.ringers {
+                Some(RingersArg::Mixed) => Ringers::Mixed,
+                Some(RingersArg::Executors) => Ringers::Executors,
+                // The loops that commit and never post from the CPU.
+                None if matches!(c.trigger, Trigger::Stream | Trigger::Kernel) || c.explain => {
+                    Ringers::Executors
+                }
+                None => Ringers::Mixed,
+            },
+            explain: c.explain,
         })
     }
     fn sizes(&self) -> Vec<usize> {
@@ -287,13 +341,28 @@ fn check_flags(c: &Cli, op: Op) -> Result<()> {
         "--trigger cpu polls host memory: use --mem host, or a GPU trigger for --mem device",
     )?;
     refuse_if(
-        c.host_stream && !(c.api == Api::Mp && c.trigger == Trigger::Stream),
-        "--host-stream applies to --api mp --trigger stream",
+        c.host_stream && c.trigger != Trigger::Stream,
+        "--host-stream applies to --trigger stream",
     )?;
     refuse_if(
         c.recv_batch.is_some()
             && !(c.api == Api::Mp && matches!(c.trigger, Trigger::Cpu | Trigger::Kernel)),
         "--recv-batch applies to --api mp with --trigger cpu or kernel",
+    )?;
+    refuse_if(
+        c.ringers.is_some()
+            && (c.api != Api::Gdsync
+                || c.raw
+                || !(c.explain || matches!(c.trigger, Trigger::Stream | Trigger::Kernel))),
+        "--ringers applies to --api gdsync --trigger stream|kernel (not --raw), and to --explain",
+    )?;
+    refuse_if(
+        c.explain
+            && (c.api != Api::Gdsync
+                || c.vs_raw
+                || c.ranks_as != RanksAs::Threads
+                || c.trigger == Trigger::Host),
+        "--explain prints the lists of --api gdsync --trigger stream|kernel (threads; no --vs-raw)",
     )?;
     refuse_if(c.duration.is_some() && c.trigger != Trigger::Cpu,
         "--duration applies to --trigger cpu (GPU triggers enqueue a fixed number of round trips: use --iters)")?;
@@ -395,8 +464,11 @@ fn header(a: &Args) -> Result<Header> {
     }
     if a.trigger.gpu() && !a.host_stream {
         let c = gdasync::gdsync::cuda::Cuda::get()?;
-        h = h.field("gpu", c.gpu(0)?.name.clone());
+        let p = a.placement.as_ref().context("the GPU placement")?;
+        h = h.field("gpu", c.gpu(p.ordinal(0))?.name.clone());
     }
+    // The GPU of each rank (`null` where no GPU is used).
+    h = h.field("gpus", a.placement.as_ref().map(|p| p.label(2)));
     if a.duration.is_some() {
         h = h.field(
             "duration_s",
@@ -528,6 +600,9 @@ fn raw_procs(rank: usize, boot: &mut TcpBootstrap, max: usize) -> Result<raw::Ra
 
 fn run(cli: &Cli) -> Result<()> {
     let args = Args::new(cli)?;
+    if args.explain {
+        return explain::run(&args);
+    }
     let report = Report::new(header(&args)?, args.json, args.vs_raw);
     if cli.child {
         return child(&args, &report);

@@ -16,9 +16,10 @@ use super::gpu::{
     SIGNAL_EVERY, TIMEOUT,
 };
 use super::{Args, Trigger};
+use crate::common::gpus::{self, Modules};
 use crate::common::stats::{cpu_time_us, Stats};
 use anyhow::{bail, Context, Result};
-use gdasync::gdsync::cuda::{CudaStream, Function, Module};
+use gdasync::gdsync::cuda::{CudaStream, Function};
 use gdasync::gdsync::exec::{Executor, HostStream, OpBatch};
 use gdasync::gdsync::kernel::code;
 use gdasync::gdsync::{Device, MemoryRegion, PinnedBuffer, SignalWords};
@@ -66,8 +67,9 @@ struct MpRank {
 impl MpRank {
     fn new(boot: ThreadBootstrap, dev: &Device, args: &Args, max: usize) -> Result<Self> {
         let comm = Comm::new(Box::new(boot), dev)?;
-        let (sbuf_addr, sbuf) = Buf::new(args.mem, max)?.leak_register(comm.pd())?;
-        let (rbuf_addr, rbuf) = Buf::new(args.mem, max)?.leak_register(comm.pd())?;
+        let rank = comm.rank();
+        let (sbuf_addr, sbuf) = Buf::new(args.mem, max, rank)?.leak_register(comm.pd())?;
+        let (rbuf_addr, rbuf) = Buf::new(args.mem, max, rank)?.leak_register(comm.pd())?;
         Ok(Self {
             peer: 1 - comm.rank(),
             comm,
@@ -94,15 +96,22 @@ impl MpRank {
 pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Result<()> {
     // The module stays loaded while its functions are launched.
     let module = if args.trigger != Trigger::Stream {
-        Some(Module::compile(0, KERNELS).context("compile the pingpong kernels with NVRTC")?)
+        Some(Modules::compile(KERNELS, 2).context("the pingpong kernels")?)
     } else {
         None
     };
-    let kernel = match args.trigger {
-        Trigger::Host => Some(GpuFn::Step(module.as_ref().unwrap().function("step")?)),
-        Trigger::Kernel => Some(GpuFn::Loop(module.as_ref().unwrap().function("mp_pp")?)),
-        _ => None,
+    let kernel_of = |rank: usize| -> Result<Option<GpuFn>> {
+        Ok(match args.trigger {
+            Trigger::Host => Some(GpuFn::Step(
+                module.as_ref().unwrap().function(rank, "step")?,
+            )),
+            Trigger::Kernel => Some(GpuFn::Loop(
+                module.as_ref().unwrap().function(rank, "mp_pp")?,
+            )),
+            _ => None,
+        })
     };
+    let kernels = [kernel_of(0)?, kernel_of(1)?];
     // `kernel` gives credits in batches, as the CPU loop of `--api mp` does (`irecv_batch`).
     let recv_batch = u32::try_from(args.recv_batch)
         .ok()
@@ -123,7 +132,7 @@ pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Res
         let (b1, b0) = (boots.pop().unwrap(), boots.pop().unwrap());
         let spawn = |rank: usize, boot: ThreadBootstrap| {
             let (dev, args, progress) = (dev.clone(), args.clone(), progress.clone());
-            let kernel = kernel.clone();
+            let kernel = kernels[rank].clone();
             std::thread::spawn(move || -> Result<Vec<f64>> {
                 let r = MpRank::new(boot, &dev, &args, max)?;
                 match kernel {
@@ -138,7 +147,7 @@ pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Res
                         })
                     }
                     None => {
-                        let s = CudaStream::new(0)?;
+                        let s = CudaStream::new(gpus::of(rank))?;
                         stream_rank(rank, r, size, warm + iters, &progress, s, |s| {
                             s.synchronize()
                         })
@@ -155,9 +164,11 @@ pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Res
     Ok(())
 }
 
-/// Stream-triggered: per iteration the CPU enqueues (rank 1) wait for the receive, write the
-/// marker, send; (rank 0) write, send, wait, bump the progress word. Nothing on the CPU is
-/// in the message's path.
+/// Stream-triggered: per iteration the CPU enqueues one list: (rank 1) wait for the receive,
+/// write the marker, send; (rank 0) wait for the answer to the previous message, write, send,
+/// bump the progress word (one list more than iterations: the last answer's wait). Each list
+/// begins with its wait, as gdsync's stream loop, so the stream's step from one list to the
+/// next falls while the message is in flight. Nothing on the CPU is in the message's path.
 fn stream_rank<E: Executor>(
     rank: usize,
     mut r: MpRank,
@@ -176,23 +187,35 @@ fn stream_rank<E: Executor>(
         last: Instant::now(),
         times: Vec::with_capacity(iters as usize),
     };
-    for i in 0..iters {
-        let mine = (2 * i + 1 + rank as u64) as u32;
-        let recv = r.recv_for(i, size, iters)?;
-        // One iteration's ops reach the stream as one list (one batch of memory operations).
-        if rank == 1 {
-            r.comm.wait_on(recv, &batch)?;
+    let lists = if rank == 0 { iters + 1 } else { iters };
+    // Rank 0's receive for the message it sent in the list before.
+    let mut answer: Option<Request> = None;
+    for i in 0..lists {
+        let recv = if i < iters {
+            Some(r.recv_for(i, size, iters)?)
+        } else {
+            None
+        };
+        // One list's ops reach the stream as one list (one batch of memory operations).
+        let wait = if rank == 1 { recv } else { answer.take() };
+        if let Some(w) = wait {
+            r.comm.wait_on(w, &batch)?;
+            live.push_back(w);
         }
-        // SAFETY: the word lies in this rank's send buffer, leaked for the process's life.
-        batch.submit(unsafe { marker_write(out_word, mine) })?;
-        let send = r.comm.isend_on(r.sbuf.sge(..size), r.peer, &batch)?;
+        if i < iters {
+            let mine = (2 * i + 1 + rank as u64) as u32;
+            // SAFETY: the word lies in this rank's send buffer, leaked for the process's life.
+            batch.submit(unsafe { marker_write(out_word, mine) })?;
+            live.push_back(r.comm.isend_on(r.sbuf.sge(..size), r.peer, &batch)?);
+        }
         if rank == 0 {
-            r.comm.wait_on(recv, &batch)?;
-            batch.submit(progress.write64(0, i + 1))?;
+            answer = recv;
+            if i > 0 {
+                // After the send: the message does not wait for the clock.
+                batch.submit(progress.write64(0, i))?;
+            }
         }
         batch.flush(&stream)?;
-        live.push_back(send);
-        live.push_back(recv);
         // Release what the stream finished; stay at most AHEAD iterations ahead of it.
         let start = Instant::now();
         while let Some(&front) = live.front() {
@@ -229,7 +252,7 @@ fn host_rank(
     iters: u64,
     step: &Function,
 ) -> Result<Vec<f64>> {
-    let stream = CudaStream::new(0)?;
+    let stream = CudaStream::new(gpus::of(rank))?;
     let mut sends: VecDeque<Request> = VecDeque::new();
     let mut times = Vec::with_capacity(iters as usize);
     r.comm.barrier()?;
@@ -280,7 +303,7 @@ fn kernel_rank(
     if !ch.gpu_mapped() {
         bail!("the kernel channel's rings and words are not reachable from the GPU");
     }
-    let stream = CudaStream::new(0)?;
+    let stream = CudaStream::new(gpus::of(rank))?;
     // Only rank 0's kernel stamps the iterations.
     let times = PinnedBuffer::new(8 * if rank == 0 { iters.max(1) as usize } else { 1 });
     let result = SignalWords::new(MP_WORDS);

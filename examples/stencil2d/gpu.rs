@@ -6,9 +6,9 @@
 //!
 //! - `host`: per iteration the CPU synchronises the stream, posts the sends, launches the
 //!   interior, waits for the messages on the CPU, then launches the ring.
-//! - `stream`: the CPU only enqueues: `isend_on(stream)` → interior → `wait_on(stream)` for
-//!   the halos → ring → the next receives' credits, all on the stream, at most [`AHEAD`]
-//!   iterations ahead of it.
+//! - `stream`: the CPU only enqueues: per peer the credit for a receive whose buffer the last
+//!   ring read and `isend_on(stream)` (one doorbell for both) → interior → `wait_on(stream)`
+//!   for the halos → ring, all on the stream, at most [`AHEAD`] iterations ahead of it.
 //!
 //! With `--overlap off` (the default for small blocks, see [`crate::OVERLAP_MIN_CELLS`]) both
 //! run one kernel per iteration, [`whole`](GpuRank::whole), after the halos arrived, instead
@@ -24,6 +24,7 @@
 //! gives the same bits.
 
 use crate::grid::{self, Layout, Side, C0, C1};
+use crate::profile::{Counted, OpCount, StepClock};
 use crate::progress::{self, Step};
 use crate::{Config, Halo, Solver, Trigger};
 use anyhow::{bail, Context, Result};
@@ -52,9 +53,9 @@ const SHORT_MESSAGE: i32 = 0x1002;
 const KERNEL_TIMEOUT_NS: u64 = 10_000_000_000;
 
 /// The compiled kernels, one module per GPU that this process's ranks use (shared by the rank
-/// threads of a process). Rank `r` runs on GPU `r % GPUs`.
+/// threads of a process). Where each rank runs is `--gpus`' placement ([`Config::placement`]).
 pub struct Kernels {
-    /// Indexed by GPU; `None` for GPUs none of this process's ranks runs on.
+    /// Indexed by GPU ordinal; `None` for GPUs none of this process's ranks runs on.
     per_gpu: Vec<Option<GpuKernels>>,
 }
 
@@ -70,42 +71,34 @@ struct GpuKernels {
 }
 
 impl Kernels {
-    /// Compiles and loads the kernels on the GPUs of `ranks` (the ranks this process runs).
-    pub fn compile(ranks: impl IntoIterator<Item = usize>) -> Result<Kernels> {
-        let gpus = Cuda::get()?.gpus.len();
-        let mut used = vec![false; gpus];
-        for r in ranks {
-            used[r % gpus] = true;
+    /// Compiles and loads the kernels on `gpus` (the GPUs this process's ranks run on).
+    pub fn compile(gpus: &[i32]) -> Result<Kernels> {
+        let n = Cuda::get()?.gpus.len();
+        let mut per_gpu: Vec<Option<GpuKernels>> = (0..n).map(|_| None).collect();
+        for &ordinal in gpus {
+            let m = Module::compile_with_options(ordinal, KERNELS, &["--fmad=false"])
+                .with_context(|| {
+                    format!("compile the stencil kernels with NVRTC for GPU {ordinal}")
+                })?;
+            per_gpu[ordinal as usize] = Some(GpuKernels {
+                ordinal,
+                interior: m.function("interior")?,
+                ring: m.function("ring")?,
+                whole: m.function("whole")?,
+                pack: m.function("pack")?,
+                persistent: m.function("persistent")?,
+                _module: m,
+            });
         }
-        let per_gpu = (0..gpus as i32)
-            .map(|ordinal| {
-                if !used[ordinal as usize] {
-                    return Ok(None);
-                }
-                let m = Module::compile_with_options(ordinal, KERNELS, &["--fmad=false"])
-                    .with_context(|| {
-                        format!("compile the stencil kernels with NVRTC for GPU {ordinal}")
-                    })?;
-                Ok(Some(GpuKernels {
-                    ordinal,
-                    interior: m.function("interior")?,
-                    ring: m.function("ring")?,
-                    whole: m.function("whole")?,
-                    pack: m.function("pack")?,
-                    persistent: m.function("persistent")?,
-                    _module: m,
-                }))
-            })
-            .collect::<Result<_>>()?;
         Ok(Kernels { per_gpu })
     }
 
-    /// The kernels of the GPU rank `rank` runs on.
-    fn for_rank(&self, rank: usize) -> Result<&GpuKernels> {
-        let gpu = rank % self.per_gpu.len();
-        self.per_gpu[gpu]
-            .as_ref()
-            .with_context(|| format!("the kernels were not compiled for GPU {gpu} (rank {rank})"))
+    /// The kernels of GPU `gpu`.
+    fn on(&self, gpu: i32) -> Result<&GpuKernels> {
+        self.per_gpu
+            .get(gpu as usize)
+            .and_then(Option::as_ref)
+            .with_context(|| format!("the kernels were not compiled for GPU {gpu}"))
     }
 }
 
@@ -161,11 +154,15 @@ const _: () = assert!(std::mem::size_of::<PersistentArgs>() == 232);
 const SENDS: usize = AHEAD + 1;
 
 /// Receive buffers per side: iteration `i` receives into buffer `i % RECVS`. The stream
-/// trigger gives the credit for receive `i + RECVS` once iteration `i` has read its halos,
-/// so a peer's credit is there before the CPU enqueues the send that needs it (the CPU runs
-/// at most [`AHEAD`] iterations ahead): the stream need not wait for it, and its doorbell
-/// merges with the credit's.
+/// trigger gives the credit for receive `i + RECVS` once iteration `i` has read its halos (in
+/// the next iteration's list, just before the send to the same peer, whose doorbell it
+/// shares), so a peer's credit is there before the CPU enqueues the send that needs it (the
+/// CPU runs at most [`AHEAD`] iterations ahead): the stream need not wait for it.
 const RECVS: usize = AHEAD + 2;
+
+// The persistent kernel posts receives up to 3 iterations ahead (two at a time, under one
+// credit) into buffers that iteration's ring read 6 iterations before (kernels.cu).
+const _: () = assert!(RECVS == 6);
 
 /// One neighbour's messages: iteration `i` sends `send[i % SENDS]` and receives into
 /// `recv[i % RECVS]`.
@@ -231,6 +228,10 @@ struct GpuRank<'m> {
     rank: usize,
     /// `--trace`: time the CPU's steps of the stream trigger.
     trace: bool,
+    /// `--trace`: the CPU's time per step of the last run (the timed one).
+    clock: std::cell::RefCell<Option<StepClock>>,
+    /// The memory operations the stream trigger's last run handed its stream.
+    ops: OpCount,
     /// `--overlap`: an interior kernel while the halos fly, then a ring kernel; else one
     /// [`whole`](Self::whole) kernel once they arrived.
     overlap: bool,
@@ -329,6 +330,8 @@ impl<'m> GpuRank<'m> {
             ranks_on_gpu: 1,
             rank: 0,
             trace: false,
+            clock: std::cell::RefCell::new(None),
+            ops: OpCount::default(),
             overlap: true,
         })
     }
@@ -375,6 +378,9 @@ impl<'m> GpuRank<'m> {
     /// Notes where this rank's CPU is (see [`progress`]).
     fn at(&self, i: u64, step: Step) {
         progress::at(self.rank, i, step);
+        if let Some(c) = self.clock.borrow_mut().as_mut() {
+            c.enter(step);
+        }
     }
 
     fn grid(&self, p: usize) -> u64 {
@@ -483,10 +489,13 @@ impl<'m> GpuRank<'m> {
 
     /// `--trigger stream`: the stream drives every exchange; the CPU enqueues, at most
     /// [`AHEAD`] iterations ahead, and never synchronises inside the loop. Per iteration the
-    /// CPU makes two launches and hands the stream two lists of memory operations; the
-    /// stream waits for receives only (send completions are the CPU's, see [`SENDS`]).
+    /// CPU makes two launches and hands the stream two lists of memory operations (one kernel
+    /// and one list with `--overlap off`); the stream waits for receives only (send
+    /// completions are the CPU's, see [`SENDS`]).
     fn run_stream(&mut self, comm: &mut Comm, first: u64, end: u64) -> Result<()> {
         let batch = OpBatch::new();
+        // What the stream is handed, counted for `--trace`.
+        let exec = Counted::new(&self.stream);
         let mut trace = match self.trace && end - first > Trace::ITERS {
             true => Some(Trace::new(end, self.k.ordinal)?),
             false => None,
@@ -506,7 +515,7 @@ impl<'m> GpuRank<'m> {
         // credits before any stream waits for a peer. Without it, 4 ranks on one GPU stalled
         // in about one run in ten (H100, 4096² blocks): some ranks' streams never ran their
         // first list while the others' waited for those credits (see docs/benchmarks.md).
-        batch.flush(&self.stream)?;
+        batch.flush(&exec)?;
         self.at(first, Step::Synchronize);
         self.stream.synchronize()?;
         comm.barrier()?;
@@ -529,15 +538,22 @@ impl<'m> GpuRank<'m> {
                 }
             };
             mark(0)?;
-            // The stream waits for each peer's credit, then rings (after the kernel that
-            // packed the data); the last iteration's credits go in the same list.
+            // Per peer: the credit for receive i - 1 + RECVS (its buffer was read by the last
+            // iteration's kernel, which the stream runs before this list), then the send. A
+            // credit and a send to one peer, next to each other in the list, are rung with one
+            // doorbell: with two neighbours, all credits before all sends took a doorbell each
+            // (4 rings, 19.7 memory operations per iteration, against 2 rings and 12).
             let mut reqs = Vec::with_capacity(2 * self.links.len());
-            for l in &self.links {
+            for (k, l) in self.links.iter().enumerate() {
+                let j = i + RECVS as u64 - 1;
+                if i > first && j < end {
+                    recvs[k][slot(j)] = Some(comm.irecv_on(l.recv(j), l.peer, &batch)?);
+                }
                 reqs.push(comm.isend_on(l.send(i), l.peer, &batch)?);
             }
             if self.overlap {
                 self.at(i, Step::Flush);
-                batch.flush(&self.stream)?;
+                batch.flush(&exec)?;
             }
             mark(1)?;
             // The interior needs no halo: it overlaps with the messages in flight. Without
@@ -557,7 +573,7 @@ impl<'m> GpuRank<'m> {
             // The stream waits for the halos, consuming their completions itself.
             comm.wait_all_on(&recvd, &batch)?;
             self.at(i, Step::Flush);
-            batch.flush(&self.stream)?;
+            batch.flush(&exec)?;
             reqs.extend(recvd);
             mark(3)?;
             self.at(i, Step::Ring);
@@ -567,20 +583,12 @@ impl<'m> GpuRank<'m> {
                 self.whole(i, i + 1 < end)?;
             }
             mark(4)?;
-            self.at(i, Step::Recv);
-            if i + (RECVS as u64) < end {
-                // This iteration's receive buffers are read: let the peers fill them for
-                // iteration i + RECVS.
-                let j = i + RECVS as u64;
-                for (k, l) in self.links.iter().enumerate() {
-                    recvs[k][slot(j)] = Some(comm.irecv_on(l.recv(j), l.peer, &batch)?);
-                }
-            }
             mark(5)?;
             in_flight.push_back(reqs);
         }
         self.at(end, Step::Flush);
-        batch.flush(&self.stream)?;
+        batch.flush(&exec)?;
+        self.ops = exec.count.get();
         self.at(end, Step::Synchronize);
         self.stream.synchronize()?;
         self.at(end, Step::RunAheadWait);
@@ -662,11 +670,11 @@ impl Trace {
     const ITERS: u64 = 200;
     const STEPS: [&'static str; 6] = [
         "run-ahead wait",
-        "isend_on + flush",
+        "irecv_on + isend_on + flush",
         "interior launch",
         "wait_all_on + flush",
         "ring launch",
-        "irecv_on",
+        "bookkeeping",
     ];
     const GPU_STEPS: [&'static str; 4] = ["credits + send list", "interior", "wait list", "ring"];
 
@@ -760,6 +768,10 @@ fn kernel_error(rc: i32) -> String {
 impl Solver for GpuRank<'_> {
     fn run(&mut self, comm: &mut Comm, first: u64, count: u64) -> Result<()> {
         let end = first + count;
+        if self.trace {
+            // Each run counts afresh: the last one is the timed one.
+            *self.clock.borrow_mut() = Some(StepClock::new());
+        }
         let r = match self.trigger {
             Trigger::Stream => self.run_stream(comm, first, end).map_err(|e| {
                 // Where this rank's stream sits, if it is held up by a wait.
@@ -792,8 +804,8 @@ impl Solver for GpuRank<'_> {
 
 /// Runs this rank's part: returns the time per iteration and the final owned cells.
 pub fn solve(comm: &mut Comm, lay: &Layout, cfg: &Config, k: &Kernels) -> Result<(f64, Vec<f64>)> {
-    let gpus = k.per_gpu.len();
-    let k = k.for_rank(comm.rank())?;
+    let place = cfg.placement.as_ref().context("a GPU placement")?;
+    let k = k.on(place.ordinal(comm.rank()))?;
     let dev_halo = if cfg.halo == Halo::Device {
         halo_bytes(lay)
     } else {
@@ -806,20 +818,28 @@ pub fn solve(comm: &mut Comm, lay: &Layout, cfg: &Config, k: &Kernels) -> Result
         bail!("--halo host: pinned host memory could not be mapped for the GPU");
     }
     let mut rank = GpuRank::new(lay, k, &mem, host.as_ref(), Some(comm), cfg.trigger)?;
-    // Ranks are spread over the GPUs round robin (threads share a GPU; processes time-share it).
-    rank.ranks_on_gpu = cfg.ranks.div_ceil(gpus) as u32;
+    // Ranks that share a GPU (threads share it; processes time-share it).
+    rank.ranks_on_gpu = place.sharing(comm.rank(), cfg.ranks) as u32;
     rank.trace = cfg.trace;
     rank.overlap = cfg.overlap;
     rank.rank = comm.rank();
     let out = crate::drive(comm, &mut rank, cfg);
     // Nothing of this rank may still run when its memory goes.
     rank.stream.synchronize()?;
+    if cfg.trace {
+        if let Some(c) = rank.clock.borrow().as_ref() {
+            eprintln!("{}", c.line(rank.rank, cfg.iters));
+        }
+        if cfg.trigger == Trigger::Stream {
+            eprintln!("{}", rank.ops.line(rank.rank, cfg.iters));
+        }
+    }
     out
 }
 
 /// The single-rank run `--check` compares with, with the same kernels.
-pub fn reference(k: &Kernels, gx: usize, gy: usize, iters: u64) -> Result<Vec<f64>> {
-    let k = k.for_rank(0)?;
+pub fn reference(k: &Kernels, gpu: i32, gx: usize, gy: usize, iters: u64) -> Result<Vec<f64>> {
+    let k = k.on(gpu)?;
     let lay = Layout::whole(gx, gy);
     let mem = DeviceBuffer::alloc(k.ordinal, Offsets::new(&lay).total)?;
     let rank = GpuRank::new(&lay, k, &mem, None, None, Trigger::Host)?;

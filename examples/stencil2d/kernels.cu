@@ -218,8 +218,9 @@ extern "C" __global__ void whole(StencilRun a, long i, int pack_next, double c0,
 
 // One rank's iterations first..end in one kernel. Thread 0 of block 0 drives the channels
 // (gds_peer_*); every thread computes. Per iteration: sends (buffers packed by the previous
-// iteration) -> interior -> wait for the halos and the sends -> barrier -> ring cells from the
-// received halos, packing the next sends -> barrier -> receives for iteration i + 2.
+// iteration) -> interior -> wait for the halos, and for the sends whose buffers the ring packs
+// next -> barrier -> ring cells from the received halos, packing the next sends -> barrier ->
+// (every other iteration) receives for iterations i + 2 and i + 3, with one credit.
 extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
     __shared__ unsigned gen;
     __shared__ gds_peer peer[4];
@@ -265,8 +266,13 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
                 unsigned got = 0;
                 rc = gds_peer_wait_recv(&peer[d], &got, a.timeout_ns);
                 if (rc == GDS_OK && got != a.side[d].len) rc = STENCIL_SHORT_MESSAGE;
-                // The buffer is packed again next iteration (rows: rewritten as the next grid).
-                if (rc == GDS_OK) rc = gds_peer_wait_send(&peer[d], a.timeout_ns);
+                // This iteration's ring packs buffer (i + 1) % nsend, which iteration
+                // i + 1 - nsend sent: that send and the older ones must be complete, the
+                // nsend - 1 newest may still be read by the NIC (their completions are not on
+                // the iteration's path). The last iteration waits for every send.
+                uint64_t keep = i + 1 < a.end ? a.side[d].nsend - 1 : 0;
+                while (rc == GDS_OK && peer[d].sends - peer[d].sends_waited > keep)
+                    rc = gds_peer_wait_send(&peer[d], a.timeout_ns);
             }
             if (rc != GDS_OK) stencil_fail(a, rc, i);
         }
@@ -280,13 +286,19 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
         }
         if (stored) __threadfence_system();
         if (!grid_sync(a, &gen, i)) return;
-        // This iteration's halos are read: receives for iteration i + 2 (into their own
-        // buffers; with two, the ones just read).
-        if (comm && i + 2 < a.end) {
-            for (int d = 0; d < 4 && rc == GDS_OK; d++)
-                if (a.side[d].len)
-                    rc = gds_peer_recv(&peer[d], (u64)recv_buf(a.side[d], i + 2), a.side[d].recv_lkey, a.side[d].len,
-                                       a.timeout_ns);
+        // This iteration's halos are read. Every other iteration: receives for iterations
+        // i + 2 and i + 3 under one credit (one credit write for two receives). Their buffers
+        // were last read by iterations i - 4 and i - 3 (nrecv = 6); at most 3 receives are
+        // then posted ahead (i + 1 .. i + 3), within the channel's depth of 4.
+        if (comm && i + 2 < a.end && ((i - a.first) & 1) == 0) {
+            for (int d = 0; d < 4 && rc == GDS_OK; d++) {
+                const StencilSide &sd = a.side[d];
+                if (!sd.len) continue;
+                rc = gds_peer_post_recv(&peer[d], (u64)recv_buf(sd, i + 2), sd.recv_lkey, sd.len);
+                if (rc == GDS_OK && i + 3 < a.end)
+                    rc = gds_peer_post_recv(&peer[d], (u64)recv_buf(sd, i + 3), sd.recv_lkey, sd.len);
+                if (rc == GDS_OK) rc = gds_peer_give_credit(&peer[d], a.timeout_ns);
+            }
             if (rc != GDS_OK) stencil_fail(a, rc, i);
         }
     }

@@ -29,18 +29,48 @@ pub struct Needs {
     pub host_bytes: usize,
 }
 
+/// How the ranks of a run hold their devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sharing {
+    /// Threads of one process on one device.
+    OneDevice,
+    /// Threads of one process, a device each (in-process links between them).
+    DevicePerThread,
+    /// One process each, a device each (shared-memory links between them).
+    Processes,
+}
+
+impl Sharing {
+    /// Threads sharing one device, or processes.
+    #[cfg(test)]
+    pub fn of(threads: bool) -> Sharing {
+        if threads {
+            Sharing::OneDevice
+        } else {
+            Sharing::Processes
+        }
+    }
+}
+
 /// The needs of `ranks` ranks, `threads` of one process (sharing one device) or one process
 /// each, plus `data_bytes` of grids.
+#[cfg(test)]
 pub fn needs(ranks: usize, threads: bool, data_bytes: usize) -> Needs {
+    needs_with(ranks, Sharing::of(threads), data_bytes)
+}
+
+/// The needs of `ranks` ranks holding their devices as `sharing` says, plus `data_bytes` of
+/// grids.
+pub fn needs_with(ranks: usize, sharing: Sharing, data_bytes: usize) -> Needs {
     let peers = ranks.saturating_sub(1);
     let connections = ranks.saturating_mul(peers);
-    let links = if threads {
-        0
-    } else {
-        connections / 2 * BYTES_PER_PROCESS_LINK
+    let links = match sharing {
+        Sharing::Processes => connections / 2 * BYTES_PER_PROCESS_LINK,
+        _ => 0,
     };
+    let one = sharing == Sharing::OneDevice;
     Needs {
-        qps_per_device: QPS_PER_PEER * if threads { connections } else { peers },
+        qps_per_device: QPS_PER_PEER * if one { connections } else { peers },
         host_bytes: connections
             .saturating_mul(BYTES_PER_CONNECTION)
             .saturating_add(links)
@@ -48,15 +78,26 @@ pub fn needs(ranks: usize, threads: bool, data_bytes: usize) -> Needs {
     }
 }
 
-/// Refuses a run whose needs exceed what the device serves or the memory this machine has
-/// available.
+/// [`check_with`] for thread ranks on one device (`threads`) or processes.
+#[cfg(test)]
 pub fn check(device: &DeviceName, ranks: usize, threads: bool, data_bytes: usize) -> Result<()> {
-    let n = needs(ranks, threads, data_bytes);
+    check_with(device, ranks, Sharing::of(threads), data_bytes)
+}
+
+/// Refuses a run of `ranks` ranks holding their devices as `sharing` says whose needs exceed
+/// what the device serves or the memory this machine has available.
+pub fn check_with(
+    device: &DeviceName,
+    ranks: usize,
+    sharing: Sharing,
+    data_bytes: usize,
+) -> Result<()> {
+    let n = needs_with(ranks, sharing, data_bytes);
     let max_qp = crate::common::device::open(device)?.query().max_qp as usize;
     if n.qps_per_device > max_qp {
         let fit = (1..=ranks)
             .rev()
-            .find(|&r| needs(r, threads, 0).qps_per_device <= max_qp)
+            .find(|&r| needs_with(r, sharing, 0).qps_per_device <= max_qp)
             .unwrap_or(1);
         bail!(
             "--ranks {ranks}: a full mesh of {ranks} thread ranks needs {} queue pairs on their shared device ({device}), which serves at most {max_qp}: use at most {fit} ranks, or --ranks-as procs",
@@ -133,6 +174,14 @@ mod tests {
             12 * BYTES_PER_CONNECTION + 6 * BYTES_PER_PROCESS_LINK + 100
         );
         assert_eq!(needs(1, true, 0).qps_per_device, 0);
+    }
+
+    #[test]
+    fn threads_with_a_device_each_need_no_process_links() {
+        let d = needs_with(4, Sharing::DevicePerThread, 100);
+        assert_eq!(d.qps_per_device, 2 * 3);
+        assert_eq!(d.host_bytes, 12 * BYTES_PER_CONNECTION + 100);
+        assert!(check_with(&DeviceName::Soft, 200, Sharing::DevicePerThread, 0).is_ok());
     }
 
     #[test]

@@ -31,18 +31,20 @@ mod cpu;
 mod gpu;
 mod grid;
 mod limits;
+mod profile;
 mod progress;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
 use common::device::open;
+use common::gpus::Placement;
 use common::header::cores;
 use common::json::{Object, Value};
 use common::out::outln;
 use common::tool::usage;
 pub use common::Trigger;
-use common::{iters, name, DeviceArgs, RanksAs, ToolArgs};
-use gdasync::gdsync::{Device, DeviceName};
+use common::{iters, name, DeviceArgs, GpuArgs, RanksAs, ToolArgs};
+use gdasync::gdsync::{Device, DeviceName, ProgressMode};
 use gdasync::mp::bootstrap::{Bootstrap, JobInfo, TcpBootstrap, ThreadBootstrap};
 use gdasync::mp::Comm;
 use grid::Layout;
@@ -128,8 +130,14 @@ struct Args {
     /// A run in which no rank moves for 15 s longer ends with where each rank is.
     #[arg(long, default_value_t = 60, value_parser = iters::count(1, 86_400))]
     timeout: u64,
-    /// Diagnostics (`--trigger stream`): print the GPU time of each phase of an iteration.
-    #[arg(long, hide = true)]
+    /// GPU triggers with ranks as threads: every rank on one soft device (one engine for all)
+    /// instead of one device per rank, as one NIC per GPU would be.
+    #[arg(long)]
+    shared_device: bool,
+    /// Where the time goes (GPU triggers), on stderr: each rank's threads, its memory
+    /// operations and lists per iteration, and (`--trigger stream`) the CPU's and the GPU's
+    /// time in each step of an iteration.
+    #[arg(long, alias = "profile")]
     trace: bool,
     /// Internal: this process is one rank of `--ranks-as procs`.
     #[arg(long, hide = true)]
@@ -140,6 +148,8 @@ struct Args {
     corrupt: bool,
     #[command(flatten)]
     device: DeviceArgs,
+    #[command(flatten)]
+    gpus: GpuArgs,
     #[command(flatten)]
     tool: ToolArgs,
 }
@@ -160,6 +170,8 @@ pub struct Config {
     /// `--overlap`, resolved (`auto` decided by the block size).
     pub overlap: bool,
     pub trace: bool,
+    /// Ranks as threads on the soft device: one device (engine) per rank, not one for all.
+    pub device_per_rank: bool,
     /// `--timeout`.
     timeout: Duration,
     check: bool,
@@ -167,6 +179,8 @@ pub struct Config {
     ranks_as: RanksAs,
     /// The device every rank runs on.
     device: DeviceName,
+    /// The GPU triggers: the GPU of each rank (`--gpus`).
+    pub placement: Option<Placement>,
     corrupt: bool,
 }
 
@@ -185,13 +199,17 @@ fn check_flags(a: &Args) -> Result<()> {
     {
         bail!("--overlap applies to --trigger host and stream (the kernel trigger always overlaps, the CPU trigger computes the interior while the host stream exchanges)");
     }
-    if a.trace && a.trigger != Trigger::Stream {
-        bail!("--trace applies to --trigger stream");
+    if a.trace && !a.trigger.gpu() {
+        bail!("--trace applies to the GPU triggers (host, stream, kernel)");
+    }
+    if a.shared_device && !(a.trigger.gpu() && a.ranks_as == RanksAs::Threads) {
+        bail!("--shared-device applies to the GPU triggers with --ranks-as threads (the CPU trigger's thread ranks share one device always, processes have one each)");
     }
     if a.corrupt && !a.check {
         bail!("--corrupt is a test of --check: add --check");
     }
-    Ok(())
+    a.gpus
+        .refuse_unless(a.trigger.gpu(), "--trigger host, stream or kernel")
 }
 
 /// Most ranks of one run (processes of one host, or threads of one process).
@@ -235,24 +253,42 @@ impl Config {
             0
         };
         let device = a.device.resolve()?;
-        limits::check(
-            &device,
-            a.ranks,
-            a.ranks_as == RanksAs::Threads,
-            grids.saturating_add(check),
-        )?;
+        if a.shared_device && common::device::is_rdma(&device) {
+            return Err(usage("--shared-device applies to the soft device (the ranks on an RDMA device share it already)"));
+        }
+        // A device per rank while each engine still gets a core to spin on: where the engines
+        // would share the cores with the ranks (shared progress), the engines of GPU memory
+        // wait for their own threads' naps, and one engine serves better.
+        let device_per_rank = a.trigger.gpu()
+            && a.ranks_as == RanksAs::Threads
+            && !a.shared_device
+            && !common::device::is_rdma(&device)
+            && gdasync::gdsync::progress_mode_for(a.ranks) == ProgressMode::Thread;
+        let sharing = match a.ranks_as {
+            RanksAs::Threads if device_per_rank => limits::Sharing::DevicePerThread,
+            RanksAs::Threads => limits::Sharing::OneDevice,
+            _ => limits::Sharing::Processes,
+        };
+        limits::check_with(&device, a.ranks, sharing, grids.saturating_add(check))?;
         // MPI ranks may be spread over hosts: this host's cores say nothing about them.
         let local = a.ranks_as != RanksAs::Mpi;
         if let Some(why) = limits::oversubscribed(a.ranks, cores()).filter(|_| local) {
             tracing::warn!("{why}");
         }
-        if a.trigger.gpu() {
+        let placement = if a.trigger.gpu() {
             let c = gdasync::gdsync::cuda::Cuda::get()
                 .with_context(|| format!("--trigger {} needs a CUDA GPU", name(a.trigger)))?;
             if c.gpus.is_empty() {
                 bail!("--trigger {} needs a CUDA GPU; none found", name(a.trigger));
             }
-        }
+            let p = a.gpus.resolve(c.gpus.len())?;
+            Some(match a.ranks_as {
+                RanksAs::Mpi => p.under_mpi(),
+                _ => p,
+            })
+        } else {
+            None
+        };
         Ok(Config {
             gx,
             gy,
@@ -269,11 +305,13 @@ impl Config {
                 Overlap::Auto => bx * by >= OVERLAP_MIN_CELLS,
             },
             trace: a.trace,
+            device_per_rank,
             timeout: Duration::from_secs(a.timeout),
             check: a.check,
             json: a.json,
             ranks_as: a.ranks_as,
             device,
+            placement,
             corrupt: a.corrupt,
         })
     }
@@ -296,11 +334,41 @@ pub fn drive(comm: &mut Comm, s: &mut dyn Solver, cfg: &Config) -> Result<(f64, 
     comm.barrier()?;
     s.run(comm, 0, cfg.warmup)?;
     comm.barrier()?;
+    let threads = (cfg.trace && comm.rank() == 0).then(profile::ThreadCpu::now);
     let t0 = Instant::now();
     s.run(comm, cfg.warmup, cfg.iters)?;
     comm.barrier()?;
     let us = t0.elapsed().as_secs_f64() * 1e6 / cfg.iters as f64;
+    if let Some(t) = threads {
+        eprintln!("{}", census(cfg));
+        eprintln!("{}", t.since());
+    }
     Ok((us, s.owned(cfg.warmup + cfg.iters)?))
+}
+
+/// `--trace`: the threads a run starts in this process, and what they do while waiting.
+fn census(cfg: &Config) -> String {
+    let local = match cfg.ranks_as {
+        RanksAs::Threads => cfg.ranks,
+        _ => 1,
+    };
+    let engines = match () {
+        _ if common::device::is_rdma(&cfg.device) => 0,
+        _ if cfg.device_per_rank => cfg.ranks,
+        _ => 1,
+    };
+    let waits = match cfg.trigger {
+        Trigger::Host => "each spins in cuStreamSynchronize and in its CPU wait for the halos",
+        Trigger::Stream => "each spins in its run-ahead wait once the stream is full",
+        _ => "each blocks in cuStreamSynchronize while its persistent kernel runs",
+    };
+    let queues = std::env::var(gdasync::gdsync::cuda::MAX_CONNECTIONS_VAR).unwrap_or_default();
+    format!(
+        "trace process: {local} rank thread(s) ({waits}); {engines} soft-device engine(s), progress {}; {} cores; {} GPU(s) used; CUDA_DEVICE_MAX_CONNECTIONS {queues}",
+        progress_label(cfg).unwrap_or_else(|| "by the HCA".into()),
+        cores(),
+        cfg.placement.as_ref().map_or(0, |p| p.used(0..local).len()),
+    )
 }
 
 /// Rank 0 receives every block over the communicator and returns the global grid (owned
@@ -380,6 +448,18 @@ fn overlap_used(cfg: &Config) -> Option<bool> {
     matches!(cfg.trigger, Trigger::Host | Trigger::Stream).then_some(cfg.overlap)
 }
 
+/// Whether each rank has a device of its own (processes; thread ranks of the GPU triggers
+/// unless `--shared-device`) or all share one (thread ranks otherwise; an RDMA device).
+fn devices_label(cfg: &Config) -> &'static str {
+    let own = cfg.device_per_rank
+        || (cfg.ranks_as != RanksAs::Threads && !common::device::is_rdma(&cfg.device));
+    if own {
+        "one per rank"
+    } else {
+        "one for all ranks"
+    }
+}
+
 /// How the soft device's engines progress (`null` on an RDMA device: its HCA does).
 fn progress_label(cfg: &Config) -> Option<String> {
     (!common::device::is_rdma(&cfg.device)).then(|| gdasync::gdsync::progress_mode().to_string())
@@ -395,8 +475,9 @@ fn print_header(cfg: &Config) {
     let overlap = overlap_used(cfg).map_or(String::new(), |o| {
         format!(", overlap {}", if o { "on" } else { "off" })
     });
+    let gpus = gpus_label(cfg).map_or(String::new(), |g| format!(", GPUs {g}"));
     outln!(
-        "stencil2d: {} x {} grid, {} ranks ({} x {}, {}), device {}, trigger {}{halo}{overlap}, {} iterations (+{} warm-up), {} cores",
+        "stencil2d: {} x {} grid, {} ranks ({} x {}, {}), device {} ({}), trigger {}{halo}{overlap}{gpus}, {} iterations (+{} warm-up), {} cores",
         cfg.gx,
         cfg.gy,
         cfg.ranks,
@@ -404,6 +485,7 @@ fn print_header(cfg: &Config) {
         cfg.py,
         name(cfg.ranks_as),
         cfg.device,
+        devices_label(cfg),
         name(cfg.trigger),
         cfg.iters,
         cfg.warmup,
@@ -429,6 +511,8 @@ fn report(cfg: &Config, us: f64, check: Option<&Check>) {
             .set("warmup", cfg.warmup)
             .set("subdomain", format!("{bx}x{by}"))
             .set("device", cfg.device.to_string())
+            .set("devices", devices_label(cfg))
+            .set("gpus", gpus_label(cfg))
             .set("cores", cores())
             .set("progress", progress_label(cfg))
             .set("us_per_iter", Value::Fixed(us, 3))
@@ -505,7 +589,7 @@ fn rank_main(
             if c.mismatches > 0 && cfg.trigger.gpu() {
                 // Tell the exchange's faults from the GPU's.
                 let k = kernels.context("GPU kernels")?;
-                let one = gpu::reference(k, cfg.gx, cfg.gy, total)?;
+                let one = gpu::reference(k, gpu_of(cfg, 0), cfg.gx, cfg.gy, total)?;
                 let verdict = match compare(&one, &want).mismatches {
                     0 => "matches it: the exchange is at fault",
                     _ => "differs from it too: the kernels or the GPU are at fault",
@@ -532,22 +616,41 @@ fn kernels_for(
     cfg: &Config,
     ranks: impl IntoIterator<Item = usize>,
 ) -> Result<Option<gpu::Kernels>> {
-    cfg.trigger
-        .gpu()
-        .then(|| gpu::Kernels::compile(ranks))
+    cfg.placement
+        .as_ref()
+        .map(|p| gpu::Kernels::compile(&p.used(ranks)))
         .transpose()
 }
 
+/// The GPU of rank `rank` (GPU triggers).
+fn gpu_of(cfg: &Config, rank: usize) -> i32 {
+    cfg.placement.as_ref().map_or(0, |p| p.ordinal(rank))
+}
+
+/// `--gpus` as it applies: the GPU of each rank (`null` for the CPU trigger).
+fn gpus_label(cfg: &Config) -> Option<String> {
+    cfg.placement.as_ref().map(|p| p.label(cfg.ranks))
+}
+
 fn threads(cfg: &Config) -> Result<()> {
-    let dev = open(&cfg.device)?;
+    let shared = (!cfg.device_per_rank)
+        .then(|| open(&cfg.device))
+        .transpose()?;
     let kernels = Arc::new(kernels_for(cfg, 0..cfg.ranks)?);
     let handles: Vec<_> = ThreadBootstrap::group(cfg.ranks)
         .into_iter()
         .map(|b| {
-            let (cfg, dev, kernels) = (cfg.clone(), dev.clone(), kernels.clone());
-            std::thread::spawn(move || rank_main(&cfg, Box::new(b), &dev, (*kernels).as_ref()))
+            // A device of its own (an engine of its own, as a NIC per GPU), or the shared one.
+            let dev = match &shared {
+                Some(d) => d.clone(),
+                None => open(&cfg.device)?,
+            };
+            let (cfg, kernels) = (cfg.clone(), kernels.clone());
+            Ok(std::thread::spawn(move || {
+                rank_main(&cfg, Box::new(b), &dev, (*kernels).as_ref())
+            }))
         })
-        .collect();
+        .collect::<Result<_>>()?;
     // The first rank to fail ends the run (its peers may wait for it forever, as MPI ranks
     // would: returning ends the process and them), after a moment in which ranks that fail
     // with it (timeouts of one stall) add their errors: each says what its side waits for.

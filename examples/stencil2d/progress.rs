@@ -52,6 +52,32 @@ pub enum Step {
     Cpu,
 }
 
+impl Step {
+    /// How many steps there are.
+    pub const COUNT: usize = NAMES.len();
+
+    /// Step number `k`'s short name (`--trace`'s tables).
+    pub fn short(k: usize) -> &'static str {
+        SHORT.get(k).copied().unwrap_or("?")
+    }
+}
+
+/// Short names of the steps, in order.
+const SHORT: [&str; 12] = [
+    "run-ahead wait",
+    "send",
+    "flush",
+    "interior launch",
+    "wait_on",
+    "ring launch",
+    "recv",
+    "synchronize",
+    "wait for halos",
+    "kernel",
+    "out",
+    "cpu",
+];
+
 const NAMES: [&str; 12] = [
     "run-ahead wait (CPU waits for an earlier iteration's requests)",
     "posting sends",

@@ -65,7 +65,7 @@ struct gds_send_desc {
     uint64_t db_value;     // the 8 doorbell bytes, as a native 64-bit store writes them
     uint32_t dbrec_value;  // the doorbell-record word, as a native 32-bit store writes it
     uint32_t reserved;
-    uint64_t rung;         // address of the QP's "rung to" word (native u64), or 0
+    uint64_t rung;         // address of the QP's "rung to" word (native u64), or 0 (none: Ringers::Executors)
     uint64_t rung_value;   // the producer counter the doorbell exposes sends up to
 };
 static_assert(sizeof(gds_send_desc) == 48, "gds_send_desc size");
@@ -381,6 +381,11 @@ __device__ __forceinline__ int gds_send(const gds_send_desc *d) {
     if (d->rung) {
         // A release store at system scope: the doorbell is performed before "rung to" is
         // seen (what a fence then a store would give, without a full sequential fence).
+        // rung is 0 for a QP whose CPU posts never interleave with its commits
+        // (Ringers::Executors): no CPU post reads the word then, and one that comes later
+        // learns that this doorbell is out from a completion at or beyond it (the NIC
+        // executes only what a doorbell exposed), so nothing needs ordering after the
+        // doorbell and the send costs the same two system fences as a --raw marker store.
         gds_st_release64(d->rung, d->rung_value);
     }
     return GDS_OK;

@@ -97,7 +97,7 @@ pub use provider::{
     PortAttr, PortState,
 };
 pub use qp::{
-    CommitError, PreparedSend, Qp, QpConfig, QpState, RecvTicket, SendBatch, SendTicket,
+    CommitError, PreparedSend, Qp, QpConfig, QpState, RecvTicket, Ringers, SendBatch, SendTicket,
     IB_HOP_LIMIT_VAR, IB_SL_VAR, IB_TC_VAR,
 };
 pub use shm::SharedMemory;

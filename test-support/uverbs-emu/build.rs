@@ -1,7 +1,9 @@
 //! Builds the preload library (`c/uvemu.c`, C because libc's variadic entry points — `open`,
 //! `ioctl` — are hooked) into `$OUT_DIR/libuvemu.so` with the system C compiler (`$CC`, else
 //! `cc`); it needs only libc and the kernel's uapi headers (linux-libc-dev), not rdma-core.
-//! Where it cannot be built the crate still builds, and says why at run time.
+//! Where it cannot be built the crate still builds, and says why at run time. Sets
+//! `cfg(perftest)` where Debian's perftest is installed, so that the test running it under the
+//! emulator runs there and is counted as ignored elsewhere.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -11,6 +13,7 @@ fn main() {
     println!("cargo:rerun-if-changed=c/uvemu.h");
     println!("cargo:rerun-if-env-changed=CC");
     println!("cargo:rustc-check-cfg=cfg(uvemu_built)");
+    perftest_cfg();
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let so = out.join("libuvemu.so");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
@@ -49,4 +52,22 @@ fn main() {
 fn fail(why: &str) {
     println!("cargo:warning=the emulated RDMA driver is not built: {why}");
     println!("cargo:rustc-env=UVEMU_BUILD_ERROR={why}");
+}
+
+/// `cfg(perftest)` where perftest's `ib_write_lat` is on PATH (checked again when /usr/bin
+/// changes, as installing the package changes it).
+fn perftest_cfg() {
+    println!("cargo:rustc-check-cfg=cfg(perftest)");
+    let found = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("ib_write_lat"))
+            .find(|p| p.is_file())
+    });
+    match found {
+        Some(p) => {
+            println!("cargo:rerun-if-changed={}", p.display());
+            println!("cargo:rustc-cfg=perftest");
+        }
+        None => println!("cargo:rerun-if-changed=/usr/bin"),
+    }
 }

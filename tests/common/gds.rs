@@ -10,7 +10,7 @@
 //! built (`cfg(clang_cuda)`, set by build.rs).
 
 use gdasync::gdsync::format::{CqeOpcode, Opcode};
-use gdasync::gdsync::kernel::{CqDesc, PeerDesc, QpDesc};
+use gdasync::gdsync::kernel::{CqDesc, PeerDesc, QpDesc, SendDesc, WaitDesc};
 use std::ffi::{c_int, c_void, CString};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -50,6 +50,8 @@ type Peer = *mut PeerDesc;
 
 /// The exported functions, by name.
 struct Lib {
+    send: unsafe extern "C" fn(*const SendDesc) -> c_int,
+    wait: unsafe extern "C" fn(*const WaitDesc, u64) -> c_int,
     qp_send_room: unsafe extern "C" fn(*const QpDesc) -> u32,
     qp_post_send: unsafe extern "C" fn(Qp, u32, u64, u32, u32, u64, u32, u32, u32) -> c_int,
     qp_post_send_inline:
@@ -137,6 +139,8 @@ fn lib() -> &'static Lib {
             }};
         }
         Lib {
+            send: sym!(send),
+            wait: sym!(wait),
             qp_send_room: sym!(qp_send_room),
             qp_post_send: sym!(qp_post_send),
             qp_post_send_inline: sym!(qp_post_send_inline),
@@ -159,6 +163,19 @@ fn lib() -> &'static Lib {
 // Every call below: the descriptors point at rings, doorbells and counters in pinned host
 // memory that the DeviceQp / KernelChannels the test holds keep alive; one thread drives one
 // descriptor, as the header requires.
+
+/// `gds_send`: rings the doorbell a commit's send descriptor describes (its op list, which
+/// the caller holds, keeps the memory alive).
+pub fn send(d: &SendDesc) -> i32 {
+    // SAFETY: a descriptor of a commit whose op list the caller keeps alive (above).
+    unsafe { (lib().send)(d) }
+}
+
+/// `gds_wait`: waits for the completion a wait descriptor describes, then retires it.
+pub fn wait(d: &WaitDesc, timeout_ns: u64) -> i32 {
+    // SAFETY: a descriptor of a wait whose op list the caller keeps alive (above).
+    unsafe { (lib().wait)(d, timeout_ns) }
+}
 
 /// `gds_qp_send_room`.
 pub fn qp_send_room(qp: &QpDesc) -> u32 {

@@ -1,5 +1,5 @@
 // gdsync.cuh compiled for the host: stand-ins for the CUDA built-ins it uses, then the header
-// itself, then extern "C" wrappers of its kernel-driven QP and peer functions, which the tests
+// itself, then extern "C" wrappers of its descriptor, kernel-driven QP and peer functions, which the tests
 // (tests/common/gds.rs) load and call from a thread that plays the kernel. So the soft device
 // executes the very bytes the header writes.
 //
@@ -61,6 +61,8 @@ static_assert(offsetof(gds_wc, wqe_counter) == 12 && offsetof(gds_wc, opcode) ==
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
 
+EXPORT int gdst_send(const gds_send_desc *d) { return gds_send(d); }
+EXPORT int gdst_wait(const gds_wait_desc *d, uint64_t timeout_ns) { return gds_wait(d, timeout_ns); }
 EXPORT uint32_t gdst_qp_send_room(const gds_qp *qp) { return gds_qp_send_room(qp); }
 EXPORT int gdst_qp_post_send(gds_qp *qp, uint32_t opcode, uint64_t laddr, uint32_t lkey, uint32_t len, uint64_t raddr,
                              uint32_t rkey, uint32_t imm, uint32_t flags) {

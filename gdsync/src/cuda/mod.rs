@@ -36,7 +36,7 @@ pub use inbound::{InboundWrites, WRITES_ORDERING_OWNER};
 pub use launch::{KernelArg, LaunchArgs};
 pub use memory::{DeviceBuffer, IpcHandle, MemoryKind};
 pub use module::{nvrtc_available, Function, Module};
-pub use stream::{CudaStream, MAX_QUEUED_OPS};
+pub use stream::{stream_memops, CudaStream, MARK_EVERY, MAX_QUEUED_OPS};
 
 use crate::{Error, Result};
 use cudarc::driver::result::{self, DriverError};

@@ -25,10 +25,10 @@ const MAX_BATCH: usize = 255;
 pub const MAX_QUEUED_OPS: usize = 512;
 
 /// The stream writes its progress word at the end of at least one list in this many (and after
-/// at most [`MARK_OPS`] operations): each write costs the GPU ~0.6 µs (H200), as much as a
+/// at most `MARK_OPS` operations): each write costs the GPU ~0.6 µs (H200), as much as a
 /// doorbell, so most lists go without one. A list without its own write is known to have run
 /// once a later list's write lands, or once the stream is idle (`cuStreamQuery`).
-const MARK_EVERY: u32 = 8;
+pub const MARK_EVERY: u32 = 8;
 /// See [`MARK_EVERY`].
 const MARK_OPS: usize = 128;
 
@@ -428,6 +428,15 @@ fn wait_params(
     }
 }
 
+/// How many stream memory operations `ops` becomes on a GPU with 64-bit memory operations
+/// (the stream drops a barrier right before a write, which fences by itself); a stream
+/// adds a write of its own at the end of one list in several ([`MARK_EVERY`]).
+pub fn stream_memops(ops: &[Op]) -> usize {
+    (0..ops.len())
+        .filter(|&k| !(matches!(ops[k], Op::Barrier) && barrier_elided(ops, k)))
+        .count()
+}
+
 /// Whether the barrier at `k` is followed by a write (which fences by itself).
 fn barrier_elided(ops: &[Op], k: usize) -> bool {
     matches!(
@@ -463,5 +472,28 @@ impl Drop for CudaStream {
         }
         // SAFETY: our stream, made by create_stream, destroyed once.
         unsafe { self.cuda.destroy_stream(self.ordinal, self.raw) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stream_memops;
+    use crate::ops::{Op, WaitCond};
+
+    /// A barrier right before a write is dropped (the write fences by itself); before a wait
+    /// or at the end of a list it stays.
+    #[test]
+    fn stream_memops_drop_only_barriers_before_writes() {
+        let w = Op::Write32 { addr: 8, value: 1 };
+        let db = Op::Doorbell { addr: 16, value: 1 };
+        let wait = Op::Wait32 {
+            addr: 8,
+            value: 1,
+            cond: WaitCond::Geq,
+        };
+        assert_eq!(stream_memops(&[w, Op::Barrier, db]), 2);
+        assert_eq!(stream_memops(&[w, Op::Barrier, wait]), 3);
+        assert_eq!(stream_memops(&[w, Op::Barrier]), 2);
+        assert_eq!(stream_memops(&[]), 0);
     }
 }

@@ -24,6 +24,12 @@ pub const fn reached16(record: u16, end: u64) -> bool {
     record.wrapping_sub(end as u16) as i16 >= 0
 }
 
+/// Whether free-running counter `counter` has reached `end`: at or past it, for counters
+/// within 2^63 of it either way (a "rung to" word, a retired-completion counter).
+pub const fn reached(counter: u64, end: u64) -> bool {
+    (counter.wrapping_sub(end) as i64) >= 0
+}
+
 /// Free-running counter `cur` moved forward to the 16-bit value `to` (never backwards: a
 /// `to` that is not ahead by less than 2^15 leaves it).
 pub const fn advance16(cur: u64, to: u16) -> u64 {

@@ -33,6 +33,32 @@ fn a_doorbell_record_reaches_a_counter_exactly_when_it_is_at_or_past_it() {
 }
 
 #[test]
+fn a_counter_reaches_another_exactly_when_it_is_at_or_past_it() {
+    for end in around_wraps(64) {
+        for d in [
+            i64::MIN + 1,
+            -(1 << 40),
+            -65536,
+            -2,
+            -1,
+            0,
+            1,
+            2,
+            65536,
+            1 << 40,
+            i64::MAX,
+        ] {
+            let counter = end.wrapping_add(d as u64);
+            assert_eq!(
+                reached(counter, end),
+                d >= 0,
+                "end {end}, counter {counter}"
+            );
+        }
+    }
+}
+
+#[test]
 fn a_counter_advances_to_a_16_bit_value_ahead_and_never_back() {
     for cur in around_wraps(64) {
         for d in -(1i64 << 15)..(1i64 << 15) {

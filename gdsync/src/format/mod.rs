@@ -19,7 +19,9 @@ pub use cqe::{Cqe64, CqeOwner, CQE_INIT_OP_OWN, CQE_OWNER_WORD_OFFSET, CQE_SIZE}
 pub use doorbell::{
     cq_ci_value, doorbell_end, doorbell_value, qp_dbrec_value, DBREC_CQ_CI, DBREC_RQ, DBREC_SQ,
 };
-pub use index::{advance16, catch_up24, cq_full24, idx16, idx16_diff, reached16, wqebbs_for_ds};
+pub use index::{
+    advance16, catch_up24, cq_full24, idx16, idx16_diff, reached, reached16, wqebbs_for_ds,
+};
 pub use opcode::{CompletionOp, CqeOpcode, Opcode, Syndrome};
 pub use recv_wqe::RecvWqe;
 pub(crate) use send_wqe::{write_fixed, write_inline_seg};

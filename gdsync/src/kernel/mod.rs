@@ -119,7 +119,9 @@ fn cond_code(c: WaitCond) -> u32 {
 impl SendDesc {
     /// The descriptor for a commit's op list: `Write32` doorbell record, `Barrier`,
     /// `Doorbell`, `Write64` "rung to"; or, where a CPU proxy rings, `Barrier`, `Write64`
-    /// request. (A list of the first three alone, with a `Write64` doorbell, is read too.)
+    /// request. The first three alone (a QP of [`Ringers::Executors`](crate::Ringers), whose
+    /// commits store no "rung to"; or with a `Write64` doorbell) give a descriptor whose send
+    /// stores nothing after the doorbell.
     /// Addresses are the GPUs' addresses of the memory the list names.
     pub fn from_ops(ops: &Ops) -> Result<Self> {
         let at = |a: &u64| gpu_addr_in(ops.kept(), *a);
@@ -154,6 +156,10 @@ impl SendDesc {
                 addr: dbrec,
                 value: dbrec_value,
             }, Op::Barrier, Op::Write64 {
+                addr: db,
+                value: db_value,
+            }
+            | Op::Doorbell {
                 addr: db,
                 value: db_value,
             }] => Ok(SendDesc {
@@ -494,30 +500,30 @@ mod tests {
         );
     }
 
-    /// A commit's list as commits make it (record, barrier, doorbell, "rung to") gives a
-    /// descriptor that stores "rung to" after the doorbell.
+    /// A commit's list as commits make it: record, barrier, doorbell, then "rung to" at
+    /// `rung` (address, value) where the QP's commits store it.
+    fn commit_ops(rung: Option<(u64, u64)>) -> Ops {
+        let mut list = vec![
+            Op::Write32 {
+                addr: 0x1000,
+                value: 0x0600_0000,
+            },
+            Op::Barrier,
+            Op::Doorbell {
+                addr: 0x2008,
+                value: 0x0323_0100_0805_0000,
+            },
+        ];
+        list.extend(rung.map(|(addr, value)| Op::Write64 { addr, value }));
+        // SAFETY: the ops are only converted, never run.
+        unsafe { ops_of(&list) }
+    }
+
+    /// A commit that stores "rung to" gives a descriptor that stores it after the doorbell.
     #[test]
     fn send_descriptor_carries_rung_to() {
-        // SAFETY: the ops are only converted, never run.
-        let ops = unsafe {
-            ops_of(&[
-                Op::Write32 {
-                    addr: 0x1000,
-                    value: 0x0600_0000,
-                },
-                Op::Barrier,
-                Op::Doorbell {
-                    addr: 0x2008,
-                    value: 0x0323_0100_0805_0000,
-                },
-                Op::Write64 {
-                    addr: 0x3140,
-                    value: 6,
-                },
-            ])
-        };
         assert_eq!(
-            SendDesc::from_ops(&ops).unwrap(),
+            SendDesc::from_ops(&commit_ops(Some((0x3140, 6)))).unwrap(),
             SendDesc {
                 dbrec: 0x1000,
                 db: 0x2008,
@@ -527,6 +533,17 @@ mod tests {
                 rung: 0x3140,
                 rung_value: 6
             }
+        );
+    }
+
+    /// A commit of a QP whose commits store no "rung to" (record, barrier, doorbell) gives a
+    /// descriptor that stores nothing after the doorbell.
+    #[test]
+    fn send_descriptor_without_rung_to() {
+        let d = SendDesc::from_ops(&commit_ops(None)).unwrap();
+        assert_eq!(
+            (d.dbrec, d.db, d.rung, d.rung_value),
+            (0x1000, 0x2008, 0, 0)
         );
     }
 

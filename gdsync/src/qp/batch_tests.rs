@@ -20,12 +20,15 @@ pub(crate) struct Pair {
 }
 
 pub(crate) fn pair(dev: &Device) -> Pair {
+    pair_with(dev, &QpConfig::default())
+}
+
+/// [`pair`], QP `a` created with `cfg`.
+pub(crate) fn pair_with(dev: &Device, cfg: &QpConfig) -> Pair {
     let pd = dev.alloc_pd();
     let send_cq = dev.create_cq(64).unwrap();
     let other = dev.create_cq(64).unwrap();
-    let mut a = pd
-        .create_qp(&send_cq, &other, &QpConfig::default())
-        .unwrap();
+    let mut a = pd.create_qp(&send_cq, &other, cfg).unwrap();
     let mut b = pd.create_qp(&other, &other, &QpConfig::default()).unwrap();
     a.connect(&b.endpoint()).unwrap();
     b.connect(&a.endpoint()).unwrap();

@@ -55,6 +55,32 @@ pub struct QpConfig {
     /// Who rings the doorbell for op lists from [`Qp::commit`](super::Qp::commit); `None`: chosen automatically
     /// (`GDSYNC_NIC_HANDLER`, else the GPU).
     pub nic_handler: Option<crate::NicHandler>,
+    /// Whether CPU posts interleave with sends committed for executors and kernels, which
+    /// decides what each commit stores after its doorbell ([`Ringers`]).
+    pub ringers: Ringers,
+}
+
+/// Who rings a QP's send doorbell, which decides whether a commit's doorbell is followed by
+/// a store of how far it rang ("rung to").
+///
+/// A CPU post must never ring past sends committed for an executor or a kernel that has
+/// not rung them yet: its doorbell would expose them early, and the older doorbell, still
+/// to come, would then move the device's producer index backwards (a ConnectX never
+/// accepts that). It knows they are rung from "rung to", which each ringer stores after
+/// its doorbell, or from a completion of a send at or beyond them (the device executes only
+/// what a doorbell exposed). On a GPU stream that store is one more memory operation per
+/// commit (about 0.6 µs on an H200) and in a kernel an ordering at system scope: a QP that
+/// mixes no CPU posts into its commits needs neither.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Ringers {
+    /// CPU posts ([`Qp::post_send`](super::Qp::post_send), batches rung on the CPU)
+    /// interleave with commits: every commit stores "rung to" after its doorbell.
+    #[default]
+    Mixed,
+    /// Sends are committed for executors and kernels; their commits store nothing after the
+    /// doorbell. A CPU post is refused while committed sends are not known to be rung, that
+    /// is until a completion at or beyond the last commit has been waited for or polled.
+    Executors,
 }
 
 impl Default for QpConfig {
@@ -72,6 +98,7 @@ impl Default for QpConfig {
             service_level: None,
             hop_limit: None,
             nic_handler: None,
+            ringers: Ringers::Mixed,
         }
     }
 }

@@ -1,10 +1,11 @@
 //! The send doorbell: the one store sequence that exposes sends to the device (the doorbell
 //! record, the barrier, the doorbell register, the write-combining fences, the alternation of
-//! the register's halves, and the "rung to" word published after the doorbell), in the two forms its callers need: stores on this thread (a CPU
-//! post, a batch rung on the CPU, the CPU proxy ringing for a GPU) and an op list for an
-//! executor (a commit, a batch handed to an executor).
+//! the register's halves, and the "rung to" word published after the doorbell), in the two
+//! forms its callers need: stores on this thread (a CPU post, a batch rung on the CPU, the CPU
+//! proxy ringing for a GPU) and an op list for an executor (a commit, a batch handed to an
+//! executor).
 
-use super::{Qp, QpShared, QP_PROXY, QP_SQ_RUNG};
+use super::{Qp, QpShared, Ringers, QP_PROXY, QP_SQ_RUNG};
 use crate::format::{doorbell_value, qp_dbrec_value, Be32, DBREC_SQ};
 use crate::ops::{Op, Ops};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -21,9 +22,9 @@ pub(crate) struct RingWords<'a> {
 
 /// Rings on this thread: the WQEs before the record (a barrier for the device, then release),
 /// the record before the register (a fence for a write-combining register), the register's
-/// store pushed out after it, then "rung to" `end` (so a CPU post that reads it knows this doorbell is out: see
-/// [`Qp::has_unrung_commits`]). `end` is the producer counter after the last WQE exposed,
-/// `head` the first 8 bytes of the last WQE.
+/// store pushed out after it, then "rung to" `end` (so a CPU post that reads it knows this
+/// doorbell is out: see [`Qp::has_unrung_commits`]). `end` is the producer counter after the
+/// last WQE exposed, `head` the first 8 bytes of the last WQE.
 #[inline]
 pub(crate) fn ring(w: &RingWords, end: u64, head: [u8; 8]) {
     crate::barrier::dma_wmb();
@@ -66,9 +67,9 @@ pub(crate) fn ring_for_proxy(
 /// The op list that rings for sends up to producer counter `end`, whose last WQE begins with
 /// `head`: store the doorbell record, barrier, ring the 8-byte doorbell (the first half of
 /// the register; CPU executors flush it), store "rung to" `end` (after the doorbell: a
-/// stream's write fences by itself); or, where a CPU proxy rings for this QP, a barrier and
-/// the request to it (the proxy publishes "rung to"). (`kernel::SendDesc::from_ops` reads
-/// this shape back.)
+/// stream's write fences by itself; only for a QP of [`Ringers::Mixed`]); or, where a CPU
+/// proxy rings for this QP, a barrier and the request to it (the proxy publishes "rung to").
+/// (`kernel::SendDesc::from_ops` reads this shape back.)
 pub(super) fn ring_ops(s: &QpShared, end: u64, head: [u8; 8]) -> Ops {
     let keep = s.keep();
     let mut ops = Ops::new();
@@ -100,13 +101,18 @@ pub(super) fn ring_ops(s: &QpShared, end: u64, head: [u8; 8]) -> Ops {
         },
         &s.keep_doorbell(),
     );
-    ops.push(
-        Op::Write64 {
-            addr: s.ctrl.addr(QP_SQ_RUNG),
-            value: end,
-        },
-        &keep,
-    );
+    // "Rung to", only where CPU posts interleave with commits (`Ringers`): the CPU post
+    // reads it to know this doorbell is out. Where only executors ring, a CPU post learns
+    // that from completions instead (`Qp::doorbell_reached`).
+    if s.cfg.ringers == Ringers::Mixed {
+        ops.push(
+            Op::Write64 {
+                addr: s.ctrl.addr(QP_SQ_RUNG),
+                value: end,
+            },
+            &keep,
+        );
+    }
     ops.mark_ring(s.dbrec.addr());
     ops
 }

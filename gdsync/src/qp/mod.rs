@@ -18,11 +18,15 @@ mod encode_tests;
 mod post;
 #[cfg(test)]
 mod ring_order_tests;
+#[cfg(test)]
+mod ringers_tests;
 mod shared;
 mod wait;
 
 pub use batch::SendBatch;
-pub use config::{QpConfig, QpState, IB_HOP_LIMIT_VAR, IB_SL_VAR, IB_TC_VAR, MAX_MESSAGE, MAX_SGE};
+pub use config::{
+    QpConfig, QpState, Ringers, IB_HOP_LIMIT_VAR, IB_SL_VAR, IB_TC_VAR, MAX_MESSAGE, MAX_SGE,
+};
 pub use post::{CommitError, PreparedSend, RecvTicket, SendTicket};
 pub(crate) use shared::{
     QpShared, QP_KERNEL_RQ_PI, QP_KERNEL_SQ_PI, QP_PROXY, QP_RQ_RETIRED, QP_SQ_RETIRED, QP_SQ_RUNG,

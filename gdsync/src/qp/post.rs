@@ -345,9 +345,14 @@ impl Qp {
     /// must wait for this before it rings past sends another ringer has not rung yet (its
     /// doorbell would otherwise expose them early, and the other doorbell, still to come,
     /// would then go backwards).
+    ///
+    /// A completion at or beyond `end` that a wait or a poll has retired tells it too: the
+    /// device executes only sends a doorbell exposed. That is how a QP of
+    /// [`Ringers::Executors`](super::Ringers::Executors), whose commits store no "rung to",
+    /// finds its commits rung.
     pub fn doorbell_reached(&self, end: u64) -> bool {
-        let rung = self.shared.sq_rung().load(Ordering::Acquire);
-        (rung.wrapping_sub(end) as i64) >= 0
+        reached(self.shared.sq_rung().load(Ordering::Acquire), end)
+            || reached(self.shared.sq_retired(), end)
     }
 
     /// The send doorbell record: the low 16 bits of the producer counter (big-endian in
@@ -417,12 +422,25 @@ impl Qp {
     #[inline]
     pub(super) fn refuse_unrung_commits(&self) -> Result<()> {
         if self.has_unrung_commits() {
-            return Err(Error::invalid(format!(
-                "QP {}: sends committed for an executor have not been rung yet; a CPU post now would expose them early. Post on that executor too (prepare_send + commit), or let it run first",
-                self.shared.qpn
-            )));
+            return Err(self.unrung_commits_error());
         }
         Ok(())
+    }
+
+    /// The error of [`refuse_unrung_commits`](Self::refuse_unrung_commits), off the posting
+    /// path.
+    #[cold]
+    #[inline(never)]
+    fn unrung_commits_error(&self) -> Error {
+        let qpn = self.shared.qpn;
+        if self.shared.cfg.ringers == super::Ringers::Executors {
+            return Error::invalid(format!(
+                "QP {qpn}: sends committed for an executor are not known to be rung (with QpConfig::ringers Ringers::Executors commits do not publish it); a CPU post now could expose them early. Wait for a signalled send's completion at or after the last commit first, post on the executor too (prepare_send + commit), or create the QP with Ringers::Mixed"
+            ));
+        }
+        Error::invalid(format!(
+            "QP {qpn}: sends committed for an executor have not been rung yet; a CPU post now would expose them early. Post on that executor too (prepare_send + commit), or let it run first"
+        ))
     }
 
     /// Commits a prepared send and submits its doorbell ops to `exec` (a stream: the send

@@ -11,7 +11,7 @@ use std::time::Duration;
 const WAIT: Duration = Duration::from_secs(5);
 
 /// A signalled write of the source's bytes `at..at + 8` to the same place in the destination.
-fn write8(p: &Pair, at: usize, wr_id: u64) -> SendWr {
+pub(super) fn write8(p: &Pair, at: usize, wr_id: u64) -> SendWr {
     SendWr::write(p.dst.remote().at(at as u64))
         .sge(p.src.sge(at..at + 8))
         .wr_id(wr_id)

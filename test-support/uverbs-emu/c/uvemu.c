@@ -21,7 +21,10 @@
  *     uvemu_command_count() (below);
  *   - hands every MR, CQ and QP, with libmlx5's own rings, doorbell records and BlueFlame
  *     register, to the soft HCA a process attached (uvemu_attach_hca(), uvemu.h), which then
- *     serves the data path; without one, nothing executes WQEs;
+ *     serves the data path; without one, nothing executes WQEs. Where $UVEMU_HCA names a
+ *     library (scripts/with-emulated-hca names gdasync's test-support/emulated-hca), a process's
+ *     first open of a uverbs device with no HCA attached loads it and attaches its soft HCA, so
+ *     any verbs program is served (see auto_hca());
  *   - pins what it hands to the HCA, as a kernel does: the process's munmap, mremap, mprotect,
  *     mmap(MAP_FIXED), free and realloc of pinned pages are put off or refused until the
  *     object is destroyed (see "pinned memory" below);
@@ -198,6 +201,33 @@ static void init(void)
 
 static void ensure_init(void) { pthread_once(&once, init); }
 
+/* Every process served: where $UVEMU_HCA names a library exporting
+ * `int gdasync_emulated_hca_attach(void)` (gdasync's test-support/emulated-hca, which
+ * scripts/with-emulated-hca builds and names), the first open of a uverbs device in a process
+ * with no HCA attached yet loads it and attaches its soft HCA, so any verbs program's work
+ * executes. It runs at that open, never at start: shells and programs that never open a uverbs
+ * device load nothing. A gdasync process attaches its own soft HCA before it opens a device
+ * (serve_emulated_driver()), and then nothing is loaded; one that opened a device first finds
+ * this HCA attached when it asks (uvemu_hca_attached()) and is served by it: never two. Called without the lock held (the
+ * attach takes it); a failure is reported on stderr and the process runs unserved. */
+int uvemu_hca_attached(void);
+static pthread_once_t auto_hca_once = PTHREAD_ONCE_INIT;
+static void auto_hca(void)
+{
+	const char *path = getenv("UVEMU_HCA");
+	if (!path || !*path || uvemu_hca_attached()) return;
+	void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+	int (*attach)(void) = lib ? (int (*)(void))dlsym(lib, "gdasync_emulated_hca_attach") : NULL;
+	if (!attach) {
+		fprintf(stderr, "uvemu: UVEMU_HCA=%s: %s: no soft HCA serves this process\n", path,
+			lib ? "no gdasync_emulated_hca_attach" : dlerror());
+		return;
+	}
+	int rc = attach();
+	L("soft HCA from %s: %s", path, rc ? strerror(rc) : "attached");
+	if (rc) fprintf(stderr, "uvemu: the soft HCA of %s did not attach: %s\n", path, strerror(rc));
+}
+
 /* The device index of /dev/infiniband/uverbsN, or -1. */
 static int device_of_path(const char *path)
 {
@@ -304,6 +334,7 @@ int open(const char *path, int flags, ...)
 	pthread_mutex_unlock(&lock);
 	if (!c) { r_close(fd); errno = EMFILE; return -1; }
 	L("open(%s) -> fd %d (%s)", path, fd, devices[dev].name);
+	pthread_once(&auto_hca_once, auto_hca);
 	return fd;
 }
 int open64(const char *path, int flags, ...) __attribute__((alias("open")));
@@ -675,6 +706,17 @@ int uvemu_attach_hca(const struct uvemu_hca_ops *ops)
 	pthread_mutex_unlock(&lock);
 	L("HCA attached: %s", rc ? strerror(rc) : "the data path is served");
 	return rc;
+}
+
+/* Whether a HCA serves the data path (1) or none yet (0): a gdasync process that opened a device
+ * before it asked to serve it finds the soft HCA auto_hca() loaded there, and is served by it. */
+int uvemu_hca_attached(void)
+{
+	ensure_init();
+	pthread_mutex_lock(&lock);
+	int attached = hca != NULL;
+	pthread_mutex_unlock(&lock);
+	return attached;
 }
 
 /* The record of device `dev` of node `n`, served by the process of QPN slot `slot`, in the

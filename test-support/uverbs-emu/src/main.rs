@@ -2,6 +2,9 @@
 //! (fake sysfs + preload), so that the real libibverbs and libmlx5 in it see the devices of
 //! SPEC (default `mlx5_0`, one RoCE port; `$UVEMU_DEVICES` sets it too, e.g.
 //! `mlx5_0,mlx5_1:ib:ib`). Exits with CMD's status. `UVEMU_LOG=1` traces the commands served.
+//! Every process of CMD that opens an emulated device gets a soft HCA behind it: the driver
+//! loads `$UVEMU_HCA` (default: `libgdasync_emulated_hca.so` beside this program, which
+//! `scripts/with-emulated-hca` builds; `UVEMU_HCA=` turns it off) at that first open.
 
 use std::process::ExitCode;
 
@@ -33,8 +36,11 @@ fn run() -> Result<ExitCode, String> {
     };
     let devices = uverbs_emu::parse_devices(&spec)?;
     let emu = uverbs_emu::Emulator::new(&devices)?;
-    let status = emu
-        .command(&program)
+    let mut cmd = emu.command(&program);
+    if let Some(hca) = soft_hca() {
+        cmd.env("UVEMU_HCA", hca);
+    }
+    let status = cmd
         .args(&args[1..])
         .status()
         .map_err(|e| format!("{program}: {e}"))?;
@@ -43,4 +49,25 @@ fn run() -> Result<ExitCode, String> {
         Some(c) => ExitCode::from(c.clamp(0, 255) as u8),
         None => ExitCode::from(128 + 9),
     })
+}
+
+/// The soft HCA library every process gets: `$UVEMU_HCA` as given (empty: none), else the one
+/// built beside this program, if any. Without one, only programs that serve the emulated
+/// driver themselves (gdasync's) move data: any other verbs program would wait for
+/// completions forever, so that is said up front.
+fn soft_hca() -> Option<std::path::PathBuf> {
+    if let Some(v) = std::env::var_os("UVEMU_HCA") {
+        return Some(v.into());
+    }
+    let lib = std::env::current_exe()
+        .ok()?
+        .with_file_name("libgdasync_emulated_hca.so");
+    if !lib.is_file() {
+        eprintln!(
+            "with-emulated-hca: warning: no soft HCA library at {}: only programs that serve the emulated driver themselves (gdasync's) will move data; build it with `cargo build --release -p gdasync-emulated-hca` (scripts/with-emulated-hca does)",
+            lib.display()
+        );
+        return None;
+    }
+    Some(lib)
 }

@@ -75,6 +75,9 @@ pub fn serve_emulated_driver() -> std::result::Result<usize, String> {
         driver_fn(c"uvemu_attach_hca")?;
     // SAFETY: the driver's function, as uvemu.h declares it.
     let n = unsafe { count() }.max(0) as usize;
+    if attached_by_driver() {
+        return Ok(n);
+    }
     let slot: unsafe extern "C" fn() -> c_int = driver_fn(c"uvemu_qpn_slot")?;
     // SAFETY: as above.
     let slot = match unsafe { slot() } {
@@ -108,6 +111,15 @@ pub fn serve_emulated_driver() -> std::result::Result<usize, String> {
             std::io::Error::from_raw_os_error(e)
         )),
     }
+}
+
+/// Whether the driver already has a HCA: the soft HCA it loads into a process that opened a
+/// device first (`$UVEMU_HCA`, under `scripts/with-emulated-hca`), another copy of this code
+/// that serves this process as this one would. A driver without the query has none loaded.
+fn attached_by_driver() -> bool {
+    driver_fn::<unsafe extern "C" fn() -> c_int>(c"uvemu_hca_attached")
+        // SAFETY: the driver's function, taking nothing (uvemu.c).
+        .is_ok_and(|attached| unsafe { attached() } == 1)
 }
 
 /// At exit, the soft HCAs stop and close their links in order, so that peer processes see

@@ -1,0 +1,33 @@
+//! gdsync's soft HCA as a shared library (`libgdasync_emulated_hca.so`), so that any program
+//! linked with libibverbs, run under `scripts/with-emulated-hca`, has its work executed with
+//! no call of its own.
+//!
+//! How it works: `with-emulated-hca` puts the emulated driver (uverbs-emu's preload,
+//! `c/uvemu.c`) in the program's `LD_PRELOAD` and this library's path in `$UVEMU_HCA`. The
+//! first time the program opens a `/dev/infiniband/uverbsN` of the emulator (libibverbs'
+//! `ibv_open_device`), the driver, finding no HCA attached yet, `dlopen`s this library and calls
+//! [`gdasync_emulated_hca_attach`], which is `gdsync::mlx5::serve_emulated_driver()`: one soft
+//! device per emulated device, attached as the driver's HCA and published on the emulators'
+//! fabric, as a gdasync process does for itself. Programs that never open a uverbs device
+//! (shells, `timeout`) never load it. gdasync's own processes attach their soft HCA before
+//! they open a device, so the driver does not load this one there; one that opens a device
+//! first finds this HCA attached and does not attach another (no double attachment).
+
+use std::ffi::c_int;
+
+/// Attaches this library's soft HCA to the emulated driver the process runs under: 0, or an
+/// errno (`ENODEV`: not under the driver or it refused; the reason goes to stderr).
+#[no_mangle]
+pub extern "C" fn gdasync_emulated_hca_attach() -> c_int {
+    match std::panic::catch_unwind(gdsync::mlx5::serve_emulated_driver) {
+        Ok(Ok(_)) => 0,
+        Ok(Err(why)) => {
+            eprintln!("gdasync emulated HCA: {why}");
+            libc::ENODEV
+        }
+        Err(_) => {
+            eprintln!("gdasync emulated HCA: attaching panicked");
+            libc::ENODEV
+        }
+    }
+}
