@@ -7,7 +7,7 @@ mod common;
 
 use common::gpu::gpu;
 use gdasync::gdsync::cuda::Cuda;
-use gdasync::gdsync::cuda::{CudaStream, DeviceBuffer};
+use gdasync::gdsync::cuda::{CudaStream, DeviceBuffer, Module};
 use gdasync::gdsync::exec::Executor;
 use gdasync::gdsync::ops::{Op, WaitCond};
 use gdasync::gdsync::staging::Staging;
@@ -93,4 +93,69 @@ fn a_stream_copies_in_after_its_wait() {
     s.synchronize().unwrap();
     dst.copy_to_host(0, &mut got).unwrap();
     assert_eq!(got.to_vec(), pattern(64));
+}
+
+/// A kernel's block copy through `gds_block_copy` (what `pingpong --trigger kernel` stages
+/// with): 256 threads copy a GPU payload into a pinned bounce and from the bounce into another
+/// GPU buffer, at odd sizes and offsets (the 16-byte and the byte path); the bounce and the
+/// destination hold every byte, and nothing around the range changes.
+const BLOCK_COPY: &str = r#"
+extern "C" __global__ void block_copy(uint64_t dst, uint64_t src, uint64_t len) {
+    gds_block_copy(dst, src, len);
+}
+"#;
+
+#[test]
+#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test staging_gpu -- --include-ignored"]
+fn a_kernel_block_stages_gpu_payloads_byte_for_byte() {
+    let _gpu = gpu();
+    let cuda = Cuda::get().unwrap();
+    let f = Module::compile(0, BLOCK_COPY)
+        .unwrap()
+        .function("block_copy")
+        .unwrap();
+    let s = CudaStream::new(0).unwrap();
+    let bounce = Staging::new(8192, Some(cuda));
+    let copy = |dst: u64, src: u64, len: u64| {
+        let mut l = f.launch_builder(&s);
+        l.arg(&dst).arg(&src).arg(&len);
+        // SAFETY: three parameters matching block_copy; both ranges lie in buffers that
+        // outlive the kernel (the stream is synchronised before they are dropped).
+        unsafe { l.launch(1, 256).unwrap() };
+    };
+    for (len, off) in [(1, 0), (7, 3), (16, 0), (4095, 1), (4096, 16), (8192, 0)] {
+        let total = len + off + 64;
+        let src = DeviceBuffer::alloc(0, total).unwrap();
+        let dst = DeviceBuffer::alloc(0, total).unwrap();
+        let want = pattern(total);
+        src.copy_from_host(0, &want).unwrap();
+        dst.copy_from_host(0, &vec![0xee; total]).unwrap();
+        bounce.bounce().write_at(0, &vec![0xee; 2 * 8192]);
+        let b = bounce.bounce().gpu_addr();
+        copy(b, src.ptr() + off as u64, len as u64);
+        copy(dst.ptr() + off as u64, b, len as u64);
+        s.synchronize().unwrap();
+        let mut staged = vec![0u8; len + 1];
+        bounce.bounce().read_at(0, &mut staged);
+        assert_eq!(
+            &staged[..len],
+            &want[off..off + len],
+            "bounce: {len} at {off}"
+        );
+        assert_eq!(staged[len], 0xee, "bounce: the byte past {len}");
+        let mut got = vec![0u8; total];
+        dst.copy_to_host(0, &mut got).unwrap();
+        assert_eq!(
+            &got[off..off + len],
+            &want[off..off + len],
+            "{len} at {off}"
+        );
+        assert!(
+            got[..off]
+                .iter()
+                .chain(&got[off + len..])
+                .all(|&b| b == 0xee),
+            "{len} at {off}: bytes outside the range changed"
+        );
+    }
 }

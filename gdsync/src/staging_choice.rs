@@ -28,13 +28,10 @@ impl GpuMemoryPath {
 
     /// The path for the soft device, and why: `asked` (the caller's switch) if given, else
     /// `GDSYNC_STAGING` if set, else staged (its engine cannot DMA GPU memory: it would copy
-    /// each payload synchronously from its own thread).
+    /// each payload synchronously from its own thread). Direct when asked for: the soft
+    /// device registers GPU memory, at that cost, so both paths can be compared.
     pub fn choose_soft(asked: Option<GpuMemoryPath>) -> Result<(GpuMemoryPath, String)> {
-        Ok(choose(
-            asked,
-            Self::from_env()?,
-            &Err("the soft device cannot DMA GPU memory (its engine would copy every payload synchronously)".into()),
-        ))
+        Ok(soft(choose(asked, Self::from_env()?, &Ok(()))))
     }
 
     /// The path for an mlx5 device on a GPU that does (`dma_buf`) or does not export dma-bufs,
@@ -79,6 +76,23 @@ pub(crate) fn choose(
     }
 }
 
+/// The soft device's path from `choose` with direct possible: automatic direct becomes staged
+/// (the engine's synchronous copies are the slow path), direct asked for stays direct and
+/// says what it costs.
+fn soft((path, by): (GpuMemoryPath, String)) -> (GpuMemoryPath, String) {
+    match path {
+        GpuMemoryPath::Direct if by.starts_with("auto") => (
+            GpuMemoryPath::Staged,
+            "auto: the soft device cannot DMA GPU memory (its engine would copy every payload synchronously)".into(),
+        ),
+        GpuMemoryPath::Direct => (
+            path,
+            format!("{by}: the soft device's engine copies each GPU payload synchronously"),
+        ),
+        GpuMemoryPath::Staged => (path, by),
+    }
+}
+
 /// Whether a GPU peer-memory kernel module (`nvidia_peermem`, or the older `nv_peer_mem`)
 /// is loaded, so that an RDMA device can register device pointers.
 pub fn peer_memory_loaded() -> bool {
@@ -120,5 +134,19 @@ mod tests {
         assert_eq!(P::choose_mlx5(None, false, true).unwrap().0, P::Direct);
         assert_eq!(P::choose_mlx5(None, false, false).unwrap().0, P::Staged);
         assert_eq!(P::choose_soft(None).unwrap().0, P::Staged);
+    }
+
+    #[test]
+    fn the_soft_device_goes_direct_only_when_asked() {
+        use super::soft;
+        let auto = soft(choose(None, None, &Ok(())));
+        assert_eq!(auto.0, P::Staged);
+        assert!(auto.1.contains("cannot DMA GPU memory"), "{}", auto.1);
+        let off = soft(choose(Some(P::Direct), None, &Ok(())));
+        assert_eq!(off.0, P::Direct, "{}", off.1);
+        assert!(off.1.starts_with("asked by the program"), "{}", off.1);
+        let env_off = soft(choose(None, Some(P::Direct), &Ok(())));
+        assert_eq!(env_off.0, P::Direct, "{}", env_off.1);
+        assert_eq!(soft(choose(Some(P::Staged), None, &Ok(()))).0, P::Staged);
     }
 }
