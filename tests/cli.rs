@@ -1371,7 +1371,7 @@ mod json {
 /// staged copy in after the wait landed, checked by the tool), and the JSON says which path
 /// ran. Sizes 8 B and 64 KiB + 4 (an odd multiple of 4 past a power of 2).
 #[test]
-#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test cli -- --include-ignored staged"]
+#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test cli -- --include-ignored stages_gpu"]
 fn pingpong_stages_gpu_payloads_on_every_trigger() {
     for trigger in ["host", "stream", "kernel"] {
         for op in ["write", "write-imm", "send"] {
