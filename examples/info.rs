@@ -21,7 +21,9 @@ use common::ToolArgs;
 use gdasync::gdsync::cuda::{nvrtc_available, Cuda, GpuInfo, InboundWrites};
 use gdasync::gdsync::mlx5::{DeviceLimits, RdmaError};
 use gdasync::gdsync::probe::Gdrcopy;
-use gdasync::gdsync::{Device, DeviceAttr, DeviceSelection, NicHandler, PortAttr};
+use gdasync::gdsync::{
+    peer_memory_loaded, Device, DeviceAttr, DeviceSelection, GpuMemoryPath, NicHandler, PortAttr,
+};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -203,6 +205,30 @@ fn text(m: &Machine) {
             Err(e) => outln!("NIC handler: {e}"),
         }
     }
+    for (dev, path) in gpu_memory_paths(m) {
+        match path {
+            Ok((p, why)) => outln!("GPU memory path ({dev}): {p:?} ({why})"),
+            Err(e) => outln!("GPU memory path ({dev}): {e}"),
+        }
+    }
+}
+
+/// How GPU payloads reach each kind of device ([`GpuMemoryPath`]): the soft device, and an
+/// mlx5 device on GPU 0 where a GPU exists (dma-buf export, peer-memory module).
+fn gpu_memory_paths(
+    m: &Machine,
+) -> Vec<(
+    &'static str,
+    gdasync::gdsync::Result<(GpuMemoryPath, String)>,
+)> {
+    let mut v = vec![("soft device", GpuMemoryPath::choose_soft(None))];
+    if let Some(g) = m.gpus().first() {
+        v.push((
+            "mlx5",
+            GpuMemoryPath::choose_mlx5(None, g.caps.dma_buf, peer_memory_loaded()),
+        ));
+    }
+    v
 }
 
 fn gpu_text(g: &GpuInfo) {
@@ -319,6 +345,23 @@ fn json(m: &Machine) -> Object {
         )
         .set("nvrtc", m.nvrtc)
         .set("nic_handler", handler)
+        .set("gpu_memory", gpu_memory_json(m))
+}
+
+/// `gpu_memory_paths` as an object: device kind to path and why.
+fn gpu_memory_json(m: &Machine) -> Object {
+    let mut o = Object::new();
+    for (dev, path) in gpu_memory_paths(m) {
+        let key = if dev == "mlx5" { "mlx5" } else { "soft" };
+        o = o.set(
+            key,
+            match path {
+                Ok((p, why)) => Object::new().set("path", format!("{p:?}")).set("why", why),
+                Err(e) => Object::new().set("error", e.to_string()),
+            },
+        );
+    }
+    o
 }
 
 /// An RDMA device as `ibv_devinfo` describes it, with the GID each port's connections use.

@@ -160,6 +160,33 @@ fn bad_pingpong_arguments_are_clean_errors() {
         ),
         (&["--explain", "--api", "mp"][..], "--explain prints"),
         (&["--explain", "--trigger", "host"][..], "--explain prints"),
+        (&["--staging", "on"][..], "--staging applies"),
+        (
+            &[
+                "--trigger",
+                "stream",
+                "--mem",
+                "device",
+                "--raw",
+                "--staging",
+                "off",
+            ][..],
+            "--staging applies",
+        ),
+        (
+            &[
+                "--api",
+                "mp",
+                "--trigger",
+                "stream",
+                "--mem",
+                "device",
+                "--staging",
+                "on",
+            ][..],
+            "--staging applies",
+        ),
+        (&["--staging", "sometimes"][..], "invalid value"),
     ] {
         refused("pingpong", args, says);
     }
@@ -191,6 +218,48 @@ fn pingpong_stream_loop_runs_on_a_host_stream() {
             "{args:?}:\n{stdout}"
         );
     }
+}
+
+/// The staged stream loop of `pingpong --mem device` runs on a host stream (no GPU; pinned
+/// host memory stands in for the GPU's, the CPU runs the copies) for every op, at a size
+/// within a page and one past 64 KiB: each message is copied out of the payload into the send
+/// bounce before its commit and into the receiver's payload after its wait (the tool checks
+/// that the last marker landed there), and the JSON says the path is staged.
+#[test]
+fn pingpong_staged_stream_loop_runs_on_a_host_stream() {
+    for op in ["write", "write-imm", "send"] {
+        let mut args = vec!["--trigger", "stream", "--host-stream", "--mem", "device"];
+        args.extend([
+            "--op", op, "--sizes", "8,65540", "--iters", "100", "--warmup", "10",
+        ]);
+        args.push("--json");
+        let out = output("pingpong", &args);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        let rows: Vec<&str> = stdout
+            .lines()
+            .filter(|l| l.contains("\"t_p50_us\""))
+            .collect();
+        assert_eq!(rows.len(), 2, "{args:?}:\n{stdout}");
+        for r in rows {
+            assert!(r.contains("\"iters\":100"), "{args:?}: {r}");
+            let path = common::json_field(r, "gpu_memory");
+            assert!(path.starts_with("staged"), "{args:?}: {r}");
+        }
+    }
+    refused(
+        "pingpong",
+        &[
+            "--trigger",
+            "stream",
+            "--host-stream",
+            "--mem",
+            "device",
+            "--staging",
+            "off",
+        ],
+        "runs staged only",
+    );
 }
 
 /// `pingpong --explain` prints the lists the GPU loops build, without a GPU: a stream's
@@ -649,6 +718,32 @@ fn logging_goes_to_stderr_filtered_by_gdsync_log() {
         text(&bad.stderr).starts_with("error: GDSYNC_LOG="),
         "{}",
         text(&bad.stderr)
+    );
+}
+
+/// `info` says how GPU payloads reach the soft device (staged: its engine cannot DMA GPU
+/// memory), and follows `GDSYNC_STAGING`.
+#[test]
+fn info_reports_the_gpu_memory_path() {
+    let out = output("info", &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let t = text(&out.stdout);
+    assert!(
+        t.contains("GPU memory path (soft device): Staged (auto: "),
+        "{t}"
+    );
+    let j = &json_lines("info", &[])[0];
+    assert!(
+        j.contains("\"gpu_memory\":{\"soft\":{\"path\":\"Staged\""),
+        "{j}"
+    );
+    let bad = tool("info")
+        .env("GDSYNC_STAGING", "sometimes")
+        .guarded_output();
+    let t = text(&bad.stdout) + &text(&bad.stderr);
+    assert!(
+        t.contains("GDSYNC_STAGING=\"sometimes\": expected auto, on or off"),
+        "{t}"
     );
 }
 
@@ -1266,6 +1361,41 @@ mod json {
             "[1] x",
         ] {
             assert!(check(bad).is_err(), "{bad}");
+        }
+    }
+}
+
+/// `pingpong --mem device` stages GPU payloads through pinned bounces on every GPU trigger and
+/// op (`--staging on`; `auto` on the soft device too) and still runs directly with `--staging
+/// off`: each run ends with the last message's marker in the receiver's GPU memory (the
+/// staged copy in after the wait landed, checked by the tool), and the JSON says which path
+/// ran. Sizes 8 B and 64 KiB + 4 (an odd multiple of 4 past a power of 2).
+#[test]
+#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test cli -- --include-ignored stages_gpu"]
+fn pingpong_stages_gpu_payloads_on_every_trigger() {
+    for trigger in ["host", "stream", "kernel"] {
+        for op in ["write", "write-imm", "send"] {
+            for staging in ["on", "auto", "off"] {
+                let args = [
+                    "--trigger",
+                    trigger,
+                    "--op",
+                    op,
+                    "--mem",
+                    "device",
+                    "--staging",
+                    staging,
+                    "--sizes",
+                    "8,65540",
+                    "--iters",
+                    "300",
+                ];
+                let rows = gpu_json("pingpong", &args);
+                assert_eq!(rows.len(), 2, "{args:?}: {rows:?}");
+                let path = common::json_field(&rows[0], "gpu_memory");
+                let want = if staging == "off" { "direct" } else { "staged" };
+                assert!(path.starts_with(want), "{args:?}: gpu_memory {path}");
+            }
         }
     }
 }

@@ -1429,3 +1429,42 @@ fn memop_cost_kernel_compiles_as_cuda() {
     let src = include_str!("../examples/memop_cost.cu");
     common::clang::check_cuda("memop_cost", src);
 }
+
+/// `gds_copy_part`, the per-thread share of `gds_block_copy` (how a kernel stages a payload
+/// through a bounce), byte for byte: at odd sizes and offsets (16-byte and byte paths), for
+/// 1, 3 and 256 threads, every byte copied once and nothing around the range touched.
+#[test]
+#[cfg_attr(
+    not(clang_cuda),
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
+)]
+fn block_copy_parts_cover_the_range_byte_for_byte() {
+    let total = 4096 + 64;
+    let src: Vec<u8> = (0..total).map(|i| (i * 131 + 7) as u8).collect();
+    for (len, off) in [
+        (0, 0),
+        (1, 0),
+        (7, 3),
+        (16, 0),
+        (33, 16),
+        (4095, 1),
+        (4096, 0),
+    ] {
+        for parts in [1, 3, 256] {
+            let mut dst = vec![0xeeu8; total];
+            common::gds::copy_parts(&mut dst[off..off + len], &src[off..off + len], parts);
+            assert_eq!(
+                &dst[off..off + len],
+                &src[off..off + len],
+                "{len} at {off}, {parts} parts"
+            );
+            assert!(
+                dst[..off]
+                    .iter()
+                    .chain(&dst[off + len..])
+                    .all(|&b| b == 0xee),
+                "{len} at {off}, {parts} parts: bytes outside the range changed"
+            );
+        }
+    }
+}

@@ -1,5 +1,5 @@
 //! The value types the examples share, so that a flag means the same in every tool:
-//! `--trigger`, `--mem`, `--ranks-as`.
+//! `--trigger`, `--mem`, `--staging`, `--ranks-as`.
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::ValueEnum;
@@ -32,6 +32,31 @@ pub enum Mem {
     Host,
     /// GPU memory (needs a CUDA GPU).
     Device,
+}
+
+/// `--staging`: how payloads in GPU memory reach the NIC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Staging {
+    /// Staged where the device cannot DMA GPU memory (the soft device; an mlx5 device with
+    /// neither dma-buf nor a peer-memory module), else direct; GDSYNC_STAGING decides if set.
+    Auto,
+    /// Through pinned host bounce buffers, copied in the trigger's own order.
+    On,
+    /// The device reads and writes GPU memory itself (GPUDirect RDMA; the soft device copies
+    /// each payload synchronously from its engine thread).
+    Off,
+}
+
+impl Staging {
+    /// The path asked for (`None`: automatic).
+    pub fn asked(self) -> Option<gdasync::gdsync::GpuMemoryPath> {
+        use gdasync::gdsync::GpuMemoryPath as P;
+        match self {
+            Staging::Auto => None,
+            Staging::On => Some(P::Staged),
+            Staging::Off => Some(P::Direct),
+        }
+    }
 }
 
 /// How the ranks of a run are started.

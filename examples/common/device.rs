@@ -2,7 +2,7 @@
 //! `-d`). Resolved once, so the header names the device and every rank opens the same one.
 
 use anyhow::{bail, Context, Result};
-use gdasync::gdsync::{mlx5, Device, DeviceName, DeviceSelection};
+use gdasync::gdsync::{mlx5, Device, DeviceName, DeviceSelection, GpuMemoryPath};
 
 /// The device flag.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -57,4 +57,32 @@ pub fn open(name: &DeviceName) -> Result<Device> {
 /// Whether `name` is an RDMA device (its QPs reach each other through the HCA).
 pub fn is_rdma(name: &DeviceName) -> bool {
     matches!(name, DeviceName::Rdma { .. })
+}
+
+/// How GPU payloads reach device `name` (staged or direct, [`GpuMemoryPath`]) and why, with
+/// `asked` the program's choice (`None`: GDSYNC_STAGING, else automatic). An RDMA device goes
+/// direct where GPU `gpu` exports dma-bufs or a peer-memory module is loaded.
+pub fn gpu_memory_path(
+    name: &DeviceName,
+    gpu: i32,
+    asked: Option<GpuMemoryPath>,
+) -> Result<(GpuMemoryPath, String)> {
+    if !is_rdma(name) {
+        return Ok(GpuMemoryPath::choose_soft(asked)?);
+    }
+    let dma_buf = gdasync::gdsync::cuda::Cuda::get()?.gpu(gpu)?.caps.dma_buf;
+    Ok(GpuMemoryPath::choose_mlx5(
+        asked,
+        dma_buf,
+        gdasync::gdsync::peer_memory_loaded(),
+    )?)
+}
+
+/// `path` and why, as one phrase for a header: "staged (why)" or "direct (why)".
+pub fn gpu_memory_phrase(path: &(GpuMemoryPath, String)) -> String {
+    let p = match path.0 {
+        GpuMemoryPath::Staged => "staged",
+        GpuMemoryPath::Direct => "direct",
+    };
+    format!("{p} ({})", path.1)
 }

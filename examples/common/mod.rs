@@ -23,7 +23,7 @@ pub mod sizes;
 pub mod stats;
 pub mod tool;
 
-pub use cli::{name, one_of, Mem, RanksAs, Trigger};
+pub use cli::{name, one_of, Mem, RanksAs, Staging, Trigger};
 pub use device::DeviceArgs;
 pub use gpus::GpuArgs;
 pub use tool::ToolArgs;

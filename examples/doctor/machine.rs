@@ -9,6 +9,7 @@ use crate::common::rdma::{yes, RdmaDevice};
 use crate::step::{Status, Step};
 use gdasync::gdsync::cuda::{nvrtc_available, Cuda, GpuCaps, InboundWrites, WRITES_ORDERING_OWNER};
 use gdasync::gdsync::mlx5::{PortState as RdmaPortState, RdmaError};
+use gdasync::gdsync::{peer_memory_loaded, GpuMemoryPath};
 
 /// `ulimit -l` below this (and no CAP_IPC_LOCK) is a warning: rings and every registered host
 /// buffer are pinned, and a registration past the limit fails with a bare ENOMEM.
@@ -275,12 +276,13 @@ pub fn dma_buf(cuda: &Result<&'static Cuda, String>) -> Step {
         return Step::new(Status::Skip, NAME, "GPU 0", "no GPU", "");
     };
     let (release, kernel_ok) = kernel_release();
-    let peermem = std::path::Path::new("/sys/module/nvidia_peermem").exists();
+    let peermem = peer_memory_loaded();
     let value = format!(
-        "kernel {release} (dma-buf from 5.12: {}), CUDA dma-buf export {}, nvidia-peermem loaded {}",
+        "kernel {release} (dma-buf from 5.12: {}), CUDA dma-buf export {}, nvidia-peermem loaded {}; {}",
         yes(kernel_ok),
         yes(g.caps.dma_buf),
-        yes(peermem)
+        yes(peermem),
+        gpu_payloads(kernel_ok && g.caps.dma_buf, peermem)
     );
     if (kernel_ok && g.caps.dma_buf) || peermem {
         return Step::ok(NAME, "GPU 0", value);
@@ -289,8 +291,22 @@ pub fn dma_buf(cuda: &Result<&'static Cuda, String>) -> Step {
         Status::Warn,
         NAME,
         "GPU 0",
-        format!("{value}: GPU memory cannot be registered, only host memory"),
-        "use Linux 5.12+ with the open NVIDIA kernel module (dma-buf), or load nvidia-peermem (`modprobe nvidia-peermem`)",
+        format!("{value}: GPU memory cannot be registered for DMA"),
+        "use Linux 5.12+ with the open NVIDIA kernel module (dma-buf), or load nvidia-peermem (`modprobe nvidia-peermem`); until then GPU payloads are staged through pinned host memory",
+    )
+}
+
+/// How gdsync moves GPU payloads ([`GpuMemoryPath`]) on an mlx5 device and on the soft
+/// device, as one phrase.
+fn gpu_payloads(dma_buf: bool, peer_memory: bool) -> String {
+    let say = |r: gdasync::gdsync::Result<(GpuMemoryPath, String)>| match r {
+        Ok((p, why)) => format!("{p:?} ({why})"),
+        Err(e) => e.to_string(),
+    };
+    format!(
+        "GPU payloads on mlx5: {}, on the soft device: {}",
+        say(GpuMemoryPath::choose_mlx5(None, dma_buf, peer_memory)),
+        say(GpuMemoryPath::choose_soft(None))
     )
 }
 

@@ -14,9 +14,10 @@ use gdasync::gdsync::cuda::{Cuda, CudaStream, DeviceBuffer, Function};
 use gdasync::gdsync::exec::{Executor, HostStream};
 use gdasync::gdsync::kernel::DescRing;
 use gdasync::gdsync::ops::{Op as MemOp, Ops, WaitCond};
+use gdasync::gdsync::staging::Staging;
 use gdasync::gdsync::{
-    Access, Cq, Device, Error, MemoryRegion, PinnedBuffer, Qp, QpConfig, RecvTicket, RecvWr,
-    RemoteBuf, SendWr, SignalWords,
+    Access, Cq, Device, Error, GpuMemoryPath, MemoryRegion, PinnedBuffer, Qp, QpConfig, RecvTicket,
+    RecvWr, RemoteBuf, SendWr, SignalWords,
 };
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -77,11 +78,128 @@ pub(crate) struct Rank {
     rbuf_addr: u64,
     remote: RemoteBuf,
     recvs: Vec<RecvTicket>,
+    /// With staged GPU memory: the GPU buffers the payloads live in, and the bounces that
+    /// `sbuf`/`rbuf` register.
+    staged: Option<Staged>,
+}
+
+/// A rank's GPU payloads staged through pinned bounces: the sender writes its message into
+/// `sdev`, copies it out into slot 0 of `out` (which the send names) in the trigger's order;
+/// the receiver's message lands in slot 0 of `inb` and is copied into `rdev` after its wait.
+pub(crate) struct Staged {
+    out: Staging,
+    inb: Staging,
+    sdev: Payload,
+    rdev: Payload,
+}
+
+/// Where a staged rank's payloads live: GPU memory, or, on a host stream (`--host-stream`,
+/// where the CPU runs the copies), pinned host memory standing in for it.
+enum Payload {
+    Gpu(Arc<DeviceBuffer>),
+    Host(&'static PinnedBuffer),
+}
+
+impl Payload {
+    fn new(host: bool, len: usize, rank: usize) -> Result<Payload> {
+        Ok(if host {
+            Payload::Host(Box::leak(Box::new(PinnedBuffer::with_cuda(len, None))))
+        } else {
+            Payload::Gpu(Arc::new(DeviceBuffer::alloc(gpus::of(rank), len)?))
+        })
+    }
+    /// The address copies and markers name.
+    fn addr(&self) -> u64 {
+        match self {
+            Payload::Gpu(b) => b.ptr(),
+            Payload::Host(b) => b.addr(),
+        }
+    }
+    /// Copies `dst.len()` bytes at `off` out (synchronously).
+    fn read(&self, off: usize, dst: &mut [u8]) -> Result<()> {
+        match self {
+            Payload::Gpu(b) => b.copy_to_host(off, dst)?,
+            Payload::Host(b) => b.read_at(off, dst),
+        }
+        Ok(())
+    }
+    /// Copies `src` in at `off` (synchronously).
+    fn write(&self, off: usize, src: &[u8]) -> Result<()> {
+        match self {
+            Payload::Gpu(b) => b.copy_from_host(off, src)?,
+            Payload::Host(b) => b.write_at(off, src),
+        }
+        Ok(())
+    }
+    /// Ops: `size` bytes between this payload and slot 0 of `st`, out of it into the slot
+    /// (`out`) or into it from the slot.
+    fn copy(&self, st: &Staging, size: usize, out: bool) -> Ops {
+        match (self, out) {
+            (Payload::Gpu(b), true) => st.copy_out_of_device(0, b, 0, size),
+            (Payload::Gpu(b), false) => st.copy_in_to_device(0, b, 0, size),
+            // SAFETY: the host stand-in is leaked for the life of the process.
+            (Payload::Host(b), true) => unsafe { st.copy_out(0, b.addr(), size) },
+            // SAFETY: as above.
+            (Payload::Host(b), false) => unsafe { st.copy_in(0, b.addr(), size) },
+        }
+    }
+}
+
+impl Staged {
+    /// Rank `rank`'s bounces and payloads of `max` bytes (`host`: host stand-ins for GPU
+    /// memory, for a host stream).
+    fn new(max: usize, rank: usize, host: bool) -> Result<Staged> {
+        let cuda = if host { None } else { Some(Cuda::get()?) };
+        Ok(Staged {
+            out: Staging::new(max, cuda),
+            inb: Staging::new(max, cuda),
+            sdev: Payload::new(host, max, rank)?,
+            rdev: Payload::new(host, max, rank)?,
+        })
+    }
+    /// Ops: the message's `size` bytes out of GPU memory into the send bounce.
+    pub(crate) fn copy_out(&self, size: usize) -> Ops {
+        self.sdev.copy(&self.out, size, true)
+    }
+    /// Ops: the received `size` bytes from the receive bounce into GPU memory.
+    pub(crate) fn copy_in(&self, size: usize) -> Ops {
+        self.rdev.copy(&self.inb, size, false)
+    }
+}
+
+/// Registers `bounce` (leaked with its staging buffer for the life of the process): its host
+/// address and region.
+fn leak_register_bounce(
+    st: &Staging,
+    pd: &gdasync::gdsync::ProtectionDomain,
+) -> Result<(u64, MemoryRegion<'static>)> {
+    let b: &'static Staging = Box::leak(Box::new(st.clone()));
+    Ok((
+        b.bounce().addr(),
+        pd.register_pinned(b.bounce(), Access::ALL)?,
+    ))
+}
+
+/// Whether `args` stage GPU payloads through pinned bounces.
+pub(crate) fn staged(args: &Args) -> bool {
+    matches!(args.gpu_memory, Some((GpuMemoryPath::Staged, _)))
+}
+
+/// One rank's send and receive buffers of `args.mem`, registered with `pd`.
+fn buffers(
+    args: &Args,
+    max: usize,
+    rank: usize,
+    pd: &gdasync::gdsync::ProtectionDomain,
+) -> Result<[(u64, MemoryRegion<'static>); 2]> {
+    Ok([
+        Buf::new(args.mem, max, rank)?.leak_register(pd)?,
+        Buf::new(args.mem, max, rank)?.leak_register(pd)?,
+    ])
 }
 
 fn setup(dev: &Device, args: &Args, max: usize) -> Result<(Rank, Rank)> {
-    type Reg = (u64, MemoryRegion<'static>);
-    let mk = |rank: usize| -> Result<(Qp, Cq, Cq, Reg, Reg)> {
+    let mk = |rank: usize| -> Result<Rank> {
         let pd = dev.alloc_pd();
         let (scq, rcq) = (dev.create_cq(1024)?, dev.create_cq(1024)?);
         let cfg = QpConfig {
@@ -89,30 +207,36 @@ fn setup(dev: &Device, args: &Args, max: usize) -> Result<(Rank, Rank)> {
             ..QpConfig::default()
         };
         let qp = pd.create_qp(&scq, &rcq, &cfg)?;
-        let s = Buf::new(args.mem, max, rank)?.leak_register(&pd)?;
-        let r = Buf::new(args.mem, max, rank)?.leak_register(&pd)?;
-        Ok((qp, scq, rcq, s, r))
+        let staged = staged(args)
+            .then(|| Staged::new(max, rank, args.host_stream))
+            .transpose()?;
+        let [(reg_addr, sbuf), (rbuf_addr, rbuf)] = match &staged {
+            Some(st) => [
+                leak_register_bounce(&st.out, &pd)?,
+                leak_register_bounce(&st.inb, &pd)?,
+            ],
+            None => buffers(args, max, rank, &pd)?,
+        };
+        let sbuf_addr = staged.as_ref().map_or(reg_addr, |st| st.sdev.addr());
+        Ok(Rank {
+            qp,
+            _scq: scq,
+            rcq,
+            remote: rbuf.remote(),
+            sbuf,
+            sbuf_addr,
+            rbuf,
+            rbuf_addr,
+            recvs: Vec::new(),
+            staged,
+        })
     };
-    let (mut q0, s0, r0, (sa0, sb0), (ra0, rb0)) = mk(0)?;
-    let (mut q1, s1, r1, (sa1, sb1), (ra1, rb1)) = mk(1)?;
-    q0.connect(&q1.endpoint())?;
-    q1.connect(&q0.endpoint())?;
-    let (rem0, rem1) = (rb1.remote(), rb0.remote());
-    let r = |qp, scq, rcq, sbuf, sbuf_addr, rbuf, rbuf_addr, remote| Rank {
-        qp,
-        _scq: scq,
-        rcq,
-        sbuf,
-        sbuf_addr,
-        rbuf,
-        rbuf_addr,
-        remote,
-        recvs: Vec::new(),
-    };
-    Ok((
-        r(q0, s0, r0, sb0, sa0, rb0, ra0, rem0),
-        r(q1, s1, r1, sb1, sa1, rb1, ra1, rem1),
-    ))
+    let (mut r0, mut r1) = (mk(0)?, mk(1)?);
+    r0.qp.connect(&r1.qp.endpoint())?;
+    r1.qp.connect(&r0.qp.endpoint())?;
+    // Each rank writes into the other's receive buffer.
+    std::mem::swap(&mut r0.remote, &mut r1.remote);
+    Ok((r0, r1))
 }
 
 /// Both ranks of `args`, on its device, as the benchmark sets them up (for `--explain`).
@@ -151,6 +275,21 @@ impl Rank {
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+    /// With staging, after a run of `iters` round trips: the last message rank `rank`
+    /// received has reached its GPU memory (the copy in after its wait ran), else an error.
+    fn check_staged(&self, size: usize, iters: u64, rank: usize) -> Result<()> {
+        let (Some(st), true) = (&self.staged, iters > 0) else {
+            return Ok(());
+        };
+        let want = (2 * iters - rank as u64) as u32;
+        let mut got = [0u8; 4];
+        st.rdev.read(size - 4, &mut got)?;
+        let got = u32::from_ne_bytes(got);
+        if got != want {
+            bail!("rank {rank}: its GPU memory holds marker {got} after the run, not the last one received ({want}): the staged copy in after the wait did not land");
+        }
+        Ok(())
     }
     fn post_recv(&mut self, size: usize) -> Result<()> {
         let start = Instant::now();
@@ -351,6 +490,10 @@ impl StreamLoop {
         if rank == 0 && i > 0 {
             parts.push(wait(r, i - 1)?);
         }
+        if let (Some(st), false) = (&r.staged, parts.is_empty()) {
+            // The message just awaited, out of the bounce into GPU memory.
+            parts.push(("copy in", st.copy_in(self.size)));
+        }
         if i < iters {
             self.send_parts(r, rank, i, &mut parts)?;
         }
@@ -382,6 +525,9 @@ impl StreamLoop {
         let out_word = r.sbuf_addr + self.size as u64 - 4;
         // SAFETY: the word lies in this rank's leaked send buffer.
         parts.push(("marker", unsafe { marker_write(out_word, mine) }));
+        if let Some(st) = &r.staged {
+            parts.push(("copy out", st.copy_out(self.size)));
+        }
         let sig = i % SIGNAL_EVERY == SIGNAL_EVERY - 1;
         let wr = r.wr(self.op, self.size, mine, sig);
         let p = r.prepare(&wr)?;
@@ -489,6 +635,7 @@ fn stream_rank<E: Executor>(
     }
     sync()?;
     r.rcq.check()?;
+    r.check_staged(lp.size, iters, rank)?;
     Ok((clock.times, r))
 }
 
@@ -505,6 +652,11 @@ fn kernel_run(
     m: &Modules,
 ) -> Result<Vec<f64>> {
     let f = m.functions("pp")?;
+    let staged_fns = r0
+        .staged
+        .is_some()
+        .then(|| m.functions("pp_staged"))
+        .transpose()?;
     let times = PinnedBuffer::new(iters as usize * 8);
     let rcs = SignalWords::new(2);
     let words = [
@@ -538,6 +690,24 @@ fn kernel_run(
             KERNEL_WAIT_NS,
             rcs.addr(rank),
         );
+        if let (Some(st), Some(fs)) = (&r.staged, &staged_fns) {
+            let (sdev, outb, rdev, inb) = (
+                st.sdev.addr(),
+                st.out.bounce().gpu_addr(),
+                st.rdev.addr(),
+                st.inb.bounce().gpu_addr(),
+            );
+            let size = size as u64;
+            let mut l = fs[rank].launch_builder(&streams[rank]);
+            l.arg(&ring).arg(&rank_i).arg(&n).arg(&sig).arg(&rw);
+            l.arg(&my).arg(&sdev).arg(&outb).arg(&rdev).arg(&inb);
+            l.arg(&size).arg(&tms).arg(&to).arg(&rc);
+            // SAFETY: the parameters match `pp_staged`; rings, words, bounces and GPU
+            // buffers outlive the kernels (both streams are synchronised before the ranks
+            // are dropped).
+            unsafe { l.launch(1, STAGING_THREADS)? };
+            continue;
+        }
         let mut l = f[rank].launch_builder(&streams[rank]);
         l.arg(&ring).arg(&rank_i).arg(&n).arg(&sig).arg(&rw);
         l.arg(&rawi).arg(&my).arg(&outw).arg(&tms).arg(&to);
@@ -574,6 +744,8 @@ fn kernel_run(
         }
         a.rcq.check()?;
         b.rcq.check()?;
+        a.check_staged(size, iters, 0)?;
+        b.check_staged(size, iters, 1)?;
     } else {
         for s in &streams {
             s.synchronize()?;
@@ -588,6 +760,9 @@ fn kernel_run(
     }
     Ok(kernel_half_rtts(&times, iters))
 }
+
+/// The threads of `pp_staged`'s block, which copy staged payloads together.
+const STAGING_THREADS: u32 = 256;
 
 /// A descriptor a rank's CPU pushes for its kernel: a send's commit or a completion wait.
 pub(crate) enum KernelDesc {
@@ -710,6 +885,7 @@ fn host_run(
                 );
                 if rank == 1 {
                     wait(&mut r, theirs)?;
+                    host_copy_in(&r, &stream, size)?;
                 }
                 // The GPU step that produces the data, then the CPU sends.
                 // SAFETY: `step` takes no parameters.
@@ -719,7 +895,7 @@ fn host_run(
                     // SAFETY: pinned host memory leaked for the process's life (--raw host only).
                     unsafe { std::ptr::write_volatile(words[1 - rank] as *mut u32, mine) };
                 } else {
-                    r.sbuf.write_at(size - 4, &mine.to_ne_bytes());
+                    host_message(&r, &stream, size, mine)?;
                     let sig = i % SIGNAL_EVERY == SIGNAL_EVERY - 1;
                     let wr = r.wr(op, size, mine, sig);
                     r.qp.post_send(&wr)?;
@@ -727,11 +903,13 @@ fn host_run(
                 }
                 if rank == 0 {
                     wait(&mut r, theirs)?;
+                    host_copy_in(&r, &stream, size)?;
                     let now = Instant::now();
                     times.push(now.duration_since(t0).as_secs_f64() * 1e6 / 2.0);
                     t0 = now;
                 }
             }
+            r.check_staged(size, iters, rank)?;
             Ok(times)
         })
     };
@@ -741,4 +919,28 @@ fn host_run(
     let t1 = spawn(1, r1, barrier.clone());
     let t0 = spawn(0, r0, barrier);
     join_ranks(t0, t1)
+}
+
+/// `--trigger host`: the message of `size` bytes with `marker` in its last 4, where the send
+/// reads it: written into the send buffer, or, staged, into GPU memory and copied out into
+/// the send bounce on `stream` (synchronously, as a CPU-driven loop does).
+fn host_message(r: &Rank, stream: &CudaStream, size: usize, marker: u32) -> Result<()> {
+    let m = marker.to_ne_bytes();
+    let Some(st) = &r.staged else {
+        r.sbuf.write_at(size - 4, &m);
+        return Ok(());
+    };
+    st.sdev.write(size - 4, &m)?;
+    stream.submit(st.copy_out(size))?;
+    Ok(stream.synchronize()?)
+}
+
+/// `--trigger host`, staged: the message received, out of the receive bounce into GPU memory
+/// on `stream`, synchronously.
+fn host_copy_in(r: &Rank, stream: &CudaStream, size: usize) -> Result<()> {
+    if let Some(st) = &r.staged {
+        stream.submit(st.copy_in(size))?;
+        stream.synchronize()?;
+    }
+    Ok(())
 }

@@ -52,6 +52,73 @@ out:
 #undef CHECK
 }
 
+// pp with its payloads in GPU memory staged through pinned bounces (--mem device where the
+// NIC cannot reach GPU memory): thread 0 drives the loop as pp does (its descriptors, sends and
+// waits); every thread of the block copies the message out of GPU memory (sdev) into the send
+// bounce before the send, and the received message out of the receive bounce into GPU memory
+// (rdev) after its wait (gds_block_copy). Thread 0 shares each step's code with the block
+// (pp_share), so that all threads leave together on an error.
+__device__ int pp_share(int rc) {
+    __shared__ int shared_rc;
+    __syncthreads();
+    if (threadIdx.x == 0) shared_rc = rc;
+    __syncthreads();
+    return shared_rc;
+}
+
+extern "C" __global__ void pp_staged(gds_desc_ring ring, int rank, uint64_t iters, uint64_t sig_every,
+        int ring_waits, uint64_t my_word, uint64_t sdev, uint64_t out_bounce, uint64_t rdev,
+        uint64_t in_bounce, uint64_t size, uint64_t times, uint64_t timeout_ns, uint64_t rc_addr) {
+    uint64_t idx = 0;
+    gds_desc snd, w, rw;
+    int rc = GDS_OK;
+    bool lead = threadIdx.x == 0;
+#define STEP(x) do { if (!rc) rc = (x); } while (0)
+#define FETCH(d) STEP(gds_ring_fetch(&ring, idx++, &(d), timeout_ns))
+#define SHARE() do { rc = pp_share(rc); if (rc) goto out; } while (0)
+#define AWAIT() STEP(ring_waits ? gds_wait(&rw.wait, timeout_ns) : gds_wait_value32(my_word, theirs, GDS_COND_EQ, timeout_ns))
+    if (lead) {
+        if (rank == 1 && ring_waits) FETCH(rw);
+        if (iters > 0) FETCH(snd);
+    }
+    SHARE();
+    for (uint64_t i = 0; i < iters; i++) {
+        uint32_t mine = (uint32_t)(2 * i + 1 + rank), theirs = (uint32_t)(2 * i + 2 - rank);
+        if (rank == 1) {
+            if (lead) AWAIT();
+            SHARE();
+            gds_block_copy(rdev, in_bounce, size);
+        }
+        if (lead) *(volatile uint32_t *)(sdev + size - 4) = mine;
+        __syncthreads();
+        gds_block_copy(out_bounce, sdev, size);
+        if (lead) {
+            STEP(gds_send(&snd.send));
+            if (i % sig_every == sig_every - 1) {
+                FETCH(w);
+                STEP(gds_wait(&w.wait, timeout_ns));
+            }
+            if (rank == 0 && ring_waits) FETCH(rw);
+            if (i + 1 < iters) {
+                if (rank == 1 && ring_waits) FETCH(rw);
+                FETCH(snd);
+            }
+            if (rank == 0) AWAIT();
+        }
+        SHARE();
+        if (rank == 0) {
+            gds_block_copy(rdev, in_bounce, size);
+            if (lead) ((volatile uint64_t *)times)[i] = gds_now_ns();
+        }
+    }
+out:
+    if (lead) gds_signal32(rc_addr, rc ? 1000 + rc : 1);
+#undef STEP
+#undef FETCH
+#undef SHARE
+#undef AWAIT
+}
+
 // The GPU step of --trigger host (launched and synchronised every iteration).
 extern "C" __global__ void step() {}
 

@@ -15,7 +15,12 @@
 //! cargo run --release --bin pingpong -- --vs-raw --size 8 --iters 20000
 //! cargo run --release --bin pingpong -- --duration 2 --size 8
 //! cargo run --release --bin pingpong -- --api mp --trigger kernel --mem device
+//! cargo run --release --bin pingpong -- --trigger stream --mem device --staging off
 //! ```
+//!
+//! `--mem device` with `--api gdsync` stages GPU payloads through pinned bounces where the
+//! device cannot DMA GPU memory (`--staging auto`, the default; `on`/`off` choose), copied in
+//! the trigger's own order; the header says which path ran (`gpu_memory`).
 //!
 //! `--api mp` runs the same loop through the messaging layer (`mp::Comm`, send/receive with
 //! credits) on every trigger; with `--trigger kernel` each rank's persistent kernel drives
@@ -42,8 +47,11 @@ use common::gpus::Placement;
 use common::header::{cores, Header};
 use common::sizes::SizeArgs;
 use common::tool::usage;
-use common::{iters, name, one_of, DeviceArgs, GpuArgs, Mem, RanksAs, ToolArgs, Trigger};
-use gdasync::gdsync::{DeviceName, LinkPolicy, Ringers};
+use common::{
+    iters, name, one_of, DeviceArgs, GpuArgs, Mem, RanksAs, Staging as StagingArg, ToolArgs,
+    Trigger,
+};
+use gdasync::gdsync::{DeviceName, GpuMemoryPath, LinkPolicy, Ringers};
 use gdasync::mp::bootstrap::{Bootstrap, JobInfo, TcpBootstrap, ThreadBootstrap};
 use report::Report;
 use std::process::ExitCode;
@@ -108,6 +116,12 @@ struct Cli {
     /// Where the buffers live.
     #[arg(long, value_enum, default_value = "host")]
     mem: Mem,
+    /// With --mem device (--api gdsync, a GPU trigger, not --raw): how payloads in GPU memory
+    /// reach the NIC: `on` through pinned host bounce buffers copied in the trigger's own
+    /// order, `off` registered with the device directly, `auto` (default) staged where the
+    /// device cannot DMA GPU memory (GDSYNC_STAGING decides if set).
+    #[arg(long, value_enum)]
+    staging: Option<StagingArg>,
     /// Number of ranks (pingpong runs between 2).
     #[arg(long, default_value_t = 2, value_parser = parse_ranks)]
     ranks: usize,
@@ -187,6 +201,9 @@ struct Args {
     raw: bool,
     vs_raw: bool,
     mem: Mem,
+    /// With --mem device: how GPU payloads reach the NIC, and why (`None`: host memory,
+    /// `--raw`, or `--api mp`, which registers GPU memory with the device).
+    gpu_memory: Option<(GpuMemoryPath, String)>,
     ranks_as: RanksAs,
     /// The device the ranks run on (soft with --raw, which uses none).
     device: DeviceName,
@@ -254,12 +271,27 @@ impl Args {
         } else {
             None
         };
+        // A host stream stages too, with host memory standing in for the GPU's.
+        let staged_paths =
+            c.mem == Mem::Device && c.api == Api::Gdsync && !c.raw && c.trigger.gpu();
+        let gpu_memory = if staged_paths {
+            let gpu0 = placement.as_ref().map_or(0, |p| p.ordinal(0));
+            let asked = c.staging.and_then(StagingArg::asked);
+            Some(common::device::gpu_memory_path(&device, gpu0, asked)?)
+        } else {
+            None
+        };
+        refuse_if(
+            c.host_stream && c.mem == Mem::Device && !matches!(gpu_memory, Some((GpuMemoryPath::Staged, _))),
+            "--host-stream --mem device runs staged only (host memory stands in for the GPU's): drop --staging off",
+        )?;
         Ok(Args {
             op,
             trigger: c.trigger,
             raw: c.raw,
             vs_raw: c.vs_raw,
             mem: c.mem,
+            gpu_memory,
             ranks_as: c.ranks_as,
             device,
             sizes,
@@ -339,6 +371,10 @@ fn check_flags(c: &Cli, op: Op) -> Result<()> {
     refuse_if(
         c.trigger == Trigger::Cpu && c.mem != Mem::Host,
         "--trigger cpu polls host memory: use --mem host, or a GPU trigger for --mem device",
+    )?;
+    refuse_if(
+        c.staging.is_some() && !(c.mem == Mem::Device && c.api == Api::Gdsync && !c.raw),
+        "--staging applies to --mem device --api gdsync with a GPU trigger (not --raw)",
     )?;
     refuse_if(
         c.host_stream && c.trigger != Trigger::Stream,
@@ -461,6 +497,10 @@ fn header(a: &Args) -> Result<Header> {
             "progress",
             gdasync::gdsync::progress_mode_for(engines).to_string(),
         );
+    }
+    if let Some(path) = &a.gpu_memory {
+        // How GPU payloads reach the NIC: staged through pinned bounces, or directly.
+        h = h.field("gpu_memory", common::device::gpu_memory_phrase(path));
     }
     if a.trigger.gpu() && !a.host_stream {
         let c = gdasync::gdsync::cuda::Cuda::get()?;

@@ -63,6 +63,8 @@ pub struct OpCount {
     pub waits: u64,
     pub barriers: u64,
     pub doorbells: u64,
+    /// Copies (staged payloads: the copy engine's, between batches of memory operations).
+    pub copies: u64,
 }
 
 impl OpCount {
@@ -75,6 +77,7 @@ impl OpCount {
                 Op::Wait32 { .. } | Op::Wait64 { .. } => self.waits += 1,
                 Op::Barrier => self.barriers += 1,
                 Op::Doorbell { .. } => self.doorbells += 1,
+                Op::Copy { .. } => self.copies += 1,
             }
         }
     }

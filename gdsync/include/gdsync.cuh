@@ -319,6 +319,33 @@ __device__ __forceinline__ void gds_signal64(uint64_t addr, uint64_t value) {
     __threadfence_system();
 }
 
+// Staging (payloads in GPU memory where the NIC cannot reach it go through pinned host bounce
+// buffers): copies this thread's share, as thread `part` of `parts`, of len bytes from src to
+// dst (ranges that do not overlap), 16 bytes at a time where both are 16-byte aligned, else
+// byte by byte. Loads bypass stale cache lines: src may be a bounce the NIC has just written.
+__device__ __forceinline__ void gds_copy_part(uint64_t dst, uint64_t src, uint64_t len, uint32_t part, uint32_t parts) {
+    uint64_t j = part;
+    if (((dst | src) & 15) == 0) {
+        uint64_t whole = len & ~(uint64_t)15;
+        for (uint64_t i = (uint64_t)part * 16; i < whole; i += (uint64_t)parts * 16)
+            *(ulonglong2 *)(dst + i) = __ldcv((const ulonglong2 *)(src + i));
+        j += whole;
+    }
+    for (; j < len; j += parts) *(volatile uint8_t *)(dst + j) = *(const volatile uint8_t *)(src + j);
+}
+
+#ifndef GDS_HOST
+// Copies len bytes from src to dst with every thread of the calling block (all of them call
+// it, with the same arguments): a payload out of GPU memory into a bounce before the doorbell
+// that sends it, or out of a bounce after the wait for its arrival. When it returns, the
+// bytes are visible system-wide (to the NIC) and to every thread of the block.
+__device__ __forceinline__ void gds_block_copy(uint64_t dst, uint64_t src, uint64_t len) {
+    gds_copy_part(dst, src, len, threadIdx.x, blockDim.x);
+    __threadfence_system();
+    __syncthreads();
+}
+#endif
+
 // For spin loops: call once per spin; true once timeout_ns have passed since the clock was
 // first read (it is read every 256 spins, so a loop that ends sooner never reads it).
 __device__ __forceinline__ bool gds_expired(uint32_t spins, uint64_t *start, uint64_t timeout_ns) {

@@ -67,6 +67,8 @@ mod random;
 pub mod release;
 mod shm;
 mod signal;
+pub mod staging;
+mod staging_choice;
 mod wr;
 
 pub use cq::{Completion, CompletionOp, Cq, CqError, CqPoll, WcStatus, MAX_KEPT_ERRORS};
@@ -100,4 +102,5 @@ pub use qp::{
 };
 pub use shm::SharedMemory;
 pub use signal::{PinnedBuffer, SignalWords};
+pub use staging_choice::{peer_memory_loaded, GpuMemoryPath};
 pub use wr::{RecvWr, RemoteAddr, RemoteBuf, SendFlags, SendWr, Sge, WrOp};

@@ -98,12 +98,30 @@ pub enum Op {
         /// The 8 doorbell bytes, as a native 64-bit store writes them.
         value: u64,
     },
+    /// Copy `len` bytes from `src` to `dst` (ranges that do not overlap), after every earlier
+    /// op and before every later one: how a payload in memory the NIC cannot reach (GPU
+    /// memory without GPUDirect RDMA) moves through a pinned host bounce buffer in the
+    /// trigger's own order ([`crate::staging`]). A CPU executor copies with the CPU (both
+    /// ranges must be CPU-reachable); a CUDA stream copies with its copy engine
+    /// (`cuMemcpyAsync` between its memory operations).
+    Copy {
+        /// Destination address.
+        dst: u64,
+        /// Source address.
+        src: u64,
+        /// Bytes to copy.
+        len: u64,
+    },
 }
 
 impl Op {
     /// Whether this is a wait.
     pub const fn is_wait(&self) -> bool {
         matches!(self, Op::Wait32 { .. } | Op::Wait64 { .. })
+    }
+    /// Whether this is a copy (which a CUDA stream runs between batches of memory operations).
+    pub const fn is_copy(&self) -> bool {
+        matches!(self, Op::Copy { .. })
     }
 }
 
@@ -193,6 +211,39 @@ impl Ops {
         self.ops.push(op);
         self.ring_tail = None;
         self.keep_alive(keep.clone());
+    }
+    /// Appends a copy of `len` bytes from `src` to `dst`, keeping `keep` (the memory of both
+    /// sides) alive with the list (library-internal).
+    pub(crate) fn push_copy(&mut self, dst: u64, src: u64, len: u64, keep: &[&KeepAlive]) {
+        self.ops.push(Op::Copy { dst, src, len });
+        self.ring_tail = None;
+        for k in keep {
+            self.keep_alive((*k).clone());
+        }
+    }
+    /// The list cut at its copies: runs of other ops (each keeping everything this list
+    /// keeps) and the copies between them, in order, for an executor that runs copies apart
+    /// from memory operations (a CUDA stream). A list without copies is one run.
+    pub(crate) fn split_at_copies(&self) -> Vec<Result<Ops, Op>> {
+        let mut out = Vec::new();
+        let mut run = Ops::new();
+        for op in &self.ops {
+            if op.is_copy() {
+                if !run.is_empty() {
+                    out.push(Ok(std::mem::take(&mut run)));
+                }
+                out.push(Err(*op));
+            } else {
+                run.ops.push(*op);
+                if run.keep.is_empty() {
+                    run.keep = self.keep.clone();
+                }
+            }
+        }
+        if !run.is_empty() {
+            out.push(Ok(run));
+        }
+        out
     }
     /// Keeps `keep` alive with the list without naming memory an op touches (e.g. a
     /// reservation that ends when the list has run or is dropped).

@@ -205,6 +205,10 @@ impl PinnedBuffer {
     pub fn gpu_mapped(&self) -> bool {
         self.mem.gpu_mapped()
     }
+    /// What an op list keeps to keep the buffer alive (and to find its GPUs' address).
+    pub(crate) fn keep(&self) -> crate::ops::KeepAlive {
+        self.mem.clone()
+    }
     /// Address of the `size`-byte word at byte `off`, which must be aligned and inside.
     fn word(&self, off: usize, size: usize) -> u64 {
         assert!(

@@ -68,6 +68,7 @@ struct Lib {
     peer_wait_sends: unsafe extern "C" fn(Peer, u64, u64) -> c_int,
     peer_wait_send: unsafe extern "C" fn(Peer, u64) -> c_int,
     peer_wait_recv: unsafe extern "C" fn(Peer, *mut u32, u64) -> c_int,
+    copy_part: unsafe extern "C" fn(u64, u64, u64, u32, u32),
 }
 
 const INCLUDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/gdsync/include");
@@ -156,6 +157,7 @@ fn lib() -> &'static Lib {
             peer_wait_sends: sym!(peer_wait_sends),
             peer_wait_send: sym!(peer_wait_send),
             peer_wait_recv: sym!(peer_wait_recv),
+            copy_part: sym!(copy_part),
         }
     })
 }
@@ -294,4 +296,19 @@ pub fn peer_wait_recv(p: &mut PeerDesc, len: Option<&mut u32>, timeout_ns: u64) 
     let len = len.map_or(std::ptr::null_mut(), |l| l as *mut u32);
     // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
     unsafe { (lib().peer_wait_recv)(p, len, timeout_ns) }
+}
+
+/// `gds_copy_part` for every part of `parts` in turn (a block's threads, one after another):
+/// `src` into `dst`, which must be as long.
+pub fn copy_parts(dst: &mut [u8], src: &[u8], parts: u32) {
+    assert_eq!(dst.len(), src.len());
+    let (d, s, n) = (
+        dst.as_mut_ptr() as u64,
+        src.as_ptr() as u64,
+        src.len() as u64,
+    );
+    for part in 0..parts {
+        // SAFETY: both ranges are live slices of n bytes that do not overlap.
+        unsafe { (lib().copy_part)(d, s, n, part, parts) }
+    }
 }

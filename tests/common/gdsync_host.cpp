@@ -99,3 +99,6 @@ EXPORT int gdst_peer_wait_send(gds_peer *p, uint64_t timeout_ns) { return gds_pe
 EXPORT int gdst_peer_wait_recv(gds_peer *p, uint32_t *len, uint64_t timeout_ns) {
     return gds_peer_wait_recv(p, len, timeout_ns);
 }
+EXPORT void gdst_copy_part(uint64_t dst, uint64_t src, uint64_t len, uint32_t part, uint32_t parts) {
+    gds_copy_part(dst, src, len, part, parts);
+}

@@ -1,13 +1,71 @@
 //! A CUDA stream as an executor: op lists submitted to it run when the stream gets there.
 //! (Here rather than in `exec/`, so the executors' room names no CUDA glue.)
+//!
+//! A list with copies ([`Op::Copy`]: staged payloads) runs as batches of memory operations
+//! with the copy engine's copies between them, all on the stream, so a copy runs after the
+//! waits before it and before the doorbell after it.
 
-use super::CudaStream;
+use super::{check, CudaStream};
 use crate::exec::Executor;
-use crate::ops::Ops;
+use crate::mem::gpu_addr_in;
+use crate::ops::{Op, Ops};
 use crate::Result;
+use cudarc::driver::sys;
 
 impl Executor for CudaStream {
     fn submit(&self, ops: Ops) -> Result<()> {
-        self.enqueue(ops)
+        if !ops.as_slice().iter().any(Op::is_copy) {
+            return self.enqueue(ops);
+        }
+        let parts = ops.split_at_copies();
+        for part in parts {
+            match part {
+                Ok(run) => self.enqueue(run)?,
+                Err(Op::Copy { dst, src, len }) => self.copy_async(
+                    gpu_addr_in(ops.kept(), dst),
+                    gpu_addr_in(ops.kept(), src),
+                    len,
+                )?,
+                Err(_) => unreachable!("split_at_copies cuts at copies only"),
+            }
+        }
+        if ops.as_slice().last().is_some_and(Op::is_copy) {
+            // The memory of a trailing copy stays alive until the stream has passed it: a
+            // barrier behind it holds the list until the stream marks it done.
+            self.enqueue(keep_with_barrier(&ops))?;
+        }
+        Ok(())
+    }
+}
+
+/// A list of one barrier keeping everything `ops` keeps alive.
+fn keep_with_barrier(ops: &Ops) -> Ops {
+    let mut b = Ops::barrier();
+    for k in ops.kept() {
+        b.hold(k.clone());
+    }
+    b
+}
+
+impl CudaStream {
+    /// Enqueues a copy of `len` bytes from GPU address `src` to `dst` on the stream (unified
+    /// addressing: device memory or pinned host memory mapped for the GPUs).
+    fn copy_async(&self, dst: u64, src: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        super::Cuda::get()?.bind(self.ordinal())?;
+        // SAFETY: the list that named the copy keeps both sides alive until the stream has
+        // passed it (a later list of the same submission holds them); the addresses are what
+        // the GPU uses for that memory.
+        let r = unsafe {
+            sys::cuMemcpyAsync(
+                dst as sys::CUdeviceptr,
+                src as sys::CUdeviceptr,
+                len as usize,
+                self.raw(),
+            )
+        };
+        check(r, "cuMemcpyAsync")
     }
 }

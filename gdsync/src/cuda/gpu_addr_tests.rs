@@ -80,7 +80,7 @@ fn host_addrs(ops: &Ops) -> Vec<u64> {
             | Op::Doorbell { addr, .. }
             | Op::Wait32 { addr, .. }
             | Op::Wait64 { addr, .. } => Some(addr),
-            Op::Barrier => None,
+            Op::Barrier | Op::Copy { .. } => None,
         })
         .collect()
 }
@@ -362,4 +362,25 @@ fn assert_kernel_desc_is_gpu_addressed(a: crate::Qp) {
             ]
         );
     }
+}
+
+/// A copy is no stream memory operation: translating a list with one directly is refused with
+/// an error that names the way (the executor, which copies between batches), never a batch
+/// that silently skips the copy.
+#[test]
+fn a_copy_is_refused_by_the_memory_operation_batch() {
+    let b = crate::PinnedBuffer::with_cuda(64, None);
+    let mut ops = b.write32(0, 1);
+    let copy = Op::Copy {
+        dst: b.addr() + 8,
+        src: b.addr() + 16,
+        len: 8,
+    };
+    // SAFETY: never run.
+    unsafe { ops.push_raw(copy) };
+    let Err(e) = translate(&ops, &h200()) else {
+        panic!("a list with a copy was translated");
+    };
+    let e = e.to_string();
+    assert!(e.contains("Executor::submit"), "{e}");
 }

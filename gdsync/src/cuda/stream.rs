@@ -339,6 +339,11 @@ pub(super) fn translate(ops: &Ops, caps: &GpuCaps) -> Result<Vec<sys::CUstreamBa
                 p.waitValue = wait_params(T::CU_STREAM_MEM_OP_WAIT_VALUE_64, at, value, flags);
             }
             // A write carries its own fence: a barrier right before one adds nothing.
+            Op::Copy { .. } => {
+                return Err(Error::invalid(
+                    "a copy is not a stream memory operation: submit the list through the executor (Executor::submit), which copies between batches",
+                ))
+            }
             Op::Barrier if barrier_elided(ops.as_slice(), k) => continue,
             Op::Barrier => p.memoryBarrier = system_barrier(),
         }

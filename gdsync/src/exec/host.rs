@@ -68,6 +68,13 @@ pub(crate) fn run_ops(ops: &Ops, timeout: Duration, stop: Option<&AtomicBool>) -
                     #[cfg(not(target_arch = "x86_64"))]
                     crate::barrier::mmio_flush_writes();
                 }
+                Op::Copy { dst, src, len } => {
+                    // Earlier stores (a flag the copy's source depends on) before the copy,
+                    // and the copied bytes before any later store (a doorbell).
+                    fence(Ordering::SeqCst);
+                    std::ptr::copy(src as *const u8, dst as *mut u8, len as usize);
+                    fence(Ordering::SeqCst);
+                }
                 Op::Wait32 { addr, value, cond } => {
                     let w = &*(addr as *const AtomicU32);
                     wait(
