@@ -131,3 +131,11 @@ pub(crate) fn fill<T>(
     }
     Ok(n)
 }
+
+/// The 32-bit word at `p`, which others (the NIC, another thread) may change while it is read.
+pub(crate) fn word32<'a>(p: *mut u32, what: &str) -> Res<&'a std::sync::atomic::AtomicU32> {
+    check_ptr(p, what)?;
+    // SAFETY: checked non-NULL and aligned; the header requires a live word that others
+    // change only by aligned 32-bit stores.
+    Ok(unsafe { std::sync::atomic::AtomicU32::from_ptr(p) })
+}

@@ -13,6 +13,9 @@
 mod args;
 mod device;
 mod handle;
+mod mp_p2p;
+mod mp_state;
+mod mp_win;
 mod mr;
 mod ops;
 mod qp;
@@ -20,6 +23,9 @@ mod status;
 mod stream;
 
 pub use device::*;
+pub use mp_p2p::*;
+pub use mp_state::*;
+pub use mp_win::*;
 pub use mr::*;
 pub use ops::*;
 pub use qp::*;
