@@ -467,6 +467,13 @@ int gdasync_stream_create_host(struct gdasync_stream **out);
 // Fails with `GDASYNC_ERR_UNSUPPORTED` where there is no CUDA driver or GPU.
 int gdasync_stream_create_cuda(int gpu, struct gdasync_stream **out);
 
+// Makes a gdasync stream of `cu_stream`, a CUDA stream (`CUstream` or `cudaStream_t`) of
+// the program's own in GPU `gpu`'s primary context (the runtime API's streams are; NULL is
+// the legacy default stream): lists submitted to it run in order with the program's work
+// there. The stream must outlive the gdasync stream, and stays the program's (destroying
+// the gdasync stream waits for its lists and leaves the CUDA stream alone).
+int gdasync_stream_wrap_cuda(void *cu_stream, int gpu, struct gdasync_stream **out);
+
 // Stores the `CUstream` of a CUDA stream at `cu_stream`: the program may launch kernels and
 // record or wait for events on it, in order with the lists. Owned by `stream`.
 int gdasync_stream_cuda_handle(struct gdasync_stream *stream, void **cu_stream);

@@ -136,6 +136,30 @@ int mp_wait32(uint32_t *ptr, uint32_t value, int flags);
 /* Not in LibMP (which left barriers to MPI): waits until every rank has called it. */
 int mp_barrier(void);
 
+/* The stream family. A stream is the program's own CUDA stream (a cudaStream_t or CUstream,
+ * of the primary context of the GPU given to mp_init_env; 0 is the legacy default stream),
+ * kept by the library until mp_finalize (it must live that long), or MP_HOST_STREAM. The
+ * stream waits (for the peer's credit, for completions) run on the GPU: the CPU is not in the
+ * loop. Requests must still be released by mp_wait or mp_wait_all, as in LibMP. */
+struct CUstream_st;
+/* Not in LibMP: a CPU thread of the library's that runs the lists in order, as a CUDA
+ * stream would (for machines without a GPU, and tests). */
+#define MP_HOST_STREAM ((struct CUstream_st *)UINTPTR_MAX)
+
+/* Sends from the stream (it waits there for the peer's receive, then rings the doorbell);
+ * mp_send_on_stream also makes the stream wait for the send's completion. */
+int mp_send_on_stream(void *buf, int size, int peer, mp_reg_t *mp_reg, mp_request_t *req,
+                      struct CUstream_st *stream);
+int mp_isend_on_stream(void *buf, int size, int peer, mp_reg_t *mp_reg, mp_request_t *req,
+                       struct CUstream_st *stream);
+/* Makes the stream wait for requests posted on a stream; they are complete once it passed. */
+int mp_wait_on_stream(mp_request_t *req, struct CUstream_st *stream);
+int mp_wait_all_on_stream(uint32_t count, mp_request_t *req, struct CUstream_st *stream);
+/* mp_iput posted by the stream (it rings when it gets there). */
+int mp_iput_on_stream(void *src, int size, mp_reg_t *src_reg, int peer, size_t displ,
+                      mp_window_t *dst_window_t, mp_request_t *req, int flags,
+                      struct CUstream_st *stream);
+
 #ifdef __cplusplus
 }
 #endif

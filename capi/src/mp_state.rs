@@ -4,11 +4,14 @@
 
 use crate::args;
 use crate::status::{guard, Fail, Res, GDASYNC_ERR_STATE, GDASYNC_OK};
+use crate::stream::Stream;
 use mp::bootstrap::{JobInfo, TcpBootstrap};
 use mp::Comm;
 use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Success.
@@ -26,6 +29,11 @@ pub const MP_INIT_KNOWN_FLAGS: c_int = 0xf;
 /// The communicator of this process, between `mp_init_env` and `mp_finalize`.
 pub(crate) struct MpState {
     pub(crate) comm: Comm,
+    /// The GPU of the program's CUDA streams (`None`: -1 was given).
+    pub(crate) gpu: Option<i32>,
+    /// The streams the stream family was given so far, by the program's stream value, each
+    /// wrapped once (kept until `mp_finalize`).
+    pub(crate) streams: HashMap<usize, Arc<Stream>>,
 }
 
 static STATE: Mutex<Option<MpState>> = Mutex::new(None);
@@ -42,9 +50,14 @@ pub(crate) fn mp_guard(what: &str, body: impl FnOnce() -> Res<()>) -> c_int {
 
 /// Runs `f` on the communicator; refused before `mp_init_env` and after `mp_finalize`.
 pub(crate) fn with_comm<R>(f: impl FnOnce(&mut Comm) -> Res<R>) -> Res<R> {
+    with_state(|s| f(&mut s.comm))
+}
+
+/// Runs `f` on the process's mp state; refused before `mp_init_env` and after `mp_finalize`.
+pub(crate) fn with_state<R>(f: impl FnOnce(&mut MpState) -> Res<R>) -> Res<R> {
     let mut st = STATE.lock();
     match st.as_mut() {
-        Some(s) => f(&mut s.comm),
+        Some(s) => f(s),
         None if FINALIZED.load(Ordering::Acquire) => Err(Fail::new(
             GDASYNC_ERR_STATE,
             "mp was finalized (mp_finalize): no mp call may follow it",
@@ -82,7 +95,11 @@ pub extern "C" fn mp_init_env(flags: c_int, gpu_id: c_int) -> c_int {
         let boot = TcpBootstrap::connect(&info, Duration::from_secs(60))?;
         let dev = gdsync::Device::default()?;
         let comm = Comm::new(Box::new(boot), &dev)?;
-        *st = Some(MpState { comm });
+        *st = Some(MpState {
+            comm,
+            gpu: (gpu_id >= 0).then_some(gpu_id),
+            streams: HashMap::new(),
+        });
         FINALIZED.store(false, Ordering::Release);
         Ok(())
     })
@@ -99,7 +116,10 @@ pub extern "C" fn mp_finalize() -> c_int {
             return with_comm(|_| Ok(()));
         };
         FINALIZED.store(true, Ordering::Release);
+        // The streams' lists first: they may still wait for this rank's peers.
+        let streams = st.streams.values().try_for_each(|s| s.synchronize());
         st.comm.finalize()?;
+        streams?;
         Ok(())
     })
 }

@@ -69,14 +69,22 @@ pub extern "C" fn mp_window_destroy(window: *mut *mut mp_window) -> c_int {
     })
 }
 
-/// Checks `mp_iput`'s flags.
-fn put_flags(flags: c_int) -> Result<(), Fail> {
+/// What a put's arguments name: the source SGE and the window (`req` and `flags` checked).
+pub(crate) fn put_args(
+    (src, size, src_reg): (*mut c_void, c_int, *mut *mut mp_reg),
+    window: *mut *mut mp_window,
+    req: *mut *mut mp_request,
+    flags: c_int,
+) -> Result<(gdsync::Sge, SharedWindow), Fail> {
+    args::check_ptr(req, "req")?;
     if flags & !(MP_PUT_INLINE | MP_PUT_NOWAIT) != 0 {
         return Err(Fail::invalid(format!(
             "flags {flags:#x} has bits that are no MP_PUT_ flag"
         )));
     }
-    Ok(())
+    let sge = sge_in(src, size, src_reg)?;
+    let w = handle::get(deref_handle(window, "window")?, "*window")?;
+    Ok((sge, w))
 }
 
 /// Writes `size` bytes at `src` (inside `*src_reg`) into `peer`'s part of `*window` at
@@ -93,10 +101,7 @@ pub extern "C" fn mp_iput(
     flags: c_int,
 ) -> c_int {
     mp_guard("mp_iput", || {
-        args::check_ptr(req, "req")?;
-        put_flags(flags)?;
-        let sge = sge_in(src, size, src_reg)?;
-        let w = handle::get(deref_handle(window, "window")?, "*window")?;
+        let (sge, w) = put_args((src, size, src_reg), window, req, flags)?;
         let r = with_comm(|c| Ok(c.iput(sge, &w.0, rank(peer)?, displ as u64)?))?;
         give_request(r, req)
     })

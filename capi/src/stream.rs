@@ -29,15 +29,27 @@ pub(crate) enum Stream {
 pub(crate) type SharedStream = Arc<Stream>;
 handle_impl!(gdasync_stream, 8, SharedStream);
 
-impl Stream {
-    pub(crate) fn submit(&self, ops: Ops) -> Res<()> {
+impl Executor for Stream {
+    fn submit(&self, ops: Ops) -> gdsync::Result<()> {
         match self {
-            Stream::Host(s) => s.submit(ops)?,
-            Stream::Cuda(s) => s.submit(ops)?,
+            Stream::Host(s) => s.submit(ops),
+            Stream::Cuda(s) => s.submit(ops),
         }
-        Ok(())
     }
-    fn synchronize(&self) -> Res<()> {
+}
+
+impl Stream {
+    /// An executor on `cu_stream`, a CUDA stream of the program's own in GPU `gpu`'s primary
+    /// context (NULL: the legacy default stream).
+    pub(crate) fn wrap_cuda(cu_stream: *mut c_void, gpu: c_int) -> Res<Stream> {
+        let cuda = gdsync::cuda::Cuda::get()?;
+        // SAFETY: the header's contract: the stream is live, of GPU gpu's primary context, and
+        // outlives the gdasync stream made on it.
+        let s = unsafe { cuda.wrap_stream(gpu, cu_stream.cast())? };
+        Ok(Stream::Cuda(s))
+    }
+
+    pub(crate) fn synchronize(&self) -> Res<()> {
         match self {
             Stream::Host(s) => s.synchronize()?,
             Stream::Cuda(s) => s.synchronize()?,
@@ -65,6 +77,25 @@ pub extern "C" fn gdasync_stream_create_cuda(gpu: c_int, out: *mut *mut gdasync_
     guard("gdasync_stream_create_cuda", || {
         args::check_ptr(out, "out")?;
         let s = Arc::new(Stream::Cuda(CudaStream::new(gpu)?));
+        args::write(out, handle::insert(s)?, "out")?;
+        Ok(GDASYNC_OK)
+    })
+}
+
+/// Makes a gdasync stream of `cu_stream`, a CUDA stream (`CUstream` or `cudaStream_t`) of
+/// the program's own in GPU `gpu`'s primary context (the runtime API's streams are; NULL is
+/// the legacy default stream): lists submitted to it run in order with the program's work
+/// there. The stream must outlive the gdasync stream, and stays the program's (destroying
+/// the gdasync stream waits for its lists and leaves the CUDA stream alone).
+#[no_mangle]
+pub extern "C" fn gdasync_stream_wrap_cuda(
+    cu_stream: *mut c_void,
+    gpu: c_int,
+    out: *mut *mut gdasync_stream,
+) -> c_int {
+    guard("gdasync_stream_wrap_cuda", || {
+        args::check_ptr(out, "out")?;
+        let s = Arc::new(Stream::wrap_cuda(cu_stream, gpu)?);
         args::write(out, handle::insert(s)?, "out")?;
         Ok(GDASYNC_OK)
     })

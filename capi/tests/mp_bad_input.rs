@@ -90,6 +90,21 @@ fn mp_refuses_bad_input_before_during_and_after_a_job() {
     ok(mp_wait32(&mut word, 5, MP_WAIT_EQ));
     ok(mp_wait32(&mut word, 4, MP_WAIT_GEQ));
     ok(mp_wait32(&mut word, 4, MP_WAIT_AND));
+    // The stream family: a CUDA stream needs the GPU given to mp_init_env.
+    let cuda_stream = 0x1000usize as *mut c_void;
+    fails(
+        mp_isend_on_stream(p, 8, 0, &mut reg, &mut req, cuda_stream),
+        "gpu_id -1",
+    );
+    fails(
+        mp_wait_on_stream(&mut dead, cuda_stream),
+        "not a live mp_request",
+    );
+    ok(mp_wait_all_on_stream(
+        0,
+        null_mut(),
+        MP_HOST_STREAM_BITS as *mut c_void,
+    ));
     ok(mp_progress_all(0, null_mut()));
     ok(mp_barrier());
 

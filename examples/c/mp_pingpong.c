@@ -1,17 +1,21 @@
 /* mp_pingpong.c: a LibMP-style ping-pong between two ranks through mp.h, then a window put
- * with a flag word the receiver waits for (mp_wait32).
+ * with a flag word the receiver waits for (mp_wait32). With --stream host or --stream cuda the
+ * sends and puts are posted on a stream (LibMP's *_on_stream family): the library's host
+ * stream, or a CUDA stream of the program's own on GPU 0 (made through the CUDA driver,
+ * loaded at run time: no CUDA headers or toolkit needed to build).
  *
  * The ranks are processes. Started alone, it starts two copies of itself (with GDSYNC_RANK,
  * GDSYNC_SIZE, GDSYNC_ROOT and GDSYNC_JOB_SECRET set) and waits for them; under mpirun or
  * srun each rank finds its rank and size in the launcher's environment (export the same
  * GDSYNC_JOB_SECRET to every rank). No MPI library is needed.
  *
- *   cc -std=c99 -O2 mp_pingpong.c $(pkg-config --cflags --libs gdasync) -o mp_pingpong
- *   ./mp_pingpong [ROUNDS]
+ *   cc -std=c99 -O2 mp_pingpong.c $(pkg-config --cflags --libs gdasync) -ldl -o mp_pingpong
+ *   ./mp_pingpong [ROUNDS] [--stream host|cuda]
  */
 #define _POSIX_C_SOURCE 200809L
 #include <mp.h>
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,6 +88,42 @@ static double now_us(void) {
   return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
 }
 
+/* The stream of the sends and puts: NULL for the CPU, else MP_HOST_STREAM or a CUDA stream. */
+static struct CUstream_st *stream;
+
+/* A send of len bytes at p to peer: from the CPU, or posted on the stream. */
+static void send_to(char *p, int len, int peer, mp_reg_t *reg, mp_request_t *req) {
+  if (!stream) {
+    CHECK(mp_isend(p, len, peer, reg, req));
+    return;
+  }
+  CHECK(mp_isend_on_stream(p, len, peer, reg, req, stream));
+  CHECK(mp_wait_all_on_stream(1, req, stream)); /* the stream waits for its completion */
+}
+
+/* A CUDA stream on GPU 0 through the driver API, loaded at run time (declared here: no CUDA
+ * headers needed). */
+static struct CUstream_st *cuda_stream(void) {
+  typedef int (*init_t)(unsigned);
+  typedef int (*retain_t)(void **, int);
+  typedef int (*set_t)(void *);
+  typedef int (*create_t)(struct CUstream_st **, unsigned);
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+  void *ctx = NULL;
+  struct CUstream_st *s = NULL;
+  if (!lib) { fprintf(stderr, "no CUDA driver: %s\n", dlerror()); exit(1); }
+  init_t init = (init_t)dlsym(lib, "cuInit");
+  retain_t retain = (retain_t)dlsym(lib, "cuDevicePrimaryCtxRetain");
+  set_t set = (set_t)dlsym(lib, "cuCtxSetCurrent");
+  create_t create = (create_t)dlsym(lib, "cuStreamCreate");
+  /* CU_STREAM_NON_BLOCKING = 1 */
+  if (!init || !retain || !set || !create || init(0) || retain(&ctx, 0) || set(ctx) || create(&s, 1)) {
+    fprintf(stderr, "could not make a CUDA stream on GPU 0\n");
+    exit(1);
+  }
+  return s;
+}
+
 /* Rank 0 sends and waits for the echo; rank 1 echoes. */
 static void pingpong(int me, int rounds, char *buf, mp_reg_t *reg) {
   int peer = 1 - me;
@@ -94,7 +134,7 @@ static void pingpong(int me, int rounds, char *buf, mp_reg_t *reg) {
     if (me == 0) {
       memset(out, (char)i, LEN);
       CHECK(mp_irecv(in, LEN, peer, reg, &req[0])); /* the receive before the send */
-      CHECK(mp_isend(out, LEN, peer, reg, &req[1]));
+      send_to(out, LEN, peer, reg, &req[1]);
       CHECK(mp_wait_all(2, req));
       if (in[0] != (char)i || in[LEN - 1] != (char)i) {
         fprintf(stderr, "round %d: echo %d\n", i, in[0]);
@@ -104,12 +144,13 @@ static void pingpong(int me, int rounds, char *buf, mp_reg_t *reg) {
       CHECK(mp_irecv(in, LEN, peer, reg, &req[0]));
       CHECK(mp_wait(&req[0]));
       memcpy(out, in, LEN);
-      CHECK(mp_isend(out, LEN, peer, reg, &req[1]));
+      send_to(out, LEN, peer, reg, &req[1]);
       CHECK(mp_wait(&req[1]));
     }
   }
   if (me == 0)
-    printf("mp.h ping-pong: %d round trips of %d bytes between 2 processes, %.2f us half round trip\n",
+    printf("mp.h ping-pong (sends %s): %d round trips of %d bytes between 2 processes, %.2f us half round trip\n",
+           !stream ? "from the CPU" : stream == MP_HOST_STREAM ? "on a host stream" : "on a CUDA stream",
            rounds, LEN, (now_us() - start) / rounds / 2);
 }
 
@@ -126,8 +167,14 @@ static void put_and_flag(int me, char *buf, mp_reg_t *reg) {
     uint32_t *flag = (uint32_t *)buf;
     memcpy(buf + 16, message, sizeof message);
     *flag = 1;
-    CHECK(mp_iput(buf + 16, (int)sizeof message, reg, 1, 16, &win, &req[0], 0));
-    CHECK(mp_iput(flag, 4, reg, 1, 0, &win, &req[1], 0));
+    if (stream) {
+      CHECK(mp_iput_on_stream(buf + 16, (int)sizeof message, reg, 1, 16, &win, &req[0], 0, stream));
+      CHECK(mp_iput_on_stream(flag, 4, reg, 1, 0, &win, &req[1], 0, stream));
+      CHECK(mp_wait_on_stream(&req[1], stream));
+    } else {
+      CHECK(mp_iput(buf + 16, (int)sizeof message, reg, 1, 16, &win, &req[0], 0));
+      CHECK(mp_iput(flag, 4, reg, 1, 0, &win, &req[1], 0));
+    }
     CHECK(mp_wait_all(2, req));
   } else {
     CHECK(mp_wait32(&win_mem[0], 1, MP_WAIT_EQ));
@@ -143,13 +190,28 @@ static void put_and_flag(int me, char *buf, mp_reg_t *reg) {
 }
 
 int main(int argc, char **argv) {
-  int rounds = argc > 1 ? atoi(argv[1]) : 1000;
+  int rounds = 1000, gpu = -1;
+  const char *on = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--stream") == 0 && i + 1 < argc) on = argv[++i];
+    else if (atoi(argv[i]) > 0) rounds = atoi(argv[i]);
+    else { fprintf(stderr, "usage: %s [ROUNDS] [--stream host|cuda]\n", argv[0]); return 2; }
+  }
   if (!getenv("GDSYNC_RANK") && !getenv("OMPI_COMM_WORLD_RANK") && !getenv("PMI_RANK") && !getenv("SLURM_PROCID"))
     return launch(argv);
   int version = 0, me = 0, size = 0;
   CHECK(mp_query_param(MP_PARAM_VERSION, &version));
   if (!MP_API_VERSION_COMPATIBLE(version)) return 1;
-  CHECK(mp_init_env(MP_INIT_DEFAULT, -1));
+  if (on && strcmp(on, "cuda") == 0) {
+    stream = cuda_stream();
+    gpu = 0;
+  } else if (on && strcmp(on, "host") == 0) {
+    stream = MP_HOST_STREAM;
+  } else if (on) {
+    fprintf(stderr, "--stream host or --stream cuda, not %s\n", on);
+    return 2;
+  }
+  CHECK(mp_init_env(MP_INIT_DEFAULT, gpu));
   CHECK(mp_query_rank(&me, &size));
   if (size != 2) { fprintf(stderr, "run it with 2 ranks, not %d\n", size); return 1; }
   char *buf = calloc(1, 2 * LEN);
