@@ -72,6 +72,33 @@ enum mp_init_flags {
  * GDSYNC_DEVICE names, else the first active mlx5 port, else the soft device. */
 int mp_init_env(int flags, int gpu_id);
 
+/* Not in LibMP: the two halves of mp_init below, for launchers of other kinds. mp_job_new
+ * writes a new job's description (rank 0's address: GDSYNC_ROOT, else a free loopback port,
+ * one host; and a fresh secret) into buf of at least MP_JOB_MAX bytes; every rank then calls
+ * mp_init_job with rank 0's description. */
+#define MP_JOB_MAX 192
+int mp_job_new(char *buf, size_t len);
+int mp_init_job(int rank, int size, const char *job, int flags, int gpu_id);
+
+/* LibMP's mp_init, when <mpi.h> is included before this header (and MP_NO_MPI_INIT is not
+ * defined): MPI carries rank 0's job description to every rank of comm, and the ranks connect
+ * over gdasync's TCP bootstrap (MPI is used for nothing else). Every rank of comm connects to
+ * every other: peers and count are not needed. Across hosts, set GDSYNC_ROOT on rank 0 to an
+ * address the others reach. */
+#if defined(MPI_VERSION) && !defined(MP_NO_MPI_INIT)
+static inline int mp_init(MPI_Comm comm, int *peers, int count, int flags, int gpu_id) {
+  char job[MP_JOB_MAX];
+  int rank, size;
+  (void)peers;
+  (void)count;
+  if (MPI_Comm_rank(comm, &rank) != MPI_SUCCESS || MPI_Comm_size(comm, &size) != MPI_SUCCESS) return MP_FAILURE;
+  job[0] = 0;
+  if (rank == 0 && mp_job_new(job, sizeof job) != MP_SUCCESS) job[0] = 0;
+  if (MPI_Bcast(job, (int)sizeof job, MPI_CHAR, 0, comm) != MPI_SUCCESS) return MP_FAILURE;
+  return mp_init_job(rank, size, job, flags, gpu_id);
+}
+#endif
+
 /* Ends this process's part (collective). LibMP's returned void; this one reports whether a
  * peer failed before the end. */
 int mp_finalize(void);

@@ -69,6 +69,34 @@ pub(crate) fn with_state<R>(f: impl FnOnce(&mut MpState) -> Res<R>) -> Res<R> {
     }
 }
 
+/// Connects this process to the job `info` describes (collective).
+fn start(info: &JobInfo, flags: c_int, gpu_id: c_int) -> Res<()> {
+    if flags & !MP_INIT_KNOWN_FLAGS != 0 {
+        return Err(Fail::invalid(format!(
+            "flags {flags:#x} has bits that are no MP_INIT_ flag"
+        )));
+    }
+    if gpu_id < -1 {
+        return Err(Fail::invalid(format!(
+            "gpu_id {gpu_id}: a GPU ordinal, or -1 for none"
+        )));
+    }
+    let mut st = STATE.lock();
+    if st.is_some() {
+        return Err(Fail::new(GDASYNC_ERR_STATE, "mp is initialised already"));
+    }
+    let boot = TcpBootstrap::connect(info, Duration::from_secs(60))?;
+    let dev = gdsync::Device::default()?;
+    let comm = Comm::new(Box::new(boot), &dev)?;
+    *st = Some(MpState {
+        comm,
+        gpu: (gpu_id >= 0).then_some(gpu_id),
+        streams: HashMap::new(),
+    });
+    FINALIZED.store(false, Ordering::Release);
+    Ok(())
+}
+
 /// Connects this process to the job's other ranks over the TCP bootstrap, with no MPI: the
 /// rank, the size, rank 0's address and the job's secret come from the environment
 /// (`GDSYNC_RANK`, `GDSYNC_SIZE`, `GDSYNC_ROOT`, `GDSYNC_JOB_SECRET`; under `mpirun` or
@@ -77,31 +105,72 @@ pub(crate) fn with_state<R>(f: impl FnOnce(&mut MpState) -> Res<R>) -> Res<R> {
 #[no_mangle]
 pub extern "C" fn mp_init_env(flags: c_int, gpu_id: c_int) -> c_int {
     mp_guard("mp_init_env", || {
-        if flags & !MP_INIT_KNOWN_FLAGS != 0 {
+        start(&JobInfo::from_env()?, flags, gpu_id)
+    })
+}
+
+/// Room `mp_job_new` needs for a job description, its NUL included.
+pub const MP_JOB_MAX: usize = 192;
+
+/// Writes a new job's description into `buf` (`len` bytes, at least `MP_JOB_MAX`): rank 0's
+/// address (`GDSYNC_ROOT`, else a free loopback port: one host) and a fresh secret. Rank 0
+/// makes it and hands it to every rank (mp.h's `mp_init` does so with `MPI_Bcast`).
+#[no_mangle]
+pub extern "C" fn mp_job_new(buf: *mut c_char, len: usize) -> c_int {
+    mp_guard("mp_job_new", || {
+        let root = match std::env::var("GDSYNC_ROOT") {
+            Ok(r) => r,
+            Err(_) => {
+                let l = std::net::TcpListener::bind("127.0.0.1:0")
+                    .map_err(|e| gdsync::Error::os("pick a port for rank 0", e))?;
+                let port = l
+                    .local_addr()
+                    .map_err(|e| gdsync::Error::os("pick a port", e))?
+                    .port();
+                format!("127.0.0.1:{port}")
+            }
+        };
+        let secret = gdsync::auth::JobSecret::generate()?.to_hex();
+        args::copy_string(&format!("{root} {secret}"), buf, len, "the job description")
+    })
+}
+
+/// Connects this process, rank `rank` of `size`, to the job `job` describes (what
+/// `mp_job_new` wrote on rank 0). Collective: every rank calls it.
+#[no_mangle]
+pub extern "C" fn mp_init_job(
+    rank: c_int,
+    size: c_int,
+    job: *const c_char,
+    flags: c_int,
+    gpu_id: c_int,
+) -> c_int {
+    mp_guard("mp_init_job", || {
+        let (root, secret) = args::string(job, "job")?.split_once(' ').ok_or_else(|| {
+            Fail::invalid("job is not what mp_job_new writes (rank 0 could not make it?)")
+        })?;
+        let (rank, size) = (usize::try_from(rank), usize::try_from(size));
+        let (Ok(rank), Ok(size)) = (rank, size) else {
+            return Err(Fail::invalid("rank and size must not be negative"));
+        };
+        if rank >= size {
             return Err(Fail::invalid(format!(
-                "flags {flags:#x} has bits that are no MP_INIT_ flag"
+                "rank {rank} out of range for {size} ranks"
             )));
         }
-        if gpu_id < -1 {
-            return Err(Fail::invalid(format!(
-                "gpu_id {gpu_id}: a GPU ordinal, or -1 for none"
-            )));
-        }
-        let mut st = STATE.lock();
-        if st.is_some() {
-            return Err(Fail::new(GDASYNC_ERR_STATE, "mp is initialised already"));
-        }
-        let info = JobInfo::from_env()?;
-        let boot = TcpBootstrap::connect(&info, Duration::from_secs(60))?;
-        let dev = gdsync::Device::default()?;
-        let comm = Comm::new(Box::new(boot), &dev)?;
-        *st = Some(MpState {
-            comm,
-            gpu: (gpu_id >= 0).then_some(gpu_id),
-            streams: HashMap::new(),
-        });
-        FINALIZED.store(false, Ordering::Release);
-        Ok(())
+        let secret = secret
+            .parse()
+            .map_err(|_| Fail::invalid("job's secret is not 64 hex digits"))?;
+        start(
+            &JobInfo {
+                rank,
+                size,
+                root: root.to_owned(),
+                secret,
+            },
+            flags,
+            gpu_id,
+        )
     })
 }
 

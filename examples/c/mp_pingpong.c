@@ -11,8 +11,14 @@
  *
  *   cc -std=c99 -O2 mp_pingpong.c $(pkg-config --cflags --libs gdasync) -ldl -o mp_pingpong
  *   ./mp_pingpong [ROUNDS] [--stream host|cuda]
+ *
+ * Built with -DUSE_MPI (mpicc), it starts as a LibMP program does: MPI_Init, then
+ * mp_init(MPI_COMM_WORLD, ...); run it with mpirun -np 2.
  */
 #define _POSIX_C_SOURCE 200809L
+#ifdef USE_MPI
+#include <mpi.h> /* before mp.h: mp.h then defines LibMP's mp_init(MPI_Comm, ...) */
+#endif
 #include <mp.h>
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -35,6 +41,7 @@
     }                                                                      \
   } while (0)
 
+#ifndef USE_MPI
 /* Starts two ranks of this program on this host and waits for them. */
 static int launch(char **argv) {
   unsigned char key[32];
@@ -81,6 +88,7 @@ static int launch(char **argv) {
   }
   return failed;
 }
+#endif
 
 static double now_us(void) {
   struct timespec t;
@@ -197,8 +205,12 @@ int main(int argc, char **argv) {
     else if (atoi(argv[i]) > 0) rounds = atoi(argv[i]);
     else { fprintf(stderr, "usage: %s [ROUNDS] [--stream host|cuda]\n", argv[0]); return 2; }
   }
+#ifdef USE_MPI
+  MPI_Init(&argc, &argv);
+#else
   if (!getenv("GDSYNC_RANK") && !getenv("OMPI_COMM_WORLD_RANK") && !getenv("PMI_RANK") && !getenv("SLURM_PROCID"))
     return launch(argv);
+#endif
   int version = 0, me = 0, size = 0;
   CHECK(mp_query_param(MP_PARAM_VERSION, &version));
   if (!MP_API_VERSION_COMPATIBLE(version)) return 1;
@@ -211,7 +223,11 @@ int main(int argc, char **argv) {
     fprintf(stderr, "--stream host or --stream cuda, not %s\n", on);
     return 2;
   }
+#ifdef USE_MPI
+  CHECK(mp_init(MPI_COMM_WORLD, NULL, 0, MP_INIT_DEFAULT, gpu));
+#else
   CHECK(mp_init_env(MP_INIT_DEFAULT, gpu));
+#endif
   CHECK(mp_query_rank(&me, &size));
   if (size != 2) { fprintf(stderr, "run it with 2 ranks, not %d\n", size); return 1; }
   char *buf = calloc(1, 2 * LEN);
@@ -228,5 +244,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   free(buf);
+#ifdef USE_MPI
+  MPI_Finalize();
+#endif
   return 0;
 }
