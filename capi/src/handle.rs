@@ -4,6 +4,10 @@
 //! made is refused with `GDASYNC_ERR_HANDLE`, never undefined behaviour.
 
 use crate::status::{Fail, Res, GDASYNC_ERR_HANDLE, GDASYNC_ERR_NULL};
+
+// A handle carries a 32-bit generation above its type and slot: it needs 64-bit pointers.
+#[cfg(not(target_pointer_width = "64"))]
+compile_error!("the C ABI's handles need 64-bit pointers");
 use parking_lot::Mutex;
 use std::any::Any;
 
