@@ -182,6 +182,16 @@ int mp_isend_on_stream(void *buf, int size, int peer, mp_reg_t *mp_reg, mp_reque
 /* Makes the stream wait for requests posted on a stream; they are complete once it passed. */
 int mp_wait_on_stream(mp_request_t *req, struct CUstream_st *stream);
 int mp_wait_all_on_stream(uint32_t count, mp_request_t *req, struct CUstream_st *stream);
+/* Makes the stream wait until the word at ptr meets value under flags (MP_WAIT_GEQ is
+ * wrap-aware here, as CUDA's stream waits are). The word must stay valid until the stream
+ * passed the wait, and a CUDA stream must reach it (device memory, or registered host memory). */
+int mp_wait32_on_stream(uint32_t *ptr, uint32_t value, int flags, struct CUstream_st *stream);
+static inline int mp_wait_dword_geq_on_stream(uint32_t *ptr, uint32_t value, struct CUstream_st *stream) {
+  return mp_wait32_on_stream(ptr, value, MP_WAIT_GEQ, stream);
+}
+static inline int mp_wait_dword_eq_on_stream(uint32_t *ptr, uint32_t value, struct CUstream_st *stream) {
+  return mp_wait32_on_stream(ptr, value, MP_WAIT_EQ, stream);
+}
 /* mp_iput posted by the stream (it rings when it gets there). */
 int mp_iput_on_stream(void *src, int size, mp_reg_t *src_reg, int peer, size_t displ,
                       mp_window_t *dst_window_t, mp_request_t *req, int flags,

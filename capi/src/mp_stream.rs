@@ -9,7 +9,8 @@ use crate::mp_state::{mp_guard, with_comm, with_state};
 use crate::mp_win::mp_window;
 use crate::status::{Fail, Res};
 use crate::stream::Stream;
-use gdsync::exec::HostStream;
+use gdsync::exec::{Executor, HostStream};
+use gdsync::ops::{Op, Ops, WaitCond};
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
@@ -164,5 +165,35 @@ pub extern "C" fn mp_iput_on_stream(
         let exec = executor(stream)?;
         let r = with_comm(|c| Ok(c.iput_on(sge, &w.0, rank(peer)?, displ as u64, &*exec)?))?;
         give_request(r, req)
+    })
+}
+
+/// Makes `stream` wait until the word at `ptr` meets `value` under `flags` (`MP_WAIT_GEQ`,
+/// wrap-aware on a stream as CUDA's; `MP_WAIT_EQ`; `MP_WAIT_AND`). The word must stay valid
+/// until the stream has passed the wait, and a CUDA stream must reach it (device memory, or
+/// host memory registered with CUDA).
+#[no_mangle]
+pub extern "C" fn mp_wait32_on_stream(
+    ptr: *mut u32,
+    value: u32,
+    flags: c_int,
+    stream: *mut c_void,
+) -> c_int {
+    mp_guard("mp_wait32_on_stream", || {
+        let word = crate::args::word32(ptr, "ptr")?;
+        let cond = match flags {
+            crate::mp_win::MP_WAIT_GEQ => WaitCond::Geq,
+            crate::mp_win::MP_WAIT_EQ => WaitCond::Eq,
+            crate::mp_win::MP_WAIT_AND => WaitCond::And,
+            f => return Err(Fail::invalid(format!("flags {f} is no MP_WAIT_ condition"))),
+        };
+        let exec = executor(stream)?;
+        let mut ops = Ops::new();
+        let addr = word.as_ptr() as u64;
+        // SAFETY: the header's contract: the word stays valid until the stream has passed the
+        // wait; it is 4-byte aligned (checked).
+        unsafe { ops.push_raw(Op::Wait32 { addr, value, cond }) };
+        exec.submit(ops)?;
+        Ok(())
     })
 }
