@@ -60,6 +60,8 @@ struct Lists {
 /// The memory an enqueued list points into is kept alive until the stream has run it.
 pub struct CudaStream {
     raw: sys::CUstream,
+    /// Made by us (destroyed on drop), or the program's ([`Cuda::wrap_stream`]).
+    owned: bool,
     ordinal: i32,
     cuda: Arc<Cuda>,
     caps: GpuCaps,
@@ -85,6 +87,27 @@ impl std::fmt::Debug for CudaStream {
 impl Cuda {
     /// A new non-blocking stream on GPU `ordinal`.
     pub fn new_stream(self: &Arc<Self>, ordinal: i32) -> Result<CudaStream> {
+        self.stream_on(ordinal, None)
+    }
+
+    /// Runs op lists on `raw`, a stream the program made in GPU `ordinal`'s primary context
+    /// (the CUDA runtime's streams are), in order with the program's own work on it. The
+    /// stream stays the program's: dropping the returned value waits for the lists, not for
+    /// the stream, and does not destroy it.
+    ///
+    /// # Safety
+    /// `raw` is a live stream of GPU `ordinal`'s primary context (or NULL, the legacy default
+    /// stream), and stays alive as long as the returned value.
+    pub unsafe fn wrap_stream(
+        self: &Arc<Self>,
+        ordinal: i32,
+        raw: sys::CUstream,
+    ) -> Result<CudaStream> {
+        self.stream_on(ordinal, Some(raw))
+    }
+
+    /// A stream executor on `raw` (the program's), or on a new stream of ours (`None`).
+    fn stream_on(self: &Arc<Self>, ordinal: i32, raw: Option<sys::CUstream>) -> Result<CudaStream> {
         let caps = self.gpu(ordinal)?.caps.clone();
         if !self.host_pointers_are_device_pointers() {
             return Err(Error::Unsupported(
@@ -98,9 +121,13 @@ impl Cuda {
                 "pinned host memory could not be mapped for the GPU (cuMemHostRegister)".into(),
             ));
         }
-        let raw = self.create_stream(ordinal)?;
+        let (raw, owned) = match raw {
+            Some(raw) => (raw, false),
+            None => (self.create_stream(ordinal)?, true),
+        };
         Ok(CudaStream {
             raw,
+            owned,
             ordinal,
             cuda: self.clone(),
             caps,
@@ -470,8 +497,10 @@ impl Drop for CudaStream {
             drop(l);
             std::thread::sleep(Duration::from_micros(100));
         }
-        // SAFETY: our stream, made by create_stream, destroyed once.
-        unsafe { self.cuda.destroy_stream(self.ordinal, self.raw) };
+        if self.owned {
+            // SAFETY: our stream, made by create_stream, destroyed once.
+            unsafe { self.cuda.destroy_stream(self.ordinal, self.raw) };
+        }
     }
 }
 

@@ -1,0 +1,129 @@
+//! mp.h through the C ABI, in a one-rank job (mp's state is per process: one test, in order):
+//! calls before mp_init_env and after mp_finalize, NULL and dead handles, buffers outside
+//! their registration, bad flags; each fails with MP_FAILURE and a message, never a crash.
+
+use gdasync_c::*;
+use std::ffi::{c_int, c_void, CStr};
+use std::ptr::null_mut;
+
+fn last() -> String {
+    // SAFETY: mp_last_error returns a NUL-terminated string valid until the next failure.
+    unsafe { CStr::from_ptr(mp_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[track_caller]
+fn fails(rc: c_int, words: &str) {
+    let msg = last();
+    assert_eq!(rc, MP_FAILURE, "expected a failure saying {words:?}");
+    assert!(msg.contains(words), "message {msg:?} should say {words:?}");
+}
+
+#[track_caller]
+fn ok(rc: c_int) {
+    assert_eq!(rc, MP_SUCCESS, "{}", last());
+}
+
+#[test]
+fn mp_refuses_bad_input_before_during_and_after_a_job() {
+    let mut buf = vec![0u8; 256];
+    let p = buf.as_mut_ptr() as *mut c_void;
+    let (mut reg, mut req) = (null_mut(), null_mut());
+    fails(
+        mp_register(p, 256, &mut reg),
+        "not initialised: call mp_init_env",
+    );
+    fails(mp_barrier(), "not initialised");
+    let mut v = 0;
+    ok(mp_query_param(MP_PARAM_VERSION, &mut v));
+    assert_eq!(v, MP_API_VERSION);
+    fails(mp_query_param(7, &mut v), "param 7");
+
+    // A job of one rank, over the TCP bootstrap, on a free loopback port.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::env::set_var("GDSYNC_RANK", "0");
+    std::env::set_var("GDSYNC_SIZE", "1");
+    std::env::set_var("GDSYNC_ROOT", format!("127.0.0.1:{port}"));
+    std::env::set_var("GDSYNC_JOB_SECRET", "ab".repeat(32));
+    std::env::set_var("GDSYNC_DEVICE", "soft");
+    fails(mp_init_env(0x100, -1), "no MP_INIT_ flag");
+    ok(mp_init_env(0xf, -1));
+    fails(mp_init_env(0, -1), "initialised already");
+    let (mut rank, mut size) = (-1, -1);
+    ok(mp_query_rank(&mut rank, &mut size));
+    assert_eq!((rank, size), (0, 1));
+
+    fails(mp_register(p, 256, null_mut()), "reg is NULL");
+    fails(mp_register(null_mut(), 256, &mut reg), "null pointer");
+    ok(mp_register(p, 256, &mut reg));
+    let outside = buf[200..].as_mut_ptr() as *mut c_void;
+    fails(
+        mp_isend(outside, 100, 0, &mut reg, &mut req),
+        "not inside the registration",
+    );
+    fails(
+        mp_isend(p, -1, 0, &mut reg, &mut req),
+        "size -1 is negative",
+    );
+    fails(
+        mp_irecv(p, 8, -3, &mut reg, &mut req),
+        "peer -3 is negative",
+    );
+    fails(mp_irecv(p, 8, 5, &mut reg, &mut req), "5");
+    fails(mp_irecv(p, 8, 0, null_mut(), &mut req), "is NULL");
+    let mut garbage = 0x1234usize as *mut mp_reg;
+    fails(
+        mp_isend(p, 8, 0, &mut garbage, &mut req),
+        "not a live mp_reg",
+    );
+    fails(mp_wait(null_mut()), "req is NULL");
+    let mut dead = 0x5678usize as *mut mp_request;
+    fails(mp_wait(&mut dead), "not a live mp_request");
+    fails(mp_wait32(null_mut(), 1, MP_WAIT_GEQ), "ptr is NULL");
+    let mut word = 5u32;
+    fails(mp_wait32(&mut word, 1, 9), "flags 9");
+    ok(mp_wait32(&mut word, 5, MP_WAIT_EQ));
+    ok(mp_wait32(&mut word, 4, MP_WAIT_GEQ));
+    ok(mp_wait32(&mut word, 4, MP_WAIT_AND));
+    // The stream family: a CUDA stream needs the GPU given to mp_init_env.
+    let cuda_stream = 0x1000usize as *mut c_void;
+    fails(
+        mp_isend_on_stream(p, 8, 0, &mut reg, &mut req, cuda_stream),
+        "gpu_id -1",
+    );
+    fails(
+        mp_wait_on_stream(&mut dead, cuda_stream),
+        "not a live mp_request",
+    );
+    ok(mp_wait_all_on_stream(
+        0,
+        null_mut(),
+        MP_HOST_STREAM_BITS as *mut c_void,
+    ));
+    ok(mp_progress_all(0, null_mut()));
+    ok(mp_barrier());
+
+    let mut win = null_mut();
+    ok(mp_window_create(p, 256, &mut win));
+    fails(
+        mp_iput(p, 8, &mut reg, 0, 0, &mut win, &mut req, 0x10),
+        "no MP_PUT_ flag",
+    );
+    ok(mp_window_destroy(&mut win));
+    assert!(win.is_null(), "destroy sets the handle to NULL");
+    let stale = reg;
+    ok(mp_deregister(&mut reg));
+    assert!(reg.is_null());
+    let mut stale = stale;
+    fails(mp_deregister(&mut stale), "destroyed already");
+
+    ok(mp_finalize());
+    fails(mp_barrier(), "mp was finalized");
+    fails(mp_register(p, 256, &mut reg), "finalized");
+    fails(mp_finalize(), "finalized");
+}
