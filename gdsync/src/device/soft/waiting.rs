@@ -85,6 +85,12 @@ pub(crate) struct Waiting {
 }
 
 impl Waiting {
+    /// Whether a helper ever ran the engine while this state looked (read by tests).
+    #[cfg(test)]
+    pub(super) fn was_driven(&self) -> bool {
+        self.driven_at.is_some()
+    }
+
     /// Forgets the idle time (the engine left shared progress).
     pub(super) fn reset(&mut self) {
         self.idle_since = None;

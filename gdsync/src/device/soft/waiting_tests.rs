@@ -15,21 +15,31 @@ use std::time::{Duration, Instant};
 fn an_engine_nobody_drives_spins_then_yields_or_sleeps_in_short_steps_never_naps() {
     let dev = SoftDevice::spawn().unwrap();
     let core = dev.engine.core.clone();
-    let mut w = Waiting::default();
-    let mut steps = 0u64;
-    while w.short_sleeps + w.yields < 20 {
-        shared_step(&core, &mut w);
-        steps += 1;
-        assert!(
-            steps < 50_000_000,
-            "no yield or short sleep after {steps} looks: {w:?}"
+    // Other tests of this process poll while this one runs, and a polling thread with no
+    // engine of its own helps every engine, this one too: a look that a helper drove is
+    // not the case under test, so such a run is taken again.
+    for _ in 0..50 {
+        let mut w = Waiting::default();
+        let mut steps = 0u64;
+        while w.short_sleeps + w.yields < 20 && !w.was_driven() {
+            shared_step(&core, &mut w);
+            steps += 1;
+            assert!(
+                steps < 50_000_000,
+                "no yield or short sleep after {steps} looks: {w:?}"
+            );
+        }
+        if w.was_driven() {
+            continue;
+        }
+        assert!(w.spins > 0, "the first looks after work are spins: {w:?}");
+        assert_eq!(
+            w.naps, 0,
+            "an undriven engine never takes the ranks' naps: {w:?}"
         );
+        return;
     }
-    assert!(w.spins > 0, "the first looks after work are spins: {w:?}");
-    assert_eq!(
-        w.naps, 0,
-        "an undriven engine never takes the ranks' naps: {w:?}"
-    );
+    panic!("other threads drove the engine in each of 50 runs");
 }
 
 /// The steps of [`Waiting`], fed instants: work found starts the spin again, a helper that
