@@ -38,17 +38,8 @@ cleanup() { for p in "${loaders[@]}"; do kill "$p" 2>/dev/null; done; }
 trap cleanup EXIT
 for _ in $(seq "$load"); do yes >/dev/null & loaders+=($!); done
 
-# Waits (up to 10 s) until a process listens on TCP port $1 (read from /proc: a probe
-# connection would take the server's one connection).
-listening() {
-  local hex
-  hex=$(printf ':%04X ' "$1")
-  for _ in $(seq 100); do
-    grep -q "$hex.* 0A " /proc/net/tcp /proc/net/tcp6 2>/dev/null && return 0
-    sleep 0.1
-  done
-  return 1
-}
+# listening PORT: waits until a server listens there.
+source "$(dirname "$0")/lib/listening.sh"
 
 # One server+client pair with soft HCA library $1: prints perftest's typical µs, or FAIL.
 run_pair() { # lib test size

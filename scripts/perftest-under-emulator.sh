@@ -42,17 +42,8 @@ logs=$(mktemp -d "${TMPDIR:-/tmp}/perftest-emu.XXXXXX")
 port=$((20000 + $$ % 20000))
 failed=0
 
-# Waits (up to 10 s) until a process listens on TCP port $1 (read from /proc: connecting to
-# probe would take the server's one connection).
-listening() {
-  local hex
-  hex=$(printf ':%04X ' "$1")
-  for _ in $(seq 100); do
-    grep -q "$hex.* 0A " /proc/net/tcp /proc/net/tcp6 2>/dev/null && return 0
-    sleep 0.1
-  done
-  return 1
-}
+# listening PORT: waits until a server listens there.
+source "$(dirname "$0")/lib/listening.sh"
 
 # The figure the run printed: latency tests' t_typical, bandwidth tests' BW average (of the
 # largest size, for -a), ibv_rc_pingpong's time per iteration.
