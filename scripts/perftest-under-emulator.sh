@@ -11,6 +11,7 @@
 # Every run is bounded by `timeout` (PERFTEST_TIMEOUT seconds, default 30): a hang fails that
 # run with a clear message instead of stalling. Prints one line per run (latency: typical µs;
 # bandwidth: average MB/s; pingpong: µs per iteration) and exits non-zero when any run failed.
+# PERFTEST_EXTRA adds flags to every perftest run on both sides (e.g. "--use_cuda=0").
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 iters=100
@@ -34,10 +35,16 @@ for t in $tests; do
   command -v "$t" >/dev/null || { echo "$t: not installed (apt-get install perftest ibverbs-utils)" >&2; exit 2; }
 done
 # Build once (the emulator and the soft HCA every process gets), then run the binary directly.
-"$root/scripts/with-emulated-hca" true || exit 2
-target=$(cd "$root" && cargo metadata --format-version 1 --no-deps \
-  | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-emu="$target/release/with-emulated-hca"
+# UVEMU_EMULATOR=path/to/with-emulated-hca uses a prebuilt one instead (a machine without cargo;
+# the soft HCA library beside it, UVEMU_PRELOAD naming the preload library).
+if [ -n "${UVEMU_EMULATOR:-}" ]; then
+  emu=$UVEMU_EMULATOR
+else
+  "$root/scripts/with-emulated-hca" true || exit 2
+  target=$(cd "$root" && cargo metadata --format-version 1 --no-deps \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+  emu="$target/release/with-emulated-hca"
+fi
 logs=$(mktemp -d "${TMPDIR:-/tmp}/perftest-emu.XXXXXX")
 port=$((20000 + $$ % 20000))
 failed=0
@@ -65,6 +72,8 @@ run_pair() { # test size [iterations]
     *) args+=(-s "$s") ;;
   esac
   case "$t" in *_lat) kind=lat ;; esac
+  # shellcheck disable=SC2206 # PERFTEST_EXTRA is a list of flags
+  [ "$t" = ibv_rc_pingpong ] || args+=(${PERFTEST_EXTRA:-})
   local slog="$logs/$1-$s-$n.server" clog="$logs/$1-$s-$n.client" start=$SECONDS
   timeout "$limit" "$emu" "$t" "${args[@]}" >"$slog" 2>&1 &
   local server=$!
