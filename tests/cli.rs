@@ -178,7 +178,7 @@ fn bad_pingpong_arguments_are_clean_errors() {
                 "--api",
                 "mp",
                 "--trigger",
-                "stream",
+                "kernel",
                 "--mem",
                 "device",
                 "--staging",
@@ -260,6 +260,30 @@ fn pingpong_staged_stream_loop_runs_on_a_host_stream() {
         ],
         "runs staged only",
     );
+}
+
+/// `pingpong --api mp --mem device` stages through mp's bounce pool on a host stream (no GPU;
+/// pinned host memory stands in for the GPU's): at a size within a page and one past mp's
+/// default 64 KiB bounce, every message is copied out before its doorbell and in after its
+/// wait (the tool checks that the last marker landed in each rank's stand-in), and the JSON
+/// says the path is staged.
+#[test]
+fn pingpong_mp_staged_stream_loop_runs_on_a_host_stream() {
+    let mut args = vec!["--api", "mp", "--op", "send", "--trigger", "stream"];
+    args.extend(["--host-stream", "--mem", "device", "--staging", "on"]);
+    args.extend(["--sizes", "8,65540", "--iters", "100", "--warmup", "10", "--json"]);
+    let out = output("pingpong", &args);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{args:?}: {stderr}");
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("\"t_p50_us\""))
+        .collect();
+    assert_eq!(rows.len(), 2, "{args:?}:\n{stdout}");
+    for r in rows {
+        assert!(r.contains("\"iters\":100"), "{r}");
+        assert!(common::json_field(r, "gpu_memory").starts_with("staged"), "{r}");
+    }
 }
 
 /// `pingpong --explain` prints the lists the GPU loops build, without a GPU: a stream's

@@ -109,6 +109,25 @@ impl GpuRegion {
     pub fn addr(&self) -> u64 {
         self.mem.addr()
     }
+    /// Copies `dst.len()` bytes at `offset` out to the host (synchronously, with the CPU).
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.check(offset, dst.len())?;
+        self.mem.read(offset, dst)
+    }
+    /// Copies `src` in at `offset` (synchronously, with the CPU).
+    pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.check(offset, src.len())?;
+        self.mem.write(offset, src)
+    }
+    fn check(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(Error::invalid(format!(
+                "{len} bytes at offset {offset} are outside the GPU region of {} bytes",
+                self.len()
+            ))),
+        }
+    }
     /// The bytes `range` of the region; panics outside it (as slicing does).
     pub fn slice(&self, range: impl RangeBounds<usize>) -> GpuSlice<'_> {
         let start = match range.start_bound() {
