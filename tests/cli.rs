@@ -233,19 +233,7 @@ fn pingpong_staged_stream_loop_runs_on_a_host_stream() {
             "--op", op, "--sizes", "8,65540", "--iters", "100", "--warmup", "10",
         ]);
         args.push("--json");
-        let out = output("pingpong", &args);
-        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-        assert!(out.status.success(), "{args:?}: {stderr}");
-        let rows: Vec<&str> = stdout
-            .lines()
-            .filter(|l| l.contains("\"t_p50_us\""))
-            .collect();
-        assert_eq!(rows.len(), 2, "{args:?}:\n{stdout}");
-        for r in rows {
-            assert!(r.contains("\"iters\":100"), "{args:?}: {r}");
-            let path = common::json_field(r, "gpu_memory");
-            assert!(path.starts_with("staged"), "{args:?}: {r}");
-        }
+        two_staged_rows(&args);
     }
     refused(
         "pingpong",
@@ -271,8 +259,16 @@ fn pingpong_staged_stream_loop_runs_on_a_host_stream() {
 fn pingpong_mp_staged_stream_loop_runs_on_a_host_stream() {
     let mut args = vec!["--api", "mp", "--op", "send", "--trigger", "stream"];
     args.extend(["--host-stream", "--mem", "device", "--staging", "on"]);
-    args.extend(["--sizes", "8,65540", "--iters", "100", "--warmup", "10", "--json"]);
-    let out = output("pingpong", &args);
+    args.extend([
+        "--sizes", "8,65540", "--iters", "100", "--warmup", "10", "--json",
+    ]);
+    two_staged_rows(&args);
+}
+
+/// Runs `pingpong args` (two sizes, 100 iterations, JSON): it succeeds with two rows of 100
+/// iterations whose GPU memory path is staged.
+fn two_staged_rows(args: &[&str]) {
+    let out = output("pingpong", args);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{args:?}: {stderr}");
     let rows: Vec<&str> = stdout
@@ -281,8 +277,9 @@ fn pingpong_mp_staged_stream_loop_runs_on_a_host_stream() {
         .collect();
     assert_eq!(rows.len(), 2, "{args:?}:\n{stdout}");
     for r in rows {
-        assert!(r.contains("\"iters\":100"), "{r}");
-        assert!(common::json_field(r, "gpu_memory").starts_with("staged"), "{r}");
+        assert!(r.contains("\"iters\":100"), "{args:?}: {r}");
+        let path = common::json_field(r, "gpu_memory");
+        assert!(path.starts_with("staged"), "{args:?}: {r}");
     }
 }
 
