@@ -46,25 +46,34 @@ impl Comm {
         }
     }
 
-    /// Sizes the staging pool: `recvs` bounces for outstanding staged receives, `sends` for
-    /// staged sends not yet complete, `bounce` bytes each (the largest staged message).
-    /// Defaults: 64 KiB, 128 and 32. Refused once the pool is in use.
+    /// Makes the staging pool now (else the first staged send or receive makes it, with the
+    /// defaults): `recvs` bounces for outstanding staged receives, `sends` for staged sends
+    /// not yet complete, `bounce` bytes each (the largest staged message). Defaults: 64 KiB,
+    /// 128 and 32. Refused while a bounce is held. Pinning memory may wait for the GPU: make
+    /// the pool before streams wait on other ranks.
     pub fn set_staging(&mut self, bounce: usize, recvs: usize, sends: usize) -> Result<()> {
         if recvs == 0 || sends == 0 || bounce == 0 {
             return Err(Error::invalid(
                 "a staging pool needs at least one byte and one bounce each way",
             ));
         }
-        if self.stage.is_some() {
-            return Err(Error::invalid(
-                "the staging pool is already in use: size it before the first staged send or receive",
-            ));
+        self.reclaim_bounces();
+        if let Some(pool) = &self.stage {
+            if pool.uses.iter().any(|u| *u != SlotUse::Free) {
+                return Err(Error::invalid(
+                    "the staging pool is in use (staged sends or receives outstanding): wait for them before resizing it",
+                ));
+            }
         }
-        self.stage_shape = PoolShape {
+        let shape = PoolShape {
             bounce,
             recvs,
             sends,
         };
+        // The old pool goes first (its registration with it).
+        self.stage = None;
+        self.stage = Some(StagePool::new(&self.pd, shape)?);
+        self.stage_shape = shape;
         Ok(())
     }
 
