@@ -12,7 +12,7 @@ use gdasync::mp::{Comm, GpuRegion};
 use std::sync::Arc;
 
 mod common;
-use common::{gpu::gpu, on_threads};
+use common::{gpu::gpu, on_threads, staged_stream_of_messages};
 
 const REGION: usize = 96 << 10;
 /// (size, offset) of each message: odd sizes and offsets (one just under the 64 KiB
@@ -123,7 +123,6 @@ fn mp_staged_bounces_recycle_on_cuda_streams() {
         const N: usize = 200;
         const LEN: usize = 300;
         comm.set_staging(LEN, 2, 2).unwrap();
-        let peer = 1 - comm.rank();
         let stream = CudaStream::new(0).unwrap();
         let reg = region(comm, 0);
         let at = |m: usize| m * (LEN + 1);
@@ -134,17 +133,7 @@ fn mp_staged_bounces_recycle_on_cuda_streams() {
             reg.write_at(0, &all).unwrap();
         }
         comm.barrier().unwrap();
-        let mut reqs = Vec::new();
-        for m in 0..N {
-            let s = reg.slice(at(m)..at(m) + LEN);
-            if comm.rank() == 1 {
-                let r = comm.irecv_gpu_on(s, peer, &stream).unwrap();
-                comm.wait_on(r, &stream).unwrap();
-                reqs.push(r);
-            } else {
-                reqs.push(comm.isend_gpu_on(s, peer, &stream).unwrap());
-            }
-        }
+        let reqs = staged_stream_of_messages(comm, &reg, N, LEN, &stream);
         stream.synchronize().unwrap();
         comm.wait_all(&reqs).unwrap();
         if comm.rank() == 1 {

@@ -10,7 +10,7 @@ use gdasync::mp::{Comm, GpuRegion};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::on_threads;
+use common::{on_threads, staged_stream_of_messages};
 
 /// Bytes of each rank's stand-in region.
 const REGION: usize = 16 << 10;
@@ -290,23 +290,16 @@ fn staged_bounces_recycle_on_a_host_stream() {
         const N: usize = 40;
         const LEN: usize = 250;
         comm.set_staging(LEN, 2, 2).unwrap();
-        let peer = 1 - comm.rank();
         let stream = HostStream::new().unwrap();
         let reg = region(comm, 0);
         let at = |m: usize| m * (LEN + 1);
-        let mut reqs = Vec::new();
-        for m in 0..N {
-            let s = reg.slice(at(m)..at(m) + LEN);
-            if comm.rank() == 1 {
-                let r = comm.irecv_gpu_on(s, peer, &stream).unwrap();
-                comm.wait_on(r, &stream).unwrap();
-                reqs.push(r);
-            } else {
+        if comm.rank() == 0 {
+            for m in 0..N {
                 let payload: Vec<u8> = (0..LEN).map(|i| pattern(m, i)).collect();
                 write(&reg, at(m), &payload);
-                reqs.push(comm.isend_gpu_on(s, peer, &stream).unwrap());
             }
         }
+        let reqs = staged_stream_of_messages(comm, &reg, N, LEN, &stream);
         stream.synchronize().unwrap();
         comm.wait_all(&reqs).unwrap();
         if comm.rank() == 1 {
