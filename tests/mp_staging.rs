@@ -13,7 +13,7 @@ mod common;
 use common::{on_threads, staged_stream_of_messages};
 
 /// Bytes of each rank's stand-in region.
-const REGION: usize = 16 << 10;
+const REGION: usize = 32 << 10;
 
 /// The byte at `i` of message `m`.
 fn pattern(m: usize, i: usize) -> u8 {
@@ -312,4 +312,71 @@ fn staged_bounces_recycle_on_a_host_stream() {
         }
         comm.barrier().unwrap();
     });
+}
+
+/// CASES laid one after another, each at its odd offset past the end of the one before:
+/// (size, start).
+fn apart() -> Vec<(usize, usize)> {
+    let mut end = 0;
+    CASES
+        .iter()
+        .map(|&(len, off)| {
+            let start = end + off + 1;
+            end = start + len;
+            (len, start)
+        })
+        .collect()
+}
+
+/// Puts from staged memory into a registered window: each rank puts odd-sized slices of its
+/// stand-in region (at odd offsets) into its right neighbour's window, from the CPU and on a
+/// host stream (copy out before the doorbell); every byte arrives.
+fn staged_puts(comm: &mut Comm, on_stream: bool) {
+    let (me, n) = (comm.rank(), comm.size());
+    let (right, left) = ((me + 1) % n, (me + n - 1) % n);
+    let stream = HostStream::new().unwrap();
+    let reg = region(comm, 0);
+    let win_buf = PinnedBuffer::with_cuda(REGION, None);
+    let wmr = comm
+        .pd()
+        .register_pinned(&win_buf, gdasync::gdsync::Access::ALL)
+        .unwrap();
+    let win = comm.window(&wmr).unwrap();
+    let mut reqs = Vec::new();
+    for (m, &(len, at)) in apart().iter().enumerate() {
+        let payload: Vec<u8> = (0..len).map(|i| pattern(me * 8 + m, i)).collect();
+        write(&reg, at, &payload);
+        let s = reg.slice(at..at + len);
+        // The same place in the window.
+        reqs.push(
+            match on_stream {
+                true => comm.iput_gpu_on(s, &win, right, at as u64, &stream),
+                false => comm.iput_gpu(s, &win, right, at as u64),
+            }
+            .unwrap(),
+        );
+    }
+    if on_stream {
+        stream.synchronize().unwrap();
+    }
+    comm.wait_all(&reqs).unwrap();
+    comm.barrier().unwrap();
+    let mut got = vec![0u8; REGION];
+    win_buf.read_at(0, &mut got);
+    for (m, &(len, at)) in apart().iter().enumerate() {
+        for i in 0..len {
+            assert_eq!(
+                got[at + i],
+                pattern(left * 8 + m, i),
+                "rank {me}: put {m} byte {i}"
+            );
+        }
+    }
+    comm.barrier().unwrap();
+}
+
+#[test]
+fn staged_puts_land_byte_for_byte_on_the_cpu_and_a_host_stream() {
+    on_threads(2, |c| staged_puts(c, false));
+    on_threads(3, |c| staged_puts(c, true));
 }

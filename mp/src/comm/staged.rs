@@ -84,9 +84,8 @@ impl Comm {
             return self.isend(sge, peer);
         }
         let (rec, sge) = self.stage_start(&src, false)?;
-        let pool = self.stage.as_ref().expect("stage_start made the pool");
-        let r = pool
-            .cpu_copy(&rec, rec.len, true)
+        let r = self
+            .stage_copy_out_now(&rec)
             .and_then(|()| self.isend(sge, peer));
         self.stage_bind(rec, r)
     }
@@ -103,12 +102,23 @@ impl Comm {
             return self.isend_on(sge, peer, exec);
         }
         let (rec, sge) = self.stage_start(&src, false)?;
-        let copy = match rec.len {
-            0 => Ops::new(),
-            _ => self.stage.as_ref().expect("made").copy_ops(&rec, true),
-        };
+        let copy = self.stage_copy_out_ops(&rec);
         let r = self.isend_on_after(sge, peer, exec, copy);
         self.stage_bind(rec, r)
+    }
+
+    /// Ops: the copy of `rec`'s GPU bytes into its bounce (none for an empty message).
+    pub(crate) fn stage_copy_out_ops(&self, rec: &StageRec) -> Ops {
+        match rec.len {
+            0 => Ops::new(),
+            _ => self.stage.as_ref().expect("made").copy_ops(rec, true),
+        }
+    }
+
+    /// Copies `rec`'s GPU bytes into its bounce with the CPU.
+    pub(crate) fn stage_copy_out_now(&self, rec: &StageRec) -> Result<()> {
+        let pool = self.stage.as_ref().expect("stage_start made the pool");
+        pool.cpu_copy(rec, rec.len, true)
     }
 
     /// Like [`irecv`](Self::irecv), into GPU memory: a staged slice lands in a bounce of its
@@ -140,7 +150,11 @@ impl Comm {
 
     /// A bounce for `slice` (a receive's, `recv`, or a send's) and its SGE; refuses a slice
     /// larger than a bounce.
-    fn stage_start(&mut self, slice: &GpuSlice<'_>, recv: bool) -> Result<(StageRec, Sge)> {
+    pub(crate) fn stage_start(
+        &mut self,
+        slice: &GpuSlice<'_>,
+        recv: bool,
+    ) -> Result<(StageRec, Sge)> {
         let bounce = self.stage_shape.bounce;
         if slice.len > bounce {
             return Err(Error::invalid(format!(
@@ -161,7 +175,7 @@ impl Comm {
     }
 
     /// Binds `rec`'s bounce to the request `r` posted, or frees it if posting failed.
-    fn stage_bind(&mut self, rec: StageRec, r: Result<Request>) -> Result<Request> {
+    pub(crate) fn stage_bind(&mut self, rec: StageRec, r: Result<Request>) -> Result<Request> {
         let pool = self.stage.as_mut().expect("made");
         match r {
             Ok(req) => {
