@@ -2,8 +2,8 @@
 //! staged (`Comm::register_gpu(.., GpuMemoryPath::Staged)`), on CUDA streams (copy out by
 //! the stream's copy engine before the doorbell, copy in after the stream's wait) and from
 //! the CPU, byte-checked at odd sizes and offsets, with several receives outstanding and more
-//! messages than bounces. Each test is ignored unless asked for
-//! (`GDSYNC_TEST_CUDA=1 cargo test --release --test gpu_mp_staging -- --include-ignored`),
+//! messages than bounces. A module of tests/gpu_mp.rs; each test is ignored unless asked for
+//! (`GDSYNC_TEST_CUDA=1 cargo test --release --test gpu_mp -- --include-ignored staged`),
 //! and then requires a GPU.
 
 use gdasync::gdsync::cuda::{CudaStream, DeviceBuffer};
@@ -11,8 +11,7 @@ use gdasync::gdsync::GpuMemoryPath;
 use gdasync::mp::{Comm, GpuRegion};
 use std::sync::Arc;
 
-mod common;
-use common::{gpu::gpu, on_threads, staged_stream_of_messages};
+use crate::common::{gpu::gpu, on_threads, staged_stream_of_messages};
 
 const REGION: usize = 96 << 10;
 /// (size, offset) of each message: odd sizes and offsets (one just under the 64 KiB
@@ -99,7 +98,7 @@ fn exchange(comm: &mut Comm, on_stream: bool) {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test gpu_mp_staging -- --include-ignored"]
+#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test gpu_mp -- --include-ignored staged"]
 fn mp_stages_device_buffers_on_cuda_streams_byte_for_byte() {
     let _gpu = gpu();
     on_threads(2, |c| exchange(c, true));
@@ -107,7 +106,7 @@ fn mp_stages_device_buffers_on_cuda_streams_byte_for_byte() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test gpu_mp_staging -- --include-ignored"]
+#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test gpu_mp -- --include-ignored staged"]
 fn mp_stages_device_buffers_from_the_cpu_byte_for_byte() {
     let _gpu = gpu();
     on_threads(2, |c| exchange(c, false));
@@ -116,7 +115,7 @@ fn mp_stages_device_buffers_from_the_cpu_byte_for_byte() {
 /// 200 messages through a pool of 2 bounces each way on CUDA streams: bounces come back as
 /// sends complete and the streams' copies in pass; every message lands in its own slice.
 #[test]
-#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test gpu_mp_staging -- --include-ignored"]
+#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test gpu_mp -- --include-ignored staged"]
 fn mp_staged_bounces_recycle_on_cuda_streams() {
     let _gpu = gpu();
     on_threads(2, |comm| {
@@ -143,6 +142,57 @@ fn mp_staged_bounces_recycle_on_cuda_streams() {
                 for i in 0..LEN {
                     assert_eq!(got[at(m) + i], pattern(0, m, i), "message {m}: byte {i}");
                 }
+            }
+        }
+        comm.barrier().unwrap();
+    });
+}
+
+/// Puts from staged device memory on CUDA streams (the copy engine copies out before the
+/// doorbell) into each right neighbour's window in device memory (registered directly):
+/// every case arrives byte for byte.
+#[test]
+#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test gpu_mp -- --include-ignored staged"]
+fn mp_stages_puts_from_device_buffers_on_cuda_streams() {
+    let _gpu = gpu();
+    on_threads(2, |comm| {
+        let (me, n) = (comm.rank(), comm.size());
+        let (right, left) = ((me + 1) % n, (me + n - 1) % n);
+        let stream = CudaStream::new(0).unwrap();
+        let src = region(comm, 0);
+        let wbuf = DeviceBuffer::alloc(0, REGION).unwrap();
+        wbuf.copy_from_host(0, &vec![0u8; REGION]).unwrap();
+        let wmr = comm
+            .pd()
+            .register_device(&wbuf, gdasync::gdsync::Access::ALL)
+            .unwrap();
+        let win = comm.window(&wmr).unwrap();
+        comm.set_staging(64 << 10, 8, 8).unwrap();
+        for (m, &(len, off)) in CASES.iter().enumerate() {
+            let payload: Vec<u8> = (0..len).map(|i| pattern(me, m, i)).collect();
+            src.write_at(off, &payload).unwrap();
+        }
+        comm.barrier().unwrap();
+        let reqs: Vec<_> = CASES
+            .iter()
+            .map(|&(len, off)| {
+                let s = src.slice(off..off + len);
+                comm.iput_gpu_on(s, &win, right, off as u64, &stream)
+                    .unwrap()
+            })
+            .collect();
+        stream.synchronize().unwrap();
+        comm.wait_all(&reqs).unwrap();
+        comm.barrier().unwrap();
+        let mut got = vec![0u8; REGION];
+        wbuf.copy_to_host(0, &mut got).unwrap();
+        for (m, &(len, off)) in CASES.iter().enumerate() {
+            for i in 0..len {
+                assert_eq!(
+                    got[off + i],
+                    pattern(left, m, i),
+                    "rank {me}: put {m} byte {i}"
+                );
             }
         }
         comm.barrier().unwrap();
