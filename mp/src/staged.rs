@@ -58,10 +58,11 @@ impl GpuMem {
             }
         }
     }
-    fn keep(&self) -> Arc<dyn std::any::Any + Send + Sync> {
+    /// Keeps the memory alive with `ops`.
+    fn keep(&self, ops: &mut Ops) {
         match self {
-            GpuMem::Device(b) => b.clone(),
-            GpuMem::Host(b) => Arc::new(b.clone()),
+            GpuMem::Device(b) => ops.keep_alive_with(b.clone()),
+            GpuMem::Host(b) => b.keep_with(ops),
         }
     }
 }
@@ -273,8 +274,8 @@ impl StagePool {
                 len: rec.len as u64,
             })
         };
-        o.keep_alive_with(Arc::new(self.buf.clone()));
-        o.keep_alive_with(rec.mem.keep());
+        self.buf.keep_with(&mut o);
+        rec.mem.keep(&mut o);
         o
     }
     /// Copies between bounce `rec.slot` and the GPU bytes of `rec` with the CPU, `len` bytes.
