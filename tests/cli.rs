@@ -178,7 +178,7 @@ fn bad_pingpong_arguments_are_clean_errors() {
                 "--api",
                 "mp",
                 "--trigger",
-                "stream",
+                "kernel",
                 "--mem",
                 "device",
                 "--staging",
@@ -233,19 +233,7 @@ fn pingpong_staged_stream_loop_runs_on_a_host_stream() {
             "--op", op, "--sizes", "8,65540", "--iters", "100", "--warmup", "10",
         ]);
         args.push("--json");
-        let out = output("pingpong", &args);
-        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-        assert!(out.status.success(), "{args:?}: {stderr}");
-        let rows: Vec<&str> = stdout
-            .lines()
-            .filter(|l| l.contains("\"t_p50_us\""))
-            .collect();
-        assert_eq!(rows.len(), 2, "{args:?}:\n{stdout}");
-        for r in rows {
-            assert!(r.contains("\"iters\":100"), "{args:?}: {r}");
-            let path = common::json_field(r, "gpu_memory");
-            assert!(path.starts_with("staged"), "{args:?}: {r}");
-        }
+        two_staged_rows(&args);
     }
     refused(
         "pingpong",
@@ -260,6 +248,39 @@ fn pingpong_staged_stream_loop_runs_on_a_host_stream() {
         ],
         "runs staged only",
     );
+}
+
+/// `pingpong --api mp --mem device` stages through mp's bounce pool on a host stream (no GPU;
+/// pinned host memory stands in for the GPU's): at a size within a page and one past mp's
+/// default 64 KiB bounce, every message is copied out before its doorbell and in after its
+/// wait (the tool checks that the last marker landed in each rank's stand-in), and the JSON
+/// says the path is staged.
+#[test]
+fn pingpong_mp_staged_stream_loop_runs_on_a_host_stream() {
+    let mut args = vec!["--api", "mp", "--op", "send", "--trigger", "stream"];
+    args.extend(["--host-stream", "--mem", "device", "--staging", "on"]);
+    args.extend([
+        "--sizes", "8,65540", "--iters", "100", "--warmup", "10", "--json",
+    ]);
+    two_staged_rows(&args);
+}
+
+/// Runs `pingpong args` (two sizes, 100 iterations, JSON): it succeeds with two rows of 100
+/// iterations whose GPU memory path is staged.
+fn two_staged_rows(args: &[&str]) {
+    let out = output("pingpong", args);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{args:?}: {stderr}");
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("\"t_p50_us\""))
+        .collect();
+    assert_eq!(rows.len(), 2, "{args:?}:\n{stdout}");
+    for r in rows {
+        assert!(r.contains("\"iters\":100"), "{args:?}: {r}");
+        let path = common::json_field(r, "gpu_memory");
+        assert!(path.starts_with("staged"), "{args:?}: {r}");
+    }
 }
 
 /// `pingpong --explain` prints the lists the GPU loops build, without a GPU: a stream's
@@ -1390,9 +1411,72 @@ fn pingpong_stages_gpu_payloads_on_every_trigger() {
                     "--iters",
                     "300",
                 ];
-                let rows = gpu_json("pingpong", &args);
-                assert_eq!(rows.len(), 2, "{args:?}: {rows:?}");
-                let path = common::json_field(&rows[0], "gpu_memory");
+                pingpong_gpu_path(&args, staging);
+            }
+        }
+    }
+}
+
+/// Runs `pingpong args` on the GPU (two sizes): two rows, whose GPU memory path is direct
+/// for `--staging off`, else staged.
+fn pingpong_gpu_path(args: &[&str], staging: &str) {
+    let rows = gpu_json("pingpong", args);
+    assert_eq!(rows.len(), 2, "{args:?}: {rows:?}");
+    let path = common::json_field(&rows[0], "gpu_memory");
+    let want = if staging == "off" { "direct" } else { "staged" };
+    assert!(path.starts_with(want), "{args:?}: gpu_memory {path}");
+}
+
+/// `pingpong --api mp --mem device` stages GPU payloads through mp's bounce pool on the host
+/// and stream triggers (`--staging on`, and `auto` on the soft device) and runs directly with
+/// `--staging off`: each run ends with the last marker in the receiver's GPU memory (checked
+/// by the tool) and the JSON names the path. Sizes 8 B and 64 KiB + 4.
+#[test]
+#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test cli -- --include-ignored mp_stages_gpu"]
+fn pingpong_mp_stages_gpu_payloads_on_the_host_and_stream_triggers() {
+    for trigger in ["host", "stream"] {
+        for staging in ["on", "auto", "off"] {
+            let mut args = vec!["--api", "mp", "--op", "send", "--trigger", trigger];
+            args.extend(["--mem", "device", "--staging", staging]);
+            args.extend(["--sizes", "8,65540", "--iters", "300"]);
+            pingpong_gpu_path(&args, staging);
+        }
+    }
+}
+
+/// `stencil2d --staging` applies to device halos sent by the host or stream trigger only
+/// (the kernel trigger's channels reach GPU memory directly; the CPU trigger has no GPU).
+#[test]
+fn stencil2d_staging_applies_to_device_halos_on_the_host_and_stream_triggers() {
+    for args in [
+        &["--staging", "on"][..],
+        &["--trigger", "kernel", "--staging", "on"],
+        &["--trigger", "stream", "--halo", "host", "--staging", "off"],
+    ] {
+        refused("stencil2d", args, "--staging applies");
+    }
+}
+
+/// `stencil2d --halo device` through mp's staging (host and stream triggers, 2 and 4 ranks,
+/// `--staging on`, `auto` and `off`): bit-exact against the single-rank run, and the JSON
+/// names the path.
+#[test]
+#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test cli -- --include-ignored stencil2d_stages"]
+fn stencil2d_stages_device_halos_bit_exact() {
+    for trigger in ["host", "stream"] {
+        for staging in ["on", "auto", "off"] {
+            for ranks in ["2", "4"] {
+                let mut args = vec!["--trigger", trigger, "--halo", "device"];
+                args.extend(["--staging", staging, "--ranks", ranks, "--n", "64"]);
+                args.extend(["--iters", "50", "--check"]);
+                let st = gpu_json("stencil2d", &args);
+                let row = st.last().expect("a row");
+                assert_eq!(
+                    common::json_field(row, "mismatches"),
+                    "0",
+                    "{args:?}: {row}"
+                );
+                let path = common::json_field(row, "gpu_memory");
                 let want = if staging == "off" { "direct" } else { "staged" };
                 assert!(path.starts_with(want), "{args:?}: gpu_memory {path}");
             }

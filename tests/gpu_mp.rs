@@ -1,7 +1,8 @@
 //! The messaging layer on CUDA streams with GPU memory: every on-stream operation (send,
 //! receive waits, put, get, put with signal, wait on a value, barrier) between 2 and 4 thread
 //! ranks sharing one GPU and one soft device; and `pingpong --api mp --trigger kernel` (kernel
-//! channels driven by persistent kernels) next to its `--api gdsync` floor. Each test is
+//! channels driven by persistent kernels) next to its `--api gdsync` floor; and (`staged`)
+//! sends and receives of device buffers staged through mp's bounce pool. Each test is
 //! ignored unless asked for (`cargo test --release --test gpu_mp -- --include-ignored`), and
 //! then requires a GPU.
 
@@ -12,6 +13,10 @@ use gdasync::mp::Comm;
 
 mod common;
 use common::{example, gpu::gpu, json_field, on_threads};
+
+/// Staged GPU buffers through mp's bounce pool.
+#[path = "gpu_mp/staged.rs"]
+mod staged;
 
 const LEN: usize = 64 * 1024;
 const MSGS: usize = 4;

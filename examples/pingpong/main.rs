@@ -18,9 +18,10 @@
 //! cargo run --release --bin pingpong -- --trigger stream --mem device --staging off
 //! ```
 //!
-//! `--mem device` with `--api gdsync` stages GPU payloads through pinned bounces where the
-//! device cannot DMA GPU memory (`--staging auto`, the default; `on`/`off` choose), copied in
-//! the trigger's own order; the header says which path ran (`gpu_memory`).
+//! `--mem device` stages GPU payloads through pinned bounces where the device cannot DMA GPU
+//! memory (`--staging auto`, the default; `on`/`off` choose), copied in the trigger's own
+//! order; the header says which path ran (`gpu_memory`). `--api mp` stages on the host and
+//! stream triggers (mp's own bounce pool), not from a kernel.
 //!
 //! `--api mp` runs the same loop through the messaging layer (`mp::Comm`, send/receive with
 //! credits) on every trigger; with `--trigger kernel` each rank's persistent kernel drives
@@ -116,7 +117,7 @@ struct Cli {
     /// Where the buffers live.
     #[arg(long, value_enum, default_value = "host")]
     mem: Mem,
-    /// With --mem device (--api gdsync, a GPU trigger, not --raw): how payloads in GPU memory
+    /// With --mem device (a GPU trigger, not --raw; --api mp: host or stream): how payloads in GPU memory
     /// reach the NIC: `on` through pinned host bounce buffers copied in the trigger's own
     /// order, `off` registered with the device directly, `auto` (default) staged where the
     /// device cannot DMA GPU memory (GDSYNC_STAGING decides if set).
@@ -272,8 +273,7 @@ impl Args {
             None
         };
         // A host stream stages too, with host memory standing in for the GPU's.
-        let staged_paths =
-            c.mem == Mem::Device && c.api == Api::Gdsync && !c.raw && c.trigger.gpu();
+        let staged_paths = c.mem == Mem::Device && !c.raw && c.trigger.gpu() && staging_api(c);
         let gpu_memory = if staged_paths {
             let gpu0 = placement.as_ref().map_or(0, |p| p.ordinal(0));
             let asked = c.staging.and_then(StagingArg::asked);
@@ -332,6 +332,13 @@ impl Args {
     }
 }
 
+/// Whether `c`'s API stages GPU payloads: gdsync on every GPU trigger, mp on the host and
+/// stream triggers (its kernel channels reach GPU memory directly).
+fn staging_api(c: &Cli) -> bool {
+    c.api == Api::Gdsync
+        || (c.api == Api::Mp && matches!(c.trigger, Trigger::Host | Trigger::Stream))
+}
+
 /// Refuses flags that do not apply to the chosen mode.
 fn check_flags(c: &Cli, op: Op) -> Result<()> {
     refuse_if(
@@ -373,8 +380,8 @@ fn check_flags(c: &Cli, op: Op) -> Result<()> {
         "--trigger cpu polls host memory: use --mem host, or a GPU trigger for --mem device",
     )?;
     refuse_if(
-        c.staging.is_some() && !(c.mem == Mem::Device && c.api == Api::Gdsync && !c.raw),
-        "--staging applies to --mem device --api gdsync with a GPU trigger (not --raw)",
+        c.staging.is_some() && !(c.mem == Mem::Device && staging_api(c) && !c.raw),
+        "--staging applies to --mem device with a GPU trigger (not --raw; --api mp: host or stream)",
     )?;
     refuse_if(
         c.host_stream && c.trigger != Trigger::Stream,

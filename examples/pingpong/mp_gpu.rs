@@ -12,20 +12,21 @@
 //! kernel).
 
 use super::gpu::{
-    join_ranks, kernel_half_rtts, marker_write, Buf, ProgressClock, KERNELS, KERNEL_WAIT_NS,
-    SIGNAL_EVERY, TIMEOUT,
+    join_ranks, kernel_half_rtts, marker_write, staged, Buf, ProgressClock, KERNELS,
+    KERNEL_WAIT_NS, SIGNAL_EVERY, TIMEOUT,
 };
 use super::{Args, Trigger};
 use crate::common::gpus::{self, Modules};
 use crate::common::stats::{cpu_time_us, Stats};
 use anyhow::{bail, Context, Result};
-use gdasync::gdsync::cuda::{CudaStream, Function};
+use gdasync::gdsync::cuda::{CudaStream, DeviceBuffer, Function};
 use gdasync::gdsync::exec::{Executor, HostStream, OpBatch};
 use gdasync::gdsync::kernel::code;
-use gdasync::gdsync::{Device, MemoryRegion, PinnedBuffer, SignalWords};
+use gdasync::gdsync::{Device, GpuMemoryPath, MemoryRegion, PinnedBuffer, SignalWords};
 use gdasync::mp::bootstrap::ThreadBootstrap;
-use gdasync::mp::{Comm, Request};
+use gdasync::mp::{Comm, GpuRegion, Request};
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Receives posted ahead of the iteration that consumes them.
@@ -52,31 +53,85 @@ enum GpuFn {
     Loop(Function),
 }
 
-/// One rank: its communicator and registered buffers.
+/// A message buffer: registered (host memory, or GPU memory reached directly), or GPU
+/// memory that mp stages through its bounces (`--mem device`, staged).
+enum MpBuf {
+    Reg(u64, MemoryRegion<'static>),
+    Gpu(GpuRegion),
+}
+
+impl MpBuf {
+    /// A buffer of `max` bytes for rank `rank`: staged GPU memory where `args` say so (host
+    /// memory standing in for it on a host stream), else registered `args.mem`.
+    fn new(comm: &Comm, args: &Args, max: usize, rank: usize) -> Result<MpBuf> {
+        if !staged(args) {
+            let (addr, mr) = Buf::new(args.mem, max, rank)?.leak_register(comm.pd())?;
+            return Ok(MpBuf::Reg(addr, mr));
+        }
+        Ok(MpBuf::Gpu(if args.host_stream {
+            comm.register_gpu_stand_in(PinnedBuffer::with_cuda(max, None))
+        } else {
+            let buf = Arc::new(DeviceBuffer::alloc(gpus::of(rank), max)?);
+            comm.register_gpu(buf, GpuMemoryPath::Staged)?
+        }))
+    }
+    fn addr(&self) -> u64 {
+        match self {
+            MpBuf::Reg(a, _) => *a,
+            MpBuf::Gpu(g) => g.addr(),
+        }
+    }
+    /// The registered region (the kernel trigger's buffers are registered).
+    fn reg(&self) -> Result<&MemoryRegion<'static>> {
+        match self {
+            MpBuf::Reg(_, mr) => Ok(mr),
+            MpBuf::Gpu(_) => {
+                bail!("--api mp --trigger kernel does not stage GPU memory: use --staging off")
+            }
+        }
+    }
+    fn write_at(&self, off: usize, src: &[u8]) -> Result<()> {
+        match self {
+            MpBuf::Reg(_, mr) => mr.write_at(off, src),
+            MpBuf::Gpu(g) => g.write_at(off, src)?,
+        }
+        Ok(())
+    }
+    fn read_at(&self, off: usize, dst: &mut [u8]) -> Result<()> {
+        match self {
+            MpBuf::Reg(_, mr) => mr.read_at(off, dst),
+            MpBuf::Gpu(g) => g.read_at(off, dst)?,
+        }
+        Ok(())
+    }
+}
+
+/// One rank: its communicator and buffers.
 struct MpRank {
     comm: Comm,
     peer: usize,
-    sbuf: MemoryRegion<'static>,
-    sbuf_addr: u64,
-    rbuf: MemoryRegion<'static>,
-    rbuf_addr: u64,
+    sbuf: MpBuf,
+    rbuf: MpBuf,
     recvs: VecDeque<Request>,
     posted: u64,
 }
 
 impl MpRank {
     fn new(boot: ThreadBootstrap, dev: &Device, args: &Args, max: usize) -> Result<Self> {
-        let comm = Comm::new(Box::new(boot), dev)?;
+        let mut comm = Comm::new(Box::new(boot), dev)?;
         let rank = comm.rank();
-        let (sbuf_addr, sbuf) = Buf::new(args.mem, max, rank)?.leak_register(comm.pd())?;
-        let (rbuf_addr, rbuf) = Buf::new(args.mem, max, rank)?.leak_register(comm.pd())?;
+        if staged(args) {
+            // A bounce per receive posted ahead and per iteration the CPU runs ahead of its
+            // stream, each as large as the largest message.
+            comm.set_staging(max.max(1), RECV_AHEAD as usize + AHEAD, 2 * AHEAD)?;
+        }
+        let sbuf = MpBuf::new(&comm, args, max, rank)?;
+        let rbuf = MpBuf::new(&comm, args, max, rank)?;
         Ok(Self {
             peer: 1 - comm.rank(),
             comm,
             sbuf,
-            sbuf_addr,
             rbuf,
-            rbuf_addr,
             recvs: VecDeque::new(),
             posted: 0,
         })
@@ -84,11 +139,41 @@ impl MpRank {
     /// Keeps receives posted up to `RECV_AHEAD` past iteration `i`; returns iteration i's.
     fn recv_for(&mut self, i: u64, size: usize, iters: u64) -> Result<Request> {
         while self.posted < (i + RECV_AHEAD).min(iters) {
-            let r = self.comm.irecv(self.rbuf.sge(..size), self.peer)?;
+            let r = match &self.rbuf {
+                MpBuf::Reg(_, mr) => self.comm.irecv(mr.sge(..size), self.peer)?,
+                MpBuf::Gpu(g) => self.comm.irecv_gpu(g.slice(..size), self.peer)?,
+            };
             self.recvs.push_back(r);
             self.posted += 1;
         }
         Ok(self.recvs.pop_front().expect("posted ahead"))
+    }
+    /// Sends `size` bytes of the send buffer, from the CPU or on `exec`.
+    fn send(&mut self, size: usize, exec: Option<&impl Executor>) -> Result<Request> {
+        let peer = self.peer;
+        Ok(match (&self.sbuf, exec) {
+            (MpBuf::Reg(_, mr), None) => self.comm.isend(mr.sge(..size), peer)?,
+            (MpBuf::Reg(_, mr), Some(e)) => self.comm.isend_on(mr.sge(..size), peer, e)?,
+            (MpBuf::Gpu(g), None) => self.comm.isend_gpu(g.slice(..size), peer)?,
+            (MpBuf::Gpu(g), Some(e)) => self.comm.isend_gpu_on(g.slice(..size), peer, e)?,
+        })
+    }
+    /// After a run of `iters` round trips: the last message this rank received is in its
+    /// receive buffer (with staging: the copy in after the wait landed), else an error.
+    fn check_last(&self, size: usize, iters: u64, rank: usize) -> Result<()> {
+        if iters == 0 {
+            return Ok(());
+        }
+        let mut last = [0u8; 4];
+        self.rbuf.read_at(size - 4, &mut last)?;
+        let want = (2 * iters - rank as u64) as u32;
+        if u32::from_ne_bytes(last) != want {
+            bail!(
+                "rank {rank}: the last message carries marker {}, not {want}",
+                u32::from_ne_bytes(last)
+            );
+        }
+        Ok(())
     }
 }
 
@@ -178,7 +263,7 @@ fn stream_rank<E: Executor>(
     stream: E,
     synchronize: fn(&E) -> gdasync::gdsync::Result<()>,
 ) -> Result<Vec<f64>> {
-    let out_word = r.sbuf_addr + size as u64 - 4;
+    let out_word = r.sbuf.addr() + size as u64 - 4;
     let mut live: VecDeque<Request> = VecDeque::new();
     let batch = OpBatch::new();
     r.comm.barrier()?;
@@ -206,7 +291,7 @@ fn stream_rank<E: Executor>(
             let mine = (2 * i + 1 + rank as u64) as u32;
             // SAFETY: the word lies in this rank's send buffer, leaked for the process's life.
             batch.submit(unsafe { marker_write(out_word, mine) })?;
-            live.push_back(r.comm.isend_on(r.sbuf.sge(..size), r.peer, &batch)?);
+            live.push_back(r.send(size, Some(&batch))?);
         }
         if rank == 0 {
             answer = recv;
@@ -240,6 +325,7 @@ fn stream_rank<E: Executor>(
     synchronize(&stream)?;
     r.comm.wait_all(live.make_contiguous())?;
     r.comm.barrier()?;
+    r.check_last(size, iters, rank)?;
     Ok(clock.times)
 }
 
@@ -266,8 +352,8 @@ fn host_rank(
         // SAFETY: `step` takes no parameters.
         unsafe { step.launch_builder(&stream).launch(1, 1)? };
         stream.synchronize()?;
-        r.sbuf.write_at(size - 4, &mine.to_ne_bytes());
-        sends.push_back(r.comm.isend(r.sbuf.sge(..size), r.peer)?);
+        r.sbuf.write_at(size - 4, &mine.to_ne_bytes())?;
+        sends.push_back(r.send(size, None::<&HostStream>)?);
         if sends.len() > AHEAD {
             r.comm.wait(sends.pop_front().unwrap())?;
         }
@@ -283,6 +369,7 @@ fn host_rank(
         bail!("{} receives left over", r.recvs.len());
     }
     r.comm.barrier()?;
+    r.check_last(size, iters, rank)?;
     Ok(times)
 }
 
@@ -308,7 +395,8 @@ fn kernel_rank(
     let times = PinnedBuffer::new(8 * if rank == 0 { iters.max(1) as usize } else { 1 });
     let result = SignalWords::new(MP_WORDS);
     let (table, me, peer) = (ch.table()?, rank as u32, r.peer as u32);
-    let (sbuf, slkey, rbuf, rlkey) = (r.sbuf_addr, r.sbuf.lkey(), r.rbuf_addr, r.rbuf.lkey());
+    let (sbuf, slkey) = (r.sbuf.addr(), r.sbuf.reg()?.lkey());
+    let (rbuf, rlkey) = (r.rbuf.addr(), r.rbuf.reg()?.lkey());
     let sig_every = SIGNAL_EVERY;
     let (len, n, ahead) = (size as u32, iters, KERNEL_RECV_AHEAD);
     let (times_addr, timeout, result_addr) = (
@@ -380,15 +468,7 @@ fn kernel_rank(
     {
         bail!("rank {rank}: the channel's counters after {iters} iterations: {st:?}");
     }
-    let mut last = [0u8; 4];
-    r.rbuf.read_at(size - 4, &mut last);
-    let want = (2 * iters - rank as u64) as u32;
-    if u32::from_ne_bytes(last) != want {
-        bail!(
-            "rank {rank}: the last message carries marker {}, not {want}",
-            u32::from_ne_bytes(last)
-        );
-    }
+    r.check_last(size, iters, rank)?;
     Ok(if rank == 0 {
         kernel_half_rtts(&times, iters)
     } else {

@@ -31,9 +31,10 @@ use anyhow::{bail, Context, Result};
 use gdasync::gdsync::cuda::{Cuda, CudaEvent, CudaStream, DeviceBuffer, Function, Module};
 use gdasync::gdsync::exec::OpBatch;
 use gdasync::gdsync::kernel::code;
-use gdasync::gdsync::{Access, MemoryRegion, PinnedBuffer, Sge};
-use gdasync::mp::{Comm, KernelChannels, Request};
+use gdasync::gdsync::{Access, GpuMemoryPath, MemoryRegion, PinnedBuffer, Sge};
+use gdasync::mp::{Comm, GpuRegion, GpuSlice, KernelChannels, Request};
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// How many iterations the CPU may enqueue ahead of the stream (`--trigger stream`). Each
 /// holds a few dozen memory operations; a stream takes at most `cuda::MAX_QUEUED_OPS` (512).
@@ -238,6 +239,9 @@ struct GpuRank<'m> {
     /// The sides' buffers, grids and sizes, as the ring, pack and persistent kernels take
     /// them (the persistent kernel's per-launch fields are set at its launch).
     run: PersistentArgs,
+    /// `--halo device` staged: the device allocation as mp stages it (the links' SGEs then
+    /// name its bytes, not a registration).
+    staged: Option<GpuRegion>,
 }
 
 impl<'m> GpuRank<'m> {
@@ -248,6 +252,7 @@ impl<'m> GpuRank<'m> {
         host: Option<&'m PinnedBuffer>,
         comm: Option<&mut Comm>,
         trigger: Trigger,
+        staged: Option<GpuRegion>,
     ) -> Result<GpuRank<'m>> {
         let off = Offsets::new(lay);
         let init = grid::to_bytes(&lay.initial_grid());
@@ -257,20 +262,32 @@ impl<'m> GpuRank<'m> {
         let mut mrs = Vec::new();
         let mut links = Vec::new();
         if let Some(comm) = comm.as_deref() {
-            let dev_mr = comm.pd().register_device(mem, Access::ALL)?;
+            // Staged halos are not registered (the device may not reach GPU memory).
+            let dev_mr = match staged {
+                None => Some(comm.pd().register_device(mem, Access::ALL)?),
+                Some(_) => None,
+            };
             let host_mr = host
                 .map(|h| comm.pd().register_pinned(h, Access::ALL))
                 .transpose()?;
             // Halo buffers, one side after another: its sends, then its receives.
             let (mr, mut at) = match &host_mr {
-                Some(h) => (h, 0),
-                None => (&dev_mr, off.total),
+                Some(h) => (Some(h), 0),
+                None => (dev_mr.as_ref(), off.total),
             };
             for (side, peer) in lay.links() {
                 let n = 8 * lay.side_len(side);
                 let mut sge = |_| {
                     at += n;
-                    mr.sge(at - n..at)
+                    match mr {
+                        Some(mr) => mr.sge(at - n..at),
+                        // Staged: the bytes, for `GpuRank::halo`.
+                        None => Sge {
+                            addr: mem.ptr() + (at - n) as u64,
+                            len: n as u32,
+                            lkey: 0,
+                        },
+                    }
                 };
                 links.push(Link {
                     side,
@@ -279,7 +296,7 @@ impl<'m> GpuRank<'m> {
                     recv: std::array::from_fn(&mut sge),
                 });
             }
-            mrs.push(dev_mr);
+            mrs.extend(dev_mr);
             mrs.extend(host_mr);
         }
         let chans = match (trigger, comm) {
@@ -318,6 +335,7 @@ impl<'m> GpuRank<'m> {
         }
         Ok(GpuRank {
             run,
+            staged,
             lay: lay.clone(),
             k,
             mem,
@@ -439,6 +457,35 @@ impl<'m> GpuRank<'m> {
         self.launch(&self.k.pack, self.lay.nx.max(self.lay.ny), args)
     }
 
+    /// The staged bytes a link's `sge` names (`None`: not staged, send the SGE itself).
+    fn halo(&self, sge: Sge) -> Option<GpuSlice<'_>> {
+        self.staged.as_ref().map(|g| {
+            let off = (sge.addr - g.addr()) as usize;
+            g.slice(off..off + sge.len as usize)
+        })
+    }
+    /// A send of `sge` to `peer` (`send`), or a receive into it (given its credit by the CPU
+    /// or by `exec`), posted by the CPU or by `exec`.
+    fn post(
+        &self,
+        comm: &mut Comm,
+        send: bool,
+        sge: Sge,
+        peer: usize,
+        exec: Option<&OpBatch>,
+    ) -> Result<Request> {
+        Ok(match (self.halo(sge), exec, send) {
+            (None, None, false) => comm.irecv(sge, peer)?,
+            (None, Some(e), false) => comm.irecv_on(sge, peer, e)?,
+            (Some(s), None, false) => comm.irecv_gpu(s, peer)?,
+            (Some(s), Some(e), false) => comm.irecv_gpu_on(s, peer, e)?,
+            (None, None, true) => comm.isend(sge, peer)?,
+            (None, Some(e), true) => comm.isend_on(sge, peer, e)?,
+            (Some(s), None, true) => comm.isend_gpu(s, peer)?,
+            (Some(s), Some(e), true) => comm.isend_gpu_on(s, peer, e)?,
+        })
+    }
+
     /// `--trigger host`: the CPU drives every exchange.
     fn run_host(&mut self, comm: &mut Comm, first: u64, end: u64) -> Result<()> {
         if first == end {
@@ -450,7 +497,7 @@ impl<'m> GpuRank<'m> {
         let p0 = (first % 2) as usize;
         self.at(first, Step::Recv);
         for (k, l) in self.links.iter().enumerate() {
-            recvs[k][p0] = Some(comm.irecv(l.recv(first), l.peer)?);
+            recvs[k][p0] = Some(self.post(comm, false, l.recv(first), l.peer, None)?);
         }
         self.pack(first)?;
         for i in first..end {
@@ -463,9 +510,9 @@ impl<'m> GpuRank<'m> {
             let mut reqs = Vec::with_capacity(2 * self.links.len());
             for (k, l) in self.links.iter().enumerate() {
                 if i + 1 < end {
-                    recvs[k][1 - p] = Some(comm.irecv(l.recv(i + 1), l.peer)?);
+                    recvs[k][1 - p] = Some(self.post(comm, false, l.recv(i + 1), l.peer, None)?);
                 }
-                reqs.push(comm.isend(l.send(i), l.peer)?);
+                reqs.push(self.post(comm, true, l.send(i), l.peer, None)?);
             }
             if self.overlap {
                 self.at(i, Step::Interior);
@@ -507,7 +554,8 @@ impl<'m> GpuRank<'m> {
         // peer send, are given by the stream once it is done with the buffer.
         for i in first..end.min(first + RECVS as u64) {
             for (k, l) in self.links.iter().enumerate() {
-                recvs[k][slot(i)] = Some(comm.irecv_on(l.recv(i), l.peer, &batch)?);
+                recvs[k][slot(i)] =
+                    Some(self.post(comm, false, l.recv(i), l.peer, Some(&batch))?);
             }
         }
         self.pack(first)?;
@@ -547,9 +595,10 @@ impl<'m> GpuRank<'m> {
             for (k, l) in self.links.iter().enumerate() {
                 let j = i + RECVS as u64 - 1;
                 if i > first && j < end {
-                    recvs[k][slot(j)] = Some(comm.irecv_on(l.recv(j), l.peer, &batch)?);
+                    recvs[k][slot(j)] =
+                        Some(self.post(comm, false, l.recv(j), l.peer, Some(&batch))?);
                 }
-                reqs.push(comm.isend_on(l.send(i), l.peer, &batch)?);
+                reqs.push(self.post(comm, true, l.send(i), l.peer, Some(&batch))?);
             }
             if self.overlap {
                 self.at(i, Step::Flush);
@@ -811,13 +860,35 @@ pub fn solve(comm: &mut Comm, lay: &Layout, cfg: &Config, k: &Kernels) -> Result
     } else {
         0
     };
-    let mem = DeviceBuffer::alloc(k.ordinal, Offsets::new(lay).total + dev_halo)?;
+    let mem = Arc::new(DeviceBuffer::alloc(
+        k.ordinal,
+        Offsets::new(lay).total + dev_halo,
+    )?);
+    let staged = match &cfg.gpu_memory {
+        Some((GpuMemoryPath::Staged, _)) if lay.links().next().is_some() => {
+            // A bounce per receive posted ahead and per iteration the CPU runs ahead, per
+            // side; each as large as the longest side's message.
+            let links = lay.links().count();
+            let longest = lay
+                .links()
+                .map(|(s, _)| 8 * lay.side_len(s))
+                .max()
+                .unwrap_or(8);
+            comm.set_staging(
+                longest,
+                links * (RECVS + AHEAD + 2),
+                links * (SENDS + AHEAD + 2),
+            )?;
+            Some(comm.register_gpu(mem.clone(), GpuMemoryPath::Staged)?)
+        }
+        _ => None,
+    };
     let host = (cfg.halo == Halo::Host && lay.links().next().is_some())
         .then(|| PinnedBuffer::new(halo_bytes(lay)));
     if host.as_ref().is_some_and(|h| !h.gpu_mapped()) {
         bail!("--halo host: pinned host memory could not be mapped for the GPU");
     }
-    let mut rank = GpuRank::new(lay, k, &mem, host.as_ref(), Some(comm), cfg.trigger)?;
+    let mut rank = GpuRank::new(lay, k, &mem, host.as_ref(), Some(comm), cfg.trigger, staged)?;
     // Ranks that share a GPU (threads share it; processes time-share it).
     rank.ranks_on_gpu = place.sharing(comm.rank(), cfg.ranks) as u32;
     rank.trace = cfg.trace;
@@ -842,7 +913,7 @@ pub fn reference(k: &Kernels, gpu: i32, gx: usize, gy: usize, iters: u64) -> Res
     let k = k.on(gpu)?;
     let lay = Layout::whole(gx, gy);
     let mem = DeviceBuffer::alloc(k.ordinal, Offsets::new(&lay).total)?;
-    let rank = GpuRank::new(&lay, k, &mem, None, None, Trigger::Host)?;
+    let rank = GpuRank::new(&lay, k, &mem, None, None, Trigger::Host, None)?;
     for i in 0..iters {
         let p = (i % 2) as usize;
         rank.interior(p)?;

@@ -43,8 +43,8 @@ use common::json::{Object, Value};
 use common::out::outln;
 use common::tool::usage;
 pub use common::Trigger;
-use common::{iters, name, DeviceArgs, GpuArgs, RanksAs, ToolArgs};
-use gdasync::gdsync::{Device, DeviceName, ProgressMode};
+use common::{iters, name, DeviceArgs, GpuArgs, RanksAs, Staging as StagingArg, ToolArgs};
+use gdasync::gdsync::{Device, DeviceName, GpuMemoryPath, ProgressMode};
 use gdasync::mp::bootstrap::{Bootstrap, JobInfo, TcpBootstrap, ThreadBootstrap};
 use gdasync::mp::Comm;
 use grid::Layout;
@@ -122,6 +122,12 @@ struct Args {
     /// GPU triggers: where the halo messages live (default: device).
     #[arg(long, value_enum)]
     halo: Option<Halo>,
+    /// With --halo device and --trigger host or stream: how halo messages in GPU memory reach
+    /// the NIC: `on` through mp's pinned bounces copied in the trigger's own order, `off`
+    /// registered with the device directly, `auto` (default) staged where the device cannot
+    /// DMA GPU memory (GDSYNC_STAGING decides if set).
+    #[arg(long, value_enum)]
+    staging: Option<StagingArg>,
     /// GPU triggers host and stream: compute the interior while the halos are in flight
     /// (on), or the whole block once they arrived (off) (default: auto).
     #[arg(long, value_enum)]
@@ -167,6 +173,8 @@ pub struct Config {
     pub iters: u64,
     pub trigger: Trigger,
     pub halo: Halo,
+    /// `--halo device` with the host or stream trigger: the path of GPU payloads, and why.
+    pub gpu_memory: Option<(GpuMemoryPath, String)>,
     /// `--overlap`, resolved (`auto` decided by the block size).
     pub overlap: bool,
     pub trace: bool,
@@ -187,10 +195,20 @@ pub struct Config {
 /// Largest block a rank may hold (cells, halo included): two grids of 8 GiB.
 const MAX_BLOCK_CELLS: usize = 1 << 30;
 
+/// Whether halo messages of `a` may be staged: in device memory, sent by mp's host or stream
+/// trigger.
+fn stages(a: &Args) -> bool {
+    matches!(a.trigger, Trigger::Host | Trigger::Stream)
+        && a.halo.unwrap_or(Halo::Device) == Halo::Device
+}
+
 /// Refuses flags that do not apply to the chosen trigger.
 fn check_flags(a: &Args) -> Result<()> {
     if a.halo.is_some() && !a.trigger.gpu() {
         bail!("--halo applies to the GPU triggers (host, stream, kernel): --trigger cpu computes and exchanges in host memory");
+    }
+    if a.staging.is_some() && !stages(a) {
+        bail!("--staging applies to --halo device with --trigger host or stream (the kernel trigger's channels reach GPU memory directly)");
     }
     // `auto` (the default, said out loud) fits every trigger; on and off only where they
     // choose something.
@@ -289,6 +307,14 @@ impl Config {
         } else {
             None
         };
+        let gpu_memory = match (&placement, stages(a)) {
+            (Some(p), true) => Some(common::device::gpu_memory_path(
+                &device,
+                p.ordinal(0),
+                a.staging.and_then(StagingArg::asked),
+            )?),
+            _ => None,
+        };
         Ok(Config {
             gx,
             gy,
@@ -299,6 +325,7 @@ impl Config {
             iters: a.iters,
             trigger: a.trigger,
             halo: a.halo.unwrap_or(Halo::Device),
+            gpu_memory,
             overlap: match a.overlap.unwrap_or(Overlap::Auto) {
                 Overlap::On => true,
                 Overlap::Off => false,
@@ -437,6 +464,14 @@ fn compare(got: &[f64], want: &[f64]) -> Check {
     c
 }
 
+/// How halo messages in GPU memory reach the NIC ("staged (why)", "direct (why)"), where
+/// that applies.
+fn gpu_memory_label(cfg: &Config) -> Option<String> {
+    cfg.gpu_memory
+        .as_ref()
+        .map(common::device::gpu_memory_phrase)
+}
+
 /// `--halo` as it applies: the GPU triggers' choice (the CPU trigger has no GPU halo
 /// buffers).
 fn halo_name(cfg: &Config) -> Option<String> {
@@ -476,8 +511,9 @@ fn print_header(cfg: &Config) {
         format!(", overlap {}", if o { "on" } else { "off" })
     });
     let gpus = gpus_label(cfg).map_or(String::new(), |g| format!(", GPUs {g}"));
+    let staged = gpu_memory_label(cfg).map_or(String::new(), |g| format!(", GPU memory {g}"));
     outln!(
-        "stencil2d: {} x {} grid, {} ranks ({} x {}, {}), device {} ({}), trigger {}{halo}{overlap}{gpus}, {} iterations (+{} warm-up), {} cores",
+        "stencil2d: {} x {} grid, {} ranks ({} x {}, {}), device {} ({}), trigger {}{halo}{staged}{overlap}{gpus}, {} iterations (+{} warm-up), {} cores",
         cfg.gx,
         cfg.gy,
         cfg.ranks,
@@ -506,6 +542,7 @@ fn report(cfg: &Config, us: f64, check: Option<&Check>) {
             .set("ranks_as", name(cfg.ranks_as))
             .set("trigger", name(cfg.trigger))
             .set("halo", halo_name(cfg))
+            .set("gpu_memory", gpu_memory_label(cfg))
             .set("overlap", overlap_used(cfg))
             .set("iters", cfg.iters)
             .set("warmup", cfg.warmup)

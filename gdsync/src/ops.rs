@@ -245,6 +245,12 @@ impl Ops {
         }
         out
     }
+    /// Keeps `owner` alive with the list: the memory that ops pushed with
+    /// [`push_raw`](Self::push_raw) name (a GPU buffer, a bounce), so the list stays valid
+    /// after its maker's handles are dropped.
+    pub fn keep_alive_with(&mut self, owner: Arc<dyn Any + Send + Sync>) {
+        self.keep_alive(owner);
+    }
     /// Keeps `keep` alive with the list without naming memory an op touches (e.g. a
     /// reservation that ends when the list has run or is dropped).
     pub(crate) fn hold(&mut self, keep: KeepAlive) {

@@ -209,6 +209,12 @@ impl PinnedBuffer {
     pub(crate) fn keep(&self) -> crate::ops::KeepAlive {
         self.mem.clone()
     }
+    /// Keeps the buffer alive with `ops`, as lists of its own ops do: ops pushed with
+    /// [`Ops::push_raw`](crate::ops::Ops::push_raw) that name it then reach it at its GPUs'
+    /// address on a CUDA stream.
+    pub fn keep_with(&self, ops: &mut crate::ops::Ops) {
+        ops.keep_alive_with(self.keep());
+    }
     /// Address of the `size`-byte word at byte `off`, which must be aligned and inside.
     fn word(&self, off: usize, size: usize) -> u64 {
         assert!(

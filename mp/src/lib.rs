@@ -51,10 +51,12 @@ mod fault;
 pub mod fuzz;
 mod kernel;
 mod registry;
+mod staged;
 mod window;
 
 pub use comm::{Comm, Request};
 pub use gdsync::kernel::{PeerDesc, PeerState};
 pub use kernel::KernelChannels;
 pub use registry::RegCacheStats;
+pub use staged::{GpuRegion, GpuSlice};
 pub use window::Window;

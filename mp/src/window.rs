@@ -3,6 +3,7 @@
 
 use crate::comm::{check_gathered, decode_remote, encode_remote, Comm, Request, REMOTE_BYTES};
 use crate::fault::Work;
+use crate::staged::GpuSlice;
 use gdsync::exec::Executor;
 use gdsync::ops::{Op, Ops, WaitCond};
 use gdsync::{Error, MemoryRegion, RemoteBuf, Result, SendWr, Sge};
@@ -180,6 +181,48 @@ impl Comm {
     ) -> Result<Request> {
         let (req, wr) = self.put_wr(src, w, peer, dst_off)?;
         self.post_via(peer, req, &[wr], exec)
+    }
+
+    /// [`iput`](Self::iput) from GPU memory: a staged slice is copied by the CPU into a send
+    /// bounce of the staging pool now, and put from there (the window itself is registered
+    /// memory: a staged region cannot be one).
+    pub fn iput_gpu(
+        &mut self,
+        src: GpuSlice<'_>,
+        w: &Window,
+        peer: usize,
+        dst_off: u64,
+    ) -> Result<Request> {
+        if let Some(sge) = src.direct_sge() {
+            return self.iput(sge, w, peer, dst_off);
+        }
+        let (rec, sge) = self.stage_start(&src, false)?;
+        let r = self
+            .stage_copy_out_now(&rec)
+            .and_then(|()| self.iput(sge, w, peer, dst_off));
+        self.stage_bind(rec, r)
+    }
+
+    /// [`iput_on`](Self::iput_on) from GPU memory: a staged slice is copied into a send
+    /// bounce by `exec` before the put's doorbell.
+    pub fn iput_gpu_on(
+        &mut self,
+        src: GpuSlice<'_>,
+        w: &Window,
+        peer: usize,
+        dst_off: u64,
+        exec: &impl Executor,
+    ) -> Result<Request> {
+        if let Some(sge) = src.direct_sge() {
+            return self.iput_on(sge, w, peer, dst_off, exec);
+        }
+        let (rec, sge) = self.stage_start(&src, false)?;
+        let copy = self.stage_copy_out_ops(&rec);
+        let r = self.put_wr(sge, w, peer, dst_off).and_then(|(req, wr)| {
+            self.post_exec(peer, req, &[wr], copy, exec)?;
+            Ok(req)
+        });
+        self.stage_bind(rec, r)
     }
 
     /// [`iget`](Self::iget) posted by an executor.

@@ -493,3 +493,29 @@ pub fn on_threads(n: usize, f: fn(&mut Comm)) {
         h.join().expect("a rank failed");
     }
 }
+
+/// Staged messages on `exec` between two ranks: rank 0 sends `n` messages of `len` bytes from
+/// consecutive slices of `reg` (one byte apart), rank 1 receives each into the same slice of
+/// its own `reg` and waits for it on `exec`. Returns the requests (wait for them after the
+/// executor has run).
+pub fn staged_stream_of_messages(
+    comm: &mut Comm,
+    reg: &gdasync::mp::GpuRegion,
+    n: usize,
+    len: usize,
+    exec: &impl gdasync::gdsync::exec::Executor,
+) -> Vec<gdasync::mp::Request> {
+    let peer = 1 - comm.rank();
+    (0..n)
+        .map(|m| {
+            let s = reg.slice(m * (len + 1)..m * (len + 1) + len);
+            if comm.rank() == 1 {
+                let r = comm.irecv_gpu_on(s, peer, exec).unwrap();
+                comm.wait_on(r, exec).unwrap();
+                r
+            } else {
+                comm.isend_gpu_on(s, peer, exec).unwrap()
+            }
+        })
+        .collect()
+}

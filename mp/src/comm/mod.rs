@@ -25,6 +25,7 @@ mod peers;
 mod progress;
 mod requests;
 mod setup;
+mod staged;
 mod wait;
 mod wire;
 
@@ -80,6 +81,10 @@ pub struct Comm {
     barrier_epoch: u64,
     timeout: Duration,
     regs: RegCache,
+    /// Pinned bounces of staged GPU payloads, made at the first staged send or receive
+    /// (before `pd`: its registration goes first).
+    stage: Option<crate::staged::StagePool>,
+    stage_shape: crate::staged::PoolShape,
     pd: ProtectionDomain,
     dev: Device,
 }

@@ -97,13 +97,25 @@ impl Comm {
     /// rings the doorbell. The CPU does not wait. The queued work keeps the memory it names
     /// alive, so the `Comm` may be dropped before the executor has run it.
     pub fn isend_on(&mut self, src: Sge, peer: usize, exec: &impl Executor) -> Result<Request> {
+        self.isend_on_after(src, peer, exec, Ops::new())
+    }
+
+    /// [`isend_on`](Self::isend_on) with `first` (a staged payload's copy out) run by the
+    /// executor before the send's credit wait and doorbell.
+    pub(super) fn isend_on_after(
+        &mut self,
+        src: Sge,
+        peer: usize,
+        exec: &impl Executor,
+        first: Ops,
+    ) -> Result<Request> {
         let (sge, len) = (src, src.len);
         let p = self.peers.get_mut(peer)?;
         p.sends += 1;
         let need = p.sends;
         let req = self.new_req(peer, Work::Send(len as u64));
         let wr = Self::send_wr(req, (len > 0).then_some(sge));
-        let mut pre = Ops::new();
+        let mut pre = first;
         // A credit already here needs no wait (a wait costs an executor a round of polling).
         // The wait keeps the control buffer alive, so the `Comm` may go first.
         if !credit_allows(self.credit(peer), need) {
@@ -149,8 +161,14 @@ impl Comm {
             _ => (&p.rcq, Side::Recv),
         };
         if cq.consumer_index() > n {
-            // A CPU poll already consumed it: nothing to wait for.
-            return Ok(());
+            // A CPU poll already consumed it: nothing to wait for (but a staged receive's
+            // copy in, in the executor's order).
+            let copy = self.stage_exec_copy_in(r, Ops::new())?;
+            return if copy.is_empty() {
+                Ok(())
+            } else {
+                exec.submit(copy)
+            };
         }
         // The QP's wait ops also retire the ring slots, so the CPU need not poll.
         let ops = match ticket {
@@ -158,8 +176,9 @@ impl Comm {
             Some(Ticket::Recv(t)) => p.qp.recv_wait_ops(&t)?,
             None => unreachable!("a request with a completion number has a ticket"),
         };
+        let ops = self.stage_exec_copy_in(r, ops)?;
         exec.submit(ops)?;
-        p.exec_waits[side_index(side)] += 1;
+        self.peers.get_mut(peer)?.exec_waits[side_index(side)] += 1;
         self.reqs[r.slot as usize].on_executor = true;
         Ok(())
     }

@@ -51,6 +51,8 @@ pub(super) struct ReqState {
     /// An executor waits for (and consumes) its completion.
     pub(super) on_executor: bool,
     pub(super) status: Status,
+    /// A staged GPU payload's bounce and bytes.
+    pub(super) stage: Option<crate::staged::StageRec>,
 }
 
 impl ReqState {
@@ -79,6 +81,7 @@ impl Comm {
             ticket: None,
             on_executor: false,
             status: Status::Pending,
+            stage: None,
         };
         let slot = match self.free.pop() {
             Some(s) => s,

@@ -196,6 +196,8 @@ impl Comm {
             barrier_epoch: 0,
             timeout: Duration::from_secs(60),
             regs: Default::default(),
+            stage: None,
+            stage_shape: Default::default(),
             pd,
             dev: dev.clone(),
             boot,

@@ -1,0 +1,297 @@
+//! Sends and receives of GPU memory ([`GpuRegion`]): direct where the region was registered
+//! for DMA, else staged through the communicator's pool of pinned bounces. A staged send
+//! copies out in its trigger's order (the CPU now, or an executor before its doorbell); a
+//! staged receive lands in a bounce of its own and is copied in after its wait (by the CPU
+//! in `wait`/`test`, or by the executor right after `wait_on`'s wait).
+
+use super::requests::Request;
+use super::Comm;
+use crate::staged::{GpuMem, GpuRegion, GpuSlice, PoolShape, SlotUse, StagePool, StageRec};
+use gdsync::cuda::DeviceBuffer;
+use gdsync::exec::Executor;
+use gdsync::ops::Ops;
+use gdsync::{Access, Error, GpuMemoryPath, PinnedBuffer, Result, Sge};
+use std::sync::Arc;
+use std::time::Instant;
+
+impl Comm {
+    /// Registers GPU buffer `buf` for sends and receives by the path `path` (choose it with
+    /// [`GpuMemoryPath::choose_soft`] or [`GpuMemoryPath::choose_mlx5`]): `Direct` registers
+    /// the buffer with the device; `Staged` registers nothing, and its payloads go through
+    /// the communicator's pinned bounces ([`Comm::set_staging`]).
+    pub fn register_gpu(&self, buf: Arc<DeviceBuffer>, path: GpuMemoryPath) -> Result<GpuRegion> {
+        let mr = match path {
+            // SAFETY: the region holds `buf` and declares the registration first, so the
+            // registration is dropped before the memory.
+            GpuMemoryPath::Direct => Some(unsafe {
+                self.pd
+                    .register_raw(buf.ptr() as *mut u8, buf.len(), Access::ALL)?
+            }),
+            GpuMemoryPath::Staged => None,
+        };
+        Ok(GpuRegion {
+            mr,
+            mem: GpuMem::Device(buf),
+            path,
+        })
+    }
+
+    /// Pinned host memory standing in for GPU memory, staged as GPU memory is (copies by the
+    /// CPU, also on host streams): how the staged path runs without a GPU.
+    pub fn register_gpu_stand_in(&self, buf: PinnedBuffer) -> GpuRegion {
+        GpuRegion {
+            mr: None,
+            mem: GpuMem::Host(buf),
+            path: GpuMemoryPath::Staged,
+        }
+    }
+
+    /// Makes the staging pool now (else the first staged send or receive makes it, with the
+    /// defaults): `recvs` bounces for outstanding staged receives, `sends` for staged sends
+    /// not yet complete, `bounce` bytes each (the largest staged message). Defaults: 64 KiB,
+    /// 128 and 32. Refused while a bounce is held. Pinning memory may wait for the GPU: make
+    /// the pool before streams wait on other ranks.
+    pub fn set_staging(&mut self, bounce: usize, recvs: usize, sends: usize) -> Result<()> {
+        if recvs == 0 || sends == 0 || bounce == 0 {
+            return Err(Error::invalid(
+                "a staging pool needs at least one byte and one bounce each way",
+            ));
+        }
+        self.reclaim_bounces();
+        if let Some(pool) = &self.stage {
+            if pool.uses.iter().any(|u| *u != SlotUse::Free) {
+                return Err(Error::invalid(
+                    "the staging pool is in use (staged sends or receives outstanding): wait for them before resizing it",
+                ));
+            }
+        }
+        let shape = PoolShape {
+            bounce,
+            recvs,
+            sends,
+        };
+        // The old pool goes first (its registration with it).
+        self.stage = None;
+        self.stage = Some(StagePool::new(&self.pd, shape)?);
+        self.stage_shape = shape;
+        Ok(())
+    }
+
+    /// Like [`isend`](Self::isend), from GPU memory: a staged slice is copied out by the CPU
+    /// now.
+    pub fn isend_gpu(&mut self, src: GpuSlice<'_>, peer: usize) -> Result<Request> {
+        if let Some(sge) = src.direct_sge() {
+            return self.isend(sge, peer);
+        }
+        let (rec, sge) = self.stage_start(&src, false)?;
+        let r = self
+            .stage_copy_out_now(&rec)
+            .and_then(|()| self.isend(sge, peer));
+        self.stage_bind(rec, r)
+    }
+
+    /// Like [`isend_on`](Self::isend_on), from GPU memory: a staged slice is copied out by
+    /// `exec` before its doorbell.
+    pub fn isend_gpu_on(
+        &mut self,
+        src: GpuSlice<'_>,
+        peer: usize,
+        exec: &impl Executor,
+    ) -> Result<Request> {
+        if let Some(sge) = src.direct_sge() {
+            return self.isend_on(sge, peer, exec);
+        }
+        let (rec, sge) = self.stage_start(&src, false)?;
+        let copy = self.stage_copy_out_ops(&rec);
+        let r = self.isend_on_after(sge, peer, exec, copy);
+        self.stage_bind(rec, r)
+    }
+
+    /// Ops: the copy of `rec`'s GPU bytes into its bounce (none for an empty message).
+    pub(crate) fn stage_copy_out_ops(&self, rec: &StageRec) -> Ops {
+        match rec.len {
+            0 => Ops::new(),
+            _ => self.stage.as_ref().expect("made").copy_ops(rec, true),
+        }
+    }
+
+    /// Copies `rec`'s GPU bytes into its bounce with the CPU.
+    pub(crate) fn stage_copy_out_now(&self, rec: &StageRec) -> Result<()> {
+        let pool = self.stage.as_ref().expect("stage_start made the pool");
+        pool.cpu_copy(rec, rec.len, true)
+    }
+
+    /// Like [`irecv`](Self::irecv), into GPU memory: a staged slice lands in a bounce of its
+    /// own, copied in after the wait ([`wait`](Self::wait), [`test`](Self::test) or
+    /// [`wait_on`](Self::wait_on)).
+    pub fn irecv_gpu(&mut self, dst: GpuSlice<'_>, peer: usize) -> Result<Request> {
+        if let Some(sge) = dst.direct_sge() {
+            return self.irecv(sge, peer);
+        }
+        let (rec, sge) = self.stage_start(&dst, true)?;
+        let r = self.irecv(sge, peer);
+        self.stage_bind(rec, r)
+    }
+
+    /// Like [`irecv_on`](Self::irecv_on), into GPU memory (see [`irecv_gpu`](Self::irecv_gpu)).
+    pub fn irecv_gpu_on(
+        &mut self,
+        dst: GpuSlice<'_>,
+        peer: usize,
+        exec: &impl Executor,
+    ) -> Result<Request> {
+        if let Some(sge) = dst.direct_sge() {
+            return self.irecv_on(sge, peer, exec);
+        }
+        let (rec, sge) = self.stage_start(&dst, true)?;
+        let r = self.irecv_on(sge, peer, exec);
+        self.stage_bind(rec, r)
+    }
+
+    /// A bounce for `slice` (a receive's, `recv`, or a send's) and its SGE; refuses a slice
+    /// larger than a bounce.
+    pub(crate) fn stage_start(
+        &mut self,
+        slice: &GpuSlice<'_>,
+        recv: bool,
+    ) -> Result<(StageRec, Sge)> {
+        let bounce = self.stage_shape.bounce;
+        if slice.len > bounce {
+            return Err(Error::invalid(format!(
+                "a staged message of {} bytes is larger than the staging bounce of {bounce} bytes: raise it with Comm::set_staging, or send the message in pieces",
+                slice.len
+            )));
+        }
+        let slot = self.take_bounce(recv)?;
+        let rec = StageRec {
+            slot,
+            mem: slice.region.mem.clone(),
+            offset: slice.offset,
+            len: slice.len,
+            by_exec: false,
+        };
+        let sge = self.stage.as_ref().expect("made").sge(slot, slice.len);
+        Ok((rec, sge))
+    }
+
+    /// Binds `rec`'s bounce to the request `r` posted, or frees it if posting failed.
+    pub(crate) fn stage_bind(&mut self, rec: StageRec, r: Result<Request>) -> Result<Request> {
+        let pool = self.stage.as_mut().expect("made");
+        match r {
+            Ok(req) => {
+                pool.uses[rec.slot] = SlotUse::Held {
+                    req: (req.slot, req.generation),
+                    exec: None,
+                };
+                self.reqs[req.slot as usize].stage = Some(rec);
+                Ok(req)
+            }
+            Err(e) => {
+                pool.uses[rec.slot] = SlotUse::Free;
+                Err(e)
+            }
+        }
+    }
+
+    /// A free bounce of the receive (`recv`) or send side, making the pool if there is none;
+    /// waits (making progress) while every one is held, up to the timeout.
+    fn take_bounce(&mut self, recv: bool) -> Result<usize> {
+        if self.stage.is_none() {
+            self.stage = Some(StagePool::new(&self.pd, self.stage_shape)?);
+        }
+        let start = Instant::now();
+        loop {
+            self.reclaim_bounces();
+            let pool = self.stage.as_mut().expect("made");
+            if let Some(s) = pool.range(recv).find(|&s| pool.uses[s] == SlotUse::Free) {
+                // Held by nobody yet: `stage_bind` names the request.
+                pool.uses[s] = SlotUse::Held {
+                    req: (u32::MAX, 0),
+                    exec: None,
+                };
+                return Ok(s);
+            }
+            if start.elapsed() > self.timeout {
+                let (n, what) = match recv {
+                    true => (pool.shape.recvs, "outstanding staged receives"),
+                    false => (pool.shape.sends, "staged sends not yet complete"),
+                };
+                return Err(Error::invalid(format!(
+                    "all {n} staging bounces are held by {what} for {:?}: wait for some first, or raise the pool with Comm::set_staging",
+                    self.timeout
+                )));
+            }
+            self.progress()?;
+            std::thread::yield_now();
+        }
+    }
+
+    /// Frees the bounces whose requests are done with them: a send's once it completed, a
+    /// receive's once it was copied in (released by `wait`/`test`, or the executor's copy
+    /// marked done).
+    fn reclaim_bounces(&mut self) {
+        let Comm { stage, reqs, .. } = self;
+        let Some(pool) = stage.as_mut() else { return };
+        for s in 0..pool.uses.len() {
+            let SlotUse::Held {
+                req: (slot, gen),
+                exec,
+            } = pool.uses[s]
+            else {
+                continue;
+            };
+            let free = match exec {
+                Some(u) => pool.done.load64(s) >= u,
+                None if slot == u32::MAX => false,
+                None => reqs.get(slot as usize).is_none_or(|st| {
+                    !st.live
+                        || st.generation != gen
+                        || (st.side == super::requests::Side::Send
+                            && st.status != super::requests::Status::Pending)
+                }),
+            };
+            if free {
+                pool.uses[s] = SlotUse::Free;
+            }
+        }
+    }
+
+    /// Before `wait`/`test` release staged receive `r`: copies its `n` received bytes in with
+    /// the CPU (unless an executor does).
+    pub(super) fn stage_cpu_copy_in(&mut self, r: Request, n: u32) -> Result<()> {
+        let st = self.state(r)?;
+        let Some(rec) = st.stage.clone() else {
+            return Ok(());
+        };
+        if rec.by_exec || st.side != super::requests::Side::Recv {
+            return Ok(());
+        }
+        let pool = self.stage.as_ref().expect("a staged request has a pool");
+        pool.cpu_copy(&rec, (n as usize).min(rec.len), false)
+    }
+
+    /// `ops` (an executor's wait for staged receive `r`) followed by the copy in of its
+    /// bounce and the mark that frees the bounce; `ops` unchanged for other requests.
+    pub(super) fn stage_exec_copy_in(&mut self, r: Request, mut ops: Ops) -> Result<Ops> {
+        let st = self.state(r)?;
+        let Some(rec) = st.stage.as_mut() else {
+            return Ok(ops);
+        };
+        if st.side != super::requests::Side::Recv || rec.by_exec {
+            return Ok(ops);
+        }
+        rec.by_exec = true;
+        let rec = rec.clone();
+        let pool = self.stage.as_mut().expect("a staged request has a pool");
+        pool.next_use += 1;
+        let u = pool.next_use;
+        if rec.len > 0 {
+            ops.append(pool.copy_ops(&rec, false));
+        }
+        ops.append(pool.done.write64(rec.slot, u));
+        if let SlotUse::Held { exec, .. } = &mut pool.uses[rec.slot] {
+            *exec = Some(u);
+        }
+        Ok(ops)
+    }
+}
