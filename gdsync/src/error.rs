@@ -107,6 +107,18 @@ pub enum Error {
         /// Its name.
         name: String,
     },
+    /// The soft device's copy to or from GPU memory did not finish in time: the GPU queue it
+    /// went to is held, most likely by a stream of the program blocked in a memory wait that
+    /// shares its hardware queue. The copy is abandoned (its buffer is never reused).
+    #[error("GPU {ordinal}: the soft device's {direction} copy did not finish in {waited_ms} ms; a stream blocked in a memory wait may share its hardware queue (more streams than CUDA_DEVICE_MAX_CONNECTIONS): move GPU payloads by the trigger's own copies (GDSYNC_STAGING=on) or set CUDA_DEVICE_MAX_CONNECTIONS=32 before the program starts")]
+    GpuCopyStalled {
+        /// The GPU.
+        ordinal: i32,
+        /// "host-to-GPU" or "GPU-to-host".
+        direction: &'static str,
+        /// How long the copy was waited for.
+        waited_ms: u64,
+    },
     /// An operating-system call failed.
     #[error("{what}: {source}")]
     Os {

@@ -1,10 +1,13 @@
-//! Copies between host memory and GPU memory, on the calling thread's own copy stream, through
-//! a GPU's primary context ([`GpuCtx`]): what memory regions and the soft device's DMA use.
+//! Copies between host memory and GPU memory, through a GPU's primary context ([`GpuCtx`]) and
+//! the calling thread's copy lane (its own stream and pinned bounce), each waited for at most
+//! [`COPY_TIMEOUT`]: what memory regions and the soft device's DMA use.
 
 use super::{failed, Cuda};
 use crate::Result;
-use cudarc::driver::result::{self, DriverError};
+use cudarc::driver::result;
 use cudarc::driver::sys;
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
 
 /// One GPU's primary context, as a registered region of its memory keeps it to copy through.
 /// Plain data (the soft device's region tables copy it with every lookup), valid for the
@@ -54,41 +57,200 @@ impl GpuCtx {
         }
     }
 
-    /// Copies host bytes to device address `dst` (on the thread's copy stream, waiting for the
-    /// copy).
+    /// Copies host bytes to device address `dst`, through the thread's copy lane (its pinned
+    /// bounce and stream), waiting for the copy at most [`COPY_TIMEOUT`].
     pub(crate) fn copy_htod(&self, dst: u64, src: &[u8]) -> Result<()> {
-        self.on_copy_stream(src.is_empty(), "cuMemcpyHtoDAsync", |s| {
-            // SAFETY: the caller checked that dst..dst+len lies in a live device region; src
-            // is a slice that outlives the copy (on_copy_stream synchronises).
-            unsafe { result::memcpy_htod_async(dst, src, s) }
-        })
+        for (k, part) in src.chunks(LANE_BYTES).enumerate() {
+            let at = dst + (k * LANE_BYTES) as u64;
+            let finish = |_: &CopyLane| {};
+            self.on_copy_lane(part.len(), "host-to-GPU", finish, |lane| {
+                lane.bounce_mut(part.len())?.copy_from_slice(part);
+                // SAFETY: the caller checked that at..at+len lies in a live device region; the
+                // source is the lane's pinned bounce, which is never freed while a copy from
+                // it may still run (an abandoned lane is leaked).
+                unsafe { result::memcpy_htod_async(at, lane.bounce(part.len()), lane.stream()) }
+                    .map_err(failed("cuMemcpyHtoDAsync"))
+            })?;
+        }
+        Ok(())
     }
 
-    /// Copies from device address `src` into host bytes (on the thread's copy stream, waiting
-    /// for the copy).
+    /// Copies from device address `src` into host bytes, through the thread's copy lane,
+    /// waiting for the copy at most [`COPY_TIMEOUT`].
     pub(crate) fn copy_dtoh(&self, dst: &mut [u8], src: u64) -> Result<()> {
-        self.on_copy_stream(dst.is_empty(), "cuMemcpyDtoHAsync", |s| {
-            // SAFETY: as copy_htod.
-            unsafe { result::memcpy_dtoh_async(dst, src, s) }
-        })
+        for (k, part) in dst.chunks_mut(LANE_BYTES).enumerate() {
+            let from = src + (k * LANE_BYTES) as u64;
+            let n = part.len();
+            let finish = |lane: &CopyLane| part.copy_from_slice(lane.bounce(n));
+            self.on_copy_lane(n, "GPU-to-host", finish, |lane| {
+                let stream = lane.stream();
+                // SAFETY: as copy_htod; the target is the lane's bounce.
+                unsafe { result::memcpy_dtoh_async(lane.bounce_mut(n)?, from, stream) }
+                    .map_err(failed("cuMemcpyDtoHAsync"))
+            })?;
+        }
+        Ok(())
     }
 
-    /// Enqueues `copy` (the driver call `call`) on the thread's copy stream of this GPU and
-    /// waits for it; nothing when `empty`.
-    fn on_copy_stream(
+    /// Runs `copy` (which enqueues on the lane's stream) on this thread's lane for this GPU and
+    /// waits for it; a copy still running after [`COPY_TIMEOUT`] abandons the lane (leaked,
+    /// so that the late copy lands in memory nobody reuses) and fails with
+    /// [`Error::GpuCopyStalled`](crate::Error::GpuCopyStalled). `finish` runs on the lane
+    /// after the copy (to take bytes out of its bounce); nothing runs when `len` is 0.
+    fn on_copy_lane(
         &self,
-        empty: bool,
-        call: &'static str,
-        copy: impl FnOnce(sys::CUstream) -> std::result::Result<(), DriverError>,
+        len: usize,
+        direction: &'static str,
+        finish: impl FnOnce(&CopyLane),
+        copy: impl FnOnce(&mut CopyLane) -> Result<()>,
     ) -> Result<()> {
-        if empty {
+        if len == 0 {
             return Ok(());
         }
         super::bind_context(self.ordinal, self.ctx)?;
-        let s = copy_stream(self.ordinal)?;
-        copy(s).map_err(failed(call))?;
-        // SAFETY: the thread's own stream.
-        unsafe { result::stream::synchronize(s) }.map_err(failed("cuStreamSynchronize"))
+        LANES.with(|lanes| {
+            let mut lanes = lanes.borrow_mut();
+            let i = match lanes.iter().position(|l| l.ordinal == self.ordinal) {
+                Some(i) => i,
+                None => {
+                    lanes.push(CopyLane::new(self.ordinal)?);
+                    lanes.len() - 1
+                }
+            };
+            let lane = &mut lanes[i];
+            copy(lane)?;
+            let raw = lane.stream();
+            match wait_bounded(COPY_TIMEOUT, || stream_done(raw)) {
+                Ok(()) => {
+                    finish(lane);
+                    Ok(())
+                }
+                Err(Err(e)) => Err(e),
+                Err(Ok(waited)) => {
+                    std::mem::forget(lanes.swap_remove(i));
+                    let e = crate::Error::GpuCopyStalled {
+                        ordinal: self.ordinal,
+                        direction,
+                        waited_ms: waited.as_millis() as u64,
+                    };
+                    tracing::error!("{e}");
+                    Err(e)
+                }
+            }
+        })
+    }
+}
+
+/// How long the soft device waits for one of its copies to or from GPU memory before it gives
+/// the copy up (a fault ends within 2 s with an error naming it, never as a hang).
+pub(crate) const COPY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The most bytes one lane's bounce holds (larger copies go in parts of this size).
+const LANE_BYTES: usize = 1 << 20;
+
+thread_local!(static LANES: RefCell<Vec<CopyLane>> = const { RefCell::new(Vec::new()) });
+
+/// A thread's way to one GPU for the soft device's copies: a non-blocking stream of its own
+/// (not the legacy default stream) and a pinned bounce the copies go through, so that a copy
+/// given up after [`COPY_TIMEOUT`] can never land in the caller's memory later.
+struct CopyLane {
+    ordinal: i32,
+    stream: usize,
+    bounce: *mut u8,
+    cap: usize,
+}
+
+impl CopyLane {
+    /// A lane on GPU `ordinal` (whose context is bound), with no bounce yet.
+    fn new(ordinal: i32) -> Result<Self> {
+        let raw = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(failed("cuStreamCreate"))?;
+        Ok(Self {
+            ordinal,
+            stream: raw as usize,
+            bounce: std::ptr::null_mut(),
+            cap: 0,
+        })
+    }
+
+    fn stream(&self) -> sys::CUstream {
+        self.stream as sys::CUstream
+    }
+
+    /// The bounce's first `len` bytes (`len` ≤ what [`Self::bounce_mut`] made room for).
+    fn bounce(&self, len: usize) -> &[u8] {
+        assert!(len <= self.cap, "lane bounce read past its size");
+        // SAFETY: `cap` pinned bytes at `bounce`, owned by this lane; no copy runs now (the
+        // lane's last copy was waited for, or this slice is only handed to the next one).
+        unsafe { std::slice::from_raw_parts(self.bounce, len) }
+    }
+
+    /// The bounce's first `len` bytes, grown to hold them (`len` ≤ [`LANE_BYTES`]). Only
+    /// called between copies: the lane's previous copy finished (or the lane was abandoned).
+    fn bounce_mut(&mut self, len: usize) -> Result<&mut [u8]> {
+        if len > self.cap {
+            if !self.bounce.is_null() {
+                // SAFETY: our allocation, no copy running (see above).
+                let _ = unsafe { result::free_host(self.bounce.cast()) };
+                self.bounce = std::ptr::null_mut();
+                self.cap = 0;
+            }
+            let want = len.next_power_of_two().min(LANE_BYTES).max(len);
+            // SAFETY: a new pinned allocation of `want` bytes.
+            let p = unsafe { result::malloc_host(want, 0) }.map_err(failed("cuMemHostAlloc"))?;
+            self.bounce = p.cast();
+            self.cap = want;
+        }
+        // SAFETY: `cap` ≥ len pinned bytes owned by this lane, no copy running.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.bounce, len) })
+    }
+}
+
+impl Drop for CopyLane {
+    fn drop(&mut self) {
+        // Lanes live as long as their thread; the driver reclaims the stream at exit. The
+        // bounce is freed (the lane's copies were all waited for, or it was forgotten).
+        if !self.bounce.is_null() {
+            // SAFETY: our allocation, no copy running.
+            let _ = unsafe { result::free_host(self.bounce.cast()) };
+        }
+    }
+}
+
+/// Whether everything enqueued on `raw` has run: `Ok(true)` done, `Ok(false)` still running.
+fn stream_done(raw: sys::CUstream) -> Result<bool> {
+    // SAFETY: the query has no side effects (`result` has no wrapper for it).
+    match unsafe { sys::cuStreamQuery(raw) } {
+        sys::CUresult::CUDA_SUCCESS => Ok(true),
+        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        r => super::check(r, "cuStreamQuery").map(|()| false),
+    }
+}
+
+/// Polls `done` until it says yes (`Ok(())`), fails (`Err(Err(e))`), or `timeout` passes
+/// (`Err(Ok(waited))`). Spins briefly, then yields: a copy takes microseconds, a stall seconds.
+fn wait_bounded(
+    timeout: Duration,
+    mut done: impl FnMut() -> Result<bool>,
+) -> std::result::Result<(), Result<Duration>> {
+    let start = Instant::now();
+    let mut looks = 0u32;
+    loop {
+        match done() {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => return Err(Err(e)),
+        }
+        let waited = start.elapsed();
+        if waited >= timeout {
+            return Err(Ok(waited));
+        }
+        looks += 1;
+        if looks < 1000 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
     }
 }
 
@@ -128,5 +290,60 @@ pub(crate) unsafe fn read_region(gpu: Option<GpuCtx>, addr: u64, dst: &mut [u8])
             };
             true
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_that_finishes_is_waited_for() {
+        let mut looks = 0;
+        let r = wait_bounded(Duration::from_secs(5), || {
+            looks += 1;
+            Ok(looks == 3)
+        });
+        assert!(r.is_ok());
+        assert_eq!(looks, 3);
+    }
+
+    #[test]
+    fn a_copy_that_never_finishes_is_given_up_after_the_timeout() {
+        let limit = Duration::from_millis(30);
+        match wait_bounded(limit, || Ok(false)) {
+            Err(Ok(waited)) => assert!(waited >= limit && waited < Duration::from_secs(2)),
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_failed_query_ends_the_wait_with_its_error() {
+        let r = wait_bounded(Duration::from_secs(5), || {
+            Err(crate::Error::NoCuda("the driver went away".into()))
+        });
+        match r {
+            Err(Err(e)) => assert!(e.to_string().contains("went away"), "{e}"),
+            other => panic!("expected the query's error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_stalled_copy_says_what_to_do() {
+        let e = crate::Error::GpuCopyStalled {
+            ordinal: 0,
+            direction: "host-to-GPU",
+            waited_ms: 2000,
+        };
+        let m = e.to_string();
+        for want in [
+            "GPU 0",
+            "2000 ms",
+            "GDSYNC_STAGING=on",
+            "CUDA_DEVICE_MAX_CONNECTIONS=32",
+        ] {
+            assert!(m.contains(want), "{m}");
+        }
+        assert_eq!(COPY_TIMEOUT, Duration::from_secs(2));
     }
 }
