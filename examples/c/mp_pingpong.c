@@ -20,81 +20,15 @@
 #include <mpi.h> /* before mp.h: mp.h then defines LibMP's mp_init(MPI_Comm, ...) */
 #endif
 #include <mp.h>
-#include <arpa/inet.h>
 #include <dlfcn.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <time.h>
-#include <unistd.h>
+#include "example.h"
 
 #define LEN 64
 
-#define CHECK(call)                                                        \
-  do {                                                                     \
-    if ((call) != MP_SUCCESS) {                                            \
-      fprintf(stderr, "%s failed: %s\n", #call, mp_last_error());          \
-      exit(1);                                                             \
-    }                                                                      \
-  } while (0)
-
-#ifndef USE_MPI
-/* Starts two ranks of this program on this host and waits for them. */
-static int launch(char **argv) {
-  unsigned char key[32];
-  char secret[65], root[32];
-  FILE *r = fopen("/dev/urandom", "rb");
-  if (!r || fread(key, 1, sizeof key, r) != sizeof key) { perror("/dev/urandom"); return 1; }
-  fclose(r);
-  for (int i = 0; i < 32; i++) snprintf(secret + 2 * i, 3, "%02x", key[i]);
-  /* A free loopback port for rank 0 to listen on. */
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a;
-  socklen_t alen = sizeof a;
-  memset(&a, 0, sizeof a);
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) || getsockname(s, (struct sockaddr *)&a, &alen)) {
-    perror("picking a port");
-    return 1;
-  }
-  snprintf(root, sizeof root, "127.0.0.1:%d", ntohs(a.sin_port));
-  close(s);
-  pid_t pids[2];
-  for (int rank = 0; rank < 2; rank++) {
-    pids[rank] = fork();
-    if (pids[rank] == 0) {
-      char rs[8];
-      snprintf(rs, sizeof rs, "%d", rank);
-      setenv("GDSYNC_RANK", rs, 1);
-      setenv("GDSYNC_SIZE", "2", 1);
-      setenv("GDSYNC_ROOT", root, 1);
-      setenv("GDSYNC_JOB_SECRET", secret, 1);
-      execv("/proc/self/exe", argv);
-      perror("execv");
-      _exit(127);
-    }
-  }
-  int failed = 0;
-  for (int rank = 0; rank < 2; rank++) {
-    int st;
-    if (waitpid(pids[rank], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      fprintf(stderr, "rank %d failed\n", rank);
-      failed = 1;
-    }
-  }
-  return failed;
-}
-#endif
-
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
 
 /* The stream of the sends and puts: NULL for the CPU, else MP_HOST_STREAM or a CUDA stream. */
 static struct CUstream_st *stream;
@@ -208,8 +142,7 @@ int main(int argc, char **argv) {
 #ifdef USE_MPI
   MPI_Init(&argc, &argv);
 #else
-  if (!getenv("GDSYNC_RANK") && !getenv("OMPI_COMM_WORLD_RANK") && !getenv("PMI_RANK") && !getenv("SLURM_PROCID"))
-    return launch(argv);
+  if (!launched_by_someone()) return launch(argv, 2);
 #endif
   int version = 0, me = 0, size = 0;
   CHECK(mp_query_param(MP_PARAM_VERSION, &version));
