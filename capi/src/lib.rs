@@ -13,6 +13,7 @@
 mod args;
 mod device;
 mod handle;
+mod kernel_qp;
 mod mp_p2p;
 mod mp_state;
 mod mp_stream;
@@ -24,6 +25,7 @@ mod status;
 mod stream;
 
 pub use device::*;
+pub use kernel_qp::*;
 pub use mp_p2p::*;
 pub use mp_state::*;
 pub use mp_stream::*;
