@@ -111,7 +111,9 @@ static void put_and_flag(int me, char *buf, mp_reg_t *reg) {
     *flag = 1;
     if (stream) {
       CHECK(mp_iput_on_stream(buf + 16, (int)sizeof message, reg, 1, 16, &win, &req[0], 0, stream));
-      CHECK(mp_iput_on_stream(flag, 4, reg, 1, 0, &win, &req[1], 0, stream));
+      /* The flag through LibMP's split: prepared now, posted on the stream after the data. */
+      CHECK(mp_put_prepare(flag, 4, reg, 1, 0, &win, &req[1], 0));
+      CHECK(mp_iput_post_on_stream(&req[1], stream));
       CHECK(mp_wait_on_stream(&req[1], stream));
     } else {
       CHECK(mp_iput(buf + 16, (int)sizeof message, reg, 1, 16, &win, &req[0], 0));

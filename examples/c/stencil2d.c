@@ -4,9 +4,10 @@
  * mp_wait_all) every iteration. At the end each rank compares its band with the same sweeps run
  * serially on the whole grid: they must agree to the bit.
  *
- * With --stream host the halo sends are posted on a stream (mp_isend_on_stream) and the stream
- * waits for the sends and the receives (mp_wait_all_on_stream), as a GPU code would queue its
- * next sweep behind them; the CPU then releases the requests with mp_wait_all.
+ * With --stream host the halo sends are prepared (mp_send_prepare) and posted on a stream in one
+ * call (mp_isend_post_all_on_stream), and the stream waits for the sends and the receives
+ * (mp_wait_all_on_stream), as a GPU code would queue its next sweep behind them; the CPU then
+ * releases the requests with mp_wait_all.
  *
  * The ranks are processes. Started alone, it starts --ranks copies of itself (default 2); under
  * mpirun or srun each rank finds its rank and size in the launcher's environment (export the
@@ -76,8 +77,11 @@ static void exchange(double *g, int rows, int w, int up, int down, mp_reg_t *reg
     if (up >= 0) CHECK(mp_isend(&g[w], bytes, up, reg, &req[n++]));
     if (down >= 0) CHECK(mp_isend(&g[rows * w], bytes, down, reg, &req[n++]));
   } else {
-    if (up >= 0) CHECK(mp_isend_on_stream(&g[w], bytes, up, reg, &req[n++], stream));
-    if (down >= 0) CHECK(mp_isend_on_stream(&g[rows * w], bytes, down, reg, &req[n++], stream));
+    /* LibMP's split: prepare the sends, post them on the stream in one call. */
+    uint32_t first = n;
+    if (up >= 0) CHECK(mp_send_prepare(&g[w], bytes, up, reg, &req[n++]));
+    if (down >= 0) CHECK(mp_send_prepare(&g[rows * w], bytes, down, reg, &req[n++]));
+    if (n > first) CHECK(mp_isend_post_all_on_stream(n - first, &req[first], stream));
     if (n) CHECK(mp_wait_all_on_stream(n, req, stream));
   }
   if (n) CHECK(mp_wait_all(n, req));
