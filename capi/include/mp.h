@@ -197,6 +197,17 @@ int mp_iput_on_stream(void *src, int size, mp_reg_t *src_reg, int peer, size_t d
                       mp_window_t *dst_window_t, mp_request_t *req, int flags,
                       struct CUstream_st *stream);
 
+/* Not in LibMP: put with signal. Writes size bytes at src (inside *src_reg) into peer's part
+ * of *dst_window_t at byte displ, then the 8-byte word at signal (inside *signal_reg; its value
+ * is read at the call) at byte signal_displ (8-byte aligned) of the same window: the peer sees
+ * the signal only after the data (wait on its low 32 bits with mp_wait32 or
+ * mp_wait32_on_stream). The request goes to *req. */
+int mp_iput_signal(void *src, int size, mp_reg_t *src_reg, int peer, size_t displ, mp_window_t *dst_window_t,
+                   uint64_t *signal, mp_reg_t *signal_reg, size_t signal_displ, mp_request_t *req);
+int mp_iput_signal_on_stream(void *src, int size, mp_reg_t *src_reg, int peer, size_t displ,
+                             mp_window_t *dst_window_t, uint64_t *signal, mp_reg_t *signal_reg,
+                             size_t signal_displ, mp_request_t *req, struct CUstream_st *stream);
+
 /* LibMP's split API, for batching: a prepare checks its arguments and makes a request that
  * holds the send or put; a post hands prepared requests to a stream, which (for sends) waits
  * there for the peer's receive, then rings. The work request is written when posted (LibMP

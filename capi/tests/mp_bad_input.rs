@@ -159,6 +159,46 @@ fn mp_refuses_bad_input_before_during_and_after_a_job() {
     fails(mp_isend_post_on_stream(null_mut(), host), "req is NULL");
     fails(mp_isend_post_all_on_stream(2, null_mut(), host), "is NULL");
     fails(mp_send_post_on_stream(&mut sreq, cuda_stream), "gpu_id -1");
+    // Put with signal: the signal is one aligned 8-byte word inside its registration.
+    let sig = buf[8..].as_mut_ptr() as *mut u64;
+    fails(
+        mp_iput_signal(p, 8, &mut reg, 0, 0, &mut win, sig, &mut reg, 12, &mut req),
+        "8-byte word",
+    );
+    fails(
+        mp_iput_signal(
+            p,
+            8,
+            &mut reg,
+            0,
+            0,
+            &mut win,
+            (p as usize + 252) as *mut u64,
+            &mut reg,
+            16,
+            &mut req,
+        ),
+        "not inside",
+    );
+    fails(
+        mp_iput_signal(
+            p,
+            8,
+            &mut reg,
+            0,
+            0,
+            &mut win,
+            sig,
+            null_mut(),
+            16,
+            &mut req,
+        ),
+        "is NULL",
+    );
+    let (r, w) = (&mut reg as *mut _, &mut win as *mut _);
+    let on_stream = |req, s| mp_iput_signal_on_stream(p, 8, r, 0, 0, w, sig, r, 16, req, s);
+    fails(on_stream(null_mut(), host), "req is NULL");
+    fails(on_stream(&mut req, cuda_stream), "gpu_id -1");
     // One rank has no peer to put to: refused at the post, the request stays prepared.
     fails(mp_iput_post_all_on_stream(1, &mut preq, host), "not a peer");
     fails(

@@ -1,5 +1,5 @@
 /* mp_pingpong.c: a LibMP-style ping-pong between two ranks through mp.h, then a window put
- * with a flag word the receiver waits for (mp_wait32). With --stream host or --stream cuda the
+ * with a flag word the receiver waits for (mp_wait32), and a put with signal. With --stream host or --stream cuda the
  * sends and puts are posted on a stream (LibMP's *_on_stream family): the library's host
  * stream, or a CUDA stream of the program's own on GPU 0 (made through the CUDA driver,
  * loaded at run time: no CUDA headers or toolkit needed to build).
@@ -100,7 +100,7 @@ static void pingpong(int me, int rounds, char *buf, mp_reg_t *reg) {
  * the flag with mp_wait32 (one connection delivers in order: the data is there). */
 static void put_and_flag(int me, char *buf, mp_reg_t *reg) {
   static const char message[] = "put into rank 1's window through mp.h";
-  uint32_t *win_mem = calloc(32, sizeof(uint32_t)); /* word 0: the flag; bytes 16..: data */
+  uint32_t *win_mem = calloc(32, sizeof(uint32_t)); /* word 0: the flag; bytes 16..: data; 64: a signal; 72..: data */
   mp_window_t win;
   mp_request_t req[2];
   if (!win_mem) exit(1);
@@ -120,6 +120,14 @@ static void put_and_flag(int me, char *buf, mp_reg_t *reg) {
       CHECK(mp_iput(flag, 4, reg, 1, 0, &win, &req[1], 0));
     }
     CHECK(mp_wait_all(2, req));
+    /* The message again at byte 72, with a signal (2) at byte 64 written after it. */
+    uint64_t *signal = (uint64_t *)(buf + 8);
+    *signal = 2;
+    if (stream)
+      CHECK(mp_iput_signal_on_stream(buf + 16, (int)sizeof message, reg, 1, 72, &win, signal, reg, 64, &req[0], stream));
+    else
+      CHECK(mp_iput_signal(buf + 16, (int)sizeof message, reg, 1, 72, &win, signal, reg, 64, &req[0]));
+    CHECK(mp_wait(&req[0]));
   } else {
     CHECK(mp_wait32(&win_mem[0], 1, MP_WAIT_EQ));
     if (memcmp((char *)win_mem + 16, message, sizeof message) != 0) {
@@ -127,6 +135,12 @@ static void put_and_flag(int me, char *buf, mp_reg_t *reg) {
       exit(1);
     }
     printf("mp.h window: rank 1 saw the flag, then \"%s\"\n", (char *)win_mem + 16);
+    CHECK(mp_wait32(&win_mem[16], 2, MP_WAIT_EQ)); /* the signal's low half (little-endian) */
+    if (memcmp((char *)win_mem + 72, message, sizeof message) != 0) {
+      fprintf(stderr, "the put with signal did not land before its signal\n");
+      exit(1);
+    }
+    printf("mp.h put with signal: rank 1 saw the signal, and the data before it\n");
   }
   CHECK(mp_barrier());
   CHECK(mp_window_destroy(&win));
