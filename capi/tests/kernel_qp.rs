@@ -3,6 +3,10 @@
 //! libgdasync) driving such QPs with gdsync.cuh's functions on the CPU, in a kernel's place.
 
 mod common;
+// Only clang_cuda and CUDA_SHIM are used here.
+#[allow(dead_code)]
+#[path = "../../tests/common/clang_cuda.rs"]
+mod clang_cuda;
 
 use common::{last, refused};
 use gdasync_c::*;
@@ -212,4 +216,34 @@ fn gdsync_cuh_drives_a_qp_made_through_gdasync_h() {
         "kernel_qp_host failed:\n{stdout}\n{stderr}"
     );
     assert!(stdout.contains("600 sends and writes"), "{stdout}");
+}
+
+/// The GPU test's kernel (`kernels/c_api_qp.cu`) compiles as CUDA after the header as NVRTC
+/// gets it, in NVRTC mode and in nvcc mode: checked with clang where no GPU is.
+#[test]
+#[cfg_attr(
+    not(clang_cuda),
+    ignore = "needs clang++ with its CUDA front end when the tests are built (apt-get install clang, then touch capi/build.rs)"
+)]
+fn the_gpu_tests_kernel_compiles_as_cuda() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("c_api_qp-cuda-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("all.cu");
+    let kernel = include_str!("kernels/c_api_qp.cu");
+    let src = format!(
+        "{}\n{}\n{kernel}",
+        clang_cuda::CUDA_SHIM,
+        gdsync::kernel::HEADER
+    );
+    std::fs::write(&file, src).unwrap();
+    for mode in [&["-D__CUDACC_RTC__"][..], &[][..]] {
+        let o = clang_cuda::clang_cuda(mode, &file).unwrap();
+        assert!(
+            o.status.success(),
+            "c_api_qp.cu {mode:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
