@@ -231,6 +231,85 @@ typedef struct gdasync_wc {
   uint32_t vendor_err;
 } gdasync_wc;
 
+// A CQ as a kernel drives it (`gds_cq`): where the CQEs and the consumer-index record are,
+// and the kernel's working counters.
+typedef struct gdasync_kernel_cq {
+  // Address of the CQE ring (64-byte entries).
+  uint64_t cqes;
+  // Address of the CQ doorbell record's consumer-index word (BE32).
+  uint64_t dbrec;
+  // Address of the CQ's retired counter (native u64): the consumer index, for the host.
+  uint64_t retired;
+  // Address of the served ring's retired counter (native u64): send WQEBBs or receives
+  // known complete, for the host and the next launch.
+  uint64_t wq_retired;
+  // Consumer index (free-running): the next CQE to look at.
+  uint64_t ci;
+  // Entries of the served ring known complete (free-running).
+  uint64_t wq_ci;
+  // Number of entries (a power of two).
+  uint32_t entries;
+  // CQ number.
+  uint32_t cqn;
+  // Zero.
+  uint64_t reserved;
+} gdasync_kernel_cq;
+
+// A QP as a kernel drives it (`gds_qp`): rings, doorbells, both CQs and the kernel's working
+// counters. Pass it to a kernel (by value, or in GPU-reachable memory); the kernel copies it
+// into a local variable and one thread drives it.
+typedef struct gdasync_kernel_qp {
+  // Address of the send ring (64-byte WQEBBs).
+  uint64_t sq;
+  // Address of the receive ring.
+  uint64_t rq;
+  // Address of the doorbell record (`[RQ][SQ]`, BE32 each).
+  uint64_t dbrec;
+  // Address of the doorbell register (0 when a CPU proxy rings: see `proxy`).
+  uint64_t db;
+  // Address of the CPU proxy's word (0 when the GPU rings): the kernel stores its send
+  // producer counter there and the proxy rings.
+  uint64_t proxy;
+  // Address of the state block in pinned host memory: send producer counter at +0,
+  // receive producer counter at +8 (native u64), stored through by the kernel.
+  uint64_t state;
+  // Send producer counter in WQEBBs (free-running); every WQE a kernel posts is one WQEBB.
+  uint64_t sq_pi;
+  // Receive producer counter (free-running).
+  uint64_t rq_pi;
+  // QP number.
+  uint32_t qpn;
+  // Send ring size in WQEBBs (a power of two).
+  uint32_t sq_wqebbs;
+  // Receive ring size in WQEs (a power of two).
+  uint32_t rq_wqes;
+  // Receive WQE size in bytes (16 per scatter entry).
+  uint32_t rq_stride;
+  // Zero.
+  uint64_t reserved[2];
+  // The send CQ.
+  struct gdasync_kernel_cq send_cq;
+  // The receive CQ.
+  struct gdasync_kernel_cq recv_cq;
+} gdasync_kernel_qp;
+
+// What a kernel has done with a [`DeviceQp`], as it stored it through to host memory
+// (`#[repr(C)]`: the C API hands it out as `gdasync_kernel_progress`).
+typedef struct gdasync_kernel_progress {
+  // Sends posted (WQEBBs; one per send).
+  uint64_t sends_posted;
+  // Sends known complete (from the send completions the kernel consumed).
+  uint64_t sends_retired;
+  // Receives posted.
+  uint64_t recvs_posted;
+  // Receives complete.
+  uint64_t recvs_retired;
+  // Send CQ consumer index.
+  uint64_t send_cqes;
+  // Receive CQ consumer index.
+  uint64_t recv_cqes;
+} gdasync_kernel_progress;
+
 // What a region is: where, how long, its keys, and whose memory.
 typedef struct gdasync_mr_info {
   // Start address.
@@ -365,6 +444,33 @@ int gdasync_cq_poll(struct gdasync_cq *cq, struct gdasync_wc *wc, int max);
 // Waits up to `timeout_ms` milliseconds for one completion and stores it in `wc`. The
 // completion may carry an error status: check `wc->status`.
 int gdasync_cq_wait(struct gdasync_cq *cq, struct gdasync_wc *wc, uint32_t timeout_ms);
+
+// Hands `qp` to GPU kernels: from here on a kernel posts and polls on it through the
+// descriptor written to `desc` (gdsync.cuh's `gds_qp`, byte for byte: pass it to a kernel by
+// value, or copy it to memory the kernel reads), and the CPU can neither post on it nor wait
+// for its completions. Refused, with the QP left to the CPU as it was, unless each of its
+// CQs serves this QP alone and holds at least as many entries as the ring it serves, and
+// nothing is outstanding (every send and receive completed and polled, no prepared send
+// uncommitted). Connect it first: a kernel cannot.
+int gdasync_qp_to_kernel(struct gdasync_qp *qp, struct gdasync_kernel_qp *desc);
+
+// Writes the descriptor of `qp` (with a kernel) to `out`, with the counters where the last
+// kernel left them, for the next launch to resume from. Take one for each launch, never
+// while a kernel drives the QP.
+int gdasync_qp_kernel_desc(struct gdasync_qp *qp, struct gdasync_kernel_qp *out);
+
+// What kernels have done with `qp` (with a kernel) so far, to `out`: they store their
+// counters through to host memory after every call of gdsync.cuh.
+int gdasync_qp_kernel_progress(struct gdasync_qp *qp, struct gdasync_kernel_progress *out);
+
+// Writes 1 to `out` where GPUs reach the rings, doorbells and CQs of `qp` (with a kernel),
+// else 0 (no CUDA driver: a kernel cannot use the descriptor).
+int gdasync_qp_kernel_gpu_mapped(struct gdasync_qp *qp, uint32_t *out);
+
+// Takes `qp` back from the kernels, once they have ended with nothing outstanding (every
+// send and receive they posted completed, and its completion consumed): the CPU posts and
+// polls on from where they stopped. Refused, with the QP left with the kernel, otherwise.
+int gdasync_qp_to_host(struct gdasync_qp *qp);
 
 // Registers `length` bytes at `addr` with `access` rights (`GDASYNC_ACCESS_*`): host
 // memory, or memory of a GPU the device reaches. The memory must stay allocated until

@@ -197,6 +197,33 @@ int mp_iput_on_stream(void *src, int size, mp_reg_t *src_reg, int peer, size_t d
                       mp_window_t *dst_window_t, mp_request_t *req, int flags,
                       struct CUstream_st *stream);
 
+/* Not in LibMP: put with signal. Writes size bytes at src (inside *src_reg) into peer's part
+ * of *dst_window_t at byte displ, then the 8-byte word at signal (inside *signal_reg; its value
+ * is read at the call) at byte signal_displ (8-byte aligned) of the same window: the peer sees
+ * the signal only after the data (wait on its low 32 bits with mp_wait32 or
+ * mp_wait32_on_stream). The request goes to *req. */
+int mp_iput_signal(void *src, int size, mp_reg_t *src_reg, int peer, size_t displ, mp_window_t *dst_window_t,
+                   uint64_t *signal, mp_reg_t *signal_reg, size_t signal_displ, mp_request_t *req);
+int mp_iput_signal_on_stream(void *src, int size, mp_reg_t *src_reg, int peer, size_t displ,
+                             mp_window_t *dst_window_t, uint64_t *signal, mp_reg_t *signal_reg,
+                             size_t signal_displ, mp_request_t *req, struct CUstream_st *stream);
+
+/* LibMP's split API, for batching: a prepare checks its arguments and makes a request that
+ * holds the send or put; a post hands prepared requests to a stream, which (for sends) waits
+ * there for the peer's receive, then rings. The work request is written when posted (LibMP
+ * wrote it when prepared). A request is posted once; waiting for one never posted fails
+ * (post it first); released by mp_wait or mp_wait_all as any other. */
+int mp_send_prepare(void *buf, int size, int peer, mp_reg_t *mp_reg, mp_request_t *req);
+/* mp_send_post_on_stream also makes the stream wait for the send's completion. */
+int mp_send_post_on_stream(mp_request_t *req, struct CUstream_st *stream);
+int mp_isend_post_on_stream(mp_request_t *req, struct CUstream_st *stream);
+int mp_send_post_all_on_stream(uint32_t count, mp_request_t *req, struct CUstream_st *stream);
+int mp_isend_post_all_on_stream(uint32_t count, mp_request_t *req, struct CUstream_st *stream);
+int mp_put_prepare(void *src, int size, mp_reg_t *src_reg, int peer, size_t displ, mp_window_t *dst_window_t,
+                   mp_request_t *req, int flags);
+int mp_iput_post_on_stream(mp_request_t *req, struct CUstream_st *stream);
+int mp_iput_post_all_on_stream(uint32_t count, mp_request_t *req, struct CUstream_st *stream);
+
 #ifdef __cplusplus
 }
 #endif

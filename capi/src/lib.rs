@@ -13,7 +13,10 @@
 mod args;
 mod device;
 mod handle;
+mod kernel_qp;
 mod mp_p2p;
+mod mp_prepare;
+mod mp_signal;
 mod mp_state;
 mod mp_stream;
 mod mp_win;
@@ -24,7 +27,10 @@ mod status;
 mod stream;
 
 pub use device::*;
+pub use kernel_qp::*;
 pub use mp_p2p::*;
+pub use mp_prepare::*;
+pub use mp_signal::*;
 pub use mp_state::*;
 pub use mp_stream::*;
 pub use mp_win::*;

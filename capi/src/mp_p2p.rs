@@ -21,10 +21,35 @@ handle_impl!(mp_reg, 9, SharedMr);
 pub struct mp_request {
     _opaque: [u8; 0],
 }
-/// A request, pending or seen complete by `mp_progress_all` (not yet released).
+/// A request: prepared (not posted yet), pending, or seen complete by `mp_progress_all`
+/// (not yet released).
 pub(crate) enum MpReq {
+    Prepared(Prepared),
     Pending(mp::Request),
     Done,
+}
+
+/// An operation prepared, not yet posted (`mp_prepare.rs`).
+pub(crate) enum Prepared {
+    /// A send of `sge` to `peer`.
+    Send { sge: Sge, peer: usize },
+    /// A put of `sge` into `peer`'s part of `window` at byte `displ`.
+    Put {
+        sge: Sge,
+        window: Arc<(mp::Window, gdsync::MemoryRegion<'static>)>,
+        peer: usize,
+        displ: u64,
+    },
+}
+
+/// Refuses a request that was prepared and never posted (nothing to wait for).
+pub(crate) fn posted(r: &MpReq) -> Res<()> {
+    match r {
+        MpReq::Prepared(_) => Err(Fail::invalid(
+            "a request was prepared and never posted: post it on a stream first (mp_isend_post_on_stream, mp_iput_post_on_stream)",
+        )),
+        _ => Ok(()),
+    }
 }
 /// The request, shared by calls in flight.
 pub(crate) type SharedReq = Arc<Mutex<MpReq>>;
@@ -137,7 +162,7 @@ pub extern "C" fn mp_isend(
 /// Takes the requests `reqs` names out of the table (released: dead from here on).
 fn take_requests(reqs: &[*mut mp_request]) -> Res<Vec<Option<mp::Request>>> {
     for &h in reqs {
-        handle::get(h, "a request")?;
+        posted(&handle::get(h, "a request")?.lock())?;
     }
     reqs.iter()
         .map(|&h| {
@@ -145,7 +170,7 @@ fn take_requests(reqs: &[*mut mp_request]) -> Res<Vec<Option<mp::Request>>> {
             let state = std::mem::replace(&mut *r.lock(), MpReq::Done);
             Ok(match state {
                 MpReq::Pending(r) => Some(r),
-                MpReq::Done => None,
+                MpReq::Done | MpReq::Prepared(_) => None,
             })
         })
         .collect()

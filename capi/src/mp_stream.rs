@@ -18,7 +18,7 @@ use std::sync::Arc;
 pub const MP_HOST_STREAM_BITS: usize = usize::MAX;
 
 /// The executor for the program's stream value `s`.
-fn executor(s: *mut c_void) -> Res<Arc<Stream>> {
+pub(crate) fn executor(s: *mut c_void) -> Res<Arc<Stream>> {
     let key = s as usize;
     with_state(|st| {
         if let Some(e) = st.streams.get(&key) {
@@ -109,7 +109,10 @@ pub extern "C" fn mp_isend_on_stream(
 fn pending(reqs: &[*mut mp_request]) -> Res<Vec<mp::Request>> {
     let mut out = Vec::with_capacity(reqs.len());
     for &h in reqs {
-        if let MpReq::Pending(r) = *handle::get(h, "a request")?.lock() {
+        let slot = handle::get(h, "a request")?;
+        let r = slot.lock();
+        crate::mp_p2p::posted(&r)?;
+        if let MpReq::Pending(r) = *r {
             out.push(r);
         }
     }

@@ -57,7 +57,7 @@ pub extern "C" fn gdasync_qp_prepare_send(
     guard("gdasync_qp_prepare_send", || {
         args::check_ptr(out, "out")?;
         let wr = crate::qp::send_wr(wr)?;
-        let p = handle::get(qp, "qp")?.lock().prepare_send(&wr)?;
+        let p = crate::qp::with_host(qp, |q| Ok(q.prepare_send(&wr)?))?;
         let h = handle::insert::<gdasync_prepared>(Arc::new(Mutex::new(Some(p))))?;
         args::write(out, h, "out")?;
         Ok(GDASYNC_OK)
@@ -76,19 +76,20 @@ pub extern "C" fn gdasync_qp_commit(
 ) -> c_int {
     guard("gdasync_qp_commit", || {
         args::check_ptr(doorbell, "doorbell")?;
-        let qp = handle::get(qp, "qp")?;
         let slot = handle::get(p, "p")?;
-        let prepared = slot
-            .lock()
-            .take()
-            .ok_or_else(|| Fail::new(GDASYNC_ERR_STATE, "p was committed already"))?;
-        let (t, ops) = match qp.lock().commit(prepared) {
-            Ok(done) => done,
-            Err(e) => {
-                *slot.lock() = Some(e.prepared);
-                return Err(e.error.into());
+        let (t, ops) = crate::qp::with_host(qp, |q| {
+            let prepared = slot
+                .lock()
+                .take()
+                .ok_or_else(|| Fail::new(GDASYNC_ERR_STATE, "p was committed already"))?;
+            match q.commit(prepared) {
+                Ok(done) => Ok(done),
+                Err(e) => {
+                    *slot.lock() = Some(e.prepared);
+                    Err(e.error.into())
+                }
             }
-        };
+        })?;
         handle::remove(p, "p")?;
         args::write_opt(ticket, t.into(), "ticket")?;
         give_ops(ops, doorbell)?;
@@ -117,7 +118,7 @@ pub extern "C" fn gdasync_qp_send_wait_ops(
     guard("gdasync_qp_send_wait_ops", || {
         args::check_ptr(out, "out")?;
         let t = args::read(ticket, "ticket")?;
-        let ops = handle::get(qp, "qp")?.lock().send_wait_ops(&t.into())?;
+        let ops = crate::qp::with_host(qp, |q| Ok(q.send_wait_ops(&t.into())?))?;
         give_ops(ops, out)?;
         Ok(GDASYNC_OK)
     })
@@ -134,7 +135,7 @@ pub extern "C" fn gdasync_qp_recv_wait_ops(
     guard("gdasync_qp_recv_wait_ops", || {
         args::check_ptr(out, "out")?;
         let t = args::read(ticket, "ticket")?;
-        let ops = handle::get(qp, "qp")?.lock().recv_wait_ops(&t.into())?;
+        let ops = crate::qp::with_host(qp, |q| Ok(q.recv_wait_ops(&t.into())?))?;
         give_ops(ops, out)?;
         Ok(GDASYNC_OK)
     })

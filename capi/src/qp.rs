@@ -4,7 +4,7 @@
 use crate::args;
 use crate::device::{gdasync_cq, gdasync_pd};
 use crate::handle::{self, handle_impl};
-use crate::status::{guard, Fail, Res, GDASYNC_OK};
+use crate::status::{guard, Fail, Res, GDASYNC_ERR_STATE, GDASYNC_OK};
 use gdsync::{
     Qp, QpConfig, RecvTicket, RecvWr, RemoteAddr, SendFlags, SendTicket, SendWr, Sge, WrOp,
 };
@@ -19,8 +19,59 @@ pub struct gdasync_qp {
     _opaque: [u8; 0],
 }
 /// The QP, shared by calls in flight; posting needs it exclusively.
-pub(crate) type SharedQp = Arc<Mutex<Qp>>;
+pub(crate) type SharedQp = Arc<Mutex<HeldQp>>;
 handle_impl!(gdasync_qp, 4, SharedQp);
+
+/// Who drives a QP: the CPU, or a GPU kernel (`gdasync_qp_to_kernel`).
+pub(crate) enum HeldQp {
+    /// The CPU posts and polls.
+    Host(Qp),
+    /// A kernel does, through the descriptor.
+    Kernel(gdsync::kernel::DeviceQp),
+    /// Only while a hand-over holds the lock (left behind only by a bug in it).
+    Moving,
+}
+
+impl HeldQp {
+    /// The QP, where the CPU drives it.
+    pub(crate) fn host(&mut self) -> Res<&mut Qp> {
+        match self {
+            HeldQp::Host(q) => Ok(q),
+            HeldQp::Kernel(q) => Err(Fail::new(
+                GDASYNC_ERR_STATE,
+                format!(
+                    "QP {:#x} is driven by a GPU kernel (gdasync_qp_to_kernel): the CPU cannot post on it nor wait for it; take it back with gdasync_qp_to_host",
+                    q.qpn()
+                ),
+            )),
+            HeldQp::Moving => Err(HeldQp::lost()),
+        }
+    }
+
+    /// The QP's number.
+    pub(crate) fn qpn(&self) -> Res<u32> {
+        match self {
+            HeldQp::Host(q) => Ok(q.qpn()),
+            HeldQp::Kernel(q) => Ok(q.qpn()),
+            HeldQp::Moving => Err(HeldQp::lost()),
+        }
+    }
+
+    fn lost() -> Fail {
+        Fail::new(
+            crate::status::GDASYNC_ERR_INTERNAL,
+            "the QP was lost by a failed hand-over between the CPU and a kernel (a bug in gdasync): destroy it",
+        )
+    }
+}
+
+/// Runs `f` on the QP `h` names, which the CPU must be driving; calls on one QP are
+/// serialised.
+pub(crate) fn with_host<R>(h: *mut gdasync_qp, f: impl FnOnce(&mut Qp) -> Res<R>) -> Res<R> {
+    let qp = handle::get(h, "qp")?;
+    let mut held = qp.lock();
+    f(held.host()?)
+}
 
 /// Room an endpoint string needs, its NUL included.
 pub const GDASYNC_ENDPOINT_MAX: usize = 256;
@@ -229,7 +280,8 @@ pub extern "C" fn gdasync_qp_create(
         let (pd, scq) = (handle::get(pd, "pd")?, handle::get(send_cq, "send_cq")?);
         let rcq = handle::get(recv_cq, "recv_cq")?;
         let qp = pd.create_qp(&scq, &rcq, &cfg)?;
-        args::write(out, handle::insert(Arc::new(Mutex::new(qp)))?, "out")?;
+        let held = Arc::new(Mutex::new(HeldQp::Host(qp)));
+        args::write(out, handle::insert(held)?, "out")?;
         Ok(GDASYNC_OK)
     })
 }
@@ -247,7 +299,7 @@ pub extern "C" fn gdasync_qp_destroy(qp: *mut gdasync_qp) -> c_int {
 #[no_mangle]
 pub extern "C" fn gdasync_qp_num(qp: *mut gdasync_qp, out: *mut u32) -> c_int {
     guard("gdasync_qp_num", || {
-        let n = handle::get(qp, "qp")?.lock().qpn();
+        let n = handle::get(qp, "qp")?.lock().qpn()?;
         args::write(out, n, "out")?;
         Ok(GDASYNC_OK)
     })
@@ -259,7 +311,7 @@ pub extern "C" fn gdasync_qp_num(qp: *mut gdasync_qp, out: *mut u32) -> c_int {
 #[no_mangle]
 pub extern "C" fn gdasync_qp_endpoint(qp: *mut gdasync_qp, buf: *mut c_char, len: usize) -> c_int {
     guard("gdasync_qp_endpoint", || {
-        let ep = handle::get(qp, "qp")?.lock().endpoint().to_string();
+        let ep = with_host(qp, |q| Ok(q.endpoint().to_string()))?;
         args::copy_string(&ep, buf, len, "the endpoint")?;
         Ok(GDASYNC_OK)
     })
@@ -271,7 +323,7 @@ pub extern "C" fn gdasync_qp_connect(qp: *mut gdasync_qp, endpoint: *const c_cha
     guard("gdasync_qp_connect", || {
         let qp = handle::get(qp, "qp")?;
         let ep: gdsync::Endpoint = args::string(endpoint, "endpoint")?.parse()?;
-        qp.lock().connect(&ep)?;
+        qp.lock().host()?.connect(&ep)?;
         Ok(GDASYNC_OK)
     })
 }
@@ -343,7 +395,7 @@ pub extern "C" fn gdasync_qp_post_send(
 ) -> c_int {
     guard("gdasync_qp_post_send", || {
         let wr = send_wr(wr)?;
-        let t = handle::get(qp, "qp")?.lock().post_send(&wr)?;
+        let t = with_host(qp, |q| Ok(q.post_send(&wr)?))?;
         args::write_opt(ticket, t.into(), "ticket")?;
         Ok(GDASYNC_OK)
     })
@@ -362,7 +414,7 @@ pub extern "C" fn gdasync_qp_post_recv(
     guard("gdasync_qp_post_recv", || {
         let mut wr = RecvWr::new().wr_id(wr_id);
         wr.sges.extend(sges(sg_list, num_sge, "sg_list")?);
-        let t = handle::get(qp, "qp")?.lock().post_recv(&wr)?;
+        let t = with_host(qp, |q| Ok(q.post_recv(&wr)?))?;
         args::write_opt(ticket, t.into(), "ticket")?;
         Ok(GDASYNC_OK)
     })

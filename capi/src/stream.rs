@@ -166,11 +166,14 @@ pub extern "C" fn gdasync_qp_post_send_on_stream(
 ) -> c_int {
     guard("gdasync_qp_post_send_on_stream", || {
         let wr = crate::qp::send_wr(wr)?;
-        let (qp, s) = (handle::get(qp, "qp")?, handle::get(stream, "stream")?);
-        let mut q = qp.lock();
-        let p = q.prepare_send(&wr)?;
-        let (t, ops) = q.commit(p).map_err(|e| Fail::from(e.error))?;
-        s.submit(ops)?;
+        let s = handle::get(stream, "stream")?;
+        // Submitted under the QP's lock: the stream gets its commits in their order.
+        let t = crate::qp::with_host(qp, |q| {
+            let p = q.prepare_send(&wr)?;
+            let (t, ops) = q.commit(p).map_err(|e| Fail::from(e.error))?;
+            s.submit(ops)?;
+            Ok(t)
+        })?;
         args::write_opt(ticket, t.into(), "ticket")?;
         Ok(GDASYNC_OK)
     })
@@ -186,8 +189,8 @@ pub extern "C" fn gdasync_qp_wait_send_on_stream(
 ) -> c_int {
     guard("gdasync_qp_wait_send_on_stream", || {
         let t = args::read(ticket, "ticket")?;
-        let (qp, s) = (handle::get(qp, "qp")?, handle::get(stream, "stream")?);
-        let ops = qp.lock().send_wait_ops(&t.into())?;
+        let s = handle::get(stream, "stream")?;
+        let ops = crate::qp::with_host(qp, |q| Ok(q.send_wait_ops(&t.into())?))?;
         s.submit(ops)?;
         Ok(GDASYNC_OK)
     })
@@ -202,8 +205,8 @@ pub extern "C" fn gdasync_qp_wait_recv_on_stream(
 ) -> c_int {
     guard("gdasync_qp_wait_recv_on_stream", || {
         let t = args::read(ticket, "ticket")?;
-        let (qp, s) = (handle::get(qp, "qp")?, handle::get(stream, "stream")?);
-        let ops = qp.lock().recv_wait_ops(&t.into())?;
+        let s = handle::get(stream, "stream")?;
+        let ops = crate::qp::with_host(qp, |q| Ok(q.recv_wait_ops(&t.into())?))?;
         s.submit(ops)?;
         Ok(GDASYNC_OK)
     })

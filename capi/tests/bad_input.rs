@@ -2,25 +2,12 @@
 //! pointers and handles, wrong sizes, destroyed handles and handles of another type, garbage.
 //! Each gets its status code and a message that names the cause, never a crash.
 
+mod common;
+
+use common::{last, refused};
 use gdasync_c::*;
 use std::ffi::{c_char, c_int, CStr};
 use std::ptr::{null, null_mut};
-
-/// This thread's last error message.
-fn last() -> String {
-    // SAFETY: gdasync_last_error returns a NUL-terminated string valid until the next failure.
-    unsafe { CStr::from_ptr(gdasync_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-/// Asserts `rc` is `code` and the message contains `words`.
-#[track_caller]
-fn refused(rc: c_int, code: c_int, words: &str) {
-    let msg = last();
-    assert_eq!(rc, code, "status (message: {msg})");
-    assert!(msg.contains(words), "message {msg:?} should say {words:?}");
-}
 
 fn c(s: &str) -> std::ffi::CString {
     std::ffi::CString::new(s).unwrap()

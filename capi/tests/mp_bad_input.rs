@@ -114,6 +114,97 @@ fn mp_refuses_bad_input_before_during_and_after_a_job() {
         mp_iput(p, 8, &mut reg, 0, 0, &mut win, &mut req, 0x10),
         "no MP_PUT_ flag",
     );
+    // The prepare/post split: arguments checked at prepare; a request posted once, by the
+    // post of its kind; waiting for one never posted fails and keeps it.
+    let host = MP_HOST_STREAM_BITS as *mut c_void;
+    fails(
+        mp_send_prepare(p, 8, 1, &mut reg, &mut req),
+        "peer 1 is no rank",
+    );
+    fails(
+        mp_send_prepare(outside, 100, 0, &mut reg, &mut req),
+        "not inside",
+    );
+    fails(
+        mp_send_prepare(p, 8, 0, &mut reg, null_mut()),
+        "req is NULL",
+    );
+    fails(
+        mp_put_prepare(p, 8, &mut reg, 0, 0, &mut win, &mut req, 0x10),
+        "no MP_PUT_ flag",
+    );
+    fails(
+        mp_put_prepare(p, 8, &mut reg, 0, 0, null_mut(), &mut req, 0),
+        "is NULL",
+    );
+    let (mut sreq, mut preq) = (null_mut(), null_mut());
+    ok(mp_send_prepare(p, 8, 0, &mut reg, &mut sreq));
+    ok(mp_put_prepare(
+        p, 8, &mut reg, 0, 16, &mut win, &mut preq, 0,
+    ));
+    fails(mp_wait(&mut sreq), "never posted");
+    fails(mp_wait_all_on_stream(1, &mut sreq, host), "never posted");
+    fails(
+        mp_iput_post_on_stream(&mut sreq, host),
+        "made by mp_send_prepare",
+    );
+    fails(
+        mp_isend_post_on_stream(&mut preq, host),
+        "made by mp_put_prepare",
+    );
+    fails(
+        mp_isend_post_on_stream(&mut dead, host),
+        "not a live mp_request",
+    );
+    fails(mp_isend_post_on_stream(null_mut(), host), "req is NULL");
+    fails(mp_isend_post_all_on_stream(2, null_mut(), host), "is NULL");
+    fails(mp_send_post_on_stream(&mut sreq, cuda_stream), "gpu_id -1");
+    // Put with signal: the signal is one aligned 8-byte word inside its registration.
+    let sig = buf[8..].as_mut_ptr() as *mut u64;
+    fails(
+        mp_iput_signal(p, 8, &mut reg, 0, 0, &mut win, sig, &mut reg, 12, &mut req),
+        "8-byte word",
+    );
+    fails(
+        mp_iput_signal(
+            p,
+            8,
+            &mut reg,
+            0,
+            0,
+            &mut win,
+            (p as usize + 252) as *mut u64,
+            &mut reg,
+            16,
+            &mut req,
+        ),
+        "not inside",
+    );
+    fails(
+        mp_iput_signal(
+            p,
+            8,
+            &mut reg,
+            0,
+            0,
+            &mut win,
+            sig,
+            null_mut(),
+            16,
+            &mut req,
+        ),
+        "is NULL",
+    );
+    let (r, w) = (&mut reg as *mut _, &mut win as *mut _);
+    let on_stream = |req, s| mp_iput_signal_on_stream(p, 8, r, 0, 0, w, sig, r, 16, req, s);
+    fails(on_stream(null_mut(), host), "req is NULL");
+    fails(on_stream(&mut req, cuda_stream), "gpu_id -1");
+    // One rank has no peer to put to: refused at the post, the request stays prepared.
+    fails(mp_iput_post_all_on_stream(1, &mut preq, host), "not a peer");
+    fails(
+        mp_isend_post_on_stream(&mut preq, host),
+        "made by mp_put_prepare",
+    );
     ok(mp_window_destroy(&mut win));
     assert!(win.is_null(), "destroy sets the handle to NULL");
     let stale = reg;

@@ -1,5 +1,5 @@
 /* mp_pingpong.c: a LibMP-style ping-pong between two ranks through mp.h, then a window put
- * with a flag word the receiver waits for (mp_wait32). With --stream host or --stream cuda the
+ * with a flag word the receiver waits for (mp_wait32), and a put with signal. With --stream host or --stream cuda the
  * sends and puts are posted on a stream (LibMP's *_on_stream family): the library's host
  * stream, or a CUDA stream of the program's own on GPU 0 (made through the CUDA driver,
  * loaded at run time: no CUDA headers or toolkit needed to build).
@@ -20,81 +20,15 @@
 #include <mpi.h> /* before mp.h: mp.h then defines LibMP's mp_init(MPI_Comm, ...) */
 #endif
 #include <mp.h>
-#include <arpa/inet.h>
 #include <dlfcn.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <time.h>
-#include <unistd.h>
+#include "example.h"
 
 #define LEN 64
 
-#define CHECK(call)                                                        \
-  do {                                                                     \
-    if ((call) != MP_SUCCESS) {                                            \
-      fprintf(stderr, "%s failed: %s\n", #call, mp_last_error());          \
-      exit(1);                                                             \
-    }                                                                      \
-  } while (0)
-
-#ifndef USE_MPI
-/* Starts two ranks of this program on this host and waits for them. */
-static int launch(char **argv) {
-  unsigned char key[32];
-  char secret[65], root[32];
-  FILE *r = fopen("/dev/urandom", "rb");
-  if (!r || fread(key, 1, sizeof key, r) != sizeof key) { perror("/dev/urandom"); return 1; }
-  fclose(r);
-  for (int i = 0; i < 32; i++) snprintf(secret + 2 * i, 3, "%02x", key[i]);
-  /* A free loopback port for rank 0 to listen on. */
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a;
-  socklen_t alen = sizeof a;
-  memset(&a, 0, sizeof a);
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) || getsockname(s, (struct sockaddr *)&a, &alen)) {
-    perror("picking a port");
-    return 1;
-  }
-  snprintf(root, sizeof root, "127.0.0.1:%d", ntohs(a.sin_port));
-  close(s);
-  pid_t pids[2];
-  for (int rank = 0; rank < 2; rank++) {
-    pids[rank] = fork();
-    if (pids[rank] == 0) {
-      char rs[8];
-      snprintf(rs, sizeof rs, "%d", rank);
-      setenv("GDSYNC_RANK", rs, 1);
-      setenv("GDSYNC_SIZE", "2", 1);
-      setenv("GDSYNC_ROOT", root, 1);
-      setenv("GDSYNC_JOB_SECRET", secret, 1);
-      execv("/proc/self/exe", argv);
-      perror("execv");
-      _exit(127);
-    }
-  }
-  int failed = 0;
-  for (int rank = 0; rank < 2; rank++) {
-    int st;
-    if (waitpid(pids[rank], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      fprintf(stderr, "rank %d failed\n", rank);
-      failed = 1;
-    }
-  }
-  return failed;
-}
-#endif
-
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
 
 /* The stream of the sends and puts: NULL for the CPU, else MP_HOST_STREAM or a CUDA stream. */
 static struct CUstream_st *stream;
@@ -166,7 +100,7 @@ static void pingpong(int me, int rounds, char *buf, mp_reg_t *reg) {
  * the flag with mp_wait32 (one connection delivers in order: the data is there). */
 static void put_and_flag(int me, char *buf, mp_reg_t *reg) {
   static const char message[] = "put into rank 1's window through mp.h";
-  uint32_t *win_mem = calloc(32, sizeof(uint32_t)); /* word 0: the flag; bytes 16..: data */
+  uint32_t *win_mem = calloc(32, sizeof(uint32_t)); /* word 0: the flag; bytes 16..: data; 64: a signal; 72..: data */
   mp_window_t win;
   mp_request_t req[2];
   if (!win_mem) exit(1);
@@ -177,13 +111,23 @@ static void put_and_flag(int me, char *buf, mp_reg_t *reg) {
     *flag = 1;
     if (stream) {
       CHECK(mp_iput_on_stream(buf + 16, (int)sizeof message, reg, 1, 16, &win, &req[0], 0, stream));
-      CHECK(mp_iput_on_stream(flag, 4, reg, 1, 0, &win, &req[1], 0, stream));
+      /* The flag through LibMP's split: prepared now, posted on the stream after the data. */
+      CHECK(mp_put_prepare(flag, 4, reg, 1, 0, &win, &req[1], 0));
+      CHECK(mp_iput_post_on_stream(&req[1], stream));
       CHECK(mp_wait_on_stream(&req[1], stream));
     } else {
       CHECK(mp_iput(buf + 16, (int)sizeof message, reg, 1, 16, &win, &req[0], 0));
       CHECK(mp_iput(flag, 4, reg, 1, 0, &win, &req[1], 0));
     }
     CHECK(mp_wait_all(2, req));
+    /* The message again at byte 72, with a signal (2) at byte 64 written after it. */
+    uint64_t *signal = (uint64_t *)(buf + 8);
+    *signal = 2;
+    if (stream)
+      CHECK(mp_iput_signal_on_stream(buf + 16, (int)sizeof message, reg, 1, 72, &win, signal, reg, 64, &req[0], stream));
+    else
+      CHECK(mp_iput_signal(buf + 16, (int)sizeof message, reg, 1, 72, &win, signal, reg, 64, &req[0]));
+    CHECK(mp_wait(&req[0]));
   } else {
     CHECK(mp_wait32(&win_mem[0], 1, MP_WAIT_EQ));
     if (memcmp((char *)win_mem + 16, message, sizeof message) != 0) {
@@ -191,6 +135,12 @@ static void put_and_flag(int me, char *buf, mp_reg_t *reg) {
       exit(1);
     }
     printf("mp.h window: rank 1 saw the flag, then \"%s\"\n", (char *)win_mem + 16);
+    CHECK(mp_wait32(&win_mem[16], 2, MP_WAIT_EQ)); /* the signal's low half (little-endian) */
+    if (memcmp((char *)win_mem + 72, message, sizeof message) != 0) {
+      fprintf(stderr, "the put with signal did not land before its signal\n");
+      exit(1);
+    }
+    printf("mp.h put with signal: rank 1 saw the signal, and the data before it\n");
   }
   CHECK(mp_barrier());
   CHECK(mp_window_destroy(&win));
@@ -208,8 +158,7 @@ int main(int argc, char **argv) {
 #ifdef USE_MPI
   MPI_Init(&argc, &argv);
 #else
-  if (!getenv("GDSYNC_RANK") && !getenv("OMPI_COMM_WORLD_RANK") && !getenv("PMI_RANK") && !getenv("SLURM_PROCID"))
-    return launch(argv);
+  if (!launched_by_someone()) return launch(argv, 2);
 #endif
   int version = 0, me = 0, size = 0;
   CHECK(mp_query_param(MP_PARAM_VERSION, &version));

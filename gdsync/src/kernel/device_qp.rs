@@ -83,7 +83,9 @@ const _: () = assert!(std::mem::size_of::<QpDesc>() == 224);
 // SAFETY: `#[repr(C)]` plain data laid out as `gds_qp` (the size is asserted above).
 unsafe impl crate::cuda::KernelArg for QpDesc {}
 
-/// What a kernel has done with a [`DeviceQp`], as it stored it through to host memory.
+/// What a kernel has done with a [`DeviceQp`], as it stored it through to host memory
+/// (`#[repr(C)]`: the C API hands it out as `gdasync_kernel_progress`).
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceQpProgress {
     /// Sends posted (WQEBBs; one per send).
@@ -129,25 +131,31 @@ impl std::fmt::Debug for DeviceQp {
     }
 }
 
-/// [`DeviceQp::into_host`] refused: why, and the QP, still with the kernel.
+/// A hand-over of a QP between the CPU and a kernel refused: why, and the QP, unchanged.
 #[derive(Debug)]
-pub struct IntoHostError {
+pub struct HandOverError<Q> {
     /// Why.
     pub error: Error,
-    /// The QP, unchanged.
-    pub qp: Box<DeviceQp>,
+    /// The QP, unchanged (still with the kernel, or still the CPU's).
+    pub qp: Box<Q>,
 }
 
-impl std::fmt::Display for IntoHostError {
+/// [`DeviceQp::into_host`] refused: why, and the QP, still with the kernel.
+pub type IntoHostError = HandOverError<DeviceQp>;
+
+/// [`Qp::try_into_device`] refused: why, and the QP, still the CPU's.
+pub type IntoDeviceError = HandOverError<Qp>;
+
+impl<Q> std::fmt::Display for HandOverError<Q> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.error.fmt(f)
     }
 }
 
-impl std::error::Error for IntoHostError {}
+impl<Q: std::fmt::Debug> std::error::Error for HandOverError<Q> {}
 
-impl From<IntoHostError> for Error {
-    fn from(e: IntoHostError) -> Error {
+impl<Q> From<HandOverError<Q>> for Error {
+    fn from(e: HandOverError<Q>) -> Error {
         e.error
     }
 }

@@ -19,7 +19,9 @@
 mod device_qp;
 mod peer;
 mod qp_handover;
-pub use device_qp::{CqDesc, DeviceQp, DeviceQpProgress, IntoHostError, QpDesc};
+pub use device_qp::{
+    CqDesc, DeviceQp, DeviceQpProgress, HandOverError, IntoDeviceError, IntoHostError, QpDesc,
+};
 pub use peer::{PeerDesc, PeerState};
 
 use crate::mem::{gpu_addr_in, RingMem};

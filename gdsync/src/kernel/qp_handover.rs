@@ -1,6 +1,8 @@
 //! Handing a QP's rings to a GPU kernel and taking them back: the checks that nothing is
-//! outstanding, and the counters the kernel starts from and leaves.
+//! outstanding (a refusal hands the QP back: [`IntoDeviceError`]), and the counters the
+//! kernel starts from and leaves.
 
+use crate::kernel::IntoDeviceError;
 use crate::qp::{Qp, QpState, QP_KERNEL_RQ_PI, QP_KERNEL_SQ_PI, QP_RQ_RETIRED, QP_SQ_RETIRED};
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
@@ -17,7 +19,37 @@ impl Qp {
     /// completion it sees), each CQ holds at least as many entries as its ring (so it cannot
     /// overrun), and nothing is outstanding: no send or receive in flight, no completion
     /// unpolled, no prepared send uncommitted.
+    ///
+    /// A refused QP is lost here; [`Qp::try_into_device`] hands it back.
     pub fn into_device(self) -> Result<crate::kernel::DeviceQp> {
+        self.try_into_device().map_err(Error::from)
+    }
+
+    /// [`Qp::into_device`], which hands the QP back, unchanged, when it refuses (the QP can
+    /// be used on the CPU as before, or handed over once its work is done).
+    pub fn try_into_device(self) -> Result<crate::kernel::DeviceQp, IntoDeviceError> {
+        if let Err(error) = self.check_hand_over() {
+            return Err(IntoDeviceError {
+                error,
+                qp: Box::new(self),
+            });
+        }
+        // The kernel starts from the CPU's counters, and the host reads them as retired.
+        let (sq, rq) = (self.sq_pi, self.rq_pi);
+        for (at, v) in [
+            (QP_SQ_RETIRED, sq),
+            (QP_RQ_RETIRED, rq),
+            (QP_KERNEL_SQ_PI, sq),
+            (QP_KERNEL_RQ_PI, rq),
+        ] {
+            self.shared.ctrl.u64(at).store(v, Ordering::Release);
+        }
+        Ok(crate::kernel::DeviceQp::new(self))
+    }
+
+    /// Whether the QP may go to a kernel (see [`Qp::into_device`]); where it may, its CQs are
+    /// marked as the kernel's.
+    fn check_hand_over(&self) -> Result<()> {
         let s = &*self.shared;
         if s.state() == QpState::Error {
             return Err(Error::QpInError { qpn: s.qpn });
@@ -56,19 +88,7 @@ impl Qp {
             s.send_cq.take_from_kernel();
             return Err(e);
         }
-        s.ctrl
-            .u64(QP_SQ_RETIRED)
-            .store(self.sq_pi, Ordering::Release);
-        s.ctrl
-            .u64(QP_RQ_RETIRED)
-            .store(self.rq_pi, Ordering::Release);
-        s.ctrl
-            .u64(QP_KERNEL_SQ_PI)
-            .store(self.sq_pi, Ordering::Release);
-        s.ctrl
-            .u64(QP_KERNEL_RQ_PI)
-            .store(self.rq_pi, Ordering::Release);
-        Ok(crate::kernel::DeviceQp::new(self))
+        Ok(())
     }
 
     /// Takes the rings back from a kernel that ended with nothing outstanding: posting
@@ -86,5 +106,32 @@ impl Qp {
         s.rq_polled.store(rq_pi, Ordering::Release);
         s.send_cq.take_from_kernel();
         s.recv_cq.take_from_kernel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Device, QpConfig, RecvWr};
+
+    /// A refused hand-over gives the QP back, unchanged and usable on the CPU; once the
+    /// reason is gone it goes to the kernel.
+    #[test]
+    fn a_refused_hand_over_hands_the_qp_back() {
+        let dev = Device::soft().unwrap();
+        let pd = dev.alloc_pd();
+        let (scq, rcq) = (dev.create_cq(1024).unwrap(), dev.create_cq(1024).unwrap());
+        let mut qp = pd.create_qp(&scq, &rcq, &QpConfig::default()).unwrap();
+        let qpn = qp.qpn();
+        qp.post_recv(&RecvWr::new()).unwrap();
+        let e = qp.try_into_device().unwrap_err();
+        assert!(e.to_string().contains("outstanding"), "{e}");
+        let mut qp = *e.qp;
+        assert_eq!(qp.qpn(), qpn);
+        // Still the CPU's: it posts, and its CQs are not the kernel's.
+        qp.post_recv(&RecvWr::new()).unwrap();
+        assert!(rcq.poll_one().is_ok());
+        drop(qp);
+        let fresh = pd.create_qp(&scq, &rcq, &QpConfig::default()).unwrap();
+        assert!(fresh.try_into_device().is_ok());
     }
 }
