@@ -1,5 +1,5 @@
 //! Copies between host memory and GPU memory, through a GPU's primary context ([`GpuCtx`]) and
-//! the calling thread's copy lane (its own stream and pinned bounce), each waited for at most
+//! the calling thread's copy lane (its own stream and bounce), each waited for at most
 //! [`COPY_TIMEOUT`]: what memory regions and the soft device's DMA use.
 
 use super::{failed, Cuda};
@@ -66,7 +66,7 @@ impl GpuCtx {
             self.on_copy_lane(part.len(), "host-to-GPU", finish, |lane| {
                 lane.bounce_mut(part.len())?.copy_from_slice(part);
                 // SAFETY: the caller checked that at..at+len lies in a live device region; the
-                // source is the lane's pinned bounce, which is never freed while a copy from
+                // source is the lane's bounce, which is never freed while a copy from
                 // it may still run (an abandoned lane is leaked).
                 unsafe { result::memcpy_htod_async(at, lane.bounce(part.len()), lane.stream()) }
                     .map_err(failed("cuMemcpyHtoDAsync"))
@@ -151,25 +151,27 @@ const LANE_BYTES: usize = 1 << 20;
 thread_local!(static LANES: RefCell<Vec<CopyLane>> = const { RefCell::new(Vec::new()) });
 
 /// A thread's way to one GPU for the soft device's copies: a non-blocking stream of its own
-/// (not the legacy default stream) and a pinned bounce the copies go through, so that a copy
-/// given up after [`COPY_TIMEOUT`] can never land in the caller's memory later.
+/// (not the legacy default stream) and a bounce the copies go through, so that a copy given up
+/// after [`COPY_TIMEOUT`] can never land in the caller's memory later. The bounce is ordinary
+/// memory, made once: allocating or freeing pinned memory is an implicit synchronisation of
+/// the GPU, which would wait forever for a program's stream that waits for this very copy.
+/// (A copy into ordinary memory returns from the driver only once done, so a GPU-to-host copy
+/// stuck in the GPU's queue is bounded only where the driver's call returns.)
 struct CopyLane {
     ordinal: i32,
     stream: usize,
-    bounce: *mut u8,
-    cap: usize,
+    bounce: Vec<u8>,
 }
 
 impl CopyLane {
-    /// A lane on GPU `ordinal` (whose context is bound), with no bounce yet.
+    /// A lane on GPU `ordinal` (whose context is bound).
     fn new(ordinal: i32) -> Result<Self> {
         let raw = result::stream::create(result::stream::StreamKind::NonBlocking)
             .map_err(failed("cuStreamCreate"))?;
         Ok(Self {
             ordinal,
             stream: raw as usize,
-            bounce: std::ptr::null_mut(),
-            cap: 0,
+            bounce: vec![0; LANE_BYTES],
         })
     }
 
@@ -177,43 +179,15 @@ impl CopyLane {
         self.stream as sys::CUstream
     }
 
-    /// The bounce's first `len` bytes (`len` ≤ what [`Self::bounce_mut`] made room for).
+    /// The bounce's first `len` bytes (`len` ≤ [`LANE_BYTES`]: callers copy in parts).
     fn bounce(&self, len: usize) -> &[u8] {
-        assert!(len <= self.cap, "lane bounce read past its size");
-        // SAFETY: `cap` pinned bytes at `bounce`, owned by this lane; no copy runs now (the
-        // lane's last copy was waited for, or this slice is only handed to the next one).
-        unsafe { std::slice::from_raw_parts(self.bounce, len) }
+        &self.bounce[..len]
     }
 
-    /// The bounce's first `len` bytes, grown to hold them (`len` ≤ [`LANE_BYTES`]). Only
-    /// called between copies: the lane's previous copy finished (or the lane was abandoned).
+    /// The same, to fill or copy into; only between copies (the lane's previous copy finished,
+    /// or the lane was abandoned and this is a new one).
     fn bounce_mut(&mut self, len: usize) -> Result<&mut [u8]> {
-        if len > self.cap {
-            if !self.bounce.is_null() {
-                // SAFETY: our allocation, no copy running (see above).
-                let _ = unsafe { result::free_host(self.bounce.cast()) };
-                self.bounce = std::ptr::null_mut();
-                self.cap = 0;
-            }
-            let want = len.next_power_of_two().min(LANE_BYTES).max(len);
-            // SAFETY: a new pinned allocation of `want` bytes.
-            let p = unsafe { result::malloc_host(want, 0) }.map_err(failed("cuMemHostAlloc"))?;
-            self.bounce = p.cast();
-            self.cap = want;
-        }
-        // SAFETY: `cap` ≥ len pinned bytes owned by this lane, no copy running.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.bounce, len) })
-    }
-}
-
-impl Drop for CopyLane {
-    fn drop(&mut self) {
-        // Lanes live as long as their thread; the driver reclaims the stream at exit. The
-        // bounce is freed (the lane's copies were all waited for, or it was forgotten).
-        if !self.bounce.is_null() {
-            // SAFETY: our allocation, no copy running.
-            let _ = unsafe { result::free_host(self.bounce.cast()) };
-        }
+        Ok(&mut self.bounce[..len])
     }
 }
 
