@@ -6,9 +6,11 @@
  *   - refuses socket(AF_NETLINK, NETLINK_RDMA), so that sysfs discovery runs;
  *   - fakes stat/open/fstat/close of /dev/infiniband/uverbsN for each device the fake sysfs
  *     lists (a memfd dressed as character device 231:192+N);
- *   - answers RDMA_VERBS_IOCTL methods other than MR/REG_DMABUF_MR (ibv_reg_dmabuf_mr is
- *     ioctl-only) with EPROTONOSUPPORT, as a kernel without the method does: libibverbs then
- *     falls back to the write() command, or skips what the device lacks;
+ *   - serves RDMA_VERBS_IOCTL's DEVICE/INVOKE_WRITE (the write() commands below carried as
+ *     ioctl attributes, which libibverbs uses once it answers; $UVEMU_ABI=write turns it off,
+ *     for the legacy ABI) and MR/REG_DMABUF_MR (ibv_reg_dmabuf_mr is ioctl-only); answers
+ *     other methods with EPROTONOSUPPORT, as a kernel without the method does: libibverbs then
+ *     falls back to INVOKE_WRITE or write(), or skips what the device lacks;
  *   - serves the write() commands of the control path with mlx5 driver data, keeping every
  *     object in per-context tables (uvemu.h) with the checks the kernel makes: handles of the
  *     right type and context, references that forbid destroying a PD or CQ still in use, QP
