@@ -6,9 +6,11 @@
  *   - refuses socket(AF_NETLINK, NETLINK_RDMA), so that sysfs discovery runs;
  *   - fakes stat/open/fstat/close of /dev/infiniband/uverbsN for each device the fake sysfs
  *     lists (a memfd dressed as character device 231:192+N);
- *   - answers RDMA_VERBS_IOCTL methods other than MR/REG_DMABUF_MR (ibv_reg_dmabuf_mr is
- *     ioctl-only) with EPROTONOSUPPORT, as a kernel without the method does: libibverbs then
- *     falls back to the write() command, or skips what the device lacks;
+ *   - serves RDMA_VERBS_IOCTL's DEVICE/INVOKE_WRITE (the write() commands below carried as
+ *     ioctl attributes, which libibverbs uses once it answers; $UVEMU_ABI=write turns it off,
+ *     for the legacy ABI) and MR/REG_DMABUF_MR (ibv_reg_dmabuf_mr is ioctl-only); answers
+ *     other methods with EPROTONOSUPPORT, as a kernel without the method does: libibverbs then
+ *     falls back to INVOKE_WRITE or write(), or skips what the device lacks;
  *   - serves the write() commands of the control path with mlx5 driver data, keeping every
  *     object in per-context tables (uvemu.h) with the checks the kernel makes: handles of the
  *     right type and context, references that forbid destroying a PD or CQ still in use, QP
@@ -1415,6 +1417,8 @@ static int cmd_destroy(struct cmd *m, enum uvemu_obj_type t, int has_response)
 
 /* Commands served, by ib_user_verbs.h command number (legacy and extended alike). */
 static uint64_t cmd_count[IB_USER_VERBS_CMD_COMMAND_MASK + 1];
+/* Those of them served through DEVICE/INVOKE_WRITE (the ioctl ABI). */
+static uint64_t ioctl_cmd_count[IB_USER_VERBS_CMD_COMMAND_MASK + 1];
 
 static int do_cmd(struct cmd *m)
 {
@@ -1646,6 +1650,17 @@ int uvemu_command_count(uint32_t op, uint64_t *count)
 	return 0;
 }
 
+/* The number of commands numbered `op` served through the ioctl ABI (DEVICE/INVOKE_WRITE),
+ * in `*count`: tests tell which ABI libibverbs took. */
+int uvemu_ioctl_command_count(uint32_t op, uint64_t *count)
+{
+	if (op > IB_USER_VERBS_CMD_COMMAND_MASK || !count) return EINVAL;
+	pthread_mutex_lock(&lock);
+	*count = ioctl_cmd_count[op];
+	pthread_mutex_unlock(&lock);
+	return 0;
+}
+
 /* ------------------------------------------------------------------ ioctl, mmap */
 
 /* MR/REG_DMABUF_MR: the one ioctl-only method (ibv_reg_dmabuf_mr). */
@@ -1698,6 +1713,92 @@ static int reg_dmabuf_mr(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 	return 0;
 }
 
+/* The ABI this run serves: $UVEMU_ABI "write" answers every ioctl method but REG_DMABUF_MR
+ * with EPROTONOSUPPORT (a kernel without them); anything else (default) serves INVOKE_WRITE. */
+static int abi_ioctl(void)
+{
+	static int abi = -1;
+	if (abi < 0) {
+		const char *e = getenv("UVEMU_ABI");
+		abi = !(e && !strcmp(e, "write"));
+		L("ABI: %s", abi ? "ioctl" : "write");
+	}
+	return abi;
+}
+
+/* INVOKE_WRITE's attributes, found by id: core in/out, command, driver in/out. */
+enum { IW_CORE_IN, IW_CORE_OUT, IW_CMD, IW_UHW_IN, IW_UHW_OUT, IW_N };
+
+/* Sorts one method's attributes as the kernel validates them: reserved bits zero, no id twice,
+ * an unknown id refused with EPROTONOSUPPORT when marked mandatory and skipped otherwise. */
+static int invoke_write_attrs(struct ib_uverbs_ioctl_hdr *h, struct ib_uverbs_attr *a[IW_N])
+{
+	for (int i = 0; i < h->num_attrs; i++) {
+		struct ib_uverbs_attr *x = &h->attrs[i];
+		if (x->attr_data.reserved || (x->flags & ~UVERBS_ATTR_F_MANDATORY)) return EINVAL;
+		int k = x->attr_id == UVERBS_ATTR_CORE_IN ? IW_CORE_IN
+		      : x->attr_id == UVERBS_ATTR_CORE_OUT ? IW_CORE_OUT
+		      : x->attr_id == UVERBS_ATTR_WRITE_CMD ? IW_CMD
+		      : x->attr_id == UVERBS_ATTR_UHW_IN ? IW_UHW_IN
+		      : x->attr_id == UVERBS_ATTR_UHW_OUT ? IW_UHW_OUT : -1;
+		if (k < 0) {
+			if (x->flags & UVERBS_ATTR_F_MANDATORY) return EPROTONOSUPPORT;
+			continue;
+		}
+		if (a[k]) return EINVAL;
+		a[k] = x;
+	}
+	return a[IW_CORE_IN] && a[IW_CMD] ? 0 : EINVAL;
+}
+
+/* A pointer attribute's input bytes (inline up to 8, else at its user pointer) into a fresh
+ * buffer of at least `min` bytes (the len field is 16 bits: bounded). */
+static void *attr_bytes(const struct ib_uverbs_attr *x, size_t min, int *err)
+{
+	size_t len = x ? x->len : 0;
+	if (len < min) { *err = EINVAL; return NULL; }
+	char *b = calloc(1, len + 1);
+	if (!b) { *err = ENOMEM; return NULL; }
+	if (len <= 8) memcpy(b, &x->data, len);
+	else if (user_copy(b, (void *)(uintptr_t)x->data, len)) { free(b); *err = EFAULT; return NULL; }
+	return b;
+}
+
+/* DEVICE/INVOKE_WRITE: a legacy write() command carried over ioctl, its request and response
+ * in separate core and driver attributes (libibverbs' path once ioctl answers). */
+static int invoke_write(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
+{
+	struct ib_uverbs_attr *a[IW_N] = {0};
+	int rc = invoke_write_attrs(h, a);
+	if (rc) return rc;
+	struct cmd m = { .c = c, .op = (uint32_t)a[IW_CMD]->data };
+	size_t creq, cresp;
+	if (a[IW_CMD]->data > IB_USER_VERBS_CMD_COMMAND_MASK) return EOPNOTSUPP;
+	core_sizes(m.op, &creq, &cresp);
+	if (!creq) return EOPNOTSUPP;
+	if (m.op != IB_USER_VERBS_CMD_GET_CONTEXT && c->async_rd < 0) return EINVAL; /* no context yet */
+	struct ib_uverbs_attr *o = a[IW_CORE_OUT], *d = a[IW_UHW_OUT];
+	if (cresp && (!o || o->len < cresp)) return ENOSPC;
+	if ((o && user_writable((void *)(uintptr_t)o->data, o->len)) ||
+	    (d && user_writable((void *)(uintptr_t)d->data, d->len)))
+		return EFAULT;
+	void *in = attr_bytes(a[IW_CORE_IN], creq, &rc), *din = in ? attr_bytes(a[IW_UHW_IN], 0, &rc) : NULL;
+	if (din) {
+		m.in = in; m.in_len = creq;
+		m.din = din; m.din_len = a[IW_UHW_IN] ? a[IW_UHW_IN]->len : 0;
+		m.out = o ? (void *)(uintptr_t)o->data : NULL; m.out_len = cresp;
+		m.dout = d ? (void *)(uintptr_t)d->data : NULL; m.dout_len = d ? d->len : 0;
+		L("ioctl DEVICE/INVOKE_WRITE %u", m.op);
+		rc = do_cmd(&m);
+		ioctl_cmd_count[m.op] += !rc;
+	}
+	free(in);
+	free(din);
+	for (int k = IW_CORE_OUT; !rc && k < IW_N; k += IW_UHW_OUT - IW_CORE_OUT)
+		if (a[k]) a[k]->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
+	return rc;
+}
+
 /* One RDMA_VERBS_IOCTL: its header and attributes copied in (with the kernel's length check),
  * the method run, the attributes copied back (outputs, flags). Methods other than
  * REG_DMABUF_MR answer EPROTONOSUPPORT, as a kernel whose uverbs tree lacks the object or
@@ -1710,13 +1811,19 @@ static int ioctl_method(struct uvemu_context *c, void *arg)
 	} local;
 	struct ib_uverbs_ioctl_hdr *h = &local.h, *user = arg;
 	if (user_copy(h, user, sizeof(*h))) return EFAULT;
-	if (h->object_id != UVERBS_OBJECT_MR || h->method_id != UVERBS_METHOD_REG_DMABUF_MR) {
+	int write_cmd = abi_ioctl() && h->object_id == UVERBS_OBJECT_DEVICE && h->method_id == UVERBS_METHOD_INVOKE_WRITE;
+	if (!write_cmd && (h->object_id != UVERBS_OBJECT_MR || h->method_id != UVERBS_METHOD_REG_DMABUF_MR)) {
 		L("ioctl object %#x method %#x -> EPROTONOSUPPORT", h->object_id, h->method_id);
 		return EPROTONOSUPPORT;
 	}
 	size_t attrs = h->num_attrs * sizeof(h->attrs[0]);
 	if (h->num_attrs > MAX_IOCTL_ATTRS || h->length != sizeof(*h) + attrs) return EINVAL;
+	if (h->reserved1 || h->reserved2) return EPROTONOSUPPORT;
 	if (user_copy(h->attrs, user->attrs, attrs)) return EFAULT;
+	if (write_cmd) {
+		int rc = invoke_write(c, h);
+		return rc ? rc : user_copy(user->attrs, h->attrs, attrs);
+	}
 	if (c->async_rd < 0) return EINVAL; /* no context yet */
 	int rc = reg_dmabuf_mr(c, h);
 	return rc ? rc : user_copy(user->attrs, h->attrs, attrs);

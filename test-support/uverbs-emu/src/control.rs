@@ -96,6 +96,17 @@ pub fn command_count(c: Command) -> Result<u64, String> {
     Ok(n)
 }
 
+/// How many commands of kind `c` reached the driver through the ioctl ABI
+/// (`UVERBS_METHOD_INVOKE_WRITE`) rather than `write()`: tells which ABI libibverbs took.
+pub fn ioctl_command_count(c: Command) -> Result<u64, String> {
+    type Count = unsafe extern "C" fn(u32, *mut u64) -> c_int;
+    let f: Count = control(c"uvemu_ioctl_command_count")?;
+    let mut n = 0u64;
+    // SAFETY: the function uvemu.c declares for tests, with a pointer to a live u64.
+    check(&format!("{c:?}"), unsafe { f(c as u32, &mut n) })?;
+    Ok(n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,5 +121,6 @@ mod tests {
         assert!(set_port_state("mlx5_0", 1, false).is_err());
         assert!(cq_error(0x400).is_err());
         assert!(command_count(Command::QueryQp).is_err());
+        assert!(ioctl_command_count(Command::AllocPd).is_err());
     }
 }

@@ -1,10 +1,12 @@
-//! `with-emulated-hca [--devices SPEC] CMD ARGS...`: runs CMD under the emulated RDMA driver
+//! `with-emulated-hca [--devices SPEC] [--abi write|ioctl] CMD ARGS...`: runs CMD under the emulated RDMA driver
 //! (fake sysfs + preload), so that the real libibverbs and libmlx5 in it see the devices of
 //! SPEC (default `mlx5_0`, one RoCE port; `$UVEMU_DEVICES` sets it too, e.g.
 //! `mlx5_0,mlx5_1:ib:ib`). Exits with CMD's status. `UVEMU_LOG=1` traces the commands served.
 //! Every process of CMD that opens an emulated device gets a soft HCA behind it: the driver
 //! loads `$UVEMU_HCA` (default: `libgdasync_emulated_hca.so` beside this program, which
 //! `scripts/with-emulated-hca` builds; `UVEMU_HCA=` turns it off) at that first open.
+//! `--abi` (or `$UVEMU_ABI`) picks the kernel ABI the driver speaks: `ioctl` (default, as a
+//! current kernel: write commands carried by `RDMA_VERBS_IOCTL`) or `write` (legacy only).
 
 use std::process::ExitCode;
 
@@ -28,15 +30,29 @@ fn run() -> Result<ExitCode, String> {
         spec = args.remove(1);
         args.remove(0);
     }
+    let mut abi = std::env::var("UVEMU_ABI").unwrap_or_else(|_| "ioctl".into());
+    if args.first().map(String::as_str) == Some("--abi") {
+        if args.len() < 2 {
+            return Err("--abi needs a value: write or ioctl".into());
+        }
+        abi = args.remove(1);
+        args.remove(0);
+    }
+    if abi != "write" && abi != "ioctl" {
+        return Err(format!("--abi {abi}: expected write or ioctl"));
+    }
     if args.first().map(String::as_str) == Some("--") {
         args.remove(0);
     }
     let Some(program) = args.first().cloned() else {
-        return Err("usage: with-emulated-hca [--devices SPEC] CMD ARGS...".into());
+        return Err(
+            "usage: with-emulated-hca [--devices SPEC] [--abi write|ioctl] CMD ARGS...".into(),
+        );
     };
     let devices = uverbs_emu::parse_devices(&spec)?;
     let emu = uverbs_emu::Emulator::new(&devices)?;
     let mut cmd = emu.command(&program);
+    cmd.env("UVEMU_ABI", abi);
     if let Some(hca) = soft_hca() {
         cmd.env("UVEMU_HCA", hca);
     }
