@@ -64,7 +64,7 @@ impl GpuCtx {
             let at = dst + (k * LANE_BYTES) as u64;
             let finish = |_: &CopyLane| {};
             self.on_copy_lane(part.len(), "host-to-GPU", finish, |lane| {
-                lane.bounce_mut(part.len())?.copy_from_slice(part);
+                lane.bounce_mut(part.len()).copy_from_slice(part);
                 // SAFETY: the caller checked that at..at+len lies in a live device region; the
                 // source is the lane's bounce, which is never freed while a copy from
                 // it may still run (an abandoned lane is leaked).
@@ -85,7 +85,7 @@ impl GpuCtx {
             self.on_copy_lane(n, "GPU-to-host", finish, |lane| {
                 let stream = lane.stream();
                 // SAFETY: as copy_htod; the target is the lane's bounce.
-                unsafe { result::memcpy_dtoh_async(lane.bounce_mut(n)?, from, stream) }
+                unsafe { result::memcpy_dtoh_async(lane.bounce_mut(n), from, stream) }
                     .map_err(failed("cuMemcpyDtoHAsync"))
             })?;
         }
@@ -110,13 +110,7 @@ impl GpuCtx {
         super::bind_context(self.ordinal, self.ctx)?;
         LANES.with(|lanes| {
             let mut lanes = lanes.borrow_mut();
-            let i = match lanes.iter().position(|l| l.ordinal == self.ordinal) {
-                Some(i) => i,
-                None => {
-                    lanes.push(CopyLane::new(self.ordinal)?);
-                    lanes.len() - 1
-                }
-            };
+            let i = lane_index(&mut lanes, self.ordinal)?;
             let lane = &mut lanes[i];
             copy(lane)?;
             let raw = lane.stream();
@@ -150,10 +144,20 @@ const LANE_BYTES: usize = 1 << 20;
 
 thread_local!(static LANES: RefCell<Vec<CopyLane>> = const { RefCell::new(Vec::new()) });
 
+/// Where the thread's lane for GPU `ordinal` (whose context is bound) is in `lanes`, made if
+/// it has none (a stream that lives as long as the thread: the driver reclaims it at exit).
+fn lane_index(lanes: &mut Vec<CopyLane>, ordinal: i32) -> Result<usize> {
+    if let Some(i) = lanes.iter().position(|l| l.ordinal == ordinal) {
+        return Ok(i);
+    }
+    lanes.push(CopyLane::new(ordinal)?);
+    Ok(lanes.len() - 1)
+}
+
 /// A thread's way to one GPU for the soft device's copies: a non-blocking stream of its own
 /// (not the legacy default stream) and a bounce the copies go through, so that a copy given up
 /// after [`COPY_TIMEOUT`] can never land in the caller's memory later. The bounce is ordinary
-/// memory, made once: allocating or freeing pinned memory is an implicit synchronisation of
+/// memory, made at the lane's first copy and kept: allocating or freeing pinned memory is an implicit synchronisation of
 /// the GPU, which would wait forever for a program's stream that waits for this very copy.
 /// (A copy into ordinary memory returns from the driver only once done, so a GPU-to-host copy
 /// stuck in the GPU's queue is bounded only where the driver's call returns.)
@@ -171,7 +175,7 @@ impl CopyLane {
         Ok(Self {
             ordinal,
             stream: raw as usize,
-            bounce: vec![0; LANE_BYTES],
+            bounce: Vec::new(),
         })
     }
 
@@ -184,10 +188,13 @@ impl CopyLane {
         &self.bounce[..len]
     }
 
-    /// The same, to fill or copy into; only between copies (the lane's previous copy finished,
-    /// or the lane was abandoned and this is a new one).
-    fn bounce_mut(&mut self, len: usize) -> Result<&mut [u8]> {
-        Ok(&mut self.bounce[..len])
+    /// The same, to fill or copy into (made at the first call); only between copies (the
+    /// lane's previous copy finished, or the lane was abandoned and this is a new one).
+    fn bounce_mut(&mut self, len: usize) -> &mut [u8] {
+        if self.bounce.is_empty() {
+            self.bounce = vec![0; LANE_BYTES];
+        }
+        &mut self.bounce[..len]
     }
 }
 
@@ -228,24 +235,14 @@ fn wait_bounded(
     }
 }
 
-/// The calling thread's own stream on GPU `ordinal` (whose context is bound), for the soft
-/// device's data moves: the engine copies on a non-blocking stream of its own, not the legacy
-/// default stream.
+/// The calling thread's own stream on GPU `ordinal` (whose context is bound): its copy lane's,
+/// a non-blocking stream, not the legacy default stream.
 pub(super) fn copy_stream(ordinal: i32) -> Result<sys::CUstream> {
-    thread_local!(static STREAMS: std::cell::RefCell<Vec<(i32, usize)>> = const { std::cell::RefCell::new(Vec::new()) });
-    if let Some(s) = STREAMS.with(|v| {
-        v.borrow()
-            .iter()
-            .find(|(o, _)| *o == ordinal)
-            .map(|(_, s)| *s)
-    }) {
-        return Ok(s as sys::CUstream);
-    }
-    // Never destroyed: it lives as long as the thread, and the driver reclaims it at exit.
-    let raw = result::stream::create(result::stream::StreamKind::NonBlocking)
-        .map_err(failed("cuStreamCreate"))?;
-    STREAMS.with(|v| v.borrow_mut().push((ordinal, raw as usize)));
-    Ok(raw)
+    LANES.with(|lanes| {
+        let mut lanes = lanes.borrow_mut();
+        let i = lane_index(&mut lanes, ordinal)?;
+        Ok(lanes[i].stream())
+    })
 }
 
 /// Copies `dst.len()` bytes at `addr` into `dst`: host memory, or memory of the GPU of `gpu`.
