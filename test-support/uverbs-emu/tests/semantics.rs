@@ -24,10 +24,19 @@ fn root() -> PathBuf {
 }
 
 /// The emulator's runner (built once, with the soft HCA library beside it, by
-/// `scripts/with-emulated-hca`) and the checks program (built once with `cc`).
+/// `scripts/with-emulated-hca`) and the checks program (built once with `cc`). On a machine
+/// without cargo or a C compiler, prebuilt copies are named by `UVEMU_EMULATOR` and
+/// `UVEMU_SEMANTICS_PROGRAM` (both must be set).
 fn tools() -> &'static (PathBuf, PathBuf) {
     static T: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     T.get_or_init(|| {
+        let prebuilt = (
+            std::env::var_os("UVEMU_EMULATOR"),
+            std::env::var_os("UVEMU_SEMANTICS_PROGRAM"),
+        );
+        if let (Some(emu), Some(exe)) = prebuilt {
+            return (PathBuf::from(emu), PathBuf::from(exe));
+        }
         let built = Command::new(root().join("scripts/with-emulated-hca"))
             .arg("true")
             .status()
