@@ -1,7 +1,8 @@
 #!/bin/bash
 # Installs gdasync's C library into PREFIX without cargo: lib/libgdasync.so.0 (+ libgdasync.so),
-# lib/libgdasync.a, include/gdasync.h (and mp.h where built), lib/pkgconfig/gdasync.pc and
-# lib/cmake/gdasync/ (find_package). Build the library first, once:
+# lib/libgdasync.a, include/gdasync.h (and mp.h where built), include/gdsync.cuh (with
+# gdsync_format.h, for CUDA kernels), lib/pkgconfig/gdasync.pc and lib/cmake/gdasync/
+# (find_package). Build the library first, once:
 #
 #   cargo build --release -p gdasync-c
 #   scripts/install-c.sh /usr/local                 # or any prefix; DESTDIR is honoured
@@ -48,6 +49,9 @@ ln -sf "libgdasync.so.$version" "$dest/lib/libgdasync.so.$major"
 ln -sf "libgdasync.so.$major" "$dest/lib/libgdasync.so"
 install -m 0644 "$lib_dir/libgdasync_c.a" "$dest/lib/libgdasync.a"
 for h in "$here"/capi/include/*.h; do install -m 0644 "$h" "$dest/include/"; done
+# The CUDA device header (and the formats it includes): kernels compiled with nvcc or NVRTC
+# drive QPs handed over by gdasync_qp_to_kernel with it.
+install -m 0644 "$here/gdsync/include/gdsync.cuh" "$here/gdsync/include/gdsync_format.h" "$dest/include/"
 sed -e "s|@PREFIX@|$prefix|" -e "s|@VERSION@|$version|" -e "s|@PRIVATE_LIBS@|$private_libs|" \
   "$here/capi/gdasync.pc.in" > "$dest/lib/pkgconfig/gdasync.pc"
 install -m 0644 "$here/capi/cmake/gdasyncConfig.cmake" "$dest/lib/cmake/gdasync/"

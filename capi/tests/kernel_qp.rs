@@ -226,11 +226,16 @@ fn gdsync_cuh_drives_a_qp_made_through_gdasync_h() {
     ignore = "needs clang++ with its CUDA front end when the tests are built (apt-get install clang, then touch capi/build.rs)"
 )]
 fn the_gpu_tests_kernel_compiles_as_cuda() {
+    compiles_as_cuda("c_api_qp.cu", include_str!("kernels/c_api_qp.cu"));
+}
+
+/// Checks with clang that `kernel` compiles as CUDA after the header as NVRTC gets it, in
+/// NVRTC mode and in nvcc mode.
+fn compiles_as_cuda(name: &str, kernel: &str) {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("c_api_qp-cuda-{}", std::process::id()));
+        .join(format!("{name}-cuda-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("all.cu");
-    let kernel = include_str!("kernels/c_api_qp.cu");
     let src = format!(
         "{}\n{}\n{kernel}",
         clang_cuda::CUDA_SHIM,
@@ -241,9 +246,47 @@ fn the_gpu_tests_kernel_compiles_as_cuda() {
         let o = clang_cuda::clang_cuda(mode, &file).unwrap();
         assert!(
             o.status.success(),
-            "c_api_qp.cu {mode:?}: {}",
+            "{name} {mode:?}: {}",
             String::from_utf8_lossy(&o.stderr)
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The kernel of the C example `examples/c/kernel_qp.c` (a C string there, which NVRTC
+/// compiles at run time after the installed gdsync.cuh) compiles as CUDA after the header, in
+/// NVRTC mode and in nvcc mode: checked with clang where no GPU is.
+#[test]
+#[cfg_attr(
+    not(clang_cuda),
+    ignore = "needs clang++ with its CUDA front end when the tests are built (apt-get install clang, then touch capi/build.rs)"
+)]
+fn the_c_examples_kernel_compiles_as_cuda() {
+    let c = include_str!("../../examples/c/kernel_qp.c");
+    let kernel = c_string_after(c, "KERNEL_SRC =");
+    assert!(kernel.contains("__global__ void drive("), "{kernel}");
+    // The header comes first here, as NVRTC's include of it puts it.
+    compiles_as_cuda(
+        "kernel_qp.c",
+        &kernel.replace("#include \"gdsync.cuh\"", ""),
+    );
+}
+
+/// The text of the C string literal (adjacent literals, one per line, up to the `;`) that
+/// follows `marker` in `c`.
+fn c_string_after(c: &str, marker: &str) -> String {
+    let at = c.find(marker).expect("the marker is in the C file") + marker.len();
+    let mut text = String::new();
+    for line in c[at..].lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let lit = line.trim_end_matches(';');
+        let body = lit
+            .strip_prefix('"')
+            .and_then(|l| l.strip_suffix('"'))
+            .unwrap_or_else(|| panic!("not a string literal line: {line}"));
+        text.push_str(&body.replace("\\n", "\n").replace("\\\"", "\""));
+        if line.ends_with(';') {
+            return text;
+        }
+    }
+    panic!("the string after {marker} has no end")
 }

@@ -1,10 +1,11 @@
-/* example.h: what the mp.h examples share. CHECK(call) exits with mp_last_error() when an mp
- * call fails; now_us() reads the monotonic clock. Without USE_MPI, launch(argv, n) starts the
- * ranks on this host: n copies of the program (with GDSYNC_RANK, GDSYNC_SIZE, GDSYNC_ROOT on a
- * free loopback port and a fresh GDSYNC_JOB_SECRET set), and waits for them;
+/* example.h: what the C examples share. CHECK(call) exits with the library's last error when a
+ * call fails (mp_last_error() after mp.h, gdasync_last_error() after gdasync.h); now_us() reads
+ * the monotonic clock. For the mp.h examples without USE_MPI, launch(argv, n) starts the ranks
+ * on this host: n copies of the program (with GDSYNC_RANK, GDSYNC_SIZE, GDSYNC_ROOT on a free
+ * loopback port and a fresh GDSYNC_JOB_SECRET set), and waits for them;
  * launched_by_someone() says whether this process is already a rank (started by launch,
  * mpirun, PMI or srun). Header-only: the examples include it with #include "example.h" (after
- * mp.h) and need nothing else to build. */
+ * mp.h or gdasync.h) and need nothing else to build. */
 #ifndef GDASYNC_EXAMPLES_EXAMPLE_H
 #define GDASYNC_EXAMPLES_EXAMPLE_H
 
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#if defined(MP_SUCCESS)
 #define CHECK(call)                                                        \
   do {                                                                     \
     if ((call) != MP_SUCCESS) {                                            \
@@ -19,14 +21,24 @@
       exit(1);                                                             \
     }                                                                      \
   } while (0)
+#elif defined(GDASYNC_H)
+#define CHECK(call)                                                                                  \
+  do {                                                                                               \
+    int rc_ = (call);                                                                                \
+    if (rc_ != GDASYNC_OK) {                                                                         \
+      fprintf(stderr, "%s failed: %s: %s\n", #call, gdasync_status_name(rc_), gdasync_last_error()); \
+      exit(1);                                                                                       \
+    }                                                                                                \
+  } while (0)
+#endif
 
-static double now_us(void) {
+static inline double now_us(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
 }
 
-#ifndef USE_MPI
+#if defined(MP_SUCCESS) && !defined(USE_MPI)
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <string.h>
@@ -89,6 +101,6 @@ static int launch(char **argv, int n) {
   return failed;
 }
 
-#endif /* USE_MPI */
+#endif /* MP_SUCCESS && !USE_MPI */
 
 #endif /* GDASYNC_EXAMPLES_EXAMPLE_H */

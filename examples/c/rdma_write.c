@@ -8,19 +8,13 @@
  *   cc -std=c99 -O2 rdma_write.c $(pkg-config --cflags --libs gdasync) -o rdma_write
  *   ./rdma_write [--cuda] [--device NAME]
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c99 (example.h) */
 #include <gdasync.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(call)                                                                       \
-  do {                                                                                    \
-    int rc_ = (call);                                                                     \
-    if (rc_ != GDASYNC_OK) {                                                              \
-      fprintf(stderr, "%s failed: %s: %s\n", #call, gdasync_status_name(rc_), gdasync_last_error()); \
-      exit(1);                                                                            \
-    }                                                                                     \
-  } while (0)
+#include "example.h"
 
 /* One side: a device, a PD, its CQs and a QP. */
 struct side {
