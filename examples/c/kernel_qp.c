@@ -45,8 +45,9 @@ static const char *KERNEL_SRC =
     "  int rc = GDS_OK;\n"
     "  uint64_t i = 0, bad = 0;\n"
     "  for (; i < rounds && rc == GDS_OK; i++) {\n"
-    "    volatile uint8_t *src = (volatile uint8_t *)aptr;\n"
-    "    for (uint32_t k = 0; k < 64; k++) src[k] = (uint8_t)(i * 13 + k);\n"
+    "    // 8-byte words: each load of host memory from the GPU is a round trip over PCIe.\n"
+    "    volatile uint64_t *src = (volatile uint64_t *)aptr;\n"
+    "    for (uint32_t k = 0; k < 8; k++) src[k] = i * 13 + k;\n"
     "    rc = gds_qp_post_recv(&b, baddr + 2048, 64, blkey);  /* a write with immediate takes a receive */\n"
     "    if (rc == GDS_OK) rc = gds_qp_post_send(&a, GDS_OP_RDMA_WRITE_IMM, aaddr, alkey, 64, baddr, brkey,\n"
     "                                            (uint32_t)i, GDS_SIGNALED);\n"
@@ -54,8 +55,8 @@ static const char *KERNEL_SRC =
     "    if (rc == GDS_OK) rc = gds_cq_wait(&b.recv_cq, &wc, 2000000000ull);\n"
     "    if (rc != GDS_OK) break;\n"
     "    bad += wc.opcode != GDS_WC_RECV_WRITE_IMM || wc.imm != (uint32_t)i;\n"
-    "    volatile uint8_t *dst = (volatile uint8_t *)bptr;\n"
-    "    for (uint32_t k = 0; k < 64; k++) bad += dst[k] != (uint8_t)(i * 13 + k);\n"
+    "    volatile uint64_t *dst = (volatile uint64_t *)bptr;\n"
+    "    for (uint32_t k = 0; k < 8; k++) bad += dst[k] != i * 13 + k;\n"
     "  }\n"
     "  volatile uint64_t *o = (volatile uint64_t *)out;\n"
     "  o[0] = (uint32_t)rc;\n"
@@ -285,7 +286,7 @@ int main(int argc, char **argv) {
   CU(cu.sync());
   double took = now_us() - t0;
   if (out[0] != 0 || out[1] != 0 || out[2] != rounds) {
-    fprintf(stderr, "kernel: status %llu, %llu bad bytes or immediates, %llu of %llu rounds\n",
+    fprintf(stderr, "kernel: status %llu, %llu bad words or immediates, %llu of %llu rounds\n",
             (unsigned long long)out[0], (unsigned long long)out[1], (unsigned long long)out[2], rounds);
     return 1;
   }
