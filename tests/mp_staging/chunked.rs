@@ -167,6 +167,53 @@ fn chunked_staged_messages_outstanding_both_ways_on_a_host_stream() {
     on_threads(2, |c| many_outstanding(c, true));
 }
 
+/// From the CPU, a message after a chunked one with the same peer does not overtake the
+/// chunks still waiting for a bounce (receives match sends in order): rank 0 sends 5.5
+/// bounces through 2 send bounces and then 64 bytes of host memory; rank 1 receives them in
+/// the same order through 2 receive bounces. Both arrive whole.
+#[test]
+fn a_later_message_does_not_overtake_the_chunks_of_an_earlier_one() {
+    on_threads(2, |comm| {
+        const LEN: usize = 5 * B + B / 2;
+        let (me, peer) = (comm.rank(), 1 - comm.rank());
+        comm.set_staging(B, 2, 2).unwrap();
+        let reg = region(comm, 0);
+        let mut small = payload(7, 64);
+        if me == 0 {
+            write(&reg, 5, &payload(6, LEN));
+        } else {
+            small.fill(0);
+        }
+        let mr = comm.register(&mut small).unwrap();
+        if me == 0 {
+            let big = comm.isend_gpu(reg.slice(5..5 + LEN), peer).unwrap();
+            // The first chunks go (the receiver has posted the small receive after them)
+            // before the small send is posted: the chunks must still go first.
+            let until = Instant::now() + Duration::from_millis(100);
+            let mut done = None;
+            while done.is_none() && Instant::now() < until {
+                done = comm.test(big).unwrap();
+            }
+            let little = comm.isend(mr.sge(..), peer).unwrap();
+            if done.is_none() {
+                comm.wait(big).unwrap();
+            }
+            comm.wait(little).unwrap();
+        } else {
+            let big = comm.irecv_gpu(reg.slice(5..5 + LEN), peer).unwrap();
+            let little = comm.irecv(mr.sge(..), peer).unwrap();
+            let n = comm.wait_all(&[big, little]).unwrap();
+            assert_eq!(n, vec![LEN as u32, 64]);
+        }
+        drop(mr);
+        if me == 1 {
+            check(&reg, 5, LEN, 6, 0);
+            assert_eq!(small, payload(7, 64), "the small message");
+        }
+        comm.barrier().unwrap();
+    });
+}
+
 /// Rank 1 receives 5.5 bounces through 2 receive bounces (from the CPU; on a host stream,
 /// a bounce per chunk); rank 0 sends the first two bounces' worth (in chunks too) and sees
 /// them complete. Then `fault`: `Leave` drops rank 0's communicator (it leaves the job);
