@@ -214,6 +214,36 @@ fn a_later_message_does_not_overtake_the_chunks_of_an_earlier_one() {
     });
 }
 
+/// Both ranks post their sends first (two of 5.5 bounces and one of 300 bytes), then the
+/// matching receives, through 2 bounces each way, and only then wait: the later staged
+/// messages queue behind the chunks of the earlier ones instead of waiting for them to be
+/// posted (which needs the peer's receives, posted after its own sends). All arrive whole.
+#[test]
+fn staged_sends_posted_before_the_receives_queue_behind_the_chunks() {
+    on_threads(2, |comm| {
+        const LEN: usize = 5 * B + B / 2;
+        const MSGS: [(usize, usize); 3] = [(LEN, 1), (LEN, LEN + 9), (300, 2 * LEN + 20)];
+        let (me, peer) = (comm.rank(), 1 - comm.rank());
+        comm.set_timeout(Duration::from_secs(5));
+        comm.set_staging(B, 2, 2).unwrap();
+        let (sreg, rreg) = (region(comm, 0), region(comm, 0xEE));
+        let mut reqs = Vec::new();
+        for (m, &(len, at)) in MSGS.iter().enumerate() {
+            write(&sreg, at, &payload(me * 3 + m, len));
+            reqs.push(comm.isend_gpu(sreg.slice(at..at + len), peer).unwrap());
+        }
+        for &(len, at) in &MSGS {
+            reqs.push(comm.irecv_gpu(rreg.slice(at..at + len), peer).unwrap());
+        }
+        let n = comm.wait_all(&reqs).unwrap();
+        assert_eq!(n[3..], [LEN as u32, LEN as u32, 300]);
+        for (m, &(len, at)) in MSGS.iter().enumerate() {
+            check(&rreg, at, len, peer * 3 + m, 0xEE);
+        }
+        comm.barrier().unwrap();
+    });
+}
+
 /// Rank 1 receives 5.5 bounces through 2 receive bounces (from the CPU; on a host stream,
 /// a bounce per chunk); rank 0 sends the first two bounces' worth (in chunks too) and sees
 /// them complete. Then `fault`: `Leave` drops rank 0's communicator (it leaves the job);

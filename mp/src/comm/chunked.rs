@@ -55,8 +55,9 @@ impl Chunked {
 }
 
 impl Comm {
-    /// A staged send (`recv` false) or receive of `s`, larger than a bounce, with `peer`,
-    /// from the CPU: the chunks that bounces allow are posted now, the rest as they free.
+    /// A staged send (`recv` false) or receive of `s` with `peer` from the CPU, larger than a
+    /// bounce or behind one that is: the chunks that bounces allow are posted now (after
+    /// those of earlier messages of that peer and side), the rest as bounces free.
     pub(super) fn chunked_start(
         &mut self,
         s: &GpuSlice<'_>,
@@ -115,13 +116,20 @@ impl Comm {
         exec: bool,
     ) -> Result<Request> {
         self.peers.get(peer)?;
+        if s.len == 0 {
+            return Err(Error::invalid("a chunked staged message is never empty"));
+        }
         if u32::try_from(s.len).is_err() {
             return Err(Error::invalid(format!(
                 "a staged message of {} bytes is longer than a request can report (4 GiB - 1): send it in pieces",
                 s.len
             )));
         }
-        self.chunks_posted(peer, recv)?;
+        if exec {
+            // CPU messages queue behind earlier ones (`advance_chunked`); an executor's
+            // chunks are posted now, so the earlier ones must be first.
+            self.chunks_posted(peer, recv)?;
+        }
         let n = s.len as u64;
         let work = if recv { Work::Recv(n) } else { Work::Send(n) };
         let parent = self.new_req(peer, work);
@@ -150,16 +158,29 @@ impl Comm {
             .position(|c| c.parent == parent && !c.orphan)
     }
 
+    /// Whether the CPU has chunks of a staged message with `peer` on this side (`recv`) still
+    /// to post (later staged messages of that side queue behind them).
+    pub(super) fn chunks_pending(&self, peer: usize, recv: bool) -> bool {
+        self.chunked
+            .iter()
+            .any(|k| k.peer == peer && k.recv == recv && k.posting())
+    }
+
+    /// Whether an entry before `i` with the same peer and side still has chunks to post:
+    /// `i` posts after it (receives match sends in order).
+    fn behind_another(&self, i: usize) -> bool {
+        let c = &self.chunked[i];
+        self.chunked[..i]
+            .iter()
+            .any(|k| k.peer == c.peer && k.recv == c.recv && k.posting())
+    }
+
     /// Waits (making progress, up to the timeout) until the CPU has posted every chunk of
     /// the staged messages with `peer` on this side (`recv`): a later send or receive with
     /// that peer must not overtake them (receives match sends in order). A failed
     /// connection to the peer ends the wait with its error.
     pub(super) fn chunks_posted(&mut self, peer: usize, recv: bool) -> Result<()> {
-        let busy = |c: &Comm| {
-            c.chunked
-                .iter()
-                .any(|k| k.peer == peer && k.recv == recv && k.posting())
-        };
+        let busy = |c: &Comm| c.chunks_pending(peer, recv);
         if !busy(self) {
             // The common case, without a clock read.
             return Ok(());
@@ -271,7 +292,7 @@ impl Comm {
                 }
             }
         }
-        while self.chunked[i].posting() {
+        while self.chunked[i].posting() && !self.behind_another(i) {
             match self.post_chunk(i) {
                 Ok(true) => {}
                 Ok(false) => break,

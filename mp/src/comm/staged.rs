@@ -80,12 +80,14 @@ impl Comm {
 
     /// Like [`isend`](Self::isend), from GPU memory: a staged slice is copied out by the CPU
     /// now; one larger than a bounce goes in bounce-sized chunks, each copied out as a send
-    /// bounce comes back (during this and later calls that make progress).
+    /// bounce comes back (during this and later calls that make progress). A staged send
+    /// behind such a message queues after its chunks (a send of host memory waits for them
+    /// to be posted).
     pub fn isend_gpu(&mut self, src: GpuSlice<'_>, peer: usize) -> Result<Request> {
         if let Some(sge) = src.direct_sge() {
             return self.isend(sge, peer);
         }
-        if src.len > self.stage_shape.bounce {
+        if src.len > self.stage_shape.bounce || (src.len > 0 && self.chunks_pending(peer, false)) {
             return self.chunked_start(&src, peer, false);
         }
         let (rec, sge) = self.stage_start(&src, false, "send")?;
@@ -135,12 +137,13 @@ impl Comm {
     /// [`wait_on`](Self::wait_on)). One larger than a bounce is received in bounce-sized
     /// chunks: each is copied in by the CPU after its completion (during any call that makes
     /// progress), and its bounce then takes the next chunk; wait for it with `wait` or
-    /// `test`. Both ranks need the same bounce size, and the receive the send's length.
+    /// `test`. Both ranks need the same bounce size, and the receive the send's length. A
+    /// staged receive behind such a message queues after its chunks.
     pub fn irecv_gpu(&mut self, dst: GpuSlice<'_>, peer: usize) -> Result<Request> {
         if let Some(sge) = dst.direct_sge() {
             return self.irecv(sge, peer);
         }
-        if dst.len > self.stage_shape.bounce {
+        if dst.len > self.stage_shape.bounce || (dst.len > 0 && self.chunks_pending(peer, true)) {
             return self.chunked_start(&dst, peer, true);
         }
         let (rec, sge) = self.stage_start(&dst, true, "receive")?;
