@@ -214,6 +214,32 @@ fn a_later_message_does_not_overtake_the_chunks_of_an_earlier_one() {
     });
 }
 
+/// A chunked receive posted from the CPU whose chunks all have bounces, waited for on a
+/// host stream (`wait_on`, as pingpong and stencil2d wait for receives): every chunk lands,
+/// copied by the CPU as it came or by the stream after its wait.
+#[test]
+fn a_chunked_receive_from_the_cpu_can_be_waited_for_on_a_host_stream() {
+    on_threads(2, |comm| {
+        const LEN: usize = 5 * B + B / 2;
+        let peer = 1 - comm.rank();
+        comm.set_staging(B, 6, 6).unwrap();
+        let stream = HostStream::new().unwrap();
+        let reg = region(comm, 0xEE);
+        if comm.rank() == 0 {
+            write(&reg, 3, &payload(5, LEN));
+            let r = comm.isend_gpu(reg.slice(3..3 + LEN), peer).unwrap();
+            comm.wait(r).unwrap();
+        } else {
+            let r = comm.irecv_gpu(reg.slice(3..3 + LEN), peer).unwrap();
+            comm.wait_on(r, &stream).unwrap();
+            stream.synchronize().unwrap();
+            assert_eq!(comm.wait(r).unwrap(), LEN as u32);
+            check(&reg, 3, LEN, 5, 0xEE);
+        }
+        comm.barrier().unwrap();
+    });
+}
+
 /// Both ranks post their sends first (two of 5.5 bounces and one of 300 bytes), then the
 /// matching receives, through 2 bounces each way, and only then wait: the later staged
 /// messages queue behind the chunks of the earlier ones instead of waiting for them to be
@@ -334,8 +360,8 @@ fn chunked_staged_messages_across_different_bounces_are_reported() {
 
 /// What cannot work is refused with a line that says what to do: a chunked message on an
 /// executor that needs more bounces than its side of the pool, a staged put or get larger
-/// than a bounce, an executor's wait for a chunked message the CPU moves, resizing the pool
-/// under a chunked message. After the refusals, the same message goes from the CPU.
+/// than a bounce, an executor's wait for a chunked message whose chunks the CPU has not all
+/// posted (they wait for bounces), resizing the pool under a chunked message. After the refusals, the same message goes from the CPU.
 #[test]
 fn staged_sizes_that_cannot_work_are_refused() {
     on_threads(2, |comm| {
@@ -373,7 +399,10 @@ fn staged_sizes_that_cannot_work_are_refused() {
         }
         let r = post(comm, &reg, 0, LEN, None);
         let e = comm.wait_on(r, &stream).unwrap_err().to_string();
-        assert!(e.contains("wait()"), "{e}");
+        assert!(
+            e.contains("not posted all its chunks") && e.contains("wait()"),
+            "{e}"
+        );
         let e = comm.set_staging(B, 8, 8).unwrap_err().to_string();
         assert!(e.contains("in use"), "{e}");
         assert_eq!(comm.wait(r).unwrap(), if me == 1 { LEN as u32 } else { 0 });

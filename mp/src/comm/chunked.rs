@@ -362,12 +362,14 @@ impl Comm {
     }
 
     /// `wait_on` of chunked parent `r` (entry `i`): the executor waits for each chunk not
-    /// yet retired, copying each received one in after its wait. Refused for a message the
-    /// CPU posts (its chunks follow the CPU's progress, not the executor's order).
+    /// yet retired, copying each received one in after its wait (the CPU copied those it
+    /// retired, as they came: the peer may send as soon as a receive is posted). Refused
+    /// while the CPU still has chunks of it to post (they wait for bounces).
     pub(super) fn wait_on_chunked(&mut self, i: usize, exec: &impl Executor) -> Result<()> {
-        if !self.chunked[i].exec {
+        let c = &self.chunked[i];
+        if c.posted < c.len {
             return Err(Error::invalid(
-                "this staged message is larger than a bounce and was posted from the CPU, which moves its chunks: wait for it with wait() or test(), or post it with isend_gpu_on/irecv_gpu_on",
+                "this staged message is larger than a bounce and the CPU has not posted all its chunks yet (they wait for bounces): wait for it with wait() or test(), raise the pool with Comm::set_staging, or post it with isend_gpu_on/irecv_gpu_on",
             ));
         }
         let subs: Vec<Request> = self.chunked[i].inflight.iter().map(|&(r, _)| r).collect();
