@@ -204,11 +204,15 @@ impl Comm {
         Ok(())
     }
 
-    /// Posts the next chunk of entry `i` from the CPU if a bounce is free; whether it did.
+    /// Posts the next chunk of entry `i` from the CPU if a bounce is free (and, for a
+    /// receive, a slot of the receive ring); whether it did.
     fn post_chunk(&mut self, i: usize) -> Result<bool> {
         let c = &self.chunked[i];
         let (recv, peer, at) = (c.recv, c.peer, c.posted);
         let n = c.chunk.min(c.len - at);
+        if recv && self.peers.get(peer)?.qp.recv_room() == 0 {
+            return Ok(false);
+        }
         let Some(slot) = self.try_take_bounce(recv)? else {
             return Ok(false);
         };
@@ -367,9 +371,14 @@ impl Comm {
     /// while the CPU still has chunks of it to post (they wait for bounces).
     pub(super) fn wait_on_chunked(&mut self, i: usize, exec: &impl Executor) -> Result<()> {
         let c = &self.chunked[i];
+        if c.error.is_some() {
+            return Err(Error::invalid(
+                "this staged message failed before all its chunks were posted: wait() reports why",
+            ));
+        }
         if c.posted < c.len {
             return Err(Error::invalid(
-                "this staged message is larger than a bounce and the CPU has not posted all its chunks yet (they wait for bounces): wait for it with wait() or test(), raise the pool with Comm::set_staging, or post it with isend_gpu_on/irecv_gpu_on",
+                "this staged message is larger than a bounce and the CPU has not posted all its chunks yet (they wait for bounces or receive-ring slots): wait for it with wait() or test(), raise the pool with Comm::set_staging, post fewer receives ahead, or post it with isend_gpu_on/irecv_gpu_on",
             ));
         }
         let subs: Vec<Request> = self.chunked[i].inflight.iter().map(|&(r, _)| r).collect();
