@@ -240,6 +240,29 @@ fn a_chunked_receive_from_the_cpu_can_be_waited_for_on_a_host_stream() {
     });
 }
 
+/// A chunked message with more chunks (600 of 16 bytes) than mp's receive ring has slots
+/// (512), through a pool with a bounce for each: the receiver's chunks wait for ring slots
+/// as for bounces, and the message lands whole.
+#[test]
+fn a_chunked_receive_longer_than_the_receive_ring_waits_for_its_slots() {
+    on_threads(2, |comm| {
+        const LEN: usize = 600 * 16;
+        let peer = 1 - comm.rank();
+        comm.set_staging(16, 600, 600).unwrap();
+        let reg = region(comm, 0xEE);
+        if comm.rank() == 0 {
+            write(&reg, 1, &payload(8, LEN));
+            let r = comm.isend_gpu(reg.slice(1..1 + LEN), peer).unwrap();
+            comm.wait(r).unwrap();
+        } else {
+            let r = comm.irecv_gpu(reg.slice(1..1 + LEN), peer).unwrap();
+            assert_eq!(comm.wait(r).unwrap(), LEN as u32);
+            check(&reg, 1, LEN, 8, 0xEE);
+        }
+        comm.barrier().unwrap();
+    });
+}
+
 /// Both ranks post their sends first (two of 5.5 bounces and one of 300 bytes), then the
 /// matching receives, through 2 bounces each way, and only then wait: the later staged
 /// messages queue behind the chunks of the earlier ones instead of waiting for them to be
