@@ -10,6 +10,7 @@ use crate::common::on_threads;
 use gdasync::gdsync::exec::HostStream;
 use gdasync::gdsync::{Access, PinnedBuffer};
 use gdasync::mp::{Comm, GpuRegion, Request};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// The bounce of these tests: small, so that messages of a few KiB span many.
@@ -258,6 +259,38 @@ fn a_chunked_receive_longer_than_the_receive_ring_waits_for_its_slots() {
             let r = comm.irecv_gpu(reg.slice(1..1 + LEN), peer).unwrap();
             assert_eq!(comm.wait(r).unwrap(), LEN as u32);
             check(&reg, 1, LEN, 8, 0xEE);
+        }
+        comm.barrier().unwrap();
+    });
+}
+
+/// An executor's wait for a chunked send from the CPU whose chunks still wait for the
+/// peer's credits is refused whole (no chunk has a completion to wait for yet), and the
+/// send then completes on the CPU.
+#[test]
+fn an_executor_wait_for_chunks_waiting_for_credits_is_refused() {
+    static REFUSED: AtomicBool = AtomicBool::new(false);
+    on_threads(2, |comm| {
+        const LEN: usize = 5 * B + B / 2;
+        let peer = 1 - comm.rank();
+        comm.set_staging(B, 6, 6).unwrap();
+        let stream = HostStream::new().unwrap();
+        let reg = region(comm, 0);
+        if comm.rank() == 0 {
+            write(&reg, 0, &payload(3, LEN));
+            let r = comm.isend_gpu(reg.slice(..LEN), peer).unwrap();
+            let e = comm.wait_on(r, &stream).unwrap_err().to_string();
+            assert!(e.contains("credits"), "{e}");
+            // Not a barrier: its write would queue behind the sends, which wait for credits.
+            REFUSED.store(true, Ordering::Release);
+            comm.wait(r).unwrap();
+        } else {
+            while !REFUSED.load(Ordering::Acquire) {
+                std::thread::yield_now();
+            }
+            let r = comm.irecv_gpu(reg.slice(..LEN), peer).unwrap();
+            assert_eq!(comm.wait(r).unwrap(), LEN as u32);
+            check(&reg, 0, LEN, 3, 0);
         }
         comm.barrier().unwrap();
     });

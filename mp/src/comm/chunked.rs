@@ -382,6 +382,16 @@ impl Comm {
             ));
         }
         let subs: Vec<Request> = self.chunked[i].inflight.iter().map(|&(r, _)| r).collect();
+        // All or none: a send of the CPU's still waiting for its credit has no completion
+        // number an executor could wait for yet.
+        if subs
+            .iter()
+            .any(|&r| self.state(r).is_ok_and(|st| st.cqe().is_none()))
+        {
+            return Err(Error::invalid(
+                "some chunks of this staged message wait for the peer's credits on the CPU and have no completion to wait for yet: wait for it with wait() or test(), or post it with isend_gpu_on",
+            ));
+        }
         subs.into_iter().try_for_each(|r| self.wait_on(r, exec))
     }
 }
