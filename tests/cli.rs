@@ -133,6 +133,11 @@ fn bad_pingpong_arguments_are_clean_errors() {
         (&["--recv-batch", "4"][..], "--recv-batch applies"),
         (&["--api", "mp", "--recv-batch", "65"][..], "--recv-batch"),
         (&["--host-stream"][..], "--host-stream applies"),
+        (&["--stage-bounce", "4096"][..], "--stage-bounce applies"),
+        (
+            &["--api", "mp", "--stage-bounce", "0"][..],
+            "--stage-bounce",
+        ),
         (
             &["--duration", "1", "--iters", "5"][..],
             "cannot be used with",
@@ -262,6 +267,18 @@ fn pingpong_mp_staged_stream_loop_runs_on_a_host_stream() {
     args.extend([
         "--sizes", "8,65540", "--iters", "100", "--warmup", "10", "--json",
     ]);
+    two_staged_rows(&args);
+}
+
+/// The same with `--stage-bounce 16384`: the 65,540-byte messages go in five chunks (four
+/// bounces and 4 bytes), all on the host stream (copies out before the doorbells, the waits
+/// and copies in after them), and the last marker lands.
+#[test]
+fn pingpong_mp_chunked_staged_stream_loop_runs_on_a_host_stream() {
+    let mut args = vec!["--api", "mp", "--op", "send", "--trigger", "stream"];
+    args.extend(["--host-stream", "--mem", "device", "--staging", "on"]);
+    args.extend(["--sizes", "8,65540", "--iters", "100", "--warmup", "10"]);
+    args.extend(["--json", "--stage-bounce", "16384"]);
     two_staged_rows(&args);
 }
 
@@ -1441,6 +1458,27 @@ fn pingpong_mp_stages_gpu_payloads_on_the_host_and_stream_triggers() {
             args.extend(["--sizes", "8,65540", "--iters", "300"]);
             pingpong_gpu_path(&args, staging);
         }
+    }
+}
+
+/// The same through 64 KiB chunks (`--stage-bounce 65536`): 1 MiB messages go in 16 chunks
+/// each way (65,540-byte ones in two), on the host and stream triggers, and the last marker
+/// lands.
+#[test]
+#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test cli -- --include-ignored mp_chunks_gpu"]
+fn pingpong_mp_chunks_gpu_payloads_on_the_host_and_stream_triggers() {
+    for trigger in ["host", "stream"] {
+        let mut args = vec!["--api", "mp", "--op", "send", "--trigger", trigger];
+        args.extend([
+            "--mem",
+            "device",
+            "--staging",
+            "on",
+            "--stage-bounce",
+            "65536",
+        ]);
+        args.extend(["--sizes", "65540,1048576", "--iters", "300"]);
+        pingpong_gpu_path(&args, "on");
     }
 }
 

@@ -2,7 +2,8 @@
 //! (`Comm::register_gpu_stand_in`), so sends and receives take the staged path (bounces of
 //! the communicator's pool, copies by the CPU or by a host stream in the trigger's order).
 //! Byte for byte at odd sizes and offsets, several receives outstanding, an error completion
-//! in the middle, a message larger than a bounce; CPU and host-stream triggers.
+//! in the middle, a message larger than the pool on an executor; CPU and host-stream
+//! triggers. Messages larger than a bounce (chunks) and staged gets: the `chunked` module.
 
 use gdasync::gdsync::exec::HostStream;
 use gdasync::gdsync::{GpuMemoryPath, PinnedBuffer};
@@ -11,6 +12,10 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::{on_threads, staged_stream_of_messages};
+
+/// Messages larger than a bounce (in chunks), and staged gets.
+#[path = "mp_staging/chunked.rs"]
+mod chunked;
 
 /// Bytes of each rank's stand-in region.
 const REGION: usize = 32 << 10;
@@ -250,17 +255,22 @@ fn on_threads_failing(f: fn(&mut Comm)) {
     }
 }
 
-/// A message larger than a bounce is refused with a line that says what to do; after
-/// `set_staging` raises the bounce, it goes.
+/// A message on an executor that needs more bounces than the pool has (8 chunks of 4 KiB,
+/// 4 send bounces) is refused with a line that says what to do; after `set_staging` raises
+/// the bounce, it goes (in one bounce).
 #[test]
-fn a_staged_message_larger_than_a_bounce_is_refused_until_the_bounce_is_raised() {
+fn a_staged_message_larger_than_the_pool_is_refused_on_an_executor_until_the_bounce_is_raised() {
     on_threads(2, |comm| {
         let peer = 1 - comm.rank();
         let reg = region(comm, 7);
         comm.set_staging(4096, 4, 4).unwrap();
-        let e = comm.isend_gpu(reg.slice(..), peer).unwrap_err().to_string();
+        let stream = HostStream::new().unwrap();
+        let e = comm
+            .isend_gpu_on(reg.slice(..), peer, &stream)
+            .unwrap_err()
+            .to_string();
         assert!(
-            e.contains("larger than the staging bounce") && e.contains("set_staging"),
+            e.contains("needs 8 bounces of 4096 bytes") && e.contains("set_staging"),
             "{e}"
         );
         comm.set_staging(REGION, 4, 4).unwrap();

@@ -123,6 +123,10 @@ struct Cli {
     /// device cannot DMA GPU memory (GDSYNC_STAGING decides if set).
     #[arg(long, value_enum)]
     staging: Option<StagingArg>,
+    /// With --api mp and staged GPU memory: the staging bounce in bytes (default: the largest
+    /// size, a bounce per message); larger messages go in chunks of this size.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    stage_bounce: Option<u64>,
     /// Number of ranks (pingpong runs between 2).
     #[arg(long, default_value_t = 2, value_parser = parse_ranks)]
     ranks: usize,
@@ -215,6 +219,8 @@ struct Args {
     shared_device: bool,
     api: Api,
     recv_batch: usize,
+    /// `--stage-bounce`: mp's staging bounce (None: the largest size).
+    stage_bounce: Option<usize>,
     json: bool,
     host_stream: bool,
     /// The GPU triggers: the GPU of each rank (`--gpus`).
@@ -301,6 +307,7 @@ impl Args {
             shared_device: c.shared_device,
             api: c.api,
             recv_batch: c.recv_batch.unwrap_or(16) as usize,
+            stage_bounce: c.stage_bounce.map(|b| b as usize),
             json: c.json,
             host_stream: c.host_stream,
             placement,
@@ -382,6 +389,11 @@ fn check_flags(c: &Cli, op: Op) -> Result<()> {
     refuse_if(
         c.staging.is_some() && !(c.mem == Mem::Device && staging_api(c) && !c.raw),
         "--staging applies to --mem device with a GPU trigger (not --raw; --api mp: host or stream)",
+    )?;
+    refuse_if(
+        c.stage_bounce.is_some()
+            && !(c.api == Api::Mp && c.mem == Mem::Device && staging_api(c) && !c.raw),
+        "--stage-bounce applies to --api mp --mem device with staging (host or stream trigger)",
     )?;
     refuse_if(
         c.host_stream && c.trigger != Trigger::Stream,

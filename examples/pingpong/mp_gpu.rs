@@ -114,16 +114,35 @@ struct MpRank {
     rbuf: MpBuf,
     recvs: VecDeque<Request>,
     posted: u64,
+    /// Receives kept posted ahead (fewer when messages go in chunks: each chunk takes a
+    /// slot of the receive ring).
+    recv_ahead: u64,
 }
 
 impl MpRank {
     fn new(boot: ThreadBootstrap, dev: &Device, args: &Args, max: usize) -> Result<Self> {
         let mut comm = Comm::new(Box::new(boot), dev)?;
         let rank = comm.rank();
+        let mut recv_ahead = RECV_AHEAD;
         if staged(args) {
             // A bounce per receive posted ahead and per iteration the CPU runs ahead of its
-            // stream, each as large as the largest message.
-            comm.set_staging(max.max(1), RECV_AHEAD as usize + AHEAD, 2 * AHEAD)?;
+            // stream, each as large as the largest message; or, with --stage-bounce, as many
+            // bounces per message as it has chunks, with as few receives posted ahead as
+            // keep every chunk in mp's receive ring (512), beside the stream's run-ahead.
+            let bounce = args.stage_bounce.unwrap_or(max).clamp(1, max.max(1));
+            let chunks = max.div_ceil(bounce).max(1);
+            let ring = 512 / chunks;
+            let lag = if args.trigger == Trigger::Stream {
+                AHEAD
+            } else {
+                0
+            };
+            if ring <= lag {
+                bail!("--stage-bounce {bounce}: {max}-byte messages go in {chunks} chunks, too many for mp's receive ring of 512 with the stream trigger's {AHEAD} messages ahead: use a bounce of at least {} bytes", max.div_ceil(512 / (AHEAD + 1)));
+            }
+            recv_ahead = RECV_AHEAD.min((ring - lag) as u64);
+            let (recvs, sends) = (recv_ahead as usize + AHEAD, 2 * AHEAD);
+            comm.set_staging(bounce, recvs * chunks, sends * chunks)?;
         }
         let sbuf = MpBuf::new(&comm, args, max, rank)?;
         let rbuf = MpBuf::new(&comm, args, max, rank)?;
@@ -134,11 +153,12 @@ impl MpRank {
             rbuf,
             recvs: VecDeque::new(),
             posted: 0,
+            recv_ahead,
         })
     }
-    /// Keeps receives posted up to `RECV_AHEAD` past iteration `i`; returns iteration i's.
+    /// Keeps receives posted up to `recv_ahead` past iteration `i`; returns iteration i's.
     fn recv_for(&mut self, i: u64, size: usize, iters: u64) -> Result<Request> {
-        while self.posted < (i + RECV_AHEAD).min(iters) {
+        while self.posted < (i + self.recv_ahead).min(iters) {
             let r = match &self.rbuf {
                 MpBuf::Reg(_, mr) => self.comm.irecv(mr.sge(..size), self.peer)?,
                 MpBuf::Gpu(g) => self.comm.irecv_gpu(g.slice(..size), self.peer)?,

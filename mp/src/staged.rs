@@ -26,7 +26,7 @@ pub(crate) enum GpuMem {
 }
 
 impl GpuMem {
-    fn addr(&self) -> u64 {
+    pub(crate) fn addr(&self) -> u64 {
         match self {
             GpuMem::Device(b) => b.ptr(),
             GpuMem::Host(b) => b.addr(),
@@ -181,6 +181,9 @@ pub(crate) struct StageRec {
     pub(crate) len: usize,
     /// An executor copies it in (after its wait), so the CPU does not.
     pub(crate) by_exec: bool,
+    /// The payload lands in the bounce (a receive or a get) and is copied in after the
+    /// wait; else it is copied out before the doorbell (a send or a put).
+    pub(crate) inbound: bool,
 }
 
 /// Who holds a bounce.

@@ -196,7 +196,7 @@ impl Comm {
         if let Some(sge) = src.direct_sge() {
             return self.iput(sge, w, peer, dst_off);
         }
-        let (rec, sge) = self.stage_start(&src, false)?;
+        let (rec, sge) = self.stage_start(&src, false, "put")?;
         let r = self
             .stage_copy_out_now(&rec)
             .and_then(|()| self.iput(sge, w, peer, dst_off));
@@ -216,12 +216,49 @@ impl Comm {
         if let Some(sge) = src.direct_sge() {
             return self.iput_on(sge, w, peer, dst_off, exec);
         }
-        let (rec, sge) = self.stage_start(&src, false)?;
+        let (rec, sge) = self.stage_start(&src, false, "put")?;
         let copy = self.stage_copy_out_ops(&rec);
         let r = self.put_wr(sge, w, peer, dst_off).and_then(|(req, wr)| {
             self.post_exec(peer, req, &[wr], copy, exec)?;
             Ok(req)
         });
+        self.stage_bind(rec, r)
+    }
+
+    /// [`iget`](Self::iget) into GPU memory: a staged slice is read into a receive bounce of
+    /// the staging pool and copied in after the wait ([`wait`](Self::wait) or
+    /// [`test`](Self::test) with the CPU, [`wait_on`](Self::wait_on) by the executor). A
+    /// staged get must fit one bounce.
+    pub fn iget_gpu(
+        &mut self,
+        dst: GpuSlice<'_>,
+        w: &Window,
+        peer: usize,
+        src_off: u64,
+    ) -> Result<Request> {
+        if let Some(sge) = dst.direct_sge() {
+            return self.iget(sge, w, peer, src_off);
+        }
+        let (rec, sge) = self.stage_start(&dst, true, "get")?;
+        let r = self.iget(sge, w, peer, src_off);
+        self.stage_bind(rec, r)
+    }
+
+    /// [`iget_gpu`](Self::iget_gpu) posted by an executor; [`wait_on`](Self::wait_on) makes
+    /// the executor wait for the read and copy it in.
+    pub fn iget_gpu_on(
+        &mut self,
+        dst: GpuSlice<'_>,
+        w: &Window,
+        peer: usize,
+        src_off: u64,
+        exec: &impl Executor,
+    ) -> Result<Request> {
+        if let Some(sge) = dst.direct_sge() {
+            return self.iget_on(sge, w, peer, src_off, exec);
+        }
+        let (rec, sge) = self.stage_start(&dst, true, "get")?;
+        let r = self.iget_on(sge, w, peer, src_off, exec);
         self.stage_bind(rec, r)
     }
 

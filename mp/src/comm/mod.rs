@@ -18,6 +18,7 @@ use gdsync::{
 use std::time::Duration;
 
 mod barrier;
+mod chunked;
 mod finalize;
 mod on_stream;
 mod p2p;
@@ -85,6 +86,8 @@ pub struct Comm {
     /// (before `pd`: its registration goes first).
     stage: Option<crate::staged::StagePool>,
     stage_shape: crate::staged::PoolShape,
+    /// Staged messages larger than a bounce, in chunks (see `chunked`).
+    chunked: Vec<chunked::Chunked>,
     pd: ProtectionDomain,
     dev: Device,
 }

@@ -18,6 +18,7 @@ impl Comm {
     /// point. The receive itself is posted now; wait for it on the CPU or on an executor.
     pub fn irecv_on(&mut self, dst: Sge, peer: usize, exec: &impl Executor) -> Result<Request> {
         self.peers.get(peer)?;
+        self.chunks_posted(peer, true)?;
         self.no_queued_cpu_work(peer, "giving credits on an executor")?;
         // The credit is prepared first: a full send ring fails before anything is posted.
         let wr = self.credit_wr(peer, 1, false);
@@ -110,6 +111,8 @@ impl Comm {
         first: Ops,
     ) -> Result<Request> {
         let (sge, len) = (src, src.len);
+        self.peers.get(peer)?;
+        self.chunks_posted(peer, false)?;
         let p = self.peers.get_mut(peer)?;
         p.sends += 1;
         let need = p.sends;
@@ -143,6 +146,9 @@ impl Comm {
     /// complete once the executor has passed the wait ([`Comm::wait`] still reports errors
     /// and releases it).
     pub fn wait_on(&mut self, r: Request, exec: &impl Executor) -> Result<()> {
+        if let Some(i) = self.chunk_index(r) {
+            return self.wait_on_chunked(i, exec);
+        }
         let st = self.state(r)?;
         if st.on_executor {
             return Err(Error::invalid(

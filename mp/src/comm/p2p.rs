@@ -16,6 +16,13 @@ impl Comm {
     /// ahead while this rank does other work.
     pub fn irecv(&mut self, dst: Sge, peer: usize) -> Result<Request> {
         self.peers.get(peer)?;
+        self.chunks_posted(peer, true)?;
+        self.irecv_now(dst, peer)
+    }
+
+    /// [`irecv`](Self::irecv) without waiting for chunks of an earlier staged receive (a
+    /// chunk's own receive).
+    pub(super) fn irecv_now(&mut self, dst: Sge, peer: usize) -> Result<Request> {
         let req = self.post_receive(dst, peer)?;
         self.add_credit(peer, 1)?;
         Ok(req)
@@ -27,6 +34,8 @@ impl Comm {
     /// messages) and tops them up in batches pays it once per batch instead of once per
     /// message. Either every receive is posted or none (a full receive ring is an `Err`).
     pub fn irecv_batch(&mut self, dsts: &[Sge], peer: usize) -> Result<Vec<Request>> {
+        self.peers.get(peer)?;
+        self.chunks_posted(peer, true)?;
         let p = self.peers.get(peer)?;
         let room = p.qp.recv_room();
         if dsts.len() as u64 > room {
@@ -135,6 +144,14 @@ impl Comm {
     /// rank `peer`. Returns at once: the send goes out when the receiver has posted the
     /// matching receive (its credit), during this or any later call.
     pub fn isend(&mut self, src: Sge, peer: usize) -> Result<Request> {
+        self.peers.get(peer)?;
+        self.chunks_posted(peer, false)?;
+        self.isend_now(src, peer)
+    }
+
+    /// [`isend`](Self::isend) without waiting for chunks of an earlier staged send (a
+    /// chunk's own send).
+    pub(super) fn isend_now(&mut self, src: Sge, peer: usize) -> Result<Request> {
         let (sge, len) = (src, src.len);
         self.peers.get(peer)?;
         let req = self.new_req(peer, Work::Send(len as u64));

@@ -16,6 +16,7 @@ impl Comm {
                 self.progress_peer(peer)?;
             }
         }
+        self.advance_all_chunked();
         Ok(())
     }
 

@@ -198,6 +198,7 @@ impl Comm {
             regs: Default::default(),
             stage: None,
             stage_shape: Default::default(),
+            chunked: Vec::new(),
             pd,
             dev: dev.clone(),
             boot,

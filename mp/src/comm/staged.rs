@@ -47,9 +47,10 @@ impl Comm {
     }
 
     /// Makes the staging pool now (else the first staged send or receive makes it, with the
-    /// defaults): `recvs` bounces for outstanding staged receives, `sends` for staged sends
-    /// not yet complete, `bounce` bytes each (the largest staged message). Defaults: 64 KiB,
-    /// 128 and 32. Refused while a bounce is held. Pinning memory may wait for the GPU: make
+    /// defaults): `recvs` bounces for outstanding staged receives (and gets), `sends` for
+    /// staged sends (and puts) not yet complete, `bounce` bytes each (larger messages go in
+    /// chunks of this size; puts and gets must fit one). Defaults: 64 KiB, 128 and 32.
+    /// Refused while a bounce is held. Pinning memory may wait for the GPU: make
     /// the pool before streams wait on other ranks.
     pub fn set_staging(&mut self, bounce: usize, recvs: usize, sends: usize) -> Result<()> {
         if recvs == 0 || sends == 0 || bounce == 0 {
@@ -59,7 +60,7 @@ impl Comm {
         }
         self.reclaim_bounces();
         if let Some(pool) = &self.stage {
-            if pool.uses.iter().any(|u| *u != SlotUse::Free) {
+            if pool.uses.iter().any(|u| *u != SlotUse::Free) || !self.chunked.is_empty() {
                 return Err(Error::invalid(
                     "the staging pool is in use (staged sends or receives outstanding): wait for them before resizing it",
                 ));
@@ -78,12 +79,18 @@ impl Comm {
     }
 
     /// Like [`isend`](Self::isend), from GPU memory: a staged slice is copied out by the CPU
-    /// now.
+    /// now; one larger than a bounce goes in bounce-sized chunks, each copied out as a send
+    /// bounce comes back (during this and later calls that make progress). A staged send
+    /// behind such a message queues after its chunks (a send of host memory waits for them
+    /// to be posted).
     pub fn isend_gpu(&mut self, src: GpuSlice<'_>, peer: usize) -> Result<Request> {
         if let Some(sge) = src.direct_sge() {
             return self.isend(sge, peer);
         }
-        let (rec, sge) = self.stage_start(&src, false)?;
+        if src.len > self.stage_shape.bounce || (src.len > 0 && self.chunks_pending(peer, false)) {
+            return self.chunked_start(&src, peer, false);
+        }
+        let (rec, sge) = self.stage_start(&src, false, "send")?;
         let r = self
             .stage_copy_out_now(&rec)
             .and_then(|()| self.isend(sge, peer));
@@ -91,7 +98,8 @@ impl Comm {
     }
 
     /// Like [`isend_on`](Self::isend_on), from GPU memory: a staged slice is copied out by
-    /// `exec` before its doorbell.
+    /// `exec` before its doorbell; one larger than a bounce goes in bounce-sized chunks, all
+    /// posted now, each in a send bounce of its own (refused if the pool has too few).
     pub fn isend_gpu_on(
         &mut self,
         src: GpuSlice<'_>,
@@ -101,7 +109,10 @@ impl Comm {
         if let Some(sge) = src.direct_sge() {
             return self.isend_on(sge, peer, exec);
         }
-        let (rec, sge) = self.stage_start(&src, false)?;
+        if src.len > self.stage_shape.bounce {
+            return self.chunked_on(&src, peer, false, exec);
+        }
+        let (rec, sge) = self.stage_start(&src, false, "send")?;
         let copy = self.stage_copy_out_ops(&rec);
         let r = self.isend_on_after(sge, peer, exec, copy);
         self.stage_bind(rec, r)
@@ -123,17 +134,27 @@ impl Comm {
 
     /// Like [`irecv`](Self::irecv), into GPU memory: a staged slice lands in a bounce of its
     /// own, copied in after the wait ([`wait`](Self::wait), [`test`](Self::test) or
-    /// [`wait_on`](Self::wait_on)).
+    /// [`wait_on`](Self::wait_on)). One larger than a bounce is received in bounce-sized
+    /// chunks: each is copied in by the CPU after its completion (during any call that makes
+    /// progress), and its bounce then takes the next chunk; wait for it with `wait` or
+    /// `test`. Both ranks need the same bounce size, and the receive the send's length. A
+    /// staged receive behind such a message queues after its chunks.
     pub fn irecv_gpu(&mut self, dst: GpuSlice<'_>, peer: usize) -> Result<Request> {
         if let Some(sge) = dst.direct_sge() {
             return self.irecv(sge, peer);
         }
-        let (rec, sge) = self.stage_start(&dst, true)?;
+        if dst.len > self.stage_shape.bounce || (dst.len > 0 && self.chunks_pending(peer, true)) {
+            return self.chunked_start(&dst, peer, true);
+        }
+        let (rec, sge) = self.stage_start(&dst, true, "receive")?;
         let r = self.irecv(sge, peer);
         self.stage_bind(rec, r)
     }
 
     /// Like [`irecv_on`](Self::irecv_on), into GPU memory (see [`irecv_gpu`](Self::irecv_gpu)).
+    /// One larger than a bounce is received in bounce-sized chunks, all posted now, each
+    /// into a receive bounce of its own (refused if the pool has too few); `wait_on` makes
+    /// the executor wait for each and copy it in.
     pub fn irecv_gpu_on(
         &mut self,
         dst: GpuSlice<'_>,
@@ -143,35 +164,53 @@ impl Comm {
         if let Some(sge) = dst.direct_sge() {
             return self.irecv_on(sge, peer, exec);
         }
-        let (rec, sge) = self.stage_start(&dst, true)?;
+        if dst.len > self.stage_shape.bounce {
+            return self.chunked_on(&dst, peer, true, exec);
+        }
+        let (rec, sge) = self.stage_start(&dst, true, "receive")?;
         let r = self.irecv_on(sge, peer, exec);
         self.stage_bind(rec, r)
     }
 
-    /// A bounce for `slice` (a receive's, `recv`, or a send's) and its SGE; refuses a slice
-    /// larger than a bounce.
+    /// A bounce for `slice` (one that lands in it, `recv`: a receive or a get; else a send
+    /// or a put) and its SGE; refuses a slice larger than a bounce (`what` names the
+    /// operation in the message).
     pub(crate) fn stage_start(
         &mut self,
         slice: &GpuSlice<'_>,
         recv: bool,
+        what: &str,
     ) -> Result<(StageRec, Sge)> {
         let bounce = self.stage_shape.bounce;
         if slice.len > bounce {
             return Err(Error::invalid(format!(
-                "a staged message of {} bytes is larger than the staging bounce of {bounce} bytes: raise it with Comm::set_staging, or send the message in pieces",
+                "a staged {what} of {} bytes is larger than the staging bounce of {bounce} bytes: raise it with Comm::set_staging, or {what} the bytes in pieces",
                 slice.len
             )));
         }
         let slot = self.take_bounce(recv)?;
+        Ok(self.stage_rec(slot, &slice.region.mem, slice.offset, slice.len, recv))
+    }
+
+    /// The record and SGE of `len` bytes at `offset` of `mem` staged in bounce `slot` (taken).
+    pub(super) fn stage_rec(
+        &self,
+        slot: usize,
+        mem: &GpuMem,
+        offset: usize,
+        len: usize,
+        inbound: bool,
+    ) -> (StageRec, Sge) {
         let rec = StageRec {
             slot,
-            mem: slice.region.mem.clone(),
-            offset: slice.offset,
-            len: slice.len,
+            mem: mem.clone(),
+            offset,
+            len,
             by_exec: false,
+            inbound,
         };
-        let sge = self.stage.as_ref().expect("made").sge(slot, slice.len);
-        Ok((rec, sge))
+        let sge = self.stage.as_ref().expect("made").sge(slot, len);
+        (rec, sge)
     }
 
     /// Binds `rec`'s bounce to the request `r` posted, or frees it if posting failed.
@@ -195,23 +234,14 @@ impl Comm {
 
     /// A free bounce of the receive (`recv`) or send side, making the pool if there is none;
     /// waits (making progress) while every one is held, up to the timeout.
-    fn take_bounce(&mut self, recv: bool) -> Result<usize> {
-        if self.stage.is_none() {
-            self.stage = Some(StagePool::new(&self.pd, self.stage_shape)?);
-        }
+    pub(super) fn take_bounce(&mut self, recv: bool) -> Result<usize> {
         let start = Instant::now();
         loop {
-            self.reclaim_bounces();
-            let pool = self.stage.as_mut().expect("made");
-            if let Some(s) = pool.range(recv).find(|&s| pool.uses[s] == SlotUse::Free) {
-                // Held by nobody yet: `stage_bind` names the request.
-                pool.uses[s] = SlotUse::Held {
-                    req: (u32::MAX, 0),
-                    exec: None,
-                };
+            if let Some(s) = self.try_take_bounce(recv)? {
                 return Ok(s);
             }
             if start.elapsed() > self.timeout {
+                let pool = self.stage.as_ref().expect("made");
                 let (n, what) = match recv {
                     true => (pool.shape.recvs, "outstanding staged receives"),
                     false => (pool.shape.sends, "staged sends not yet complete"),
@@ -226,9 +256,27 @@ impl Comm {
         }
     }
 
-    /// Frees the bounces whose requests are done with them: a send's once it completed, a
-    /// receive's once it was copied in (released by `wait`/`test`, or the executor's copy
-    /// marked done).
+    /// A free bounce of the receive (`recv`) or send side now, if there is one (making the
+    /// pool if there is none). Held by nobody yet: `stage_bind` names the request.
+    pub(super) fn try_take_bounce(&mut self, recv: bool) -> Result<Option<usize>> {
+        if self.stage.is_none() {
+            self.stage = Some(StagePool::new(&self.pd, self.stage_shape)?);
+        }
+        self.reclaim_bounces();
+        let pool = self.stage.as_mut().expect("made");
+        let free = pool.range(recv).find(|&s| pool.uses[s] == SlotUse::Free);
+        if let Some(s) = free {
+            pool.uses[s] = SlotUse::Held {
+                req: (u32::MAX, 0),
+                exec: None,
+            };
+        }
+        Ok(free)
+    }
+
+    /// Frees the bounces whose requests are done with them: a send's (or put's) once it
+    /// completed, a receive's (or get's) once it was copied in (released by `wait`/`test`, or
+    /// the executor's copy marked done).
     fn reclaim_bounces(&mut self) {
         let Comm { stage, reqs, .. } = self;
         let Some(pool) = stage.as_mut() else { return };
@@ -246,7 +294,7 @@ impl Comm {
                 None => reqs.get(slot as usize).is_none_or(|st| {
                     !st.live
                         || st.generation != gen
-                        || (st.side == super::requests::Side::Send
+                        || (st.stage.as_ref().is_some_and(|r| !r.inbound)
                             && st.status != super::requests::Status::Pending)
                 }),
             };
@@ -256,28 +304,32 @@ impl Comm {
         }
     }
 
-    /// Before `wait`/`test` release staged receive `r`: copies its `n` received bytes in with
-    /// the CPU (unless an executor does).
+    /// Before `wait`/`test` release staged receive (or get) `r`: copies its `n` received
+    /// bytes (a get's whole length) in with the CPU (unless an executor does).
     pub(super) fn stage_cpu_copy_in(&mut self, r: Request, n: u32) -> Result<()> {
         let st = self.state(r)?;
         let Some(rec) = st.stage.clone() else {
             return Ok(());
         };
-        if rec.by_exec || st.side != super::requests::Side::Recv {
+        if rec.by_exec || !rec.inbound {
             return Ok(());
         }
+        let n = match st.side {
+            super::requests::Side::Recv => (n as usize).min(rec.len),
+            super::requests::Side::Send => rec.len,
+        };
         let pool = self.stage.as_ref().expect("a staged request has a pool");
-        pool.cpu_copy(&rec, (n as usize).min(rec.len), false)
+        pool.cpu_copy(&rec, n, false)
     }
 
-    /// `ops` (an executor's wait for staged receive `r`) followed by the copy in of its
+    /// `ops` (an executor's wait for staged receive or get `r`) followed by the copy in of its
     /// bounce and the mark that frees the bounce; `ops` unchanged for other requests.
     pub(super) fn stage_exec_copy_in(&mut self, r: Request, mut ops: Ops) -> Result<Ops> {
         let st = self.state(r)?;
         let Some(rec) = st.stage.as_mut() else {
             return Ok(ops);
         };
-        if st.side != super::requests::Side::Recv || rec.by_exec {
+        if !rec.inbound || rec.by_exec {
             return Ok(ops);
         }
         rec.by_exec = true;

@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 
 impl Comm {
     /// Releases `r` if it finished: `Ok(Some(bytes))`, or its error.
-    fn finish(&mut self, r: Request) -> Result<Option<u32>> {
+    pub(super) fn finish(&mut self, r: Request) -> Result<Option<u32>> {
+        if let Some(i) = self.chunk_index(r) {
+            return self.finish_chunked(i);
+        }
         if let Status::Done(n) = self.state(r)?.status {
             // A staged receive's bytes reach the GPU before the request says so.
             self.stage_cpu_copy_in(r, n)?;
