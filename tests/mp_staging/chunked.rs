@@ -158,6 +158,39 @@ fn many_outstanding(comm: &mut Comm, on_stream: bool) {
     comm.barrier().unwrap();
 }
 
+/// From the CPU, more staged messages of a bounce or less outstanding than the pool has
+/// bounces (every receive posted before any send, as halo exchanges post them): those that
+/// find no free bounce queue and are posted as bounces free, instead of blocking a receive
+/// that only this rank's later sends could free. Each lands byte for byte, in order.
+#[test]
+fn small_staged_messages_beyond_the_pool_queue_on_the_cpu() {
+    on_threads(2, |comm| {
+        const LENS: [usize; 6] = [1, 100, B, 7, B - 1, 3];
+        let (me, peer) = (comm.rank(), 1 - comm.rank());
+        comm.set_staging(B, 2, 2).unwrap();
+        let (sreg, rreg) = (region(comm, 0), region(comm, 0xEE));
+        let at = |m: usize| m * (B + 9) + 5;
+        for (m, &len) in LENS.iter().enumerate() {
+            write(&sreg, at(m), &payload(me * 10 + m, len));
+        }
+        let recvs: Vec<Request> = (0..LENS.len())
+            .map(|m| comm.irecv_gpu(rreg.slice(at(m)..at(m) + LENS[m]), peer))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let sends: Vec<Request> = (0..LENS.len())
+            .map(|m| comm.isend_gpu(sreg.slice(at(m)..at(m) + LENS[m]), peer))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(comm.wait_all(&sends).unwrap(), vec![0; LENS.len()]);
+        let got = comm.wait_all(&recvs).unwrap();
+        assert_eq!(got, LENS.iter().map(|&l| l as u32).collect::<Vec<_>>());
+        for (m, &len) in LENS.iter().enumerate() {
+            check(&rreg, at(m), len, peer * 10 + m, 0xEE);
+        }
+        comm.barrier().unwrap();
+    });
+}
+
 #[test]
 fn chunked_staged_messages_outstanding_both_ways_on_the_cpu() {
     on_threads(2, |c| many_outstanding(c, false));

@@ -78,16 +78,16 @@ impl Comm {
         Ok(())
     }
 
-    /// Like [`isend`](Self::isend), from GPU memory: a staged slice is copied out by the CPU
-    /// now; one larger than a bounce goes in bounce-sized chunks, each copied out as a send
-    /// bounce comes back (during this and later calls that make progress). A staged send
-    /// behind such a message queues after its chunks (a send of host memory waits for them
-    /// to be posted).
+    /// Like [`isend`](Self::isend), from GPU memory: a staged slice goes in bounce-sized
+    /// chunks (one, for a message no larger than a bounce), each copied out by the CPU as a
+    /// send bounce is free (during this and later calls that make progress), so staged sends
+    /// queue behind each other instead of waiting for a bounce (a send of host memory waits
+    /// for them to be posted).
     pub fn isend_gpu(&mut self, src: GpuSlice<'_>, peer: usize) -> Result<Request> {
         if let Some(sge) = src.direct_sge() {
             return self.isend(sge, peer);
         }
-        if src.len > self.stage_shape.bounce || (src.len > 0 && self.chunks_pending(peer, false)) {
+        if src.len > 0 {
             return self.chunked_start(&src, peer, false);
         }
         let (rec, sge) = self.stage_start(&src, false, "send")?;
@@ -132,18 +132,19 @@ impl Comm {
         pool.cpu_copy(rec, rec.len, true)
     }
 
-    /// Like [`irecv`](Self::irecv), into GPU memory: a staged slice lands in a bounce of its
-    /// own, copied in after the wait ([`wait`](Self::wait), [`test`](Self::test) or
-    /// [`wait_on`](Self::wait_on)). One larger than a bounce is received in bounce-sized
-    /// chunks: each is copied in by the CPU after its completion (during any call that makes
-    /// progress), and its bounce then takes the next chunk; wait for it with `wait` or
-    /// `test`. Both ranks need the same bounce size, and the receive the send's length. A
-    /// staged receive behind such a message queues after its chunks.
+    /// Like [`irecv`](Self::irecv), into GPU memory: a staged slice is received in
+    /// bounce-sized chunks (one, for a message no larger than a bounce): each is copied in by
+    /// the CPU after its completion (during any call that makes progress, whichever request
+    /// it waits for), and its bounce then takes the next chunk; wait for it with `wait`,
+    /// `test` or [`wait_on`](Self::wait_on). Receives that find every bounce held queue and
+    /// are posted as bounces free, so receives posted before their sends never block. A
+    /// message larger than a bounce needs the same bounce size on both ranks, and a receive
+    /// as long as the send.
     pub fn irecv_gpu(&mut self, dst: GpuSlice<'_>, peer: usize) -> Result<Request> {
         if let Some(sge) = dst.direct_sge() {
             return self.irecv(sge, peer);
         }
-        if dst.len > self.stage_shape.bounce || (dst.len > 0 && self.chunks_pending(peer, true)) {
+        if dst.len > 0 {
             return self.chunked_start(&dst, peer, true);
         }
         let (rec, sge) = self.stage_start(&dst, true, "receive")?;
