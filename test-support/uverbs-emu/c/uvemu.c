@@ -1030,6 +1030,22 @@ static uint32_t next_uar_page = 0x80;  /* page ids, above those of the legacy bf
 static uint64_t dyn_uar_allocs, dyn_uar_qps; /* served: for tests (uvemu_dyn_uar_count) */
 static int abi_ioctl(void);
 
+/* Whether the UAR object is served: under the ioctl ABI, on a host without write-combining
+ * ($UVEMU_WC=0). There a kernel reports no BlueFlame register and allocates non-cached UARs
+ * only, which libmlx5 then makes every QP on; the soft HCA serves that. Elsewhere (the
+ * default) the object is answered as a kernel without it answers, and libmlx5 maps the
+ * context's bfregs: the BlueFlame UARs a current kernel would hand it hold two registers the
+ * kernel cannot tell apart, and the soft HCA watches one register per QP. */
+static int dyn_uars_served(void)
+{
+	static int served = -1;
+	if (served < 0) {
+		const char *e = getenv("UVEMU_WC");
+		served = abi_ioctl() && e && !strcmp(e, "0");
+	}
+	return served;
+}
+
 /* A new context: no dynamic UARs yet, and whether it allocates them (`on`). */
 static void dyn_uar_reset(struct uvemu_context *c, int on)
 {
@@ -1064,9 +1080,9 @@ static int cmd_get_context(struct cmd *m)
 	if (m->c->async_rd >= 0) return EINVAL; /* one context per open */
 	uint32_t bfregs = rq.total_num_bfregs ? rq.total_num_bfregs : 4;
 	if (bfregs > UVEMU_MAX_UAR_PAGES * BFREGS_PER_PAGE || bfregs < rq.num_low_latency_bfregs + 2) return EINVAL;
-	/* A library that allocates its UARs itself gets none here, where the UAR object serves
-	 * them (a kernel with that object); no BlueFlame either: see dyn_uar_alloc(). */
-	int dyn = abi_ioctl() && m->din_len >= sizeof(rq) && (rq.lib_caps & MLX5_LIB_CAP_DYN_UAR);
+	/* A library that allocates its UARs itself gets none here where the UAR object serves
+	 * them, and no BlueFlame register (see dyn_uars_served()). */
+	int dyn = dyn_uars_served() && m->din_len >= sizeof(rq) && (rq.lib_caps & MLX5_LIB_CAP_DYN_UAR);
 	int p[2];
 	if (pipe2(p, O_CLOEXEC) < 0) return errno;
 	m->c->async_rd = p[0];
@@ -1906,10 +1922,9 @@ static int attr_out(struct ib_uverbs_attr *x, const void *v, size_t len)
 	return 0;
 }
 
-/* UAR/UAR_OBJ_ALLOC: a dynamic UAR page (see "dynamic UARs"). The soft HCA's doorbell page is
- * ordinary memory, not a write-combining BAR: it serves the non-cached type only, and a
+/* UAR/UAR_OBJ_ALLOC: a dynamic UAR page (see "dynamic UARs"), of the non-cached type; a
  * BlueFlame one is refused with EOPNOTSUPP, as the kernel refuses it on a host without
- * write-combining (whose GET_CONTEXT reports no BlueFlame register either). */
+ * write-combining (dyn_uars_served()). */
 static int dyn_uar_alloc(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 {
 	enum { HANDLE, TYPE, OFFSET, LENGTH, PAGE_ID, N };
@@ -1952,7 +1967,7 @@ static int dyn_uar_destroy(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *
 /* The handler of `h`'s driver-specific method, if this run serves it, else NULL. */
 static int (*driver_method(const struct ib_uverbs_ioctl_hdr *h))(struct uvemu_context *, struct ib_uverbs_ioctl_hdr *)
 {
-	if (!abi_ioctl() || h->object_id != MLX5_IB_OBJECT_UAR) return NULL;
+	if (!dyn_uars_served() || h->object_id != MLX5_IB_OBJECT_UAR) return NULL;
 	return h->method_id == MLX5_IB_METHOD_UAR_OBJ_ALLOC ? dyn_uar_alloc
 	     : h->method_id == MLX5_IB_METHOD_UAR_OBJ_DESTROY ? dyn_uar_destroy : NULL;
 }

@@ -107,6 +107,17 @@ pub fn ioctl_command_count(c: Command) -> Result<u64, String> {
     Ok(n)
 }
 
+/// How many dynamic UARs (`MLX5_IB_OBJECT_UAR`) the driver allocated this process, and how
+/// many QPs were made on one (`MLX5_QP_FLAG_UAR_PAGE_INDEX`): tells which UARs libmlx5 took.
+pub fn dyn_uar_count() -> Result<(u64, u64), String> {
+    type Count = unsafe extern "C" fn(*mut u64, *mut u64) -> c_int;
+    let f: Count = control(c"uvemu_dyn_uar_count")?;
+    let (mut uars, mut qps) = (0u64, 0u64);
+    // SAFETY: the function uvemu.c declares for tests, with pointers to live u64s.
+    check("dynamic UARs", unsafe { f(&mut uars, &mut qps) })?;
+    Ok((uars, qps))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
