@@ -8,7 +8,8 @@
  *     lists (a memfd dressed as character device 231:192+N);
  *   - serves RDMA_VERBS_IOCTL's DEVICE/INVOKE_WRITE (the write() commands below carried as
  *     ioctl attributes, which libibverbs uses once it answers; $UVEMU_ABI=write turns it off,
- *     for the legacy ABI) and MR/REG_DMABUF_MR (ibv_reg_dmabuf_mr is ioctl-only); answers
+ *     for the legacy ABI), MR/REG_DMABUF_MR (ibv_reg_dmabuf_mr is ioctl-only) and, on a host
+ *     without write-combining ($UVEMU_WC=0), mlx5's UAR object (see "dynamic UARs"); answers
  *     other methods with EPROTONOSUPPORT, as a kernel without the method does: libibverbs then
  *     falls back to INVOKE_WRITE or write(), or skips what the device lacks;
  *   - serves the write() commands of the control path with mlx5 driver data, keeping every
