@@ -1512,6 +1512,8 @@ static int cmd_destroy(struct cmd *m, enum uvemu_obj_type t, int has_response)
 static uint64_t cmd_count[IB_USER_VERBS_CMD_COMMAND_MASK + 1];
 /* Those of them served through DEVICE/INVOKE_WRITE (the ioctl ABI). */
 static uint64_t ioctl_cmd_count[IB_USER_VERBS_CMD_COMMAND_MASK + 1];
+/* The extended commands served through DEVICE/INVOKE_WRITE, by number. */
+static uint64_t ioctl_ex_cmd_count[IB_USER_VERBS_CMD_COMMAND_MASK + 1];
 
 static int do_cmd(struct cmd *m)
 {
@@ -1754,6 +1756,17 @@ int uvemu_ioctl_command_count(uint32_t op, uint64_t *count)
 	return 0;
 }
 
+/* The number of extended commands numbered `op` (IB_USER_VERBS_EX_CMD_QUERY_DEVICE...)
+ * served through DEVICE/INVOKE_WRITE, in `*count`. */
+int uvemu_ioctl_ex_command_count(uint32_t op, uint64_t *count)
+{
+	if (op > IB_USER_VERBS_CMD_COMMAND_MASK || !count) return EINVAL;
+	pthread_mutex_lock(&lock);
+	*count = ioctl_ex_cmd_count[op];
+	pthread_mutex_unlock(&lock);
+	return 0;
+}
+
 /* ------------------------------------------------------------------ ioctl, mmap */
 
 /* MR/REG_DMABUF_MR: the one ioctl-only method (ibv_reg_dmabuf_mr). */
@@ -1857,6 +1870,22 @@ static void *attr_bytes(const struct ib_uverbs_attr *x, size_t min, int *err)
 	return b;
 }
 
+/* The extended commands served over INVOKE_WRITE (as over write(): frame()), with their
+ * smallest core request and response (the kernel's uverbs_request/response minimums): 0,
+ * or EOPNOTSUPP for one this driver lacks. The response may be longer: its length says
+ * how much the caller takes (response_length). */
+static int ex_core_sizes(uint32_t op, size_t *req, size_t *resp)
+{
+	*req = *resp = 0;
+	if (op == IB_USER_VERBS_EX_CMD_QUERY_DEVICE) {
+		*req = sizeof(struct ib_uverbs_ex_query_device);
+		*resp = offsetof(struct ib_uverbs_ex_query_device_resp, response_length) + 4;
+	} else if (op == IB_USER_VERBS_EX_CMD_MODIFY_QP) {
+		*req = sizeof(struct ib_uverbs_ex_modify_qp);
+	}
+	return *req ? 0 : EOPNOTSUPP;
+}
+
 /* DEVICE/INVOKE_WRITE: a legacy write() command carried over ioctl, its request and response
  * in separate core and driver attributes (libibverbs' path once ioctl answers). */
 static int invoke_write(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
@@ -1864,11 +1893,14 @@ static int invoke_write(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 	struct ib_uverbs_attr *a[IW_N] = {0};
 	int rc = invoke_write_attrs(h, a);
 	if (rc) return rc;
-	struct cmd m = { .c = c, .op = (uint32_t)a[IW_CMD]->data };
+	uint64_t w = a[IW_CMD]->data;
+	struct cmd m = { .c = c, .op = (uint32_t)(w & IB_USER_VERBS_CMD_COMMAND_MASK),
+			 .ex = !!(w & IB_USER_VERBS_CMD_FLAG_EXTENDED) };
 	size_t creq, cresp;
-	if (a[IW_CMD]->data > IB_USER_VERBS_CMD_COMMAND_MASK) return EOPNOTSUPP;
-	core_sizes(m.op, &creq, &cresp);
-	if (!creq) return EOPNOTSUPP;
+	if (w & ~(uint64_t)(IB_USER_VERBS_CMD_FLAG_EXTENDED | IB_USER_VERBS_CMD_COMMAND_MASK)) return EOPNOTSUPP;
+	if (m.ex) rc = ex_core_sizes(m.op, &creq, &cresp);
+	else core_sizes(m.op, &creq, &cresp);
+	if (rc || !creq) return rc ? rc : EOPNOTSUPP;
 	if (m.op != IB_USER_VERBS_CMD_GET_CONTEXT && c->async_rd < 0) return EINVAL; /* no context yet */
 	struct ib_uverbs_attr *o = a[IW_CORE_OUT], *d = a[IW_UHW_OUT];
 	if (cresp && (!o || o->len < cresp)) return ENOSPC;
@@ -1879,11 +1911,12 @@ static int invoke_write(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 	if (din) {
 		m.in = in; m.in_len = creq;
 		m.din = din; m.din_len = a[IW_UHW_IN] ? a[IW_UHW_IN]->len : 0;
-		m.out = o ? (void *)(uintptr_t)o->data : NULL; m.out_len = cresp;
+		m.out = o ? (void *)(uintptr_t)o->data : NULL; m.out_len = m.ex && o ? o->len : cresp;
 		m.dout = d ? (void *)(uintptr_t)d->data : NULL; m.dout_len = d ? d->len : 0;
-		L("ioctl DEVICE/INVOKE_WRITE %u", m.op);
+		L("ioctl DEVICE/INVOKE_WRITE %s%u", m.ex ? "EX_" : "", m.op);
 		rc = do_cmd(&m);
-		ioctl_cmd_count[m.op] += !rc;
+		ioctl_cmd_count[m.op] += !rc && !m.ex;
+		ioctl_ex_cmd_count[m.op] += !rc && m.ex;
 	}
 	free(in);
 	free(din);

@@ -38,27 +38,36 @@ fn invoke(fd: i32, attrs: &[[u64; 2]]) -> Result<(), i32> {
     }
 }
 
+/// In the test's process: runs test `name` in a child under the emulator and returns None.
+/// In that child: the emulated device opened, with a context made by `GET_CONTEXT` by
+/// write() (header: command 0, in_words 4, out_words 64; then the response pointer), and the
+/// address of the response buffer.
+fn context_in_child(name: &str) -> Option<(Stream, u64)> {
+    if in_child_under_emulator(name, "mlx5_0") {
+        return None;
+    }
+    let s = Stream::open(c"/dev/infiniband/uverbs0").expect("open the emulated device");
+    let resp = s.resp as u64;
+    let get = [4u64 << 32 | 64 << 48, resp];
+    // SAFETY: 16 bytes of a live array.
+    let n = unsafe { libc::write(s.fd, get.as_ptr().cast(), 16) };
+    assert_eq!(n, 16, "GET_CONTEXT");
+    Some((s, resp))
+}
+
 #[test]
 #[cfg_attr(
     not(uvemu_built),
     ignore = "the emulated driver's preload library was not built (needs a C compiler)"
 )]
 fn write_commands_over_ioctl_are_served_and_malformed_ones_refused() {
-    if in_child_under_emulator(
-        "write_commands_over_ioctl_are_served_and_malformed_ones_refused",
-        "mlx5_0",
-    ) {
+    let Some((s, resp)) =
+        context_in_child("write_commands_over_ioctl_are_served_and_malformed_ones_refused")
+    else {
         return;
-    }
-    let s = Stream::open(c"/dev/infiniband/uverbs0").expect("open the emulated device");
-    let resp = s.resp as u64;
+    };
     let r = resp.to_ne_bytes();
-    // GET_CONTEXT by write() (header: command 0, in_words 4, out_words 64; then the
-    // response pointer); then ALLOC_PD over ioctl.
-    let get = [4u64 << 32 | 64 << 48, resp];
-    // SAFETY: 16 bytes of a live array.
-    let n = unsafe { libc::write(s.fd, get.as_ptr().cast(), 16) };
-    assert_eq!(n, 16, "GET_CONTEXT");
+    // Then ALLOC_PD over ioctl.
     // core in: ALLOC_PD's request is its (unused over ioctl) response pointer, 8 B inline.
     let core_in = attr(CORE_IN, 8, MANDATORY, u64::from_ne_bytes(r));
     let cmd = attr(WRITE_CMD, 8, MANDATORY, ALLOC_PD);
@@ -281,4 +290,58 @@ fn dynamic_uars_are_allocated_mapped_and_destroyed_as_the_kernel_does() {
     );
     // SAFETY: the mapping made above.
     assert_eq!(unsafe { libc::munmap(p, 4096) }, 0);
+}
+
+/// `IB_USER_VERBS_CMD_FLAG_EXTENDED` and the extended `QUERY_DEVICE`.
+const EXTENDED: u64 = 0x8000_0000;
+const QUERY_DEVICE: u64 = 1;
+
+#[test]
+#[cfg_attr(
+    not(uvemu_built),
+    ignore = "the emulated driver's preload library was not built (needs a C compiler)"
+)]
+fn extended_query_device_over_ioctl_is_answered_as_the_kernel_does() {
+    let Some((s, _)) =
+        context_in_child("extended_query_device_over_ioctl_is_answered_as_the_kernel_does")
+    else {
+        return;
+    };
+    // ib_uverbs_ex_query_device: comp_mask and reserved, 8 B inline; the response into a
+    // buffer of 320 B (the base attributes, comp_mask, response_length, the extensions: 304
+    // B in this kernel ABI).
+    let mut out = [0xffu8; 320];
+    let core_in = attr(CORE_IN, 8, MANDATORY, 0);
+    let cmd = attr(WRITE_CMD, 8, MANDATORY, EXTENDED | QUERY_DEVICE);
+    let core_out = attr(CORE_OUT, 320, 0, out.as_mut_ptr() as u64);
+    let before = uverbs_emu::control::ioctl_ex_command_count(1).unwrap();
+    if std::env::var("UVEMU_ABI").as_deref() == Ok("write") {
+        assert_eq!(
+            invoke(s.fd, &[core_in, core_out, cmd]),
+            Err(libc::EPROTONOSUPPORT)
+        );
+        return;
+    }
+    assert_eq!(invoke(s.fd, &[core_in, core_out, cmd]), Ok(()));
+    assert_eq!(
+        uverbs_emu::control::ioctl_ex_command_count(1).unwrap(),
+        before + 1
+    );
+    // The base: fw_ver, node_guid, sys_image_guid, max_mr_size, page_size_cap (u64s), then
+    // vendor_id (Mellanox).
+    assert_eq!(u32::from_ne_bytes(out[40..44].try_into().unwrap()), 0x02c9);
+    // response_length (after the 176-byte base and comp_mask): what the kernel filled, at
+    // most the buffer; past it, zeros, not the 0xff the buffer held.
+    let len = u32::from_ne_bytes(out[180..184].try_into().unwrap()) as usize;
+    assert!((184..=304).contains(&len), "response_length {len}");
+    assert!(out[len..].iter().all(|&b| b == 0), "the rest is cleared");
+    // A core response shorter than the base and response_length: ENOSPC.
+    let short = attr(CORE_OUT, 100, 0, out.as_mut_ptr() as u64);
+    assert_eq!(invoke(s.fd, &[core_in, short, cmd]), Err(libc::ENOSPC));
+    // An extended command the driver lacks (CREATE_FLOW, 50): EOPNOTSUPP, as a kernel without it.
+    let flow = attr(WRITE_CMD, 8, MANDATORY, EXTENDED | 50);
+    assert_eq!(
+        invoke(s.fd, &[core_in, core_out, flow]),
+        Err(libc::EOPNOTSUPP)
+    );
 }
