@@ -288,39 +288,6 @@ fn mlx5_libmlx5_sends_and_receives_complete_on_the_soft_hca() {
     not(rdma_core),
     ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
 )]
-fn mlx5_libmlx5_qps_ring_dynamic_uars_on_a_host_without_write_combining() {
-    let name = "mlx5_libmlx5_qps_ring_dynamic_uars_on_a_host_without_write_combining";
-    if uverbs_emu::in_child_under_emulator_with(name, "mlx5_0", &[("UVEMU_WC", "0")]) {
-        return;
-    }
-    let (a, b) = connected_pair(Rings::Libmlx5);
-    // Under the ioctl ABI libmlx5 allocates its UARs (MLX5_IB_OBJECT_UAR) and makes each QP
-    // on one (the non-cached UAR: no write-combining, no BlueFlame); under the write ABI (an
-    // older kernel) it maps the context's bfregs instead.
-    let (uars, qps) = uverbs_emu::control::dyn_uar_count().unwrap();
-    if std::env::var("UVEMU_ABI").as_deref() == Ok("write") {
-        assert_eq!((uars, qps), (0, 0));
-    } else {
-        assert!(uars >= 1, "no dynamic UAR allocated");
-        assert_eq!(qps, 2, "both QPs on a dynamic UAR");
-    }
-    // The doorbells go to that page, and the soft HCA serves them.
-    for round in 0..3u64 {
-        b.post_recv(RecvWr::new().wr_id(200 + round).sge(b.mr.sge(4096, 64)));
-        a.post(SendWr::send().wr_id(round).sge(a.mr.sge(64 * round, 64)));
-        expect(a.next(), round, WC_SEND, None, None);
-        expect(b.next(), 200 + round, WC_RECV, Some(64), None);
-        assert_eq!(b.peek(4096, 64), a.peek(64 * round as usize, 64));
-    }
-    a.none_left();
-    b.none_left();
-}
-
-#[test]
-#[cfg_attr(
-    not(rdma_core),
-    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
-)]
 fn mlx5_libmlx5_rdma_and_atomics_complete_on_the_soft_hca() {
     let name = "mlx5_libmlx5_rdma_and_atomics_complete_on_the_soft_hca";
     if let Some((a, b)) = pair_in_child(name, Rings::Libmlx5) {

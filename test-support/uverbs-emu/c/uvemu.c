@@ -8,8 +8,7 @@
  *     lists (a memfd dressed as character device 231:192+N);
  *   - serves RDMA_VERBS_IOCTL's DEVICE/INVOKE_WRITE (the write() commands below carried as
  *     ioctl attributes, which libibverbs uses once it answers; $UVEMU_ABI=write turns it off,
- *     for the legacy ABI), MR/REG_DMABUF_MR (ibv_reg_dmabuf_mr is ioctl-only) and, on a host
- *     without write-combining ($UVEMU_WC=0), mlx5's UAR object (see "dynamic UARs"); answers
+ *     for the legacy ABI) and MR/REG_DMABUF_MR (ibv_reg_dmabuf_mr is ioctl-only); answers
  *     other methods with EPROTONOSUPPORT, as a kernel without the method does: libibverbs then
  *     falls back to INVOKE_WRITE or write(), or skips what the device lacks;
  *   - serves the write() commands of the control path with mlx5 driver data, keeping every
@@ -63,8 +62,6 @@
 #include <rdma/ib_user_verbs.h>
 #include <rdma/ib_user_ioctl_cmds.h>
 #include <rdma/mlx5-abi.h>
-#include <rdma/mlx5_user_ioctl_cmds.h>
-#include <rdma/mlx5_user_ioctl_verbs.h>
 #include <rdma/rdma_user_ioctl_cmds.h>
 
 #define DEV_PREFIX "/dev/infiniband/uverbs"
@@ -1012,68 +1009,6 @@ static void device_attr(const struct uvemu_context *c, struct ib_uverbs_query_de
 	r->phys_port_cnt = (uint8_t)devices[c->dev].nports;
 }
 
-/* ------------------------------------------------------------------ dynamic UARs */
-
-/* MLX5_IB_OBJECT_UAR: doorbell pages a library allocates one at a time (libmlx5 does once a
- * context's GET_CONTEXT answered with no bfregs, for the library's DYN_UAR capability).
- * Each is a page id, an mmap offset (the command byte DYN_UAR_MMAP_CMD, then the slot) and,
- * once mapped, the anonymous page the HCA watches for the doorbells of the QPs made on it. */
-#define MAX_DYN_UARS 64
-#define DYN_UAR_MMAP_CMD 9 /* past the named mmap commands, as the kernel's mmap entries */
-struct dyn_uar {
-	int in_use;
-	uint32_t page_id;
-	void *page; /* NULL until mapped */
-};
-static struct dyn_uar dyn_uars[MAX_CONTEXTS][MAX_DYN_UARS];
-static int dyn_uar_ctx[MAX_CONTEXTS];  /* the context's library allocates its UARs */
-static uint32_t next_uar_page = 0x80;  /* page ids, above those of the legacy bfregs */
-static uint64_t dyn_uar_allocs, dyn_uar_qps; /* served: for tests (uvemu_dyn_uar_count) */
-static int abi_ioctl(void);
-
-/* Whether the UAR object is served: under the ioctl ABI, on a host without write-combining
- * ($UVEMU_WC=0). There a kernel reports no BlueFlame register and allocates non-cached UARs
- * only, which libmlx5 then makes every QP on; the soft HCA serves that. Elsewhere (the
- * default) the object is answered as a kernel without it answers, and libmlx5 maps the
- * context's bfregs: the BlueFlame UARs a current kernel would hand it hold two registers the
- * kernel cannot tell apart, and the soft HCA watches one register per QP. */
-static int dyn_uars_served(void)
-{
-	static int served = -1;
-	if (served < 0) {
-		const char *e = getenv("UVEMU_WC");
-		served = abi_ioctl() && e && !strcmp(e, "0");
-	}
-	return served;
-}
-
-/* A new context: no dynamic UARs yet, and whether it allocates them (`on`). */
-static void dyn_uar_reset(struct uvemu_context *c, int on)
-{
-	memset(dyn_uars[c - contexts], 0, sizeof(dyn_uars[0]));
-	dyn_uar_ctx[c - contexts] = on;
-}
-
-/* The mapped page of the context's dynamic UAR with page id `id`, or NULL. */
-static void *dyn_uar_page(struct uvemu_context *c, uint32_t id)
-{
-	struct dyn_uar *u = dyn_uars[c - contexts];
-	for (int i = 0; i < MAX_DYN_UARS; i++)
-		if (u[i].in_use && u[i].page_id == id) return u[i].page;
-	return NULL;
-}
-
-/* The number of dynamic UARs allocated and of QPs made on one, in this process. */
-int uvemu_dyn_uar_count(uint64_t *uars, uint64_t *qps)
-{
-	if (!uars || !qps) return EINVAL;
-	pthread_mutex_lock(&lock);
-	*uars = dyn_uar_allocs;
-	*qps = dyn_uar_qps;
-	pthread_mutex_unlock(&lock);
-	return 0;
-}
-
 static int cmd_get_context(struct cmd *m)
 {
 	struct mlx5_ib_alloc_ucontext_req_v2 rq = {0};
@@ -1081,18 +1016,14 @@ static int cmd_get_context(struct cmd *m)
 	if (m->c->async_rd >= 0) return EINVAL; /* one context per open */
 	uint32_t bfregs = rq.total_num_bfregs ? rq.total_num_bfregs : 4;
 	if (bfregs > UVEMU_MAX_UAR_PAGES * BFREGS_PER_PAGE || bfregs < rq.num_low_latency_bfregs + 2) return EINVAL;
-	/* A library that allocates its UARs itself gets none here where the UAR object serves
-	 * them, and no BlueFlame register (see dyn_uars_served()). */
-	int dyn = dyn_uars_served() && m->din_len >= sizeof(rq) && (rq.lib_caps & MLX5_LIB_CAP_DYN_UAR);
 	int p[2];
 	if (pipe2(p, O_CLOEXEC) < 0) return errno;
 	m->c->async_rd = p[0];
 	m->c->async_wr = p[1];
-	m->c->tot_bfregs = dyn ? 0 : bfregs;
-	dyn_uar_reset(m->c, dyn);
+	m->c->tot_bfregs = bfregs;
 	struct ib_uverbs_get_context_resp r = { .async_fd = (uint32_t)p[0], .num_comp_vectors = 4 };
 	struct mlx5_ib_alloc_ucontext_resp d = {0};
-	d.qp_tab_size = 1 << 18; d.bf_reg_size = dyn ? 0 : 512; d.tot_bfregs = m->c->tot_bfregs;
+	d.qp_tab_size = 1 << 18; d.bf_reg_size = 512; d.tot_bfregs = bfregs;
 	d.cache_line_size = 64; d.max_rq_desc_sz = 512;
 	/* The largest send WQE: 1024 bytes (64 segments of 16), as ConnectX-4 and later report;
 	 * UVEMU_MAX_SQ_DESC_SZ sets another, for tests of a device with smaller WQEs. */
@@ -1112,8 +1043,8 @@ static int cmd_get_context(struct cmd *m)
 		m->c->tot_bfregs = 0;
 		return EFAULT;
 	}
-	L("   bfregs=%u (low latency %u)%s cqe_version=%u -> async_fd=%d", d.tot_bfregs, rq.num_low_latency_bfregs,
-	  dyn ? ", UARs allocated by the library" : "", d.cqe_version, p[0]);
+	L("   bfregs=%u (low latency %u) cqe_version=%u -> async_fd=%d", bfregs, rq.num_low_latency_bfregs,
+	  d.cqe_version, p[0]);
 	return 0;
 }
 
@@ -1305,29 +1236,6 @@ static int hca_create_qp(struct uvemu_context *c, struct uvemu_obj *o)
 	return rc;
 }
 
-/* The doorbell register a new QP rings: with MLX5_QP_FLAG_UAR_PAGE_INDEX, the first of the
- * dynamic UAR page it names (which must be this context's: EINVAL otherwise, as the firmware
- * refuses another's); else a legacy bfreg in turn, which a context whose library allocates
- * its UARs has none of (EINVAL, as the kernel). */
-static int qp_uar(struct uvemu_context *c, const struct mlx5_ib_create_qp *d, size_t len, struct uvemu_obj *o)
-{
-	if (len >= offsetof(struct mlx5_ib_create_qp, bfreg_index) + sizeof(d->bfreg_index) &&
-	    (d->flags & MLX5_QP_FLAG_UAR_PAGE_INDEX)) {
-		void *page = dyn_uar_page(c, d->bfreg_index);
-		if (!page) return EINVAL;
-		o->u.qp.bfreg = d->bfreg_index;
-		o->u.qp.bf_reg = (uint64_t)(uintptr_t)page + 0x800;
-		dyn_uar_qps++;
-		return 0;
-	}
-	if (dyn_uar_ctx[c - contexts]) return EINVAL;
-	o->u.qp.bfreg = next_bfreg(c, o->u.qp.qpn);
-	uint32_t page = o->u.qp.bfreg / BFREGS_PER_PAGE;
-	if (page < UVEMU_MAX_UAR_PAGES && c->uar[page])
-		o->u.qp.bf_reg = (uint64_t)(uintptr_t)c->uar[page] + 0x800 + (o->u.qp.bfreg % BFREGS_PER_PAGE) * 0x100 * 2;
-	return 0;
-}
-
 static int cmd_create_qp(struct cmd *m)
 {
 	const struct mlx5_ib_create_qp *d = m->din;
@@ -1351,14 +1259,13 @@ static int cmd_create_qp(struct cmd *m)
 	o->u.qp.sq_wqebbs = d->sq_wqe_count; o->u.qp.rq_wqes = d->rq_wqe_count;
 	o->u.qp.rq_stride = 1u << d->rq_wqe_shift;
 	if (m->din_len >= offsetof(struct mlx5_ib_create_qp, uidx) + sizeof(d->uidx)) o->u.qp.uidx = d->uidx;
+	o->u.qp.bfreg = next_bfreg(m->c, o->u.qp.qpn);
 	o->u.qp.state = QPS_RESET;
-	int rc = qp_uar(m->c, d, m->din_len, o);
-	if (rc) {
-		obj_destroy(m->c, h, UVEMU_QP);
-		return rc;
-	}
+	uint32_t page = o->u.qp.bfreg / BFREGS_PER_PAGE;
+	if (page < UVEMU_MAX_UAR_PAGES && m->c->uar[page])
+		o->u.qp.bf_reg = (uint64_t)(uintptr_t)m->c->uar[page] + 0x800 + (o->u.qp.bfreg % BFREGS_PER_PAGE) * 0x100 * 2;
 	if (hca) {
-		rc = hca_create_qp(m->c, o);
+		int rc = hca_create_qp(m->c, o);
 		if (rc) {
 			obj_destroy(m->c, h, UVEMU_QP);
 			return rc;
@@ -1512,8 +1419,6 @@ static int cmd_destroy(struct cmd *m, enum uvemu_obj_type t, int has_response)
 static uint64_t cmd_count[IB_USER_VERBS_CMD_COMMAND_MASK + 1];
 /* Those of them served through DEVICE/INVOKE_WRITE (the ioctl ABI). */
 static uint64_t ioctl_cmd_count[IB_USER_VERBS_CMD_COMMAND_MASK + 1];
-/* The extended commands served through DEVICE/INVOKE_WRITE, by number. */
-static uint64_t ioctl_ex_cmd_count[IB_USER_VERBS_CMD_COMMAND_MASK + 1];
 
 static int do_cmd(struct cmd *m)
 {
@@ -1756,17 +1661,6 @@ int uvemu_ioctl_command_count(uint32_t op, uint64_t *count)
 	return 0;
 }
 
-/* The number of extended commands numbered `op` (IB_USER_VERBS_EX_CMD_QUERY_DEVICE...)
- * served through DEVICE/INVOKE_WRITE, in `*count`. */
-int uvemu_ioctl_ex_command_count(uint32_t op, uint64_t *count)
-{
-	if (op > IB_USER_VERBS_CMD_COMMAND_MASK || !count) return EINVAL;
-	pthread_mutex_lock(&lock);
-	*count = ioctl_ex_cmd_count[op];
-	pthread_mutex_unlock(&lock);
-	return 0;
-}
-
 /* ------------------------------------------------------------------ ioctl, mmap */
 
 /* MR/REG_DMABUF_MR: the one ioctl-only method (ibv_reg_dmabuf_mr). */
@@ -1870,22 +1764,6 @@ static void *attr_bytes(const struct ib_uverbs_attr *x, size_t min, int *err)
 	return b;
 }
 
-/* The extended commands served over INVOKE_WRITE (as over write(): frame()), with their
- * smallest core request and response (the kernel's uverbs_request/response minimums): 0,
- * or EOPNOTSUPP for one this driver lacks. The response may be longer: its length says
- * how much the caller takes (response_length). */
-static int ex_core_sizes(uint32_t op, size_t *req, size_t *resp)
-{
-	*req = *resp = 0;
-	if (op == IB_USER_VERBS_EX_CMD_QUERY_DEVICE) {
-		*req = sizeof(struct ib_uverbs_ex_query_device);
-		*resp = offsetof(struct ib_uverbs_ex_query_device_resp, response_length) + 4;
-	} else if (op == IB_USER_VERBS_EX_CMD_MODIFY_QP) {
-		*req = sizeof(struct ib_uverbs_ex_modify_qp);
-	}
-	return *req ? 0 : EOPNOTSUPP;
-}
-
 /* DEVICE/INVOKE_WRITE: a legacy write() command carried over ioctl, its request and response
  * in separate core and driver attributes (libibverbs' path once ioctl answers). */
 static int invoke_write(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
@@ -1893,14 +1771,11 @@ static int invoke_write(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 	struct ib_uverbs_attr *a[IW_N] = {0};
 	int rc = invoke_write_attrs(h, a);
 	if (rc) return rc;
-	uint64_t w = a[IW_CMD]->data;
-	struct cmd m = { .c = c, .op = (uint32_t)(w & IB_USER_VERBS_CMD_COMMAND_MASK),
-			 .ex = !!(w & IB_USER_VERBS_CMD_FLAG_EXTENDED) };
+	struct cmd m = { .c = c, .op = (uint32_t)a[IW_CMD]->data };
 	size_t creq, cresp;
-	if (w & ~(uint64_t)(IB_USER_VERBS_CMD_FLAG_EXTENDED | IB_USER_VERBS_CMD_COMMAND_MASK)) return EOPNOTSUPP;
-	if (m.ex) rc = ex_core_sizes(m.op, &creq, &cresp);
-	else core_sizes(m.op, &creq, &cresp);
-	if (rc || !creq) return rc ? rc : EOPNOTSUPP;
+	if (a[IW_CMD]->data > IB_USER_VERBS_CMD_COMMAND_MASK) return EOPNOTSUPP;
+	core_sizes(m.op, &creq, &cresp);
+	if (!creq) return EOPNOTSUPP;
 	if (m.op != IB_USER_VERBS_CMD_GET_CONTEXT && c->async_rd < 0) return EINVAL; /* no context yet */
 	struct ib_uverbs_attr *o = a[IW_CORE_OUT], *d = a[IW_UHW_OUT];
 	if (cresp && (!o || o->len < cresp)) return ENOSPC;
@@ -1911,99 +1786,17 @@ static int invoke_write(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 	if (din) {
 		m.in = in; m.in_len = creq;
 		m.din = din; m.din_len = a[IW_UHW_IN] ? a[IW_UHW_IN]->len : 0;
-		m.out = o ? (void *)(uintptr_t)o->data : NULL; m.out_len = m.ex && o ? o->len : cresp;
+		m.out = o ? (void *)(uintptr_t)o->data : NULL; m.out_len = cresp;
 		m.dout = d ? (void *)(uintptr_t)d->data : NULL; m.dout_len = d ? d->len : 0;
-		L("ioctl DEVICE/INVOKE_WRITE %s%u", m.ex ? "EX_" : "", m.op);
+		L("ioctl DEVICE/INVOKE_WRITE %u", m.op);
 		rc = do_cmd(&m);
-		ioctl_cmd_count[m.op] += !rc && !m.ex;
-		ioctl_ex_cmd_count[m.op] += !rc && m.ex;
+		ioctl_cmd_count[m.op] += !rc;
 	}
 	free(in);
 	free(din);
 	for (int k = IW_CORE_OUT; !rc && k < IW_N; k += IW_UHW_OUT - IW_CORE_OUT)
 		if (a[k]) a[k]->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
 	return rc;
-}
-
-/* A driver method's attributes by id (`n` ids from UVERBS_ID_NS_MASK's first, all
- * mandatory), validated as the kernel does: reserved bits zero, no id twice, an unknown id
- * refused when marked mandatory (EPROTONOSUPPORT) and skipped otherwise, none missing. */
-static int driver_attrs(struct ib_uverbs_ioctl_hdr *h, struct ib_uverbs_attr **a, int n)
-{
-	for (int i = 0; i < h->num_attrs; i++) {
-		struct ib_uverbs_attr *x = &h->attrs[i];
-		if (x->attr_data.reserved || (x->flags & ~UVERBS_ATTR_F_MANDATORY)) return EINVAL;
-		int k = (int)x->attr_id - (1 << UVERBS_ID_NS_SHIFT);
-		if (k < 0 || k >= n) {
-			if (x->flags & UVERBS_ATTR_F_MANDATORY) return EPROTONOSUPPORT;
-			continue;
-		}
-		if (a[k]) return EINVAL;
-		a[k] = x;
-	}
-	for (int k = 0; k < n; k++)
-		if (!a[k]) return EINVAL;
-	return 0;
-}
-
-/* Writes `len` bytes of `v` to an output pointer attribute (at most its length) and marks it
- * valid: 0 or EFAULT. */
-static int attr_out(struct ib_uverbs_attr *x, const void *v, size_t len)
-{
-	size_t n = x->len < len ? x->len : len;
-	if (user_copy((void *)(uintptr_t)x->data, v, n)) return EFAULT;
-	x->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
-	return 0;
-}
-
-/* UAR/UAR_OBJ_ALLOC: a dynamic UAR page (see "dynamic UARs"), of the non-cached type; a
- * BlueFlame one is refused with EOPNOTSUPP, as the kernel refuses it on a host without
- * write-combining (dyn_uars_served()). */
-static int dyn_uar_alloc(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
-{
-	enum { HANDLE, TYPE, OFFSET, LENGTH, PAGE_ID, N };
-	struct ib_uverbs_attr *a[N] = {0};
-	int rc = driver_attrs(h, a, N);
-	if (rc) return rc;
-	if (a[TYPE]->len > 8) return EINVAL;
-	if (a[TYPE]->data != MLX5_IB_UAPI_UAR_ALLOC_TYPE_NC) return EOPNOTSUPP;
-	if (!dyn_uar_ctx[c - contexts]) return EOPNOTSUPP; /* its bfregs came with the context */
-	struct dyn_uar *u = dyn_uars[c - contexts];
-	int i = 0;
-	while (i < MAX_DYN_UARS && u[i].in_use) i++;
-	if (i == MAX_DYN_UARS) return ENOMEM;
-	uint64_t off = (((uint64_t)DYN_UAR_MMAP_CMD << 8) | (uint64_t)i) * 4096;
-	uint32_t len = 4096, id = next_uar_page++;
-	if (attr_out(a[OFFSET], &off, sizeof(off)) || attr_out(a[LENGTH], &len, sizeof(len)) ||
-	    attr_out(a[PAGE_ID], &id, sizeof(id)))
-		return EFAULT; /* nothing made */
-	u[i] = (struct dyn_uar){ .in_use = 1, .page_id = id };
-	a[HANDLE]->data = (uint64_t)i;
-	dyn_uar_allocs++;
-	L("ioctl UAR/UAR_OBJ_ALLOC NC -> uar %d page %#x mmap offset %#llx", i, id, (unsigned long long)off);
-	return 0;
-}
-
-/* UAR/UAR_OBJ_DESTROY: the handle goes; as in the kernel, no QP holds a reference, and the
- * page stays mapped (QPs on it keep ringing it) until the process unmaps it. */
-static int dyn_uar_destroy(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
-{
-	struct ib_uverbs_attr *a[1] = {0};
-	int rc = driver_attrs(h, a, 1);
-	if (rc) return rc;
-	struct dyn_uar *u = dyn_uars[c - contexts];
-	if (a[0]->data >= MAX_DYN_UARS || !u[a[0]->data].in_use) return EINVAL;
-	L("ioctl UAR/UAR_OBJ_DESTROY uar %llu", (unsigned long long)a[0]->data);
-	u[a[0]->data].in_use = 0;
-	return 0;
-}
-
-/* The handler of `h`'s driver-specific method, if this run serves it, else NULL. */
-static int (*driver_method(const struct ib_uverbs_ioctl_hdr *h))(struct uvemu_context *, struct ib_uverbs_ioctl_hdr *)
-{
-	if (!dyn_uars_served() || h->object_id != MLX5_IB_OBJECT_UAR) return NULL;
-	return h->method_id == MLX5_IB_METHOD_UAR_OBJ_ALLOC ? dyn_uar_alloc
-	     : h->method_id == MLX5_IB_METHOD_UAR_OBJ_DESTROY ? dyn_uar_destroy : NULL;
 }
 
 /* One RDMA_VERBS_IOCTL: its header and attributes copied in (with the kernel's length check),
@@ -2019,8 +1812,7 @@ static int ioctl_method(struct uvemu_context *c, void *arg)
 	struct ib_uverbs_ioctl_hdr *h = &local.h, *user = arg;
 	if (user_copy(h, user, sizeof(*h))) return EFAULT;
 	int write_cmd = abi_ioctl() && h->object_id == UVERBS_OBJECT_DEVICE && h->method_id == UVERBS_METHOD_INVOKE_WRITE;
-	int (*driver)(struct uvemu_context *, struct ib_uverbs_ioctl_hdr *) = driver_method(h);
-	if (!write_cmd && !driver && (h->object_id != UVERBS_OBJECT_MR || h->method_id != UVERBS_METHOD_REG_DMABUF_MR)) {
+	if (!write_cmd && (h->object_id != UVERBS_OBJECT_MR || h->method_id != UVERBS_METHOD_REG_DMABUF_MR)) {
 		L("ioctl object %#x method %#x -> EPROTONOSUPPORT", h->object_id, h->method_id);
 		return EPROTONOSUPPORT;
 	}
@@ -2033,7 +1825,7 @@ static int ioctl_method(struct uvemu_context *c, void *arg)
 		return rc ? rc : user_copy(user->attrs, h->attrs, attrs);
 	}
 	if (c->async_rd < 0) return EINVAL; /* no context yet */
-	int rc = driver ? driver(c, h) : reg_dmabuf_mr(c, h);
+	int rc = reg_dmabuf_mr(c, h);
 	return rc ? rc : user_copy(user->attrs, h->attrs, attrs);
 }
 
@@ -2081,11 +1873,6 @@ void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 	    index * BFREGS_PER_PAGE < c->tot_bfregs && !c->uar[index]) {
 		p = r_mmap(addr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 		if (p != MAP_FAILED) c->uar[index] = p;
-		err = errno;
-	} else if (cmd == DYN_UAR_MMAP_CMD && len == 4096 && index < MAX_DYN_UARS &&
-		   dyn_uars[c - contexts][index].in_use && !dyn_uars[c - contexts][index].page) {
-		p = r_mmap(addr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-		if (p != MAP_FAILED) dyn_uars[c - contexts][index].page = p;
 		err = errno;
 	}
 	L("mmap(fd %d, cmd %lu, index %lu) -> %p", fd, cmd, index, p);

@@ -107,28 +107,6 @@ pub fn ioctl_command_count(c: Command) -> Result<u64, String> {
     Ok(n)
 }
 
-/// How many extended commands numbered `op` (`IB_USER_VERBS_EX_CMD_*`: 1 `QUERY_DEVICE`, 26
-/// `MODIFY_QP`) reached the driver through `DEVICE/INVOKE_WRITE`.
-pub fn ioctl_ex_command_count(op: u32) -> Result<u64, String> {
-    type Count = unsafe extern "C" fn(u32, *mut u64) -> c_int;
-    let f: Count = control(c"uvemu_ioctl_ex_command_count")?;
-    let mut n = 0u64;
-    // SAFETY: the function uvemu.c declares for tests, with a pointer to a live u64.
-    check(&format!("extended command {op}"), unsafe { f(op, &mut n) })?;
-    Ok(n)
-}
-
-/// How many dynamic UARs (`MLX5_IB_OBJECT_UAR`) the driver allocated this process, and how
-/// many QPs were made on one (`MLX5_QP_FLAG_UAR_PAGE_INDEX`): tells which UARs libmlx5 took.
-pub fn dyn_uar_count() -> Result<(u64, u64), String> {
-    type Count = unsafe extern "C" fn(*mut u64, *mut u64) -> c_int;
-    let f: Count = control(c"uvemu_dyn_uar_count")?;
-    let (mut uars, mut qps) = (0u64, 0u64);
-    // SAFETY: the function uvemu.c declares for tests, with pointers to live u64s.
-    check("dynamic UARs", unsafe { f(&mut uars, &mut qps) })?;
-    Ok((uars, qps))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

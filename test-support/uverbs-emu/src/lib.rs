@@ -114,12 +114,6 @@ const CHILD: &str = "UVEMU_TEST_CHILD";
 /// libmlx5's tuning variables (`MLX5_*`) are cleared in the
 /// child, so that it runs with libmlx5's defaults whatever the caller's environment says.
 pub fn in_child_under_emulator(name: &str, spec: &str) -> bool {
-    in_child_under_emulator_with(name, spec, &[])
-}
-
-/// [`in_child_under_emulator`], with the variables `env` set in the child too (e.g. the
-/// emulator's `UVEMU_WC`).
-pub fn in_child_under_emulator_with(name: &str, spec: &str, env: &[(&str, &str)]) -> bool {
     if std::env::var_os(CHILD).is_some() {
         return false;
     }
@@ -132,7 +126,6 @@ pub fn in_child_under_emulator_with(name: &str, spec: &str, env: &[(&str, &str)]
         }
     }
     let out = cmd
-        .envs(env.iter().copied())
         .args([name, "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD, "1")
         .output()

@@ -7,8 +7,6 @@
 //! `scripts/with-emulated-hca` builds; `UVEMU_HCA=` turns it off) at that first open.
 //! `--abi` (or `$UVEMU_ABI`) picks the kernel ABI the driver speaks: `ioctl` (default, as a
 //! current kernel: write commands carried by `RDMA_VERBS_IOCTL`) or `write` (legacy only).
-//! `UVEMU_WC=0` emulates a host without write-combining: under the ioctl ABI, mlx5's dynamic
-//! UARs are served (non-cached ones), and libmlx5 makes its QPs on them.
 
 use std::process::ExitCode;
 
