@@ -1077,6 +1077,8 @@ static int cmd_query_device(struct cmd *m)
 		device_attr(m->c, &r);
 		return put(m->out, m->out_len, &r, sizeof(r));
 	}
+	const struct ib_uverbs_ex_query_device *q = m->in;
+	if (m->in_len >= sizeof(*q) && (q->comp_mask || q->reserved)) return EINVAL; /* a shorter one reads as zeros */
 	struct ib_uverbs_ex_query_device_resp r = {0};
 	device_attr(m->c, &r.base);
 	r.response_length = (uint32_t)(m->out_len < sizeof(r) ? m->out_len : sizeof(r));
@@ -1413,7 +1415,7 @@ static int cmd_modify_qp(struct cmd *m)
 	}
 	o->u.qp.state = next;
 	if (m->ex && m->out) {
-		struct ib_uverbs_ex_modify_qp_resp r = { .response_length = (uint32_t)m->out_len };
+		struct ib_uverbs_ex_modify_qp_resp r = { .response_length = (uint32_t)(m->out_len < sizeof(r) ? m->out_len : sizeof(r)) };
 		if (put(m->out, m->out_len, &r, sizeof(r))) return EFAULT; /* the move happened */
 	}
 	L("   qp %u: %u -> %u (mask %#x, dest qpn %#x, mtu %u, port %u)", q->qp_handle, cur, next, q->attr_mask,
@@ -1513,6 +1515,20 @@ static void core_sizes(uint32_t op, size_t *req, size_t *resp)
 	S(DESTROY_QP, ib_uverbs_destroy_qp, sizeof(struct ib_uverbs_destroy_qp_resp));
 	}
 #undef S
+}
+
+/* The same for the extended commands served: the core request (without the extended header)
+ * and the shortest response the kernel takes (through response_length). */
+static void core_sizes_ex(uint32_t op, size_t *req, size_t *resp)
+{
+	*req = *resp = 0;
+	if (op == IB_USER_VERBS_CMD_QUERY_DEVICE) {
+		*req = sizeof(struct ib_uverbs_ex_query_device);
+		*resp = offsetof(struct ib_uverbs_ex_query_device_resp, response_length) + 4;
+	} else if (op == IB_USER_VERBS_CMD_MODIFY_QP) {
+		*req = sizeof(struct ib_uverbs_ex_modify_qp);
+		*resp = offsetof(struct ib_uverbs_ex_modify_qp_resp, response_length) + 4;
+	}
 }
 
 /* Frames one write() (its bytes copied in already): headers, core and driver parts, with the
@@ -1840,10 +1856,12 @@ static int invoke_write(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 	struct ib_uverbs_attr *a[IW_N] = {0};
 	int rc = invoke_write_attrs(h, a);
 	if (rc) return rc;
-	struct cmd m = { .c = c, .op = (uint32_t)a[IW_CMD]->data };
+	uint64_t cmd = a[IW_CMD]->data;
+	struct cmd m = { .c = c, .op = (uint32_t)(cmd & IB_USER_VERBS_CMD_COMMAND_MASK),
+			 .ex = !!(cmd & IB_USER_VERBS_CMD_FLAG_EXTENDED) };
 	size_t creq, cresp;
-	if (a[IW_CMD]->data > IB_USER_VERBS_CMD_COMMAND_MASK) return EOPNOTSUPP;
-	core_sizes(m.op, &creq, &cresp);
+	if (cmd & ~(uint64_t)(IB_USER_VERBS_CMD_FLAG_EXTENDED | IB_USER_VERBS_CMD_COMMAND_MASK)) return EOPNOTSUPP;
+	(m.ex ? core_sizes_ex : core_sizes)(m.op, &creq, &cresp);
 	if (!creq) return EOPNOTSUPP;
 	if (m.op != IB_USER_VERBS_CMD_GET_CONTEXT && c->async_rd < 0) return EINVAL; /* no context yet */
 	struct ib_uverbs_attr *o = a[IW_CORE_OUT], *d = a[IW_UHW_OUT];
@@ -1855,7 +1873,9 @@ static int invoke_write(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 	if (din) {
 		m.in = in; m.in_len = creq;
 		m.din = din; m.din_len = a[IW_UHW_IN] ? a[IW_UHW_IN]->len : 0;
-		m.out = o ? (void *)(uintptr_t)o->data : NULL; m.out_len = cresp;
+		/* An extended command's response may be longer than its minimum (it says how much
+		 * it wrote in response_length). */
+		m.out = o ? (void *)(uintptr_t)o->data : NULL; m.out_len = m.ex && o ? o->len : cresp;
 		m.dout = d ? (void *)(uintptr_t)d->data : NULL; m.dout_len = d ? d->len : 0;
 		L("ioctl DEVICE/INVOKE_WRITE %u", m.op);
 		rc = do_cmd(&m);

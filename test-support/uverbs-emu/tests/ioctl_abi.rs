@@ -275,3 +275,63 @@ fn dynamic_uars_are_allocated_mapped_and_destroyed_as_a_current_kernel_does() {
     // SAFETY: the page mapped above; the UAR is gone, the mapping still the process's.
     assert_eq!(unsafe { libc::munmap(page, 4096) }, 0);
 }
+
+#[test]
+#[cfg_attr(
+    not(uvemu_built),
+    ignore = "the emulated driver's preload library was not built (needs a C compiler)"
+)]
+fn extended_commands_over_ioctl_are_answered_as_a_kernel_does() {
+    let name = "extended_commands_over_ioctl_are_answered_as_a_kernel_does";
+    if in_child_under_emulator(name, "mlx5_0")
+        || std::env::var("UVEMU_ABI").as_deref() == Ok("write")
+    {
+        return;
+    }
+    let s = Stream::open(c"/dev/infiniband/uverbs0").expect("open the emulated device");
+    let get = [4u64 << 32 | 64 << 48, s.resp as u64];
+    // SAFETY: 16 bytes of a live array.
+    assert_eq!(unsafe { libc::write(s.fd, get.as_ptr().cast(), 16) }, 16);
+    // QUERY_DEVICE, then QUERY_DEVICE_EX (the command with IB_USER_VERBS_CMD_FLAG_EXTENDED,
+    // its request comp_mask and reserved, both 0, inline): the same device attributes, and
+    // the extended response says how long it is.
+    const QUERY_DEVICE: u64 = 1;
+    const EXTENDED: u64 = 0x8000_0000;
+    let (mut legacy, mut ex) = ([0u8; 176], [0u8; 256]);
+    let out = |b: &mut [u8]| attr(CORE_OUT, b.len() as u16, 0, b.as_mut_ptr() as u64);
+    let core_in = |v: u64| attr(CORE_IN, 8, MANDATORY, v);
+    let cmd = |c: u64| attr(WRITE_CMD, 8, MANDATORY, c);
+    assert_eq!(
+        invoke(s.fd, &[core_in(0), out(&mut legacy), cmd(QUERY_DEVICE)]),
+        Ok(())
+    );
+    assert_eq!(
+        invoke(
+            s.fd,
+            &[core_in(0), out(&mut ex), cmd(EXTENDED | QUERY_DEVICE)]
+        ),
+        Ok(())
+    );
+    assert_eq!(ex[..176], legacy[..], "the base attributes");
+    let response_length = u32::from_ne_bytes(ex[180..184].try_into().unwrap());
+    assert!((184..=256).contains(&response_length), "{response_length}");
+    // A request with comp_mask set; a response shorter than response_length's end.
+    assert_eq!(
+        invoke(
+            s.fd,
+            &[core_in(1), out(&mut ex), cmd(EXTENDED | QUERY_DEVICE)]
+        ),
+        Err(libc::EINVAL)
+    );
+    assert_eq!(
+        invoke(
+            s.fd,
+            &[
+                core_in(0),
+                out(&mut ex[..100]),
+                cmd(EXTENDED | QUERY_DEVICE)
+            ]
+        ),
+        Err(libc::ENOSPC)
+    );
+}
