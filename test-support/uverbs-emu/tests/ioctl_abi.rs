@@ -335,3 +335,39 @@ fn extended_commands_over_ioctl_are_answered_as_a_kernel_does() {
         Err(libc::ENOSPC)
     );
 }
+
+#[test]
+#[cfg_attr(
+    not(uvemu_built),
+    ignore = "the emulated driver's preload library was not built (needs a C compiler)"
+)]
+fn ioctl_methods_not_served_answer_as_a_kernel_without_them() {
+    let name = "ioctl_methods_not_served_answer_as_a_kernel_without_them";
+    if in_child_under_emulator(name, "mlx5_0") {
+        return;
+    }
+    let s = Stream::open(c"/dev/infiniband/uverbs0").expect("open the emulated device");
+    // What libibverbs and libmlx5 ask at context creation on a current kernel, before they
+    // fall back: DEVICE/QUERY_PORT, GET_CONTEXT, QUERY_CONTEXT, QUERY_GID_TABLE,
+    // QUERY_GID_ENTRY, mlx5's DEVX_OTHER (the DEVX capability query); and the objects' own
+    // methods (CQ_CREATE, QP_CREATE, PD_DESTROY). EPROTONOSUPPORT, not ENOTTY: the method is
+    // unknown, the interface is there.
+    let methods = [
+        (0, 2),
+        (0, 3),
+        (0, 4),
+        (0, 5),
+        (0, 6),
+        (0x1000, 0x1000),
+        (3, 0),
+        (4, 0),
+        (1, 0),
+    ];
+    for (object, m) in methods {
+        assert_eq!(
+            method(s.fd, object, m, &[]),
+            Err(libc::EPROTONOSUPPORT),
+            "object {object:#x} method {m:#x}"
+        );
+    }
+}
