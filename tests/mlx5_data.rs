@@ -288,6 +288,43 @@ fn mlx5_libmlx5_sends_and_receives_complete_on_the_soft_hca() {
     not(rdma_core),
     ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
 )]
+fn mlx5_libmlx5_qps_on_dynamic_uars_are_rung_there() {
+    let Some((a, b)) = pair_in_child(
+        "mlx5_libmlx5_qps_on_dynamic_uars_are_rung_there",
+        Rings::Libmlx5,
+    ) else {
+        return;
+    };
+    // On the ioctl ABI (the default) libmlx5 allocates its UARs itself, as on a current
+    // kernel: one for its CQs' doorbells and one for every two QPs, which it names by page
+    // in CREATE_QP and rings at either of the page's BlueFlame registers. On the legacy
+    // ABI it takes the static UAR pages GET_CONTEXT gives.
+    let (uars, qps) = uverbs_emu::control::dyn_uar_count().unwrap();
+    if std::env::var("UVEMU_ABI").as_deref() == Ok("write") {
+        assert_eq!((uars, qps), (0, 0), "no dynamic UARs on the legacy ABI");
+    } else {
+        assert!(
+            uars >= 2 && qps >= 2,
+            "{uars} dynamic UARs, {qps} QPs on them"
+        );
+    }
+    // Both QPs move data, each rung on its own register: sends both ways, then a write.
+    for (from, to, id) in [(&a, &b, 1), (&b, &a, 2)] {
+        to.post_recv(RecvWr::new().wr_id(100 + id).sge(to.mr.sge(0, 64)));
+        from.post(SendWr::send().wr_id(id).sge(from.mr.sge(512, 64)));
+        expect(from.next(), id, WC_SEND, None, None);
+        expect(to.next(), 100 + id, WC_RECV, Some(64), None);
+        assert_eq!(to.peek(0, 64), from.peek(512, 64));
+    }
+    a.none_left();
+    b.none_left();
+}
+
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
 fn mlx5_libmlx5_rdma_and_atomics_complete_on_the_soft_hca() {
     let name = "mlx5_libmlx5_rdma_and_atomics_complete_on_the_soft_hca";
     if let Some((a, b)) = pair_in_child(name, Rings::Libmlx5) {

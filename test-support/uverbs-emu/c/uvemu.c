@@ -62,6 +62,8 @@
 #include <rdma/ib_user_verbs.h>
 #include <rdma/ib_user_ioctl_cmds.h>
 #include <rdma/mlx5-abi.h>
+#include <rdma/mlx5_user_ioctl_cmds.h>
+#include <rdma/mlx5_user_ioctl_verbs.h>
 #include <rdma/rdma_user_ioctl_cmds.h>
 
 #define DEV_PREFIX "/dev/infiniband/uverbs"
@@ -71,6 +73,13 @@
 #define BFREGS_PER_PAGE 2   /* legacy static UARs: two BlueFlame registers per 4 KiB page */
 #define MAX_CMD_BYTES (1u << 20) /* a write() command larger than any verbs command */
 #define MAX_IOCTL_ATTRS 64
+/* mmap commands of the entries the kernel inserts (MLX5_IB_MMAP_OFFSET_START in the kernel's
+ * mlx5_ib.h): a dynamic UAR's mmap offset carries this command and the entry's index. */
+#define MMAP_OFFSET_START 9
+/* A dynamic UAR's page id: the firmware's UAR index, past the static pages' ones. */
+#define DYN_UAR_PAGE_ID(handle) (UVEMU_MAX_UAR_PAGES + (handle))
+/* The bfreg index a QP on a dynamic UAR is answered with (MLX5_IB_INVALID_BFREG). */
+#define INVALID_BFREG (1u << 31)
 
 /* Mask bits, as enum ib_qp_attr_mask names them (not in the uapi headers). */
 enum {
@@ -106,12 +115,15 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 static const struct uvemu_hca_ops *hca; /* the data path, once attached */
 static void hca_release_all(struct uvemu_context *c);
+static int abi_ioctl(void);
 static void pins_before_fork(void);
 static void pins_after_fork(void);
 static const struct uvemu_port *port_of(const struct uvemu_context *c, uint32_t port);
 static int logging;
 static int node;           /* this emulator's node number on the fabric (0: none) */
 static char fabric[400];   /* the fabric directory ("": none) */
+/* Dynamic UARs allocated (MLX5_IB_OBJECT_UAR) and QPs created on one, since the start. */
+static uint64_t dyn_uars_made, dyn_uar_qps_made;
 static int ndevices;
 static struct uvemu_device devices[UVEMU_MAX_DEVICES];
 static struct uvemu_context contexts[MAX_CONTEXTS];
@@ -565,9 +577,13 @@ static int pin_cq(const struct uvemu_obj *o, int on)
 static int pin_qp(const struct uvemu_obj *o, int on)
 {
 	uint64_t ring = (uint64_t)o->u.qp.rq_wqes * o->u.qp.rq_stride + (uint64_t)o->u.qp.sq_wqebbs * 64;
-	if (!on) { unpin(o->u.qp.buf, ring); unpin(o->u.qp.dbrec, 8); return 0; }
+	/* A dynamic UAR page stays while a QP on it lives (its UAR may be destroyed and the page
+	 * unmapped before: the kernel frees the UAR at the last unmap, and the HCA watches it). */
+	uint64_t bf = o->u.qp.bf_reg2 ? o->u.qp.bf_reg : 0;
+	if (!on) { unpin(o->u.qp.buf, ring); unpin(o->u.qp.dbrec, 8); if (bf) unpin(bf, 8); return 0; }
 	int rc = pin(o->u.qp.buf, ring, 0);
 	if (!rc && (rc = pin(o->u.qp.dbrec, 8, 1))) unpin(o->u.qp.buf, ring);
+	if (!rc && bf && (rc = pin(bf, 8, 0))) { unpin(o->u.qp.buf, ring); unpin(o->u.qp.dbrec, 8); }
 	return rc;
 }
 
@@ -1020,10 +1036,16 @@ static int cmd_get_context(struct cmd *m)
 	if (pipe2(p, O_CLOEXEC) < 0) return errno;
 	m->c->async_rd = p[0];
 	m->c->async_wr = p[1];
-	m->c->tot_bfregs = bfregs;
+	/* A library that can allocate UARs itself gets none here, as a current kernel answers it
+	 * (tot_bfregs 0): it allocates them through MLX5_IB_OBJECT_UAR, which only the ioctl ABI
+	 * serves; a kernel of the legacy ABI knows nothing of the capability. */
+	m->c->dyn_uar = abi_ioctl() && m->din_len >= offsetof(struct mlx5_ib_alloc_ucontext_req_v2, lib_caps) + 8 &&
+			(rq.lib_caps & MLX5_LIB_CAP_DYN_UAR);
+	m->c->tot_bfregs = m->c->dyn_uar ? 0 : bfregs;
 	struct ib_uverbs_get_context_resp r = { .async_fd = (uint32_t)p[0], .num_comp_vectors = 4 };
 	struct mlx5_ib_alloc_ucontext_resp d = {0};
-	d.qp_tab_size = 1 << 18; d.bf_reg_size = 512; d.tot_bfregs = bfregs;
+	d.qp_tab_size = 1 << 18; d.bf_reg_size = 512;
+	d.tot_bfregs = m->c->tot_bfregs;
 	d.cache_line_size = 64; d.max_rq_desc_sz = 512;
 	/* The largest send WQE: 1024 bytes (64 segments of 16), as ConnectX-4 and later report;
 	 * UVEMU_MAX_SQ_DESC_SZ sets another, for tests of a device with smaller WQEs. */
@@ -1043,8 +1065,8 @@ static int cmd_get_context(struct cmd *m)
 		m->c->tot_bfregs = 0;
 		return EFAULT;
 	}
-	L("   bfregs=%u (low latency %u) cqe_version=%u -> async_fd=%d", bfregs, rq.num_low_latency_bfregs,
-	  d.cqe_version, p[0]);
+	L("   bfregs=%u (low latency %u, dynamic UARs %d) cqe_version=%u -> async_fd=%d", bfregs,
+	  rq.num_low_latency_bfregs, m->c->dyn_uar, d.cqe_version, p[0]);
 	return 0;
 }
 
@@ -1055,6 +1077,8 @@ static int cmd_query_device(struct cmd *m)
 		device_attr(m->c, &r);
 		return put(m->out, m->out_len, &r, sizeof(r));
 	}
+	const struct ib_uverbs_ex_query_device *q = m->in;
+	if (m->in_len >= sizeof(*q) && (q->comp_mask || q->reserved)) return EINVAL; /* a shorter one reads as zeros */
 	struct ib_uverbs_ex_query_device_resp r = {0};
 	device_attr(m->c, &r.base);
 	r.response_length = (uint32_t)(m->out_len < sizeof(r) ? m->out_len : sizeof(r));
@@ -1163,6 +1187,13 @@ static int cmd_reg_mr(struct cmd *m)
 	return 0;
 }
 
+/* The dynamic UAR of context `c` whose page id is `page_id`, or NULL. */
+static const struct uvemu_obj *dyn_uar_of_page(struct uvemu_context *c, uint32_t page_id)
+{
+	if (page_id <= UVEMU_MAX_UAR_PAGES) return NULL;
+	return obj_get(c, page_id - UVEMU_MAX_UAR_PAGES, UVEMU_UAR);
+}
+
 static int cmd_create_cq(struct cmd *m)
 {
 	const struct mlx5_ib_create_cq *d = m->din;
@@ -1172,6 +1203,10 @@ static int cmd_create_cq(struct cmd *m)
 	if (cqe == 0 || cqe >= (1u << 22) || !d->buf_addr || !d->db_addr ||
 	    (d->cqe_size != 64 && d->cqe_size != 128))
 		return EINVAL;
+	/* Without static UAR pages a CQ must name the UAR page its arm doorbell uses. */
+	int page_index = m->din_len >= offsetof(struct mlx5_ib_create_cq, uar_page_index) + 2 &&
+			 (d->flags & MLX5_IB_CREATE_CQ_FLAGS_UAR_PAGE_INDEX);
+	if (m->c->dyn_uar && (!page_index || !dyn_uar_of_page(m->c, d->uar_page_index))) return EINVAL;
 	uint32_t h;
 	struct uvemu_obj *o = obj_new(m->c, UVEMU_CQ, &h);
 	if (!o) return ENOMEM;
@@ -1224,6 +1259,7 @@ static int hca_create_qp(struct uvemu_context *c, struct uvemu_obj *o)
 		.recv_cqn = obj_get(c, o->u.qp.recv_cq, UVEMU_CQ)->u.cq.cqn,
 		.buf = o->u.qp.buf, .dbrec = o->u.qp.dbrec, .bf_reg = o->u.qp.bf_reg,
 		.rq_wqes = rq, .rq_stride = o->u.qp.rq_stride, .sq_wqebbs = sq, .user_index = o->u.qp.uidx,
+		.bf_reg2 = o->u.qp.bf_reg2,
 	};
 	if (!obj_get(c, o->u.qp.send_cq, UVEMU_CQ)->served || !obj_get(c, o->u.qp.recv_cq, UVEMU_CQ)->served)
 		return EINVAL; /* CQs made before the HCA attached */
@@ -1248,6 +1284,15 @@ static int cmd_create_qp(struct cmd *m)
 	struct uvemu_obj *rcq = obj_get(m->c, q->recv_cq_handle, UVEMU_CQ);
 	if (!pd || !scq || !rcq || q->srq_handle || !d->buf_addr || !d->db_addr) return EINVAL;
 	if (!d->sq_wqe_count || (d->sq_wqe_count & (d->sq_wqe_count - 1)) || d->rq_wqe_shift > 12) return EINVAL;
+	/* A QP on a dynamic UAR names its page; a context without static pages must (the kernel
+	 * has no bfreg to give it). The HCA watches the page: it must be mapped. */
+	const struct uvemu_obj *dyn = NULL;
+	if (m->din_len >= offsetof(struct mlx5_ib_create_qp, bfreg_index) + 4 && (d->flags & MLX5_QP_FLAG_UAR_PAGE_INDEX)) {
+		dyn = dyn_uar_of_page(m->c, d->bfreg_index);
+		if (!dyn || !dyn->u.uar.page) return EINVAL;
+	} else if (m->c->dyn_uar) {
+		return EINVAL;
+	}
 	uint32_t h;
 	struct uvemu_obj *o = obj_new(m->c, UVEMU_QP, &h);
 	if (!o) return ENOMEM;
@@ -1259,11 +1304,18 @@ static int cmd_create_qp(struct cmd *m)
 	o->u.qp.sq_wqebbs = d->sq_wqe_count; o->u.qp.rq_wqes = d->rq_wqe_count;
 	o->u.qp.rq_stride = 1u << d->rq_wqe_shift;
 	if (m->din_len >= offsetof(struct mlx5_ib_create_qp, uidx) + sizeof(d->uidx)) o->u.qp.uidx = d->uidx;
-	o->u.qp.bfreg = next_bfreg(m->c, o->u.qp.qpn);
 	o->u.qp.state = QPS_RESET;
-	uint32_t page = o->u.qp.bfreg / BFREGS_PER_PAGE;
-	if (page < UVEMU_MAX_UAR_PAGES && m->c->uar[page])
-		o->u.qp.bf_reg = (uint64_t)(uintptr_t)m->c->uar[page] + 0x800 + (o->u.qp.bfreg % BFREGS_PER_PAGE) * 0x100 * 2;
+	if (dyn) {
+		/* The QP names only the page: libmlx5 rings either of its two BlueFlame registers. */
+		o->u.qp.bfreg = INVALID_BFREG;
+		o->u.qp.bf_reg = dyn->u.uar.page + 0x800;
+		o->u.qp.bf_reg2 = dyn->u.uar.page + 0x800 + 0x100 * 2;
+	} else {
+		o->u.qp.bfreg = next_bfreg(m->c, o->u.qp.qpn);
+		uint32_t page = o->u.qp.bfreg / BFREGS_PER_PAGE;
+		if (page < UVEMU_MAX_UAR_PAGES && m->c->uar[page])
+			o->u.qp.bf_reg = (uint64_t)(uintptr_t)m->c->uar[page] + 0x800 + (o->u.qp.bfreg % BFREGS_PER_PAGE) * 0x100 * 2;
+	}
 	if (hca) {
 		int rc = hca_create_qp(m->c, o);
 		if (rc) {
@@ -1280,9 +1332,10 @@ static int cmd_create_qp(struct cmd *m)
 	/* The index as the kernel reports it (adjust_bfregn): libmlx5 numbers 4 bfregs per UAR
 	 * page, of which the first 2 are the page's non-fast-path BlueFlame registers. */
 	struct mlx5_ib_create_qp_resp dr = {
-		.bfreg_index = o->u.qp.bfreg / BFREGS_PER_PAGE * 4 + o->u.qp.bfreg % BFREGS_PER_PAGE
+		.bfreg_index = dyn ? INVALID_BFREG : o->u.qp.bfreg / BFREGS_PER_PAGE * 4 + o->u.qp.bfreg % BFREGS_PER_PAGE
 	};
 	if (respond(m, &r, sizeof(r), &dr, sizeof(dr))) return created_unanswered(m->c, h, UVEMU_QP);
+	dyn_uar_qps_made += !!dyn;
 	L("   RC pd %u cq %u/%u ring %#llx (SQ %u WQEBBs, RQ %u x %u B) dbrec %#llx flags %#x -> qp %u qpn %#x bfreg %u",
 	  q->pd_handle, q->send_cq_handle, q->recv_cq_handle, (unsigned long long)d->buf_addr, d->sq_wqe_count,
 	  d->rq_wqe_count, o->u.qp.rq_stride, (unsigned long long)d->db_addr, d->flags, h, r.qpn, o->u.qp.bfreg);
@@ -1362,7 +1415,7 @@ static int cmd_modify_qp(struct cmd *m)
 	}
 	o->u.qp.state = next;
 	if (m->ex && m->out) {
-		struct ib_uverbs_ex_modify_qp_resp r = { .response_length = (uint32_t)m->out_len };
+		struct ib_uverbs_ex_modify_qp_resp r = { .response_length = (uint32_t)(m->out_len < sizeof(r) ? m->out_len : sizeof(r)) };
 		if (put(m->out, m->out_len, &r, sizeof(r))) return EFAULT; /* the move happened */
 	}
 	L("   qp %u: %u -> %u (mask %#x, dest qpn %#x, mtu %u, port %u)", q->qp_handle, cur, next, q->attr_mask,
@@ -1462,6 +1515,20 @@ static void core_sizes(uint32_t op, size_t *req, size_t *resp)
 	S(DESTROY_QP, ib_uverbs_destroy_qp, sizeof(struct ib_uverbs_destroy_qp_resp));
 	}
 #undef S
+}
+
+/* The same for the extended commands served: the core request (without the extended header)
+ * and the shortest response the kernel takes (through response_length). */
+static void core_sizes_ex(uint32_t op, size_t *req, size_t *resp)
+{
+	*req = *resp = 0;
+	if (op == IB_USER_VERBS_CMD_QUERY_DEVICE) {
+		*req = sizeof(struct ib_uverbs_ex_query_device);
+		*resp = offsetof(struct ib_uverbs_ex_query_device_resp, response_length) + 4;
+	} else if (op == IB_USER_VERBS_CMD_MODIFY_QP) {
+		*req = sizeof(struct ib_uverbs_ex_modify_qp);
+		*resp = offsetof(struct ib_uverbs_ex_modify_qp_resp, response_length) + 4;
+	}
 }
 
 /* Frames one write() (its bytes copied in already): headers, core and driver parts, with the
@@ -1661,6 +1728,18 @@ int uvemu_ioctl_command_count(uint32_t op, uint64_t *count)
 	return 0;
 }
 
+/* The dynamic UARs this process's contexts allocated and the QPs made on them, in `*uars` and
+ * `*qps`: tests tell which UARs libmlx5 took. */
+int uvemu_dyn_uar_count(uint64_t *uars, uint64_t *qps)
+{
+	if (!uars || !qps) return EINVAL;
+	pthread_mutex_lock(&lock);
+	*uars = dyn_uars_made;
+	*qps = dyn_uar_qps_made;
+	pthread_mutex_unlock(&lock);
+	return 0;
+}
+
 /* ------------------------------------------------------------------ ioctl, mmap */
 
 /* MR/REG_DMABUF_MR: the one ioctl-only method (ibv_reg_dmabuf_mr). */
@@ -1726,29 +1805,35 @@ static int abi_ioctl(void)
 	return abi;
 }
 
-/* INVOKE_WRITE's attributes, found by id: core in/out, command, driver in/out. */
-enum { IW_CORE_IN, IW_CORE_OUT, IW_CMD, IW_UHW_IN, IW_UHW_OUT, IW_N };
-
-/* Sorts one method's attributes as the kernel validates them: reserved bits zero, no id twice,
- * an unknown id refused with EPROTONOSUPPORT when marked mandatory and skipped otherwise. */
-static int invoke_write_attrs(struct ib_uverbs_ioctl_hdr *h, struct ib_uverbs_attr *a[IW_N])
+/* Sorts one method's attributes by the `n` ids it knows (into a[], in that order) as the kernel
+ * validates them: reserved bits zero, no id twice, an unknown id refused with EPROTONOSUPPORT
+ * when marked mandatory and skipped otherwise. */
+static int sort_attrs(struct ib_uverbs_ioctl_hdr *h, const uint16_t *ids, int n, struct ib_uverbs_attr **a)
 {
 	for (int i = 0; i < h->num_attrs; i++) {
 		struct ib_uverbs_attr *x = &h->attrs[i];
 		if (x->attr_data.reserved || (x->flags & ~UVERBS_ATTR_F_MANDATORY)) return EINVAL;
-		int k = x->attr_id == UVERBS_ATTR_CORE_IN ? IW_CORE_IN
-		      : x->attr_id == UVERBS_ATTR_CORE_OUT ? IW_CORE_OUT
-		      : x->attr_id == UVERBS_ATTR_WRITE_CMD ? IW_CMD
-		      : x->attr_id == UVERBS_ATTR_UHW_IN ? IW_UHW_IN
-		      : x->attr_id == UVERBS_ATTR_UHW_OUT ? IW_UHW_OUT : -1;
-		if (k < 0) {
+		int k = 0;
+		while (k < n && ids[k] != x->attr_id) k++;
+		if (k == n) {
 			if (x->flags & UVERBS_ATTR_F_MANDATORY) return EPROTONOSUPPORT;
 			continue;
 		}
 		if (a[k]) return EINVAL;
 		a[k] = x;
 	}
-	return a[IW_CORE_IN] && a[IW_CMD] ? 0 : EINVAL;
+	return 0;
+}
+
+/* INVOKE_WRITE's attributes, found by id: core in/out, command, driver in/out. */
+enum { IW_CORE_IN, IW_CORE_OUT, IW_CMD, IW_UHW_IN, IW_UHW_OUT, IW_N };
+
+static int invoke_write_attrs(struct ib_uverbs_ioctl_hdr *h, struct ib_uverbs_attr *a[IW_N])
+{
+	static const uint16_t ids[IW_N] = { UVERBS_ATTR_CORE_IN, UVERBS_ATTR_CORE_OUT, UVERBS_ATTR_WRITE_CMD,
+					    UVERBS_ATTR_UHW_IN, UVERBS_ATTR_UHW_OUT };
+	int rc = sort_attrs(h, ids, IW_N, a);
+	return rc ? rc : a[IW_CORE_IN] && a[IW_CMD] ? 0 : EINVAL;
 }
 
 /* A pointer attribute's input bytes (inline up to 8, else at its user pointer) into a fresh
@@ -1771,10 +1856,12 @@ static int invoke_write(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 	struct ib_uverbs_attr *a[IW_N] = {0};
 	int rc = invoke_write_attrs(h, a);
 	if (rc) return rc;
-	struct cmd m = { .c = c, .op = (uint32_t)a[IW_CMD]->data };
+	uint64_t cmd = a[IW_CMD]->data;
+	struct cmd m = { .c = c, .op = (uint32_t)(cmd & IB_USER_VERBS_CMD_COMMAND_MASK),
+			 .ex = !!(cmd & IB_USER_VERBS_CMD_FLAG_EXTENDED) };
 	size_t creq, cresp;
-	if (a[IW_CMD]->data > IB_USER_VERBS_CMD_COMMAND_MASK) return EOPNOTSUPP;
-	core_sizes(m.op, &creq, &cresp);
+	if (cmd & ~(uint64_t)(IB_USER_VERBS_CMD_FLAG_EXTENDED | IB_USER_VERBS_CMD_COMMAND_MASK)) return EOPNOTSUPP;
+	(m.ex ? core_sizes_ex : core_sizes)(m.op, &creq, &cresp);
 	if (!creq) return EOPNOTSUPP;
 	if (m.op != IB_USER_VERBS_CMD_GET_CONTEXT && c->async_rd < 0) return EINVAL; /* no context yet */
 	struct ib_uverbs_attr *o = a[IW_CORE_OUT], *d = a[IW_UHW_OUT];
@@ -1786,7 +1873,9 @@ static int invoke_write(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 	if (din) {
 		m.in = in; m.in_len = creq;
 		m.din = din; m.din_len = a[IW_UHW_IN] ? a[IW_UHW_IN]->len : 0;
-		m.out = o ? (void *)(uintptr_t)o->data : NULL; m.out_len = cresp;
+		/* An extended command's response may be longer than its minimum (it says how much
+		 * it wrote in response_length). */
+		m.out = o ? (void *)(uintptr_t)o->data : NULL; m.out_len = m.ex && o ? o->len : cresp;
 		m.dout = d ? (void *)(uintptr_t)d->data : NULL; m.dout_len = d ? d->len : 0;
 		L("ioctl DEVICE/INVOKE_WRITE %u", m.op);
 		rc = do_cmd(&m);
@@ -1797,6 +1886,83 @@ static int invoke_write(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 	for (int k = IW_CORE_OUT; !rc && k < IW_N; k += IW_UHW_OUT - IW_CORE_OUT)
 		if (a[k]) a[k]->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
 	return rc;
+}
+
+/* MLX5_IB_OBJECT_UAR's attributes: the new handle, the type (BF or NC), then the outputs. */
+enum { UA_HANDLE, UA_TYPE, UA_OFFSET, UA_LENGTH, UA_PAGE_ID, UA_N };
+
+/* The mmap offset of dynamic UAR `handle`, as the kernel encodes its mmap entries: the
+ * command in bits 8..15 of the page offset, the entry's index around it. */
+static uint64_t dyn_uar_offset(uint32_t handle)
+{
+	return ((uint64_t)(handle >> 8) << 16 | MMAP_OFFSET_START << 8 | (handle & 0xff)) << 12;
+}
+
+/* MLX5_IB_OBJECT_UAR/UAR_OBJ_ALLOC: a UAR page of the process's own (a current libmlx5 asks
+ * one for its CQs' doorbells, NC, and one per two QPs, BF); the process maps it at the
+ * returned offset and names its page id in CREATE_CQ/CREATE_QP. */
+static int uar_alloc(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
+{
+	static const uint16_t ids[UA_N] = { MLX5_IB_ATTR_UAR_OBJ_ALLOC_HANDLE, MLX5_IB_ATTR_UAR_OBJ_ALLOC_TYPE,
+					    MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_OFFSET, MLX5_IB_ATTR_UAR_OBJ_ALLOC_MMAP_LENGTH,
+					    MLX5_IB_ATTR_UAR_OBJ_ALLOC_PAGE_ID };
+	static const uint16_t out_len[UA_N] = { 0, 0, 8, 4, 4 };
+	struct ib_uverbs_attr *a[UA_N] = {0};
+	int rc = sort_attrs(h, ids, UA_N, a);
+	for (int k = 0; !rc && k < UA_N; k++)
+		if (!a[k] || a[k]->len < out_len[k]) rc = EINVAL;
+	if (rc) return rc;
+	uint64_t type = a[UA_TYPE]->data;
+	if (type != MLX5_IB_UAPI_UAR_ALLOC_TYPE_BF && type != MLX5_IB_UAPI_UAR_ALLOC_TYPE_NC) return EOPNOTSUPP;
+	for (int k = UA_OFFSET; k < UA_N; k++)
+		if (user_writable((void *)(uintptr_t)a[k]->data, out_len[k])) return EFAULT;
+	uint32_t handle;
+	struct uvemu_obj *o = obj_new(c, UVEMU_UAR, &handle);
+	if (!o) return ENOMEM;
+	o->u.uar.page_id = DYN_UAR_PAGE_ID(handle);
+	o->u.uar.type = (uint32_t)type;
+	uint64_t offset = dyn_uar_offset(handle);
+	uint32_t length = 4096;
+	if (user_copy((void *)(uintptr_t)a[UA_OFFSET]->data, &offset, 8) ||
+	    user_copy((void *)(uintptr_t)a[UA_LENGTH]->data, &length, 4) ||
+	    user_copy((void *)(uintptr_t)a[UA_PAGE_ID]->data, &o->u.uar.page_id, 4)) {
+		o->type = UVEMU_FREE;
+		return EFAULT;
+	}
+	a[UA_HANDLE]->data = handle;
+	for (int k = UA_OFFSET; k < UA_N; k++) a[k]->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
+	dyn_uars_made++;
+	L("ioctl UAR/UAR_OBJ_ALLOC %s -> uar %u page id %u offset %#llx", type ? "NC" : "BF", handle,
+	  o->u.uar.page_id, (unsigned long long)offset);
+	return 0;
+}
+
+/* MLX5_IB_OBJECT_UAR/UAR_OBJ_DESTROY: the handle goes; as in the kernel, QPs and CQs on the
+ * page are not asked (the firmware's UAR lives until the process unmaps the page, and the
+ * emulator keeps a page a served QP watches until the QP is destroyed). */
+static int uar_destroy(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
+{
+	static const uint16_t ids[1] = { MLX5_IB_ATTR_UAR_OBJ_DESTROY_HANDLE };
+	struct ib_uverbs_attr *a[1] = {0};
+	int rc = sort_attrs(h, ids, 1, a);
+	if (rc || !a[0]) return rc ? rc : EINVAL;
+	uint64_t handle = a[0]->data;
+	if (!handle || handle > UVEMU_MAX_OBJECTS || c->obj[handle - 1].type == UVEMU_FREE) return ENOENT;
+	if (c->obj[handle - 1].type != UVEMU_UAR) return EINVAL;
+	c->obj[handle - 1].type = UVEMU_FREE;
+	L("ioctl UAR/UAR_OBJ_DESTROY uar %llu", (unsigned long long)handle);
+	return 0;
+}
+
+/* The method of this ioctl that the run serves, or NULL (EPROTONOSUPPORT). */
+static int (*ioctl_handler(const struct ib_uverbs_ioctl_hdr *h))(struct uvemu_context *, struct ib_uverbs_ioctl_hdr *)
+{
+	if (h->object_id == UVERBS_OBJECT_MR && h->method_id == UVERBS_METHOD_REG_DMABUF_MR) return reg_dmabuf_mr;
+	if (!abi_ioctl()) return NULL;
+	if (h->object_id == UVERBS_OBJECT_DEVICE && h->method_id == UVERBS_METHOD_INVOKE_WRITE) return invoke_write;
+	if (h->object_id == MLX5_IB_OBJECT_UAR && h->method_id == MLX5_IB_METHOD_UAR_OBJ_ALLOC) return uar_alloc;
+	if (h->object_id == MLX5_IB_OBJECT_UAR && h->method_id == MLX5_IB_METHOD_UAR_OBJ_DESTROY) return uar_destroy;
+	return NULL;
 }
 
 /* One RDMA_VERBS_IOCTL: its header and attributes copied in (with the kernel's length check),
@@ -1811,8 +1977,8 @@ static int ioctl_method(struct uvemu_context *c, void *arg)
 	} local;
 	struct ib_uverbs_ioctl_hdr *h = &local.h, *user = arg;
 	if (user_copy(h, user, sizeof(*h))) return EFAULT;
-	int write_cmd = abi_ioctl() && h->object_id == UVERBS_OBJECT_DEVICE && h->method_id == UVERBS_METHOD_INVOKE_WRITE;
-	if (!write_cmd && (h->object_id != UVERBS_OBJECT_MR || h->method_id != UVERBS_METHOD_REG_DMABUF_MR)) {
+	int (*method)(struct uvemu_context *, struct ib_uverbs_ioctl_hdr *) = ioctl_handler(h);
+	if (!method) {
 		L("ioctl object %#x method %#x -> EPROTONOSUPPORT", h->object_id, h->method_id);
 		return EPROTONOSUPPORT;
 	}
@@ -1820,12 +1986,8 @@ static int ioctl_method(struct uvemu_context *c, void *arg)
 	if (h->num_attrs > MAX_IOCTL_ATTRS || h->length != sizeof(*h) + attrs) return EINVAL;
 	if (h->reserved1 || h->reserved2) return EPROTONOSUPPORT;
 	if (user_copy(h->attrs, user->attrs, attrs)) return EFAULT;
-	if (write_cmd) {
-		int rc = invoke_write(c, h);
-		return rc ? rc : user_copy(user->attrs, h->attrs, attrs);
-	}
-	if (c->async_rd < 0) return EINVAL; /* no context yet */
-	int rc = reg_dmabuf_mr(c, h);
+	if (method != invoke_write && c->async_rd < 0) return EINVAL; /* no context yet */
+	int rc = method(c, h);
 	return rc ? rc : user_copy(user->attrs, h->attrs, attrs);
 }
 
@@ -1869,10 +2031,17 @@ void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 	unsigned long cmd = (pgoff >> 8) & 0xff, index = (pgoff & 0xff) | ((pgoff >> 16) << 8);
 	void *p = MAP_FAILED;
 	int err = EINVAL;
+	/* A dynamic UAR's page, mapped once (a second mapping would be a page the HCA does not
+	 * watch: refused). */
+	struct uvemu_obj *dyn = cmd == MMAP_OFFSET_START ? obj_get(c, (uint32_t)index, UVEMU_UAR) : NULL;
 	if (cmd == MLX5_IB_MMAP_REGULAR_PAGE && len == 4096 && index < UVEMU_MAX_UAR_PAGES &&
 	    index * BFREGS_PER_PAGE < c->tot_bfregs && !c->uar[index]) {
 		p = r_mmap(addr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 		if (p != MAP_FAILED) c->uar[index] = p;
+		err = errno;
+	} else if (dyn && len == 4096 && !dyn->u.uar.page) {
+		p = r_mmap(addr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+		if (p != MAP_FAILED) dyn->u.uar.page = (uint64_t)(uintptr_t)p;
 		err = errno;
 	}
 	L("mmap(fd %d, cmd %lu, index %lu) -> %p", fd, cmd, index, p);

@@ -17,7 +17,7 @@
 #define UVEMU_MAX_UAR_PAGES 64
 #define UVEMU_GIDS 16 /* GID table entries per port (what QUERY_PORT reports) */
 
-enum uvemu_obj_type { UVEMU_FREE = 0, UVEMU_PD, UVEMU_MR, UVEMU_CQ, UVEMU_QP };
+enum uvemu_obj_type { UVEMU_FREE = 0, UVEMU_PD, UVEMU_MR, UVEMU_CQ, UVEMU_QP, UVEMU_UAR };
 
 struct uvemu_port {
 	int ethernet;   /* 1: RoCE (link layer Ethernet), 0: InfiniBand */
@@ -43,10 +43,14 @@ struct uvemu_obj {
 		struct { uint32_t pdn; } pd;
 		struct { uint32_t pd; uint64_t start, length, iova; uint32_t access, lkey, rkey; int dmabuf_fd; } mr;
 		struct { uint64_t buf, dbrec, user_handle; uint32_t entries, cqe_size, cqn; } cq;
+		/* A dynamic UAR (MLX5_IB_OBJECT_UAR): its page id (the firmware's UAR index) and
+		 * the page the process mapped at its mmap offset (0: not mapped yet). */
+		struct { uint32_t page_id, type; uint64_t page; } uar;
 		struct {
 			uint32_t pd, send_cq, recv_cq, qpn;
 			uint64_t user_handle;                  /* what async events about it carry */
 			uint64_t buf, dbrec, bf_reg;           /* ring, doorbell record, BlueFlame register */
+			uint64_t bf_reg2;                      /* the other register of its dynamic UAR page (0: none) */
 			uint32_t sq_wqebbs, rq_wqes, rq_stride; /* rings: RQ at buf, SQ after it */
 			uint32_t bfreg, uidx;
 			uint8_t state, port, path_mtu, timeout, retry_cnt, rnr_retry, min_rnr_timer;
@@ -64,6 +68,8 @@ struct uvemu_context {
 	int cmd_fd, async_rd, async_wr; /* async events: ib_uverbs_async_event_desc into async_wr */
 	int dev;                        /* index into the device table */
 	uint32_t tot_bfregs;
+	int dyn_uar;                    /* the library asked for dynamic UARs (MLX5_LIB_CAP_DYN_UAR)
+	                                 * and the ioctl ABI is served: no static UAR pages */
 	void *uar[UVEMU_MAX_UAR_PAGES]; /* UAR page stand-ins, by page index */
 	struct uvemu_obj obj[UVEMU_MAX_OBJECTS];
 };
@@ -98,6 +104,10 @@ struct uvemu_hca_qp {
 	uint64_t buf, dbrec, bf_reg;        /* ring (RQ at buf, SQ after it), doorbell record, BlueFlame register */
 	uint32_t rq_wqes, rq_stride, sq_wqebbs;
 	uint32_t user_index;                /* libmlx5's uidx: CQEs carry it (CQE version 1) */
+	uint64_t bf_reg2;                   /* 0, or a second BlueFlame register of the same page
+	                                     * that may ring the QP: a QP on a dynamic UAR page
+	                                     * (MLX5_QP_FLAG_UAR_PAGE_INDEX) names only the page,
+	                                     * and libmlx5 rings either of its two registers */
 };
 #define UVEMU_ENDPOINT_LEN 72             /* gdsync's endpoint wire form */
 struct uvemu_hca_rtr {                      /* INIT -> RTR */

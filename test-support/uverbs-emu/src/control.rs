@@ -107,6 +107,18 @@ pub fn ioctl_command_count(c: Command) -> Result<u64, String> {
     Ok(n)
 }
 
+/// The dynamic UARs (`MLX5_IB_OBJECT_UAR`) this process's contexts allocated, and the QPs
+/// created on one, since the process started: a current libmlx5 on the ioctl ABI puts every
+/// QP on one; on the legacy ABI there are none.
+pub fn dyn_uar_count() -> Result<(u64, u64), String> {
+    type Count = unsafe extern "C" fn(*mut u64, *mut u64) -> c_int;
+    let f: Count = control(c"uvemu_dyn_uar_count")?;
+    let (mut uars, mut qps) = (0u64, 0u64);
+    // SAFETY: the function uvemu.c declares for tests, with pointers to live u64s.
+    check("dynamic UARs", unsafe { f(&mut uars, &mut qps) })?;
+    Ok((uars, qps))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -129,6 +129,15 @@ fn a_qp_ring_at_a_sub_page_offset_moves_data() {
     check("offset");
 }
 
+#[test]
+#[cfg_attr(
+    not(verbs_dev),
+    ignore = "needs libibverbs-dev and rdma-core's providers"
+)]
+fn qps_of_thread_domains_ring_their_dedicated_uar_registers() {
+    check("td");
+}
+
 /// One `verbs_semantics peer` process under its own emulator, driven line by line.
 struct Peer {
     child: Child,

@@ -18,6 +18,7 @@
  * Exits 0 when every check passed; prints "FAIL ..." and exits 1 otherwise.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <infiniband/mlx5dv.h>
 #include <infiniband/verbs.h>
@@ -342,6 +343,71 @@ static int offset(void)
 	return failed;
 }
 
+/* Two QPs, each on a parent domain with a thread domain of its own: libmlx5 gives each thread
+ * domain a dedicated BlueFlame register of a dynamic UAR (one page, its two registers), names
+ * the page in CREATE_QP and rings the register it chose. Under the legacy ABI the thread
+ * domain is refused, as an old kernel without dynamic UARs makes libmlx5 refuse it. */
+static int thread_domains(void)
+{
+	struct pair p;
+	open_pair(&p);
+	struct ibv_device_attr_ex ex;
+	CHECK(!ibv_query_device_ex(p.ctx, NULL, &ex) && ex.orig_attr.max_qp > 0, "ibv_query_device_ex: %s",
+	      strerror(errno));
+	struct ibv_td_init_attr ta = {0};
+	struct ibv_td *td[2] = { ibv_alloc_td(p.ctx, &ta), ibv_alloc_td(p.ctx, &ta) };
+	const char *abi = getenv("UVEMU_ABI");
+	if (abi && !strcmp(abi, "write")) {
+		CHECK(!td[0], "a thread domain on the legacy ABI (no dynamic UARs)");
+		ibv_dealloc_pd(p.pd);
+		ibv_close_device(p.ctx);
+		return failed;
+	}
+	MUST(td[0] && td[1], "ibv_alloc_td");
+	struct ibv_pd *pd[2];
+	struct qp q[2];
+	for (int i = 0; i < 2; i++) {
+		struct ibv_parent_domain_init_attr pa = { .pd = p.pd, .td = td[i] };
+		pd[i] = ibv_alloc_parent_domain(p.ctx, &pa);
+		MUST(pd[i], "ibv_alloc_parent_domain");
+		p.qp_pd = pd[i];
+		make_qp(&p, &q[i]);
+	}
+	connect_pair(&p, &q[0], &q[1], ALL_ACCESS);
+	int (*count)(uint64_t *, uint64_t *) = (int (*)(uint64_t *, uint64_t *))dlsym(RTLD_DEFAULT, "uvemu_dyn_uar_count");
+	uint64_t uars = 0, qps = 0;
+	MUST(count && !count(&uars, &qps), "uvemu_dyn_uar_count");
+	CHECK(qps == 2 && uars >= 2, "%llu dynamic UARs, %llu QPs on one", (unsigned long long)uars,
+	      (unsigned long long)qps);
+	/* Each rings its own register: a send each way, a write each way. */
+	for (int i = 0; i < 2; i++) {
+		struct qp *a = &q[i], *b = &q[1 - i];
+		snprintf(a->buf, 32, "from the thread domain %d", i);
+		struct ibv_sge rs = { .addr = (uintptr_t)b->buf + 64, .length = 64, .lkey = b->mr->lkey };
+		struct ibv_recv_wr rw = { .wr_id = 2, .sg_list = &rs, .num_sge = 1 }, *rbad;
+		MUST(!ibv_post_recv(b->qp, &rw, &rbad), "ibv_post_recv");
+		struct ibv_sge ss = { .addr = (uintptr_t)a->buf, .length = 32, .lkey = a->mr->lkey };
+		struct ibv_send_wr sw = { .wr_id = 1, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND,
+					  .send_flags = IBV_SEND_SIGNALED }, *sbad;
+		MUST(!ibv_post_send(a->qp, &sw, &sbad), "ibv_post_send");
+		int st = poll_one(a->cq, 5000).status;
+		CHECK(st == IBV_WC_SUCCESS, "send from thread domain %d: status %d", i, st);
+		st = poll_one(b->cq, 5000).status;
+		CHECK(st == IBV_WC_SUCCESS, "receive from thread domain %d: status %d", i, st);
+		CHECK(!strcmp(b->buf + 64, a->buf), "the received bytes differ: \"%.32s\"", b->buf + 64);
+		st = one_request(a, b, IBV_WR_RDMA_WRITE);
+		CHECK(st == IBV_WC_SUCCESS, "write from thread domain %d: status %d", i, st);
+	}
+	for (int i = 0; i < 2; i++) {
+		free_qp(&q[i]);
+		ibv_dealloc_pd(pd[i]);
+		CHECK(!ibv_dealloc_td(td[i]), "ibv_dealloc_td");
+	}
+	ibv_dealloc_pd(p.pd);
+	ibv_close_device(p.ctx);
+	return failed;
+}
+
 /* -------------------------------------------------------------------------------- peer */
 
 static void gid_text(const union ibv_gid *g, char out[33])
@@ -442,7 +508,8 @@ int main(int argc, char **argv)
 	if (!strcmp(mode, "query")) return query();
 	if (!strcmp(mode, "access")) return access_flags();
 	if (!strcmp(mode, "offset")) return offset();
+	if (!strcmp(mode, "td")) return thread_domains();
 	if (!strcmp(mode, "peer")) return peer();
-	fprintf(stderr, "usage: %s query|access|offset|peer\n", argv[0]);
+	fprintf(stderr, "usage: %s query|access|offset|td|peer\n", argv[0]);
 	return 2;
 }

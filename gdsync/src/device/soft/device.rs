@@ -550,6 +550,9 @@ impl SoftDevice {
 /// CQEs carry it in `srqn_uidx`, and libmlx5 finds the QP by it).
 pub(crate) struct DriverQp {
     pub doorbell: MemAt,
+    /// The offset in the doorbell's page of a second register that rings the QP too, if
+    /// any (a QP on a dynamic UAR page: libmlx5 rings either of the page's two bfregs).
+    pub pair: Option<usize>,
     pub user_index: u32,
     /// Where in `buf`'s first page libmlx5 placed the receive ring (any offset the kernel
     /// accepts: a parent domain's allocator may place it inside a page).
@@ -601,15 +604,19 @@ impl SoftDevice {
     ) -> Result<QpCreated> {
         let (send_cq, recv_cq) = self.cq_pair(&spec)?;
         let mem = given(spec.mem, "QP")?;
-        if let Some(DriverQp { doorbell: at, .. }) = &driver {
+        if let Some(DriverQp {
+            doorbell: at, pair, ..
+        }) = &driver
+        {
             // Both halves are read as u64s: a register that does not fit is refused here
             // rather than trusted.
-            if at.off % 8 != 0 || at.off + BF_SIZE + 8 > at.mem.len() {
-                return Err(Error::invalid(format!(
-                    "doorbell register at offset {:#x} of a {}-byte page",
-                    at.off,
-                    at.mem.len()
-                )));
+            for off in [at.off, pair.unwrap_or(at.off)] {
+                if off % 8 != 0 || off + BF_SIZE + 8 > at.mem.len() {
+                    return Err(Error::invalid(format!(
+                        "doorbell register at offset {off:#x} of a {}-byte page",
+                        at.mem.len()
+                    )));
+                }
             }
         }
         let qpn = self.qpns.lock().take()?;
@@ -618,6 +625,7 @@ impl SoftDevice {
         let (bfreg, user_index, rq_off, access) = match driver {
             Some(d) => (
                 Bfreg {
+                    pair: d.pair.unwrap_or(d.doorbell.off),
                     page: d.doorbell.mem,
                     off: d.doorbell.off,
                 },

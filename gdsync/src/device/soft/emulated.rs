@@ -300,6 +300,18 @@ extern "C" fn create_qp(dev: c_int, q: *const uvemu_hca_qp, qpn: *mut u32) -> c_
         let sq_off = rq_off + rq_bytes;
         let (db_mem, db_off) = foreign(q.dbrec, 8);
         let (bf_mem, bf_off) = foreign(q.bf_reg, 8);
+        // A QP on a dynamic UAR page may be rung at the page's other bfreg too, further on in
+        // the same page (the device refuses one past the page).
+        let pair = match q.bf_reg2.checked_sub(q.bf_reg) {
+            _ if q.bf_reg2 == 0 => None,
+            Some(d) if d < crate::mem::page_size() as u64 => Some(bf_off + d as usize),
+            _ => {
+                return Err(Error::invalid(format!(
+                    "second doorbell register {:#x} not after {:#x} in its page",
+                    q.bf_reg2, q.bf_reg
+                )))
+            }
+        };
         let mem = QpMem {
             buf,
             sq_off,
@@ -313,6 +325,7 @@ extern "C" fn create_qp(dev: c_int, q: *const uvemu_hca_qp, qpn: *mut u32) -> c_
                 mem: bf_mem,
                 off: bf_off,
             },
+            pair,
             user_index: q.user_index,
             rq_off,
         };
@@ -481,6 +494,7 @@ mod tests {
                 mem: bf,
                 off: bf_off,
             },
+            pair: None,
             user_index: 7,
             rq_off: 0,
         };

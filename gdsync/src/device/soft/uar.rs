@@ -22,11 +22,36 @@ pub(crate) const BF_SIZE: usize = 0x100;
 /// Bfregs in a UAR page.
 pub(crate) const BFREGS_PER_UAR: usize = 4;
 
+/// The doorbell halves the engine watches for a QP: both halves of its bfreg, then both
+/// halves of `pair`.
+pub(crate) const HALVES: usize = 4;
+/// What a QP's doorbell registers held at one look, in [`Bfreg::halves`] order.
+pub(crate) type Doorbell = [u64; HALVES];
+
 /// A QP's doorbell register: the page and the offset of its bfreg's first half.
 #[derive(Clone)]
 pub(crate) struct Bfreg {
     pub page: Arc<RingMem>,
     pub off: usize,
+    /// Another bfreg of the page that may ring the QP (`off` when none): a QP on a dynamic
+    /// UAR names only its page, and libmlx5 rings either of the page's two bfregs.
+    pub pair: usize,
+}
+
+impl Bfreg {
+    /// A bfreg of its own at `off` of `page`.
+    pub(crate) fn single(page: Arc<RingMem>, off: usize) -> Self {
+        Self {
+            page,
+            off,
+            pair: off,
+        }
+    }
+
+    /// The offsets of the watched halves (a single bfreg's twice).
+    pub(crate) fn halves(&self) -> [usize; HALVES] {
+        [self.off, self.off + BF_SIZE, self.pair, self.pair + BF_SIZE]
+    }
 }
 
 /// A device's UAR pages and which QP holds which bfreg.
@@ -51,10 +76,10 @@ impl UarPages {
             first
         });
         self.by_qpn.insert(qpn, n);
-        Bfreg {
-            page: self.pages[n / BFREGS_PER_UAR].clone(),
-            off: BF_OFFSET + (n % BFREGS_PER_UAR) * BF_REG_SIZE,
-        }
+        Bfreg::single(
+            self.pages[n / BFREGS_PER_UAR].clone(),
+            BF_OFFSET + (n % BFREGS_PER_UAR) * BF_REG_SIZE,
+        )
     }
 
     /// Maps the pages made from now on for the GPUs of `gpus`.

@@ -16,7 +16,7 @@
 
 use super::mr_table::MrTable;
 use super::ring::RxProbe;
-use super::uar::{Bfreg, BF_SIZE};
+use super::uar::{Bfreg, Doorbell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -33,10 +33,10 @@ pub(crate) struct Watch {
     regions_seen: AtomicU64,
 }
 
-/// A QP's doorbell register (both halves) and the values the engine last read there.
+/// A QP's doorbell registers (their halves) and the values the engine last read there.
 struct DoorbellProbe {
     bfreg: Bfreg,
-    last: [AtomicU64; 2],
+    last: [AtomicU64; super::uar::HALVES],
 }
 
 /// A link's receive ring and the position the engine reads next.
@@ -60,7 +60,7 @@ impl Watch {
                 .into_iter()
                 .map(|bfreg| DoorbellProbe {
                     bfreg,
-                    last: [AtomicU64::new(0), AtomicU64::new(0)],
+                    last: Default::default(),
                 })
                 .collect(),
             wires: rings
@@ -79,13 +79,14 @@ impl Watch {
     /// made with, and the region table version. The engine holds its lock.
     pub(crate) fn settle(
         &self,
-        doorbells: impl Iterator<Item = [u64; 2]>,
+        doorbells: impl Iterator<Item = Doorbell>,
         positions: impl Iterator<Item = u64>,
         regions_seen: u64,
     ) {
         for (p, db) in self.doorbells.iter().zip(doorbells) {
-            p.last[0].store(db[0], Ordering::Relaxed);
-            p.last[1].store(db[1], Ordering::Relaxed);
+            for (last, v) in p.last.iter().zip(db) {
+                last.store(v, Ordering::Relaxed);
+            }
         }
         for (p, pos) in self.wires.iter().zip(positions) {
             p.pos.store(pos, Ordering::Relaxed);
@@ -111,9 +112,9 @@ impl Watch {
         let wire_quiet = |p: &WireProbe| !p.rx.ready_at(p.pos.load(Ordering::Relaxed));
         let bell_quiet = |p: &DoorbellProbe| {
             let b = &p.bfreg;
-            b.page.u64(b.off).load(Ordering::Acquire) == p.last[0].load(Ordering::Relaxed)
-                && b.page.u64(b.off + BF_SIZE).load(Ordering::Acquire)
-                    == p.last[1].load(Ordering::Relaxed)
+            (b.halves().iter().zip(&p.last)).all(|(&off, last)| {
+                b.page.u64(off).load(Ordering::Acquire) == last.load(Ordering::Relaxed)
+            })
         };
         self.wires.iter().all(wire_quiet)
             && self.doorbells.iter().all(bell_quiet)
@@ -124,7 +125,7 @@ impl Watch {
 #[cfg(test)]
 mod tests {
     use super::super::link::Link;
-    use super::super::uar::UarPages;
+    use super::super::uar::{UarPages, BF_SIZE};
     use super::super::wire::{kind, PktHeader};
     use super::*;
     use crate::provider::{Access, MrMemory, MrSpec};
@@ -133,11 +134,9 @@ mod tests {
     fn settled(link: &Link, bfreg: &Bfreg, regions: &Arc<MrTable>) -> Watch {
         let w = Watch::new(vec![bfreg.clone()], vec![link.rx.probe()], regions.clone());
         assert!(!w.quiet(), "a new watch is unsettled");
-        let db = [
-            bfreg.page.u64(bfreg.off),
-            bfreg.page.u64(bfreg.off + BF_SIZE),
-        ]
-        .map(|w| w.load(Ordering::Relaxed));
+        let db = bfreg
+            .halves()
+            .map(|off| bfreg.page.u64(off).load(Ordering::Relaxed));
         w.settle(
             [db].into_iter(),
             [link.rx.pos()].into_iter(),
@@ -162,6 +161,18 @@ mod tests {
                 .u64(bfreg.off + half)
                 .fetch_add(1, Ordering::Relaxed);
             assert!(!w.quiet(), "a doorbell at half {half:#x} went unseen");
+        }
+
+        // A doorbell rung on either half of a QP's pair register (a dynamic UAR's other
+        // bfreg).
+        let paired = Bfreg {
+            pair: bfreg.off + super::super::uar::BF_REG_SIZE,
+            ..bfreg.clone()
+        };
+        for half in [0, BF_SIZE] {
+            let w = settled(&link, &paired, &regions);
+            (paired.page.u64(paired.pair + half)).fetch_add(1, Ordering::Relaxed);
+            assert!(!w.quiet(), "a doorbell at pair half {half:#x} went unseen");
         }
 
         // A record published on a ring (a link of its own: the others stay idle).

@@ -37,7 +37,7 @@ mod timers;
 use super::link::{DeviceShare, Link};
 use super::mr_table::{MrCache, MrTable};
 use super::targets::WriteTargets;
-use super::uar::{Bfreg, BF_SIZE};
+use super::uar::{Bfreg, Doorbell, HALVES};
 use super::watch::Watch;
 use super::wire::{resp, PktHeader};
 use super::{Cmd, EngineCtl};
@@ -104,30 +104,29 @@ pub(crate) struct QpHw {
 }
 
 impl QpHw {
-    /// Both halves of the QP's doorbell register (a CPU poster alternates between them), as
-    /// they stood at one moment. A ConnectX takes doorbells one after the other, in the order
+    /// Both halves of the QP's doorbell register (a CPU poster alternates between them), and
+    /// those of its pair register ([`Bfreg::halves`]), as they stood at one moment. A ConnectX takes doorbells one after the other, in the order
     /// they were written; two loads are not one moment: the first half read before a
     /// doorbell and the second after a later one would show the later doorbell first, and
     /// the earlier one, seen at the next look, would seem to go backwards. So the first
     /// half is read again, and the pair taken again if it moved (doorbells only move on).
     #[inline]
-    fn doorbell(&self) -> [u64; 2] {
+    fn doorbell(&self) -> Doorbell {
         let b = &self.bfreg;
-        let (lo, hi) = (b.page.u64(b.off), b.page.u64(b.off + BF_SIZE));
+        let regs = b.halves().map(|off| b.page.u64(off));
         loop {
-            let first = lo.load(Ordering::Acquire);
-            let second = hi.load(Ordering::Acquire);
-            if lo.load(Ordering::Acquire) == first {
-                return [first, second];
+            let db = regs.each_ref().map(|r| r.load(Ordering::Acquire));
+            if regs[0].load(Ordering::Acquire) == db[0] {
+                return db;
             }
         }
     }
     /// Where the newest doorbell rung since `last` ends (see [`doorbell_end`]), if every half
     /// that changed names this QP and lies at most a ring ahead of `ci`: the send queue's
     /// producer index, known without reading the doorbell record (a line the poster wrote).
-    fn doorbell_end(&self, db: [u64; 2], last: [u64; 2], ci: u16) -> Option<u16> {
+    fn doorbell_end(&self, db: Doorbell, last: Doorbell, ci: u16) -> Option<u16> {
         let mut end: Option<u16> = None;
-        for h in 0..2 {
+        for h in 0..HALVES {
             if db[h] == last[h] {
                 continue;
             }
@@ -293,7 +292,7 @@ struct SqContext {
     /// The send ring's consumer index (free-running, in WQEBBs).
     ci: u64,
     /// The doorbell register's halves as last seen.
-    last_db: [u64; 2],
+    last_db: Doorbell,
     /// Where the WQEs of the newest doorbell that named one end (the strict checks refuse a
     /// doorbell behind it).
     rung_end: u16,

@@ -64,7 +64,7 @@ impl Engine {
     /// [`poll_qp`](Self::poll_qp) after a doorbell, for a stalled ring or a QP in error
     /// (out of line: the look that finds nothing stays small).
     #[inline(never)]
-    fn serve_qp(&mut self, qpn: u32, db: [u64; 2]) -> bool {
+    fn serve_qp(&mut self, qpn: u32, db: super::Doorbell) -> bool {
         let Some(q) = self.qps.get_mut(qpn) else {
             return false;
         };

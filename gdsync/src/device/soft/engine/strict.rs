@@ -18,13 +18,13 @@ const UNDEFINED: &str = "a ConnectX leaves this undefined";
 /// doorbell ends now, or what is wrong.
 pub(super) fn check_doorbell(
     hw: &QpHw,
-    db: [u64; 2],
-    last: [u64; 2],
+    db: super::Doorbell,
+    last: super::Doorbell,
     rung_end: u16,
 ) -> Result<u16, String> {
     let mut newest = rung_end;
     let mut record = None;
-    for h in 0..2 {
+    for h in 0..db.len() {
         if db[h] == last[h] {
             continue;
         }
