@@ -224,6 +224,33 @@ int mp_put_prepare(void *src, int size, mp_reg_t *src_reg, int peer, size_t disp
 int mp_iput_post_on_stream(mp_request_t *req, struct CUstream_st *stream);
 int mp_iput_post_all_on_stream(uint32_t count, mp_request_t *req, struct CUstream_st *stream);
 
+/* LibMP's descriptor queue: sends, completion waits and 32-bit waits and writes collected on
+ * the host, then handed to a stream in one list by mp_desc_queue_post_on_stream (adjacent
+ * doorbells of one peer ring once). A queue is used by one thread at a time.
+ * - add_send takes a request from mp_send_prepare or mp_put_prepare; its work request is
+ *   written at the post, in the queue's order (LibMP wrote it when prepared).
+ * - add_wait_send/add_wait_recv take a request posted on a stream, or a send added to this
+ *   queue before; the stream waits for its completion (release it with mp_wait as usual).
+ * - add_wait_value32 takes MP_WAIT_GEQ, MP_WAIT_EQ or MP_WAIT_AND (LibMP also passed NOR:
+ *   refused); add_write_value32 writes after the stream's earlier work. Their words must stay
+ *   valid until the stream passed them.
+ * - post_on_stream: flags must be 0 (LibMP ignored them); an empty queue posts nothing and
+ *   succeeds; the queue is empty afterwards. A refused descriptor is reported with those
+ *   before it posted, and it and those after it kept in the queue.
+ * - At most MP_DESC_QUEUE_MAX descriptors wait in one queue. mp_desc_queue_free drops descriptors not
+ *   posted (their requests stay prepared) and sets *dq to NULL; a freed queue is refused. */
+#define MP_DESC_QUEUE_MAX 65536
+struct mp_desc_queue;
+typedef struct mp_desc_queue *mp_desc_queue_t;
+int mp_desc_queue_alloc(mp_desc_queue_t *dq);
+int mp_desc_queue_free(mp_desc_queue_t *dq);
+int mp_desc_queue_add_send(mp_desc_queue_t *dq, mp_request_t *req);
+int mp_desc_queue_add_wait_send(mp_desc_queue_t *dq, mp_request_t *req);
+int mp_desc_queue_add_wait_recv(mp_desc_queue_t *dq, mp_request_t *req);
+int mp_desc_queue_add_wait_value32(mp_desc_queue_t *dq, uint32_t *ptr, uint32_t value, int flags);
+int mp_desc_queue_add_write_value32(mp_desc_queue_t *dq, uint32_t *ptr, uint32_t value);
+int mp_desc_queue_post_on_stream(struct CUstream_st *stream, mp_desc_queue_t *dq, int flags);
+
 #ifdef __cplusplus
 }
 #endif

@@ -184,12 +184,7 @@ pub extern "C" fn mp_wait32_on_stream(
 ) -> c_int {
     mp_guard("mp_wait32_on_stream", || {
         let word = crate::args::word32(ptr, "ptr")?;
-        let cond = match flags {
-            crate::mp_win::MP_WAIT_GEQ => WaitCond::Geq,
-            crate::mp_win::MP_WAIT_EQ => WaitCond::Eq,
-            crate::mp_win::MP_WAIT_AND => WaitCond::And,
-            f => return Err(Fail::invalid(format!("flags {f} is no MP_WAIT_ condition"))),
-        };
+        let cond = wait_cond(flags)?;
         let exec = executor(stream)?;
         let mut ops = Ops::new();
         let addr = word.as_ptr() as u64;
@@ -198,5 +193,15 @@ pub extern "C" fn mp_wait32_on_stream(
         unsafe { ops.push_raw(Op::Wait32 { addr, value, cond }) };
         exec.submit(ops)?;
         Ok(())
+    })
+}
+
+/// The stream wait condition `flags` names (`MP_WAIT_GEQ`, `MP_WAIT_EQ`, `MP_WAIT_AND`).
+pub(crate) fn wait_cond(flags: c_int) -> Res<WaitCond> {
+    Ok(match flags {
+        crate::mp_win::MP_WAIT_GEQ => WaitCond::Geq,
+        crate::mp_win::MP_WAIT_EQ => WaitCond::Eq,
+        crate::mp_win::MP_WAIT_AND => WaitCond::And,
+        f => return Err(Fail::invalid(format!("flags {f} is no MP_WAIT_ condition"))),
     })
 }
