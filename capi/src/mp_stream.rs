@@ -4,6 +4,7 @@
 //! each is wrapped once and kept until `mp_finalize`.
 
 use crate::handle;
+use crate::mp_buf::Src;
 use crate::mp_p2p::{deref_handle, give_request, mp_reg, mp_request, rank, sge_in, MpReq};
 use crate::mp_state::{mp_guard, with_comm, with_state};
 use crate::mp_win::mp_window;
@@ -38,17 +39,17 @@ pub(crate) fn executor(s: *mut c_void) -> Res<Arc<Stream>> {
 }
 
 /// A send on `stream`: it waits there for the receiver's credit, then rings the doorbell.
-fn send_on(
+pub(crate) fn send_on(
     what: &str,
-    args: (*mut c_void, c_int, c_int),
+    (src, peer): (Src, c_int),
     reg: *mut *mut mp_reg,
     req: *mut *mut mp_request,
     stream: *mut c_void,
     wait: bool,
 ) -> c_int {
-    let (buf, size, peer) = args;
     mp_guard(what, || {
         crate::args::check_ptr(req, "req")?;
+        let (buf, size) = src.buffer()?;
         let sge = sge_in(buf, size, reg)?;
         let exec = executor(stream)?;
         let r = with_comm(|c| {
@@ -76,7 +77,7 @@ pub extern "C" fn mp_send_on_stream(
 ) -> c_int {
     send_on(
         "mp_send_on_stream",
-        (buf, size, peer),
+        (Src::Buf(buf, size), peer),
         mp_reg,
         req,
         stream,
@@ -97,7 +98,7 @@ pub extern "C" fn mp_isend_on_stream(
 ) -> c_int {
     send_on(
         "mp_isend_on_stream",
-        (buf, size, peer),
+        (Src::Buf(buf, size), peer),
         mp_reg,
         req,
         stream,

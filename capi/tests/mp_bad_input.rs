@@ -180,6 +180,38 @@ fn mp_refuses_bad_input_before_during_and_after_a_job() {
         mp_isend_post_on_stream(&mut preq, host),
         "made by mp_put_prepare",
     );
+    // Vector calls: 1 to MP_IOV_MAX blocks that follow one another inside the registration.
+    let iov = |at: usize, len: usize| libc::iovec {
+        iov_base: buf[at..].as_ptr() as *mut c_void,
+        iov_len: len,
+    };
+    let mut apart = [iov(0, 8), iov(16, 8)];
+    fails(
+        mp_isendv(apart.as_mut_ptr(), 2, 0, &mut reg, &mut req),
+        "block 1 starts at",
+    );
+    fails(
+        mp_irecvv(apart.as_mut_ptr(), 0, 0, &mut reg, &mut req),
+        "nblocks 0",
+    );
+    fails(
+        mp_irecvv(apart.as_mut_ptr(), MP_IOV_MAX + 1, 0, &mut reg, &mut req),
+        "nblocks 31",
+    );
+    fails(mp_isendv(null_mut(), 1, 0, &mut reg, &mut req), "is NULL");
+    let mut past = [iov(200, 40), iov(240, 40)];
+    fails(
+        mp_sendv_prepare(past.as_mut_ptr(), 2, 0, &mut reg, &mut req),
+        "not inside the registration",
+    );
+    fails(
+        mp_sendv_prepare(past.as_mut_ptr(), 1, 1, &mut reg, &mut req),
+        "peer 1 is no rank",
+    );
+    fails(
+        mp_isendv_on_stream(past.as_mut_ptr(), 1, 0, &mut reg, &mut req, cuda_stream),
+        "gpu_id -1",
+    );
     ok(mp_window_destroy(&mut win));
     assert!(win.is_null(), "destroy sets the handle to NULL");
     let stale = reg;
