@@ -19,6 +19,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #define MP_SUCCESS 0
 #define MP_FAILURE 1
@@ -157,6 +158,14 @@ enum mp_wait_flags {
   MP_WAIT_AND      /* until *ptr & value is not 0 */
 };
 
+/* LibMP's vector calls, limited: the nblocks blocks at v (1 to MP_IOV_MAX, inside *mp_reg)
+ * must follow one another in memory (each iov_base where the block before ends), and travel as
+ * that one buffer; blocks apart are refused with a message (LibMP gathered up to 30 blocks
+ * from anywhere in the registration). A receive matches a send of any shape whose size fits. */
+#define MP_IOV_MAX 30
+int mp_isendv(struct iovec *v, int nblocks, int peer, mp_reg_t *mp_reg, mp_request_t *req);
+int mp_irecvv(struct iovec *v, int nblocks, int peer, mp_reg_t *mp_reg, mp_request_t *req);
+
 /* Waits on the CPU until the word at ptr meets value under flags; fails after 60 s. */
 int mp_wait32(uint32_t *ptr, uint32_t value, int flags);
 
@@ -179,6 +188,9 @@ int mp_send_on_stream(void *buf, int size, int peer, mp_reg_t *mp_reg, mp_reques
                       struct CUstream_st *stream);
 int mp_isend_on_stream(void *buf, int size, int peer, mp_reg_t *mp_reg, mp_request_t *req,
                        struct CUstream_st *stream);
+/* mp_isend_on_stream of the blocks at v, as mp_isendv takes them. */
+int mp_isendv_on_stream(struct iovec *v, int nblocks, int peer, mp_reg_t *mp_reg, mp_request_t *req,
+                        struct CUstream_st *stream);
 /* Makes the stream wait for requests posted on a stream; they are complete once it passed. */
 int mp_wait_on_stream(mp_request_t *req, struct CUstream_st *stream);
 int mp_wait_all_on_stream(uint32_t count, mp_request_t *req, struct CUstream_st *stream);
@@ -214,6 +226,8 @@ int mp_iput_signal_on_stream(void *src, int size, mp_reg_t *src_reg, int peer, s
  * wrote it when prepared). A request is posted once; waiting for one never posted fails
  * (post it first); released by mp_wait or mp_wait_all as any other. */
 int mp_send_prepare(void *buf, int size, int peer, mp_reg_t *mp_reg, mp_request_t *req);
+/* mp_send_prepare of the blocks at v, as mp_isendv takes them. */
+int mp_sendv_prepare(struct iovec *v, int nblocks, int peer, mp_reg_t *mp_reg, mp_request_t *req);
 /* mp_send_post_on_stream also makes the stream wait for the send's completion. */
 int mp_send_post_on_stream(mp_request_t *req, struct CUstream_st *stream);
 int mp_isend_post_on_stream(mp_request_t *req, struct CUstream_st *stream);
@@ -223,6 +237,33 @@ int mp_put_prepare(void *src, int size, mp_reg_t *src_reg, int peer, size_t disp
                    mp_request_t *req, int flags);
 int mp_iput_post_on_stream(mp_request_t *req, struct CUstream_st *stream);
 int mp_iput_post_all_on_stream(uint32_t count, mp_request_t *req, struct CUstream_st *stream);
+
+/* LibMP's descriptor queue: sends, completion waits and 32-bit waits and writes collected on
+ * the host, then handed to a stream in one list by mp_desc_queue_post_on_stream (adjacent
+ * doorbells of one peer ring once). A queue is used by one thread at a time.
+ * - add_send takes a request from mp_send_prepare or mp_put_prepare; its work request is
+ *   written at the post, in the queue's order (LibMP wrote it when prepared).
+ * - add_wait_send/add_wait_recv take a request posted on a stream, or a send added to this
+ *   queue before; the stream waits for its completion (release it with mp_wait as usual).
+ * - add_wait_value32 takes MP_WAIT_GEQ, MP_WAIT_EQ or MP_WAIT_AND (LibMP also passed NOR:
+ *   refused); add_write_value32 writes after the stream's earlier work. Their words must stay
+ *   valid until the stream passed them.
+ * - post_on_stream: flags must be 0 (LibMP ignored them); an empty queue posts nothing and
+ *   succeeds; the queue is empty afterwards. A refused descriptor is reported with those
+ *   before it posted, and it and those after it kept in the queue.
+ * - At most MP_DESC_QUEUE_MAX descriptors wait in one queue. mp_desc_queue_free drops descriptors not
+ *   posted (their requests stay prepared) and sets *dq to NULL; a freed queue is refused. */
+#define MP_DESC_QUEUE_MAX 65536
+struct mp_desc_queue;
+typedef struct mp_desc_queue *mp_desc_queue_t;
+int mp_desc_queue_alloc(mp_desc_queue_t *dq);
+int mp_desc_queue_free(mp_desc_queue_t *dq);
+int mp_desc_queue_add_send(mp_desc_queue_t *dq, mp_request_t *req);
+int mp_desc_queue_add_wait_send(mp_desc_queue_t *dq, mp_request_t *req);
+int mp_desc_queue_add_wait_recv(mp_desc_queue_t *dq, mp_request_t *req);
+int mp_desc_queue_add_wait_value32(mp_desc_queue_t *dq, uint32_t *ptr, uint32_t value, int flags);
+int mp_desc_queue_add_write_value32(mp_desc_queue_t *dq, uint32_t *ptr, uint32_t value);
+int mp_desc_queue_post_on_stream(struct CUstream_st *stream, mp_desc_queue_t *dq, int flags);
 
 #ifdef __cplusplus
 }

@@ -3,6 +3,7 @@
 
 use crate::args;
 use crate::handle::{self, handle_impl};
+use crate::mp_buf::Src;
 use crate::mp_state::{mp_guard, with_comm};
 use crate::mr::SharedMr;
 use crate::status::{Fail, Res};
@@ -116,17 +117,18 @@ pub extern "C" fn mp_deregister(reg: *mut *mut mp_reg) -> c_int {
     })
 }
 
-/// A two-sided call: `post` with the SGE `buf`/`size`/`reg` name and the peer; the request
-/// goes to `*req`.
-fn two_sided(
+/// A two-sided call: `post` with the SGE `src` names in `reg` and the peer; the request goes
+/// to `*req`.
+pub(crate) fn two_sided(
     what: &str,
-    (buf, size, peer): (*mut c_void, c_int, c_int),
+    (src, peer): (Src, c_int),
     reg: *mut *mut mp_reg,
     req: *mut *mut mp_request,
     post: fn(&mut mp::Comm, Sge, usize) -> gdsync::Result<mp::Request>,
 ) -> c_int {
     mp_guard(what, || {
         args::check_ptr(req, "req")?;
+        let (buf, size) = src.buffer()?;
         let sge = sge_in(buf, size, reg)?;
         let r = with_comm(|c| Ok(post(c, sge, rank(peer)?)?))?;
         give_request(r, req)
@@ -143,7 +145,13 @@ pub extern "C" fn mp_irecv(
     reg: *mut *mut mp_reg,
     req: *mut *mut mp_request,
 ) -> c_int {
-    two_sided("mp_irecv", (buf, size, peer), reg, req, mp::Comm::irecv)
+    two_sided(
+        "mp_irecv",
+        (Src::Buf(buf, size), peer),
+        reg,
+        req,
+        mp::Comm::irecv,
+    )
 }
 
 /// Sends `size` bytes at `buf` (inside `*reg`) to `peer`; it goes out once the peer has a
@@ -156,7 +164,13 @@ pub extern "C" fn mp_isend(
     reg: *mut *mut mp_reg,
     req: *mut *mut mp_request,
 ) -> c_int {
-    two_sided("mp_isend", (buf, size, peer), reg, req, mp::Comm::isend)
+    two_sided(
+        "mp_isend",
+        (Src::Buf(buf, size), peer),
+        reg,
+        req,
+        mp::Comm::isend,
+    )
 }
 
 /// Takes the requests `reqs` names out of the table (released: dead from here on).

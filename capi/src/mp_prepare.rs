@@ -5,6 +5,7 @@
 
 use crate::args;
 use crate::handle;
+use crate::mp_buf::Src;
 use crate::mp_p2p::{deref_handle, mp_reg, mp_request, rank, sge_in, MpReq, Prepared};
 use crate::mp_state::{mp_guard, with_comm};
 use crate::mp_stream::executor;
@@ -39,9 +40,20 @@ pub extern "C" fn mp_send_prepare(
     mp_reg: *mut *mut mp_reg,
     req: *mut *mut mp_request,
 ) -> c_int {
-    mp_guard("mp_send_prepare", || {
+    send_prepare("mp_send_prepare", (Src::Buf(buf, size), peer), mp_reg, req)
+}
+
+/// Prepares a send of what `src` names in `reg` to `peer`; the request goes to `*req`.
+pub(crate) fn send_prepare(
+    what: &str,
+    (src, peer): (Src, c_int),
+    reg: *mut *mut mp_reg,
+    req: *mut *mut mp_request,
+) -> c_int {
+    mp_guard(what, || {
         args::check_ptr(req, "req")?;
-        let sge = sge_in(buf, size, mp_reg)?;
+        let (buf, size) = src.buffer()?;
+        let sge = sge_in(buf, size, reg)?;
         let peer = known_peer(peer)?;
         give_prepared(Prepared::Send { sge, peer }, req)
     })

@@ -4,6 +4,7 @@
 //! each is wrapped once and kept until `mp_finalize`.
 
 use crate::handle;
+use crate::mp_buf::Src;
 use crate::mp_p2p::{deref_handle, give_request, mp_reg, mp_request, rank, sge_in, MpReq};
 use crate::mp_state::{mp_guard, with_comm, with_state};
 use crate::mp_win::mp_window;
@@ -38,17 +39,17 @@ pub(crate) fn executor(s: *mut c_void) -> Res<Arc<Stream>> {
 }
 
 /// A send on `stream`: it waits there for the receiver's credit, then rings the doorbell.
-fn send_on(
+pub(crate) fn send_on(
     what: &str,
-    args: (*mut c_void, c_int, c_int),
+    (src, peer): (Src, c_int),
     reg: *mut *mut mp_reg,
     req: *mut *mut mp_request,
     stream: *mut c_void,
     wait: bool,
 ) -> c_int {
-    let (buf, size, peer) = args;
     mp_guard(what, || {
         crate::args::check_ptr(req, "req")?;
+        let (buf, size) = src.buffer()?;
         let sge = sge_in(buf, size, reg)?;
         let exec = executor(stream)?;
         let r = with_comm(|c| {
@@ -76,7 +77,7 @@ pub extern "C" fn mp_send_on_stream(
 ) -> c_int {
     send_on(
         "mp_send_on_stream",
-        (buf, size, peer),
+        (Src::Buf(buf, size), peer),
         mp_reg,
         req,
         stream,
@@ -97,7 +98,7 @@ pub extern "C" fn mp_isend_on_stream(
 ) -> c_int {
     send_on(
         "mp_isend_on_stream",
-        (buf, size, peer),
+        (Src::Buf(buf, size), peer),
         mp_reg,
         req,
         stream,
@@ -184,12 +185,7 @@ pub extern "C" fn mp_wait32_on_stream(
 ) -> c_int {
     mp_guard("mp_wait32_on_stream", || {
         let word = crate::args::word32(ptr, "ptr")?;
-        let cond = match flags {
-            crate::mp_win::MP_WAIT_GEQ => WaitCond::Geq,
-            crate::mp_win::MP_WAIT_EQ => WaitCond::Eq,
-            crate::mp_win::MP_WAIT_AND => WaitCond::And,
-            f => return Err(Fail::invalid(format!("flags {f} is no MP_WAIT_ condition"))),
-        };
+        let cond = wait_cond(flags)?;
         let exec = executor(stream)?;
         let mut ops = Ops::new();
         let addr = word.as_ptr() as u64;
@@ -198,5 +194,15 @@ pub extern "C" fn mp_wait32_on_stream(
         unsafe { ops.push_raw(Op::Wait32 { addr, value, cond }) };
         exec.submit(ops)?;
         Ok(())
+    })
+}
+
+/// The stream wait condition `flags` names (`MP_WAIT_GEQ`, `MP_WAIT_EQ`, `MP_WAIT_AND`).
+pub(crate) fn wait_cond(flags: c_int) -> Res<WaitCond> {
+    Ok(match flags {
+        crate::mp_win::MP_WAIT_GEQ => WaitCond::Geq,
+        crate::mp_win::MP_WAIT_EQ => WaitCond::Eq,
+        crate::mp_win::MP_WAIT_AND => WaitCond::And,
+        f => return Err(Fail::invalid(format!("flags {f} is no MP_WAIT_ condition"))),
     })
 }

@@ -54,6 +54,8 @@ fn constant_checks() -> String {
         ("MP_WAIT_EQ", MP_WAIT_EQ),
         ("MP_WAIT_AND", MP_WAIT_AND),
         ("MP_JOB_MAX", MP_JOB_MAX as c_int),
+        ("MP_DESC_QUEUE_MAX", MP_DESC_QUEUE_MAX as c_int),
+        ("MP_IOV_MAX", MP_IOV_MAX),
         (
             "(MP_INIT_WQ_ON_GPU | MP_INIT_RX_CQ_ON_GPU | MP_INIT_TX_CQ_ON_GPU | MP_INIT_DBREC_ON_GPU)",
             MP_INIT_KNOWN_FLAGS,

@@ -2,28 +2,12 @@
 //! calls before mp_init_env and after mp_finalize, NULL and dead handles, buffers outside
 //! their registration, bad flags; each fails with MP_FAILURE and a message, never a crash.
 
+mod common;
+
+use common::{mp_fails as fails, mp_ok as ok, one_rank_env};
 use gdasync_c::*;
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::c_void;
 use std::ptr::null_mut;
-
-fn last() -> String {
-    // SAFETY: mp_last_error returns a NUL-terminated string valid until the next failure.
-    unsafe { CStr::from_ptr(mp_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-#[track_caller]
-fn fails(rc: c_int, words: &str) {
-    let msg = last();
-    assert_eq!(rc, MP_FAILURE, "expected a failure saying {words:?}");
-    assert!(msg.contains(words), "message {msg:?} should say {words:?}");
-}
-
-#[track_caller]
-fn ok(rc: c_int) {
-    assert_eq!(rc, MP_SUCCESS, "{}", last());
-}
 
 #[test]
 fn mp_refuses_bad_input_before_during_and_after_a_job() {
@@ -41,16 +25,7 @@ fn mp_refuses_bad_input_before_during_and_after_a_job() {
     fails(mp_query_param(7, &mut v), "param 7");
 
     // A job of one rank, over the TCP bootstrap, on a free loopback port.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    std::env::set_var("GDSYNC_RANK", "0");
-    std::env::set_var("GDSYNC_SIZE", "1");
-    std::env::set_var("GDSYNC_ROOT", format!("127.0.0.1:{port}"));
-    std::env::set_var("GDSYNC_JOB_SECRET", "ab".repeat(32));
-    std::env::set_var("GDSYNC_DEVICE", "soft");
+    one_rank_env();
     fails(mp_init_env(0x100, -1), "no MP_INIT_ flag");
     ok(mp_init_env(0xf, -1));
     fails(mp_init_env(0, -1), "initialised already");
@@ -204,6 +179,38 @@ fn mp_refuses_bad_input_before_during_and_after_a_job() {
     fails(
         mp_isend_post_on_stream(&mut preq, host),
         "made by mp_put_prepare",
+    );
+    // Vector calls: 1 to MP_IOV_MAX blocks that follow one another inside the registration.
+    let iov = |at: usize, len: usize| libc::iovec {
+        iov_base: buf[at..].as_ptr() as *mut c_void,
+        iov_len: len,
+    };
+    let mut apart = [iov(0, 8), iov(16, 8)];
+    fails(
+        mp_isendv(apart.as_mut_ptr(), 2, 0, &mut reg, &mut req),
+        "block 1 starts at",
+    );
+    fails(
+        mp_irecvv(apart.as_mut_ptr(), 0, 0, &mut reg, &mut req),
+        "nblocks 0",
+    );
+    fails(
+        mp_irecvv(apart.as_mut_ptr(), MP_IOV_MAX + 1, 0, &mut reg, &mut req),
+        "nblocks 31",
+    );
+    fails(mp_isendv(null_mut(), 1, 0, &mut reg, &mut req), "is NULL");
+    let mut past = [iov(200, 40), iov(240, 40)];
+    fails(
+        mp_sendv_prepare(past.as_mut_ptr(), 2, 0, &mut reg, &mut req),
+        "not inside the registration",
+    );
+    fails(
+        mp_sendv_prepare(past.as_mut_ptr(), 1, 1, &mut reg, &mut req),
+        "peer 1 is no rank",
+    );
+    fails(
+        mp_isendv_on_stream(past.as_mut_ptr(), 1, 0, &mut reg, &mut req, cuda_stream),
+        "gpu_id -1",
     );
     ok(mp_window_destroy(&mut win));
     assert!(win.is_null(), "destroy sets the handle to NULL");

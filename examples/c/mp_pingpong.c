@@ -20,7 +20,6 @@
 #include <mpi.h> /* before mp.h: mp.h then defines LibMP's mp_init(MPI_Comm, ...) */
 #endif
 #include <mp.h>
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,29 +40,6 @@ static void send_to(char *p, int len, int peer, mp_reg_t *reg, mp_request_t *req
   }
   CHECK(mp_isend_on_stream(p, len, peer, reg, req, stream));
   CHECK(mp_wait_all_on_stream(1, req, stream)); /* the stream waits for its completion */
-}
-
-/* A CUDA stream on GPU 0 through the driver API, loaded at run time (declared here: no CUDA
- * headers needed). */
-static struct CUstream_st *cuda_stream(void) {
-  typedef int (*init_t)(unsigned);
-  typedef int (*retain_t)(void **, int);
-  typedef int (*set_t)(void *);
-  typedef int (*create_t)(struct CUstream_st **, unsigned);
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-  void *ctx = NULL;
-  struct CUstream_st *s = NULL;
-  if (!lib) { fprintf(stderr, "no CUDA driver: %s\n", dlerror()); exit(1); }
-  init_t init = (init_t)dlsym(lib, "cuInit");
-  retain_t retain = (retain_t)dlsym(lib, "cuDevicePrimaryCtxRetain");
-  set_t set = (set_t)dlsym(lib, "cuCtxSetCurrent");
-  create_t create = (create_t)dlsym(lib, "cuStreamCreate");
-  /* CU_STREAM_NON_BLOCKING = 1 */
-  if (!init || !retain || !set || !create || init(0) || retain(&ctx, 0) || set(ctx) || create(&s, 1)) {
-    fprintf(stderr, "could not make a CUDA stream on GPU 0\n");
-    exit(1);
-  }
-  return s;
 }
 
 /* Rank 0 sends and waits for the echo; rank 1 echoes. */
@@ -164,7 +140,9 @@ int main(int argc, char **argv) {
   CHECK(mp_query_param(MP_PARAM_VERSION, &version));
   if (!MP_API_VERSION_COMPATIBLE(version)) return 1;
   if (on && strcmp(on, "cuda") == 0) {
-    stream = cuda_stream();
+    const char *why = NULL;
+    stream = cuda_stream_on_gpu0(&why);
+    if (!stream) { fprintf(stderr, "--stream cuda: %s\n", why); exit(1); }
     gpu = 0;
   } else if (on && strcmp(on, "host") == 0) {
     stream = MP_HOST_STREAM;

@@ -7,14 +7,16 @@
  * With --stream host the halo sends are prepared (mp_send_prepare) and posted on a stream in one
  * call (mp_isend_post_all_on_stream), and the stream waits for the sends and the receives
  * (mp_wait_all_on_stream), as a GPU code would queue its next sweep behind them; the CPU then
- * releases the requests with mp_wait_all.
+ * releases the requests with mp_wait_all. With --stream cuda the stream is a CUDA stream of
+ * the program's own on GPU 0 (made through the CUDA driver, loaded at run time: no CUDA headers
+ * or toolkit needed to build); without a GPU it prints "skipped: no GPU" and exits 0.
  *
  * The ranks are processes. Started alone, it starts --ranks copies of itself (default 2); under
  * mpirun or srun each rank finds its rank and size in the launcher's environment (export the
  * same GDSYNC_JOB_SECRET to every rank). No MPI library is needed.
  *
  *   cc -std=c99 -O2 stencil2d.c $(pkg-config --cflags --libs gdasync) -o stencil2d
- *   ./stencil2d [--n N] [--iters K] [--ranks R] [--stream host]
+ *   ./stencil2d [--n N] [--iters K] [--ranks R] [--stream host|cuda]
  *
  * Built with -DUSE_MPI (mpicc), it starts as a LibMP program does: MPI_Init, then
  * mp_init(MPI_COMM_WORLD, ...); run it with mpirun -np R.
@@ -61,7 +63,7 @@ static double *serial(int n, int iters) {
   return a;
 }
 
-/* The stream of the halo sends: NULL for the CPU, or MP_HOST_STREAM. */
+/* The stream of the halo sends: NULL for the CPU, MP_HOST_STREAM, or a CUDA stream. */
 static struct CUstream_st *stream;
 
 /* Exchanges the halo rows of grid g (rows + 2 rows of w doubles, inside reg) with the ranks
@@ -115,7 +117,7 @@ static int run(int me, int size, int n, int iters) {
   if (me == 0)
     printf("mp.h stencil2d (halo sends %s): %dx%d grid, %d ranks, %d iterations, %.1f us an iteration; "
            "rank 0's band %s\n",
-           stream ? "on a host stream" : "from the CPU", n, n, size, iters, per_iter, bad ? "DIFFERS from the serial result" : "equals the serial result bit for bit");
+           !stream ? "from the CPU" : stream == MP_HOST_STREAM ? "on a host stream" : "on a CUDA stream", n, n, size, iters, per_iter, bad ? "DIFFERS from the serial result" : "equals the serial result bit for bit");
   free(ref);
   CHECK(mp_barrier());
   CHECK(mp_deregister(&reg));
@@ -124,27 +126,39 @@ static int run(int me, int size, int n, int iters) {
 }
 
 int main(int argc, char **argv) {
-  int n = 64, iters = 50, ranks = 2;
+  int n = 64, iters = 50, ranks = 2, gpu = -1;
+  const char *on = NULL;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--n") == 0 && i + 1 < argc) n = atoi(argv[++i]);
     else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) iters = atoi(argv[++i]);
     else if (strcmp(argv[i], "--ranks") == 0 && i + 1 < argc) ranks = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--stream") == 0 && i + 1 < argc && strcmp(argv[i + 1], "host") == 0) {
-      stream = MP_HOST_STREAM;
-      i++;
-    } else {
-      fprintf(stderr, "usage: %s [--n N] [--iters K] [--ranks R] [--stream host]\n", argv[0]);
+    else if (strcmp(argv[i], "--stream") == 0 && i + 1 < argc) on = argv[++i];
+    else {
+      fprintf(stderr, "usage: %s [--n N] [--iters K] [--ranks R] [--stream host|cuda]\n", argv[0]);
       return 2;
     }
   }
   if (n < 1 || n > 4096 || iters < 0) { fprintf(stderr, "--n 1..4096, --iters >= 0\n"); return 2; }
+  if (on && strcmp(on, "host") == 0) {
+    stream = MP_HOST_STREAM;
+  } else if (on && strcmp(on, "cuda") == 0) {
+    /* Each rank makes its own (the launcher's probe too: it exits here where there is no GPU). */
+    const char *why = NULL;
+    stream = cuda_stream_on_gpu0(&why);
+    if (!stream && strncmp(why, "could not", 9) != 0) { printf("skipped: no GPU (%s)\n", why); return 0; }
+    if (!stream) { fprintf(stderr, "--stream cuda: %s\n", why); return 1; }
+    gpu = 0;
+  } else if (on) {
+    fprintf(stderr, "--stream host or --stream cuda, not %s\n", on);
+    return 2;
+  }
 #ifdef USE_MPI
   (void)ranks;
   MPI_Init(&argc, &argv);
-  CHECK(mp_init(MPI_COMM_WORLD, NULL, 0, MP_INIT_DEFAULT, -1));
+  CHECK(mp_init(MPI_COMM_WORLD, NULL, 0, MP_INIT_DEFAULT, gpu));
 #else
   if (!launched_by_someone()) return launch(argv, ranks);
-  CHECK(mp_init_env(MP_INIT_DEFAULT, -1));
+  CHECK(mp_init_env(MP_INIT_DEFAULT, gpu));
 #endif
   int me = 0, size = 0;
   CHECK(mp_query_rank(&me, &size));
