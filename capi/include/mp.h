@@ -198,6 +198,10 @@ int mp_wait_all_on_stream(uint32_t count, mp_request_t *req, struct CUstream_st 
  * wrap-aware here, as CUDA's stream waits are). The word must stay valid until the stream
  * passed the wait, and a CUDA stream must reach it (device memory, or registered host memory). */
 int mp_wait32_on_stream(uint32_t *ptr, uint32_t value, int flags, struct CUstream_st *stream);
+/* Not in LibMP: a barrier the stream runs. The stream stores this rank's arrival at its
+ * partners and waits for theirs; the CPU returns at once, and what the stream runs after it
+ * runs once every rank reached the barrier. Every rank calls it (on a stream of its own). */
+int mp_barrier_on_stream(struct CUstream_st *stream);
 static inline int mp_wait_dword_geq_on_stream(uint32_t *ptr, uint32_t value, struct CUstream_st *stream) {
   return mp_wait32_on_stream(ptr, value, MP_WAIT_GEQ, stream);
 }

@@ -141,6 +141,17 @@ pub extern "C" fn mp_wait_all_on_stream(
     })
 }
 
+/// A barrier that `stream` runs (mp's `barrier_on`): the stream stores this rank's arrival
+/// at its partners and waits there for theirs; the CPU returns at once. Work queued on the
+/// stream after it runs once every rank reached the barrier.
+#[no_mangle]
+pub extern "C" fn mp_barrier_on_stream(stream: *mut c_void) -> c_int {
+    mp_guard("mp_barrier_on_stream", || {
+        let exec = executor(stream)?;
+        with_comm(|c| Ok(c.barrier_on(&*exec)?))
+    })
+}
+
 /// Makes `stream` wait for `*req`, as `mp_wait_all_on_stream` does for one.
 #[no_mangle]
 pub extern "C" fn mp_wait_on_stream(req: *mut *mut mp_request, stream: *mut c_void) -> c_int {

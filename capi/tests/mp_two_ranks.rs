@@ -1,6 +1,7 @@
 //! mp.h's vector calls and descriptor queue carrying data between two ranks (this test's
 //! process is rank 0; it runs itself again as rank 1), on the soft device, over the TCP
-//! bootstrap, with the descriptor queue posted on MP_HOST_STREAM.
+//! bootstrap, with the descriptor queue posted on MP_HOST_STREAM; and a barrier that
+//! MP_HOST_STREAM runs.
 
 mod common;
 
@@ -61,6 +62,31 @@ fn rank1(buf: &mut [u8], reg: &mut *mut mp_reg) {
     assert_eq!(&buf[..32], &want[..], "rank 1 got the blocks in order");
 }
 
+/// Both ranks queue a barrier on MP_HOST_STREAM and, behind it, a write of a flag; rank 1
+/// arrives 400 ms late. Rank 0's flag stays 0 until then (its stream waits at the barrier;
+/// its CPU did not), then both flags become 1.
+fn barrier_on_the_host_stream(late: bool) {
+    let host = MP_HOST_STREAM_BITS as *mut c_void;
+    let (mut dq, flag) = (null_mut(), AtomicU32::new(0));
+    if late {
+        std::thread::sleep(std::time::Duration::from_millis(400));
+    }
+    ok(mp_barrier_on_stream(host));
+    ok(mp_desc_queue_alloc(&mut dq));
+    ok(mp_desc_queue_add_write_value32(&mut dq, flag.as_ptr(), 1));
+    ok(mp_desc_queue_post_on_stream(host, &mut dq, 0));
+    if !late {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert_eq!(
+            flag.load(Ordering::Acquire),
+            0,
+            "the stream passed the barrier alone"
+        );
+    }
+    ok(mp_wait32(flag.as_ptr(), 1, MP_WAIT_EQ));
+    ok(mp_desc_queue_free(&mut dq));
+}
+
 #[test]
 fn vectors_and_a_descriptor_queue_carry_data_between_two_ranks() {
     let child = std::env::var_os("MP_TWO_RANKS_CHILD").is_some();
@@ -91,6 +117,7 @@ fn vectors_and_a_descriptor_queue_carry_data_between_two_ranks() {
     } else {
         rank0(&mut buf, &mut reg);
     }
+    barrier_on_the_host_stream(child);
     ok(mp_barrier());
     ok(mp_deregister(&mut reg));
     ok(mp_finalize());
