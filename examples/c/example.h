@@ -4,8 +4,8 @@
  * on this host: n copies of the program (with GDSYNC_RANK, GDSYNC_SIZE, GDSYNC_ROOT on a free
  * loopback port and a fresh GDSYNC_JOB_SECRET set), and waits for them;
  * launched_by_someone() says whether this process is already a rank (started by launch,
- * mpirun, PMI or srun). cuda_stream_on_gpu0() makes a CUDA stream for the mp.h examples' --stream
- * cuda (the CUDA driver loaded at run time). Header-only: the examples include it with #include "example.h" (after
+ * mpirun, PMI or srun). cuda_driver_on_gpu0() loads the CUDA driver with GPU 0's context current;
+ * cuda_stream_on_gpu0() makes a CUDA stream for the mp.h examples' --stream cuda. Header-only: the examples include it with #include "example.h" (after
  * mp.h or gdasync.h) and need nothing else to build. */
 #ifndef GDASYNC_EXAMPLES_EXAMPLE_H
 #define GDASYNC_EXAMPLES_EXAMPLE_H
@@ -39,20 +39,17 @@ static inline double now_us(void) {
   return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
 }
 
-#if defined(MP_SUCCESS)
 #include <dlfcn.h>
-/* A CUDA stream on GPU 0 for mp.h's stream calls, made through the CUDA driver API, loaded at
- * run time (declared here: no CUDA headers or toolkit needed to build); NULL where there is no
- * CUDA driver or GPU (why says which). */
-static inline struct CUstream_st *cuda_stream_on_gpu0(const char **why) {
+/* The CUDA driver API, loaded at run time (declared here: no CUDA headers or toolkit needed to
+ * build), with GPU 0's primary context made current on this thread: the library's handle for
+ * dlsym, or NULL where there is no CUDA driver or GPU (why says which). */
+static inline void *cuda_driver_on_gpu0(const char **why) {
   typedef int (*init_t)(unsigned);
   typedef int (*count_t)(int *);
   typedef int (*retain_t)(void **, int);
   typedef int (*set_t)(void *);
-  typedef int (*create_t)(struct CUstream_st **, unsigned);
   void *lib = dlopen("libcuda.so.1", RTLD_NOW);
   void *ctx = NULL;
-  struct CUstream_st *s = NULL;
   int gpus = 0;
   *why = "no CUDA driver (libcuda.so.1)";
   if (!lib) return NULL;
@@ -60,12 +57,25 @@ static inline struct CUstream_st *cuda_stream_on_gpu0(const char **why) {
   count_t count = (count_t)dlsym(lib, "cuDeviceGetCount");
   retain_t retain = (retain_t)dlsym(lib, "cuDevicePrimaryCtxRetain");
   set_t set = (set_t)dlsym(lib, "cuCtxSetCurrent");
-  create_t create = (create_t)dlsym(lib, "cuStreamCreate");
   *why = "no GPU";
   if (!init || !count || init(0) || count(&gpus) || gpus < 1) return NULL;
+  *why = "could not make GPU 0's primary context current";
+  if (!retain || !set || retain(&ctx, 0) || set(ctx)) return NULL;
+  return lib;
+}
+
+#if defined(MP_SUCCESS)
+/* A CUDA stream on GPU 0 for mp.h's stream calls; NULL where there is no CUDA driver or GPU
+ * (why says which). */
+static inline struct CUstream_st *cuda_stream_on_gpu0(const char **why) {
+  typedef int (*create_t)(struct CUstream_st **, unsigned);
+  struct CUstream_st *s = NULL;
+  void *lib = cuda_driver_on_gpu0(why);
+  if (!lib) return NULL;
+  create_t create = (create_t)dlsym(lib, "cuStreamCreate");
   *why = "could not make a CUDA stream on GPU 0";
   /* CU_STREAM_NON_BLOCKING = 1 */
-  if (!retain || !set || !create || retain(&ctx, 0) || set(ctx) || create(&s, 1)) return NULL;
+  if (!create || create(&s, 1)) return NULL;
   return s;
 }
 #endif

@@ -66,11 +66,8 @@ static const char *KERNEL_SRC =
     "}\n";
 
 /* The few CUDA driver and NVRTC calls used, declared here (no toolkit headers needed). */
-typedef int (*cu_init_t)(unsigned);
 typedef int (*cu_device_get_t)(int *, int);
 typedef int (*cu_attr_t)(int *, int, int);
-typedef int (*cu_ctx_retain_t)(void **, int);
-typedef int (*cu_ctx_set_t)(void *);
 typedef int (*cu_host_alloc_t)(void **, size_t, unsigned);
 typedef int (*cu_host_devptr_t)(unsigned long long *, void *, unsigned);
 typedef int (*cu_module_load_t)(void **, const void *);
@@ -85,11 +82,8 @@ typedef int (*rtc_get_t)(void *, char *);
 typedef int (*rtc_destroy_t)(void **);
 
 static struct {
-  cu_init_t init;
   cu_device_get_t device_get;
   cu_attr_t attr;
-  cu_ctx_retain_t ctx_retain;
-  cu_ctx_set_t ctx_set;
   cu_host_alloc_t host_alloc;
   cu_host_devptr_t host_devptr;
   cu_module_load_t module_load;
@@ -110,32 +104,23 @@ static void *sym(void *lib, const char *name) {
     if (rc_ != 0) { fprintf(stderr, "%s: CUDA error %d\n", #call, rc_); exit(1); } \
   } while (0)
 
-/* Loads the CUDA driver and makes GPU 0's primary context current: 0 where there is no GPU. */
-static int cuda_open(int *major, int *minor) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-  int n = 0;
-  void *ctx = NULL;
+/* Loads the CUDA driver's calls with GPU 0's primary context current (example.h): 0 where
+ * there is no GPU (why says which). */
+static int cuda_open(int *major, int *minor, const char **why) {
+  void *lib = cuda_driver_on_gpu0(why);
   if (!lib) return 0;
-  cu.init = (cu_init_t)sym(lib, "cuInit");
   cu.device_get = (cu_device_get_t)sym(lib, "cuDeviceGet");
   cu.attr = (cu_attr_t)sym(lib, "cuDeviceGetAttribute");
-  cu.ctx_retain = (cu_ctx_retain_t)sym(lib, "cuDevicePrimaryCtxRetain");
-  cu.ctx_set = (cu_ctx_set_t)sym(lib, "cuCtxSetCurrent");
   cu.host_alloc = (cu_host_alloc_t)sym(lib, "cuMemHostAlloc");
   cu.host_devptr = (cu_host_devptr_t)sym(lib, "cuMemHostGetDevicePointer_v2");
   cu.module_load = (cu_module_load_t)sym(lib, "cuModuleLoadData");
   cu.module_fn = (cu_module_fn_t)sym(lib, "cuModuleGetFunction");
   cu.launch = (cu_launch_t)sym(lib, "cuLaunchKernel");
   cu.sync = (cu_sync_t)sym(lib, "cuCtxSynchronize");
-  typedef int (*count_t)(int *);
-  count_t count = (count_t)sym(lib, "cuDeviceGetCount");
-  if (cu.init(0) != 0 || count(&n) != 0 || n == 0) return 0;
   int dev;
   CU(cu.device_get(&dev, 0));
   CU(cu.attr(major, 75, dev)); /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR */
   CU(cu.attr(minor, 76, dev)); /* ..._MINOR */
-  CU(cu.ctx_retain(&ctx, dev));
-  CU(cu.ctx_set(ctx));
   return 1;
 }
 
@@ -253,7 +238,13 @@ int main(int argc, char **argv) {
   unsigned long long rounds = argc > 1 ? strtoull(argv[1], NULL, 10) : 1000;
   int major = 0, minor = 0;
   if (argc > 2 || rounds == 0) { fprintf(stderr, "usage: %s [ROUNDS]\n", argv[0]); return 2; }
-  if (!cuda_open(&major, &minor)) { printf("skipped: no GPU (no CUDA driver or no device)\n"); return 0; }
+  const char *why = "";
+  if (!cuda_open(&major, &minor, &why)) {
+    /* No driver or no GPU: nothing to run here. A GPU whose context cannot be made: a failure. */
+    if (strncmp(why, "no ", 3) != 0) { fprintf(stderr, "CUDA: %s\n", why); return 1; }
+    printf("skipped: no GPU (%s)\n", why);
+    return 0;
+  }
   char *ptx = compile(major, minor);
   void *module = NULL, *fn = NULL;
   CU(cu.module_load(&module, ptx));
