@@ -571,19 +571,26 @@ fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Resul
     let spawn = |rank: usize, r: Rank, barrier: Arc<Barrier>, lp: Arc<StreamLoop>| {
         let keep = keep.clone();
         std::thread::spawn(move || -> Result<Vec<f64>> {
-            let (times, r) = if host_stream {
+            let mut r = r;
+            let run = if host_stream {
                 let stream = HostStream::new()?;
-                stream_rank(rank, r, &lp, iters, &barrier, &stream, || {
+                stream_rank(rank, &mut r, &lp, iters, &barrier, &stream, || {
                     Ok(stream.synchronize()?)
-                })?
+                })
             } else {
                 let stream = CudaStream::new(gpus::of(rank))?;
-                stream_rank(rank, r, &lp, iters, &barrier, &stream, || {
+                stream_rank(rank, &mut r, &lp, iters, &barrier, &stream, || {
                     Ok(stream.synchronize()?)
-                })?
+                })
             };
-            keep.lock().unwrap_or_else(|e| e.into_inner()).push(r);
-            Ok(times)
+            if run.is_err() {
+                // A stalled stream never passes its waits: freeing the rank's GPU memory
+                // would wait for it forever, so the error would never be reported.
+                std::mem::forget(r);
+            } else {
+                keep.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+            }
+            run
         })
     };
     let t1 = spawn(1, r1, barrier.clone(), lp.clone());
@@ -594,13 +601,13 @@ fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Resul
 /// One rank of [`stream_run`] on `stream` (`sync` waits until it has run everything).
 fn stream_rank<E: Executor>(
     rank: usize,
-    mut r: Rank,
+    r: &mut Rank,
     lp: &StreamLoop,
     iters: u64,
     barrier: &Barrier,
     stream: &E,
     sync: impl FnOnce() -> Result<()>,
-) -> Result<(Vec<f64>, Rank)> {
+) -> Result<Vec<f64>> {
     barrier.wait();
     let mut clock = ProgressClock {
         seen: 0,
@@ -610,7 +617,7 @@ fn stream_rank<E: Executor>(
     // Rank 0's last list waits for the last answer.
     let lists = if rank == 0 { iters + 1 } else { iters };
     for i in 0..lists {
-        stream.submit(lp.list(&mut r, rank, i, iters)?)?;
+        stream.submit(lp.list(r, rank, i, iters)?)?;
         // Stay at most AHEAD iterations ahead; rank 0 timestamps progress meanwhile.
         loop {
             let done = if rank == 0 {
@@ -624,6 +631,12 @@ fn stream_rank<E: Executor>(
             if rank == 1 || done + AHEAD > i || i + 1 >= iters {
                 break;
             }
+            if clock.last.elapsed() > TIMEOUT {
+                bail!(
+                    "stream pingpong stalled at {}/{iters}: no round trip ended in {TIMEOUT:?}",
+                    clock.seen
+                );
+            }
             std::hint::spin_loop();
         }
     }
@@ -636,7 +649,7 @@ fn stream_rank<E: Executor>(
     sync()?;
     r.rcq.check()?;
     r.check_staged(lp.size, iters, rank)?;
-    Ok((clock.times, r))
+    Ok(clock.times)
 }
 
 // ---------------------------------------------------------------------------- kernel

@@ -8,6 +8,7 @@
 //! | `GDSYNC_SOFT_LINK` | `auto`, `shm`, `tcp` |
 //! | `GDSYNC_NIC_HANDLER` | `auto`, `gpu`, `cpu` |
 //! | `GDSYNC_STAGING` | `auto`, `on`, `off` (GPU payloads through pinned host bounce buffers) |
+//! | `GDSYNC_STAGING_COPY` | `kernel`, `engine` (how a CUDA stream copies staged payloads) |
 //! | `GDSYNC_CUDA` | `on`, `off`, `1`, `0` (checked where the driver loads, `cuda/load.rs`) |
 //! | `GDSYNC_DEVICE` | `soft`, an RDMA device (`mlx5_0`, `mlx5_0:1`) |
 //! | `GDSYNC_IB_TC` | a RoCE traffic class, `0` to `255` |

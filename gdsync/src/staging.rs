@@ -43,6 +43,9 @@ impl Staging {
     /// host memory only, for CPU triggers).
     pub fn new(chunk: usize, cuda: Option<&Arc<Cuda>>) -> Self {
         let chunk = chunk.max(1);
+        if let Some(c) = cuda {
+            crate::cuda::prepare_staged_copies(c);
+        }
         Self {
             bounce: PinnedBuffer::with_cuda(2 * chunk, cuda),
             chunk,

@@ -238,6 +238,9 @@ impl StagePool {
             .filter(|&b| b > 0)
             .ok_or_else(|| Error::invalid("the staging pool's size is zero or overflows"))?;
         let buf = PinnedBuffer::new(bytes);
+        if let Ok(c) = gdsync::cuda::Cuda::get() {
+            gdsync::cuda::prepare_staged_copies(c);
+        }
         // SAFETY: the pool declares the registration before the buffer, so it drops it first.
         let mr = unsafe { pd.register_raw(buf.addr() as *mut u8, bytes, gdsync::Access::ALL)? };
         Ok(Self {

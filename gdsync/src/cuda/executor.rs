@@ -49,12 +49,13 @@ fn keep_with_barrier(ops: &Ops) -> Ops {
 
 impl CudaStream {
     /// Enqueues a copy of `len` bytes from GPU address `src` to `dst` on the stream (unified
-    /// addressing: device memory or pinned host memory mapped for the GPUs).
+    /// addressing: device memory or pinned host memory mapped for the GPUs): the copy kernel
+    /// where the GPU has one (see `copy_kernel.rs` for why), else the copy engines.
     fn copy_async(&self, dst: u64, src: u64, len: u64) -> Result<()> {
-        if len == 0 {
+        if len == 0 || self.copy_by_kernel(dst, src, len)? {
             return Ok(());
         }
-        super::Cuda::get()?.bind(self.ordinal())?;
+        self.cuda().bind(self.ordinal())?;
         // SAFETY: the list that named the copy keeps both sides alive until the stream has
         // passed it (a later list of the same submission holds them); the addresses are what
         // the GPU uses for that memory.

@@ -16,6 +16,7 @@
 //! that address.
 
 mod copy;
+mod copy_kernel;
 mod event;
 mod executor;
 mod foreign;
@@ -29,6 +30,7 @@ mod module;
 mod stream;
 
 pub(crate) use copy::{read_region, GpuCtx};
+pub use copy_kernel::{prepare_staged_copies, StagingCopy};
 pub use event::CudaEvent;
 pub(crate) use foreign::dma_buf;
 pub(crate) use inbound::refuse_write_target;

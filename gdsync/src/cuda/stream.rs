@@ -160,6 +160,11 @@ impl CudaStream {
         self.ordinal
     }
 
+    /// The handle the stream was made with.
+    pub(super) fn cuda(&self) -> &Arc<Cuda> {
+        &self.cuda
+    }
+
     /// Memory operations enqueued and not yet known to have run.
     pub fn queued_ops(&self) -> usize {
         let mut l = self.lists.lock();
@@ -299,8 +304,14 @@ impl CudaStream {
             }
             self.reap_idle();
             if start.elapsed() > self.timeout {
+                let first = match self.unmet_wait() {
+                    Some((op, cur)) => {
+                        format!("; the first wait not met: {op:?}, the word holds {cur:#x}")
+                    }
+                    None => String::new(),
+                };
                 return Err(Error::Timeout {
-                    what: format!("room on the stream: {queued} memory operations are queued behind waits that have not passed (bound {MAX_QUEUED_OPS})"),
+                    what: format!("room on the stream: {queued} memory operations are queued behind waits that have not passed (bound {MAX_QUEUED_OPS}){first}"),
                     timeout_ms: self.timeout.as_millis() as u64,
                 });
             }
