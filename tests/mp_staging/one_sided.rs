@@ -164,6 +164,9 @@ fn put_signal_after_the_last_chunk(comm: &mut Comm, on_stream: bool) {
                 false => comm.iput_signal_gpu(s, &win, 1, AT as u64, smr.sge(..), 0),
             }
             .unwrap();
+            // From the CPU, the chunks after the first two wait for this wait: a signal
+            // written early would be seen long before them.
+            std::thread::sleep(Duration::from_millis(20));
             stream.synchronize().unwrap();
             comm.wait(r).unwrap();
         } else {
@@ -443,4 +446,66 @@ fn empty_staged_messages_hold_no_bounce() {
         }
         comm.barrier().unwrap();
     });
+}
+
+/// Work on one connection keeps the order of the calls: rank 0 puts 5.5 bounces from staged
+/// memory through 2 send bounces (from the CPU, or on a host stream), then at once puts 16
+/// bytes of registered host memory over the last chunk's place. The later put lands last:
+/// the window holds its bytes there, and the staged bytes everywhere else.
+fn a_later_put_lands_after_the_chunks(comm: &mut Comm, on_stream: bool) {
+    const LEN: usize = 5 * B + B / 2;
+    const OVER: usize = 5 * B + 7;
+    let pool = if on_stream { 6 } else { 2 };
+    comm.set_staging(B, pool, pool).unwrap();
+    let stream = HostStream::new().unwrap();
+    let reg = region(comm, 0);
+    let wbuf = filled(&[0; REGION]);
+    let (win, _wmr) = window(comm, &wbuf);
+    let mut small = [0x5Au8; 16];
+    let smr = comm.register(&mut small).unwrap();
+    comm.barrier().unwrap();
+    if comm.rank() == 0 {
+        write(
+            &reg,
+            0,
+            &(0..LEN).map(|i| pattern(2, i)).collect::<Vec<_>>(),
+        );
+        let s = reg.slice(..LEN);
+        let (big, little) = match on_stream {
+            true => (
+                comm.iput_gpu_on(s, &win, 1, 0, &stream).unwrap(),
+                comm.iput_on(smr.sge(..), &win, 1, OVER as u64, &stream)
+                    .unwrap(),
+            ),
+            false => (
+                comm.iput_gpu(s, &win, 1, 0).unwrap(),
+                comm.iput(smr.sge(..), &win, 1, OVER as u64).unwrap(),
+            ),
+        };
+        stream.synchronize().unwrap();
+        comm.wait_all(&[big, little]).unwrap();
+    }
+    comm.barrier().unwrap();
+    if comm.rank() == 1 {
+        let mut got = vec![0u8; LEN];
+        wbuf.read_at(0, &mut got);
+        for (i, &b) in got.iter().enumerate() {
+            let want = match (OVER..OVER + 16).contains(&i) {
+                true => 0x5A,
+                false => pattern(2, i),
+            };
+            assert_eq!(b, want, "byte {i}");
+        }
+    }
+    comm.barrier().unwrap();
+}
+
+#[test]
+fn a_later_put_lands_after_the_chunks_of_a_staged_one_on_the_cpu() {
+    on_threads(2, |c| a_later_put_lands_after_the_chunks(c, false));
+}
+
+#[test]
+fn a_later_put_lands_after_the_chunks_of_a_staged_one_on_a_host_stream() {
+    on_threads(2, |c| a_later_put_lands_after_the_chunks(c, true));
 }
