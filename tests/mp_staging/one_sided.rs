@@ -2,9 +2,10 @@
 //! tests/mp_staging.rs): byte for byte at 0 and 1 byte, a bounce less one, exactly a bounce,
 //! a bounce and one, 5.5 bounces, at odd offsets, all outstanding at once; a put with signal
 //! of many chunks whose signal is seen only after every byte landed; the peer leaving or its
-//! window going away in the middle of one; what an executor refuses. And empty staged
-//! messages, which take no bounce and keep their place among chunked ones. CPU and
-//! host-stream triggers.
+//! window going away in the middle of one (or, on a host stream, before it); a later put
+//! landing after a staged one's chunks; what an executor refuses. And empty staged messages,
+//! which take no bounce and keep their place among chunked ones. CPU and host-stream
+//! triggers.
 
 use super::{bytes, on_threads_failing, pattern, region, write, REGION};
 use crate::common::on_threads;
@@ -206,9 +207,9 @@ enum Break {
     Deregister,
 }
 
-/// The steps of each fault test (by `get` and `Break`), shared by its two rank threads
-/// (tests run at once in one process).
-static STEPS: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
+/// The steps of each fault test (the midway ones by `get` and `Break`, then the host
+/// stream's by `get`), shared by its two rank threads (tests run at once in one process).
+static STEPS: [AtomicUsize; 6] = [const { AtomicUsize::new(0) }; 6];
 
 /// Rank 0 puts (or gets) 5.5 bounces to (from) rank 1's window from the CPU through 2
 /// bounces; once the first two chunks are through (rank 1 sees them land; a get is given
@@ -508,4 +509,59 @@ fn a_later_put_lands_after_the_chunks_of_a_staged_one_on_the_cpu() {
 #[test]
 fn a_later_put_lands_after_the_chunks_of_a_staged_one_on_a_host_stream() {
     on_threads(2, |c| a_later_put_lands_after_the_chunks(c, true));
+}
+
+/// On a host stream (every chunk posted at once, each in its own bounce), rank 1's window is
+/// deregistered before rank 0 puts (or gets, waiting on the stream) 5.5 bounces into (from)
+/// it: the first chunk fails at rank 1's NIC and the rest are flushed, the stream passes
+/// every chunk's wait, and rank 0's wait ends within 2 s with the cause.
+fn one_sided_error_on_a_host_stream(comm: &mut Comm, get: bool) {
+    const LEN: usize = 5 * B + B / 2;
+    comm.set_timeout(Duration::from_secs(10));
+    comm.set_staging(B, 6, 6).unwrap();
+    let stream = HostStream::new().unwrap();
+    let reg = region(comm, 0);
+    let wbuf = filled(&[0; REGION]);
+    let (win, wmr) = window(comm, &wbuf);
+    let at = &STEPS[4 + get as usize];
+    drop(wmr);
+    if comm.rank() == 1 {
+        comm.barrier().unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        while at.load(Ordering::Acquire) < 1 {
+            assert!(Instant::now() < until, "rank 0 never finished");
+            std::thread::yield_now();
+        }
+        return;
+    }
+    comm.barrier().unwrap();
+    let start = Instant::now();
+    let s = reg.slice(1..1 + LEN);
+    let r = match get {
+        true => comm.iget_gpu_on(s, &win, 1, 1, &stream).unwrap(),
+        false => comm.iput_gpu_on(s, &win, 1, 1, &stream).unwrap(),
+    };
+    if get {
+        comm.wait_on(r, &stream).unwrap();
+    }
+    stream.synchronize().unwrap();
+    let e = comm.wait(r).unwrap_err().to_string();
+    at.store(1, Ordering::Release);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
+    );
+    println!("rank 0: {e}");
+    assert!(e.contains("IBV_WC_REM_ACCESS_ERR"), "{e}");
+}
+
+#[test]
+fn a_chunked_staged_put_on_a_host_stream_is_released_by_an_error_completion() {
+    on_threads_failing(|c| one_sided_error_on_a_host_stream(c, false));
+}
+
+#[test]
+fn a_chunked_staged_get_on_a_host_stream_is_released_by_an_error_completion() {
+    on_threads_failing(|c| one_sided_error_on_a_host_stream(c, true));
 }
