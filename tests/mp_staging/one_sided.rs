@@ -134,8 +134,9 @@ fn chunked_staged_gets_land_byte_for_byte_on_a_host_stream() {
     on_threads(2, |c| one_sided_sizes(c, true, true));
 }
 
-/// Rank 0 puts 5.5 bounces with signal into rank 1's window, three times (from the CPU
-/// through 2 send bounces, or on a host stream), each round a new payload and signal value;
+/// Rank 0 puts 5.5 bounces with signal into rank 1's window, twice (from the CPU through 2
+/// send bounces, or on a host stream), and between them a put of one bounce less one and
+/// one of no bytes, each round a new payload and signal value;
 /// rank 1 watches the signal word and, the moment it changes, checks every byte of the
 /// round's payload: the signal is written after the last chunk, never before.
 fn put_signal_after_the_last_chunk(comm: &mut Comm, on_stream: bool) {
@@ -150,16 +151,18 @@ fn put_signal_after_the_last_chunk(comm: &mut Comm, on_stream: bool) {
     let sig = PinnedBuffer::with_cuda(8, None);
     let smr = comm.pd().register_pinned(&sig, Access::ALL).unwrap();
     comm.barrier().unwrap();
-    for round in 1..=3u64 {
+    for round in 1..=4u64 {
         let m = round as usize;
+        // Rounds 2 and 4 fit one bounce (and post the signal with it) or have no bytes.
+        let len = [LEN, B - 1, LEN, 0][m - 1];
         if comm.rank() == 0 {
             write(
                 &reg,
                 3,
-                &(0..LEN).map(|i| pattern(m, i)).collect::<Vec<_>>(),
+                &(0..len).map(|i| pattern(m, i)).collect::<Vec<_>>(),
             );
             sig.write_at(0, &round.to_ne_bytes());
-            let s = reg.slice(3..3 + LEN);
+            let s = reg.slice(3..3 + len);
             let r = match on_stream {
                 true => comm.iput_signal_gpu_on(s, &win, 1, AT as u64, smr.sge(..), 0, &stream),
                 false => comm.iput_signal_gpu(s, &win, 1, AT as u64, smr.sge(..), 0),
@@ -178,7 +181,7 @@ fn put_signal_after_the_last_chunk(comm: &mut Comm, on_stream: bool) {
                 assert!(Instant::now() < until, "round {round}: no signal");
                 std::hint::spin_loop();
             }
-            let mut got = vec![0u8; LEN];
+            let mut got = vec![0u8; len];
             wbuf.read_at(AT, &mut got);
             for (i, &b) in got.iter().enumerate() {
                 assert_eq!(b, pattern(m, i), "round {round}: byte {i} after the signal");
