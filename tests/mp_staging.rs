@@ -3,7 +3,8 @@
 //! the communicator's pool, copies by the CPU or by a host stream in the trigger's order).
 //! Byte for byte at odd sizes and offsets, several receives outstanding, an error completion
 //! in the middle, a message larger than the pool on an executor; CPU and host-stream
-//! triggers. Messages larger than a bounce (chunks) and staged gets: the `chunked` module.
+//! triggers. Messages larger than a bounce (chunks) and staged gets: the `chunked` module;
+//! puts and gets in chunks, puts with signal and empty messages: the `one_sided` module.
 
 use gdasync::gdsync::exec::HostStream;
 use gdasync::gdsync::{GpuMemoryPath, PinnedBuffer};
@@ -16,6 +17,10 @@ use common::{on_threads, staged_stream_of_messages};
 /// Messages larger than a bounce (in chunks), and staged gets.
 #[path = "mp_staging/chunked.rs"]
 mod chunked;
+
+/// Puts and gets larger than a bounce (in chunks), puts with signal, empty messages.
+#[path = "mp_staging/one_sided.rs"]
+mod one_sided;
 
 /// Bytes of each rank's stand-in region.
 const REGION: usize = 32 << 10;

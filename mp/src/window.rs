@@ -1,7 +1,9 @@
 //! One-sided communication: windows of registered memory every rank exposes, put and get
 //! (RDMA write and read), put with signal, and waiting for a value on an executor.
 
-use crate::comm::{check_gathered, decode_remote, encode_remote, Comm, Request, REMOTE_BYTES};
+use crate::comm::{
+    check_gathered, decode_remote, encode_remote, ChunkOp, Comm, Request, REMOTE_BYTES,
+};
 use crate::fault::Work;
 use crate::staged::GpuSlice;
 use gdsync::exec::Executor;
@@ -27,6 +29,34 @@ impl Window {
 /// Whether `len` bytes at `off` lie inside `total` bytes, without overflow.
 fn fits(off: u64, len: u64, total: u64) -> bool {
     off.checked_add(len).is_some_and(|end| end <= total)
+}
+
+/// Rank `peer`'s region of `w`, once `len` bytes at `off` are found inside it.
+fn checked_remote(w: &Window, peer: usize, off: u64, len: usize) -> Result<RemoteBuf> {
+    let r = w.remote(peer)?;
+    range(&r, off, len as u64, peer)?;
+    Ok(r)
+}
+
+/// Rank `peer`'s region of `w` and the write of a put with signal's `signal` (one 8-byte
+/// word, written from the WQE) at `sig_off`, once the signal and the put's bytes
+/// (`put`: offset and length) are found inside the region.
+fn signal_wr(
+    w: &Window,
+    peer: usize,
+    (dst_off, len): (u64, u64),
+    signal: Sge,
+    sig_off: u64,
+) -> Result<(RemoteBuf, SendWr)> {
+    if signal.len != 8 || sig_off % 8 != 0 {
+        return Err(Error::invalid(
+            "the signal is one 8-byte word, 8-byte aligned in the window",
+        ));
+    }
+    let r = w.remote(peer)?;
+    range(&r, dst_off, len, peer)?;
+    range(&r, sig_off, 8, peer)?;
+    Ok((r, SendWr::write(r.at(sig_off)).sge(signal).inline()))
 }
 
 fn range(r: &RemoteBuf, off: u64, len: u64, p: usize) -> Result<()> {
@@ -65,6 +95,9 @@ impl Comm {
     ) -> Result<(Request, SendWr)> {
         let r = w.remote(peer)?;
         self.check_peer(peer)?;
+        // Work on the connection's send queue keeps the order of the calls: a staged
+        // message's chunks still to post go first.
+        self.chunks_posted(peer, false)?;
         let req = self.new_one_sided(peer, work);
         let wr = wr(r)?.wr_id(req.wr_id());
         Ok((req, wr))
@@ -135,23 +168,12 @@ impl Comm {
         signal: Sge,
         sig_off: u64,
     ) -> Result<(Request, SendWr, SendWr)> {
-        if signal.len != 8 || sig_off % 8 != 0 {
-            return Err(Error::invalid(
-                "the signal is one 8-byte word, 8-byte aligned in the window",
-            ));
-        }
-        let r = w.remote(peer)?;
-        range(&r, dst_off, src.len as u64, peer)?;
-        range(&r, sig_off, 8, peer)?;
+        let (_, sig) = signal_wr(w, peer, (dst_off, src.len as u64), signal, sig_off)?;
         let (req, data) = self.one_sided(w, peer, Work::Put(src.len as u64), |r| {
             Ok(SendWr::write(r.at(dst_off)).sge(src).unsignaled())
         })?;
         let id = data.wr_id;
-        Ok((
-            req,
-            data,
-            SendWr::write(r.at(sig_off)).sge(signal).inline().wr_id(id),
-        ))
+        Ok((req, data, sig.wr_id(id)))
     }
 
     /// Put with signal: writes `src` at `dst_off`, then the 8-byte `signal` at `sig_off` of
@@ -183,9 +205,14 @@ impl Comm {
         self.post_via(peer, req, &[wr], exec)
     }
 
-    /// [`iput`](Self::iput) from GPU memory: a staged slice is copied by the CPU into a send
-    /// bounce of the staging pool now, and put from there (the window itself is registered
-    /// memory: a staged region cannot be one).
+    /// [`iput`](Self::iput) from GPU memory. A staged slice goes in bounce-sized chunks
+    /// (one, for a put no larger than a bounce; an empty put takes no bounce), each copied
+    /// by the CPU into a send bounce as one is free (during this and later calls that make
+    /// progress) and written from there at `dst_off` + its offset in the slice; the request
+    /// completes with the last chunk. Staged work with `peer` on the connection's send
+    /// queue (sends, puts, gets) queues behind the chunks of earlier such work, so it is
+    /// posted in the order of the calls. The window itself is registered memory: a staged
+    /// region cannot be one.
     pub fn iput_gpu(
         &mut self,
         src: GpuSlice<'_>,
@@ -196,15 +223,19 @@ impl Comm {
         if let Some(sge) = src.direct_sge() {
             return self.iput(sge, w, peer, dst_off);
         }
-        let (rec, sge) = self.stage_start(&src, false, "put")?;
-        let r = self
-            .stage_copy_out_now(&rec)
-            .and_then(|()| self.iput(sge, w, peer, dst_off));
-        self.stage_bind(rec, r)
+        let remote = checked_remote(w, peer, dst_off, src.len)?;
+        let op = ChunkOp::Put {
+            remote,
+            at: dst_off,
+            signal: None,
+        };
+        self.chunked_start(&src, peer, op)
     }
 
     /// [`iput_on`](Self::iput_on) from GPU memory: a staged slice is copied into a send
-    /// bounce by `exec` before the put's doorbell.
+    /// bounce by `exec` before the put's doorbell; one larger than a bounce goes in
+    /// bounce-sized chunks, all posted now, each in a send bounce of its own (refused if the
+    /// pool has too few).
     pub fn iput_gpu_on(
         &mut self,
         src: GpuSlice<'_>,
@@ -216,19 +247,22 @@ impl Comm {
         if let Some(sge) = src.direct_sge() {
             return self.iput_on(sge, w, peer, dst_off, exec);
         }
-        let (rec, sge) = self.stage_start(&src, false, "put")?;
-        let copy = self.stage_copy_out_ops(&rec);
-        let r = self.put_wr(sge, w, peer, dst_off).and_then(|(req, wr)| {
-            self.post_exec(peer, req, &[wr], copy, exec)?;
-            Ok(req)
-        });
-        self.stage_bind(rec, r)
+        let remote = checked_remote(w, peer, dst_off, src.len)?;
+        let op = ChunkOp::Put {
+            remote,
+            at: dst_off,
+            signal: None,
+        };
+        self.staged_on(&src, peer, op, exec)
     }
 
-    /// [`iget`](Self::iget) into GPU memory: a staged slice is read into a receive bounce of
-    /// the staging pool and copied in after the wait ([`wait`](Self::wait) or
-    /// [`test`](Self::test) with the CPU, [`wait_on`](Self::wait_on) by the executor). A
-    /// staged get must fit one bounce.
+    /// [`iget`](Self::iget) into GPU memory. A staged slice goes in bounce-sized chunks (one,
+    /// for a get no larger than a bounce; an empty get takes no bounce), each read into a
+    /// receive bounce of the staging pool and copied in after its completion, before the
+    /// bounce takes the next chunk (from the CPU, during any call that makes progress); wait
+    /// for it with [`wait`](Self::wait) or [`test`](Self::test), or
+    /// [`wait_on`](Self::wait_on) once every chunk is posted. Queued in the order of the
+    /// calls with staged sends and puts to `peer`, as [`iput_gpu`](Self::iput_gpu) says.
     pub fn iget_gpu(
         &mut self,
         dst: GpuSlice<'_>,
@@ -239,13 +273,18 @@ impl Comm {
         if let Some(sge) = dst.direct_sge() {
             return self.iget(sge, w, peer, src_off);
         }
-        let (rec, sge) = self.stage_start(&dst, true, "get")?;
-        let r = self.iget(sge, w, peer, src_off);
-        self.stage_bind(rec, r)
+        let remote = checked_remote(w, peer, src_off, dst.len)?;
+        let op = ChunkOp::Get {
+            remote,
+            at: src_off,
+        };
+        self.chunked_start(&dst, peer, op)
     }
 
     /// [`iget_gpu`](Self::iget_gpu) posted by an executor; [`wait_on`](Self::wait_on) makes
-    /// the executor wait for the read and copy it in.
+    /// the executor wait for the read and copy it in. One larger than a bounce goes in
+    /// bounce-sized chunks, all posted now, each into a receive bounce of its own (refused if
+    /// the pool has too few).
     pub fn iget_gpu_on(
         &mut self,
         dst: GpuSlice<'_>,
@@ -257,9 +296,67 @@ impl Comm {
         if let Some(sge) = dst.direct_sge() {
             return self.iget_on(sge, w, peer, src_off, exec);
         }
-        let (rec, sge) = self.stage_start(&dst, true, "get")?;
-        let r = self.iget_on(sge, w, peer, src_off, exec);
-        self.stage_bind(rec, r)
+        let remote = checked_remote(w, peer, src_off, dst.len)?;
+        let op = ChunkOp::Get {
+            remote,
+            at: src_off,
+        };
+        self.staged_on(&dst, peer, op, exec)
+    }
+
+    /// [`iput_signal`](Self::iput_signal) from GPU memory: a staged slice is put as
+    /// [`iput_gpu`](Self::iput_gpu) puts it (in bounce-sized chunks), and the signal (`signal`,
+    /// one 8-byte word of registered host memory, read when the last chunk is posted) is
+    /// written at `sig_off` after the last chunk, on the same connection: the peer sees it
+    /// only after every byte of the put landed.
+    #[allow(clippy::too_many_arguments)] // the put's four, the signal's two
+    pub fn iput_signal_gpu(
+        &mut self,
+        src: GpuSlice<'_>,
+        w: &Window,
+        peer: usize,
+        dst_off: u64,
+        signal: Sge,
+        sig_off: u64,
+    ) -> Result<Request> {
+        if let Some(sge) = src.direct_sge() {
+            return self.iput_signal(sge, w, peer, dst_off, signal, sig_off);
+        }
+        let put = (dst_off, src.len as u64);
+        let (remote, sig) = signal_wr(w, peer, put, signal, sig_off)?;
+        let op = ChunkOp::Put {
+            remote,
+            at: dst_off,
+            signal: Some(sig),
+        };
+        self.chunked_start(&src, peer, op)
+    }
+
+    /// [`iput_signal_gpu`](Self::iput_signal_gpu) posted by an executor (the signal follows
+    /// the last chunk's write on the executor too); a put larger than a bounce needs a send
+    /// bounce per chunk, as [`iput_gpu_on`](Self::iput_gpu_on) does.
+    #[allow(clippy::too_many_arguments)] // the put's four, the signal's two, the executor
+    pub fn iput_signal_gpu_on(
+        &mut self,
+        src: GpuSlice<'_>,
+        w: &Window,
+        peer: usize,
+        dst_off: u64,
+        signal: Sge,
+        sig_off: u64,
+        exec: &impl Executor,
+    ) -> Result<Request> {
+        if let Some(sge) = src.direct_sge() {
+            return self.iput_signal_on(sge, w, peer, dst_off, signal, sig_off, exec);
+        }
+        let put = (dst_off, src.len as u64);
+        let (remote, sig) = signal_wr(w, peer, put, signal, sig_off)?;
+        let op = ChunkOp::Put {
+            remote,
+            at: dst_off,
+            signal: Some(sig),
+        };
+        self.staged_on(&src, peer, op, exec)
     }
 
     /// [`iget`](Self::iget) posted by an executor.

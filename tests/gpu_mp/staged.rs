@@ -2,8 +2,8 @@
 //! staged (`Comm::register_gpu(.., GpuMemoryPath::Staged)`), on CUDA streams (copy out by
 //! the stream's copy engine before the doorbell, copy in after the stream's wait) and from
 //! the CPU, byte-checked at odd sizes and offsets, with several receives outstanding and more
-//! messages than bounces; messages larger than a bounce (in chunks, up to 1 MiB); and gets
-//! into staged device memory. A module of tests/gpu_mp.rs; each test is ignored unless asked for
+//! messages than bounces; messages larger than a bounce (in chunks, up to 1 MiB); gets
+//! into staged device memory; and puts and gets larger than a bounce (in chunks). A module of tests/gpu_mp.rs; each test is ignored unless asked for
 //! (`GDSYNC_TEST_CUDA=1 cargo test --release --test gpu_mp -- --include-ignored staged`),
 //! and then requires a GPU.
 
@@ -372,4 +372,92 @@ fn mp_stages_gets_into_device_buffers_on_cuda_streams_and_the_cpu() {
     let _gpu = gpu();
     on_threads(2, |c| staged_device_gets(c, true));
     on_threads(2, |c| staged_device_gets(c, false));
+}
+
+/// Puts (or gets) of CHUNKED through 4 KiB bounces between staged device regions and each
+/// right neighbour's window in device memory (registered directly), all outstanding at
+/// once, at a window offset 5 bytes past the region's: on a CUDA stream (a bounce per
+/// chunk, the copy engine copying out before each doorbell or in after each wait) or from
+/// the CPU (2 bounces each way, a pipeline). Every byte and the bytes around each case are
+/// checked.
+fn chunked_one_sided(comm: &mut Comm, get: bool, on_stream: bool) {
+    let (me, n) = (comm.rank(), comm.size());
+    let (right, left) = ((me + 1) % n, (me + n - 1) % n);
+    let stream = CudaStream::new(0).unwrap();
+    let reg = region(comm, if get { 0xEE } else { 0 });
+    let wbuf = DeviceBuffer::alloc(0, REGION).unwrap();
+    let mine: Vec<u8> = (0..REGION).map(|i| pattern(me, 0, i)).collect();
+    let fill = if get {
+        mine.clone()
+    } else {
+        vec![0xEE; REGION]
+    };
+    wbuf.copy_from_host(0, &fill).unwrap();
+    if !get {
+        reg.write_at(0, &mine).unwrap();
+    }
+    let wmr = comm
+        .pd()
+        .register_device(&wbuf, gdasync::gdsync::Access::ALL)
+        .unwrap();
+    let win = comm.window(&wmr).unwrap();
+    let pool = if on_stream { 16 } else { 2 };
+    comm.set_staging(4096, pool, pool).unwrap();
+    comm.barrier().unwrap();
+    let reqs: Vec<_> = CHUNKED
+        .iter()
+        .map(|&(len, off)| {
+            let (s, w) = (reg.slice(off..off + len), (off + 5) as u64);
+            match (get, on_stream) {
+                (false, true) => comm.iput_gpu_on(s, &win, right, w, &stream),
+                (false, false) => comm.iput_gpu(s, &win, right, w),
+                (true, true) => comm.iget_gpu_on(s, &win, right, w, &stream),
+                (true, false) => comm.iget_gpu(s, &win, right, w),
+            }
+            .unwrap()
+        })
+        .collect();
+    if get && on_stream {
+        comm.wait_all_on(&reqs, &stream).unwrap();
+    }
+    stream.synchronize().unwrap();
+    comm.wait_all(&reqs).unwrap();
+    comm.barrier().unwrap();
+    let mut got = vec![0u8; REGION];
+    match get {
+        true => reg.read_at(0, &mut got).unwrap(),
+        false => wbuf.copy_to_host(0, &mut got).unwrap(),
+    }
+    for (m, &(len, off)) in CHUNKED.iter().enumerate() {
+        // A put lands at the window's offset with the left neighbour's bytes of the
+        // region's; a get at the region's with the right neighbour's of the window's.
+        let (to, from, who) = if get {
+            (off, off + 5, right)
+        } else {
+            (off + 5, off, left)
+        };
+        for i in 0..len {
+            let want = pattern(who, 0, from + i);
+            assert_eq!(got[to + i], want, "rank {me}: case {m} ({len} B) byte {i}");
+        }
+        assert_eq!(got[to - 1], 0xEE, "rank {me}: case {m}: the byte before");
+        assert_eq!(got[to + len], 0xEE, "rank {me}: case {m}: the byte after");
+    }
+    comm.barrier().unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test gpu_mp -- --include-ignored staged"]
+fn mp_chunks_staged_device_puts_larger_than_a_bounce_on_cuda_streams_and_the_cpu() {
+    let _gpu = gpu();
+    on_threads(2, |c| chunked_one_sided(c, false, true));
+    on_threads(2, |c| chunked_one_sided(c, false, false));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test gpu_mp -- --include-ignored staged"]
+fn mp_chunks_staged_device_gets_larger_than_a_bounce_on_cuda_streams_and_the_cpu() {
+    let _gpu = gpu();
+    on_threads(2, |c| chunked_one_sided(c, true, true));
+    on_threads(2, |c| chunked_one_sided(c, true, false));
 }

@@ -448,8 +448,8 @@ fn chunked_staged_messages_across_different_bounces_are_reported() {
 }
 
 /// What cannot work is refused with a line that says what to do: a chunked message on an
-/// executor that needs more bounces than its side of the pool, a staged put or get larger
-/// than a bounce, an executor's wait for a chunked message whose chunks the CPU has not all
+/// executor that needs more bounces than its side of the pool (sends, receives, puts and
+/// gets), an executor's wait for a chunked message whose chunks the CPU has not all
 /// posted (they wait for bounces), resizing the pool under a chunked message. After the refusals, the same message goes from the CPU.
 #[test]
 fn staged_sizes_that_cannot_work_are_refused() {
@@ -473,14 +473,19 @@ fn staged_sizes_that_cannot_work_are_refused() {
         let wbuf = PinnedBuffer::with_cuda(REGION, None);
         let wmr = comm.pd().register_pinned(&wbuf, Access::ALL).unwrap();
         let win = comm.window(&wmr).unwrap();
-        let e = comm.iput_gpu(s, &win, peer, 0).unwrap_err().to_string();
+        let e = comm.iput_gpu_on(s, &win, peer, 0, &stream).unwrap_err();
+        let e = e.to_string();
         assert!(
-            e.contains("larger than the staging bounce") && e.contains("set_staging"),
+            e.contains("staged put of 5500 bytes on an executor needs 6 bounces")
+                && e.contains("set_staging")
+                && e.contains("iput_gpu"),
             "{e}"
         );
-        let e = comm.iget_gpu(s, &win, peer, 0).unwrap_err().to_string();
+        let e = comm.iget_gpu_on(s, &win, peer, 0, &stream).unwrap_err();
+        let e = e.to_string();
         assert!(
-            e.contains("staged get of") && e.contains("set_staging"),
+            e.contains("staged get of 5500 bytes on an executor needs 6 bounces")
+                && e.contains("iget_gpu"),
             "{e}"
         );
         if me == 0 {

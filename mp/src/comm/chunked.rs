@@ -1,20 +1,24 @@
-//! Staged messages larger than a bounce, sent and received in bounce-sized chunks: the
-//! request the caller holds (the parent) and one sub-request per chunk, each an ordinary
-//! staged send or receive of one bounce.
+//! Staged messages larger than a bounce, sent and received (put and got) in bounce-sized
+//! chunks: the request the caller holds (the parent) and one sub-request per chunk, each an
+//! ordinary staged send, receive, put or get of one bounce (`chunk_op`).
 //!
-//! From the CPU (`isend_gpu`, `irecv_gpu`) the chunks are a pipeline driven by every
-//! progress call: the sender copies the next chunk out as a send bounce comes back; the
-//! receiver copies a chunk in after its completion, and only then posts the next chunk's
-//! receive into the freed bounce, whose credit lets the sender go on. So a receive bounce is
-//! reused only once copied out, through the credits every receive gives. On an executor
+//! From the CPU (`isend_gpu`, `irecv_gpu`, `iput_gpu`, `iget_gpu`) the chunks are a pipeline
+//! driven by every progress call: the sender copies the next chunk out as a send bounce
+//! comes back; the receiver copies a chunk in after its completion, and only then posts the
+//! next chunk's receive into the freed bounce, whose credit lets the sender go on. So a
+//! receive bounce is reused only once copied out, through the credits every receive gives.
+//! A put writes chunk k from a send bounce at its offset + k bounces of the window; a get
+//! reads it into a receive bounce and copies it in before the bounce takes the next chunk.
+//! Every staged message from the CPU goes this way (an empty one as one chunk without a
+//! bounce), so each queues behind the earlier ones of its peer and queue. On an executor
 //! (`_on`) every chunk is posted at once, each in a bounce of its own (copies in the
 //! executor's order), so the message must fit its side of the pool. The last chunk completes
 //! the parent; an error in any chunk fails it, and the chunks still posted drain.
 
+use super::chunk_op::{ChunkOp, Piece, NO_BYTES};
 use super::requests::{Request, Status};
 use super::wait::Look;
 use super::Comm;
-use crate::fault::Work;
 use crate::staged::{GpuMem, GpuSlice};
 use gdsync::exec::Executor;
 use gdsync::{Error, Result};
@@ -26,14 +30,16 @@ pub(super) struct Chunked {
     /// The request the caller holds.
     parent: Request,
     peer: usize,
-    /// A receive (else a send).
-    recv: bool,
+    /// What each chunk does.
+    op: ChunkOp,
     mem: GpuMem,
     offset: usize,
     len: usize,
     /// Bytes per chunk (the bounce's when the message began).
     chunk: usize,
-    /// Bytes handed to the chunks posted so far.
+    /// Chunks of the message (one for an empty message).
+    chunks: usize,
+    /// Chunks posted so far.
     posted: usize,
     /// Chunks posted and not yet retired, in order: sub-request and its length.
     inflight: VecDeque<(Request, usize)>,
@@ -50,21 +56,32 @@ pub(super) struct Chunked {
 impl Chunked {
     /// Whether the CPU still has chunks of it to post.
     fn posting(&self) -> bool {
-        !self.exec && !self.orphan && self.error.is_none() && self.posted < self.len
+        !self.exec && !self.orphan && self.error.is_none() && self.posted < self.chunks
+    }
+
+    /// Whether it queues in the receive ring of `peer` (`recv`) or its send queue.
+    fn in_queue(&self, peer: usize, recv: bool) -> bool {
+        self.peer == peer && self.op.recv_ring() == recv
+    }
+
+    /// Byte offset in the message and length of chunk `k`.
+    fn piece(&self, k: usize) -> (usize, usize) {
+        let at = k * self.chunk;
+        (at, self.chunk.min(self.len - at))
     }
 }
 
 impl Comm {
-    /// A staged send (`recv` false) or receive of `s` with `peer` from the CPU, larger than a
-    /// bounce or behind one that is: the chunks that bounces allow are posted now (after
-    /// those of earlier messages of that peer and side), the rest as bounces free.
-    pub(super) fn chunked_start(
+    /// A staged message (`op`) of `s` with `peer` from the CPU: the chunks that bounces allow
+    /// are posted now (after those of earlier messages of that peer and queue), the rest as
+    /// bounces free.
+    pub(crate) fn chunked_start(
         &mut self,
         s: &GpuSlice<'_>,
         peer: usize,
-        recv: bool,
+        op: ChunkOp,
     ) -> Result<Request> {
-        let parent = self.chunked_parent(s, peer, recv, false)?;
+        let parent = self.chunked_parent(s, peer, op, false)?;
         let i = self.chunked.len() - 1;
         self.advance_chunked(i, false);
         Ok(parent)
@@ -72,29 +89,31 @@ impl Comm {
 
     /// The same on `exec`: every chunk posted now, each in its own bounce; refused when the
     /// pool's side has fewer bounces than the message has chunks.
-    pub(super) fn chunked_on(
+    pub(crate) fn chunked_on(
         &mut self,
         s: &GpuSlice<'_>,
         peer: usize,
-        recv: bool,
+        op: ChunkOp,
         exec: &impl Executor,
     ) -> Result<Request> {
         let shape = self.stage_shape;
         let chunks = s.len.div_ceil(shape.bounce);
-        let (have, side, cpu) = match recv {
-            true => (shape.recvs, "receive", "irecv_gpu"),
-            false => (shape.sends, "send", "isend_gpu"),
+        let have = if op.inbound() {
+            shape.recvs
+        } else {
+            shape.sends
         };
         if chunks > have {
+            let (what, cpu) = op.names();
             return Err(Error::invalid(format!(
-                "a staged {side} of {} bytes on an executor needs {chunks} bounces of {} bytes at once, and the staging pool has {have} for its side: raise it with Comm::set_staging, or use {cpu} (from the CPU, chunks go through any pool)",
+                "a staged {what} of {} bytes on an executor needs {chunks} bounces of {} bytes at once, and the staging pool has {have} for its side: raise it with Comm::set_staging, or use {cpu} (from the CPU, chunks go through any pool)",
                 s.len, shape.bounce
             )));
         }
-        let parent = self.chunked_parent(s, peer, recv, true)?;
+        let parent = self.chunked_parent(s, peer, op, true)?;
         loop {
             let i = self.chunk_index(parent).expect("not yet released");
-            if self.chunked[i].posted == self.chunked[i].len {
+            if self.chunked[i].posted == self.chunked[i].chunks {
                 return Ok(parent);
             }
             if let Err(e) = self.post_chunk_on(i, exec) {
@@ -112,13 +131,10 @@ impl Comm {
         &mut self,
         s: &GpuSlice<'_>,
         peer: usize,
-        recv: bool,
+        op: ChunkOp,
         exec: bool,
     ) -> Result<Request> {
         self.peers.get(peer)?;
-        if s.len == 0 {
-            return Err(Error::invalid("a chunked staged message is never empty"));
-        }
         if u32::try_from(s.len).is_err() {
             return Err(Error::invalid(format!(
                 "a staged message of {} bytes is longer than a request can report (4 GiB - 1): send it in pieces",
@@ -128,19 +144,19 @@ impl Comm {
         if exec {
             // CPU messages queue behind earlier ones (`advance_chunked`); an executor's
             // chunks are posted now, so the earlier ones must be first.
-            self.chunks_posted(peer, recv)?;
+            self.chunks_posted(peer, op.recv_ring())?;
         }
-        let n = s.len as u64;
-        let work = if recv { Work::Recv(n) } else { Work::Send(n) };
-        let parent = self.new_req(peer, work);
+        let parent = self.new_req(peer, op.work(s.len as u64));
+        let chunk = self.stage_shape.bounce;
         self.chunked.push(Chunked {
             parent,
             peer,
-            recv,
+            op,
             mem: s.region.mem.clone(),
             offset: s.offset,
             len: s.len,
-            chunk: self.stage_shape.bounce,
+            chunk,
+            chunks: s.len.div_ceil(chunk).max(1),
             posted: 0,
             inflight: VecDeque::new(),
             got: 0,
@@ -158,28 +174,32 @@ impl Comm {
             .position(|c| c.parent == parent && !c.orphan)
     }
 
-    /// Whether the CPU has chunks of a staged message with `peer` on this side (`recv`) still
-    /// to post (later staged messages of that side queue behind them).
+    /// Whether the CPU has chunks of a staged message with `peer` in its receive ring
+    /// (`recv`) or its send queue still to post (later staged messages of that queue queue
+    /// behind them).
     pub(super) fn chunks_pending(&self, peer: usize, recv: bool) -> bool {
         self.chunked
             .iter()
-            .any(|k| k.peer == peer && k.recv == recv && k.posting())
+            .any(|k| k.in_queue(peer, recv) && k.posting())
     }
 
-    /// Whether an entry before `i` with the same peer and side still has chunks to post:
-    /// `i` posts after it (receives match sends in order).
+    /// Whether an entry before `i` with the same peer and queue still has chunks to post:
+    /// `i` posts after it (receives match sends in order; work on one connection's send
+    /// queue keeps the order of the calls).
     fn behind_another(&self, i: usize) -> bool {
         let c = &self.chunked[i];
+        let recv = c.op.recv_ring();
         self.chunked[..i]
             .iter()
-            .any(|k| k.peer == c.peer && k.recv == c.recv && k.posting())
+            .any(|k| k.in_queue(c.peer, recv) && k.posting())
     }
 
     /// Waits (making progress, up to the timeout) until the CPU has posted every chunk of
-    /// the staged messages with `peer` on this side (`recv`): a later send or receive with
-    /// that peer must not overtake them (receives match sends in order). A failed
+    /// the staged messages with `peer` in its receive ring (`recv`) or its send queue (sends,
+    /// puts, gets): a later operation with that peer must not overtake them (receives match
+    /// sends in order; work on one send queue keeps the order of the calls). A failed
     /// connection to the peer ends the wait with its error.
-    pub(super) fn chunks_posted(&mut self, peer: usize, recv: bool) -> Result<()> {
+    pub(crate) fn chunks_posted(&mut self, peer: usize, recv: bool) -> Result<()> {
         let busy = |c: &Comm| c.chunks_pending(peer, recv);
         if !busy(self) {
             // The common case, without a clock read.
@@ -208,51 +228,67 @@ impl Comm {
     /// receive, a slot of the receive ring); whether it did.
     fn post_chunk(&mut self, i: usize) -> Result<bool> {
         let c = &self.chunked[i];
-        let (recv, peer, at) = (c.recv, c.peer, c.posted);
-        let n = c.chunk.min(c.len - at);
-        if recv && self.peers.get(peer)?.qp.recv_room() == 0 {
+        let (at, n) = c.piece(c.posted);
+        if c.op.recv_ring() && self.peers.get(c.peer)?.qp.recv_room() == 0 {
             return Ok(false);
         }
-        let Some(slot) = self.try_take_bounce(recv)? else {
-            return Ok(false);
+        let slot = match n {
+            // An empty chunk moves no bytes: it needs no bounce.
+            0 => None,
+            _ => match self.try_take_bounce(self.chunked[i].op.inbound())? {
+                Some(s) => Some(s),
+                None => return Ok(false),
+            },
         };
-        let c = &self.chunked[i];
-        let (rec, sge) = self.stage_rec(slot, &c.mem, c.offset + at, n, recv);
-        let r = match recv {
-            true => self.irecv_now(sge, peer),
-            false => self
-                .stage_copy_out_now(&rec)
-                .and_then(|()| self.isend_now(sge, peer)),
-        };
-        let sub = self.stage_bind(rec, r)?;
+        let (op, peer, piece) = self.chunk_piece(i, slot, at, n);
+        let sub = self.post_piece_now(&op, peer, piece)?;
         let c = &mut self.chunked[i];
         c.inflight.push_back((sub, n));
-        c.posted += n;
+        c.posted += 1;
         Ok(true)
+    }
+
+    /// What entry `i` posts for its chunk of `n` bytes at byte `at`, in bounce `slot`.
+    fn chunk_piece(
+        &self,
+        i: usize,
+        slot: Option<usize>,
+        at: usize,
+        n: usize,
+    ) -> (ChunkOp, usize, Piece) {
+        let c = &self.chunked[i];
+        let inbound = c.op.inbound();
+        let (rec, sge) = match slot {
+            Some(s) => {
+                let (rec, sge) = self.stage_rec(s, &c.mem, c.offset + at, n, inbound);
+                (Some(rec), sge)
+            }
+            None => (None, NO_BYTES),
+        };
+        let last = c.posted + 1 == c.chunks;
+        let piece = Piece {
+            rec,
+            sge,
+            off: at as u64,
+            last,
+        };
+        (c.op.clone(), c.peer, piece)
     }
 
     /// Posts the next chunk of entry `i` on `exec` (waiting for a bounce if all are held).
     fn post_chunk_on(&mut self, i: usize, exec: &impl Executor) -> Result<()> {
         let c = &self.chunked[i];
-        let (parent, recv, peer, at) = (c.parent, c.recv, c.peer, c.posted);
-        let n = c.chunk.min(c.len - at);
+        let parent = c.parent;
+        let (at, n) = c.piece(c.posted);
         // Taking a bounce may make progress, which may drop other entries: look again.
-        let slot = self.take_bounce(recv)?;
+        let slot = self.take_bounce(c.op.inbound())?;
         let i = self.chunk_index(parent).expect("not yet released");
-        let c = &self.chunked[i];
-        let (rec, sge) = self.stage_rec(slot, &c.mem, c.offset + at, n, recv);
-        let r = match recv {
-            true => self.irecv_on(sge, peer, exec),
-            false => {
-                let copy = self.stage_copy_out_ops(&rec);
-                self.isend_on_after(sge, peer, exec, copy)
-            }
-        };
-        let sub = self.stage_bind(rec, r)?;
+        let (op, peer, piece) = self.chunk_piece(i, Some(slot), at, n);
+        let sub = self.post_piece_on(&op, peer, piece, exec)?;
         let i = self.chunk_index(parent).expect("not yet released");
         let c = &mut self.chunked[i];
         c.inflight.push_back((sub, n));
-        c.posted += n;
+        c.posted += 1;
         Ok(())
     }
 }
@@ -282,9 +318,9 @@ impl Comm {
                 Ok(Some(got)) => {
                     let got = if whole { n as u32 } else { got };
                     c.inflight.pop_front();
-                    if c.recv && !c.orphan {
+                    if c.op.recv_ring() && !c.orphan {
                         c.got += got as usize;
-                        let more = c.posted < c.len || !c.inflight.is_empty();
+                        let more = c.posted < c.chunks || !c.inflight.is_empty();
                         if (got as usize) < n && more {
                             c.error.get_or_insert(short_chunk(c.peer, got, n, c.len));
                         }
@@ -311,7 +347,7 @@ impl Comm {
     /// copy in yet (only the parent's wait, or the executor after `wait_on`, does).
     fn copy_in_waits_for_parent(&mut self, i: usize, sub: Request) -> bool {
         let c = &self.chunked[i];
-        if !(c.exec && c.recv) || c.orphan {
+        if !(c.exec && c.op.inbound()) || c.orphan {
             return false;
         }
         self.state(sub)
@@ -352,8 +388,8 @@ impl Comm {
         let c = &mut self.chunked[i];
         let out = match c.error.take() {
             Some(e) => Err(e),
-            None if c.posted == c.len && c.inflight.is_empty() => {
-                Ok(Some(if c.recv { c.got as u32 } else { 0 }))
+            None if c.posted == c.chunks && c.inflight.is_empty() => {
+                Ok(Some(if c.op.recv_ring() { c.got as u32 } else { 0 }))
             }
             None => return Ok(None),
         };
@@ -376,7 +412,7 @@ impl Comm {
                 "this staged message failed before all its chunks were posted: wait() reports why",
             ));
         }
-        if c.posted < c.len {
+        if c.posted < c.chunks {
             return Err(Error::invalid(
                 "this staged message is larger than a bounce and the CPU has not posted all its chunks yet (they wait for bounces or receive-ring slots): wait for it with wait() or test(), raise the pool with Comm::set_staging, post fewer receives ahead, or post it with isend_gpu_on/irecv_gpu_on",
             ));

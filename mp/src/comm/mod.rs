@@ -18,6 +18,7 @@ use gdsync::{
 use std::time::Duration;
 
 mod barrier;
+mod chunk_op;
 mod chunked;
 mod finalize;
 mod on_stream;
@@ -30,6 +31,7 @@ mod staged;
 mod wait;
 mod wire;
 
+pub(crate) use chunk_op::ChunkOp;
 use peers::Peers;
 use requests::ReqState;
 pub use requests::Request;

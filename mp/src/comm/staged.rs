@@ -4,6 +4,7 @@
 //! staged receive lands in a bounce of its own and is copied in after its wait (by the CPU
 //! in `wait`/`test`, or by the executor right after `wait_on`'s wait).
 
+use super::chunk_op::{ChunkOp, NO_BYTES};
 use super::requests::Request;
 use super::Comm;
 use crate::staged::{GpuMem, GpuRegion, GpuSlice, PoolShape, SlotUse, StagePool, StageRec};
@@ -48,8 +49,8 @@ impl Comm {
 
     /// Makes the staging pool now (else the first staged send or receive makes it, with the
     /// defaults): `recvs` bounces for outstanding staged receives (and gets), `sends` for
-    /// staged sends (and puts) not yet complete, `bounce` bytes each (larger messages go in
-    /// chunks of this size; puts and gets must fit one). Defaults: 64 KiB, 128 and 32.
+    /// staged sends (and puts) not yet complete, `bounce` bytes each (larger messages, puts
+    /// and gets go in chunks of this size). Defaults: 64 KiB, 128 and 32.
     /// Refused while a bounce is held. Pinning memory may wait for the GPU: make
     /// the pool before streams wait on other ranks.
     pub fn set_staging(&mut self, bounce: usize, recvs: usize, sends: usize) -> Result<()> {
@@ -79,22 +80,15 @@ impl Comm {
     }
 
     /// Like [`isend`](Self::isend), from GPU memory: a staged slice goes in bounce-sized
-    /// chunks (one, for a message no larger than a bounce), each copied out by the CPU as a
-    /// send bounce is free (during this and later calls that make progress), so staged sends
-    /// queue behind each other instead of waiting for a bounce (a send of host memory waits
-    /// for them to be posted).
+    /// chunks (one, for a message no larger than a bounce; an empty message takes no
+    /// bounce), each copied out by the CPU as a send bounce is free (during this and later
+    /// calls that make progress), so staged sends queue behind each other instead of waiting
+    /// for a bounce (a send of host memory waits for them to be posted).
     pub fn isend_gpu(&mut self, src: GpuSlice<'_>, peer: usize) -> Result<Request> {
-        if let Some(sge) = src.direct_sge() {
-            return self.isend(sge, peer);
+        match src.direct_sge() {
+            Some(sge) => self.isend(sge, peer),
+            None => self.chunked_start(&src, peer, ChunkOp::Send),
         }
-        if src.len > 0 {
-            return self.chunked_start(&src, peer, false);
-        }
-        let (rec, sge) = self.stage_start(&src, false, "send")?;
-        let r = self
-            .stage_copy_out_now(&rec)
-            .and_then(|()| self.isend(sge, peer));
-        self.stage_bind(rec, r)
     }
 
     /// Like [`isend_on`](Self::isend_on), from GPU memory: a staged slice is copied out by
@@ -109,8 +103,12 @@ impl Comm {
         if let Some(sge) = src.direct_sge() {
             return self.isend_on(sge, peer, exec);
         }
+        if src.len == 0 {
+            // No bytes to stage: no bounce.
+            return self.isend_on(NO_BYTES, peer, exec);
+        }
         if src.len > self.stage_shape.bounce {
-            return self.chunked_on(&src, peer, false, exec);
+            return self.chunked_on(&src, peer, ChunkOp::Send, exec);
         }
         let (rec, sge) = self.stage_start(&src, false, "send")?;
         let copy = self.stage_copy_out_ops(&rec);
@@ -133,7 +131,8 @@ impl Comm {
     }
 
     /// Like [`irecv`](Self::irecv), into GPU memory: a staged slice is received in
-    /// bounce-sized chunks (one, for a message no larger than a bounce): each is copied in by
+    /// bounce-sized chunks (one, for a message no larger than a bounce; an empty message
+    /// takes no bounce): each is copied in by
     /// the CPU after its completion (during any call that makes progress, whichever request
     /// it waits for), and its bounce then takes the next chunk; wait for it with `wait`,
     /// `test` or [`wait_on`](Self::wait_on). Receives that find every bounce held queue and
@@ -141,15 +140,10 @@ impl Comm {
     /// message larger than a bounce needs the same bounce size on both ranks, and a receive
     /// as long as the send.
     pub fn irecv_gpu(&mut self, dst: GpuSlice<'_>, peer: usize) -> Result<Request> {
-        if let Some(sge) = dst.direct_sge() {
-            return self.irecv(sge, peer);
+        match dst.direct_sge() {
+            Some(sge) => self.irecv(sge, peer),
+            None => self.chunked_start(&dst, peer, ChunkOp::Recv),
         }
-        if dst.len > 0 {
-            return self.chunked_start(&dst, peer, true);
-        }
-        let (rec, sge) = self.stage_start(&dst, true, "receive")?;
-        let r = self.irecv(sge, peer);
-        self.stage_bind(rec, r)
     }
 
     /// Like [`irecv_on`](Self::irecv_on), into GPU memory (see [`irecv_gpu`](Self::irecv_gpu)).
@@ -165,8 +159,11 @@ impl Comm {
         if let Some(sge) = dst.direct_sge() {
             return self.irecv_on(sge, peer, exec);
         }
+        if dst.len == 0 {
+            return self.irecv_on(NO_BYTES, peer, exec);
+        }
         if dst.len > self.stage_shape.bounce {
-            return self.chunked_on(&dst, peer, true, exec);
+            return self.chunked_on(&dst, peer, ChunkOp::Recv, exec);
         }
         let (rec, sge) = self.stage_start(&dst, true, "receive")?;
         let r = self.irecv_on(sge, peer, exec);
