@@ -2107,7 +2107,7 @@ static int nat_query_port(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h
 {
 	static const struct nat_spec s[] = {
 		{ UVERBS_ATTR_QUERY_PORT_PORT_NUM, NA_CONST, 1, 0, 0 },
-		{ UVERBS_ATTR_QUERY_PORT_RESP, NA_OUT, 1, offsetof(struct ib_uverbs_query_port_resp_ex, reserved), 0 },
+		{ UVERBS_ATTR_QUERY_PORT_RESP, NA_OUT, 1, sizeof(struct ib_uverbs_query_port_resp_ex), 0 },
 	};
 	struct ib_uverbs_attr *a[2] = {0};
 	int rc = nat_attrs(h, s, 2, a);
@@ -2119,6 +2119,11 @@ static int nat_query_port(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h
 	struct cmd m = { .c = c, .op = IB_USER_VERBS_CMD_QUERY_PORT, .in = &q, .in_len = sizeof(q),
 			 .out = &r.legacy_resp, .out_len = sizeof(r.legacy_resp) };
 	rc = nat_run(&m, "DEVICE/QUERY_PORT");
+	/* A current kernel's response ends with active_speed_ex (a u32 at byte 44, where older
+	 * uapi headers have reserved bytes): the port's speed, which rdma-core 50 reads. */
+	_Static_assert(sizeof(r) == 48, "ib_uverbs_query_port_resp_ex is 48 bytes");
+	uint32_t speed_ex = r.legacy_resp.active_speed;
+	memcpy((char *)&r + 44, &speed_ex, 4);
 	return rc ? rc : nat_out(a[1], &r, sizeof(r));
 }
 
