@@ -6,9 +6,12 @@
  *   - refuses socket(AF_NETLINK, NETLINK_RDMA), so that sysfs discovery runs;
  *   - fakes stat/open/fstat/close of /dev/infiniband/uverbsN for each device the fake sysfs
  *     lists (a memfd dressed as character device 231:192+N);
- *   - serves RDMA_VERBS_IOCTL's DEVICE/INVOKE_WRITE (the write() commands below carried as
- *     ioctl attributes, which libibverbs uses once it answers; $UVEMU_ABI=write turns it off,
- *     for the legacy ABI) and MR/REG_DMABUF_MR (ibv_reg_dmabuf_mr is ioctl-only); answers
+ *   - serves RDMA_VERBS_IOCTL's native verbs methods for the objects below (GET_CONTEXT,
+ *     QUERY_PORT, ASYNC_EVENT_ALLOC, CQ/QP create and destroy, MR and PD destroy: what
+ *     libibverbs tries first, each run through its write() command's handler) and
+ *     DEVICE/INVOKE_WRITE (the write() commands below carried as ioctl attributes, which
+ *     libibverbs uses for the commands without a native method; $UVEMU_ABI=write turns all
+ *     of these off, for the legacy ABI) and MR/REG_DMABUF_MR (ioctl-only); answers
  *     other methods with EPROTONOSUPPORT, as a kernel without the method does: libibverbs then
  *     falls back to INVOKE_WRITE or write(), or skips what the device lacks;
  *   - serves the write() commands of the control path with mlx5 driver data, keeping every
