@@ -7,8 +7,9 @@
  *   - fakes stat/open/fstat/close of /dev/infiniband/uverbsN for each device the fake sysfs
  *     lists (a memfd dressed as character device 231:192+N);
  *   - serves RDMA_VERBS_IOCTL's native verbs methods for the objects below (GET_CONTEXT,
- *     QUERY_PORT, ASYNC_EVENT_ALLOC, CQ/QP create and destroy, MR and PD destroy: what
- *     libibverbs tries first, each run through its write() command's handler) and
+ *     QUERY_PORT, QUERY_GID_ENTRY/TABLE, ASYNC_EVENT_ALLOC, CQ/QP create and destroy, MR and
+ *     PD destroy: what libibverbs tries first, each run through its write() command's
+ *     handler where it has one) and
  *     DEVICE/INVOKE_WRITE (the write() commands below carried as ioctl attributes, which
  *     libibverbs uses for the commands without a native method; $UVEMU_ABI=write turns all
  *     of these off, for the legacy ABI) and MR/REG_DMABUF_MR (ioctl-only); answers
@@ -61,6 +62,7 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 #include <linux/netlink.h>
+#include <net/if.h>
 #include <malloc.h>
 #include <rdma/ib_user_verbs.h>
 #include <rdma/ib_user_ioctl_cmds.h>
@@ -2130,6 +2132,86 @@ static int nat_query_port(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h
 	return rc ? rc : nat_out(a[1], &r, sizeof(r));
 }
 
+/* GID entry `index` of `port` as the kernel's GID cache holds it: the GID, its type (from the
+ * table's sysfs types file, as the kernel's attributes are shown there) and its network
+ * device's index (RoCE; 0 on InfiniBand). 0, EINVAL (no such port or index) or ENODATA (an
+ * empty entry). */
+static int gid_entry(const struct uvemu_context *c, uint32_t port, uint32_t index, struct ib_uverbs_gid_entry *e)
+{
+	const struct uvemu_port *p = port_of(c, port);
+	if (!p || index >= UVEMU_GIDS) return EINVAL;
+	static const uint8_t empty[16];
+	if (!memcmp(p->gid[index], empty, 16)) return ENODATA;
+	memset(e, 0, sizeof(*e));
+	memcpy(e->gid, p->gid[index], 16);
+	e->gid_index = index;
+	e->port_num = port;
+	char rel[256], v[64];
+	const char *dev = devices[c->dev].name;
+	snprintf(rel, sizeof(rel), "class/infiniband/%s/ports/%u/gid_attrs/types/%u", dev, port, index);
+	int v2 = read_sysfs(rel, v, sizeof(v)) && !strcmp(v, "RoCE v2");
+	e->gid_type = !p->ethernet ? IB_UVERBS_GID_TYPE_IB : v2 ? IB_UVERBS_GID_TYPE_ROCE_V2 : IB_UVERBS_GID_TYPE_ROCE_V1;
+	snprintf(rel, sizeof(rel), "class/infiniband/%s/ports/%u/gid_attrs/ndevs/%u", dev, port, index);
+	e->netdev_ifindex = p->ethernet && read_sysfs(rel, v, sizeof(v)) && v[0] ? if_nametoindex(v) : 0;
+	return 0;
+}
+
+/* DEVICE/QUERY_GID_ENTRY: one GID entry (ibv_query_gid_ex). No flags are defined (EINVAL). */
+static int nat_query_gid_entry(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
+{
+	static const struct nat_spec s[] = {
+		{ UVERBS_ATTR_QUERY_GID_ENTRY_PORT, NA_CONST, 1, 0, 0 },
+		{ UVERBS_ATTR_QUERY_GID_ENTRY_GID_INDEX, NA_CONST, 1, 0, 0 },
+		{ UVERBS_ATTR_QUERY_GID_ENTRY_FLAGS, NA_IN, 1, 4, 4 },
+		{ UVERBS_ATTR_QUERY_GID_ENTRY_RESP_ENTRY, NA_OUT, 1, sizeof(struct ib_uverbs_gid_entry), 0 },
+	};
+	struct ib_uverbs_attr *a[4] = {0};
+	uint32_t flags = 0;
+	int rc = nat_attrs(h, s, 4, a);
+	if (!rc) rc = nat_in(a[2], &flags, 4);
+	if (rc) return rc;
+	uint64_t port = nat_val(a[0]), index = nat_val(a[1]);
+	if (flags || port > UINT32_MAX || index > UINT32_MAX) return EINVAL;
+	struct ib_uverbs_gid_entry e;
+	rc = gid_entry(c, (uint32_t)port, (uint32_t)index, &e);
+	L("ioctl DEVICE/QUERY_GID_ENTRY port %llu index %llu -> %s", (unsigned long long)port,
+	  (unsigned long long)index, rc ? strerror(rc) : "ok");
+	return rc ? rc : nat_out(a[3], &e, sizeof(e));
+}
+
+/* DEVICE/QUERY_GID_TABLE: every valid GID entry of every port (ibv_query_gid_table), each in
+ * an element of the caller's size (the prefix of the entry, zero-filled past it): EINVAL for
+ * an element size of 0, a buffer not a whole number of elements or too small for them all. */
+static int nat_query_gid_table(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
+{
+	static const struct nat_spec s[] = {
+		{ UVERBS_ATTR_QUERY_GID_TABLE_ENTRY_SIZE, NA_CONST, 1, 0, 0 },
+		{ UVERBS_ATTR_QUERY_GID_TABLE_FLAGS, NA_IN, 0, 4, 4 },
+		{ UVERBS_ATTR_QUERY_GID_TABLE_RESP_ENTRIES, NA_OUT, 1, 0, 0 },
+		{ UVERBS_ATTR_QUERY_GID_TABLE_RESP_NUM_ENTRIES, NA_OUT, 1, 8, 0 },
+	};
+	struct ib_uverbs_attr *a[4] = {0};
+	uint32_t flags = 0;
+	int rc = nat_attrs(h, s, 4, a);
+	if (!rc) rc = nat_in(a[1], &flags, 4);
+	if (rc) return rc;
+	uint64_t size = nat_val(a[0]), len = a[2]->len;
+	if (flags || !size || size > len || len % size) return EINVAL;
+	uint64_t n = 0;
+	char *out = (char *)(uintptr_t)a[2]->data;
+	for (uint32_t port = 1; port <= (uint32_t)devices[c->dev].nports; port++)
+		for (uint32_t i = 0; i < UVEMU_GIDS; i++) {
+			struct ib_uverbs_gid_entry e;
+			if (gid_entry(c, port, i, &e)) continue;
+			if ((n + 1) * size > len) return EINVAL; /* more entries than the buffer holds */
+			if (put(out + n * size, size, &e, size < sizeof(e) ? size : sizeof(e))) return EFAULT;
+			n++;
+		}
+	a[2]->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
+	L("ioctl DEVICE/QUERY_GID_TABLE -> %llu entries", (unsigned long long)n);
+	return nat_out(a[3], &n, 8);
+}
+
 /* An event file named in a create (EVENT_FD): the context's own async event file, or EINVAL. */
 static int nat_event_fd(const struct uvemu_context *c, const struct ib_uverbs_attr *x)
 {
@@ -2301,6 +2383,8 @@ static int (*native_handler(uint16_t object, uint16_t method))(struct uvemu_cont
 	static const struct { uint16_t object, method; int (*fn)(struct uvemu_context *, struct ib_uverbs_ioctl_hdr *); } t[] = {
 		{ UVERBS_OBJECT_DEVICE, UVERBS_METHOD_GET_CONTEXT, nat_get_context },
 		{ UVERBS_OBJECT_DEVICE, UVERBS_METHOD_QUERY_PORT, nat_query_port },
+		{ UVERBS_OBJECT_DEVICE, UVERBS_METHOD_QUERY_GID_ENTRY, nat_query_gid_entry },
+		{ UVERBS_OBJECT_DEVICE, UVERBS_METHOD_QUERY_GID_TABLE, nat_query_gid_table },
 		{ UVERBS_OBJECT_ASYNC_EVENT, UVERBS_METHOD_ASYNC_EVENT_ALLOC, nat_async_alloc },
 		{ UVERBS_OBJECT_PD, UVERBS_METHOD_PD_DESTROY, nat_pd_destroy },
 		{ UVERBS_OBJECT_MR, UVERBS_METHOD_MR_DESTROY, nat_mr_destroy },

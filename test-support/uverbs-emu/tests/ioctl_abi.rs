@@ -348,13 +348,12 @@ fn ioctl_methods_not_served_answer_as_a_kernel_without_them() {
     }
     let s = Stream::open(c"/dev/infiniband/uverbs0").expect("open the emulated device");
     // What libibverbs and libmlx5 ask on a current kernel and the driver does not serve:
-    // DEVICE/QUERY_CONTEXT, QUERY_GID_TABLE, QUERY_GID_ENTRY, mlx5's DEVX_OTHER (the DEVX
-    // capability query). EPROTONOSUPPORT, not ENOTTY: the method is unknown, the interface is
-    // there. The native methods served on the ioctl ABI (DEVICE/QUERY_PORT, GET_CONTEXT,
-    // CQ_CREATE, QP_CREATE, PD_DESTROY) are unknown on the write ABI; on the ioctl ABI a
+    // DEVICE/QUERY_CONTEXT, mlx5's DEVX_OTHER (the DEVX capability query). EPROTONOSUPPORT, not ENOTTY: the method is unknown, the interface is
+    // there. The native methods served on the ioctl ABI (DEVICE/QUERY_PORT, QUERY_GID_TABLE,
+    // QUERY_GID_ENTRY, GET_CONTEXT, CQ_CREATE, QP_CREATE, PD_DESTROY) are unknown on the write ABI; on the ioctl ABI a
     // call without their mandatory attributes is EINVAL (GET_CONTEXT has none: it makes the
     // context).
-    for (object, m) in [(0, 4), (0, 5), (0, 6), (0x1000, 0x1000)] {
+    for (object, m) in [(0, 4), (0x1000, 0x1000)] {
         assert_eq!(
             method(s.fd, object, m, &[]),
             Err(libc::EPROTONOSUPPORT),
@@ -362,7 +361,7 @@ fn ioctl_methods_not_served_answer_as_a_kernel_without_them() {
         );
     }
     let write_abi = std::env::var("UVEMU_ABI").as_deref() == Ok("write");
-    for (object, m) in [(0, 2), (0, 3), (3, 0), (4, 0), (1, 0)] {
+    for (object, m) in [(0, 2), (0, 5), (0, 6), (0, 3), (3, 0), (4, 0), (1, 0)] {
         let expected = match (write_abi, object, m) {
             (true, ..) => Err(libc::EPROTONOSUPPORT),
             (false, 0, 3) => Ok(vec![]),
@@ -385,6 +384,8 @@ const QP: u16 = 4;
 const MR: u16 = 7;
 const ASYNC_EVENT: u16 = 16;
 const QUERY_PORT: u16 = 2;
+const QUERY_GID_TABLE: u16 = 5;
+const QUERY_GID_ENTRY: u16 = 6;
 const GET_CONTEXT: u16 = 3;
 const UHW_IN: u16 = 0x1000;
 
@@ -516,6 +517,60 @@ fn native_methods_decode_as_the_kernel_does_and_refuse_malformed_attributes() {
         query_port(s.fd, 1, &mut resp, &[attr(0x77, 8, 0, 0)]),
         Ok(()),
         "unknown optional attribute skipped"
+    );
+
+    // QUERY_GID_ENTRY: RoCE v1 and v2 entries with the loopback device (the fake sysfs'
+    // netdev); an empty entry ENODATA, past the table, on no port or with flags EINVAL.
+    let gid = |port: u64, index: u64, flags: u64, e: &mut [u8]| {
+        let attrs = [
+            attr(0, 8, MANDATORY, port),
+            attr(1, 8, MANDATORY, index),
+            attr(2, 4, MANDATORY, flags),
+            buf(3, MANDATORY, e),
+        ];
+        method(s.fd, DEVICE, QUERY_GID_ENTRY, &attrs).map(|_| ())
+    };
+    let field = |e: &[u8], at: usize| u32::from_ne_bytes(e[at..at + 4].try_into().unwrap());
+    let mut e = [0u8; 32];
+    assert_eq!(gid(1, 3, 0, &mut e), Ok(()));
+    // SAFETY: if_nametoindex with a NUL-terminated name.
+    let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+    assert_eq!(
+        (field(&e, 16), field(&e, 20), field(&e, 24), field(&e, 28)),
+        (3, 1, 2, lo),
+        "index, port, RoCE v2, lo"
+    );
+    assert_eq!(&e[10..12], &[0xff, 0xff], "an IPv4-mapped GID");
+    assert_eq!(gid(1, 0, 0, &mut e), Ok(()));
+    assert_eq!(field(&e, 24), 1, "RoCE v1");
+    assert_eq!(gid(1, 7, 0, &mut e), Err(libc::ENODATA));
+    assert_eq!(gid(1, 16, 0, &mut e), Err(libc::EINVAL));
+    assert_eq!(gid(2, 0, 0, &mut e), Err(libc::EINVAL));
+    assert_eq!(gid(1, 0, 1, &mut e), Err(libc::EINVAL));
+    assert_eq!(gid(1, 0, 0, &mut e[..16]), Err(libc::EINVAL));
+    // QUERY_GID_TABLE: the 4 valid entries, in elements of the caller's size.
+    let table = |size: u64, b: &mut [u8], n: &mut [u8; 8]| {
+        let attrs = [
+            attr(0, 8, MANDATORY, size),
+            buf(2, MANDATORY, b),
+            buf(3, MANDATORY, n),
+        ];
+        method(s.fd, DEVICE, QUERY_GID_TABLE, &attrs).map(|_| u64::from_ne_bytes(*n))
+    };
+    let (mut t, mut n) = ([0u8; 16 * 32], [0u8; 8]);
+    assert_eq!(table(32, &mut t, &mut n), Ok(4));
+    assert_eq!(field(&t, 3 * 32 + 24), 2, "entry 3 is RoCE v2");
+    assert_eq!(table(16, &mut t[..64], &mut n), Ok(4), "GIDs only");
+    assert_eq!(
+        table(32, &mut t[..96], &mut n),
+        Err(libc::EINVAL),
+        "too small"
+    );
+    assert_eq!(table(0, &mut t, &mut n), Err(libc::EINVAL));
+    assert_eq!(
+        table(32, &mut t[..100], &mut n),
+        Err(libc::EINVAL),
+        "not whole elements"
     );
 
     // A PD (INVOKE_WRITE: ALLOC_PD has no native method), then a CQ natively.
