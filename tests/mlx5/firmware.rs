@@ -263,3 +263,45 @@ fn wait_for_a_failing_cq(comm: &mut Comm) {
     let raised = raiser.join().unwrap();
     assert_fails_naming(got, cqn, raised, "an mp wait");
 }
+
+/// The commands of one control path (context, port, PD, MR, CQ, QP, and their destruction)
+/// through the real libibverbs: on the ioctl ABI each the native method stands for is served
+/// natively and none falls back to `INVOKE_WRITE` or `write()`; on the write ABI none is native.
+#[test]
+#[cfg_attr(
+    not(rdma_core),
+    ignore = "needs rdma-core (apt-get install libibverbs1 ibverbs-providers)"
+)]
+fn mlx5_libibverbs_is_served_the_native_ioctl_methods() {
+    if in_child_under_emulator(
+        "firmware::mlx5_libibverbs_is_served_the_native_ioctl_methods",
+        "mlx5_0",
+    ) {
+        return;
+    }
+    {
+        let ctx = gdsync::mlx5::Context::open("mlx5_0").unwrap();
+        ctx.query_port(1).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut buf = vec![0u8; 4096];
+        let mr = pd.reg_mr(&mut buf, gdsync::Access::ALL).unwrap();
+        let cq = ctx.create_cq(64).unwrap();
+        let qp = pd.create_qp(&cq, &cq, &Default::default()).unwrap();
+        drop((qp, cq, mr, pd, ctx));
+    }
+    let native = |c| control::native_command_count(c).expect("under the emulated driver");
+    let all = |c| control::command_count(c).expect("under the emulated driver");
+    let write_abi = std::env::var("UVEMU_ABI").as_deref() == Ok("write");
+    use Command::*;
+    for c in [
+        GetContext, QueryPort, DeallocPd, DeregMr, CreateCq, DestroyCq, CreateQp, DestroyQp,
+    ] {
+        let (n, total) = (native(c), all(c));
+        match write_abi {
+            true => assert_eq!(n, 0, "{c:?} served natively under the write ABI"),
+            false => assert!(n >= 1 && n == total, "{c:?}: {n} native of {total} served"),
+        }
+    }
+    // ALLOC_PD and REG_MR have no native method libibverbs uses: INVOKE_WRITE serves them.
+    assert_eq!((native(AllocPd), native(RegMr)), (0, 0));
+}

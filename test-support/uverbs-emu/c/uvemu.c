@@ -6,9 +6,13 @@
  *   - refuses socket(AF_NETLINK, NETLINK_RDMA), so that sysfs discovery runs;
  *   - fakes stat/open/fstat/close of /dev/infiniband/uverbsN for each device the fake sysfs
  *     lists (a memfd dressed as character device 231:192+N);
- *   - serves RDMA_VERBS_IOCTL's DEVICE/INVOKE_WRITE (the write() commands below carried as
- *     ioctl attributes, which libibverbs uses once it answers; $UVEMU_ABI=write turns it off,
- *     for the legacy ABI) and MR/REG_DMABUF_MR (ibv_reg_dmabuf_mr is ioctl-only); answers
+ *   - serves RDMA_VERBS_IOCTL's native verbs methods for the objects below (GET_CONTEXT,
+ *     QUERY_PORT, QUERY_GID_ENTRY/TABLE, ASYNC_EVENT_ALLOC, CQ/QP create and destroy, MR and
+ *     PD destroy: what libibverbs tries first, each run through its write() command's
+ *     handler where it has one) and
+ *     DEVICE/INVOKE_WRITE (the write() commands below carried as ioctl attributes, which
+ *     libibverbs uses for the commands without a native method; $UVEMU_ABI=write turns all
+ *     of these off, for the legacy ABI) and MR/REG_DMABUF_MR (ioctl-only); answers
  *     other methods with EPROTONOSUPPORT, as a kernel without the method does: libibverbs then
  *     falls back to INVOKE_WRITE or write(), or skips what the device lacks;
  *   - serves the write() commands of the control path with mlx5 driver data, keeping every
@@ -58,6 +62,7 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 #include <linux/netlink.h>
+#include <net/if.h>
 #include <malloc.h>
 #include <rdma/ib_user_verbs.h>
 #include <rdma/ib_user_ioctl_cmds.h>
@@ -127,6 +132,9 @@ static uint64_t dyn_uars_made, dyn_uar_qps_made;
 static int ndevices;
 static struct uvemu_device devices[UVEMU_MAX_DEVICES];
 static struct uvemu_context contexts[MAX_CONTEXTS];
+/* The async event file of each context went to the caller (write GET_CONTEXT returns it;
+ * native GET_CONTEXT leaves it to ASYNC_EVENT_ALLOC). Indexed as contexts[]. */
+static int async_given[MAX_CONTEXTS];
 static uint32_t next_qpn = 0x100, next_cqn = 0x400, next_key = 0x1000, next_pdn = 0x10;
 
 static void L(const char *fmt, ...)
@@ -1065,6 +1073,7 @@ static int cmd_get_context(struct cmd *m)
 		m->c->tot_bfregs = 0;
 		return EFAULT;
 	}
+	async_given[m->c - contexts] = 1;
 	L("   bfregs=%u (low latency %u, dynamic UARs %d) cqe_version=%u -> async_fd=%d", bfregs,
 	  rq.num_low_latency_bfregs, m->c->dyn_uar, d.cqe_version, p[0]);
 	return 0;
@@ -1954,6 +1963,441 @@ static int uar_destroy(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
 	return 0;
 }
 
+/* ------------------------------------------------------------------ native ioctl methods */
+
+/* The verbs methods a current kernel serves natively and libibverbs tries before
+ * INVOKE_WRITE (execute_ioctl_fallback): each decodes its attributes as the kernel's uverbs
+ * core does and runs the same handler as its write() command (one implementation, two
+ * decoders). Commands served this way, by the write() command number they stand for. */
+static uint64_t native_cmd_count[IB_USER_VERBS_CMD_COMMAND_MASK + 1];
+
+/* How an attribute is given: an object handle (in, or out for a new one), a file descriptor
+ * (in, or out), an inline constant, a typed input, an output buffer. */
+enum { NA_IDR, NA_IDR_NEW, NA_FD, NA_FD_NEW, NA_CONST, NA_IN, NA_OUT };
+struct nat_spec { uint16_t id; uint8_t kind, mandatory; uint16_t min, max; };
+#define NAT_MAX 24 /* attributes a method knows, at most */
+
+/* Sorts and checks one method's attributes against its spec (the kernel's rules): unknown
+ * mandatory EPROTONOSUPPORT, a required one missing, an input shorter than its type, an
+ * output shorter than its minimum or a handle wider than 32 bits EINVAL, an input longer than
+ * its type with non-zero bytes past it EOPNOTSUPP. */
+static int nat_attrs(struct ib_uverbs_ioctl_hdr *h, const struct nat_spec *s, int n, struct ib_uverbs_attr **a)
+{
+	uint16_t ids[NAT_MAX];
+	if (n > NAT_MAX) return EINVAL;
+	for (int k = 0; k < n; k++) ids[k] = s[k].id;
+	int rc = sort_attrs(h, ids, n, a);
+	for (int k = 0; !rc && k < n; k++) {
+		const struct ib_uverbs_attr *x = a[k];
+		if (!x) { rc = s[k].mandatory ? EINVAL : 0; continue; }
+		switch (s[k].kind) {
+		case NA_IDR: case NA_IDR_NEW: case NA_FD: case NA_FD_NEW:
+			if (x->data >> 32) rc = EINVAL;
+			break;
+		case NA_CONST:
+			if (x->len < 1 || x->len > 8) rc = EINVAL;
+			break;
+		case NA_OUT:
+			if (x->len < s[k].min) rc = EINVAL;
+			else if (x->len && user_writable((void *)(uintptr_t)x->data, x->len)) rc = EFAULT;
+			break;
+		default:
+			if (x->len < s[k].min) rc = EINVAL;
+		}
+		if (rc) L("   attribute %#x (len %u, data %#llx) refused: %s", x->attr_id, x->len,
+			  (unsigned long long)x->data, strerror(rc));
+	}
+	return rc;
+}
+
+/* An input attribute's bytes (NA_IN) into `dst` of `size` bytes, zero-filled: EFAULT for an
+ * unreadable pointer, EOPNOTSUPP for non-zero bytes past `size` (the kernel's zero-trailing
+ * rule). Absent: zeros. */
+static int nat_in(const struct ib_uverbs_attr *x, void *dst, size_t size)
+{
+	memset(dst, 0, size);
+	if (!x) return 0;
+	int rc = 0;
+	char *b = attr_bytes(x, 0, &rc);
+	if (!b) return rc;
+	for (size_t i = size; i < x->len; i++)
+		if (b[i]) rc = EOPNOTSUPP;
+	if (!rc) memcpy(dst, b, x->len < size ? x->len : size);
+	free(b);
+	return rc;
+}
+
+/* An inline constant (NA_CONST) or a handle or fd: the value, zero when absent. */
+static uint64_t nat_val(const struct ib_uverbs_attr *x)
+{
+	if (!x) return 0;
+	if (x->len && x->len < 8) return x->data & ((1ull << (8 * x->len)) - 1);
+	return x->data;
+}
+
+/* Writes an output attribute (the prefix its buffer holds, as uverbs_copy_to): 0 or EFAULT. */
+static int nat_out(struct ib_uverbs_attr *x, const void *src, size_t size)
+{
+	if (!x) return 0;
+	int rc = put((void *)(uintptr_t)x->data, x->len < size ? x->len : size, src, x->len < size ? x->len : size);
+	if (!rc) x->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
+	return rc;
+}
+
+/* The driver's data (UHW_IN/UHW_OUT) of a native method into a command: its bytes copied in
+ * (at least `min` bytes of buffer, zero-filled), its response buffer named. */
+static int nat_uhw(struct cmd *m, struct ib_uverbs_attr *in, struct ib_uverbs_attr *out, size_t min, void **din)
+{
+	size_t len = in ? in->len : 0;
+	*din = calloc(1, (len > min ? len : min) + 1);
+	if (!*din) return ENOMEM;
+	int rc = in ? nat_in(in, *din, len) : 0;
+	m->din = *din; m->din_len = len;
+	m->dout = out ? (void *)(uintptr_t)out->data : NULL; m->dout_len = out ? out->len : 0;
+	if (out) out->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
+	return rc;
+}
+
+/* Runs a native method's command through the write() command's handler, counted as native. */
+static int nat_run(struct cmd *m, const char *name)
+{
+	L("ioctl %s", name);
+	int rc = do_cmd(m);
+	native_cmd_count[m->op] += !rc;
+	return rc;
+}
+
+/* DEVICE/GET_CONTEXT: the context, without its async event file (ASYNC_EVENT_ALLOC makes it). */
+static int nat_get_context(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
+{
+	static const struct nat_spec s[] = {
+		{ UVERBS_ATTR_GET_CONTEXT_NUM_COMP_VECTORS, NA_OUT, 0, 4, 0 },
+		{ UVERBS_ATTR_GET_CONTEXT_CORE_SUPPORT, NA_OUT, 0, 8, 0 },
+		{ UVERBS_ATTR_UHW_IN, NA_IN, 0, 0, 0 }, { UVERBS_ATTR_UHW_OUT, NA_OUT, 0, 0, 0 },
+	};
+	struct ib_uverbs_attr *a[4] = {0};
+	int rc = nat_attrs(h, s, 4, a);
+	if (rc) return rc;
+	struct ib_uverbs_get_context core = {0};
+	struct cmd m = { .c = c, .op = IB_USER_VERBS_CMD_GET_CONTEXT, .in = &core, .in_len = sizeof(core) };
+	void *din = NULL;
+	rc = nat_uhw(&m, a[2], a[3], 0, &din);
+	if (!rc) rc = nat_run(&m, "DEVICE/GET_CONTEXT");
+	free(din);
+	if (rc) return rc;
+	async_given[c - contexts] = 0;
+	/* No optional MR access flags are known here: libibverbs then masks them, as the write
+	 * ABI (which cannot say) makes it. */
+	uint32_t vectors = 4;
+	uint64_t core_support = 0;
+	return nat_out(a[0], &vectors, 4) || nat_out(a[1], &core_support, 8) ? EFAULT : 0;
+}
+
+/* ASYNC_EVENT/ASYNC_EVENT_ALLOC: the context's async event file (one per context here). */
+static int nat_async_alloc(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
+{
+	static const struct nat_spec s[] = { { UVERBS_ATTR_ASYNC_EVENT_ALLOC_FD_HANDLE, NA_FD_NEW, 1, 0, 0 } };
+	struct ib_uverbs_attr *a[1] = {0};
+	int rc = nat_attrs(h, s, 1, a);
+	if (rc) return rc;
+	if (async_given[c - contexts]) return EINVAL; /* the emulator keeps one file per context */
+	async_given[c - contexts] = 1;
+	a[0]->data = (uint64_t)c->async_rd;
+	L("ioctl ASYNC_EVENT/ASYNC_EVENT_ALLOC -> fd %d", c->async_rd);
+	return 0;
+}
+
+/* DEVICE/QUERY_PORT: the port's attributes (ib_uverbs_query_port_resp_ex). */
+static int nat_query_port(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
+{
+	static const struct nat_spec s[] = {
+		{ UVERBS_ATTR_QUERY_PORT_PORT_NUM, NA_CONST, 1, 0, 0 },
+		{ UVERBS_ATTR_QUERY_PORT_RESP, NA_OUT, 1, sizeof(struct ib_uverbs_query_port_resp_ex), 0 },
+	};
+	struct ib_uverbs_attr *a[2] = {0};
+	int rc = nat_attrs(h, s, 2, a);
+	if (rc) return rc;
+	uint64_t port = nat_val(a[0]);
+	if (port > 0xff) return EINVAL;
+	struct ib_uverbs_query_port q = { .port_num = (uint8_t)port };
+	struct ib_uverbs_query_port_resp_ex r = {0};
+	struct cmd m = { .c = c, .op = IB_USER_VERBS_CMD_QUERY_PORT, .in = &q, .in_len = sizeof(q),
+			 .out = &r.legacy_resp, .out_len = sizeof(r.legacy_resp) };
+	rc = nat_run(&m, "DEVICE/QUERY_PORT");
+	/* A current kernel's response ends with active_speed_ex (a u32 at byte 44, where older
+	 * uapi headers have reserved bytes): the port's speed, which rdma-core 50 reads. */
+	_Static_assert(sizeof(r) == 48, "ib_uverbs_query_port_resp_ex is 48 bytes");
+	uint32_t speed_ex = r.legacy_resp.active_speed;
+	memcpy((char *)&r + 44, &speed_ex, 4);
+	return rc ? rc : nat_out(a[1], &r, sizeof(r));
+}
+
+/* GID entry `index` of `port` as the kernel's GID cache holds it: the GID, its type (from the
+ * table's sysfs types file, as the kernel's attributes are shown there) and its network
+ * device's index (RoCE; 0 on InfiniBand). 0, EINVAL (no such port or index) or ENODATA (an
+ * empty entry). */
+static int gid_entry(const struct uvemu_context *c, uint32_t port, uint32_t index, struct ib_uverbs_gid_entry *e)
+{
+	const struct uvemu_port *p = port_of(c, port);
+	if (!p || index >= UVEMU_GIDS) return EINVAL;
+	static const uint8_t empty[16];
+	if (!memcmp(p->gid[index], empty, 16)) return ENODATA;
+	memset(e, 0, sizeof(*e));
+	memcpy(e->gid, p->gid[index], 16);
+	e->gid_index = index;
+	e->port_num = port;
+	char rel[256], v[64];
+	const char *dev = devices[c->dev].name;
+	snprintf(rel, sizeof(rel), "class/infiniband/%s/ports/%u/gid_attrs/types/%u", dev, port, index);
+	int v2 = read_sysfs(rel, v, sizeof(v)) && !strcmp(v, "RoCE v2");
+	e->gid_type = !p->ethernet ? IB_UVERBS_GID_TYPE_IB : v2 ? IB_UVERBS_GID_TYPE_ROCE_V2 : IB_UVERBS_GID_TYPE_ROCE_V1;
+	snprintf(rel, sizeof(rel), "class/infiniband/%s/ports/%u/gid_attrs/ndevs/%u", dev, port, index);
+	e->netdev_ifindex = p->ethernet && read_sysfs(rel, v, sizeof(v)) && v[0] ? if_nametoindex(v) : 0;
+	return 0;
+}
+
+/* DEVICE/QUERY_GID_ENTRY: one GID entry (ibv_query_gid_ex). No flags are defined (EINVAL). */
+static int nat_query_gid_entry(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
+{
+	static const struct nat_spec s[] = {
+		{ UVERBS_ATTR_QUERY_GID_ENTRY_PORT, NA_CONST, 1, 0, 0 },
+		{ UVERBS_ATTR_QUERY_GID_ENTRY_GID_INDEX, NA_CONST, 1, 0, 0 },
+		{ UVERBS_ATTR_QUERY_GID_ENTRY_FLAGS, NA_IN, 1, 4, 4 },
+		{ UVERBS_ATTR_QUERY_GID_ENTRY_RESP_ENTRY, NA_OUT, 1, sizeof(struct ib_uverbs_gid_entry), 0 },
+	};
+	struct ib_uverbs_attr *a[4] = {0};
+	uint32_t flags = 0;
+	int rc = nat_attrs(h, s, 4, a);
+	if (!rc) rc = nat_in(a[2], &flags, 4);
+	if (rc) return rc;
+	uint64_t port = nat_val(a[0]), index = nat_val(a[1]);
+	if (flags || port > UINT32_MAX || index > UINT32_MAX) return EINVAL;
+	struct ib_uverbs_gid_entry e;
+	rc = gid_entry(c, (uint32_t)port, (uint32_t)index, &e);
+	L("ioctl DEVICE/QUERY_GID_ENTRY port %llu index %llu -> %s", (unsigned long long)port,
+	  (unsigned long long)index, rc ? strerror(rc) : "ok");
+	return rc ? rc : nat_out(a[3], &e, sizeof(e));
+}
+
+/* DEVICE/QUERY_GID_TABLE: every valid GID entry of every port (ibv_query_gid_table), each in
+ * an element of the caller's size (the prefix of the entry, zero-filled past it): EINVAL for
+ * an element size of 0, a buffer not a whole number of elements or too small for them all. */
+static int nat_query_gid_table(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
+{
+	static const struct nat_spec s[] = {
+		{ UVERBS_ATTR_QUERY_GID_TABLE_ENTRY_SIZE, NA_CONST, 1, 0, 0 },
+		{ UVERBS_ATTR_QUERY_GID_TABLE_FLAGS, NA_IN, 0, 4, 4 },
+		{ UVERBS_ATTR_QUERY_GID_TABLE_RESP_ENTRIES, NA_OUT, 1, 0, 0 },
+		{ UVERBS_ATTR_QUERY_GID_TABLE_RESP_NUM_ENTRIES, NA_OUT, 1, 8, 0 },
+	};
+	struct ib_uverbs_attr *a[4] = {0};
+	uint32_t flags = 0;
+	int rc = nat_attrs(h, s, 4, a);
+	if (!rc) rc = nat_in(a[1], &flags, 4);
+	if (rc) return rc;
+	uint64_t size = nat_val(a[0]), len = a[2]->len;
+	if (flags || !size || size > len || len % size) return EINVAL;
+	uint64_t n = 0;
+	char *out = (char *)(uintptr_t)a[2]->data;
+	for (uint32_t port = 1; port <= (uint32_t)devices[c->dev].nports; port++)
+		for (uint32_t i = 0; i < UVEMU_GIDS; i++) {
+			struct ib_uverbs_gid_entry e;
+			if (gid_entry(c, port, i, &e)) continue;
+			if ((n + 1) * size > len) return EINVAL; /* more entries than the buffer holds */
+			if (put(out + n * size, size, &e, size < sizeof(e) ? size : sizeof(e))) return EFAULT;
+			n++;
+		}
+	a[2]->flags |= UVERBS_ATTR_F_VALID_OUTPUT;
+	L("ioctl DEVICE/QUERY_GID_TABLE -> %llu entries", (unsigned long long)n);
+	return nat_out(a[3], &n, 8);
+}
+
+/* An event file named in a create (EVENT_FD): the context's own async event file, or EINVAL. */
+static int nat_event_fd(const struct uvemu_context *c, const struct ib_uverbs_attr *x)
+{
+	return !x || (int64_t)x->data == c->async_rd ? 0 : EINVAL;
+}
+
+enum { NCQ_HANDLE, NCQ_CQE, NCQ_USER, NCQ_CHANNEL, NCQ_VECTOR, NCQ_FLAGS, NCQ_RESP_CQE, NCQ_EVENT_FD,
+       NCQ_UAR_INDEX, NCQ_UHW_IN, NCQ_UHW_OUT, NCQ_N };
+
+/* CQ/CQ_CREATE: the CQ, as CREATE_CQ makes it; mlx5's UAR index attribute names the page of
+ * its arm doorbell (as the flag in mlx5's request does). Flags (the extended command's) and
+ * completion channels are not served: EOPNOTSUPP and EINVAL (no such channel). */
+static int nat_cq_create(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
+{
+	static const struct nat_spec s[NCQ_N] = {
+		{ UVERBS_ATTR_CREATE_CQ_HANDLE, NA_IDR_NEW, 1, 0, 0 }, { UVERBS_ATTR_CREATE_CQ_CQE, NA_IN, 1, 4, 4 },
+		{ UVERBS_ATTR_CREATE_CQ_USER_HANDLE, NA_IN, 1, 8, 8 }, { UVERBS_ATTR_CREATE_CQ_COMP_CHANNEL, NA_FD, 0, 0, 0 },
+		{ UVERBS_ATTR_CREATE_CQ_COMP_VECTOR, NA_IN, 1, 4, 4 }, { UVERBS_ATTR_CREATE_CQ_FLAGS, NA_IN, 0, 4, 4 },
+		{ UVERBS_ATTR_CREATE_CQ_RESP_CQE, NA_OUT, 1, 4, 0 }, { UVERBS_ATTR_CREATE_CQ_EVENT_FD, NA_FD, 0, 0, 0 },
+		{ UVERBS_ATTR_UHW_OUT + 1 /* MLX5_IB_ATTR_CREATE_CQ_UAR_INDEX */, NA_IN, 0, 4, 4 },
+		{ UVERBS_ATTR_UHW_IN, NA_IN, 0, 0, 0 }, { UVERBS_ATTR_UHW_OUT, NA_OUT, 0, 0, 0 },
+	};
+	struct ib_uverbs_attr *a[NCQ_N] = {0};
+	int rc = nat_attrs(h, s, NCQ_N, a);
+	struct ib_uverbs_create_cq q = { .comp_channel = -1 };
+	uint32_t flags = 0, uar_index = 0;
+	if (!rc) rc = nat_in(a[NCQ_CQE], &q.cqe, 4);
+	if (!rc) rc = nat_in(a[NCQ_USER], &q.user_handle, 8);
+	if (!rc) rc = nat_in(a[NCQ_VECTOR], &q.comp_vector, 4);
+	if (!rc) rc = nat_in(a[NCQ_FLAGS], &flags, 4);
+	if (!rc) rc = nat_in(a[NCQ_UAR_INDEX], &uar_index, 4);
+	if (!rc) rc = flags ? EOPNOTSUPP : a[NCQ_CHANNEL] ? EINVAL : nat_event_fd(c, a[NCQ_EVENT_FD]);
+	if (rc) return rc;
+	struct ib_uverbs_create_cq_resp r = {0};
+	struct cmd m = { .c = c, .op = IB_USER_VERBS_CMD_CREATE_CQ, .in = &q, .in_len = sizeof(q),
+			 .out = &r, .out_len = sizeof(r) };
+	void *din = NULL;
+	rc = nat_uhw(&m, a[NCQ_UHW_IN], a[NCQ_UHW_OUT], sizeof(struct mlx5_ib_create_cq), &din);
+	if (!rc && a[NCQ_UAR_INDEX]) {
+		struct mlx5_ib_create_cq *d = din;
+		d->flags |= MLX5_IB_CREATE_CQ_FLAGS_UAR_PAGE_INDEX;
+		d->uar_page_index = (uint16_t)uar_index;
+		if (uar_index > 0xffff) rc = EINVAL;
+		if (m.din_len < sizeof(*d)) m.din_len = sizeof(*d);
+	}
+	if (!rc) rc = nat_run(&m, "CQ/CQ_CREATE");
+	free(din);
+	if (rc) return rc;
+	a[NCQ_HANDLE]->data = r.cq_handle;
+	return nat_out(a[NCQ_RESP_CQE], &r.cqe, 4) ? created_unanswered(c, r.cq_handle, UVEMU_CQ) : 0;
+}
+
+/* CQ/CQ_DESTROY, QP/QP_DESTROY, MR/MR_DESTROY, PD/PD_DESTROY: the object goes, as its write()
+ * command makes it go; the CQ's and QP's response reports the async events raised about it. */
+static int nat_destroy(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h, uint32_t op, enum uvemu_obj_type t,
+		       int has_response, const char *name)
+{
+	/* Every destroy method numbers its handle 0 and its response 1. */
+	const struct nat_spec s[] = { { 0, NA_IDR, 1, 0, 0 },
+				      { 1, NA_OUT, 1, t == UVEMU_CQ ? sizeof(struct ib_uverbs_destroy_cq_resp)
+								    : sizeof(struct ib_uverbs_destroy_qp_resp), 0 } };
+	struct ib_uverbs_attr *a[2] = {0};
+	int rc = nat_attrs(h, s, has_response ? 2 : 1, a);
+	if (rc) return rc;
+	/* The write() request: the handle first (PD, MR) or after the response pointer (CQ, QP). */
+	uint32_t w[4] = {0};
+	w[has_response ? 2 : 0] = (uint32_t)a[0]->data;
+	union { struct ib_uverbs_destroy_cq_resp cq; struct ib_uverbs_destroy_qp_resp qp; } r = {0};
+	struct cmd m = { .c = c, .op = op, .in = w, .in_len = sizeof(w), .out = has_response ? &r : NULL,
+			 .out_len = t == UVEMU_CQ ? sizeof(r.cq) : sizeof(r.qp) };
+	rc = nat_run(&m, name);
+	return rc || !has_response ? rc : nat_out(a[1], &r, m.out_len);
+}
+
+static int nat_cq_destroy(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
+{
+	return nat_destroy(c, h, IB_USER_VERBS_CMD_DESTROY_CQ, UVEMU_CQ, 1, "CQ/CQ_DESTROY");
+}
+static int nat_qp_destroy(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
+{
+	return nat_destroy(c, h, IB_USER_VERBS_CMD_DESTROY_QP, UVEMU_QP, 1, "QP/QP_DESTROY");
+}
+static int nat_mr_destroy(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
+{
+	return nat_destroy(c, h, IB_USER_VERBS_CMD_DEREG_MR, UVEMU_MR, 0, "MR/MR_DESTROY");
+}
+static int nat_pd_destroy(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
+{
+	return nat_destroy(c, h, IB_USER_VERBS_CMD_DEALLOC_PD, UVEMU_PD, 0, "PD/PD_DESTROY");
+}
+
+enum { NQP_HANDLE, NQP_XRCD, NQP_PD, NQP_SRQ, NQP_SCQ, NQP_RCQ, NQP_IND, NQP_USER, NQP_CAP, NQP_TYPE,
+       NQP_FLAGS, NQP_SRC_QPN, NQP_EVENT_FD, NQP_RESP_CAP, NQP_RESP_QPN, NQP_UHW_IN, NQP_UHW_OUT, NQP_N };
+_Static_assert(NQP_N <= NAT_MAX && NCQ_N <= NAT_MAX, "a method knows more attributes than nat_attrs sorts");
+
+/* QP/QP_CREATE's attributes into CREATE_QP's request: 0 or an errno. What CREATE_QP cannot
+ * say (XRC, RSS, a source QPN, create flags but SQ_SIG_ALL) is not served: EOPNOTSUPP, as the
+ * extended command answers; an SRQ handle names no SRQ: EINVAL. */
+static int nat_qp_request(const struct uvemu_context *c, struct ib_uverbs_attr **a, struct ib_uverbs_create_qp *q)
+{
+	struct ib_uverbs_qp_cap cap;
+	uint32_t flags = 0;
+	int rc = nat_in(a[NQP_CAP], &cap, sizeof(cap));
+	if (!rc) rc = nat_in(a[NQP_USER], &q->user_handle, 8);
+	if (!rc) rc = nat_in(a[NQP_FLAGS], &flags, 4);
+	if (rc) return rc;
+	if (a[NQP_XRCD] || a[NQP_IND] || a[NQP_SRC_QPN] || (flags & ~IB_UVERBS_QP_CREATE_SQ_SIG_ALL)) return EOPNOTSUPP;
+	if (a[NQP_SRQ] || nat_val(a[NQP_TYPE]) > 0xff) return EINVAL;
+	q->pd_handle = (uint32_t)nat_val(a[NQP_PD]);
+	q->send_cq_handle = (uint32_t)nat_val(a[NQP_SCQ]);
+	q->recv_cq_handle = (uint32_t)nat_val(a[NQP_RCQ]);
+	q->max_send_wr = cap.max_send_wr; q->max_recv_wr = cap.max_recv_wr;
+	q->max_send_sge = cap.max_send_sge; q->max_recv_sge = cap.max_recv_sge;
+	q->max_inline_data = cap.max_inline_data;
+	q->sq_sig_all = !!(flags & IB_UVERBS_QP_CREATE_SQ_SIG_ALL);
+	q->qp_type = (uint8_t)nat_val(a[NQP_TYPE]);
+	return nat_event_fd(c, a[NQP_EVENT_FD]);
+}
+
+/* QP/QP_CREATE: the QP, as CREATE_QP makes it (mlx5's request in UHW_IN). */
+static int nat_qp_create(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *h)
+{
+	static const struct nat_spec s[NQP_N] = {
+		{ UVERBS_ATTR_CREATE_QP_HANDLE, NA_IDR_NEW, 1, 0, 0 }, { UVERBS_ATTR_CREATE_QP_XRCD_HANDLE, NA_IDR, 0, 0, 0 },
+		{ UVERBS_ATTR_CREATE_QP_PD_HANDLE, NA_IDR, 0, 0, 0 }, { UVERBS_ATTR_CREATE_QP_SRQ_HANDLE, NA_IDR, 0, 0, 0 },
+		{ UVERBS_ATTR_CREATE_QP_SEND_CQ_HANDLE, NA_IDR, 0, 0, 0 }, { UVERBS_ATTR_CREATE_QP_RECV_CQ_HANDLE, NA_IDR, 0, 0, 0 },
+		{ UVERBS_ATTR_CREATE_QP_IND_TABLE_HANDLE, NA_IDR, 0, 0, 0 }, { UVERBS_ATTR_CREATE_QP_USER_HANDLE, NA_IN, 1, 8, 8 },
+		{ UVERBS_ATTR_CREATE_QP_CAP, NA_IN, 1, sizeof(struct ib_uverbs_qp_cap), sizeof(struct ib_uverbs_qp_cap) },
+		{ UVERBS_ATTR_CREATE_QP_TYPE, NA_CONST, 1, 0, 0 }, { UVERBS_ATTR_CREATE_QP_FLAGS, NA_IN, 0, 4, 4 },
+		{ UVERBS_ATTR_CREATE_QP_SOURCE_QPN, NA_IN, 0, 4, 4 }, { UVERBS_ATTR_CREATE_QP_EVENT_FD, NA_FD, 0, 0, 0 },
+		{ UVERBS_ATTR_CREATE_QP_RESP_CAP, NA_OUT, 1, sizeof(struct ib_uverbs_qp_cap), 0 },
+		{ UVERBS_ATTR_CREATE_QP_RESP_QP_NUM, NA_OUT, 1, 4, 0 },
+		{ UVERBS_ATTR_UHW_IN, NA_IN, 0, 0, 0 }, { UVERBS_ATTR_UHW_OUT, NA_OUT, 0, 0, 0 },
+	};
+	struct ib_uverbs_attr *a[NQP_N] = {0};
+	struct ib_uverbs_create_qp q = {0};
+	int rc = nat_attrs(h, s, NQP_N, a);
+	if (!rc) rc = nat_qp_request(c, a, &q);
+	if (rc) return rc;
+	struct ib_uverbs_create_qp_resp r = {0};
+	struct cmd m = { .c = c, .op = IB_USER_VERBS_CMD_CREATE_QP, .in = &q, .in_len = sizeof(q),
+			 .out = &r, .out_len = sizeof(r) };
+	void *din = NULL;
+	rc = nat_uhw(&m, a[NQP_UHW_IN], a[NQP_UHW_OUT], 0, &din);
+	if (!rc) rc = nat_run(&m, "QP/QP_CREATE");
+	free(din);
+	if (rc) return rc;
+	a[NQP_HANDLE]->data = r.qp_handle;
+	struct ib_uverbs_qp_cap cap = { r.max_send_wr, r.max_recv_wr, r.max_send_sge, r.max_recv_sge, r.max_inline_data };
+	if (nat_out(a[NQP_RESP_CAP], &cap, sizeof(cap)) || nat_out(a[NQP_RESP_QPN], &r.qpn, 4))
+		return created_unanswered(c, r.qp_handle, UVEMU_QP);
+	return 0;
+}
+
+/* The number of commands numbered `op` served through their native ioctl methods (QP_CREATE
+ * for CREATE_QP...), in `*count`: tests tell that libibverbs did not fall back. */
+int uvemu_native_command_count(uint32_t op, uint64_t *count)
+{
+	if (op > IB_USER_VERBS_CMD_COMMAND_MASK || !count) return EINVAL;
+	pthread_mutex_lock(&lock);
+	*count = native_cmd_count[op];
+	pthread_mutex_unlock(&lock);
+	return 0;
+}
+
+/* The native method of (object, method) that the ioctl ABI serves, or NULL. */
+static int (*native_handler(uint16_t object, uint16_t method))(struct uvemu_context *, struct ib_uverbs_ioctl_hdr *)
+{
+	static const struct { uint16_t object, method; int (*fn)(struct uvemu_context *, struct ib_uverbs_ioctl_hdr *); } t[] = {
+		{ UVERBS_OBJECT_DEVICE, UVERBS_METHOD_GET_CONTEXT, nat_get_context },
+		{ UVERBS_OBJECT_DEVICE, UVERBS_METHOD_QUERY_PORT, nat_query_port },
+		{ UVERBS_OBJECT_DEVICE, UVERBS_METHOD_QUERY_GID_ENTRY, nat_query_gid_entry },
+		{ UVERBS_OBJECT_DEVICE, UVERBS_METHOD_QUERY_GID_TABLE, nat_query_gid_table },
+		{ UVERBS_OBJECT_ASYNC_EVENT, UVERBS_METHOD_ASYNC_EVENT_ALLOC, nat_async_alloc },
+		{ UVERBS_OBJECT_PD, UVERBS_METHOD_PD_DESTROY, nat_pd_destroy },
+		{ UVERBS_OBJECT_MR, UVERBS_METHOD_MR_DESTROY, nat_mr_destroy },
+		{ UVERBS_OBJECT_CQ, UVERBS_METHOD_CQ_CREATE, nat_cq_create },
+		{ UVERBS_OBJECT_CQ, UVERBS_METHOD_CQ_DESTROY, nat_cq_destroy },
+		{ UVERBS_OBJECT_QP, UVERBS_METHOD_QP_CREATE, nat_qp_create },
+		{ UVERBS_OBJECT_QP, UVERBS_METHOD_QP_DESTROY, nat_qp_destroy },
+	};
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
+		if (t[i].object == object && t[i].method == method) return t[i].fn;
+	return NULL;
+}
+
 /* The method of this ioctl that the run serves, or NULL (EPROTONOSUPPORT). */
 static int (*ioctl_handler(const struct ib_uverbs_ioctl_hdr *h))(struct uvemu_context *, struct ib_uverbs_ioctl_hdr *)
 {
@@ -1962,7 +2406,7 @@ static int (*ioctl_handler(const struct ib_uverbs_ioctl_hdr *h))(struct uvemu_co
 	if (h->object_id == UVERBS_OBJECT_DEVICE && h->method_id == UVERBS_METHOD_INVOKE_WRITE) return invoke_write;
 	if (h->object_id == MLX5_IB_OBJECT_UAR && h->method_id == MLX5_IB_METHOD_UAR_OBJ_ALLOC) return uar_alloc;
 	if (h->object_id == MLX5_IB_OBJECT_UAR && h->method_id == MLX5_IB_METHOD_UAR_OBJ_DESTROY) return uar_destroy;
-	return NULL;
+	return native_handler(h->object_id, h->method_id);
 }
 
 /* One RDMA_VERBS_IOCTL: its header and attributes copied in (with the kernel's length check),
@@ -1986,8 +2430,9 @@ static int ioctl_method(struct uvemu_context *c, void *arg)
 	if (h->num_attrs > MAX_IOCTL_ATTRS || h->length != sizeof(*h) + attrs) return EINVAL;
 	if (h->reserved1 || h->reserved2) return EPROTONOSUPPORT;
 	if (user_copy(h->attrs, user->attrs, attrs)) return EFAULT;
-	if (method != invoke_write && c->async_rd < 0) return EINVAL; /* no context yet */
+	if (method != invoke_write && method != nat_get_context && c->async_rd < 0) return EINVAL; /* no context yet */
 	int rc = method(c, h);
+	if (rc) L("ioctl object %#x method %#x -> %s", h->object_id, h->method_id, strerror(rc));
 	return rc ? rc : user_copy(user->attrs, h->attrs, attrs);
 }
 

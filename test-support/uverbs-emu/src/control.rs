@@ -65,8 +65,14 @@ pub fn cq_error(cqn: u32) -> Result<(), String> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum Command {
+    /// `ibv_open_device` (the context).
+    GetContext = 0,
+    /// `ibv_query_port`.
+    QueryPort = 2,
     /// `ibv_alloc_pd`.
     AllocPd = 3,
+    /// `ibv_dealloc_pd`.
+    DeallocPd = 4,
     /// `ibv_reg_mr`.
     RegMr = 9,
     /// `ibv_dereg_mr`.
@@ -90,6 +96,18 @@ pub enum Command {
 pub fn command_count(c: Command) -> Result<u64, String> {
     type Count = unsafe extern "C" fn(u32, *mut u64) -> c_int;
     let f: Count = control(c"uvemu_command_count")?;
+    let mut n = 0u64;
+    // SAFETY: the function uvemu.c declares for tests, with a pointer to a live u64.
+    check(&format!("{c:?}"), unsafe { f(c as u32, &mut n) })?;
+    Ok(n)
+}
+
+/// How many commands of kind `c` the driver served through their native ioctl methods
+/// (`UVERBS_METHOD_CQ_CREATE` for `CreateCq`...), the ones libibverbs tries first on a current
+/// kernel: none of these fell back to `INVOKE_WRITE` or `write()`.
+pub fn native_command_count(c: Command) -> Result<u64, String> {
+    type Count = unsafe extern "C" fn(u32, *mut u64) -> c_int;
+    let f: Count = control(c"uvemu_native_command_count")?;
     let mut n = 0u64;
     // SAFETY: the function uvemu.c declares for tests, with a pointer to a live u64.
     check(&format!("{c:?}"), unsafe { f(c as u32, &mut n) })?;

@@ -9,7 +9,7 @@
 
 use std::ffi::c_void;
 use uverbs_emu::command_stream::Stream;
-use uverbs_emu::control::{ioctl_command_count, Command};
+use uverbs_emu::control::{ioctl_command_count, native_command_count, Command};
 use uverbs_emu::in_child_under_emulator;
 
 /// `RDMA_VERBS_IOCTL`: `_IOWR(0x1b, 1, struct ib_uverbs_ioctl_hdr)`.
@@ -347,27 +347,449 @@ fn ioctl_methods_not_served_answer_as_a_kernel_without_them() {
         return;
     }
     let s = Stream::open(c"/dev/infiniband/uverbs0").expect("open the emulated device");
-    // What libibverbs and libmlx5 ask at context creation on a current kernel, before they
-    // fall back: DEVICE/QUERY_PORT, GET_CONTEXT, QUERY_CONTEXT, QUERY_GID_TABLE,
-    // QUERY_GID_ENTRY, mlx5's DEVX_OTHER (the DEVX capability query); and the objects' own
-    // methods (CQ_CREATE, QP_CREATE, PD_DESTROY). EPROTONOSUPPORT, not ENOTTY: the method is
-    // unknown, the interface is there.
-    let methods = [
-        (0, 2),
-        (0, 3),
-        (0, 4),
-        (0, 5),
-        (0, 6),
-        (0x1000, 0x1000),
-        (3, 0),
-        (4, 0),
-        (1, 0),
-    ];
-    for (object, m) in methods {
+    // What libibverbs and libmlx5 ask on a current kernel and the driver does not serve:
+    // DEVICE/QUERY_CONTEXT, mlx5's DEVX_OTHER (the DEVX capability query). EPROTONOSUPPORT, not ENOTTY: the method is unknown, the interface is
+    // there. The native methods served on the ioctl ABI (DEVICE/QUERY_PORT, QUERY_GID_TABLE,
+    // QUERY_GID_ENTRY, GET_CONTEXT, CQ_CREATE, QP_CREATE, PD_DESTROY) are unknown on the write ABI; on the ioctl ABI a
+    // call without their mandatory attributes is EINVAL (GET_CONTEXT has none: it makes the
+    // context).
+    for (object, m) in [(0, 4), (0x1000, 0x1000)] {
         assert_eq!(
             method(s.fd, object, m, &[]),
             Err(libc::EPROTONOSUPPORT),
             "object {object:#x} method {m:#x}"
         );
     }
+    let write_abi = std::env::var("UVEMU_ABI").as_deref() == Ok("write");
+    for (object, m) in [(0, 2), (0, 5), (0, 6), (0, 3), (3, 0), (4, 0), (1, 0)] {
+        let expected = match (write_abi, object, m) {
+            (true, ..) => Err(libc::EPROTONOSUPPORT),
+            (false, 0, 3) => Ok(vec![]),
+            _ => Err(libc::EINVAL),
+        };
+        assert_eq!(
+            method(s.fd, object, m, &[]),
+            expected,
+            "object {object:#x} method {m:#x}"
+        );
+    }
+}
+
+/// `ib_user_ioctl_cmds.h`: the objects (DEVICE, PD, CQ, QP, MR, ASYNC_EVENT) and methods
+/// served natively; UHW_IN (the driver's request).
+const DEVICE: u16 = 0;
+const PD: u16 = 1;
+const CQ: u16 = 3;
+const QP: u16 = 4;
+const MR: u16 = 7;
+const ASYNC_EVENT: u16 = 16;
+const QUERY_PORT: u16 = 2;
+const QUERY_GID_TABLE: u16 = 5;
+const QUERY_GID_ENTRY: u16 = 6;
+const GET_CONTEXT: u16 = 3;
+const UHW_IN: u16 = 0x1000;
+
+/// An attribute pointing at `b` (an input or output buffer).
+fn buf(id: u16, flags: u16, b: &mut [u8]) -> [u64; 2] {
+    attr(id, b.len() as u16, flags, b.as_mut_ptr() as u64)
+}
+
+/// DEVICE/QUERY_PORT of `port` into `resp`, with `extra` attributes.
+fn query_port(fd: i32, port: u64, resp: &mut [u8], extra: &[[u64; 2]]) -> Result<(), i32> {
+    let mut attrs = vec![attr(0, 8, MANDATORY, port), buf(1, MANDATORY, resp)];
+    attrs.extend_from_slice(extra);
+    method(fd, DEVICE, QUERY_PORT, &attrs).map(|_| ())
+}
+
+#[test]
+#[cfg_attr(
+    not(uvemu_built),
+    ignore = "the emulated driver's preload library was not built (needs a C compiler)"
+)]
+fn native_methods_decode_as_the_kernel_does_and_refuse_malformed_attributes() {
+    let name = "native_methods_decode_as_the_kernel_does_and_refuse_malformed_attributes";
+    if in_child_under_emulator(name, "mlx5_0") {
+        return;
+    }
+    let s = Stream::open(c"/dev/infiniband/uverbs0").expect("open the emulated device");
+    if std::env::var("UVEMU_ABI").as_deref() == Ok("write") {
+        assert_eq!(
+            method(s.fd, DEVICE, GET_CONTEXT, &[]),
+            Err(libc::EPROTONOSUPPORT)
+        );
+        return;
+    }
+    let mut resp = [0u8; 48];
+    assert_eq!(
+        query_port(s.fd, 1, &mut resp, &[]),
+        Err(libc::EINVAL),
+        "no context yet"
+    );
+    // The context, then its async event file (once).
+    let mut vectors = [0u8; 4];
+    assert_eq!(
+        method(s.fd, DEVICE, GET_CONTEXT, &[buf(0, 0, &mut vectors)]).map(|_| ()),
+        Ok(())
+    );
+    assert_eq!(u32::from_ne_bytes(vectors), 4);
+    assert_eq!(
+        method(s.fd, DEVICE, GET_CONTEXT, &[]),
+        Err(libc::EINVAL),
+        "one context per open"
+    );
+    let async_fd = attr(0, 0, MANDATORY, 0);
+    let got = method(s.fd, ASYNC_EVENT, 0, &[async_fd]).unwrap();
+    // SAFETY: fcntl on a descriptor number: F_GETFD only asks whether it is open.
+    assert!(unsafe { libc::fcntl(got[0][1] as i32, libc::F_GETFD) } >= 0);
+    assert_eq!(method(s.fd, ASYNC_EVENT, 0, &[async_fd]), Err(libc::EINVAL));
+    assert_eq!(method(s.fd, ASYNC_EVENT, 0, &[]), Err(libc::EINVAL));
+
+    // QUERY_PORT: the legacy response, and the speed again in active_speed_ex (byte 44).
+    assert_eq!(query_port(s.fd, 1, &mut resp, &[]), Ok(()));
+    assert_eq!(resp[26], 4, "state ACTIVE");
+    assert_eq!(
+        u32::from_ne_bytes(resp[44..48].try_into().unwrap()),
+        resp[35] as u32
+    );
+    let bad = [
+        (
+            query_port(s.fd, 9, &mut resp, &[]),
+            libc::EINVAL,
+            "no port 9",
+        ),
+        (
+            query_port(s.fd, 1 << 8, &mut resp, &[]),
+            libc::EINVAL,
+            "port wider than u8",
+        ),
+        (
+            query_port(s.fd, 1, &mut resp[..40], &[]),
+            libc::EINVAL,
+            "response shorter than the kernel's struct",
+        ),
+        (
+            query_port(s.fd, 1, &mut resp, &[attr(0x77, 8, MANDATORY, 0)]),
+            libc::EPROTONOSUPPORT,
+            "unknown mandatory attribute",
+        ),
+        (
+            query_port(s.fd, 1, &mut resp, &[attr(0, 8, 0, 1)]),
+            libc::EINVAL,
+            "port given twice",
+        ),
+        (
+            query_port(s.fd, 1, &mut resp, &[attr(0x77, 8, 4, 0)]),
+            libc::EINVAL,
+            "reserved flag",
+        ),
+        (
+            method(
+                s.fd,
+                DEVICE,
+                QUERY_PORT,
+                &[attr(0, 8, 0, 1), attr(1, 48, 0, 16)],
+            )
+            .map(|_| ()),
+            libc::EFAULT,
+            "unwritable response",
+        ),
+        (
+            method(s.fd, DEVICE, QUERY_PORT, &[attr(0, 8, 0, 1)]).map(|_| ()),
+            libc::EINVAL,
+            "no response",
+        ),
+        (
+            method(
+                s.fd,
+                DEVICE,
+                QUERY_PORT,
+                &[attr(0, 0, 0, 1), buf(1, 0, &mut resp)],
+            )
+            .map(|_| ()),
+            libc::EINVAL,
+            "empty port",
+        ),
+    ];
+    for (got, errno, what) in bad {
+        assert_eq!(got, Err(errno), "{what}");
+    }
+    assert_eq!(
+        query_port(s.fd, 1, &mut resp, &[attr(0x77, 8, 0, 0)]),
+        Ok(()),
+        "unknown optional attribute skipped"
+    );
+
+    // QUERY_GID_ENTRY: RoCE v1 and v2 entries with the loopback device (the fake sysfs'
+    // netdev); an empty entry ENODATA, past the table, on no port or with flags EINVAL.
+    let gid = |port: u64, index: u64, flags: u64, e: &mut [u8]| {
+        let attrs = [
+            attr(0, 8, MANDATORY, port),
+            attr(1, 8, MANDATORY, index),
+            attr(2, 4, MANDATORY, flags),
+            buf(3, MANDATORY, e),
+        ];
+        method(s.fd, DEVICE, QUERY_GID_ENTRY, &attrs).map(|_| ())
+    };
+    let field = |e: &[u8], at: usize| u32::from_ne_bytes(e[at..at + 4].try_into().unwrap());
+    let mut e = [0u8; 32];
+    assert_eq!(gid(1, 3, 0, &mut e), Ok(()));
+    // SAFETY: if_nametoindex with a NUL-terminated name.
+    let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+    assert_eq!(
+        (field(&e, 16), field(&e, 20), field(&e, 24), field(&e, 28)),
+        (3, 1, 2, lo),
+        "index, port, RoCE v2, lo"
+    );
+    assert_eq!(&e[10..12], &[0xff, 0xff], "an IPv4-mapped GID");
+    assert_eq!(gid(1, 0, 0, &mut e), Ok(()));
+    assert_eq!(field(&e, 24), 1, "RoCE v1");
+    assert_eq!(gid(1, 7, 0, &mut e), Err(libc::ENODATA));
+    assert_eq!(gid(1, 16, 0, &mut e), Err(libc::EINVAL));
+    assert_eq!(gid(2, 0, 0, &mut e), Err(libc::EINVAL));
+    assert_eq!(gid(1, 0, 1, &mut e), Err(libc::EINVAL));
+    assert_eq!(gid(1, 0, 0, &mut e[..16]), Err(libc::EINVAL));
+    // QUERY_GID_TABLE: the 4 valid entries, in elements of the caller's size.
+    let table = |size: u64, b: &mut [u8], n: &mut [u8; 8]| {
+        let attrs = [
+            attr(0, 8, MANDATORY, size),
+            buf(2, MANDATORY, b),
+            buf(3, MANDATORY, n),
+        ];
+        method(s.fd, DEVICE, QUERY_GID_TABLE, &attrs).map(|_| u64::from_ne_bytes(*n))
+    };
+    let (mut t, mut n) = ([0u8; 16 * 32], [0u8; 8]);
+    assert_eq!(table(32, &mut t, &mut n), Ok(4));
+    assert_eq!(field(&t, 3 * 32 + 24), 2, "entry 3 is RoCE v2");
+    assert_eq!(table(16, &mut t[..64], &mut n), Ok(4), "GIDs only");
+    assert_eq!(
+        table(32, &mut t[..96], &mut n),
+        Err(libc::EINVAL),
+        "too small"
+    );
+    assert_eq!(table(0, &mut t, &mut n), Err(libc::EINVAL));
+    assert_eq!(
+        table(32, &mut t[..100], &mut n),
+        Err(libc::EINVAL),
+        "not whole elements"
+    );
+
+    // A PD (INVOKE_WRITE: ALLOC_PD has no native method), then a CQ natively.
+    let r = (s.resp as u64).to_ne_bytes();
+    let pd_cmd = [
+        attr(CORE_IN, 8, MANDATORY, u64::from_ne_bytes(r)),
+        attr(CORE_OUT, 8, 0, s.resp as u64),
+        attr(WRITE_CMD, 8, MANDATORY, ALLOC_PD),
+    ];
+    assert_eq!(invoke(s.fd, &pd_cmd), Ok(()));
+    // SAFETY: the response area holds ALLOC_PD's response (the handle first).
+    let pd = unsafe { *(s.resp as *const u32) } as u64;
+    let mut ring = vec![0u8; 64 * 64 + 4096];
+    let ring_at = (ring.as_mut_ptr() as u64 + 4095) & !4095;
+    let mut dbrec = [0u64; 1];
+    // mlx5_ib_create_cq: buf_addr, db_addr, cqe_size (64), the rest zero.
+    let mut mlx5 = [ring_at, dbrec.as_mut_ptr() as u64, 64, 0];
+    let mut cqe = [0u8; 4];
+    let cq_attrs = |extra: &[[u64; 2]], cqe: &mut [u8; 4], mlx5: &mut [u64; 4]| {
+        let mut a = vec![
+            attr(0, 0, MANDATORY, 0),
+            attr(1, 4, MANDATORY, 63),
+            attr(2, 8, MANDATORY, 0x1234),
+            attr(4, 4, MANDATORY, 0),
+            buf(6, MANDATORY, cqe),
+            attr(UHW_IN, 32, MANDATORY, mlx5.as_mut_ptr() as u64),
+        ];
+        for e in extra {
+            match a.iter_mut().find(|x| x[0] & 0xffff == e[0] & 0xffff) {
+                Some(x) => *x = *e,
+                None => a.push(*e),
+            }
+        }
+        a
+    };
+    let refused = [
+        (
+            attr(1, 2, MANDATORY, 63),
+            libc::EINVAL,
+            "CQE shorter than a u32",
+        ),
+        (
+            attr(1, 8, MANDATORY, 63 | 1 << 40),
+            libc::EOPNOTSUPP,
+            "CQE with non-zero bytes past its u32",
+        ),
+        (
+            attr(5, 4, 0, 1),
+            libc::EOPNOTSUPP,
+            "flags (the extended command's)",
+        ),
+        (
+            attr(3, 0, 0, 0),
+            libc::EINVAL,
+            "a completion channel (none is served)",
+        ),
+        (
+            attr(7, 0, 0, 0),
+            libc::EINVAL,
+            "an event file not the context's",
+        ),
+        (
+            attr(6, 4, MANDATORY, 16),
+            libc::EFAULT,
+            "unwritable CQE output",
+        ),
+        (
+            attr(UHW_IN, 8, MANDATORY, 0),
+            libc::EINVAL,
+            "mlx5's request too short",
+        ),
+        (
+            attr(UHW_IN, 32, MANDATORY, 16),
+            libc::EFAULT,
+            "mlx5's request unreadable",
+        ),
+        (
+            attr(0x1077, 8, MANDATORY, 0),
+            libc::EPROTONOSUPPORT,
+            "unknown mandatory driver attribute",
+        ),
+    ];
+    for (bad, errno, what) in refused {
+        assert_eq!(
+            method(s.fd, CQ, 0, &cq_attrs(&[bad], &mut cqe, &mut mlx5)).map(|_| ()),
+            Err(errno),
+            "{what}"
+        );
+    }
+    let mut no_cqe = cq_attrs(&[], &mut cqe, &mut mlx5);
+    no_cqe.remove(1);
+    assert_eq!(
+        method(s.fd, CQ, 0, &no_cqe),
+        Err(libc::EINVAL),
+        "no CQE count"
+    );
+    let made = method(s.fd, CQ, 0, &cq_attrs(&[], &mut cqe, &mut mlx5)).unwrap();
+    let cq = made[0][1];
+    assert_eq!(
+        (
+            u32::from_ne_bytes(cqe),
+            native_command_count(Command::CreateCq).unwrap()
+        ),
+        (63, 1),
+        "only the good one"
+    );
+
+    // QP_CREATE: what CREATE_QP cannot say, and bad handles, are refused before anything is made.
+    let mut cap = [1u32, 1, 1, 1, 0];
+    let mut qpn = [0u8; 4];
+    let mut resp_cap = [0u8; 20];
+    let (cap, qpn, resp_cap) = (
+        cap.as_mut_ptr() as u64,
+        qpn.as_mut_ptr() as u64,
+        resp_cap.as_mut_ptr() as u64,
+    );
+    let qp_attrs = |extra: [u64; 2]| {
+        vec![
+            attr(0, 0, MANDATORY, 0),
+            attr(2, 0, MANDATORY, pd),
+            attr(4, 0, MANDATORY, cq),
+            attr(5, 0, MANDATORY, cq),
+            attr(7, 8, MANDATORY, 0x99),
+            attr(8, 20, MANDATORY, cap),
+            attr(9, 8, MANDATORY, 2),
+            attr(13, 20, MANDATORY, resp_cap),
+            attr(14, 4, MANDATORY, qpn),
+            extra,
+        ]
+    };
+    let refused = [
+        (attr(2, 0, MANDATORY, 77), libc::EINVAL, "no such PD"),
+        (
+            attr(2, 0, MANDATORY, cq),
+            libc::EINVAL,
+            "a CQ's handle as the PD",
+        ),
+        (
+            attr(2, 0, MANDATORY, 1 << 33),
+            libc::EINVAL,
+            "a handle wider than 32 bits",
+        ),
+        (attr(1, 0, 0, 1), libc::EOPNOTSUPP, "XRC"),
+        (attr(6, 0, 0, 1), libc::EOPNOTSUPP, "RSS"),
+        (attr(3, 0, 0, 1), libc::EINVAL, "an SRQ (none is served)"),
+        (
+            attr(10, 4, 0, 2),
+            libc::EOPNOTSUPP,
+            "create flags other than SQ_SIG_ALL",
+        ),
+        (attr(11, 4, 0, 5), libc::EOPNOTSUPP, "a source QPN"),
+        (
+            attr(8, 8, MANDATORY, 0),
+            libc::EINVAL,
+            "capabilities too short",
+        ),
+        (
+            attr(14, 4, MANDATORY, 16),
+            libc::EFAULT,
+            "unwritable QP number",
+        ),
+    ];
+    for (bad, errno, what) in refused {
+        let mut a = qp_attrs(bad);
+        if let Some(i) = a[..9].iter().position(|x| x[0] & 0xffff == bad[0] & 0xffff) {
+            a[i] = a.pop().unwrap();
+        }
+        assert_eq!(method(s.fd, QP, 0, &a), Err(errno), "{what}");
+    }
+    assert_eq!(native_command_count(Command::CreateQp).unwrap(), 0);
+
+    // Destroys: a response too short, a handle of another type, then the real ones (once).
+    let mut gone = [0u8; 8];
+    assert_eq!(
+        method(
+            s.fd,
+            CQ,
+            1,
+            &[attr(0, 0, MANDATORY, cq), buf(1, MANDATORY, &mut gone[..4])]
+        ),
+        Err(libc::EINVAL)
+    );
+    assert_eq!(
+        method(s.fd, MR, 1, &[attr(0, 0, MANDATORY, pd)]),
+        Err(libc::EINVAL),
+        "a PD is no MR"
+    );
+    assert_eq!(
+        method(s.fd, CQ, 1, &[attr(0, 0, MANDATORY, cq)]),
+        Err(libc::EINVAL),
+        "no response"
+    );
+    assert_eq!(
+        method(
+            s.fd,
+            CQ,
+            1,
+            &[attr(0, 0, MANDATORY, cq), buf(1, MANDATORY, &mut gone)]
+        )
+        .map(|_| ()),
+        Ok(())
+    );
+    assert_eq!(
+        method(
+            s.fd,
+            CQ,
+            1,
+            &[attr(0, 0, MANDATORY, cq), buf(1, MANDATORY, &mut gone)]
+        ),
+        Err(libc::EINVAL),
+        "twice"
+    );
+    assert_eq!(
+        method(s.fd, PD, 0, &[attr(0, 0, MANDATORY, pd)]).map(|_| ()),
+        Ok(())
+    );
+    assert_eq!(
+        method(s.fd, PD, 0, &[attr(0, 0, MANDATORY, pd)]),
+        Err(libc::EINVAL)
+    );
+    assert_eq!(native_command_count(Command::DestroyCq).unwrap(), 1);
 }
