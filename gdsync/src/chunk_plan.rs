@@ -1,7 +1,8 @@
 //! How a large message is cut into bounce-sized chunks spread over a ring of bounce buffers,
 //! for pipelined staging: while chunk k is on the wire from one bounce, chunk k+1 is copied
 //! into the next. The plan only computes offsets, lengths and which bounce each chunk uses;
-//! the caller copies, posts and waits for credits before reusing a bounce.
+//! the caller copies, posts and waits for credits before reusing a bounce. Messages sent one
+//! after another over the same ring continue its rotation ([`ChunkPlan::starting_at`]).
 
 /// One chunk of a planned message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -12,8 +13,11 @@ pub struct Chunk {
     pub offset: usize,
     /// Length of the chunk in bytes (never 0; at most the plan's chunk size).
     pub len: usize,
-    /// Which bounce buffer carries it: `index % bounces`.
+    /// Which bounce buffer carries it: `seq % bounces`.
     pub bounce: usize,
+    /// Position of the chunk in the stream of chunks over the ring (`first + index`, see
+    /// [`ChunkPlan::starting_at`]): what a receiver expects next and what credits count.
+    pub seq: usize,
 }
 
 /// A message of `len` bytes cut into chunks of at most `chunk` bytes over `bounces` bounces.
@@ -22,6 +26,8 @@ pub struct ChunkPlan {
     len: usize,
     chunk: usize,
     bounces: usize,
+    /// Sequence number of the first chunk (chunks of earlier messages over the same ring).
+    first: usize,
 }
 
 impl ChunkPlan {
@@ -31,7 +37,15 @@ impl ChunkPlan {
             len,
             chunk,
             bounces,
+            first: 0,
         })
+    }
+
+    /// The same plan for a message whose first chunk is chunk `first` of the stream over the
+    /// ring (the earlier messages had `first` chunks): bounces rotate on from there, and
+    /// credits name sequence numbers.
+    pub fn starting_at(self, first: usize) -> ChunkPlan {
+        ChunkPlan { first, ..self }
     }
 
     /// Number of chunks (0 for an empty message).
@@ -42,11 +56,13 @@ impl ChunkPlan {
     /// The chunk at `index`, or `None` past the last.
     pub fn get(&self, index: usize) -> Option<Chunk> {
         let offset = index.checked_mul(self.chunk)?;
+        let seq = self.first.checked_add(index)?;
         (offset < self.len).then(|| Chunk {
             index,
             offset,
             len: self.chunk.min(self.len - offset),
-            bounce: index % self.bounces,
+            bounce: seq % self.bounces,
+            seq,
         })
     }
 
@@ -55,10 +71,11 @@ impl ChunkPlan {
         (0..self.count()).filter_map(move |i| self.get(i))
     }
 
-    /// The chunk whose send must have been credited back before chunk `index` may reuse its
-    /// bounce (`index - bounces`), or `None` while the ring still has a fresh bounce.
+    /// The sequence number of the chunk whose send must have been credited back before chunk
+    /// `index` of this message may reuse its bounce (`first + index - bounces`), or `None`
+    /// while the ring still has a fresh bounce.
     pub fn must_be_credited(&self, index: usize) -> Option<usize> {
-        index.checked_sub(self.bounces)
+        self.first.checked_add(index)?.checked_sub(self.bounces)
     }
 
     /// Bytes each bounce buffer needs (the chunk size, or less for a shorter message).

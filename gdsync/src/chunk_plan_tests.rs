@@ -38,6 +38,25 @@ fn chunks_tile_the_message_and_rotate_bounces() {
 }
 
 #[test]
+fn a_later_message_continues_the_rotation_and_the_credits() {
+    // The first message had 3 chunks over 2 bounces: the next starts on bounce 1, and its
+    // first chunk reuses the bounce of chunk 1 of the stream.
+    let plan = ChunkPlan::new(C + 1, C, 2).unwrap().starting_at(3);
+    let got: Vec<(usize, usize, usize)> =
+        plan.chunks().map(|c| (c.index, c.seq, c.bounce)).collect();
+    assert_eq!(got, vec![(0, 3, 1), (1, 4, 0)]);
+    assert_eq!(plan.must_be_credited(0), Some(1));
+    assert_eq!(plan.must_be_credited(1), Some(2));
+    assert_eq!(
+        ChunkPlan::new(1, C, 4)
+            .unwrap()
+            .starting_at(2)
+            .must_be_credited(0),
+        None
+    );
+}
+
+#[test]
 fn zero_chunk_or_bounces_is_refused() {
     assert_eq!(ChunkPlan::new(10, 0, 2), None);
     assert_eq!(ChunkPlan::new(10, 4, 0), None);
