@@ -415,6 +415,26 @@ impl Driver {
     }
 }
 
+/// Rank 1's thread: one phase per job until the jobs end or a phase fails; every phase's
+/// result goes back on `done`.
+fn serve(
+    mut r: Receiver,
+    stage: &Stage,
+    jobs: mpsc::Receiver<(usize, u64)>,
+    done: mpsc::Sender<Result<()>>,
+) {
+    if let Err(e) = r.keep_posted() {
+        return drop(done.send(Err(e)));
+    }
+    for (size, n) in jobs {
+        let res = r.phase(stage, size, n);
+        let failed = res.is_err();
+        if done.send(res).is_err() || failed {
+            return;
+        }
+    }
+}
+
 /// The staged run: every size, warm-up then timed, with rank 1 on a thread of its own.
 pub(crate) fn run(plan: &Plan, stage: &Stage, out: &mut dyn FnMut(Measured)) -> Result<()> {
     let max = *plan.sizes.iter().max().context("no sizes")?;
@@ -454,45 +474,36 @@ pub(crate) fn run(plan: &Plan, stage: &Stage, out: &mut dyn FnMut(Measured)) -> 
     };
     let (jobs_tx, jobs) = mpsc::channel::<(usize, u64)>();
     let (done_tx, done) = mpsc::channel::<Result<()>>();
-    let (st1, dst, rx, credit_src) = (&st1, &dst, &mut rx, &credit_src);
-    let (credit_buf, remote_credit) = (&credit_buf, credit_mr.remote());
+    let rank1 = Receiver {
+        rx: &mut rx,
+        st: &st1,
+        dst: &dst,
+        credit: credit_mr.remote(),
+        credit_src: &credit_src,
+        credit_buf: &credit_buf,
+        lane: Lane::new(plan, 1)?,
+        copied: SignalWords::new(1),
+        seq: 0,
+        credited: 0,
+        bounces: stage.bounces,
+        slow: plan.slow_copy_in,
+    };
+    let dst = &dst;
     std::thread::scope(|scope| {
-        scope.spawn(move || {
-            let lane = match Lane::new(plan, 1) {
-                Ok(l) => l,
-                Err(e) => return drop(done_tx.send(Err(e))),
-            };
-            let mut r = Receiver {
-                rx,
-                st: st1,
-                dst,
-                credit: remote_credit,
-                credit_src,
-                credit_buf,
-                lane,
-                copied: SignalWords::new(1),
-                seq: 0,
-                credited: 0,
-                bounces: stage.bounces,
-                slow: plan.slow_copy_in,
-            };
-            if let Err(e) = r.keep_posted() {
-                return drop(done_tx.send(Err(e)));
-            }
-            for (size, n) in jobs {
-                let res = r.phase(stage, size, n);
-                let failed = res.is_err();
-                if done_tx.send(res).is_err() || failed {
-                    return;
-                }
-            }
-        });
+        // Dropped when this closure returns, early too, so rank 1 ends before the scope joins it.
+        let jobs_tx = jobs_tx;
+        scope.spawn(move || serve(rank1, stage, jobs, done_tx));
         let mut driver = Driver::new(plan)?;
         let mut one = |size: usize, n: u64| -> Result<()> {
             jobs_tx.send((size, n)).ok().context("rank 1 ended early")?;
-            tx.phase(stage, size, n, &mut |s| driver.step(s))?;
-            let drain = tx.drain()?;
-            driver.finish(drain, &done)
+            let r = tx
+                .phase(stage, size, n, &mut |s| driver.step(s))
+                .and_then(|()| driver.finish(tx.drain()?, &done));
+            // Where rank 1 failed first (rank 0 then waits for a credit in vain), its error.
+            match (r, done.try_recv()) {
+                (Err(_), Ok(Err(e))) => Err(e),
+                (r, _) => r,
+            }
         };
         for &size in &plan.sizes {
             let (warmup, iters) = (plan.warmup(size), plan.iters(size));

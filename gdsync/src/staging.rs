@@ -3,9 +3,9 @@
 //!
 //! A [`Staging`] owns a pinned bounce buffer of two chunks (double-buffered: one chunk is
 //! copied while the NIC moves the other), or of more ([`Staging::with_slots`], for a deeper
-//! pipeline cut by [`ChunkPlan`](crate::chunk_plan::ChunkPlan)). Its op lists copy a payload chunk into a slot
-//! before the send that names the slot ([`Staging::copy_out`]), and out of a slot after the
-//! wait for the receive ([`Staging::copy_in`]), as [`Op::Copy`](crate::ops::Op::Copy): a
+//! pipeline cut by [`ChunkPlan`](crate::ChunkPlan)). Its op lists copy a payload chunk into a
+//! slot before the send that names the slot ([`Staging::copy_out`]), and out of a slot after
+//! the wait for the receive ([`Staging::copy_in`]), as [`Op::Copy`](crate::ops::Op::Copy): a
 //! CUDA stream runs them with its copy engine between its memory operations, a host
 //! executor with the CPU. Register [`Staging::bounce`] with the device as the send or
 //! receive buffer; [`Staging::chunks`] cuts a message into chunks and slots.
