@@ -163,8 +163,12 @@ struct Sender<'a, 'b> {
     credit: &'a PinnedBuffer,
     /// Chunks sent since the start.
     seq: usize,
-    /// The writes not yet retired, oldest first, with their chunks' sequence numbers.
+    /// The signalled writes not yet waited for, oldest first, with their chunks' sequence
+    /// numbers. One write in `bounces` is signalled: the credits already say when a bounce is
+    /// free, the completions only retire the send ring (one wait fewer per chunk on a stream).
     writes: VecDeque<(usize, SendTicket)>,
+    /// Chunks known credited (by the last drain): their bounces need no wait.
+    drained: usize,
 }
 
 impl Sender<'_, '_> {
@@ -185,11 +189,15 @@ impl Sender<'_, '_> {
                 };
                 let copy = self.src.copy(self.st, c.bounce, c.offset, c.len, true);
                 let off = self.st.slot_off(c.bounce);
+                let signalled = (c.seq + 1) % stage.bounces == 0;
                 let wr = SendWr::write_imm(self.remote.at(off as u64), c.seq as u32)
                     .sge(self.bounce.sge(off..off + c.len));
+                let wr = if signalled { wr } else { wr.unsignaled() };
                 let p = prepare(self.qp, &wr)?;
                 let (t, post) = self.qp.commit(p).map_err(Error::from)?;
-                self.writes.push_back((c.seq, t));
+                if signalled {
+                    self.writes.push_back((c.seq, t));
+                }
                 run(Step { before, copy, post })?;
             }
             self.seq += plan.count();
@@ -197,20 +205,24 @@ impl Sender<'_, '_> {
         Ok(())
     }
 
-    /// Ops: wait until chunk `old` is credited (its bounce is free on both sides) and retire
-    /// its write (done, since rank 1 copied what it carried). Nothing where a drain did it.
+    /// Ops: wait until chunk `old` is credited (its bounce is free on both sides) and, where
+    /// its write was signalled, retire it (done, since rank 1 copied what it carried).
+    /// Nothing where a drain did it.
     fn reuse(&mut self, old: usize) -> Result<Ops> {
-        if self.writes.front().is_none_or(|w| w.0 != old) {
+        if old < self.drained {
             return Ok(Ops::new());
         }
-        let (_, t) = self.writes.pop_front().context("no write in flight")?;
         let mut o = self.credit.wait64(0, old as u64 + 1, WaitCond::Geq);
-        o.append(self.qp.send_wait_ops(&t)?);
+        if self.writes.front().is_some_and(|w| w.0 == old) {
+            let (_, t) = self.writes.pop_front().context("no write in flight")?;
+            o.append(self.qp.send_wait_ops(&t)?);
+        }
         Ok(o)
     }
 
     /// Ops: wait until every chunk sent is credited, and retire every write.
     fn drain(&mut self) -> Result<Ops> {
+        self.drained = self.seq;
         let mut o = self.credit.wait64(0, self.seq as u64, WaitCond::Geq);
         for (_, t) in self.writes.drain(..) {
             o.append(self.qp.send_wait_ops(&t)?);
@@ -471,6 +483,7 @@ pub(crate) fn run(plan: &Plan, stage: &Stage, out: &mut dyn FnMut(Measured)) -> 
         credit: &credit,
         seq: 0,
         writes: VecDeque::new(),
+        drained: 0,
     };
     let (jobs_tx, jobs) = mpsc::channel::<(usize, u64)>();
     let (done_tx, done) = mpsc::channel::<Result<()>>();
