@@ -447,6 +447,37 @@ fn serve(
     }
 }
 
+/// Every size: `one` runs the warm-up, then the timed messages (and `--check`); a failure
+/// ends the process at once, since queued work still names the buffers (see exit_now).
+fn measure(
+    plan: &Plan,
+    dst: &Payload,
+    one: &mut dyn FnMut(usize, u64) -> Result<()>,
+    out: &mut dyn FnMut(Measured),
+) {
+    for &size in &plan.sizes {
+        let (warmup, iters) = (plan.warmup(size), plan.iters(size));
+        // Once work is queued, a failure ends the process at once (see exit_now).
+        let seconds = (|| -> Result<f64> {
+            one(size, warmup)?;
+            let start = Instant::now();
+            one(size, iters)?;
+            let seconds = start.elapsed().as_secs_f64();
+            if plan.check {
+                check(dst, size)?;
+            }
+            Ok(seconds)
+        })()
+        .unwrap_or_else(|e| exit_now(e.context(format!("staged, {size} B"))));
+        out(Measured {
+            size,
+            iters,
+            warmup,
+            seconds,
+        });
+    }
+}
+
 /// The staged run: every size, warm-up then timed, with rank 1 on a thread of its own.
 pub(crate) fn run(plan: &Plan, stage: &Stage, out: &mut dyn FnMut(Measured)) -> Result<()> {
     let max = *plan.sizes.iter().max().context("no sizes")?;
@@ -518,27 +549,7 @@ pub(crate) fn run(plan: &Plan, stage: &Stage, out: &mut dyn FnMut(Measured)) -> 
                 (r, _) => r,
             }
         };
-        for &size in &plan.sizes {
-            let (warmup, iters) = (plan.warmup(size), plan.iters(size));
-            // Once work is queued, a failure ends the process at once (see exit_now).
-            let seconds = (|| -> Result<f64> {
-                one(size, warmup)?;
-                let start = Instant::now();
-                one(size, iters)?;
-                let seconds = start.elapsed().as_secs_f64();
-                if plan.check {
-                    check(dst, size)?;
-                }
-                Ok(seconds)
-            })()
-            .unwrap_or_else(|e| exit_now(e.context(format!("staged, {size} B"))));
-            out(Measured {
-                size,
-                iters,
-                warmup,
-                seconds,
-            });
-        }
+        measure(plan, dst, &mut one, out);
         drop(jobs_tx);
         Ok(())
     })
