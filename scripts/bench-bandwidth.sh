@@ -7,7 +7,52 @@
 #     BIN_DIR: target/release, or the directory of binaries built elsewhere
 #     OUT: default bandwidth.jsonl
 # Plot: python3 scripts/plot.py bandwidth OUT -o bandwidth.png --machine "..."
+#
+#   scripts/bench-bandwidth.sh --staged-vs-host [BIN_DIR] [OUT]
+#     RDMA writes of 64 KiB, 1 MiB and 8 MiB from the cpu and stream triggers, host memory and
+#     staged GPU memory (--staging on --check) alternating, REPS times (default 3); prints the
+#     median GB/s per trigger and memory at each size and staged / host (the goal at 1 MiB is at
+#     least 0.70). Needs a GPU. STAGE_ARGS adds arguments to the staged runs (--chunk 512K ...).
 set -euo pipefail
+# One bandwidth run with the arguments given, its rows appended to $out (or a FAILED line).
+run_bw() {
+  timeout "${RUN_TIMEOUT:-300}" "$bin/bandwidth" --json "$@" | tee -a "$out" \
+    || echo "# FAILED: $*" | tee -a "$out"
+}
+if [ "${1:-}" = --staged-vs-host ]; then
+  shift
+  bin=${1:-target/release}
+  out=${2:-staged-vs-host.jsonl}
+  : > "$out"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sed 's/^/# /' | tee -a "$out"
+  for rep in $(seq "${REPS:-3}"); do
+    for trig in cpu stream; do
+      for mem in host device; do
+        extra=""
+        [ $mem = device ] && extra="--staging on --check ${STAGE_ARGS:-}"
+        echo "# rep $rep" >> "$out"
+        # shellcheck disable=SC2086
+        run_bw --op write --mem $mem --trigger $trig --sizes 64K,1M,8M $extra
+      done
+    done
+  done
+  python3 - "$out" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+print("\nmedian GB/s (10^9 B/s) of RDMA writes; staged = --mem device --staging on")
+print(f"{'trigger':8} {'bytes':>9} {'host':>8} {'staged':>8} {'staged/host':>12} {'runs':>5}")
+for trig in ["cpu", "stream"]:
+    for size in sorted({r["bytes"] for r in rows}):
+        med = {}
+        for mem in ["host", "device"]:
+            v = [r["gbytes_per_s"] for r in rows
+                 if (r["trigger"], r["mem"], r["bytes"]) == (trig, mem, size)]
+            med[mem] = (statistics.median(v), len(v)) if v else (float("nan"), 0)
+        (h, n), (d, _) = med["host"], med["device"]
+        print(f"{trig:8} {size:>9} {h:8.3f} {d:8.3f} {d / h if h else float('nan'):12.3f} {n:>5}")
+PY
+  exit 0
+fi
 bin=${1:-target/release}
 out=${2:-bandwidth.jsonl}
 : > "$out"
@@ -24,9 +69,8 @@ for op in write read send; do
         echo "# skipped (no GPU): --op $op --mem $mem --trigger $trig" | tee -a "$out"
         continue
       fi
-      timeout "${RUN_TIMEOUT:-300}" "$bin/bandwidth" --op $op --mem $mem --trigger $trig \
-        --json ${EXTRA:-} | tee -a "$out" \
-        || echo "# FAILED: --op $op --mem $mem --trigger $trig" | tee -a "$out"
+      # shellcheck disable=SC2086
+      run_bw --op $op --mem $mem --trigger $trig ${EXTRA:-}
     done
   done
 done

@@ -225,6 +225,50 @@ fn pingpong_stream_loop_runs_on_a_host_stream() {
     }
 }
 
+/// `bandwidth --mem device` stages its writes through a ring of bounces per rank, pipelined
+/// over chunks, on the cpu and stream triggers without a GPU (`--host-stream`: pinned host
+/// memory stands in for the GPU's, CPU threads run the copies): byte for byte (`--check`
+/// compares the receiver's buffer with the sender's after each size) at 1 B, a chunk - 1, a
+/// chunk, a chunk + 1 and 5.5 chunks, with 2 and 3 bounces. Rank 1 pauses before each copy
+/// in (`--slow-copy-in`), so a sender that reused a bounce before its credit came back
+/// would overwrite a chunk not yet copied and fail the check.
+#[test]
+fn bandwidth_staged_pipeline_is_byte_exact_on_host_stand_ins() {
+    for trigger in ["cpu", "stream"] {
+        for bounces in ["2", "3"] {
+            let args = [
+                "--trigger",
+                trigger,
+                "--host-stream",
+                "--mem",
+                "device",
+                "--chunk",
+                "1K",
+                "--bounces",
+                bounces,
+                "--sizes",
+                "1,1023,1024,1025,5632",
+                "--iters",
+                "4",
+                "--warmup",
+                "1",
+                "--check",
+                "--slow-copy-in",
+                "0.0002",
+            ];
+            let rows = json_lines("bandwidth", &args);
+            assert_eq!(rows.len(), 5, "{args:?}: {rows:?}");
+            for r in &rows {
+                let path = common::json_field(r, "gpu_memory");
+                assert!(path.starts_with("staged"), "{args:?}: {r}");
+                assert_eq!(common::json_field(r, "chunk"), "1024", "{r}");
+                assert_eq!(common::json_field(r, "bounces"), bounces, "{r}");
+                assert_eq!(common::json_field(r, "iters"), "4", "{r}");
+            }
+        }
+    }
+}
+
 /// The staged stream loop of `pingpong --mem device` runs on a host stream (no GPU; pinned
 /// host memory stands in for the GPU's, the CPU runs the copies) for every op, at a size
 /// within a page and one past 64 KiB: each message is copied out of the payload into the send
@@ -363,8 +407,32 @@ fn bad_bandwidth_and_stencil_arguments_are_clean_errors() {
         ),
         (&["--window", "0"][..], "--window"),
         (&["--host-stream"][..], "--host-stream"),
+        (
+            &["--staging", "on"][..],
+            "--staging applies to --mem device",
+        ),
+        (
+            &["--chunk", "1K"][..],
+            "--chunk, --bounces and --check apply",
+        ),
+        (&["--check"][..], "--chunk, --bounces and --check apply"),
     ] {
         refused("bandwidth", args, says);
+    }
+    // Staged GPU payloads (host memory standing in for the GPU's): what is not staged, and
+    // the pipeline's bounds.
+    for (args, says) in [
+        (&["--staging", "off"][..], "runs staged only"),
+        (&["--op", "read"][..], "staging covers --op write"),
+        (&["--op", "send"][..], "staging covers --op write"),
+        (&["--trigger", "kernel"][..], "staging covers --op write"),
+        (&["--bounces", "1"][..], "--bounces must be 2 to 64"),
+        (&["--chunk", "128M"][..], "--chunk must be 1 to"),
+        (&["--duration", "1"][..], "--duration does not apply"),
+    ] {
+        let mut all = vec!["--host-stream", "--mem", "device"];
+        all.extend_from_slice(args);
+        refused("bandwidth", &all, says);
     }
     for (args, says) in [
         (&["--halo", "host"][..], "--halo applies"),
@@ -1431,6 +1499,55 @@ fn pingpong_stages_gpu_payloads_on_every_trigger() {
                 pingpong_gpu_path(&args, staging);
             }
         }
+    }
+}
+
+/// `bandwidth --mem device` stages writes from the cpu and stream triggers through pinned
+/// bounces on the GPU (`--staging on`, and `auto` on the soft device), byte for byte
+/// (`--check`) at 1 B, 4 KiB and 1 MiB (four 256 KiB chunks), and runs directly with
+/// `--staging off` and on the kernel trigger; the JSON names the path.
+#[test]
+#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test cli -- --include-ignored bandwidth_stages"]
+fn bandwidth_stages_gpu_payloads_on_the_cpu_and_stream_triggers() {
+    for trigger in ["cpu", "stream"] {
+        for staging in ["on", "auto"] {
+            let args = [
+                "--trigger",
+                trigger,
+                "--mem",
+                "device",
+                "--staging",
+                staging,
+                "--sizes",
+                "1,4K,1M",
+                "--iters",
+                "200",
+                "--check",
+            ];
+            let rows = gpu_json("bandwidth", &args);
+            assert_eq!(rows.len(), 3, "{args:?}: {rows:?}");
+            for r in &rows {
+                let path = common::json_field(r, "gpu_memory");
+                assert!(path.starts_with("staged"), "{args:?}: {r}");
+            }
+        }
+    }
+    for (trigger, staging) in [("stream", "off"), ("kernel", "auto")] {
+        let args = [
+            "--trigger",
+            trigger,
+            "--mem",
+            "device",
+            "--staging",
+            staging,
+            "--sizes",
+            "4K",
+            "--iters",
+            "200",
+        ];
+        let rows = gpu_json("bandwidth", &args);
+        let path = common::json_field(&rows[0], "gpu_memory");
+        assert!(path.starts_with("direct"), "{args:?}: {}", rows[0]);
     }
 }
 

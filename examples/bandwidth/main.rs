@@ -11,6 +11,12 @@
 //! - `kernel`: a persistent CUDA kernel composes the WQEs, rings the doorbell and polls the
 //!   completion queue itself (`gds_qp_post_send`, `gds_cq_wait`).
 //!
+//! GPU payloads (`--mem device`) go through pinned host bounces where the device cannot DMA
+//! GPU memory (`--staging auto`, the default, on the soft device; `on`/`off` choose), for
+//! writes from the `cpu` and `stream` triggers: a pipeline of `--chunk`-byte chunks over a
+//! ring of `--bounces` bounces per rank (see `staged.rs`). The header says which path ran
+//! (`gpu_memory`).
+//!
 //! Every trigger signals one send per chunk (a quarter of the window) and the last one, so
 //! their numbers compare. GB/s are decimal (10^9 bytes per second). The default sizes are the
 //! powers of 2 from 1 B to 8 MiB.
@@ -20,11 +26,13 @@
 //! cargo run --release --bin bandwidth -- --op read --sizes 4K,1M --json
 //! cargo run --release --bin bandwidth -- --size 64K --duration 2
 //! cargo run --release --bin bandwidth -- --trigger kernel --mem device   # with a GPU
+//! cargo run --release --bin bandwidth -- --trigger stream --mem device --staging on --sizes 64K,1M --check
 //! ```
 
 #[path = "../common/mod.rs"]
 mod common;
 mod gpu;
+mod staged;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
@@ -36,14 +44,17 @@ use common::noise::{descheduled, involuntary_switches};
 use common::out::outln;
 use common::sizes::SizeArgs;
 use common::tool::{exit_now, usage};
-use common::{iters, name, one_of, DeviceArgs, GpuArgs, Mem, ToolArgs, Trigger};
+use common::{
+    iters, name, one_of, DeviceArgs, GpuArgs, Mem, Staging as StagingArg, ToolArgs, Trigger,
+};
 use gdasync::gdsync::cuda::{Cuda, DeviceBuffer};
 use gdasync::gdsync::{
-    Access, Cq, Device, DeviceName, Error, MemoryRegion, PinnedBuffer, PreparedSend,
+    Access, Cq, Device, DeviceName, Error, GpuMemoryPath, MemoryRegion, PinnedBuffer, PreparedSend,
     ProtectionDomain, Qp, QpConfig, RecvWr, RemoteBuf, SendWr,
 };
 use std::collections::VecDeque;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long any wait for progress (a completion, ring space, the stream, the kernel) may
@@ -107,10 +118,30 @@ struct Args {
     /// One JSON object per line and size instead of a table.
     #[arg(long)]
     json: bool,
+    /// With --mem device: how GPU payloads reach the NIC. auto (default): staged through
+    /// pinned host bounces where the device cannot DMA GPU memory (the soft device), for
+    /// writes from the cpu and stream triggers.
+    #[arg(long, value_enum)]
+    staging: Option<StagingArg>,
+    /// Staged: bytes per chunk, the size of a bounce (default 256K).
+    #[arg(long, value_parser = common::sizes::parse_size)]
+    chunk: Option<usize>,
+    /// Staged: bounces per rank, the chunks in flight at most (2 to 64, default 4).
+    #[arg(long)]
+    bounces: Option<usize>,
+    /// Staged: after each size, compare the receiver's buffer with the sender's and fail the
+    /// run where a byte differs.
+    #[arg(long)]
+    check: bool,
     /// With `--trigger stream`: run the stream loop on a host stream (a CPU thread), to test
-    /// it where there is no GPU.
+    /// it where there is no GPU. With a staged `--mem device`, pinned host memory stands in
+    /// for the GPU's and the CPU runs the copies (cpu and stream triggers).
     #[arg(long, hide = true)]
     host_stream: bool,
+    /// Staged: rank 1 pauses this many seconds before each copy in, so that a sender that
+    /// did not wait for its credits would overwrite bounces not yet copied (a test).
+    #[arg(long, hide = true, value_parser = iters::parse_duration)]
+    slow_copy_in: Option<Duration>,
     #[command(flatten)]
     tool: ToolArgs,
 }
@@ -133,6 +164,14 @@ struct Plan {
     chunk: usize,
     json: bool,
     host_stream: bool,
+    /// With --mem device: the path GPU payloads take, and why.
+    gpu_memory: Option<(GpuMemoryPath, String)>,
+    /// Where GPU payloads are staged: the pipeline's shape.
+    stage: Option<staged::Stage>,
+    /// `--check`.
+    check: bool,
+    /// `--slow-copy-in`.
+    slow_copy_in: Option<Duration>,
 }
 
 impl Plan {
@@ -143,15 +182,16 @@ impl Plan {
         if a.window == 0 || a.window > MAX_WINDOW {
             return Err(usage(format!("--window must be 1 to {MAX_WINDOW}")));
         }
-        if a.host_stream && (a.trigger != Trigger::Stream || a.mem != Mem::Host) {
-            return Err(usage("--host-stream runs --trigger stream with --mem host"));
+        if a.host_stream && a.mem == Mem::Host && a.trigger != Trigger::Stream {
+            return Err(usage("--host-stream runs --trigger stream with --mem host, or a staged --mem device write"));
         }
         if a.duration.is_some() && a.trigger != Trigger::Cpu {
             return Err(usage("--duration applies to --trigger cpu (GPU triggers enqueue a fixed number of messages: use --iters)"));
         }
+        let device = a.device.resolve()?;
         let gpu_need = match (a.trigger, a.mem) {
+            _ if a.host_stream => None,
             (Trigger::Cpu, Mem::Host) => None,
-            (Trigger::Stream, Mem::Host) if a.host_stream => None,
             (Trigger::Cpu, Mem::Device) => Some("--mem device".to_string()),
             (t, _) => Some(format!("--trigger {}", name(t))),
         };
@@ -170,11 +210,14 @@ impl Plan {
             }
             None => None,
         };
+        let gpu0 = placement.as_ref().map_or(0, |p| p.ordinal(0));
+        let gpu_memory = staged::gpu_memory(a, &device, gpu0)?;
+        let stage = staged::Stage::new(a, gpu_memory.as_ref())?;
         Ok(Plan {
             op: a.op,
             mem: a.mem,
             trigger: a.trigger,
-            device: a.device.resolve()?,
+            device,
             placement,
             sizes,
             iters: a.iters,
@@ -184,6 +227,10 @@ impl Plan {
             chunk: (a.window / 4).max(1),
             json: a.json,
             host_stream: a.host_stream,
+            gpu_memory,
+            stage,
+            check: a.check,
+            slow_copy_in: a.slow_copy_in,
         })
     }
     fn iters(&self, size: usize) -> u64 {
@@ -197,13 +244,14 @@ impl Plan {
     fn warmup(&self, size: usize) -> u64 {
         self.warmup.unwrap_or_else(|| self.iters(size).div_ceil(10))
     }
-    /// The trigger as reported: `host-stream` for the stream loop run by a CPU thread (a
-    /// test, not a measurement of a GPU).
+    /// The trigger as reported: `host-stream` for the stream loop run by a CPU thread,
+    /// `host-cpu` for the cpu trigger with host memory standing in for GPU memory (tests, not
+    /// measurements of a GPU).
     fn trigger_label(&self) -> String {
-        if self.host_stream {
-            "host-stream".into()
-        } else {
-            name(self.trigger)
+        match (self.host_stream, self.trigger) {
+            (true, Trigger::Stream) => "host-stream".into(),
+            (true, t) => format!("host-{}", name(t)),
+            (false, t) => name(t),
         }
     }
     /// Whether message `i` (0-based) of a run of `n` is signalled.
@@ -231,6 +279,14 @@ impl Plan {
             .field("gpus", self.placement.as_ref().map(|p| p.label(2)))
             .field("window", self.window)
             .field("signal_every", self.chunk)
+            .field(
+                "gpu_memory",
+                self.gpu_memory
+                    .as_ref()
+                    .map(common::device::gpu_memory_phrase),
+            )
+            .field("chunk", self.stage.as_ref().map(|s| s.chunk))
+            .field("bounces", self.stage.as_ref().map(|s| s.bounces))
             .field("cores", cores());
         let h = if rdma {
             h
@@ -247,20 +303,29 @@ impl Plan {
 /// A message buffer in pinned host memory or GPU memory.
 enum Buffer {
     Host(PinnedBuffer),
-    Device(DeviceBuffer),
+    Device(Arc<DeviceBuffer>),
+}
+
+/// Memory a rank registers with its device.
+trait Register {
+    fn register(&self, pd: &ProtectionDomain) -> Result<MemoryRegion<'_>>;
 }
 
 impl Buffer {
-    /// Rank `rank`'s buffer (in GPU memory: on the rank's GPU).
+    /// Rank `rank`'s buffer (in GPU memory: on the rank's GPU; in pinned host memory for
+    /// `--host-stream`, which stands in for it).
     fn new(plan: &Plan, rank: usize, len: usize) -> Result<Buffer> {
         Ok(match plan.mem {
-            Mem::Host => Buffer::Host(PinnedBuffer::new(len)),
-            Mem::Device => Buffer::Device(
+            Mem::Device if !plan.host_stream => Buffer::Device(Arc::new(
                 DeviceBuffer::alloc(plan.gpu(rank), len)
                     .with_context(|| format!("allocate {len} bytes of GPU memory"))?,
-            ),
+            )),
+            _ => Buffer::Host(PinnedBuffer::new(len)),
         })
     }
+}
+
+impl Register for Buffer {
     fn register(&self, pd: &ProtectionDomain) -> Result<MemoryRegion<'_>> {
         Ok(match self {
             Buffer::Host(b) => pd.register_pinned(b, Access::ALL)?,
@@ -269,10 +334,18 @@ impl Buffer {
     }
 }
 
+impl Register for PinnedBuffer {
+    fn register(&self, pd: &ProtectionDomain) -> Result<MemoryRegion<'_>> {
+        Ok(pd.register_pinned(self, Access::ALL)?)
+    }
+}
+
 /// The two ranks: rank 0's QP (with a send CQ of its own, which streams and kernels need)
 /// and buffer; rank 1 serves.
 struct Link<'b> {
     _devs: (Device, Device),
+    /// Each rank's protection domain (for more regions: the staged path's credit words).
+    pds: (ProtectionDomain, ProtectionDomain),
     q0: Qp,
     scq0: Cq,
     _rcq0: Cq,
@@ -294,7 +367,11 @@ struct Responder<'b> {
 }
 
 impl<'b> Link<'b> {
-    fn new(device: &DeviceName, local: &'b Buffer, remote: &'b Buffer) -> Result<Link<'b>> {
+    fn new(
+        device: &DeviceName,
+        local: &'b dyn Register,
+        remote: &'b dyn Register,
+    ) -> Result<Link<'b>> {
         let cfg = QpConfig {
             send_wqebbs: 512,
             recv_wqes: 512,
@@ -318,6 +395,7 @@ impl<'b> Link<'b> {
         Ok(Link {
             remote: buf.remote(),
             _devs: (d0, d1),
+            pds: (pd0, pd1),
             q0,
             scq0,
             _rcq0: rcq0,
@@ -349,14 +427,17 @@ impl<'b> Link<'b> {
 
     /// Prepares a send on rank 0, waiting for send-ring space (freed by the stream's waits).
     fn prepare(&mut self, wr: &SendWr) -> Result<PreparedSend> {
-        let start = Instant::now();
-        loop {
-            match self.q0.prepare_send(wr) {
-                Err(Error::RingFull { .. }) if start.elapsed() < TIMEOUT => {
-                    std::thread::yield_now()
-                }
-                r => return Ok(r?),
-            }
+        prepare(&mut self.q0, wr)
+    }
+}
+
+/// Prepares a send on `qp`, waiting for send-ring space (freed by an executor's waits).
+fn prepare(qp: &mut Qp, wr: &SendWr) -> Result<PreparedSend> {
+    let start = Instant::now();
+    loop {
+        match qp.prepare_send(wr) {
+            Err(Error::RingFull { .. }) if start.elapsed() < TIMEOUT => std::thread::yield_now(),
+            r => return Ok(r?),
         }
     }
 }
@@ -559,9 +640,6 @@ fn run(args: &Args) -> Result<()> {
         let [a, b, c, d, e, f] = COLUMNS;
         outln!("{a:>10} {b:>10} {c:>12} {d:>12} {e:>12} {f:>14}");
     }
-    let max = *plan.sizes.iter().max().context("no sizes")?;
-    let (b0, b1) = (Buffer::new(&plan, 0, max)?, Buffer::new(&plan, 1, max)?);
-    let link = Link::new(&plan.device, &b0, &b1)?;
     // Involuntary context switches while each size was measured (its warm-up included).
     let mut switches = involuntary_switches();
     let mut out = |m: Measured| {
@@ -570,6 +648,12 @@ fn run(args: &Args) -> Result<()> {
         switches = now;
         report(&plan, &header, &m, noisy.as_deref())
     };
+    if let Some(stage) = &plan.stage {
+        return staged::run(&plan, stage, &mut out);
+    }
+    let max = *plan.sizes.iter().max().context("no sizes")?;
+    let (b0, b1) = (Buffer::new(&plan, 0, max)?, Buffer::new(&plan, 1, max)?);
+    let link = Link::new(&plan.device, &b0, &b1)?;
     match plan.trigger {
         Trigger::Stream => gpu::stream_run(link, &plan, &mut out),
         Trigger::Kernel => gpu::kernel_run(link, &plan, &mut out),

@@ -2,7 +2,7 @@
 //! parsing), start-up (logging, errors, exit codes), output that ends quietly on a closed
 //! pipe, JSON lines, run headers, the rule that marks a row noisy, progress on stderr and the
 //! local process launcher, the RDMA devices rdma-core finds, queried once, and the GPUs each
-//! rank runs on.
+//! rank runs on, and staged payloads (GPU memory or a host stand-in).
 //!
 //! Each example includes this module with `#[path]`; each uses a subset of it.
 #![allow(dead_code, unused_imports, unused_macros)]
@@ -17,6 +17,7 @@ pub mod launch;
 pub mod log;
 pub mod noise;
 pub mod out;
+pub mod payload;
 pub mod progress;
 pub mod rdma;
 pub mod sizes;

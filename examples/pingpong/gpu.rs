@@ -8,6 +8,7 @@
 
 use super::{Args, Mem, Op, Trigger};
 use crate::common::gpus::{self, Modules};
+use crate::common::payload::Payload;
 use crate::common::stats::{cpu_time_us, Stats};
 use anyhow::{bail, Context, Result};
 use gdasync::gdsync::cuda::{Cuda, CudaStream, DeviceBuffer, Function};
@@ -93,58 +94,6 @@ pub(crate) struct Staged {
     rdev: Payload,
 }
 
-/// Where a staged rank's payloads live: GPU memory, or, on a host stream (`--host-stream`,
-/// where the CPU runs the copies), pinned host memory standing in for it.
-enum Payload {
-    Gpu(Arc<DeviceBuffer>),
-    Host(&'static PinnedBuffer),
-}
-
-impl Payload {
-    fn new(host: bool, len: usize, rank: usize) -> Result<Payload> {
-        Ok(if host {
-            Payload::Host(Box::leak(Box::new(PinnedBuffer::with_cuda(len, None))))
-        } else {
-            Payload::Gpu(Arc::new(DeviceBuffer::alloc(gpus::of(rank), len)?))
-        })
-    }
-    /// The address copies and markers name.
-    fn addr(&self) -> u64 {
-        match self {
-            Payload::Gpu(b) => b.ptr(),
-            Payload::Host(b) => b.addr(),
-        }
-    }
-    /// Copies `dst.len()` bytes at `off` out (synchronously).
-    fn read(&self, off: usize, dst: &mut [u8]) -> Result<()> {
-        match self {
-            Payload::Gpu(b) => b.copy_to_host(off, dst)?,
-            Payload::Host(b) => b.read_at(off, dst),
-        }
-        Ok(())
-    }
-    /// Copies `src` in at `off` (synchronously).
-    fn write(&self, off: usize, src: &[u8]) -> Result<()> {
-        match self {
-            Payload::Gpu(b) => b.copy_from_host(off, src)?,
-            Payload::Host(b) => b.write_at(off, src),
-        }
-        Ok(())
-    }
-    /// Ops: `size` bytes between this payload and slot 0 of `st`, out of it into the slot
-    /// (`out`) or into it from the slot.
-    fn copy(&self, st: &Staging, size: usize, out: bool) -> Ops {
-        match (self, out) {
-            (Payload::Gpu(b), true) => st.copy_out_of_device(0, b, 0, size),
-            (Payload::Gpu(b), false) => st.copy_in_to_device(0, b, 0, size),
-            // SAFETY: the host stand-in is leaked for the life of the process.
-            (Payload::Host(b), true) => unsafe { st.copy_out(0, b.addr(), size) },
-            // SAFETY: as above.
-            (Payload::Host(b), false) => unsafe { st.copy_in(0, b.addr(), size) },
-        }
-    }
-}
-
 impl Staged {
     /// Rank `rank`'s bounces and payloads of `max` bytes (`host`: host stand-ins for GPU
     /// memory, for a host stream).
@@ -153,17 +102,17 @@ impl Staged {
         Ok(Staged {
             out: Staging::new(max, cuda),
             inb: Staging::new(max, cuda),
-            sdev: Payload::new(host, max, rank)?,
-            rdev: Payload::new(host, max, rank)?,
+            sdev: Payload::new(host, max, gpus::of(rank))?,
+            rdev: Payload::new(host, max, gpus::of(rank))?,
         })
     }
     /// Ops: the message's `size` bytes out of GPU memory into the send bounce.
     pub(crate) fn copy_out(&self, size: usize) -> Ops {
-        self.sdev.copy(&self.out, size, true)
+        self.sdev.copy(&self.out, 0, 0, size, true)
     }
     /// Ops: the received `size` bytes from the receive bounce into GPU memory.
     pub(crate) fn copy_in(&self, size: usize) -> Ops {
-        self.rdev.copy(&self.inb, size, false)
+        self.rdev.copy(&self.inb, 0, 0, size, false)
     }
 }
 

@@ -39,6 +39,7 @@ pub mod auth;
 mod backoff;
 mod barrier;
 mod bounds;
+mod chunk_plan;
 mod context;
 mod cq;
 pub mod cuda;
@@ -71,6 +72,7 @@ pub mod staging;
 mod staging_choice;
 mod wr;
 
+pub use chunk_plan::{Chunk, ChunkPlan};
 pub use cq::{Completion, CompletionOp, Cq, CqError, CqPoll, WcStatus, MAX_KEPT_ERRORS};
 /// The mlx5 backend: rdma-core's libibverbs and libmlx5 loaded at run time, safe types over
 /// them, and (with the `emulated-hca` feature, on by default) `serve_emulated_driver`

@@ -2,9 +2,10 @@
 //! absent) move through pinned host bounce buffers, copied in the trigger's own order.
 //!
 //! A [`Staging`] owns a pinned bounce buffer of two chunks (double-buffered: one chunk is
-//! copied while the NIC moves the other). Its op lists copy a payload chunk into a slot
-//! before the send that names the slot ([`Staging::copy_out`]), and out of a slot after the
-//! wait for the receive ([`Staging::copy_in`]), as [`Op::Copy`](crate::ops::Op::Copy): a
+//! copied while the NIC moves the other), or of more ([`Staging::with_slots`], for a deeper
+//! pipeline cut by [`ChunkPlan`](crate::ChunkPlan)). Its op lists copy a payload chunk into a
+//! slot before the send that names the slot ([`Staging::copy_out`]), and out of a slot after
+//! the wait for the receive ([`Staging::copy_in`]), as [`Op::Copy`](crate::ops::Op::Copy): a
 //! CUDA stream runs them with its copy engine between its memory operations, a host
 //! executor with the CPU. Register [`Staging::bounce`] with the device as the send or
 //! receive buffer; [`Staging::chunks`] cuts a message into chunks and slots.
@@ -18,12 +19,13 @@ use std::sync::Arc;
 /// next to its bytes, small enough that two chunks overlap copy and wire on a 1 MiB message.
 pub const DEFAULT_CHUNK: usize = 256 << 10;
 
-/// A pinned bounce buffer of two slots of `chunk` bytes, and the copy lists that stage
-/// payloads through it.
+/// A pinned bounce buffer of two (or more) slots of `chunk` bytes, and the copy lists that
+/// stage payloads through it.
 #[derive(Clone, Debug)]
 pub struct Staging {
     bounce: PinnedBuffer,
     chunk: usize,
+    slots: usize,
 }
 
 /// One piece of a staged message: bytes `offset..offset + len` of the payload go through
@@ -34,7 +36,7 @@ pub struct Chunk {
     pub offset: usize,
     /// Bytes in this chunk (at most the chunk size; the last may be shorter).
     pub len: usize,
-    /// Bounce slot (0 or 1, alternating).
+    /// Bounce slot (0, 1, ... in turn).
     pub slot: usize,
 }
 
@@ -42,14 +44,27 @@ impl Staging {
     /// Two slots of `chunk` bytes (at least 1), mapped for the GPUs of `cuda` (`None`:
     /// host memory only, for CPU triggers).
     pub fn new(chunk: usize, cuda: Option<&Arc<Cuda>>) -> Self {
-        let chunk = chunk.max(1);
+        Self::with_slots(chunk, 2, cuda)
+    }
+    /// `slots` slots (at least 2) of `chunk` bytes (at least 1), as [`new`](Self::new).
+    /// Panics if the bounce's size overflows.
+    pub fn with_slots(chunk: usize, slots: usize, cuda: Option<&Arc<Cuda>>) -> Self {
+        let (chunk, slots) = (chunk.max(1), slots.max(2));
+        let len = chunk
+            .checked_mul(slots)
+            .expect("the staging bounce's size overflows");
         if let Some(c) = cuda {
             crate::cuda::prepare_staged_copies(c);
         }
         Self {
-            bounce: PinnedBuffer::with_cuda(2 * chunk, cuda),
+            bounce: PinnedBuffer::with_cuda(len, cuda),
             chunk,
+            slots,
         }
+    }
+    /// Number of slots.
+    pub fn slots(&self) -> usize {
+        self.slots
     }
     /// Bytes per slot.
     pub fn chunk(&self) -> usize {
@@ -65,16 +80,21 @@ impl Staging {
     }
     /// Byte offset of slot `slot` in the bounce buffer.
     pub fn slot_off(&self, slot: usize) -> usize {
-        assert!(slot < 2, "a staging buffer has slots 0 and 1, not {slot}");
+        assert!(
+            slot < self.slots,
+            "a staging buffer has slots 0 to {}, not {slot}",
+            self.slots - 1
+        );
         slot * self.chunk
     }
-    /// The chunks of a `len`-byte message, in order, alternating slots (none when `len` is 0).
+    /// The chunks of a `len`-byte message, in order, taking the slots in turn (none when
+    /// `len` is 0).
     pub fn chunks(&self, len: usize) -> impl Iterator<Item = Chunk> {
-        let chunk = self.chunk;
+        let (chunk, slots) = (self.chunk, self.slots);
         (0..len.div_ceil(chunk)).map(move |i| Chunk {
             offset: i * chunk,
             len: chunk.min(len - i * chunk),
-            slot: i % 2,
+            slot: i % slots,
         })
     }
     /// Ops: copy `len` bytes at `src` into slot `slot`, to run before the send of the slot.
