@@ -531,6 +531,7 @@ fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Resul
                 stream_rank(rank, &mut r, &lp, iters, &barrier, &stream, || {
                     Ok(stream.synchronize()?)
                 })
+                .map_err(|e| stalled_where(&stream, e))
             };
             if run.is_err() {
                 // A stalled stream never passes its waits: freeing the rank's GPU memory
@@ -545,6 +546,17 @@ fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Resul
     let t1 = spawn(1, r1, barrier.clone(), lp.clone());
     let t0 = spawn(0, r0, barrier, lp);
     join_ranks(t0, t1)
+}
+
+/// `e` with where `stream` sits: the first wait it has not passed, or none (idle, or held
+/// by a copy or a kernel).
+fn stalled_where(stream: &CudaStream, e: anyhow::Error) -> anyhow::Error {
+    match stream.unmet_wait() {
+        Some((op, now)) => e.context(format!(
+            "its stream waits for {op:?} (the word holds {now:#x})"
+        )),
+        None => e.context("its stream waits on no word: idle, or held by a copy or a kernel"),
+    }
 }
 
 /// One rank of [`stream_run`] on `stream` (`sync` waits until it has run everything).
