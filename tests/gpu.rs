@@ -107,6 +107,28 @@ fn streams_get_their_own_hardware_queues() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
+fn a_bounded_synchronize_names_the_wait_that_never_passed() {
+    let _gpu = gpu();
+    let stream = CudaStream::new(0).unwrap();
+    let w = SignalWords::new(1);
+    stream.submit(w.wait32(0, 7, WaitCond::Eq)).unwrap();
+    let start = Instant::now();
+    let e = stream
+        .synchronize_within(Duration::from_millis(300))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(e.contains("Wait32") && e.contains("0x0"), "{e}");
+    w.store32(0, 7);
+    stream.synchronize_within(Duration::from_secs(5)).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
 fn memory_kinds_are_detected() {
     let _gpu = gpu();
     let d = DeviceBuffer::alloc(0, 4096).unwrap();

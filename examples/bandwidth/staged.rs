@@ -11,7 +11,7 @@
 //! while one chunk is on the wire the next is copied out and the previous copied in.
 //!
 //! The copies run in the trigger's own order: `--trigger stream` enqueues the credit wait,
-//! the copy (the stream's copy engine) and the doorbell on one CUDA stream; `--trigger cpu`
+//! the copy (a copy kernel on the stream) and the doorbell on one CUDA stream; `--trigger cpu`
 //! waits on the CPU, waits for a CUDA copy, and rings. With `--host-stream`, pinned host
 //! memory stands in for GPU memory and CPU threads run every copy, to test the pipeline where
 //! there is no GPU.

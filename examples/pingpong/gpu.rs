@@ -529,7 +529,7 @@ fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Resul
             } else {
                 let stream = CudaStream::new(gpus::of(rank))?;
                 stream_rank(rank, &mut r, &lp, iters, &barrier, &stream, || {
-                    Ok(stream.synchronize()?)
+                    Ok(stream.synchronize_within(TIMEOUT)?)
                 })
                 .map_err(|e| stalled_where(&stream, e))
             };

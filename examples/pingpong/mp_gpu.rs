@@ -254,7 +254,7 @@ pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Res
                     None => {
                         let s = CudaStream::new(gpus::of(rank))?;
                         stream_rank(rank, r, size, warm + iters, &progress, s, |s| {
-                            s.synchronize()
+                            s.synchronize_within(crate::gpu::TIMEOUT)
                         })
                     }
                 }

@@ -102,8 +102,9 @@ pub enum Op {
     /// op and before every later one: how a payload in memory the NIC cannot reach (GPU
     /// memory without GPUDirect RDMA) moves through a pinned host bounce buffer in the
     /// trigger's own order ([`crate::staging`]). A CPU executor copies with the CPU (both
-    /// ranges must be CPU-reachable); a CUDA stream copies with its copy engine
-    /// (`cuMemcpyAsync` between its memory operations).
+    /// ranges must be CPU-reachable); a CUDA stream copies between its memory operations,
+    /// with a copy kernel where both ranges are reachable from its GPU and the kernel is
+    /// prepared (`cuda::prepare_staged_copies`), else with `cuMemcpyAsync`.
     Copy {
         /// Destination address.
         dst: u64,

@@ -12,7 +12,7 @@
 //! idle, which a stream blocked in a wait never does. `GDSYNC_STAGING_COPY=engine` goes back
 //! to `cuMemcpyAsync`, and without NVRTC the copy engines are used (the log says so).
 
-use super::{Cuda, CudaStream, Function};
+use super::{Cuda, CudaStream, Function, MemoryKind};
 use crate::Result;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -81,11 +81,16 @@ fn kernels() -> &'static Mutex<HashMap<i32, Option<Function>>> {
 /// Call it where staging bounces are made, before any stream waits: loading a module may
 /// wait for the GPU to go idle, which a stream blocked in a memory wait never does.
 pub fn prepare_staged_copies(cuda: &Arc<Cuda>) {
-    let Ok(mut k) = kernels().lock() else {
-        return;
-    };
     for ordinal in 0..cuda.gpus.len() as i32 {
-        k.entry(ordinal).or_insert_with(|| compile(cuda, ordinal));
+        let known = kernels().lock().map_or(true, |k| k.contains_key(&ordinal));
+        if known {
+            continue;
+        }
+        // Compiled outside the lock: a copy on another thread never waits for a compile.
+        let f = compile(cuda, ordinal);
+        if let Ok(mut k) = kernels().lock() {
+            k.entry(ordinal).or_insert(f);
+        }
     }
 }
 
@@ -121,6 +126,9 @@ impl CudaStream {
     /// if [`prepare_staged_copies`] made one for this GPU; `Ok(false)` if not (the caller
     /// uses the copy engines). Never compiles here: the stream's GPU may be blocked in a wait.
     pub(super) fn copy_by_kernel(&self, dst: u64, src: u64, len: u64) -> Result<bool> {
+        if !self.kernel_reaches(dst) || !self.kernel_reaches(src) {
+            return Ok(false);
+        }
         let f = kernels()
             .lock()
             .ok()
@@ -135,6 +143,18 @@ impl CudaStream {
         // the stream has passed it.
         unsafe { args.launch(grid(len), BLOCK) }?;
         Ok(true)
+    }
+
+    /// Whether a kernel on this stream's GPU may dereference `addr`: pinned host memory
+    /// mapped for the GPUs, managed memory, or this GPU's own memory. Anything else (pageable
+    /// host memory, another GPU's memory) goes to the copy engines, which reach it where a
+    /// kernel would fault and poison the context.
+    fn kernel_reaches(&self, addr: u64) -> bool {
+        match self.cuda().memory_kind(addr) {
+            MemoryKind::PinnedHost | MemoryKind::Managed => true,
+            MemoryKind::Device { ordinal } => ordinal == self.ordinal(),
+            MemoryKind::Host => false,
+        }
     }
 }
 

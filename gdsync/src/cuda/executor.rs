@@ -2,8 +2,8 @@
 //! (Here rather than in `exec/`, so the executors' room names no CUDA glue.)
 //!
 //! A list with copies ([`Op::Copy`]: staged payloads) runs as batches of memory operations
-//! with the copy engine's copies between them, all on the stream, so a copy runs after the
-//! waits before it and before the doorbell after it.
+//! with copies between them (a copy kernel, or the copy engines: `copy_kernel.rs`), all on
+//! the stream, so a copy runs after the waits before it and before the doorbell after it.
 
 use super::{check, CudaStream};
 use crate::exec::Executor;

@@ -260,6 +260,34 @@ impl CudaStream {
         Ok(())
     }
 
+    /// Like [`synchronize`](Self::synchronize), but gives up after `timeout` with an error
+    /// naming the first wait not met, where `synchronize` blocks for as long as a wait does
+    /// not pass (a peer that never writes the word: for ever).
+    pub fn synchronize_within(&self, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        let mut backoff = Backoff::default();
+        while !self.idle() {
+            if start.elapsed() > timeout {
+                return Err(Error::Timeout {
+                    what: format!("the stream to run what was enqueued{}", self.first_unmet()),
+                    timeout_ms: timeout.as_millis() as u64,
+                });
+            }
+            backoff.snooze();
+        }
+        // Everything enqueued has run, marked or not.
+        self.lists.lock().pending.clear();
+        Ok(())
+    }
+
+    /// For error messages: `; the first wait not met: …` (nothing when every wait holds).
+    fn first_unmet(&self) -> String {
+        match self.unmet_wait() {
+            Some((op, cur)) => format!("; the first wait not met: {op:?}, the word holds {cur:#x}"),
+            None => String::new(),
+        }
+    }
+
     /// Blocks until everything enqueued has run.
     pub fn synchronize(&self) -> Result<()> {
         self.cuda.bind(self.ordinal)?;
@@ -304,12 +332,7 @@ impl CudaStream {
             }
             self.reap_idle();
             if start.elapsed() > self.timeout {
-                let first = match self.unmet_wait() {
-                    Some((op, cur)) => {
-                        format!("; the first wait not met: {op:?}, the word holds {cur:#x}")
-                    }
-                    None => String::new(),
-                };
+                let first = self.first_unmet();
                 return Err(Error::Timeout {
                     what: format!("room on the stream: {queued} memory operations are queued behind waits that have not passed (bound {MAX_QUEUED_OPS}){first}"),
                     timeout_ms: self.timeout.as_millis() as u64,

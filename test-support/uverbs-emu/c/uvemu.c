@@ -2090,7 +2090,15 @@ static int nat_get_context(struct uvemu_context *c, struct ib_uverbs_ioctl_hdr *
 	 * ABI (which cannot say) makes it. */
 	uint32_t vectors = 4;
 	uint64_t core_support = 0;
-	return nat_out(a[0], &vectors, 4) || nat_out(a[1], &core_support, 8) ? EFAULT : 0;
+	if (nat_out(a[0], &vectors, 4) || nat_out(a[1], &core_support, 8)) {
+		/* The caller never learns of the context: it is not made, as on the write path. */
+		r_close(c->async_rd);
+		r_close(c->async_wr);
+		c->async_rd = c->async_wr = -1;
+		c->tot_bfregs = 0;
+		return EFAULT;
+	}
+	return 0;
 }
 
 /* ASYNC_EVENT/ASYNC_EVENT_ALLOC: the context's async event file (one per context here). */

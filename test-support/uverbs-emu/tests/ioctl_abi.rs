@@ -425,6 +425,12 @@ fn native_methods_decode_as_the_kernel_does_and_refuse_malformed_attributes() {
         Err(libc::EINVAL),
         "no context yet"
     );
+    // A context whose answer cannot be written is not made: the next GET_CONTEXT succeeds.
+    assert_eq!(
+        method(s.fd, DEVICE, GET_CONTEXT, &[attr(0, 4, 0, 16)]).map(|_| ()),
+        Err(libc::EFAULT),
+        "unwritable NUM_COMP_VECTORS"
+    );
     // The context, then its async event file (once).
     let mut vectors = [0u8; 4];
     assert_eq!(
