@@ -533,13 +533,7 @@ fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Resul
                 })
                 .map_err(|e| stalled_where(&stream, e))
             };
-            if run.is_err() {
-                // A stalled stream never passes its waits: freeing the rank's GPU memory
-                // would wait for it forever, so the error would never be reported.
-                std::mem::forget(r);
-            } else {
-                keep.lock().unwrap_or_else(|e| e.into_inner()).push(r);
-            }
+            keep.lock().unwrap_or_else(|e| e.into_inner()).push(r);
             run
         })
     };
