@@ -378,6 +378,17 @@ impl ProgressClock {
             self.last = now;
         }
     }
+
+    /// An error once no round trip of `iters` has ended for [`TIMEOUT`].
+    fn check_stall(&self, iters: u64) -> Result<()> {
+        if self.last.elapsed() > TIMEOUT {
+            bail!(
+                "stream pingpong stalled at {}/{iters}: no round trip ended in {TIMEOUT:?}",
+                self.seen
+            );
+        }
+        Ok(())
+    }
 }
 
 /// What a rank's stream runs each iteration, and where: the loop's constants.
@@ -545,10 +556,8 @@ fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Resul
 /// `e` with where `stream` sits: the first wait it has not passed, or none (idle, or held
 /// by a copy or a kernel).
 fn stalled_where(stream: &CudaStream, e: anyhow::Error) -> anyhow::Error {
-    match stream.unmet_wait() {
-        Some((op, now)) => e.context(format!(
-            "its stream waits for {op:?} (the word holds {now:#x})"
-        )),
+    match stream.unmet_wait_report() {
+        Some(r) => e.context(r),
         None => e.context("its stream waits on no word: idle, or held by a copy or a kernel"),
     }
 }
@@ -586,20 +595,13 @@ fn stream_rank<E: Executor>(
             if rank == 1 || done + AHEAD > i || i + 1 >= iters {
                 break;
             }
-            if clock.last.elapsed() > TIMEOUT {
-                bail!(
-                    "stream pingpong stalled at {}/{iters}: no round trip ended in {TIMEOUT:?}",
-                    clock.seen
-                );
-            }
+            clock.check_stall(iters)?;
             std::hint::spin_loop();
         }
     }
     while rank == 0 && clock.seen < iters {
         clock.observe(lp.progress.load64(0));
-        if clock.last.elapsed() > TIMEOUT {
-            bail!("stream pingpong stalled at {}/{iters}", clock.seen);
-        }
+        clock.check_stall(iters)?;
     }
     sync()?;
     r.rcq.check()?;

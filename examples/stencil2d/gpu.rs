@@ -824,10 +824,8 @@ impl Solver for GpuRank<'_> {
         let r = match self.trigger {
             Trigger::Stream => self.run_stream(comm, first, end).map_err(|e| {
                 // Where this rank's stream sits, if it is held up by a wait.
-                match self.stream.unmet_wait() {
-                    Some((op, now)) => e.context(format!(
-                        "its stream waits for {op:?} (the word holds {now:#x})"
-                    )),
+                match self.stream.unmet_wait_report() {
+                    Some(r) => e.context(r),
                     None => e,
                 }
             }),

@@ -280,12 +280,21 @@ impl CudaStream {
         Ok(())
     }
 
-    /// For error messages: `; the first wait not met: …` (nothing when every wait holds).
+    /// [`unmet_wait`](Self::unmet_wait) as words for an error report: `its stream waits for
+    /// <op> (the word holds <value>)`, or `None`.
+    pub fn unmet_wait_report(&self) -> Option<String> {
+        let (op, cur) = self.unmet_wait()?;
+        Some(format!(
+            "its stream waits for {op:?} (the word holds {cur:#x})"
+        ))
+    }
+
+    /// For this module's errors: `; ` and [`unmet_wait_report`](Self::unmet_wait_report), or
+    /// nothing when every wait holds.
     fn first_unmet(&self) -> String {
-        match self.unmet_wait() {
-            Some((op, cur)) => format!("; the first wait not met: {op:?}, the word holds {cur:#x}"),
-            None => String::new(),
-        }
+        self.unmet_wait_report()
+            .map(|r| format!("; {r}"))
+            .unwrap_or_default()
     }
 
     /// Blocks until everything enqueued has run.
