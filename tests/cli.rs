@@ -1504,7 +1504,8 @@ fn pingpong_stages_gpu_payloads_on_every_trigger() {
 
 /// `bandwidth --mem device` stages writes from the cpu and stream triggers through pinned
 /// bounces on the GPU (`--staging on`, and `auto` on the soft device), byte for byte
-/// (`--check`) at 1 B, 4 KiB and 1 MiB (four 256 KiB chunks), and runs directly with
+/// (`--check`) at 1 B, 4 KiB, 1 MiB and 1 MiB + 3 B (four and five 256 KiB chunks), and at
+/// 1 MiB + 3 B in the default chunks, and runs directly with
 /// `--staging off` and on the kernel trigger; the JSON names the path.
 #[test]
 #[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test cli -- --include-ignored bandwidth_stages"]
@@ -1519,18 +1520,36 @@ fn bandwidth_stages_gpu_payloads_on_the_cpu_and_stream_triggers() {
                 "--staging",
                 staging,
                 "--sizes",
-                "1,4K,1M",
+                "1,4K,1M,1048579",
+                "--chunk",
+                "256K",
                 "--iters",
                 "200",
                 "--check",
             ];
             let rows = gpu_json("bandwidth", &args);
-            assert_eq!(rows.len(), 3, "{args:?}: {rows:?}");
+            assert_eq!(rows.len(), 4, "{args:?}: {rows:?}");
             for r in &rows {
                 let path = common::json_field(r, "gpu_memory");
                 assert!(path.starts_with("staged"), "{args:?}: {r}");
             }
         }
+    }
+    for trigger in ["cpu", "stream"] {
+        let args = ["--trigger", trigger, "--mem", "device", "--staging", "on"];
+        let args = [
+            &args[..],
+            &["--sizes", "1048579", "--iters", "100", "--check"],
+        ]
+        .concat();
+        let rows = gpu_json("bandwidth", &args);
+        assert_eq!(rows.len(), 1, "{args:?}: {rows:?}");
+        assert_eq!(
+            common::json_field(&rows[0], "chunk"),
+            "1048576",
+            "{}",
+            rows[0]
+        );
     }
     for (trigger, staging) in [("stream", "off"), ("kernel", "auto")] {
         let args = [

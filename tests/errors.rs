@@ -38,6 +38,9 @@ both!(
 // no query for it (`ibv_query_qp` gives the state only), so an mlx5 device cannot say.
 soft_only!(executor_consumed_error_is_found_after_it_was_overwritten);
 
+// What a stalled program's report says of the soft engines (a ConnectX has its firmware dump).
+soft_only!(the_engine_report_shows_sends_held_by_a_missing_receive);
+
 // Between two devices of one process, a large payload is read from the source when it is
 // delivered; the soft device is where that can be watched.
 soft_only!(source_deregistered_while_a_large_write_is_in_flight);
@@ -1390,4 +1393,39 @@ fn source_deregistered_while_a_large_write_is_in_flight(t: Topo) {
         assert_healthy(&mut p.another());
     }
     eprintln!("{failed} of 16 writes failed with LocalProt");
+}
+
+/// Sends waiting for a receive the peer never posted (RNR) show in the engines' report as
+/// posted and not completed, on the QP connected to the peer, with the peer's receive ring
+/// empty: what a stalled program's report is for.
+fn the_engine_report_shows_sends_held_by_a_missing_receive(t: Topo) {
+    let cfg = QpConfig {
+        rnr_retry: u8::MAX,
+        rnr_timer: Duration::from_millis(200),
+        ..QpConfig::default()
+    };
+    let mut p = Pair::with_config(t, &cfg, &QpConfig::default());
+    let mut src = pattern(9, 100);
+    let smr = p.a.pd.register(&mut src, Access::empty()).unwrap();
+    for i in 0..3 {
+        p.a.qp
+            .post_send(&SendWr::send_imm(i).sge(smr.sge(..)).wr_id(i as u64))
+            .unwrap();
+    }
+    assert_quiet(&p.a.scq, Duration::from_millis(50));
+    let (a, b) = (p.a.qp.qpn(), p.b.qp.qpn());
+    let report = gdasync::gdsync::soft_engines_report().join("\n");
+    let mine = |qp: u32, peer: u32, what: &str| {
+        report
+            .split("; ")
+            .any(|l| l.contains(&format!("QP {qp:#x} -> {peer:#x}: ")) && l.contains(what))
+    };
+    assert!(
+        mine(a, b, "/3 (consumed/posted)"),
+        "no line for QP {a:#x} with 3 sends posted: {report}"
+    );
+    assert!(
+        mine(b, a, "receive ring 0/0"),
+        "no line for QP {b:#x} with no receive posted: {report}"
+    );
 }

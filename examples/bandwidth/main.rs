@@ -123,7 +123,7 @@ struct Args {
     /// writes from the cpu and stream triggers.
     #[arg(long, value_enum)]
     staging: Option<StagingArg>,
-    /// Staged: bytes per chunk, the size of a bounce (default 256K).
+    /// Staged: bytes per chunk, the size of a bounce (default 1M).
     #[arg(long, value_parser = common::sizes::parse_size)]
     chunk: Option<usize>,
     /// Staged: bounces per rank, the chunks in flight at most (2 to 64, default 4).

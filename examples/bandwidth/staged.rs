@@ -24,7 +24,7 @@ use anyhow::{bail, Context, Result};
 use gdasync::gdsync::cuda::{Cuda, CudaStream};
 use gdasync::gdsync::exec::{Executor, HostExecutor, HostStream};
 use gdasync::gdsync::ops::{Ops, WaitCond};
-use gdasync::gdsync::staging::{Staging, DEFAULT_CHUNK};
+use gdasync::gdsync::staging::Staging;
 use gdasync::gdsync::{
     Access, ChunkPlan, DeviceName, Error, GpuMemoryPath, MemoryRegion, PinnedBuffer, Qp, RecvWr,
     RemoteBuf, SendTicket, SendWr, SignalWords,
@@ -36,6 +36,11 @@ use std::time::Instant;
 /// Bounces per rank unless told otherwise: enough that a copy out, a write and a copy in
 /// overlap with room for one late credit.
 const DEFAULT_BOUNCES: usize = 4;
+/// Bytes per chunk unless `--chunk` says: each chunk pays a fixed cost on its trigger (a
+/// stream's step between memory operations and a copy, or the CPU's wait for its copy), about
+/// 15 µs on an H200, so bandwidth wants chunks larger than the latency paths' bounces
+/// (docs/benchmarks.md, "Bandwidth and message rate").
+const DEFAULT_CHUNK: usize = 1 << 20;
 /// Most bounces per rank (each is a chunk of pinned memory).
 const MAX_BOUNCES: usize = 64;
 /// Largest chunk.

@@ -542,7 +542,7 @@ fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Resul
                 stream_rank(rank, &mut r, &lp, iters, &barrier, &stream, || {
                     Ok(stream.synchronize_within(TIMEOUT)?)
                 })
-                .map_err(|e| stalled_where(&stream, e))
+                .map_err(|e| stalled_where(rank, &stream, e))
             };
             keep.lock().unwrap_or_else(|e| e.into_inner()).push(r);
             run
@@ -554,8 +554,16 @@ fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Resul
 }
 
 /// `e` with where `stream` sits: the first wait it has not passed, or none (idle, or held
-/// by a copy or a kernel).
-fn stalled_where(stream: &CudaStream, e: anyhow::Error) -> anyhow::Error {
+/// by a copy or a kernel); rank 0's also says what the soft engines hold (once per run: the
+/// engines serve both ranks).
+fn stalled_where(rank: usize, stream: &CudaStream, e: anyhow::Error) -> anyhow::Error {
+    let e = match rank {
+        0 => match gdasync::gdsync::soft_engines_report() {
+            engines if engines.is_empty() => e,
+            engines => e.context(engines.join("; ")),
+        },
+        _ => e,
+    };
     match stream.unmet_wait_report() {
         Some(r) => e.context(r),
         None => e.context("its stream waits on no word: idle, or held by a copy or a kernel"),

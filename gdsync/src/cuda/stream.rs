@@ -280,12 +280,13 @@ impl CudaStream {
         Ok(())
     }
 
-    /// [`unmet_wait`](Self::unmet_wait) as words for an error report: `its stream waits for
-    /// <op> (the word holds <value>)`, or `None`.
+    /// [`unmet_wait`](Self::unmet_wait) as words for an error report, or `None`. It names the
+    /// first wait enqueued that does not hold: the stream stands there, or is held by work
+    /// before it (a copy, a kernel), which the CPU cannot tell apart.
     pub fn unmet_wait_report(&self) -> Option<String> {
         let (op, cur) = self.unmet_wait()?;
         Some(format!(
-            "its stream waits for {op:?} (the word holds {cur:#x})"
+            "its stream's first wait not met is {op:?} (the word holds {cur:#x}; the stream is there, or held by work before it)"
         ))
     }
 

@@ -379,6 +379,29 @@ pub fn progress() {
     help(Why::Poll);
 }
 
+/// What each soft engine of this process is doing, one entry per engine, for the report of a
+/// program that stalled: per QP (`QP <qpn> -> <remote qpn>: ...; `), its link, the send and
+/// receive rings as consumed/posted, the WQEs in flight, whether it waits for a retry, the
+/// doorbell halves rung and not yet read, and the CQEs written to its CQs; then what is queued
+/// on each link. An engine that stays held for 200 ms (a round that does not end) is said to be
+/// held instead of waited for. Read without changing anything; empty without soft devices.
+pub fn soft_engines_report() -> Vec<String> {
+    let engines = ENGINES.read().clone();
+    (engines.iter().enumerate())
+        .map(|(i, core)| {
+            match core
+                .engine
+                .try_lock_for(std::time::Duration::from_millis(200))
+            {
+                Some(e) => format!("soft engine {i}: {}", e.state_report()),
+                None => format!(
+                    "soft engine {i}: held by a thread for 200 ms (a round that does not end?)"
+                ),
+            }
+        })
+        .collect()
+}
+
 /// Runs the engines' pending rounds on this thread, in shared mode (see [`progress`]).
 #[inline]
 pub(crate) fn help(why: Why) {

@@ -29,6 +29,7 @@ mod errors;
 mod links;
 mod memory;
 mod packets;
+mod report;
 mod requester;
 mod responder;
 mod strict;
