@@ -125,7 +125,7 @@ impl Cuda {
             Some(raw) => (raw, false),
             None => (self.create_stream(ordinal)?, true),
         };
-        Ok(CudaStream {
+        let stream = CudaStream {
             raw,
             owned,
             ordinal,
@@ -139,7 +139,47 @@ impl Cuda {
             }),
             done,
             timeout: crate::exec::DEFAULT_WAIT_TIMEOUT,
-        })
+        };
+        if owned {
+            stream.warm_up();
+        }
+        Ok(stream)
+    }
+}
+
+/// How long a new stream's first work may take before the warning.
+const WARM_UP_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl CudaStream {
+    /// Runs the kinds of work a stream of ours runs (a memory operation, and the staged-copy
+    /// kernel where one was compiled for its GPU) once, and waits for them. On an H200, a new
+    /// stream whose first work was queued while another stream of the process stood in a
+    /// memory wait sometimes never ran it: two ranks each waiting for the other's first
+    /// message stalled at the start in about one run in six, nothing posted by either. A stream
+    /// that has run its first work before any wait is queued has not shown it. Bounded: a
+    /// stream made while others already wait may not pass; then a warning, and the stream is
+    /// used as it is.
+    fn warm_up(&self) {
+        let word = self.done.gpu_addr(0);
+        let mut first = Ops::new();
+        // SAFETY: `done` is the stream's own word: it lives as long as the stream, whose drop
+        // waits for the work enqueued on it.
+        unsafe {
+            first.push_raw(Op::Write32 {
+                addr: self.done.addr(0),
+                value: 0,
+            })
+        };
+        let ran = self
+            .enqueue(first)
+            .and_then(|()| self.copy_by_kernel(word, word, 0).map(drop))
+            .and_then(|()| self.synchronize_within(WARM_UP_TIMEOUT));
+        if let Err(e) = ran {
+            tracing::warn!(
+                "GPU {}: a new stream's first work did not run: {e}",
+                self.ordinal
+            );
+        }
     }
 }
 
