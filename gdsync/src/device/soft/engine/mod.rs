@@ -106,21 +106,11 @@ pub(crate) struct QpHw {
 
 impl QpHw {
     /// Both halves of the QP's doorbell register (a CPU poster alternates between them), and
-    /// those of its pair register ([`Bfreg::halves`]), as they stood at one moment. A ConnectX takes doorbells one after the other, in the order
-    /// they were written; two loads are not one moment: the first half read before a
-    /// doorbell and the second after a later one would show the later doorbell first, and
-    /// the earlier one, seen at the next look, would seem to go backwards. So the first
-    /// half is read again, and the pair taken again if it moved (doorbells only move on).
+    /// those of its pair register ([`Bfreg::halves`]), as they stood at one moment
+    /// ([`Bfreg::doorbell`]).
     #[inline]
     fn doorbell(&self) -> Doorbell {
-        let b = &self.bfreg;
-        let regs = b.halves().map(|off| b.page.u64(off));
-        loop {
-            let db = regs.each_ref().map(|r| r.load(Ordering::Acquire));
-            if regs[0].load(Ordering::Acquire) == db[0] {
-                return db;
-            }
-        }
+        self.bfreg.doorbell()
     }
     /// Where the newest doorbell rung since `last` ends (see [`doorbell_end`]), if every half
     /// that changed names this QP and lies at most a ring ahead of `ci`: the send queue's
