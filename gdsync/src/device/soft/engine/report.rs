@@ -4,58 +4,84 @@
 //! What a ConnectX's firmware dump would show of the same moment, read without changing
 //! anything.
 
-use super::Engine;
-use std::fmt::Write;
+use super::{Engine, QpContext};
+use std::sync::atomic::Ordering;
 
 impl Engine {
-    /// One line per active QP and one for the links: what a stalled program's report adds
-    /// so that "nothing arrives" can be told apart from "nothing was posted", "a doorbell
-    /// went unseen" and "waiting for a link".
+    /// One entry per active QP (`QP <qpn> -> <remote qpn>: ...; `) and then the links: what a
+    /// stalled program's report adds so that "nothing arrives" can be told apart from
+    /// "nothing was posted", "a doorbell went unseen" and "waiting for a link".
     pub(crate) fn state_report(&self) -> String {
         let mut out = String::new();
-        for &qpn in &self.active {
-            let Some(q) = self.qps.get(qpn) else {
-                continue;
-            };
-            let db = q.hw.doorbell();
-            let unseen: Vec<String> = (db.iter().zip(q.sq.last_db.iter()))
-                .enumerate()
-                .filter(|(_, (now, last))| now != last)
-                .map(|(h, (now, _))| format!("half {h} {now:#x}"))
-                .collect();
-            let _ = write!(
-                out,
-                "QP {qpn:#x} -> {:#x}: link {}, {}{}{}send ring {}/{} (consumed/posted), {} in flight{}{}, doorbell {}, receive ring {}/{}, CQEs written: send CQ {:#x} {}, receive CQ {:#x} {}; ",
+        for q in (self.active.iter()).filter_map(|&n| self.qps.get(n)) {
+            out.push_str(&format!(
+                "QP {:#x} -> {:#x}: {}; ",
+                q.hw.qpn,
                 q.rqpn,
-                q.link.map_or("none".to_string(), |l| l.to_string()),
-                q.awaiting.map_or(String::new(), |p| format!("awaiting link to {p:016x}, ")),
-                if q.err { "in error, " } else { "" },
-                if q.peer_gone { "peer gone, " } else { "" },
-                q.sq.ci as u16,
-                q.hw.sq_producer(),
-                q.sq.out.len(),
-                if q.sq.pending { ", pending" } else { "" },
-                if q.sq.retry_at.is_some() { ", retry timer set" } else { "" },
-                if unseen.is_empty() { "seen".to_string() } else { format!("not yet read: {}", unseen.join(", ")) },
-                q.rq.ci as u16,
-                q.hw.rq_producer(),
-                q.hw.send_cq.cqn,
-                q.hw.send_cq.pi.load(std::sync::atomic::Ordering::Relaxed),
-                q.hw.recv_cq.cqn,
-                q.hw.recv_cq.pi.load(std::sync::atomic::Ordering::Relaxed),
-            );
+                qp_state(q).join(", ")
+            ));
         }
-        let queued: Vec<String> = (self.links.iter().enumerate())
+        let links: Vec<String> = (self.links.iter().enumerate())
             .map(|(i, l)| {
+                let dead = if l.link.dead { " (dead)" } else { "" };
                 format!(
-                    "link {i} to {:016x}{}: {} queued",
+                    "link {i} to {:016x}{dead}: {} queued",
                     l.link.peer,
-                    if l.link.dead { " (dead)" } else { "" },
                     l.queue.len()
                 )
             })
             .collect();
-        let _ = write!(out, "{}", queued.join(", "));
+        out.push_str(&links.join(", "));
         out
     }
+}
+
+/// The parts of one QP's entry, in the order a reader follows a message: connection, send
+/// ring, doorbell, receive ring, completions.
+fn qp_state(q: &QpContext) -> Vec<String> {
+    let mut parts = vec![match q.link {
+        Some(l) => format!("link {l}"),
+        None => "link none".to_string(),
+    }];
+    if let Some(peer) = q.awaiting {
+        parts.push(format!("awaiting link to {peer:016x}"));
+    }
+    if q.err {
+        parts.push("in error".into());
+    }
+    if q.peer_gone {
+        parts.push("peer gone".into());
+    }
+    let (ci, pi) = (q.sq.ci as u16, q.hw.sq_producer());
+    parts.push(format!("send ring {ci}/{pi} (consumed/posted)"));
+    parts.push(format!("{} in flight", q.sq.out.len()));
+    if q.sq.pending {
+        parts.push("pending".into());
+    }
+    if q.sq.retry_at.is_some() {
+        parts.push("retry timer set".into());
+    }
+    let db = q.hw.doorbell();
+    let unread: Vec<String> = (db.iter().zip(q.sq.last_db.iter()).enumerate())
+        .filter(|(_, (now, last))| now != last)
+        .map(|(h, (now, _))| format!("half {h} {now:#x}"))
+        .collect();
+    parts.push(match unread.is_empty() {
+        true => "doorbell seen".into(),
+        false => format!("doorbell not yet read: {}", unread.join(" ")),
+    });
+    parts.push(format!(
+        "receive ring {}/{}",
+        q.rq.ci as u16,
+        q.hw.rq_producer()
+    ));
+    let (s, r) = (&q.hw.send_cq, &q.hw.recv_cq);
+    parts.push(format!(
+        "CQEs written: send CQ {:#x} {}, receive CQ {:#x} {}",
+        s.cqn,
+        s.pi.load(Ordering::Relaxed),
+        r.cqn,
+        r.pi.load(Ordering::Relaxed)
+    ));
+    parts
 }
