@@ -560,7 +560,7 @@ fn stalled_where(rank: usize, stream: &CudaStream, e: anyhow::Error) -> anyhow::
     let e = match rank {
         0 => match gdasync::gdsync::soft_engines_report() {
             engines if engines.is_empty() => e,
-            engines => e.context(engines.join("; ")),
+            engines => e.context(engines.join(" / ")),
         },
         _ => e,
     };
