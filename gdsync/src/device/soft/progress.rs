@@ -379,7 +379,8 @@ pub fn progress() {
     help(Why::Poll);
 }
 
-/// What each soft engine of this process is doing, one entry per engine, for the report of a
+/// What each soft engine of this process is doing, one entry per engine (named by its thread,
+/// `gdsync-soft-<device uid>`), for the report of a
 /// program that stalled: per QP (`QP <qpn> -> <remote qpn>: ...; `), its link, the send and
 /// receive rings as consumed/posted, the WQEs in flight, whether it waits for a retry, the
 /// doorbell halves rung and not yet read, and the CQEs written to its CQs; then what is queued
@@ -389,14 +390,12 @@ pub fn soft_engines_report() -> Vec<String> {
     let engines = ENGINES.read().clone();
     (engines.iter().enumerate())
         .map(|(i, core)| {
-            match core
-                .engine
-                .try_lock_for(std::time::Duration::from_millis(200))
-            {
-                Some(e) => format!("soft engine {i}: {}", e.state_report()),
-                None => format!(
-                    "soft engine {i}: held by a thread for 200 ms (a round that does not end?)"
-                ),
+            // The engine's thread name (gdsync-soft-<device uid>) says which device it serves.
+            let thread = core.ctl.thread.get().and_then(|t| t.name().map(String::from));
+            let who = thread.unwrap_or_else(|| format!("soft engine {i}"));
+            match core.engine.try_lock_for(std::time::Duration::from_millis(200)) {
+                Some(e) => format!("{who}: {}", e.state_report()),
+                None => format!("{who}: held by a thread for 200 ms (a round that does not end, or the caller's own)"),
             }
         })
         .collect()
