@@ -380,8 +380,7 @@ pub fn progress() {
 }
 
 /// What each soft engine of this process is doing, one entry per engine (named by its thread,
-/// `gdsync-soft-<device uid>`), for the report of a
-/// program that stalled: per QP (`QP <qpn> -> <remote qpn>: ...; `), its link, the send and
+/// `gdsync-soft-<device uid>`), for the report of a program that stalled: per QP (`QP <qpn> -> <remote qpn>: ...; `), its link, the send and
 /// receive rings as consumed/posted, the WQEs in flight, whether it waits for a retry, the
 /// doorbell halves rung and not yet read, and the CQEs written to its CQs; then what is queued
 /// on each link. An engine that stays held for 200 ms (a round that does not end) is said to be
