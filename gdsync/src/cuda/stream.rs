@@ -87,8 +87,9 @@ impl std::fmt::Debug for CudaStream {
 impl Cuda {
     /// A new non-blocking stream on GPU `ordinal`. It runs its first work before it is
     /// returned (a memory operation, and the staged-copy kernel where staging bounces made
-    /// before it compiled one; at most 5 s, then a warning): a new stream's first work queued while another stream waited has
-    /// been seen never to run. Make streams before any of them waits for a peer.
+    /// before it compiled one; at most 5 s, then a warning): a new stream's first work queued
+    /// while another stream waited has been seen never to run. Make streams before any of
+    /// them waits for a peer.
     pub fn new_stream(self: &Arc<Self>, ordinal: i32) -> Result<CudaStream> {
         self.stream_on(ordinal, None)
     }

@@ -380,21 +380,31 @@ pub fn progress() {
 }
 
 /// What each soft engine of this process is doing, one entry per engine (named by its thread,
-/// `gdsync-soft-<device uid>`), for the report of a program that stalled: per QP (`QP <qpn> -> <remote qpn>: ...; `), its link, the send and
-/// receive rings as consumed/posted, the WQEs in flight, whether it waits for a retry, the
-/// doorbell halves rung and not yet read, and the CQEs written to its CQs; then what is queued
-/// on each link. An engine that stays held for 200 ms (a round that does not end) is said to be
+/// `gdsync-soft-<device uid>`), for the report of a program that stalled: per QP
+/// (`QP <qpn> -> <remote qpn>: ...; `), its link, the send and receive rings as
+/// consumed/posted, the WQEs in flight, whether it waits for a retry, the doorbell halves rung
+/// and not yet read, and the CQEs written to its CQs; then what is queued on each link. An engine that stays held for 200 ms (a round that does not end) is said to be
 /// held instead of waited for. Read without changing anything; empty without soft devices.
 pub fn soft_engines_report() -> Vec<String> {
     let engines = ENGINES.read().clone();
     (engines.iter().enumerate())
         .map(|(i, core)| {
             // The engine's thread name (gdsync-soft-<device uid>) says which device it serves.
-            let thread = core.ctl.thread.get().and_then(|t| t.name().map(String::from));
+            let thread = core
+                .ctl
+                .thread
+                .get()
+                .and_then(|t| t.name().map(String::from));
             let who = thread.unwrap_or_else(|| format!("soft engine {i}"));
-            match core.engine.try_lock_for(std::time::Duration::from_millis(200)) {
+            match core
+                .engine
+                .try_lock_for(std::time::Duration::from_millis(200))
+            {
                 Some(e) => format!("{who}: {}", e.state_report()),
-                None => format!("{who}: held by a thread for 200 ms (a round that does not end, or the caller's own)"),
+                None => format!(
+                    "{who}: held by a thread for 200 ms (a round that does not end, or the \
+                     caller's own)"
+                ),
             }
         })
         .collect()
