@@ -31,3 +31,14 @@ pub extern "C" fn gdasync_emulated_hca_attach() -> c_int {
         }
     }
 }
+
+/// Lends the calling thread to this library's soft HCA: runs its pending rounds where the soft
+/// engines progress on shared threads (machines with fewer cores than engines and polling
+/// threads), as a software RDMA provider runs its data path on the threads that post and
+/// poll. The emulated driver calls it from the `post_send`, `post_recv` and `poll_cq` of the
+/// contexts a program opens, so a verbs program lends its threads without knowing it.
+#[no_mangle]
+pub extern "C" fn gdasync_emulated_hca_progress() {
+    // (A panic must not cross into C: it is dropped, and the engine threads serve instead.)
+    let _ = std::panic::catch_unwind(gdsync::lend_thread);
+}

@@ -244,6 +244,8 @@ static void ensure_init(void) { pthread_once(&once, init); }
  * this HCA attached when it asks (uvemu_hca_attached()) and is served by it: never two. Called without the lock held (the
  * attach takes it); a failure is reported on stderr and the process runs unserved. */
 int uvemu_hca_attached(void);
+/* The loaded soft HCA's gdasync_emulated_hca_progress, where it has one (see ibv_open_device). */
+static void (*hca_progress)(void);
 static pthread_once_t auto_hca_once = PTHREAD_ONCE_INIT;
 static void auto_hca(void)
 {
@@ -259,6 +261,78 @@ static void auto_hca(void)
 	int rc = attach();
 	L("soft HCA from %s: %s", path, rc ? strerror(rc) : "attached");
 	if (rc) fprintf(stderr, "uvemu: the soft HCA of %s did not attach: %s\n", path, strerror(rc));
+	else hca_progress = (void (*)(void))dlsym(lib, "gdasync_emulated_hca_progress");
+}
+
+/* Threads lent to the loaded soft HCA. A software RDMA provider runs its data path on the
+ * threads that post and poll; the soft HCA does so for gdasync's own processes, and here for
+ * any verbs program it was loaded into: ibv_open_device is wrapped, and the contexts it opens
+ * get a post_send and a post_recv that run the HCA's pending rounds after posting, and a
+ * poll_cq that runs them when the CQ was empty and polls again (gdasync_emulated_hca_progress:
+ * gdsync::lend_thread, a no-op unless the soft engines progress on shared threads, on machines
+ * with few cores, and a few loads unless a doorbell or a packet is waiting). A doorbell is
+ * then served at once, and a packet for a thread that polls its CQ is taken in by that thread,
+ * instead of at an engine thread's next look (on a busy 2-core machine tens of microseconds
+ * later). Posts through the ibv_wr_* API (perftest's default) ring the doorbell in libmlx5
+ * itself; their next poll_cq serves them. $UVEMU_LEND chooses: "all" (the default), "post"
+ * (post_send and post_recv only), "0" (none). The slots are those of struct ibv_context_ops
+ * after the context's device pointer (libibverbs' stable ABI: poll_cq is its 12th function
+ * pointer, post_send and post_recv its 26th and 27th). */
+typedef int (*poll_cq_fn)(void *cq, int n, void *wc);
+typedef int (*post_fn)(void *q, void *wr, void **bad);
+enum { OPS_AT = 1, POLL_CQ = OPS_AT + 11, POST_SEND = OPS_AT + 25, POST_RECV = OPS_AT + 26 };
+static poll_cq_fn real_poll_cq;
+static post_fn real_post_send, real_post_recv;
+
+static int lent_poll_cq(void *cq, int n, void *wc)
+{
+	int got = real_poll_cq(cq, n, wc);
+	if (got != 0) return got;
+	hca_progress();
+	return real_poll_cq(cq, n, wc);
+}
+
+static int lent_post_send(void *qp, void *wr, void **bad)
+{
+	int rc = real_post_send(qp, wr, bad);
+	hca_progress();
+	return rc;
+}
+
+static int lent_post_recv(void *qp, void *wr, void **bad)
+{
+	int rc = real_post_recv(qp, wr, bad);
+	hca_progress();
+	return rc;
+}
+
+/* Swaps one slot for its lent form when it holds the function the first context held
+ * (a context of another provider keeps its own). */
+static void lend_slot(void **slot, void **real, void *lent)
+{
+	void *cur = *slot;
+	if (!cur || cur == lent) return;
+	void *expected = NULL;
+	__atomic_compare_exchange_n(real, &expected, cur, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+	if (__atomic_load_n(real, __ATOMIC_ACQUIRE) == cur) *slot = lent;
+}
+
+void *ibv_open_device(void *dev)
+{
+	static void *(*real)(void *);
+	if (!real) real = (void *(*)(void *))dlsym(RTLD_NEXT, "ibv_open_device");
+	void *ctx = real ? real(dev) : NULL;
+	const char *lend = getenv("UVEMU_LEND");
+	if (!lend || !*lend) lend = "all";
+	if (!ctx || !hca_progress || strcmp(lend, "0") == 0) return ctx;
+	void **slots = ctx;
+	lend_slot(&slots[POST_SEND], (void **)&real_post_send, (void *)lent_post_send);
+	lend_slot(&slots[POST_RECV], (void **)&real_post_recv, (void *)lent_post_recv);
+	int poll = strcmp(lend, "all") == 0;
+	if (poll) lend_slot(&slots[POLL_CQ], (void **)&real_poll_cq, (void *)lent_poll_cq);
+	L("ibv_open_device: post_send, post_recv%s lend their threads to the soft HCA",
+	  poll ? " and poll_cq" : "");
+	return ctx;
 }
 
 /* The device index of /dev/infiniband/uverbsN, or -1. */

@@ -37,7 +37,9 @@ pub(crate) use device::SoftDevice;
 pub use emulated::serve_emulated_driver;
 
 use progress::Why;
-pub use progress::{progress, progress_mode, progress_mode_for, soft_engines_report, ProgressMode};
+pub use progress::{
+    lend_thread, progress, progress_mode, progress_mode_for, soft_engines_report, ProgressMode,
+};
 
 pub(crate) use link::{Link, PEER_WAIT};
 

@@ -91,6 +91,9 @@ pub(crate) struct EngineCore {
     timers_asked: AtomicBool,
     /// A helper ran rounds since the engine thread last looked: the ranks drive the engine.
     helped: AtomicBool,
+    /// A lent thread's round did something since the engine thread last looked: work is
+    /// flowing, so the engine thread keeps its short steps (its own looks may find nothing).
+    lent_work: AtomicBool,
     /// A thread that uses the engine's queues ran it since the engine thread last looked.
     /// Other threads leave such an engine alone; an engine nobody owns (its rank only waits
     /// for data to land) is run by whichever threads feed it. (Read by every helper, written
@@ -182,12 +185,19 @@ impl EngineCore {
             asked: AtomicBool::new(false),
             timers_asked: AtomicBool::new(false),
             helped: AtomicBool::new(false),
+            lent_work: AtomicBool::new(false),
             owned: Padded(AtomicBool::new(false)),
             owner: AtomicU64::new(0),
         })
     }
 
     /// Holds the engine as a round would (for tests: an engine that cannot run).
+    /// Whether a thread handed the holder of the engine a request for a round (for tests).
+    #[cfg(test)]
+    pub(crate) fn was_asked(&self) -> bool {
+        self.asked.load(Ordering::SeqCst)
+    }
+
     #[cfg(test)]
     pub(crate) fn hold(&self) -> parking_lot::MutexGuard<'_, Engine> {
         self.engine.lock()
@@ -248,7 +258,7 @@ impl EngineCore {
                     // Copies to GPU memory bind a CUDA context to the thread that makes
                     // them: with GPU regions (checked before every round, one may have been
                     // registered meanwhile) only the engine's own thread runs rounds.
-                    if who == Who::Helper && e.has_gpu_regions() {
+                    if who != Who::Engine && e.has_gpu_regions() {
                         self.asked.store(true, Ordering::SeqCst);
                         drop(e);
                         self.ctl.wake();
@@ -271,10 +281,13 @@ impl EngineCore {
                     }
                     work = true;
                     tick = false;
+                    if who == Who::Lender {
+                        set_flag(&self.lent_work, true);
+                    }
                     // A helper leaves after a round that did something: the data it
                     // delivered is what its caller polls for, and the caller comes back
                     // (another round here would only delay the caller's next look).
-                    if who == Who::Helper {
+                    if who != Who::Engine {
                         break;
                     }
                 }
@@ -296,6 +309,17 @@ impl EngineCore {
     /// lock taken. A thread that looks counts as driving the engine, as a round would.
     #[inline]
     fn quiet(&self, copy: &mut WatchCopy) -> bool {
+        let quiet = self.looks_quiet(copy);
+        if quiet {
+            set_flag(&self.owned, true);
+            set_flag(&self.helped, true);
+        }
+        quiet
+    }
+
+    /// [`quiet`](Self::quiet) without counting as driving the engine (a lent thread's look).
+    #[inline]
+    fn looks_quiet(&self, copy: &mut WatchCopy) -> bool {
         // The watched words first (a packet that came in fails the look soonest); then
         // whether this copy is still the engine's watch (a look at an older one is safe,
         // its memory is kept alive, but says nothing).
@@ -304,10 +328,7 @@ impl EngineCore {
             && !self.timers_asked.load(Ordering::Relaxed)
             && !self.ctl.has_cmds.load(Ordering::Relaxed)
             && self.ctl.watch_gen.load(Ordering::Acquire) == copy.gen;
-        if quiet {
-            set_flag(&self.owned, true);
-            set_flag(&self.helped, true);
-        } else {
+        if !quiet {
             self.refresh_watch(copy);
         }
         quiet
@@ -330,12 +351,13 @@ impl EngineCore {
     }
 
     /// Takes the engine if it is free. A doorbell that finds it held is handed to the
-    /// holder (`asked`), which runs the rounds before it lets go; a poll just leaves, as
-    /// the holder is already driving (and does not touch the lock's line to find out).
+    /// holder (`asked`), which runs the rounds before it lets go; a poll or the engine
+    /// thread's look just leaves, as the holder is already driving (and does not touch the
+    /// lock's line to find out).
     fn take(&self, why: Why) -> Option<parking_lot::MutexGuard<'_, Engine>> {
         match why {
-            Why::Poll if self.engine.is_locked() => None,
-            Why::Poll => self.engine.try_lock(),
+            Why::Poll | Why::Look if self.engine.is_locked() => None,
+            Why::Poll | Why::Look => self.engine.try_lock(),
             Why::Doorbell => self.engine.try_lock().or_else(|| {
                 self.asked.store(true, Ordering::SeqCst);
                 // The holder may have let go before it could see the request.
@@ -354,18 +376,28 @@ fn set_flag(flag: &AtomicBool, v: bool) {
     }
 }
 
-/// Who runs a round: the engine's own thread, or a posting or polling thread.
+/// Who runs a round: the engine's own thread, a posting or polling thread (which then drives
+/// the engine: its thread naps), or a thread lent now and then ([`lend_thread`]: the engine's
+/// thread keeps looking on its own).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Who {
     Engine,
     Helper,
+    Lender,
 }
 
-/// Why a thread helps: it rang a doorbell (which must not be left unseen), or it polls.
+/// Why a thread helps: it rang a doorbell (which must not be left unseen), it polls, or it
+/// is the engine's own thread looking for work.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Why {
     Doorbell,
     Poll,
+    /// The engine thread's look: a full round if the engine is free, else nothing (the
+    /// thread holding it runs the rounds, and the engine thread looks again after its
+    /// step). It hands nothing to the holder: a holder that keeps the engine (a lent thread
+    /// that polls a CQ for an answer) would otherwise be asked again at every look, and the
+    /// engine thread, seeing its own request unanswered, would never sleep.
+    Look,
 }
 
 /// Lends the calling thread to this process's soft engines: when they progress on shared
@@ -622,6 +654,52 @@ fn refresh(m: &mut (u64, Vec<Arc<EngineCore>>, usize)) {
     }
 }
 
+/// Lends the calling thread to this process's soft engines for their pending rounds, without
+/// taking them over: unlike [`progress`], the engines' own threads keep looking for work as if
+/// nobody drove them. For a program whose threads call in only at some of their steps (a verbs
+/// program under the emulated HCA lends its threads from `ibv_post_send`, `ibv_post_recv` and
+/// an empty `ibv_poll_cq`) and spin on memory between them: the engine must still see what
+/// arrives while they spin. A no-op (one load) unless the engines progress on shared threads.
+pub fn lend_thread() {
+    if !SHARED.load(Ordering::Relaxed) {
+        return;
+    }
+    // Only an engine whose watched words changed is taken: a lent thread that holds an
+    // engine with nothing to do, and is preempted there, would keep the engine's own thread
+    // from what arrives next for a whole scheduler slice.
+    let _ = MINE.try_with(|m| {
+        let Ok(mut m) = m.try_borrow_mut() else {
+            return; // re-entered from inside a round: the outer call drives
+        };
+        refresh(&mut m);
+        let _ = LENT.try_with(|l| {
+            let Ok(mut l) = l.try_borrow_mut() else {
+                return;
+            };
+            if l.0 != m.0 || l.1.len() != m.1.len() {
+                l.1 = (0..m.1.len())
+                    .map(|_| WatchCopy {
+                        gen: u64::MAX,
+                        watch: None,
+                    })
+                    .collect();
+                l.0 = m.0;
+            }
+            for (core, copy) in m.1.iter().zip(l.1.iter_mut()) {
+                if !core.looks_quiet(copy) {
+                    core.help(Who::Lender, Why::Poll);
+                }
+            }
+        });
+    });
+}
+
+thread_local! {
+    /// A lent thread's copies of the engines' watches, in the order of its engine list
+    /// (and the list's generation they belong to).
+    static LENT: RefCell<(u64, Vec<WatchCopy>)> = const { RefCell::new((u64::MAX, Vec::new())) };
+}
+
 #[cold]
 fn help_all(why: Why) {
     // (`try_with`: a queue dropped by another thread-local's destructor late in a thread's
@@ -703,8 +781,15 @@ pub(super) fn shared_step(core: &EngineCore, w: &mut Waiting) {
     // away from their cores, and work found meanwhile is theirs.
     let driven = core.helped.swap(false, Ordering::Relaxed);
     set_flag(&core.owned, false);
-    // As a doorbell: if a helper holds the engine, it runs the rounds (timers included).
-    let work = !driven && core.help(Who::Engine, Why::Doorbell);
+    // If a helper holds the engine, it runs the rounds (timers included: asked above).
+    let lent = core.lent_work.load(Ordering::Relaxed);
+    if lent {
+        core.lent_work.store(false, Ordering::Relaxed);
+    }
+    let work = !driven && core.help(Who::Engine, Why::Look);
+    if lent && !work {
+        w.lent_work(now);
+    }
     let step = w.next(now, driven, work);
     if step == Step::Spin {
         std::hint::spin_loop();

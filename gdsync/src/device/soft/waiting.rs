@@ -96,6 +96,12 @@ impl Waiting {
         self.idle_since = None;
     }
 
+    /// A lent thread's round did work before the look at `now`: the engine is not idle (its
+    /// steps stay short), but it did nothing itself, so it does not spin after it.
+    pub(super) fn lent_work(&mut self, now: Instant) {
+        self.idle_since = Some(now.checked_sub(SPIN).unwrap_or(now));
+    }
+
     /// The step after a look at `now`: `driven`, a helper ran the engine since the last
     /// look; `work`, the look itself found work.
     pub(super) fn next(&mut self, now: Instant, driven: bool, work: bool) -> Step {

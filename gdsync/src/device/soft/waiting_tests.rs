@@ -65,3 +65,55 @@ fn waiting_naps_while_the_ranks_drive_and_spins_again_after_work() {
     );
     assert_eq!((w.spins, w.yields, w.short_sleeps, w.naps), (2, 1, 1, 2));
 }
+
+/// An engine another thread holds (a verbs program's thread lent to it, polling its CQ for an
+/// answer): the engine thread's look leaves it to the holder and sleeps its step. It used to
+/// hand the holder a request for a round at every look, and, seeing its own request
+/// unanswered, never slept: it spun on a core the busy-polling program needed.
+#[test]
+fn an_engine_thread_leaves_an_engine_another_thread_holds_and_asks_nothing() {
+    let dev = SoftDevice::spawn().unwrap();
+    let core = dev.engine.core.clone();
+    let held = core.hold();
+    let looker = {
+        let core = core.clone();
+        std::thread::spawn(move || {
+            let mut w = Waiting::default();
+            for _ in 0..200 {
+                shared_step(&core, &mut w);
+            }
+            w
+        })
+    };
+    let w = looker.join().unwrap();
+    drop(held);
+    assert!(
+        !core.was_asked(),
+        "the engine thread's looks asked the holder for rounds: {w:?}"
+    );
+    assert!(
+        w.yields + w.short_sleeps > 0,
+        "after its spin the engine thread yields or sleeps: {w:?}"
+    );
+}
+
+/// Work a lent thread did keeps an undriven engine's steps short (it is not idle), without
+/// the spin that follows the engine's own work, and never turns them into the ranks' naps.
+#[test]
+fn a_lent_threads_work_keeps_the_steps_short_without_a_spin() {
+    let t0 = Instant::now();
+    let at = |us: u64| t0 + Duration::from_micros(us);
+    let mut w = Waiting::default();
+    assert_eq!(w.next(at(0), false, true), Step::Spin);
+    // 10 ms later the steps would have grown (idle 10 ms: four times the first).
+    assert!(
+        matches!(w.next(at(10_000), false, false), Step::Short(d) if d > Duration::from_micros(10))
+    );
+    w.lent_work(at(10_001));
+    let s = w.next(at(10_001), false, false);
+    assert!(
+        s == Step::Yield || s == Step::Short(Duration::from_micros(10)),
+        "after a lent thread's work: {s:?}"
+    );
+    assert_eq!(w.naps, 0);
+}
