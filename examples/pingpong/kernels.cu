@@ -58,13 +58,7 @@ out:
 // bounce before the send, and the received message out of the receive bounce into GPU memory
 // (rdev) after its wait (gds_block_copy). Thread 0 shares each step's code with the block
 // (pp_share), so that all threads leave together on an error.
-__device__ int pp_share(int rc) {
-    __shared__ int shared_rc;
-    __syncthreads();
-    if (threadIdx.x == 0) shared_rc = rc;
-    __syncthreads();
-    return shared_rc;
-}
+__device__ int pp_share(int rc) { return (int)gds_block_share((uint32_t)rc); }
 
 extern "C" __global__ void pp_staged(gds_desc_ring ring, int rank, uint64_t iters, uint64_t sig_every,
         int ring_waits, uint64_t my_word, uint64_t sdev, uint64_t out_bounce, uint64_t rdev,
