@@ -1089,6 +1089,20 @@ fn staged_kernel_channels_check_sizes_and_agreement() {
     }
 }
 
+/// (size, iters, recv_batch, sig_every) of the `mp_pp` schedules: the defaults, one credit
+/// per receive, every send signalled (the former schedule), a batch as deep as the ring with a
+/// period longer than half the send ring (the header then signals on its own), odd ones.
+const SCHEDULES: [(u32, u64, u32, u64); 8] = [
+    (8, 300, 16, 16),
+    (4096, 150, 16, 16),
+    (64, 1, 16, 16),
+    (8, 200, 1, 16),
+    (8, 100, 1, 1),
+    (8, 300, 64, 100),
+    (8, 37, 5, 7),
+    (101, 37, 5, 7),
+];
+
 /// The schedule of `mp_pp` (`pingpong --api mp --trigger kernel`, in
 /// examples/pingpong/kernels.cu), line by line, with a thread per rank in the kernel's place:
 /// 64 receives posted ahead on a channel of depth 64 with one credit, then per iteration (rank
@@ -1105,18 +1119,7 @@ fn staged_kernel_channels_check_sizes_and_agreement() {
 )]
 fn pingpong_kernel_schedule_between_thread_ranks() {
     const AHEAD: u32 = 64;
-    // (size, iters, recv_batch, sig_every): the defaults, one credit per receive, every send
-    // signalled (the former schedule), and a batch as deep as the ring with a period longer
-    // than half the send ring (the header then signals on its own).
-    for (size, iters, batch, sig_every) in [
-        (8u32, 300u64, 16u32, 16u64),
-        (4096, 150, 16, 16),
-        (64, 1, 16, 16),
-        (8, 200, 1, 16),
-        (8, 100, 1, 1),
-        (8, 300, 64, 100),
-        (8, 37, 5, 7),
-    ] {
+    for (size, iters, batch, sig_every) in SCHEDULES {
         let results = kernel_channel_ranks(AHEAD, |comm, ch| {
             let (rank, peer) = (comm.rank() as u64, 1 - comm.rank());
             let (sbuf, smr) = pinned(comm.pd(), size as usize);
@@ -1245,6 +1248,97 @@ fn pingpong_kernel_schedule_between_thread_ranks() {
                 cqes <= signalled_sends + 1 + credits / 32,
                 "{what}: rank {rank} consumed {cqes} send completions"
             );
+        }
+    }
+}
+
+/// The schedule of `mp_pp_staged` (`pingpong --api mp --trigger kernel --mem device`, staged),
+/// line by line, with a thread per rank in the kernel's place and vectors standing in for GPU
+/// memory: the receives posted ahead into their bounces, then per iteration (rank 1 first) the
+/// message copied out of its bounce, the marker, the next send bounce taken and filled (in four
+/// "thread" parts), sent, the bookkeeping of `mp_pp` with the receive posted again into the
+/// bounce just copied out, and (rank 0) the answer copied out. Every message arrives whole
+/// (payload and marker), no post is refused, and each rank's channel counts every message.
+#[test]
+#[cfg_attr(
+    not(clang_cuda),
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
+)]
+fn pingpong_staged_kernel_schedule_between_thread_ranks() {
+    const AHEAD: u32 = 64;
+    for (size, iters, batch, sig_every) in SCHEDULES {
+        let what = format!("size {size}, {iters} iterations, batch {batch}, period {sig_every}");
+        let results = staged_channel_ranks(AHEAD, size as usize, |comm, ch| {
+            let (rank, peer) = (comm.rank() as u64, 1 - comm.rank());
+            let n = size as usize;
+            let (mut sdev, mut rdev, mut bad) = (vec![0u8; n], vec![0u8; n], 0u64);
+            let mut p: PeerDesc = ch.desc(peer).unwrap();
+            let mut copy_in = |p: &PeerDesc, i: u64, rdev: &mut Vec<u8>| {
+                gds::copy_parts(rdev, &read(gds::peer_recv_bounce(p), n), 4);
+                let mut want = message(i, peer as u8, n);
+                let marker = (2 * i + 1 + 1 - rank) as u32;
+                want[n - 4..].copy_from_slice(&marker.to_ne_bytes());
+                bad += (*rdev != want) as u64;
+            };
+            let mut run = || -> (i32, u64) {
+                macro_rules! check {
+                    ($i:expr, $x:expr) => {{
+                        let r = $x;
+                        if r != code::OK {
+                            return (r, $i);
+                        }
+                    }};
+                }
+                while p.recvs < iters && p.recvs < AHEAD as u64 {
+                    check!(0, gds::peer_post_recv_staged(&mut p, size));
+                }
+                check!(0, gds::peer_give_credit(&mut p, TIMEOUT_NS));
+                for i in 0..iters {
+                    if rank == 1 {
+                        check!(i, gds::peer_wait_recv(&mut p, None, TIMEOUT_NS));
+                        copy_in(&p, i, &mut rdev);
+                    }
+                    sdev = message(i, rank as u8, n);
+                    let marker = (2 * i + 1 + rank) as u32;
+                    sdev[n - 4..].copy_from_slice(&marker.to_ne_bytes());
+                    let bounce = match gds::peer_next_send_bounce(&mut p, TIMEOUT_NS) {
+                        Ok(b) => b,
+                        Err(rc) => return (rc, i),
+                    };
+                    let mut staged = vec![0u8; n];
+                    gds::copy_parts(&mut staged, &sdev, 4);
+                    write(bounce, &staged);
+                    let signaled = i % sig_every == sig_every - 1 || i + 1 == iters;
+                    let flags = if signaled { gds::SIGNALED } else { 0 };
+                    check!(i, gds::peer_send_bounce(&mut p, size, flags, TIMEOUT_NS));
+                    if i > 0 && (i - 1) % sig_every == sig_every - 1 {
+                        let k = p.sends - 1 - p.sends_waited;
+                        check!(i, gds::peer_wait_sends(&mut p, k, TIMEOUT_NS));
+                    }
+                    if (rank == 1 || i > 0) && p.recvs < iters {
+                        check!(i, gds::peer_post_recv_staged(&mut p, size));
+                        if p.recvs - p.credited >= batch as u64 || p.recvs == iters {
+                            check!(i, gds::peer_give_credit(&mut p, TIMEOUT_NS));
+                        }
+                    }
+                    if rank == 0 {
+                        check!(i, gds::peer_wait_recv(&mut p, None, TIMEOUT_NS));
+                        copy_in(&p, i, &mut rdev);
+                    }
+                }
+                if p.sends > p.sends_waited {
+                    let k = p.sends - p.sends_waited;
+                    check!(iters, gds::peer_wait_sends(&mut p, k, TIMEOUT_NS));
+                }
+                (code::OK, iters)
+            };
+            let (rc, at) = run();
+            (rc, at, bad, ch.progress(peer).unwrap())
+        });
+        for (rank, (rc, at, bad, st)) in results.into_iter().enumerate() {
+            assert_eq!((rc, at, bad), (code::OK, iters, 0), "{what}: rank {rank}");
+            let n = iters;
+            assert_eq!(peer_counts(&st), (n, n, n, n, n, 0), "{what}: rank {rank}");
         }
     }
 }
