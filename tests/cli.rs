@@ -186,10 +186,10 @@ fn bad_pingpong_arguments_are_clean_errors() {
                 "kernel",
                 "--mem",
                 "device",
-                "--staging",
-                "on",
+                "--stage-bounce",
+                "4096",
             ][..],
-            "--staging applies",
+            "--stage-bounce applies",
         ),
         (&["--staging", "sometimes"][..], "invalid value"),
     ] {
@@ -1581,13 +1581,14 @@ fn pingpong_gpu_path(args: &[&str], staging: &str) {
 }
 
 /// `pingpong --api mp --mem device` stages GPU payloads through mp's bounce pool on the host
-/// and stream triggers (`--staging on`, and `auto` on the soft device) and runs directly with
-/// `--staging off`: each run ends with the last marker in the receiver's GPU memory (checked
-/// by the tool) and the JSON names the path. Sizes 8 B and 64 KiB + 4.
+/// and stream triggers, and through a staged kernel channel on the kernel trigger (`--staging
+/// on`, and `auto` on the soft device), and runs directly with `--staging off`: each run ends
+/// with the last marker in the receiver's GPU memory (checked by the tool) and the JSON names
+/// the path. Sizes 8 B and 64 KiB + 4.
 #[test]
 #[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test cli -- --include-ignored mp_stages_gpu"]
-fn pingpong_mp_stages_gpu_payloads_on_the_host_and_stream_triggers() {
-    for trigger in ["host", "stream"] {
+fn pingpong_mp_stages_gpu_payloads_on_every_gpu_trigger() {
+    for trigger in ["host", "stream", "kernel"] {
         for staging in ["on", "auto", "off"] {
             let mut args = vec!["--api", "mp", "--op", "send", "--trigger", trigger];
             args.extend(["--mem", "device", "--staging", staging]);

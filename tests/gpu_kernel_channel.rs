@@ -8,7 +8,7 @@
 mod common;
 
 use common::gpu::{gpu, Buf};
-use common::kernel_channel_ranks;
+use common::{kernel_channel_ranks, peer_counts, staged_channel_ranks};
 // The byte pattern of `test_byte`: message `i` of `side`.
 use common::kernel_qp::message;
 use gdasync::gdsync::cuda::{CudaStream, Module};
@@ -229,4 +229,56 @@ fn kernel_channels_ping_pong_between_rank_kernels() {
             );
         });
     }
+}
+
+/// Two thread ranks, each with a persistent kernel of one block of 96 threads, ping-pong 400
+/// messages through staged kernel channels (bounces of 250 bytes, rounded up to 256; 8 send
+/// and 4 receive slots), with the payloads in GPU memory (cuMemAlloc) that is never registered:
+/// lengths 1 to 256 at odd offsets, copied into and out of the bounces by the whole block or
+/// by thread 0 alone; data checked in the kernels and (the last message) on the host, every
+/// send counted done.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu_kernel_channel -- --include-ignored"]
+fn staged_kernel_channels_ping_pong_from_gpu_memory() {
+    const STAGED_ITERS: u64 = 400;
+    let _gpu = gpu();
+    let m = Module::compile(0, KERNELS).unwrap();
+    staged_channel_ranks(4, 250, |comm, ch| {
+        let (me, other) = (comm.rank(), 1 - comm.rank());
+        let slot = ch.staging().unwrap().slot_bytes as usize;
+        let (sdev, rdev) = (Buf::new(true, slot + 32), Buf::new(true, slot + 32));
+        let out = PinnedBuffer::new(64);
+        let stream = CudaStream::new(0).unwrap();
+        assert!(ch.gpu_mapped());
+        let (table, me32, other32) = (ch.table().unwrap(), me as u32, other as u32);
+        let (saddr, raddr) = (sdev.addr(), rdev.addr());
+        let (iters, timeout, out_addr) = (STAGED_ITERS, TIMEOUT_NS, out.addr());
+        let f = m.function("staged_pingpong").unwrap();
+        let mut l = f.launch_builder(&stream);
+        l.arg(&table).arg(&me32).arg(&other32).arg(&saddr);
+        l.arg(&raddr).arg(&iters).arg(&timeout).arg(&out_addr);
+        // Every rank has made its CUDA allocations before any kernel runs.
+        comm.barrier().unwrap();
+        // SAFETY: the parameters match staged_pingpong; the table, buffers and channels
+        // outlive the kernel (synchronised below).
+        unsafe { l.launch(1, 96).unwrap() };
+        stream.synchronize().unwrap();
+        comm.barrier().unwrap();
+        let w = words(&out, 0, 4);
+        assert_eq!(
+            (w[0] as i32, w[1], w[2], w[3] as usize),
+            (code::OK, 0, STAGED_ITERS, slot),
+            "rank {me}: rc, bad bytes, iterations, slot"
+        );
+        // The last message (399: 1 + 399 * 53 % 256 bytes at offset 399 * 3 % 19) in rdev.
+        let last = STAGED_ITERS - 1;
+        let (len, off) = (1 + (last as usize * 53) % slot, (last * 3 % 19) as usize);
+        let Buf::Dev(d) = &rdev else { unreachable!() };
+        let mut got = vec![0u8; len];
+        d.copy_to_host(off, &mut got).unwrap();
+        assert_eq!(got, message(last, other as u8, len));
+        let n = STAGED_ITERS;
+        let st = ch.progress(other).unwrap();
+        assert_eq!(peer_counts(&st), (n, n, n, n, n, 0));
+    });
 }

@@ -156,9 +156,10 @@ fn mp_on_streams_with_device_memory() {
 
 /// `pingpong --op send --trigger kernel` through the messaging layer (`--api mp`: each rank's
 /// persistent kernel drives its kernel channel, crediting receives 16 at a time, and once one
-/// at a time) and on the QPs directly (`--api gdsync`, its floor), host and device memory, a
-/// few sizes: every run succeeds and reports, per size, the iterations asked for and
-/// positive, ordered latencies.
+/// at a time) and on the QPs directly (`--api gdsync`, its floor), host and device memory (on
+/// the soft device staged by default: `mp_pp_staged` through a staged kernel channel,
+/// `pp_staged` through gdsync's bounces), a few sizes: every run succeeds and reports, per
+/// size, the iterations asked for and positive, ordered latencies.
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release --test gpu_mp -- --include-ignored"]
 fn pingpong_kernel_trigger_through_mp_and_gdsync() {

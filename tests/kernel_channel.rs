@@ -8,13 +8,15 @@
 mod common;
 
 use common::gds::{self, Wc};
-use common::kernel_channel_ranks;
 use common::kernel_qp::{advance, connected, message, pinned, read, write};
+use common::{kernel_channel_ranks, peer_counts, staged_channel_ranks};
 use gdasync::gdsync::format::{
     DataSeg, DataSegs, FmCeSe, Opcode, RaddrSeg, RecvWqe, SendWqe, Syndrome, WqeData,
 };
 use gdasync::gdsync::kernel::{code, DeviceQp, PeerDesc, QpDesc, SendDesc, WaitDesc};
-use gdasync::gdsync::{Device, NicHandler, QpConfig, RecvWr, Ringers, SendWr};
+use gdasync::gdsync::{Device, GpuMemoryPath, NicHandler, QpConfig, RecvWr, Ringers, SendWr};
+use gdasync::mp::bootstrap::ThreadBootstrap;
+use gdasync::mp::{Comm, MAX_KERNEL_BOUNCE};
 use std::time::{Duration, Instant};
 
 /// A wait that should pass promptly (seconds: a loaded 2-core machine must never trip it).
@@ -772,6 +774,335 @@ fn kernel_channel_errors_and_timeouts() {
     });
 }
 
+// ------------------------------------------------------------------ staged kernel channels
+
+/// `len` bytes of `buf` at `off` are `want` and every other byte is still `fill`.
+fn landed(buf: &[u8], off: usize, want: &[u8], fill: u8, what: &str) {
+    assert_eq!(&buf[off..off + want.len()], want, "{what}: bytes");
+    assert!(
+        buf[..off]
+            .iter()
+            .chain(&buf[off + want.len()..])
+            .all(|&b| b == fill),
+        "{what}: bytes outside the message changed"
+    );
+}
+
+/// Staged kernel channels (bounces of 250 bytes, rounded up to 256; 8 send and 4 receive
+/// slots): ping-pongs of lengths 0 to the whole slot, from and into host stand-ins for GPU
+/// memory at odd offsets, byte for byte with nothing around them touched, in two "launches".
+/// Sends alternate between the block-wide steps (the bounce taken, copied into by three
+/// "threads", sent) and `gds_peer_send_staged`, one in four signalled; receives between
+/// `gds_peer_wait_recv_staged` and the wait plus a copy out of `gds_peer_recv_bounce`. 400
+/// messages each way reuse every slot 50 to 100 times.
+#[test]
+#[cfg_attr(
+    not(clang_cuda),
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
+)]
+fn staged_kernel_channels_ping_pong_at_odd_sizes_and_offsets() {
+    const ITERS: u64 = 400;
+    let results = staged_channel_ranks(4, 250, |comm, ch| {
+        let (me, peer) = (comm.rank(), 1 - comm.rank());
+        let st = ch.staging().unwrap();
+        assert_eq!((st.slot_bytes, st.send_slots, st.recv_slots), (256, 8, 4));
+        assert_eq!(ch.path(), GpuMemoryPath::Staged);
+        let slot = st.slot_bytes as usize;
+        let len = |i: u64| match i % 50 {
+            7 => slot,
+            13 => 0,
+            _ => 1 + (i as usize * 53) % slot,
+        };
+        let launch = |range: std::ops::Range<u64>| {
+            let mut p: PeerDesc = ch.desc(peer).unwrap();
+            for i in range {
+                let take = |p: &mut PeerDesc| {
+                    let (off, mut got) = ((i * 3 % 19) as usize, 0u32);
+                    let mut dst = vec![0xeeu8; slot + 32];
+                    if i % 2 == 0 {
+                        let cap = &mut dst[off..off + slot];
+                        let rc = gds::peer_wait_recv_staged(p, cap, Some(&mut got), TIMEOUT_NS);
+                        assert_eq!(rc, code::OK, "{me}: receive {i}");
+                    } else {
+                        let rc = gds::peer_wait_recv(p, Some(&mut got), TIMEOUT_NS);
+                        assert_eq!(rc, code::OK, "{me}: receive {i}");
+                        let bounce = read(gds::peer_recv_bounce(p), got as usize);
+                        gds::copy_parts(&mut dst[off..off + got as usize], &bounce, 3);
+                    }
+                    assert_eq!(got as usize, len(i), "{me}: length of {i}");
+                    landed(&dst, off, &message(i, peer as u8, len(i)), 0xee, "receive");
+                };
+                let rc = gds::peer_recv_staged(&mut p, slot as u32, TIMEOUT_NS);
+                assert_eq!(rc, code::OK, "{me}: post {i}");
+                if me == 1 {
+                    take(&mut p);
+                }
+                let off = (i * 5 % 17) as usize;
+                let mut src = vec![0x55u8; slot + 32];
+                src[off..off + len(i)].copy_from_slice(&message(i, me as u8, len(i)));
+                let msg = &src[off..off + len(i)];
+                let flags = if i % 4 == 3 { gds::SIGNALED } else { 0 };
+                let rc = if i % 3 == 0 {
+                    let bounce = gds::peer_next_send_bounce(&mut p, TIMEOUT_NS).unwrap();
+                    let mut staged = vec![0u8; msg.len()];
+                    gds::copy_parts(&mut staged, msg, 3);
+                    write(bounce, &staged);
+                    gds::peer_send_bounce(&mut p, len(i) as u32, flags, TIMEOUT_NS)
+                } else {
+                    gds::peer_send_staged(&mut p, msg, flags, TIMEOUT_NS)
+                };
+                assert_eq!(rc, code::OK, "{me}: send {i}");
+                if me == 0 {
+                    take(&mut p);
+                }
+            }
+            let n = p.sends - p.sends_waited;
+            assert_eq!(gds::peer_wait_sends(&mut p, n, TIMEOUT_NS), code::OK);
+        };
+        launch(0..ITERS / 2);
+        launch(ITERS / 2..ITERS);
+        ch.progress(peer).unwrap()
+    });
+    for st in results {
+        let n = ITERS;
+        assert_eq!(peer_counts(&st), (n, n, n, n, n, 0));
+    }
+}
+
+/// One way, 300 unsignalled staged sends through 16 send bounces (depth 8) while the receiver
+/// keeps 8 staged receives posted and credits them 4 at a time: each bounce is reused ~19
+/// times, a bounce is taken again only once the send before it is known complete (the sender
+/// polls, or posts a NOP, first), sending a bounce not taken that way is refused, and a ninth
+/// receive posted with eight outstanding is refused with GDS_FULL. Every message arrives
+/// intact and every send is counted done.
+#[test]
+#[cfg_attr(
+    not(clang_cuda),
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
+)]
+fn staged_unsignalled_sends_reuse_their_bounces() {
+    const N: u64 = 300;
+    let out = staged_channel_ranks(8, 100, |comm, ch| {
+        let (me, peer) = (comm.rank(), 1 - comm.rank());
+        let st = ch.staging().unwrap();
+        let slot = st.slot_bytes;
+        let len = |i: u64| 1 + (i as u32 * 29) % slot;
+        let mut p = ch.desc(peer).unwrap();
+        let mut refused = 0;
+        if me == 1 {
+            for _ in 0..st.recv_slots {
+                assert_eq!(gds::peer_post_recv_staged(&mut p, slot), code::OK);
+            }
+            assert_eq!(gds::peer_post_recv_staged(&mut p, slot), code::FULL);
+            assert_eq!(gds::peer_give_credit(&mut p, TIMEOUT_NS), code::OK);
+            for i in 0..N {
+                let (mut dst, mut got) = (vec![0u8; slot as usize], 0u32);
+                let rc = gds::peer_wait_recv_staged(&mut p, &mut dst, Some(&mut got), TIMEOUT_NS);
+                assert_eq!(rc, code::OK, "receive {i}");
+                assert_eq!(&dst[..got as usize], message(i, 0, len(i) as usize), "{i}");
+                if p.recvs < N {
+                    assert_eq!(gds::peer_post_recv_staged(&mut p, slot), code::OK);
+                    if p.recvs - p.credited >= 4 || p.recvs == N {
+                        assert_eq!(gds::peer_give_credit(&mut p, TIMEOUT_NS), code::OK);
+                    }
+                }
+            }
+        } else {
+            for i in 0..N {
+                if p.sends_done + u64::from(st.send_slots) <= p.sends {
+                    let rc = gds::peer_send_bounce(&mut p, 1, 0, TIMEOUT_NS);
+                    assert_eq!(
+                        rc,
+                        code::INVALID,
+                        "a bounce whose last send is not known done"
+                    );
+                    refused += 1;
+                }
+                let sends = p.sends;
+                let bounce = gds::peer_next_send_bounce(&mut p, TIMEOUT_NS).unwrap();
+                assert!(p.sends_done + u64::from(st.send_slots) > sends);
+                write(bounce, &message(i, 0, len(i) as usize));
+                assert_eq!(
+                    gds::peer_send_bounce(&mut p, len(i), 0, TIMEOUT_NS),
+                    code::OK
+                );
+            }
+            assert_eq!(gds::peer_wait_sends(&mut p, N, TIMEOUT_NS), code::OK);
+        }
+        (refused, ch.progress(peer).unwrap())
+    });
+    assert!(out[0].0 > 0, "the sender met a bounce still in use");
+    let (s, r) = (out[0].1, out[1].1);
+    assert_eq!(
+        (s.sends, s.sends_done, s.sends_waited, s.error),
+        (N, N, N, 0)
+    );
+    assert_eq!((r.recvs, r.recvs_waited, r.error), (N, N, 0));
+}
+
+/// What staged calls refuse without waiting or posting (a message longer than the slot, a
+/// receive longer than it, this rank's own entry, a channel without bounces), then an error
+/// in the middle of a stream: five messages pass, then a receive too short (8 bytes) for the
+/// next (40) fails both sides with their syndromes, releasing the receiver's wait and the
+/// sender's wait for its unsignalled sends; every later staged call returns that error, and
+/// nothing is copied out of the failed receive.
+#[test]
+#[cfg_attr(
+    not(clang_cuda),
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
+)]
+fn staged_channel_refusals_and_an_error_mid_stream() {
+    staged_channel_ranks(4, 64, |comm, ch| {
+        let (me, peer) = (comm.rank(), 1 - comm.rank());
+        let slot = ch.staging().unwrap().slot_bytes;
+        assert_eq!(slot, 64);
+        let mut p = ch.desc(peer).unwrap();
+        let t = Instant::now();
+        let long = vec![1u8; slot as usize + 1];
+        assert_eq!(
+            gds::peer_send_staged(&mut p, &long, gds::SIGNALED, TIMEOUT_NS),
+            code::INVALID
+        );
+        assert_eq!(
+            gds::peer_send_bounce(&mut p, slot + 1, 0, TIMEOUT_NS),
+            code::INVALID
+        );
+        assert_eq!(gds::peer_post_recv_staged(&mut p, slot + 1), code::INVALID);
+        assert_eq!(gds::peer_recv_bounce(&p), 0, "nothing received yet");
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "refusals wait for nothing"
+        );
+        assert_eq!((p.sends, p.recvs), (0, 0));
+        let mut own = ch.descs().unwrap()[me];
+        assert_eq!(
+            gds::peer_next_send_bounce(&mut own, 1000),
+            Err(code::INVALID)
+        );
+        assert_eq!(gds::peer_post_recv_staged(&mut own, 8), code::INVALID);
+        let mut plain = p;
+        (plain.slot_bytes, plain.send_slots, plain.recv_slots) = (0, 0, 0);
+        assert_eq!(
+            gds::peer_next_send_bounce(&mut plain, 1000),
+            Err(code::INVALID)
+        );
+        assert_eq!(gds::peer_post_recv_staged(&mut plain, 0), code::INVALID);
+        let mut dst = vec![0xeeu8; slot as usize];
+        assert_eq!(
+            gds::peer_wait_recv_staged(&mut plain, &mut dst, None, 1000),
+            code::INVALID
+        );
+        comm.barrier().unwrap();
+        let len = |i: u64| if i == 5 { 40 } else { 8 + i as usize };
+        let rc = if me == 1 {
+            for i in 0..5 {
+                assert_eq!(gds::peer_recv_staged(&mut p, slot, TIMEOUT_NS), code::OK);
+                let mut got = 0;
+                let rc = gds::peer_wait_recv_staged(&mut p, &mut dst, Some(&mut got), TIMEOUT_NS);
+                assert_eq!(rc, code::OK);
+                assert_eq!(&dst[..got as usize], message(i, 0, len(i)));
+            }
+            dst.fill(0xee);
+            assert_eq!(gds::peer_recv_staged(&mut p, 8, TIMEOUT_NS), code::OK);
+            let rc = gds::peer_wait_recv_staged(&mut p, &mut dst, None, TIMEOUT_NS);
+            assert_eq!(code::syndrome(rc), Some(Syndrome::LocalLength), "{rc:#x}");
+            assert!(dst.iter().all(|&b| b == 0xee), "nothing copied out");
+            assert_eq!(gds::peer_post_recv_staged(&mut p, slot), rc);
+            assert_eq!(gds::peer_wait_recv_staged(&mut p, &mut dst, None, 1000), rc);
+            rc
+        } else {
+            for i in 0..6 {
+                let rc = gds::peer_send_staged(&mut p, &message(i, 0, len(i)), 0, TIMEOUT_NS);
+                assert_eq!(rc, code::OK, "send {i}");
+            }
+            let rc = gds::peer_wait_sends(&mut p, 6, TIMEOUT_NS);
+            assert_eq!(
+                code::syndrome(rc),
+                Some(Syndrome::RemoteInvalReq),
+                "{rc:#x}"
+            );
+            assert_eq!(gds::peer_next_send_bounce(&mut p, 1000), Err(rc));
+            assert_eq!(
+                gds::peer_send_staged(&mut p, &[1; 4], gds::SIGNALED, 1000),
+                rc
+            );
+            rc
+        };
+        assert_eq!(ch.progress(peer).unwrap().error as i32, rc);
+    });
+}
+
+/// Staged kernel channels check their sizes before anything collective (a bounce of 0 or over
+/// 1 GiB, bounces over 16 GiB of pinned memory, a bad depth), and every rank must stage alike:
+/// where one rank's bounces differ from another's, or one stages and the other does not,
+/// every rank gets an error saying so. `kernel_channels_for` follows the path.
+#[test]
+fn staged_kernel_channels_check_sizes_and_agreement() {
+    let dev = Device::soft().unwrap();
+    let mut one = Comm::new(Box::new(ThreadBootstrap::group(1).pop().unwrap()), &dev).unwrap();
+    for (depth, bounce, says) in [
+        (4, 0, "out of 1..=1 GiB"),
+        (4, MAX_KERNEL_BOUNCE + 1, "out of 1..=1 GiB"),
+        (1 << 14, MAX_KERNEL_BOUNCE, "16 GiB"),
+        (0, 64, "depth 0"),
+    ] {
+        let e = one.kernel_channels_staged(depth, bounce).unwrap_err();
+        assert!(e.to_string().contains(says), "{depth} x {bounce}: {e}");
+    }
+    let direct = one
+        .kernel_channels_for(4, GpuMemoryPath::Direct, 64)
+        .unwrap();
+    assert_eq!(
+        (direct.path(), direct.staging()),
+        (GpuMemoryPath::Direct, None)
+    );
+    drop(direct);
+    let staged = one
+        .kernel_channels_for(4, GpuMemoryPath::Staged, 64)
+        .unwrap();
+    assert_eq!(staged.path(), GpuMemoryPath::Staged);
+    drop(staged);
+    one.finalize().unwrap();
+    for bounces in [[Some(256), Some(512)], [Some(256), None]] {
+        let errs: Vec<String> = std::thread::scope(|s| {
+            let ranks: Vec<_> = ThreadBootstrap::group(2)
+                .into_iter()
+                .zip(bounces)
+                .map(|(boot, bounce)| {
+                    let dev = &dev;
+                    s.spawn(move || {
+                        let mut comm = Comm::new(Box::new(boot), dev).unwrap();
+                        let e = match bounce {
+                            Some(b) => comm.kernel_channels_staged(4, b).unwrap_err(),
+                            None => comm.kernel_channels(4).unwrap_err(),
+                        };
+                        comm.finalize().unwrap();
+                        e.to_string()
+                    })
+                })
+                .collect();
+            ranks.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        for e in errs {
+            assert!(e.contains("same bounce size"), "{bounces:?}: {e}");
+        }
+    }
+}
+
+/// (size, iters, recv_batch, sig_every) of the `mp_pp` schedules: the defaults, one credit
+/// per receive, every send signalled (the former schedule), a batch as deep as the ring with a
+/// period longer than half the send ring (the header then signals on its own), odd ones.
+const SCHEDULES: [(u32, u64, u32, u64); 8] = [
+    (8, 300, 16, 16),
+    (4096, 150, 16, 16),
+    (64, 1, 16, 16),
+    (8, 200, 1, 16),
+    (8, 100, 1, 1),
+    (8, 300, 64, 100),
+    (8, 37, 5, 7),
+    (101, 37, 5, 7),
+];
+
 /// The schedule of `mp_pp` (`pingpong --api mp --trigger kernel`, in
 /// examples/pingpong/kernels.cu), line by line, with a thread per rank in the kernel's place:
 /// 64 receives posted ahead on a channel of depth 64 with one credit, then per iteration (rank
@@ -788,18 +1119,7 @@ fn kernel_channel_errors_and_timeouts() {
 )]
 fn pingpong_kernel_schedule_between_thread_ranks() {
     const AHEAD: u32 = 64;
-    // (size, iters, recv_batch, sig_every): the defaults, one credit per receive, every send
-    // signalled (the former schedule), and a batch as deep as the ring with a period longer
-    // than half the send ring (the header then signals on its own).
-    for (size, iters, batch, sig_every) in [
-        (8u32, 300u64, 16u32, 16u64),
-        (4096, 150, 16, 16),
-        (64, 1, 16, 16),
-        (8, 200, 1, 16),
-        (8, 100, 1, 1),
-        (8, 300, 64, 100),
-        (8, 37, 5, 7),
-    ] {
+    for (size, iters, batch, sig_every) in SCHEDULES {
         let results = kernel_channel_ranks(AHEAD, |comm, ch| {
             let (rank, peer) = (comm.rank() as u64, 1 - comm.rank());
             let (sbuf, smr) = pinned(comm.pd(), size as usize);
@@ -928,6 +1248,97 @@ fn pingpong_kernel_schedule_between_thread_ranks() {
                 cqes <= signalled_sends + 1 + credits / 32,
                 "{what}: rank {rank} consumed {cqes} send completions"
             );
+        }
+    }
+}
+
+/// The schedule of `mp_pp_staged` (`pingpong --api mp --trigger kernel --mem device`, staged),
+/// line by line, with a thread per rank in the kernel's place and vectors standing in for GPU
+/// memory: the receives posted ahead into their bounces, then per iteration (rank 1 first) the
+/// message copied out of its bounce, the marker, the next send bounce taken and filled (in four
+/// "thread" parts), sent, the bookkeeping of `mp_pp` with the receive posted again into the
+/// bounce just copied out, and (rank 0) the answer copied out. Every message arrives whole
+/// (payload and marker), no post is refused, and each rank's channel counts every message.
+#[test]
+#[cfg_attr(
+    not(clang_cuda),
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
+)]
+fn pingpong_staged_kernel_schedule_between_thread_ranks() {
+    const AHEAD: u32 = 64;
+    for (size, iters, batch, sig_every) in SCHEDULES {
+        let what = format!("size {size}, {iters} iterations, batch {batch}, period {sig_every}");
+        let results = staged_channel_ranks(AHEAD, size as usize, |comm, ch| {
+            let (rank, peer) = (comm.rank() as u64, 1 - comm.rank());
+            let n = size as usize;
+            let (mut sdev, mut rdev, mut bad) = (vec![0u8; n], vec![0u8; n], 0u64);
+            let mut p: PeerDesc = ch.desc(peer).unwrap();
+            let mut copy_in = |p: &PeerDesc, i: u64, rdev: &mut Vec<u8>| {
+                gds::copy_parts(rdev, &read(gds::peer_recv_bounce(p), n), 4);
+                let mut want = message(i, peer as u8, n);
+                let marker = (2 * i + 1 + 1 - rank) as u32;
+                want[n - 4..].copy_from_slice(&marker.to_ne_bytes());
+                bad += (*rdev != want) as u64;
+            };
+            let mut run = || -> (i32, u64) {
+                macro_rules! check {
+                    ($i:expr, $x:expr) => {{
+                        let r = $x;
+                        if r != code::OK {
+                            return (r, $i);
+                        }
+                    }};
+                }
+                while p.recvs < iters && p.recvs < AHEAD as u64 {
+                    check!(0, gds::peer_post_recv_staged(&mut p, size));
+                }
+                check!(0, gds::peer_give_credit(&mut p, TIMEOUT_NS));
+                for i in 0..iters {
+                    if rank == 1 {
+                        check!(i, gds::peer_wait_recv(&mut p, None, TIMEOUT_NS));
+                        copy_in(&p, i, &mut rdev);
+                    }
+                    sdev = message(i, rank as u8, n);
+                    let marker = (2 * i + 1 + rank) as u32;
+                    sdev[n - 4..].copy_from_slice(&marker.to_ne_bytes());
+                    let bounce = match gds::peer_next_send_bounce(&mut p, TIMEOUT_NS) {
+                        Ok(b) => b,
+                        Err(rc) => return (rc, i),
+                    };
+                    let mut staged = vec![0u8; n];
+                    gds::copy_parts(&mut staged, &sdev, 4);
+                    write(bounce, &staged);
+                    let signaled = i % sig_every == sig_every - 1 || i + 1 == iters;
+                    let flags = if signaled { gds::SIGNALED } else { 0 };
+                    check!(i, gds::peer_send_bounce(&mut p, size, flags, TIMEOUT_NS));
+                    if i > 0 && (i - 1) % sig_every == sig_every - 1 {
+                        let k = p.sends - 1 - p.sends_waited;
+                        check!(i, gds::peer_wait_sends(&mut p, k, TIMEOUT_NS));
+                    }
+                    if (rank == 1 || i > 0) && p.recvs < iters {
+                        check!(i, gds::peer_post_recv_staged(&mut p, size));
+                        if p.recvs - p.credited >= batch as u64 || p.recvs == iters {
+                            check!(i, gds::peer_give_credit(&mut p, TIMEOUT_NS));
+                        }
+                    }
+                    if rank == 0 {
+                        check!(i, gds::peer_wait_recv(&mut p, None, TIMEOUT_NS));
+                        copy_in(&p, i, &mut rdev);
+                    }
+                }
+                if p.sends > p.sends_waited {
+                    let k = p.sends - p.sends_waited;
+                    check!(iters, gds::peer_wait_sends(&mut p, k, TIMEOUT_NS));
+                }
+                (code::OK, iters)
+            };
+            let (rc, at) = run();
+            (rc, at, bad, ch.progress(peer).unwrap())
+        });
+        for (rank, (rc, at, bad, st)) in results.into_iter().enumerate() {
+            assert_eq!((rc, at, bad), (code::OK, iters, 0), "{what}: rank {rank}");
+            let n = iters;
+            assert_eq!(peer_counts(&st), (n, n, n, n, n, 0), "{what}: rank {rank}");
         }
     }
 }
@@ -1360,7 +1771,7 @@ fn kernel_qp_wqes_read_back_through_the_device_reader() {
 
 // ------------------------------------------------------------------ the header itself
 
-/// A kernel calling every device function of the kernel-driven QP and peer API.
+/// A kernel calling every device function of the kernel-driven QP and peer API (staged too).
 const CALLS: &str = r#"
 extern "C" __global__ void all(gds_qp q0, gds_peer p0, uint64_t out) {
     gds_qp q = q0;
@@ -1382,6 +1793,14 @@ extern "C" __global__ void all(gds_qp q0, gds_peer p0, uint64_t out) {
     rc |= gds_peer_wait_send(&p, 100);
     rc |= gds_peer_wait_sends(&p, 2, 100);
     rc |= gds_peer_wait_recv(&p, &len, 100);
+    uint64_t bounce;
+    rc |= gds_peer_next_send_bounce(&p, &bounce, 100);
+    rc |= gds_peer_send_bounce(&p, 3, 0, 100);
+    rc |= gds_peer_send_staged(&p, 1, 3, GDS_SIGNALED, 100);
+    rc |= gds_peer_post_recv_staged(&p, 3);
+    rc |= gds_peer_recv_staged(&p, 3, 100);
+    rc |= gds_peer_wait_recv_staged(&p, 1, 3, &len, 100);
+    rc |= (int)gds_peer_recv_bounce(&p) | gds_peer_staged(&p);
     *(int *)out = rc;
 }
 "#;

@@ -740,7 +740,7 @@ fn kernel_run(
 }
 
 /// The threads of `pp_staged`'s block, which copy staged payloads together.
-const STAGING_THREADS: u32 = 256;
+pub(crate) const STAGING_THREADS: u32 = 256;
 
 /// A descriptor a rank's CPU pushes for its kernel: a send's commit or a completion wait.
 pub(crate) enum KernelDesc {

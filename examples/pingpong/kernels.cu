@@ -58,13 +58,7 @@ out:
 // bounce before the send, and the received message out of the receive bounce into GPU memory
 // (rdev) after its wait (gds_block_copy). Thread 0 shares each step's code with the block
 // (pp_share), so that all threads leave together on an error.
-__device__ int pp_share(int rc) {
-    __shared__ int shared_rc;
-    __syncthreads();
-    if (threadIdx.x == 0) shared_rc = rc;
-    __syncthreads();
-    return shared_rc;
-}
+__device__ int pp_share(int rc) { return (int)gds_block_share((uint32_t)rc); }
 
 extern "C" __global__ void pp_staged(gds_desc_ring ring, int rank, uint64_t iters, uint64_t sig_every,
         int ring_waits, uint64_t my_word, uint64_t sdev, uint64_t out_bounce, uint64_t rdev,
@@ -138,6 +132,16 @@ extern "C" __global__ void step() {}
 #define MP_STEP_CREDIT 5     // gds_peer_give_credit
 #define MP_WRONG_LENGTH 0x1000  // a message of another length than size arrived
 
+// The result words, then MP_DONE.
+__device__ void mp_report(uint64_t result, int rc, uint64_t at, uint32_t step, uint32_t len) {
+    volatile uint64_t *res = (volatile uint64_t *)result;
+    res[MP_RC] = (uint32_t)rc;
+    res[MP_AT] = at;
+    res[MP_STEP] = step;
+    res[MP_LEN] = len;
+    gds_signal64(result + 8 * MP_DONE, 1);
+}
+
 // One rank of `pingpong --api mp --trigger kernel`: the loop of pp through the rank's kernel
 // channel to `peer` (peers[peer], mp::Comm::kernel_channels): receives with credits, sends,
 // completions, all driven by this one thread; every wait gives up after timeout_ns and the
@@ -150,7 +154,6 @@ extern "C" __global__ void mp_pp(const gds_peer *peers, uint32_t rank, uint32_t 
         uint32_t slkey, uint64_t rbuf, uint32_t rlkey, uint32_t size, uint64_t iters, uint32_t ahead,
         uint32_t recv_batch, uint64_t sig_every, uint64_t times, uint64_t timeout_ns, uint64_t result) {
     gds_peer p = peers[peer];
-    volatile uint64_t *res = (volatile uint64_t *)result;
     uint64_t i = 0;
     uint32_t step = 0, len = 0;
     int rc = size < 4 || recv_batch == 0 || recv_batch > ahead || sig_every == 0 ? GDS_INVALID : GDS_OK;
@@ -192,11 +195,80 @@ extern "C" __global__ void mp_pp(const gds_peer *peers, uint32_t rank, uint32_t 
     // The sends not waited for yet; the last one is signalled.
     if (p.sends > p.sends_waited) MP_CHECK(MP_STEP_WAIT_SEND, gds_peer_wait_sends(&p, p.sends - p.sends_waited, timeout_ns));
 out:
-    res[MP_RC] = (uint32_t)rc;
-    res[MP_AT] = i;
-    res[MP_STEP] = step;
-    res[MP_LEN] = len;
-    gds_signal64(result + 8 * MP_DONE, 1);
+    mp_report(result, rc, i, step, len);
 #undef MP_CHECK
 #undef MP_TAKE
+}
+
+// mp_pp with its payloads in GPU memory staged through the channel's bounces (--mem device
+// where the NIC cannot reach GPU memory; mp::Comm::kernel_channels_staged): thread 0 drives
+// the channel as mp_pp does (receives posted ahead into their bounces, credits in batches,
+// one send in sig_every signalled); every thread of the block copies the message out of GPU
+// memory (sdev) into the next send bounce before the send, and the received message out of
+// its bounce into GPU memory (rdev) after its wait (gds_block_copy), as pp_staged does.
+// Thread 0 shares each step's code with the block, so all threads leave together on an
+// error. Results as mp_pp's.
+extern "C" __global__ void mp_pp_staged(const gds_peer *peers, uint32_t rank, uint32_t peer, uint64_t sdev,
+        uint64_t rdev, uint32_t size, uint64_t iters, uint32_t ahead, uint32_t recv_batch, uint64_t sig_every,
+        uint64_t times, uint64_t timeout_ns, uint64_t result) {
+    gds_peer p;
+    bool lead = threadIdx.x == 0;
+    if (lead) p = peers[peer];
+    uint64_t i = 0;
+    uint32_t step = 0, len = 0;
+    int rc = size < 4 || recv_batch == 0 || recv_batch > ahead || sig_every == 0 ? GDS_INVALID : GDS_OK;
+    // Thread 0 only: runs x as step s unless an earlier step failed.
+#define MP_DO(s, x) do { if (rc == GDS_OK) { step = (s); rc = (x); } } while (0)
+#define MP_SHARE() do { rc = (int)gds_block_share((uint32_t)rc); if (rc) goto out; } while (0)
+#define MP_TAKE() do { \
+        bool last = i + 1 == iters; \
+        MP_DO(MP_STEP_WAIT_RECV, gds_peer_wait_recv(&p, last ? &len : nullptr, timeout_ns)); \
+        if (rc == GDS_OK && last && len != size) rc = MP_WRONG_LENGTH; \
+    } while (0)
+#define MP_COPY_IN() gds_block_copy(rdev, gds_block_share(lead ? gds_peer_recv_bounce(&p) : 0), size)
+    if (lead) {
+        while (rc == GDS_OK && p.recvs < iters && p.recvs < ahead) MP_DO(MP_STEP_RECV, gds_peer_post_recv_staged(&p, size));
+        MP_DO(MP_STEP_CREDIT, gds_peer_give_credit(&p, timeout_ns));
+    }
+    MP_SHARE();
+    for (; i < iters; i++) {
+        if (rank == 1) {
+            if (lead) MP_TAKE();
+            MP_SHARE();
+            MP_COPY_IN();
+        }
+        uint64_t bounce = 0;
+        if (lead) {
+            *(volatile uint32_t *)(sdev + size - 4) = (uint32_t)(2 * i + 1 + rank);
+            MP_DO(MP_STEP_SEND, gds_peer_next_send_bounce(&p, &bounce, timeout_ns));
+        }
+        MP_SHARE();
+        gds_block_copy(gds_block_share(bounce), sdev, size);
+        if (lead) {
+            bool signaled = i % sig_every == sig_every - 1 || i + 1 == iters;
+            MP_DO(MP_STEP_SEND, gds_peer_send_bounce(&p, size, signaled ? GDS_SIGNALED : 0, timeout_ns));
+            // The bookkeeping of mp_pp, while the peer works on the message. The receive
+            // posted again takes the bounce of the one consumed last, already copied out.
+            if (i > 0 && (i - 1) % sig_every == sig_every - 1)
+                MP_DO(MP_STEP_WAIT_SEND, gds_peer_wait_sends(&p, p.sends - 1 - p.sends_waited, timeout_ns));
+            if ((rank == 1 || i > 0) && p.recvs < iters) {
+                MP_DO(MP_STEP_RECV, gds_peer_post_recv_staged(&p, size));
+                if (p.recvs - p.credited >= recv_batch || p.recvs == iters)
+                    MP_DO(MP_STEP_CREDIT, gds_peer_give_credit(&p, timeout_ns));
+            }
+            if (rank == 0) MP_TAKE();
+        }
+        MP_SHARE();
+        if (rank == 0) {
+            MP_COPY_IN();
+            if (lead) ((volatile uint64_t *)times)[i] = gds_now_ns();
+        }
+    }
+    if (lead && p.sends > p.sends_waited) MP_DO(MP_STEP_WAIT_SEND, gds_peer_wait_sends(&p, p.sends - p.sends_waited, timeout_ns));
+out:
+    if (lead) mp_report(result, rc, i, step, len);
+#undef MP_DO
+#undef MP_SHARE
+#undef MP_TAKE
+#undef MP_COPY_IN
 }

@@ -21,7 +21,8 @@
 //! `--mem device` stages GPU payloads through pinned bounces where the device cannot DMA GPU
 //! memory (`--staging auto`, the default; `on`/`off` choose), copied in the trigger's own
 //! order; the header says which path ran (`gpu_memory`). `--api mp` stages on the host and
-//! stream triggers (mp's own bounce pool), not from a kernel.
+//! stream triggers through mp's own bounce pool, and on the kernel trigger through a staged
+//! kernel channel (`Comm::kernel_channels_staged`) whose bounces the kernel copies through.
 //!
 //! `--api mp` runs the same loop through the messaging layer (`mp::Comm`, send/receive with
 //! credits) on every trigger; with `--trigger kernel` each rank's persistent kernel drives
@@ -117,14 +118,15 @@ struct Cli {
     /// Where the buffers live.
     #[arg(long, value_enum, default_value = "host")]
     mem: Mem,
-    /// With --mem device (a GPU trigger, not --raw; --api mp: host or stream): how payloads in GPU memory
+    /// With --mem device (a GPU trigger, not --raw): how payloads in GPU memory
     /// reach the NIC: `on` through pinned host bounce buffers copied in the trigger's own
     /// order, `off` registered with the device directly, `auto` (default) staged where the
     /// device cannot DMA GPU memory (GDSYNC_STAGING decides if set).
     #[arg(long, value_enum)]
     staging: Option<StagingArg>,
-    /// With --api mp and staged GPU memory: the staging bounce in bytes (default: the largest
-    /// size, a bounce per message); larger messages go in chunks of this size.
+    /// With --api mp and staged GPU memory (host or stream trigger): the staging bounce in
+    /// bytes (default: the largest size, a bounce per message); larger messages go in chunks
+    /// of this size.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     stage_bounce: Option<u64>,
     /// Number of ranks (pingpong runs between 2).
@@ -339,11 +341,12 @@ impl Args {
     }
 }
 
-/// Whether `c`'s API stages GPU payloads: gdsync on every GPU trigger, mp on the host and
-/// stream triggers (its kernel channels reach GPU memory directly).
+/// Whether `c`'s API stages GPU payloads: gdsync and mp on every GPU trigger (mp's kernel
+/// trigger through a staged kernel channel).
 fn staging_api(c: &Cli) -> bool {
     c.api == Api::Gdsync
-        || (c.api == Api::Mp && matches!(c.trigger, Trigger::Host | Trigger::Stream))
+        || (c.api == Api::Mp
+            && matches!(c.trigger, Trigger::Host | Trigger::Stream | Trigger::Kernel))
 }
 
 /// Refuses flags that do not apply to the chosen mode.
@@ -388,12 +391,16 @@ fn check_flags(c: &Cli, op: Op) -> Result<()> {
     )?;
     refuse_if(
         c.staging.is_some() && !(c.mem == Mem::Device && staging_api(c) && !c.raw),
-        "--staging applies to --mem device with a GPU trigger (not --raw; --api mp: host or stream)",
+        "--staging applies to --mem device with a GPU trigger (not --raw)",
     )?;
     refuse_if(
         c.stage_bounce.is_some()
-            && !(c.api == Api::Mp && c.mem == Mem::Device && staging_api(c) && !c.raw),
-        "--stage-bounce applies to --api mp --mem device with staging (host or stream trigger)",
+            && !(c.api == Api::Mp
+                && c.mem == Mem::Device
+                && staging_api(c)
+                && !c.raw
+                && c.trigger != Trigger::Kernel),
+        "--stage-bounce applies to --api mp --mem device with staging (host or stream trigger; a staged kernel channel's bounces are the message size)",
     )?;
     refuse_if(
         c.host_stream && c.trigger != Trigger::Stream,

@@ -9,11 +9,13 @@
 //! (`Comm::kernel_channels`, `gds_peer_*`) by itself, receives and credits included (one
 //! credit per `--recv-batch` receives; one send in 16 signalled, as `--api gdsync` does),
 //! timed as gpu.rs times `--api gdsync --trigger kernel` (the GPU's global timer in rank 0's
-//! kernel).
+//! kernel). With `--mem device` staged, the channel is staged (`Comm::kernel_channels_staged`,
+//! bounces of the message size) and the kernel (`mp_pp_staged`) copies each message between
+//! GPU memory and the bounces with a block of threads.
 
 use super::gpu::{
     join_ranks, kernel_half_rtts, marker_write, staged, Buf, ProgressClock, KERNELS,
-    KERNEL_WAIT_NS, SIGNAL_EVERY, TIMEOUT,
+    KERNEL_WAIT_NS, SIGNAL_EVERY, STAGING_THREADS, TIMEOUT,
 };
 use super::{Args, Trigger};
 use crate::common::gpus::{self, Modules};
@@ -36,6 +38,9 @@ const AHEAD: usize = 16;
 
 /// Receives a kernel keeps posted ahead, and the depth of its kernel channel.
 const KERNEL_RECV_AHEAD: u32 = 64;
+/// The most pinned memory a staged kernel channel's bounces take per rank (3 × depth bounces
+/// of the message size): large messages get a shallower channel.
+const KERNEL_BOUNCE_BYTES: usize = 256 << 20;
 /// Result words of `mp_pp` (as `MP_*` in kernels.cu).
 const MP_DONE: usize = 0;
 const MP_RC: usize = 1;
@@ -81,13 +86,12 @@ impl MpBuf {
             MpBuf::Gpu(g) => g.addr(),
         }
     }
-    /// The registered region (the kernel trigger's buffers are registered).
-    fn reg(&self) -> Result<&MemoryRegion<'static>> {
+    /// The lkey of a registered buffer, 0 for a staged one (the kernel then copies it
+    /// through the channel's bounces, and names no key of its own).
+    fn lkey(&self) -> u32 {
         match self {
-            MpBuf::Reg(_, mr) => Ok(mr),
-            MpBuf::Gpu(_) => {
-                bail!("--api mp --trigger kernel does not stage GPU memory: use --staging off")
-            }
+            MpBuf::Reg(_, mr) => mr.lkey(),
+            MpBuf::Gpu(_) => 0,
         }
     }
     fn write_at(&self, off: usize, src: &[u8]) -> Result<()> {
@@ -124,7 +128,8 @@ impl MpRank {
         let mut comm = Comm::new(Box::new(boot), dev)?;
         let rank = comm.rank();
         let mut recv_ahead = RECV_AHEAD;
-        if staged(args) {
+        // The kernel trigger stages through its channel's bounces, not mp's pool.
+        if staged(args) && args.trigger != Trigger::Kernel {
             // A bounce per receive posted ahead and per iteration the CPU runs ahead of its
             // stream, each as large as the largest message; or, with --stage-bounce, as many
             // bounces per message as it has chunks, with as few receives posted ahead as
@@ -210,9 +215,14 @@ pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Res
             Trigger::Host => Some(GpuFn::Step(
                 module.as_ref().unwrap().function(rank, "step")?,
             )),
-            Trigger::Kernel => Some(GpuFn::Loop(
-                module.as_ref().unwrap().function(rank, "mp_pp")?,
-            )),
+            Trigger::Kernel => Some(GpuFn::Loop(module.as_ref().unwrap().function(
+                rank,
+                if staged(args) {
+                    "mp_pp_staged"
+                } else {
+                    "mp_pp"
+                },
+            )?)),
             _ => None,
         })
     };
@@ -243,7 +253,7 @@ pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Res
                 match kernel {
                     Some(GpuFn::Step(step)) => host_rank(rank, r, size, warm + iters, &step),
                     Some(GpuFn::Loop(f)) => {
-                        kernel_rank(rank, r, size, warm + iters, recv_batch, &f)
+                        kernel_rank(rank, r, size, warm + iters, recv_batch, &f, staged(&args))
                     }
                     None if args.host_stream => {
                         let s = HostStream::new()?;
@@ -405,8 +415,21 @@ fn kernel_rank(
     iters: u64,
     recv_batch: u32,
     f: &Function,
+    staged: bool,
 ) -> Result<Vec<f64>> {
-    let ch = r.comm.kernel_channels(KERNEL_RECV_AHEAD)?;
+    // Staged: bounces of the message size, in a channel no deeper than keeps them within
+    // KERNEL_BOUNCE_BYTES (and at least recv_batch deep).
+    let depth = if staged {
+        let fits = (KERNEL_BOUNCE_BYTES / (3 * size.max(1))).min(KERNEL_RECV_AHEAD as usize);
+        (fits as u32).max(recv_batch)
+    } else {
+        KERNEL_RECV_AHEAD
+    };
+    let ch = if staged {
+        r.comm.kernel_channels_staged(depth, size.max(1))?
+    } else {
+        r.comm.kernel_channels(depth)?
+    };
     if !ch.gpu_mapped() {
         bail!("the kernel channel's rings and words are not reachable from the GPU");
     }
@@ -415,18 +438,25 @@ fn kernel_rank(
     let times = PinnedBuffer::new(8 * if rank == 0 { iters.max(1) as usize } else { 1 });
     let result = SignalWords::new(MP_WORDS);
     let (table, me, peer) = (ch.table()?, rank as u32, r.peer as u32);
-    let (sbuf, slkey) = (r.sbuf.addr(), r.sbuf.reg()?.lkey());
-    let (rbuf, rlkey) = (r.rbuf.addr(), r.rbuf.reg()?.lkey());
+    let (sbuf, slkey) = (r.sbuf.addr(), r.sbuf.lkey());
+    let (rbuf, rlkey) = (r.rbuf.addr(), r.rbuf.lkey());
     let sig_every = SIGNAL_EVERY;
-    let (len, n, ahead) = (size as u32, iters, KERNEL_RECV_AHEAD);
+    let (len, n, ahead) = (size as u32, iters, depth);
     let (times_addr, timeout, result_addr) = (
         if rank == 0 { times.addr() } else { 0 },
         KERNEL_WAIT_NS,
         result.addr(0),
     );
     let mut l = f.launch_builder(&stream);
-    l.arg(&table).arg(&me).arg(&peer).arg(&sbuf).arg(&slkey);
-    l.arg(&rbuf).arg(&rlkey).arg(&len).arg(&n).arg(&ahead);
+    l.arg(&table).arg(&me).arg(&peer).arg(&sbuf);
+    if !staged {
+        l.arg(&slkey);
+    }
+    l.arg(&rbuf);
+    if !staged {
+        l.arg(&rlkey);
+    }
+    l.arg(&len).arg(&n).arg(&ahead);
     l.arg(&recv_batch)
         .arg(&sig_every)
         .arg(&times_addr)
@@ -435,9 +465,10 @@ fn kernel_rank(
     // Both ranks have made their CUDA allocations and registrations before either kernel
     // runs: a running kernel could block them.
     r.comm.barrier()?;
-    // SAFETY: the parameters match `mp_pp`; the table, channel, buffers, `times` and `result`
-    // outlive the kernel (the stream is synchronised below, before any of them is dropped).
-    unsafe { l.launch(1, 1)? };
+    // SAFETY: the parameters match `mp_pp` (`mp_pp_staged`: without the lkeys); the table,
+    // channel, buffers, `times` and `result` outlive the kernel (the stream is synchronised
+    // below, before any of them is dropped).
+    unsafe { l.launch(1, if staged { STAGING_THREADS } else { 1 })? };
     let synced = stream.synchronize();
     // Neither rank drops its channel while the other's kernel may still write credits to it.
     let after = r.comm.barrier();
@@ -450,8 +481,8 @@ fn kernel_rank(
     if rc != code::OK {
         let at = result.load64(MP_AT);
         let step = match result.load64(MP_STEP) {
-            1 => "posting a receive (gds_peer_post_recv)",
-            2 => "sending (gds_peer_send_flags)",
+            1 => "posting a receive (gds_peer_post_recv, staged: gds_peer_post_recv_staged)",
+            2 => "sending (gds_peer_send_flags, staged: gds_peer_next_send_bounce, gds_peer_send_bounce)",
             3 => "waiting for sends (gds_peer_wait_sends)",
             4 => "waiting for a receive (gds_peer_wait_recv)",
             5 => "giving credit (gds_peer_give_credit)",

@@ -267,8 +267,22 @@ struct gds_peer {
     uint64_t credited;            // receives the last credit write announced
     uint64_t signaled_pi;         // sq_pi right after the latest signalled WQE (0: none)
     uint64_t signaled_sends;      // sends posted up to and including that WQE
+    // Staging (mp: Comm::kernel_channels_staged), for payloads in GPU memory the NIC cannot
+    // reach: rings of pinned host bounces registered with the channel's device, send_slots
+    // for sends and recv_slots for receives of slot_bytes each (all 0: not staged). A send
+    // or receive uses the slot of its number (sends % send_slots, recvs % recv_slots).
+    uint64_t send_bounce;         // the GPUs' address of the send slots (where kernels copy)
+    uint64_t recv_bounce;         // the GPUs' address of the receive slots
+    uint64_t send_bounce_nic;     // the address of the send slots the registration covers (WQEs name it)
+    uint64_t recv_bounce_nic;     // the address of the receive slots the registration covers
+    uint32_t send_bounce_lkey;
+    uint32_t recv_bounce_lkey;
+    uint32_t slot_bytes;          // bytes per slot: the longest staged message
+    uint32_t send_slots;
+    uint32_t recv_slots;
+    uint32_t reserved2;
 };
-static_assert(sizeof(gds_peer) == 336, "gds_peer size");
+static_assert(sizeof(gds_peer) == 392, "gds_peer size");
 GDS_OFFSET_CHECK(gds_peer, qp, 0);
 GDS_OFFSET_CHECK(gds_peer, credit, 224);
 GDS_OFFSET_CHECK(gds_peer, remote_credit, 232);
@@ -285,6 +299,15 @@ GDS_OFFSET_CHECK(gds_peer, error, 304);
 GDS_OFFSET_CHECK(gds_peer, credited, 312);
 GDS_OFFSET_CHECK(gds_peer, signaled_pi, 320);
 GDS_OFFSET_CHECK(gds_peer, signaled_sends, 328);
+GDS_OFFSET_CHECK(gds_peer, send_bounce, 336);
+GDS_OFFSET_CHECK(gds_peer, recv_bounce, 344);
+GDS_OFFSET_CHECK(gds_peer, send_bounce_nic, 352);
+GDS_OFFSET_CHECK(gds_peer, recv_bounce_nic, 360);
+GDS_OFFSET_CHECK(gds_peer, send_bounce_lkey, 368);
+GDS_OFFSET_CHECK(gds_peer, recv_bounce_lkey, 372);
+GDS_OFFSET_CHECK(gds_peer, slot_bytes, 376);
+GDS_OFFSET_CHECK(gds_peer, send_slots, 380);
+GDS_OFFSET_CHECK(gds_peer, recv_slots, 384);
 
 #if defined(__CUDACC__) || defined(GDS_HOST)
 #ifndef GDS_HOST
@@ -343,6 +366,16 @@ __device__ __forceinline__ void gds_block_copy(uint64_t dst, uint64_t src, uint6
     gds_copy_part(dst, src, len, threadIdx.x, blockDim.x);
     __threadfence_system();
     __syncthreads();
+}
+
+// Thread 0's v, returned to every thread of the calling block (all of them call it): how the
+// thread that drives a peer hands the others a bounce's address, a length or a return code.
+__device__ __forceinline__ uint64_t gds_block_share(uint64_t v) {
+    __shared__ uint64_t shared_v;
+    __syncthreads();
+    if (threadIdx.x == 0) shared_v = v;
+    __syncthreads();
+    return shared_v;
 }
 #endif
 
@@ -837,13 +870,11 @@ __device__ __forceinline__ int gds_peer_recv(gds_peer *p, uint64_t laddr, uint32
     return rc != GDS_OK ? rc : gds_peer_give_credit(p, timeout_ns);
 }
 
-// Waits until the next n sends not yet waited for (1 <= n <= sends - sends_waited) completed.
-// If the last of them is unsignalled and no signalled WQE follows it, posts a signalled NOP
-// (its completion tells that the sends before it completed). GDS_INVALID for a bad n;
-// GDS_TIMEOUT; or the channel's error (a failed send, or any earlier failure).
-__device__ __forceinline__ int gds_peer_wait_sends(gds_peer *p, uint64_t n, uint64_t timeout_ns) {
-    if (p->credit == 0 || n == 0 || n > p->sends - p->sends_waited) return GDS_INVALID;
-    uint64_t target = p->sends_waited + n;
+// Waits until the first `target` sends (target <= sends) completed, consuming completions;
+// if the last of them is unsignalled and no signalled WQE follows it, posts a signalled NOP
+// (its completion tells that the sends before it completed). GDS_OK, GDS_TIMEOUT, or the
+// channel's error (a failed send, or any earlier failure).
+__device__ __forceinline__ int gds_peer_wait_done(gds_peer *p, uint64_t target, uint64_t timeout_ns) {
     uint64_t start = 0;
     for (uint32_t spins = 0; p->sends_done < target; spins++) {
         if (p->signaled_sends < target && p->error == 0) {
@@ -854,7 +885,17 @@ __device__ __forceinline__ int gds_peer_wait_sends(gds_peer *p, uint64_t n, uint
         int rc = gds_peer_make_room(p, spins, &start, timeout_ns);
         if (rc != GDS_OK) return rc;
     }
-    if (p->error) return p->error;
+    return p->error ? (int)p->error : GDS_OK;
+}
+
+// Waits until the next n sends not yet waited for (1 <= n <= sends - sends_waited) completed
+// (gds_peer_wait_done: a NOP finishes a trailing unsignalled send). GDS_INVALID for a bad n;
+// GDS_TIMEOUT; or the channel's error (a failed send, or any earlier failure).
+__device__ __forceinline__ int gds_peer_wait_sends(gds_peer *p, uint64_t n, uint64_t timeout_ns) {
+    if (p->credit == 0 || n == 0 || n > p->sends - p->sends_waited) return GDS_INVALID;
+    uint64_t target = p->sends_waited + n;
+    int rc = gds_peer_wait_done(p, target, timeout_ns);
+    if (rc != GDS_OK) return rc;
     gds_peer_host(p)->sends_waited = p->sends_waited = target;
     return GDS_OK;
 }
@@ -886,6 +927,118 @@ __device__ __forceinline__ int gds_peer_wait_recv(gds_peer *p, uint32_t *len, ui
     }
     gds_peer_host(p)->recvs_waited = ++p->recvs_waited;
     if (len) *len = wc.byte_len;
+    return GDS_OK;
+}
+// ---------------------------------------------------------------- a staged peer
+//
+// Where the NIC cannot reach GPU memory (the soft device; an mlx5 device without dma-buf or
+// peer memory), a staged channel (mp: Comm::kernel_channels_staged) moves payloads through
+// its pinned host bounces: a send copies the payload from GPU memory into the bounce of the
+// next send, then sends the bounce; a receive lands in the bounce of its number and is copied
+// out after its wait. The thread that drives the peer calls the functions below; the copies
+// may take every thread of a block (gds_block_copy; thread 0 shares the bounce's address, e.g.
+// through shared memory), or the driving thread alone (gds_peer_send_staged,
+// gds_peer_wait_recv_staged). Staged and direct sends and receives may be mixed on one channel.
+
+// Whether the channel has bounces (a descriptor from Comm::kernel_channels_staged).
+__device__ __forceinline__ bool gds_peer_staged(const gds_peer *p) {
+    return p->slot_bytes != 0 && p->send_slots != 0 && p->recv_slots != 0;
+}
+
+// Slot `n` of a ring of `slots` bounces of slot_bytes at `base`.
+__device__ __forceinline__ uint64_t gds_peer_slot(const gds_peer *p, uint64_t base, uint64_t n, uint32_t slots) {
+    return base + (n % slots) * (uint64_t)p->slot_bytes;
+}
+
+// The bounce of the next send (*bounce: its GPUs' address, slot_bytes long), once the send
+// that used it before has completed (consumes completions; if that send is unsignalled with no
+// signalled WQE after it, posts a signalled NOP). Copy the payload into it, then send it with
+// gds_peer_send_bounce. Calling it again before that send returns the same bounce at once.
+// GDS_INVALID for an entry that is no peer or a channel without bounces; GDS_TIMEOUT (the
+// previous send did not complete within timeout_ns); or the channel's error.
+__device__ __forceinline__ int gds_peer_next_send_bounce(gds_peer *p, uint64_t *bounce, uint64_t timeout_ns) {
+    int rc = gds_peer_check(p);
+    if (rc != GDS_OK) return rc;
+    if (!gds_peer_staged(p)) return GDS_INVALID;
+    if (p->sends >= p->send_slots) {
+        rc = gds_peer_wait_done(p, p->sends - p->send_slots + 1, timeout_ns);
+        if (rc != GDS_OK) return rc;
+    }
+    *bounce = gds_peer_slot(p, p->send_bounce, p->sends, p->send_slots);
+    return GDS_OK;
+}
+
+// Sends the first `len` bytes of the bounce gds_peer_next_send_bounce returned (copied into
+// it by this thread, or by its block before a gds_block_copy returned), as gds_peer_send_flags
+// does (waits for a credit; `flags` GDS_SIGNALED or 0). GDS_INVALID when len > slot_bytes, the
+// channel has no bounces, or the bounce was not taken with gds_peer_next_send_bounce (its
+// previous send not known complete); GDS_TIMEOUT (nothing sent: call again, the bounce keeps
+// its bytes); or the channel's error.
+__device__ __forceinline__ int gds_peer_send_bounce(gds_peer *p, uint32_t len, uint32_t flags, uint64_t timeout_ns) {
+    int rc = gds_peer_check(p);
+    if (rc != GDS_OK) return rc;
+    if (!gds_peer_staged(p) || len > p->slot_bytes || p->sends_done + p->send_slots <= p->sends) return GDS_INVALID;
+    uint64_t at = gds_peer_slot(p, p->send_bounce_nic, p->sends, p->send_slots);
+    return gds_peer_send_flags(p, at, p->send_bounce_lkey, len, flags, timeout_ns);
+}
+
+// One thread's staged send: takes the next send bounce, copies len bytes from src (GPU
+// memory, or any memory this thread reads) into it and sends it. GDS_INVALID when len >
+// slot_bytes (nothing waited for or sent); otherwise the codes of gds_peer_next_send_bounce
+// and gds_peer_send_bounce. src may be reused when it returns.
+__device__ __forceinline__ int gds_peer_send_staged(gds_peer *p, uint64_t src, uint32_t len, uint32_t flags,
+                                                    uint64_t timeout_ns) {
+    if (len > p->slot_bytes) return GDS_INVALID;
+    uint64_t bounce = 0;
+    int rc = gds_peer_next_send_bounce(p, &bounce, timeout_ns);
+    if (rc != GDS_OK) return rc;
+    gds_copy_part(bounce, src, len, 0, 1);
+    return gds_peer_send_bounce(p, len, flags, timeout_ns);
+}
+
+// Posts the next receive, of up to len bytes (len <= slot_bytes), into the bounce of its
+// number, without a credit (gds_peer_give_credit; gds_peer_recv_staged gives one). The slot is
+// free once the receive that used it before was waited for: GDS_FULL while recv_slots
+// receives are posted and not waited for (wait for one first); GDS_INVALID for len >
+// slot_bytes or a channel without bounces; or the channel's error.
+__device__ __forceinline__ int gds_peer_post_recv_staged(gds_peer *p, uint32_t len) {
+    int rc = gds_peer_check(p);
+    if (rc != GDS_OK) return rc;
+    if (!gds_peer_staged(p) || len > p->slot_bytes) return GDS_INVALID;
+    if (p->recvs - p->recvs_waited >= p->recv_slots) return GDS_FULL;
+    return gds_peer_post_recv(p, gds_peer_slot(p, p->recv_bounce_nic, p->recvs, p->recv_slots), p->recv_bounce_lkey, len);
+}
+
+// gds_peer_post_recv_staged then gds_peer_give_credit (codes as gds_peer_recv).
+__device__ __forceinline__ int gds_peer_recv_staged(gds_peer *p, uint32_t len, uint64_t timeout_ns) {
+    int rc = gds_peer_post_recv_staged(p, len);
+    return rc != GDS_OK ? rc : gds_peer_give_credit(p, timeout_ns);
+}
+
+// The GPUs' address of the bounce that holds the message of the latest receive
+// gds_peer_wait_recv returned (0 if none yet or the channel has no bounces): copy it out
+// (gds_block_copy, gds_copy_part). Its bytes stay until a receive is posted into that slot
+// again: the recv_slots-th receive posted after it.
+__device__ __forceinline__ uint64_t gds_peer_recv_bounce(const gds_peer *p) {
+    if (!gds_peer_staged(p) || p->recvs_waited == 0) return 0;
+    return gds_peer_slot(p, p->recv_bounce, p->recvs_waited - 1, p->recv_slots);
+}
+
+// One thread's staged receive: waits for the oldest receive not yet waited for (a staged one),
+// then copies its message out of the bounce into dst (GPU memory, or any memory this thread
+// writes), which has room for cap bytes; *len (may be null) gets its length. GDS_INVALID for
+// a channel without bounces, or a message longer than cap (then nothing is copied; the
+// receive counts as waited for, *len tells its length and gds_peer_recv_bounce where it is);
+// otherwise the codes of gds_peer_wait_recv.
+__device__ __forceinline__ int gds_peer_wait_recv_staged(gds_peer *p, uint64_t dst, uint32_t cap, uint32_t *len,
+                                                         uint64_t timeout_ns) {
+    if (!gds_peer_staged(p)) return GDS_INVALID;
+    uint32_t n = 0;
+    int rc = gds_peer_wait_recv(p, &n, timeout_ns);
+    if (rc != GDS_OK) return rc;
+    if (len) *len = n;
+    if (n > cap) return GDS_INVALID;
+    gds_copy_part(dst, gds_peer_recv_bounce(p), n, 0, 1);
     return GDS_OK;
 }
 #endif

@@ -12,13 +12,26 @@
 //! `gds_peer_post_recv` and credit them all with one `gds_peer_give_credit`; and it may leave
 //! sends unsignalled (`gds_peer_send_flags`), waiting for several at once with
 //! `gds_peer_wait_sends` (a NOP finishes a trailing unsignalled send).
+//!
+//! Staged channels ([`Comm::kernel_channels_staged`], or [`Comm::kernel_channels_for`] with the
+//! path [`GpuMemoryPath::choose_soft`] or [`GpuMemoryPath::choose_mlx5`] picked) add per peer
+//! rings of pinned host bounces, for payloads in GPU memory the NIC cannot reach: the kernel
+//! copies a payload into the next send bounce and sends it (`gds_peer_next_send_bounce` +
+//! `gds_peer_send_bounce`, or `gds_peer_send_staged`), and copies a message out of its receive
+//! bounce after the wait (`gds_peer_post_recv_staged`, `gds_peer_recv_bounce`, or
+//! `gds_peer_wait_recv_staged`).
 
 use crate::comm::{check_gathered, decode_setup, encode_setup, Comm};
+use crate::kernel_staging::{Bounces, KernelStaging};
 use gdsync::kernel::{DeviceQp, PeerDesc, PeerState};
-use gdsync::{Access, Endpoint, Error, MemoryRegion, PinnedBuffer, QpConfig, RemoteBuf, Result};
+use gdsync::{
+    Access, Endpoint, Error, GpuMemoryPath, MemoryRegion, PinnedBuffer, Qp, QpConfig, RemoteBuf,
+    Result,
+};
 
 /// The kernel channels of a communicator (see [`Comm::kernel_channels`]): one QP per peer,
-/// handed to GPU kernels, and the credit words and state blocks they use.
+/// handed to GPU kernels, and the credit words and state blocks they use (and, staged, the
+/// bounces).
 ///
 /// Keep it alive while kernels use its table, and drop it only after every rank's kernels
 /// have ended (a barrier): peers write credits into this rank's memory until then.
@@ -29,6 +42,7 @@ pub struct KernelChannels {
     remote_credit: Vec<RemoteBuf>,
     table: PinnedBuffer,
     state: PinnedBuffer,
+    bounces: Option<Bounces>,
     // Field order matters: the registration is dropped before the buffer it covers.
     _credit_mr: MemoryRegion<'static>,
     credit: PinnedBuffer,
@@ -39,9 +53,14 @@ impl std::fmt::Debug for KernelChannels {
         f.debug_struct("KernelChannels")
             .field("rank", &self.rank)
             .field("size", &self.size)
+            .field("staging", &self.staging())
             .finish_non_exhaustive()
     }
 }
+
+/// The bytes a rank adds to its kernel-channel record: its bounce size (0: not staged), so
+/// that every rank can check that all of them stage alike.
+const STAGING_BYTES: usize = 8;
 
 impl Comm {
     /// Creates kernel channels (collective: every rank calls it): per peer, a new QP
@@ -49,21 +68,55 @@ impl Comm {
     /// room for `depth` receives in flight (and twice as many sends, for credit writes).
     /// Messages on these channels are independent of the communicator's CPU and executor
     /// send/recv. Register the kernel's buffers with [`Comm::register`] or
-    /// `comm.pd().register_device(..)`.
+    /// `comm.pd().register_device(..)`; where the device cannot register GPU memory, use
+    /// [`kernel_channels_staged`](Self::kernel_channels_staged) instead.
     pub fn kernel_channels(&mut self, depth: u32) -> Result<KernelChannels> {
-        if depth == 0 || depth > 1 << 14 {
-            return Err(Error::invalid(format!(
-                "kernel channel depth {depth} out of 1..=16384"
-            )));
+        self.open_kernel_channels(depth, None)
+    }
+
+    /// Kernel channels (as [`kernel_channels`](Self::kernel_channels), collective) whose
+    /// kernels can stage payloads through pinned host bounces: for buffers in GPU memory the
+    /// device cannot reach (the soft device; an mlx5 device without dma-buf or peer memory;
+    /// [`GpuMemoryPath::Staged`]). Per peer, `2 × depth` send bounces and `depth` receive
+    /// bounces of `bounce` bytes (1 byte to 1 GiB, rounded up to a multiple of 64; see
+    /// [`KernelStaging`]), registered with the communicator's protection domain; the kernel
+    /// copies into and out of them (`gds_peer_send_staged`, `gds_peer_wait_recv_staged`, or
+    /// the block-wide steps in `gdsync.cuh`), and nothing of its own needs registering. A
+    /// staged message is at most `bounce` bytes: cut longer ones. Every rank passes the same
+    /// `bounce` (checked: else every rank gets an error).
+    pub fn kernel_channels_staged(&mut self, depth: u32, bounce: usize) -> Result<KernelChannels> {
+        check_depth(depth)?;
+        self.open_kernel_channels(depth, Some(KernelStaging::new(depth, bounce)?))
+    }
+
+    /// Kernel channels for payloads that take `path` (collective): staged with bounces of
+    /// `bounce` bytes ([`kernel_channels_staged`](Self::kernel_channels_staged)) for
+    /// [`GpuMemoryPath::Staged`], plain ([`kernel_channels`](Self::kernel_channels), `bounce`
+    /// unused) for [`GpuMemoryPath::Direct`]. Choose the path as for
+    /// [`register_gpu`](Self::register_gpu): [`GpuMemoryPath::choose_soft`] or
+    /// [`GpuMemoryPath::choose_mlx5`], which follow `GDSYNC_STAGING`.
+    pub fn kernel_channels_for(
+        &mut self,
+        depth: u32,
+        path: GpuMemoryPath,
+        bounce: usize,
+    ) -> Result<KernelChannels> {
+        match path {
+            GpuMemoryPath::Direct => self.kernel_channels(depth),
+            GpuMemoryPath::Staged => self.kernel_channels_staged(depth, bounce),
         }
+    }
+
+    fn open_kernel_channels(
+        &mut self,
+        depth: u32,
+        staging: Option<KernelStaging>,
+    ) -> Result<KernelChannels> {
+        check_depth(depth)?;
         let (rank, size) = (self.rank(), self.size());
-        let cfg = QpConfig {
-            send_wqebbs: 2 * depth,
-            recv_wqes: depth,
-            max_recv_sge: 1,
-            ..QpConfig::default()
-        };
-        let sq = (2 * depth).next_power_of_two().max(16);
+        let bounces = staging
+            .map(|s| Bounces::new(self.pd(), s, rank, size))
+            .transpose()?;
         let credit = PinnedBuffer::new(8 * size);
         // SAFETY: the buffer is owned by the KernelChannels and outlives the registration
         // (declared after it, so dropped after it).
@@ -74,28 +127,19 @@ impl Comm {
                 Access::LOCAL_WRITE | Access::REMOTE_WRITE,
             )?
         };
-        let mut qps = Vec::with_capacity(size);
-        for p in 0..size {
-            if p == rank {
-                qps.push(None);
-                continue;
-            }
-            let (scq, rcq) = (
-                self.device().create_cq(sq)?,
-                self.device().create_cq(depth)?,
-            );
-            qps.push(Some(self.pd().create_qp(&scq, &rcq, &cfg)?));
-        }
+        let mut qps = self.kernel_channel_qps(depth)?;
         let eps: Vec<Option<Vec<Endpoint>>> = qps
             .iter()
             .map(|q| q.as_ref().map(|q| vec![q.endpoint()]))
             .collect();
-        let all = self
-            .boot()
-            .all_gather(&encode_setup(&eps, 1, &credit_mr.remote()))?;
+        let slot = staging.map_or(0, |s| s.slot_bytes as u64);
+        let mut record = encode_setup(&eps, 1, &credit_mr.remote());
+        record.extend_from_slice(&slot.to_le_bytes());
+        let all = self.boot().all_gather(&record)?;
         check_gathered(&all, size)?;
         let mut remote_credit = Vec::with_capacity(size);
         for (p, rec) in all.iter().enumerate() {
+            let rec = check_staging(rec, p, rank, slot)?;
             let (c, mut their_eps) = decode_setup(rec, size, 1)?;
             remote_credit.push(c);
             if let Some(qp) = qps[p].as_mut() {
@@ -118,10 +162,68 @@ impl Comm {
             remote_credit,
             table: PinnedBuffer::new(std::mem::size_of::<PeerDesc>() * size),
             state: PinnedBuffer::new(PeerState::SIZE * size),
+            bounces,
             _credit_mr: credit_mr,
             credit,
         })
     }
+
+    /// Per peer (none for this rank), a new QP with CQs of its own, not yet connected.
+    fn kernel_channel_qps(&self, depth: u32) -> Result<Vec<Option<Qp>>> {
+        let cfg = QpConfig {
+            send_wqebbs: 2 * depth,
+            recv_wqes: depth,
+            max_recv_sge: 1,
+            ..QpConfig::default()
+        };
+        let sq = (2 * depth).next_power_of_two().max(16);
+        (0..self.size())
+            .map(|p| {
+                if p == self.rank() {
+                    return Ok(None);
+                }
+                let (scq, rcq) = (
+                    self.device().create_cq(sq)?,
+                    self.device().create_cq(depth)?,
+                );
+                Ok(Some(self.pd().create_qp(&scq, &rcq, &cfg)?))
+            })
+            .collect()
+    }
+}
+
+fn check_depth(depth: u32) -> Result<()> {
+    if depth == 0 || depth > 1 << 14 {
+        return Err(Error::invalid(format!(
+            "kernel channel depth {depth} out of 1..=16384"
+        )));
+    }
+    Ok(())
+}
+
+/// Rank `p`'s kernel-channel record without its staging bytes, once they agree with this
+/// rank's bounce size `slot` (0: not staged).
+fn check_staging(rec: &[u8], p: usize, rank: usize, slot: u64) -> Result<&[u8]> {
+    let malformed = || {
+        Error::invalid(
+            "bootstrap: a rank sent a malformed kernel-channel record (another gdasync version?)",
+        )
+    };
+    let at = rec.len().checked_sub(STAGING_BYTES).ok_or_else(malformed)?;
+    let (rec, tail) = rec.split_at(at);
+    let theirs = u64::from_le_bytes(tail.try_into().map_err(|_| malformed())?);
+    if theirs != slot {
+        let say = |b: u64| match b {
+            0 => "without staging".to_string(),
+            b => format!("staged with {b}-byte bounces"),
+        };
+        return Err(Error::invalid(format!(
+            "rank {p} made its kernel channels {} and rank {rank} {}: every rank calls kernel_channels_staged with the same bounce size (or every rank kernel_channels)",
+            say(theirs),
+            say(slot)
+        )));
+    }
+    Ok(rec)
 }
 
 impl KernelChannels {
@@ -170,6 +272,9 @@ impl KernelChannels {
             rank: peer as u32,
             ..PeerDesc::default()
         };
+        if let Some(b) = &self.bounces {
+            b.describe(peer, &mut d);
+        }
         self.progress(peer)?.apply(&mut d);
         Ok(d)
     }
@@ -202,12 +307,27 @@ impl KernelChannels {
         Ok(self.table.gpu_addr())
     }
 
-    /// Whether GPUs can reach the rings, credit words, state blocks and table (pinned and
-    /// mapped); without it a kernel cannot use the channels.
+    /// Whether GPUs can reach the rings, credit words, state blocks, table and bounces
+    /// (pinned and mapped); without it a kernel cannot use the channels.
     pub fn gpu_mapped(&self) -> bool {
         self.peers.iter().flatten().all(DeviceQp::gpu_mapped)
             && self.credit.gpu_mapped()
             && self.state.gpu_mapped()
             && self.table.gpu_mapped()
+            && self.bounces.as_ref().is_none_or(Bounces::gpu_mapped)
+    }
+
+    /// How the channels stage payloads (bounce size and slots per peer), `None` where they
+    /// do not ([`Comm::kernel_channels`]).
+    pub fn staging(&self) -> Option<KernelStaging> {
+        self.bounces.as_ref().map(Bounces::shape)
+    }
+
+    /// The path GPU payloads take on these channels: staged through their bounces, or direct.
+    pub fn path(&self) -> GpuMemoryPath {
+        match self.bounces {
+            Some(_) => GpuMemoryPath::Staged,
+            None => GpuMemoryPath::Direct,
+        }
     }
 }

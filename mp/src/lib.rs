@@ -50,6 +50,7 @@ mod fault;
 #[doc(hidden)]
 pub mod fuzz;
 mod kernel;
+mod kernel_staging;
 mod registry;
 mod staged;
 mod window;
@@ -57,6 +58,7 @@ mod window;
 pub use comm::{Comm, Request};
 pub use gdsync::kernel::{PeerDesc, PeerState};
 pub use kernel::KernelChannels;
+pub use kernel_staging::{KernelStaging, MAX_KERNEL_BOUNCE};
 pub use registry::RegCacheStats;
 pub use staged::{GpuRegion, GpuSlice};
 pub use window::Window;

@@ -69,6 +69,13 @@ struct Lib {
     peer_wait_send: unsafe extern "C" fn(Peer, u64) -> c_int,
     peer_wait_recv: unsafe extern "C" fn(Peer, *mut u32, u64) -> c_int,
     copy_part: unsafe extern "C" fn(u64, u64, u64, u32, u32),
+    peer_next_send_bounce: unsafe extern "C" fn(Peer, *mut u64, u64) -> c_int,
+    peer_send_bounce: unsafe extern "C" fn(Peer, u32, u32, u64) -> c_int,
+    peer_send_staged: unsafe extern "C" fn(Peer, u64, u32, u32, u64) -> c_int,
+    peer_post_recv_staged: unsafe extern "C" fn(Peer, u32) -> c_int,
+    peer_recv_staged: unsafe extern "C" fn(Peer, u32, u64) -> c_int,
+    peer_recv_bounce: unsafe extern "C" fn(*const PeerDesc) -> u64,
+    peer_wait_recv_staged: unsafe extern "C" fn(Peer, u64, u32, *mut u32, u64) -> c_int,
 }
 
 const INCLUDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/gdsync/include");
@@ -158,6 +165,13 @@ fn lib() -> &'static Lib {
             peer_wait_send: sym!(peer_wait_send),
             peer_wait_recv: sym!(peer_wait_recv),
             copy_part: sym!(copy_part),
+            peer_next_send_bounce: sym!(peer_next_send_bounce),
+            peer_send_bounce: sym!(peer_send_bounce),
+            peer_send_staged: sym!(peer_send_staged),
+            peer_post_recv_staged: sym!(peer_post_recv_staged),
+            peer_recv_staged: sym!(peer_recv_staged),
+            peer_recv_bounce: sym!(peer_recv_bounce),
+            peer_wait_recv_staged: sym!(peer_wait_recv_staged),
         }
     })
 }
@@ -311,4 +325,59 @@ pub fn copy_parts(dst: &mut [u8], src: &[u8], parts: u32) {
         // SAFETY: both ranges are live slices of n bytes that do not overlap.
         unsafe { (lib().copy_part)(d, s, n, part, parts) }
     }
+}
+
+/// `gds_peer_next_send_bounce`: the bounce's address, or the code.
+pub fn peer_next_send_bounce(p: &mut PeerDesc, timeout_ns: u64) -> Result<u64, i32> {
+    let mut at = 0u64;
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    match unsafe { (lib().peer_next_send_bounce)(p, &mut at, timeout_ns) } {
+        0 => Ok(at),
+        rc => Err(rc),
+    }
+}
+
+/// `gds_peer_send_bounce`.
+pub fn peer_send_bounce(p: &mut PeerDesc, len: u32, flags: u32, timeout_ns: u64) -> i32 {
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    unsafe { (lib().peer_send_bounce)(p, len, flags, timeout_ns) }
+}
+
+/// `gds_peer_send_staged`, from `src`.
+pub fn peer_send_staged(p: &mut PeerDesc, src: &[u8], flags: u32, timeout_ns: u64) -> i32 {
+    let (at, len) = (src.as_ptr() as u64, src.len() as u32);
+    // SAFETY: as above; `src` is a live slice of `len` bytes the header only reads.
+    unsafe { (lib().peer_send_staged)(p, at, len, flags, timeout_ns) }
+}
+
+/// `gds_peer_post_recv_staged`.
+pub fn peer_post_recv_staged(p: &mut PeerDesc, len: u32) -> i32 {
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    unsafe { (lib().peer_post_recv_staged)(p, len) }
+}
+
+/// `gds_peer_recv_staged`.
+pub fn peer_recv_staged(p: &mut PeerDesc, len: u32, timeout_ns: u64) -> i32 {
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    unsafe { (lib().peer_recv_staged)(p, len, timeout_ns) }
+}
+
+/// `gds_peer_recv_bounce`.
+pub fn peer_recv_bounce(p: &PeerDesc) -> u64 {
+    // SAFETY: the header only reads the descriptor.
+    unsafe { (lib().peer_recv_bounce)(p) }
+}
+
+/// `gds_peer_wait_recv_staged` into `dst` (its length is the capacity); `len` None passes a
+/// null pointer.
+pub fn peer_wait_recv_staged(
+    p: &mut PeerDesc,
+    dst: &mut [u8],
+    len: Option<&mut u32>,
+    timeout_ns: u64,
+) -> i32 {
+    let len = len.map_or(std::ptr::null_mut(), |l| l as *mut u32);
+    let (at, cap) = (dst.as_mut_ptr() as u64, dst.len() as u32);
+    // SAFETY: as above; `dst` is a live slice of `cap` bytes the header writes at most.
+    unsafe { (lib().peer_wait_recv_staged)(p, at, cap, len, timeout_ns) }
 }

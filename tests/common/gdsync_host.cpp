@@ -1,5 +1,5 @@
 // gdsync.cuh compiled for the host: stand-ins for the CUDA built-ins it uses, then the header
-// itself, then extern "C" wrappers of its descriptor, kernel-driven QP and peer functions, which the tests
+// itself, then extern "C" wrappers of its descriptor, kernel-driven QP and peer (also staged) functions, which the tests
 // (tests/common/gds.rs) load and call from a thread that plays the kernel. So the soft device
 // executes the very bytes the header writes.
 //
@@ -101,4 +101,21 @@ EXPORT int gdst_peer_wait_recv(gds_peer *p, uint32_t *len, uint64_t timeout_ns) 
 }
 EXPORT void gdst_copy_part(uint64_t dst, uint64_t src, uint64_t len, uint32_t part, uint32_t parts) {
     gds_copy_part(dst, src, len, part, parts);
+}
+EXPORT int gdst_peer_next_send_bounce(gds_peer *p, uint64_t *bounce, uint64_t timeout_ns) {
+    return gds_peer_next_send_bounce(p, bounce, timeout_ns);
+}
+EXPORT int gdst_peer_send_bounce(gds_peer *p, uint32_t len, uint32_t flags, uint64_t timeout_ns) {
+    return gds_peer_send_bounce(p, len, flags, timeout_ns);
+}
+EXPORT int gdst_peer_send_staged(gds_peer *p, uint64_t src, uint32_t len, uint32_t flags, uint64_t timeout_ns) {
+    return gds_peer_send_staged(p, src, len, flags, timeout_ns);
+}
+EXPORT int gdst_peer_post_recv_staged(gds_peer *p, uint32_t len) { return gds_peer_post_recv_staged(p, len); }
+EXPORT int gdst_peer_recv_staged(gds_peer *p, uint32_t len, uint64_t timeout_ns) {
+    return gds_peer_recv_staged(p, len, timeout_ns);
+}
+EXPORT uint64_t gdst_peer_recv_bounce(const gds_peer *p) { return gds_peer_recv_bounce(p); }
+EXPORT int gdst_peer_wait_recv_staged(gds_peer *p, uint64_t dst, uint32_t cap, uint32_t *len, uint64_t timeout_ns) {
+    return gds_peer_wait_recv_staged(p, dst, cap, len, timeout_ns);
 }

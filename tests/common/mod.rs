@@ -448,10 +448,41 @@ pub fn json_field<'a>(json: &'a str, key: &str) -> &'a str {
     rest[..rest.find([',', '}']).unwrap()].trim_matches('"')
 }
 
+/// A kernel channel's counters and error as one tuple: (sends, sends_done, sends_waited,
+/// recvs, recvs_waited, error).
+pub fn peer_counts(st: &gdasync::mp::PeerState) -> (u64, u64, u64, u64, u64, u32) {
+    let s = st;
+    (
+        s.sends,
+        s.sends_done,
+        s.sends_waited,
+        s.recvs,
+        s.recvs_waited,
+        s.error,
+    )
+}
+
 /// Runs `f` on two thread ranks, each with a communicator and kernel channels of `depth`;
 /// then a barrier (no rank tears down while its peer's "kernel" still uses the channels).
 pub fn kernel_channel_ranks<T: Send>(
     depth: u32,
+    f: impl Fn(&mut Comm, &KernelChannels) -> T + Sync,
+) -> Vec<T> {
+    channel_ranks(depth, None, f)
+}
+
+/// [`kernel_channel_ranks`] with staged kernel channels, bounces of `bounce` bytes.
+pub fn staged_channel_ranks<T: Send>(
+    depth: u32,
+    bounce: usize,
+    f: impl Fn(&mut Comm, &KernelChannels) -> T + Sync,
+) -> Vec<T> {
+    channel_ranks(depth, Some(bounce), f)
+}
+
+fn channel_ranks<T: Send>(
+    depth: u32,
+    bounce: Option<usize>,
     f: impl Fn(&mut Comm, &KernelChannels) -> T + Sync,
 ) -> Vec<T> {
     let dev = Device::soft().unwrap();
@@ -462,7 +493,10 @@ pub fn kernel_channel_ranks<T: Send>(
                 let (dev, f) = (&dev, &f);
                 s.spawn(move || {
                     let mut comm = Comm::new(Box::new(boot), dev).unwrap();
-                    let ch = comm.kernel_channels(depth).unwrap();
+                    let ch = match bounce {
+                        Some(b) => comm.kernel_channels_staged(depth, b).unwrap(),
+                        None => comm.kernel_channels(depth).unwrap(),
+                    };
                     let out = f(&mut comm, &ch);
                     comm.barrier().unwrap();
                     drop(ch);

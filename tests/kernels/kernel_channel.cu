@@ -122,3 +122,82 @@ extern "C" __global__ void peer_pingpong(const gds_peer *peers, uint32_t me, uin
     for (; i < iters && rc == GDS_OK; i++) rc = peer_round(&p, buf, lkey, i, me, timeout_ns, &bad);
     test_report(out, rc, bad, rc == GDS_OK ? i : i - 1, self_rc);
 }
+
+// ------------------------------------------------------------ staged kernel channels (mp)
+//
+// Payloads in GPU memory staged through the channel's bounces by a block: thread 0 drives the
+// peer, every thread fills, copies and checks. Message i is staged_len(i) bytes (up to the
+// slot, which thread 0 reads from the descriptor), from sdev + staged_soff(i) and into
+// rdev + staged_roff(i): odd sizes and offsets. Even messages go the block-wide way
+// (gds_peer_next_send_bounce, gds_block_copy, gds_peer_send_bounce; gds_peer_wait_recv,
+// gds_block_copy out of gds_peer_recv_bounce), odd ones through thread 0 alone
+// (gds_peer_send_staged, gds_peer_wait_recv_staged); one send in four is signalled.
+
+__device__ __forceinline__ uint32_t staged_len(uint64_t i, uint32_t slot) {
+    return i % 50 == 7 ? slot : 1 + (uint32_t)((i * 53) % slot);
+}
+__device__ __forceinline__ uint64_t staged_soff(uint64_t i) { return i * 5 % 17; }
+__device__ __forceinline__ uint64_t staged_roff(uint64_t i) { return i * 3 % 19; }
+
+__device__ int staged_send(gds_peer *p, uint64_t sdev, uint64_t i, uint32_t me, uint32_t slot, uint64_t timeout_ns) {
+    bool lead = threadIdx.x == 0;
+    uint32_t len = staged_len(i, slot);
+    uint64_t src = sdev + staged_soff(i);
+    for (uint32_t k = threadIdx.x; k < len; k += blockDim.x) ((uint8_t *)src)[k] = test_byte(i, me, k);
+    __syncthreads();
+    uint32_t flags = i % 4 == 3 ? GDS_SIGNALED : 0;
+    if (i % 2 == 1) return (int)gds_block_share(lead ? (uint32_t)gds_peer_send_staged(p, src, len, flags, timeout_ns) : 0);
+    uint64_t bounce = 0;
+    int rc = (int)gds_block_share(lead ? (uint32_t)gds_peer_next_send_bounce(p, &bounce, timeout_ns) : 0);
+    if (rc != GDS_OK) return rc;
+    gds_block_copy(gds_block_share(bounce), src, len);
+    return (int)gds_block_share(lead ? (uint32_t)gds_peer_send_bounce(p, len, flags, timeout_ns) : 0);
+}
+
+__device__ int staged_take(gds_peer *p, uint64_t rdev, uint64_t i, uint32_t me, uint32_t slot, uint64_t timeout_ns,
+                           uint32_t *bad) {
+    bool lead = threadIdx.x == 0;
+    uint64_t dst = rdev + staged_roff(i);
+    uint32_t got = 0, want = staged_len(i, slot);
+    int rc = GDS_OK;
+    if (lead) rc = i % 2 == 1 ? gds_peer_wait_recv_staged(p, dst, slot, &got, timeout_ns) : gds_peer_wait_recv(p, &got, timeout_ns);
+    rc = (int)gds_block_share((uint32_t)rc);
+    if (rc != GDS_OK) return rc;
+    got = (uint32_t)gds_block_share(got);
+    if (i % 2 == 0) gds_block_copy(dst, gds_block_share(lead ? gds_peer_recv_bounce(p) : 0), got);
+    __syncthreads();
+    uint32_t wrong = lead && got != want;
+    for (uint32_t k = threadIdx.x; k < want; k += blockDim.x) wrong += ((const volatile uint8_t *)dst)[k] != test_byte(i, me ^ 1, k);
+    if (wrong) atomicAdd(bad, wrong);
+    return GDS_OK;
+}
+
+__device__ int staged_round(gds_peer *p, uint64_t sdev, uint64_t rdev, uint64_t i, uint32_t me, uint32_t slot,
+                            uint64_t timeout_ns, uint32_t *bad) {
+    int rc = (int)gds_block_share(threadIdx.x == 0 ? (uint32_t)gds_peer_recv_staged(p, slot, timeout_ns) : 0);
+    if (rc == GDS_OK && me == 1) rc = staged_take(p, rdev, i, me, slot, timeout_ns, bad);
+    if (rc == GDS_OK) rc = staged_send(p, sdev, i, me, slot, timeout_ns);
+    if (rc == GDS_OK && me == 0) rc = staged_take(p, rdev, i, me, slot, timeout_ns, bad);
+    return rc;
+}
+
+// One rank's persistent kernel (one block, any number of threads): ping-pongs with rank
+// `other` through its staged channel, sdev and rdev in GPU memory (slot + 32 bytes each);
+// then waits for every send. Reports rc, bad bytes, rounds done and the slot size.
+extern "C" __global__ void staged_pingpong(const gds_peer *peers, uint32_t me, uint32_t other, uint64_t sdev,
+                                           uint64_t rdev, uint64_t iters, uint64_t timeout_ns, uint64_t out) {
+    __shared__ uint32_t bad;
+    gds_peer p;
+    bool lead = threadIdx.x == 0;
+    if (lead) {
+        p = peers[other];
+        bad = 0;
+    }
+    uint32_t slot = (uint32_t)gds_block_share(lead ? p.slot_bytes : 0);
+    int rc = slot == 0 ? GDS_INVALID : GDS_OK;
+    uint64_t i = 0;
+    for (; i < iters && rc == GDS_OK; i++) rc = staged_round(&p, sdev, rdev, i, me, slot, timeout_ns, &bad);
+    if (rc == GDS_OK && lead && p.sends > p.sends_waited) rc = gds_peer_wait_sends(&p, p.sends - p.sends_waited, timeout_ns);
+    __syncthreads();
+    if (lead) test_report(out, rc, bad, rc == GDS_OK ? i : i - 1, (int)slot);
+}

@@ -468,6 +468,15 @@ mod tests {
                     ("gds_peer", "credited") => offset_of!(PeerDesc, credited),
                     ("gds_peer", "signaled_pi") => offset_of!(PeerDesc, signaled_pi),
                     ("gds_peer", "signaled_sends") => offset_of!(PeerDesc, signaled_sends),
+                    ("gds_peer", "send_bounce") => offset_of!(PeerDesc, send_bounce),
+                    ("gds_peer", "recv_bounce") => offset_of!(PeerDesc, recv_bounce),
+                    ("gds_peer", "send_bounce_nic") => offset_of!(PeerDesc, send_bounce_nic),
+                    ("gds_peer", "recv_bounce_nic") => offset_of!(PeerDesc, recv_bounce_nic),
+                    ("gds_peer", "send_bounce_lkey") => offset_of!(PeerDesc, send_bounce_lkey),
+                    ("gds_peer", "recv_bounce_lkey") => offset_of!(PeerDesc, recv_bounce_lkey),
+                    ("gds_peer", "slot_bytes") => offset_of!(PeerDesc, slot_bytes),
+                    ("gds_peer", "send_slots") => offset_of!(PeerDesc, send_slots),
+                    ("gds_peer", "recv_slots") => offset_of!(PeerDesc, recv_slots),
                     other => panic!("header checks a field the test does not know: {other:?}"),
                 };
                 assert_eq!(rust, off, "{ty}.{field}");
@@ -497,7 +506,7 @@ mod tests {
             }
         }
         assert_eq!(
-            checked, 73,
+            checked, 82,
             "every layout assertion of the header was checked"
         );
     }

@@ -14,6 +14,11 @@
 //! WQE, and `gds_peer_wait_send(s)` posts a signalled NOP when none follows. The kernel
 //! signals at least one WQE per half ring by itself, so the ring never fills with WQEs that
 //! no completion would free.
+//!
+//! Staged channels (payloads in GPU memory the NIC cannot reach) carry rings of pinned host
+//! bounces: `gds_peer_next_send_bounce` + `gds_peer_send_bounce` (or `gds_peer_send_staged`),
+//! `gds_peer_post_recv_staged` and `gds_peer_recv_bounce` after `gds_peer_wait_recv` (or
+//! `gds_peer_wait_recv_staged`).
 
 use super::QpDesc;
 
@@ -61,8 +66,31 @@ pub struct PeerDesc {
     /// Sends posted up to and including the latest signalled WQE: all of them are done once
     /// its completion comes (working state, as `credited`).
     pub signaled_sends: u64,
+    /// Staging (all 0: none): the GPUs' address of the send bounces (`send_slots` slots of
+    /// `slot_bytes`, pinned host memory), where kernels copy payloads.
+    pub send_bounce: u64,
+    /// The GPUs' address of the receive bounces (`recv_slots` slots of `slot_bytes`).
+    pub recv_bounce: u64,
+    /// The address of the send bounces that their registration covers (what WQEs name).
+    pub send_bounce_nic: u64,
+    /// The address of the receive bounces that their registration covers.
+    pub recv_bounce_nic: u64,
+    /// The lkey of the send bounces.
+    pub send_bounce_lkey: u32,
+    /// The lkey of the receive bounces.
+    pub recv_bounce_lkey: u32,
+    /// Bytes per bounce: the longest staged message.
+    pub slot_bytes: u32,
+    /// Send bounces: send `n` uses slot `n % send_slots`, free once the send before it in
+    /// that slot completed.
+    pub send_slots: u32,
+    /// Receive bounces: receive `n` uses slot `n % recv_slots`, free once the receive
+    /// before it in that slot was waited for.
+    pub recv_slots: u32,
+    /// Zero.
+    pub reserved2: u32,
 }
-const _: () = assert!(std::mem::size_of::<PeerDesc>() == 336);
+const _: () = assert!(std::mem::size_of::<PeerDesc>() == 392);
 
 impl PeerDesc {
     /// The descriptor's bytes, as a kernel reads them from a table in memory.
