@@ -283,6 +283,7 @@ impl EngineCore {
                     tick = false;
                     if who == Who::Lender {
                         set_flag(&self.lent_work, true);
+                        e.pay_acks_now();
                     }
                     // A helper leaves after a round that did something: the data it
                     // delivered is what its caller polls for, and the caller comes back

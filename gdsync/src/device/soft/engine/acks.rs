@@ -40,6 +40,18 @@ impl Engine {
         self.send(li, &hdr, BodyRef::Empty, 0);
     }
 
+    /// Sends every owed ACK now, and what the links queued: for a thread lent to the engine
+    /// that leaves after a round and may not come back for a long time (a verbs program's
+    /// thread that goes on to spin on memory), while the peer waits for the ACK to retire
+    /// its WQE.
+    pub(crate) fn pay_acks_now(&mut self) {
+        if self.pay_acks() {
+            for li in 0..self.links.len() {
+                self.pump(li);
+            }
+        }
+    }
+
     /// Sends every owed ACK. Returns whether there were any.
     pub(super) fn pay_acks(&mut self) -> bool {
         if self.owed.is_empty() {
