@@ -1,5 +1,6 @@
 // The kernels of `bandwidth --trigger kernel` (NVRTC compiles them after gdsync.cuh;
-// tests/kernel_channel.rs checks that they compile, with clang, where no GPU is).
+// tests/kernel_channel.rs checks that they compile, with clang, where no GPU is, and runs
+// bw_staged built for the host, as a block of one thread, against the soft device).
 //
 // bw: one thread drives rank 0's QP: it composes each WQE, rings the doorbell and polls the
 // send CQ itself, keeping at most `window` messages uncompleted.
@@ -140,9 +141,8 @@ extern "C" __global__ void bw_staged(gds_qp q0, uint64_t sdev, uint64_t size, ui
                                      uint64_t out_nic, uint32_t lkey, uint64_t raddr, uint32_t rkey, uint64_t credit,
                                      uint64_t words, uint64_t timeout_ns) {
     bool lead = threadIdx.x == 0;
-    gds_qp q;
-    if (lead) q = q0;
-    uint64_t base = lead ? q.sq_pi : 0, seen = 0, posted = 0;
+    gds_qp q = q0;  // thread 0's to drive
+    uint64_t base = q.sq_pi, seen = 0, posted = 0;
     uint32_t step = 0;
     int rc = (size == 0 || chunk == 0 || chunk > slot || bounces < 2 || size > 0x7FFFFFFFull) ? GDS_INVALID : GDS_OK;
     uint64_t count = chunk ? (size + chunk - 1) / chunk : 0, total = n * count;

@@ -15,7 +15,8 @@
 //! of chunks copied into rank 0's credit word, which the kernel reads.
 //!
 //! [`schedule`] mirrors the kernel's arithmetic (bounce, bytes and waits of every chunk), for
-//! the host's bookkeeping and the tests of its reuse rules.
+//! the host's bookkeeping and the tests of its reuse rules. tests/kernel_channel.rs runs the
+//! kernel itself, built for the host as a block of one thread, against the soft device.
 
 use super::gpu::{describe, DONE, KERNEL, KERNEL_WAIT_NS, RC, SENT};
 use super::staged::Stage;
