@@ -119,7 +119,7 @@ impl Stage {
         Ok(Some(Stage { chunk, bounces }))
     }
     /// The plan of one `size`-byte message whose first chunk is chunk `first` of the stream.
-    pub(crate) fn plan(&self, size: usize, first: usize) -> ChunkPlan {
+    fn plan(&self, size: usize, first: usize) -> ChunkPlan {
         ChunkPlan::new(size, self.chunk, self.bounces)
             .expect("chunk and bounces are checked non-zero")
             .starting_at(first)
