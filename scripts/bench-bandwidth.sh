@@ -9,10 +9,11 @@
 # Plot: python3 scripts/plot.py bandwidth OUT -o bandwidth.png --machine "..."
 #
 #   scripts/bench-bandwidth.sh --staged-vs-host [BIN_DIR] [OUT]
-#     RDMA writes of 64 KiB, 1 MiB and 8 MiB from the cpu and stream triggers, host memory and
-#     staged GPU memory (--staging on --check) alternating, REPS times (default 3); prints the
-#     median GB/s per trigger and memory at each size and staged / host (the goal at 1 MiB is at
-#     least 0.70). Needs a GPU. STAGE_ARGS adds arguments to the staged runs (--chunk 512K ...).
+#     RDMA writes of 64 KiB, 1 MiB and 8 MiB from the cpu, stream and kernel triggers (TRIGGERS
+#     chooses: TRIGGERS=kernel), host memory and staged GPU memory (--staging on --check)
+#     alternating, REPS times (default 3); prints the median GB/s per trigger and memory at each
+#     size and staged / host (the goal at 1 MiB is at least 0.70). Needs a GPU. STAGE_ARGS adds
+#     arguments to the staged runs (--chunk 512K ...).
 set -euo pipefail
 # One bandwidth run with the arguments given, its rows appended to $out (or a FAILED line).
 run_bw() {
@@ -26,7 +27,7 @@ if [ "${1:-}" = --staged-vs-host ]; then
   : > "$out"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sed 's/^/# /' | tee -a "$out"
   for rep in $(seq "${REPS:-3}"); do
-    for trig in cpu stream; do
+    for trig in ${TRIGGERS:-cpu stream kernel}; do
       for mem in host device; do
         extra=""
         [ $mem = device ] && extra="--staging on --check ${STAGE_ARGS:-}"
@@ -41,7 +42,7 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 print("\nmedian GB/s (10^9 B/s) of RDMA writes; staged = --mem device --staging on")
 print(f"{'trigger':8} {'bytes':>9} {'host':>8} {'staged':>8} {'staged/host':>12} {'runs':>5}")
-for trig in ["cpu", "stream"]:
+for trig in [t for t in ["cpu", "stream", "kernel"] if any(r["trigger"] == t for r in rows)]:
     for size in sorted({r["bytes"] for r in rows}):
         med = {}
         for mem in ["host", "device"]:

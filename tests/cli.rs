@@ -425,7 +425,10 @@ fn bad_bandwidth_and_stencil_arguments_are_clean_errors() {
         (&["--staging", "off"][..], "runs staged only"),
         (&["--op", "read"][..], "staging covers --op write"),
         (&["--op", "send"][..], "staging covers --op write"),
-        (&["--trigger", "kernel"][..], "staging covers --op write"),
+        (
+            &["--trigger", "kernel"][..],
+            "the kernel trigger needs a GPU",
+        ),
         (&["--bounces", "1"][..], "--bounces must be 2 to 64"),
         (&["--chunk", "128M"][..], "--chunk must be 1 to"),
         (&["--duration", "1"][..], "--duration does not apply"),
@@ -1502,15 +1505,14 @@ fn pingpong_stages_gpu_payloads_on_every_trigger() {
     }
 }
 
-/// `bandwidth --mem device` stages writes from the cpu and stream triggers through pinned
-/// bounces on the GPU (`--staging on`, and `auto` on the soft device), byte for byte
-/// (`--check`) at 1 B, 4 KiB, 1 MiB and 1 MiB + 3 B (four and five 256 KiB chunks), and at
-/// 1 MiB + 3 B in the default chunks, and runs directly with
-/// `--staging off` and on the kernel trigger; the JSON names the path.
+/// `bandwidth --mem device` stages writes from every trigger through pinned bounces on the
+/// GPU (`--staging on`, and `auto` on the soft device), byte for byte (`--check`) at 1 B,
+/// 4 KiB, 1 MiB and 1 MiB + 3 B (four and five 256 KiB chunks), and at 1 MiB + 3 B in the
+/// default chunks; runs directly with `--staging off`; the JSON names the path.
 #[test]
 #[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test cli -- --include-ignored bandwidth_stages"]
-fn bandwidth_stages_gpu_payloads_on_the_cpu_and_stream_triggers() {
-    for trigger in ["cpu", "stream"] {
+fn bandwidth_stages_gpu_payloads_on_every_trigger() {
+    for trigger in ["cpu", "stream", "kernel"] {
         for staging in ["on", "auto"] {
             let args = [
                 "--trigger",
@@ -1535,7 +1537,7 @@ fn bandwidth_stages_gpu_payloads_on_the_cpu_and_stream_triggers() {
             }
         }
     }
-    for trigger in ["cpu", "stream"] {
+    for trigger in ["cpu", "stream", "kernel"] {
         let args = ["--trigger", trigger, "--mem", "device", "--staging", "on"];
         let args = [
             &args[..],
@@ -1551,14 +1553,14 @@ fn bandwidth_stages_gpu_payloads_on_the_cpu_and_stream_triggers() {
             rows[0]
         );
     }
-    for (trigger, staging) in [("stream", "off"), ("kernel", "auto")] {
+    for trigger in ["stream", "kernel"] {
         let args = [
             "--trigger",
             trigger,
             "--mem",
             "device",
             "--staging",
-            staging,
+            "off",
             "--sizes",
             "4K",
             "--iters",
@@ -1567,6 +1569,50 @@ fn bandwidth_stages_gpu_payloads_on_the_cpu_and_stream_triggers() {
         let rows = gpu_json("bandwidth", &args);
         let path = common::json_field(&rows[0], "gpu_memory");
         assert!(path.starts_with("direct"), "{args:?}: {}", rows[0]);
+    }
+}
+
+/// `bandwidth --trigger kernel --mem device` stages through the kernel's block copies byte
+/// for byte where the reuse of a bounce is tightest (two bounces: every chunk waits for the
+/// write and the credit of the chunk two back) and where chunks are not 16-byte multiples
+/// (bounces at unaligned offsets, copied byte by byte), across chunk boundaries and message
+/// after message, and with every message below a chunk (bounces of the largest message):
+/// `--check` compares the receiver's GPU buffer after each size.
+#[test]
+#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test cli -- --include-ignored bandwidth_kernel_stages"]
+fn bandwidth_kernel_stages_tight_and_unaligned_chunks() {
+    for (chunk, bounces, sizes) in [
+        ("256K", "2", "1048579"),
+        ("1000", "3", "1,999,1000,1001,5503"),
+        ("1M", "4", "4K,64K"),
+    ] {
+        let args = [
+            "--trigger",
+            "kernel",
+            "--mem",
+            "device",
+            "--staging",
+            "on",
+            "--chunk",
+            chunk,
+            "--bounces",
+            bounces,
+            "--sizes",
+            sizes,
+            "--iters",
+            "50",
+            "--check",
+        ];
+        let rows = gpu_json("bandwidth", &args);
+        assert_eq!(rows.len(), sizes.split(',').count(), "{args:?}: {rows:?}");
+        for r in &rows {
+            assert!(
+                common::json_field(r, "gpu_memory").starts_with("staged"),
+                "{r}"
+            );
+            assert_eq!(common::json_field(r, "trigger"), "kernel", "{r}");
+            assert_eq!(common::json_field(r, "bounces"), bounces, "{r}");
+        }
     }
 }
 

@@ -2,8 +2,9 @@
 //! the descriptors the host filled once (`DeviceQp::desc`, `KernelChannels::desc`) and calls
 //! the device functions of `gdsync.cuh` itself, compiled for the host (`common::gds`), which
 //! write the WQEs, doorbell records, doorbells, CQ consumer indices and credits; the soft
-//! device must execute them as a ConnectX would. These tests are ignored where clang++ was
-//! missing when they were built.
+//! device must execute them as a ConnectX would. The bandwidth example's staged kernel runs
+//! the same way, whole (`bw_staged` built for the host). These tests are ignored where clang++
+//! was missing when they were built.
 
 mod common;
 
@@ -1822,6 +1823,175 @@ fn header_device_code_compiles_as_cuda() {
         "header",
         &format!("{CALLS}\n{gpu_test_kernels}\n{bandwidth_kernel}"),
     );
+}
+
+/// `bandwidth --trigger kernel`'s staged kernel (`bw_staged` of examples/bandwidth/bandwidth.cu,
+/// built for the host with a block of one thread) against the soft device, with rank 1 as
+/// the example runs it: each chunk copied out of its bounce as it arrives (after a pause, so
+/// that a bounce refilled before its credit would show), then credited by an RDMA write into
+/// rank 0's credit word. Every chunk lands byte for byte, with its sequence number as the
+/// immediate, across chunk boundaries, bounce reuse within a message and from one launch to
+/// the next (two launches per shape), with unaligned chunks (byte copies), and the launch
+/// reports every chunk posted.
+#[test]
+#[cfg_attr(
+    not(clang_cuda),
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
+)]
+fn bandwidth_staged_kernel_moves_every_chunk_byte_for_byte() {
+    for (chunk, bounces, size, n) in [
+        (1000usize, 2usize, 5503usize, 3u64),
+        (256, 3, 1027, 4),
+        (256, 4, 1, 5),
+        (1024, 2, 1024, 3),
+    ] {
+        bandwidth_staged_shape(chunk, bounces, size, n);
+    }
+}
+
+/// `bw_staged` gives up when rank 1 never credits: once both bounces are filled, the wait for
+/// the first credit times out, and the launch reports the code, the wait (BWS_STEP_CREDIT)
+/// and the two chunks it posted.
+#[test]
+#[cfg_attr(
+    not(clang_cuda),
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
+)]
+fn bandwidth_staged_kernel_times_out_without_credits() {
+    let cfg = QpConfig::default();
+    let (_dev, pd, a, mut b) = connected(&cfg);
+    let (out, out_mr) = pinned(&pd, 2 * 64);
+    let (inb, in_mr) = pinned(&pd, 2 * 64);
+    let (credit, _credit_mr) = pinned(&pd, 8);
+    let (words, _words_mr) = pinned(&pd, 64);
+    let src = [7u8; 192];
+    let dq = a.qp.into_device().unwrap();
+    for _ in 0..3 {
+        b.qp.post_recv(&RecvWr::new()).unwrap();
+    }
+    let (o, i, w) = (out.addr(), inb.addr(), words.addr());
+    let (lkey, rkey) = (out_mr.lkey(), in_mr.rkey());
+    let start = Instant::now();
+    // SAFETY: the parameters match bw_staged; everything it names outlives the call.
+    unsafe {
+        gds::bw_staged()(
+            dq.desc(),
+            src.as_ptr() as u64,
+            192,
+            1,
+            64,
+            64,
+            2,
+            0,
+            o,
+            o,
+            lkey,
+            i,
+            rkey,
+            credit.addr(),
+            w,
+            50_000_000,
+        )
+    };
+    assert!(start.elapsed() < Duration::from_secs(5));
+    let word = |i: u64| u64::from_ne_bytes(read(w + 8 * i, 8).try_into().unwrap());
+    assert_eq!(
+        (word(0), word(1), word(4), word(5)),
+        (1, code::TIMEOUT as u64, 2, 1)
+    );
+}
+
+/// Runs two launches of `n` messages of `size` bytes in `chunk`-byte chunks over `bounces`
+/// bounces, rank 1 on this thread.
+fn bandwidth_staged_shape(chunk: usize, bounces: usize, size: usize, n: u64) {
+    let what = format!("chunk {chunk}, {bounces} bounces, {size} B");
+    let cfg = QpConfig {
+        send_wqebbs: 64,
+        recv_wqes: 64,
+        ..QpConfig::default()
+    };
+    let (_dev, pd, a, b) = connected(&cfg);
+    let (out, out_mr) = pinned(&pd, chunk * bounces);
+    let (inb, in_mr) = pinned(&pd, chunk * bounces);
+    let (credit, credit_mr) = pinned(&pd, 8);
+    let (credit_src, credit_src_mr) = pinned(&pd, 8);
+    let src: Vec<u8> = (0..size)
+        .map(|i| (i % 251) as u8 ^ (i / 251) as u8)
+        .collect();
+    let mut dst = vec![0u8; size];
+    let dq = a.qp.into_device().unwrap();
+    let mut qb = b.qp;
+    let count = size.div_ceil(chunk);
+    let (mut arrived, mut posted) = (0usize, 0usize);
+    for launch in 0..2u64 {
+        let first = launch as usize * n as usize * count;
+        let (words, _words_mr) = pinned(&pd, 64);
+        let w = words.addr();
+        let q = dq.desc();
+        let kernel = gds::bw_staged();
+        let total = n as usize * count;
+        std::thread::scope(|s| {
+            let (o, i) = (out.addr(), inb.addr());
+            let (lkey, rkey, cw) = (out_mr.lkey(), in_mr.rkey(), credit.addr());
+            let (sp, len) = (src.as_ptr() as u64, size as u64);
+            let (c, bn, f) = (chunk as u64, bounces as u32, first as u64);
+            let k = s.spawn(move || {
+                // SAFETY: the parameters match bw_staged; the QP, bounces, credit word,
+                // payload and result words outlive the call (this scope waits for it).
+                unsafe {
+                    kernel(
+                        q, sp, len, n, c, c, bn, f, o, o, lkey, i, rkey, cw, w, TIMEOUT_NS,
+                    )
+                }
+            });
+            // Rank 1: keep a receive posted per bounce ahead, copy each chunk in, credit.
+            let end = first + total;
+            while posted < arrived + bounces {
+                qb.post_recv(&RecvWr::new()).unwrap();
+                posted += 1;
+            }
+            while arrived < end {
+                while b.scq.poll_one().unwrap().is_some() {}
+                let Some(wc) = b.rcq.poll_one().unwrap() else {
+                    assert!(!k.is_finished(), "{what}: the kernel ended early");
+                    std::thread::yield_now();
+                    continue;
+                };
+                let wc = wc.ok().unwrap();
+                assert_eq!(wc.imm, Some(arrived as u32), "{what}: chunk order");
+                let (at, j) = (arrived, arrived - first);
+                let (bounce, off) = (at % bounces, (j % count) * chunk);
+                let len = chunk.min(size - off);
+                // The next receive before the copy, as the example posts it: only the credit
+                // keeps rank 0 off this bounce until it is copied.
+                arrived += 1;
+                qb.post_recv(&RecvWr::new()).unwrap();
+                posted += 1;
+                std::thread::sleep(Duration::from_micros(200));
+                let got = read(inb.addr() + (bounce * chunk) as u64, len);
+                assert!(
+                    got == src[off..off + len],
+                    "{what}: chunk {at} at byte {off}"
+                );
+                dst[off..off + len].copy_from_slice(&got);
+                write(credit_src.addr(), &(at as u64 + 1).to_ne_bytes());
+                let wr = SendWr::write(credit_mr.remote().at(0))
+                    .sge(credit_src_mr.sge(..8))
+                    .inline();
+                qb.post_send(&wr).unwrap();
+            }
+            k.join().unwrap();
+        });
+        // BW_DONE, BW_RC, BW_SENT (chunks posted), BWS_STEP.
+        let word = |i: u64| u64::from_ne_bytes(read(w + 8 * i, 8).try_into().unwrap());
+        assert_eq!(
+            (word(0), word(1), word(4), word(5)),
+            (1, code::OK as u64, total as u64, 0),
+            "{what}: launch {launch}"
+        );
+        assert_eq!(dst, src, "{what}: launch {launch}");
+        dst.fill(0);
+    }
 }
 
 /// The pingpong example's kernels (`--api gdsync` and `--api mp` with `--trigger kernel`,

@@ -6,7 +6,8 @@
 //!   completion, with at most a window of messages in flight; the CPU never polls rank 0.
 //! - `kernel`: one thread of a persistent kernel drives rank 0's QP ([`Qp::into_device`],
 //!   `bandwidth.cu`). For sends, the CPU keeps rank 1's receives posted and tells the kernel
-//!   how many through a credit word.
+//!   how many through a credit word. Staged GPU payloads take `bw_staged` instead
+//!   (`kstaged.rs`).
 
 use super::{exit_now, Link, Measured, Op, Plan, Responder, Stall, TIMEOUT};
 use anyhow::{bail, Context, Result};
@@ -18,15 +19,15 @@ use gdasync::gdsync::{Error, MemoryRegion, SignalWords};
 use std::collections::VecDeque;
 use std::time::Instant;
 
-const KERNEL: &str = include_str!("bandwidth.cu");
+pub(crate) const KERNEL: &str = include_str!("bandwidth.cu");
 /// How long one wait in the kernel may last (ns).
-const KERNEL_WAIT_NS: u64 = 10_000_000_000;
+pub(crate) const KERNEL_WAIT_NS: u64 = 10_000_000_000;
 /// The result words of the kernel (`BW_*` in bandwidth.cu).
-const DONE: usize = 0;
-const RC: usize = 1;
+pub(crate) const DONE: usize = 0;
+pub(crate) const RC: usize = 1;
 const T0: usize = 2;
 const T1: usize = 3;
-const SENT: usize = 4;
+pub(crate) const SENT: usize = 4;
 const CREDIT: usize = 5;
 
 // ---------------------------------------------------------------------------- stream
@@ -142,7 +143,7 @@ fn run_on<E: Executor>(
 // ---------------------------------------------------------------------------- kernel
 
 /// What a kernel return code means.
-fn describe(rc: i32) -> String {
+pub(crate) fn describe(rc: i32) -> String {
     match rc {
         code::TIMEOUT => format!(
             "a wait timed out after {} s (no completion, or no receive credit)",

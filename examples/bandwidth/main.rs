@@ -13,9 +13,10 @@
 //!
 //! GPU payloads (`--mem device`) go through pinned host bounces where the device cannot DMA
 //! GPU memory (`--staging auto`, the default, on the soft device; `on`/`off` choose), for
-//! writes from the `cpu` and `stream` triggers: a pipeline of `--chunk`-byte chunks over a
-//! ring of `--bounces` bounces per rank (see `staged.rs`). The header says which path ran
-//! (`gpu_memory`).
+//! RDMA writes from every trigger: a pipeline of `--chunk`-byte chunks over a ring of
+//! `--bounces` bounces per rank (see `staged.rs`). On the `kernel` trigger the persistent
+//! kernel's block copies each chunk into its bounce and its thread 0 rings the chunk's write
+//! (`kstaged.rs`). The header says which path ran (`gpu_memory`).
 //!
 //! Every trigger signals one send per chunk (a quarter of the window) and the last one, so
 //! their numbers compare. GB/s are decimal (10^9 bytes per second). The default sizes are the
@@ -27,11 +28,13 @@
 //! cargo run --release --bin bandwidth -- --size 64K --duration 2
 //! cargo run --release --bin bandwidth -- --trigger kernel --mem device   # with a GPU
 //! cargo run --release --bin bandwidth -- --trigger stream --mem device --staging on --sizes 64K,1M --check
+//! cargo run --release --bin bandwidth -- --trigger kernel --mem device --staging on --sizes 64K,1M,8M --check
 //! ```
 
 #[path = "../common/mod.rs"]
 mod common;
 mod gpu;
+mod kstaged;
 mod staged;
 
 use anyhow::{bail, Context, Result};
@@ -120,7 +123,7 @@ struct Args {
     json: bool,
     /// With --mem device: how GPU payloads reach the NIC. auto (default): staged through
     /// pinned host bounces where the device cannot DMA GPU memory (the soft device), for
-    /// writes from the cpu and stream triggers.
+    /// RDMA writes (every trigger).
     #[arg(long, value_enum)]
     staging: Option<StagingArg>,
     /// Staged: bytes per chunk, the size of a bounce (default 1M).

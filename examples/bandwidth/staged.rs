@@ -1,5 +1,5 @@
-//! Staged GPU payloads for `bandwidth --mem device` (RDMA writes, `cpu` and `stream`
-//! triggers), where the device cannot DMA GPU memory.
+//! Staged GPU payloads for `bandwidth --mem device` (RDMA writes, every trigger), where the
+//! device cannot DMA GPU memory.
 //!
 //! A message is cut into chunks over a ring of pinned host bounces per rank
 //! ([`ChunkPlan`]). For each chunk rank 0 waits until the chunk that last used the bounce is
@@ -12,10 +12,13 @@
 //!
 //! The copies run in the trigger's own order: `--trigger stream` enqueues the credit wait,
 //! the copy (a copy kernel on the stream) and the doorbell on one CUDA stream; `--trigger cpu`
-//! waits on the CPU, waits for a CUDA copy, and rings. With `--host-stream`, pinned host
+//! waits on the CPU, waits for a CUDA copy, and rings; `--trigger kernel` runs all of rank 0
+//! in one persistent kernel per phase (`kstaged.rs`: the block copies, thread 0 waits and
+//! rings), with the same rank 1. With `--host-stream`, pinned host
 //! memory stands in for GPU memory and CPU threads run every copy, to test the pipeline where
 //! there is no GPU.
 
+use super::kstaged::KernelPush;
 use super::{exit_now, prepare, usage, Args, Link, Measured, Op, Plan, Responder, Stall, TIMEOUT};
 use crate::common::device::gpu_memory_path;
 use crate::common::payload::Payload;
@@ -56,7 +59,7 @@ pub(crate) struct Stage {
 
 /// The path GPU payloads take (`None` for host memory), chosen as pingpong chooses it
 /// (`--staging`, else GDSYNC_STAGING, else staged where the device cannot DMA GPU memory),
-/// for what this tool stages: writes from the cpu and stream triggers. Others run direct.
+/// for what this tool stages: RDMA writes, from every trigger. Reads and sends run direct.
 pub(crate) fn gpu_memory(
     a: &Args,
     device: &DeviceName,
@@ -69,12 +72,15 @@ pub(crate) fn gpu_memory(
         return Ok(None);
     }
     let asked = a.staging.and_then(StagingArg::asked);
-    if a.op != Op::Write || a.trigger == Trigger::Kernel {
+    if a.op != Op::Write {
         if asked == Some(GpuMemoryPath::Staged) || a.host_stream {
-            return Err(usage("staging covers --op write from --trigger cpu or stream: use those, or --staging off"));
+            return Err(usage("staging covers --op write: use it, or --staging off"));
         }
-        let why = "this tool stages writes from the cpu and stream triggers only";
+        let why = "this tool stages RDMA writes only";
         return Ok(Some((GpuMemoryPath::Direct, why.into())));
+    }
+    if a.host_stream && a.trigger == Trigger::Kernel {
+        return Err(usage("--host-stream stands in for the GPU on the cpu and stream triggers: the kernel trigger needs a GPU"));
     }
     let path = if a.host_stream {
         GpuMemoryPath::choose_soft(asked)?
@@ -93,7 +99,7 @@ impl Stage {
     pub(crate) fn new(a: &Args, path: Option<&(GpuMemoryPath, String)>) -> Result<Option<Stage>> {
         if path.map(|p| p.0) != Some(GpuMemoryPath::Staged) {
             if a.chunk.is_some() || a.bounces.is_some() || a.check {
-                return Err(usage("--chunk, --bounces and --check apply to staged GPU payloads (--mem device --op write, trigger cpu or stream)"));
+                return Err(usage("--chunk, --bounces and --check apply to staged GPU payloads (--mem device --op write)"));
             }
             return Ok(None);
         }
@@ -432,6 +438,32 @@ impl Driver {
     }
 }
 
+/// Rank 0, by trigger: the host-driven pipeline (cpu, stream) or the staged kernel.
+enum Rank0<'a, 'b> {
+    Host { tx: Sender<'a, 'b>, driver: Driver },
+    Kernel(KernelPush<'a>),
+}
+
+impl Rank0<'_, '_> {
+    /// `n` messages of `size` bytes, returning once rank 1 credited every chunk (or with the
+    /// first failure of either rank).
+    fn phase(
+        &mut self,
+        stage: &Stage,
+        size: usize,
+        n: u64,
+        done: &mpsc::Receiver<Result<()>>,
+    ) -> Result<()> {
+        match self {
+            Rank0::Host { tx, driver } => {
+                tx.phase(stage, size, n, &mut |s| driver.step(s))?;
+                driver.finish(tx.drain()?, done)
+            }
+            Rank0::Kernel(k) => k.phase(size, n, done),
+        }
+    }
+}
+
 /// Rank 1's thread: one phase per job until the jobs end or a phase fails; every phase's
 /// result goes back on `done`.
 fn serve(
@@ -510,16 +542,25 @@ pub(crate) fn run(plan: &Plan, stage: &Stage, out: &mut dyn FnMut(Measured)) -> 
         mut rx,
         ..
     } = link;
-    let mut tx = Sender {
-        qp: &mut q0,
-        bounce: &local,
-        remote,
-        st: &st0,
-        src: &src,
-        credit: &credit,
-        seq: 0,
-        writes: VecDeque::new(),
-        drained: 0,
+    let mut rank0 = if plan.trigger == Trigger::Kernel {
+        let bounce = (&st0, &local);
+        Rank0::Kernel(KernelPush::new(
+            plan, stage, q0, bounce, remote, &src, &credit,
+        )?)
+    } else {
+        let tx = Sender {
+            qp: &mut q0,
+            bounce: &local,
+            remote,
+            st: &st0,
+            src: &src,
+            credit: &credit,
+            seq: 0,
+            writes: VecDeque::new(),
+            drained: 0,
+        };
+        let driver = Driver::new(plan)?;
+        Rank0::Host { tx, driver }
     };
     let (jobs_tx, jobs) = mpsc::channel::<(usize, u64)>();
     let (done_tx, done) = mpsc::channel::<Result<()>>();
@@ -542,12 +583,9 @@ pub(crate) fn run(plan: &Plan, stage: &Stage, out: &mut dyn FnMut(Measured)) -> 
         // Dropped when this closure returns, early too, so rank 1 ends before the scope joins it.
         let jobs_tx = jobs_tx;
         scope.spawn(move || serve(rank1, stage, jobs, done_tx));
-        let mut driver = Driver::new(plan)?;
         let mut one = |size: usize, n: u64| -> Result<()> {
             jobs_tx.send((size, n)).ok().context("rank 1 ended early")?;
-            let r = tx
-                .phase(stage, size, n, &mut |s| driver.step(s))
-                .and_then(|()| driver.finish(tx.drain()?, &done));
+            let r = rank0.phase(stage, size, n, &done);
             // Where rank 1 failed first (rank 0 then waits for a credit in vain), its error.
             match (r, done.try_recv()) {
                 (Err(_), Ok(Err(e))) => Err(e),

@@ -7,7 +7,8 @@
 //! and exports `extern "C"` wrappers; clang++ builds it once into a shared library under the
 //! target folder (named by a hash of its sources, so an edit rebuilds it), which is loaded
 //! with `dlopen`. The tests that use it are ignored where clang++ was missing when they were
-//! built (`cfg(clang_cuda)`, set by build.rs).
+//! built (`cfg(clang_cuda)`, set by build.rs). The bandwidth example's kernels are built the
+//! same way into a library of their own ([`bw_staged`]), for a block of one thread.
 
 use gdasync::gdsync::format::{CqeOpcode, Opcode};
 use gdasync::gdsync::kernel::{CqDesc, PeerDesc, QpDesc, SendDesc, WaitDesc};
@@ -83,17 +84,23 @@ const SOURCE: &str = include_str!("gdsync_host.cpp");
 
 /// Builds the library (once per source hash) and returns its path.
 fn build() -> PathBuf {
+    build_named("gdsync_host", SOURCE)
+}
+
+/// Builds `source` (C++ that includes gdsync.cuh) into a shared library named after `name`,
+/// once per hash of the source and the header, and returns its path.
+fn build_named(name: &str, source: &str) -> PathBuf {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (SOURCE, gdasync::gdsync::kernel::HEADER).hash(&mut h);
+    (source, gdasync::gdsync::kernel::HEADER).hash(&mut h);
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let lib = dir.join(format!("libgdsync_host-{:016x}.so", h.finish()));
+    let lib = dir.join(format!("lib{name}-{:016x}.so", h.finish()));
     if lib.exists() {
         return lib;
     }
-    let src = dir.join(format!("gdsync_host-{}.cpp", std::process::id()));
-    std::fs::write(&src, SOURCE).unwrap();
-    let tmp = dir.join(format!("libgdsync_host-{}.so.tmp", std::process::id()));
+    let src = dir.join(format!("{name}-{}.cpp", std::process::id()));
+    std::fs::write(&src, source).unwrap();
+    let tmp = dir.join(format!("lib{name}-{}.so.tmp", std::process::id()));
     let out = std::process::Command::new("clang++")
         .args([
             "-std=c++17",
@@ -380,4 +387,65 @@ pub fn peer_wait_recv_staged(
     let (at, cap) = (dst.as_mut_ptr() as u64, dst.len() as u32);
     // SAFETY: as above; `dst` is a live slice of `cap` bytes the header writes at most.
     unsafe { (lib().peer_wait_recv_staged)(p, at, cap, len, timeout_ns) }
+}
+
+/// The bandwidth example's kernels on the host, for a block of one thread (thread 0 drives
+/// the QP and copies alone): the stand-ins of gdsync_host.cpp, then the block functions the
+/// header leaves out of host builds, then bandwidth.cu as it is.
+const BANDWIDTH_HOST: &str = r#"
+#define __global__
+struct gdst_dim3 { unsigned x, y, z; };
+static const gdst_dim3 threadIdx = {0, 0, 0};
+static inline uint64_t gds_block_share(uint64_t v) { return v; }
+static inline void gds_block_copy(uint64_t dst, uint64_t src, uint64_t len) {
+    gds_copy_part(dst, src, len, 0, 1);
+    __threadfence_system();
+}
+"#;
+
+/// `bw_staged`'s parameters, in its order (bandwidth.cu says what each is).
+pub type BwStaged = unsafe extern "C" fn(
+    QpDesc,
+    u64,
+    u64,
+    u64,
+    u64,
+    u64,
+    u32,
+    u64,
+    u64,
+    u64,
+    u32,
+    u64,
+    u32,
+    u64,
+    u64,
+    u64,
+);
+
+/// `bw_staged` of examples/bandwidth/bandwidth.cu, built for the host.
+pub fn bw_staged() -> BwStaged {
+    static F: OnceLock<usize> = OnceLock::new();
+    let p = *F.get_or_init(|| {
+        let source = format!(
+            "{SOURCE}\n{BANDWIDTH_HOST}\n{}",
+            include_str!("../../examples/bandwidth/bandwidth.cu")
+        );
+        let path = build_named("bandwidth_host", &source);
+        let path = CString::new(path.into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path; the library is never closed.
+        let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(
+            !h.is_null(),
+            "dlopen of the host build of bandwidth.cu failed"
+        );
+        let name = CString::new("bw_staged").unwrap();
+        // SAFETY: a loaded library and a NUL-terminated name.
+        let f = unsafe { libc::dlsym(h, name.as_ptr()) };
+        assert!(!f.is_null(), "bw_staged missing");
+        f as usize
+    });
+    // SAFETY: bandwidth.cu defines bw_staged (extern "C") with these parameters; the library
+    // stays loaded.
+    unsafe { std::mem::transmute::<usize, BwStaged>(p) }
 }
