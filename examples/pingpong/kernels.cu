@@ -81,11 +81,11 @@ extern "C" __global__ void pp_staged(gds_desc_ring ring, int rank, uint64_t iter
         if (rank == 1) {
             if (lead) AWAIT();
             SHARE();
-            gds_block_copy(rdev, in_bounce, size);
+            gds_block_copy_in(rdev, in_bounce, size);
         }
         if (lead) *(volatile uint32_t *)(sdev + size - 4) = mine;
-        __syncthreads();
-        gds_block_copy(out_bounce, sdev, size);
+        if (size > GDS_LEAD_COPY_MAX) __syncthreads();  // the block copies the marker too
+        gds_block_copy_out(out_bounce, sdev, size);
         if (lead) {
             STEP(gds_send(&snd.send));
             if (i % sig_every == sig_every - 1) {
@@ -101,7 +101,7 @@ extern "C" __global__ void pp_staged(gds_desc_ring ring, int rank, uint64_t iter
         }
         SHARE();
         if (rank == 0) {
-            gds_block_copy(rdev, in_bounce, size);
+            gds_block_copy_in(rdev, in_bounce, size);
             if (lead) ((volatile uint64_t *)times)[i] = gds_now_ns();
         }
     }
@@ -225,7 +225,7 @@ extern "C" __global__ void mp_pp_staged(const gds_peer *peers, uint32_t rank, ui
         MP_DO(MP_STEP_WAIT_RECV, gds_peer_wait_recv(&p, last ? &len : nullptr, timeout_ns)); \
         if (rc == GDS_OK && last && len != size) rc = MP_WRONG_LENGTH; \
     } while (0)
-#define MP_COPY_IN() gds_block_copy(rdev, gds_block_share(lead ? gds_peer_recv_bounce(&p) : 0), size)
+#define MP_COPY_IN() gds_block_copy_in(rdev, gds_block_share(lead ? gds_peer_recv_bounce(&p) : 0), size)
     if (lead) {
         while (rc == GDS_OK && p.recvs < iters && p.recvs < ahead) MP_DO(MP_STEP_RECV, gds_peer_post_recv_staged(&p, size));
         MP_DO(MP_STEP_CREDIT, gds_peer_give_credit(&p, timeout_ns));
@@ -243,7 +243,7 @@ extern "C" __global__ void mp_pp_staged(const gds_peer *peers, uint32_t rank, ui
             MP_DO(MP_STEP_SEND, gds_peer_next_send_bounce(&p, &bounce, timeout_ns));
         }
         MP_SHARE();
-        gds_block_copy(gds_block_share(bounce), sdev, size);
+        gds_block_copy_out(gds_block_share(bounce), sdev, size);
         if (lead) {
             bool signaled = i % sig_every == sig_every - 1 || i + 1 == iters;
             MP_DO(MP_STEP_SEND, gds_peer_send_bounce(&p, size, signaled ? GDS_SIGNALED : 0, timeout_ns));

@@ -368,6 +368,35 @@ __device__ __forceinline__ void gds_block_copy(uint64_t dst, uint64_t src, uint6
     __syncthreads();
 }
 
+// Payloads up to this many bytes are copied into a send bounce by thread 0 alone
+// (gds_block_copy_out).
+#define GDS_LEAD_COPY_MAX 256
+
+// gds_block_copy for a payload out of GPU memory into a bounce that thread 0 then sends (its
+// gds_send, gds_peer_send_bounce or gds_qp_post_send comes next). A small payload (up to
+// GDS_LEAD_COPY_MAX bytes) is copied by thread 0 alone, with no fence of its own: the
+// system-wide fence thread 0's send makes before its doorbell record orders the copy's stores
+// too (same thread, program order), so the copy costs no PCIe round trip of its own. A larger
+// one is copied by the whole block as gds_block_copy copies it. Every thread of the block
+// calls it; only thread 0 may rely on the bytes when it returns (it sends them).
+__device__ __forceinline__ void gds_block_copy_out(uint64_t dst, uint64_t src, uint64_t len) {
+    if (len <= GDS_LEAD_COPY_MAX) {
+        if (threadIdx.x == 0) gds_copy_part(dst, src, len, 0, 1);
+        return;
+    }
+    gds_block_copy(dst, src, len);
+}
+
+// gds_block_copy for a payload out of a bounce into GPU memory that only this GPU's threads
+// read next (the NIC never reads it: that is why it was staged): when it returns the bytes are
+// visible to every thread of the GPU, without the system-wide fence (which waits for the
+// block's stores to reach the host, a PCIe round trip on the message's path).
+__device__ __forceinline__ void gds_block_copy_in(uint64_t dst, uint64_t src, uint64_t len) {
+    gds_copy_part(dst, src, len, threadIdx.x, blockDim.x);
+    __threadfence();
+    __syncthreads();
+}
+
 // Thread 0's v, returned to every thread of the calling block (all of them call it): how the
 // thread that drives a peer hands the others a bounce's address, a length or a return code.
 __device__ __forceinline__ uint64_t gds_block_share(uint64_t v) {
