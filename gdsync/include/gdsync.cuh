@@ -965,8 +965,9 @@ __device__ __forceinline__ int gds_peer_wait_recv(gds_peer *p, uint32_t *len, ui
 // its pinned host bounces: a send copies the payload from GPU memory into the bounce of the
 // next send, then sends the bounce; a receive lands in the bounce of its number and is copied
 // out after its wait. The thread that drives the peer calls the functions below; the copies
-// may take every thread of a block (gds_block_copy; thread 0 shares the bounce's address, e.g.
-// through shared memory), or the driving thread alone (gds_peer_send_staged,
+// may take every thread of a block (gds_block_copy_out before the send, gds_block_copy_in
+// after the wait; thread 0 shares the bounce's address with gds_block_share), or the driving
+// thread alone (gds_peer_send_staged,
 // gds_peer_wait_recv_staged). Staged and direct sends and receives may be mixed on one channel.
 
 // Whether the channel has bounces (a descriptor from Comm::kernel_channels_staged).
@@ -998,7 +999,7 @@ __device__ __forceinline__ int gds_peer_next_send_bounce(gds_peer *p, uint64_t *
 }
 
 // Sends the first `len` bytes of the bounce gds_peer_next_send_bounce returned (copied into
-// it by this thread, or by its block before a gds_block_copy returned), as gds_peer_send_flags
+// it by this thread, or by its block before a gds_block_copy_out returned), as gds_peer_send_flags
 // does (waits for a credit; `flags` GDS_SIGNALED or 0). GDS_INVALID when len > slot_bytes, the
 // channel has no bounces, or the bounce was not taken with gds_peer_next_send_bounce (its
 // previous send not known complete); GDS_TIMEOUT (nothing sent: call again, the bounce keeps
@@ -1046,7 +1047,7 @@ __device__ __forceinline__ int gds_peer_recv_staged(gds_peer *p, uint32_t len, u
 
 // The GPUs' address of the bounce that holds the message of the latest receive
 // gds_peer_wait_recv returned (0 if none yet or the channel has no bounces): copy it out
-// (gds_block_copy, gds_copy_part). Its bytes stay until a receive is posted into that slot
+// (gds_block_copy_in, gds_copy_part). Its bytes stay until a receive is posted into that slot
 // again: the recv_slots-th receive posted after it.
 __device__ __forceinline__ uint64_t gds_peer_recv_bounce(const gds_peer *p) {
     if (!gds_peer_staged(p) || p->recvs_waited == 0) return 0;
