@@ -19,11 +19,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 /// The kernel: 16-byte loads and stores where source and destination share their alignment
 /// mod 16, bytes otherwise. Loads bypass the caches (`__ldcv`): a bounce is rewritten by the
-/// NIC between copies, which the GPU's caches do not see. The system fence makes the stores
-/// visible to the NIC before the stream's next operation (a doorbell) runs.
+/// NIC between copies, which the GPU's caches do not see. A copy into a bounce (`system`)
+/// ends with a system-wide fence, which makes the stores visible to the NIC before the
+/// stream's next operation (a doorbell) runs; a copy into this GPU's memory, which the NIC
+/// never reads on the staged path, fences at GPU scope (the system-wide fence would wait for
+/// a PCIe round trip on the message's path).
 const SOURCE: &str = r#"
 extern "C" __global__ void gdsync_staged_copy(unsigned char *dst, const unsigned char *src,
-                                              unsigned long long len) {
+                                              unsigned long long len, unsigned int system) {
     unsigned long long t = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
     unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
     unsigned long long d = (unsigned long long)dst, s = (unsigned long long)src;
@@ -38,7 +41,8 @@ extern "C" __global__ void gdsync_staged_copy(unsigned char *dst, const unsigned
     const uint4 *s4 = (const uint4 *)(src + head);
     for (unsigned long long i = t; i < words; i += step) d4[i] = __ldcv(s4 + i);
     for (unsigned long long i = head + words * 16 + t; i < len; i += step) dst[i] = __ldcv(src + i);
-    __threadfence_system();
+    if (system) __threadfence_system();
+    else __threadfence();
 }
 "#;
 
@@ -126,9 +130,12 @@ impl CudaStream {
     /// if [`prepare_staged_copies`] made one for this GPU; `Ok(false)` if not (the caller
     /// uses the copy engines). Never compiles here: the stream's GPU may be blocked in a wait.
     pub(super) fn copy_by_kernel(&self, dst: u64, src: u64, len: u64) -> Result<bool> {
-        if !self.kernel_reaches(dst) || !self.kernel_reaches(src) {
+        let into = self.cuda().memory_kind(dst);
+        if !self.kernel_reaches(into) || !self.kernel_reaches(self.cuda().memory_kind(src)) {
             return Ok(false);
         }
+        // Into this GPU's own memory: no system-wide fence (see SOURCE).
+        let system = u32::from(!matches!(into, MemoryKind::Device { .. }));
         let f = kernels()
             .lock()
             .ok()
@@ -137,20 +144,20 @@ impl CudaStream {
             return Ok(false);
         };
         let mut args = f.launch_builder(self);
-        args.arg(&dst).arg(&src).arg(&len);
-        // SAFETY: three parameters of the kernel's types (two pointers as 64-bit GPU
-        // addresses, a length); the list that named the copy keeps both ranges alive until
-        // the stream has passed it.
+        args.arg(&dst).arg(&src).arg(&len).arg(&system);
+        // SAFETY: four parameters of the kernel's types (two pointers as 64-bit GPU
+        // addresses, a length, a flag); the list that named the copy keeps both ranges alive
+        // until the stream has passed it.
         unsafe { args.launch(grid(len), BLOCK) }?;
         Ok(true)
     }
 
-    /// Whether a kernel on this stream's GPU may dereference `addr`: pinned host memory
+    /// Whether a kernel on this stream's GPU may dereference memory of `kind`: pinned host memory
     /// mapped for the GPUs, managed memory, or this GPU's own memory. Anything else (pageable
     /// host memory, another GPU's memory) goes to the copy engines, which reach it where a
     /// kernel would fault and poison the context.
-    fn kernel_reaches(&self, addr: u64) -> bool {
-        match self.cuda().memory_kind(addr) {
+    fn kernel_reaches(&self, kind: MemoryKind) -> bool {
+        match kind {
             MemoryKind::PinnedHost | MemoryKind::Managed => true,
             MemoryKind::Device { ordinal } => ordinal == self.ordinal(),
             MemoryKind::Host => false,
