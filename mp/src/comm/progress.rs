@@ -13,6 +13,11 @@ impl Comm {
     pub fn progress(&mut self) -> Result<()> {
         for peer in 0..self.size {
             if peer != self.rank {
+                // The credit QP's CQ holds one success in 64 credits and the errors that
+                // say why a connection failed: a full pass drains it (a wait makes one every
+                // 64 spins), not every spin, and a credit finding its ring full drains it.
+                let me = self.rank;
+                self.peers.get_mut(peer)?.drain_credit_cq(me, peer);
                 self.progress_peer(peer)?;
             }
         }
@@ -35,7 +40,6 @@ impl Comm {
         } = self;
         let me = *rank;
         let p = peers.get_mut(peer)?;
-        p.drain_credit_cq(me, peer);
         for side in [Side::Send, Side::Recv] {
             let cq = if side == Side::Send { &p.scq } else { &p.rcq };
             let waits = &mut p.exec_waits[side_index(side)];
