@@ -85,8 +85,7 @@ impl Comm {
     /// staged message is at most `bounce` bytes: cut longer ones. Every rank passes the same
     /// `bounce` (checked: else every rank gets an error).
     pub fn kernel_channels_staged(&mut self, depth: u32, bounce: usize) -> Result<KernelChannels> {
-        check_depth(depth)?;
-        self.open_kernel_channels(depth, Some(KernelStaging::new(depth, bounce)?))
+        self.open_kernel_channels(depth, Some(bounce))
     }
 
     /// Kernel channels for payloads that take `path` (collective): staged with bounces of
@@ -107,12 +106,15 @@ impl Comm {
         }
     }
 
+    /// Kernel channels of `depth`, staged through bounces of `bounce` bytes where given.
     fn open_kernel_channels(
         &mut self,
         depth: u32,
-        staging: Option<KernelStaging>,
+        bounce: Option<usize>,
     ) -> Result<KernelChannels> {
         check_depth(depth)?;
+        // (After the depth check: the slot counts are multiples of it.)
+        let staging = bounce.map(|b| KernelStaging::new(depth, b)).transpose()?;
         let (rank, size) = (self.rank(), self.size());
         let bounces = staging
             .map(|s| Bounces::new(self.pd(), s, rank, size))

@@ -191,13 +191,13 @@ impl EngineCore {
         })
     }
 
-    /// Holds the engine as a round would (for tests: an engine that cannot run).
     /// Whether a thread handed the holder of the engine a request for a round (for tests).
     #[cfg(test)]
     pub(crate) fn was_asked(&self) -> bool {
         self.asked.load(Ordering::SeqCst)
     }
 
+    /// Holds the engine as a round would (for tests: an engine that cannot run).
     #[cfg(test)]
     pub(crate) fn hold(&self) -> parking_lot::MutexGuard<'_, Engine> {
         self.engine.lock()

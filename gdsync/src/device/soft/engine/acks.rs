@@ -46,9 +46,7 @@ impl Engine {
     /// its WQE.
     pub(crate) fn pay_acks_now(&mut self) {
         if self.pay_acks() {
-            for li in 0..self.links.len() {
-                self.pump(li);
-            }
+            self.pump_all();
         }
     }
 

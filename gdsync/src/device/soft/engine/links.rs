@@ -85,6 +85,15 @@ impl Engine {
         !self.links[li].queue.is_empty() && self.pump_queued(li)
     }
 
+    /// [`pump`](Self::pump) on every link. Returns whether any sent something.
+    pub(super) fn pump_all(&mut self) -> bool {
+        let mut work = false;
+        for li in 0..self.links.len() {
+            work |= self.pump(li);
+        }
+        work
+    }
+
     #[inline(never)]
     fn pump_queued(&mut self, li: usize) -> bool {
         let mut work = false;

@@ -497,9 +497,7 @@ impl Engine {
         }
         let mut work = self.poll_qps();
         // What the doorbells queued goes out now, as a full round would send it.
-        for li in 0..self.links.len() {
-            work |= self.pump(li);
-        }
+        work |= self.pump_all();
         self.epilogue(false, owed_before, work)
     }
 
