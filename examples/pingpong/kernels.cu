@@ -54,10 +54,11 @@ out:
 
 // pp with its payloads in GPU memory staged through pinned bounces (--mem device where the
 // NIC cannot reach GPU memory): thread 0 drives the loop as pp does (its descriptors, sends and
-// waits); every thread of the block copies the message out of GPU memory (sdev) into the send
-// bounce before the send, and the received message out of the receive bounce into GPU memory
-// (rdev) after its wait (gds_block_copy). Thread 0 shares each step's code with the block
-// (pp_share), so that all threads leave together on an error.
+// waits); the block copies the message out of GPU memory (sdev) into the send bounce before
+// the send (gds_block_copy_out: thread 0 alone up to 256 bytes), and the received message out
+// of the receive bounce into GPU memory (rdev) after its wait (gds_block_copy_in). Thread 0
+// shares each step's code with the block (pp_share), so that all threads leave together on an
+// error.
 __device__ int pp_share(int rc) { return (int)gds_block_share((uint32_t)rc); }
 
 extern "C" __global__ void pp_staged(gds_desc_ring ring, int rank, uint64_t iters, uint64_t sig_every,
@@ -203,11 +204,10 @@ out:
 // mp_pp with its payloads in GPU memory staged through the channel's bounces (--mem device
 // where the NIC cannot reach GPU memory; mp::Comm::kernel_channels_staged): thread 0 drives
 // the channel as mp_pp does (receives posted ahead into their bounces, credits in batches,
-// one send in sig_every signalled); every thread of the block copies the message out of GPU
-// memory (sdev) into the next send bounce before the send, and the received message out of
-// its bounce into GPU memory (rdev) after its wait (gds_block_copy), as pp_staged does.
-// Thread 0 shares each step's code with the block, so all threads leave together on an
-// error. Results as mp_pp's.
+// one send in sig_every signalled); the block copies the message out of GPU memory (sdev)
+// into the next send bounce before the send, and the received message out of its bounce into
+// GPU memory (rdev) after its wait, as pp_staged does. Thread 0 shares each step's code with
+// the block, so all threads leave together on an error. Results as mp_pp's.
 extern "C" __global__ void mp_pp_staged(const gds_peer *peers, uint32_t rank, uint32_t peer, uint64_t sdev,
         uint64_t rdev, uint32_t size, uint64_t iters, uint32_t ahead, uint32_t recv_batch, uint64_t sig_every,
         uint64_t times, uint64_t timeout_ns, uint64_t result) {
