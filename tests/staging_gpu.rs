@@ -159,3 +159,72 @@ fn a_kernel_block_stages_gpu_payloads_byte_for_byte() {
         );
     }
 }
+
+/// A staged send's list run both ways a stream runs it (one list kernel, or memory
+/// operations with a copy between them): nothing runs before the wait passes; then the
+/// payload (odd length, odd offset, a 16-byte-aligned and a byte path) is in the bounce by
+/// the time the write after the barrier is seen, and a list longer than one launch carries
+/// (20 stores) runs every store.
+#[test]
+#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test staging_gpu -- --include-ignored"]
+fn both_list_paths_copy_before_the_barrier_and_after_the_wait() {
+    use gdasync::gdsync::cuda::ListKernel;
+    let _gpu = gpu();
+    let cuda = Cuda::get().unwrap();
+    let _made = Staging::new(64, Some(cuda));
+    assert!(
+        gdasync::gdsync::cuda::staged_copy_kernels(0),
+        "the staging kernels did not compile (see the log): the list kernel cannot be tested"
+    );
+    for how in [ListKernel::Staged, ListKernel::Off] {
+        let s = CudaStream::new(0).unwrap().with_list_kernel(how);
+        for (len, off) in [(13usize, 3usize), (200, 0), (4096 + 5, 16), (20000, 1)] {
+            let tx = Staging::new(32 << 10, Some(cuda));
+            let flag = PinnedBuffer::new(64);
+            let words = PinnedBuffer::new(4 * 21);
+            let src = Arc::new(DeviceBuffer::alloc(0, off + len).unwrap());
+            let want = pattern(off + len);
+            src.copy_from_host(0, &want).unwrap();
+            tx.bounce().write_at(0, &vec![0xee; len]);
+            let mut ops = flag.wait32(0, 1, WaitCond::Geq);
+            ops.append(tx.copy_out_of_device(0, &src, off, len));
+            ops.append(gdasync::gdsync::ops::Ops::barrier());
+            for k in 0..20 {
+                ops.append(words.write32(4 * k, k as u32 + 1));
+            }
+            ops.append(words.write32(80, 7));
+            s.submit(ops).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            let mut marker = [0u8; 4];
+            words.read_at(80, &mut marker);
+            assert_eq!(
+                u32::from_ne_bytes(marker),
+                0,
+                "{how:?}: ran before its wait"
+            );
+            flag.write_at(0, &1u32.to_ne_bytes());
+            let start = std::time::Instant::now();
+            while {
+                words.read_at(80, &mut marker);
+                u32::from_ne_bytes(marker) != 7
+            } {
+                assert!(start.elapsed().as_secs() < 5, "{how:?}: the list never ran");
+                std::hint::spin_loop();
+            }
+            let mut got = vec![0u8; len];
+            tx.bounce().read_at(0, &mut got);
+            assert!(
+                got == want[off..],
+                "{how:?}: {len} bytes at {off} not in the bounce when the write after the barrier was seen"
+            );
+            s.synchronize().unwrap();
+            let mut all = [0u8; 80];
+            words.read_at(0, &mut all);
+            let stored: Vec<u32> = all
+                .chunks(4)
+                .map(|c| u32::from_ne_bytes(c.try_into().unwrap()))
+                .collect();
+            assert_eq!(stored, (1..=20).collect::<Vec<u32>>(), "{how:?}");
+        }
+    }
+}

@@ -25,6 +25,16 @@ pub enum WaitCond {
 }
 
 impl WaitCond {
+    /// The condition's code in the kernel header and descriptors (`GDS_COND_*`): GEQ 0, EQ 1,
+    /// AND 2, NOR 3.
+    pub const fn code(self) -> u32 {
+        match self {
+            WaitCond::Geq => 0,
+            WaitCond::Eq => 1,
+            WaitCond::And => 2,
+            WaitCond::Nor => 3,
+        }
+    }
     /// Whether a 32-bit word `cur` satisfies the condition against `value`.
     pub const fn test32(self, cur: u32, value: u32) -> bool {
         match self {

@@ -1,9 +1,10 @@
 //! A CUDA stream as an executor: op lists submitted to it run when the stream gets there.
 //! (Here rather than in `exec/`, so the executors' room names no CUDA glue.)
 //!
-//! A list with copies ([`Op::Copy`]: staged payloads) runs as batches of memory operations
-//! with copies between them (a copy kernel, or the copy engines: `copy_kernel.rs`), all on
-//! the stream, so a copy runs after the waits before it and before the doorbell after it.
+//! A list with copies ([`Op::Copy`]: staged payloads) runs as one kernel where it can
+//! (`list_kernel.rs`), else as batches of memory operations with copies between them (a copy
+//! kernel, or the copy engines: `copy_kernel.rs`), all on the stream, so a copy runs after
+//! the waits before it and before the doorbell after it.
 
 use super::{check, CudaStream};
 use crate::exec::Executor;
@@ -14,6 +15,9 @@ use cudarc::driver::sys;
 
 impl Executor for CudaStream {
     fn submit(&self, ops: Ops) -> Result<()> {
+        let Err(ops) = self.run_list_by_kernel(ops)? else {
+            return Ok(());
+        };
         if !ops.as_slice().iter().any(Op::is_copy) {
             return self.enqueue(ops);
         }

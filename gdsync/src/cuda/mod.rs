@@ -24,21 +24,24 @@ mod foreign;
 mod gpu_addr_tests;
 mod inbound;
 mod launch;
+mod list_kernel;
 mod load;
 mod memory;
 mod module;
+mod staging_kernels;
 mod stream;
 
 pub(crate) use copy::{read_region, GpuCtx};
-pub use copy_kernel::{prepare_staged_copies, StagingCopy};
 pub use event::CudaEvent;
 pub(crate) use foreign::dma_buf;
 pub(crate) use inbound::refuse_write_target;
 pub use inbound::{InboundWrites, WRITES_ORDERING_OWNER};
 pub use launch::{KernelArg, LaunchArgs};
+pub use list_kernel::LIST_COPY_MAX;
 pub use memory::{DeviceBuffer, IpcHandle, MemoryKind};
 pub use module::{nvrtc_available, Function, Module};
-pub use stream::{stream_memops, CudaStream, MARK_EVERY, MAX_QUEUED_OPS};
+pub use staging_kernels::{prepare_staged_copies, staged_copy_kernels, StagingCopy};
+pub use stream::{stream_memops, CudaStream, ListKernel, MARK_EVERY, MAX_QUEUED_OPS};
 
 use crate::{Error, Result};
 use cudarc::driver::result::{self, DriverError};

@@ -32,6 +32,27 @@ pub const MARK_EVERY: u32 = 8;
 /// See [`MARK_EVERY`].
 const MARK_OPS: usize = 128;
 
+/// Which lists a stream runs as list kernels (`GDSYNC_LIST_KERNEL`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListKernel {
+    /// Lists with staged copies, where the list allows (the default).
+    Staged,
+    /// None: memory-operation batches, with a copy kernel or the copy engines between them.
+    Off,
+}
+
+impl ListKernel {
+    /// `GDSYNC_LIST_KERNEL` (`staged` | `off`); unset: staged.
+    pub fn from_env() -> Result<ListKernel> {
+        Ok(
+            match crate::env::choice("GDSYNC_LIST_KERNEL", &["staged", "off"])? {
+                Some("off") => ListKernel::Off,
+                _ => ListKernel::Staged,
+            },
+        )
+    }
+}
+
 /// An enqueued list, kept alive until the stream is known to have run it.
 struct Pending {
     seq: u32,
@@ -69,6 +90,8 @@ pub struct CudaStream {
     /// The sequence number of the last list the stream ran (32 bits: one write, on any GPU).
     done: RingMem,
     timeout: Duration,
+    /// How lists with staged copies run (`GDSYNC_LIST_KERNEL`, read when the stream is made).
+    list_kernel: ListKernel,
 }
 
 // SAFETY: CUDA streams may be used from any thread once their context is bound (done per call).
@@ -113,6 +136,7 @@ impl Cuda {
     /// A stream executor on `raw` (the program's), or on a new stream of ours (`None`).
     fn stream_on(self: &Arc<Self>, ordinal: i32, raw: Option<sys::CUstream>) -> Result<CudaStream> {
         let caps = self.gpu(ordinal)?.caps.clone();
+        let list_kernel = ListKernel::from_env()?;
         if !self.host_pointers_are_device_pointers() {
             return Err(Error::Unsupported(
                 "stream memory operations on host memory need unified addressing and CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM".into(),
@@ -143,6 +167,7 @@ impl Cuda {
             }),
             done,
             timeout: crate::exec::DEFAULT_WAIT_TIMEOUT,
+            list_kernel,
         };
         if owned {
             stream.warm_up();
@@ -209,6 +234,23 @@ impl CudaStream {
         &self.cuda
     }
 
+    /// What the stream's GPU can do.
+    pub(super) fn caps(&self) -> &GpuCaps {
+        &self.caps
+    }
+
+    /// Which lists this stream runs as list kernels.
+    pub fn list_kernel(&self) -> ListKernel {
+        self.list_kernel
+    }
+
+    /// This stream, running lists as list kernels as `how` says, whatever
+    /// `GDSYNC_LIST_KERNEL` said when it was made.
+    pub fn with_list_kernel(mut self, how: ListKernel) -> Self {
+        self.list_kernel = how;
+        self
+    }
+
     /// Memory operations enqueued and not yet known to have run.
     pub fn queued_ops(&self) -> usize {
         let mut l = self.lists.lock();
@@ -264,41 +306,67 @@ impl CudaStream {
             return Ok(());
         }
         let mut params = translate(&ops, &self.caps)?;
+        let n = params.len();
+        self.enqueue_launched(ops, n, |mark| {
+            if let Some((word, seq)) = mark {
+                // SAFETY: an all-zero params union is a valid (empty) value; set as a write.
+                let mut p: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
+                p.writeValue = write_params(
+                    sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32,
+                    word,
+                    seq as u64,
+                );
+                params.push(p);
+            }
+            for chunk in params.chunks(MAX_BATCH) {
+                let mut chunk = chunk.to_vec();
+                // SAFETY: the params point at memory kept alive by `ops` (held until the
+                // stream has written this list's sequence number) and at `done`, which
+                // outlives the stream's work (Drop waits for it).
+                check(
+                    unsafe {
+                        sys::cuStreamBatchMemOp_v2(
+                            self.raw,
+                            chunk.len() as u32,
+                            chunk.as_mut_ptr(),
+                            0,
+                        )
+                    },
+                    "cuStreamBatchMemOp_v2",
+                )?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Puts `ops` (`n` operations once enqueued) on the stream with `launch`, and holds the
+    /// list until the stream has run it. `launch` gets `Some((word, seq))` when this list is
+    /// one that marks the stream's progress: it must store `seq` (32 bits) at the GPUs'
+    /// address `word` after everything else it enqueues.
+    pub(super) fn enqueue_launched(
+        &self,
+        ops: Ops,
+        n: usize,
+        launch: impl FnOnce(Option<(u64, u32)>) -> Result<()>,
+    ) -> Result<()> {
         self.cuda.bind(self.ordinal)?;
         // One more for the sequence number.
-        self.make_room(params.len() + 1)?;
+        self.make_room(n + 1)?;
         let mut l = self.lists.lock();
         let seq = l.seq.wrapping_add(1);
-        l.unmarked += 1;
-        l.unmarked_ops += params.len();
-        if l.unmarked >= MARK_EVERY || l.unmarked_ops >= MARK_OPS {
-            // SAFETY: an all-zero params union is a valid (empty) value; set as a write below.
-            let mut p: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
-            p.writeValue = write_params(
-                sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32,
-                self.done.gpu_addr(0),
-                seq as u64,
-            );
-            params.push(p);
+        let mark = l.unmarked + 1 >= MARK_EVERY || l.unmarked_ops + n >= MARK_OPS;
+        launch(mark.then(|| (self.done.gpu_addr(0), seq)))?;
+        if mark {
             l.unmarked = 0;
             l.unmarked_ops = 0;
-        }
-        for chunk in params.chunks(MAX_BATCH) {
-            let mut chunk = chunk.to_vec();
-            // SAFETY: the params point at memory kept alive by `ops` (stored below until the
-            // stream has written this list's sequence number) and at `done`, which outlives
-            // the stream's work (Drop waits for it).
-            check(
-                unsafe {
-                    sys::cuStreamBatchMemOp_v2(self.raw, chunk.len() as u32, chunk.as_mut_ptr(), 0)
-                },
-                "cuStreamBatchMemOp_v2",
-            )?;
+        } else {
+            l.unmarked += 1;
+            l.unmarked_ops += n;
         }
         l.seq = seq;
         l.pending.push_back(Pending {
             seq,
-            ops: params.len(),
+            ops: n + usize::from(mark),
             list: ops,
         });
         Ok(())

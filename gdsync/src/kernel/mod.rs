@@ -109,15 +109,6 @@ pub struct WaitDesc {
 }
 const _: () = assert!(std::mem::size_of::<WaitDesc>() == 64);
 
-fn cond_code(c: WaitCond) -> u32 {
-    match c {
-        WaitCond::Geq => 0,
-        WaitCond::Eq => 1,
-        WaitCond::And => 2,
-        WaitCond::Nor => 3,
-    }
-}
-
 impl SendDesc {
     /// The descriptor for a commit's op list: `Write32` doorbell record, `Barrier`,
     /// `Doorbell`, `Write64` "rung to"; or, where a CPU proxy rings, `Barrier`, `Write64`
@@ -183,9 +174,11 @@ impl WaitDesc {
     pub fn from_ops(ops: &Ops) -> Result<Self> {
         let s = ops.as_slice();
         let (word, value, cond) = match s.first() {
-            Some(Op::Wait32 { addr, value, cond }) => {
-                (gpu_addr_in(ops.kept(), *addr), *value, cond_code(*cond))
-            }
+            Some(Op::Wait32 { addr, value, cond }) => (
+                gpu_addr_in(ops.kept(), *addr),
+                *value,
+                WaitCond::code(*cond),
+            ),
             _ => return Err(Error::invalid(format!("not a wait op list: {s:?}"))),
         };
         let mut d = WaitDesc {

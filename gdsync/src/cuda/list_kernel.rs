@@ -1,0 +1,287 @@
+//! A staged op list as one kernel on the stream, instead of memory-operation batches with
+//! copy kernels between them.
+//!
+//! A staged send's list is a copy into a bounce and then the doorbell stores; a staged
+//! receive's is the completion wait and then a copy out of its bounce. Run as memory
+//! operations with a copy kernel between them, each half costs the stream a switch between its
+//! memory-operation queue and a kernel, which on an H200 delays the kernel by 3–5 µs each time
+//! (docs/benchmarks.md). `gdsync_run_list` runs the whole list in one block of threads
+//! instead: thread 0 makes the stores, the waits and the fences, in list order, and the block
+//! copies between them. Kernels follow kernels on a stream without that switch.
+//!
+//! What runs here is what the memory operations would run: the same words, values and
+//! conditions, at the GPUs' addresses of the memory the list keeps alive, with the list's
+//! barriers as system-wide fences. A wait spins in the kernel where a memory operation would
+//! park the stream; like it, it passes on an error completion (the owner bit moves) and has no
+//! timeout of its own (`CudaStream::synchronize_within` names the wait that holds a stream).
+//! Lists that this cannot run the same way stay memory operations: copies larger than
+//! [`LIST_COPY_MAX`] (one block copies them slower than a grid), memory a kernel cannot
+//! reach, and waits on a GPU that must flush inbound RDMA writes before a wait passes
+//! (a kernel cannot flush). `GDSYNC_LIST_KERNEL=off` keeps every list as memory operations.
+//!
+//! Lists without copies stay memory operations: run as this kernel, a ping-pong's list took
+//! longer (H200, 8 B writes from host memory: 6.45 µs against 5.23 µs a half round trip), since
+//! each store that must follow what came before is a release at system scope, a PCIe round
+//! trip inside the kernel, where the stream's own writes order themselves more cheaply.
+
+use super::staging_kernels::{staging_kernels, StagingKernels};
+use super::stream::ListKernel;
+use super::{CudaStream, InboundWrites, KernelArg, MemoryKind};
+use crate::mem::gpu_addr_in;
+use crate::ops::{Op, Ops};
+use crate::Result;
+
+/// The kernel's kind of a copy (see `LIST_SOURCE` in `staging_kernels.rs` for the others).
+const KIND_COPY: u32 = 6;
+/// Ops one launch carries (the kernel's `op[16]`); longer lists take several launches.
+const LIST_OPS: usize = 16;
+/// Largest copy a list kernel makes; lists with a larger one run as memory operations and
+/// copy kernels (a grid copies large payloads faster than one block).
+pub const LIST_COPY_MAX: u64 = 32 << 10;
+/// Most threads of a list kernel's block (a copy of [`LIST_COPY_MAX`] takes four steps).
+const LIST_BLOCK: u32 = 512;
+
+/// Threads for a list whose largest copy is `bytes`: one 16-byte access each, whole warps,
+/// at most [`LIST_BLOCK`]. A list without copies takes one warp: a kernel waiting in a stream
+/// holds its threads on an SM, and small blocks let many streams wait at once.
+fn block_for(bytes: u64) -> u32 {
+    (bytes.div_ceil(16).div_ceil(32) * 32).clamp(32, u64::from(LIST_BLOCK)) as u32
+}
+
+/// One op, as the kernel reads it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct ListOp {
+    kind: u32,
+    cond: u32,
+    a: u64,
+    b: u64,
+    c: u64,
+}
+const _: () = assert!(std::mem::size_of::<ListOp>() == 32);
+
+/// One launch's parameter: up to [`LIST_OPS`] ops and the progress word to store after them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct ListParams {
+    n: u32,
+    seq: u32,
+    done: u64,
+    op: [ListOp; LIST_OPS],
+}
+const _: () = assert!(std::mem::size_of::<ListParams>() == 16 + 32 * LIST_OPS);
+
+// SAFETY: `#[repr(C)]` plain data laid out as `gdsync_list` (sizes asserted above; fields in
+// the kernel's order and of its types).
+unsafe impl KernelArg for ListParams {}
+
+/// `ops` as the kernel's ops, at the GPUs' addresses of the memory the list keeps alive.
+fn encode(ops: &Ops) -> Vec<ListOp> {
+    let at = |addr| gpu_addr_in(ops.kept(), addr);
+    ops.as_slice()
+        .iter()
+        .map(|op| match *op {
+            Op::Write32 { addr, value } => ListOp {
+                kind: 1,
+                a: at(addr),
+                b: value.into(),
+                ..Default::default()
+            },
+            Op::Write64 { addr, value } | Op::Doorbell { addr, value } => ListOp {
+                kind: 2,
+                a: at(addr),
+                b: value,
+                ..Default::default()
+            },
+            Op::Wait32 { addr, value, cond } => ListOp {
+                kind: 3,
+                cond: cond.code(),
+                a: at(addr),
+                b: value.into(),
+                c: 0,
+            },
+            Op::Wait64 { addr, value, cond } => ListOp {
+                kind: 4,
+                cond: cond.code(),
+                a: at(addr),
+                b: value,
+                c: 0,
+            },
+            Op::Barrier => ListOp {
+                kind: 5,
+                ..Default::default()
+            },
+            Op::Copy { dst, src, len } => ListOp {
+                kind: KIND_COPY,
+                cond: 0,
+                a: at(dst),
+                b: at(src),
+                c: len,
+            },
+        })
+        .collect()
+}
+
+/// The launches that run `ops` in order: [`LIST_OPS`] ops each, the last one storing the
+/// progress word `mark` (address, sequence number) where given.
+fn launches(ops: &[ListOp], mark: Option<(u64, u32)>) -> Vec<ListParams> {
+    let chunks: Vec<&[ListOp]> = ops.chunks(LIST_OPS).collect();
+    let last = chunks.len().saturating_sub(1);
+    chunks
+        .iter()
+        .enumerate()
+        .map(|(k, chunk)| {
+            let mut p = ListParams {
+                n: chunk.len() as u32,
+                ..Default::default()
+            };
+            p.op[..chunk.len()].copy_from_slice(chunk);
+            if let (true, Some((done, seq))) = (k == last, mark) {
+                p.done = done;
+                p.seq = seq;
+            }
+            p
+        })
+        .collect()
+}
+
+impl CudaStream {
+    /// Runs `ops` as list kernels, if this stream may (see the module's header and
+    /// [`ListKernel`]); else hands `ops` back for the memory-operation path.
+    pub(super) fn run_list_by_kernel(&self, ops: Ops) -> Result<std::result::Result<(), Ops>> {
+        let Some((kernels, encoded)) = self.list_plan(&ops) else {
+            return Ok(Err(ops));
+        };
+        let n = ops.len();
+        let largest = encoded
+            .iter()
+            .filter(|e| e.kind == KIND_COPY)
+            .map(|e| e.c)
+            .max();
+        let block = block_for(largest.unwrap_or(0));
+        self.enqueue_launched(ops, n, |mark| {
+            for params in launches(&encoded, mark) {
+                let mut args = kernels.list.launch_builder(self);
+                args.arg(&params);
+                // SAFETY: one parameter of the kernel's type (`gdsync_list`); the addresses
+                // are the GPUs' addresses of memory the list keeps alive until the stream has
+                // passed it (`enqueue_launched` holds the list until then), or the stream's
+                // own progress word.
+                unsafe { args.launch(1, block) }?;
+            }
+            Ok(())
+        })?;
+        Ok(Ok(()))
+    }
+
+    /// The kernels and the encoded ops that run `ops`, or `None` where the list must stay
+    /// memory operations (see the module's header).
+    fn list_plan(&self, ops: &Ops) -> Option<(StagingKernels, Vec<ListOp>)> {
+        let copies = ops.as_slice().iter().any(Op::is_copy);
+        if self.list_kernel() == ListKernel::Off || !copies {
+            return None;
+        }
+        let waits = ops.as_slice().iter().any(Op::is_wait);
+        if waits && self.caps().inbound_writes(true) == InboundWrites::Flush {
+            return None;
+        }
+        let kernels = staging_kernels(self.ordinal())?;
+        let mut encoded = encode(ops);
+        for e in encoded.iter_mut().filter(|e| e.kind == KIND_COPY) {
+            let (into, from) = (self.cuda().memory_kind(e.a), self.cuda().memory_kind(e.b));
+            if e.c > LIST_COPY_MAX || !self.kernel_reaches(into) || !self.kernel_reaches(from) {
+                return None;
+            }
+            // Into memory the NIC reads (a bounce): a system-wide fence; see `LIST_SOURCE`.
+            e.cond = u32::from(!matches!(into, MemoryKind::Device { .. }));
+        }
+        Some((kernels, encoded))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::WaitCond;
+
+    fn list(ops: &[Op]) -> Ops {
+        let mut l = Ops::new();
+        for op in ops {
+            // SAFETY: the list is only encoded, never run.
+            unsafe { l.push_raw(*op) };
+        }
+        l
+    }
+
+    #[test]
+    fn each_op_is_encoded_as_the_kernel_reads_it() {
+        let l = list(&[
+            Op::Wait32 {
+                addr: 0x1000,
+                value: 7,
+                cond: WaitCond::Eq,
+            },
+            Op::Write32 {
+                addr: 0x2000,
+                value: 9,
+            },
+            Op::Copy {
+                dst: 0x3000,
+                src: 0x4000,
+                len: 13,
+            },
+            Op::Barrier,
+            Op::Doorbell {
+                addr: 0x5000,
+                value: u64::MAX,
+            },
+            Op::Wait64 {
+                addr: 0x6000,
+                value: 1 << 40,
+                cond: WaitCond::Geq,
+            },
+        ]);
+        let e = encode(&l);
+        let kinds: Vec<u32> = e.iter().map(|o| o.kind).collect();
+        assert_eq!(kinds, [3, 1, 6, 5, 2, 4]);
+        assert_eq!((e[0].a, e[0].b, e[0].cond), (0x1000, 7, 1));
+        assert_eq!((e[2].a, e[2].b, e[2].c), (0x3000, 0x4000, 13));
+        assert_eq!((e[4].a, e[4].b), (0x5000, u64::MAX));
+        assert_eq!((e[5].b, e[5].cond), (1 << 40, 0));
+    }
+
+    #[test]
+    fn blocks_are_whole_warps_sized_for_the_largest_copy() {
+        assert_eq!(block_for(0), 32);
+        assert_eq!(block_for(8), 32);
+        assert_eq!(block_for(4096), 256);
+        assert_eq!(block_for(4097), 288);
+        assert_eq!(block_for(LIST_COPY_MAX), LIST_BLOCK);
+        assert_eq!(block_for(u64::MAX), LIST_BLOCK);
+    }
+
+    #[test]
+    fn long_lists_take_several_launches_and_only_the_last_marks_progress() {
+        let ops = vec![
+            ListOp {
+                kind: 5,
+                ..Default::default()
+            };
+            LIST_OPS * 2 + 3
+        ];
+        let l = launches(&ops, Some((0xd0, 42)));
+        assert_eq!(l.iter().map(|p| p.n).collect::<Vec<_>>(), [16, 16, 3]);
+        assert_eq!(l.iter().map(|p| p.done).collect::<Vec<_>>(), [0, 0, 0xd0]);
+        assert_eq!(l[2].seq, 42);
+        assert!(launches(&ops[..4], None).iter().all(|p| p.done == 0));
+        assert!(launches(&[], Some((0xd0, 1))).is_empty());
+    }
+
+    #[test]
+    fn the_variable_takes_staged_or_off() {
+        let v = |s| crate::env::choice_of("GDSYNC_LIST_KERNEL", Some(s), &["staged", "off"]);
+        assert_eq!(v("off").unwrap(), Some("off"));
+        let e = v("memops").unwrap_err().to_string();
+        assert!(e.contains("GDSYNC_LIST_KERNEL") && e.contains("off"), "{e}");
+    }
+}

@@ -1,0 +1,234 @@
+//! The staging kernels of each GPU: their CUDA source, compiled once per GPU where staging
+//! bounces are made ([`prepare_staged_copies`]), never at a copy: loading a module may wait for
+//! the GPU to go idle, which a stream blocked in a wait never does. `gdsync_staged_copy` makes
+//! one copy (`copy_kernel.rs`); `gdsync_run_list` runs a whole op list with its copies
+//! (`list_kernel.rs`). `GDSYNC_STAGING_COPY=engine` leaves them uncompiled, and without NVRTC
+//! they cannot be (the log says so): copies then go to the copy engines (`cuMemcpyAsync`).
+
+use super::{Cuda, Function};
+use crate::Result;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The kernel: 16-byte loads and stores where source and destination share their alignment
+/// mod 16, bytes otherwise. Loads bypass the caches (`__ldcv`): a bounce is rewritten by the
+/// NIC between copies, which the GPU's caches do not see. A copy into a bounce (`system`)
+/// ends with a system-wide fence, which makes the stores visible to the NIC before the
+/// stream's next operation (a doorbell) runs; a copy into this GPU's memory, which the NIC
+/// never reads on the staged path, fences at GPU scope (the system-wide fence would wait for
+/// a PCIe round trip on the message's path).
+const COPY_SOURCE: &str = r#"
+__device__ __forceinline__ void gdsync_copy_range(unsigned char *dst, const unsigned char *src,
+                                                  unsigned long long len, unsigned long long t,
+                                                  unsigned long long step) {
+    unsigned long long d = (unsigned long long)dst, s = (unsigned long long)src;
+    unsigned long long head = len, words = 0;
+    if (((d ^ s) & 15) == 0) {
+        head = (16 - (d & 15)) & 15;
+        if (head > len) head = len;
+        words = (len - head) / 16;
+    }
+    for (unsigned long long i = t; i < head; i += step) dst[i] = __ldcv(src + i);
+    uint4 *d4 = (uint4 *)(dst + head);
+    const uint4 *s4 = (const uint4 *)(src + head);
+    for (unsigned long long i = t; i < words; i += step) d4[i] = __ldcv(s4 + i);
+    for (unsigned long long i = head + words * 16 + t; i < len; i += step) dst[i] = __ldcv(src + i);
+}
+
+extern "C" __global__ void gdsync_staged_copy(unsigned char *dst, const unsigned char *src,
+                                              unsigned long long len, unsigned int system) {
+    gdsync_copy_range(dst, src, len, blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x,
+                      (unsigned long long)gridDim.x * blockDim.x);
+    if (system) __threadfence_system();
+    else __threadfence();
+}
+"#;
+
+/// The kernel. Each op is `{kind, cond, a, b, c}`: a 32- or 64-bit store (`a` address, `b`
+/// value; a doorbell is a 64-bit store), a wait (`a` word, `b` operand, `cond`), a fence, or
+/// a copy (`a` destination, `b` source, `c` bytes, `cond` 1 when the destination is memory the
+/// NIC reads: a bounce). Thread 0 stores, waits and fences; the other threads pass a wait at
+/// the block barrier after it. A store is ordered after everything before it, as a stream's
+/// write is (a release at system scope, or a plain store right after a fence): the doorbell
+/// record after the payload, "rung to" after the doorbell. A copy of up to 256 bytes into a
+/// bounce is thread 0's alone, as `gds_block_copy_out` does, ordered by the fence or release
+/// that comes next.
+/// Other copies take the block, each thread fencing its stores (system-wide into a bounce,
+/// GPU-wide into GPU memory) before the block barrier. The stream's progress word, if this launch carries it, is stored last, as a
+/// release: what the list named is no longer touched once the host sees it.
+const LIST_SOURCE: &str = r#"
+struct gdsync_list_op { unsigned int kind, cond; unsigned long long a, b, c; };
+struct gdsync_list { unsigned int n, seq; unsigned long long done; gdsync_list_op op[16]; };
+
+__device__ __forceinline__ bool gdsync_list_test64(unsigned long long cur, unsigned long long v,
+                                                   unsigned int cond) {
+    switch (cond) {
+    case GDS_COND_GEQ: return (long long)(cur - v) >= 0;
+    case GDS_COND_EQ:  return cur == v;
+    case GDS_COND_AND: return (cur & v) != 0;
+    case GDS_COND_NOR: return ~(cur | v) != 0;
+    }
+    return false;
+}
+
+// A write as a stream's memory operation makes it: everything before it is visible first (a
+// release at system scope), unless a fence (a barrier op) came just before it.
+__device__ __forceinline__ void gdsync_list_store(const gdsync_list_op &o, bool fenced) {
+    if (o.kind == 1) {
+        if (fenced) *(volatile unsigned int *)o.a = (unsigned int)o.b;
+        else asm volatile("st.release.sys.u32 [%0], %1;" ::"l"(o.a), "r"((unsigned int)o.b) : "memory");
+    } else {
+        if (fenced) *(volatile unsigned long long *)o.a = o.b;
+        else asm volatile("st.release.sys.u64 [%0], %1;" ::"l"(o.a), "l"(o.b) : "memory");
+    }
+}
+
+extern "C" __global__ void gdsync_run_list(const gdsync_list l) {
+    const bool lead = threadIdx.x == 0;
+    const unsigned int n = l.n < 16 ? l.n : 16;
+    for (unsigned int i = 0; i < n; i++) {
+        const gdsync_list_op o = l.op[i];
+        const unsigned int next = i + 1 < n ? l.op[i + 1].kind : 0;
+        switch (o.kind) {
+        case 1: case 2:
+            if (lead) gdsync_list_store(o, i > 0 && l.op[i - 1].kind == 5);
+            break;
+        case 3:
+            if (lead) while (!gds_test32(gds_ld_acquire32(o.a), (unsigned int)o.b, o.cond)) {}
+            __syncthreads();
+            break;
+        case 4:
+            if (lead) while (!gdsync_list_test64(gds_ld_acquire64(o.a), o.b, o.cond)) {}
+            __syncthreads();
+            break;
+        case 5: if (lead) __threadfence_system(); break;
+        case 6:
+            // Stores thread 0 made before (a marker in the payload) are the block's to read.
+            __syncthreads();
+            if (o.cond && o.c <= 256) {
+                if (lead) {
+                    gdsync_copy_range((unsigned char *)o.a, (const unsigned char *)o.b, o.c, 0, 1);
+                    // A barrier or a write (a release) next orders the copy by itself.
+                    if (next != 1 && next != 2 && next != 5) __threadfence_system();
+                }
+            } else {
+                gdsync_copy_range((unsigned char *)o.a, (const unsigned char *)o.b, o.c, threadIdx.x, blockDim.x);
+                if (o.cond) __threadfence_system();
+                else __threadfence();
+            }
+            __syncthreads();
+            break;
+        }
+    }
+    if (lead && l.done)
+        asm volatile("st.release.sys.u32 [%0], %1;" ::"l"(l.done), "r"(l.seq) : "memory");
+}
+"#;
+
+/// Which copier staged copies use (`GDSYNC_STAGING_COPY`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StagingCopy {
+    /// A kernel on the stream (the default where NVRTC is installed).
+    Kernel,
+    /// `cuMemcpyAsync` (the copy engines).
+    Engine,
+}
+
+impl StagingCopy {
+    /// `GDSYNC_STAGING_COPY` (`kernel` | `engine`); unset: the kernel.
+    pub fn from_env() -> Result<StagingCopy> {
+        Ok(
+            match crate::env::choice("GDSYNC_STAGING_COPY", &["kernel", "engine"])? {
+                Some("engine") => StagingCopy::Engine,
+                _ => StagingCopy::Kernel,
+            },
+        )
+    }
+}
+
+/// The staging kernels of one GPU, from one module.
+#[derive(Clone)]
+pub(super) struct StagingKernels {
+    /// `gdsync_staged_copy`: one copy.
+    pub copy: Function,
+    /// `gdsync_run_list`: a whole list with its copies ([`super::list_kernel`]).
+    pub list: Function,
+}
+
+/// The staging kernels of each GPU that [`prepare_staged_copies`] compiled; `None` where it
+/// could not (no NVRTC, a compile error: logged) or where the copy engines were asked for.
+fn kernels() -> &'static Mutex<HashMap<i32, Option<StagingKernels>>> {
+    static KERNELS: OnceLock<Mutex<HashMap<i32, Option<StagingKernels>>>> = OnceLock::new();
+    KERNELS.get_or_init(Default::default)
+}
+
+/// Whether staged copies on GPU `ordinal` run as kernels: [`prepare_staged_copies`]
+/// compiled them (false before it ran, without NVRTC, on a compile error, and with
+/// `GDSYNC_STAGING_COPY=engine`).
+pub fn staged_copy_kernels(ordinal: i32) -> bool {
+    staging_kernels(ordinal).is_some()
+}
+
+/// GPU `ordinal`'s staging kernels, if [`prepare_staged_copies`] made them.
+pub(super) fn staging_kernels(ordinal: i32) -> Option<StagingKernels> {
+    kernels()
+        .lock()
+        .ok()
+        .and_then(|k| k.get(&ordinal).cloned().flatten())
+}
+
+/// Compiles and loads the staged-copy kernel on every GPU of `cuda` that has none yet.
+/// Call it where staging bounces are made, before any stream waits: loading a module may
+/// wait for the GPU to go idle, which a stream blocked in a memory wait never does.
+pub fn prepare_staged_copies(cuda: &Arc<Cuda>) {
+    for ordinal in 0..cuda.gpus.len() as i32 {
+        let known = kernels().lock().map_or(true, |k| k.contains_key(&ordinal));
+        if known {
+            continue;
+        }
+        // Compiled outside the lock: a copy on another thread never waits for a compile.
+        let f = compile(cuda, ordinal);
+        if let Ok(mut k) = kernels().lock() {
+            k.entry(ordinal).or_insert(f);
+        }
+    }
+}
+
+fn compile(cuda: &Arc<Cuda>, ordinal: i32) -> Option<StagingKernels> {
+    match StagingCopy::from_env() {
+        Ok(StagingCopy::Engine) => return None,
+        Ok(StagingCopy::Kernel) => {}
+        Err(e) => {
+            tracing::warn!("{e}; staged copies use the copy engines");
+            return None;
+        }
+    }
+    let source = format!("{COPY_SOURCE}\n{LIST_SOURCE}");
+    let made = cuda.compile(ordinal, &source, &[]).and_then(|m| {
+        Ok(StagingKernels {
+            copy: m.function("gdsync_staged_copy")?,
+            list: m.function("gdsync_run_list")?,
+        })
+    });
+    match made {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::warn!("GPU {ordinal}: staged copies use the copy engines, whose queues streams may share (a copy behind one stream's wait can then hold up another's): {e}");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_variable_takes_kernel_or_engine() {
+        let v = |s| crate::env::choice_of("GDSYNC_STAGING_COPY", Some(s), &["kernel", "engine"]);
+        assert_eq!(v("engine").unwrap(), Some("engine"));
+        let e = v("dma").unwrap_err().to_string();
+        assert!(
+            e.contains("GDSYNC_STAGING_COPY") && e.contains("kernel or engine"),
+            "{e}"
+        );
+    }
+}
