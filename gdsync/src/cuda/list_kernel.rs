@@ -33,8 +33,9 @@ use crate::Result;
 
 /// The kernel's kind of a copy (see `LIST_SOURCE` in `staging_kernels.rs` for the others).
 const KIND_COPY: u32 = 6;
-/// Ops one launch carries (the kernel's `op[16]`); longer lists take several launches.
-const LIST_OPS: usize = 16;
+/// Ops one launch carries (the kernel's `op[32]`: an `mp` iteration's list, with a receive,
+/// its credit and a send, fits); longer lists take several launches.
+const LIST_OPS: usize = 32;
 /// Largest copy a list kernel makes; lists with a larger one run as memory operations and
 /// copy kernels (a grid copies large payloads faster than one block).
 pub const LIST_COPY_MAX: u64 = 32 << 10;
@@ -159,6 +160,12 @@ impl CudaStream {
             .map(|e| e.c)
             .max();
         let block = block_for(largest.unwrap_or(0));
+        tracing::trace!(
+            ops = n,
+            launches = n.div_ceil(LIST_OPS),
+            block,
+            "a staged list as list kernels"
+        );
         self.enqueue_launched(ops, n, |mark| {
             for params in launches(&encoded, mark) {
                 let mut args = kernels.list.launch_builder(self);
@@ -270,7 +277,8 @@ mod tests {
             LIST_OPS * 2 + 3
         ];
         let l = launches(&ops, Some((0xd0, 42)));
-        assert_eq!(l.iter().map(|p| p.n).collect::<Vec<_>>(), [16, 16, 3]);
+        let n = LIST_OPS as u32;
+        assert_eq!(l.iter().map(|p| p.n).collect::<Vec<_>>(), [n, n, 3]);
         assert_eq!(l.iter().map(|p| p.done).collect::<Vec<_>>(), [0, 0, 0xd0]);
         assert_eq!(l[2].seq, 42);
         assert!(launches(&ops[..4], None).iter().all(|p| p.done == 0));

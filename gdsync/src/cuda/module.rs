@@ -1,6 +1,6 @@
 //! Kernels compiled at run time with NVRTC (no nvcc-built artifacts are shipped).
 
-use super::{failed, Cuda};
+use super::{check, failed, Cuda};
 use crate::{Error, Result};
 use cudarc::driver::{result, sys};
 use std::ffi::CString;
@@ -117,6 +117,21 @@ impl Function {
     /// Makes the function's context current on the calling thread.
     pub(super) fn bind(&self) -> Result<()> {
         self.module.cuda.bind(self.module.ordinal)
+    }
+
+    /// Loads the kernel's code onto its GPU now, where the driver would load it at its first
+    /// launch (CUDA's lazy loading, the default since CUDA 12.2). A load may wait for the GPU
+    /// to go idle, which never happens while a stream spins in a wait: a kernel first launched
+    /// then would never start. Needs a 12.4 driver (`cuFuncLoad`); on an older one this does
+    /// nothing, and a launch made before any stream waits loads it instead.
+    pub fn load_now(&self) -> Result<()> {
+        if self.module.cuda.driver_version < 12040 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: a function of a loaded module (kept loaded by `self`); the symbol exists
+        // from driver 12.4 on, checked above.
+        check(unsafe { sys::cuFuncLoad(self.raw) }, "cuFuncLoad")
     }
 
     /// Local memory each thread of the kernel uses (bytes; `CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`):

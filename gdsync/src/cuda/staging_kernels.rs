@@ -58,7 +58,7 @@ extern "C" __global__ void gdsync_staged_copy(unsigned char *dst, const unsigned
 /// release: what the list named is no longer touched once the host sees it.
 const LIST_SOURCE: &str = r#"
 struct gdsync_list_op { unsigned int kind, cond; unsigned long long a, b, c; };
-struct gdsync_list { unsigned int n, seq; unsigned long long done; gdsync_list_op op[16]; };
+struct gdsync_list { unsigned int n, seq; unsigned long long done; gdsync_list_op op[32]; };
 
 __device__ __forceinline__ bool gdsync_list_test64(unsigned long long cur, unsigned long long v,
                                                    unsigned int cond) {
@@ -85,13 +85,17 @@ __device__ __forceinline__ void gdsync_list_store(const gdsync_list_op &o, bool 
 
 extern "C" __global__ void gdsync_run_list(const gdsync_list l) {
     const bool lead = threadIdx.x == 0;
-    const unsigned int n = l.n < 16 ? l.n : 16;
-    for (unsigned int i = 0; i < n; i++) {
+    const unsigned int n = l.n < 32 ? l.n : 32;
+    // Unrolled, so every op is read at a constant offset of the parameter (an index known
+    // only at run time would copy the whole list into each thread's local memory).
+#pragma unroll
+    for (unsigned int i = 0; i < 32; i++) {
+        if (i >= n) break;
         const gdsync_list_op o = l.op[i];
-        const unsigned int next = i + 1 < n ? l.op[i + 1].kind : 0;
+        const unsigned int next = i + 1 < n ? l.op[(i + 1) & 31].kind : 0;
         switch (o.kind) {
         case 1: case 2:
-            if (lead) gdsync_list_store(o, i > 0 && l.op[i - 1].kind == 5);
+            if (lead) gdsync_list_store(o, i > 0 && l.op[(i - 1) & 31].kind == 5);
             break;
         case 3:
             if (lead) while (!gds_test32(gds_ld_acquire32(o.a), (unsigned int)o.b, o.cond)) {}
@@ -205,10 +209,17 @@ fn compile(cuda: &Arc<Cuda>, ordinal: i32) -> Option<StagingKernels> {
     }
     let source = format!("{COPY_SOURCE}\n{LIST_SOURCE}");
     let made = cuda.compile(ordinal, &source, &[]).and_then(|m| {
-        Ok(StagingKernels {
+        let k = StagingKernels {
             copy: m.function("gdsync_staged_copy")?,
             list: m.function("gdsync_run_list")?,
-        })
+        };
+        // Loaded now, not at a first launch behind a stream that waits (`Function::load_now`).
+        k.copy.load_now()?;
+        k.list.load_now()?;
+        if let Ok(n @ 1..) = k.list.local_bytes() {
+            tracing::warn!("GPU {ordinal}: the list kernel uses {n} bytes of local memory per thread (its ops should be read at constant offsets)");
+        }
+        Ok(k)
     });
     match made {
         Ok(f) => Some(f),
