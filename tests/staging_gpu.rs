@@ -1,5 +1,5 @@
-//! GPU tests of staging: a CUDA stream copies GPU payloads through pinned bounce slots with
-//! its copy engine, between its memory operations and in their order. Each is ignored unless
+//! GPU tests of staging: a CUDA stream copies GPU payloads through pinned bounce slots in the
+//! order of its lists (a list kernel, or copies between memory operations). Each is ignored unless
 //! asked for (`GDSYNC_TEST_CUDA=1 cargo test --release --test staging_gpu -- --include-ignored`),
 //! and then requires a GPU.
 
@@ -163,8 +163,7 @@ fn a_kernel_block_stages_gpu_payloads_byte_for_byte() {
 /// A staged send's list run both ways a stream runs it (one list kernel, or memory
 /// operations with a copy between them): nothing runs before the wait passes; then the
 /// payload (odd length, odd offset, a 16-byte-aligned and a byte path) is in the bounce by
-/// the time the write after the barrier is seen, and a list longer than one launch carries
-/// (20 stores) runs every store.
+/// the time the write after the barrier is seen, and every one of 20 stores after it runs.
 #[test]
 #[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test staging_gpu -- --include-ignored"]
 fn both_list_paths_copy_before_the_barrier_and_after_the_wait() {

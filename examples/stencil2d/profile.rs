@@ -63,7 +63,7 @@ pub struct OpCount {
     pub waits: u64,
     pub barriers: u64,
     pub doorbells: u64,
-    /// Copies (staged payloads: the copy engine's, between batches of memory operations).
+    /// Copies (staged payloads: in a list kernel, or between batches of memory operations).
     pub copies: u64,
 }
 

@@ -112,9 +112,10 @@ pub enum Op {
     /// op and before every later one: how a payload in memory the NIC cannot reach (GPU
     /// memory without GPUDirect RDMA) moves through a pinned host bounce buffer in the
     /// trigger's own order ([`crate::staging`]). A CPU executor copies with the CPU (both
-    /// ranges must be CPU-reachable); a CUDA stream copies between its memory operations,
-    /// with a copy kernel where both ranges are reachable from its GPU and the kernel is
-    /// prepared (`cuda::prepare_staged_copies`), else with `cuMemcpyAsync`.
+    /// ranges must be CPU-reachable); a CUDA stream runs a list with copies as one list kernel
+    /// where it can, else copies between its memory operations, with a copy kernel where both
+    /// ranges are reachable from its GPU and the kernels are prepared
+    /// (`cuda::prepare_staged_copies`), else with `cuMemcpyAsync`.
     Copy {
         /// Destination address.
         dst: u64,
@@ -130,7 +131,8 @@ impl Op {
     pub const fn is_wait(&self) -> bool {
         matches!(self, Op::Wait32 { .. } | Op::Wait64 { .. })
     }
-    /// Whether this is a copy (which a CUDA stream runs between batches of memory operations).
+    /// Whether this is a copy (which a CUDA stream runs in a list kernel, or between batches
+    /// of memory operations).
     pub const fn is_copy(&self) -> bool {
         matches!(self, Op::Copy { .. })
     }

@@ -6,9 +6,11 @@
 //! pipeline cut by [`ChunkPlan`](crate::ChunkPlan)). Its op lists copy a payload chunk into a
 //! slot before the send that names the slot ([`Staging::copy_out`]), and out of a slot after
 //! the wait for the receive ([`Staging::copy_in`]), as [`Op::Copy`](crate::ops::Op::Copy): a
-//! CUDA stream runs them between its memory operations (a copy kernel on the stream, or the
-//! copy engines: `cuda/copy_kernel.rs`), a host executor with the CPU. Register [`Staging::bounce`] with the device as the send or
-//! receive buffer; [`Staging::chunks`] cuts a message into chunks and slots.
+//! CUDA stream runs them in the list's order (the whole list as one kernel,
+//! `cuda/list_kernel.rs`, or a copy kernel or the copy engines between its memory operations,
+//! `cuda/copy_kernel.rs`), a host executor with the CPU. Register [`Staging::bounce`] with the
+//! device as the send or receive buffer; [`Staging::chunks`] cuts a message into chunks and
+//! slots.
 
 use crate::cuda::{Cuda, DeviceBuffer};
 use crate::ops::Ops;

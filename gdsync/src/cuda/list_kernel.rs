@@ -15,30 +15,30 @@
 //! park the stream; like it, it passes on an error completion (the owner bit moves) and has no
 //! timeout of its own (`CudaStream::synchronize_within` names the wait that holds a stream).
 //! Lists that this cannot run the same way stay memory operations: copies larger than
-//! [`LIST_COPY_MAX`] (one block copies them slower than a grid), memory a kernel cannot
-//! reach, and waits on a GPU that must flush inbound RDMA writes before a wait passes
-//! (a kernel cannot flush). `GDSYNC_LIST_KERNEL=off` keeps every list as memory operations.
+//! [`LIST_COPY_MAX`] (one block copies them slower than a grid; misaligned ones past 4 KiB),
+//! memory a kernel cannot reach, waits on a GPU that must flush inbound RDMA writes before a
+//! wait passes (a kernel cannot flush), and lists of more than 32 operations (one launch's
+//! worth; a staged message's list has about ten). `GDSYNC_LIST_KERNEL=off` keeps every list as memory operations.
 //!
 //! Lists without copies stay memory operations: run as this kernel, a ping-pong's list took
 //! longer (H200, 8 B writes from host memory: 6.45 µs against 5.23 µs a half round trip), since
 //! each store that must follow what came before is a release at system scope, a PCIe round
 //! trip inside the kernel, where the stream's own writes order themselves more cheaply.
 
-use super::staging_kernels::{staging_kernels, StagingKernels};
+use super::staging_kernels::{kind, staging_kernels, LIST_OPS};
 use super::stream::ListKernel;
+use super::Function;
 use super::{CudaStream, InboundWrites, KernelArg, MemoryKind};
-use crate::mem::gpu_addr_in;
+use crate::mem::{gpu_addr_in, gpu_mapped_in};
 use crate::ops::{Op, Ops};
 use crate::Result;
 
-/// The kernel's kind of a copy (see `LIST_SOURCE` in `staging_kernels.rs` for the others).
-const KIND_COPY: u32 = 6;
-/// Ops one launch carries (the kernel's `op[32]`: an `mp` iteration's list, with a receive,
-/// its credit and a send, fits); longer lists take several launches.
-const LIST_OPS: usize = 32;
 /// Largest copy a list kernel makes; lists with a larger one run as memory operations and
 /// copy kernels (a grid copies large payloads faster than one block).
 pub const LIST_COPY_MAX: u64 = 32 << 10;
+/// Largest copy a list kernel makes between addresses that differ in alignment mod 16 (read
+/// byte by byte).
+const MISALIGNED_COPY_MAX: u64 = 4 << 10;
 /// Most threads of a list kernel's block (a copy of [`LIST_COPY_MAX`] takes four steps).
 const LIST_BLOCK: u32 = 512;
 
@@ -67,10 +67,11 @@ const _: () = assert!(std::mem::size_of::<ListOp>() == 32);
 struct ListParams {
     n: u32,
     seq: u32,
+    reserved: [u32; 2],
     done: u64,
     op: [ListOp; LIST_OPS],
 }
-const _: () = assert!(std::mem::size_of::<ListParams>() == 16 + 32 * LIST_OPS);
+const _: () = assert!(std::mem::size_of::<ListParams>() == 24 + 32 * LIST_OPS);
 
 // SAFETY: `#[repr(C)]` plain data laid out as `gdsync_list` (sizes asserted above; fields in
 // the kernel's order and of its types).
@@ -83,37 +84,37 @@ fn encode(ops: &Ops) -> Vec<ListOp> {
         .iter()
         .map(|op| match *op {
             Op::Write32 { addr, value } => ListOp {
-                kind: 1,
+                kind: kind::W32,
                 a: at(addr),
                 b: value.into(),
                 ..Default::default()
             },
             Op::Write64 { addr, value } | Op::Doorbell { addr, value } => ListOp {
-                kind: 2,
+                kind: kind::W64,
                 a: at(addr),
                 b: value,
                 ..Default::default()
             },
             Op::Wait32 { addr, value, cond } => ListOp {
-                kind: 3,
+                kind: kind::WAIT32,
                 cond: cond.code(),
                 a: at(addr),
                 b: value.into(),
                 c: 0,
             },
             Op::Wait64 { addr, value, cond } => ListOp {
-                kind: 4,
+                kind: kind::WAIT64,
                 cond: cond.code(),
                 a: at(addr),
                 b: value,
                 c: 0,
             },
             Op::Barrier => ListOp {
-                kind: 5,
+                kind: kind::FENCE,
                 ..Default::default()
             },
             Op::Copy { dst, src, len } => ListOp {
-                kind: KIND_COPY,
+                kind: kind::COPY,
                 cond: 0,
                 a: at(dst),
                 b: at(src),
@@ -123,86 +124,113 @@ fn encode(ops: &Ops) -> Vec<ListOp> {
         .collect()
 }
 
-/// The launches that run `ops` in order: [`LIST_OPS`] ops each, the last one storing the
-/// progress word `mark` (address, sequence number) where given.
-fn launches(ops: &[ListOp], mark: Option<(u64, u32)>) -> Vec<ListParams> {
-    let chunks: Vec<&[ListOp]> = ops.chunks(LIST_OPS).collect();
-    let last = chunks.len().saturating_sub(1);
-    chunks
-        .iter()
-        .enumerate()
-        .map(|(k, chunk)| {
-            let mut p = ListParams {
-                n: chunk.len() as u32,
-                ..Default::default()
-            };
-            p.op[..chunk.len()].copy_from_slice(chunk);
-            if let (true, Some((done, seq))) = (k == last, mark) {
-                p.done = done;
-                p.seq = seq;
-            }
-            p
-        })
-        .collect()
+/// The launch that runs `ops` (at most [`LIST_OPS`]), storing the progress word `mark`
+/// (address, sequence number) last where given.
+fn params(ops: &[ListOp], mark: Option<(u64, u32)>) -> ListParams {
+    let mut p = ListParams {
+        n: ops.len() as u32,
+        ..Default::default()
+    };
+    p.op[..ops.len()].copy_from_slice(ops);
+    if let Some((done, seq)) = mark {
+        p.done = done;
+        p.seq = seq;
+    }
+    p
 }
 
 impl CudaStream {
     /// Runs `ops` as list kernels, if this stream may (see the module's header and
     /// [`ListKernel`]); else hands `ops` back for the memory-operation path.
     pub(super) fn run_list_by_kernel(&self, ops: Ops) -> Result<std::result::Result<(), Ops>> {
-        let Some((kernels, encoded)) = self.list_plan(&ops) else {
+        let Some((list, encoded)) = self.list_plan(&ops) else {
             return Ok(Err(ops));
         };
         let n = ops.len();
         let largest = encoded
             .iter()
-            .filter(|e| e.kind == KIND_COPY)
+            .filter(|e| e.kind == kind::COPY)
             .map(|e| e.c)
             .max();
         let block = block_for(largest.unwrap_or(0));
-        tracing::trace!(
-            ops = n,
-            launches = n.div_ceil(LIST_OPS),
-            block,
-            "a staged list as list kernels"
-        );
+        tracing::trace!(ops = n, block, "a staged list as list kernels");
         self.enqueue_launched(ops, n, |mark| {
-            for params in launches(&encoded, mark) {
-                let mut args = kernels.list.launch_builder(self);
-                args.arg(&params);
-                // SAFETY: one parameter of the kernel's type (`gdsync_list`); the addresses
-                // are the GPUs' addresses of memory the list keeps alive until the stream has
-                // passed it (`enqueue_launched` holds the list until then), or the stream's
-                // own progress word.
-                unsafe { args.launch(1, block) }?;
-            }
-            Ok(())
+            let params = params(&encoded, mark);
+            let mut args = list.launch_builder(self);
+            args.arg(&params);
+            // SAFETY: one parameter of the kernel's type (`gdsync_list`); the addresses are the
+            // GPUs' addresses of memory the list keeps alive until the stream has passed it
+            // (`enqueue_launched` holds the list until then), or the stream's own progress
+            // word.
+            unsafe { args.launch(1, block) }
         })?;
         Ok(Ok(()))
     }
 
-    /// The kernels and the encoded ops that run `ops`, or `None` where the list must stay
+    /// Runs the list kernel once with no ops, if this GPU has it (a new stream's warm-up: see
+    /// `CudaStream::warm_up`; on a driver without `cuFuncLoad` this also loads its code
+    /// before any stream waits).
+    pub(super) fn warm_list_kernel(&self) -> Result<()> {
+        let Some(list) = staging_kernels(self.ordinal()).and_then(|k| k.list) else {
+            return Ok(());
+        };
+        let params = ListParams::default();
+        let mut args = list.launch_builder(self);
+        args.arg(&params);
+        // SAFETY: a parameter of the kernel's type with no ops and no progress word: the
+        // kernel touches no memory.
+        unsafe { args.launch(1, 32) }
+    }
+
+    /// The list kernel and the encoded ops that run `ops`, or `None` where the list must stay
     /// memory operations (see the module's header).
-    fn list_plan(&self, ops: &Ops) -> Option<(StagingKernels, Vec<ListOp>)> {
+    fn list_plan(&self, ops: &Ops) -> Option<(Function, Vec<ListOp>)> {
         let copies = ops.as_slice().iter().any(Op::is_copy);
-        if self.list_kernel() == ListKernel::Off || !copies {
+        // One launch per list: a list longer than one launch carries stays memory operations.
+        if self.list_kernel() == ListKernel::Off || !copies || ops.len() > LIST_OPS {
             return None;
         }
         let waits = ops.as_slice().iter().any(Op::is_wait);
         if waits && self.caps().inbound_writes(true) == InboundWrites::Flush {
             return None;
         }
-        let kernels = staging_kernels(self.ordinal())?;
+        let list = staging_kernels(self.ordinal())?.list?;
+        let reaches = |gpu_addr| self.kernel_reaches(self.cuda().memory_kind(gpu_addr));
         let mut encoded = encode(ops);
-        for e in encoded.iter_mut().filter(|e| e.kind == KIND_COPY) {
-            let (into, from) = (self.cuda().memory_kind(e.a), self.cuda().memory_kind(e.b));
-            if e.c > LIST_COPY_MAX || !self.kernel_reaches(into) || !self.kernel_reaches(from) {
-                return None;
+        for (e, op) in encoded.iter_mut().zip(ops.as_slice()) {
+            match *op {
+                Op::Copy { dst, src, len } => {
+                    let into = self.cuda().memory_kind(e.a);
+                    // Bytes that cannot move 16 at a time are read one by one: past a few KiB
+                    // a grid of copy threads is the faster way.
+                    let bytewise = (dst ^ src) & 15 != 0 && len > MISALIGNED_COPY_MAX;
+                    if len > LIST_COPY_MAX
+                        || bytewise
+                        || !self.kernel_reaches(into)
+                        || !reaches(e.b)
+                    {
+                        return None;
+                    }
+                    // Into memory the NIC reads (a bounce): a system-wide fence; see
+                    // `LIST_SOURCE`.
+                    e.cond = u32::from(!matches!(into, MemoryKind::Device { .. }));
+                }
+                Op::Barrier => {}
+                // A store or a wait on memory the list keeps mapped for the GPUs is what a
+                // stream's memory operation would reach too; anything else is checked (a
+                // kernel faulting on it would poison the context).
+                Op::Write32 { addr, .. }
+                | Op::Write64 { addr, .. }
+                | Op::Doorbell { addr, .. }
+                | Op::Wait32 { addr, .. }
+                | Op::Wait64 { addr, .. } => {
+                    if !gpu_mapped_in(ops.kept(), addr) && !reaches(e.a) {
+                        return None;
+                    }
+                }
             }
-            // Into memory the NIC reads (a bounce): a system-wide fence; see `LIST_SOURCE`.
-            e.cond = u32::from(!matches!(into, MemoryKind::Device { .. }));
         }
-        Some((kernels, encoded))
+        Some((list, encoded))
     }
 }
 
@@ -268,21 +296,19 @@ mod tests {
     }
 
     #[test]
-    fn long_lists_take_several_launches_and_only_the_last_marks_progress() {
+    fn a_launch_carries_its_ops_and_the_progress_word_only_when_asked() {
         let ops = vec![
             ListOp {
-                kind: 5,
+                kind: kind::FENCE,
                 ..Default::default()
             };
-            LIST_OPS * 2 + 3
+            3
         ];
-        let l = launches(&ops, Some((0xd0, 42)));
-        let n = LIST_OPS as u32;
-        assert_eq!(l.iter().map(|p| p.n).collect::<Vec<_>>(), [n, n, 3]);
-        assert_eq!(l.iter().map(|p| p.done).collect::<Vec<_>>(), [0, 0, 0xd0]);
-        assert_eq!(l[2].seq, 42);
-        assert!(launches(&ops[..4], None).iter().all(|p| p.done == 0));
-        assert!(launches(&[], Some((0xd0, 1))).is_empty());
+        let p = params(&ops, Some((0xd0, 42)));
+        assert_eq!((p.n, p.done, p.seq), (3, 0xd0, 42));
+        assert_eq!(p.op[2].kind, kind::FENCE);
+        assert_eq!(p.op[3], ListOp::default());
+        assert_eq!(params(&ops, None).done, 0);
     }
 
     #[test]

@@ -123,7 +123,8 @@ impl Function {
     /// launch (CUDA's lazy loading, the default since CUDA 12.2). A load may wait for the GPU
     /// to go idle, which never happens while a stream spins in a wait: a kernel first launched
     /// then would never start. Needs a 12.4 driver (`cuFuncLoad`); on an older one this does
-    /// nothing, and a launch made before any stream waits loads it instead.
+    /// nothing: launch the kernel once before any stream waits instead (a new stream of ours
+    /// runs the staging kernels once as it is made).
     pub fn load_now(&self) -> Result<()> {
         if self.module.cuda.driver_version < 12040 {
             return Ok(());

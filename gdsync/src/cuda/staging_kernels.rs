@@ -44,21 +44,40 @@ extern "C" __global__ void gdsync_staged_copy(unsigned char *dst, const unsigned
 }
 "#;
 
-/// The kernel. Each op is `{kind, cond, a, b, c}`: a 32- or 64-bit store (`a` address, `b`
-/// value; a doorbell is a 64-bit store), a wait (`a` word, `b` operand, `cond`), a fence, or
-/// a copy (`a` destination, `b` source, `c` bytes, `cond` 1 when the destination is memory the
-/// NIC reads: a bounce). Thread 0 stores, waits and fences; the other threads pass a wait at
-/// the block barrier after it. A store is ordered after everything before it, as a stream's
-/// write is (a release at system scope, or a plain store right after a fence): the doorbell
-/// record after the payload, "rung to" after the doorbell. A copy of up to 256 bytes into a
-/// bounce is thread 0's alone, as `gds_block_copy_out` does, ordered by the fence or release
-/// that comes next.
-/// Other copies take the block, each thread fencing its stores (system-wide into a bounce,
-/// GPU-wide into GPU memory) before the block barrier. The stream's progress word, if this launch carries it, is stored last, as a
-/// release: what the list named is no longer touched once the host sees it.
+/// The kinds of a list kernel's ops (`gdsync_list_op::kind`), defined for the kernel's source
+/// as `GDSYNC_LIST_<NAME>`: a 32-bit store, a 64-bit store (a doorbell is one), waits on a
+/// 32- and a 64-bit word, a system-wide fence, a copy.
+pub(super) mod kind {
+    pub const W32: u32 = 1;
+    pub const W64: u32 = 2;
+    pub const WAIT32: u32 = 3;
+    pub const WAIT64: u32 = 4;
+    pub const FENCE: u32 = 5;
+    pub const COPY: u32 = 6;
+}
+
+/// Ops one list-kernel launch carries (`gdsync_list::op`): a list runs as one launch, so a
+/// longer one stays memory operations.
+pub(super) const LIST_OPS: usize = 32;
+
+/// The list kernel. Each op is `{kind, cond, a, b, c}`: a store (`a` address, `b` value), a
+/// wait (`a` word, `b` operand, `cond`), a fence, or a copy (`a` destination, `b` source, `c`
+/// bytes, `cond` 1 when the destination is memory the NIC reads: a bounce). Thread 0 stores,
+/// waits and fences; the other threads pass a wait at the block barrier after it. A store is
+/// ordered after everything before it, as a stream's write is (a release at system scope, or a
+/// plain store right after a fence): the doorbell record after the payload, "rung to" after
+/// the doorbell. A copy into a bounce of up to `GDS_LEAD_COPY_MAX` bytes is thread 0's alone,
+/// as `gds_block_copy_out` does, ordered by the fence or release that comes next; other
+/// copies take the block, each thread fencing its stores (system-wide into a bounce, GPU-wide
+/// into GPU memory) before the block barrier. The stream's progress word, if this launch carries it, is stored last, as a release: what the list
+/// named is no longer touched once the host sees it.
 const LIST_SOURCE: &str = r#"
 struct gdsync_list_op { unsigned int kind, cond; unsigned long long a, b, c; };
-struct gdsync_list { unsigned int n, seq; unsigned long long done; gdsync_list_op op[32]; };
+struct gdsync_list {
+    unsigned int n, seq, reserved[2];
+    unsigned long long done;
+    gdsync_list_op op[GDSYNC_LIST_OPS];
+};
 
 __device__ __forceinline__ bool gdsync_list_test64(unsigned long long cur, unsigned long long v,
                                                    unsigned int cond) {
@@ -72,9 +91,9 @@ __device__ __forceinline__ bool gdsync_list_test64(unsigned long long cur, unsig
 }
 
 // A write as a stream's memory operation makes it: everything before it is visible first (a
-// release at system scope), unless a fence (a barrier op) came just before it.
+// release at system scope), unless a fence came just before it.
 __device__ __forceinline__ void gdsync_list_store(const gdsync_list_op &o, bool fenced) {
-    if (o.kind == 1) {
+    if (o.kind == GDSYNC_LIST_W32) {
         if (fenced) *(volatile unsigned int *)o.a = (unsigned int)o.b;
         else asm volatile("st.release.sys.u32 [%0], %1;" ::"l"(o.a), "r"((unsigned int)o.b) : "memory");
     } else {
@@ -83,37 +102,42 @@ __device__ __forceinline__ void gdsync_list_store(const gdsync_list_op &o, bool 
     }
 }
 
+__device__ __forceinline__ bool gdsync_list_orders(unsigned int kind) {
+    return kind == GDSYNC_LIST_W32 || kind == GDSYNC_LIST_W64 || kind == GDSYNC_LIST_FENCE;
+}
+
 extern "C" __global__ void gdsync_run_list(const gdsync_list l) {
     const bool lead = threadIdx.x == 0;
-    const unsigned int n = l.n < 32 ? l.n : 32;
+    const unsigned int n = l.n < GDSYNC_LIST_OPS ? l.n : GDSYNC_LIST_OPS;
+    const unsigned int last = GDSYNC_LIST_OPS - 1;
     // Unrolled, so every op is read at a constant offset of the parameter (an index known
     // only at run time would copy the whole list into each thread's local memory).
 #pragma unroll
-    for (unsigned int i = 0; i < 32; i++) {
+    for (unsigned int i = 0; i < GDSYNC_LIST_OPS; i++) {
         if (i >= n) break;
         const gdsync_list_op o = l.op[i];
-        const unsigned int next = i + 1 < n ? l.op[(i + 1) & 31].kind : 0;
+        const unsigned int next = i + 1 < n ? l.op[(i + 1) & last].kind : 0;
         switch (o.kind) {
-        case 1: case 2:
-            if (lead) gdsync_list_store(o, i > 0 && l.op[(i - 1) & 31].kind == 5);
+        case GDSYNC_LIST_W32: case GDSYNC_LIST_W64:
+            if (lead) gdsync_list_store(o, i > 0 && l.op[(i - 1) & last].kind == GDSYNC_LIST_FENCE);
             break;
-        case 3:
+        case GDSYNC_LIST_WAIT32:
             if (lead) while (!gds_test32(gds_ld_acquire32(o.a), (unsigned int)o.b, o.cond)) {}
             __syncthreads();
             break;
-        case 4:
+        case GDSYNC_LIST_WAIT64:
             if (lead) while (!gdsync_list_test64(gds_ld_acquire64(o.a), o.b, o.cond)) {}
             __syncthreads();
             break;
-        case 5: if (lead) __threadfence_system(); break;
-        case 6:
+        case GDSYNC_LIST_FENCE: if (lead) __threadfence_system(); break;
+        case GDSYNC_LIST_COPY:
             // Stores thread 0 made before (a marker in the payload) are the block's to read.
             __syncthreads();
-            if (o.cond && o.c <= 256) {
+            if (o.cond && o.c <= GDS_LEAD_COPY_MAX) {
                 if (lead) {
                     gdsync_copy_range((unsigned char *)o.a, (const unsigned char *)o.b, o.c, 0, 1);
-                    // A barrier or a write (a release) next orders the copy by itself.
-                    if (next != 1 && next != 2 && next != 5) __threadfence_system();
+                    // A fence or a store (a release) next orders the copy by itself.
+                    if (!gdsync_list_orders(next)) __threadfence_system();
                 }
             } else {
                 gdsync_copy_range((unsigned char *)o.a, (const unsigned char *)o.b, o.c, threadIdx.x, blockDim.x);
@@ -128,6 +152,16 @@ extern "C" __global__ void gdsync_run_list(const gdsync_list l) {
         asm volatile("st.release.sys.u32 [%0], %1;" ::"l"(l.done), "r"(l.seq) : "memory");
 }
 "#;
+
+/// [`LIST_SOURCE`] with its constants defined.
+fn list_source() -> String {
+    use kind::*;
+    format!(
+        "#define GDSYNC_LIST_OPS {LIST_OPS}\n#define GDSYNC_LIST_W32 {W32}\n#define GDSYNC_LIST_W64 {W64}\n\
+         #define GDSYNC_LIST_WAIT32 {WAIT32}\n#define GDSYNC_LIST_WAIT64 {WAIT64}\n\
+         #define GDSYNC_LIST_FENCE {FENCE}\n#define GDSYNC_LIST_COPY {COPY}\n{LIST_SOURCE}"
+    )
+}
 
 /// Which copier staged copies use (`GDSYNC_STAGING_COPY`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,8 +189,9 @@ impl StagingCopy {
 pub(super) struct StagingKernels {
     /// `gdsync_staged_copy`: one copy.
     pub copy: Function,
-    /// `gdsync_run_list`: a whole list with its copies ([`super::list_kernel`]).
-    pub list: Function,
+    /// `gdsync_run_list`: a whole list with its copies ([`super::list_kernel`]); `None` where
+    /// it did not build (the log says why).
+    pub list: Option<Function>,
 }
 
 /// The staging kernels of each GPU that [`prepare_staged_copies`] compiled; `None` where it
@@ -181,7 +216,7 @@ pub(super) fn staging_kernels(ordinal: i32) -> Option<StagingKernels> {
         .and_then(|k| k.get(&ordinal).cloned().flatten())
 }
 
-/// Compiles and loads the staged-copy kernel on every GPU of `cuda` that has none yet.
+/// Compiles and loads the staging kernels on every GPU of `cuda` that has none yet.
 /// Call it where staging bounces are made, before any stream waits: loading a module may
 /// wait for the GPU to go idle, which a stream blocked in a memory wait never does.
 pub fn prepare_staged_copies(cuda: &Arc<Cuda>) {
@@ -207,19 +242,14 @@ fn compile(cuda: &Arc<Cuda>, ordinal: i32) -> Option<StagingKernels> {
             return None;
         }
     }
-    let source = format!("{COPY_SOURCE}\n{LIST_SOURCE}");
-    let made = cuda.compile(ordinal, &source, &[]).and_then(|m| {
-        let k = StagingKernels {
-            copy: m.function("gdsync_staged_copy")?,
-            list: m.function("gdsync_run_list")?,
-        };
-        // Loaded now, not at a first launch behind a stream that waits (`Function::load_now`).
-        k.copy.load_now()?;
-        k.list.load_now()?;
-        if let Ok(n @ 1..) = k.list.local_bytes() {
-            tracing::warn!("GPU {ordinal}: the list kernel uses {n} bytes of local memory per thread (its ops should be read at constant offsets)");
-        }
-        Ok(k)
+    // Both kernels in one module; where the list kernel does not build or load (it needs
+    // sm_70's acquire loads and release stores), the copy kernel alone.
+    let made = compile_both(cuda, ordinal).or_else(|e| {
+        tracing::warn!("GPU {ordinal}: staged lists run as memory operations with copy kernels between them: {e}");
+        let m = cuda.compile(ordinal, COPY_SOURCE, &[])?;
+        let copy = m.function("gdsync_staged_copy")?;
+        copy.load_now()?;
+        Ok::<_, crate::Error>(StagingKernels { copy, list: None })
     });
     match made {
         Ok(f) => Some(f),
@@ -228,6 +258,25 @@ fn compile(cuda: &Arc<Cuda>, ordinal: i32) -> Option<StagingKernels> {
             None
         }
     }
+}
+
+/// The copy and the list kernel, compiled as one module and loaded now, not at a first launch
+/// behind a stream that waits ([`Function::load_now`]).
+fn compile_both(cuda: &Arc<Cuda>, ordinal: i32) -> Result<StagingKernels> {
+    let m = cuda.compile(ordinal, &format!("{COPY_SOURCE}\n{}", list_source()), &[])?;
+    let (copy, list) = (
+        m.function("gdsync_staged_copy")?,
+        m.function("gdsync_run_list")?,
+    );
+    copy.load_now()?;
+    list.load_now()?;
+    if let Ok(n @ 1..) = list.local_bytes() {
+        tracing::warn!("GPU {ordinal}: the list kernel uses {n} bytes of local memory per thread (its ops should be read at constant offsets)");
+    }
+    Ok(StagingKernels {
+        copy,
+        list: Some(list),
+    })
 }
 
 #[cfg(test)]

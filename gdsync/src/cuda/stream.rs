@@ -1,5 +1,6 @@
-//! The CUDA stream executor: runs op lists as `cuStreamBatchMemOp` (v2 API only), at the GPUs'
-//! addresses of the memory they name (`mem::gpu_addr_in`).
+//! The CUDA stream executor: runs op lists as `cuStreamBatchMemOp` (v2 API only), or a list
+//! with staged copies as a list kernel (`list_kernel.rs`), at the GPUs' addresses of the memory
+//! they name (`mem::gpu_addr_in`), and holds each list until the stream has run it.
 
 use super::{check, failed, Cuda, GpuCaps, InboundWrites};
 use crate::backoff::Backoff;
@@ -77,6 +78,7 @@ struct Lists {
 /// A CUDA stream that runs op lists: writes as `WRITE_VALUE_32/64`, waits as
 /// `WAIT_VALUE_32/64` (GEQ, EQ, AND, NOR), barriers as system-scope memory barriers.
 /// 64-bit writes become two 32-bit writes (low word first) where the GPU lacks 64-bit memops.
+/// A list with staged copies runs as one list kernel where it can ([`ListKernel`]).
 ///
 /// The memory an enqueued list points into is kept alive until the stream has run it.
 pub struct CudaStream {
@@ -180,8 +182,8 @@ impl Cuda {
 const WARM_UP_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl CudaStream {
-    /// Runs the kinds of work a stream of ours runs (a memory operation, and the staged-copy
-    /// kernel where one was compiled for its GPU) once, and waits for them. On an H200, a new
+    /// Runs the kinds of work a stream of ours runs (a memory operation, and the staging
+    /// kernels where they were compiled for its GPU) once, and waits for them. On an H200, a new
     /// stream whose first work was queued while another stream of the process stood in a
     /// memory wait sometimes never ran it: two ranks each waiting for the other's first
     /// message stalled at the start in 26 of 193 runs, nothing posted by either. A stream
@@ -202,6 +204,7 @@ impl CudaStream {
         let ran = self
             .enqueue(first)
             .and_then(|()| self.copy_by_kernel(word, word, 0).map(drop))
+            .and_then(|()| self.warm_list_kernel())
             .and_then(|()| self.synchronize_within(WARM_UP_TIMEOUT));
         if let Err(e) = ran {
             tracing::warn!(
@@ -251,7 +254,8 @@ impl CudaStream {
         self
     }
 
-    /// Memory operations enqueued and not yet known to have run.
+    /// Operations enqueued (memory operations, and the ops of list kernels) and not yet known
+    /// to have run.
     pub fn queued_ops(&self) -> usize {
         let mut l = self.lists.lock();
         self.reap(&mut l);
@@ -354,8 +358,13 @@ impl CudaStream {
         self.make_room(n + 1)?;
         let mut l = self.lists.lock();
         let seq = l.seq.wrapping_add(1);
-        let mark = l.unmarked + 1 >= MARK_EVERY || l.unmarked_ops + n >= MARK_OPS;
-        launch(mark.then(|| (self.done.gpu_addr(0), seq)))?;
+        let mut mark = l.unmarked + 1 >= MARK_EVERY || l.unmarked_ops + n >= MARK_OPS;
+        let launched = launch(mark.then(|| (self.done.gpu_addr(0), seq)));
+        if launched.is_err() {
+            // Part of the list may be on the stream: it stays held (a later list's mark, or
+            // the stream going idle, releases it) and counts as unmarked.
+            mark = false;
+        }
         if mark {
             l.unmarked = 0;
             l.unmarked_ops = 0;
@@ -369,7 +378,7 @@ impl CudaStream {
             ops: n + usize::from(mark),
             list: ops,
         });
-        Ok(())
+        launched
     }
 
     /// Like [`synchronize`](Self::synchronize), but gives up after `timeout` with an error
@@ -442,7 +451,7 @@ impl CudaStream {
     fn make_room(&self, n: usize) -> Result<()> {
         if n > MAX_QUEUED_OPS {
             return Err(Error::invalid(format!(
-                "{n} memory operations in one list; at most {MAX_QUEUED_OPS}"
+                "{n} operations in one list; at most {MAX_QUEUED_OPS}"
             )));
         }
         let start = Instant::now();
@@ -456,7 +465,7 @@ impl CudaStream {
             if start.elapsed() > self.timeout {
                 let first = self.first_unmet();
                 return Err(Error::Timeout {
-                    what: format!("room on the stream: {queued} memory operations are queued behind waits that have not passed (bound {MAX_QUEUED_OPS}){first}"),
+                    what: format!("room on the stream: {queued} operations are queued behind waits that have not passed (bound {MAX_QUEUED_OPS}){first}"),
                     timeout_ms: self.timeout.as_millis() as u64,
                 });
             }
