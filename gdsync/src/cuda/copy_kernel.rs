@@ -32,12 +32,9 @@ impl CudaStream {
     /// if [`prepare_staged_copies`] made one for this GPU; `Ok(false)` if not (the caller
     /// uses the copy engines). Never compiles here: the stream's GPU may be blocked in a wait.
     pub(super) fn copy_by_kernel(&self, dst: u64, src: u64, len: u64) -> Result<bool> {
-        let into = self.cuda().memory_kind(dst);
-        if !self.kernel_reaches(into) || !self.kernel_reaches(self.cuda().memory_kind(src)) {
+        let Some(system) = self.kernel_copy_fence(dst, src) else {
             return Ok(false);
-        }
-        // Into this GPU's own memory: no system-wide fence (see COPY_SOURCE).
-        let system = u32::from(!matches!(into, MemoryKind::Device { .. }));
+        };
         let Some(k) = staging_kernels(self.ordinal()) else {
             return Ok(false);
         };
@@ -48,6 +45,16 @@ impl CudaStream {
         // until the stream has passed it.
         unsafe { args.launch(grid(len), BLOCK) }?;
         Ok(true)
+    }
+
+    /// For a kernel's copy from GPU address `src` to `dst`: `None` where a kernel on this
+    /// stream's GPU cannot reach both, else the fence that ends it: 1, system-wide, into memory
+    /// the NIC reads (a bounce); 0, GPU-wide, into this GPU's own memory, which the NIC never
+    /// reads on the staged path (see the kernels' source).
+    pub(super) fn kernel_copy_fence(&self, dst: u64, src: u64) -> Option<u32> {
+        let into = self.cuda().memory_kind(dst);
+        let reach = self.kernel_reaches(into) && self.kernel_reaches(self.cuda().memory_kind(src));
+        reach.then(|| u32::from(!matches!(into, MemoryKind::Device { .. })))
     }
 
     /// Whether a kernel on this stream's GPU may dereference memory of `kind`: pinned host memory

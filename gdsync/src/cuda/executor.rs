@@ -15,12 +15,12 @@ use cudarc::driver::sys;
 
 impl Executor for CudaStream {
     fn submit(&self, ops: Ops) -> Result<()> {
-        let Err(ops) = self.run_list_by_kernel(ops)? else {
-            return Ok(());
-        };
         if !ops.as_slice().iter().any(Op::is_copy) {
             return self.enqueue(ops);
         }
+        let Err(ops) = self.run_list_by_kernel(ops)? else {
+            return Ok(());
+        };
         let parts = ops.split_at_copies();
         for part in parts {
             match part {

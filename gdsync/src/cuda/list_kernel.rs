@@ -28,7 +28,7 @@
 use super::staging_kernels::{kind, staging_kernels, LIST_OPS};
 use super::stream::ListKernel;
 use super::Function;
-use super::{CudaStream, InboundWrites, KernelArg, MemoryKind};
+use super::{CudaStream, InboundWrites, KernelArg};
 use crate::mem::{gpu_addr_in, gpu_mapped_in};
 use crate::ops::{Op, Ops};
 use crate::Result;
@@ -140,8 +140,8 @@ fn params(ops: &[ListOp], mark: Option<(u64, u32)>) -> ListParams {
 }
 
 impl CudaStream {
-    /// Runs `ops` as list kernels, if this stream may (see the module's header and
-    /// [`ListKernel`]); else hands `ops` back for the memory-operation path.
+    /// Runs `ops` (a list with copies) as a list kernel, if this stream may (see the module's
+    /// header and [`ListKernel`]); else hands `ops` back for the memory-operation path.
     pub(super) fn run_list_by_kernel(&self, ops: Ops) -> Result<std::result::Result<(), Ops>> {
         let Some((list, encoded)) = self.list_plan(&ops) else {
             return Ok(Err(ops));
@@ -182,12 +182,11 @@ impl CudaStream {
         unsafe { args.launch(1, 32) }
     }
 
-    /// The list kernel and the encoded ops that run `ops`, or `None` where the list must stay
-    /// memory operations (see the module's header).
+    /// The list kernel and the encoded ops that run `ops` (a list with copies), or `None`
+    /// where the list must stay memory operations (see the module's header).
     fn list_plan(&self, ops: &Ops) -> Option<(Function, Vec<ListOp>)> {
-        let copies = ops.as_slice().iter().any(Op::is_copy);
         // One launch per list: a list longer than one launch carries stays memory operations.
-        if self.list_kernel() == ListKernel::Off || !copies || ops.len() > LIST_OPS {
+        if self.list_kernel() == ListKernel::Off || ops.len() > LIST_OPS {
             return None;
         }
         let waits = ops.as_slice().iter().any(Op::is_wait);
@@ -200,20 +199,13 @@ impl CudaStream {
         for (e, op) in encoded.iter_mut().zip(ops.as_slice()) {
             match *op {
                 Op::Copy { dst, src, len } => {
-                    let into = self.cuda().memory_kind(e.a);
                     // Bytes that cannot move 16 at a time are read one by one: past a few KiB
                     // a grid of copy threads is the faster way.
                     let bytewise = (dst ^ src) & 15 != 0 && len > MISALIGNED_COPY_MAX;
-                    if len > LIST_COPY_MAX
-                        || bytewise
-                        || !self.kernel_reaches(into)
-                        || !reaches(e.b)
-                    {
+                    if len > LIST_COPY_MAX || bytewise {
                         return None;
                     }
-                    // Into memory the NIC reads (a bounce): a system-wide fence; see
-                    // `LIST_SOURCE`.
-                    e.cond = u32::from(!matches!(into, MemoryKind::Device { .. }));
+                    e.cond = self.kernel_copy_fence(e.a, e.b)?;
                 }
                 Op::Barrier => {}
                 // A store or a wait on memory the list keeps mapped for the GPUs is what a
