@@ -493,6 +493,16 @@ struct WatchCopy {
     watch: Option<Arc<Watch>>,
 }
 
+impl WatchCopy {
+    /// A copy no look has taken yet (its first look refreshes it).
+    const fn unseen() -> Self {
+        WatchCopy {
+            gen: u64::MAX,
+            watch: None,
+        }
+    }
+}
+
 /// How many engines the calling thread holds as its own (for tests).
 #[cfg(test)]
 pub(crate) fn own_engines() -> usize {
@@ -556,10 +566,7 @@ fn adopt(core: &Arc<EngineCore>) {
             Some(i) => o.remove(i),
             None => Own {
                 core: core.clone(),
-                watch: WatchCopy {
-                    gen: u64::MAX,
-                    watch: None,
-                },
+                watch: WatchCopy::unseen(),
             },
         };
         o.retain(|c| !c.core.ctl.stop.load(Ordering::Relaxed));
@@ -678,12 +685,7 @@ pub fn lend_thread() {
                 return;
             };
             if l.0 != m.0 || l.1.len() != m.1.len() {
-                l.1 = (0..m.1.len())
-                    .map(|_| WatchCopy {
-                        gen: u64::MAX,
-                        watch: None,
-                    })
-                    .collect();
+                l.1 = (0..m.1.len()).map(|_| WatchCopy::unseen()).collect();
                 l.0 = m.0;
             }
             for (core, copy) in m.1.iter().zip(l.1.iter_mut()) {
