@@ -87,6 +87,10 @@ pub(crate) struct EngineCore {
     engine: Padded<Mutex<Engine>>,
     /// A round was asked for while another thread held the engine; the holder runs it.
     asked: AtomicBool,
+    /// The threads that asked (for tests: other tests' threads help every engine of the
+    /// process, so the flag alone does not say who asked).
+    #[cfg(test)]
+    askers: Mutex<Vec<std::thread::ThreadId>>,
     /// The engine thread asks for the timers to run (they then run in the next round).
     timers_asked: AtomicBool,
     /// A helper ran rounds since the engine thread last looked: the ranks drive the engine.
@@ -183,6 +187,8 @@ impl EngineCore {
             ctl,
             engine: Padded(Mutex::new(engine)),
             asked: AtomicBool::new(false),
+            #[cfg(test)]
+            askers: Mutex::new(Vec::new()),
             timers_asked: AtomicBool::new(false),
             helped: AtomicBool::new(false),
             lent_work: AtomicBool::new(false),
@@ -191,10 +197,10 @@ impl EngineCore {
         })
     }
 
-    /// Whether a thread handed the holder of the engine a request for a round (for tests).
+    /// Whether thread `id` handed the holder of the engine a request for a round (for tests).
     #[cfg(test)]
-    pub(crate) fn was_asked(&self) -> bool {
-        self.asked.load(Ordering::SeqCst)
+    pub(crate) fn asked_by(&self, id: std::thread::ThreadId) -> bool {
+        self.askers.lock().contains(&id)
     }
 
     /// Holds the engine as a round would (for tests: an engine that cannot run).
@@ -361,6 +367,8 @@ impl EngineCore {
             Why::Poll | Why::Look => self.engine.try_lock(),
             Why::Doorbell => self.engine.try_lock().or_else(|| {
                 self.asked.store(true, Ordering::SeqCst);
+                #[cfg(test)]
+                self.askers.lock().push(std::thread::current().id());
                 // The holder may have let go before it could see the request.
                 self.engine.try_lock()
             }),
