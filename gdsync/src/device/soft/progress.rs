@@ -81,16 +81,21 @@ fn decide(live: usize) -> bool {
     }
 }
 
+/// The threads that asked a holder for a round: recorded in test builds only.
+#[cfg(test)]
+type Askers = Mutex<Vec<std::thread::ThreadId>>;
+#[cfg(not(test))]
+type Askers = ();
+
 /// An engine and what its thread and its helpers share.
 pub(crate) struct EngineCore {
     pub(super) ctl: Arc<EngineCtl>,
     engine: Padded<Mutex<Engine>>,
     /// A round was asked for while another thread held the engine; the holder runs it.
     asked: AtomicBool,
-    /// The threads that asked (for tests: other tests' threads help every engine of the
+    /// The threads that asked, in test builds (other tests' threads help every engine of the
     /// process, so the flag alone does not say who asked).
-    #[cfg(test)]
-    askers: Mutex<Vec<std::thread::ThreadId>>,
+    askers: Askers,
     /// The engine thread asks for the timers to run (they then run in the next round).
     timers_asked: AtomicBool,
     /// A helper ran rounds since the engine thread last looked: the ranks drive the engine.
@@ -187,14 +192,26 @@ impl EngineCore {
             ctl,
             engine: Padded(Mutex::new(engine)),
             asked: AtomicBool::new(false),
-            #[cfg(test)]
-            askers: Mutex::new(Vec::new()),
+            askers: Askers::default(),
             timers_asked: AtomicBool::new(false),
             helped: AtomicBool::new(false),
             lent_work: AtomicBool::new(false),
             owned: Padded(AtomicBool::new(false)),
             owner: AtomicU64::new(0),
         })
+    }
+
+    /// Notes the calling thread as one that asked for a round (for tests).
+    #[cfg(test)]
+    fn record_ask(&self) {
+        self.askers.lock().push(std::thread::current().id());
+    }
+
+    /// Outside tests nothing is recorded (`askers` is `()`).
+    #[cfg(not(test))]
+    #[inline(always)]
+    fn record_ask(&self) {
+        let () = self.askers;
     }
 
     /// Whether thread `id` handed the holder of the engine a request for a round (for tests).
@@ -367,8 +384,7 @@ impl EngineCore {
             Why::Poll | Why::Look => self.engine.try_lock(),
             Why::Doorbell => self.engine.try_lock().or_else(|| {
                 self.asked.store(true, Ordering::SeqCst);
-                #[cfg(test)]
-                self.askers.lock().push(std::thread::current().id());
+                self.record_ask();
                 // The holder may have let go before it could see the request.
                 self.engine.try_lock()
             }),
