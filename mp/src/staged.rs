@@ -252,6 +252,10 @@ impl StagePool {
             next_use: 0,
         })
     }
+    /// Whether a bounce for receives (`recv`) or sends is free.
+    pub(crate) fn has_free(&self, recv: bool) -> bool {
+        self.range(recv).any(|s| self.uses[s] == SlotUse::Free)
+    }
     /// The range of bounces for receives (`recv`) or sends.
     pub(crate) fn range(&self, recv: bool) -> std::ops::Range<usize> {
         if recv {
@@ -286,6 +290,7 @@ impl StagePool {
     }
     /// Copies between bounce `rec.slot` and the GPU bytes of `rec` with the CPU, `len` bytes.
     pub(crate) fn cpu_copy(&self, rec: &StageRec, len: usize, out: bool) -> Result<()> {
+        tracing::trace!(len, out, "the CPU copies a staged message");
         let mut tmp = vec![0u8; len];
         let at = rec.slot * self.shape.bounce;
         if out {

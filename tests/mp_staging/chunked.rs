@@ -7,8 +7,9 @@
 
 use super::{bytes, on_threads_failing, pattern, region, write, REGION};
 use crate::common::on_threads;
-use gdasync::gdsync::exec::HostStream;
-use gdasync::gdsync::{Access, PinnedBuffer};
+use gdasync::gdsync::exec::{Executor, HostStream};
+use gdasync::gdsync::ops::WaitCond;
+use gdasync::gdsync::{Access, PinnedBuffer, SignalWords};
 use gdasync::mp::{Comm, GpuRegion, Request};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -269,6 +270,50 @@ fn a_chunked_receive_from_the_cpu_can_be_waited_for_on_a_host_stream() {
             stream.synchronize().unwrap();
             assert_eq!(comm.wait(r).unwrap(), LEN as u32);
             check(&reg, 3, LEN, 5, 0xEE);
+        }
+        comm.barrier().unwrap();
+    });
+}
+
+/// A staged receive posted from the CPU and waited for on an executor lands in the
+/// executor's order, even where the CPU's progress saw its completion first: the receiver's
+/// stream is held (reading the buffer, say) by a wait on a flag when the message arrives and
+/// the CPU makes progress; the buffer stays untouched until the flag is set and the stream
+/// runs the copy in. (The CPU used to copy in at its first progress after the completion:
+/// behind the stream's back, and a synchronous copy of several microseconds.)
+#[test]
+fn a_staged_receive_waited_for_on_a_stream_lands_in_the_streams_order() {
+    on_threads(2, |comm| {
+        const LEN: usize = 100;
+        let peer = 1 - comm.rank();
+        comm.set_staging(B, 4, 4).unwrap();
+        let reg = region(comm, 0xEE);
+        if comm.rank() == 0 {
+            write(&reg, 3, &payload(9, LEN));
+            let r = comm.isend_gpu(reg.slice(3..3 + LEN), peer).unwrap();
+            comm.wait(r).unwrap();
+            comm.barrier().unwrap();
+        } else {
+            let stream = HostStream::new().unwrap();
+            let flag = SignalWords::new(1);
+            let r = comm.irecv_gpu(reg.slice(3..3 + LEN), peer).unwrap();
+            stream.submit(flag.wait32(0, 1, WaitCond::Geq)).unwrap();
+            // The message arrives (the sender saw its completion before the barrier) and
+            // the CPU makes progress.
+            comm.barrier().unwrap();
+            for _ in 0..100 {
+                comm.progress().unwrap();
+            }
+            comm.wait_on(r, &stream).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            assert!(
+                bytes(&reg)[3..3 + LEN].iter().all(|&b| b == 0xEE),
+                "the message was copied in before the stream got to its wait"
+            );
+            flag.store32(0, 1);
+            stream.synchronize().unwrap();
+            assert_eq!(comm.wait(r).unwrap(), LEN as u32);
+            check(&reg, 3, LEN, 9, 0xEE);
         }
         comm.barrier().unwrap();
     });

@@ -67,7 +67,8 @@ const _: () = assert!(std::mem::size_of::<ListOp>() == 32);
 struct ListParams {
     n: u32,
     seq: u32,
-    reserved: [u32; 2],
+    /// Where to write the launch's timestamps (profiling: `list_profile.rs`), or 0.
+    stamps: u64,
     done: u64,
     op: [ListOp; LIST_OPS],
 }
@@ -125,10 +126,11 @@ fn encode(ops: &Ops) -> Vec<ListOp> {
 }
 
 /// The launch that runs `ops` (at most [`LIST_OPS`]), storing the progress word `mark`
-/// (address, sequence number) last where given.
-fn params(ops: &[ListOp], mark: Option<(u64, u32)>) -> ListParams {
+/// (address, sequence number) last where given, and its timestamps at `stamps` (0: none).
+fn params(ops: &[ListOp], mark: Option<(u64, u32)>, stamps: u64) -> ListParams {
     let mut p = ListParams {
         n: ops.len() as u32,
+        stamps,
         ..Default::default()
     };
     p.op[..ops.len()].copy_from_slice(ops);
@@ -144,6 +146,7 @@ impl CudaStream {
     /// header and [`ListKernel`]); else hands `ops` back for the memory-operation path.
     pub(super) fn run_list_by_kernel(&self, ops: Ops) -> Result<std::result::Result<(), Ops>> {
         let Some((list, encoded)) = self.list_plan(&ops) else {
+            tracing::trace!(ops = ops.len(), "a staged list as memory operations");
             return Ok(Err(ops));
         };
         let n = ops.len();
@@ -154,14 +157,17 @@ impl CudaStream {
             .max();
         let block = block_for(largest.unwrap_or(0));
         tracing::trace!(ops = n, block, "a staged list as list kernels");
+        let stamps = self
+            .list_profile()
+            .map_or(0, |p| p.row_for(encoded.iter().map(|e| e.kind).collect()));
         self.enqueue_launched(ops, n, |mark| {
-            let params = params(&encoded, mark);
+            let params = params(&encoded, mark, stamps);
             let mut args = list.launch_builder(self);
             args.arg(&params);
             // SAFETY: one parameter of the kernel's type (`gdsync_list`); the addresses are the
             // GPUs' addresses of memory the list keeps alive until the stream has passed it
-            // (`enqueue_launched` holds the list until then), or the stream's own progress
-            // word.
+            // (`enqueue_launched` holds the list until then), the stream's own progress
+            // word, or the stream's profile rows (kept as long as the stream).
             unsafe { args.launch(1, block) }
         })?;
         Ok(Ok(()))
@@ -296,11 +302,12 @@ mod tests {
             };
             3
         ];
-        let p = params(&ops, Some((0xd0, 42)));
+        let p = params(&ops, Some((0xd0, 42)), 0);
         assert_eq!((p.n, p.done, p.seq), (3, 0xd0, 42));
         assert_eq!(p.op[2].kind, kind::FENCE);
         assert_eq!(p.op[3], ListOp::default());
-        assert_eq!(params(&ops, None).done, 0);
+        assert_eq!(params(&ops, None, 0).done, 0);
+        assert_eq!(params(&ops, None, 0x100).stamps, 0x100);
     }
 
     #[test]

@@ -25,6 +25,7 @@ mod gpu_addr_tests;
 mod inbound;
 mod launch;
 mod list_kernel;
+mod list_profile;
 mod load;
 mod memory;
 mod module;

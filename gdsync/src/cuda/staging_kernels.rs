@@ -70,11 +70,13 @@ pub(super) const LIST_OPS: usize = 32;
 /// as `gds_block_copy_out` does, ordered by the fence or release that comes next; other
 /// copies take the block, each thread fencing its stores (system-wide into a bounce, GPU-wide
 /// into GPU memory) before the block barrier. The stream's progress word, if this launch carries it, is stored last, as a release: what the list
-/// named is no longer touched once the host sees it.
+/// named is no longer touched once the host sees it. With `stamps` set (profiling), thread 0
+/// also writes timestamps there (`list_profile.rs`).
 const LIST_SOURCE: &str = r#"
 struct gdsync_list_op { unsigned int kind, cond; unsigned long long a, b, c; };
 struct gdsync_list {
-    unsigned int n, seq, reserved[2];
+    unsigned int n, seq;
+    unsigned long long stamps;
     unsigned long long done;
     gdsync_list_op op[GDSYNC_LIST_OPS];
 };
@@ -102,6 +104,14 @@ __device__ __forceinline__ void gdsync_list_store(const gdsync_list_op &o, bool 
     }
 }
 
+// Profiling (`stamps` non-zero, `list_profile.rs`): the global timer at the start and the end,
+// then the SM's cycle counter at the start and after each op.
+__device__ __forceinline__ unsigned long long gdsync_list_globaltimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 __device__ __forceinline__ bool gdsync_list_orders(unsigned int kind) {
     return kind == GDSYNC_LIST_W32 || kind == GDSYNC_LIST_W64 || kind == GDSYNC_LIST_FENCE;
 }
@@ -110,6 +120,11 @@ extern "C" __global__ void gdsync_run_list(const gdsync_list l) {
     const bool lead = threadIdx.x == 0;
     const unsigned int n = l.n < GDSYNC_LIST_OPS ? l.n : GDSYNC_LIST_OPS;
     const unsigned int last = GDSYNC_LIST_OPS - 1;
+    unsigned long long *const stamps = lead ? (unsigned long long *)l.stamps : 0;
+    if (stamps) {
+        stamps[0] = gdsync_list_globaltimer();
+        stamps[2] = clock64();
+    }
     // Unrolled, so every op is read at a constant offset of the parameter (an index known
     // only at run time would copy the whole list into each thread's local memory).
 #pragma unroll
@@ -147,9 +162,11 @@ extern "C" __global__ void gdsync_run_list(const gdsync_list l) {
             __syncthreads();
             break;
         }
+        if (stamps) stamps[i + 3] = clock64();
     }
     if (lead && l.done)
         asm volatile("st.release.sys.u32 [%0], %1;" ::"l"(l.done), "r"(l.seq) : "memory");
+    if (stamps) stamps[1] = gdsync_list_globaltimer();
 }
 "#;
 

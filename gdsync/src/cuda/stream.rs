@@ -2,6 +2,7 @@
 //! with staged copies as a list kernel (`list_kernel.rs`), at the GPUs' addresses of the memory
 //! they name (`mem::gpu_addr_in`), and holds each list until the stream has run it.
 
+use super::list_profile::ListProfile;
 use super::{check, failed, Cuda, GpuCaps, InboundWrites};
 use crate::backoff::Backoff;
 use crate::mem::{gpu_addr_in, RingMem};
@@ -94,6 +95,8 @@ pub struct CudaStream {
     timeout: Duration,
     /// How lists with staged copies run (`GDSYNC_LIST_KERNEL`, read when the stream is made).
     list_kernel: ListKernel,
+    /// The list kernel's timestamps, with `GDSYNC_LIST_PROFILE=1` (logged on drop).
+    profile: Option<Box<ListProfile>>,
 }
 
 // SAFETY: CUDA streams may be used from any thread once their context is bound (done per call).
@@ -139,6 +142,7 @@ impl Cuda {
     fn stream_on(self: &Arc<Self>, ordinal: i32, raw: Option<sys::CUstream>) -> Result<CudaStream> {
         let caps = self.gpu(ordinal)?.caps.clone();
         let list_kernel = ListKernel::from_env()?;
+        let profile = ListProfile::from_env(ordinal)?.map(Box::new);
         if !self.host_pointers_are_device_pointers() {
             return Err(Error::Unsupported(
                 "stream memory operations on host memory need unified addressing and CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM".into(),
@@ -170,6 +174,7 @@ impl Cuda {
             done,
             timeout: crate::exec::DEFAULT_WAIT_TIMEOUT,
             list_kernel,
+            profile,
         };
         if owned {
             stream.warm_up();
@@ -252,6 +257,20 @@ impl CudaStream {
     pub fn with_list_kernel(mut self, how: ListKernel) -> Self {
         self.list_kernel = how;
         self
+    }
+
+    /// The list kernel's timestamps, if `GDSYNC_LIST_PROFILE=1` asked for them.
+    pub(super) fn list_profile(&self) -> Option<&ListProfile> {
+        self.profile.as_deref()
+    }
+
+    /// Logs the list kernel's profile, if there is one (once the stream has run its lists).
+    fn log_profile(&self) {
+        match self.profile.as_deref().map(ListProfile::report) {
+            Some(Ok(Some(r))) => tracing::info!("GPU {}: {r}", self.ordinal),
+            Some(Err(e)) => tracing::warn!("GPU {}: the list kernel profile: {e}", self.ordinal),
+            _ => {}
+        }
     }
 
     /// Operations enqueued (memory operations, and the ops of list kernels) and not yet known
@@ -662,6 +681,7 @@ impl Drop for CudaStream {
             drop(l);
             std::thread::sleep(Duration::from_micros(100));
         }
+        self.log_profile();
         if self.owned {
             // SAFETY: our stream, made by create_stream, destroyed once.
             unsafe { self.cuda.destroy_stream(self.ordinal, self.raw) };

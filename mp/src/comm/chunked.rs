@@ -237,7 +237,10 @@ impl Comm {
             0 => None,
             _ => match self.try_take_bounce(self.chunked[i].op.inbound())? {
                 Some(s) => Some(s),
-                None => return Ok(false),
+                None => {
+                    tracing::trace!("a staged chunk waits for a free bounce");
+                    return Ok(false);
+                }
             },
         };
         let (op, peer, piece) = self.chunk_piece(i, slot, at, n);
@@ -296,9 +299,10 @@ impl Comm {
 impl Comm {
     /// Retires entry `i`'s chunks that are done, in order, then (from the CPU) posts the
     /// chunks that free bounces allow. A received chunk is copied in with the CPU unless an
-    /// executor copies it; a receive posted on an executor is copied in by the CPU only at
-    /// the parent's own wait (`at_wait`), never behind the executor's back. Errors are kept
-    /// for the parent's wait.
+    /// executor copies it, at the parent's own wait (`at_wait`) or earlier where
+    /// [`copy_in_waits_for_parent`](Self::copy_in_waits_for_parent) allows; a receive posted
+    /// on an executor is never copied in behind the executor's back. Errors are kept for the
+    /// parent's wait.
     fn advance_chunked(&mut self, i: usize, at_wait: bool) {
         let parent = self.chunked[i].parent;
         if !self.chunked[i].orphan && self.state(parent).is_err() {
@@ -343,15 +347,29 @@ impl Comm {
         }
     }
 
-    /// Whether chunk `sub` of entry `i` is an executor-posted receive that the CPU may not
-    /// copy in yet (only the parent's wait, or the executor after `wait_on`, does).
+    /// Whether chunk `sub` of entry `i` is a receive whose copy in waits for its parent's
+    /// wait (by the CPU, or the executor's after `wait_on`), instead of being made by the CPU
+    /// as soon as a call makes progress. An executor-posted receive always waits: the CPU may
+    /// not copy it in. A receive the CPU posted waits while it has no more chunks to post and
+    /// a receive bounce is free: if the program then waits for it on an executor, the
+    /// executor copies it in its own order (the CPU copying in a progress call would write
+    /// the buffer while the stream may still read it, and wait for a synchronous copy). When
+    /// bounces run out, or the message still has chunks to post, progress copies in to free
+    /// the bounce, so receives queued for a bounce are posted whichever request the program
+    /// waits for.
     fn copy_in_waits_for_parent(&mut self, i: usize, sub: Request) -> bool {
         let c = &self.chunked[i];
-        if !(c.exec && c.op.inbound()) || c.orphan {
+        if !c.op.inbound() || c.orphan {
             return false;
         }
-        self.state(sub)
-            .is_ok_and(|st| st.stage.as_ref().is_some_and(|r| !r.by_exec))
+        let (exec, unposted) = (c.exec, c.posted < c.chunks);
+        let not_by_exec = self
+            .state(sub)
+            .is_ok_and(|st| st.stage.as_ref().is_some_and(|r| !r.by_exec));
+        if exec {
+            return not_by_exec;
+        }
+        not_by_exec && !unposted && self.stage.as_ref().is_some_and(|p| p.has_free(true))
     }
 
     /// Chunk `sub` of entry `i`, if done: its bytes (released, copied in), or its error;

@@ -122,6 +122,11 @@ impl Comm {
         // A credit already here needs no wait (a wait costs an executor a round of polling).
         // The wait keeps the control buffer alive, so the `Comm` may go first.
         if !credit_allows(self.credit(peer), need) {
+            tracing::trace!(
+                peer,
+                need,
+                "a send on an executor waits there for its credit"
+            );
             let word = self.layout.ready(peer);
             pre.append(self.ctrl.wait64(word, need, WaitCond::Geq));
         }

@@ -132,13 +132,13 @@ impl Comm {
 
     /// Like [`irecv`](Self::irecv), into GPU memory: a staged slice is received in
     /// bounce-sized chunks (one, for a message no larger than a bounce; an empty message
-    /// takes no bounce): each is copied in by
-    /// the CPU after its completion (during any call that makes progress, whichever request
-    /// it waits for), and its bounce then takes the next chunk; wait for it with `wait`,
-    /// `test` or [`wait_on`](Self::wait_on). Receives that find every bounce held queue and
-    /// are posted as bounces free, so receives posted before their sends never block. A
-    /// message larger than a bounce needs the same bounce size on both ranks, and a receive
-    /// as long as the send.
+    /// takes no bounce): each is copied in when the message is waited for (by the CPU in
+    /// `wait` or `test`, or by the executor after [`wait_on`](Self::wait_on), in its order),
+    /// or earlier, by the CPU in any call that makes progress, where its bounce is wanted:
+    /// for the message's next chunk, or when no receive bounce is free. Receives that find
+    /// every bounce held queue and are posted as bounces free, so receives posted before
+    /// their sends never block. A message larger than a bounce needs the same bounce size on
+    /// both ranks, and a receive as long as the send.
     pub fn irecv_gpu(&mut self, dst: GpuSlice<'_>, peer: usize) -> Result<Request> {
         match dst.direct_sge() {
             Some(sge) => self.irecv(sge, peer),
@@ -237,6 +237,9 @@ impl Comm {
         loop {
             if let Some(s) = self.try_take_bounce(recv)? {
                 return Ok(s);
+            }
+            if start.elapsed().is_zero() {
+                tracing::trace!(recv, "no staging bounce is free: waiting for one");
             }
             if start.elapsed() > self.timeout {
                 let pool = self.stage.as_ref().expect("made");
