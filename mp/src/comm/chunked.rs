@@ -310,6 +310,11 @@ impl Comm {
             self.chunked[i].orphan = true;
         }
         while let Some(&(sub, n)) = self.chunked[i].inflight.front() {
+            // A chunk still in flight ends the walk at once: every progress call walks every
+            // outstanding message (a halo exchange or a ping-pong keeps dozens posted ahead).
+            if self.state(sub).is_ok_and(|st| st.status == Status::Pending) {
+                break;
+            }
             if !at_wait && self.copy_in_waits_for_parent(i, sub) {
                 break;
             }
