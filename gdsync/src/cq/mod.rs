@@ -363,11 +363,14 @@ impl Cq {
     /// prepared: prepare waits on one CQ in completion order) and on a CQ a GPU kernel
     /// consumes.
     pub fn wait_ops(&self, n: u64) -> Result<Ops> {
-        wait_ops(&self.shared, n)
+        wait_ops(&self.shared, n, Ops::new())
     }
 }
 
-pub(crate) fn wait_ops(s: &Arc<CqShared>, n: u64) -> Result<Ops> {
+/// The wait for completion `n` of the CQ, then `between`, then the store of the consumer
+/// index that retires it: whoever learns of the completion from that index (a CPU's poll while
+/// an executor consumes the CQ) knows `between` ran too.
+pub(crate) fn wait_ops(s: &Arc<CqShared>, n: u64, between: Ops) -> Result<Ops> {
     let hold = s.reserve_wait(n)?;
     let ring: KeepAlive = s.ring.clone();
     let (cond, value) = CqeOwner::wait_word(n, s.cnt);
@@ -383,6 +386,7 @@ pub(crate) fn wait_ops(s: &Arc<CqShared>, n: u64) -> Result<Ops> {
         },
         &ring,
     );
+    ops.append(between);
     // Consumed: the slot is the device's again (an error it held is found by the host's
     // scan while the ring still holds it, else from the QP's context). The list keeps the
     // doorbell record's memory (where a GPU executor finds its address) and `hold`, which

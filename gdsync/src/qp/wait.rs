@@ -26,7 +26,7 @@ impl Qp {
         let n = t.cqe.ok_or(Error::NotWaitable(
             "the send is unsignalled, or its CQ also serves other queues (use a dedicated send CQ)",
         ))?;
-        let mut ops = wait_ops(&self.shared.send_cq, n)?;
+        let mut ops = wait_ops(&self.shared.send_cq, n, Ops::new())?;
         let keep = self.shared.keep();
         ops.push(
             Op::Write64 {
@@ -40,10 +40,18 @@ impl Qp {
 
     /// The op list that waits for a receive's completion and retires it.
     pub fn recv_wait_ops(&self, t: &RecvTicket) -> Result<Ops> {
+        self.recv_wait_ops_then(t, Ops::new())
+    }
+
+    /// [`recv_wait_ops`](Self::recv_wait_ops) with `then` (a staged payload's copy out of
+    /// its bounce, say) run after the wait and before the retirement: a CPU that learns of
+    /// the receive from its retirement (polling while an executor consumes the CQ) knows
+    /// `then` has run, with no store of its own to say so.
+    pub fn recv_wait_ops_then(&self, t: &RecvTicket, then: Ops) -> Result<Ops> {
         let n = t.cqe.ok_or(Error::NotWaitable(
             "the receive CQ also serves other queues (use a dedicated receive CQ)",
         ))?;
-        let mut ops = wait_ops(&self.shared.recv_cq, n)?;
+        let mut ops = wait_ops(&self.shared.recv_cq, n, then)?;
         // The CQ's consumption, which the wait stores, retires the receive, unless the
         // numbering does not tell (then the receive ring's retired counter is stored too).
         if self.shared.rq_base() != Some(n.wrapping_sub(t.index)) {

@@ -181,14 +181,29 @@ impl Comm {
                 exec.submit(copy)
             };
         }
-        // The QP's wait ops also retire the ring slots, so the CPU need not poll.
+        // The QP's wait ops also retire the ring slots, so the CPU need not poll. A staged
+        // receive's copy in runs between the wait and the retirement: the CPU, seeing the
+        // retirement, knows the bytes are in GPU memory and may free the bounce.
         let ops = match ticket {
-            Some(Ticket::Send(t)) => p.qp.send_wait_ops(&t)?,
-            Some(Ticket::Recv(t)) => p.qp.recv_wait_ops(&t)?,
+            // A staged get lands by a send-side operation: its copy in follows the wait, with
+            // the mark that frees its bounce.
+            Some(Ticket::Send(t)) => {
+                let wait = p.qp.send_wait_ops(&t)?;
+                self.stage_exec_copy_in(r, wait)?
+            }
+            Some(Ticket::Recv(t)) => {
+                let copy = self.stage_exec_copy(r, false)?;
+                let p = self.peers.get_mut(peer)?;
+                p.qp.recv_wait_ops_then(&t, copy).inspect_err(|_| {
+                    self.stage_exec_copy_undone(r);
+                })?
+            }
             None => unreachable!("a request with a completion number has a ticket"),
         };
-        let ops = self.stage_exec_copy_in(r, ops)?;
-        exec.submit(ops)?;
+        if let Err(e) = exec.submit(ops) {
+            self.stage_exec_copy_undone(r);
+            return Err(e);
+        }
         self.peers.get_mut(peer)?.exec_waits[side_index(side)] += 1;
         self.reqs[r.slot as usize].on_executor = true;
         Ok(())

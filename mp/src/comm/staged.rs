@@ -292,10 +292,13 @@ impl Comm {
             let free = match exec {
                 Some(u) => pool.done.load64(s) >= u,
                 None if slot == u32::MAX => false,
+                // A send's bounce is free once the send completed; a receive's once it was
+                // copied in: by the CPU before the request is released, or by an executor
+                // before the retirement that completes the request.
                 None => reqs.get(slot as usize).is_none_or(|st| {
                     !st.live
                         || st.generation != gen
-                        || (st.stage.as_ref().is_some_and(|r| !r.inbound)
+                        || (st.stage.as_ref().is_some_and(|r| !r.inbound || r.by_exec)
                             && st.status != super::requests::Status::Pending)
                 }),
             };
@@ -323,28 +326,54 @@ impl Comm {
         pool.cpu_copy(&rec, n, false)
     }
 
-    /// `ops` (an executor's wait for staged receive or get `r`) followed by the copy in of its
-    /// bounce and the mark that frees the bounce; `ops` unchanged for other requests.
+    /// `ops` (an executor's wait for staged receive or get `r`, whose completion the CPU
+    /// already consumed) followed by the copy in of its bounce and the mark that frees the
+    /// bounce; `ops` unchanged for other requests.
     pub(super) fn stage_exec_copy_in(&mut self, r: Request, mut ops: Ops) -> Result<Ops> {
+        ops.append(self.stage_exec_copy(r, true)?);
+        Ok(ops)
+    }
+
+    /// The copy in of staged receive or get `r`'s bounce by an executor (none for other
+    /// requests, or where an executor already copies it), which the CPU then no longer makes;
+    /// with `mark`, followed by the store that frees the bounce. Without it the bounce is
+    /// freed when `r` is released: the copy must run before the wait's retirement, which the
+    /// CPU sees before it releases `r` ([`Qp::recv_wait_ops_then`]).
+    ///
+    /// [`Qp::recv_wait_ops_then`]: gdsync::Qp::recv_wait_ops_then
+    pub(super) fn stage_exec_copy(&mut self, r: Request, mark: bool) -> Result<Ops> {
         let st = self.state(r)?;
         let Some(rec) = st.stage.as_mut() else {
-            return Ok(ops);
+            return Ok(Ops::new());
         };
         if !rec.inbound || rec.by_exec {
-            return Ok(ops);
+            return Ok(Ops::new());
         }
         rec.by_exec = true;
         let rec = rec.clone();
         let pool = self.stage.as_mut().expect("a staged request has a pool");
-        pool.next_use += 1;
-        let u = pool.next_use;
+        let mut ops = Ops::new();
         if rec.len > 0 {
             ops.append(pool.copy_ops(&rec, false));
         }
-        ops.append(pool.done.write64(rec.slot, u));
-        if let SlotUse::Held { exec, .. } = &mut pool.uses[rec.slot] {
-            *exec = Some(u);
+        if mark {
+            pool.next_use += 1;
+            let u = pool.next_use;
+            ops.append(pool.done.write64(rec.slot, u));
+            if let SlotUse::Held { exec, .. } = &mut pool.uses[rec.slot] {
+                *exec = Some(u);
+            }
         }
         Ok(ops)
+    }
+
+    /// Undoes [`stage_exec_copy`](Self::stage_exec_copy) without a mark for `r` whose wait
+    /// could not be made: the CPU copies it in again.
+    pub(super) fn stage_exec_copy_undone(&mut self, r: Request) {
+        if let Ok(st) = self.state(r) {
+            if let Some(rec) = st.stage.as_mut() {
+                rec.by_exec = false;
+            }
+        }
     }
 }
