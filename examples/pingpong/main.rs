@@ -383,8 +383,8 @@ fn check_flags(c: &Cli, op: Op) -> Result<()> {
         c.raw && c.device.device.is_some(),
         "--raw uses no device: --device does not apply",
     )?;
-    refuse_if(c.shared_device && (c.ranks_as != RanksAs::Threads || c.api == Api::Mp || c.trigger.gpu()),
-        "--shared-device applies to --ranks-as threads --api gdsync --trigger cpu (processes always have their own device)")?;
+    refuse_if(c.shared_device && (c.ranks_as != RanksAs::Threads || c.trigger.gpu()),
+        "--shared-device applies to --ranks-as threads --trigger cpu (processes always have their own device)")?;
     refuse_if(
         c.trigger == Trigger::Cpu && c.mem != Mem::Host,
         "--trigger cpu polls host memory: use --mem host, or a GPU trigger for --mem device",
@@ -553,9 +553,15 @@ fn threads(args: &Args, report: &Report) -> Result<()> {
         let [r0, r1] = raw::heap_pair(max);
         (Box::new(r0), Box::new(r1))
     } else if args.api == Api::Mp {
+        // One soft device per rank, as for the gdsync loop below, unless asked to share one.
         let dev = open(&args.device)?;
+        let d = if args.shared_device || is_rdma(&args.device) {
+            dev.clone()
+        } else {
+            open(&args.device)?
+        };
         let [b0, b1] = pair(ThreadBootstrap::group(2));
-        let (d, batch) = (dev.clone(), args.recv_batch);
+        let batch = args.recv_batch;
         let h = std::thread::spawn(move || mp_wire::MpWire::new(Box::new(b1), &d, max, batch));
         let w0 = mp_wire::MpWire::new(Box::new(b0), &dev, max, batch)?;
         let w1 = h.join().map_err(|_| anyhow::anyhow!("rank 1 panicked"))??;

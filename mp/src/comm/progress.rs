@@ -31,6 +31,11 @@ impl Comm {
     }
 
     pub(super) fn poll_peer(&mut self, peer: usize) -> Result<()> {
+        self.poll_peer_sides(peer, &[Side::Send, Side::Recv])
+    }
+
+    /// [`poll_peer`](Self::poll_peer) for the completion queues of `sides` only.
+    pub(super) fn poll_peer_sides(&mut self, peer: usize, sides: &[Side]) -> Result<()> {
         let Comm {
             peers,
             reqs,
@@ -40,7 +45,7 @@ impl Comm {
         } = self;
         let me = *rank;
         let p = peers.get_mut(peer)?;
-        for side in [Side::Send, Side::Recv] {
+        for &side in sides {
             let cq = if side == Side::Send { &p.scq } else { &p.rcq };
             let waits = &mut p.exec_waits[side_index(side)];
             if *waits > 0 {

@@ -74,14 +74,20 @@ impl Comm {
 
     /// [`wait`](Self::wait) with a deadline (shared by the requests of one `wait_all`).
     fn wait_until(&mut self, r: Request, deadline: Instant) -> Result<u32> {
-        let peer = self.state(r)?.peer;
+        let (peer, side) = {
+            let st = self.state(r)?;
+            (st.peer, st.side)
+        };
         let mut spins = 0u32;
         let mut look = Look::default();
         loop {
             if spins % 64 == 0 {
                 self.progress()?;
             } else {
-                self.progress_peer(peer)?;
+                // Between full passes only the queue `r` completes on: each empty poll of a
+                // soft device's CQ also runs a round of its engine.
+                self.pump(peer)?;
+                self.poll_peer_sides(peer, &[side])?;
             }
             if let Some(n) = self.finish(r)? {
                 return Ok(n);
