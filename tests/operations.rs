@@ -36,6 +36,7 @@ both!(
     wait_for_a_send_never_rung_does_not_pass,
     host_stream_waits_for_recv,
     host_stream_recv_waits_retire_by_completion_count,
+    ops_between_a_recv_wait_and_its_retirement_run_before_the_cpu_sees_it_done,
     host_stream_wraps_rings,
     writes_to_one_location_last_wins,
     sends_arrive_in_order,
@@ -1143,6 +1144,63 @@ fn host_stream_recv_waits_retire_by_completion_count(t: Topo) {
         None,
         "the stream consumed every completion"
     );
+}
+
+/// `recv_wait_ops_then`: the ops given run after the receive's wait and before the store of
+/// the CQ's consumer index that retires it. A host stream holds at a flag the test sets only
+/// after the message arrived; until then the CPU sees the receive neither retired nor its
+/// ops run, and once the stream passes, both.
+fn ops_between_a_recv_wait_and_its_retirement_run_before_the_cpu_sees_it_done(t: Topo) {
+    let (dev_a, dev_b) = t.devices();
+    let (pd_a, pd_b) = (dev_a.alloc_pd(), dev_b.alloc_pd());
+    let (scq, rcq_a) = (dev_a.create_cq(64).unwrap(), dev_a.create_cq(64).unwrap());
+    let (scq_b, rcq) = (dev_b.create_cq(64).unwrap(), dev_b.create_cq(64).unwrap());
+    let mut a = pd_a.create_qp(&scq, &rcq_a, &QpConfig::default()).unwrap();
+    let mut b = pd_b.create_qp(&scq_b, &rcq, &QpConfig::default()).unwrap();
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    let mut src = 7u64.to_ne_bytes().to_vec();
+    let mut dst = vec![0u8; 8];
+    let smr = pd_a.register(&mut src, Access::empty()).unwrap();
+    let dmr = pd_b.register(&mut dst, Access::LOCAL_WRITE).unwrap();
+    let words = gdasync::gdsync::SignalWords::new(2);
+    let rt = b
+        .post_recv(&RecvWr::new().sge(dmr.sge(..)).wr_id(1))
+        .unwrap();
+    // Word 0 holds the stream; word 1 is what runs between the wait and the retirement.
+    let mut between = words.wait64(0, 1, gdasync::gdsync::ops::WaitCond::Geq);
+    between.append(words.write64(1, 5));
+    let ops = b.recv_wait_ops_then(&rt, between).unwrap();
+    use gdasync::gdsync::ops::Op;
+    assert!(
+        matches!(
+            ops.as_slice(),
+            [
+                Op::Wait32 { .. },
+                Op::Wait64 { .. },
+                Op::Write64 { .. },
+                Op::Write32 { .. }
+            ]
+        ),
+        "the completion's wait, the ops given, then the retirement: {ops:?}"
+    );
+    let stream = host_stream();
+    stream.enqueue(ops);
+    a.post_send(&SendWr::send().sge(smr.sge(..)).wr_id(1))
+        .unwrap();
+    poll_ok(&scq, 1);
+    std::thread::sleep(QUIET);
+    assert_eq!(rcq.consumer_index(), 0, "retired before the ops given ran");
+    assert_eq!(words.load64(1), 0);
+    words.store64(0, 1);
+    stream.synchronize().unwrap();
+    assert_eq!(words.load64(1), 5);
+    assert_eq!(
+        rcq.consumer_index(),
+        1,
+        "the stream retires the receive last"
+    );
+    assert_eq!(word(&dmr, 0), 7);
 }
 
 /// Many sends driven by a host stream only (doorbells and waits), with a 16-slot send ring
