@@ -179,6 +179,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_variable_takes_1_or_0() {
+        let v = |s| crate::env::choice_of("GDSYNC_LIST_PROFILE", Some(s), &["0", "1"]);
+        assert_eq!(v("1").unwrap(), Some("1"));
+        let e = v("yes").unwrap_err().to_string();
+        assert!(e.contains("GDSYNC_LIST_PROFILE") && e.contains('1'), "{e}");
+    }
+
+    #[test]
     fn a_summary_gives_each_op_its_median_and_the_gap_between_launches() {
         // 2 ns per cycle: 1000 ns of timer over 500 cycles.
         let row = |start: u64| Row {
