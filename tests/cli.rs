@@ -799,6 +799,31 @@ fn api_mp_picks_its_operation() {
     );
     assert_eq!(common::json_field(&rows[0], "op"), "send", "{}", rows[0]);
     assert_eq!(common::json_field(&rows[0], "api"), "mp", "{}", rows[0]);
+    // A soft device per thread rank, as --api gdsync, unless asked to share one.
+    assert_eq!(
+        common::json_field(&rows[0], "link"),
+        "in-process",
+        "{}",
+        rows[0]
+    );
+    let shared = json_lines(
+        "pingpong",
+        &[
+            "--api",
+            "mp",
+            "--shared-device",
+            "--size",
+            "64",
+            "--iters",
+            "100",
+        ],
+    );
+    assert_eq!(
+        common::json_field(&shared[0], "link"),
+        "loopback",
+        "{}",
+        shared[0]
+    );
 }
 
 #[test]
