@@ -310,10 +310,54 @@ fn a_staged_receive_waited_for_on_a_stream_lands_in_the_streams_order() {
                 bytes(&reg)[3..3 + LEN].iter().all(|&b| b == 0xEE),
                 "the message was copied in before the stream got to its wait"
             );
+            assert_eq!(
+                comm.test(r).unwrap(),
+                None,
+                "complete before the stream copied its bytes in"
+            );
             flag.store32(0, 1);
             stream.synchronize().unwrap();
             assert_eq!(comm.wait(r).unwrap(), LEN as u32);
             check(&reg, 3, LEN, 9, 0xEE);
+        }
+        comm.barrier().unwrap();
+    });
+}
+
+/// A staged receive from the CPU (`irecv_gpu`) whose completion an executor's wait for a
+/// later receive steps over (the executor consumes the receive queue's completions in order)
+/// still lands whole: the CPU learns of it from the executor's consumption, without its byte
+/// count, and copies in the receive's whole length (it copied none).
+#[test]
+fn a_staged_receive_an_executor_steps_over_lands_whole() {
+    on_threads(2, |comm| {
+        const LEN: usize = 200;
+        let peer = 1 - comm.rank();
+        comm.set_staging(B, 4, 4).unwrap();
+        let reg = region(comm, 0xEE);
+        let (a, b) = (3..3 + LEN, 300..300 + LEN);
+        if comm.rank() == 0 {
+            write(&reg, a.start, &payload(1, LEN));
+            write(&reg, b.start, &payload(2, LEN));
+            let s1 = comm.isend_gpu(reg.slice(a), peer).unwrap();
+            let s2 = comm.isend_gpu(reg.slice(b), peer).unwrap();
+            comm.wait_all(&[s1, s2]).unwrap();
+        } else {
+            let stream = HostStream::new().unwrap();
+            let r1 = comm.irecv_gpu(reg.slice(a.clone()), peer).unwrap();
+            let r2 = comm
+                .irecv_gpu_on(reg.slice(b.clone()), peer, &stream)
+                .unwrap();
+            comm.wait_on(r2, &stream).unwrap();
+            stream.synchronize().unwrap();
+            assert_eq!(
+                comm.wait(r1).unwrap(),
+                LEN as u32,
+                "the stepped-over receive"
+            );
+            assert_eq!(comm.wait(r2).unwrap(), LEN as u32);
+            check(&reg, a.start, LEN, 1, 0xEE);
+            check(&reg, b.start, LEN, 2, 0xEE);
         }
         comm.barrier().unwrap();
     });

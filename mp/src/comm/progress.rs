@@ -60,12 +60,15 @@ impl Comm {
                     s.live && s.peer == peer && s.side == side && s.status == Status::Pending
                 }) {
                     if st.cqe().is_some_and(|n| n < ci) {
+                        // (No byte count without the CQE: a staged receive, copied in by the
+                        // CPU later, counts its whole posted length, as an executor's does.)
+                        let whole = st.stage.as_ref().filter(|r| r.inbound).map_or(0, |r| r.len);
                         st.status = match errs.first() {
                             Some(e) => {
                                 failed.get_or_insert(st.work);
                                 Status::Failed(e.syndrome)
                             }
-                            None => Status::Done(0),
+                            None => Status::Done(whole as u32),
                         };
                     } else if st.on_executor {
                         left += 1;

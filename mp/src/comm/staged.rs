@@ -367,13 +367,36 @@ impl Comm {
         Ok(ops)
     }
 
-    /// Undoes [`stage_exec_copy`](Self::stage_exec_copy) without a mark for `r` whose wait
-    /// could not be made: the CPU copies it in again.
+    /// Undoes [`stage_exec_copy`](Self::stage_exec_copy) for `r` whose wait could not be
+    /// submitted: the CPU copies it in again, and a mark that will never be stored no longer
+    /// holds the bounce.
     pub(super) fn stage_exec_copy_undone(&mut self, r: Request) {
-        if let Ok(st) = self.state(r) {
-            if let Some(rec) = st.stage.as_mut() {
-                rec.by_exec = false;
-            }
+        let Ok(st) = self.state(r) else { return };
+        let Some(rec) = st.stage.as_mut() else { return };
+        rec.by_exec = false;
+        let slot = rec.slot;
+        if let Some(SlotUse::Held { exec, .. }) =
+            self.stage.as_mut().and_then(|p| p.uses.get_mut(slot))
+        {
+            *exec = None;
+        }
+    }
+
+    /// Whether staged receive `r`'s bytes are still to be copied in by an executor that
+    /// stores a mark when it has (its completion was consumed before `wait_on`, or it is a
+    /// get): its request is not complete before that.
+    pub(super) fn stage_exec_copy_outstanding(&mut self, r: Request) -> bool {
+        let Ok(st) = self.state(r) else { return false };
+        let Some(rec) = st.stage.as_ref().filter(|rec| rec.inbound && rec.by_exec) else {
+            return false;
+        };
+        let slot = rec.slot;
+        let Some(pool) = self.stage.as_ref() else {
+            return false;
+        };
+        match pool.uses.get(slot) {
+            Some(SlotUse::Held { exec: Some(u), .. }) => pool.done.load64(slot) < *u,
+            _ => false,
         }
     }
 }

@@ -15,7 +15,11 @@ impl Comm {
             return self.finish_chunked(i);
         }
         if let Status::Done(n) = self.state(r)?.status {
-            // A staged receive's bytes reach the GPU before the request says so.
+            // A staged receive's bytes reach the GPU before the request says so: by the
+            // executor that copies them (once its mark says it did), else by the CPU now.
+            if self.stage_exec_copy_outstanding(r) {
+                return Ok(None);
+            }
             self.stage_cpu_copy_in(r, n)?;
         }
         let st = self.state(r)?;
