@@ -2,8 +2,8 @@
 //! completion queues into the request slots (or, where an executor consumes a queue, reading
 //! how far it got).
 
-use super::peers::side_index;
-use super::requests::{Side, Status};
+use super::peers::{side_index, Peer};
+use super::requests::{ReqState, Side, Status};
 use super::{Comm, INTERNAL};
 use crate::fault::{Cause, Work};
 use gdsync::{Result, WcStatus};
@@ -46,45 +46,9 @@ impl Comm {
         let me = *rank;
         let p = peers.get_mut(peer)?;
         for &side in sides {
-            let cq = if side == Side::Send { &p.scq } else { &p.rcq };
-            let waits = &mut p.exec_waits[side_index(side)];
-            if *waits > 0 {
-                // An executor consumes this CQ: requests are done when the consumer index
-                // passed their completions (also CPU-waited ones it stepped over). Without the
-                // CQEs, an error completion fails every request resolved with it.
-                let ci = cq.consumer_index();
-                let errs = cq.take_errors();
-                let mut left = 0;
-                let mut failed = None;
-                for st in reqs.iter_mut().filter(|s| {
-                    s.live && s.peer == peer && s.side == side && s.status == Status::Pending
-                }) {
-                    if st.cqe().is_some_and(|n| n < ci) {
-                        // (No byte count without the CQE: a staged receive, copied in by the
-                        // CPU later, counts its whole posted length, as an executor's does.)
-                        let whole = st.stage.as_ref().filter(|r| r.inbound).map_or(0, |r| r.len);
-                        st.status = match errs.first() {
-                            Some(e) => {
-                                failed.get_or_insert(st.work);
-                                Status::Failed(e.syndrome)
-                            }
-                            None => Status::Done(whole as u32),
-                        };
-                    } else if st.on_executor {
-                        left += 1;
-                    }
-                }
-                *waits = left;
-                if let Some(e) = errs.first() {
-                    let cause = Cause::Completion {
-                        syndrome: e.syndrome,
-                        work: failed.unwrap_or(Work::Internal),
-                        qpn: e.qpn,
-                    };
-                    p.note(me, peer, cause);
-                }
+            if p.exec_waits[side_index(side)] > 0 {
                 // The CPU does not poll a CQ an executor is consuming.
-                if left > 0 {
+                if resolve_consumed(reqs, p, me, peer, side) > 0 {
                     continue;
                 }
             }
@@ -116,4 +80,51 @@ impl Comm {
         }
         Ok(())
     }
+}
+
+/// Where an executor consumes the `side` CQ of `p` (rank `peer`'s connection, seen from rank
+/// `me`): `peer`'s requests of that side are done once the consumer index passed their
+/// completions (also CPU-waited ones it stepped over), and without the CQEs an error
+/// completion fails every request resolved with it. Returns the executor-waited requests left.
+fn resolve_consumed(
+    reqs: &mut [ReqState],
+    p: &mut Peer,
+    me: usize,
+    peer: usize,
+    side: Side,
+) -> usize {
+    let cq = if side == Side::Send { &p.scq } else { &p.rcq };
+    let ci = cq.consumer_index();
+    let errs = cq.take_errors();
+    let mut left = 0;
+    let mut failed = None;
+    for st in reqs
+        .iter_mut()
+        .filter(|s| s.live && s.peer == peer && s.side == side && s.status == Status::Pending)
+    {
+        if st.cqe().is_some_and(|n| n < ci) {
+            // (No byte count without the CQE: a staged receive, copied in by the CPU later,
+            // counts its whole posted length, as an executor's copy does.)
+            let whole = st.stage.as_ref().filter(|r| r.inbound).map_or(0, |r| r.len);
+            st.status = match errs.first() {
+                Some(e) => {
+                    failed.get_or_insert(st.work);
+                    Status::Failed(e.syndrome)
+                }
+                None => Status::Done(whole as u32),
+            };
+        } else if st.on_executor {
+            left += 1;
+        }
+    }
+    p.exec_waits[side_index(side)] = left;
+    if let Some(e) = errs.first() {
+        let cause = Cause::Completion {
+            syndrome: e.syndrome,
+            work: failed.unwrap_or(Work::Internal),
+            qpn: e.qpn,
+        };
+        p.note(me, peer, cause);
+    }
+    left
 }
