@@ -84,7 +84,12 @@ impl ListProfile {
                 end: stamp(r, 1),
                 cycles: (0..=k.of_row[r].len()).map(|i| stamp(r, 2 + i)).collect(),
             })
+            // A launch that failed, or whose last stamp is not there yet, says nothing.
+            .filter(|row| row.start != 0 && row.end >= row.start)
             .collect();
+        if rows.is_empty() {
+            return Ok(None);
+        }
         Ok(Some(summarize(&rows)))
     }
 }

@@ -674,8 +674,10 @@ impl Drop for CudaStream {
             if start.elapsed() > Duration::from_secs(5) {
                 tracing::error!("dropping a CUDA stream whose waits never passed: leaking the memory they point to");
                 std::mem::forget(std::mem::take(&mut l.pending));
-                // The stream may still write its progress word: leak that too.
+                // The stream may still write its progress word: leak that too (and the
+                // profile's stamps, whose free would wait for the device).
                 std::mem::forget(std::mem::replace(&mut self.done, RingMem::host(64)));
+                std::mem::forget(self.profile.take());
                 break;
             }
             drop(l);
