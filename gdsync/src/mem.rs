@@ -363,22 +363,25 @@ pub(crate) fn prefetch_line<const WRITE: bool>(p: *const u8) {
     let _ = p;
 }
 
-/// The address a GPU uses for the host address `host` of an op whose list keeps `kept`: the
-/// GPUs' address of the ring memory it lies in ([`RingMem::gpu_addr`]), else `host` itself
-/// (memory an op names without the list keeping it, device memory).
-/// Whether `host` lies in ring memory among `kept` that is mapped for the GPUs (so a GPU may
-/// dereference [`gpu_addr_in`]'s answer for it).
-pub(crate) fn gpu_mapped_in(kept: &[Holder], host: u64) -> bool {
-    kept.iter().any(|k| {
-        k.downcast_ref::<RingMem>()
-            .is_some_and(|r| r.gpu_mapped() && r.gpu_addr_of(host).is_some())
+/// The ring memory among `kept` that `host` lies in, and the GPUs' address of `host` there.
+fn ring_in(kept: &[Holder], host: u64) -> Option<(&RingMem, u64)> {
+    kept.iter().find_map(|k| {
+        let r = k.downcast_ref::<RingMem>()?;
+        Some((r, r.gpu_addr_of(host)?))
     })
 }
 
+/// Whether `host` lies in ring memory among `kept` that is mapped for the GPUs (so a GPU may
+/// dereference [`gpu_addr_in`]'s answer for it).
+pub(crate) fn gpu_mapped_in(kept: &[Holder], host: u64) -> bool {
+    ring_in(kept, host).is_some_and(|(r, _)| r.gpu_mapped())
+}
+
+/// The address a GPU uses for the host address `host` of an op whose list keeps `kept`: the
+/// GPUs' address of the ring memory it lies in ([`RingMem::gpu_addr`]), else `host` itself
+/// (memory an op names without the list keeping it, device memory).
 pub(crate) fn gpu_addr_in(kept: &[Holder], host: u64) -> u64 {
-    kept.iter()
-        .find_map(|k| k.downcast_ref::<RingMem>()?.gpu_addr_of(host))
-        .unwrap_or(host)
+    ring_in(kept, host).map_or(host, |(_, a)| a)
 }
 
 /// Wraps a ring of `cnt` entries of `size` bytes at `base` in a RingMem: offset of entry `i`.

@@ -252,9 +252,9 @@ impl StagePool {
             next_use: 0,
         })
     }
-    /// Whether a bounce for receives (`recv`) or sends is free.
-    pub(crate) fn has_free(&self, recv: bool) -> bool {
-        self.range(recv).any(|s| self.uses[s] == SlotUse::Free)
+    /// A free bounce for receives (`recv`) or sends, if there is one.
+    pub(crate) fn free_slot(&self, recv: bool) -> Option<usize> {
+        self.range(recv).find(|&s| self.uses[s] == SlotUse::Free)
     }
     /// The range of bounces for receives (`recv`) or sends.
     pub(crate) fn range(&self, recv: bool) -> std::ops::Range<usize> {

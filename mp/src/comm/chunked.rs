@@ -374,7 +374,12 @@ impl Comm {
         if exec {
             return not_by_exec;
         }
-        not_by_exec && !unposted && self.stage.as_ref().is_some_and(|p| p.has_free(true))
+        not_by_exec
+            && !unposted
+            && self
+                .stage
+                .as_ref()
+                .is_some_and(|p| p.free_slot(true).is_some())
     }
 
     /// Chunk `sub` of entry `i`, if done: its bytes (released, copied in), or its error;

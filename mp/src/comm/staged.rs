@@ -233,13 +233,16 @@ impl Comm {
     /// A free bounce of the receive (`recv`) or send side, making the pool if there is none;
     /// waits (making progress) while every one is held, up to the timeout.
     pub(super) fn take_bounce(&mut self, recv: bool) -> Result<usize> {
+        if let Some(s) = self.try_take_bounce(recv)? {
+            return Ok(s);
+        }
+        tracing::trace!(recv, "no staging bounce is free: waiting for one");
         let start = Instant::now();
         loop {
+            self.progress()?;
+            std::thread::yield_now();
             if let Some(s) = self.try_take_bounce(recv)? {
                 return Ok(s);
-            }
-            if start.elapsed().is_zero() {
-                tracing::trace!(recv, "no staging bounce is free: waiting for one");
             }
             if start.elapsed() > self.timeout {
                 let pool = self.stage.as_ref().expect("made");
@@ -252,8 +255,6 @@ impl Comm {
                     self.timeout
                 )));
             }
-            self.progress()?;
-            std::thread::yield_now();
         }
     }
 
@@ -265,7 +266,7 @@ impl Comm {
         }
         self.reclaim_bounces();
         let pool = self.stage.as_mut().expect("made");
-        let free = pool.range(recv).find(|&s| pool.uses[s] == SlotUse::Free);
+        let free = pool.free_slot(recv);
         if let Some(s) = free {
             pool.uses[s] = SlotUse::Held {
                 req: (u32::MAX, 0),
@@ -276,8 +277,8 @@ impl Comm {
     }
 
     /// Frees the bounces whose requests are done with them: a send's (or put's) once it
-    /// completed, a receive's (or get's) once it was copied in (released by `wait`/`test`, or
-    /// the executor's copy marked done).
+    /// completed, a receive's (or get's) once it was copied in (released by `wait`/`test`,
+    /// retired by an executor's wait after its copy, or the executor's copy marked done).
     fn reclaim_bounces(&mut self) {
         let Comm { stage, reqs, .. } = self;
         let Some(pool) = stage.as_mut() else { return };
