@@ -13,7 +13,8 @@ pub(crate) const RECVS_AHEAD: usize = 64;
 
 /// Receives are kept [`RECVS_AHEAD`] deep, as the gdsync loop keeps its receive ring full, and
 /// posted again `--recv-batch` at a time (`Comm::irecv_batch`: one credit, a request and a
-/// response through the NIC, per batch); sends are waited for one behind.
+/// response through the NIC, per batch); sends are waited for one behind, after the next is
+/// posted.
 pub(crate) struct MpWire {
     comm: Comm,
     sbuf: MemoryRegion<'static>,
@@ -60,13 +61,17 @@ impl MpWire {
 
 impl Wire for MpWire {
     fn send(&mut self, i: u64, size: usize) -> Result<()> {
-        if let Some(prev) = self.send.take() {
-            self.comm.wait(prev)?;
-        }
         if size > 0 {
             self.sbuf.write_volatile_u8(size - 1, marker(i));
         }
-        self.send = Some(self.comm.isend(self.sbuf.sge(..size), self.peer())?);
+        let prev = self
+            .send
+            .replace(self.comm.isend(self.sbuf.sge(..size), self.peer())?);
+        // The previous send is waited for once this one is out, as the gdsync loop reaps its
+        // sends after it posts: the poll is not on the message's path.
+        if let Some(prev) = prev {
+            self.comm.wait(prev)?;
+        }
         // Receives topped up right behind the send: their credit travels after the
         // message, not in front of it, and reaches the peer before the peer answers.
         self.top_up(self.batch)
