@@ -1690,26 +1690,26 @@ fn pingpong_mp_chunks_gpu_payloads_on_the_host_and_stream_triggers() {
     }
 }
 
-/// `stencil2d --staging` applies to device halos sent by the host or stream trigger only
-/// (the kernel trigger's channels reach GPU memory directly; the CPU trigger has no GPU).
+/// `stencil2d --staging` applies to device halos sent by a GPU trigger only (the CPU
+/// trigger has no GPU; host halos are host memory already).
 #[test]
-fn stencil2d_staging_applies_to_device_halos_on_the_host_and_stream_triggers() {
+fn stencil2d_staging_applies_to_device_halos_on_the_gpu_triggers() {
     for args in [
         &["--staging", "on"][..],
-        &["--trigger", "kernel", "--staging", "on"],
+        &["--trigger", "kernel", "--halo", "host", "--staging", "on"],
         &["--trigger", "stream", "--halo", "host", "--staging", "off"],
     ] {
         refused("stencil2d", args, "--staging applies");
     }
 }
 
-/// `stencil2d --halo device` through mp's staging (host and stream triggers, 2 and 4 ranks,
-/// `--staging on`, `auto` and `off`): bit-exact against the single-rank run, and the JSON
-/// names the path.
+/// `stencil2d --halo device` through staging (mp's pool for the host and stream triggers,
+/// the kernel channels' bounces for the kernel trigger; 2 and 4 ranks, `--staging on`, `auto`
+/// and `off`): bit-exact against the single-rank run, and the JSON names the path.
 #[test]
 #[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test cli -- --include-ignored stencil2d_stages"]
 fn stencil2d_stages_device_halos_bit_exact() {
-    for trigger in ["host", "stream"] {
+    for trigger in ["host", "stream", "kernel"] {
         for staging in ["on", "auto", "off"] {
             for ranks in ["2", "4"] {
                 let mut args = vec!["--trigger", trigger, "--halo", "device"];

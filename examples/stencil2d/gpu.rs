@@ -142,12 +142,15 @@ struct PersistentArgs {
     timeout_ns: u64,
     nx: i32,
     ny: i32,
+    /// 1: the channels are staged (the halos are in GPU memory the device cannot reach).
+    staged: i32,
+    pad: i32,
 }
 // SAFETY: `#[repr(C)]` plain data laid out as kernels.cu's `StencilRun`.
 unsafe impl gdasync::gdsync::cuda::KernelArg for PersistentArgs {}
 
 const _: () = assert!(std::mem::size_of::<SideArgs>() == 40);
-const _: () = assert!(std::mem::size_of::<PersistentArgs>() == 232);
+const _: () = assert!(std::mem::size_of::<PersistentArgs>() == 240);
 
 /// Send buffers per side: iteration `i` sends from buffer `i % SENDS`. The stream trigger
 /// leaves send completions to the CPU, which has waited for iteration `i - AHEAD` before it
@@ -301,8 +304,13 @@ impl<'m> GpuRank<'m> {
         }
         let chans = match (trigger, comm) {
             (Trigger::Kernel, Some(comm)) => {
-                // Two receives in flight per peer (iterations i and i + 1), with room.
-                let ch = comm.kernel_channels(4)?;
+                // Two receives in flight per peer (iterations i and i + 1), with room; staged
+                // halos go through bounces as long as any rank's longest message (every
+                // rank passes the same size: a block's side is at most the grid's).
+                let ch = match &staged {
+                    Some(_) => comm.kernel_channels_staged(4, 8 * lay.gx.max(lay.gy))?,
+                    None => comm.kernel_channels(4)?,
+                };
                 if !ch.gpu_mapped() {
                     bail!("--trigger kernel: the kernel channels' host memory is not mapped for the GPU (cuMemHostRegister failed)");
                 }
@@ -319,6 +327,7 @@ impl<'m> GpuRank<'m> {
             timeout_ns: KERNEL_TIMEOUT_NS,
             nx: lay.nx as i32,
             ny: lay.ny as i32,
+            staged: staged.is_some() as i32,
             ..PersistentArgs::default()
         };
         for l in &links {
@@ -863,6 +872,12 @@ pub fn solve(comm: &mut Comm, lay: &Layout, cfg: &Config, k: &Kernels) -> Result
         Offsets::new(lay).total + dev_halo,
     )?);
     let staged = match &cfg.gpu_memory {
+        // The kernel trigger stages through its channels' own bounces.
+        Some((GpuMemoryPath::Staged, _))
+            if lay.links().next().is_some() && cfg.trigger == Trigger::Kernel =>
+        {
+            Some(comm.register_gpu(mem.clone(), GpuMemoryPath::Staged)?)
+        }
         Some((GpuMemoryPath::Staged, _)) if lay.links().next().is_some() => {
             // A bounce per receive posted ahead and per iteration the CPU runs ahead, per
             // side; each as large as the longest side's message.

@@ -84,8 +84,12 @@ struct StencilRun {
     long first, end;  // iterations
     u64 timeout_ns;
     int nx, ny;
+    // The halos live in GPU memory the NIC cannot reach: the channels are staged (block 0
+    // copies each send buffer into a bounce before its send, each received bounce into the
+    // receive buffer after its wait).
+    int staged, pad;
 };
-static_assert(sizeof(StencilRun) == 232, "StencilRun size");
+static_assert(sizeof(StencilRun) == 240, "StencilRun size");
 
 // The persistent kernel's error codes beyond gdsync's (GDS_*); gpu.rs decodes them.
 #define STENCIL_BARRIER_TIMEOUT 0x1001  // a grid barrier waited longer than timeout_ns
@@ -185,6 +189,30 @@ __device__ bool pack_edges(const StencilRun &a, long i) {
 
 extern "C" __global__ void pack(StencilRun a, long i) { pack_edges(a, i); }
 
+// Staged channels, by block 0 (every thread of it; `comm` is its thread 0, the one that drives
+// the channels, and `rc` that thread's status, shared with the block): each side's send
+// buffer of iteration i into the bounce of its next send, then the send. Returns the status.
+__device__ int send_staged(const StencilRun &a, gds_peer *peer, long i, bool comm, int rc) {
+    for (int d = 0; d < 4; d++) {
+        const StencilSide &sd = a.side[d];
+        if (!sd.len) continue;
+        uint64_t bounce = 0;
+        if (comm && rc == GDS_OK) rc = gds_peer_next_send_bounce(&peer[d], &bounce, a.timeout_ns);
+        bounce = gds_block_share(rc == GDS_OK ? bounce : 0);
+        if (bounce) gds_block_copy_out(bounce, (u64)send_buf(sd, i), sd.len);
+        if (comm && rc == GDS_OK) rc = gds_peer_send_bounce(&peer[d], sd.len, GDS_SIGNALED, a.timeout_ns);
+    }
+    return rc;
+}
+
+// Staged channels, by block 0 after its thread 0 waited for side d's receive of iteration i:
+// the bounce it landed in, into that iteration's receive buffer (what the ring reads).
+__device__ void copy_in_staged(const StencilRun &a, const gds_peer *peer, int d, long i, bool comm, int rc) {
+    const StencilSide &sd = a.side[d];
+    uint64_t bounce = gds_block_share(comm && rc == GDS_OK ? gds_peer_recv_bounce(&peer[d]) : 0);
+    if (bounce) gds_block_copy_in((u64)recv_buf(sd, i), bounce, sd.len);
+}
+
 // The ring cells of iteration i (host and stream triggers): halos straight from the receive
 // buffers (no unpack), and the next iteration's edges packed on the way (no pack kernel).
 extern "C" __global__ void ring(StencilRun a, long i, int pack_next, double c0, double c1) {
@@ -232,7 +260,9 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
             if (a.side[d].len) peer[d] = ((const gds_peer *)a.peers)[a.side[d].peer];
         for (long i = a.first; i < a.end && i < a.first + 2 && rc == GDS_OK; i++)
             for (int d = 0; d < 4 && rc == GDS_OK; d++)
-                if (a.side[d].len)
+                if (a.side[d].len && a.staged)
+                    rc = gds_peer_recv_staged(&peer[d], a.side[d].len, a.timeout_ns);
+                else if (a.side[d].len)
                     rc = gds_peer_recv(&peer[d], (u64)recv_buf(a.side[d], i), a.side[d].recv_lkey, a.side[d].len,
                                        a.timeout_ns);
         if (rc != GDS_OK) stencil_fail(a, rc, a.first);
@@ -245,7 +275,10 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
         int p = (int)(i & 1);
         const double *cur = (const double *)a.grid[p];
         double *nxt = (double *)a.grid[1 - p];
-        if (comm) {
+        if (a.staged && blockIdx.x == 0) {
+            rc = send_staged(a, peer, i, comm, rc);
+            if (comm && rc != GDS_OK) stencil_fail(a, rc, i);
+        } else if (comm) {
             for (int d = 0; d < 4 && rc == GDS_OK; d++)
                 if (a.side[d].len)
                     rc = gds_peer_send(&peer[d], (u64)send_buf(a.side[d], i), a.side[d].send_lkey, a.side[d].len,
@@ -260,7 +293,22 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
                                        ld(cur + at + 1), c0, c1);
                 }
         }
-        if (comm && rc == GDS_OK) {
+        if (a.staged && blockIdx.x == 0) {
+            // Block 0 copies each halo in after its wait; sends need no wait here (a bounce
+            // waits for its previous send itself, and the send buffers were copied out).
+            for (int d = 0; d < 4; d++) {
+                if (!a.side[d].len) continue;
+                unsigned got = 0;
+                if (comm && rc == GDS_OK) rc = gds_peer_wait_recv(&peer[d], &got, a.timeout_ns);
+                if (comm && rc == GDS_OK && got != a.side[d].len) rc = STENCIL_SHORT_MESSAGE;
+                copy_in_staged(a, peer, d, i, comm, rc);
+            }
+            if (comm && rc == GDS_OK && i + 1 == a.end)
+                for (int d = 0; d < 4 && rc == GDS_OK; d++)
+                    if (a.side[d].len && peer[d].sends > peer[d].sends_waited)
+                        rc = gds_peer_wait_sends(&peer[d], peer[d].sends - peer[d].sends_waited, a.timeout_ns);
+            if (comm && rc != GDS_OK) stencil_fail(a, rc, i);
+        } else if (comm && rc == GDS_OK) {
             for (int d = 0; d < 4 && rc == GDS_OK; d++) {
                 if (!a.side[d].len) continue;
                 unsigned got = 0;
@@ -294,9 +342,14 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
             for (int d = 0; d < 4 && rc == GDS_OK; d++) {
                 const StencilSide &sd = a.side[d];
                 if (!sd.len) continue;
-                rc = gds_peer_post_recv(&peer[d], (u64)recv_buf(sd, i + 2), sd.recv_lkey, sd.len);
-                if (rc == GDS_OK && i + 3 < a.end)
-                    rc = gds_peer_post_recv(&peer[d], (u64)recv_buf(sd, i + 3), sd.recv_lkey, sd.len);
+                if (a.staged) {
+                    rc = gds_peer_post_recv_staged(&peer[d], sd.len);
+                    if (rc == GDS_OK && i + 3 < a.end) rc = gds_peer_post_recv_staged(&peer[d], sd.len);
+                } else {
+                    rc = gds_peer_post_recv(&peer[d], (u64)recv_buf(sd, i + 2), sd.recv_lkey, sd.len);
+                    if (rc == GDS_OK && i + 3 < a.end)
+                        rc = gds_peer_post_recv(&peer[d], (u64)recv_buf(sd, i + 3), sd.recv_lkey, sd.len);
+                }
                 if (rc == GDS_OK) rc = gds_peer_give_credit(&peer[d], a.timeout_ns);
             }
             if (rc != GDS_OK) stencil_fail(a, rc, i);

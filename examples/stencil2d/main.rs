@@ -195,11 +195,10 @@ pub struct Config {
 /// Largest block a rank may hold (cells, halo included): two grids of 8 GiB.
 const MAX_BLOCK_CELLS: usize = 1 << 30;
 
-/// Whether halo messages of `a` may be staged: in device memory, sent by mp's host or stream
-/// trigger.
+/// Whether halo messages of `a` may be staged: in device memory, sent by a GPU trigger (mp's
+/// pool for host and stream, the kernel channels' own bounces for the kernel).
 fn stages(a: &Args) -> bool {
-    matches!(a.trigger, Trigger::Host | Trigger::Stream)
-        && a.halo.unwrap_or(Halo::Device) == Halo::Device
+    a.trigger.gpu() && a.halo.unwrap_or(Halo::Device) == Halo::Device
 }
 
 /// Refuses flags that do not apply to the chosen trigger.
@@ -208,7 +207,7 @@ fn check_flags(a: &Args) -> Result<()> {
         bail!("--halo applies to the GPU triggers (host, stream, kernel): --trigger cpu computes and exchanges in host memory");
     }
     if a.staging.is_some() && !stages(a) {
-        bail!("--staging applies to --halo device with --trigger host or stream (the kernel trigger's channels reach GPU memory directly)");
+        bail!("--staging applies to --halo device with a GPU trigger (host, stream or kernel)");
     }
     // `auto` (the default, said out loud) fits every trigger; on and off only where they
     // choose something.
