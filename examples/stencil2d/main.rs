@@ -122,10 +122,11 @@ struct Args {
     /// GPU triggers: where the halo messages live (default: device).
     #[arg(long, value_enum)]
     halo: Option<Halo>,
-    /// With --halo device and --trigger host or stream: how halo messages in GPU memory reach
-    /// the NIC: `on` through mp's pinned bounces copied in the trigger's own order, `off`
-    /// registered with the device directly, `auto` (default) staged where the device cannot
-    /// DMA GPU memory (GDSYNC_STAGING decides if set).
+    /// With --halo device and a GPU trigger: how halo messages in GPU memory reach the NIC:
+    /// `on` through pinned bounces copied in the trigger's own order (mp's pool; the kernel
+    /// channels' own bounces with --trigger kernel), `off` registered with the device
+    /// directly, `auto` (default) staged where the device cannot DMA GPU memory
+    /// (GDSYNC_STAGING decides if set).
     #[arg(long, value_enum)]
     staging: Option<StagingArg>,
     /// GPU triggers host and stream: compute the interior while the halos are in flight
