@@ -11,16 +11,21 @@ use std::collections::VecDeque;
 /// Receives `--api mp` keeps posted.
 pub(crate) const RECVS_AHEAD: usize = 64;
 
+/// Sends `--api mp` leaves outstanding before it waits for them, all but the newest at once
+/// (one poll of the send completion queue finds them all complete): as the gdsync loop reaps
+/// its send completions only now and then, not one per message.
+const SENDS_BEHIND: usize = 16;
+
 /// Receives are kept [`RECVS_AHEAD`] deep, as the gdsync loop keeps its receive ring full, and
 /// posted again `--recv-batch` at a time (`Comm::irecv_batch`: one credit, a request and a
-/// response through the NIC, per batch); sends are waited for one behind, after the next is
-/// posted.
+/// response through the NIC, per batch); sends are waited for [`SENDS_BEHIND`] at a time,
+/// after the next is posted.
 pub(crate) struct MpWire {
     comm: Comm,
     sbuf: MemoryRegion<'static>,
     rbuf: MemoryRegion<'static>,
     recvs: VecDeque<Request>,
-    send: Option<Request>,
+    sends: VecDeque<Request>,
     batch: usize,
 }
 
@@ -39,7 +44,7 @@ impl MpWire {
             sbuf,
             rbuf,
             recvs: Default::default(),
-            send: None,
+            sends: Default::default(),
             batch,
         })
     }
@@ -64,13 +69,13 @@ impl Wire for MpWire {
         if size > 0 {
             self.sbuf.write_volatile_u8(size - 1, marker(i));
         }
-        let prev = self
-            .send
-            .replace(self.comm.isend(self.sbuf.sge(..size), self.peer())?);
-        // The previous send is waited for once this one is out, as the gdsync loop reaps its
-        // sends after it posts: the poll is not on the message's path.
-        if let Some(prev) = prev {
-            self.comm.wait(prev)?;
+        let sent = self.comm.isend(self.sbuf.sge(..size), self.peer())?;
+        self.sends.push_back(sent);
+        // The older sends are waited for once this one is out: the poll is not on the
+        // message's path.
+        if self.sends.len() > SENDS_BEHIND {
+            let older: Vec<Request> = self.sends.drain(..SENDS_BEHIND).collect();
+            self.comm.wait_all(&older)?;
         }
         // Receives topped up right behind the send: their credit travels after the
         // message, not in front of it, and reaches the peer before the peer answers.
@@ -95,9 +100,8 @@ impl Wire for MpWire {
     fn drain(&mut self) -> Result<()> {
         // The last send may still wait for its credit: only calls into the communicator post
         // it, and the peer waits for it.
-        if let Some(s) = self.send.take() {
-            self.comm.wait(s)?;
-        }
+        let sends: Vec<Request> = self.sends.drain(..).collect();
+        self.comm.wait_all(&sends)?;
         Ok(())
     }
 }
