@@ -29,6 +29,53 @@ impl MemoryKind {
     }
 }
 
+impl Cuda {
+    /// Classifies the memory at `ptr` (a host or device address), through unified addressing:
+    /// one driver call (`cuPointerGetAttributes`) for the three attributes that decide, as
+    /// staged lists ask for each copy and store on their submit path.
+    pub fn memory_kind(&self, ptr: u64) -> MemoryKind {
+        use sys::CUpointer_attribute as A;
+        if self.gpus.is_empty() || self.bind(0).is_err() {
+            return MemoryKind::Host;
+        }
+        let mut attrs = [
+            A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            A::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+            A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        ];
+        // (The driver leaves each at 0, "not known", for a pointer it does not know.)
+        let (mut ty, mut managed, mut ordinal) = (0u32, 0u32, 0i32);
+        let mut data = [
+            &mut ty as *mut u32 as *mut std::ffi::c_void,
+            &mut managed as *mut u32 as *mut std::ffi::c_void,
+            &mut ordinal as *mut i32 as *mut std::ffi::c_void,
+        ];
+        // SAFETY: three attributes, each with a pointer to a local of its type (a
+        // CUmemorytype, a boolean as u32, an int); a pointer the driver does not know
+        // gets default values, not an error.
+        let r =
+            unsafe { sys::cuPointerGetAttributes(3, attrs.as_mut_ptr(), data.as_mut_ptr(), ptr) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            // (Not expected: an attribute this driver does not answer together with the
+            // others. One query at a time, as before.)
+            return self.memory_kind_one_by_one(ptr);
+        }
+        classify(ty, managed != 0, ordinal)
+    }
+
+    /// [`memory_kind`](Self::memory_kind) one attribute per driver call.
+    #[cold]
+    fn memory_kind_one_by_one(&self, ptr: u64) -> MemoryKind {
+        use sys::CUpointer_attribute as A;
+        let Some(ty) = pointer_attr::<u32>(ptr, A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE) else {
+            return MemoryKind::Host;
+        };
+        let managed = pointer_attr::<u32>(ptr, A::CU_POINTER_ATTRIBUTE_IS_MANAGED).unwrap_or(0);
+        let ordinal = pointer_attr(ptr, A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL).unwrap_or(0);
+        classify(ty, managed != 0, ordinal)
+    }
+}
+
 /// One pointer attribute (`cuPointerGetAttribute`, which `result` does not wrap), or `None`
 /// for a pointer the driver does not know.
 fn pointer_attr<T: Default>(ptr: u64, a: sys::CUpointer_attribute) -> Option<T> {
@@ -39,25 +86,20 @@ fn pointer_attr<T: Default>(ptr: u64, a: sys::CUpointer_attribute) -> Option<T> 
     (r == sys::CUresult::CUDA_SUCCESS).then_some(v)
 }
 
-impl Cuda {
-    /// Classifies the memory at `ptr` (a host or device address), through unified addressing.
-    pub fn memory_kind(&self, ptr: u64) -> MemoryKind {
-        use sys::CUpointer_attribute as A;
-        if self.gpus.is_empty() || self.bind(0).is_err() {
-            return MemoryKind::Host;
-        }
-        let Some(ty) = pointer_attr::<u32>(ptr, A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE) else {
-            return MemoryKind::Host;
-        };
-        if pointer_attr::<u32>(ptr, A::CU_POINTER_ATTRIBUTE_IS_MANAGED).unwrap_or(0) != 0 {
-            return MemoryKind::Managed;
-        }
-        if ty == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
-            let ordinal = pointer_attr(ptr, A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL).unwrap_or(0);
-            MemoryKind::Device { ordinal }
-        } else {
-            MemoryKind::PinnedHost
-        }
+/// The kind of memory whose attributes are `ty` (a `CUmemorytype`, 0 where the driver does
+/// not know the pointer), `managed` and `ordinal`.
+fn classify(ty: u32, managed: bool, ordinal: i32) -> MemoryKind {
+    use sys::CUmemorytype as T;
+    if ty == 0 {
+        return MemoryKind::Host;
+    }
+    if managed {
+        return MemoryKind::Managed;
+    }
+    if ty == T::CU_MEMORYTYPE_DEVICE as u32 {
+        MemoryKind::Device { ordinal }
+    } else {
+        MemoryKind::PinnedHost
     }
 }
 
@@ -237,5 +279,32 @@ impl Cuda {
             cuda: self.clone(),
             imported: true,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{classify, MemoryKind};
+    use cudarc::driver::sys::CUmemorytype as T;
+
+    #[test]
+    fn attributes_classify_as_the_driver_means_them() {
+        assert_eq!(
+            classify(0, false, 0),
+            MemoryKind::Host,
+            "a pointer the driver does not know"
+        );
+        assert_eq!(
+            classify(T::CU_MEMORYTYPE_HOST as u32, false, 0),
+            MemoryKind::PinnedHost
+        );
+        assert_eq!(
+            classify(T::CU_MEMORYTYPE_DEVICE as u32, false, 1),
+            MemoryKind::Device { ordinal: 1 }
+        );
+        assert_eq!(
+            classify(T::CU_MEMORYTYPE_DEVICE as u32, true, 0),
+            MemoryKind::Managed
+        );
     }
 }
