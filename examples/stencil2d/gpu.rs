@@ -872,26 +872,24 @@ pub fn solve(comm: &mut Comm, lay: &Layout, cfg: &Config, k: &Kernels) -> Result
         Offsets::new(lay).total + dev_halo,
     )?);
     let staged = match &cfg.gpu_memory {
-        // The kernel trigger stages through its channels' own bounces.
-        Some((GpuMemoryPath::Staged, _))
-            if lay.links().next().is_some() && cfg.trigger == Trigger::Kernel =>
-        {
-            Some(comm.register_gpu(mem.clone(), GpuMemoryPath::Staged)?)
-        }
         Some((GpuMemoryPath::Staged, _)) if lay.links().next().is_some() => {
-            // A bounce per receive posted ahead and per iteration the CPU runs ahead, per
-            // side; each as large as the longest side's message.
-            let links = lay.links().count();
-            let longest = lay
-                .links()
-                .map(|(s, _)| 8 * lay.side_len(s))
-                .max()
-                .unwrap_or(8);
-            comm.set_staging(
-                longest,
-                links * (RECVS + AHEAD + 2),
-                links * (SENDS + AHEAD + 2),
-            )?;
+            // The kernel trigger stages through its channels' own bounces; the host and
+            // stream triggers through mp's pool: a bounce per receive posted ahead and per
+            // iteration the CPU runs ahead, per side, each as large as the longest side's
+            // message.
+            if cfg.trigger != Trigger::Kernel {
+                let links = lay.links().count();
+                let longest = lay
+                    .links()
+                    .map(|(s, _)| 8 * lay.side_len(s))
+                    .max()
+                    .unwrap_or(8);
+                comm.set_staging(
+                    longest,
+                    links * (RECVS + AHEAD + 2),
+                    links * (SENDS + AHEAD + 2),
+                )?;
+            }
             Some(comm.register_gpu(mem.clone(), GpuMemoryPath::Staged)?)
         }
         _ => None,
