@@ -1368,6 +1368,11 @@ fn kernel_channel_one_credit_covers_a_batch_of_receives() {
                 (N, 0, 0),
                 "no credit yet"
             );
+            assert_eq!(
+                rq_counter(p.qp.dbrec),
+                0,
+                "the receives are not published before their credit"
+            );
         }
         comm.barrier().unwrap();
         if me == 0 {
@@ -1382,6 +1387,11 @@ fn kernel_channel_one_credit_covers_a_batch_of_receives() {
         if me == 1 {
             assert_eq!(gds::peer_give_credit(&mut p, TIMEOUT_NS), code::OK);
             assert_eq!((p.credited, p.qp.sq_pi), (N, 1), "one credit write");
+            assert_eq!(
+                rq_counter(p.qp.dbrec),
+                N as u32,
+                "the credit write published every receive it covers"
+            );
             assert_eq!(gds::peer_give_credit(&mut p, TIMEOUT_NS), code::OK);
             assert_eq!(p.qp.sq_pi, 1, "nothing new to credit: nothing written");
             for k in 0..N {
@@ -1414,6 +1424,11 @@ fn kernel_channel_one_credit_covers_a_batch_of_receives() {
             assert_eq!((p.sends, p.sends_done, p.sends_waited), (N, N, N));
         }
     });
+}
+
+/// The receive counter of a doorbell record (`[RQ][SQ]`, BE32 each) at `dbrec`.
+fn rq_counter(dbrec: u64) -> u32 {
+    u32::from_be_bytes(read(dbrec, 4).try_into().expect("4 bytes"))
 }
 
 /// Selective signalling: 100 sends with one in 16 signalled through a send ring of 16 slots

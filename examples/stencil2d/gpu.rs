@@ -145,12 +145,14 @@ struct PersistentArgs {
     /// 1: the channels are staged (the halos are in GPU memory the device cannot reach).
     staged: i32,
     pad: i32,
+    /// `--trace`: pinned host words the kernel adds its step times into (0: none).
+    trace: u64,
 }
 // SAFETY: `#[repr(C)]` plain data laid out as kernels.cu's `StencilRun`.
 unsafe impl gdasync::gdsync::cuda::KernelArg for PersistentArgs {}
 
 const _: () = assert!(std::mem::size_of::<SideArgs>() == 40);
-const _: () = assert!(std::mem::size_of::<PersistentArgs>() == 240);
+const _: () = assert!(std::mem::size_of::<PersistentArgs>() == 248);
 
 /// Send buffers per side: iteration `i` sends from buffer `i % SENDS`. The stream trigger
 /// leaves send completions to the CPU, which has waited for iteration `i - AHEAD` before it
@@ -234,6 +236,9 @@ struct GpuRank<'m> {
     trace: bool,
     /// `--trace`: the CPU's time per step of the last run (the timed one).
     clock: std::cell::RefCell<Option<StepClock>>,
+    /// `--trace` with the kernel trigger: the persistent kernel's time per step of its
+    /// last launch (kernels.cu: `StepTimes`).
+    kernel_steps: Option<PinnedBuffer>,
     /// The memory operations the stream trigger's last run handed its stream.
     ops: OpCount,
     /// `--overlap`: an interior kernel while the halos fly, then a ring kernel; else one
@@ -358,6 +363,7 @@ impl<'m> GpuRank<'m> {
             rank: 0,
             trace: false,
             clock: std::cell::RefCell::new(None),
+            kernel_steps: None,
             ops: OpCount::default(),
             overlap: true,
         })
@@ -666,11 +672,18 @@ impl<'m> GpuRank<'m> {
             .chans
             .as_ref()
             .expect("kernel channels for --trigger kernel");
+        if self.trace && self.kernel_steps.is_none() {
+            self.kernel_steps = Some(PinnedBuffer::new(8 * (KERNEL_STEPS.len() + 1)));
+        }
         let a = PersistentArgs {
             peers: ch.table()?,
             status: status.addr(),
             first: first as i64,
             end: end as i64,
+            trace: self.kernel_steps.as_ref().map_or(0, |t| {
+                t.write_at(0, &[0u8; 8 * (KERNEL_STEPS.len() + 1)]);
+                t.addr()
+            }),
             ..self.run
         };
         // The barrier words start at zero (an earlier launch that stopped early may have left
@@ -707,6 +720,34 @@ impl<'m> GpuRank<'m> {
         let cells = (self.lay.nx * self.lay.ny).div_ceil(BLOCK as usize) as u32;
         Ok(cells.clamp(1, room))
     }
+}
+
+/// The persistent kernel's steps as `--trace` names them (kernels.cu: `StepTimes`).
+const KERNEL_STEPS: [&str; 7] = [
+    "send", "interior", "wait", "barrier", "ring", "barrier", "receives",
+];
+
+/// `--trace` with the kernel trigger: block 0's thread 0's time per step of an iteration of
+/// the last launch, in µs, as one line (None if the kernel wrote none).
+fn kernel_steps_line(rank: usize, words: &PinnedBuffer) -> Option<String> {
+    let mut b = [0u8; 8 * (KERNEL_STEPS.len() + 1)];
+    words.read_at(0, &mut b);
+    let w: Vec<u64> = b
+        .chunks_exact(8)
+        .map(|c| u64::from_ne_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    let iters = *w.last()?;
+    if iters == 0 {
+        return None;
+    }
+    let mut line = format!("trace rank {rank}, kernel (block 0, thread 0) µs per iteration:");
+    let mut total = 0.0;
+    for (name, ns) in KERNEL_STEPS.iter().zip(&w) {
+        let us = *ns as f64 / 1e3 / iters as f64;
+        total += us;
+        line += &format!(" {name} {us:.2} |");
+    }
+    Some(format!("{line} total {total:.2}"))
 }
 
 /// `--trace` (stream trigger), over the last [`Trace::ITERS`] iterations of a run: the CPU's
@@ -914,6 +955,13 @@ pub fn solve(comm: &mut Comm, lay: &Layout, cfg: &Config, k: &Kernels) -> Result
         }
         if cfg.trigger == Trigger::Stream {
             eprintln!("{}", rank.ops.line(rank.rank, cfg.iters));
+        }
+        if let Some(line) = rank
+            .kernel_steps
+            .as_ref()
+            .and_then(|w| kernel_steps_line(rank.rank, w))
+        {
+            eprintln!("{line}");
         }
     }
     out

@@ -88,8 +88,38 @@ struct StencilRun {
     // copies each send buffer into a bounce before its send, each received bounce into the
     // receive buffer after its wait).
     int staged, pad;
+    // --trace: STENCIL_STEPS + 1 words of pinned host memory (0: no trace), see StepTimes.
+    u64 trace;
 };
-static_assert(sizeof(StencilRun) == 240, "StencilRun size");
+static_assert(sizeof(StencilRun) == 248, "StencilRun size");
+
+// --trace: block 0's thread 0 (the one that drives the channels) adds up the GPU's time in
+// each step of its iterations: send, interior, wait (the halos, the sends whose buffers the
+// ring packs next, staged copies in), barrier, ring, barrier, receives (posts and credits).
+// Written to the trace words once, after the last iteration, with the iteration count last.
+#define STENCIL_STEPS 7
+struct StepTimes {
+    bool on;
+    u64 at;
+    u64 spent[STENCIL_STEPS];
+    __device__ StepTimes(bool on) : on(on), at(on ? gds_now_ns() : 0) {
+        for (int s = 0; s < STENCIL_STEPS; s++) spent[s] = 0;
+    }
+    // The step `s` ends now.
+    __device__ __forceinline__ void end(int s) {
+        if (!on) return;
+        u64 now = gds_now_ns();
+        spent[s] += now - at;
+        at = now;
+    }
+    __device__ void publish(const StencilRun &a) const {
+        if (!on) return;
+        volatile u64 *w = (volatile u64 *)a.trace;
+        for (int s = 0; s < STENCIL_STEPS; s++) w[s] = spent[s];
+        w[STENCIL_STEPS] = (u64)(a.end - a.first);
+        __threadfence_system();
+    }
+};
 
 // The persistent kernel's error codes beyond gdsync's (GDS_*); gpu.rs decodes them.
 #define STENCIL_BARRIER_TIMEOUT 0x1001  // a grid barrier waited longer than timeout_ns
@@ -271,6 +301,7 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
     // publish this thread's stores.
     if (pack_edges(a, a.first)) __threadfence_system();
     if (!grid_sync(a, &gen, a.first)) return;
+    StepTimes t(comm && a.trace);
     for (long i = a.first; i < a.end; i++) {
         int p = (int)(i & 1);
         const double *cur = (const double *)a.grid[p];
@@ -285,6 +316,7 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
                                        a.timeout_ns);
             if (rc != GDS_OK) stencil_fail(a, rc, i);
         }
+        t.end(0);
         {
             long w = a.ny - 2, h = a.nx - 2, s = a.ny + 2;
             if (w > 0 && h > 0) FOR_EACH(k, w * h) {
@@ -293,13 +325,19 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
                                        ld(cur + at + 1), c0, c1);
                 }
         }
+        t.end(1);
+        // A halo's byte count is read in the first iteration of a launch only: reading it
+        // costs a wait a second read across PCIe and a system fence, and every message of a
+        // side has the same length. A message longer than its receive fails the wait with
+        // an error completion in any iteration.
+        const bool check_len = i == a.first;
         if (a.staged && blockIdx.x == 0) {
             // Block 0 copies each halo in after its wait; sends need no wait here (a bounce
             // waits for its previous send itself, and the send buffers were copied out).
             for (int d = 0; d < 4; d++) {
                 if (!a.side[d].len) continue;
-                unsigned got = 0;
-                if (comm && rc == GDS_OK) rc = gds_peer_wait_recv(&peer[d], &got, a.timeout_ns);
+                unsigned got = a.side[d].len;
+                if (comm && rc == GDS_OK) rc = gds_peer_wait_recv(&peer[d], check_len ? &got : nullptr, a.timeout_ns);
                 if (comm && rc == GDS_OK && got != a.side[d].len) rc = STENCIL_SHORT_MESSAGE;
                 copy_in_staged(a, peer, d, i, comm, rc);
             }
@@ -311,8 +349,8 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
         } else if (comm && rc == GDS_OK) {
             for (int d = 0; d < 4 && rc == GDS_OK; d++) {
                 if (!a.side[d].len) continue;
-                unsigned got = 0;
-                rc = gds_peer_wait_recv(&peer[d], &got, a.timeout_ns);
+                unsigned got = a.side[d].len;
+                rc = gds_peer_wait_recv(&peer[d], check_len ? &got : nullptr, a.timeout_ns);
                 if (rc == GDS_OK && got != a.side[d].len) rc = STENCIL_SHORT_MESSAGE;
                 // This iteration's ring packs buffer (i + 1) % nsend, which iteration
                 // i + 1 - nsend sent: that send and the older ones must be complete, the
@@ -324,7 +362,9 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
             }
             if (rc != GDS_OK) stencil_fail(a, rc, i);
         }
+        t.end(2);
         if (!grid_sync(a, &gen, i)) return;
+        t.end(3);
         bool stored = false;
         bool pack = i + 1 < a.end;
         FOR_EACH(k, ring_len(a.nx, a.ny)) {
@@ -333,7 +373,9 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
             stored |= ring_update(a, cur, nxt, r, c, i, pack, c0, c1);
         }
         if (stored) __threadfence_system();
+        t.end(4);
         if (!grid_sync(a, &gen, i)) return;
+        t.end(5);
         // This iteration's halos are read. Every other iteration: receives for iterations
         // i + 2 and i + 3 under one credit (one credit write for two receives). Their buffers
         // were last read by iterations i - 4 and i - 3 (nrecv = 6); at most 3 receives are
@@ -354,5 +396,7 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
             }
             if (rc != GDS_OK) stencil_fail(a, rc, i);
         }
+        t.end(6);
     }
+    t.publish(a);
 }

@@ -197,6 +197,9 @@ GDS_OFFSET_CHECK(gds_qp, recv_cq, 160);
 #define GDS_SIGNALED 1u
 #define GDS_FENCE 2u       // wait for earlier reads to complete first
 #define GDS_SOLICITED 4u
+// Internal to the peer functions: the submit also stores the receive counter into the doorbell
+// record, after the fence that publishes the WQEs (receives staged by gds_qp_stage_recv).
+#define GDS_RING_RECV 0x100u
 // Most inline payload: what keeps an inline RDMA write in one WQEBB (ctrl 16 + raddr 16 +
 // 4-byte header + 28).
 #define GDS_MAX_INLINE (GDS_WQEBB - 2 * GDS_SEG_SIZE - GDS_INLINE_HEADER_SIZE)
@@ -567,6 +570,13 @@ __device__ __forceinline__ uint32_t gds_qp_send_room(const gds_qp *qp) {
     return qp->sq_wqebbs - (uint32_t)(qp->sq_pi - qp->send_cq.wq_ci);
 }
 
+// Stores the receive counter into the doorbell record, where the NIC reads it (receives have
+// no doorbell), and its host copy. The WQEs must be published first (a system fence).
+__device__ __forceinline__ void gds_qp_publish_recvs(gds_qp *qp) {
+    *(volatile uint32_t *)(qp->dbrec + 4 * GDS_DBREC_RQ) = gds_bswap32((uint32_t)(qp->rq_pi & 0xFFFF));
+    *(volatile uint64_t *)(qp->state + 8) = qp->rq_pi;
+}
+
 // Fills the control segment (w[0..3]) of a WQE of `ds` units, stores the WQE in the next
 // send slot and rings: (data, WQE) -> fence -> doorbell record -> fence -> doorbell. The
 // first fence also publishes data this thread wrote for the NIC to read.
@@ -582,6 +592,7 @@ __device__ __forceinline__ int gds_qp_submit(gds_qp *qp, uint32_t opcode, uint32
     for (uint32_t i = 0; i < ds; i++) slot[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
     qp->sq_pi++;
     __threadfence_system();
+    if (flags & GDS_RING_RECV) gds_qp_publish_recvs(qp);
     if (qp->proxy) {
         *(volatile uint64_t *)qp->proxy = qp->sq_pi;  // the CPU proxy rings
     } else {
@@ -658,7 +669,19 @@ __device__ __forceinline__ int gds_qp_post_nop(gds_qp *qp, uint32_t flags) {
 // without payload or for an RDMA write with immediate). GDS_FULL when the receive ring has
 // no free slot: consume receive completions first. Receives have no doorbell: the NIC
 // reads the receive counter of the doorbell record.
+__device__ __forceinline__ int gds_qp_stage_recv(gds_qp *qp, uint64_t addr, uint32_t len, uint32_t lkey);
 __device__ __forceinline__ int gds_qp_post_recv(gds_qp *qp, uint64_t addr, uint32_t len, uint32_t lkey) {
+    int rc = gds_qp_stage_recv(qp, addr, len, lkey);
+    if (rc != GDS_OK) return rc;
+    __threadfence_system();  // the WQE before the counter the NIC reads
+    gds_qp_publish_recvs(qp);
+    return GDS_OK;
+}
+
+// Stores a receive WQE as gds_qp_post_recv does, without telling the NIC: it sees the receive
+// once the counter is published (gds_qp_publish_recvs after a system fence; the peer
+// functions do it in the fence of their next credit write).
+__device__ __forceinline__ int gds_qp_stage_recv(gds_qp *qp, uint64_t addr, uint32_t len, uint32_t lkey) {
     if (len > 0x7FFFFFFFu || qp->rq == 0) return GDS_INVALID;
     if (qp->rq_pi - qp->recv_cq.wq_ci >= qp->rq_wqes) return GDS_FULL;
     uint4 *wqe = (uint4 *)(qp->rq + (qp->rq_pi & (qp->rq_wqes - 1)) * qp->rq_stride);
@@ -670,9 +693,6 @@ __device__ __forceinline__ int gds_qp_post_recv(gds_qp *qp, uint64_t addr, uint3
     }
     if (n * GDS_SEG_SIZE < qp->rq_stride) wqe[n] = make_uint4(0, gds_bswap32(GDS_INVALID_LKEY), 0, 0);  // list terminator
     qp->rq_pi++;
-    __threadfence_system();  // the WQE before the counter the NIC reads
-    *(volatile uint32_t *)(qp->dbrec + 4 * GDS_DBREC_RQ) = gds_bswap32((uint32_t)(qp->rq_pi & 0xFFFF));
-    *(volatile uint64_t *)(qp->state + 8) = qp->rq_pi;
     return GDS_OK;
 }
 
@@ -860,11 +880,13 @@ __device__ __forceinline__ int gds_peer_send(gds_peer *p, uint64_t laddr, uint32
 
 // Posts a receive of up to `len` bytes into laddr/lkey for the peer's next send, without a
 // credit: the peer cannot use it before gds_peer_give_credit. GDS_FULL when the receive ring
-// is full (wait for receives first).
+// is full (wait for receives first). The WQE is only stored: the next credit write publishes
+// it to the NIC (one fence for every receive it covers and the write), before the peer can
+// send into it.
 __device__ __forceinline__ int gds_peer_post_recv(gds_peer *p, uint64_t laddr, uint32_t lkey, uint32_t len) {
     int rc = gds_peer_check(p);
     if (rc != GDS_OK) return rc;
-    rc = gds_qp_post_recv(&p->qp, laddr, len, lkey);
+    rc = gds_qp_stage_recv(&p->qp, laddr, len, lkey);
     if (rc != GDS_OK) return rc;
     gds_peer_host(p)->recvs = ++p->recvs;
     return GDS_OK;
@@ -872,14 +894,16 @@ __device__ __forceinline__ int gds_peer_post_recv(gds_peer *p, uint64_t laddr, u
 
 // Gives the peer credit for every receive posted so far: one inline RDMA write of the receive
 // count into its credit word, however many receives it covers (nothing if none was posted
-// since the last credit). GDS_TIMEOUT if the send ring stayed full for timeout_ns (nothing
-// written: call again), or the channel's error.
+// since the last credit). The receives go to the NIC first: the write's fence publishes
+// their WQEs with its own, and the receive counter is stored before the write's doorbell.
+// GDS_TIMEOUT if the send ring stayed full for timeout_ns (nothing written: call again), or
+// the channel's error.
 __device__ __forceinline__ int gds_peer_give_credit(gds_peer *p, uint64_t timeout_ns) {
     int rc = gds_peer_check(p);
     if (rc != GDS_OK || p->credited == p->recvs) return rc;
     uint64_t start = 0;
     for (uint32_t spins = 0;; spins++) {
-        uint32_t f = gds_peer_wqe_flags(p, 0);
+        uint32_t f = gds_peer_wqe_flags(p, 0) | GDS_RING_RECV;
         rc = gds_qp_post_send_inline(&p->qp, GDS_OP_RDMA_WRITE, &p->recvs, 8, p->remote_credit, p->remote_credit_rkey, 0, f);
         if (rc == GDS_FULL) rc = gds_peer_make_room(p, spins, &start, timeout_ns);
         else if (rc == GDS_OK) {
