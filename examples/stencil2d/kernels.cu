@@ -274,44 +274,53 @@ extern "C" __global__ void whole(StencilRun a, long i, int pack_next, double c0,
     }
 }
 
-// One rank's iterations first..end in one kernel. Thread 0 of block 0 drives the channels
-// (gds_peer_*); every thread computes. Per iteration: sends (buffers packed by the previous
+// The thread that drives side d's channel (gds_peer_*): with direct channels thread 0 of
+// block d (of block d % blocks, on a grid of fewer than 4), so that the sides' reads across
+// PCIe and their system fences overlap on different SMs; with staged channels thread 0 of
+// block 0 drives every side (block 0 copies each halo between its steps).
+__device__ __forceinline__ bool drives(const StencilRun &a, int d) {
+    unsigned block = a.staged ? 0u : (unsigned)d % gridDim.x;
+    return blockIdx.x == block && threadIdx.x == 0;
+}
+
+// One rank's iterations first..end in one kernel. Thread 0 of up to four blocks drives the
+// channels (drives()); every thread computes. Per iteration: sends (buffers packed by the previous
 // iteration) -> interior -> wait for the halos, and for the sends whose buffers the ring packs
 // next -> barrier -> ring cells from the received halos, packing the next sends -> barrier ->
 // (every other iteration) receives for iterations i + 2 and i + 3, with one credit.
 extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
     __shared__ unsigned gen;
     __shared__ gds_peer peer[4];
-    const bool comm = blockIdx.x == 0 && threadIdx.x == 0;
+    // Thread 0 of block 0: the staged channels' driver, and the one --trace times.
+    const bool lead = blockIdx.x == 0 && threadIdx.x == 0;
     if (threadIdx.x == 0) gen = *(volatile unsigned *)((unsigned *)a.bar + 1);
     int rc = GDS_OK;
-    if (comm) {
-        for (int d = 0; d < 4; d++)
-            if (a.side[d].len) peer[d] = ((const gds_peer *)a.peers)[a.side[d].peer];
+    // Each driving thread's copy of its channels, in its block's shared memory.
+    for (int d = 0; d < 4; d++)
+        if (a.side[d].len && drives(a, d)) peer[d] = ((const gds_peer *)a.peers)[a.side[d].peer];
+    for (int d = 0; d < 4 && rc == GDS_OK; d++) {
+        if (!a.side[d].len || !drives(a, d)) continue;
         for (long i = a.first; i < a.end && i < a.first + 2 && rc == GDS_OK; i++)
-            for (int d = 0; d < 4 && rc == GDS_OK; d++)
-                if (a.side[d].len && a.staged)
-                    rc = gds_peer_recv_staged(&peer[d], a.side[d].len, a.timeout_ns);
-                else if (a.side[d].len)
-                    rc = gds_peer_recv(&peer[d], (u64)recv_buf(a.side[d], i), a.side[d].recv_lkey, a.side[d].len,
-                                       a.timeout_ns);
-        if (rc != GDS_OK) stencil_fail(a, rc, a.first);
+            rc = a.staged ? gds_peer_recv_staged(&peer[d], a.side[d].len, a.timeout_ns)
+                          : gds_peer_recv(&peer[d], (u64)recv_buf(a.side[d], i), a.side[d].recv_lkey, a.side[d].len,
+                                          a.timeout_ns);
     }
+    if (rc != GDS_OK) stencil_fail(a, rc, a.first);
     // The first iteration's send buffers, from its grid. The NIC reads them from host memory:
     // publish this thread's stores.
     if (pack_edges(a, a.first)) __threadfence_system();
     if (!grid_sync(a, &gen, a.first)) return;
-    StepTimes t(comm && a.trace);
+    StepTimes t(lead && a.trace);
     for (long i = a.first; i < a.end; i++) {
         int p = (int)(i & 1);
         const double *cur = (const double *)a.grid[p];
         double *nxt = (double *)a.grid[1 - p];
         if (a.staged && blockIdx.x == 0) {
-            rc = send_staged(a, peer, i, comm, rc);
-            if (comm && rc != GDS_OK) stencil_fail(a, rc, i);
-        } else if (comm) {
+            rc = send_staged(a, peer, i, lead, rc);
+            if (lead && rc != GDS_OK) stencil_fail(a, rc, i);
+        } else if (!a.staged) {
             for (int d = 0; d < 4 && rc == GDS_OK; d++)
-                if (a.side[d].len)
+                if (a.side[d].len && drives(a, d))
                     rc = gds_peer_send(&peer[d], (u64)send_buf(a.side[d], i), a.side[d].send_lkey, a.side[d].len,
                                        a.timeout_ns);
             if (rc != GDS_OK) stencil_fail(a, rc, i);
@@ -337,18 +346,18 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
             for (int d = 0; d < 4; d++) {
                 if (!a.side[d].len) continue;
                 unsigned got = a.side[d].len;
-                if (comm && rc == GDS_OK) rc = gds_peer_wait_recv(&peer[d], check_len ? &got : nullptr, a.timeout_ns);
-                if (comm && rc == GDS_OK && got != a.side[d].len) rc = STENCIL_SHORT_MESSAGE;
-                copy_in_staged(a, peer, d, i, comm, rc);
+                if (lead && rc == GDS_OK) rc = gds_peer_wait_recv(&peer[d], check_len ? &got : nullptr, a.timeout_ns);
+                if (lead && rc == GDS_OK && got != a.side[d].len) rc = STENCIL_SHORT_MESSAGE;
+                copy_in_staged(a, peer, d, i, lead, rc);
             }
-            if (comm && rc == GDS_OK && i + 1 == a.end)
+            if (lead && rc == GDS_OK && i + 1 == a.end)
                 for (int d = 0; d < 4 && rc == GDS_OK; d++)
                     if (a.side[d].len && peer[d].sends > peer[d].sends_waited)
                         rc = gds_peer_wait_sends(&peer[d], peer[d].sends - peer[d].sends_waited, a.timeout_ns);
-            if (comm && rc != GDS_OK) stencil_fail(a, rc, i);
-        } else if (comm && rc == GDS_OK) {
+            if (lead && rc != GDS_OK) stencil_fail(a, rc, i);
+        } else if (!a.staged && rc == GDS_OK) {
             for (int d = 0; d < 4 && rc == GDS_OK; d++) {
-                if (!a.side[d].len) continue;
+                if (!a.side[d].len || !drives(a, d)) continue;
                 unsigned got = a.side[d].len;
                 rc = gds_peer_wait_recv(&peer[d], check_len ? &got : nullptr, a.timeout_ns);
                 if (rc == GDS_OK && got != a.side[d].len) rc = STENCIL_SHORT_MESSAGE;
@@ -380,10 +389,10 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
         // i + 2 and i + 3 under one credit (one credit write for two receives). Their buffers
         // were last read by iterations i - 4 and i - 3 (nrecv = 6); at most 3 receives are
         // then posted ahead (i + 1 .. i + 3), within the channel's depth of 4.
-        if (comm && i + 2 < a.end && ((i - a.first) & 1) == 0) {
+        if (i + 2 < a.end && ((i - a.first) & 1) == 0) {
             for (int d = 0; d < 4 && rc == GDS_OK; d++) {
                 const StencilSide &sd = a.side[d];
-                if (!sd.len) continue;
+                if (!sd.len || !drives(a, d)) continue;
                 if (a.staged) {
                     rc = gds_peer_post_recv_staged(&peer[d], sd.len);
                     if (rc == GDS_OK && i + 3 < a.end) rc = gds_peer_post_recv_staged(&peer[d], sd.len);
