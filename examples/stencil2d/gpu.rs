@@ -16,7 +16,8 @@
 //! memory operations. Each kernel and each list costs the GPU ~1.5–2 µs of front-end time;
 //! a small interior does not hide that much.
 //! - `kernel`: one persistent kernel per rank (cooperative launch, grid-wide barriers) runs
-//!   every iteration: one thread drives mp's kernel channels (`gds_peer_*`) while the others
+//!   every iteration: thread 0 of one block per neighbour drives that neighbour's kernel
+//!   channel (`gds_peer_*`; block 0's thread 0 drives every staged channel) while the others
 //!   compute; the ring cells read the halos straight from the receive buffers.
 //!
 //! Kernels (kernels.cu) are compiled at run time with NVRTC, with fused multiply-add off
