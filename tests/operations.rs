@@ -1427,6 +1427,42 @@ fn receive_posted_before_connect() {
     assert_eq!(got, pattern(17, 64));
 }
 
+/// The soft engines count the requests they take in as responders (what the emulated
+/// driver's lingering `poll_cq` watches): an RDMA write (here written straight into the
+/// target's memory, both devices being of this process) and a send each count at their
+/// target. The count is process-wide, and other tests run beside this one: only its growth is
+/// checked.
+#[test]
+fn inbound_requests_count_what_a_responder_takes_in() {
+    let Pair { mut a, mut b } = Pair::new(Topo::TwoDevices);
+    let mut dst = vec![0u8; 64];
+    let mut src = pattern(5, 64);
+    let dmr =
+        b.pd.register(&mut dst, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let smr = a.pd.register(&mut src, Access::empty()).unwrap();
+    let before = gdasync::gdsync::inbound_requests();
+    a.qp.post_send(&SendWr::write(dmr.remote().at(0)).sge(smr.sge(..)).wr_id(1))
+        .unwrap();
+    poll_ok(&a.scq, 1);
+    let after_write = gdasync::gdsync::inbound_requests();
+    assert!(
+        after_write > before,
+        "the write's target took it in: {before} -> {after_write}"
+    );
+    b.qp.post_recv(&RecvWr::new().sge(dmr.sge(..)).wr_id(2))
+        .unwrap();
+    a.qp.post_send(&SendWr::send().sge(smr.sge(..)).wr_id(3))
+        .unwrap();
+    poll_ok(&a.scq, 1);
+    poll_ok(&b.rcq, 1);
+    let after_send = gdasync::gdsync::inbound_requests();
+    assert!(
+        after_send > after_write,
+        "the send's target took it in: {after_write} -> {after_send}"
+    );
+}
+
 /// A QP's send ring has the WQEBBs asked for (libmlx5 would size it at several per request),
 /// so CQs of that size are enough for a kernel to take the QP.
 fn send_ring_is_the_size_asked_for_so_a_kernel_can_take_it(t: Topo) {

@@ -42,3 +42,11 @@ pub extern "C" fn gdasync_emulated_hca_progress() {
     // (A panic must not cross into C: it is dropped, and the engine threads serve instead.)
     let _ = std::panic::catch_unwind(gdsync::lend_thread);
 }
+
+/// How many request packets this library's soft HCA has taken in as responder (writes, sends,
+/// reads and atomics from its peers): the emulated driver's `poll_cq` reads it before and
+/// after lending its thread, to tell whether a peer's request arrived meanwhile.
+#[no_mangle]
+pub extern "C" fn gdasync_emulated_hca_inbound() -> u64 {
+    gdsync::inbound_requests()
+}

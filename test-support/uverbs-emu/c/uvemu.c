@@ -59,6 +59,8 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/types.h>
+#include <stdint.h>
+#include <time.h>
 #include <arpa/inet.h>
 #include <unistd.h>
 #include <linux/netlink.h>
@@ -246,6 +248,8 @@ static void ensure_init(void) { pthread_once(&once, init); }
 int uvemu_hca_attached(void);
 /* The loaded soft HCA's gdasync_emulated_hca_progress, where it has one (see ibv_open_device). */
 static void (*hca_progress)(void);
+/* Its count of requests taken in as responder (gdasync_emulated_hca_inbound), where it has one. */
+static uint64_t (*hca_inbound)(void);
 static pthread_once_t auto_hca_once = PTHREAD_ONCE_INIT;
 static void auto_hca(void)
 {
@@ -261,7 +265,10 @@ static void auto_hca(void)
 	int rc = attach();
 	L("soft HCA from %s: %s", path, rc ? strerror(rc) : "attached");
 	if (rc) fprintf(stderr, "uvemu: the soft HCA of %s did not attach: %s\n", path, strerror(rc));
-	else hca_progress = (void (*)(void))dlsym(lib, "gdasync_emulated_hca_progress");
+	else {
+		hca_progress = (void (*)(void))dlsym(lib, "gdasync_emulated_hca_progress");
+		hca_inbound = (uint64_t (*)(void))dlsym(lib, "gdasync_emulated_hca_inbound");
+	}
 }
 
 /* Threads lent to the loaded soft HCA. A software RDMA provider runs its data path on the
@@ -284,12 +291,53 @@ enum { OPS_AT = 1, POLL_CQ = OPS_AT + 11, POST_SEND = OPS_AT + 25, POST_RECV = O
 static poll_cq_fn real_poll_cq;
 static post_fn real_post_send, real_post_recv;
 
+/* A poll that lingers. In a ping-pong over RDMA writes (ib_write_lat) each side spins on
+ * memory for the peer's write and calls poll_cq only for its own write's completion: the
+ * peer's next write then lands while nobody lends a thread, and waits for the engine thread's
+ * next look (tens of microseconds on a busy machine). So where this thread saw a peer's
+ * request come in within its last LINGER_POLLS empty polls (traffic both ways), an empty poll
+ * keeps lending the thread for up to LINGER_NS, and returns as soon as a request came in
+ * (its data is then in memory and its completion, if it makes one, in the CQ) or the time is
+ * up, with any completions found meanwhile. A process that never took in a request (a
+ * requester that only gets responses) never lingers, and pays one load. */
+#define LINGER_NS 20000ull
+#define LINGER_POLLS 1024u
+static __thread uint64_t inbound_seen;
+static __thread unsigned quiet_polls;
+
+static uint64_t mono_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* Whether a request came in since this thread last looked. */
+static int inbound_came(void)
+{
+	uint64_t in = hca_inbound();
+	if (in == inbound_seen) return 0;
+	inbound_seen = in;
+	quiet_polls = 0;
+	return 1;
+}
+
 static int lent_poll_cq(void *cq, int n, void *wc)
 {
 	int got = real_poll_cq(cq, n, wc);
 	if (got != 0) return got;
 	hca_progress();
-	return real_poll_cq(cq, n, wc);
+	got = real_poll_cq(cq, n, wc);
+	if (!hca_inbound || got < 0 || inbound_came() || inbound_seen == 0 || ++quiet_polls > LINGER_POLLS)
+		return got;
+	uint64_t start = mono_ns();
+	do {
+		hca_progress();
+		if (got == 0) got = real_poll_cq(cq, n, wc);
+		if (got < 0 || inbound_came()) break;
+	} while (mono_ns() - start < LINGER_NS);
+	if (got == 0) got = real_poll_cq(cq, n, wc);
+	return got;
 }
 
 static int lent_post_send(void *qp, void *wr, void **bad)

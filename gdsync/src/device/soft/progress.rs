@@ -721,6 +721,13 @@ pub fn lend_thread() {
     });
 }
 
+/// How many request packets this process's soft engines have taken in as responders, ever: a
+/// caller that lends its thread ([`lend_thread`]) reads it before and after to tell whether
+/// a peer's request arrived meanwhile (one relaxed load).
+pub fn inbound_requests() -> u64 {
+    super::engine::INBOUND_REQUESTS.load(Ordering::Relaxed)
+}
+
 thread_local! {
     /// A lent thread's copies of the engines' watches, in the order of its engine list
     /// (and the list's generation they belong to).

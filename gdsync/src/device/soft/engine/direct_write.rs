@@ -26,9 +26,10 @@ use super::super::targets::WriteTargets;
 use super::super::wire::PktHeader;
 use super::admission::{admission, Admission, Origin, QpView};
 use super::memory::Seg;
-use super::responder::remote_region;
+use super::responder::{remote_region, INBOUND_REQUESTS};
 use super::{EngineLink, QpContext};
 use crate::provider::Access;
+use std::sync::atomic::Ordering;
 
 /// What admission asks of a peer's published QP contexts.
 impl WriteTargets {
@@ -70,8 +71,13 @@ pub(super) fn direct_write(q: &QpContext, link: &EngineLink, hdr: &PktHeader, da
     // Held through the copy: the region stays registered.
     let slots = regions.read();
     // The PSN is taken once the region is known good: the copy then cannot fail.
-    target(&slots, hdr, pd, len)
-        .is_some_and(|e| targets.take_psn(q.rqpn, st) && e.write(hdr.raddr, data))
+    let landed = target(&slots, hdr, pd, len)
+        .is_some_and(|e| targets.take_psn(q.rqpn, st) && e.write(hdr.raddr, data));
+    if landed {
+        // The responder's device is of this process: it took the request in.
+        INBOUND_REQUESTS.fetch_add(1, Ordering::Relaxed);
+    }
+    landed
 }
 
 /// The bytes of segment `seg` of this device's memory, if it lies in one registered region

@@ -32,6 +32,7 @@ mod packets;
 mod report;
 mod requester;
 mod responder;
+pub(crate) use responder::INBOUND_REQUESTS;
 mod strict;
 mod timers;
 

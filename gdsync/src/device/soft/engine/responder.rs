@@ -18,7 +18,12 @@ use crate::format::*;
 use crate::mem::slot_off;
 use crate::provider::{Access, MAX_SGE};
 use smallvec::SmallVec;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Requests this process's engines took in as responders: request packets (RDMA writes,
+/// sends, reads and atomics from their peers) and the RDMA writes another device of this
+/// process put straight into their memory (direct writes). What `inbound_requests` reads.
+pub(crate) static INBOUND_REQUESTS: AtomicU64 = AtomicU64::new(0);
 
 /// A request's first packet, accepted.
 enum Accepted {
@@ -43,6 +48,7 @@ impl Engine {
         let Some(op) = self.admit(li, h) else {
             return;
         };
+        INBOUND_REQUESTS.fetch_add(1, Ordering::Relaxed);
 
         self.mrc.sync(&self.mrs);
         if op == Opcode::RdmaWrite && self.whole_write(h, payload) {
