@@ -20,8 +20,8 @@ use crate::provider::{Access, MAX_SGE};
 use smallvec::SmallVec;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Requests this process's engines took in as responders: request packets (RDMA writes,
-/// sends, reads and atomics from their peers) and the RDMA writes another device of this
+/// Requests this process's engines took in as responders: requests from their peers (RDMA
+/// writes, sends, reads and atomics, counted at their last packet) and the RDMA writes another device of this
 /// process put straight into their memory (direct writes). What `inbound_requests` reads.
 pub(crate) static INBOUND_REQUESTS: AtomicU64 = AtomicU64::new(0);
 
@@ -48,7 +48,10 @@ impl Engine {
         let Some(op) = self.admit(li, h) else {
             return;
         };
-        INBOUND_REQUESTS.fetch_add(1, Ordering::Relaxed);
+        if h.flags & flag::LAST != 0 {
+            // (Counted at its last packet: the message's data lands in this round.)
+            INBOUND_REQUESTS.fetch_add(1, Ordering::Relaxed);
+        }
 
         self.mrc.sync(&self.mrs);
         if op == Opcode::RdmaWrite && self.whole_write(h, payload) {
