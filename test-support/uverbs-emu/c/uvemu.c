@@ -296,12 +296,13 @@ static post_fn real_post_send, real_post_recv;
  * peer's next write then lands while nobody lends a thread, and waits for the engine thread's
  * next look (tens of microseconds on a busy machine). So where this thread saw a peer's
  * request come in within its last LINGER_POLLS empty polls (traffic both ways), an empty poll
- * keeps lending the thread for up to LINGER_NS, and returns as soon as a request came in
+ * keeps lending the thread for up to $UVEMU_LINGER_US microseconds (60; 0: never), and returns as soon as a request came in
  * (its data is then in memory and its completion, if it makes one, in the CQ) or the time is
  * up, with any completions found meanwhile. A process that never took in a request (a
  * requester that only gets responses) never lingers, and pays one load. */
-#define LINGER_NS 20000ull
 #define LINGER_POLLS 1024u
+/* $UVEMU_LINGER_US: the longest linger in microseconds (default 60; 0: never linger). */
+static uint64_t linger_ns = 60000;
 static __thread uint64_t inbound_seen;
 static __thread unsigned quiet_polls;
 
@@ -328,14 +329,15 @@ static int lent_poll_cq(void *cq, int n, void *wc)
 	if (got != 0) return got;
 	hca_progress();
 	got = real_poll_cq(cq, n, wc);
-	if (!hca_inbound || got < 0 || inbound_came() || inbound_seen == 0 || ++quiet_polls > LINGER_POLLS)
+	if (!hca_inbound || !linger_ns || got < 0 || inbound_came() || inbound_seen == 0 ||
+	    ++quiet_polls > LINGER_POLLS)
 		return got;
 	uint64_t start = mono_ns();
 	do {
 		hca_progress();
 		if (got == 0) got = real_poll_cq(cq, n, wc);
 		if (got < 0 || inbound_came()) break;
-	} while (mono_ns() - start < LINGER_NS);
+	} while (mono_ns() - start < linger_ns);
 	if (got == 0) got = real_poll_cq(cq, n, wc);
 	return got;
 }
@@ -377,6 +379,8 @@ void *ibv_open_device(void *dev)
 	lend_slot(&slots[POST_SEND], (void **)&real_post_send, (void *)lent_post_send);
 	lend_slot(&slots[POST_RECV], (void **)&real_post_recv, (void *)lent_post_recv);
 	int poll = strcmp(lend, "all") == 0;
+	const char *linger = getenv("UVEMU_LINGER_US");
+	if (linger && *linger) linger_ns = strtoull(linger, NULL, 10) * 1000;
 	if (poll) lend_slot(&slots[POLL_CQ], (void **)&real_poll_cq, (void *)lent_poll_cq);
 	L("ibv_open_device: post_send, post_recv%s lend their threads to the soft HCA",
 	  poll ? " and poll_cq" : "");
