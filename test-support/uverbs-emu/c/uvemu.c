@@ -296,11 +296,13 @@ static post_fn real_post_send, real_post_recv;
  * peer's next write then lands while nobody lends a thread, and waits for the engine thread's
  * next look (tens of microseconds on a busy machine). So where this thread saw a peer's
  * request come in within its last LINGER_POLLS empty polls (traffic both ways), an empty poll
- * keeps lending the thread for up to $UVEMU_LINGER_US microseconds (60; 0: never), and returns as soon as a request came in
- * (its data is then in memory and its completion, if it makes one, in the CQ) or the time is
- * up, with any completions found meanwhile. A process that never took in a request (a
- * requester that only gets responses) never lingers, and pays one load. */
-#define LINGER_POLLS 1024u
+ * keeps lending the thread for up to $UVEMU_LINGER_US microseconds (60; 0: never), and
+ * returns as soon as a request came in (its data is then in memory and its completion, if it
+ * makes one, in the CQ) or the time is up, with any completions found meanwhile. A process
+ * that never took in a request (a requester that only gets responses) never lingers, and pays
+ * one load; one whose peer stopped sending stops lingering after LINGER_POLLS polls (about a
+ * millisecond). */
+#define LINGER_POLLS 16u
 /* $UVEMU_LINGER_US: the longest linger in microseconds (default 60; 0: never linger). */
 static uint64_t linger_ns = 60000;
 static __thread uint64_t inbound_seen;
