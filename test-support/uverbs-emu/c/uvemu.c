@@ -382,7 +382,19 @@ void *ibv_open_device(void *dev)
 	lend_slot(&slots[POST_RECV], (void **)&real_post_recv, (void *)lent_post_recv);
 	int poll = strcmp(lend, "all") == 0;
 	const char *linger = getenv("UVEMU_LINGER_US");
-	if (linger && *linger) linger_ns = strtoull(linger, NULL, 10) * 1000;
+	if (linger && *linger) {
+		char *end;
+		errno = 0;
+		unsigned long long us = strtoull(linger, &end, 10);
+		static int warned;
+		if (errno || *end || us > 1000000) {
+			if (!warned++)
+				fprintf(stderr, "uvemu: UVEMU_LINGER_US=%s is not a number of microseconds up to 1000000 "
+					"(0: never linger); lingering up to %llu us\n",
+					linger, (unsigned long long)(linger_ns / 1000));
+		} else
+			linger_ns = us * 1000;
+	}
 	if (poll) lend_slot(&slots[POLL_CQ], (void **)&real_poll_cq, (void *)lent_poll_cq);
 	L("ibv_open_device: post_send, post_recv%s lend their threads to the soft HCA",
 	  poll ? " and poll_cq" : "");
