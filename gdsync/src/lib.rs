@@ -86,8 +86,9 @@ pub mod mlx5 {
     pub use crate::device::VerbsCompletion;
 }
 pub use device::{
-    accept_tcp_links, host_id, inbound_requests, lend_thread, progress, progress_mode,
-    progress_mode_for, soft_engines_report, DeviceName, DeviceSelection, ProgressMode, DEVICE_VAR,
+    accept_tcp_links, host_id, lend_thread, progress, progress_mode, progress_mode_for,
+    soft_engines_report, soft_writes_taken_in, DeviceName, DeviceSelection, ProgressMode,
+    DEVICE_VAR,
 };
 pub use error::{Error, Result};
 pub use handler::NicHandler;

@@ -10,7 +10,7 @@ mod verbs_wr;
 
 pub use select::{DeviceName, DeviceSelection, DEVICE_VAR};
 pub use soft::{
-    accept_tcp_links, host_id, inbound_requests, lend_thread, progress, progress_mode,
-    progress_mode_for, soft_engines_report, ProgressMode,
+    accept_tcp_links, host_id, lend_thread, progress, progress_mode, progress_mode_for,
+    soft_engines_report, soft_writes_taken_in, ProgressMode,
 };
 pub use verbs_wr::VerbsCompletion;

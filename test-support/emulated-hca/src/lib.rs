@@ -43,10 +43,10 @@ pub extern "C" fn gdasync_emulated_hca_progress() {
     let _ = std::panic::catch_unwind(gdsync::lend_thread);
 }
 
-/// How many request packets this library's soft HCA has taken in as responder (writes, sends,
-/// reads and atomics from its peers): the emulated driver's `poll_cq` reads it before and
-/// after lending its thread, to tell whether a peer's request arrived meanwhile.
+/// How many RDMA writes without immediate this library's soft HCA has taken in as responder
+/// (the requests that land without a completion to poll for): the emulated driver's `poll_cq`
+/// reads it while lending its thread, to tell whether a peer's write landed meanwhile.
 #[no_mangle]
-pub extern "C" fn gdasync_emulated_hca_inbound() -> u64 {
-    gdsync::inbound_requests()
+pub extern "C" fn gdasync_emulated_hca_writes_taken_in() -> u64 {
+    gdsync::soft_writes_taken_in()
 }

@@ -248,8 +248,9 @@ static void ensure_init(void) { pthread_once(&once, init); }
 int uvemu_hca_attached(void);
 /* The loaded soft HCA's gdasync_emulated_hca_progress, where it has one (see ibv_open_device). */
 static void (*hca_progress)(void);
-/* Its count of requests taken in as responder (gdasync_emulated_hca_inbound), where it has one. */
-static uint64_t (*hca_inbound)(void);
+/* Its count of RDMA writes taken in as responder (gdasync_emulated_hca_writes_taken_in), where it
+ * has one. */
+static uint64_t (*hca_writes_taken_in)(void);
 static pthread_once_t auto_hca_once = PTHREAD_ONCE_INIT;
 static void auto_hca(void)
 {
@@ -267,7 +268,7 @@ static void auto_hca(void)
 	if (rc) fprintf(stderr, "uvemu: the soft HCA of %s did not attach: %s\n", path, strerror(rc));
 	else {
 		hca_progress = (void (*)(void))dlsym(lib, "gdasync_emulated_hca_progress");
-		hca_inbound = (uint64_t (*)(void))dlsym(lib, "gdasync_emulated_hca_inbound");
+		hca_writes_taken_in = (uint64_t (*)(void))dlsym(lib, "gdasync_emulated_hca_writes_taken_in");
 	}
 }
 
@@ -294,14 +295,14 @@ static post_fn real_post_send, real_post_recv;
 /* A poll that lingers. In a ping-pong over RDMA writes (ib_write_lat) each side spins on
  * memory for the peer's write and calls poll_cq only for its own write's completion: the
  * peer's next write then lands while nobody lends a thread, and waits for the engine thread's
- * next look (tens of microseconds on a busy machine). So where this thread saw a peer's
- * request come in within its last LINGER_POLLS empty polls (traffic both ways), an empty poll
- * keeps lending the thread for up to $UVEMU_LINGER_US microseconds (60; 0: never), and
- * returns as soon as a request came in (its data is then in memory and its completion, if it
- * makes one, in the CQ) or the time is up, with any completions found meanwhile. A process
- * that never took in a request (a requester that only gets responses) never lingers, and pays
- * one load; one whose peer stopped sending stops lingering after LINGER_POLLS polls (about a
- * millisecond). */
+ * next look (tens of microseconds on a busy machine). So where this thread saw a peer's RDMA
+ * write land within its last LINGER_POLLS empty polls (writes both ways), an empty poll keeps
+ * lending the thread for up to $UVEMU_LINGER_US microseconds (60; 0: never), and returns as
+ * soon as a write landed (its data is then in memory) or the time is up, with any
+ * completions found meanwhile. Sends, reads and atomics do not count: a program waiting for a
+ * send polls its CQ (and lends its thread there); one that only reads or gets responses never
+ * lingers, and pays one load. A thread whose peer stopped writing stops lingering after
+ * LINGER_POLLS polls (about a millisecond). */
 #define LINGER_POLLS 16u
 /* $UVEMU_LINGER_US: the longest linger in microseconds (default 60; 0: never linger). */
 static uint64_t linger_ns = 60000;
@@ -315,10 +316,10 @@ static uint64_t mono_ns(void)
 	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
-/* Whether a request came in since this thread last looked. */
+/* Whether a peer's write landed since this thread last looked. */
 static int inbound_came(void)
 {
-	uint64_t in = hca_inbound();
+	uint64_t in = hca_writes_taken_in();
 	if (in == inbound_seen) return 0;
 	inbound_seen = in;
 	quiet_polls = 0;
@@ -331,7 +332,7 @@ static int lent_poll_cq(void *cq, int n, void *wc)
 	if (got != 0) return got;
 	hca_progress();
 	got = real_poll_cq(cq, n, wc);
-	if (!hca_inbound || !linger_ns || got < 0 || inbound_came() || inbound_seen == 0 ||
+	if (!hca_writes_taken_in || !linger_ns || got < 0 || inbound_came() || inbound_seen == 0 ||
 	    ++quiet_polls > LINGER_POLLS)
 		return got;
 	uint64_t start = mono_ns();

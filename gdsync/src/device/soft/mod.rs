@@ -38,8 +38,8 @@ pub use emulated::serve_emulated_driver;
 
 use progress::Why;
 pub use progress::{
-    inbound_requests, lend_thread, progress, progress_mode, progress_mode_for, soft_engines_report,
-    ProgressMode,
+    lend_thread, progress, progress_mode, progress_mode_for, soft_engines_report,
+    soft_writes_taken_in, ProgressMode,
 };
 
 pub(crate) use link::{Link, PEER_WAIT};

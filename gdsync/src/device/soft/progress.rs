@@ -721,11 +721,12 @@ pub fn lend_thread() {
     });
 }
 
-/// How many request packets this process's soft engines have taken in as responders, ever: a
-/// caller that lends its thread ([`lend_thread`]) reads it before and after to tell whether
-/// a peer's request arrived meanwhile (one relaxed load).
-pub fn inbound_requests() -> u64 {
-    super::engine::INBOUND_REQUESTS.load(Ordering::Relaxed)
+/// How many RDMA writes without immediate this process's soft engines have taken in as
+/// responders, ever: the requests that land without a completion the program could poll for.
+/// A caller that lends its thread ([`lend_thread`]) reads it before and after to tell whether
+/// a peer's write landed meanwhile (one relaxed load).
+pub fn soft_writes_taken_in() -> u64 {
+    super::engine::WRITES_TAKEN_IN.load(Ordering::Relaxed)
 }
 
 thread_local! {

@@ -26,7 +26,7 @@ use super::super::targets::WriteTargets;
 use super::super::wire::PktHeader;
 use super::admission::{admission, Admission, Origin, QpView};
 use super::memory::Seg;
-use super::responder::{remote_region, INBOUND_REQUESTS};
+use super::responder::{remote_region, WRITES_TAKEN_IN};
 use super::{EngineLink, QpContext};
 use crate::provider::Access;
 use std::sync::atomic::Ordering;
@@ -75,7 +75,7 @@ pub(super) fn direct_write(q: &QpContext, link: &EngineLink, hdr: &PktHeader, da
         .is_some_and(|e| targets.take_psn(q.rqpn, st) && e.write(hdr.raddr, data));
     if landed {
         // The responder's device is of this process: it took the request in.
-        INBOUND_REQUESTS.fetch_add(1, Ordering::Relaxed);
+        WRITES_TAKEN_IN.fetch_add(1, Ordering::Relaxed);
     }
     landed
 }

@@ -32,7 +32,7 @@ mod packets;
 mod report;
 mod requester;
 mod responder;
-pub(crate) use responder::INBOUND_REQUESTS;
+pub(crate) use responder::WRITES_TAKEN_IN;
 mod strict;
 mod timers;
 

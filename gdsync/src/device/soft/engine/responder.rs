@@ -20,10 +20,11 @@ use crate::provider::{Access, MAX_SGE};
 use smallvec::SmallVec;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Requests this process's engines took in as responders: requests from their peers (RDMA
-/// writes, sends, reads and atomics, counted at their last packet) and the RDMA writes another device of this
-/// process put straight into their memory (direct writes). What `inbound_requests` reads.
-pub(crate) static INBOUND_REQUESTS: AtomicU64 = AtomicU64::new(0);
+/// RDMA writes without immediate this process's engines took in as responders: the requests
+/// that land without a completion the program could poll for. Counted at their last packet,
+/// and when another device of this process puts one straight into their memory (a direct
+/// write). What `soft_writes_taken_in` reads.
+pub(crate) static WRITES_TAKEN_IN: AtomicU64 = AtomicU64::new(0);
 
 /// A request's first packet, accepted.
 enum Accepted {
@@ -48,9 +49,9 @@ impl Engine {
         let Some(op) = self.admit(li, h) else {
             return;
         };
-        if h.flags & flag::LAST != 0 {
+        if op == Opcode::RdmaWrite && h.flags & flag::LAST != 0 {
             // (Counted at its last packet: the message's data lands in this round.)
-            INBOUND_REQUESTS.fetch_add(1, Ordering::Relaxed);
+            WRITES_TAKEN_IN.fetch_add(1, Ordering::Relaxed);
         }
 
         self.mrc.sync(&self.mrs);
