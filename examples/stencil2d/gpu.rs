@@ -741,14 +741,29 @@ fn kernel_steps_line(rank: usize, words: &PinnedBuffer) -> Option<String> {
     if iters == 0 {
         return None;
     }
-    let mut line = format!("trace rank {rank}, kernel (block 0, thread 0) µs per iteration:");
+    Some(steps_line(
+        &format!("trace rank {rank}, kernel (block 0, thread 0) µs per iteration:"),
+        KERNEL_STEPS
+            .iter()
+            .zip(&w)
+            .map(|(name, ns)| (*name, *ns as f64 / 1e3 / iters as f64)),
+        "total",
+    ))
+}
+
+/// One `--trace` line: `head`, each step's µs as ` name us |`, then `last` and their sum.
+fn steps_line<'a>(
+    head: &str,
+    steps: impl IntoIterator<Item = (&'a str, f64)>,
+    last: &str,
+) -> String {
+    let mut line = head.to_string();
     let mut total = 0.0;
-    for (name, ns) in KERNEL_STEPS.iter().zip(&w) {
-        let us = *ns as f64 / 1e3 / iters as f64;
+    for (name, us) in steps {
         total += us;
         line += &format!(" {name} {us:.2} |");
     }
-    Some(format!("{line} total {total:.2}"))
+    format!("{line} {last} {total:.2}")
 }
 
 /// `--trace` (stream trigger), over the last [`Trace::ITERS`] iterations of a run: the CPU's
@@ -820,14 +835,12 @@ impl Trace {
             eprintln!("trace rank {rank}: overlap off: the sends and the waits are one list (the wait list), the kernel is `whole` (the ring), nothing runs between them");
         }
         let n = self.iters.max(1) as f64;
-        let mut line = format!("trace rank {rank}, CPU µs per iteration:");
-        let mut total = 0.0;
-        for (k, name) in Self::STEPS.iter().enumerate() {
-            let us = self.steps[k].as_secs_f64() * 1e6 / n;
-            total += us;
-            line += &format!(" {name} {us:.2} |");
-        }
-        eprintln!("{line} total {total:.2}");
+        let cpu = Self::STEPS
+            .iter()
+            .zip(&self.steps)
+            .map(|(name, d)| (*name, d.as_secs_f64() * 1e6 / n));
+        let head = format!("trace rank {rank}, CPU µs per iteration:");
+        eprintln!("{}", steps_line(&head, cpu, "total"));
         // GPU: median per step over the traced iterations (the first has no previous ring).
         let mut per: [Vec<f64>; 4] = Default::default();
         for w in self.gpu.windows(2) {
@@ -837,15 +850,12 @@ impl Trace {
                 per[k].push(cur[k].since(&cur[k - 1])?.as_secs_f64() * 1e6);
             }
         }
-        let mut line = format!("trace rank {rank}, GPU µs per iteration (median):");
-        let mut total = 0.0;
-        for (k, name) in Self::GPU_STEPS.iter().enumerate() {
-            per[k].sort_by(f64::total_cmp);
-            let us = per[k].get(per[k].len() / 2).copied().unwrap_or(0.0);
-            total += us;
-            line += &format!(" {name} {us:.2} |");
-        }
-        eprintln!("{line} sum {total:.2}");
+        let gpu = Self::GPU_STEPS.iter().zip(&mut per).map(|(name, v)| {
+            v.sort_by(f64::total_cmp);
+            (*name, v.get(v.len() / 2).copied().unwrap_or(0.0))
+        });
+        let head = format!("trace rank {rank}, GPU µs per iteration (median):");
+        eprintln!("{}", steps_line(&head, gpu, "sum"));
         Ok(())
     }
 }
@@ -980,4 +990,15 @@ pub fn reference(k: &Kernels, gpu: i32, gx: usize, gy: usize, iters: u64) -> Res
         rank.ring(i, false)?;
     }
     rank.owned(iters)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::steps_line;
+
+    #[test]
+    fn a_trace_line_names_each_step_then_the_sum() {
+        let line = steps_line("trace rank 1:", [("send", 1.234), ("wait", 2.0)], "total");
+        assert_eq!(line, "trace rank 1: send 1.23 | wait 2.00 | total 3.23");
+    }
 }

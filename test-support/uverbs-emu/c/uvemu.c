@@ -306,7 +306,7 @@ static post_fn real_post_send, real_post_recv;
 #define LINGER_POLLS 16u
 /* $UVEMU_LINGER_US: the longest linger in microseconds (default 60; 0: never linger). */
 static uint64_t linger_ns = 60000;
-static __thread uint64_t inbound_seen;
+static __thread uint64_t writes_seen;
 static __thread unsigned quiet_polls;
 
 static uint64_t mono_ns(void)
@@ -317,11 +317,11 @@ static uint64_t mono_ns(void)
 }
 
 /* Whether a peer's write landed since this thread last looked. */
-static int inbound_came(void)
+static int write_landed(void)
 {
 	uint64_t in = hca_writes_taken_in();
-	if (in == inbound_seen) return 0;
-	inbound_seen = in;
+	if (in == writes_seen) return 0;
+	writes_seen = in;
 	quiet_polls = 0;
 	return 1;
 }
@@ -332,14 +332,14 @@ static int lent_poll_cq(void *cq, int n, void *wc)
 	if (got != 0) return got;
 	hca_progress();
 	got = real_poll_cq(cq, n, wc);
-	if (!hca_writes_taken_in || !linger_ns || got < 0 || inbound_came() || inbound_seen == 0 ||
+	if (!hca_writes_taken_in || !linger_ns || got < 0 || write_landed() || writes_seen == 0 ||
 	    ++quiet_polls > LINGER_POLLS)
 		return got;
 	uint64_t start = mono_ns();
 	do {
 		hca_progress();
 		if (got == 0) got = real_poll_cq(cq, n, wc);
-		if (got < 0 || inbound_came()) break;
+		if (got < 0 || write_landed()) break;
 	} while (mono_ns() - start < linger_ns);
 	if (got == 0) got = real_poll_cq(cq, n, wc);
 	return got;

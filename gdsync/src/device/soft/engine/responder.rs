@@ -50,7 +50,8 @@ impl Engine {
             return;
         };
         if op == Opcode::RdmaWrite && h.flags & flag::LAST != 0 {
-            // (Counted at its last packet: the message's data lands in this round.)
+            // (Counted at its last packet, once admitted: its data lands in this round. A write
+            // its checks then refuse counts too, which only ends a lingering poll early.)
             WRITES_TAKEN_IN.fetch_add(1, Ordering::Relaxed);
         }
 
