@@ -44,7 +44,8 @@ pub const AHEAD: usize = 4;
 /// The kernels' source (also checked with clang by tests/stencil.rs).
 pub const KERNELS: &str = include_str!("kernels.cu");
 
-/// Threads per block of every kernel.
+/// Threads per block of every kernel (the persistent kernel's `__launch_bounds__` in kernels.cu
+/// names the same number).
 const BLOCK: u32 = 256;
 
 /// The persistent kernel's own error codes (kernels.cu: `STENCIL_*`), beside gdsync's.

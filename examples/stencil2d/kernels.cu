@@ -288,7 +288,10 @@ __device__ __forceinline__ bool drives(const StencilRun &a, int d) {
 // iteration) -> interior -> wait for the halos, and for the sends whose buffers the ring packs
 // next -> barrier -> ring cells from the received halos, packing the next sends -> barrier ->
 // (every other iteration) receives for iterations i + 2 and i + 3, with one credit.
-extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
+// Launched with gpu.rs's BLOCK (256) threads per block. The bound keeps its registers to what
+// lets 4 blocks share an SM: the cells are a memory-bound loop that needs warps in flight,
+// and the channel code, which would take more registers, runs on one thread per side.
+extern "C" __global__ void __launch_bounds__(256, 4) persistent(StencilRun a, double c0, double c1) {
     __shared__ unsigned gen;
     __shared__ gds_peer peer[4];
     // Thread 0 of block 0: the staged channels' driver, and the one --trace times.
@@ -328,11 +331,24 @@ extern "C" __global__ void persistent(StencilRun a, double c0, double c1) {
         t.end(0);
         {
             long w = a.ny - 2, h = a.nx - 2, s = a.ny + 2;
-            if (w > 0 && h > 0) FOR_EACH(k, w * h) {
+            if (w >= (long)blockDim.x && h > 0) {
+                // Rows at least a block wide: a block per row in turn, its threads along the
+                // row (no division per cell, loads coalesced, the row's cells independent).
+                for (long r = 2 + blockIdx.x; r < h + 2; r += gridDim.x) {
+                    const double *in = cur + r * s;
+                    double *out = nxt + r * s;
+#pragma unroll 4
+                    for (long c = 2 + threadIdx.x; c < w + 2; c += blockDim.x)
+                        out[c] = upd_vals(ld(in + c), ld(in + c - s), ld(in + c + s), ld(in + c - 1), ld(in + c + 1),
+                                          c0, c1);
+                }
+            } else if (w > 0 && h > 0) {
+                FOR_EACH(k, w * h) {
                     long r = 2 + k / w, c = 2 + k % w, at = r * s + c;
                     nxt[at] = upd_vals(ld(cur + at), ld(cur + at - s), ld(cur + at + s), ld(cur + at - 1),
                                        ld(cur + at + 1), c0, c1);
                 }
+            }
         }
         t.end(1);
         // A halo's byte count is read in the first iteration of a launch only: reading it

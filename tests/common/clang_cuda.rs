@@ -15,6 +15,7 @@ pub const CUDA_SHIM: &str = r#"
 #define __forceinline__ __attribute__((always_inline)) inline
 #define __align__(n) __attribute__((aligned(n)))
 #define __restrict__ __restrict
+#define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
 struct uint4 { unsigned x, y, z, w; };
 struct ulonglong2 { unsigned long long x, y; };
 __device__ uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w);
