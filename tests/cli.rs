@@ -299,6 +299,60 @@ fn pingpong_staged_stream_loop_runs_on_a_host_stream() {
     );
 }
 
+/// `pingpong --api mp --op write` puts each message into the peer's window on a stream (a
+/// host stream here: no GPU) and waits for the answer's marker in its receive buffer: it runs
+/// at two sizes (the tool checks that the last marker landed in each rank's buffer) and the
+/// JSON names the op and the API. Elsewhere (a kernel, GPU memory) it is refused.
+#[test]
+fn pingpong_mp_puts_on_a_host_stream() {
+    let args = [
+        "--api",
+        "mp",
+        "--op",
+        "write",
+        "--trigger",
+        "stream",
+        "--host-stream",
+        "--sizes",
+        "8,4096",
+        "--iters",
+        "200",
+        "--warmup",
+        "10",
+        "--json",
+    ];
+    let out = output("pingpong", &args);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("\"t_p50_us\""))
+        .collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    for r in rows {
+        assert!(
+            r.contains("\"op\":\"write\"") && r.contains("\"api\":\"mp\""),
+            "{r}"
+        );
+    }
+    for (trigger, mem) in [("kernel", "host"), ("stream", "device")] {
+        refused(
+            "pingpong",
+            &[
+                "--api",
+                "mp",
+                "--op",
+                "write",
+                "--trigger",
+                trigger,
+                "--mem",
+                mem,
+            ],
+            "runs with --trigger stream --mem host",
+        );
+    }
+}
+
 /// `pingpong --api mp --mem device` stages through mp's bounce pool on a host stream (no GPU;
 /// pinned host memory stands in for the GPU's): at a size within a page and one past mp's
 /// default 64 KiB bounce, every message is copied out before its doorbell and in after its

@@ -288,7 +288,7 @@ pub(crate) unsafe fn marker_write(addr: u64, marker: u32) -> Ops {
 ///
 /// # Safety
 /// As [`raw`]: `addr` lies in a leaked buffer.
-unsafe fn marker_wait(addr: u64, marker: u32) -> Ops {
+pub(crate) unsafe fn marker_wait(addr: u64, marker: u32) -> Ops {
     // SAFETY: the caller's obligation, passed on.
     unsafe {
         raw(MemOp::Wait32 {

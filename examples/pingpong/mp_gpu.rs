@@ -1,6 +1,7 @@
 //! `--api mp` with the GPU triggers: the loops of gpu.rs through the messaging layer
-//! (`mp::Comm` send/receive with credits), `--op send` only. Ranks are threads sharing one
-//! GPU and one soft device; each has its own communicator.
+//! (`mp::Comm` send/receive with credits; `--op write`: puts into the peer's window on a
+//! stream, host memory). Ranks are threads sharing one GPU and one soft device; each has its
+//! own communicator.
 //!
 //! `host` and `stream`: receives are posted by each rank's CPU 64 ahead (their credits reach
 //! the peer early, so a stream send rarely needs to wait for one); requests are released by
@@ -14,10 +15,10 @@
 //! GPU memory and the bounces with a block of threads.
 
 use super::gpu::{
-    join_ranks, kernel_half_rtts, marker_write, staged, Buf, ProgressClock, KERNELS,
+    join_ranks, kernel_half_rtts, marker_wait, marker_write, staged, Buf, ProgressClock, KERNELS,
     KERNEL_WAIT_NS, SIGNAL_EVERY, STAGING_THREADS, TIMEOUT,
 };
-use super::{Args, Trigger};
+use super::{Args, Op, Trigger};
 use crate::common::gpus::{self, Modules};
 use crate::common::stats::{cpu_time_us, Stats};
 use anyhow::{bail, Context, Result};
@@ -26,7 +27,7 @@ use gdasync::gdsync::exec::{Executor, HostStream, OpBatch};
 use gdasync::gdsync::kernel::code;
 use gdasync::gdsync::{Device, GpuMemoryPath, MemoryRegion, PinnedBuffer, SignalWords};
 use gdasync::mp::bootstrap::ThreadBootstrap;
-use gdasync::mp::{Comm, GpuRegion, Request};
+use gdasync::mp::{Comm, GpuRegion, Request, Window};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
@@ -121,6 +122,8 @@ struct MpRank {
     /// Receives kept posted ahead (fewer when messages go in chunks: each chunk takes a
     /// slot of the receive ring).
     recv_ahead: u64,
+    /// `--op write`: the window over every rank's receive buffer, which puts write into.
+    window: Option<Window>,
 }
 
 impl MpRank {
@@ -151,6 +154,11 @@ impl MpRank {
         }
         let sbuf = MpBuf::new(&comm, args, max, rank)?;
         let rbuf = MpBuf::new(&comm, args, max, rank)?;
+        let window = match (&rbuf, args.op) {
+            (MpBuf::Reg(_, mr), Op::Write) => Some(comm.window(mr)?),
+            (_, Op::Write) => bail!("--op write: puts need registered host memory"),
+            _ => None,
+        };
         Ok(Self {
             peer: 1 - comm.rank(),
             comm,
@@ -159,6 +167,7 @@ impl MpRank {
             recvs: VecDeque::new(),
             posted: 0,
             recv_ahead,
+            window,
         })
     }
     /// Keeps receives posted up to `recv_ahead` past iteration `i`; returns iteration i's.
@@ -173,9 +182,13 @@ impl MpRank {
         }
         Ok(self.recvs.pop_front().expect("posted ahead"))
     }
-    /// Sends `size` bytes of the send buffer, from the CPU or on `exec`.
+    /// Sends `size` bytes of the send buffer, from the CPU or on `exec`; with a window, puts
+    /// them at the start of the peer's receive buffer (on `exec`).
     fn send(&mut self, size: usize, exec: Option<&impl Executor>) -> Result<Request> {
         let peer = self.peer;
+        if let (Some(w), MpBuf::Reg(_, mr), Some(e)) = (&self.window, &self.sbuf, exec) {
+            return Ok(self.comm.iput_on(mr.sge(..size), w, peer, 0, e)?);
+        }
         Ok(match (&self.sbuf, exec) {
             (MpBuf::Reg(_, mr), None) => self.comm.isend(mr.sge(..size), peer)?,
             (MpBuf::Reg(_, mr), Some(e)) => self.comm.isend_on(mr.sge(..size), peer, e)?,
@@ -284,6 +297,8 @@ pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Res
 /// bump the progress word (one list more than iterations: the last answer's wait). Each list
 /// begins with its wait, as gdsync's stream loop, so the stream's step from one list to the
 /// next falls while the message is in flight. Nothing on the CPU is in the message's path.
+/// With puts (`--op write`) no receive is posted: the wait is for the message's marker in the
+/// receive buffer, as in gdsync's write loop.
 fn stream_rank<E: Executor>(
     rank: usize,
     mut r: MpRank,
@@ -305,8 +320,10 @@ fn stream_rank<E: Executor>(
     let lists = if rank == 0 { iters + 1 } else { iters };
     // Rank 0's receive for the message it sent in the list before.
     let mut answer: Option<Request> = None;
+    let in_word = r.rbuf.addr() + size as u64 - 4;
+    let puts = r.window.is_some();
     for i in 0..lists {
-        let recv = if i < iters {
+        let recv = if i < iters && !puts {
             Some(r.recv_for(i, size, iters)?)
         } else {
             None
@@ -316,6 +333,17 @@ fn stream_rank<E: Executor>(
         if let Some(w) = wait {
             r.comm.wait_on(w, &batch)?;
             live.push_back(w);
+        }
+        // The marker of the message this list answers: rank 0's i-th (rank 1), or the
+        // answer to rank 0's previous one.
+        let awaited = if rank == 1 {
+            (i < iters).then_some(2 * i + 1)
+        } else {
+            (i > 0).then_some(2 * i)
+        };
+        if let (true, Some(m)) = (puts, awaited) {
+            // SAFETY: the word lies in this rank's receive buffer, leaked for the process's life.
+            batch.submit(unsafe { marker_wait(in_word, m as u32) })?;
         }
         if i < iters {
             let mine = (2 * i + 1 + rank as u64) as u32;
