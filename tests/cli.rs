@@ -119,7 +119,11 @@ fn bad_pingpong_arguments_are_clean_errors() {
         (&["--size", "8", "--sizes", "16"][..], "cannot be used with"),
         (&["--sizes", "4X"][..], "not a size"),
         (&["--size", "2G"][..], "at most 1 GiB"),
-        (&["--api", "mp", "--op", "write"][..], "does not apply"),
+        (&["--api", "mp", "--op", "write-imm"][..], "does not apply"),
+        (
+            &["--api", "mp", "--op", "write"][..],
+            "runs with --trigger stream --mem host",
+        ),
         (&["--api", "mp", "--raw"][..], "--raw"),
         (&["--api", "mp", "--ranks-as", "procs"][..], "threads"),
         (&["--raw", "--op", "send"][..], "does not apply"),
