@@ -325,15 +325,7 @@ fn pingpong_mp_puts_on_a_host_stream() {
         "10",
         "--json",
     ];
-    let out = output("pingpong", &args);
-    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    assert!(out.status.success(), "{stderr}");
-    let rows: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.contains("\"t_p50_us\""))
-        .collect();
-    assert_eq!(rows.len(), 2, "{stdout}");
-    for r in rows {
+    for r in pingpong_rows(&args, 2) {
         assert!(
             r.contains("\"op\":\"write\"") && r.contains("\"api\":\"mp\""),
             "{r}"
@@ -387,19 +379,25 @@ fn pingpong_mp_chunked_staged_stream_loop_runs_on_a_host_stream() {
 /// Runs `pingpong args` (two sizes, 100 iterations, JSON): it succeeds with two rows of 100
 /// iterations whose GPU memory path is staged.
 fn two_staged_rows(args: &[&str]) {
+    for r in pingpong_rows(args, 2) {
+        assert!(r.contains("\"iters\":100"), "{args:?}: {r}");
+        let path = common::json_field(&r, "gpu_memory");
+        assert!(path.starts_with("staged"), "{args:?}: {r}");
+    }
+}
+
+/// Runs `pingpong args` (with `--json`): it succeeds with `n` result rows, returned.
+fn pingpong_rows(args: &[&str], n: usize) -> Vec<String> {
     let out = output("pingpong", args);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{args:?}: {stderr}");
-    let rows: Vec<&str> = stdout
+    let rows: Vec<String> = stdout
         .lines()
         .filter(|l| l.contains("\"t_p50_us\""))
+        .map(str::to_owned)
         .collect();
-    assert_eq!(rows.len(), 2, "{args:?}:\n{stdout}");
-    for r in rows {
-        assert!(r.contains("\"iters\":100"), "{args:?}: {r}");
-        let path = common::json_field(r, "gpu_memory");
-        assert!(path.starts_with("staged"), "{args:?}: {r}");
-    }
+    assert_eq!(rows.len(), n, "{args:?}:\n{stdout}");
+    rows
 }
 
 /// `pingpong --explain` prints the lists the GPU loops build, without a GPU: a stream's

@@ -352,7 +352,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) persistent(StencilRun a, do
         }
         t.end(1);
         // A halo's byte count is read in the first iteration of a launch only: reading it
-        // costs a wait a second read across PCIe and a system fence, and every message of a
+        // costs the wait a second read across PCIe and a system fence, and every message of a
         // side has the same length. A message longer than its receive fails the wait with
         // an error completion in any iteration.
         const bool check_len = i == a.first;

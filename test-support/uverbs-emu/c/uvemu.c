@@ -326,6 +326,23 @@ static int write_landed(void)
 	return 1;
 }
 
+/* Reads $UVEMU_LINGER_US, once per process: a value that is no number of microseconds up to
+ * 1 s gets a one-line error and the default stays. */
+static void read_linger(void)
+{
+	const char *linger = getenv("UVEMU_LINGER_US");
+	if (!linger || !*linger) return;
+	char *end;
+	errno = 0;
+	unsigned long long us = strtoull(linger, &end, 10);
+	if (errno || *end || us > 1000000)
+		fprintf(stderr, "uvemu: UVEMU_LINGER_US=%s is not a number of microseconds up to 1000000 "
+			"(0: never linger); lingering up to %llu us\n",
+			linger, (unsigned long long)(linger_ns / 1000));
+	else
+		linger_ns = us * 1000;
+}
+
 static int lent_poll_cq(void *cq, int n, void *wc)
 {
 	int got = real_poll_cq(cq, n, wc);
@@ -382,20 +399,8 @@ void *ibv_open_device(void *dev)
 	lend_slot(&slots[POST_SEND], (void **)&real_post_send, (void *)lent_post_send);
 	lend_slot(&slots[POST_RECV], (void **)&real_post_recv, (void *)lent_post_recv);
 	int poll = strcmp(lend, "all") == 0;
-	const char *linger = getenv("UVEMU_LINGER_US");
-	if (linger && *linger) {
-		char *end;
-		errno = 0;
-		unsigned long long us = strtoull(linger, &end, 10);
-		static int warned;
-		if (errno || *end || us > 1000000) {
-			if (!warned++)
-				fprintf(stderr, "uvemu: UVEMU_LINGER_US=%s is not a number of microseconds up to 1000000 "
-					"(0: never linger); lingering up to %llu us\n",
-					linger, (unsigned long long)(linger_ns / 1000));
-		} else
-			linger_ns = us * 1000;
-	}
+	static pthread_once_t linger_once = PTHREAD_ONCE_INIT;
+	pthread_once(&linger_once, read_linger);
 	if (poll) lend_slot(&slots[POLL_CQ], (void **)&real_poll_cq, (void *)lent_poll_cq);
 	L("ibv_open_device: post_send, post_recv%s lend their threads to the soft HCA",
 	  poll ? " and poll_cq" : "");
