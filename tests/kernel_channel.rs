@@ -2072,3 +2072,131 @@ fn block_copy_parts_cover_the_range_byte_for_byte() {
         }
     }
 }
+
+// ------------------------------------------------------------------ puts and gets
+
+/// Puts and gets from a "kernel" on a staged channel, between sends that take credits. Rank 0
+/// puts message `i` into rank 1's window at an odd offset (from registered memory, or every
+/// third from a send bounce with `gds_peer_put_bounce`; one in four signalled), then sends
+/// `i`: rank 1 finds the put's bytes in its window once that send arrived (work on one
+/// connection lands in order), answers, and gets a range of rank 0's window, which it finds
+/// in place once the get's wait returned. A put or get reaching past the window (or whose
+/// offset would overflow) is refused with GDS_INVALID and posts nothing. Over two "launches"
+/// the counters resume: puts and gets count as sends for the waits, never as credits.
+#[test]
+#[cfg_attr(
+    not(clang_cuda),
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
+)]
+fn kernel_channel_puts_and_gets_between_sends() {
+    const ITERS: u64 = 120;
+    const WIN: usize = 4096;
+    const SLOT: usize = 256;
+    let results = staged_channel_ranks(8, SLOT, |comm, ch| {
+        let (me, peer) = (comm.rank(), 1 - comm.rank());
+        let (wbuf, wmr) = pinned(comm.pd(), WIN);
+        // Per iteration its own source (an unsignalled put may still be read) and a receive.
+        let (buf, mr) = pinned(comm.pd(), SLOT * (ITERS as usize + 1));
+        let pattern = message(999, 0, WIN);
+        write(
+            wbuf.addr(),
+            &if me == 0 {
+                pattern.clone()
+            } else {
+                vec![0xee; WIN]
+            },
+        );
+        let w = comm.window(&wmr).unwrap();
+        let kw = w.for_kernels().unwrap();
+        let r = kw.desc(peer).unwrap();
+        assert_eq!(kw.size(), 2);
+        assert_eq!((r.len, r.rkey), (WIN as u64, w.remote(peer).unwrap().rkey));
+        let len = |i: u64| 1 + (i as usize * 37) % SLOT;
+        let off = |i: u64| ((i as usize * 97 + 3) % (WIN - SLOT)) as u64;
+        let slot = |i: u64| buf.addr() + (SLOT * i as usize) as u64;
+        let recv_at = buf.addr() + (SLOT * ITERS as usize) as u64;
+        let ok = |rc: i32, what: &str, i: u64| assert_eq!(rc, code::OK, "{me}: {what} {i}");
+        comm.barrier().unwrap();
+        let launch = |range: std::ops::Range<u64>| {
+            let mut p: PeerDesc = ch.desc(peer).unwrap();
+            for i in range {
+                let flags = if i % 4 == 3 { gds::SIGNALED } else { 0 };
+                ok(
+                    gds::peer_recv(&mut p, recv_at, mr.lkey(), 16, TIMEOUT_NS),
+                    "recv",
+                    i,
+                );
+                if me == 0 {
+                    let msg = message(i, 0, len(i));
+                    let rc = if i % 3 == 0 {
+                        write(
+                            gds::peer_next_send_bounce(&mut p, TIMEOUT_NS).unwrap(),
+                            &msg,
+                        );
+                        gds::peer_put_bounce(&mut p, &r, off(i), len(i) as u32, flags, TIMEOUT_NS)
+                    } else {
+                        write(slot(i), &msg);
+                        let n = len(i) as u32;
+                        gds::peer_put_flags(
+                            &mut p,
+                            &r,
+                            off(i),
+                            slot(i),
+                            mr.lkey(),
+                            n,
+                            flags,
+                            TIMEOUT_NS,
+                        )
+                    };
+                    ok(rc, "put", i);
+                    let sent = p.sends;
+                    for (o, n) in [(WIN as u64 - 10, 11), (u64::MAX, 1)] {
+                        let rc = gds::peer_put_flags(&mut p, &r, o, slot(i), mr.lkey(), n, 0, 1000);
+                        assert_eq!(rc, code::INVALID, "a put of {n} at {o} is refused");
+                    }
+                    assert_eq!(p.sends, sent, "a refused put posts nothing");
+                    ok(
+                        gds::peer_send_flags(&mut p, slot(i), mr.lkey(), 4, flags, TIMEOUT_NS),
+                        "send",
+                        i,
+                    );
+                    ok(gds::peer_wait_recv(&mut p, None, TIMEOUT_NS), "answer", i);
+                } else {
+                    ok(gds::peer_wait_recv(&mut p, None, TIMEOUT_NS), "message", i);
+                    let at = wbuf.addr() + off(i);
+                    assert_eq!(read(at, len(i)), message(i, 0, len(i)), "put {i} landed");
+                    ok(
+                        gds::peer_send_flags(&mut p, recv_at, mr.lkey(), 4, flags, TIMEOUT_NS),
+                        "answer",
+                        i,
+                    );
+                    let (o, n) = (off(i) + 1, len(i) as u32);
+                    ok(
+                        gds::peer_get(&mut p, &r, o, slot(i), mr.lkey(), n, TIMEOUT_NS),
+                        "get",
+                        i,
+                    );
+                    let rc = gds::peer_get(&mut p, &r, WIN as u64, slot(i), mr.lkey(), 1, 1000);
+                    assert_eq!(rc, code::INVALID, "a get past the window is refused");
+                    let n = p.sends - p.sends_waited;
+                    ok(gds::peer_wait_sends(&mut p, n, TIMEOUT_NS), "get's wait", i);
+                    let o = o as usize;
+                    assert_eq!(read(slot(i), len(i)), pattern[o..o + len(i)], "get {i}");
+                }
+            }
+            let n = p.sends - p.sends_waited;
+            if n > 0 {
+                ok(gds::peer_wait_sends(&mut p, n, TIMEOUT_NS), "last waits", 0);
+            }
+        };
+        launch(0..ITERS / 2);
+        launch(ITERS / 2..ITERS);
+        comm.barrier().unwrap();
+        ch.progress(peer).unwrap()
+    });
+    for st in results {
+        let n = ITERS;
+        assert_eq!(peer_counts(&st), (2 * n, 2 * n, 2 * n, n, n, 0));
+        assert_eq!(st.one_sided, n, "puts or gets among the sends");
+    }
+}

@@ -234,7 +234,8 @@ struct gds_peer_state {
     uint64_t recvs_waited;
     uint32_t error;
     uint32_t reserved;
-    uint64_t reserved2[2];
+    uint64_t one_sided;
+    uint64_t reserved2;
 };
 static_assert(sizeof(gds_peer_state) == 64, "gds_peer_state size");
 GDS_OFFSET_CHECK(gds_peer_state, sends, 0);
@@ -243,19 +244,22 @@ GDS_OFFSET_CHECK(gds_peer_state, sends_waited, 16);
 GDS_OFFSET_CHECK(gds_peer_state, recvs, 24);
 GDS_OFFSET_CHECK(gds_peer_state, recvs_waited, 32);
 GDS_OFFSET_CHECK(gds_peer_state, error, 40);
+GDS_OFFSET_CHECK(gds_peer_state, one_sided, 48);
 
 // A connection to one peer with receiver-ready credits (mp: Comm::kernel_channels). One
 // thread drives one peer, with a local copy, as for gds_qp. Sends match the peer's receives
 // in order (FIFO). A send waits for a credit: the peer's count of receives posted for it,
 // which the peer writes with an inline RDMA write (gds_peer_give_credit: one write may cover
 // many receives). Sends may go unsignalled (gds_peer_send_flags): fewer completions to write
-// and poll; waits still count every send (see gds_peer_poll_send).
+// and poll; waits still count every send (see gds_peer_poll_send). Puts and gets
+// (gds_peer_put, gds_peer_get) go on the same send ring without a credit: they count as sends
+// for waits (gds_peer_wait_send(s)) and complete in order with them.
 struct gds_peer {
     gds_qp qp;                    // a QP dedicated to this peer
     uint64_t credit;              // my credit word: receives the peer posted for me (it writes)
     uint64_t remote_credit;       // at the peer: its credit word for me (I write my receive count)
     uint64_t state;               // gds_peer_state in pinned host memory
-    uint64_t sends;               // sends posted
+    uint64_t sends;               // sends posted, puts and gets included
     uint64_t sends_done;          // send completions consumed
     uint64_t sends_waited;        // send completions returned by gds_peer_wait_send
     uint64_t recvs;               // receives posted
@@ -284,8 +288,9 @@ struct gds_peer {
     uint32_t send_slots;
     uint32_t recv_slots;
     uint32_t reserved2;
+    uint64_t one_sided;           // puts and gets among the sends (they take no credit)
 };
-static_assert(sizeof(gds_peer) == 392, "gds_peer size");
+static_assert(sizeof(gds_peer) == 400, "gds_peer size");
 GDS_OFFSET_CHECK(gds_peer, qp, 0);
 GDS_OFFSET_CHECK(gds_peer, credit, 224);
 GDS_OFFSET_CHECK(gds_peer, remote_credit, 232);
@@ -311,6 +316,20 @@ GDS_OFFSET_CHECK(gds_peer, recv_bounce_lkey, 372);
 GDS_OFFSET_CHECK(gds_peer, slot_bytes, 376);
 GDS_OFFSET_CHECK(gds_peer, send_slots, 380);
 GDS_OFFSET_CHECK(gds_peer, recv_slots, 384);
+GDS_OFFSET_CHECK(gds_peer, one_sided, 392);
+
+// A remote buffer a kernel puts into or gets from (gds_peer_put, gds_peer_get): one rank's
+// region of an mp window (mp: Window::for_kernels), as gdsync::RemoteBuf.
+struct gds_remote {
+    uint64_t addr;                // the region's address at its rank
+    uint64_t len;                 // its length in bytes
+    uint32_t rkey;
+    uint32_t reserved;
+};
+static_assert(sizeof(gds_remote) == 24, "gds_remote size");
+GDS_OFFSET_CHECK(gds_remote, addr, 0);
+GDS_OFFSET_CHECK(gds_remote, len, 8);
+GDS_OFFSET_CHECK(gds_remote, rkey, 16);
 
 #if defined(__CUDACC__) || defined(GDS_HOST)
 #ifndef GDS_HOST
@@ -855,9 +874,11 @@ __device__ __forceinline__ int gds_peer_send_flags(gds_peer *p, uint64_t laddr, 
     int rc = gds_peer_check(p);
     if (rc != GDS_OK) return rc;
     uint64_t start = 0;
-    for (uint32_t spins = 0; p->credits < p->sends + 1; spins++) {
+    // The messages sent so far, puts and gets left out: each took one of the peer's receives.
+    uint64_t messages = p->sends - p->one_sided;
+    for (uint32_t spins = 0; p->credits < messages + 1; spins++) {
         p->credits = *(const volatile uint64_t *)p->credit;
-        if (p->credits < p->sends + 1 && gds_expired(spins, &start, timeout_ns)) return GDS_TIMEOUT;
+        if (p->credits < messages + 1 && gds_expired(spins, &start, timeout_ns)) return GDS_TIMEOUT;
     }
     start = 0;
     for (uint32_t spins = 0;; spins++) {
@@ -876,6 +897,60 @@ __device__ __forceinline__ int gds_peer_send_flags(gds_peer *p, uint64_t laddr, 
 // gds_peer_send_flags with GDS_SIGNALED: every send completes on its own.
 __device__ __forceinline__ int gds_peer_send(gds_peer *p, uint64_t laddr, uint32_t lkey, uint32_t len, uint64_t timeout_ns) {
     return gds_peer_send_flags(p, laddr, lkey, len, GDS_SIGNALED, timeout_ns);
+}
+
+// Posts a put (GDS_OP_RDMA_WRITE) or a get (GDS_OP_RDMA_READ) of `len` bytes between
+// laddr/lkey and `r` at byte `off`, once the send ring has room. No credit: the peer posts
+// nothing for it. GDS_INVALID (nothing posted) when off + len lies outside `r`; GDS_TIMEOUT,
+// or the channel's error, as gds_peer_send_flags.
+__device__ __forceinline__ int gds_peer_one_sided(gds_peer *p, uint32_t opcode, const gds_remote *r, uint64_t off,
+                                                  uint64_t laddr, uint32_t lkey, uint32_t len, uint32_t flags,
+                                                  uint64_t timeout_ns) {
+    int rc = gds_peer_check(p);
+    if (rc != GDS_OK) return rc;
+    if (off > r->len || len > r->len - off) return GDS_INVALID;
+    uint64_t start = 0;
+    for (uint32_t spins = 0;; spins++) {
+        uint32_t f = gds_peer_wqe_flags(p, flags);
+        rc = gds_qp_post_send(&p->qp, opcode, laddr, lkey, len, r->addr + off, r->rkey, 0, f);
+        if (rc == GDS_FULL) rc = gds_peer_make_room(p, spins, &start, timeout_ns);
+        else if (rc == GDS_OK) {
+            volatile gds_peer_state *st = gds_peer_host(p);
+            st->one_sided = ++p->one_sided;
+            st->sends = ++p->sends;
+            gds_peer_posted(p, f);
+            return GDS_OK;
+        }
+        if (rc != GDS_OK) return rc;
+    }
+}
+
+// Writes `len` bytes at laddr/lkey into the remote buffer `r` (one rank's region of an mp
+// window: Window::for_kernels) at byte `off`: an RDMA write on the peer's connection, which
+// takes no credit and needs no receive at the peer. It counts as a send: it completes in
+// order with the sends (gds_peer_wait_send(s) waits for it; GDS_SIGNALED or 0 as for
+// gds_peer_send_flags), and the peer's own view of the bytes comes from whatever the
+// peer awaits (a marker in the payload's last word, a later message). laddr may be reused
+// once it completed. GDS_INVALID (nothing posted) when off + len lies outside `r`;
+// GDS_TIMEOUT (the send ring stayed full), or the channel's error.
+__device__ __forceinline__ int gds_peer_put_flags(gds_peer *p, const gds_remote *r, uint64_t off, uint64_t laddr,
+                                                  uint32_t lkey, uint32_t len, uint32_t flags, uint64_t timeout_ns) {
+    return gds_peer_one_sided(p, GDS_OP_RDMA_WRITE, r, off, laddr, lkey, len, flags, timeout_ns);
+}
+
+// gds_peer_put_flags with GDS_SIGNALED.
+__device__ __forceinline__ int gds_peer_put(gds_peer *p, const gds_remote *r, uint64_t off, uint64_t laddr,
+                                            uint32_t lkey, uint32_t len, uint64_t timeout_ns) {
+    return gds_peer_put_flags(p, r, off, laddr, lkey, len, GDS_SIGNALED, timeout_ns);
+}
+
+// Reads `len` bytes of the remote buffer `r` at byte `off` into laddr/lkey: an RDMA read,
+// signalled. Its bytes are in place once gds_peer_wait_send(s) returned it (it counts as a
+// send, as gds_peer_put does). A put or send after it that must not overtake it takes
+// GDS_FENCE. Codes as gds_peer_put_flags.
+__device__ __forceinline__ int gds_peer_get(gds_peer *p, const gds_remote *r, uint64_t off, uint64_t laddr,
+                                            uint32_t lkey, uint32_t len, uint64_t timeout_ns) {
+    return gds_peer_one_sided(p, GDS_OP_RDMA_READ, r, off, laddr, lkey, len, GDS_SIGNALED, timeout_ns);
 }
 
 // Posts a receive of up to `len` bytes into laddr/lkey for the peer's next send, without a
@@ -1034,6 +1109,19 @@ __device__ __forceinline__ int gds_peer_send_bounce(gds_peer *p, uint32_t len, u
     if (!gds_peer_staged(p) || len > p->slot_bytes || p->sends_done + p->send_slots <= p->sends) return GDS_INVALID;
     uint64_t at = gds_peer_slot(p, p->send_bounce_nic, p->sends, p->send_slots);
     return gds_peer_send_flags(p, at, p->send_bounce_lkey, len, flags, timeout_ns);
+}
+
+// Puts the first `len` bytes of the bounce gds_peer_next_send_bounce returned into `r` at
+// byte `off`, as gds_peer_put_flags does (no credit; waited for as a send): a staged put,
+// for a payload in GPU memory the NIC cannot reach. GDS_INVALID as gds_peer_send_bounce, or
+// when off + len lies outside `r`; otherwise the codes of gds_peer_put_flags.
+__device__ __forceinline__ int gds_peer_put_bounce(gds_peer *p, const gds_remote *r, uint64_t off, uint32_t len,
+                                                   uint32_t flags, uint64_t timeout_ns) {
+    int rc = gds_peer_check(p);
+    if (rc != GDS_OK) return rc;
+    if (!gds_peer_staged(p) || len > p->slot_bytes || p->sends_done + p->send_slots <= p->sends) return GDS_INVALID;
+    uint64_t at = gds_peer_slot(p, p->send_bounce_nic, p->sends, p->send_slots);
+    return gds_peer_put_flags(p, r, off, at, p->send_bounce_lkey, len, flags, timeout_ns);
 }
 
 // One thread's staged send: takes the next send bounce, copies len bytes from src (GPU

@@ -9,7 +9,8 @@
 //! the doorbell and waits for the completion, with no CPU in the loop. One-sided windows give
 //! put, get and put-with-signal; barriers run on the CPU or on an executor. Kernel channels
 //! ([`Comm::kernel_channels`]) give a persistent GPU kernel its own connection per peer, on
-//! which it sends and receives any number of messages by itself (`gds_peer_send`, ...).
+//! which it sends and receives any number of messages by itself (`gds_peer_send`, ...), and
+//! puts into and gets from windows ([`Window::for_kernels`], `gds_peer_put`, `gds_peer_get`).
 //!
 //! ```
 //! use mp::{bootstrap::ThreadBootstrap, Comm};
@@ -51,6 +52,7 @@ mod fault;
 pub mod fuzz;
 mod kernel;
 mod kernel_staging;
+mod kernel_window;
 mod registry;
 mod staged;
 mod window;
@@ -59,6 +61,7 @@ pub use comm::{Comm, Request};
 pub use gdsync::kernel::{PeerDesc, PeerState};
 pub use kernel::KernelChannels;
 pub use kernel_staging::{KernelStaging, MAX_KERNEL_BOUNCE};
+pub use kernel_window::KernelWindow;
 pub use registry::RegCacheStats;
 pub use staged::{GpuRegion, GpuSlice};
 pub use window::Window;

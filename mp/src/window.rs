@@ -17,6 +17,11 @@ pub struct Window {
 }
 
 impl Window {
+    /// Number of ranks (regions) of the window.
+    pub fn size(&self) -> usize {
+        self.remotes.len()
+    }
+
     /// Rank `p`'s region.
     pub fn remote(&self, p: usize) -> Result<RemoteBuf> {
         self.remotes

@@ -11,7 +11,7 @@
 //! same way into a library of their own ([`bw_staged`]), for a block of one thread.
 
 use gdasync::gdsync::format::{CqeOpcode, Opcode};
-use gdasync::gdsync::kernel::{CqDesc, PeerDesc, QpDesc, SendDesc, WaitDesc};
+use gdasync::gdsync::kernel::{CqDesc, PeerDesc, QpDesc, RemoteDesc, SendDesc, WaitDesc};
 use std::ffi::{c_int, c_void, CString};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -77,6 +77,10 @@ struct Lib {
     peer_recv_staged: unsafe extern "C" fn(Peer, u32, u64) -> c_int,
     peer_recv_bounce: unsafe extern "C" fn(*const PeerDesc) -> u64,
     peer_wait_recv_staged: unsafe extern "C" fn(Peer, u64, u32, *mut u32, u64) -> c_int,
+    peer_put_flags:
+        unsafe extern "C" fn(Peer, *const RemoteDesc, u64, u64, u32, u32, u32, u64) -> c_int,
+    peer_get: unsafe extern "C" fn(Peer, *const RemoteDesc, u64, u64, u32, u32, u64) -> c_int,
+    peer_put_bounce: unsafe extern "C" fn(Peer, *const RemoteDesc, u64, u32, u32, u64) -> c_int,
 }
 
 const INCLUDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/gdsync/include");
@@ -179,6 +183,9 @@ fn lib() -> &'static Lib {
             peer_recv_staged: sym!(peer_recv_staged),
             peer_recv_bounce: sym!(peer_recv_bounce),
             peer_wait_recv_staged: sym!(peer_wait_recv_staged),
+            peer_put_flags: sym!(peer_put_flags),
+            peer_get: sym!(peer_get),
+            peer_put_bounce: sym!(peer_put_bounce),
         }
     })
 }
@@ -387,6 +394,50 @@ pub fn peer_wait_recv_staged(
     let (at, cap) = (dst.as_mut_ptr() as u64, dst.len() as u32);
     // SAFETY: as above; `dst` is a live slice of `cap` bytes the header writes at most.
     unsafe { (lib().peer_wait_recv_staged)(p, at, cap, len, timeout_ns) }
+}
+
+/// `gds_peer_put_flags`: `len` bytes at `laddr` (registered with `lkey`) into `r` at `off`.
+#[allow(clippy::too_many_arguments)]
+pub fn peer_put_flags(
+    p: &mut PeerDesc,
+    r: &RemoteDesc,
+    off: u64,
+    laddr: u64,
+    lkey: u32,
+    len: u32,
+    flags: u32,
+    timeout_ns: u64,
+) -> i32 {
+    // SAFETY: as above; `laddr` lies in a registered buffer the caller holds until the put
+    // completed, and the header only reads `r`.
+    unsafe { (lib().peer_put_flags)(p, r, off, laddr, lkey, len, flags, timeout_ns) }
+}
+
+/// `gds_peer_get`: `len` bytes of `r` at `off` into `laddr` (registered with `lkey`).
+pub fn peer_get(
+    p: &mut PeerDesc,
+    r: &RemoteDesc,
+    off: u64,
+    laddr: u64,
+    lkey: u32,
+    len: u32,
+    timeout_ns: u64,
+) -> i32 {
+    // SAFETY: as `peer_put_flags`; the device writes `laddr` before the get's completion.
+    unsafe { (lib().peer_get)(p, r, off, laddr, lkey, len, timeout_ns) }
+}
+
+/// `gds_peer_put_bounce`: the taken send bounce's first `len` bytes into `r` at `off`.
+pub fn peer_put_bounce(
+    p: &mut PeerDesc,
+    r: &RemoteDesc,
+    off: u64,
+    len: u32,
+    flags: u32,
+    timeout_ns: u64,
+) -> i32 {
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    unsafe { (lib().peer_put_bounce)(p, r, off, len, flags, timeout_ns) }
 }
 
 /// The bandwidth example's kernels on the host, for a block of one thread (thread 0 drives

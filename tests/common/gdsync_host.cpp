@@ -119,3 +119,15 @@ EXPORT uint64_t gdst_peer_recv_bounce(const gds_peer *p) { return gds_peer_recv_
 EXPORT int gdst_peer_wait_recv_staged(gds_peer *p, uint64_t dst, uint32_t cap, uint32_t *len, uint64_t timeout_ns) {
     return gds_peer_wait_recv_staged(p, dst, cap, len, timeout_ns);
 }
+EXPORT int gdst_peer_put_flags(gds_peer *p, const gds_remote *r, uint64_t off, uint64_t laddr, uint32_t lkey,
+                               uint32_t len, uint32_t flags, uint64_t timeout_ns) {
+    return gds_peer_put_flags(p, r, off, laddr, lkey, len, flags, timeout_ns);
+}
+EXPORT int gdst_peer_get(gds_peer *p, const gds_remote *r, uint64_t off, uint64_t laddr, uint32_t lkey, uint32_t len,
+                         uint64_t timeout_ns) {
+    return gds_peer_get(p, r, off, laddr, lkey, len, timeout_ns);
+}
+EXPORT int gdst_peer_put_bounce(gds_peer *p, const gds_remote *r, uint64_t off, uint32_t len, uint32_t flags,
+                                uint64_t timeout_ns) {
+    return gds_peer_put_bounce(p, r, off, len, flags, timeout_ns);
+}

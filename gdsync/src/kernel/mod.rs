@@ -14,15 +14,19 @@
 //! posts any number of sends and receives by itself, composing the WQEs, the doorbell record
 //! and the doorbell, and polling the CQs (`gds_qp_post_send`, `gds_cq_wait`, ...), as
 //! NVSHMEM's IBGDA does. [`PeerDesc`] adds receiver-ready credits on top (`gds_peer_send`,
-//! `gds_peer_recv`, ...); the messaging layer builds a table of them, one per peer.
+//! `gds_peer_recv`, ...); the messaging layer builds a table of them, one per peer, and a
+//! table of [`RemoteDesc`] per window for kernels' puts and gets (`gds_peer_put`,
+//! `gds_peer_get`).
 
 mod device_qp;
 mod peer;
 mod qp_handover;
+mod remote;
 pub use device_qp::{
     CqDesc, DeviceQp, DeviceQpProgress, HandOverError, IntoDeviceError, IntoHostError, QpDesc,
 };
 pub use peer::{PeerDesc, PeerState};
+pub use remote::RemoteDesc;
 
 use crate::mem::{gpu_addr_in, RingMem};
 use crate::ops::{Op, Ops, WaitCond};
@@ -445,6 +449,7 @@ mod tests {
                     ("gds_peer_state", "recvs") => offset_of!(PeerState, recvs),
                     ("gds_peer_state", "recvs_waited") => offset_of!(PeerState, recvs_waited),
                     ("gds_peer_state", "error") => offset_of!(PeerState, error),
+                    ("gds_peer_state", "one_sided") => offset_of!(PeerState, one_sided),
                     ("gds_peer", "qp") => offset_of!(PeerDesc, qp),
                     ("gds_peer", "credit") => offset_of!(PeerDesc, credit),
                     ("gds_peer", "remote_credit") => offset_of!(PeerDesc, remote_credit),
@@ -470,6 +475,10 @@ mod tests {
                     ("gds_peer", "slot_bytes") => offset_of!(PeerDesc, slot_bytes),
                     ("gds_peer", "send_slots") => offset_of!(PeerDesc, send_slots),
                     ("gds_peer", "recv_slots") => offset_of!(PeerDesc, recv_slots),
+                    ("gds_peer", "one_sided") => offset_of!(PeerDesc, one_sided),
+                    ("gds_remote", "addr") => offset_of!(RemoteDesc, addr),
+                    ("gds_remote", "len") => offset_of!(RemoteDesc, len),
+                    ("gds_remote", "rkey") => offset_of!(RemoteDesc, rkey),
                     other => panic!("header checks a field the test does not know: {other:?}"),
                 };
                 assert_eq!(rust, off, "{ty}.{field}");
@@ -492,6 +501,7 @@ mod tests {
                     "gds_qp" => size_of::<QpDesc>(),
                     "gds_peer_state" => size_of::<PeerState>(),
                     "gds_peer" => size_of::<PeerDesc>(),
+                    "gds_remote" => size_of::<RemoteDesc>(),
                     other => panic!("unknown type {other}"),
                 };
                 assert_eq!(rust, n, "sizeof {ty}");
@@ -499,7 +509,7 @@ mod tests {
             }
         }
         assert_eq!(
-            checked, 82,
+            checked, 88,
             "every layout assertion of the header was checked"
         );
     }

@@ -15,8 +15,13 @@
 //! signals at least one WQE per half ring by itself, so the ring never fills with WQEs that
 //! no completion would free.
 //!
+//! Puts and gets (`gds_peer_put(_flags)`, `gds_peer_get`) go on the same send ring, into or
+//! out of a [`RemoteDesc`](super::RemoteDesc) (one rank's region of a window): they take no
+//! credit, and count as sends for the waits, in order with them.
+//!
 //! Staged channels (payloads in GPU memory the NIC cannot reach) carry rings of pinned host
-//! bounces: `gds_peer_next_send_bounce` + `gds_peer_send_bounce` (or `gds_peer_send_staged`),
+//! bounces: `gds_peer_next_send_bounce` + `gds_peer_send_bounce` (or `gds_peer_send_staged`,
+//! or `gds_peer_put_bounce` for a put),
 //! `gds_peer_post_recv_staged` and `gds_peer_recv_bounce` after `gds_peer_wait_recv` (or
 //! `gds_peer_wait_recv_staged`).
 
@@ -36,7 +41,8 @@ pub struct PeerDesc {
     pub remote_credit: u64,
     /// Address of the state block ([`PeerState`], pinned host memory).
     pub state: u64,
-    /// Sends posted.
+    /// Sends posted, puts and gets included (they complete, and are waited for, in order
+    /// with the sends).
     pub sends: u64,
     /// Send completions consumed (by waits, or while making room in the send ring).
     pub sends_done: u64,
@@ -89,8 +95,10 @@ pub struct PeerDesc {
     pub recv_slots: u32,
     /// Zero.
     pub reserved2: u32,
+    /// Puts and gets among `sends` (`gds_peer_put`, `gds_peer_get`): they take no credit.
+    pub one_sided: u64,
 }
-const _: () = assert!(std::mem::size_of::<PeerDesc>() == 392);
+const _: () = assert!(std::mem::size_of::<PeerDesc>() == 400);
 
 impl PeerDesc {
     /// The descriptor's bytes, as a kernel reads them from a table in memory.
@@ -126,8 +134,10 @@ pub struct PeerState {
     pub error: u32,
     /// Zero.
     pub reserved: u32,
+    /// Puts and gets among the sends.
+    pub one_sided: u64,
     /// Zero.
-    pub reserved2: [u64; 2],
+    pub reserved2: u64,
 }
 const _: () = assert!(std::mem::size_of::<PeerState>() == 64);
 
@@ -146,7 +156,8 @@ impl PeerState {
             recvs_waited: u64_at(4),
             error: u32::from_ne_bytes(b[40..44].try_into().unwrap()),
             reserved: 0,
-            reserved2: [0; 2],
+            one_sided: u64_at(6),
+            reserved2: 0,
         }
     }
 
@@ -158,5 +169,6 @@ impl PeerState {
         d.recvs = self.recvs;
         d.recvs_waited = self.recvs_waited;
         d.error = self.error;
+        d.one_sided = self.one_sided;
     }
 }
