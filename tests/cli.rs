@@ -122,7 +122,7 @@ fn bad_pingpong_arguments_are_clean_errors() {
         (&["--api", "mp", "--op", "write-imm"][..], "does not apply"),
         (
             &["--api", "mp", "--op", "write"][..],
-            "runs with --trigger stream --mem host",
+            "runs with --trigger stream or kernel, --mem host",
         ),
         (&["--api", "mp", "--raw"][..], "--raw"),
         (&["--api", "mp", "--ranks-as", "procs"][..], "threads"),
@@ -306,7 +306,8 @@ fn pingpong_staged_stream_loop_runs_on_a_host_stream() {
 /// `pingpong --api mp --op write` puts each message into the peer's window on a stream (a
 /// host stream here: no GPU) and waits for the answer's marker in its receive buffer: it runs
 /// at two sizes (the tool checks that the last marker landed in each rank's buffer) and the
-/// JSON names the op and the API. Elsewhere (a kernel, GPU memory) it is refused.
+/// JSON names the op and the API. Elsewhere (the CPU-driven loop, GPU memory) it is refused
+/// (a kernel's puts run on the GPU machine: `gpu_mp`).
 #[test]
 fn pingpong_mp_puts_on_a_host_stream() {
     let args = [
@@ -331,7 +332,7 @@ fn pingpong_mp_puts_on_a_host_stream() {
             "{r}"
         );
     }
-    for (trigger, mem) in [("kernel", "host"), ("stream", "device")] {
+    for (trigger, mem) in [("host", "host"), ("stream", "device"), ("kernel", "device")] {
         refused(
             "pingpong",
             &[
@@ -344,7 +345,7 @@ fn pingpong_mp_puts_on_a_host_stream() {
                 "--mem",
                 mem,
             ],
-            "runs with --trigger stream --mem host",
+            "runs with --trigger stream or kernel, --mem host",
         );
     }
 }

@@ -156,7 +156,8 @@ fn mp_on_streams_with_device_memory() {
 
 /// `pingpong --op send --trigger kernel` through the messaging layer (`--api mp`: each rank's
 /// persistent kernel drives its kernel channel, crediting receives 16 at a time, and once one
-/// at a time) and on the QPs directly (`--api gdsync`, its floor), host and device memory (on
+/// at a time; `--op write`: its puts into the peer's window, `gds_peer_put_flags`) and on the
+/// QPs directly (`--api gdsync`, its floor), host and device memory (on
 /// the soft device staged by default: `mp_pp_staged` through a staged kernel channel,
 /// `pp_staged` through gdsync's bounces), a few sizes: every run succeeds and reports, per
 /// size, the iterations asked for and positive, ordered latencies.
@@ -167,13 +168,14 @@ fn pingpong_kernel_trigger_through_mp_and_gdsync() {
     let sizes = [8usize, 64, 4096];
     let list = sizes.map(|s| s.to_string()).join(",");
     let runs = [
-        ("mp", "host", "16"),
-        ("mp", "device", "16"),
-        ("mp", "host", "1"),
-        ("gdsync", "host", "16"),
-        ("gdsync", "device", "16"),
+        ("mp", "send", "host", "16"),
+        ("mp", "send", "device", "16"),
+        ("mp", "send", "host", "1"),
+        ("mp", "write", "host", "16"),
+        ("gdsync", "send", "host", "16"),
+        ("gdsync", "send", "device", "16"),
     ];
-    for (api, mem, recv_batch) in runs {
+    for (api, op, mem, recv_batch) in runs {
         // --recv-batch applies to the messaging layer only.
         let batch: &[&str] = if api == "mp" {
             &["--recv-batch", recv_batch]
@@ -184,7 +186,7 @@ fn pingpong_kernel_trigger_through_mp_and_gdsync() {
             "--api",
             api,
             "--op",
-            "send",
+            op,
             "--trigger",
             "kernel",
             "--mem",
@@ -215,11 +217,11 @@ fn pingpong_kernel_trigger_through_mp_and_gdsync() {
             let (min, p50, p99) = (num("t_min_us"), num("t_p50_us"), num("t_p99_us"));
             assert!(
                 min > 0.0 && min <= p50 && p50 <= p99 && p99.is_finite(),
-                "--api {api} --mem {mem} --recv-batch {recv_batch}: {line}"
+                "--api {api} --op {op} --mem {mem} --recv-batch {recv_batch}: {line}"
             );
         }
         eprintln!(
-            "pingpong --api {api} --trigger kernel --mem {mem} --recv-batch {recv_batch}:\n{out}"
+            "pingpong --api {api} --op {op} --trigger kernel --mem {mem} --recv-batch {recv_batch}:\n{out}"
         );
     }
 }

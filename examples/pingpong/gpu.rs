@@ -360,6 +360,37 @@ pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Res
 
 // ---------------------------------------------------------------------------- stream
 
+/// How rank 0's CPU kept up with its stream, logged at the end of a stream loop
+/// (`GDSYNC_LOG=info`): after each list was handed to the stream, how many lists the stream
+/// had still to finish (near 0: the stream waited for the CPU), and how long the CPU took to
+/// build and hand over the list.
+#[derive(Default)]
+pub(crate) struct KeepUp {
+    ahead: Vec<u64>,
+    enqueue_ns: Vec<u64>,
+}
+
+impl KeepUp {
+    pub(crate) fn record(&mut self, lists: u64, done: u64, since: Instant) {
+        self.ahead.push(lists.saturating_sub(done));
+        self.enqueue_ns.push(since.elapsed().as_nanos() as u64);
+    }
+
+    pub(crate) fn log(mut self, api: &str) {
+        let median = |v: &mut Vec<u64>| {
+            v.sort_unstable();
+            v.get(v.len() / 2).copied().unwrap_or(0)
+        };
+        let (ahead, ns) = (median(&mut self.ahead), median(&mut self.enqueue_ns));
+        tracing::info!(
+            api,
+            lists_ahead_p50 = ahead,
+            enqueue_us_p50 = ns as f64 / 1e3,
+            "pingpong: rank 0's CPU against its stream"
+        );
+    }
+}
+
 /// Timestamps rank 0's progress word as the CPU sees it advance: one half round trip per
 /// completed iteration (iterations seen together share the interval).
 pub(crate) struct ProgressClock {
@@ -588,8 +619,13 @@ fn stream_rank<E: Executor>(
     };
     // Rank 0's last list waits for the last answer.
     let lists = if rank == 0 { iters + 1 } else { iters };
+    let mut keep_up = KeepUp::default();
     for i in 0..lists {
+        let t = Instant::now();
         stream.submit(lp.list(r, rank, i, iters)?)?;
+        if rank == 0 {
+            keep_up.record(i + 1, lp.progress.load64(0), t);
+        }
         // Stay at most AHEAD iterations ahead; rank 0 timestamps progress meanwhile.
         loop {
             let done = if rank == 0 {
@@ -610,6 +646,9 @@ fn stream_rank<E: Executor>(
     while rank == 0 && clock.seen < iters {
         clock.observe(lp.progress.load64(0));
         clock.check_stall(iters)?;
+    }
+    if rank == 0 {
+        keep_up.log("gdsync");
     }
     sync()?;
     r.rcq.check()?;

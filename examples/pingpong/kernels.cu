@@ -131,6 +131,8 @@ extern "C" __global__ void step() {}
 #define MP_STEP_WAIT_SEND 3  // gds_peer_wait_sends
 #define MP_STEP_WAIT_RECV 4  // gds_peer_wait_recv
 #define MP_STEP_CREDIT 5     // gds_peer_give_credit
+#define MP_STEP_PUT 6        // gds_peer_put_flags
+#define MP_STEP_WAIT_MARKER 7  // the wait for the peer's marker (gds_wait_value32)
 #define MP_WRONG_LENGTH 0x1000  // a message of another length than size arrived
 
 // The result words, then MP_DONE.
@@ -199,6 +201,41 @@ out:
     mp_report(result, rc, i, step, len);
 #undef MP_CHECK
 #undef MP_TAKE
+}
+
+// One rank of `pingpong --api mp --op write --trigger kernel`: pp's write loop through the
+// rank's kernel channel to `peer`: each message is put into the peer's window (win[peer]:
+// its receive buffer, mp::Window::for_kernels) with gds_peer_put_flags, and the answer is
+// awaited by its marker in this rank's receive buffer (rbuf), as pp awaits it. No receives
+// and no credits: a put takes none. One put in sig_every (and the last) signalled, its
+// completion waited for one iteration later, as mp_pp does with its sends. Results as mp_pp's.
+extern "C" __global__ void mp_pp_put(const gds_peer *peers, const gds_remote *win, uint32_t rank, uint32_t peer,
+        uint64_t sbuf, uint32_t slkey, uint64_t rbuf, uint32_t size, uint64_t iters, uint64_t sig_every,
+        uint64_t times, uint64_t timeout_ns, uint64_t result) {
+    gds_peer p = peers[peer];
+    gds_remote to = win[peer];  // one read across PCIe, not one per put
+    uint64_t i = 0, word = rbuf + size - 4;
+    uint32_t step = 0;
+    int rc = size < 4 || sig_every == 0 ? GDS_INVALID : GDS_OK;
+#define MP_CHECK(s, x) do { step = (s); rc = (x); if (rc) goto out; } while (0)
+    if (rc) goto out;
+    for (; i < iters; i++) {
+        uint32_t mine = (uint32_t)(2 * i + 1 + rank), theirs = (uint32_t)(2 * i + 2 - rank);
+        if (rank == 1) MP_CHECK(MP_STEP_WAIT_MARKER, gds_wait_value32(word, theirs, GDS_COND_EQ, timeout_ns));
+        *(volatile uint32_t *)(sbuf + size - 4) = mine;
+        bool signaled = i % sig_every == sig_every - 1 || i + 1 == iters;
+        MP_CHECK(MP_STEP_PUT, gds_peer_put_flags(&p, &to, 0, sbuf, slkey, size, signaled ? GDS_SIGNALED : 0, timeout_ns));
+        if (i > 0 && (i - 1) % sig_every == sig_every - 1)
+            MP_CHECK(MP_STEP_WAIT_SEND, gds_peer_wait_sends(&p, p.sends - 1 - p.sends_waited, timeout_ns));
+        if (rank == 0) {
+            MP_CHECK(MP_STEP_WAIT_MARKER, gds_wait_value32(word, theirs, GDS_COND_EQ, timeout_ns));
+            ((volatile uint64_t *)times)[i] = gds_now_ns();
+        }
+    }
+    if (p.sends > p.sends_waited) MP_CHECK(MP_STEP_WAIT_SEND, gds_peer_wait_sends(&p, p.sends - p.sends_waited, timeout_ns));
+out:
+    mp_report(result, rc, i, step, 0);
+#undef MP_CHECK
 }
 
 // mp_pp with its payloads in GPU memory staged through the channel's bounces (--mem device

@@ -240,13 +240,16 @@ impl Args {
             )));
         }
         let op = match (c.api, c.op) {
-            // A put into the peer's window (`mp::Comm::iput_on`), measured against
-            // `--api gdsync --op write`: the same RDMA write, the same marker wait.
-            (Api::Mp, Some(Op::Write)) if c.trigger == Trigger::Stream && c.mem == Mem::Host => {
+            // A put into the peer's window (`mp::Comm::iput_on` on a stream, `gds_peer_put`
+            // in a kernel), measured against `--api gdsync --op write`: the same RDMA write,
+            // the same marker wait.
+            (Api::Mp, Some(Op::Write))
+                if matches!(c.trigger, Trigger::Stream | Trigger::Kernel) && c.mem == Mem::Host =>
+            {
                 Op::Write
             }
             (Api::Mp, Some(Op::Write)) => {
-                return Err(usage("--api mp --op write (a put into the peer's window, on a stream) runs with --trigger stream --mem host"));
+                return Err(usage("--api mp --op write (a put into the peer's window, on a stream or from a kernel) runs with --trigger stream or kernel, --mem host"));
             }
             (Api::Mp, Some(op)) if op != Op::Send => {
                 let why = format!("--api mp sends messages: --op {} does not apply", name(op));

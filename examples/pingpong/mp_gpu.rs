@@ -12,11 +12,13 @@
 //! timed as gpu.rs times `--api gdsync --trigger kernel` (the GPU's global timer in rank 0's
 //! kernel). With `--mem device` staged, the channel is staged (`Comm::kernel_channels_staged`,
 //! bounces of the message size) and the kernel (`mp_pp_staged`) copies each message between
-//! GPU memory and the bounces with a block of threads.
+//! GPU memory and the bounces with a block of threads. `--op write` from a kernel
+//! (`mp_pp_put`) puts each message into the peer's window over the channel
+//! (`Window::for_kernels`, `gds_peer_put_flags`) and awaits the answer's marker.
 
 use super::gpu::{
-    join_ranks, kernel_half_rtts, marker_wait, marker_write, staged, Buf, ProgressClock, KERNELS,
-    KERNEL_WAIT_NS, SIGNAL_EVERY, STAGING_THREADS, TIMEOUT,
+    join_ranks, kernel_half_rtts, marker_wait, marker_write, staged, Buf, KeepUp, ProgressClock,
+    KERNELS, KERNEL_WAIT_NS, SIGNAL_EVERY, STAGING_THREADS, TIMEOUT,
 };
 use super::{Args, Op, Trigger};
 use crate::common::gpus::{self, Modules};
@@ -230,10 +232,10 @@ pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Res
             )),
             Trigger::Kernel => Some(GpuFn::Loop(module.as_ref().unwrap().function(
                 rank,
-                if staged(args) {
-                    "mp_pp_staged"
-                } else {
-                    "mp_pp"
+                match (args.op, staged(args)) {
+                    (Op::Write, _) => "mp_pp_put",
+                    (_, true) => "mp_pp_staged",
+                    _ => "mp_pp",
                 },
             )?)),
             _ => None,
@@ -322,7 +324,9 @@ fn stream_rank<E: Executor>(
     let mut answer: Option<Request> = None;
     let in_word = r.rbuf.addr() + size as u64 - 4;
     let puts = r.window.is_some();
+    let mut keep_up = KeepUp::default();
     for i in 0..lists {
+        let t = Instant::now();
         let recv = if i < iters && !puts {
             Some(r.recv_for(i, size, iters)?)
         } else {
@@ -359,6 +363,9 @@ fn stream_rank<E: Executor>(
             }
         }
         batch.flush(&stream)?;
+        if rank == 0 {
+            keep_up.record(i + 1, progress.load64(0), t);
+        }
         // Release what the stream finished; stay at most AHEAD iterations ahead of it.
         let start = Instant::now();
         while let Some(&front) = live.front() {
@@ -379,6 +386,9 @@ fn stream_rank<E: Executor>(
         if clock.last.elapsed() > TIMEOUT {
             bail!("mp stream pingpong stalled at {}/{iters}", clock.seen);
         }
+    }
+    if rank == 0 {
+        keep_up.log("mp");
     }
     synchronize(&stream)?;
     r.comm.wait_all(live.make_contiguous())?;
@@ -475,25 +485,39 @@ fn kernel_rank(
         KERNEL_WAIT_NS,
         result.addr(0),
     );
+    // `--op write`: puts into the peer's window (`mp_pp_put`), kept while the kernel runs.
+    let win = r.window.as_ref().map(|w| w.for_kernels()).transpose()?;
+    if win.as_ref().is_some_and(|w| !w.gpu_mapped()) {
+        bail!("the window's table is not reachable from the GPU");
+    }
+    let win_table = win.as_ref().map(|w| w.table());
     let mut l = f.launch_builder(&stream);
-    l.arg(&table).arg(&me).arg(&peer).arg(&sbuf);
+    l.arg(&table);
+    if let Some(w) = &win_table {
+        l.arg(w);
+    }
+    l.arg(&me).arg(&peer).arg(&sbuf);
     if !staged {
         l.arg(&slkey);
     }
     l.arg(&rbuf);
-    if !staged {
-        l.arg(&rlkey);
+    if win_table.is_none() {
+        if !staged {
+            l.arg(&rlkey);
+        }
+        l.arg(&len).arg(&n).arg(&ahead).arg(&recv_batch);
+    } else {
+        l.arg(&len).arg(&n);
     }
-    l.arg(&len).arg(&n).arg(&ahead);
-    l.arg(&recv_batch)
-        .arg(&sig_every)
+    l.arg(&sig_every)
         .arg(&times_addr)
         .arg(&timeout)
         .arg(&result_addr);
     // Both ranks have made their CUDA allocations and registrations before either kernel
     // runs: a running kernel could block them.
     r.comm.barrier()?;
-    // SAFETY: the parameters match `mp_pp` (`mp_pp_staged`: without the lkeys); the table,
+    // SAFETY: the parameters match `mp_pp` (`mp_pp_staged`: without the lkeys; `mp_pp_put`:
+    // the window's table after the channels', no receive key, depth or batch); the tables,
     // channel, buffers, `times` and `result` outlive the kernel (the stream is synchronised
     // below, before any of them is dropped).
     unsafe { l.launch(1, if staged { STAGING_THREADS } else { 1 })? };
@@ -514,6 +538,8 @@ fn kernel_rank(
             3 => "waiting for sends (gds_peer_wait_sends)",
             4 => "waiting for a receive (gds_peer_wait_recv)",
             5 => "giving credit (gds_peer_give_credit)",
+            6 => "putting (gds_peer_put_flags)",
+            7 => "waiting for the peer's marker",
             _ => "checking its arguments",
         };
         let why = match rc {
@@ -534,16 +560,23 @@ fn kernel_rank(
         };
         bail!("rank {rank}'s pingpong kernel stopped at iteration {at} {step}: {why}");
     }
-    // Every message went through the channel, and the last one's marker is in the buffer.
+    // Every message went through the channel (puts: as one-sided sends, no receives), and
+    // the last one's marker is in the buffer.
     let st = ch.progress(r.peer)?;
+    let (recvs, one_sided) = if win.is_some() {
+        (0, iters)
+    } else {
+        (iters, 0)
+    };
     if (
         st.sends,
         st.sends_done,
         st.sends_waited,
         st.recvs,
         st.recvs_waited,
+        st.one_sided,
         st.error,
-    ) != (iters, iters, iters, iters, iters, 0)
+    ) != (iters, iters, iters, recvs, recvs, one_sided, 0)
     {
         bail!("rank {rank}: the channel's counters after {iters} iterations: {st:?}");
     }
