@@ -11,8 +11,10 @@ use std::time::Instant;
 impl Comm {
     /// A dissemination barrier through RDMA writes: round k writes this rank's epoch into
     /// rank (me + 2^k)'s word for round k and waits for rank (me - 2^k)'s. Returns, per
-    /// round, the partner, the write and the local word to wait on.
-    fn barrier_steps(&mut self, epoch: u64) -> Vec<(usize, SendWr, usize)> {
+    /// round, the partner, the write and the local word to wait on. The writes are signalled
+    /// where an executor commits them (`on_exec`): its completion tells the CPU the commit
+    /// was rung (`Ringers::Executors`).
+    fn barrier_steps(&mut self, epoch: u64, on_exec: bool) -> Vec<(usize, SendWr, usize)> {
         let mut steps = Vec::new();
         for (k, to) in self.barrier_partners() {
             let at = self.remote_ctrl[to].at(self.layout.barrier(k) as u64);
@@ -20,8 +22,8 @@ impl Comm {
             let wr = SendWr::write(at)
                 .sge(self.scratch_mr.sge(8 + 8 * k..16 + 8 * k))
                 .inline()
-                .wr_id(INTERNAL)
-                .unsignaled();
+                .wr_id(INTERNAL);
+            let wr = if on_exec { wr } else { wr.unsignaled() };
             steps.push((to, wr, self.layout.barrier(k)));
         }
         steps
@@ -47,14 +49,17 @@ impl Comm {
         self.barrier_epoch += 1;
         let epoch = self.barrier_epoch;
         let start = Instant::now();
-        for (k, (to, wr, _)) in self.barrier_steps(epoch).into_iter().enumerate() {
+        for (k, (to, wr, _)) in self.barrier_steps(epoch, false).into_iter().enumerate() {
             // The write is inline: its bytes are copied when posted, so the scratch word
             // may be reused by the next round even while this write is still queued.
             self.post_cpu(to, None, vec![wr], None)?;
             let from = (self.rank + self.size - (1 << k) % self.size) % self.size;
             let mut spins = 0u32;
             let mut look = Look::default();
-            while self.barrier_word(k) < epoch {
+            // A round ends once the partner arrived and this rank's own write has left its
+            // queue (behind executor work it waits for that work's completion): a rank that
+            // left with its write still queued would hold its partner up for ever.
+            while self.barrier_word(k) < epoch || self.queued(to)? {
                 self.progress()?;
                 spins += 1;
                 // Any rank that failed holds the barrier up, directly or through the ranks
@@ -73,10 +78,13 @@ impl Comm {
                     }
                 }
                 if start.elapsed() > self.timeout {
+                    let what = if self.barrier_word(k) < epoch {
+                        format!("barrier round {k}: rank {from} did not arrive (it stopped, or does not call barrier)")
+                    } else {
+                        format!("barrier round {k}: the write to rank {to} stayed queued behind executor work that never completed (is a stream holding it?)")
+                    };
                     return Err(Error::Timeout {
-                        what: format!(
-                            "barrier round {k}: rank {from} did not arrive (it stopped, or does not call barrier)"
-                        ),
+                        what,
                         timeout_ms: self.timeout.as_millis() as u64,
                     });
                 }
@@ -84,6 +92,11 @@ impl Comm {
             }
         }
         Ok(())
+    }
+
+    /// Whether CPU work to `peer` is still queued (not yet posted).
+    fn queued(&self, peer: usize) -> Result<bool> {
+        Ok(!self.peers.get(peer)?.pending.is_empty())
     }
 
     /// Barrier on an executor: the writes and waits run there, the CPU does not wait.
@@ -94,7 +107,7 @@ impl Comm {
         self.barrier_epoch += 1;
         let epoch = self.barrier_epoch;
         let mut ops = Ops::new();
-        for (to, wr, word) in self.barrier_steps(epoch) {
+        for (to, wr, word) in self.barrier_steps(epoch, true) {
             let p = self.peers.get_mut(to)?;
             let prepared = p.qp.prepare_send(&wr)?;
             let (t, commit) = p.qp.commit(prepared)?;

@@ -21,7 +21,8 @@ impl Comm {
         self.chunks_posted(peer, true)?;
         self.no_queued_cpu_work(peer, "giving credits on an executor")?;
         // The credit is prepared first: a full send ring fails before anything is posted.
-        let wr = self.credit_wr(peer, 1, false);
+        // Signalled: its completion tells the CPU the commit was rung (`Ringers::Executors`).
+        let wr = self.credit_wr(peer, 1, true);
         let prepared = self.peers.get_mut(peer)?.qp.prepare_send(&wr)?;
         let req = self.post_receive(dst, peer)?;
         let p = self.peers.get_mut(peer)?;

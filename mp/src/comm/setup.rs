@@ -8,7 +8,7 @@ use super::{Comm, CtrlLayout};
 use crate::bootstrap::Bootstrap;
 use gdsync::{
     Access, Device, Error, MemoryRegion, PinnedBuffer, ProtectionDomain, QpConfig, RemoteBuf,
-    Result,
+    Result, Ringers,
 };
 use std::time::{Duration, Instant};
 
@@ -76,9 +76,14 @@ unsafe fn register_ctrl(
 /// Per peer of rank `rank`, one QP for traffic (own send and receive CQs, so completions can
 /// be waited for on executors) and one for credits.
 fn create_peers(dev: &Device, pd: &ProtectionDomain, rank: usize, size: usize) -> Result<Peers> {
+    // Executors' commits store no "rung to" after their doorbells (on a stream, one ordered
+    // store less per send): the CPU learns that they are rung from their completions, so
+    // every commit ends with a signalled work request, and CPU work queued behind one waits
+    // for its completion (`pump`).
     let cfg = QpConfig {
         send_wqebbs: 1024,
         recv_wqes: 512,
+        ringers: Ringers::Executors,
         ..QpConfig::default()
     };
     let ctl_cfg = QpConfig {
