@@ -231,6 +231,73 @@ fn kernel_channels_ping_pong_between_rank_kernels() {
     }
 }
 
+/// Puts and gets from rank kernels through an mp window (`Window::for_kernels`): for 1000
+/// rounds, rank 0's kernel puts a message into rank 1's window and sends a notice; rank 1's
+/// checks the bytes in its window, gets a range of rank 0's window (filled by the host) and
+/// checks it, then answers (`peer_put_get`), with host and with device memory. A put past
+/// the window is refused with GDS_INVALID; the channel counts every put and get as a send,
+/// apart (`one_sided`), and the credits still match the messages.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu_kernel_channel -- --include-ignored"]
+fn kernel_channels_put_and_get_between_rank_kernels() {
+    let _gpu = gpu();
+    let m = Module::compile(0, KERNELS).unwrap();
+    for device_mem in [false, true] {
+        kernel_channel_ranks(8, |comm, ch| {
+            let (me, other) = (comm.rank(), 1 - comm.rank());
+            let buf = Buf::new(device_mem, 3 * MAX);
+            let mr = buf.register(comm.pd());
+            let wbuf = Buf::new(device_mem, SLOTS as usize * MAX);
+            let wmr = wbuf.register(comm.pd());
+            if me == 0 {
+                wmr.write_at(0, &message(77, 0, SLOTS as usize * MAX));
+            }
+            let window = comm.window(&wmr).unwrap();
+            let kw = window.for_kernels().unwrap();
+            let out = PinnedBuffer::new(64);
+            let stream = CudaStream::new(0).unwrap();
+            assert!(ch.gpu_mapped() && kw.gpu_mapped());
+            let (table, wtable) = (ch.table().unwrap(), kw.table());
+            let (me32, other32, addr, lkey) = (me as u32, other as u32, buf.addr(), mr.lkey());
+            let (mywin, iters, timeout, out_addr) = (wbuf.addr(), ITERS, TIMEOUT_NS, out.addr());
+            let f = m.function("peer_put_get").unwrap();
+            let mut l = f.launch_builder(&stream);
+            l.arg(&table)
+                .arg(&wtable)
+                .arg(&me32)
+                .arg(&other32)
+                .arg(&addr);
+            l.arg(&lkey)
+                .arg(&mywin)
+                .arg(&iters)
+                .arg(&timeout)
+                .arg(&out_addr);
+            comm.barrier().unwrap();
+            // SAFETY: the parameters match peer_put_get; the tables, buffers, window and
+            // channels outlive the kernel (synchronised below).
+            unsafe { l.launch(1, 1).unwrap() };
+            stream.synchronize().unwrap();
+            comm.barrier().unwrap();
+            let w = words(&out, 0, 4);
+            assert_eq!(
+                (w[0] as i32, w[1], w[2]),
+                (code::OK, 0, ITERS),
+                "rank {me} (device_mem={device_mem}): rc, bad bytes, rounds"
+            );
+            assert_eq!(w[3] as i32, code::INVALID, "a put past the window");
+            let st = ch.progress(other).unwrap();
+            assert_eq!(
+                peer_counts(&st),
+                (2 * ITERS, 2 * ITERS, 2 * ITERS, ITERS, ITERS, 0)
+            );
+            assert_eq!(
+                st.one_sided, ITERS,
+                "rank {me}: puts or gets among the sends"
+            );
+        });
+    }
+}
+
 /// Two thread ranks, each with a persistent kernel of one block of 96 threads, ping-pong 400
 /// messages through staged kernel channels (bounces of 250 bytes, rounded up to 256; 8 send
 /// and 4 receive slots), with the payloads in GPU memory (cuMemAlloc) that is never registered:

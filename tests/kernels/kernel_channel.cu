@@ -123,6 +123,49 @@ extern "C" __global__ void peer_pingpong(const gds_peer *peers, uint32_t me, uin
     test_report(out, rc, bad, rc == GDS_OK ? i : i - 1, self_rc);
 }
 
+// Puts and gets from a kernel (mp windows: gds_peer_put_flags, gds_peer_get). Each round,
+// rank 0 puts message i into rank 1's window (win[1]) at slot i % TEST_SLOTS, one put in three
+// signalled, then sends a 1-byte notice, which takes a credit; rank 1, once the notice
+// arrived, checks the put's bytes in its own window (mywin), gets test_len(i) bytes of rank
+// 0's window at offset i % 64 (the host filled it with message 77 of side 0) and checks them
+// once the get's wait returned, then answers with a notice. First, a put reaching past the
+// peer's window is refused (out[3]).
+extern "C" __global__ void peer_put_get(const gds_peer *peers, const gds_remote *win, uint32_t me, uint32_t other,
+                                        uint64_t buf, uint32_t lkey, uint64_t mywin, uint64_t iters,
+                                        uint64_t timeout_ns, uint64_t out) {
+    gds_peer p = peers[other];
+    gds_remote to = win[other];
+    uint64_t src = buf, notice = buf + TEST_MAX, got = buf + 2 * TEST_MAX;
+    int refused = gds_peer_put(&p, &to, to.len - 1, src, lkey, 2, timeout_ns);
+    uint32_t bad = 0;
+    uint64_t i = 0;
+    int rc = GDS_OK;
+    for (; i < iters && rc == GDS_OK; i++) {
+        uint32_t len = test_len(i);
+        rc = gds_peer_recv(&p, notice, lkey, TEST_MAX, timeout_ns);
+        if (rc == GDS_OK && me == 0) {
+            test_fill(src, i, me);
+            uint32_t flags = i % 3 == 2 ? GDS_SIGNALED : 0;
+            rc = gds_peer_put_flags(&p, &to, (i % TEST_SLOTS) * TEST_MAX, src, lkey, len, flags, timeout_ns);
+            if (rc == GDS_OK) rc = gds_peer_send(&p, src, lkey, 1, timeout_ns);
+            // The put and the notice done: src may be filled again.
+            if (rc == GDS_OK) rc = gds_peer_wait_sends(&p, p.sends - p.sends_waited, timeout_ns);
+            if (rc == GDS_OK) rc = gds_peer_wait_recv(&p, nullptr, timeout_ns);
+        } else if (rc == GDS_OK) {
+            rc = gds_peer_wait_recv(&p, nullptr, timeout_ns);
+            if (rc == GDS_OK) bad += test_check(mywin + (i % TEST_SLOTS) * TEST_MAX, i, 0);
+            if (rc == GDS_OK) rc = gds_peer_get(&p, &to, i % 64, got, lkey, len, timeout_ns);
+            if (rc == GDS_OK) rc = gds_peer_wait_sends(&p, p.sends - p.sends_waited, timeout_ns);
+            if (rc == GDS_OK)
+                for (uint32_t k = 0; k < len; k++)
+                    bad += ((const volatile uint8_t *)got)[k] != test_byte(77, 0, (uint32_t)(i % 64) + k);
+            if (rc == GDS_OK) rc = gds_peer_send(&p, got, lkey, 1, timeout_ns);
+            if (rc == GDS_OK) rc = gds_peer_wait_sends(&p, p.sends - p.sends_waited, timeout_ns);
+        }
+    }
+    test_report(out, rc, bad, rc == GDS_OK ? i : i - 1, refused);
+}
+
 // ------------------------------------------------------------ staged kernel channels (mp)
 //
 // Payloads in GPU memory staged through the channel's bounces by a block: thread 0 drives the
