@@ -543,6 +543,8 @@ fn header(a: &Args) -> Result<Header> {
         let c = gdasync::gdsync::cuda::Cuda::get()?;
         let p = a.placement.as_ref().context("the GPU placement")?;
         h = h.field("gpu", c.gpu(p.ordinal(0))?.name.clone());
+        // The driver's hardware queues per GPU: the stream trigger's latency depends on it.
+        h = h.field("cuda_queues", c.queues());
     }
     // The GPU of each rank (`null` where no GPU is used).
     h = h.field("gpus", a.placement.as_ref().map(|p| p.label(2)));

@@ -550,6 +550,7 @@ fn report(cfg: &Config, us: f64, check: Option<&Check>) {
             .set("device", cfg.device.to_string())
             .set("devices", devices_label(cfg))
             .set("gpus", gpus_label(cfg))
+            .set("cuda_queues", cuda_queues(cfg))
             .set("cores", cores())
             .set("progress", progress_label(cfg))
             .set("us_per_iter", Value::Fixed(us, 3))
@@ -667,6 +668,13 @@ fn gpu_of(cfg: &Config, rank: usize) -> i32 {
 /// `--gpus` as it applies: the GPU of each rank (`null` for the CPU trigger).
 fn gpus_label(cfg: &Config) -> Option<String> {
     cfg.placement.as_ref().map(|p| p.label(cfg.ranks))
+}
+
+/// The CUDA driver's hardware queues per GPU where GPUs are used (the stream trigger's time
+/// depends on it), else `None`.
+fn cuda_queues(cfg: &Config) -> Option<u32> {
+    cfg.placement.as_ref()?;
+    gdasync::gdsync::cuda::Cuda::get().ok().map(|c| c.queues())
 }
 
 fn threads(cfg: &Config) -> Result<()> {

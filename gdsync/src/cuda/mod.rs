@@ -188,6 +188,14 @@ impl Cuda {
         Self::get().ok().filter(|c| !c.gpus.is_empty())
     }
 
+    /// The hardware queues per context that the driver started with ([`MAX_CONNECTIONS_VAR`]
+    /// as the environment said, else the driver's default of 8). Stream-triggered latency
+    /// depends on it (docs/benchmarks.md, "The stream trigger's two modes and the GPU's
+    /// hardware queues"), so benchmarks report it.
+    pub fn queues(&self) -> u32 {
+        self.queues
+    }
+
     /// The GPU with this ordinal.
     pub fn gpu(&self, ordinal: i32) -> Result<&GpuInfo> {
         self.gpus.get(ordinal as usize).ok_or_else(|| {
