@@ -863,6 +863,25 @@ __device__ __forceinline__ int gds_peer_make_room(gds_peer *p, uint32_t spins, u
     return p->error ? (int)p->error : GDS_OK;
 }
 
+// Posts a work request (opcode, laddr/lkey, len; raddr/rkey for writes and reads) on the
+// peer's send ring once the ring has room (consumes send completions meanwhile), and counts
+// it as a send: GDS_OK, GDS_TIMEOUT (nothing posted), or the channel's error.
+__device__ __forceinline__ int gds_peer_post(gds_peer *p, uint32_t opcode, uint64_t laddr, uint32_t lkey, uint32_t len,
+                                             uint64_t raddr, uint32_t rkey, uint32_t flags, uint64_t timeout_ns) {
+    uint64_t start = 0;
+    for (uint32_t spins = 0;; spins++) {
+        uint32_t f = gds_peer_wqe_flags(p, flags);
+        int rc = gds_qp_post_send(&p->qp, opcode, laddr, lkey, len, raddr, rkey, 0, f);
+        if (rc == GDS_FULL) rc = gds_peer_make_room(p, spins, &start, timeout_ns);
+        else if (rc == GDS_OK) {
+            gds_peer_host(p)->sends = ++p->sends;
+            gds_peer_posted(p, f);
+            return GDS_OK;
+        }
+        if (rc != GDS_OK) return rc;
+    }
+}
+
 // Posts a send of `len` bytes at laddr/lkey to the peer once it has a receive posted for it
 // (waits for the credit), and once the send ring has room (consumes send completions). The
 // message lands in the peer's next receive. `flags`: GDS_SIGNALED or 0 (and GDS_FENCE,
@@ -880,18 +899,7 @@ __device__ __forceinline__ int gds_peer_send_flags(gds_peer *p, uint64_t laddr, 
         p->credits = *(const volatile uint64_t *)p->credit;
         if (p->credits < messages + 1 && gds_expired(spins, &start, timeout_ns)) return GDS_TIMEOUT;
     }
-    start = 0;
-    for (uint32_t spins = 0;; spins++) {
-        uint32_t f = gds_peer_wqe_flags(p, flags);
-        int rc = gds_qp_post_send(&p->qp, GDS_OP_SEND, laddr, lkey, len, 0, 0, 0, f);
-        if (rc == GDS_FULL) rc = gds_peer_make_room(p, spins, &start, timeout_ns);
-        else if (rc == GDS_OK) {
-            gds_peer_host(p)->sends = ++p->sends;
-            gds_peer_posted(p, f);
-            return GDS_OK;
-        }
-        if (rc != GDS_OK) return rc;
-    }
+    return gds_peer_post(p, GDS_OP_SEND, laddr, lkey, len, 0, 0, flags, timeout_ns);
 }
 
 // gds_peer_send_flags with GDS_SIGNALED: every send completes on its own.
@@ -909,20 +917,9 @@ __device__ __forceinline__ int gds_peer_one_sided(gds_peer *p, uint32_t opcode, 
     int rc = gds_peer_check(p);
     if (rc != GDS_OK) return rc;
     if (off > r->len || len > r->len - off) return GDS_INVALID;
-    uint64_t start = 0;
-    for (uint32_t spins = 0;; spins++) {
-        uint32_t f = gds_peer_wqe_flags(p, flags);
-        rc = gds_qp_post_send(&p->qp, opcode, laddr, lkey, len, r->addr + off, r->rkey, 0, f);
-        if (rc == GDS_FULL) rc = gds_peer_make_room(p, spins, &start, timeout_ns);
-        else if (rc == GDS_OK) {
-            volatile gds_peer_state *st = gds_peer_host(p);
-            st->one_sided = ++p->one_sided;
-            st->sends = ++p->sends;
-            gds_peer_posted(p, f);
-            return GDS_OK;
-        }
-        if (rc != GDS_OK) return rc;
-    }
+    rc = gds_peer_post(p, opcode, laddr, lkey, len, r->addr + off, r->rkey, flags, timeout_ns);
+    if (rc == GDS_OK) gds_peer_host(p)->one_sided = ++p->one_sided;
+    return rc;
 }
 
 // Writes `len` bytes at laddr/lkey into the remote buffer `r` (one rank's region of an mp
