@@ -11,10 +11,11 @@ use common::gpu::{gpu, Buf};
 use common::{kernel_channel_ranks, peer_counts, staged_channel_ranks};
 // The byte pattern of `test_byte`: message `i` of `side`.
 use common::kernel_qp::message;
-use gdasync::gdsync::cuda::{CudaStream, Module};
+use gdasync::gdsync::cuda::{CudaStream, LaunchArgs, Module};
 use gdasync::gdsync::format::Syndrome;
 use gdasync::gdsync::kernel::{code, DeviceQp, QpDesc};
 use gdasync::gdsync::{Device, PinnedBuffer, ProtectionDomain, QpConfig};
+use gdasync::mp::Comm;
 use std::time::{Duration, Instant};
 
 /// Round trips of the ping-pong tests.
@@ -40,6 +41,28 @@ fn words(out: &PinnedBuffer, at: usize, n: usize) -> Vec<u64> {
             u64::from_ne_bytes(b)
         })
         .collect()
+}
+
+/// Runs one rank's kernel: once every rank has made its CUDA allocations and registrations
+/// (a running kernel could block them), launches `l` as one block of `threads`, waits for it,
+/// and waits for every rank's; returns the kernel's report (`test_report`: rc, bad bytes,
+/// rounds, extra).
+///
+/// # Safety
+/// `l`'s parameters match its kernel, and what they name outlives the call.
+unsafe fn run_rank_kernel(
+    comm: &mut Comm,
+    l: &mut LaunchArgs,
+    stream: &CudaStream,
+    threads: u32,
+    out: &PinnedBuffer,
+) -> Vec<u64> {
+    comm.barrier().unwrap();
+    // SAFETY: the caller's contract; the stream is synchronised before returning.
+    unsafe { l.launch(1, threads).unwrap() };
+    stream.synchronize().unwrap();
+    comm.barrier().unwrap();
+    words(out, 0, 4)
 }
 
 /// Two connected QPs on one soft device, each with dedicated CQs, handed to the GPU.
@@ -196,15 +219,9 @@ fn kernel_channels_ping_pong_between_rank_kernels() {
             let mut l = f.launch_builder(&stream);
             l.arg(&table).arg(&me32).arg(&other32).arg(&addr);
             l.arg(&lkey).arg(&iters).arg(&timeout).arg(&out_addr);
-            // Every rank has made its CUDA allocations and registrations (and other driver
-            // calls) before any kernel runs: a running kernel could block them.
-            comm.barrier().unwrap();
             // SAFETY: the parameters match peer_pingpong; the table, buffers and
-            // channels outlive the kernel (synchronised below).
-            unsafe { l.launch(1, 1).unwrap() };
-            stream.synchronize().unwrap();
-            comm.barrier().unwrap();
-            let w = words(&out, 0, 4);
+            // channels outlive the call.
+            let w = unsafe { run_rank_kernel(comm, &mut l, &stream, 1, &out) };
             assert_eq!(
                 (w[0] as i32, w[1], w[2]),
                 (code::OK, 0, ITERS),
@@ -272,13 +289,9 @@ fn kernel_channels_put_and_get_between_rank_kernels() {
                 .arg(&iters)
                 .arg(&timeout)
                 .arg(&out_addr);
-            comm.barrier().unwrap();
             // SAFETY: the parameters match peer_put_get; the tables, buffers, window and
-            // channels outlive the kernel (synchronised below).
-            unsafe { l.launch(1, 1).unwrap() };
-            stream.synchronize().unwrap();
-            comm.barrier().unwrap();
-            let w = words(&out, 0, 4);
+            // channels outlive the call.
+            let w = unsafe { run_rank_kernel(comm, &mut l, &stream, 1, &out) };
             assert_eq!(
                 (w[0] as i32, w[1], w[2]),
                 (code::OK, 0, ITERS),
@@ -324,14 +337,9 @@ fn staged_kernel_channels_ping_pong_from_gpu_memory() {
         let mut l = f.launch_builder(&stream);
         l.arg(&table).arg(&me32).arg(&other32).arg(&saddr);
         l.arg(&raddr).arg(&iters).arg(&timeout).arg(&out_addr);
-        // Every rank has made its CUDA allocations before any kernel runs.
-        comm.barrier().unwrap();
         // SAFETY: the parameters match staged_pingpong; the table, buffers and channels
-        // outlive the kernel (synchronised below).
-        unsafe { l.launch(1, 96).unwrap() };
-        stream.synchronize().unwrap();
-        comm.barrier().unwrap();
-        let w = words(&out, 0, 4);
+        // outlive the call.
+        let w = unsafe { run_rank_kernel(comm, &mut l, &stream, 96, &out) };
         assert_eq!(
             (w[0] as i32, w[1], w[2], w[3] as usize),
             (code::OK, 0, STAGED_ITERS, slot),

@@ -1,7 +1,7 @@
 //! `--api mp` with the GPU triggers: the loops of gpu.rs through the messaging layer
-//! (`mp::Comm` send/receive with credits; `--op write`: puts into the peer's window on a
-//! stream, host memory). Ranks are threads sharing one GPU and one soft device; each has its
-//! own communicator.
+//! (`mp::Comm` send/receive with credits; `--op write`: puts into the peer's window, on a
+//! stream or from a kernel, host memory). Ranks are threads sharing one GPU and one soft
+//! device; each has its own communicator.
 //!
 //! `host` and `stream`: receives are posted by each rank's CPU 64 ahead (their credits reach
 //! the peer early, so a stream send rarely needs to wait for one); requests are released by
