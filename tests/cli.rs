@@ -196,6 +196,19 @@ fn bad_pingpong_arguments_are_clean_errors() {
             "--stage-bounce applies",
         ),
         (&["--staging", "sometimes"][..], "invalid value"),
+        (&["--op", "read"][..], "--op read"),
+        (
+            &["--op", "read", "--trigger", "stream", "--raw"][..],
+            "--op read",
+        ),
+        (
+            &["--api", "mp", "--op", "read", "--trigger", "host"][..],
+            "--op read",
+        ),
+        (
+            &["--explain", "--op", "read", "--trigger", "stream"][..],
+            "--explain prints",
+        ),
     ] {
         refused("pingpong", args, says);
     }
@@ -226,6 +239,33 @@ fn pingpong_stream_loop_runs_on_a_host_stream() {
             row.is_some_and(|r| r.contains("\"iters\":300")),
             "{args:?}:\n{stdout}"
         );
+    }
+}
+
+/// `pingpong --op read` on a host stream (no GPU), gdsync's reads and `mp`'s gets: every read
+/// completes, rank 0's buffer ends with the word rank 1's holds (the run checks it and fails
+/// otherwise), and the rows say a sample is a whole read.
+#[test]
+fn pingpong_reads_run_on_a_host_stream() {
+    for api in ["gdsync", "mp"] {
+        let mut args = vec!["--api", api, "--op", "read", "--trigger", "stream"];
+        args.extend(["--host-stream", "--sizes", "4,8,4100", "--iters", "300"]);
+        args.extend(["--warmup", "20", "--json"]);
+        let out = output("pingpong", &args);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        let rows: Vec<&str> = stdout
+            .lines()
+            .filter(|l| l.contains("\"t_p50_us\""))
+            .collect();
+        assert_eq!(rows.len(), 3, "{args:?}:\n{stdout}");
+        for r in rows {
+            assert!(
+                r.contains("\"iters\":300") && r.contains("\"op\":\"read\""),
+                "{r}"
+            );
+            assert!(r.contains("\"sample\":\"read\""), "{r}");
+        }
     }
 }
 

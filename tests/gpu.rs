@@ -721,6 +721,33 @@ fn stream_commits_and_cpu_posts_interleave_on_one_qp() {
     assert_eq!(got, pattern(64, 3));
 }
 
+/// `pingpong --op read` on the GPU, gdsync's reads and `mp`'s gets, from a stream and from a
+/// kernel (`pp_read`, `mp_pp_get`): each run ends with its rows, and the run itself checks
+/// that rank 0's buffer holds rank 1's bytes (and, for `mp`'s kernel, the channel's counters).
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
+fn pingpong_reads_from_streams_and_kernels() {
+    let _gpu = gpu();
+    for trigger in ["stream", "kernel"] {
+        for api in ["gdsync", "mp"] {
+            let mut args = vec!["--api", api, "--op", "read", "--trigger", trigger];
+            args.extend([
+                "--sizes", "8,4100", "--iters", "500", "--warmup", "50", "--json",
+            ]);
+            let (ok, out, err) = example::run("pingpong", &args);
+            assert!(ok, "pingpong {args:?} failed:\n{out}\n{err}");
+            let rows: Vec<&str> = out.lines().filter(|l| l.contains("\"t_p50_us\"")).collect();
+            assert_eq!(rows.len(), 2, "pingpong {args:?}:\n{out}");
+            for row in rows {
+                assert_eq!(json_field(row, "iters"), "500", "{row}");
+                let p50: f64 = json_field(row, "t_p50_us").parse().unwrap();
+                assert!(p50 > 0.0 && p50.is_finite(), "{row}");
+                eprintln!("pingpong {args:?}: p50 {p50} us");
+            }
+        }
+    }
+}
+
 /// pingpong's stream and kernel loops on the GPU, every op and the `--raw` floor, with
 /// commits that publish no "rung to" (the default for these loops) and with `--ringers
 /// mixed`: each run ends (no stall, no error completion) with its row of figures.

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 /// signals as often.
 pub(crate) const SIGNAL_EVERY: u64 = 16;
 /// How many iterations a rank's CPU enqueues ahead of its stream.
-const AHEAD: u64 = 16;
+pub(crate) const AHEAD: u64 = 16;
 pub(crate) const TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The kernels of the GPU triggers, `pp` and `step` here and `mp_pp` of mp_gpu.rs (also
@@ -70,14 +70,14 @@ impl Buf {
 
 /// One rank's queues and buffers.
 pub(crate) struct Rank {
-    qp: Qp,
+    pub(crate) qp: Qp,
     _scq: Cq,
     rcq: Cq,
-    sbuf: MemoryRegion<'static>,
+    pub(crate) sbuf: MemoryRegion<'static>,
     sbuf_addr: u64,
-    rbuf: MemoryRegion<'static>,
+    pub(crate) rbuf: MemoryRegion<'static>,
     rbuf_addr: u64,
-    remote: RemoteBuf,
+    pub(crate) remote: RemoteBuf,
     recvs: Vec<RecvTicket>,
     /// With staged GPU memory: the GPU buffers the payloads live in, and the bounces that
     /// `sbuf`/`rbuf` register.
@@ -147,7 +147,7 @@ fn buffers(
     ])
 }
 
-fn setup(dev: &Device, args: &Args, max: usize) -> Result<(Rank, Rank)> {
+pub(crate) fn setup(dev: &Device, args: &Args, max: usize) -> Result<(Rank, Rank)> {
     let mk = |rank: usize| -> Result<Rank> {
         let pd = dev.alloc_pd();
         let (scq, rcq) = (dev.create_cq(1024)?, dev.create_cq(1024)?);
@@ -200,11 +200,13 @@ impl Rank {
     pub(crate) fn recv_word(&self, size: usize) -> u64 {
         self.rbuf_addr + size as u64 - 4
     }
-    fn wr(&self, op: Op, size: usize, marker: u32, signalled: bool) -> SendWr {
+    pub(crate) fn wr(&self, op: Op, size: usize, marker: u32, signalled: bool) -> SendWr {
         let mut wr = match op {
             Op::Write => SendWr::write(self.remote.at(0)),
             Op::WriteImm => SendWr::write_imm(self.remote.at(0), marker),
             Op::Send => SendWr::send(),
+            // Rank 0's read of the peer's buffer into its send buffer (read.rs).
+            Op::Read => SendWr::read(self.remote.at(0)),
         }
         .sge(self.sbuf.sge(..size));
         if !signalled {
@@ -213,7 +215,7 @@ impl Rank {
         wr
     }
     /// Prepares a send, waiting for ring space (retired by the stream's or kernel's waits).
-    fn prepare(&mut self, wr: &SendWr) -> Result<gdasync::gdsync::PreparedSend> {
+    pub(crate) fn prepare(&mut self, wr: &SendWr) -> Result<gdasync::gdsync::PreparedSend> {
         let start = Instant::now();
         loop {
             match self.qp.prepare_send(wr) {
@@ -391,27 +393,47 @@ impl KeepUp {
     }
 }
 
-/// Timestamps rank 0's progress word as the CPU sees it advance: one half round trip per
-/// completed iteration (iterations seen together share the interval).
+/// Timestamps rank 0's progress word as the CPU sees it advance: one sample per completed
+/// iteration, half of it for a round trip (iterations seen together share the interval).
 pub(crate) struct ProgressClock {
     pub(crate) seen: u64,
     pub(crate) last: Instant,
     pub(crate) times: Vec<f64>,
+    /// What one iteration's interval is divided by: 2 for round trips, 1 for reads.
+    per: f64,
 }
 
 impl ProgressClock {
+    /// A clock of `iters` round trips, each sample half of one.
+    pub(crate) fn half_round_trips(iters: u64) -> ProgressClock {
+        ProgressClock {
+            seen: 0,
+            last: Instant::now(),
+            times: Vec::with_capacity(iters as usize),
+            per: 2.0,
+        }
+    }
+
+    /// A clock of `iters` steps, each sample a whole one (a read's round trip).
+    pub(crate) fn whole(iters: u64) -> ProgressClock {
+        ProgressClock {
+            per: 1.0,
+            ..ProgressClock::half_round_trips(iters)
+        }
+    }
+
     pub(crate) fn observe(&mut self, done: u64) {
         if done > self.seen {
             let now = Instant::now();
             let dt = now.duration_since(self.last).as_secs_f64() * 1e6 / (done - self.seen) as f64;
-            self.times.extend((self.seen..done).map(|_| dt / 2.0));
+            self.times.extend((self.seen..done).map(|_| dt / self.per));
             self.seen = done;
             self.last = now;
         }
     }
 
     /// An error once no round trip of `iters` has ended for [`TIMEOUT`].
-    fn check_stall(&self, iters: u64) -> Result<()> {
+    pub(crate) fn check_stall(&self, iters: u64) -> Result<()> {
         if self.last.elapsed() > TIMEOUT {
             bail!(
                 "stream pingpong stalled at {}/{iters}: no round trip ended in {TIMEOUT:?}",
@@ -612,11 +634,7 @@ fn stream_rank<E: Executor>(
     sync: impl FnOnce() -> Result<()>,
 ) -> Result<Vec<f64>> {
     barrier.wait();
-    let mut clock = ProgressClock {
-        seen: 0,
-        last: Instant::now(),
-        times: Vec::with_capacity(iters as usize),
-    };
+    let mut clock = ProgressClock::half_round_trips(iters);
     // Rank 0's last list waits for the last answer.
     let lists = if rank == 0 { iters + 1 } else { iters };
     let mut keep_up = KeepUp::default();
@@ -824,18 +842,27 @@ pub(crate) fn kernel_descs(
 /// sample per iteration is half the time since the previous stamp (the first iteration, with
 /// no stamp before it, gets the second's).
 pub(crate) fn kernel_half_rtts(times: &PinnedBuffer, iters: u64) -> Vec<f64> {
+    kernel_intervals_us(times, iters)
+        .into_iter()
+        .map(|t| t / 2.0)
+        .collect()
+}
+
+/// The time in µs between consecutive stamps of the GPU's global timer in `times` (the
+/// first iteration, with no stamp before it, gets the second's).
+pub(crate) fn kernel_intervals_us(times: &PinnedBuffer, iters: u64) -> Vec<f64> {
     let mut t = vec![0u8; iters as usize * 8];
     times.read_at(0, &mut t);
     let ns: Vec<u64> = t
         .chunks(8)
         .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
         .collect();
-    let mut half = Vec::with_capacity(iters as usize);
-    for i in 1..ns.len() {
-        half.push(ns[i].saturating_sub(ns[i - 1]) as f64 / 2000.0);
-    }
-    half.insert(0, half.first().copied().unwrap_or(0.0));
-    half
+    let mut us: Vec<f64> = ns
+        .windows(2)
+        .map(|w| w[1].saturating_sub(w[0]) as f64 / 1000.0)
+        .collect();
+    us.insert(0, us.first().copied().unwrap_or(0.0));
+    us
 }
 
 // ---------------------------------------------------------------------------- host

@@ -114,6 +114,31 @@ out:
 #undef AWAIT
 }
 
+// --api gdsync --op read: rank 0's reads of the peer's buffer (rank 1 launches nothing). Each
+// read's descriptors are the read's WQE and the wait for its completion; the wait and the
+// next read are fetched while the read is on the wire. The GPU's timer is stamped after each
+// completion: one read's round trip per sample.
+extern "C" __global__ void pp_read(gds_desc_ring ring, uint64_t iters, uint64_t times, uint64_t timeout_ns,
+        uint64_t rc_addr) {
+    uint64_t idx = 0;
+    gds_desc rd, w;
+    int rc = GDS_OK;
+#define FETCH(d) do { rc = gds_ring_fetch(&ring, idx++, &(d), timeout_ns); if (rc) goto out; } while (0)
+#define CHECK(x) do { rc = (x); if (rc) goto out; } while (0)
+    if (iters > 0) FETCH(rd);
+    for (uint64_t i = 0; i < iters; i++) {
+        CHECK(gds_send(&rd.send));
+        FETCH(w);
+        if (i + 1 < iters) FETCH(rd);
+        CHECK(gds_wait(&w.wait, timeout_ns));
+        ((volatile uint64_t *)times)[i] = gds_now_ns();
+    }
+out:
+    gds_signal32(rc_addr, rc ? 1000 + rc : 1);
+#undef FETCH
+#undef CHECK
+}
+
 // The GPU step of --trigger host (launched and synchronised every iteration).
 extern "C" __global__ void step() {}
 
@@ -133,6 +158,7 @@ extern "C" __global__ void step() {}
 #define MP_STEP_CREDIT 5     // gds_peer_give_credit
 #define MP_STEP_PUT 6        // gds_peer_put_flags
 #define MP_STEP_WAIT_MARKER 7  // the wait for the peer's marker (gds_wait_value32)
+#define MP_STEP_GET 8        // gds_peer_get
 #define MP_WRONG_LENGTH 0x1000  // a message of another length than size arrived
 
 // The result words, then MP_DONE.
@@ -233,6 +259,29 @@ extern "C" __global__ void mp_pp_put(const gds_peer *peers, const gds_remote *wi
         }
     }
     if (p.sends > p.sends_waited) MP_CHECK(MP_STEP_WAIT_SEND, gds_peer_wait_sends(&p, p.sends - p.sends_waited, timeout_ns));
+out:
+    mp_report(result, rc, i, step, 0);
+#undef MP_CHECK
+}
+
+// Rank 0 of `pingpong --api mp --op read --trigger kernel` (rank 1 launches nothing): gets
+// `size` bytes of the peer's window (win[peer]: its receive buffer) into dst with
+// gds_peer_get and waits for each (gds_peer_wait_send) before the next, stamping the GPU's
+// timer after each: one get's round trip per sample. Results as mp_pp's.
+extern "C" __global__ void mp_pp_get(const gds_peer *peers, const gds_remote *win, uint32_t peer, uint64_t dst,
+        uint32_t dlkey, uint32_t size, uint64_t iters, uint64_t times, uint64_t timeout_ns, uint64_t result) {
+    gds_peer p = peers[peer];
+    gds_remote from = win[peer];  // one read across PCIe, not one per get
+    uint64_t i = 0;
+    uint32_t step = 0;
+    int rc = size == 0 ? GDS_INVALID : GDS_OK;
+#define MP_CHECK(s, x) do { step = (s); rc = (x); if (rc) goto out; } while (0)
+    if (rc) goto out;
+    for (; i < iters; i++) {
+        MP_CHECK(MP_STEP_GET, gds_peer_get(&p, &from, 0, dst, dlkey, size, timeout_ns));
+        MP_CHECK(MP_STEP_WAIT_SEND, gds_peer_wait_send(&p, timeout_ns));
+        ((volatile uint64_t *)times)[i] = gds_now_ns();
+    }
 out:
     mp_report(result, rc, i, step, 0);
 #undef MP_CHECK

@@ -38,6 +38,7 @@ mod mp_wire;
 mod nic;
 mod ranks;
 mod raw;
+mod read;
 mod report;
 mod shm;
 mod wire;
@@ -68,6 +69,10 @@ enum Op {
     WriteImm,
     /// Send; the receiver polls its completion queue.
     Send,
+    /// RDMA read (with --api mp: a get), as ib_read_lat: rank 0 reads rank 1's buffer and
+    /// waits for each read's completion; times are whole reads, not halved (--trigger
+    /// stream|kernel, --mem host).
+    Read,
 }
 
 /// `--ringers`: who rings the QPs' doorbells ([`Ringers`]).
@@ -251,6 +256,16 @@ impl Args {
             (Api::Mp, Some(Op::Write)) => {
                 return Err(usage("--api mp --op write (a put into the peer's window, on a stream or from a kernel) runs with --trigger stream or kernel, --mem host"));
             }
+            (_, Some(Op::Read))
+                if matches!(c.trigger, Trigger::Stream | Trigger::Kernel)
+                    && c.mem == Mem::Host
+                    && !c.raw =>
+            {
+                Op::Read
+            }
+            (_, Some(Op::Read)) => {
+                return Err(usage("--op read (the latency of a read, as ib_read_lat; with --api mp a get) runs with --trigger stream or kernel, --mem host, without --raw"));
+            }
             (Api::Mp, Some(op)) if op != Op::Send => {
                 let why = format!("--api mp sends messages: --op {} does not apply", name(op));
                 return Err(usage(why));
@@ -432,10 +447,11 @@ fn check_flags(c: &Cli, op: Op) -> Result<()> {
     refuse_if(
         c.explain
             && (c.api != Api::Gdsync
+                || op == Op::Read
                 || c.vs_raw
                 || c.ranks_as != RanksAs::Threads
                 || c.trigger == Trigger::Host),
-        "--explain prints the lists of --api gdsync --trigger stream|kernel (threads; no --vs-raw)",
+        "--explain prints the lists of --api gdsync --trigger stream|kernel (threads; no --vs-raw, no --op read)",
     )?;
     refuse_if(c.duration.is_some() && c.trigger != Trigger::Cpu,
         "--duration applies to --trigger cpu (GPU triggers enqueue a fixed number of round trips: use --iters)")?;
@@ -502,6 +518,15 @@ fn header(a: &Args) -> Result<Header> {
     };
     let mut h = Header::new("pingpong")
         .field("op", name(a.op))
+        // What one sample times: half a round trip, or a whole read (ib_read_lat's way).
+        .field(
+            "sample",
+            if a.op == Op::Read {
+                "read"
+            } else {
+                "half round trip"
+            },
+        )
         .field("api", name(a.api))
         .field(
             "trigger",
@@ -554,9 +579,11 @@ fn header(a: &Args) -> Result<Header> {
             common::json::Value::Fixed(a.duration.unwrap_or_default().as_secs_f64(), 3),
         );
     }
-    Ok(h.note(
-        "times are half round trips in microseconds; cpu: CPU time of both ranks per round trip",
-    ))
+    Ok(h.note(if a.op == Op::Read {
+        "times are whole reads (a round trip each, not halved) in microseconds; cpu: CPU time of both ranks per read"
+    } else {
+        "times are half round trips in microseconds; cpu: CPU time of both ranks per round trip"
+    }))
 }
 
 /// Both ranks as threads of this process.
@@ -700,6 +727,7 @@ fn run(cli: &Cli) -> Result<()> {
     match (args.trigger, args.api, args.ranks_as) {
         (Trigger::Cpu, _, RanksAs::Procs) => common::launch::run_local(2),
         (Trigger::Cpu, _, _) => threads(&args, &report),
+        _ if args.op == Op::Read => read::run(&args, &mut emit),
         (_, Api::Mp, _) => mp_gpu::run(&args, &mut emit),
         (_, Api::Gdsync, _) => gpu::run(&args, &mut emit),
     }

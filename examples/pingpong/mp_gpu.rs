@@ -50,7 +50,7 @@ const MP_RC: usize = 1;
 const MP_AT: usize = 2;
 const MP_STEP: usize = 3;
 const MP_LEN: usize = 4;
-const MP_WORDS: usize = 5;
+pub(crate) const MP_WORDS: usize = 5;
 /// `mp_pp`'s code for a message of the wrong length.
 const MP_WRONG_LENGTH: i32 = 0x1000;
 
@@ -63,7 +63,7 @@ enum GpuFn {
 
 /// A message buffer: registered (host memory, or GPU memory reached directly), or GPU
 /// memory that mp stages through its bounces (`--mem device`, staged).
-enum MpBuf {
+pub(crate) enum MpBuf {
     Reg(u64, MemoryRegion<'static>),
     Gpu(GpuRegion),
 }
@@ -83,7 +83,7 @@ impl MpBuf {
             comm.register_gpu(buf, GpuMemoryPath::Staged)?
         }))
     }
-    fn addr(&self) -> u64 {
+    pub(crate) fn addr(&self) -> u64 {
         match self {
             MpBuf::Reg(a, _) => *a,
             MpBuf::Gpu(g) => g.addr(),
@@ -91,20 +91,20 @@ impl MpBuf {
     }
     /// The lkey of a registered buffer, 0 for a staged one (the kernel then copies it
     /// through the channel's bounces, and names no key of its own).
-    fn lkey(&self) -> u32 {
+    pub(crate) fn lkey(&self) -> u32 {
         match self {
             MpBuf::Reg(_, mr) => mr.lkey(),
             MpBuf::Gpu(_) => 0,
         }
     }
-    fn write_at(&self, off: usize, src: &[u8]) -> Result<()> {
+    pub(crate) fn write_at(&self, off: usize, src: &[u8]) -> Result<()> {
         match self {
             MpBuf::Reg(_, mr) => mr.write_at(off, src),
             MpBuf::Gpu(g) => g.write_at(off, src)?,
         }
         Ok(())
     }
-    fn read_at(&self, off: usize, dst: &mut [u8]) -> Result<()> {
+    pub(crate) fn read_at(&self, off: usize, dst: &mut [u8]) -> Result<()> {
         match self {
             MpBuf::Reg(_, mr) => mr.read_at(off, dst),
             MpBuf::Gpu(g) => g.read_at(off, dst)?,
@@ -114,22 +114,28 @@ impl MpBuf {
 }
 
 /// One rank: its communicator and buffers.
-struct MpRank {
-    comm: Comm,
-    peer: usize,
-    sbuf: MpBuf,
-    rbuf: MpBuf,
+pub(crate) struct MpRank {
+    pub(crate) comm: Comm,
+    pub(crate) peer: usize,
+    pub(crate) sbuf: MpBuf,
+    pub(crate) rbuf: MpBuf,
     recvs: VecDeque<Request>,
     posted: u64,
     /// Receives kept posted ahead (fewer when messages go in chunks: each chunk takes a
     /// slot of the receive ring).
     recv_ahead: u64,
-    /// `--op write`: the window over every rank's receive buffer, which puts write into.
-    window: Option<Window>,
+    /// `--op write|read`: the window over every rank's receive buffer, which puts write into
+    /// and gets read from.
+    pub(crate) window: Option<Window>,
 }
 
 impl MpRank {
-    fn new(boot: ThreadBootstrap, dev: &Device, args: &Args, max: usize) -> Result<Self> {
+    pub(crate) fn new(
+        boot: ThreadBootstrap,
+        dev: &Device,
+        args: &Args,
+        max: usize,
+    ) -> Result<Self> {
         let mut comm = Comm::new(Box::new(boot), dev)?;
         let rank = comm.rank();
         let mut recv_ahead = RECV_AHEAD;
@@ -157,8 +163,10 @@ impl MpRank {
         let sbuf = MpBuf::new(&comm, args, max, rank)?;
         let rbuf = MpBuf::new(&comm, args, max, rank)?;
         let window = match (&rbuf, args.op) {
-            (MpBuf::Reg(_, mr), Op::Write) => Some(comm.window(mr)?),
-            (_, Op::Write) => bail!("--op write: puts need registered host memory"),
+            (MpBuf::Reg(_, mr), Op::Write | Op::Read) => Some(comm.window(mr)?),
+            (_, Op::Write | Op::Read) => {
+                bail!("--op write|read: puts and gets need registered host memory")
+            }
             _ => None,
         };
         Ok(Self {
@@ -314,11 +322,7 @@ fn stream_rank<E: Executor>(
     let mut live: VecDeque<Request> = VecDeque::new();
     let batch = OpBatch::new();
     r.comm.barrier()?;
-    let mut clock = ProgressClock {
-        seen: 0,
-        last: Instant::now(),
-        times: Vec::with_capacity(iters as usize),
-    };
+    let mut clock = ProgressClock::half_round_trips(iters);
     let lists = if rank == 0 { iters + 1 } else { iters };
     // Rank 0's receive for the message it sent in the list before.
     let mut answer: Option<Request> = None;
@@ -526,40 +530,7 @@ fn kernel_rank(
     let after = r.comm.barrier();
     synced?;
     after?;
-    if result.load64(MP_DONE) != 1 {
-        bail!("rank {rank}'s pingpong kernel ended without reporting");
-    }
-    let rc = result.load64(MP_RC) as i32;
-    if rc != code::OK {
-        let at = result.load64(MP_AT);
-        let step = match result.load64(MP_STEP) {
-            1 => "posting a receive (gds_peer_post_recv, staged: gds_peer_post_recv_staged)",
-            2 => "sending (gds_peer_send_flags, staged: gds_peer_next_send_bounce, gds_peer_send_bounce)",
-            3 => "waiting for sends (gds_peer_wait_sends)",
-            4 => "waiting for a receive (gds_peer_wait_recv)",
-            5 => "giving credit (gds_peer_give_credit)",
-            6 => "putting (gds_peer_put_flags)",
-            7 => "waiting for the peer's marker",
-            _ => "checking its arguments",
-        };
-        let why = match rc {
-            code::TIMEOUT => format!(
-                "a wait timed out after {} s (the peer stopped, or no credit or completion came)",
-                KERNEL_WAIT_NS / 1_000_000_000
-            ),
-            code::INVALID => "an invalid argument or channel descriptor".into(),
-            code::FULL => "the receive ring was full".into(),
-            MP_WRONG_LENGTH => format!(
-                "a message of {} bytes arrived, {size} expected",
-                result.load64(MP_LEN)
-            ),
-            rc => match code::syndrome(rc) {
-                Some(s) => format!("an error completion ({s:?})"),
-                None => format!("code {rc:#x}"),
-            },
-        };
-        bail!("rank {rank}'s pingpong kernel stopped at iteration {at} {step}: {why}");
-    }
+    kernel_report(rank, &result, size)?;
     // Every message went through the channel (puts: as one-sided sends, no receives), and
     // the last one's marker is in the buffer.
     let st = ch.progress(r.peer)?;
@@ -586,4 +557,45 @@ fn kernel_rank(
     } else {
         Vec::new()
     })
+}
+
+/// What a rank's `mp_pp*` kernel reported in its result words: an error naming the step it
+/// stopped at and why, or none.
+pub(crate) fn kernel_report(rank: usize, result: &SignalWords, size: usize) -> Result<()> {
+    if result.load64(MP_DONE) != 1 {
+        bail!("rank {rank}'s pingpong kernel ended without reporting");
+    }
+    let rc = result.load64(MP_RC) as i32;
+    if rc != code::OK {
+        let at = result.load64(MP_AT);
+        let step = match result.load64(MP_STEP) {
+            1 => "posting a receive (gds_peer_post_recv, staged: gds_peer_post_recv_staged)",
+            2 => "sending (gds_peer_send_flags, staged: gds_peer_next_send_bounce, gds_peer_send_bounce)",
+            3 => "waiting for sends (gds_peer_wait_sends)",
+            4 => "waiting for a receive (gds_peer_wait_recv)",
+            5 => "giving credit (gds_peer_give_credit)",
+            6 => "putting (gds_peer_put_flags)",
+            7 => "waiting for the peer's marker",
+            8 => "getting (gds_peer_get)",
+            _ => "checking its arguments",
+        };
+        let why = match rc {
+            code::TIMEOUT => format!(
+                "a wait timed out after {} s (the peer stopped, or no credit or completion came)",
+                KERNEL_WAIT_NS / 1_000_000_000
+            ),
+            code::INVALID => "an invalid argument or channel descriptor".into(),
+            code::FULL => "the receive ring was full".into(),
+            MP_WRONG_LENGTH => format!(
+                "a message of {} bytes arrived, {size} expected",
+                result.load64(MP_LEN)
+            ),
+            rc => match code::syndrome(rc) {
+                Some(s) => format!("an error completion ({s:?})"),
+                None => format!("code {rc:#x}"),
+            },
+        };
+        bail!("rank {rank}'s pingpong kernel stopped at iteration {at} {step}: {why}");
+    }
+    Ok(())
 }

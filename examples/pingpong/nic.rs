@@ -125,6 +125,8 @@ impl Nic {
             Op::Write => SendWr::write(self.remote.at(0)),
             Op::WriteImm => SendWr::write_imm(self.remote.at(0), 0),
             Op::Send => SendWr::send(),
+            // Not a ping-pong: --op read runs on the GPU triggers (read.rs); refused in wait.
+            Op::Read => SendWr::read(self.remote.at(0)),
         };
         if size > 0 {
             wr = wr.sge(self.sbuf.sge(..size));
@@ -199,6 +201,7 @@ impl Wire for Nic {
                 fence(Ordering::Acquire);
                 Ok(())
             }
+            Op::Read => bail!("--op read runs with --trigger stream or kernel"),
             Op::WriteImm | Op::Send => {
                 // Busy-poll, as perftest does (Cq::wait_one backs off to sleeping).
                 let c = loop {
