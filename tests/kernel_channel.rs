@@ -8,13 +8,13 @@
 
 mod common;
 
-use common::gds::{self, Wc};
+use common::gds::{self, DescEntry, Wc};
 use common::kernel_qp::{advance, connected, message, pinned, read, write};
 use common::{kernel_channel_ranks, peer_counts, staged_channel_ranks};
 use gdasync::gdsync::format::{
     DataSeg, DataSegs, FmCeSe, Opcode, RaddrSeg, RecvWqe, SendWqe, Syndrome, WqeData,
 };
-use gdasync::gdsync::kernel::{code, DeviceQp, PeerDesc, QpDesc, SendDesc, WaitDesc};
+use gdasync::gdsync::kernel::{code, DescRing, DeviceQp, PeerDesc, QpDesc, SendDesc, WaitDesc};
 use gdasync::gdsync::{Device, GpuMemoryPath, NicHandler, QpConfig, RecvWr, Ringers, SendWr};
 use gdasync::mp::bootstrap::ThreadBootstrap;
 use gdasync::mp::{Comm, MAX_KERNEL_BOUNCE};
@@ -24,6 +24,90 @@ use std::time::{Duration, Instant};
 const TIMEOUT_NS: u64 = 20_000_000_000;
 
 // ------------------------------------------------------------------ kernel-driven QPs
+
+/// `gds_ring_fetch_n` copies several descriptor-ring entries at once, in ring order, across
+/// the ring's end, and releases their slots together; it waits for the last entry (and times
+/// out, releasing nothing, when the host has not filled it) and refuses a count of 0 or more
+/// than `GDS_RING_FETCH_MAX` (4).
+#[test]
+#[cfg_attr(
+    not(clang_cuda),
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
+)]
+fn header_fetches_descriptor_batches_in_ring_order() {
+    let (_dev, pd, mut a, _b) = connected(&QpConfig::default());
+    let (_src, smr) = pinned(&pd, 64);
+    let (_dst, dmr) = pinned(&pd, 64);
+    let mut ring = DescRing::with_cuda(4, None);
+    let desc = ring.device_desc();
+    // Pushes a signalled write's commit and its completion wait; their first body words
+    // (the doorbell record's address, the watched word's) as gds_desc holds them.
+    let mut push_pair = |ring: &mut DescRing| -> [u64; 2] {
+        let wr = SendWr::write(dmr.remote().at(0)).sge(smr.sge(..8));
+        let p = a.qp.prepare_send(&wr).unwrap();
+        let (t, commit) = a.qp.commit(p).unwrap();
+        let wait = a.qp.send_wait_ops(&t).unwrap();
+        let (s, w) = (
+            SendDesc::from_ops(&commit).unwrap(),
+            WaitDesc::from_ops(&wait).unwrap(),
+        );
+        ring.push_send(commit, Duration::from_secs(1)).unwrap();
+        ring.push_wait(wait, Duration::from_secs(1)).unwrap();
+        [s.dbrec, w.word]
+    };
+    let first = push_pair(&mut ring);
+    let mut out = [DescEntry([0; 80]); 5];
+    assert_eq!(
+        gds::ring_fetch_n(&desc, 0, &mut out[..0], TIMEOUT_NS),
+        code::INVALID
+    );
+    assert_eq!(
+        gds::ring_fetch_n(&desc, 0, &mut out[..5], TIMEOUT_NS),
+        code::INVALID
+    );
+    // Three entries asked for, two filled: a timeout, and nothing released.
+    assert_eq!(
+        gds::ring_fetch_n(&desc, 0, &mut out[..3], 2_000_000),
+        code::TIMEOUT
+    );
+    assert_eq!(ring.consumed(), 0);
+    assert_eq!(
+        gds::ring_fetch_n(&desc, 0, &mut out[..2], TIMEOUT_NS),
+        code::OK
+    );
+    assert_eq!(ring.consumed(), 2);
+    let (seq, kind, body) = (0, 8, 16);
+    for (k, e) in out[..2].iter().enumerate() {
+        assert_eq!(e.u64_at(seq), k as u64 + 1, "entry {k}'s sequence number");
+        assert_eq!(
+            e.u64_at(kind) as u32,
+            [1, 2][k],
+            "entry {k}: a send, then a wait"
+        );
+        assert_eq!(e.u64_at(body), first[k], "entry {k}'s first body word");
+    }
+    // Entries 2..6 take slots 2, 3, 0, 1: a batch of three that wraps.
+    let second = push_pair(&mut ring);
+    let third = push_pair(&mut ring);
+    assert_eq!(
+        gds::ring_fetch_n(&desc, 2, &mut out[..3], TIMEOUT_NS),
+        code::OK
+    );
+    assert_eq!(ring.consumed(), 5);
+    let want = [(3, 1, second[0]), (4, 2, second[1]), (5, 1, third[0])];
+    for (e, (s, kd, b)) in out[..3].iter().zip(want) {
+        assert_eq!(
+            (e.u64_at(seq), e.u64_at(kind) as u32, e.u64_at(body)),
+            (s, kd, b)
+        );
+    }
+    assert_eq!(
+        gds::ring_fetch_n(&desc, 5, &mut out[..1], TIMEOUT_NS),
+        code::OK
+    );
+    assert_eq!((out[0].u64_at(seq), out[0].u64_at(body)), (6, third[1]));
+    assert_eq!(ring.consumed(), 6);
+}
 
 /// Commits run by the header's `gds_send` from their send descriptors, each followed by
 /// `gds_wait` on its completion descriptor: the soft device executes every send. A QP of

@@ -7,9 +7,30 @@
 
 // ------------------------------------------------------------ --api gdsync --trigger kernel
 
+// After the send of iteration i of pp or pp_staged: fetches what comes next in the ring in
+// one go (gds_ring_fetch_n) while the message is out (the send's completion wait, every
+// sig_every-th; the receive wait, rank 0's for this answer and rank 1's for the next message;
+// the next send), then waits for a signalled send's completion.
+__device__ int pp_next(const gds_desc_ring *ring, uint64_t *idx, uint64_t i, uint64_t iters, uint64_t sig_every,
+        int rank, int ring_waits, gds_desc *w, gds_desc *rw, gds_desc *snd, uint64_t timeout_ns) {
+    bool sig = i % sig_every == sig_every - 1, more = i + 1 < iters;
+    bool recv = ring_waits && (rank == 0 || more);
+    gds_desc next[3];
+    uint32_t n = (uint32_t)sig + (uint32_t)recv + (uint32_t)more, k = 0;
+    if (n) {
+        int rc = gds_ring_fetch_n(ring, *idx, n, next, timeout_ns);
+        if (rc) return rc;
+        *idx += n;
+    }
+    if (sig) *w = next[k++];
+    if (recv) *rw = next[k++];
+    if (more) *snd = next[k++];
+    return sig ? gds_wait(&w->wait, timeout_ns) : GDS_OK;
+}
+
 // One rank of the pingpong. Descriptors are fetched from the ring in the order the host pushed
-// them, each as early as possible (before the wait that precedes its use), so their transfer
-// from host memory is off the critical path.
+// them, as early as possible (before the wait that precedes their use) and together where
+// several come at once (pp_next), so their transfer from host memory is off the critical path.
 extern "C" __global__ void pp(gds_desc_ring ring, int rank, uint64_t iters, uint64_t sig_every,
         int ring_waits, int raw, uint64_t my_word, uint64_t out_word, uint64_t times,
         uint64_t timeout_ns, uint64_t rc_addr) {
@@ -31,15 +52,7 @@ extern "C" __global__ void pp(gds_desc_ring ring, int rank, uint64_t iters, uint
         } else {
             *(volatile uint32_t *)out_word = mine;
             CHECK(gds_send(&snd.send));
-            if (i % sig_every == sig_every - 1) {
-                FETCH(w);
-                CHECK(gds_wait(&w.wait, timeout_ns));
-            }
-            if (rank == 0 && ring_waits) FETCH(rw);
-            if (i + 1 < iters) {
-                if (rank == 1 && ring_waits) FETCH(rw);
-                FETCH(snd);
-            }
+            CHECK(pp_next(&ring, &idx, i, iters, sig_every, rank, ring_waits, &w, &rw, &snd, timeout_ns));
         }
         if (rank == 0) {
             CHECK(ring_waits ? gds_wait(&rw.wait, timeout_ns) : gds_wait_value32(my_word, theirs, GDS_COND_EQ, timeout_ns));
@@ -89,15 +102,7 @@ extern "C" __global__ void pp_staged(gds_desc_ring ring, int rank, uint64_t iter
         gds_block_copy_out(out_bounce, sdev, size);
         if (lead) {
             STEP(gds_send(&snd.send));
-            if (i % sig_every == sig_every - 1) {
-                FETCH(w);
-                STEP(gds_wait(&w.wait, timeout_ns));
-            }
-            if (rank == 0 && ring_waits) FETCH(rw);
-            if (i + 1 < iters) {
-                if (rank == 1 && ring_waits) FETCH(rw);
-                FETCH(snd);
-            }
+            STEP(pp_next(&ring, &idx, i, iters, sig_every, rank, ring_waits, &w, &rw, &snd, timeout_ns));
             if (rank == 0) AWAIT();
         }
         SHARE();
@@ -116,26 +121,27 @@ out:
 
 // --api gdsync --op read: rank 0's reads of the peer's buffer (rank 1 launches nothing). Each
 // read's descriptors are the read's WQE and the wait for its completion; the wait and the
-// next read are fetched while the read is on the wire. The GPU's timer is stamped after each
-// completion: one read's round trip per sample.
+// next read are fetched together (gds_ring_fetch_n) while the read is on the wire. The GPU's
+// timer is stamped after each completion: one read's round trip per sample.
 extern "C" __global__ void pp_read(gds_desc_ring ring, uint64_t iters, uint64_t times, uint64_t timeout_ns,
         uint64_t rc_addr) {
     uint64_t idx = 0;
-    gds_desc rd, w;
+    gds_desc next[2];  // the read's wait, then the next read
+    gds_desc rd;
     int rc = GDS_OK;
-#define FETCH(d) do { rc = gds_ring_fetch(&ring, idx++, &(d), timeout_ns); if (rc) goto out; } while (0)
 #define CHECK(x) do { rc = (x); if (rc) goto out; } while (0)
-    if (iters > 0) FETCH(rd);
+    if (iters > 0) CHECK(gds_ring_fetch(&ring, idx++, &rd, timeout_ns));
     for (uint64_t i = 0; i < iters; i++) {
         CHECK(gds_send(&rd.send));
-        FETCH(w);
-        if (i + 1 < iters) FETCH(rd);
-        CHECK(gds_wait(&w.wait, timeout_ns));
+        uint32_t n = i + 1 < iters ? 2 : 1;
+        CHECK(gds_ring_fetch_n(&ring, idx, n, next, timeout_ns));
+        idx += n;
+        CHECK(gds_wait(&next[0].wait, timeout_ns));
         ((volatile uint64_t *)times)[i] = gds_now_ns();
+        rd = next[1];
     }
 out:
     gds_signal32(rc_addr, rc ? 1000 + rc : 1);
-#undef FETCH
 #undef CHECK
 }
 

@@ -206,6 +206,14 @@ impl MpRank {
             (MpBuf::Gpu(g), Some(e)) => self.comm.isend_gpu_on(g.slice(..size), peer, e)?,
         })
     }
+    /// Leaves together with the other rank (`Comm::finalize`): a rank that dropped its
+    /// communicator right after the last barrier could take its own barrier write with it
+    /// before the NIC sent it, and leave its partner waiting.
+    pub(crate) fn finalize(self) -> Result<()> {
+        let MpRank { comm, window, .. } = self;
+        drop(window);
+        Ok(comm.finalize()?)
+    }
     /// After a run of `iters` round trips: the last message this rank received is in its
     /// receive buffer (with staging: the copy in after the wait landed), else an error.
     fn check_last(&self, size: usize, iters: u64, rank: usize) -> Result<()> {
@@ -272,25 +280,26 @@ pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Res
             let (dev, args, progress) = (dev.clone(), args.clone(), progress.clone());
             let kernel = kernels[rank].clone();
             std::thread::spawn(move || -> Result<Vec<f64>> {
-                let r = MpRank::new(boot, &dev, &args, max)?;
-                match kernel {
-                    Some(GpuFn::Step(step)) => host_rank(rank, r, size, warm + iters, &step),
+                let mut r = MpRank::new(boot, &dev, &args, max)?;
+                let n = warm + iters;
+                let times = match kernel {
+                    Some(GpuFn::Step(step)) => host_rank(rank, &mut r, size, n, &step),
                     Some(GpuFn::Loop(f)) => {
-                        kernel_rank(rank, r, size, warm + iters, recv_batch, &f, staged(&args))
+                        kernel_rank(rank, &mut r, size, n, recv_batch, &f, staged(&args))
                     }
                     None if args.host_stream => {
                         let s = HostStream::new()?;
-                        stream_rank(rank, r, size, warm + iters, &progress, s, |s| {
-                            s.synchronize()
-                        })
+                        stream_rank(rank, &mut r, size, n, &progress, s, |s| s.synchronize())
                     }
                     None => {
                         let s = CudaStream::new(gpus::of(rank))?;
-                        stream_rank(rank, r, size, warm + iters, &progress, s, |s| {
+                        stream_rank(rank, &mut r, size, n, &progress, s, |s| {
                             s.synchronize_within(crate::gpu::TIMEOUT)
                         })
                     }
-                }
+                }?;
+                r.finalize()?;
+                Ok(times)
             })
         };
         let t1 = spawn(1, b1);
@@ -311,7 +320,7 @@ pub(crate) fn run(args: &Args, emit: &mut dyn FnMut(Stats) -> Result<()>) -> Res
 /// receive buffer, as in gdsync's write loop.
 fn stream_rank<E: Executor>(
     rank: usize,
-    mut r: MpRank,
+    r: &mut MpRank,
     size: usize,
     iters: u64,
     progress: &SignalWords,
@@ -405,7 +414,7 @@ fn stream_rank<E: Executor>(
 /// the CPU (the MPI-style baseline).
 fn host_rank(
     rank: usize,
-    mut r: MpRank,
+    r: &mut MpRank,
     size: usize,
     iters: u64,
     step: &Function,
@@ -452,7 +461,7 @@ fn host_rank(
 /// `--api gdsync --trigger kernel`.
 fn kernel_rank(
     rank: usize,
-    mut r: MpRank,
+    r: &mut MpRank,
     size: usize,
     iters: u64,
     recv_batch: u32,

@@ -30,6 +30,7 @@ use gdasync::gdsync::{Device, PinnedBuffer, SignalWords};
 use gdasync::mp::bootstrap::ThreadBootstrap;
 use gdasync::mp::Request;
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 /// The depth of `--api mp`'s kernel channel (reads are one at a time).
 const KERNEL_DEPTH: u32 = 64;
@@ -179,12 +180,24 @@ fn gdsync_kernel(
     // SAFETY: the parameters match `pp_read`; the ring, `times`, `rc` and the queue pair
     // outlive the kernel (the stream is synchronised before any of them is dropped).
     unsafe { l.launch(1, 1)? };
+    // How the feeding thread spends its time (GDSYNC_LOG=info): building each read's
+    // descriptors, and waiting for ring room (the kernel behind).
+    let (mut build, mut push) = (Duration::ZERO, Duration::ZERO);
     let fed = (0..iters).try_for_each(|_| -> Result<()> {
+        let t = Instant::now();
         let (commit, wait) = read_ops(&mut r0, size)?;
+        let built = Instant::now();
         ring.push_send(commit, TIMEOUT)?;
         ring.push_wait(wait, TIMEOUT)?;
+        (build, push) = (build + (built - t), push + built.elapsed());
         Ok(())
     });
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / iters.max(1) as f64;
+    tracing::info!(
+        build_us = per(build),
+        push_us = per(push),
+        "pingpong --op read: the CPU feeding the read kernel, per read"
+    );
     stream.synchronize()?;
     if rc.load32(0) != 1 {
         bail!(
@@ -229,6 +242,7 @@ fn mp_reads(
                 r.sbuf.read_at(size - 4, &mut last)?;
                 check_read(last, size)?;
             }
+            r.finalize()?;
             Ok(times)
         })
     };

@@ -11,7 +11,7 @@
 //! same way into a library of their own ([`bw_staged`]), for a block of one thread.
 
 use gdasync::gdsync::format::{CqeOpcode, Opcode};
-use gdasync::gdsync::kernel::{CqDesc, PeerDesc, QpDesc, RemoteDesc, SendDesc, WaitDesc};
+use gdasync::gdsync::kernel::{CqDesc, PeerDesc, QpDesc, RemoteDesc, RingDesc, SendDesc, WaitDesc};
 use std::ffi::{c_int, c_void, CString};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -53,6 +53,7 @@ type Peer = *mut PeerDesc;
 struct Lib {
     send: unsafe extern "C" fn(*const SendDesc) -> c_int,
     wait: unsafe extern "C" fn(*const WaitDesc, u64) -> c_int,
+    ring_fetch_n: unsafe extern "C" fn(*const RingDesc, u64, u32, *mut DescEntry, u64) -> c_int,
     qp_send_room: unsafe extern "C" fn(*const QpDesc) -> u32,
     qp_post_send: unsafe extern "C" fn(Qp, u32, u64, u32, u32, u64, u32, u32, u32) -> c_int,
     qp_post_send_inline:
@@ -160,6 +161,7 @@ fn lib() -> &'static Lib {
         Lib {
             send: sym!(send),
             wait: sym!(wait),
+            ring_fetch_n: sym!(ring_fetch_n),
             qp_send_room: sym!(qp_send_room),
             qp_post_send: sym!(qp_post_send),
             qp_post_send_inline: sym!(qp_post_send_inline),
@@ -199,6 +201,25 @@ fn lib() -> &'static Lib {
 pub fn send(d: &SendDesc) -> i32 {
     // SAFETY: a descriptor of a commit whose op list the caller keeps alive (above).
     unsafe { (lib().send)(d) }
+}
+
+/// A descriptor-ring entry as the header copies it out (`gds_desc`: 80 bytes, 16-aligned).
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+pub struct DescEntry(pub [u8; 80]);
+
+impl DescEntry {
+    /// The 64-bit word at byte `off`.
+    pub fn u64_at(&self, off: usize) -> u64 {
+        u64::from_ne_bytes(self.0[off..off + 8].try_into().unwrap())
+    }
+}
+
+/// `gds_ring_fetch_n`: copies `out.len()` entries of the descriptor ring from `index` on into
+/// `out` and releases their slots.
+pub fn ring_fetch_n(r: &RingDesc, index: u64, out: &mut [DescEntry], timeout_ns: u64) -> i32 {
+    // SAFETY: a ring the caller's DescRing keeps alive, and room for out.len() entries.
+    unsafe { (lib().ring_fetch_n)(r, index, out.len() as u32, out.as_mut_ptr(), timeout_ns) }
 }
 
 /// `gds_wait`: waits for the completion a wait descriptor describes, then retires it.

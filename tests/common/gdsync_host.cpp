@@ -63,6 +63,9 @@ static_assert(offsetof(gds_wc, wqe_counter) == 12 && offsetof(gds_wc, opcode) ==
 
 EXPORT int gdst_send(const gds_send_desc *d) { return gds_send(d); }
 EXPORT int gdst_wait(const gds_wait_desc *d, uint64_t timeout_ns) { return gds_wait(d, timeout_ns); }
+EXPORT int gdst_ring_fetch_n(const gds_desc_ring *r, uint64_t index, uint32_t n, gds_desc *out, uint64_t timeout_ns) {
+    return gds_ring_fetch_n(r, index, n, out, timeout_ns);
+}
 EXPORT uint32_t gdst_qp_send_room(const gds_qp *qp) { return gds_qp_send_room(qp); }
 EXPORT int gdst_qp_post_send(gds_qp *qp, uint32_t opcode, uint64_t laddr, uint32_t lkey, uint32_t len, uint64_t raddr,
                              uint32_t rkey, uint32_t imm, uint32_t flags) {
