@@ -49,12 +49,21 @@ const EMPTY: &str = "extern \"C\" __global__ void empty(unsigned long long x) {}
 /// rounds goes to `out`.
 const SEQ: &str = include_str!("memop_cost.cu");
 /// The sequences `SEQ` times, by kind.
-const SEQS: [&str; 5] = [
+const SEQS: [&str; 14] = [
     "raw marker to peer: fence.sys; st; fence.sys",
     "marker + send: st; fence.sys; st dbrec; fence.sys; st doorbell",
     "marker + send + rung-to: ... ; st.release.sys rung-to",
     "satisfied poll: ld.acquire.sys",
     "completion wait: ld.acquire.sys; st cq-ci; st retired",
+    "descriptor fetch (gds_ring_fetch): ld seq; fence; 5 x ld.cv 16 B; fence; st consumed",
+    "two descriptors in one gds_ring_fetch_n",
+    "three descriptors in one gds_ring_fetch_n",
+    "one ld.cv of 16 B",
+    "five ld.cv of 16 B, issued together",
+    "five ld.relaxed.sys of 8 B",
+    "five lanes of a warp, one ld.cv of 16 B each",
+    "one descriptor fetched by a warp (gds_ring_fetch_warp)",
+    "two descriptors fetched by a warp (gds_ring_fetch_warp)",
 ];
 /// Signal words: 0..8 written by the lists, 8 waited on (always satisfied), 9 the gate.
 const WAITED: usize = 8;
@@ -186,7 +195,12 @@ fn kernel_steps() -> Result<()> {
     let m = Module::compile(0, SEQ)?;
     let f = m.function("seq")?;
     let s = CudaStream::new(0)?;
-    let w = SignalWords::new(16);
+    // Words 0..8 stored, 8 polled; a descriptor ring's entries from byte 256 (word 32, 80
+    // bytes each) with their sequence numbers filled, its consumed counter at byte 512.
+    let w = SignalWords::new(72);
+    for k in 0..3 {
+        w.store64(32 + 10 * k, k as u64 + 1);
+    }
     let out = SignalWords::new(1);
     outln!("\npingpong kernel steps on pinned host words: GPU ns per round (median of 20 x 1000)");
     for (kind, what) in SEQS.iter().enumerate() {
@@ -196,7 +210,7 @@ fn kernel_steps() -> Result<()> {
             let mut l = f.launch_builder(&s);
             l.arg(&k).arg(&n).arg(&wa).arg(&oa);
             // SAFETY: the parameters match `seq`; the words outlive the launch (synchronised below).
-            unsafe { l.launch(1, 1)? };
+            unsafe { l.launch(1, 32)? };
             s.synchronize()?;
             v.push(out.load64(0) as f64 / 1000.0);
         }

@@ -160,8 +160,9 @@ fn wait_steps(d: &WaitDesc) -> Vec<&'static str> {
 }
 
 /// The steps of `pp` (kernels.cu) for rank `rank`, iteration `i`, in its order: marker,
-/// send, waits and the timestamp, each descriptor's fetch listed before it (`pp` fetches
-/// most of them an iteration early, while the peer works). Keep in step with `pp`.
+/// send, waits and the timestamp, each descriptor's fetch listed before it (`pp`'s warp
+/// fetches most of them an iteration early, while the peer works, several at once where
+/// several come together). Keep in step with `pp`.
 fn kernel_steps(
     a: &Args,
     r: &mut super::gpu::Rank,
@@ -190,10 +191,12 @@ fn kernel_steps(
     let descs = kernel_descs(r, a.op, a.sizes[0], rank, i)?;
     let fetch = (
         "descriptor fetch".to_string(),
+        // The warp's fetch (gds_ring_fetch_warp); entries fetched together share one.
         vec![
-            "poll seq",
+            "poll seq (lane 0)",
             "fence.gpu",
-            "5 x ld.cv 16 B",
+            "ld.cv 16 B in 5 lanes, at once",
+            "shfl",
             "fence.gpu",
             "st consumed",
         ],

@@ -749,7 +749,7 @@ fn kernel_run(
         l.arg(&rc);
         // SAFETY: the parameters match `pp`; rings, words and buffers outlive the kernels
         // (both streams are synchronised before they are dropped).
-        unsafe { l.launch(1, 1)? };
+        unsafe { l.launch(1, 32)? };
     }
     if !raw {
         // Feed both rings from this thread, in the order each kernel consumes them.

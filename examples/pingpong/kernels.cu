@@ -7,10 +7,11 @@
 
 // ------------------------------------------------------------ --api gdsync --trigger kernel
 
-// After the send of iteration i of pp or pp_staged: fetches what comes next in the ring in
-// one go (gds_ring_fetch_n) while the message is out (the send's completion wait, every
-// sig_every-th; the receive wait, rank 0's for this answer and rank 1's for the next message;
-// the next send), then waits for a signalled send's completion.
+// After the send of iteration i of pp, by the whole warp: fetches what comes next in the
+// ring in one go (gds_ring_fetch_warp) while the message is out (the send's completion wait,
+// every sig_every-th; the receive wait, rank 0's for this answer and rank 1's for the next
+// message; the next send), then lane 0 waits for a signalled send's completion. The code is
+// the same in every lane.
 __device__ int pp_next(const gds_desc_ring *ring, uint64_t *idx, uint64_t i, uint64_t iters, uint64_t sig_every,
         int rank, int ring_waits, gds_desc *w, gds_desc *rw, gds_desc *snd, uint64_t timeout_ns) {
     bool sig = i % sig_every == sig_every - 1, more = i + 1 < iters;
@@ -18,51 +19,60 @@ __device__ int pp_next(const gds_desc_ring *ring, uint64_t *idx, uint64_t i, uin
     gds_desc next[3];
     uint32_t n = (uint32_t)sig + (uint32_t)recv + (uint32_t)more, k = 0;
     if (n) {
-        int rc = gds_ring_fetch_n(ring, *idx, n, next, timeout_ns);
+        int rc = gds_ring_fetch_warp(ring, *idx, n, next, timeout_ns);
         if (rc) return rc;
         *idx += n;
     }
     if (sig) *w = next[k++];
     if (recv) *rw = next[k++];
     if (more) *snd = next[k++];
-    return sig ? gds_wait(&w->wait, timeout_ns) : GDS_OK;
+    int rc = sig && (threadIdx.x & 31) == 0 ? gds_wait(&w->wait, timeout_ns) : GDS_OK;
+    return __shfl_sync(0xFFFFFFFFu, rc, 0);
 }
 
-// One rank of the pingpong. Descriptors are fetched from the ring in the order the host pushed
-// them, as early as possible (before the wait that precedes their use) and together where
-// several come at once (pp_next), so their transfer from host memory is off the critical path.
+// One rank of the pingpong, run by one warp: lane 0 stores, rings and waits; the whole warp
+// fetches the descriptors (gds_ring_fetch_warp), in the order the host pushed them, as early
+// as possible (before the wait that precedes their use) and together where several come at
+// once (pp_next), so their transfer from host memory is off the critical path. Lane 0's
+// codes are passed to the warp (__shfl_sync), so all lanes leave together.
 extern "C" __global__ void pp(gds_desc_ring ring, int rank, uint64_t iters, uint64_t sig_every,
         int ring_waits, int raw, uint64_t my_word, uint64_t out_word, uint64_t times,
         uint64_t timeout_ns, uint64_t rc_addr) {
+    const bool lead = (threadIdx.x & 31) == 0;
     uint64_t idx = 0;
-    gds_desc snd, w, rw;
+    gds_desc snd, w, rw, first[2];
     int rc = GDS_OK;
-#define FETCH(d) do { rc = gds_ring_fetch(&ring, idx++, &(d), timeout_ns); if (rc) goto out; } while (0)
-#define CHECK(x) do { rc = (x); if (rc) goto out; } while (0)
-    if (!raw) {
-        if (rank == 1 && ring_waits) FETCH(rw);
-        if (iters > 0) FETCH(snd);
+#define LEAD(x) do { rc = __shfl_sync(0xFFFFFFFFu, lead ? (x) : GDS_OK, 0); if (rc) goto out; } while (0)
+#define AWAIT() LEAD(ring_waits ? gds_wait(&rw.wait, timeout_ns) : gds_wait_value32(my_word, theirs, GDS_COND_EQ, timeout_ns))
+    if (!raw && iters > 0) {
+        // Rank 1's first receive wait, then the first send.
+        uint32_t n = rank == 1 && ring_waits ? 2 : 1;
+        rc = gds_ring_fetch_warp(&ring, idx, n, first, timeout_ns);
+        if (rc) goto out;
+        idx += n;
+        if (n == 2) rw = first[0];
+        snd = first[n - 1];
     }
     for (uint64_t i = 0; i < iters; i++) {
         uint32_t mine = (uint32_t)(2 * i + 1 + rank), theirs = (uint32_t)(2 * i + 2 - rank);
-        if (rank == 1)
-            CHECK(ring_waits ? gds_wait(&rw.wait, timeout_ns) : gds_wait_value32(my_word, theirs, GDS_COND_EQ, timeout_ns));
+        if (rank == 1) AWAIT();
         if (raw) {
-            gds_signal32(out_word, mine);
+            if (lead) gds_signal32(out_word, mine);
         } else {
-            *(volatile uint32_t *)out_word = mine;
-            CHECK(gds_send(&snd.send));
-            CHECK(pp_next(&ring, &idx, i, iters, sig_every, rank, ring_waits, &w, &rw, &snd, timeout_ns));
+            if (lead) *(volatile uint32_t *)out_word = mine;
+            LEAD(gds_send(&snd.send));
+            rc = pp_next(&ring, &idx, i, iters, sig_every, rank, ring_waits, &w, &rw, &snd, timeout_ns);
+            if (rc) goto out;
         }
         if (rank == 0) {
-            CHECK(ring_waits ? gds_wait(&rw.wait, timeout_ns) : gds_wait_value32(my_word, theirs, GDS_COND_EQ, timeout_ns));
-            ((volatile uint64_t *)times)[i] = gds_now_ns();
+            AWAIT();
+            if (lead) ((volatile uint64_t *)times)[i] = gds_now_ns();
         }
     }
 out:
-    gds_signal32(rc_addr, rc ? 1000 + rc : 1);
-#undef FETCH
-#undef CHECK
+    if (lead) gds_signal32(rc_addr, rc ? 1000 + rc : 1);
+#undef LEAD
+#undef AWAIT
 }
 
 // pp with its payloads in GPU memory staged through pinned bounces (--mem device where the
@@ -102,7 +112,15 @@ extern "C" __global__ void pp_staged(gds_desc_ring ring, int rank, uint64_t iter
         gds_block_copy_out(out_bounce, sdev, size);
         if (lead) {
             STEP(gds_send(&snd.send));
-            STEP(pp_next(&ring, &idx, i, iters, sig_every, rank, ring_waits, &w, &rw, &snd, timeout_ns));
+            if (i % sig_every == sig_every - 1) {
+                FETCH(w);
+                STEP(gds_wait(&w.wait, timeout_ns));
+            }
+            if (rank == 0 && ring_waits) FETCH(rw);
+            if (i + 1 < iters) {
+                if (rank == 1 && ring_waits) FETCH(rw);
+                FETCH(snd);
+            }
             if (rank == 0) AWAIT();
         }
         SHARE();
@@ -119,30 +137,36 @@ out:
 #undef AWAIT
 }
 
-// --api gdsync --op read: rank 0's reads of the peer's buffer (rank 1 launches nothing). Each
-// read's descriptors are the read's WQE and the wait for its completion; the wait and the
-// next read are fetched together (gds_ring_fetch_n) while the read is on the wire. The GPU's
-// timer is stamped after each completion: one read's round trip per sample.
+// --api gdsync --op read: rank 0's reads of the peer's buffer (rank 1 launches nothing), run
+// by one warp as pp is. Each read's descriptors are the read's WQE and the wait for its
+// completion; the wait and the next read are fetched together by the warp
+// (gds_ring_fetch_warp) while the read is on the wire. Lane 0 stamps the GPU's timer after
+// each completion: one read's round trip per sample.
 extern "C" __global__ void pp_read(gds_desc_ring ring, uint64_t iters, uint64_t times, uint64_t timeout_ns,
         uint64_t rc_addr) {
+    const bool lead = (threadIdx.x & 31) == 0;
     uint64_t idx = 0;
     gds_desc next[2];  // the read's wait, then the next read
     gds_desc rd;
     int rc = GDS_OK;
-#define CHECK(x) do { rc = (x); if (rc) goto out; } while (0)
-    if (iters > 0) CHECK(gds_ring_fetch(&ring, idx++, &rd, timeout_ns));
+#define LEAD(x) do { rc = __shfl_sync(0xFFFFFFFFu, lead ? (x) : GDS_OK, 0); if (rc) goto out; } while (0)
+    if (iters > 0) {
+        rc = gds_ring_fetch_warp(&ring, idx++, 1, &rd, timeout_ns);
+        if (rc) goto out;
+    }
     for (uint64_t i = 0; i < iters; i++) {
-        CHECK(gds_send(&rd.send));
+        LEAD(gds_send(&rd.send));
         uint32_t n = i + 1 < iters ? 2 : 1;
-        CHECK(gds_ring_fetch_n(&ring, idx, n, next, timeout_ns));
+        rc = gds_ring_fetch_warp(&ring, idx, n, next, timeout_ns);
+        if (rc) goto out;
         idx += n;
-        CHECK(gds_wait(&next[0].wait, timeout_ns));
-        ((volatile uint64_t *)times)[i] = gds_now_ns();
+        LEAD(gds_wait(&next[0].wait, timeout_ns));
+        if (lead) ((volatile uint64_t *)times)[i] = gds_now_ns();
         rd = next[1];
     }
 out:
-    gds_signal32(rc_addr, rc ? 1000 + rc : 1);
-#undef CHECK
+    if (lead) gds_signal32(rc_addr, rc ? 1000 + rc : 1);
+#undef LEAD
 }
 
 // The GPU step of --trigger host (launched and synchronised every iteration).

@@ -179,7 +179,7 @@ fn gdsync_kernel(
     l.arg(&desc).arg(&n).arg(&tms).arg(&to).arg(&rca);
     // SAFETY: the parameters match `pp_read`; the ring, `times`, `rc` and the queue pair
     // outlive the kernel (the stream is synchronised before any of them is dropped).
-    unsafe { l.launch(1, 1)? };
+    unsafe { l.launch(1, 32)? };
     // How the feeding thread spends its time (GDSYNC_LOG=info): building each read's
     // descriptors, and waiting for ring room (the kernel behind).
     let (mut build, mut push) = (Duration::ZERO, Duration::ZERO);
