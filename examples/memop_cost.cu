@@ -33,6 +33,11 @@ extern "C" __global__ void seq(int kind, uint64_t n, uint64_t w, uint64_t out) {
         if (kind == 5) { gds_ring_fetch(&ring, 0, e, 1000000000ull); sink += e[0].seq; }
         if (kind == 6 || kind == 7) { gds_ring_fetch_n(&ring, 0, kind - 4, e, 1000000000ull); sink += e[kind - 5].seq; }
         if (kind == 8) sink += __ldcv((const ulonglong2 *)(w + 256)).x;
+        if (kind == 9) {
+            const ulonglong2 *p = (const ulonglong2 *)(w + 256);
+            ulonglong2 a = __ldcv(p), b = __ldcv(p + 1), c = __ldcv(p + 2), d2 = __ldcv(p + 3), f = __ldcv(p + 4);
+            sink += a.x + b.y + c.x + d2.y + f.x;
+        }
         if (kind == 10) {
             uint64_t a, b, c, d2, f;
             asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(a) : "l"(w + 256) : "memory");
@@ -48,11 +53,6 @@ extern "C" __global__ void seq(int kind, uint64_t n, uint64_t w, uint64_t out) {
             sink += a.x;
         }
         if (kind == 12 || kind == 13) { gds_ring_fetch_warp(&ring, 0, kind - 11, e, 1000000000ull); sink += e[kind - 12].seq; }
-        if (kind == 9) {
-            const ulonglong2 *p = (const ulonglong2 *)(w + 256);
-            ulonglong2 a = __ldcv(p), b = __ldcv(p + 1), c = __ldcv(p + 2), d2 = __ldcv(p + 3), f = __ldcv(p + 4);
-            sink += a.x + b.y + c.x + d2.y + f.x;
-        }
     }
     if (threadIdx.x == 0) *(volatile uint64_t *)out = gds_now_ns() - t0;
     if (threadIdx.x == 0) *(volatile uint64_t *)(w + 48) = sink;

@@ -516,17 +516,15 @@ fn header(a: &Args) -> Result<Header> {
     } else {
         "in-process"
     };
+    // What one sample times: half a round trip, or a whole read (ib_read_lat's way).
+    let (sample, note) = if a.op == Op::Read {
+        ("read", "times are whole reads (a round trip each, not halved) in microseconds; cpu: CPU time of both ranks per read")
+    } else {
+        ("half round trip", "times are half round trips in microseconds; cpu: CPU time of both ranks per round trip")
+    };
     let mut h = Header::new("pingpong")
         .field("op", name(a.op))
-        // What one sample times: half a round trip, or a whole read (ib_read_lat's way).
-        .field(
-            "sample",
-            if a.op == Op::Read {
-                "read"
-            } else {
-                "half round trip"
-            },
-        )
+        .field("sample", sample)
         .field("api", name(a.api))
         .field(
             "trigger",
@@ -579,11 +577,7 @@ fn header(a: &Args) -> Result<Header> {
             common::json::Value::Fixed(a.duration.unwrap_or_default().as_secs_f64(), 3),
         );
     }
-    Ok(h.note(if a.op == Op::Read {
-        "times are whole reads (a round trip each, not halved) in microseconds; cpu: CPU time of both ranks per read"
-    } else {
-        "times are half round trips in microseconds; cpu: CPU time of both ranks per round trip"
-    }))
+    Ok(h.note(note))
 }
 
 /// Both ranks as threads of this process.

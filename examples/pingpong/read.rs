@@ -26,6 +26,7 @@ use anyhow::{bail, Context, Result};
 use gdasync::gdsync::cuda::{CudaStream, Function};
 use gdasync::gdsync::exec::{Executor, HostStream, OpBatch};
 use gdasync::gdsync::kernel::DescRing;
+use gdasync::gdsync::ops::Ops;
 use gdasync::gdsync::{Device, PinnedBuffer, SignalWords};
 use gdasync::mp::bootstrap::ThreadBootstrap;
 use gdasync::mp::Request;
@@ -85,11 +86,8 @@ fn gdsync_ranks(args: &Args, dev: &Device, max: usize, size: usize) -> Result<(R
     Ok((r0, r1))
 }
 
-/// Rank 0's read `i` of `size` bytes: its commit and the wait for its completion.
-fn read_ops(
-    r: &mut Rank,
-    size: usize,
-) -> Result<(gdasync::gdsync::ops::Ops, gdasync::gdsync::ops::Ops)> {
+/// Rank 0's next read of `size` bytes: its commit and the wait for its completion.
+fn read_ops(r: &mut Rank, size: usize) -> Result<(Ops, Ops)> {
     let wr = r.wr(Op::Read, size, 0, true);
     let p = r.prepare(&wr)?;
     let (t, commit) = r.qp.commit(p)?;
@@ -105,7 +103,7 @@ fn gdsync_stream(
 ) -> Result<Vec<f64>> {
     let (mut r0, _r1) = gdsync_ranks(args, dev, max, size)?;
     let progress = SignalWords::new(1);
-    let list = |r: &mut Rank, i: u64| -> Result<gdasync::gdsync::ops::Ops> {
+    let list = |r: &mut Rank, i: u64| -> Result<Ops> {
         let (mut ops, wait) = read_ops(r, size)?;
         ops.append(wait);
         ops.append(progress.write64(0, i + 1));
@@ -132,7 +130,7 @@ fn stream_reads<E: Executor>(
     stream: &E,
     iters: u64,
     progress: &SignalWords,
-    mut list: impl FnMut(u64) -> Result<gdasync::gdsync::ops::Ops>,
+    mut list: impl FnMut(u64) -> Result<Ops>,
 ) -> Result<Vec<f64>> {
     let mut clock = ProgressClock::whole(iters);
     for i in 0..iters {

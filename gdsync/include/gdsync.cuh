@@ -540,35 +540,21 @@ __device__ __forceinline__ void gds_ring_release(const gds_desc_ring *r, uint64_
     *(volatile uint64_t *)r->consumed = index + 1;
 }
 
-// Copies entry `index` out of the ring (so it can be fetched ahead of its use) and releases
-// its slot. GDS_TIMEOUT if the host did not fill it in time.
-__device__ __forceinline__ int gds_ring_fetch(const gds_desc_ring *r, uint64_t index, gds_desc *out, uint64_t timeout_ns) {
-    const gds_desc *d = gds_ring_get(r, index, timeout_ns);
-    if (!d) return GDS_TIMEOUT;
-    // Five independent 16-byte loads that bypass stale cache lines (__ldcv): they overlap,
-    // where volatile 8-byte loads would cross PCIe one after another.
-    const ulonglong2 *src = (const ulonglong2 *)d;
-    ulonglong2 *dst = (ulonglong2 *)out;
-    ulonglong2 v0 = __ldcv(src + 0), v1 = __ldcv(src + 1), v2 = __ldcv(src + 2), v3 = __ldcv(src + 3), v4 = __ldcv(src + 4);
-    dst[0] = v0; dst[1] = v1; dst[2] = v2; dst[3] = v3; dst[4] = v4;
-    gds_ring_release(r, index);
-    return GDS_OK;
-}
-
 // Most entries gds_ring_fetch_n copies at once.
 #define GDS_RING_FETCH_MAX 4
 
-// Copies entries index .. index + n - 1 out of the ring at once (1 <= n <= GDS_RING_FETCH_MAX
-// and the ring's capacity) and releases their slots: for about the cost of one gds_ring_fetch,
-// where n of them would cross PCIe 2n times one after another (about a microsecond each on an
-// H200). It waits for the last entry only: the host fills entries in order, so the ones
-// before it are filled as well. GDS_TIMEOUT if the host did not fill them in time (nothing is
-// released); GDS_INVALID for a bad n.
+// Copies entries index .. index + n - 1 out of the ring with one thread (1 <= n <=
+// GDS_RING_FETCH_MAX and the ring's capacity) and releases their slots. It waits for the last
+// entry only (the host fills entries in order, so the ones before it are filled as well) and
+// releases once, but the loads are the thread's: five 16-byte loads per entry, which go out
+// one after another (about 1.1-1.5 us each on an H200, memop_cost), so the cost grows with n.
+// A kernel that can spare a warp fetches with gds_ring_fetch_warp. GDS_TIMEOUT if the host did
+// not fill them in time (nothing is released); GDS_INVALID for a bad n.
 __device__ __forceinline__ int gds_ring_fetch_n(const gds_desc_ring *r, uint64_t index, uint32_t n, gds_desc *out,
                                                 uint64_t timeout_ns) {
     if (n == 0 || n > GDS_RING_FETCH_MAX || n > r->cap) return GDS_INVALID;
     if (!gds_ring_get(r, index + n - 1, timeout_ns)) return GDS_TIMEOUT;
-    // Every load issued before any is used, so that they overlap.
+    // Every load issued before any is used (loads that bypass stale cache lines, __ldcv).
     ulonglong2 v[GDS_RING_FETCH_MAX][5];
 #pragma unroll
     for (uint32_t k = 0; k < GDS_RING_FETCH_MAX; k++) {
@@ -588,6 +574,12 @@ __device__ __forceinline__ int gds_ring_fetch_n(const gds_desc_ring *r, uint64_t
     }
     gds_ring_release(r, index + n - 1);
     return GDS_OK;
+}
+
+// Copies entry `index` out of the ring (so it can be fetched ahead of its use) and releases
+// its slot: gds_ring_fetch_n of one entry. GDS_TIMEOUT if the host did not fill it in time.
+__device__ __forceinline__ int gds_ring_fetch(const gds_desc_ring *r, uint64_t index, gds_desc *out, uint64_t timeout_ns) {
+    return gds_ring_fetch_n(r, index, 1, out, timeout_ns);
 }
 
 #ifndef GDS_HOST
