@@ -13,13 +13,14 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Output, Stdio};
 
 /// The measuring programs (package `gdasync-examples`).
-const TOOLS: [&str; 9] = [
+const TOOLS: [&str; 10] = [
     "pingpong",
     "bandwidth",
     "stencil2d",
     "info",
     "launch_probe",
     "memop_cost",
+    "stream_echo",
     "mp_mpi",
     "soak",
     "link_churn",
@@ -676,6 +677,7 @@ fn gpu_paths_without_a_gpu_are_clean_errors() {
     }
     refused("launch_probe", &["local-big"], "needs a CUDA GPU");
     refused("memop_cost", &[], "needs a CUDA GPU");
+    refused("stream_echo", &[], "needs a CUDA GPU");
 }
 
 /// Checks in a child process that sees no CUDA (`GDSYNC_CUDA=off`) that CUDA calls return
@@ -1825,4 +1827,46 @@ fn stencil2d_stages_device_halos_bit_exact() {
             }
         }
     }
+}
+
+/// `stream_echo`'s loop on host streams (no GPU): every way of carrying the counter completes
+/// its round trips and prints a positive time; bad counts are refused.
+#[test]
+fn stream_echo_runs_its_relays_on_host_streams() {
+    for watch in ["progress", "waited"] {
+        let args = [
+            "--host-stream",
+            "--iters",
+            "20",
+            "--reps",
+            "1",
+            "--watch",
+            watch,
+        ];
+        let out = output("stream_echo", &args);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(
+            out.status.success(),
+            "stream_echo {args:?} failed:\n{stdout}\n{stderr}"
+        );
+        let rows: Vec<&str> = stdout
+            .lines()
+            .filter(|l| l.starts_with("streams store") || l.starts_with("CPU thread"))
+            .collect();
+        assert_eq!(rows.len(), 6, "{stdout}");
+        for row in rows {
+            let us: f64 = row
+                .split_whitespace()
+                .rev()
+                .nth(1)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no time in {row:?}"));
+            assert!(us > 0.0 && us.is_finite(), "{row}");
+        }
+    }
+    refused(
+        "stream_echo",
+        &["--host-stream", "--iters", "5"],
+        "--iters must be at least 10",
+    );
 }

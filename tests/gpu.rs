@@ -721,6 +721,21 @@ fn stream_commits_and_cpu_posts_interleave_on_one_qp() {
     assert_eq!(got, pattern(64, 3));
 }
 
+/// Runs pingpong with `args` (`--json`): it must succeed with `rows` rows of `iters` timed
+/// round trips, each with a positive, finite p50.
+fn pingpong_rows(args: &[&str], rows: usize, iters: &str) {
+    let (ok, out, err) = example::run("pingpong", args);
+    assert!(ok, "pingpong {args:?} failed:\n{out}\n{err}");
+    let got: Vec<&str> = out.lines().filter(|l| l.contains("\"t_p50_us\"")).collect();
+    assert_eq!(got.len(), rows, "pingpong {args:?}:\n{out}");
+    for row in got {
+        assert_eq!(json_field(row, "iters"), iters, "{row}");
+        let p50: f64 = json_field(row, "t_p50_us").parse().unwrap();
+        assert!(p50 > 0.0 && p50.is_finite(), "{row}");
+        eprintln!("pingpong {args:?}: p50 {p50} us");
+    }
+}
+
 /// `pingpong --op read` on the GPU, gdsync's reads and `mp`'s gets, from a stream and from a
 /// kernel (`pp_read`, `mp_pp_get`): each run ends with its rows, and the run itself checks
 /// that rank 0's buffer holds rank 1's bytes (and, for `mp`'s kernel, the channel's counters).
@@ -734,16 +749,25 @@ fn pingpong_reads_from_streams_and_kernels() {
             args.extend([
                 "--sizes", "8,4100", "--iters", "500", "--warmup", "50", "--json",
             ]);
-            let (ok, out, err) = example::run("pingpong", &args);
-            assert!(ok, "pingpong {args:?} failed:\n{out}\n{err}");
-            let rows: Vec<&str> = out.lines().filter(|l| l.contains("\"t_p50_us\"")).collect();
-            assert_eq!(rows.len(), 2, "pingpong {args:?}:\n{out}");
-            for row in rows {
-                assert_eq!(json_field(row, "iters"), "500", "{row}");
-                let p50: f64 = json_field(row, "t_p50_us").parse().unwrap();
-                assert!(p50 > 0.0 && p50.is_finite(), "{row}");
-                eprintln!("pingpong {args:?}: p50 {p50} us");
-            }
+            pingpong_rows(&args, 2, "500");
+        }
+    }
+}
+
+/// pingpong with its payloads in GPU memory staged through pinned bounces, from a stream and
+/// from a kernel (`pp_staged`: warp 0 fetches, the block copies), every op, at a size thread 0
+/// copies alone, one the block copies and one past a page: each run ends with its rows, and
+/// pingpong itself fails a run whose last message did not reach either rank's GPU memory.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
+fn pingpong_stages_gpu_memory_from_streams_and_kernels() {
+    let _gpu = gpu();
+    for trigger in ["stream", "kernel"] {
+        for op in ["write", "write-imm", "send"] {
+            let mut args = vec!["--op", op, "--trigger", trigger, "--mem", "device"];
+            args.extend(["--staging", "on", "--sizes", "8,300,4100"]);
+            args.extend(["--iters", "300", "--warmup", "20", "--json"]);
+            pingpong_rows(&args, 3, "300");
         }
     }
 }

@@ -76,51 +76,47 @@ out:
 }
 
 // pp with its payloads in GPU memory staged through pinned bounces (--mem device where the
-// NIC cannot reach GPU memory): thread 0 drives the loop as pp does (its descriptors, sends and
-// waits); the block copies the message out of GPU memory (sdev) into the send bounce before
-// the send (gds_block_copy_out: thread 0 alone up to 256 bytes), and the received message out
-// of the receive bounce into GPU memory (rdev) after its wait (gds_block_copy_in). Thread 0
-// shares each step's code with the block (pp_share), so that all threads leave together on an
-// error.
+// NIC cannot reach GPU memory): warp 0 drives the loop as pp does (lane 0 sends and waits, the
+// warp fetches the descriptors together, pp_next); the block copies the message out of GPU
+// memory (sdev) into the send bounce before the send (gds_block_copy_out: thread 0 alone up to
+// 256 bytes), and the received message out of the receive bounce into GPU memory (rdev) after
+// its wait (gds_block_copy_in). Warp 0 shares each step's code with the block (pp_share), so
+// that all threads leave together on an error.
 __device__ int pp_share(int rc) { return (int)gds_block_share((uint32_t)rc); }
 
 extern "C" __global__ void pp_staged(gds_desc_ring ring, int rank, uint64_t iters, uint64_t sig_every,
         int ring_waits, uint64_t my_word, uint64_t sdev, uint64_t out_bounce, uint64_t rdev,
         uint64_t in_bounce, uint64_t size, uint64_t times, uint64_t timeout_ns, uint64_t rc_addr) {
     uint64_t idx = 0;
-    gds_desc snd, w, rw;
+    gds_desc snd, w, rw, first[2];
     int rc = GDS_OK;
-    bool lead = threadIdx.x == 0;
-#define STEP(x) do { if (!rc) rc = (x); } while (0)
-#define FETCH(d) STEP(gds_ring_fetch(&ring, idx++, &(d), timeout_ns))
+    const bool lead = threadIdx.x == 0, warp0 = threadIdx.x < 32;
+    // In warp 0: lane 0's step, its code passed to the warp (skipped after an error).
+#define LEAD(x) do { if (!rc) rc = __shfl_sync(0xFFFFFFFFu, lead ? (x) : GDS_OK, 0); } while (0)
 #define SHARE() do { rc = pp_share(rc); if (rc) goto out; } while (0)
-#define AWAIT() STEP(ring_waits ? gds_wait(&rw.wait, timeout_ns) : gds_wait_value32(my_word, theirs, GDS_COND_EQ, timeout_ns))
-    if (lead) {
-        if (rank == 1 && ring_waits) FETCH(rw);
-        if (iters > 0) FETCH(snd);
+#define AWAIT() LEAD(ring_waits ? gds_wait(&rw.wait, timeout_ns) : gds_wait_value32(my_word, theirs, GDS_COND_EQ, timeout_ns))
+    if (warp0 && iters > 0) {
+        // Rank 1's first receive wait, then the first send.
+        uint32_t n = rank == 1 && ring_waits ? 2 : 1;
+        rc = gds_ring_fetch_warp(&ring, idx, n, first, timeout_ns);
+        idx += n;
+        if (n == 2) rw = first[0];
+        snd = first[n - 1];
     }
     SHARE();
     for (uint64_t i = 0; i < iters; i++) {
         uint32_t mine = (uint32_t)(2 * i + 1 + rank), theirs = (uint32_t)(2 * i + 2 - rank);
         if (rank == 1) {
-            if (lead) AWAIT();
+            if (warp0) AWAIT();
             SHARE();
             gds_block_copy_in(rdev, in_bounce, size);
         }
         if (lead) *(volatile uint32_t *)(sdev + size - 4) = mine;
         if (size > GDS_LEAD_COPY_MAX) __syncthreads();  // the block copies the marker too
         gds_block_copy_out(out_bounce, sdev, size);
-        if (lead) {
-            STEP(gds_send(&snd.send));
-            if (i % sig_every == sig_every - 1) {
-                FETCH(w);
-                STEP(gds_wait(&w.wait, timeout_ns));
-            }
-            if (rank == 0 && ring_waits) FETCH(rw);
-            if (i + 1 < iters) {
-                if (rank == 1 && ring_waits) FETCH(rw);
-                FETCH(snd);
-            }
+        if (warp0) {
+            LEAD(gds_send(&snd.send));
+            if (!rc) rc = pp_next(&ring, &idx, i, iters, sig_every, rank, ring_waits, &w, &rw, &snd, timeout_ns);
             if (rank == 0) AWAIT();
         }
         SHARE();
@@ -131,8 +127,7 @@ extern "C" __global__ void pp_staged(gds_desc_ring ring, int rank, uint64_t iter
     }
 out:
     if (lead) gds_signal32(rc_addr, rc ? 1000 + rc : 1);
-#undef STEP
-#undef FETCH
+#undef LEAD
 #undef SHARE
 #undef AWAIT
 }
