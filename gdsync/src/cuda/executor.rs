@@ -2,7 +2,8 @@
 //! (Here rather than in `exec/`, so the executors' room names no CUDA glue.)
 //!
 //! A list with copies ([`Op::Copy`]: staged payloads) runs as one kernel where it can
-//! (`list_kernel.rs`), else as batches of memory operations with copies between them (a copy
+//! (`list_kernel.rs`; so does a list without copies while the process has streams on
+//! several GPUs, or always with `GDSYNC_LIST_KERNEL=all`: `ListKernel`), else as batches of memory operations with copies between them (a copy
 //! kernel, or the copy engines: `copy_kernel.rs`), all on the stream, so a copy runs after
 //! the waits before it and before the doorbell after it.
 
@@ -15,12 +16,16 @@ use cudarc::driver::sys;
 
 impl Executor for CudaStream {
     fn submit(&self, ops: Ops) -> Result<()> {
-        if !ops.as_slice().iter().any(Op::is_copy) {
+        let copies = ops.as_slice().iter().any(Op::is_copy);
+        if !copies && !self.list_kernel().copy_free_lists() {
             return self.enqueue(ops);
         }
         let Err(ops) = self.run_list_by_kernel(ops)? else {
             return Ok(());
         };
+        if !copies {
+            return self.enqueue(ops);
+        }
         let parts = ops.split_at_copies();
         for part in parts {
             match part {

@@ -31,6 +31,7 @@ mod memory;
 mod module;
 mod staging_kernels;
 mod stream;
+mod stream_span;
 
 pub(crate) use copy::{read_region, GpuCtx};
 pub use event::CudaEvent;

@@ -37,21 +37,40 @@ const MARK_OPS: usize = 128;
 /// Which lists a stream runs as list kernels (`GDSYNC_LIST_KERNEL`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ListKernel {
-    /// Lists with staged copies, where the list allows (the default).
+    /// Lists with staged copies where the list allows, and, while this process has streams on
+    /// more than one GPU, lists without copies too (the default): on a two-H200 host a
+    /// stream's own stores cost about 3 µs each while streams on both GPUs run them, a list
+    /// kernel's about 1 (docs/benchmarks.md, "pingpong across two GPUs"); on one GPU the
+    /// stream's stores are the cheaper.
+    Auto,
+    /// Lists with staged copies, where the list allows.
     Staged,
     /// None: memory-operation batches, with a copy kernel or the copy engines between them.
     Off,
+    /// Every list the list kernel can run, with copies or without.
+    All,
 }
 
 impl ListKernel {
-    /// `GDSYNC_LIST_KERNEL` (`staged` | `off`); unset: staged.
+    /// `GDSYNC_LIST_KERNEL` (`auto` | `staged` | `off` | `all`); unset: auto.
     pub fn from_env() -> Result<ListKernel> {
         Ok(
-            match crate::env::choice("GDSYNC_LIST_KERNEL", &["staged", "off"])? {
+            match crate::env::choice("GDSYNC_LIST_KERNEL", &["auto", "staged", "off", "all"])? {
+                Some("staged") => ListKernel::Staged,
                 Some("off") => ListKernel::Off,
-                _ => ListKernel::Staged,
+                Some("all") => ListKernel::All,
+                _ => ListKernel::Auto,
             },
         )
+    }
+
+    /// Whether a list without copies runs as a list kernel now.
+    pub(super) fn copy_free_lists(self) -> bool {
+        match self {
+            ListKernel::All => true,
+            ListKernel::Auto => super::stream_span::spans_gpus(),
+            ListKernel::Staged | ListKernel::Off => false,
+        }
     }
 }
 
@@ -142,6 +161,13 @@ impl Cuda {
     fn stream_on(self: &Arc<Self>, ordinal: i32, raw: Option<sys::CUstream>) -> Result<CudaStream> {
         let caps = self.gpu(ordinal)?.caps.clone();
         let list_kernel = ListKernel::from_env()?;
+        if list_kernel == ListKernel::All
+            || (list_kernel == ListKernel::Auto && self.gpus.len() > 1)
+        {
+            // Lists without copies may run as the list kernel: load it on every GPU now,
+            // before any stream waits (loading a module waits for the GPU to go idle).
+            super::prepare_staged_copies(self);
+        }
         let profile = ListProfile::from_env(ordinal)?.map(Box::new);
         if !self.host_pointers_are_device_pointers() {
             return Err(Error::Unsupported(
@@ -176,6 +202,7 @@ impl Cuda {
             list_kernel,
             profile,
         };
+        super::stream_span::opened(ordinal);
         if owned {
             stream.warm_up();
         }
@@ -658,6 +685,7 @@ fn barrier_elided(ops: &[Op], k: usize) -> bool {
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
+        super::stream_span::closed(self.ordinal);
         if self.cuda.bind(self.ordinal).is_err() {
             return;
         }
