@@ -37,14 +37,14 @@ const MARK_OPS: usize = 128;
 /// Which lists a stream runs as list kernels (`GDSYNC_LIST_KERNEL`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ListKernel {
-    /// Lists with staged copies where the list allows, and, while this process has streams on
-    /// more than one GPU, lists without copies too (the default): on a two-H200 host a
-    /// stream's own stores cost about 3 µs each while streams on both GPUs run them, a list
-    /// kernel's about 1 (docs/benchmarks.md, "pingpong across two GPUs"); on one GPU the
-    /// stream's stores are the cheaper.
-    Auto,
-    /// Lists with staged copies, where the list allows.
+    /// Lists with staged copies, where the list allows (the default).
     Staged,
+    /// Lists with staged copies where the list allows, and, while this process has streams on
+    /// more than one GPU, lists without copies too: on a two-H200 host a stream's own stores
+    /// cost about 3 µs each while streams on both GPUs run them, a list kernel's about 1
+    /// (docs/benchmarks.md, "pingpong across two GPUs"); on one GPU the stream's stores are
+    /// the cheaper. Not the default yet: a GPU test stalled with it on two GPUs (same page).
+    Auto,
     /// None: memory-operation batches, with a copy kernel or the copy engines between them.
     Off,
     /// Every list the list kernel can run, with copies or without.
@@ -52,14 +52,14 @@ pub enum ListKernel {
 }
 
 impl ListKernel {
-    /// `GDSYNC_LIST_KERNEL` (`auto` | `staged` | `off` | `all`); unset: auto.
+    /// `GDSYNC_LIST_KERNEL` (`staged` | `auto` | `off` | `all`); unset: staged.
     pub fn from_env() -> Result<ListKernel> {
         Ok(
-            match crate::env::choice("GDSYNC_LIST_KERNEL", &["auto", "staged", "off", "all"])? {
-                Some("staged") => ListKernel::Staged,
+            match crate::env::choice("GDSYNC_LIST_KERNEL", &["staged", "auto", "off", "all"])? {
+                Some("auto") => ListKernel::Auto,
                 Some("off") => ListKernel::Off,
                 Some("all") => ListKernel::All,
-                _ => ListKernel::Auto,
+                _ => ListKernel::Staged,
             },
         )
     }
@@ -164,9 +164,12 @@ impl Cuda {
         if list_kernel == ListKernel::All
             || (list_kernel == ListKernel::Auto && self.gpus.len() > 1)
         {
-            // Lists without copies may run as the list kernel: load it on every GPU now,
-            // before any stream waits (loading a module waits for the GPU to go idle).
-            super::prepare_staged_copies(self);
+            // Lists without copies may run as the list kernel: load it on every GPU when the
+            // process makes its first stream, before any of its streams can wait (loading a
+            // module waits for the GPU to go idle, which a waiting stream never lets it).
+            // Streams made meanwhile on other threads wait here for that load.
+            static FIRST: std::sync::Once = std::sync::Once::new();
+            FIRST.call_once(|| super::prepare_staged_copies(self));
         }
         let profile = ListProfile::from_env(ordinal)?.map(Box::new);
         if !self.host_pointers_are_device_pointers() {
