@@ -275,11 +275,6 @@ fn enqueue<E: Executor>(
     Ok(t0.elapsed().as_secs_f64() * 1e6 / n.max(1) as f64 / 2.0)
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn measure(args: &Args) -> Result<()> {
     if args.iters < 10 || args.reps == 0 {
         bail!("--iters must be at least 10 and --reps at least 1");
@@ -324,11 +319,10 @@ fn measure(args: &Args) -> Result<()> {
     for (ri, r) in RELAYS.iter().enumerate() {
         let mut line = format!("{:<44}", r.name);
         for v in cells[ri].iter_mut() {
-            let (lo, hi) = (
-                v.iter().cloned().fold(f64::MAX, f64::min),
-                v.iter().cloned().fold(0.0, f64::max),
-            );
-            line += &format!("{:>22}", format!("{:.2} [{:.2}-{:.2}]", median(v), lo, hi));
+            // Median and range of the runs (--reps is at least 1).
+            v.sort_by(f64::total_cmp);
+            let (lo, mid, hi) = (v[0], v[v.len() / 2], v[v.len() - 1]);
+            line += &format!("{:>22}", format!("{mid:.2} [{lo:.2}-{hi:.2}]"));
         }
         outln!("{line}");
     }

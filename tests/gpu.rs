@@ -790,14 +790,7 @@ fn pingpong_gpu_loops_with_and_without_rung_to() {
             let mut args = vec!["--trigger", trigger, "--size", "8", "--iters", "300"];
             args.extend(["--warmup", "50", "--json"]);
             args.extend(extra);
-            let (ok, out, err) = example::run("pingpong", &args);
-            assert!(ok, "pingpong {args:?} failed:\n{out}\n{err}");
-            let row = out.lines().find(|l| l.contains("\"t_p50_us\""));
-            let row = row.unwrap_or_else(|| panic!("pingpong {args:?}: no row in\n{out}"));
-            assert_eq!(json_field(row, "iters"), "300", "{row}");
-            let p50: f64 = json_field(row, "t_p50_us").parse().unwrap();
-            assert!(p50 > 0.0 && p50.is_finite(), "{row}");
-            eprintln!("pingpong {args:?}: p50 {p50} us");
+            pingpong_rows(&args, 1, "300");
         }
     }
 }

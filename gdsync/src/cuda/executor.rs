@@ -2,10 +2,11 @@
 //! (Here rather than in `exec/`, so the executors' room names no CUDA glue.)
 //!
 //! A list with copies ([`Op::Copy`]: staged payloads) runs as one kernel where it can
-//! (`list_kernel.rs`; so does a list without copies with `GDSYNC_LIST_KERNEL=auto` while
-//! the process has streams on several GPUs, or always with `all`: `ListKernel`), else as batches of memory operations with copies between them (a copy
+//! (`list_kernel.rs`), else as batches of memory operations with copies between them (a copy
 //! kernel, or the copy engines: `copy_kernel.rs`), all on the stream, so a copy runs after
-//! the waits before it and before the doorbell after it.
+//! the waits before it and before the doorbell after it. A list without copies runs as the
+//! kernel too with `GDSYNC_LIST_KERNEL=all`, or with `auto` while the process has streams on
+//! several GPUs ([`ListKernel`](super::ListKernel)); else as one batch.
 
 use super::{check, CudaStream};
 use crate::exec::Executor;
