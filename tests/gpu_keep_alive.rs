@@ -210,3 +210,48 @@ fn window_dropped_while_a_cuda_stream_waits_for_a_signal() {
         },
     );
 }
+
+/// Memory dropped while a stream stands at a gate is given back only once the stream is idle:
+/// the driver's free and unregister would wait for that stream, and while they waited, this
+/// thread's allocation, registration, new stream and copy would wait behind them, so the
+/// thread that opens the gate could never reach it. (A helper thread opens the gate after
+/// 5 s, so that a regression fails here instead of hanging.)
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --test gpu_keep_alive -- --include-ignored"]
+fn allocations_and_copies_go_on_while_a_waiting_stream_holds_releases_back() {
+    use gdasync::gdsync::cuda::DeviceBuffer;
+    use gdasync::gdsync::release::settle;
+    let _gpu = gpu();
+    let g = Gated::new();
+    let kept = DeviceBuffer::alloc(0, 64).unwrap();
+    drop(DeviceBuffer::alloc(0, 4096).unwrap());
+    drop(PinnedBuffer::new(4096));
+    std::thread::sleep(Duration::from_millis(50));
+    let (gate, (done, stop)) = (g.gate.clone(), std::sync::mpsc::channel::<()>());
+    let rescue = std::thread::spawn(move || {
+        use std::sync::mpsc::RecvTimeoutError::Timeout;
+        if let Err(Timeout) = stop.recv_timeout(Duration::from_secs(5)) {
+            gate.store32(0, 1);
+        }
+    });
+    let start = Instant::now();
+    let _b = DeviceBuffer::alloc(0, 4096).unwrap();
+    let _p = PinnedBuffer::new(4096);
+    let _s = CudaStream::new(0).unwrap();
+    let mut got = [1u8; 64];
+    kept.copy_to_host(0, &mut got).unwrap();
+    let took = start.elapsed();
+    let gated = g.gate.load32(0) == 0;
+    drop(done);
+    assert!(
+        gated && took < PROMPT,
+        "allocating, registering, making a stream and copying took {took:?}: they waited for releases that waited for a stream standing at a gate"
+    );
+    assert_eq!(got, [0u8; 64], "a new device buffer reads as zeros");
+    g.open("its work after the gate");
+    assert!(
+        settle(Duration::from_secs(5)),
+        "the releases held back ran once the stream was idle"
+    );
+    rescue.join().unwrap();
+}

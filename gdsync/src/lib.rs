@@ -64,6 +64,7 @@ pub mod ops;
 pub mod probe;
 mod provider;
 mod qp;
+mod quiet;
 mod random;
 pub mod release;
 mod shm;

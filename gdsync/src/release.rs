@@ -9,8 +9,12 @@
 //! Memory the GPU can reach is therefore given back here: its owner's `drop` hands the release
 //! to one thread of the library, which runs releases in the order they came, and returns at
 //! once. The queue holds only releases of memory that already exists, so it is as bounded as the
-//! memory itself. A release that waits for a stream that never moves delays only later
-//! releases, never the program.
+//! memory itself.
+//!
+//! While the driver's release waits for the device, other threads' allocations, registrations,
+//! new streams and copies wait behind it, so each release runs only once the process's streams
+//! are idle, with new work on them held back meanwhile (`quiet`). A stream that
+//! never moves delays only the releases, never the program.
 
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
@@ -65,7 +69,7 @@ fn run(r: &Releaser) {
             p.running = true;
             p.jobs.pop_front().expect("not empty")
         };
-        job();
+        crate::quiet::when_quiet(job);
         r.pending.lock().running = false;
         r.changed.notify_all();
     }

@@ -57,6 +57,11 @@ impl GpuCtx {
         }
     }
 
+    /// Makes this context the calling thread's current one.
+    pub(super) fn bind(&self) -> Result<()> {
+        super::bind_context(self.ordinal, self.ctx)
+    }
+
     /// Copies host bytes to device address `dst`, through the thread's copy lane (its pinned
     /// bounce and stream), waiting for the copy at most [`COPY_TIMEOUT`].
     pub(crate) fn copy_htod(&self, dst: u64, src: &[u8]) -> Result<()> {
@@ -107,7 +112,7 @@ impl GpuCtx {
         if len == 0 {
             return Ok(());
         }
-        super::bind_context(self.ordinal, self.ctx)?;
+        self.bind()?;
         LANES.with(|lanes| {
             let mut lanes = lanes.borrow_mut();
             let i = lane_index(&mut lanes, self.ordinal)?;

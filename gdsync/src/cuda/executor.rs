@@ -66,6 +66,7 @@ impl CudaStream {
             return Ok(());
         }
         self.cuda().bind(self.ordinal())?;
+        let _open = crate::quiet::enqueuing();
         // SAFETY: the list that named the copy keeps both sides alive until the stream has
         // passed it (a later list of the same submission holds them); the addresses are what
         // the GPU uses for that memory.

@@ -22,6 +22,7 @@ mod executor;
 mod foreign;
 #[cfg(test)]
 mod gpu_addr_tests;
+mod idle_streams;
 mod inbound;
 mod launch;
 mod list_kernel;

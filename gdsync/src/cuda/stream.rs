@@ -206,6 +206,7 @@ impl Cuda {
             profile,
         };
         super::stream_span::opened(ordinal);
+        super::idle_streams::watch(raw, self.gpu_ctx(ordinal)?);
         if owned {
             stream.warm_up();
         }
@@ -408,7 +409,10 @@ impl CudaStream {
         let mut l = self.lists.lock();
         let seq = l.seq.wrapping_add(1);
         let mut mark = l.unmarked + 1 >= MARK_EVERY || l.unmarked_ops + n >= MARK_OPS;
-        let launched = launch(mark.then(|| (self.done.gpu_addr(0), seq)));
+        let launched = {
+            let _open = crate::quiet::enqueuing();
+            launch(mark.then(|| (self.done.gpu_addr(0), seq)))
+        };
         if launched.is_err() {
             // Part of the list may be on the stream: it stays held (a later list's mark, or
             // the stream going idle, releases it) and counts as unmarked.
@@ -690,11 +694,13 @@ impl Drop for CudaStream {
     fn drop(&mut self) {
         super::stream_span::closed(self.ordinal);
         if self.cuda.bind(self.ordinal).is_err() {
+            super::idle_streams::unwatch(self.raw);
             return;
         }
         // Wait (bounded) for enqueued work; memory it still points to is leaked rather than
         // freed under a running stream.
         let start = Instant::now();
+        let mut stuck = false;
         loop {
             self.reap_idle();
             let mut l = self.lists.lock();
@@ -709,12 +715,19 @@ impl Drop for CudaStream {
                 // profile's stamps, whose free would wait for the device).
                 std::mem::forget(std::mem::replace(&mut self.done, RingMem::host(64)));
                 std::mem::forget(self.profile.take());
+                stuck = true;
                 break;
             }
             drop(l);
             std::thread::sleep(Duration::from_micros(100));
         }
         self.log_profile();
+        if stuck && self.owned {
+            // Our stream stays, and releases keep waiting for it: one run meanwhile would wait
+            // inside the driver and hold up other threads' allocations (see `quiet`).
+            return;
+        }
+        super::idle_streams::unwatch(self.raw);
         if self.owned {
             // SAFETY: our stream, made by create_stream, destroyed once.
             unsafe { self.cuda.destroy_stream(self.ordinal, self.raw) };

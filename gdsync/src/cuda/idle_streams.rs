@@ -1,0 +1,41 @@
+//! The streams a release waits to be idle: every live [`CudaStream`](super::CudaStream) (made
+//! or wrapped) is watched from its creation until it is destroyed, and [`crate::quiet`] asks
+//! whether each has run everything queued on it (`cuStreamQuery`) before it gives memory back.
+//! Work on streams gdsync does not know (a kernel launched on a stream never wrapped) is not
+//! seen.
+
+use super::GpuCtx;
+use cudarc::driver::sys;
+use parking_lot::Mutex;
+
+/// Each watched stream's handle (as an address) and its GPU's context.
+static STREAMS: Mutex<Vec<(usize, GpuCtx)>> = Mutex::new(Vec::new());
+
+/// Watches stream `raw` of `ctx`'s GPU.
+pub(super) fn watch(raw: sys::CUstream, ctx: GpuCtx) {
+    crate::quiet::register(every_stream_idle);
+    STREAMS.lock().push((raw as usize, ctx));
+}
+
+/// Stops watching stream `raw` (before it is destroyed).
+pub(super) fn unwatch(raw: sys::CUstream) {
+    let mut s = STREAMS.lock();
+    if let Some(i) = s.iter().position(|(r, _)| *r == raw as usize) {
+        s.swap_remove(i);
+    }
+}
+
+/// Whether every watched stream has run everything queued on it. A query that fails for
+/// another reason than "not ready" counts as idle: the stream's context is broken, and the
+/// release will fail (and say so) rather than wait for it.
+fn every_stream_idle() -> bool {
+    STREAMS.lock().iter().all(|&(raw, ctx)| {
+        if ctx.bind().is_err() {
+            return true;
+        }
+        // SAFETY: a live stream (unwatched before it is destroyed, under the same lock); the
+        // query has no side effects.
+        let r = unsafe { sys::cuStreamQuery(raw as sys::CUstream) };
+        r != sys::CUresult::CUDA_ERROR_NOT_READY
+    })
+}
