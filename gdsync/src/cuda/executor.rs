@@ -5,8 +5,8 @@
 //! (`list_kernel.rs`), else as batches of memory operations with copies between them (a copy
 //! kernel, or the copy engines: `copy_kernel.rs`), all on the stream, so a copy runs after
 //! the waits before it and before the doorbell after it. A list without copies runs as the
-//! kernel too with `GDSYNC_LIST_KERNEL=all`, or with `auto` while the process has streams on
-//! several GPUs ([`ListKernel`](super::ListKernel)); else as one batch.
+//! kernel too while the process has streams on several GPUs (`GDSYNC_LIST_KERNEL=auto`, the
+//! default), or always with `all` ([`ListKernel`](super::ListKernel)); else as one batch.
 
 use super::{check, CudaStream};
 use crate::exec::Executor;

@@ -20,8 +20,8 @@
 //! wait passes (a kernel cannot flush), and lists of more than 32 operations (one launch's
 //! worth; a staged message's list has about ten). `GDSYNC_LIST_KERNEL=off` keeps every list as memory operations.
 //!
-//! Lists without copies stay memory operations (unless `GDSYNC_LIST_KERNEL=all`, or `auto`
-//! while the process has streams on several GPUs): run as this kernel, a ping-pong's list took
+//! Lists without copies stay memory operations while the process's streams are all on one GPU
+//! (`GDSYNC_LIST_KERNEL=auto`, the default; `all` runs them as this kernel always): run so, a ping-pong's list took
 //! longer on one GPU (H200, 8 B writes from host memory: 6.45 µs against 5.23 µs a half round
 //! trip), since each store that must follow what came before is a release at system scope, a
 //! PCIe round trip inside the kernel, where the stream's own writes order themselves more

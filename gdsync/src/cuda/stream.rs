@@ -37,13 +37,13 @@ const MARK_OPS: usize = 128;
 /// Which lists a stream runs as list kernels (`GDSYNC_LIST_KERNEL`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ListKernel {
-    /// Lists with staged copies, where the list allows (the default).
+    /// Lists with staged copies, where the list allows.
     Staged,
     /// Lists with staged copies where the list allows, and, while this process has streams on
     /// more than one GPU, lists without copies too: on a two-H200 host a stream's own stores
     /// cost about 3 µs each while streams on both GPUs run them, a list kernel's about 1
     /// (docs/benchmarks.md, "pingpong across two GPUs"); on one GPU the stream's stores are
-    /// the cheaper. Not the default yet: a GPU test stalled with it on two GPUs (same page).
+    /// the cheaper. The default.
     Auto,
     /// None: memory-operation batches, with a copy kernel or the copy engines between them.
     Off,
@@ -52,14 +52,14 @@ pub enum ListKernel {
 }
 
 impl ListKernel {
-    /// `GDSYNC_LIST_KERNEL` (`staged` | `auto` | `off` | `all`); unset: staged.
+    /// `GDSYNC_LIST_KERNEL` (`auto` | `staged` | `off` | `all`); unset: auto.
     pub fn from_env() -> Result<ListKernel> {
         Ok(
-            match crate::env::choice("GDSYNC_LIST_KERNEL", &["staged", "auto", "off", "all"])? {
-                Some("auto") => ListKernel::Auto,
+            match crate::env::choice("GDSYNC_LIST_KERNEL", &["auto", "staged", "off", "all"])? {
+                Some("staged") => ListKernel::Staged,
                 Some("off") => ListKernel::Off,
                 Some("all") => ListKernel::All,
-                _ => ListKernel::Staged,
+                _ => ListKernel::Auto,
             },
         )
     }

@@ -4,8 +4,8 @@
 //! On a two-H200 host, a stream's stores (each with the fence a stream write makes) cost about
 //! 3 µs each while streams of the process on both GPUs run them, against about 0.9 µs with
 //! every stream on one GPU, and a list kernel's stores do not pay that (docs/benchmarks.md,
-//! "pingpong across two GPUs"). So with `GDSYNC_LIST_KERNEL=auto`, while streams live on more
-//! than one GPU, lists without copies run as list kernels too.
+//! "pingpong across two GPUs"). So with `GDSYNC_LIST_KERNEL=auto` (the default), while streams
+//! live on more than one GPU, lists without copies run as list kernels too.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
