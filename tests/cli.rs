@@ -139,6 +139,7 @@ fn bad_pingpong_arguments_are_clean_errors() {
         (&["--api", "mp", "--recv-batch", "65"][..], "--recv-batch"),
         (&["--host-stream"][..], "--host-stream applies"),
         (&["--stage-bounce", "4096"][..], "--stage-bounce applies"),
+        (&["--proto", "ll"][..], "--proto applies"),
         (
             &["--api", "mp", "--stage-bounce", "0"][..],
             "--stage-bounce",

@@ -18,6 +18,22 @@ fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 131 + 7) as u8).collect()
 }
 
+/// `got` holds `want`'s `len` bytes at `off`, and 0xee (what it was filled with) around them.
+fn assert_range_landed(got: &[u8], want: &[u8], off: usize, len: usize, what: &str) {
+    assert_eq!(
+        &got[off..off + len],
+        &want[off..off + len],
+        "{what}: {len} bytes at {off}"
+    );
+    assert!(
+        got[..off]
+            .iter()
+            .chain(&got[off + len..])
+            .all(|&b| b == 0xee),
+        "{what}: {len} at {off}: bytes outside the range changed"
+    );
+}
+
 /// Device to device through two staging buffers (the wire between them a copy of slot to
 /// slot) at odd sizes and offsets across chunk boundaries: every byte arrives, nothing
 /// around the range changes.
@@ -54,18 +70,7 @@ fn a_stream_stages_gpu_payloads_byte_for_byte() {
         s.synchronize().unwrap();
         let mut got = vec![0u8; total];
         dst.copy_to_host(0, &mut got).unwrap();
-        assert_eq!(
-            &got[off..off + len],
-            &want[off..off + len],
-            "{len} bytes at {off}"
-        );
-        assert!(
-            got[..off]
-                .iter()
-                .chain(&got[off + len..])
-                .all(|&b| b == 0xee),
-            "{len} at {off}"
-        );
+        assert_range_landed(&got, &want, off, len, "stream");
     }
 }
 
@@ -145,18 +150,7 @@ fn a_kernel_block_stages_gpu_payloads_byte_for_byte() {
         assert_eq!(staged[len], 0xee, "bounce: the byte past {len}");
         let mut got = vec![0u8; total];
         dst.copy_to_host(0, &mut got).unwrap();
-        assert_eq!(
-            &got[off..off + len],
-            &want[off..off + len],
-            "{len} at {off}"
-        );
-        assert!(
-            got[..off]
-                .iter()
-                .chain(&got[off + len..])
-                .all(|&b| b == 0xee),
-            "{len} at {off}: bytes outside the range changed"
-        );
+        assert_range_landed(&got, &want, off, len, "kernel block");
     }
 }
 
@@ -225,5 +219,108 @@ fn both_list_paths_copy_before_the_barrier_and_after_the_wait() {
                 .collect();
             assert_eq!(stored, (1..=20).collect::<Vec<u32>>(), "{how:?}");
         }
+    }
+}
+
+/// LL messages (`gds_block_ll_pack`, `gds_block_ll_recv`): a payload packed from GPU memory
+/// into 8-byte lines under a flag, then received from those lines into GPU memory, at odd
+/// sizes and offsets, by thread 0 alone (up to 256 bytes) and by the block: every line holds
+/// its 4 data bytes (zero-padded) under the flag, every byte arrives, nothing around the
+/// range changes; a receive under a flag no line holds times out and writes nothing.
+const LL: &str = r#"
+extern "C" __global__ void ll_pack(uint64_t dst, uint64_t src, uint64_t len, uint32_t flag) {
+    gds_block_ll_pack(dst, src, len, flag);
+}
+extern "C" __global__ void ll_recv(uint64_t dst, uint64_t src, uint64_t len, uint32_t flag,
+        uint64_t timeout_ns, uint64_t rc) {
+    int r = gds_block_ll_recv(dst, src, len, flag, timeout_ns);
+    if (threadIdx.x == 0) *(volatile uint32_t *)rc = (uint32_t)r + 1;
+}
+"#;
+
+#[test]
+#[ignore = "needs a CUDA GPU: GDSYNC_TEST_CUDA=1 cargo test --release --test staging_gpu -- --include-ignored"]
+fn ll_lines_carry_gpu_payloads_byte_for_byte() {
+    use gdasync::gdsync::kernel::{code, ll};
+    let _gpu = gpu();
+    let cuda = Cuda::get().unwrap();
+    let m = Module::compile(0, LL).unwrap();
+    let (pack, recv) = (
+        m.function("ll_pack").unwrap(),
+        m.function("ll_recv").unwrap(),
+    );
+    let s = CudaStream::new(0).unwrap();
+    let bounce = Staging::new(ll::bytes(ll::MAX), Some(cuda));
+    let b = bounce.bounce().gpu_addr();
+    let rc = PinnedBuffer::new(64);
+    let receive = |dst: u64, len: u64, flag: u32, timeout_ns: u64| -> i32 {
+        let mut l = recv.launch_builder(&s);
+        let rc_at = rc.gpu_addr();
+        l.arg(&dst)
+            .arg(&b)
+            .arg(&len)
+            .arg(&flag)
+            .arg(&timeout_ns)
+            .arg(&rc_at);
+        // SAFETY: six parameters matching ll_recv; the bounce, the buffers and the return word
+        // outlive the kernel (the stream is synchronised next).
+        unsafe { l.launch(1, 256).unwrap() };
+        s.synchronize().unwrap();
+        let mut w = [0u8; 4];
+        rc.read_at(0, &mut w);
+        u32::from_ne_bytes(w) as i32 - 1
+    };
+    let cases = [
+        (1, 0),
+        (3, 1),
+        (8, 0),
+        (13, 3),
+        (256, 0),
+        (257, 1),
+        (1000, 5),
+        (1024, 0),
+    ];
+    for (k, (len, off)) in cases.into_iter().enumerate() {
+        let flag = k as u32 + 1;
+        let total = len + off + 64;
+        let src = DeviceBuffer::alloc(0, total).unwrap();
+        let dst = DeviceBuffer::alloc(0, total).unwrap();
+        let want = pattern(total);
+        src.copy_from_host(0, &want).unwrap();
+        dst.copy_from_host(0, &vec![0xee; total]).unwrap();
+        let mut l = pack.launch_builder(&s);
+        let (from, n) = (src.ptr() + off as u64, len as u64);
+        l.arg(&b).arg(&from).arg(&n).arg(&flag);
+        // SAFETY: four parameters matching ll_pack; both ranges lie in buffers that outlive
+        // the kernel (the stream is synchronised before they are dropped).
+        unsafe { l.launch(1, 256).unwrap() };
+        s.synchronize().unwrap();
+        let mut lines = vec![0u8; ll::bytes(len)];
+        bounce.bounce().read_at(0, &mut lines);
+        for (j, line) in lines.chunks(8).enumerate() {
+            let mut data = [0u8; 4];
+            let part = &want[off + 4 * j..(off + 4 * j + 4).min(off + len)];
+            data[..part.len()].copy_from_slice(part);
+            assert_eq!(&line[..4], &data, "{len} at {off}: line {j}'s data");
+            assert_eq!(
+                line[4..],
+                flag.to_ne_bytes(),
+                "{len} at {off}: line {j}'s flag"
+            );
+        }
+        let late = receive(dst.ptr() + off as u64, n, flag + 100, 1_000_000);
+        assert_eq!(late, code::TIMEOUT, "{len} at {off}: a flag no line holds");
+        let mut got = vec![0u8; total];
+        dst.copy_to_host(0, &mut got).unwrap();
+        assert!(
+            got.iter().all(|&b| b == 0xee),
+            "{len} at {off}: a receive that timed out wrote"
+        );
+        assert_eq!(
+            receive(dst.ptr() + off as u64, n, flag, 1_000_000_000),
+            code::OK
+        );
+        dst.copy_to_host(0, &mut got).unwrap();
+        assert_range_landed(&got, &want, off, len, "LL");
     }
 }

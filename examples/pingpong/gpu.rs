@@ -13,7 +13,7 @@ use crate::common::stats::{cpu_time_us, Stats};
 use anyhow::{bail, Context, Result};
 use gdasync::gdsync::cuda::{Cuda, CudaStream, DeviceBuffer, Function};
 use gdasync::gdsync::exec::{Executor, HostStream};
-use gdasync::gdsync::kernel::DescRing;
+use gdasync::gdsync::kernel::{ll, DescRing};
 use gdasync::gdsync::ops::{Op as MemOp, Ops, WaitCond};
 use gdasync::gdsync::staging::Staging;
 use gdasync::gdsync::{
@@ -95,13 +95,13 @@ pub(crate) struct Staged {
 }
 
 impl Staged {
-    /// Rank `rank`'s bounces and payloads of `max` bytes (`host`: host stand-ins for GPU
-    /// memory, for a host stream).
-    fn new(max: usize, rank: usize, host: bool) -> Result<Staged> {
+    /// Rank `rank`'s bounces of `bounce` bytes and payloads of `max` (`host`: host stand-ins
+    /// for GPU memory, for a host stream).
+    fn new(max: usize, bounce: usize, rank: usize, host: bool) -> Result<Staged> {
         let cuda = if host { None } else { Some(Cuda::get()?) };
         Ok(Staged {
-            out: Staging::new(max, cuda),
-            inb: Staging::new(max, cuda),
+            out: Staging::new(bounce, cuda),
+            inb: Staging::new(bounce, cuda),
             sdev: Payload::new(host, max, gpus::of(rank))?,
             rdev: Payload::new(host, max, gpus::of(rank))?,
         })
@@ -127,6 +127,21 @@ fn leak_register_bounce(
         b.bounce().addr(),
         pd.register_pinned(b.bounce(), Access::ALL)?,
     ))
+}
+
+/// The bytes of a message of `size` on the wire: its LL lines where it travels as LL
+/// (`--proto`), else the payload.
+pub(crate) fn wire_bytes(args: &Args, size: usize) -> usize {
+    if size <= args.ll_max {
+        ll::bytes(size)
+    } else {
+        size
+    }
+}
+
+/// A staging bounce's bytes for messages of up to `max` bytes.
+fn bounce_bytes(args: &Args, max: usize) -> usize {
+    max.max(wire_bytes(args, max.min(args.ll_max)))
 }
 
 /// Whether `args` stage GPU payloads through pinned bounces.
@@ -157,7 +172,7 @@ pub(crate) fn setup(dev: &Device, args: &Args, max: usize) -> Result<(Rank, Rank
         };
         let qp = pd.create_qp(&scq, &rcq, &cfg)?;
         let staged = staged(args)
-            .then(|| Staged::new(max, rank, args.host_stream))
+            .then(|| Staged::new(max, bounce_bytes(args, max), rank, args.host_stream))
             .transpose()?;
         let [(reg_addr, sbuf), (rbuf_addr, rbuf)] = match &staged {
             Some(st) => [
@@ -732,11 +747,11 @@ fn kernel_run(
                 st.rdev.addr(),
                 st.inb.bounce().gpu_addr(),
             );
-            let size = size as u64;
+            let (size, ll) = (size as u64, i32::from(size <= args.ll_max));
             let mut l = fs[rank].launch_builder(&streams[rank]);
             l.arg(&ring).arg(&rank_i).arg(&n).arg(&sig).arg(&rw);
             l.arg(&my).arg(&sdev).arg(&outb).arg(&rdev).arg(&inb);
-            l.arg(&size).arg(&tms).arg(&to).arg(&rc);
+            l.arg(&size).arg(&tms).arg(&to).arg(&rc).arg(&ll);
             // SAFETY: the parameters match `pp_staged`; rings, words, bounces and GPU
             // buffers outlive the kernels (both streams are synchronised before the ranks
             // are dropped).
@@ -766,7 +781,7 @@ fn kernel_run(
                     r.post_recv(size)?;
                     posted[rank] += 1;
                 }
-                for (_, d) in kernel_descs(r, op, size, rank, i)? {
+                for (_, d) in kernel_descs(r, op, wire_bytes(args, size), rank, i)? {
                     match d {
                         KernelDesc::Send(ops) => ring.push_send(ops, TIMEOUT)?,
                         KernelDesc::Wait(ops) => ring.push_wait(ops, TIMEOUT)?,

@@ -80,13 +80,16 @@ out:
 // warp fetches the descriptors together, pp_next); the block copies the message out of GPU
 // memory (sdev) into the send bounce before the send (gds_block_copy_out: thread 0 alone up to
 // 256 bytes), and the received message out of the receive bounce into GPU memory (rdev) after
-// its wait (gds_block_copy_in). Warp 0 shares each step's code with the block (pp_share), so
-// that all threads leave together on an error.
+// its wait (gds_block_copy_in). With ll (--proto ll, writes of up to GDS_LL_MAX bytes) the
+// message travels as LL lines instead (gds_block_ll_pack), and every thread polls its lines of
+// the receive bounce (gds_block_ll_recv): no marker wait, and no read of the bounce after it.
+// Warp 0 shares each step's code with the block (pp_share), so that all threads leave
+// together on an error.
 __device__ int pp_share(int rc) { return (int)gds_block_share((uint32_t)rc); }
 
 extern "C" __global__ void pp_staged(gds_desc_ring ring, int rank, uint64_t iters, uint64_t sig_every,
         int ring_waits, uint64_t my_word, uint64_t sdev, uint64_t out_bounce, uint64_t rdev,
-        uint64_t in_bounce, uint64_t size, uint64_t times, uint64_t timeout_ns, uint64_t rc_addr) {
+        uint64_t in_bounce, uint64_t size, uint64_t times, uint64_t timeout_ns, uint64_t rc_addr, int ll) {
     uint64_t idx = 0;
     gds_desc snd, w, rw, first[2];
     int rc = GDS_OK;
@@ -95,6 +98,9 @@ extern "C" __global__ void pp_staged(gds_desc_ring ring, int rank, uint64_t iter
 #define LEAD(x) do { if (!rc) rc = __shfl_sync(0xFFFFFFFFu, lead ? (x) : GDS_OK, 0); } while (0)
 #define SHARE() do { rc = pp_share(rc); if (rc) goto out; } while (0)
 #define AWAIT() LEAD(ring_waits ? gds_wait(&rw.wait, timeout_ns) : gds_wait_value32(my_word, theirs, GDS_COND_EQ, timeout_ns))
+    // An LL message (--proto ll, writes only): every thread polls its lines of the receive
+    // bounce and writes their data into GPU memory; no marker wait and no copy in after it.
+#define RECV_LL() do { int r_ = gds_block_ll_recv(rdev, in_bounce, size, theirs, timeout_ns); if (!rc) rc = r_; SHARE(); } while (0)
     if (warp0 && iters > 0) {
         // Rank 1's first receive wait, then the first send.
         uint32_t n = rank == 1 && ring_waits ? 2 : 1;
@@ -107,21 +113,33 @@ extern "C" __global__ void pp_staged(gds_desc_ring ring, int rank, uint64_t iter
     for (uint64_t i = 0; i < iters; i++) {
         uint32_t mine = (uint32_t)(2 * i + 1 + rank), theirs = (uint32_t)(2 * i + 2 - rank);
         if (rank == 1) {
-            if (warp0) AWAIT();
-            SHARE();
-            gds_block_copy_in(rdev, in_bounce, size);
+            if (ll) {
+                RECV_LL();
+            } else {
+                if (warp0) AWAIT();
+                SHARE();
+                gds_block_copy_in(rdev, in_bounce, size);
+            }
         }
         if (lead) *(volatile uint32_t *)(sdev + size - 4) = mine;
         if (size > GDS_LEAD_COPY_MAX) __syncthreads();  // the block copies the marker too
-        gds_block_copy_out(out_bounce, sdev, size);
+        if (ll) {
+            gds_block_ll_pack(out_bounce, sdev, size, mine);
+        } else {
+            gds_block_copy_out(out_bounce, sdev, size);
+        }
         if (warp0) {
             LEAD(gds_send(&snd.send));
             if (!rc) rc = pp_next(&ring, &idx, i, iters, sig_every, rank, ring_waits, &w, &rw, &snd, timeout_ns);
-            if (rank == 0) AWAIT();
+            if (rank == 0 && !ll) AWAIT();
         }
         SHARE();
         if (rank == 0) {
-            gds_block_copy_in(rdev, in_bounce, size);
+            if (ll) {
+                RECV_LL();
+            } else {
+                gds_block_copy_in(rdev, in_bounce, size);
+            }
             if (lead) ((volatile uint64_t *)times)[i] = gds_now_ns();
         }
     }
@@ -130,6 +148,7 @@ out:
 #undef LEAD
 #undef SHARE
 #undef AWAIT
+#undef RECV_LL
 }
 
 // --api gdsync --op read: rank 0's reads of the peer's buffer (rank 1 launches nothing), run

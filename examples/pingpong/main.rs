@@ -134,6 +134,14 @@ struct Cli {
     /// of this size.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     stage_bounce: Option<u64>,
+    /// With --trigger kernel --op write and staged GPU memory (--api gdsync): how a message
+    /// travels. `ll`: as 8-byte lines of 4 data bytes and a flag, which the receiving kernel
+    /// polls (NCCL's LL protocol: no marker wait and no second read of the bounce; twice the
+    /// bytes on the wire; up to 1024 bytes). `simple`: the payload with its marker, which the
+    /// receiver waits for, then copies the payload in. Default: ll up to 1024 bytes, simple
+    /// above.
+    #[arg(long, value_enum)]
+    proto: Option<Proto>,
     /// Number of ranks (pingpong runs between 2).
     #[arg(long, default_value_t = 2, value_parser = parse_ranks)]
     ranks: usize,
@@ -228,6 +236,8 @@ struct Args {
     recv_batch: usize,
     /// `--stage-bounce`: mp's staging bounce (None: the largest size).
     stage_bounce: Option<usize>,
+    /// `--proto`: messages up to this many bytes travel as LL lines (0: none do).
+    ll_max: usize,
     json: bool,
     host_stream: bool,
     /// The GPU triggers: the GPU of each rank (`--gpus`).
@@ -319,6 +329,7 @@ impl Args {
             c.host_stream && c.mem == Mem::Device && !matches!(gpu_memory, Some((GpuMemoryPath::Staged, _))),
             "--host-stream --mem device runs staged only (host memory stands in for the GPU's): drop --staging off",
         )?;
+        let ll_max = ll_max(c, op, &sizes, &gpu_memory)?;
         Ok(Args {
             op,
             trigger: c.trigger,
@@ -336,6 +347,7 @@ impl Args {
             api: c.api,
             recv_batch: c.recv_batch.unwrap_or(16) as usize,
             stage_bounce: c.stage_bounce.map(|b| b as usize),
+            ll_max,
             json: c.json,
             host_stream: c.host_stream,
             placement,
@@ -373,6 +385,42 @@ fn staging_api(c: &Cli) -> bool {
     c.api == Api::Gdsync
         || (c.api == Api::Mp
             && matches!(c.trigger, Trigger::Host | Trigger::Stream | Trigger::Kernel))
+}
+
+/// How a message travels (`--proto`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Proto {
+    /// The payload with its marker: the receiver waits for the marker, then copies in.
+    Simple,
+    /// 8-byte lines of 4 data bytes and a flag, which the receiver polls.
+    Ll,
+}
+
+/// Up to how many bytes messages travel as LL lines (`--proto`; 0: none): by default every
+/// size up to the LL limit where LL applies (`--api gdsync --trigger kernel --op write`, staged
+/// GPU memory).
+fn ll_max(
+    c: &Cli,
+    op: Op,
+    sizes: &[usize],
+    gpu_memory: &Option<(GpuMemoryPath, String)>,
+) -> Result<usize> {
+    let applies = c.api == Api::Gdsync
+        && c.trigger == Trigger::Kernel
+        && op == Op::Write
+        && matches!(gpu_memory, Some((GpuMemoryPath::Staged, _)));
+    let max = gdasync::gdsync::kernel::ll::MAX;
+    match c.proto {
+        Some(_) if !applies => Err(usage(
+            "--proto applies to --api gdsync --trigger kernel --op write with staged GPU memory (--mem device)",
+        )),
+        Some(Proto::Ll) if sizes.iter().any(|&s| s > max) => Err(usage(format!(
+            "--proto ll carries messages of up to {max} bytes: give smaller --sizes, or leave --proto out (ll up to {max} bytes, simple above)"
+        ))),
+        Some(Proto::Simple) => Ok(0),
+        _ if applies => Ok(max),
+        _ => Ok(0),
+    }
 }
 
 /// Refuses flags that do not apply to the chosen mode.
@@ -561,6 +609,12 @@ fn header(a: &Args) -> Result<Header> {
     if let Some(path) = &a.gpu_memory {
         // How GPU payloads reach the NIC: staged through pinned bounces, or directly.
         h = h.field("gpu_memory", common::device::gpu_memory_phrase(path));
+    }
+    if a.ll_max > 0 {
+        h = h.field(
+            "proto",
+            format!("ll up to {} bytes, simple above", a.ll_max),
+        );
     }
     if a.trigger.gpu() && !a.host_stream {
         let c = gdasync::gdsync::cuda::Cuda::get()?;

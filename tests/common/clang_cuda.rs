@@ -25,6 +25,7 @@ __device__ double __ldcg(const double *);
 __device__ void __threadfence_system();
 __device__ void __threadfence();
 __device__ void __syncthreads();
+__device__ int __syncthreads_or(int);
 __device__ void __syncwarp(unsigned = 0xFFFFFFFFu);
 __device__ int __shfl_sync(unsigned, int, int);
 __device__ unsigned long long __shfl_sync(unsigned, unsigned long long, int);

@@ -37,6 +37,20 @@ use std::time::{Duration, Instant};
 
 pub use crate::kernel_header::HEADER;
 
+/// LL messages (`gds_block_ll_pack`, `gds_block_ll_recv` in gdsync.cuh): a small staged
+/// payload as 8-byte lines of 4 data bytes and a 4-byte flag, which the receiving kernel polls
+/// instead of a marker, then a second read of the bounce.
+pub mod ll {
+    /// The largest payload an LL message carries (`GDS_LL_MAX`).
+    pub const MAX: usize = 1024;
+
+    /// The bytes on the wire (and in each bounce) of an LL message of `len` payload bytes
+    /// (`gds_ll_bytes`).
+    pub const fn bytes(len: usize) -> usize {
+        len.div_ceil(4) * 8
+    }
+}
+
 /// Return codes of the device functions.
 pub mod code {
     /// Success.
@@ -380,6 +394,18 @@ impl Drop for DescRing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ll_constants_are_the_headers() {
+        assert!(
+            HEADER.contains(&format!("#define GDS_LL_MAX {}\n", ll::MAX)),
+            "GDS_LL_MAX in gdsync.cuh differs from ll::MAX"
+        );
+        assert_eq!(
+            [ll::bytes(1), ll::bytes(4), ll::bytes(5), ll::bytes(8)],
+            [8, 8, 16, 16]
+        );
+    }
     use crate::ops::ops_of;
     use std::mem::{offset_of, size_of};
 

@@ -19,6 +19,42 @@ pub(crate) struct MrEntry {
     pub gpu: Option<crate::cuda::GpuCtx>,
 }
 
+/// Payloads up to this many bytes are written a word at a time ([`dma_write`]): more than any
+/// message that carries a flag in every line (`GDS_LL_MAX` in gdsync.cuh, twice over).
+const WORD_WRITE_MAX: usize = 4096;
+
+/// Writes `src` at `dst` as a ConnectX's DMA writes a payload: every naturally aligned 8
+/// bytes of the target that the payload covers in one store, so that a reader loading an
+/// aligned word sees it old or new, never torn (what protocols with a flag in every 8-byte
+/// line rely on: NCCL's LL, gdsync.cuh's `gds_block_ll_recv`). Larger payloads, and a source
+/// that overlaps the target (memory of another device of this process), are copied plainly.
+///
+/// # Safety
+/// `dst..dst + src.len()` is writable memory.
+unsafe fn dma_write(dst: *mut u8, src: &[u8]) {
+    let (d, n) = (dst as usize, src.len());
+    let s = src.as_ptr() as usize;
+    if n > WORD_WRITE_MAX || (s < d + n && d < s + n) {
+        // SAFETY: the caller's contract; `copy` allows the overlap.
+        unsafe { std::ptr::copy(src.as_ptr(), dst, n) };
+        return;
+    }
+    let head = ((8 - d % 8) % 8).min(n);
+    let words = (n - head) / 8;
+    // SAFETY: every write below lies in dst..dst + n (the caller's contract); the words are
+    // 8-aligned, so a reference to an AtomicU64 there is valid for the store.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src.as_ptr(), dst, head);
+        for w in 0..words {
+            let at = head + 8 * w;
+            let v = std::ptr::read_unaligned(src.as_ptr().add(at) as *const u64);
+            (*(dst.add(at) as *const AtomicU64)).store(v, Ordering::Relaxed);
+        }
+        let done = head + 8 * words;
+        std::ptr::copy_nonoverlapping(src.as_ptr().add(done), dst.add(done), n - done);
+    }
+}
+
 impl MrEntry {
     /// Whether `[addr, addr+len)` lies inside the region.
     pub fn covers(&self, addr: u64, len: u64) -> bool {
@@ -39,9 +75,8 @@ impl MrEntry {
             Some(g) => g.copy_htod(addr, src).is_ok(),
             None => {
                 // SAFETY: inside a registered host region (checked above), whose owner lent it
-                // to the device for the registration's lifetime. (`copy`: the source may be
-                // memory of another device of this process, which may overlap the target.)
-                unsafe { std::ptr::copy(src.as_ptr(), addr as *mut u8, src.len()) };
+                // to the device for the registration's lifetime.
+                unsafe { dma_write(addr as *mut u8, src) };
                 true
             }
         }
@@ -266,6 +301,33 @@ impl MrTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dma_write_lands_every_byte_at_any_offset_and_length() {
+        for (off, len) in [
+            (0, 0),
+            (0, 8),
+            (3, 1),
+            (1, 7),
+            (5, 16),
+            (8, 24),
+            (7, 4096),
+            (0, 4100),
+        ] {
+            let mut target = vec![0xeeu8; 4200 + 16];
+            let src: Vec<u8> = (0..len).map(|i| (i * 7 + 1) as u8).collect();
+            // SAFETY: off + len lies inside `target`.
+            unsafe { dma_write(target.as_mut_ptr().add(off), &src) };
+            assert_eq!(&target[off..off + len], &src[..], "{len} at {off}");
+            assert!(
+                target[..off]
+                    .iter()
+                    .chain(&target[off + len..])
+                    .all(|&b| b == 0xee),
+                "{len} at {off}: bytes outside the range changed"
+            );
+        }
+    }
 
     fn spec() -> MrSpec {
         MrSpec {
