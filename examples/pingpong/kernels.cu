@@ -78,7 +78,7 @@ out:
 // pp with its payloads in GPU memory staged through pinned bounces (--mem device where the
 // NIC cannot reach GPU memory): warp 0 drives the loop as pp does (lane 0 sends and waits, the
 // warp fetches the descriptors together, pp_next); the block copies the message out of GPU
-// memory (sdev) into the send bounce before the send (gds_block_copy_out: thread 0 alone up to
+// memory (sdev) into the send bounce before the send (gds_block_copy_out: warp 0 alone up to
 // 256 bytes), and the received message out of the receive bounce into GPU memory (rdev) after
 // its wait (gds_block_copy_in). With ll (--proto ll, writes of up to GDS_LL_MAX bytes) the
 // message travels as LL lines instead (gds_block_ll_pack), and every thread polls its lines of
