@@ -209,7 +209,9 @@ impl Plan {
                 if let Err(e) = Cuda::get().and_then(|c| c.gpu(0).map(|_| ())) {
                     bail!("{what} needs a CUDA GPU: {e}");
                 }
-                Some(a.gpus.resolve_here()?)
+                let p = a.gpus.resolve_here()?;
+                p.tell_gdsync(2);
+                Some(p)
             }
             None => None,
         };

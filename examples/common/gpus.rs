@@ -133,6 +133,23 @@ impl Placement {
         }
     }
 
+    /// How many GPUs of this host the job's `ranks` ranks use: under MPI as many of the list as
+    /// the ranks fill (ranks of one host, each on its local rank's GPU), else those
+    /// [`ordinal`](Self::ordinal) names.
+    pub fn job_gpus(&self, ranks: usize) -> usize {
+        match self.local {
+            Some(_) => self.gpus.len().min(ranks),
+            None => self.used(0..ranks).len(),
+        }
+    }
+
+    /// Tells gdsync whether the job's `ranks` ranks run streams on more than one GPU of this
+    /// host, other processes' included: its list-kernel choice depends on it
+    /// (`gdsync::cuda::set_job_spans_gpus`). Before the first stream.
+    pub fn tell_gdsync(&self, ranks: usize) {
+        gdasync::gdsync::cuda::set_job_spans_gpus(self.job_gpus(ranks) > 1);
+    }
+
     /// The GPUs this process's ranks `ranks` use, each once.
     pub fn used(&self, ranks: impl IntoIterator<Item = usize>) -> Vec<i32> {
         let mut v: Vec<i32> = ranks.into_iter().map(|r| self.ordinal(r)).collect();
@@ -244,6 +261,7 @@ mod tests {
         assert_eq!(p.sharing(0, 4), 2);
         assert_eq!(p.sharing(1, 3), 1);
         assert_eq!(p.used(0..4), vec![0, 1]);
+        assert_eq!((p.job_gpus(4), p.job_gpus(1)), (2, 1));
         let one = GpuArgs {
             gpus: Some(GpuList(vec![1])),
         };
@@ -279,6 +297,11 @@ mod tests {
         assert_eq!(
             p.label(8),
             "local rank over 0,1 (OMPI_COMM_WORLD_LOCAL_RANK)"
+        );
+        assert_eq!(
+            (p.job_gpus(8), p.job_gpus(1)),
+            (2, 1),
+            "the job's ranks, not this process's"
         );
     }
 }

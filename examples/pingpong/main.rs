@@ -311,6 +311,7 @@ impl Args {
             if c.raw && c.mem == Mem::Device && p.ordinal(0) != p.ordinal(1) {
                 bail!("--raw --mem device stores into the other rank's GPU memory, which this tool does not map across GPUs: put both ranks on one GPU (--gpus 0)");
             }
+            p.tell_gdsync(2);
             common::gpus::place(p.clone());
             Some(p)
         } else {

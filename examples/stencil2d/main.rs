@@ -300,10 +300,12 @@ impl Config {
                 bail!("--trigger {} needs a CUDA GPU; none found", name(a.trigger));
             }
             let p = a.gpus.resolve(c.gpus.len())?;
-            Some(match a.ranks_as {
+            let p = match a.ranks_as {
                 RanksAs::Mpi => p.under_mpi(),
                 _ => p,
-            })
+            };
+            p.tell_gdsync(a.ranks);
+            Some(p)
         } else {
             None
         };

@@ -45,6 +45,7 @@ pub use memory::{DeviceBuffer, IpcHandle, MemoryKind};
 pub use module::{nvrtc_available, Function, Module};
 pub use staging_kernels::{prepare_staged_copies, staged_copy_kernels, StagingCopy};
 pub use stream::{stream_memops, CudaStream, ListKernel, MARK_EVERY, MAX_QUEUED_OPS};
+pub use stream_span::set_job_spans_gpus;
 
 use crate::{Error, Result};
 use cudarc::driver::result::{self, DriverError};

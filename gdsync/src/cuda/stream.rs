@@ -162,7 +162,8 @@ impl Cuda {
         let caps = self.gpu(ordinal)?.caps.clone();
         let list_kernel = ListKernel::from_env()?;
         if list_kernel == ListKernel::All
-            || (list_kernel == ListKernel::Auto && self.gpus.len() > 1)
+            || (list_kernel == ListKernel::Auto
+                && (self.gpus.len() > 1 || super::stream_span::job_spans_gpus()))
         {
             // Lists without copies may run as the list kernel: load it on every GPU when the
             // process makes its first stream, before any of its streams can wait (loading a

@@ -5,7 +5,9 @@
 //! 3 µs each while streams of the process on both GPUs run them, against about 0.9 µs with
 //! every stream on one GPU, and a list kernel's stores do not pay that (docs/benchmarks.md,
 //! "pingpong across two GPUs"). So with `GDSYNC_LIST_KERNEL=auto` (the default), while streams
-//! live on more than one GPU, lists without copies run as list kernels too.
+//! live on more than one GPU, lists without copies run as list kernels too. Streams of other
+//! processes count as well (stencil2d, two processes on two H200s: 8% faster with list kernels),
+//! but a process cannot see them: the job says so ([`set_job_spans_gpus`]).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,6 +17,25 @@ use std::sync::Mutex;
 static LIVE: Mutex<BTreeMap<i32, usize>> = Mutex::new(BTreeMap::new());
 /// Whether `LIVE` names more than one GPU (read on every submit, so kept apart).
 static SPANS: AtomicBool = AtomicBool::new(false);
+/// Whether the job's ranks on this host, other processes' included, run streams on more than
+/// one GPU ([`set_job_spans_gpus`]).
+static JOB_SPANS: AtomicBool = AtomicBool::new(false);
+
+/// Tells gdsync that the job's ranks on this host run streams on more than one GPU, those of
+/// other processes included (one process per GPU, as under `mpirun`), or no longer do. With
+/// `GDSYNC_LIST_KERNEL=auto` (the default) streams then run lists without copies as list
+/// kernels, as they do while this process's own streams span GPUs: on a two-H200 host a
+/// stream's stores cost about 3 µs each while streams on both GPUs run them, whichever
+/// processes those streams belong to. Call it before the process makes its first stream (the
+/// list kernel is loaded then).
+pub fn set_job_spans_gpus(spans: bool) {
+    JOB_SPANS.store(spans, Ordering::Relaxed);
+}
+
+/// Whether the job said its ranks on this host span GPUs ([`set_job_spans_gpus`]).
+pub(super) fn job_spans_gpus() -> bool {
+    JOB_SPANS.load(Ordering::Relaxed)
+}
 
 /// Counts a new stream on GPU `ordinal`.
 pub(super) fn opened(ordinal: i32) {
@@ -33,9 +54,10 @@ pub(super) fn closed(ordinal: i32) {
     });
 }
 
-/// Whether this process has live streams on more than one GPU.
+/// Whether this process has live streams on more than one GPU, or the job said its ranks on
+/// this host do.
 pub(super) fn spans_gpus() -> bool {
-    SPANS.load(Ordering::Relaxed)
+    SPANS.load(Ordering::Relaxed) || job_spans_gpus()
 }
 
 fn update(f: impl FnOnce(&mut BTreeMap<i32, usize>)) {
@@ -62,6 +84,18 @@ mod tests {
         assert!(spans(&live), "streams on GPUs 0 and 1");
         live.remove(&1);
         assert!(!spans(&live), "GPU 1's stream gone");
+    }
+
+    #[test]
+    fn the_job_saying_its_ranks_span_gpus_counts_too() {
+        assert!(!job_spans_gpus());
+        set_job_spans_gpus(true);
+        let said = spans_gpus();
+        set_job_spans_gpus(false);
+        assert!(
+            said,
+            "the job's word counts where this process's streams do not span GPUs"
+        );
     }
 
     #[test]
