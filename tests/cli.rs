@@ -127,6 +127,10 @@ fn bad_pingpong_arguments_are_clean_errors() {
         ),
         (&["--api", "mp", "--raw"][..], "--raw"),
         (&["--api", "mp", "--ranks-as", "procs"][..], "threads"),
+        (
+            &["--trigger", "stream", "--ranks-as", "procs"][..],
+            "--ranks-as procs applies to --trigger cpu",
+        ),
         (&["--raw", "--op", "send"][..], "does not apply"),
         (&["--raw", "--vs-raw"][..], "give one of them"),
         (&["--vs-raw", "--trigger", "stream"][..], "--vs-raw applies"),

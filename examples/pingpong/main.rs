@@ -435,6 +435,10 @@ fn check_flags(c: &Cli, op: Op) -> Result<()> {
         "--api mp runs its ranks as threads",
     )?;
     refuse_if(
+        c.ranks_as == RanksAs::Procs && c.trigger != Trigger::Cpu,
+        "--ranks-as procs applies to --trigger cpu: the GPU triggers run both ranks as threads of this process (stencil2d --ranks-as procs runs GPU ranks as processes)",
+    )?;
+    refuse_if(
         c.vs_raw && c.raw,
         "--vs-raw measures the NIC next to --raw: give one of them",
     )?;
