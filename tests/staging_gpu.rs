@@ -224,9 +224,9 @@ fn both_list_paths_copy_before_the_barrier_and_after_the_wait() {
 
 /// LL messages (`gds_block_ll_pack`, `gds_block_ll_recv`): a payload packed from GPU memory
 /// into 8-byte lines under a flag, then received from those lines into GPU memory, at odd
-/// sizes and offsets, by thread 0 alone (up to 256 bytes) and by the block: every line holds
+/// sizes and offsets, by warp 0 alone (up to 256 bytes) and by the block: every line holds
 /// its 4 data bytes (zero-padded) under the flag, every byte arrives, nothing around the
-/// range changes; a receive under a flag no line holds times out and writes nothing.
+/// range changes; a receive under a flag no line holds times out having written nothing.
 const LL: &str = r#"
 extern "C" __global__ void ll_pack(uint64_t dst, uint64_t src, uint64_t len, uint32_t flag) {
     gds_block_ll_pack(dst, src, len, flag);

@@ -134,11 +134,12 @@ impl Placement {
     }
 
     /// How many GPUs of this host the job's `ranks` ranks use: under MPI as many of the list as
-    /// the ranks fill (ranks of one host, each on its local rank's GPU), else those
-    /// [`ordinal`](Self::ordinal) names.
+    /// this host's ranks fill (each on its local rank's GPU; the launcher's local size where it
+    /// gives one, else every rank counted as local), else those [`ordinal`](Self::ordinal)
+    /// names.
     pub fn job_gpus(&self, ranks: usize) -> usize {
         match self.local {
-            Some(_) => self.gpus.len().min(ranks),
+            Some(_) => self.gpus.len().min(local_size().unwrap_or(ranks)),
             None => self.used(0..ranks).len(),
         }
     }
@@ -172,6 +173,23 @@ impl Placement {
             None => list(&mut (0..ranks).map(|r| self.ordinal(r))),
         }
     }
+}
+
+/// Where launchers put the number of a job's ranks on this host: Open MPI, MPICH and Intel MPI
+/// (Hydra), MVAPICH, PMIx.
+const LOCAL_SIZE_VARS: [&str; 4] = [
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "MPI_LOCALNRANKS",
+    "MV2_COMM_WORLD_LOCAL_SIZE",
+    "PMIX_LOCAL_SIZE",
+];
+
+/// The number of the job's ranks on this host, from the first of [`LOCAL_SIZE_VARS`] that holds
+/// a number.
+fn local_size() -> Option<usize> {
+    LOCAL_SIZE_VARS
+        .iter()
+        .find_map(|&v| std::env::var(v).ok()?.trim().parse().ok())
 }
 
 /// This process's local rank, from the first of [`LOCAL_RANK_VARS`] that holds a number.

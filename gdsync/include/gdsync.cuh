@@ -493,7 +493,8 @@ __device__ __forceinline__ int gds_wait_value32(uint64_t addr, uint32_t value, u
 // message's flag holds the message's data: no marker to wait for first, and no second read of
 // the bounce across PCIe after it (about 1.4 us on an H200). Twice the bytes on the wire; for
 // payloads up to GDS_LL_MAX bytes. The flag must differ from every flag the bounce held
-// before (a sequence number that starts at 1 over a zeroed bounce).
+// before: a sequence number that starts at 1 over a zeroed bounce (0 is what a zeroed line
+// holds), and a bounce zeroed again before the 32-bit sequence wraps.
 #define GDS_LL_MAX 1024
 
 // The bytes on the wire (and in each bounce) of an LL message of len payload bytes.
@@ -521,12 +522,14 @@ __device__ __forceinline__ void gds_block_ll_pack(uint64_t dst, uint64_t src, ui
     uint64_t lines = (len + 3) / 4;
     bool warp = len <= GDS_LEAD_COPY_MAX;
     if (warp && threadIdx.x >= 32) return;
-    if (warp) __syncwarp();  // what thread 0 wrote into src (a marker) is seen by every lane
-    uint32_t step = warp ? 32 : blockDim.x;
+    uint32_t lanes = blockDim.x < 32 ? blockDim.x : 32;
+    uint32_t mask = lanes == 32 ? 0xFFFFFFFFu : (1u << lanes) - 1;
+    if (warp) __syncwarp(mask);  // what thread 0 wrote into src (a marker) is seen by every lane
+    uint32_t step = warp ? lanes : blockDim.x;
     for (uint64_t k = threadIdx.x; k < lines; k += step)
         *(volatile uint64_t *)(dst + 8 * k) = gds_ll_line(src, len, k, flag);
     if (warp) {
-        __syncwarp();
+        __syncwarp(mask);
         return;
     }
     __threadfence_system();
@@ -536,15 +539,16 @@ __device__ __forceinline__ void gds_block_ll_pack(uint64_t dst, uint64_t src, ui
 // Waits for an LL message of len bytes under flag at src (a receive bounce, 8-aligned) and
 // writes its data to dst (GPU memory); every thread of the block calls it, and each polls its
 // own lines. Returns GDS_OK to every thread once every line has arrived and the data is
-// visible to the GPU's threads, GDS_TIMEOUT (to every thread) if a line had not after
-// timeout_ns.
+// visible to the GPU's threads, GDS_TIMEOUT (to every thread) if a thread's lines had not all
+// arrived after timeout_ns; then the lines that had arrived are in dst already.
 __device__ __forceinline__ int gds_block_ll_recv(uint64_t dst, uint64_t src, uint64_t len, uint32_t flag,
         uint64_t timeout_ns) {
-    uint64_t lines = (len + 3) / 4;
+    uint64_t lines = (len + 3) / 4, start = 0;
+    uint32_t spins = 0;
     bool late = false;
     for (uint64_t k = threadIdx.x; k < lines && !late; k += blockDim.x) {
-        uint64_t v, start = 0;
-        for (uint32_t spins = 0;; spins++) {
+        uint64_t v;
+        for (;; spins++) {
             v = *(const volatile uint64_t *)(src + 8 * k);
             if ((uint32_t)(v >> 32) == flag) break;
             if (gds_expired(spins, &start, timeout_ns)) { late = true; break; }

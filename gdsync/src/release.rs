@@ -14,7 +14,7 @@
 //! While the driver's release waits for the device, other threads' allocations, registrations,
 //! new streams and copies wait behind it, so each release runs only once the process's streams
 //! are idle, with new work on them held back meanwhile (`quiet`). A stream that
-//! never moves delays only the releases, never the program.
+//! never moves delays only the releases (the memory stays allocated), not the threads.
 
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
@@ -98,8 +98,8 @@ pub(crate) fn pending() -> bool {
 
 /// Waits up to `timeout` until every release queued so far has run, and says whether they
 /// have. A program that must know its pinned memory is given back (before it checks the
-/// process's footprint, say) calls this after dropping; it is `false` while a CUDA stream
-/// still waits on work that a release must wait for.
+/// process's footprint, say) calls this after dropping; it is `false` while any CUDA stream
+/// gdsync made or wrapped still has work to run (releases wait for every stream to be idle).
 pub fn settle(timeout: Duration) -> bool {
     let Some(r) = releaser() else { return true };
     let end = Instant::now() + timeout;

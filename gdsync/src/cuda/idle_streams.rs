@@ -1,8 +1,9 @@
 //! The streams a release waits to be idle: every live [`CudaStream`](super::CudaStream) (made
 //! or wrapped) is watched from its creation until it is destroyed, and [`crate::quiet`] asks
 //! whether each has run everything queued on it (`cuStreamQuery`) before it gives memory back.
-//! Work on streams gdsync does not know (a kernel launched on a stream never wrapped) is not
-//! seen.
+//! Work gdsync does not know of is not seen: a stream never wrapped, and, on a stream the
+//! program wrapped, its own work after the wrapper is dropped. A release that waits for such
+//! work inside the driver holds back every enqueue on gdsync's streams until it passes.
 
 use super::GpuCtx;
 use cudarc::driver::sys;
@@ -17,10 +18,14 @@ pub(super) fn watch(raw: sys::CUstream, ctx: GpuCtx) {
     STREAMS.lock().push((raw as usize, ctx));
 }
 
-/// Stops watching stream `raw` (before it is destroyed).
-pub(super) fn unwatch(raw: sys::CUstream) {
+/// Stops watching stream `raw` of GPU `ordinal` (before it is destroyed; one entry of two
+/// wrappers of the same stream, or of the legacy NULL stream, which every GPU has).
+pub(super) fn unwatch(raw: sys::CUstream, ordinal: i32) {
     let mut s = STREAMS.lock();
-    if let Some(i) = s.iter().position(|(r, _)| *r == raw as usize) {
+    if let Some(i) = s
+        .iter()
+        .position(|(r, c)| *r == raw as usize && c.ordinal == ordinal)
+    {
         s.swap_remove(i);
     }
 }

@@ -21,7 +21,8 @@
 //! worth; a staged message's list has about ten). `GDSYNC_LIST_KERNEL=off` keeps every list as memory operations.
 //!
 //! Lists without copies stay memory operations while the process's streams are all on one GPU
-//! (`GDSYNC_LIST_KERNEL=auto`, the default; `all` runs them as this kernel always): run so, a ping-pong's list took
+//! and the job has not said its ranks span GPUs (`GDSYNC_LIST_KERNEL=auto`, the default; `all`
+//! runs them as this kernel always): run so, a ping-pong's list took
 //! longer on one GPU (H200, 8 B writes from host memory: 6.45 µs against 5.23 µs a half round
 //! trip), since each store that must follow what came before is a release at system scope, a
 //! PCIe round trip inside the kernel, where the stream's own writes order themselves more

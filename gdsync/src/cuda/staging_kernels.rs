@@ -66,8 +66,8 @@ pub(super) const LIST_OPS: usize = 32;
 /// waits and fences; the other threads pass a wait at the block barrier after it. A store is
 /// ordered after everything before it, as a stream's write is (a release at system scope, or a
 /// plain store right after a fence): the doorbell record after the payload, "rung to" after
-/// the doorbell. A copy into a bounce of up to `GDS_LEAD_COPY_MAX` bytes is thread 0's alone,
-/// as `gds_block_copy_out` does, ordered by the fence or release that comes next; other
+/// the doorbell. A copy into a bounce of up to `GDS_LEAD_COPY_MAX` bytes is thread 0's alone
+/// (`gds_block_copy_out` has warp 0 copy it), ordered by the fence or release that comes next; other
 /// copies take the block, each thread fencing its stores (system-wide into a bounce, GPU-wide
 /// into GPU memory) before the block barrier. The stream's progress word, if this launch carries it, is stored last, as a release: what the list
 /// named is no longer touched once the host sees it. With `stamps` set (profiling), thread 0

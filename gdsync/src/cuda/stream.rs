@@ -43,7 +43,8 @@ pub enum ListKernel {
     /// more than one GPU, lists without copies too: on a two-H200 host a stream's own stores
     /// cost about 3 µs each while streams on both GPUs run them, a list kernel's about 1
     /// (docs/benchmarks.md, "pingpong across two GPUs"); on one GPU the stream's stores are
-    /// the cheaper. The default.
+    /// the cheaper. Other processes' streams count where the job says its ranks on this host
+    /// span GPUs ([`set_job_spans_gpus`](super::set_job_spans_gpus)). The default.
     Auto,
     /// None: memory-operation batches, with a copy kernel or the copy engines between them.
     Off,
@@ -185,6 +186,7 @@ impl Cuda {
                 "pinned host memory could not be mapped for the GPU (cuMemHostRegister)".into(),
             ));
         }
+        let ctx = self.gpu_ctx(ordinal)?;
         let (raw, owned) = match raw {
             Some(raw) => (raw, false),
             None => (self.create_stream(ordinal)?, true),
@@ -207,7 +209,7 @@ impl Cuda {
             profile,
         };
         super::stream_span::opened(ordinal);
-        super::idle_streams::watch(raw, self.gpu_ctx(ordinal)?);
+        super::idle_streams::watch(raw, ctx);
         if owned {
             stream.warm_up();
         }
@@ -695,22 +697,23 @@ impl Drop for CudaStream {
     fn drop(&mut self) {
         super::stream_span::closed(self.ordinal);
         if self.cuda.bind(self.ordinal).is_err() {
-            super::idle_streams::unwatch(self.raw);
+            super::idle_streams::unwatch(self.raw, self.ordinal);
             return;
         }
-        // Wait (bounded) for enqueued work; memory it still points to is leaked rather than
-        // freed under a running stream.
+        // Wait (bounded) for enqueued work, and on our own stream for everything on it (kernels
+        // launched on it too), before releases stop waiting for it; memory the work still
+        // points to is leaked rather than freed under a running stream.
         let start = Instant::now();
         let mut stuck = false;
         loop {
             self.reap_idle();
             let mut l = self.lists.lock();
             self.reap(&mut l);
-            if l.pending.is_empty() {
+            if l.pending.is_empty() && (!self.owned || self.idle()) {
                 break;
             }
             if start.elapsed() > Duration::from_secs(5) {
-                tracing::error!("dropping a CUDA stream whose waits never passed: leaking the memory they point to");
+                tracing::error!("dropping a CUDA stream whose work never finished: leaking the memory it points to, and the stream (releases of GPU-visible memory wait for it)");
                 std::mem::forget(std::mem::take(&mut l.pending));
                 // The stream may still write its progress word: leak that too (and the
                 // profile's stamps, whose free would wait for the device).
@@ -728,7 +731,8 @@ impl Drop for CudaStream {
             // inside the driver and hold up other threads' allocations (see `quiet`).
             return;
         }
-        super::idle_streams::unwatch(self.raw);
+        // A stream of the program's is the program's to finish: releases stop watching it here.
+        super::idle_streams::unwatch(self.raw, self.ordinal);
         if self.owned {
             // SAFETY: our stream, made by create_stream, destroyed once.
             unsafe { self.cuda.destroy_stream(self.ordinal, self.raw) };
