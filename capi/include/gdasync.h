@@ -573,6 +573,14 @@ int gdasync_stream_create_host(struct gdasync_stream **out);
 // Fails with `GDASYNC_ERR_UNSUPPORTED` where there is no CUDA driver or GPU.
 int gdasync_stream_create_cuda(int gpu, struct gdasync_stream **out);
 
+// Tells gdasync whether the job's ranks on this host run CUDA streams on more than one GPU,
+// other processes' included (`spans` non-zero; one process per GPU, as under `mpirun`). CUDA
+// streams then run lists without copies as small kernels (`GDSYNC_LIST_KERNEL=auto`, the
+// default), as they do when one process's streams span GPUs: on a two-H200 host a stream's
+// own stores cost about 3 us each while streams on both GPUs run them, whichever processes
+// they belong to. Call it before creating the first CUDA stream. Returns `GDASYNC_OK`.
+int gdasync_set_job_spans_gpus(int spans);
+
 // Makes a gdasync stream of `cu_stream`, a CUDA stream (`CUstream` or `cudaStream_t`) of
 // the program's own in GPU `gpu`'s primary context (the runtime API's streams are; NULL is
 // the legacy default stream): lists submitted to it run in order with the program's work

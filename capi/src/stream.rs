@@ -82,6 +82,18 @@ pub extern "C" fn gdasync_stream_create_cuda(gpu: c_int, out: *mut *mut gdasync_
     })
 }
 
+/// Tells gdasync whether the job's ranks on this host run CUDA streams on more than one GPU,
+/// other processes' included (`spans` non-zero; one process per GPU, as under `mpirun`). CUDA
+/// streams then run lists without copies as small kernels (`GDSYNC_LIST_KERNEL=auto`, the
+/// default), as they do when one process's streams span GPUs: on a two-H200 host a stream's
+/// own stores cost about 3 us each while streams on both GPUs run them, whichever processes
+/// they belong to. Call it before creating the first CUDA stream. Returns `GDASYNC_OK`.
+#[no_mangle]
+pub extern "C" fn gdasync_set_job_spans_gpus(spans: c_int) -> c_int {
+    gdsync::cuda::set_job_spans_gpus(spans != 0);
+    GDASYNC_OK
+}
+
 /// Makes a gdasync stream of `cu_stream`, a CUDA stream (`CUstream` or `cudaStream_t`) of
 /// the program's own in GPU `gpu`'s primary context (the runtime API's streams are; NULL is
 /// the legacy default stream): lists submitted to it run in order with the program's work
