@@ -356,24 +356,26 @@ extern "C" __global__ void mp_pp_staged(const gds_peer *peers, uint32_t rank, ui
         if (rc == GDS_OK && last && len != size) rc = MP_WRONG_LENGTH; \
     } while (0)
 #define MP_COPY_IN() gds_block_copy_in(rdev, gds_block_share(lead ? gds_peer_recv_bounce(&p) : 0), size)
+    // The bounce of the next send, taken while the peer works on the message before it (its
+    // wait for an earlier send's completion is then off the message's path).
+    uint64_t bounce = 0;
     if (lead) {
         while (rc == GDS_OK && p.recvs < iters && p.recvs < ahead) MP_DO(MP_STEP_RECV, gds_peer_post_recv_staged(&p, size));
         MP_DO(MP_STEP_CREDIT, gds_peer_give_credit(&p, timeout_ns));
+        if (iters > 0) MP_DO(MP_STEP_SEND, gds_peer_next_send_bounce(&p, &bounce, timeout_ns));
     }
     MP_SHARE();
+    bounce = gds_block_share(bounce);
     for (; i < iters; i++) {
         if (rank == 1) {
             if (lead) MP_TAKE();
             MP_SHARE();
             MP_COPY_IN();
         }
-        uint64_t bounce = 0;
-        if (lead) {
-            *(volatile uint32_t *)(sdev + size - 4) = (uint32_t)(2 * i + 1 + rank);
-            MP_DO(MP_STEP_SEND, gds_peer_next_send_bounce(&p, &bounce, timeout_ns));
-        }
-        MP_SHARE();
-        gds_block_copy_out(gds_block_share(bounce), sdev, size);
+        if (lead) *(volatile uint32_t *)(sdev + size - 4) = (uint32_t)(2 * i + 1 + rank);
+        if (size > GDS_LEAD_COPY_MAX) __syncthreads();  // the block copies the marker too
+        gds_block_copy_out(bounce, sdev, size);
+        uint64_t next = 0;
         if (lead) {
             bool signaled = i % sig_every == sig_every - 1 || i + 1 == iters;
             MP_DO(MP_STEP_SEND, gds_peer_send_bounce(&p, size, signaled ? GDS_SIGNALED : 0, timeout_ns));
@@ -386,9 +388,11 @@ extern "C" __global__ void mp_pp_staged(const gds_peer *peers, uint32_t rank, ui
                 if (p.recvs - p.credited >= recv_batch || p.recvs == iters)
                     MP_DO(MP_STEP_CREDIT, gds_peer_give_credit(&p, timeout_ns));
             }
+            if (i + 1 < iters) MP_DO(MP_STEP_SEND, gds_peer_next_send_bounce(&p, &next, timeout_ns));
             if (rank == 0) MP_TAKE();
         }
         MP_SHARE();
+        bounce = gds_block_share(next);
         if (rank == 0) {
             MP_COPY_IN();
             if (lead) ((volatile uint64_t *)times)[i] = gds_now_ns();
