@@ -129,10 +129,15 @@ fn leak_register_bounce(
     ))
 }
 
+/// Whether a message of `size` travels as LL lines (`--proto`).
+fn travels_as_ll(args: &Args, size: usize) -> bool {
+    size <= args.ll_max
+}
+
 /// The bytes of a message of `size` on the wire: its LL lines where it travels as LL
 /// (`--proto`), else the payload.
 pub(crate) fn wire_bytes(args: &Args, size: usize) -> usize {
-    if size <= args.ll_max {
+    if travels_as_ll(args, size) {
         ll::bytes(size)
     } else {
         size
@@ -747,7 +752,7 @@ fn kernel_run(
                 st.rdev.addr(),
                 st.inb.bounce().gpu_addr(),
             );
-            let (size, ll) = (size as u64, i32::from(size <= args.ll_max));
+            let (size, ll) = (size as u64, i32::from(travels_as_ll(args, size)));
             let mut l = fs[rank].launch_builder(&streams[rank]);
             l.arg(&ring).arg(&rank_i).arg(&n).arg(&sig).arg(&rw);
             l.arg(&my).arg(&sdev).arg(&outb).arg(&rdev).arg(&inb);

@@ -394,6 +394,16 @@ __device__ __forceinline__ void gds_block_copy(uint64_t dst, uint64_t src, uint6
 // fence of their own (gds_block_copy_out).
 #define GDS_LEAD_COPY_MAX 256
 
+// The lanes of the calling block's warp 0 (fewer than 32 in a smaller block), for
+// gds_warp0_mask and the copies warp 0 makes alone.
+__device__ __forceinline__ uint32_t gds_warp0_lanes() { return blockDim.x < 32 ? blockDim.x : 32; }
+
+// The __syncwarp mask of warp 0's lanes (gds_warp0_lanes).
+__device__ __forceinline__ uint32_t gds_warp0_mask() {
+    uint32_t lanes = gds_warp0_lanes();
+    return lanes == 32 ? 0xFFFFFFFFu : (1u << lanes) - 1;
+}
+
 // gds_block_copy for a payload out of GPU memory into a bounce that thread 0 then sends (its
 // gds_send, gds_peer_send_bounce or gds_qp_post_send comes next). A small payload (up to
 // GDS_LEAD_COPY_MAX bytes) is copied by warp 0 alone (one thread's loads of GPU memory would go
@@ -406,11 +416,9 @@ __device__ __forceinline__ void gds_block_copy(uint64_t dst, uint64_t src, uint6
 __device__ __forceinline__ void gds_block_copy_out(uint64_t dst, uint64_t src, uint64_t len) {
     if (len <= GDS_LEAD_COPY_MAX) {
         if (threadIdx.x >= 32) return;
-        uint32_t lanes = blockDim.x < 32 ? blockDim.x : 32;
-        uint32_t mask = lanes == 32 ? 0xFFFFFFFFu : (1u << lanes) - 1;
-        __syncwarp(mask);  // what thread 0 wrote into src (a marker) is seen by every lane
-        gds_copy_part(dst, src, len, threadIdx.x, lanes);
-        __syncwarp(mask);
+        __syncwarp(gds_warp0_mask());  // what thread 0 wrote into src (a marker) is seen by every lane
+        gds_copy_part(dst, src, len, threadIdx.x, gds_warp0_lanes());
+        __syncwarp(gds_warp0_mask());
         return;
     }
     gds_block_copy(dst, src, len);
@@ -500,9 +508,14 @@ __device__ __forceinline__ int gds_wait_value32(uint64_t addr, uint32_t value, u
 // The bytes on the wire (and in each bounce) of an LL message of len payload bytes.
 __device__ __forceinline__ uint64_t gds_ll_bytes(uint64_t len) { return (len + 3) / 4 * 8; }
 
+// How many of the len payload bytes line k carries (4, or fewer in the last line).
+__device__ __forceinline__ uint64_t gds_ll_data_bytes(uint64_t len, uint64_t k) {
+    return len - 4 * k < 4 ? len - 4 * k : 4;
+}
+
 // Line k of the payload at src (len bytes): its data bytes, zero-padded, with flag above them.
 __device__ __forceinline__ uint64_t gds_ll_line(uint64_t src, uint64_t len, uint64_t k, uint32_t flag) {
-    uint64_t at = 4 * k, n = len - at < 4 ? len - at : 4;
+    uint64_t at = 4 * k, n = gds_ll_data_bytes(len, k);
     uint32_t d = 0;
     if (n == 4 && (src & 3) == 0) {
         d = *(const volatile uint32_t *)(src + at);
@@ -522,14 +535,12 @@ __device__ __forceinline__ void gds_block_ll_pack(uint64_t dst, uint64_t src, ui
     uint64_t lines = (len + 3) / 4;
     bool warp = len <= GDS_LEAD_COPY_MAX;
     if (warp && threadIdx.x >= 32) return;
-    uint32_t lanes = blockDim.x < 32 ? blockDim.x : 32;
-    uint32_t mask = lanes == 32 ? 0xFFFFFFFFu : (1u << lanes) - 1;
-    if (warp) __syncwarp(mask);  // what thread 0 wrote into src (a marker) is seen by every lane
-    uint32_t step = warp ? lanes : blockDim.x;
+    if (warp) __syncwarp(gds_warp0_mask());  // what thread 0 wrote into src (a marker) is seen by every lane
+    uint32_t step = warp ? gds_warp0_lanes() : blockDim.x;
     for (uint64_t k = threadIdx.x; k < lines; k += step)
         *(volatile uint64_t *)(dst + 8 * k) = gds_ll_line(src, len, k, flag);
     if (warp) {
-        __syncwarp(mask);
+        __syncwarp(gds_warp0_mask());
         return;
     }
     __threadfence_system();
@@ -554,7 +565,7 @@ __device__ __forceinline__ int gds_block_ll_recv(uint64_t dst, uint64_t src, uin
             if (gds_expired(spins, &start, timeout_ns)) { late = true; break; }
         }
         if (late) break;
-        uint64_t at = 4 * k, n = len - at < 4 ? len - at : 4;
+        uint64_t at = 4 * k, n = gds_ll_data_bytes(len, k);
         if (n == 4 && (dst & 3) == 0) {
             *(uint32_t *)(dst + at) = (uint32_t)v;
         } else {

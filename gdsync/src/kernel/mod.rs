@@ -394,6 +394,8 @@ impl Drop for DescRing {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::ops_of;
+    use std::mem::{offset_of, size_of};
 
     #[test]
     fn the_ll_constants_are_the_headers() {
@@ -406,8 +408,6 @@ mod tests {
             [8, 8, 16, 16]
         );
     }
-    use crate::ops::ops_of;
-    use std::mem::{offset_of, size_of};
 
     /// Every layout the CUDA header asserts (sizes and offsets) matches the Rust types.
     #[test]
