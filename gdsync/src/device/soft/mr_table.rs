@@ -329,6 +329,25 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// The word-at-a-time path lands exactly the bytes a plain copy lands, at any offset and
+        /// length on either side of its limit.
+        #[test]
+        fn a_dma_write_lands_what_a_plain_copy_lands(
+            off in 0usize..16,
+            src in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..WORD_WRITE_MAX + 64),
+            fill in proptest::prelude::any::<u8>(),
+        ) {
+            let (mut words, mut plain) = (vec![fill; 16 + src.len()], vec![fill; 16 + src.len()]);
+            // SAFETY: off + src.len() lies inside both targets, which `src` does not overlap.
+            unsafe {
+                dma_write(words.as_mut_ptr().add(off), &src);
+                std::ptr::copy(src.as_ptr(), plain.as_mut_ptr().add(off), src.len());
+            }
+            proptest::prop_assert_eq!(words, plain);
+        }
+    }
+
     fn spec() -> MrSpec {
         MrSpec {
             pd: 1,
