@@ -2,7 +2,8 @@
 # Where a GPU trigger's time goes (docs/benchmarks.md): what each rank runs per iteration
 # (pingpong --explain), what those lists and kernel steps cost the GPU (memop_cost), and the
 # measured half round trips of the same loops, each trigger and op next to its --raw floor,
-# with and without "rung to" (--ringers). Needs a CUDA GPU and NVRTC.
+# with and without "rung to" (--ringers), and the floor with a CPU thread carrying each marker
+# (--raw --relay, the least a NIC made of CPU threads adds). Needs a CUDA GPU and NVRTC.
 # Usage: scripts/floor-accounting.sh [BIN_DIR]  (the directory of the built examples)
 set -euo pipefail
 bin=${1:-target/release}
@@ -36,6 +37,7 @@ for rep in 1 2 3; do
   run "host write" --trigger host
   for trig in stream kernel; do
     run "$trig --raw" --trigger $trig --raw
+    run "$trig --raw --relay (CPU threads carry)" --trigger $trig --raw --relay
     for op in write write-imm send; do
       run "$trig $op (ringers executors)" --trigger $trig --op $op
     done

@@ -133,6 +133,11 @@ fn bad_pingpong_arguments_are_clean_errors() {
         ),
         (&["--raw", "--op", "send"][..], "does not apply"),
         (&["--raw", "--vs-raw"][..], "give one of them"),
+        (&["--relay"][..], "--relay puts a CPU thread"),
+        (
+            &["--raw", "--relay", "--trigger", "host"][..],
+            "--relay puts a CPU thread",
+        ),
         (&["--vs-raw", "--trigger", "stream"][..], "--vs-raw applies"),
         (&["--vs-raw", "--duration", "1"][..], "use --iters"),
         (
@@ -231,6 +236,7 @@ fn pingpong_stream_loop_runs_on_a_host_stream() {
         &["--op", "write-imm"],
         &["--op", "send"],
         &["--raw"],
+        &["--raw", "--relay"],
         &["--ringers", "mixed"],
         &["--api", "mp", "--op", "send"],
     ] {
@@ -243,6 +249,12 @@ fn pingpong_stream_loop_runs_on_a_host_stream() {
         let row = stdout.lines().find(|l| l.contains("\"t_p50_us\""));
         assert!(
             row.is_some_and(|r| r.contains("\"iters\":300")),
+            "{args:?}:\n{stdout}"
+        );
+        // The row says whether CPU threads carried the markers.
+        let relayed = extra.contains(&"--relay");
+        assert!(
+            row.is_some_and(|r| r.contains(&format!("\"relay\":{relayed}"))),
             "{args:?}:\n{stdout}"
         );
     }

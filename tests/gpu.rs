@@ -772,9 +772,10 @@ fn pingpong_stages_gpu_memory_from_streams_and_kernels() {
     }
 }
 
-/// pingpong's stream and kernel loops on the GPU, every op and the `--raw` floor, with
-/// commits that publish no "rung to" (the default for these loops) and with `--ringers
-/// mixed`: each run ends (no stall, no error completion) with its row of figures.
+/// pingpong's stream and kernel loops on the GPU, every op and the `--raw` floor (direct,
+/// and relayed by CPU threads), with commits that publish no "rung to" (the default for these
+/// loops) and with `--ringers mixed`: each run ends (no stall, no error completion) with its
+/// row of figures.
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release --test gpu -- --include-ignored"]
 fn pingpong_gpu_loops_with_and_without_rung_to() {
@@ -785,6 +786,7 @@ fn pingpong_gpu_loops_with_and_without_rung_to() {
             &["--op", "write-imm"],
             &["--op", "send"],
             &["--raw"],
+            &["--raw", "--relay"],
             &["--ringers", "mixed"],
         ] {
             let mut args = vec!["--trigger", trigger, "--size", "8", "--iters", "300"];

@@ -78,6 +78,7 @@ fn explain_stream(a: &Args) -> Result<()> {
         op: a.op,
         size,
         words: [ranks[0].recv_word(size), ranks[1].recv_word(size)],
+        relay: None,
         progress: SignalWords::new(2),
     };
     for (rank, r) in ranks.iter_mut().enumerate() {
@@ -234,6 +235,7 @@ fn explain_kernel(a: &Args) -> Result<()> {
         op: a.op,
         size: a.sizes[0],
         words: [0, 0],
+        relay: None,
         progress: SignalWords::new(1),
     };
     for (rank, r) in ranks.iter_mut().enumerate() {

@@ -6,6 +6,7 @@
 //! markers, rank 1 answers with even ones. The receiver (stream, kernel or CPU) waits for the
 //! marker word (`--op write`) or for its receive completion (`write-imm`, `send`).
 
+use super::relay::Relay;
 use super::{Args, Mem, Op, Trigger};
 use crate::common::gpus::{self, Modules};
 use crate::common::payload::Payload;
@@ -471,6 +472,8 @@ pub(crate) struct StreamLoop {
     pub(crate) size: usize,
     /// Each rank's marker word (the last 4 bytes of its receive buffer).
     pub(crate) words: [u64; 2],
+    /// `--relay`: where `--raw`'s markers go instead of the peer's word.
+    pub(crate) relay: Option<Arc<Relay>>,
     /// Rank 0's progress word (word 0), which its CPU timestamps.
     pub(crate) progress: SignalWords,
 }
@@ -549,6 +552,11 @@ impl StreamLoop {
         parts: &mut Vec<(&'static str, Ops)>,
     ) -> Result<()> {
         let mine = (2 * i + 1 + rank as u64) as u32;
+        if let (true, Some(relay)) = (self.raw, &self.relay) {
+            let w = relay.words().write32(Relay::slot(rank), mine);
+            parts.push(("marker to the relay", w));
+            return Ok(());
+        }
         if self.raw {
             // SAFETY: the word lies in the peer's leaked receive buffer.
             let w = unsafe { marker_write(self.words[1 - rank], mine) };
@@ -586,14 +594,17 @@ impl StreamLoop {
 /// Each rank's CPU thread enqueues its iterations on its own stream, a few ahead; rank 0's
 /// stream bumps a progress word after each round trip, which its CPU timestamps.
 fn stream_run(args: &Args, size: usize, iters: u64, r0: Rank, r1: Rank) -> Result<Vec<f64>> {
+    let words = [
+        r0.rbuf_addr + size as u64 - 4,
+        r1.rbuf_addr + size as u64 - 4,
+    ];
+    let relay = args.relay.then(|| Relay::start(words)).transpose()?;
     let lp = Arc::new(StreamLoop {
         raw: args.raw,
         op: args.op,
         size,
-        words: [
-            r0.rbuf_addr + size as u64 - 4,
-            r1.rbuf_addr + size as u64 - 4,
-        ],
+        words,
+        relay: relay.map(Arc::new),
         progress: SignalWords::new(2),
     });
     let barrier = Arc::new(Barrier::new(2));
@@ -720,12 +731,16 @@ fn kernel_run(
     ];
     let ring_waits = !args.raw && args.op != Op::Write;
     let (raw, op) = (args.raw, args.op);
+    // Kept until the kernels are done (the streams are synchronised before it is dropped).
+    let relay = args.relay.then(|| Relay::start(words)).transpose()?;
     let streams = [CudaStream::new(gpus::of(0))?, CudaStream::new(gpus::of(1))?];
     let mut rings = [DescRing::new(64), DescRing::new(64)];
     let ranks = [r0, r1];
     for rank in 0..2 {
         let r = &ranks[rank];
-        let out_word = if raw {
+        let out_word = if let Some(relay) = &relay {
+            relay.words().gpu_addr(Relay::slot(rank))
+        } else if raw {
             words[1 - rank]
         } else {
             r.sbuf_addr + size as u64 - 4

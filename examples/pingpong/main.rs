@@ -39,6 +39,7 @@ mod nic;
 mod ranks;
 mod raw;
 mod read;
+mod relay;
 mod report;
 mod shm;
 mod wire;
@@ -115,6 +116,11 @@ struct Cli {
     /// Replace the NIC with direct stores into the peer's memory (the floor of the run).
     #[arg(long)]
     raw: bool,
+    /// With --raw (--trigger stream|kernel, --mem host): each rank stores its marker into a
+    /// word of its own, and a CPU thread per rank copies it into the peer's buffer, as the soft
+    /// device's engine thread carries a doorbell: the floor of a NIC made of CPU threads.
+    #[arg(long)]
+    relay: bool,
     /// Also measure the --raw floor in the same run (--trigger cpu): blocks of round trips
     /// alternate between the NIC and direct stores, so both see the same cores and load;
     /// each row adds the floor's p50 and the ratio.
@@ -219,6 +225,8 @@ struct Args {
     op: Op,
     trigger: Trigger,
     raw: bool,
+    /// `--relay`: a CPU thread per rank carries `--raw`'s markers.
+    relay: bool,
     vs_raw: bool,
     mem: Mem,
     /// With --mem device: how GPU payloads reach the NIC, and why (`None`: host memory,
@@ -335,6 +343,7 @@ impl Args {
             op,
             trigger: c.trigger,
             raw: c.raw,
+            relay: c.relay,
             vs_raw: c.vs_raw,
             mem: c.mem,
             gpu_memory,
@@ -455,6 +464,14 @@ fn check_flags(c: &Cli, op: Op) -> Result<()> {
         "--raw stores into the peer's memory: --op does not apply",
     )?;
     refuse_if(
+        c.relay
+            && !(c.raw
+                && matches!(c.trigger, Trigger::Stream | Trigger::Kernel)
+                && c.mem == Mem::Host
+                && !c.explain),
+        "--relay puts a CPU thread into --raw's loop: it applies to --raw --trigger stream|kernel --mem host (runs, not --explain)",
+    )?;
+    refuse_if(
         c.raw && c.shared_device,
         "--raw uses no device: --shared-device does not apply",
     )?;
@@ -551,7 +568,9 @@ fn refuse_if(refused: bool, why: &str) -> Result<()> {
 
 /// What runs where, for the header and every JSON row.
 fn header(a: &Args) -> Result<Header> {
-    let link = if a.raw {
+    let link = if a.relay {
+        "stores relayed by a CPU thread per rank"
+    } else if a.raw {
         "direct stores"
     } else if is_rdma(&a.device) {
         // QPs of one RDMA port reach each other through the HCA, in one process or two.
@@ -588,6 +607,7 @@ fn header(a: &Args) -> Result<Header> {
             },
         )
         .field("raw", a.raw)
+        .field("relay", a.relay)
         .field("vs_raw", a.vs_raw)
         .field("mem", name(a.mem))
         .field(
