@@ -96,7 +96,11 @@ fn explain_stream(a: &Args) -> Result<()> {
             for (part, ops) in parts {
                 if show {
                     let kinds: Vec<String> = ops.as_slice().iter().map(kind).collect();
-                    outln!("    {part:<14} {}", kinds.join(" "));
+                    let late = match ops.deferred_len() {
+                        0 => String::new(),
+                        n => format!(" (the last {n} after what follows, before the next wait)"),
+                    };
+                    outln!("    {part:<14} {}{late}", kinds.join(" "));
                 }
                 all.append(ops);
             }

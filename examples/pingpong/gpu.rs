@@ -510,7 +510,9 @@ impl StreamLoop {
     ) -> Result<Vec<(&'static str, Ops)>> {
         let wait = |r: &Rank, j: u64| -> Result<(&'static str, Ops)> {
             Ok(if self.ring_waits() {
-                ("receive wait", r.qp.recv_wait_ops(&r.recvs[j as usize])?)
+                // Its retirement (the CQ's consumer index) after the send that follows.
+                let w = r.qp.recv_wait_ops(&r.recvs[j as usize])?;
+                ("receive wait", w.retire_late())
             } else {
                 let theirs = (2 * j + 2 - rank as u64) as u32;
                 // SAFETY: the word lies in this rank's leaked receive buffer.

@@ -147,8 +147,14 @@ pub struct Ops {
     ops: SmallVec<[Op; 4]>,
     keep: SmallVec<[KeepAlive; 2]>,
     /// `Some((start, qp))`: `ops[start..]` rings the doorbell of the send queue `qp` (its
-    /// doorbell record's address) and nothing follows it.
+    /// doorbell record's address) and nothing follows it but the deferred stores.
     ring_tail: Option<(usize, u64)>,
+    /// The last `retire` ops store a completion's retirement (the CQ's consumer index, a
+    /// ring's retired counter): what [`retire_late`](Self::retire_late) defers.
+    retire: usize,
+    /// The last `deferred` ops are retirement stores that [`append`](Self::append) keeps at
+    /// the end, until a list with a wait is appended.
+    deferred: usize,
 }
 
 impl std::fmt::Debug for Ops {
@@ -180,7 +186,30 @@ impl Ops {
     /// is dropped: the later one exposes every request the earlier one did (one doorbell for
     /// several requests, as `ibv_post_send` rings once for a list), and an executor saves
     /// the stores.
-    pub fn append(&mut self, other: Ops) {
+    ///
+    /// Retirement stores deferred with [`retire_late`](Self::retire_late) stay at the end:
+    /// `other`'s operations go before them, unless `other` waits (a wait never runs before a
+    /// retirement stored ahead of it in the list, so that no wait can depend on one held back).
+    pub fn append(&mut self, mut other: Ops) {
+        let waits = other.ops[..other.ordinary_len()].iter().any(Op::is_wait);
+        let mut held = SmallVec::<[Op; 4]>::new();
+        if waits && self.deferred > 0 {
+            // Stores follow the ring now: it can no longer be merged with a later one.
+            self.ring_tail = None;
+        } else {
+            held.extend(self.ops.drain(self.ordinary_len()..));
+        }
+        held.extend(other.ops.drain(other.ordinary_len()..));
+        self.deferred = 0;
+        other.deferred = 0;
+        self.append_ordinary(other);
+        self.deferred = held.len();
+        self.ops.extend(held);
+        self.retire = 0;
+    }
+
+    /// [`append`](Self::append) of a list without deferred stores onto one without any.
+    fn append_ordinary(&mut self, other: Ops) {
         let base = match (self.ring_tail, other.ring_tail) {
             (Some((start, a)), Some((0, b))) if a == b => {
                 self.ops.truncate(start);
@@ -193,6 +222,41 @@ impl Ops {
         for k in other.keep {
             self.keep_alive(k);
         }
+    }
+    /// Operations before the deferred stores.
+    fn ordinary_len(&self) -> usize {
+        self.ops.len() - self.deferred
+    }
+    /// Lets what is appended to this list later run before its last operations, the stores
+    /// that retire the completion it waits for (the consumer index, a retired counter), until
+    /// a list with a wait is appended: the work that follows the wait (a send's doorbell,
+    /// say) starts an operation or two earlier, and the retirement runs after it. The
+    /// retirement still runs in this list, after its wait, so whoever learns of the
+    /// completion from it learns of it a few operations later, and nothing else changes. A
+    /// CQ's consumer index must be stored before the CQ could fill up: a list that defers it
+    /// past a further few operations is always in time.
+    ///
+    /// Lists other than completion waits have no retirement stores: for them this does
+    /// nothing.
+    pub fn retire_late(mut self) -> Self {
+        self.deferred = self.retire;
+        self
+    }
+    /// Number of operations at the end that [`append`](Self::append) keeps last.
+    pub fn deferred_len(&self) -> usize {
+        self.deferred
+    }
+    /// Appends a store that retires a completion this list waits for (the consumer index, a
+    /// retired counter): it may be deferred with [`retire_late`](Self::retire_late).
+    pub(crate) fn push_retire(&mut self, op: Op, keep: &KeepAlive) {
+        let retire = self.retire;
+        self.push(op, keep);
+        self.retire = retire + 1;
+    }
+    /// Ends the deferral: later pushes go after the deferred stores, as written.
+    fn settle(&mut self) {
+        self.deferred = 0;
+        self.retire = 0;
     }
     /// Marks the whole list as the ring of the doorbell whose record is at `dbrec`, so that
     /// [`append`](Self::append) can merge it with a ring of the same queue just before it.
@@ -216,11 +280,13 @@ impl Ops {
     /// every executor that runs this list has finished with it: for a stream, until it has
     /// passed the list, whatever handle the memory came from has been dropped meanwhile.
     pub unsafe fn push_raw(&mut self, op: Op) {
+        self.settle();
         self.ops.push(op);
         self.ring_tail = None;
     }
     /// Appends an op whose memory is kept alive by `keep` (library-internal).
     pub(crate) fn push(&mut self, op: Op, keep: &KeepAlive) {
+        self.settle();
         self.ops.push(op);
         self.ring_tail = None;
         self.keep_alive(keep.clone());
@@ -228,6 +294,7 @@ impl Ops {
     /// Appends a copy of `len` bytes from `src` to `dst`, keeping `keep` (the memory of both
     /// sides) alive with the list (library-internal).
     pub(crate) fn push_copy(&mut self, dst: u64, src: u64, len: u64, keep: &[&KeepAlive]) {
+        self.settle();
         self.ops.push(Op::Copy { dst, src, len });
         self.ring_tail = None;
         for k in keep {
@@ -295,3 +362,7 @@ pub(crate) unsafe fn ops_of(ops: &[Op]) -> Ops {
     }
     l
 }
+
+#[cfg(test)]
+#[path = "ops_tests.rs"]
+mod tests;

@@ -392,7 +392,7 @@ pub(crate) fn wait_ops(s: &Arc<CqShared>, n: u64, between: Ops) -> Result<Ops> {
     // doorbell record's memory (where a GPU executor finds its address) and `hold`, which
     // keeps the completions up to `n` reserved until the list has run or is dropped.
     let dbrec: KeepAlive = s.dbrec.mem.clone();
-    ops.push(
+    ops.push_retire(
         Op::Write32 {
             addr: s.dbrec.addr(),
             value: cq_ci_value(n + 1).native(),

@@ -28,7 +28,7 @@ impl Qp {
         ))?;
         let mut ops = wait_ops(&self.shared.send_cq, n, Ops::new())?;
         let keep = self.shared.keep();
-        ops.push(
+        ops.push_retire(
             Op::Write64 {
                 addr: self.shared.ctrl.addr(QP_SQ_RETIRED),
                 value: t.end,
@@ -56,7 +56,7 @@ impl Qp {
         // numbering does not tell (then the receive ring's retired counter is stored too).
         if self.shared.rq_base() != Some(n.wrapping_sub(t.index)) {
             let keep = self.shared.keep();
-            ops.push(
+            ops.push_retire(
                 Op::Write64 {
                     addr: self.shared.ctrl.addr(QP_RQ_RETIRED),
                     value: t.index + 1,

@@ -195,9 +195,12 @@ impl Comm {
             Some(Ticket::Recv(t)) => {
                 let copy = self.stage_exec_copy(r, false)?;
                 let p = self.peers.get_mut(peer)?;
-                p.qp.recv_wait_ops_then(&t, copy).inspect_err(|_| {
+                // Its retirement after what the caller batches next (a send's doorbell runs
+                // an operation earlier), still before any later wait.
+                let wait = p.qp.recv_wait_ops_then(&t, copy).inspect_err(|_| {
                     self.stage_exec_copy_undone(r);
-                })?
+                })?;
+                wait.retire_late()
             }
             None => unreachable!("a request with a completion number has a ticket"),
         };
