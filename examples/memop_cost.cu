@@ -10,11 +10,17 @@
 // gds_ring_fetch_n, 8 one 16-byte load that bypasses the cache (__ldcv), 9 five of them
 // issued together (one entry's worth), 10 five 8-byte ld.relaxed.sys, 11 five lanes of the
 // warp loading 16 bytes each at once, 12 and 13 one and two entries fetched by the warp
-// (gds_ring_fetch_warp). Kinds 11-13 run on the whole warp, the others on lane 0. The ring's
-// entries lie at w + 256 (80 bytes each, the host fills their sequence numbers), its consumed
-// counter at w + 512.
+// (gds_ring_fetch_warp), 14 the marker then a send as mp's kernel channels post it
+// (gds_qp_post_send: the WQE composed and stored, then rung), 15 seven more stores before the
+// marker and send of kind 1, 16 a completion wait (gds_wait) then the marker and send (a pp
+// rank's answer), 17 the same as mp's channel answers (a satisfied poll, the four stores of
+// gds_peer_wait_recv, the marker, gds_qp_post_send). Kinds 11-13 run on the whole warp, the
+// others on lane 0. The ring's entries lie at w + 256 (80 bytes each, the host fills their
+// sequence numbers), its consumed counter at w + 512; kinds 14 and 17 use a send ring of four
+// WQEBBs at w + 768 and the QP's host copies at w + 576.
 extern "C" __global__ void seq(int kind, uint64_t n, uint64_t w, uint64_t out) {
-    if (kind != 11 && kind < 12 && threadIdx.x != 0) return;
+    bool warp = kind >= 11 && kind <= 13;
+    if (!warp && threadIdx.x != 0) return;
     gds_send_desc s = {};
     s.dbrec = w; s.db = w + 8; s.db_value = 1; s.dbrec_value = 1;
     if (kind == 2) { s.rung = w + 16; s.rung_value = 1; }
@@ -22,6 +28,8 @@ extern "C" __global__ void seq(int kind, uint64_t n, uint64_t w, uint64_t out) {
     d.word = w + 64; d.cond = GDS_COND_GEQ; d.ci_rec = w + 24; d.ci_value = 1;
     d.retired = w + 32; d.retired_value = 1;
     gds_desc_ring ring = {w + 256, w + 512, 8, 0};
+    gds_qp qp = {};
+    qp.sq = w + 768; qp.dbrec = w; qp.db = w + 8; qp.state = w + 576; qp.sq_wqebbs = 4; qp.qpn = 1;
     gds_desc e[3];
     uint64_t sink = 0;
     uint64_t t0 = gds_now_ns();
@@ -51,6 +59,21 @@ extern "C" __global__ void seq(int kind, uint64_t n, uint64_t w, uint64_t out) {
             ulonglong2 a = __ldcv((const ulonglong2 *)(w + 256) + (threadIdx.x % 5));
             __syncwarp();
             sink += a.x;
+        }
+        if (kind == 14 || kind == 17) {
+            if (kind == 17) {
+                gds_wait_value32(w + 64, 0, GDS_COND_GEQ, 1000000000ull);
+                for (int j = 0; j < 4; j++) *(volatile uint64_t *)(w + 600 + 8 * j) = i;
+            }
+            *(volatile uint32_t *)(w + 40) = (uint32_t)i;
+            qp.send_cq.wq_ci = qp.sq_pi;  // the ring always has room
+            gds_qp_post_send(&qp, GDS_OP_SEND, w + 40, 1, 8, 0, 0, 0, 0);
+        }
+        if (kind == 15 || kind == 16) {
+            if (kind == 15) for (int j = 0; j < 7; j++) *(volatile uint64_t *)(w + 600 + 8 * j) = i;
+            if (kind == 16) gds_wait(&d, 1000000000ull);
+            *(volatile uint32_t *)(w + 40) = (uint32_t)i;
+            gds_send(&s);
         }
         if (kind == 12 || kind == 13) { gds_ring_fetch_warp(&ring, 0, kind - 11, e, 1000000000ull); sink += e[kind - 12].seq; }
     }
