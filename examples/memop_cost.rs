@@ -66,7 +66,7 @@ const SEQS: [&str; 18] = [
     "two descriptors fetched by a warp (gds_ring_fetch_warp)",
     "marker + send as mp posts it (gds_qp_post_send: WQE composed, stored, rung)",
     "seven more stores, then marker + send",
-    "completion wait + marker + send (a pp rank's answer)",
+    "completion wait + marker + send (a pp rank's answer, without its descriptor fetches)",
     "poll + 4 stores + marker + gds_qp_post_send (an mp channel's answer)",
 ];
 /// Signal words: 0..8 written by the lists, 8 waited on (always satisfied), 9 the gate.

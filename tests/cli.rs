@@ -138,6 +138,14 @@ fn bad_pingpong_arguments_are_clean_errors() {
             &["--raw", "--relay", "--trigger", "host"][..],
             "--relay puts a CPU thread",
         ),
+        (
+            &["--raw", "--relay", "--trigger", "stream", "--explain"][..],
+            "--relay puts a CPU thread",
+        ),
+        (
+            &["--raw", "--relay", "--trigger", "kernel", "--mem", "device"][..],
+            "--relay puts a CPU thread",
+        ),
         (&["--vs-raw", "--trigger", "stream"][..], "--vs-raw applies"),
         (&["--vs-raw", "--duration", "1"][..], "use --iters"),
         (
@@ -226,9 +234,10 @@ fn bad_pingpong_arguments_are_clean_errors() {
 }
 
 /// The stream loop of `pingpong --trigger stream` runs to the end on a host stream (no GPU)
-/// for every op, its `--raw` floor, `--ringers mixed` and `--api mp`: each list begins with its wait,
-/// rank 0 has one list more (the last answer's wait), and rank 1's queues outlive its
-/// stream until rank 0 has seen its last message.
+/// for every op, its `--raw` floor (direct, and relayed by CPU threads: the row says which),
+/// `--ringers mixed` and `--api mp`: each list begins with its wait, rank 0 has one list more
+/// (the last answer's wait), and rank 1's queues outlive its stream until rank 0 has seen its
+/// last message.
 #[test]
 fn pingpong_stream_loop_runs_on_a_host_stream() {
     for extra in [

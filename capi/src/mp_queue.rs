@@ -229,7 +229,10 @@ fn run(d: &Desc, out: &Collect) -> Res<()> {
             ops.push_raw(Op::Wait32 { addr, value, cond })
         },
         &Desc::Write32 { addr, value } => {
-            // Ordered after the stream's earlier work, as LibMP's write descriptor.
+            // Ordered after the stream's earlier work, as LibMP's write descriptor: after the
+            // retirement of a receive waited for before it too (a CPU that sees the word may
+            // test the request at once).
+            out.0.borrow_mut().retire_now();
             ops = Ops::barrier();
             // SAFETY: as for Wait32.
             unsafe { ops.push_raw(Op::Write32 { addr, value }) };

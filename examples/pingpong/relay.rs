@@ -1,6 +1,6 @@
 //! `--raw --relay`: the `--raw` loop with a CPU thread in each direction. Each rank stores its
-//! marker into a word of its own instead of the peer's buffer, and a thread per rank, spinning
-//! on its core, copies each new value into the peer's receive word, as the soft device's
+//! marker into a word of its own instead of the peer's buffer, and a thread per rank, spinning,
+//! copies each new value into the peer's receive word, as the soft device's
 //! engine thread carries a doorbell the GPU stored to the peer's memory. The thread does
 //! nothing else (no WQE, no link, no completion), so the loop is the floor of any NIC made of
 //! CPU threads: what the GPU's store costs to reach a CPU and the CPU's store to reach the
@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-/// Index of rank `rank`'s word in the relay's [`SignalWords`]: 128 bytes apart, so the two
-/// ranks' stores and their threads' loads never share a cache line.
+/// Index of rank `rank`'s word in the relay's [`SignalWords`] (64-bit words): 256 bytes apart,
+/// so the two ranks' stores and their threads' loads never share a cache line.
 const fn slot(rank: usize) -> usize {
     rank * 32
 }
@@ -29,21 +29,20 @@ impl Relay {
     /// peer's receive word (pinned host memory leaked for the process's life, as `--raw`'s
     /// buffers are).
     pub(crate) fn start(dest: [u64; 2]) -> std::io::Result<Relay> {
-        let words = Arc::new(SignalWords::new(slot(1) + 1));
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut threads = Vec::with_capacity(2);
+        let mut relay = Relay {
+            words: Arc::new(SignalWords::new(slot(1) + 1)),
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: Vec::with_capacity(2),
+        };
         for rank in 0..2 {
-            let (words, stop, to) = (words.clone(), stop.clone(), dest[1 - rank]);
+            let (words, stop, to) = (relay.words.clone(), relay.stop.clone(), dest[1 - rank]);
+            // (A failed spawn drops `relay`, which stops the thread already started.)
             let t = std::thread::Builder::new()
                 .name(format!("relay {rank}"))
                 .spawn(move || carry(&words, slot(rank), to, &stop))?;
-            threads.push(t);
+            relay.threads.push(t);
         }
-        Ok(Relay {
-            words,
-            stop,
-            threads,
-        })
+        Ok(relay)
     }
 
     /// The words the ranks store their markers into, for lists that keep them alive.

@@ -194,7 +194,8 @@ impl Ops {
         let waits = other.ops[..other.ordinary_len()].iter().any(Op::is_wait);
         let mut held = SmallVec::<[Op; 4]>::new();
         if waits && self.deferred > 0 {
-            // Stores follow the ring now: it can no longer be merged with a later one.
+            // Stores follow the ring now: it can no longer be merged with a later one. (A list
+            // with a wait never starts with a ring of its own, so this is defensive.)
             self.ring_tail = None;
         } else {
             held.extend(self.ops.drain(self.ordinary_len()..));
@@ -232,15 +233,27 @@ impl Ops {
     /// a list with a wait is appended: the work that follows the wait (a send's doorbell,
     /// say) starts an operation or two earlier, and the retirement runs after it. The
     /// retirement still runs in this list, after its wait, so whoever learns of the
-    /// completion from it learns of it a few operations later, and nothing else changes. A
-    /// CQ's consumer index must be stored before the CQ could fill up: a list that defers it
-    /// past a further few operations is always in time.
+    /// completion from it learns of it that much later, and nothing else changes. A CQ fills
+    /// only with completions of posted work, and a receive's slot is posted again only once
+    /// its retirement is seen, so deferring the consumer index delays reposting, never
+    /// overruns the CQ. A CPU that learns of the completion from a store appended after the
+    /// wait (a flag) may see it before the retirement: call [`retire_now`](Self::retire_now)
+    /// before appending such a store.
     ///
     /// Lists other than completion waits have no retirement stores: for them this does
     /// nothing.
     pub fn retire_late(mut self) -> Self {
         self.deferred = self.retire;
         self
+    }
+    /// Ends the deferral: the retirement stores held at the end of the list run before anything
+    /// appended from now on, as written.
+    pub fn retire_now(&mut self) {
+        if self.deferred > 0 {
+            // Stores follow the ring now: it can no longer be merged with a later one.
+            self.ring_tail = None;
+        }
+        self.settle();
     }
     /// Number of operations at the end that [`append`](Self::append) keeps last.
     pub fn deferred_len(&self) -> usize {

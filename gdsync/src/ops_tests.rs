@@ -82,6 +82,20 @@ fn two_late_retirements_keep_their_order_at_the_end() {
 }
 
 #[test]
+fn retire_now_ends_the_deferral() {
+    let ci = w32(0x200, 5);
+    let mut l = completion_wait(&[ci]).retire_late();
+    l.append(list(&[w32(0x300, 1)]));
+    l.retire_now();
+    assert_eq!(l.deferred_len(), 0);
+    l.append(list(&[w32(0x400, 2)]));
+    assert_eq!(
+        l.as_slice(),
+        &[wait(0x100), w32(0x300, 1), ci, w32(0x400, 2)]
+    );
+}
+
+#[test]
 fn without_retire_late_the_order_is_as_written() {
     let ci = w32(0x200, 5);
     let mut l = completion_wait(&[ci]);

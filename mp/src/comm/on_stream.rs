@@ -149,8 +149,12 @@ impl Comm {
     }
 
     /// Makes `exec` wait for request `r` (and consume its completion); the request is then
-    /// complete once the executor has passed the wait ([`Comm::wait`] still reports errors
-    /// and releases it).
+    /// complete once the executor has passed the wait and its retirement ([`Comm::wait`] still
+    /// reports errors and releases it). A receive's retirement runs after what is batched after
+    /// the wait in the same list (an [`OpBatch`](gdsync::exec::OpBatch)), up to the next wait
+    /// ([`Ops::retire_late`]): a send that answers it rings an operation earlier. A flag
+    /// batched after the wait for a CPU to see may therefore come before the retirement: the
+    /// CPU's [`Comm::test`] says when the request is complete.
     pub fn wait_on(&mut self, r: Request, exec: &impl Executor) -> Result<()> {
         if let Some(i) = self.chunk_index(r) {
             return self.wait_on_chunked(i, exec);
