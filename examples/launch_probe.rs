@@ -1,10 +1,10 @@
 //! Probes whether a kernel's first launch in a context runs while another stream of the
 //! context waits (a stream memory wait that the host releases only after 3 s), for kernels
 //! with and without local memory; prints one line. One probe per process (first launches
-//! happen once per context). Also prints the stencil kernels' local memory.
+//! happen once per context). Also prints the stencil and pingpong kernels' local memory.
 //!
 //! ```text
-//! cargo run --release --bin launch_probe -- plain|local-small|local-big|stencil
+//! cargo run --release --bin launch_probe -- plain|local-small|local-big|stencil|pingpong
 //! ```
 
 #[path = "common/mod.rs"]
@@ -32,6 +32,8 @@ enum Mode {
     LocalBig,
     /// Print the local memory of the stencil2d kernels (no probe).
     Stencil,
+    /// Print the local memory of pingpong's kernels (no probe).
+    Pingpong,
 }
 
 #[derive(Parser)]
@@ -67,6 +69,18 @@ fn main() -> ExitCode {
     args.tool.run(|| probe(args.mode))
 }
 
+/// The local memory of pingpong's kernels.
+fn pingpong_locals() -> Result<()> {
+    let m = Module::compile(0, include_str!("pingpong/kernels.cu"))?;
+    for name in ["pp", "pp_staged", "pp_read", "mp_pp", "mp_pp_put", "mp_pp_get", "mp_pp_staged"] {
+        outln!(
+            "pingpong kernel {name}: {} local bytes per thread",
+            m.function(name)?.local_bytes()?
+        );
+    }
+    Ok(())
+}
+
 /// The local memory of the stencil2d kernels.
 fn stencil_locals() -> Result<()> {
     let src = include_str!("stencil2d/kernels.cu");
@@ -89,6 +103,7 @@ fn probe(mode: Mode) -> Result<()> {
         Mode::LocalSmall => "local_small",
         Mode::LocalBig => "local_big",
         Mode::Stencil => return stencil_locals(),
+        Mode::Pingpong => return pingpong_locals(),
     };
     let mode = common::name(mode);
     let m = Module::compile(0, KERNELS)?;

@@ -14,7 +14,9 @@
 // (gds_qp_post_send: the WQE composed and stored, then rung), 15 seven more stores before the
 // marker and send of kind 1, 16 a completion wait (gds_wait) then the marker and send (a pp
 // rank's answer), 17 the same as mp's channel answers (a satisfied poll, the four stores of
-// gds_peer_wait_recv, the marker, gds_qp_post_send). Kinds 11-13 run on the whole warp, the
+// gds_peer_wait_recv, the marker, gds_qp_post_send), 18 kind 14 on a send ring of 128
+// WQEBBs (each send writes a line it has not written for 127 sends, as an mp channel's ring
+// of that depth does). Kinds 11-13 run on the whole warp, the
 // others on lane 0. The ring's entries lie at w + 256 (80 bytes each, the host fills their
 // sequence numbers), its consumed counter at w + 512; kinds 14 and 17 use a send ring of four
 // WQEBBs at w + 768 and the QP's host copies at w + 576.
@@ -30,6 +32,7 @@ extern "C" __global__ void seq(int kind, uint64_t n, uint64_t w, uint64_t out) {
     gds_desc_ring ring = {w + 256, w + 512, 8, 0};
     gds_qp qp = {};
     qp.sq = w + 768; qp.dbrec = w; qp.db = w + 8; qp.state = w + 576; qp.sq_wqebbs = 4; qp.qpn = 1;
+    if (kind == 18) { qp.sq = w + 1280; qp.sq_wqebbs = 128; }
     gds_desc e[3];
     uint64_t sink = 0;
     uint64_t t0 = gds_now_ns();
@@ -60,7 +63,7 @@ extern "C" __global__ void seq(int kind, uint64_t n, uint64_t w, uint64_t out) {
             __syncwarp();
             sink += a.x;
         }
-        if (kind == 14 || kind == 17) {
+        if (kind == 14 || kind == 17 || kind == 18) {
             if (kind == 17) {
                 gds_wait_value32(w + 64, 0, GDS_COND_GEQ, 1000000000ull);
                 for (int j = 0; j < 4; j++) *(volatile uint64_t *)(w + 600 + 8 * j) = i;

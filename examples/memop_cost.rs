@@ -49,7 +49,7 @@ const EMPTY: &str = "extern \"C\" __global__ void empty(unsigned long long x) {}
 /// rounds goes to `out`.
 const SEQ: &str = include_str!("memop_cost.cu");
 /// The sequences `SEQ` times, by kind.
-const SEQS: [&str; 18] = [
+const SEQS: [&str; 19] = [
     "raw marker to peer: fence.sys; st; fence.sys",
     "marker + send: st; fence.sys; st dbrec; fence.sys; st doorbell",
     "marker + send + rung-to: ... ; st.release.sys rung-to",
@@ -68,6 +68,7 @@ const SEQS: [&str; 18] = [
     "seven more stores, then marker + send",
     "completion wait + marker + send (a pp rank's answer, without its descriptor fetches)",
     "poll + 4 stores + marker + gds_qp_post_send (an mp channel's answer)",
+    "marker + send as mp posts it, on a ring of 128 WQEBBs",
 ];
 /// Signal words: 0..8 written by the lists, 8 waited on (always satisfied), 9 the gate.
 const WAITED: usize = 8;
@@ -201,8 +202,9 @@ fn kernel_steps() -> Result<()> {
     let s = CudaStream::new(0)?;
     // Words 0..8 stored, 8 polled; a descriptor ring's entries from byte 256 (word 32, 80
     // bytes each) with their sequence numbers filled, its consumed counter at byte 512; a
-    // QP's host copies from byte 576, more stored words from 600, a send ring from 768.
-    let w = SignalWords::new(160);
+    // QP's host copies from byte 576, more stored words from 600, a send ring from 768 (from
+    // 1280, 8 KiB, for the ring of 128 WQEBBs).
+    let w = SignalWords::new(1200);
     for k in 0..3 {
         w.store64(32 + 10 * k, k as u64 + 1);
     }
