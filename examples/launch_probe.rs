@@ -72,7 +72,15 @@ fn main() -> ExitCode {
 /// The local memory of pingpong's kernels.
 fn pingpong_locals() -> Result<()> {
     let m = Module::compile(0, include_str!("pingpong/kernels.cu"))?;
-    for name in ["pp", "pp_staged", "pp_read", "mp_pp", "mp_pp_put", "mp_pp_get", "mp_pp_staged"] {
+    for name in [
+        "pp",
+        "pp_staged",
+        "pp_read",
+        "mp_pp",
+        "mp_pp_put",
+        "mp_pp_get",
+        "mp_pp_staged",
+    ] {
         outln!(
             "pingpong kernel {name}: {} local bytes per thread",
             m.function(name)?.local_bytes()?
