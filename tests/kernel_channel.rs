@@ -804,6 +804,110 @@ fn kernel_channels_ping_pong_between_thread_ranks() {
     }
 }
 
+/// Prepared sends (`gds_peer_prepare_send`, then `gds_peer_ring_send` once the data is in
+/// place), as `pingpong --api mp --trigger kernel` answers: each rank prepares its next send
+/// while the peer works and rings it after its wait; every message lands byte for byte, the
+/// bytes written after the prepare included, and the counters add up. While a send is
+/// prepared the channel refuses a credit, a second prepare and a wait's NOP; a ring with
+/// nothing prepared is refused.
+#[test]
+#[cfg_attr(
+    not(clang_cuda),
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
+)]
+fn kernel_channels_ring_sends_prepared_ahead() {
+    const ITERS: u64 = 600;
+    const MAX: usize = 256;
+    let results = kernel_channel_ranks(8, |comm, ch| {
+        let (me, peer) = (comm.rank(), 1 - comm.rank());
+        let (buf, mr) = pinned(comm.pd(), 2 * MAX);
+        let len = |i: u64| 4 + (i as usize * 37) % (MAX - 4);
+        let (send_at, recv_at) = (buf.addr(), buf.addr() + MAX as u64);
+        let mut p: PeerDesc = ch.desc(peer).unwrap();
+        assert_eq!(
+            gds::peer_ring_send(&mut p),
+            code::INVALID,
+            "nothing prepared"
+        );
+        // Receives for the first messages, one credit.
+        for _ in 0..4 {
+            assert_eq!(
+                gds::peer_post_recv(&mut p, recv_at, mr.lkey(), MAX as u32),
+                code::OK
+            );
+        }
+        assert_eq!(gds::peer_give_credit(&mut p, TIMEOUT_NS), code::OK);
+        let prepare = |p: &mut PeerDesc, i: u64| {
+            let flags = if i % 8 == 7 || i + 1 == ITERS {
+                gds::SIGNALED
+            } else {
+                0
+            };
+            let rc =
+                gds::peer_prepare_send(p, send_at, mr.lkey(), len(i) as u32, flags, TIMEOUT_NS);
+            assert_eq!(rc, code::OK, "{me}: prepare {i}");
+        };
+        prepare(&mut p, 0);
+        // While prepared: no second prepare, no credit, no NOP of a wait for sends.
+        assert_eq!(
+            gds::peer_prepare_send(&mut p, send_at, mr.lkey(), 4, 0, TIMEOUT_NS),
+            code::INVALID
+        );
+        assert_eq!(
+            gds::peer_post_recv(&mut p, recv_at, mr.lkey(), MAX as u32),
+            code::OK
+        );
+        assert_eq!(gds::peer_give_credit(&mut p, TIMEOUT_NS), code::INVALID);
+        assert_eq!(gds::peer_wait_send(&mut p, TIMEOUT_NS), code::INVALID);
+        let recv = |p: &mut PeerDesc, i: u64| {
+            let mut got = 0u32;
+            let rc = gds::peer_wait_recv(p, Some(&mut got), TIMEOUT_NS);
+            assert_eq!(rc, code::OK, "{me}: receive {i}");
+            assert_eq!(got as usize, len(i));
+            assert_eq!(read(recv_at, len(i)), message(i, peer as u8, len(i)));
+        };
+        for i in 0..ITERS {
+            if me == 1 {
+                recv(&mut p, i);
+            }
+            // The data goes in after the prepare, before the ring.
+            write(send_at, &message(i, me as u8, len(i)));
+            assert_eq!(gds::peer_ring_send(&mut p), code::OK, "{me}: ring {i}");
+            // The send just rung completes before its buffer is written again; then the
+            // receive consumed is posted again, credited, and the next send prepared.
+            assert_eq!(
+                gds::peer_wait_send(&mut p, TIMEOUT_NS),
+                code::OK,
+                "{me}: send {i}"
+            );
+            if me == 0 {
+                recv(&mut p, i);
+            }
+            if i + 1 < ITERS {
+                if i > 0 || me == 1 {
+                    let rc = gds::peer_post_recv(&mut p, recv_at, mr.lkey(), MAX as u32);
+                    assert_eq!(rc, code::OK);
+                }
+                assert_eq!(gds::peer_give_credit(&mut p, TIMEOUT_NS), code::OK);
+                prepare(&mut p, i + 1);
+            }
+        }
+        ch.progress(peer).unwrap()
+    });
+    for st in results {
+        assert_eq!(
+            (
+                st.sends,
+                st.sends_waited,
+                st.sends_done,
+                st.recvs_waited,
+                st.error
+            ),
+            (ITERS, ITERS, ITERS, ITERS, 0)
+        );
+    }
+}
+
 /// Kernel-channel failures come back as codes: a send with no receive posted times out
 /// (nothing sent), a message longer than the receive fails both sides with their syndromes,
 /// and every later call returns the channel's first error.
@@ -1190,11 +1294,12 @@ const SCHEDULES: [(u32, u64, u32, u64); 8] = [
 
 /// The schedule of `mp_pp` (`pingpong --api mp --trigger kernel`, in
 /// examples/pingpong/kernels.cu), line by line, with a thread per rank in the kernel's place:
-/// 64 receives posted ahead on a channel of depth 64 with one credit, then per iteration (rank
-/// 1 takes the message first) the marker, the send (one in `sig_every` signalled, and the
-/// last), the wait for the sends up to the previous one when it was signalled, and the
-/// consumed receive posted again with a credit per `recv_batch`, then (rank 0) the answer;
-/// the sends left waited at the end. Each rank posts exactly `iters` receives (none left
+/// 64 receives posted ahead on a channel of depth 64 with one credit and the first send
+/// prepared, then per iteration (rank 1 takes the message first) the marker, the prepared send
+/// rung (one in `sig_every` signalled, and the last), the wait for the sends up to the previous
+/// one when it was signalled, the consumed receive posted again with a credit per
+/// `recv_batch`, the next send prepared, then (rank 0) the answer; the sends left waited at
+/// the end. Each rank posts exactly `iters` receives (none left
 /// over), never finds a ring full, and the last message's marker is in its buffer. The GPU
 /// runs the kernel itself in tests/gpu_mp.rs.
 #[test]
@@ -1239,6 +1344,19 @@ fn pingpong_kernel_schedule_between_thread_ranks() {
                 }
                 check!(5, gds::peer_give_credit(&mut p, TIMEOUT_NS));
                 credits_given += 1;
+                macro_rules! prepare {
+                    ($k:expr) => {{
+                        let k = $k;
+                        let signaled = k % sig_every == sig_every - 1 || k + 1 == iters;
+                        let flags = if signaled { gds::SIGNALED } else { 0 };
+                        let (addr, key) = (sbuf.addr(), smr.lkey());
+                        let r = gds::peer_prepare_send(&mut p, addr, key, size, flags, TIMEOUT_NS);
+                        check!(2, r);
+                    }};
+                }
+                if iters > 0 {
+                    prepare!(0);
+                }
                 while at < iters {
                     let i = at;
                     if rank == 1 {
@@ -1246,19 +1364,7 @@ fn pingpong_kernel_schedule_between_thread_ranks() {
                     }
                     let marker = (2 * i + 1 + rank) as u32;
                     write(sbuf.addr() + size as u64 - 4, &marker.to_ne_bytes());
-                    let signaled = i % sig_every == sig_every - 1 || i + 1 == iters;
-                    let flags = if signaled { gds::SIGNALED } else { 0 };
-                    check!(
-                        2,
-                        gds::peer_send_flags(
-                            &mut p,
-                            sbuf.addr(),
-                            smr.lkey(),
-                            size,
-                            flags,
-                            TIMEOUT_NS
-                        )
-                    );
+                    check!(2, gds::peer_ring_send(&mut p));
                     if i > 0 && (i - 1) % sig_every == sig_every - 1 {
                         let n = p.sends - 1 - p.sends_waited;
                         check!(3, gds::peer_wait_sends(&mut p, n, TIMEOUT_NS));
@@ -1270,6 +1376,9 @@ fn pingpong_kernel_schedule_between_thread_ranks() {
                             check!(5, gds::peer_give_credit(&mut p, TIMEOUT_NS));
                             credits_given += 1;
                         }
+                    }
+                    if i + 1 < iters {
+                        prepare!(i + 1);
                     }
                     if rank == 0 {
                         take!();

@@ -219,10 +219,12 @@ __device__ void mp_report(uint64_t result, int rc, uint64_t at, uint32_t step, u
 // channel to `peer` (peers[peer], mp::Comm::kernel_channels): receives with credits, sends,
 // completions, all driven by this one thread; every wait gives up after timeout_ns and the
 // kernel reports the code and where it stopped instead of spinning forever. The bookkeeping
-// (completions of earlier sends, the consumed receive posted again) comes right after each
-// send, while the peer is busy, as pp fetches its descriptors there. As pp, it signals one
-// send in sig_every (and the last) and waits for sends only after those; and it gives the peer
-// one credit per recv_batch receives posted again (1 <= recv_batch <= ahead), not one each.
+// (completions of earlier sends, the consumed receive posted again) and the next send's
+// preparation (gds_peer_prepare_send: its credit, its WQE) come right after each send, while
+// the peer is busy, as pp fetches its descriptors there; after the wait the send is only rung
+// (gds_peer_ring_send). As pp, it signals one send in sig_every (and the last) and waits for
+// sends only after those; and it gives the peer one credit per recv_batch receives posted
+// again (1 <= recv_batch <= ahead), not one each.
 extern "C" __global__ void mp_pp(const gds_peer *peers, uint32_t rank, uint32_t peer, uint64_t sbuf,
         uint32_t slkey, uint64_t rbuf, uint32_t rlkey, uint32_t size, uint64_t iters, uint32_t ahead,
         uint32_t recv_batch, uint64_t sig_every, uint64_t times, uint64_t timeout_ns, uint64_t result) {
@@ -240,19 +242,23 @@ extern "C" __global__ void mp_pp(const gds_peer *peers, uint32_t rank, uint32_t 
         if (last && len != size) { rc = MP_WRONG_LENGTH; goto out; } \
     } while (0)
     if (rc) goto out;
+    // Send k prepared: signalled one in sig_every, and the last.
+#define MP_PREPARE(k) MP_CHECK(MP_STEP_SEND, gds_peer_prepare_send(&p, sbuf, slkey, size, \
+        (k) % sig_every == sig_every - 1 || (k) + 1 == iters ? GDS_SIGNALED : 0, timeout_ns))
     // Receives posted ahead, with one credit: it reaches the peer long before its sends need it.
     while (p.recvs < iters && p.recvs < ahead) MP_CHECK(MP_STEP_RECV, gds_peer_post_recv(&p, rbuf, rlkey, size));
     MP_CHECK(MP_STEP_CREDIT, gds_peer_give_credit(&p, timeout_ns));
+    if (iters > 0) MP_PREPARE(0);
     for (; i < iters; i++) {
         if (rank == 1) MP_TAKE();
         *(volatile uint32_t *)(sbuf + size - 4) = (uint32_t)(2 * i + 1 + rank);
-        bool signaled = i % sig_every == sig_every - 1 || i + 1 == iters;
-        MP_CHECK(MP_STEP_SEND, gds_peer_send_flags(&p, sbuf, slkey, size, signaled ? GDS_SIGNALED : 0, timeout_ns));
+        MP_CHECK(MP_STEP_SEND, gds_peer_ring_send(&p));
         // The peer now works on this message. The previous send, if signalled, completed
         // long ago (its answer came): its completion finishes the sends up to it. The receive
         // consumed last (rank 0) or just now (rank 1) is posted again, as long as iterations
         // remain that need one, and credited in batches (the peer has ahead - recv_batch
-        // credits in hand, at least); the last receive's credit goes at once.
+        // credits in hand, at least); the last receive's credit goes at once. Then the next
+        // send is prepared (nothing else is posted until it is rung).
         if (i > 0 && (i - 1) % sig_every == sig_every - 1)
             MP_CHECK(MP_STEP_WAIT_SEND, gds_peer_wait_sends(&p, p.sends - 1 - p.sends_waited, timeout_ns));
         if ((rank == 1 || i > 0) && p.recvs < iters) {
@@ -260,6 +266,7 @@ extern "C" __global__ void mp_pp(const gds_peer *peers, uint32_t rank, uint32_t 
             if (p.recvs - p.credited >= recv_batch || p.recvs == iters)
                 MP_CHECK(MP_STEP_CREDIT, gds_peer_give_credit(&p, timeout_ns));
         }
+        if (i + 1 < iters) MP_PREPARE(i + 1);
         if (rank == 0) {
             MP_TAKE();
             ((volatile uint64_t *)times)[i] = gds_now_ns();
@@ -271,6 +278,7 @@ out:
     mp_report(result, rc, i, step, len);
 #undef MP_CHECK
 #undef MP_TAKE
+#undef MP_PREPARE
 }
 
 // One rank of `pingpong --api mp --op write --trigger kernel`: pp's write loop through the

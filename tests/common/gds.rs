@@ -64,6 +64,8 @@ struct Lib {
     cq_wait: unsafe extern "C" fn(*mut CqDesc, *mut Wc, u64) -> c_int,
     peer_send: unsafe extern "C" fn(Peer, u64, u32, u32, u64) -> c_int,
     peer_send_flags: unsafe extern "C" fn(Peer, u64, u32, u32, u32, u64) -> c_int,
+    peer_prepare_send: unsafe extern "C" fn(Peer, u64, u32, u32, u32, u64) -> c_int,
+    peer_ring_send: unsafe extern "C" fn(Peer) -> c_int,
     peer_post_recv: unsafe extern "C" fn(Peer, u64, u32, u32) -> c_int,
     peer_give_credit: unsafe extern "C" fn(Peer, u64) -> c_int,
     peer_recv: unsafe extern "C" fn(Peer, u64, u32, u32, u64) -> c_int,
@@ -171,6 +173,8 @@ fn lib() -> &'static Lib {
             cq_wait: sym!(cq_wait),
             peer_send: sym!(peer_send),
             peer_send_flags: sym!(peer_send_flags),
+            peer_prepare_send: sym!(peer_prepare_send),
+            peer_ring_send: sym!(peer_ring_send),
             peer_post_recv: sym!(peer_post_recv),
             peer_give_credit: sym!(peer_give_credit),
             peer_recv: sym!(peer_recv),
@@ -307,6 +311,25 @@ pub fn peer_send_flags(
 ) -> i32 {
     // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
     unsafe { (lib().peer_send_flags)(p, laddr, lkey, len, flags, timeout_ns) }
+}
+
+/// `gds_peer_prepare_send`.
+pub fn peer_prepare_send(
+    p: &mut PeerDesc,
+    laddr: u64,
+    lkey: u32,
+    len: u32,
+    flags: u32,
+    timeout_ns: u64,
+) -> i32 {
+    // SAFETY: a descriptor the caller drives alone, whose memory it keeps alive (above).
+    unsafe { (lib().peer_prepare_send)(p, laddr, lkey, len, flags, timeout_ns) }
+}
+
+/// `gds_peer_ring_send`.
+pub fn peer_ring_send(p: &mut PeerDesc) -> i32 {
+    // SAFETY: as peer_prepare_send.
+    unsafe { (lib().peer_ring_send)(p) }
 }
 
 /// `gds_peer_post_recv`.

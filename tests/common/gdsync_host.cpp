@@ -88,6 +88,11 @@ EXPORT int gdst_peer_send_flags(gds_peer *p, uint64_t laddr, uint32_t lkey, uint
                                 uint64_t timeout_ns) {
     return gds_peer_send_flags(p, laddr, lkey, len, flags, timeout_ns);
 }
+EXPORT int gdst_peer_prepare_send(gds_peer *p, uint64_t laddr, uint32_t lkey, uint32_t len, uint32_t flags,
+                                  uint64_t timeout_ns) {
+    return gds_peer_prepare_send(p, laddr, lkey, len, flags, timeout_ns);
+}
+EXPORT int gdst_peer_ring_send(gds_peer *p) { return gds_peer_ring_send(p); }
 EXPORT int gdst_peer_post_recv(gds_peer *p, uint64_t laddr, uint32_t lkey, uint32_t len) {
     return gds_peer_post_recv(p, laddr, lkey, len);
 }
