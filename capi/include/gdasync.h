@@ -285,7 +285,7 @@ typedef struct gdasync_kernel_qp {
   uint32_t rq_wqes;
   // Receive WQE size in bytes (16 per scatter entry).
   uint32_t rq_stride;
-  // Zero.
+  // Zero from the host; a kernel keeps a send it prepared there (`gds_qp_prepare_send`).
   uint64_t reserved[2];
   // The send CQ.
   struct gdasync_kernel_cq send_cq;

@@ -72,7 +72,7 @@ pub struct QpDesc {
     pub rq_wqes: u32,
     /// Receive WQE size in bytes (16 per scatter entry).
     pub rq_stride: u32,
-    /// Zero.
+    /// Zero from the host; a kernel keeps a send it prepared there (`gds_qp_prepare_send`).
     pub reserved: [u64; 2],
     /// The send CQ.
     pub send_cq: CqDesc,
