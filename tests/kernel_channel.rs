@@ -908,6 +908,116 @@ fn kernel_channels_ring_sends_prepared_ahead() {
     }
 }
 
+/// What a prepared send leaves of the channel's bookkeeping: a wait for an earlier send whose
+/// completion came passes while a signalled send is prepared (credit write in between);
+/// refusals come at once, before any wait for credits or room (a second prepare with no
+/// spare credit, a credit write, a wait that needs a NOP); a send prepared and never rung
+/// when the "kernel" ends is not counted, and the next launch sends in its place.
+#[test]
+#[cfg_attr(
+    not(clang_cuda),
+    ignore = "needs clang++ when the tests are built (apt-get install clang, then touch build.rs)"
+)]
+fn prepared_sends_keep_waits_and_counts_exact() {
+    const LEN: usize = 64;
+    let results = kernel_channel_ranks(8, |comm, ch| {
+        let (me, peer) = (comm.rank(), 1 - comm.rank());
+        let (buf, mr) = pinned(comm.pd(), 8 * LEN);
+        let (send_at, recv_at) = (buf.addr(), buf.addr() + 4 * LEN as u64);
+        let key = mr.lkey();
+        let mut p: PeerDesc = ch.desc(peer).unwrap();
+        let post_recv = |p: &mut PeerDesc, k: u64| {
+            let at = recv_at + k * LEN as u64;
+            assert_eq!(gds::peer_post_recv(p, at, key, LEN as u32), code::OK);
+        };
+        let at_once = |what: &str, f: &mut dyn FnMut() -> i32| {
+            let t = Instant::now();
+            assert_eq!(f(), code::INVALID, "{me}: {what}");
+            assert!(t.elapsed() < Duration::from_secs(1), "{me}: {what} waited");
+        };
+        for k in 0..3 {
+            post_recv(&mut p, k);
+        }
+        assert_eq!(gds::peer_give_credit(&mut p, TIMEOUT_NS), code::OK);
+        write(send_at, &message(0, me as u8, LEN));
+        let rc = gds::peer_send_flags(&mut p, send_at, key, LEN as u32, gds::SIGNALED, TIMEOUT_NS);
+        assert_eq!(rc, code::OK);
+        // An unsignalled credit write after the signalled send, then a signalled send prepared.
+        post_recv(&mut p, 3);
+        assert_eq!(gds::peer_give_credit(&mut p, TIMEOUT_NS), code::OK);
+        let s1 = send_at + LEN as u64;
+        let rc = gds::peer_prepare_send(&mut p, s1, key, LEN as u32, gds::SIGNALED, TIMEOUT_NS);
+        assert_eq!(rc, code::OK);
+        assert_eq!(
+            gds::peer_wait_send(&mut p, TIMEOUT_NS),
+            code::OK,
+            "{me}: the first send"
+        );
+        let short = 2_000_000_000;
+        at_once("second prepare", &mut || {
+            gds::peer_prepare_send(&mut p, s1, key, LEN as u32, 0, short)
+        });
+        // A receive to credit (with nothing to credit, a credit posts nothing at all).
+        post_recv(&mut p, 3);
+        at_once("credit write", &mut || gds::peer_give_credit(&mut p, short));
+        at_once("wait for the prepared send", &mut || {
+            gds::peer_wait_send(&mut p, short)
+        });
+        write(s1, &message(1, me as u8, LEN));
+        assert_eq!(gds::peer_ring_send(&mut p), code::OK);
+        assert_eq!(
+            gds::peer_wait_send(&mut p, TIMEOUT_NS),
+            code::OK,
+            "{me}: the second send"
+        );
+        for i in 0..2u64 {
+            assert_eq!(gds::peer_wait_recv(&mut p, None, TIMEOUT_NS), code::OK);
+            let at = recv_at + i * LEN as u64;
+            assert_eq!(
+                read(at, LEN),
+                message(i, peer as u8, LEN),
+                "{me}: message {i}"
+            );
+        }
+        // A send prepared and never rung: the "kernel" ends, the next launch sends instead.
+        let s2 = send_at + 2 * LEN as u64;
+        let rc = gds::peer_prepare_send(&mut p, s2, key, LEN as u32, 0, TIMEOUT_NS);
+        assert_eq!(rc, code::OK);
+        assert_eq!(
+            ch.progress(peer).unwrap().sends,
+            2,
+            "{me}: the unrung send is not counted"
+        );
+        let mut p: PeerDesc = ch.desc(peer).unwrap();
+        write(s2, &message(2, me as u8, LEN));
+        assert_eq!(
+            gds::peer_send(&mut p, s2, key, LEN as u32, TIMEOUT_NS),
+            code::OK
+        );
+        assert_eq!(gds::peer_wait_send(&mut p, TIMEOUT_NS), code::OK);
+        assert_eq!(gds::peer_wait_recv(&mut p, None, TIMEOUT_NS), code::OK);
+        let at = recv_at + 2 * LEN as u64;
+        assert_eq!(
+            read(at, LEN),
+            message(2, peer as u8, LEN),
+            "{me}: message 2"
+        );
+        ch.progress(peer).unwrap()
+    });
+    for st in results {
+        assert_eq!(
+            (
+                st.sends,
+                st.sends_done,
+                st.sends_waited,
+                st.recvs_waited,
+                st.error
+            ),
+            (3, 3, 3, 3, 0)
+        );
+    }
+}
+
 /// Kernel-channel failures come back as codes: a send with no receive posted times out
 /// (nothing sent), a message longer than the receive fails both sides with their syndromes,
 /// and every later call returns the channel's first error.

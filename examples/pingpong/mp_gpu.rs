@@ -579,7 +579,7 @@ pub(crate) fn kernel_report(rank: usize, result: &SignalWords, size: usize) -> R
         let at = result.load64(MP_AT);
         let step = match result.load64(MP_STEP) {
             1 => "posting a receive (gds_peer_post_recv, staged: gds_peer_post_recv_staged)",
-            2 => "sending (gds_peer_send_flags, staged: gds_peer_next_send_bounce, gds_peer_send_bounce)",
+            2 => "sending (gds_peer_prepare_send, gds_peer_ring_send; staged: gds_peer_next_send_bounce, gds_peer_send_bounce)",
             3 => "waiting for sends (gds_peer_wait_sends)",
             4 => "waiting for a receive (gds_peer_wait_recv)",
             5 => "giving credit (gds_peer_give_credit)",

@@ -169,7 +169,7 @@ struct gds_qp {
     uint32_t sq_wqebbs;   // a power of two
     uint32_t rq_wqes;     // a power of two
     uint32_t rq_stride;   // bytes per receive WQE (16 per scatter entry)
-    uint64_t reserved[2]; // zero from the host; a send prepared ahead: its doorbell, and 1 (gds_qp_prepare_send)
+    uint64_t reserved[2]; // zero from the host; a send prepared ahead: its doorbell, and 1 | its flags << 8 (gds_qp_prepare_send)
     gds_cq send_cq;       // completions of this QP's sends only
     gds_cq recv_cq;       // completions of this QP's receives only
 };
@@ -754,8 +754,9 @@ __device__ __forceinline__ void gds_qp_publish_recvs(gds_qp *qp) {
     *(volatile uint64_t *)(qp->state + 8) = qp->rq_pi;
 }
 
-// Fills the control segment (w[0..3]) of a WQE of `ds` units and stores the WQE in the next
-// send slot, without ringing: the doorbell it needs (its control segment's first 8 bytes).
+// Internal (gds_qp_submit, gds_qp_prepare_send; no refusal of its own): fills the control
+// segment (w[0..3]) of a WQE of `ds` units and stores the WQE in the next send slot, without
+// ringing: the doorbell it needs (its control segment's first 8 bytes).
 __device__ __forceinline__ uint64_t gds_qp_store_wqe(gds_qp *qp, uint32_t opcode, uint32_t *w, uint32_t ds, uint32_t imm, uint32_t flags) {
     uint32_t fm_ce_se = ((flags & GDS_SIGNALED) ? GDS_FM_CE_SE_CQ_UPDATE : 0u) |
                         ((flags & GDS_SOLICITED) ? GDS_FM_CE_SE_SOLICITED : 0u) |
@@ -770,9 +771,9 @@ __device__ __forceinline__ uint64_t gds_qp_store_wqe(gds_qp *qp, uint32_t opcode
     return ((uint64_t)w[1] << 32) | w[0];
 }
 
-// Rings the WQEs stored up to sq_pi, the last with doorbell `db`: (data, WQEs) -> fence ->
-// doorbell record -> fence -> doorbell. The first fence also publishes data this thread wrote
-// for the NIC to read.
+// Internal (gds_qp_submit, gds_qp_ring_prepared): rings the WQEs stored up to sq_pi, the last
+// with doorbell `db`: (data, WQEs) -> fence -> doorbell record -> fence -> doorbell. The first
+// fence also publishes data this thread wrote for the NIC to read.
 __device__ __forceinline__ void gds_qp_ring(gds_qp *qp, uint64_t db, uint32_t flags) {
     __threadfence_system();
     if (flags & GDS_RING_RECV) gds_qp_publish_recvs(qp);
@@ -805,7 +806,7 @@ __device__ __forceinline__ bool gds_op_remote(uint32_t opcode) {
 __device__ __forceinline__ int gds_qp_begin_send(const gds_qp *qp, uint32_t opcode, uint32_t len, uint32_t max_len,
                                                  uint64_t raddr, uint32_t rkey, uint32_t *w, uint32_t *ds) {
     if (!(opcode == GDS_OP_SEND || opcode == GDS_OP_SEND_IMM || gds_op_remote(opcode)) || len > max_len ||
-        qp->sq == 0 || (qp->db == 0 && qp->proxy == 0))
+        qp->sq == 0 || (qp->db == 0 && qp->proxy == 0) || qp->reserved[1])
         return GDS_INVALID;
     if (gds_qp_send_room(qp) == 0) return GDS_FULL;
     *ds = 1;
@@ -831,10 +832,13 @@ __device__ __forceinline__ int gds_qp_post_send(gds_qp *qp, uint32_t opcode, uin
 // Like gds_qp_post_send, but only stores the WQE: gds_qp_ring_prepared rings it later, once
 // its data is ready. A thread that waits before its send (for the message it answers) can
 // prepare the send before the wait, while it has time: on the message's path it then only
-// rings (two fences and two stores, as a send a CPU prepared), where gds_qp_post_send also
-// composes and stores the WQE. One send prepared at a time: until it is rung, posting
-// anything else on the QP is refused (GDS_INVALID), as its doorbell would expose the prepared
-// send before its data, and so is a second prepare. Codes as gds_qp_post_send.
+// rings (two fences, the doorbell record and the doorbell, as for a send a CPU prepared),
+// where gds_qp_post_send also composes and stores the WQE. One send prepared at a time: until
+// it is rung, every other post on the send queue is refused (GDS_INVALID, before any wait for
+// room), as its doorbell would expose the prepared send before its data, and so is a second
+// prepare; receives may still be posted. A prepared send the kernel never rings is dropped:
+// the host's copy of sq_pi is stored when it rings, so the next launch overwrites its slot.
+// Codes as gds_qp_post_send.
 __device__ __forceinline__ int gds_qp_prepare_send(gds_qp *qp, uint32_t opcode, uint64_t laddr, uint32_t lkey, uint32_t len,
                                                    uint64_t raddr, uint32_t rkey, uint32_t imm, uint32_t flags) {
     if (qp->reserved[1]) return GDS_INVALID;
@@ -844,7 +848,7 @@ __device__ __forceinline__ int gds_qp_prepare_send(gds_qp *qp, uint32_t opcode, 
     if (rc != GDS_OK) return rc;
     if (len > 0) gds_seg_data(&w[4 * ds++], laddr, len, lkey);
     qp->reserved[0] = gds_qp_store_wqe(qp, opcode, w, ds, imm, flags);
-    qp->reserved[1] = 1;
+    qp->reserved[1] = 1 | ((uint64_t)flags << 8);
     return GDS_OK;
 }
 
@@ -877,7 +881,7 @@ __device__ __forceinline__ int gds_qp_post_send_inline(gds_qp *qp, uint32_t opco
 // tells that every WQE posted before it completed (work completes in order), e.g. unsignalled
 // sends with no signalled WQE after them. GDS_FULL or GDS_INVALID as gds_qp_post_send.
 __device__ __forceinline__ int gds_qp_post_nop(gds_qp *qp, uint32_t flags) {
-    if (qp->sq == 0 || (qp->db == 0 && qp->proxy == 0)) return GDS_INVALID;
+    if (qp->sq == 0 || (qp->db == 0 && qp->proxy == 0) || qp->reserved[1]) return GDS_INVALID;
     if (gds_qp_send_room(qp) == 0) return GDS_FULL;
     uint32_t w[4];
     return gds_qp_submit(qp, GDS_OP_NOP, w, 1, 0, flags);
@@ -1075,7 +1079,12 @@ __device__ __forceinline__ int gds_peer_post(gds_peer *p, uint32_t opcode, uint6
         int rc = prepare ? gds_qp_prepare_send(&p->qp, opcode, laddr, lkey, len, raddr, rkey, 0, f)
                          : gds_qp_post_send(&p->qp, opcode, laddr, lkey, len, raddr, rkey, 0, f);
         if (rc == GDS_FULL) rc = gds_peer_make_room(p, spins, &start, timeout_ns);
-        else if (rc == GDS_OK) {
+        else if (rc == GDS_OK && prepare) {
+            // Counted now (the credit of a later send needs it); published, and remembered
+            // as the latest signalled WQE if it is one, when it is rung (gds_peer_ring_send).
+            ++p->sends;
+            return GDS_OK;
+        } else if (rc == GDS_OK) {
             gds_peer_host(p)->sends = ++p->sends;
             gds_peer_posted(p, f);
             return GDS_OK;
@@ -1094,6 +1103,7 @@ __device__ __forceinline__ int gds_peer_send_flags(gds_peer *p, uint64_t laddr, 
                                                    uint64_t timeout_ns, bool prepare = false) {
     int rc = gds_peer_check(p);
     if (rc != GDS_OK) return rc;
+    if (p->qp.reserved[1]) return GDS_INVALID;  // a send is prepared: ring it first
     uint64_t start = 0;
     // The messages sent so far, puts and gets left out: each took one of the peer's receives.
     uint64_t messages = p->sends - p->one_sided;
@@ -1110,7 +1120,12 @@ __device__ __forceinline__ int gds_peer_send_flags(gds_peer *p, uint64_t laddr, 
 // while the peer works and rings it right after the wait (on an H200 with the soft device,
 // pingpong's mp kernel loop at 8 B: 4.9 -> 4.0 us per message). The send counts as posted from here:
 // ring it before waiting for it. Until it is rung, the channel posts nothing else on its
-// QP: a credit, a put, a second send or the NOP of a wait for sends fail with GDS_INVALID.
+// send queue: a credit write, a put or get, a second send, and a wait for sends that needs a
+// NOP (its last send unsignalled with nothing signalled rung after it, or the prepared send
+// itself) fail with GDS_INVALID at once; receives may still be
+// posted (they reach the NIC with the next credit write, after the ring). A send prepared and
+// never rung is dropped when the kernel ends: neither the QP's nor the channel's host copies
+// count it, and the next launch starts without it.
 __device__ __forceinline__ int gds_peer_prepare_send(gds_peer *p, uint64_t laddr, uint32_t lkey, uint32_t len, uint32_t flags,
                                                      uint64_t timeout_ns) {
     return gds_peer_send_flags(p, laddr, lkey, len, flags, timeout_ns, true);
@@ -1120,7 +1135,13 @@ __device__ __forceinline__ int gds_peer_prepare_send(gds_peer *p, uint64_t laddr
 // channel's error (the send is then not rung).
 __device__ __forceinline__ int gds_peer_ring_send(gds_peer *p) {
     int rc = gds_peer_check(p);
-    return rc != GDS_OK ? rc : gds_qp_ring_prepared(&p->qp);
+    if (rc != GDS_OK) return rc;
+    uint32_t f = (uint32_t)(p->qp.reserved[1] >> 8);
+    rc = gds_qp_ring_prepared(&p->qp);
+    if (rc != GDS_OK) return rc;
+    gds_peer_host(p)->sends = p->sends;
+    gds_peer_posted(p, f);
+    return GDS_OK;
 }
 
 // gds_peer_send_flags with GDS_SIGNALED: every send completes on its own.
@@ -1137,7 +1158,7 @@ __device__ __forceinline__ int gds_peer_one_sided(gds_peer *p, uint32_t opcode, 
                                                   uint64_t timeout_ns) {
     int rc = gds_peer_check(p);
     if (rc != GDS_OK) return rc;
-    if (off > r->len || len > r->len - off) return GDS_INVALID;
+    if (off > r->len || len > r->len - off || p->qp.reserved[1]) return GDS_INVALID;
     rc = gds_peer_post(p, opcode, laddr, lkey, len, r->addr + off, r->rkey, flags, timeout_ns);
     if (rc == GDS_OK) gds_peer_host(p)->one_sided = ++p->one_sided;
     return rc;
@@ -1194,6 +1215,7 @@ __device__ __forceinline__ int gds_peer_post_recv(gds_peer *p, uint64_t laddr, u
 __device__ __forceinline__ int gds_peer_give_credit(gds_peer *p, uint64_t timeout_ns) {
     int rc = gds_peer_check(p);
     if (rc != GDS_OK || p->credited == p->recvs) return rc;
+    if (p->qp.reserved[1]) return GDS_INVALID;  // a send is prepared: ring it first
     uint64_t start = 0;
     for (uint32_t spins = 0;; spins++) {
         uint32_t f = gds_peer_wqe_flags(p, 0) | GDS_RING_RECV;
