@@ -11,7 +11,9 @@
 //! [`Comm::irecv_batch`] does on the CPU, a kernel may post receives with
 //! `gds_peer_post_recv` and credit them all with one `gds_peer_give_credit`; and it may leave
 //! sends unsignalled (`gds_peer_send_flags`), waiting for several at once with
-//! `gds_peer_wait_sends` (a NOP finishes a trailing unsignalled send).
+//! `gds_peer_wait_sends` (a NOP finishes a trailing unsignalled send). A kernel that answers
+//! messages prepares its next send while the peer works (`gds_peer_prepare_send`: the credit,
+//! ring room and the WQE) and rings it after its wait (`gds_peer_ring_send`).
 //!
 //! Staged channels ([`Comm::kernel_channels_staged`], or [`Comm::kernel_channels_for`] with the
 //! path [`GpuMemoryPath::choose_soft`] or [`GpuMemoryPath::choose_mlx5`] picked) add per peer

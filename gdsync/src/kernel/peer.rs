@@ -13,7 +13,9 @@
 //! Sends may be unsignalled (`gds_peer_send_flags`): they complete with the next signalled
 //! WQE, and `gds_peer_wait_send(s)` posts a signalled NOP when none follows. The kernel
 //! signals at least one WQE per half ring by itself, so the ring never fills with WQEs that
-//! no completion would free.
+//! no completion would free. A send may be prepared ahead (`gds_peer_prepare_send`: its
+//! credit, ring room and WQE) and rung later (`gds_peer_ring_send`), once its data is ready;
+//! nothing else is posted on the send queue in between.
 //!
 //! Puts and gets (`gds_peer_put(_flags)`, `gds_peer_get`) go on the same send ring, into or
 //! out of a [`RemoteDesc`](super::RemoteDesc) (one rank's region of a window): they take no
