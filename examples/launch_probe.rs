@@ -72,7 +72,7 @@ fn main() -> ExitCode {
 /// The local memory of pingpong's kernels.
 fn pingpong_locals() -> Result<()> {
     let m = Module::compile(0, include_str!("pingpong/kernels.cu"))?;
-    for name in [
+    let names = [
         "pp",
         "pp_staged",
         "pp_read",
@@ -80,22 +80,26 @@ fn pingpong_locals() -> Result<()> {
         "mp_pp_put",
         "mp_pp_get",
         "mp_pp_staged",
-    ] {
-        outln!(
-            "pingpong kernel {name}: {} local bytes per thread",
-            m.function(name)?.local_bytes()?
-        );
-    }
-    Ok(())
+    ];
+    print_locals("pingpong", &m, &names)
 }
 
 /// The local memory of the stencil2d kernels.
 fn stencil_locals() -> Result<()> {
     let src = include_str!("stencil2d/kernels.cu");
     let m = Module::compile_with_options(0, src, &["--fmad=false"])?;
-    for name in ["pack", "interior", "ring", "whole", "persistent"] {
+    print_locals(
+        "stencil",
+        &m,
+        &["pack", "interior", "ring", "whole", "persistent"],
+    )
+}
+
+/// One line per kernel of `m`: its local memory per thread.
+fn print_locals(what: &str, m: &Module, names: &[&str]) -> Result<()> {
+    for name in names {
         outln!(
-            "stencil kernel {name}: {} local bytes per thread",
+            "{what} kernel {name}: {} local bytes per thread",
             m.function(name)?.local_bytes()?
         );
     }

@@ -754,7 +754,7 @@ __device__ __forceinline__ void gds_qp_publish_recvs(gds_qp *qp) {
     *(volatile uint64_t *)(qp->state + 8) = qp->rq_pi;
 }
 
-// Internal (gds_qp_submit, gds_qp_prepare_send; no refusal of its own): fills the control
+// Internal (gds_qp_submit, gds_qp_store_send; no refusal of its own): fills the control
 // segment (w[0..3]) of a WQE of `ds` units and stores the WQE in the next send slot, without
 // ringing: the doorbell it needs (its control segment's first 8 bytes).
 __device__ __forceinline__ uint64_t gds_qp_store_wqe(gds_qp *qp, uint32_t opcode, uint32_t *w, uint32_t ds, uint32_t imm, uint32_t flags) {
@@ -771,7 +771,7 @@ __device__ __forceinline__ uint64_t gds_qp_store_wqe(gds_qp *qp, uint32_t opcode
     return ((uint64_t)w[1] << 32) | w[0];
 }
 
-// Internal (gds_qp_submit, gds_qp_ring_prepared): rings the WQEs stored up to sq_pi, the last
+// Internal (gds_qp_submit, gds_qp_post_send, gds_qp_ring_prepared): rings the WQEs stored up to sq_pi, the last
 // with doorbell `db`: (data, WQEs) -> fence -> doorbell record -> fence -> doorbell. The first
 // fence also publishes data this thread wrote for the NIC to read.
 __device__ __forceinline__ void gds_qp_ring(gds_qp *qp, uint64_t db, uint32_t flags) {
@@ -819,14 +819,25 @@ __device__ __forceinline__ int gds_qp_begin_send(const gds_qp *qp, uint32_t opco
 // nothing, when the send ring has no free slot: consume send completions (gds_cq_poll on
 // qp->send_cq) and try again. GDS_INVALID for an unknown opcode or a descriptor without a
 // doorbell.
-__device__ __forceinline__ int gds_qp_post_send(gds_qp *qp, uint32_t opcode, uint64_t laddr, uint32_t lkey, uint32_t len,
-                                                uint64_t raddr, uint32_t rkey, uint32_t imm, uint32_t flags) {
+// Internal (gds_qp_post_send, gds_qp_prepare_send): checks and stores the WQE of a send with
+// one data segment, without ringing; *db gets its doorbell. Codes as gds_qp_post_send.
+__device__ __forceinline__ int gds_qp_store_send(gds_qp *qp, uint32_t opcode, uint64_t laddr, uint32_t lkey, uint32_t len,
+                                                 uint64_t raddr, uint32_t rkey, uint32_t imm, uint32_t flags, uint64_t *db) {
     uint32_t w[12];
     uint32_t ds;
     int rc = gds_qp_begin_send(qp, opcode, len, 0x7FFFFFFFu, raddr, rkey, w, &ds);
     if (rc != GDS_OK) return rc;
     if (len > 0) gds_seg_data(&w[4 * ds++], laddr, len, lkey);  // no zero-length segment
-    return gds_qp_submit(qp, opcode, w, ds, imm, flags);
+    *db = gds_qp_store_wqe(qp, opcode, w, ds, imm, flags);
+    return GDS_OK;
+}
+
+__device__ __forceinline__ int gds_qp_post_send(gds_qp *qp, uint32_t opcode, uint64_t laddr, uint32_t lkey, uint32_t len,
+                                                uint64_t raddr, uint32_t rkey, uint32_t imm, uint32_t flags) {
+    uint64_t db;
+    int rc = gds_qp_store_send(qp, opcode, laddr, lkey, len, raddr, rkey, imm, flags, &db);
+    if (rc == GDS_OK) gds_qp_ring(qp, db, flags);
+    return rc;
 }
 
 // Like gds_qp_post_send, but only stores the WQE: gds_qp_ring_prepared rings it later, once
@@ -841,15 +852,10 @@ __device__ __forceinline__ int gds_qp_post_send(gds_qp *qp, uint32_t opcode, uin
 // Codes as gds_qp_post_send.
 __device__ __forceinline__ int gds_qp_prepare_send(gds_qp *qp, uint32_t opcode, uint64_t laddr, uint32_t lkey, uint32_t len,
                                                    uint64_t raddr, uint32_t rkey, uint32_t imm, uint32_t flags) {
-    if (qp->reserved[1]) return GDS_INVALID;
-    uint32_t w[12];
-    uint32_t ds;
-    int rc = gds_qp_begin_send(qp, opcode, len, 0x7FFFFFFFu, raddr, rkey, w, &ds);
-    if (rc != GDS_OK) return rc;
-    if (len > 0) gds_seg_data(&w[4 * ds++], laddr, len, lkey);
-    qp->reserved[0] = gds_qp_store_wqe(qp, opcode, w, ds, imm, flags);
-    qp->reserved[1] = 1 | ((uint64_t)flags << 8);
-    return GDS_OK;
+    // (gds_qp_begin_send refuses while a send is prepared.)
+    int rc = gds_qp_store_send(qp, opcode, laddr, lkey, len, raddr, rkey, imm, flags, &qp->reserved[0]);
+    if (rc == GDS_OK) qp->reserved[1] = 1 | ((uint64_t)flags << 8);
+    return rc;
 }
 
 // Rings the send gds_qp_prepare_send stored (its data must be in place). GDS_INVALID if none is.

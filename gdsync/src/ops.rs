@@ -193,10 +193,9 @@ impl Ops {
     pub fn append(&mut self, mut other: Ops) {
         let waits = other.ops[..other.ordinary_len()].iter().any(Op::is_wait);
         let mut held = SmallVec::<[Op; 4]>::new();
-        if waits && self.deferred > 0 {
-            // Stores follow the ring now: it can no longer be merged with a later one. (A list
-            // with a wait never starts with a ring of its own, so this is defensive.)
-            self.ring_tail = None;
+        if waits {
+            // The held stores run before the wait, as written.
+            self.retire_now();
         } else {
             held.extend(self.ops.drain(self.ordinary_len()..));
         }
