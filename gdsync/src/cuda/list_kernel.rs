@@ -22,12 +22,14 @@
 //!
 //! Lists without copies stay memory operations while the process's streams are all on one GPU
 //! and the job has not said its ranks span GPUs (`GDSYNC_LIST_KERNEL=auto`, the default; `all`
-//! runs them as this kernel always): run so, a ping-pong's list took
-//! longer on one GPU (H200, 8 B writes from host memory: 6.45 µs against 5.23 µs a half round
-//! trip), since each store that must follow what came before is a release at system scope, a
-//! PCIe round trip inside the kernel, where the stream's own writes order themselves more
-//! cheaply. With streams on two GPUs of one process at once, the stream's own stores cost
-//! more than that (`stream_span.rs`).
+//! runs them as this kernel always). On one GPU neither way wins everywhere (H200, p50 half
+//! round trips and µs per iteration, docs/benchmarks.md): gdsync's 8-byte write ping-pong takes
+//! 4.10 µs as list kernels against 5.21 as memory operations, and four ranks of stencil2d on the
+//! GPU 26.1 against 28.3 (four streams' memory operations queue for one front end); but a list
+//! of one store (`pingpong --raw`) takes 3.56 against 2.33, `mp`'s send 5.72 against 5.17 and
+//! two ranks of stencil2d 17.8 against 14.7: a list kernel costs a launch and holds a warp while
+//! it waits. With streams on two GPUs of one process at once, a stream's own stores cost about
+//! 3 µs each (`stream_span.rs`) and list kernels win (the write ping-pong 4.31 against 6.56 µs).
 
 use super::staging_kernels::{kind, staging_kernels, LIST_OPS};
 use super::stream::ListKernel;

@@ -64,9 +64,10 @@ pub(super) const LIST_OPS: usize = 32;
 /// wait (`a` word, `b` operand, `cond`), a fence, or a copy (`a` destination, `b` source, `c`
 /// bytes, `cond` 1 when the destination is memory the NIC reads: a bounce). Thread 0 stores,
 /// waits and fences; the other threads pass a wait at the block barrier after it. A store is
-/// ordered after everything before it, as a stream's write is (a release at system scope, or a
-/// plain store right after a fence): the doorbell record after the payload, "rung to" after
-/// the doorbell. A copy into a bounce of up to `GDS_LEAD_COPY_MAX` bytes is thread 0's alone
+/// ordered by the list's fences only, as [`Op::Write32`](crate::ops::Op::Write32) promises (a
+/// stream's write fences by itself; here each such fence is a PCIe round trip, so a send's
+/// payload marker and doorbell record go out with one fence before the doorbell, where
+/// releases cost three). A wait is an acquire: what follows it stays after it. A copy into a bounce of up to `GDS_LEAD_COPY_MAX` bytes is thread 0's alone
 /// (`gds_block_copy_out` has warp 0 copy it), ordered by the fence or release that comes next; other
 /// copies take the block, each thread fencing its stores (system-wide into a bounce, GPU-wide
 /// into GPU memory) before the block barrier. The stream's progress word, if this launch carries it, is stored last, as a release: what the list
@@ -92,16 +93,12 @@ __device__ __forceinline__ bool gdsync_list_test64(unsigned long long cur, unsig
     return false;
 }
 
-// A write as a stream's memory operation makes it: everything before it is visible first (a
-// release at system scope), unless a fence came just before it.
-__device__ __forceinline__ void gdsync_list_store(const gdsync_list_op &o, bool fenced) {
-    if (o.kind == GDSYNC_LIST_W32) {
-        if (fenced) *(volatile unsigned int *)o.a = (unsigned int)o.b;
-        else asm volatile("st.release.sys.u32 [%0], %1;" ::"l"(o.a), "r"((unsigned int)o.b) : "memory");
-    } else {
-        if (fenced) *(volatile unsigned long long *)o.a = o.b;
-        else asm volatile("st.release.sys.u64 [%0], %1;" ::"l"(o.a), "l"(o.b) : "memory");
-    }
+// A write orders nothing by itself (the list's fences do): a plain store at system scope.
+__device__ __forceinline__ void gdsync_list_store(const gdsync_list_op &o) {
+    if (o.kind == GDSYNC_LIST_W32)
+        asm volatile("st.relaxed.sys.u32 [%0], %1;" ::"l"(o.a), "r"((unsigned int)o.b) : "memory");
+    else
+        asm volatile("st.relaxed.sys.u64 [%0], %1;" ::"l"(o.a), "l"(o.b) : "memory");
 }
 
 // Profiling (`stamps` non-zero, `list_profile.rs`): the global timer at the start and the end,
@@ -110,10 +107,6 @@ __device__ __forceinline__ unsigned long long gdsync_list_globaltimer() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
-}
-
-__device__ __forceinline__ bool gdsync_list_orders(unsigned int kind) {
-    return kind == GDSYNC_LIST_W32 || kind == GDSYNC_LIST_W64 || kind == GDSYNC_LIST_FENCE;
 }
 
 extern "C" __global__ void gdsync_run_list(const gdsync_list l) {
@@ -134,7 +127,7 @@ extern "C" __global__ void gdsync_run_list(const gdsync_list l) {
         const unsigned int next = i + 1 < n ? l.op[(i + 1) & last].kind : 0;
         switch (o.kind) {
         case GDSYNC_LIST_W32: case GDSYNC_LIST_W64:
-            if (lead) gdsync_list_store(o, i > 0 && l.op[(i - 1) & last].kind == GDSYNC_LIST_FENCE);
+            if (lead) gdsync_list_store(o);
             break;
         case GDSYNC_LIST_WAIT32:
             if (lead) while (!gds_test32(gds_ld_acquire32(o.a), (unsigned int)o.b, o.cond)) {}
@@ -151,8 +144,9 @@ extern "C" __global__ void gdsync_run_list(const gdsync_list l) {
             if (o.cond && o.c <= GDS_LEAD_COPY_MAX) {
                 if (lead) {
                     gdsync_copy_range((unsigned char *)o.a, (const unsigned char *)o.b, o.c, 0, 1);
-                    // A fence or a store (a release) next orders the copy by itself.
-                    if (!gdsync_list_orders(next)) __threadfence_system();
+                    // A copy is ordered before every later op (`Op::Copy`): a fence next
+                    // does that by itself.
+                    if (next != GDSYNC_LIST_FENCE) __threadfence_system();
                 }
             } else {
                 gdsync_copy_range((unsigned char *)o.a, (const unsigned char *)o.b, o.c, threadIdx.x, blockDim.x);

@@ -129,7 +129,7 @@ const _: () = assert!(std::mem::size_of::<WaitDesc>() == 64);
 
 impl SendDesc {
     /// The descriptor for a commit's op list: `Write32` doorbell record, `Barrier`,
-    /// `Doorbell`, `Write64` "rung to"; or, where a CPU proxy rings, `Barrier`, `Write64`
+    /// `Doorbell`, `Barrier`, `Write64` "rung to"; or, where a CPU proxy rings, `Barrier`, `Write64`
     /// request. The first three alone (a QP of [`Ringers::Executors`](crate::Ringers), whose
     /// commits store no "rung to"; or with a `Write64` doorbell) give a descriptor whose send
     /// stores nothing after the doorbell.
@@ -143,7 +143,7 @@ impl SendDesc {
             }, Op::Barrier, Op::Doorbell {
                 addr: db,
                 value: db_value,
-            }, Op::Write64 {
+            }, Op::Barrier, Op::Write64 {
                 addr: rung,
                 value: rung_value,
             }] => Ok(SendDesc {
@@ -540,8 +540,8 @@ mod tests {
         );
     }
 
-    /// A commit's list as commits make it: record, barrier, doorbell, then "rung to" at
-    /// `rung` (address, value) where the QP's commits store it.
+    /// A commit's list as commits make it: record, barrier, doorbell, then a barrier and
+    /// "rung to" at `rung` (address, value) where the QP's commits store it.
     fn commit_ops(rung: Option<(u64, u64)>) -> Ops {
         let mut list = vec![
             Op::Write32 {
@@ -554,7 +554,9 @@ mod tests {
                 value: 0x0323_0100_0805_0000,
             },
         ];
-        list.extend(rung.map(|(addr, value)| Op::Write64 { addr, value }));
+        if let Some((addr, value)) = rung {
+            list.extend([Op::Barrier, Op::Write64 { addr, value }]);
+        }
         // SAFETY: the ops are only converted, never run.
         unsafe { ops_of(&list) }
     }

@@ -98,7 +98,7 @@ fn a_batch_for_an_executor_is_one_doorbell_op_list() {
         batch.push(wr).unwrap();
     }
     let ops = batch.ops();
-    // The record, a barrier, the register, "rung to": as a commit's.
+    // The record, a barrier, the register, a barrier, "rung to": as a commit's.
     let kinds: Vec<&Op> = ops.as_slice().iter().collect();
     assert!(
         matches!(
@@ -107,6 +107,7 @@ fn a_batch_for_an_executor_is_one_doorbell_op_list() {
                 Op::Write32 { .. },
                 Op::Barrier,
                 Op::Doorbell { .. },
+                Op::Barrier,
                 Op::Write64 { .. }
             ]
         ),

@@ -66,8 +66,8 @@ pub(crate) fn ring_for_proxy(
 
 /// The op list that rings for sends up to producer counter `end`, whose last WQE begins with
 /// `head`: store the doorbell record, barrier, ring the 8-byte doorbell (the first half of
-/// the register; CPU executors flush it), store "rung to" `end` (after the doorbell: a
-/// stream's write fences by itself; only for a QP of [`Ringers::Mixed`]); or, where a CPU
+/// the register; CPU executors flush it), barrier, store "rung to" `end` (only for a QP of
+/// [`Ringers::Mixed`]); or, where a CPU
 /// proxy rings for this QP, a barrier and the request to it (the proxy publishes "rung to").
 /// (`kernel::SendDesc::from_ops` reads this shape back.)
 pub(super) fn ring_ops(s: &QpShared, end: u64, head: [u8; 8]) -> Ops {
@@ -104,7 +104,10 @@ pub(super) fn ring_ops(s: &QpShared, end: u64, head: [u8; 8]) -> Ops {
     // "Rung to", only where CPU posts interleave with commits (`Ringers`): the CPU post
     // reads it to know this doorbell is out. Where only executors ring, a CPU post learns
     // that from completions instead (`Qp::doorbell_reached`).
+    // A write implies no order of its own (`Op::Write32`): the barrier keeps "rung to" after
+    // the doorbell on every executor (a stream elides it: its writes fence themselves).
     if s.cfg.ringers == Ringers::Mixed {
+        ops.push(Op::Barrier, &keep);
         ops.push(
             Op::Write64 {
                 addr: s.ctrl.addr(QP_SQ_RUNG),

@@ -44,7 +44,7 @@ fn only_a_mixed_qp_stores_rung_to_after_a_commits_doorbell() {
     let mut mixed = pair_with(&dev, &QpConfig::default());
     assert_eq!(
         commit_shape(&mut mixed),
-        ["write32", "barrier", "doorbell", "write64"]
+        ["write32", "barrier", "doorbell", "barrier", "write64"]
     );
     let mut only = pair_with(&dev, &executors_only());
     assert_eq!(commit_shape(&mut only), ["write32", "barrier", "doorbell"]);
