@@ -23,13 +23,14 @@
 //! Lists without copies stay memory operations while the process's streams are all on one GPU
 //! and the job has not said its ranks span GPUs (`GDSYNC_LIST_KERNEL=auto`, the default; `all`
 //! runs them as this kernel always). On one GPU neither way wins everywhere (H200, p50 half
-//! round trips and µs per iteration, docs/benchmarks.md): gdsync's 8-byte write ping-pong takes
-//! 4.10 µs as list kernels against 5.21 as memory operations, and four ranks of stencil2d on the
-//! GPU 26.1 against 28.3 (four streams' memory operations queue for one front end); but a list
-//! of one store (`pingpong --raw`) takes 3.56 against 2.33, `mp`'s send 5.72 against 5.17 and
-//! two ranks of stencil2d 17.8 against 14.7: a list kernel costs a launch and holds a warp while
-//! it waits. With streams on two GPUs of one process at once, a stream's own stores cost about
-//! 3 µs each (`stream_span.rs`) and list kernels win (the write ping-pong 4.31 against 6.56 µs).
+//! round trips and µs per iteration, docs/benchmarks.md): gdsync's stream lists cost about the
+//! same either way (8-byte write ping-pong 5.05 µs as list kernels, 5.19 as memory operations)
+//! and four ranks of stencil2d sharing the GPU leave a slow mode that memory operations fall
+//! into one run in two or three (28.1–29.0 against 28.4 or 36.7–38.8), but `mp`'s send takes
+//! 6.14 against 5.25: a list kernel costs a launch, holds a warp while it waits, and each
+//! barrier in it waits for the thread's earlier stores to reach the system. With streams on two
+//! GPUs of one process at once, a stream's own stores cost about 3 µs each (`stream_span.rs`)
+//! and list kernels win.
 
 use super::staging_kernels::{kind, staging_kernels, LIST_OPS};
 use super::stream::ListKernel;

@@ -65,9 +65,9 @@ pub(super) const LIST_OPS: usize = 32;
 /// bytes, `cond` 1 when the destination is memory the NIC reads: a bounce). Thread 0 stores,
 /// waits and fences; the other threads pass a wait at the block barrier after it. A store is
 /// ordered by the list's fences only, as [`Op::Write32`](crate::ops::Op::Write32) promises (a
-/// stream's write fences by itself; here each such fence is a PCIe round trip, so a send's
-/// payload marker and doorbell record go out with one fence before the doorbell, where
-/// releases cost three). A wait is an acquire: what follows it stays after it. A copy into a bounce of up to `GDS_LEAD_COPY_MAX` bytes is thread 0's alone
+/// stream's write fences by itself; here each ordering waits for the thread's earlier stores to
+/// reach the system, a PCIe round trip, so a list pays one per barrier where a release per
+/// store paid one per store). A wait is an acquire: what follows it stays after it. A copy into a bounce of up to `GDS_LEAD_COPY_MAX` bytes is thread 0's alone
 /// (`gds_block_copy_out` has warp 0 copy it), ordered by the fence or release that comes next; other
 /// copies take the block, each thread fencing its stores (system-wide into a bounce, GPU-wide
 /// into GPU memory) before the block barrier. The stream's progress word, if this launch carries it, is stored last, as a release: what the list

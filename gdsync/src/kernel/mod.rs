@@ -128,7 +128,7 @@ pub struct WaitDesc {
 const _: () = assert!(std::mem::size_of::<WaitDesc>() == 64);
 
 impl SendDesc {
-    /// The descriptor for a commit's op list: `Write32` doorbell record, `Barrier`,
+    /// The descriptor for a commit's op list: `Barrier`, `Write32` doorbell record, `Barrier`,
     /// `Doorbell`, `Barrier`, `Write64` "rung to"; or, where a CPU proxy rings, `Barrier`, `Write64`
     /// request. The first three alone (a QP of [`Ringers::Executors`](crate::Ringers), whose
     /// commits store no "rung to"; or with a `Write64` doorbell) give a descriptor whose send
@@ -137,7 +137,7 @@ impl SendDesc {
     pub fn from_ops(ops: &Ops) -> Result<Self> {
         let at = |a: &u64| gpu_addr_in(ops.kept(), *a);
         match ops.as_slice() {
-            [Op::Write32 {
+            [Op::Barrier, Op::Write32 {
                 addr: dbrec,
                 value: dbrec_value,
             }, Op::Barrier, Op::Doorbell {
@@ -163,7 +163,7 @@ impl SendDesc {
                 db_value: *db_value,
                 ..Default::default()
             }),
-            [Op::Write32 {
+            [Op::Barrier, Op::Write32 {
                 addr: dbrec,
                 value: dbrec_value,
             }, Op::Barrier, Op::Write64 {
@@ -540,10 +540,11 @@ mod tests {
         );
     }
 
-    /// A commit's list as commits make it: record, barrier, doorbell, then a barrier and
-    /// "rung to" at `rung` (address, value) where the QP's commits store it.
+    /// A commit's list as commits make it: barrier, record, barrier, doorbell, then a barrier
+    /// and "rung to" at `rung` (address, value) where the QP's commits store it.
     fn commit_ops(rung: Option<(u64, u64)>) -> Ops {
         let mut list = vec![
+            Op::Barrier,
             Op::Write32 {
                 addr: 0x1000,
                 value: 0x0600_0000,
@@ -595,6 +596,7 @@ mod tests {
         // SAFETY (these three lists): the ops are only converted, never run.
         let ops = unsafe {
             ops_of(&[
+                Op::Barrier,
                 Op::Write32 {
                     addr: 0x1000,
                     value: 0x0600_0000,

@@ -98,12 +98,13 @@ fn a_batch_for_an_executor_is_one_doorbell_op_list() {
         batch.push(wr).unwrap();
     }
     let ops = batch.ops();
-    // The record, a barrier, the register, a barrier, "rung to": as a commit's.
+    // A barrier, the record, a barrier, the register, a barrier, "rung to": as a commit's.
     let kinds: Vec<&Op> = ops.as_slice().iter().collect();
     assert!(
         matches!(
             kinds[..],
             [
+                Op::Barrier,
                 Op::Write32 { .. },
                 Op::Barrier,
                 Op::Doorbell { .. },

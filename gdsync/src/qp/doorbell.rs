@@ -65,9 +65,9 @@ pub(crate) fn ring_for_proxy(
 }
 
 /// The op list that rings for sends up to producer counter `end`, whose last WQE begins with
-/// `head`: store the doorbell record, barrier, ring the 8-byte doorbell (the first half of
-/// the register; CPU executors flush it), barrier, store "rung to" `end` (only for a QP of
-/// [`Ringers::Mixed`]); or, where a CPU
+/// `head`: barrier, store the doorbell record, barrier, ring the 8-byte doorbell (the first
+/// half of the register; CPU executors flush it), barrier, store "rung to" `end` (only for a
+/// QP of [`Ringers::Mixed`]); or, where a CPU
 /// proxy rings for this QP, a barrier and the request to it (the proxy publishes "rung to").
 /// (`kernel::SendDesc::from_ops` reads this shape back.)
 pub(super) fn ring_ops(s: &QpShared, end: u64, head: [u8; 8]) -> Ops {
@@ -86,6 +86,11 @@ pub(super) fn ring_ops(s: &QpShared, end: u64, head: [u8; 8]) -> Ops {
         ops.mark_ring(s.ctrl.addr(QP_PROXY));
         return ops;
     }
+    // What ran before (the payload, a marker in it) is visible before the record: a ConnectX
+    // still busy with this queue may read the record, and the requests it exposes, before the
+    // doorbell rings (libmlx5's `udma_to_device_barrier`). A stream elides the barrier (its
+    // write fences by itself); a list kernel fences here.
+    ops.push(Op::Barrier, &keep);
     ops.push(
         Op::Write32 {
             addr: s.dbrec.addr() + 4 * DBREC_SQ as u64,

@@ -44,10 +44,13 @@ fn only_a_mixed_qp_stores_rung_to_after_a_commits_doorbell() {
     let mut mixed = pair_with(&dev, &QpConfig::default());
     assert_eq!(
         commit_shape(&mut mixed),
-        ["write32", "barrier", "doorbell", "barrier", "write64"]
+        ["barrier", "write32", "barrier", "doorbell", "barrier", "write64"]
     );
     let mut only = pair_with(&dev, &executors_only());
-    assert_eq!(commit_shape(&mut only), ["write32", "barrier", "doorbell"]);
+    assert_eq!(
+        commit_shape(&mut only),
+        ["barrier", "write32", "barrier", "doorbell"]
+    );
 }
 
 #[test]
