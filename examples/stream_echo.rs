@@ -70,8 +70,8 @@ struct Relay {
     /// B to A through the CPU thread.
     b_to_a: bool,
     /// Stores each stream makes before the one that carries the counter (to words nobody
-    /// waits on), as a NIC trigger's list stores the message's marker and the doorbell
-    /// record before the doorbell.
+    /// waits on), as a NIC trigger's memory-operation list stores the message's marker and
+    /// the doorbell record before the doorbell (each a stream write, which fences by itself).
     before: u32,
 }
 

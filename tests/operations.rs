@@ -1179,10 +1179,11 @@ fn ops_between_a_recv_wait_and_its_retirement_run_before_the_cpu_sees_it_done(t:
                 Op::Wait32 { .. },
                 Op::Wait64 { .. },
                 Op::Write64 { .. },
+                Op::Barrier,
                 Op::Write32 { .. }
             ]
         ),
-        "the completion's wait, the ops given, then the retirement: {ops:?}"
+        "the completion's wait, the ops given, a barrier (they store), then the retirement: {ops:?}"
     );
     let stream = host_stream();
     stream.enqueue(ops);

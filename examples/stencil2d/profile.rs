@@ -6,6 +6,7 @@
 //! the CUDA driver's own).
 
 use crate::progress::Step;
+use gdasync::gdsync::cuda::stream_memops;
 use gdasync::gdsync::exec::Executor;
 use gdasync::gdsync::ops::{Op, Ops};
 use std::cell::Cell;
@@ -68,18 +69,22 @@ pub struct OpCount {
 }
 
 impl OpCount {
-    /// Counts `ops` as one list.
+    /// Counts `ops` as one list, as a stream runs it: without the barriers it drops (a
+    /// stream's write fences by itself).
     pub fn add(&mut self, ops: &Ops) {
         self.lists += 1;
+        let mut others = 0;
         for op in ops.as_slice() {
             match op {
                 Op::Write32 { .. } | Op::Write64 { .. } => self.writes += 1,
                 Op::Wait32 { .. } | Op::Wait64 { .. } => self.waits += 1,
-                Op::Barrier => self.barriers += 1,
+                Op::Barrier => continue,
                 Op::Doorbell { .. } => self.doorbells += 1,
                 Op::Copy { .. } => self.copies += 1,
             }
+            others += 1;
         }
+        self.barriers += (stream_memops(ops.as_slice()) - others) as u64;
     }
 
     /// Every operation.
@@ -249,6 +254,12 @@ mod tests {
         c.add(&Ops::new());
         assert_eq!((c.lists, c.barriers, c.ops()), (2, 1, 1));
         assert!(c.line(0, 2).contains("1.00 lists"), "{}", c.line(0, 2));
+        // A barrier a write follows is not a stream operation (the write fences by itself).
+        let mut l = Ops::barrier();
+        // SAFETY: the list is only counted, never run.
+        unsafe { l.push_raw(Op::Write32 { addr: 8, value: 1 }) };
+        c.add(&l);
+        assert_eq!((c.lists, c.barriers, c.writes, c.ops()), (3, 1, 1, 2));
     }
 
     #[test]

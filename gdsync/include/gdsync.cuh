@@ -54,7 +54,8 @@ typedef int int32_t;
 #define GDS_DESC_SEND 1
 #define GDS_DESC_WAIT 2
 
-// Ring a QP's doorbell: store the doorbell record, fence, store the 8-byte doorbell, then the
+// Ring a QP's doorbell: fence (what the kernel stored before, the payload, is visible first),
+// store the doorbell record, fence, store the 8-byte doorbell, then the
 // QP's "rung to" word (after the doorbell: a CPU post of the QP reads it to know this
 // doorbell is out). Where GPUs cannot reach the doorbell (a CPU proxy rings it), dbrec is 0
 // and db is the proxy's request word: the one store asks the proxy to ring (and the proxy
@@ -607,8 +608,13 @@ __device__ __forceinline__ int gds_wait(const gds_wait_desc *d, uint64_t timeout
     int r = gds_wait_value32(d->word, d->value, d->cond, timeout_ns);
     if (r != GDS_OK) return r;
     if (d->ci_rec) *(volatile uint32_t *)d->ci_rec = d->ci_value;
-    if (d->retired) *(volatile uint64_t *)d->retired = d->retired_value;
-    if (d->ring_retired) *(volatile uint64_t *)d->ring_retired = d->ring_retired_value;
+    if (d->retired || d->ring_retired) {
+        // The consumer index before the retired counters: a CPU that sees a ring's slots
+        // handed back posts into them, and the CQ must have room for their completions.
+        __threadfence_system();
+        if (d->retired) *(volatile uint64_t *)d->retired = d->retired_value;
+        if (d->ring_retired) *(volatile uint64_t *)d->ring_retired = d->ring_retired_value;
+    }
     return GDS_OK;
 }
 

@@ -1,7 +1,7 @@
 //! Memory-operation lists: the vocabulary every trigger and every wait is expressed in.
 //!
-//! Posting a work request leaves memory operations to do (store the doorbell record, barrier,
-//! ring the 8-byte doorbell, publish how far the queue is rung); waiting for a completion is a wait on a CQE word
+//! Posting a work request leaves memory operations to do (barrier, store the doorbell record,
+//! barrier, ring the 8-byte doorbell, barrier, publish how far the queue is rung); waiting for a completion is a wait on a CQE word
 //! followed by stores of the new consumer index and a retired counter. An [`Ops`] list holds
 //! such operations together with handles that keep the memory they point to alive, so running
 //! a list is always memory-safe. Executors ([`crate::exec`]) run lists: on the calling thread,
@@ -131,6 +131,13 @@ impl Op {
     pub const fn is_wait(&self) -> bool {
         matches!(self, Op::Wait32 { .. } | Op::Wait64 { .. })
     }
+    /// Whether this is a store (a write or a doorbell).
+    pub const fn is_store(&self) -> bool {
+        matches!(
+            self,
+            Op::Write32 { .. } | Op::Write64 { .. } | Op::Doorbell { .. }
+        )
+    }
     /// Whether this is a copy (which a CUDA stream runs in a list kernel, or between batches
     /// of memory operations).
     pub const fn is_copy(&self) -> bool {
@@ -237,7 +244,7 @@ impl Ops {
     /// its retirement is seen, so deferring the consumer index delays reposting, never
     /// overruns the CQ. A CPU that learns of the completion from a store appended after the
     /// wait (a flag) may see it before the retirement: call [`retire_now`](Self::retire_now)
-    /// before appending such a store.
+    /// and append an [`Op::Barrier`] before such a store (a store orders nothing by itself).
     ///
     /// Lists other than completion waits have no retirement stores: for them this does
     /// nothing.

@@ -386,12 +386,18 @@ pub(crate) fn wait_ops(s: &Arc<CqShared>, n: u64, between: Ops) -> Result<Ops> {
         },
         &ring,
     );
+    let stores = between.as_slice().iter().any(Op::is_store);
     ops.append(between);
+    let dbrec: KeepAlive = s.dbrec.mem.clone();
+    if stores {
+        // Whoever learns of the completion from the retirement knows `between` ran: its stores
+        // first (a store orders nothing by itself; a stream elides the barrier).
+        ops.push_retire(Op::Barrier, &dbrec);
+    }
     // Consumed: the slot is the device's again (an error it held is found by the host's
     // scan while the ring still holds it, else from the QP's context). The list keeps the
     // doorbell record's memory (where a GPU executor finds its address) and `hold`, which
     // keeps the completions up to `n` reserved until the list has run or is dropped.
-    let dbrec: KeepAlive = s.dbrec.mem.clone();
     ops.push_retire(
         Op::Write32 {
             addr: s.dbrec.addr(),

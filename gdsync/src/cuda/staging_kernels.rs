@@ -63,16 +63,23 @@ pub(super) const LIST_OPS: usize = 32;
 /// The list kernel. Each op is `{kind, cond, a, b, c}`: a store (`a` address, `b` value), a
 /// wait (`a` word, `b` operand, `cond`), a fence, or a copy (`a` destination, `b` source, `c`
 /// bytes, `cond` 1 when the destination is memory the NIC reads: a bounce). Thread 0 stores,
-/// waits and fences; the other threads pass a wait at the block barrier after it. A store is
-/// ordered by the list's fences only, as [`Op::Write32`](crate::ops::Op::Write32) promises (a
-/// stream's write fences by itself; here each ordering waits for the thread's earlier stores to
-/// reach the system, a PCIe round trip, so a list pays one per barrier where a release per
-/// store paid one per store). A wait is an acquire: what follows it stays after it. A copy into a bounce of up to `GDS_LEAD_COPY_MAX` bytes is thread 0's alone
-/// (`gds_block_copy_out` has warp 0 copy it), ordered by the fence or release that comes next; other
-/// copies take the block, each thread fencing its stores (system-wide into a bounce, GPU-wide
-/// into GPU memory) before the block barrier. The stream's progress word, if this launch carries it, is stored last, as a release: what the list
-/// named is no longer touched once the host sees it. With `stamps` set (profiling), thread 0
-/// also writes timestamps there (`list_profile.rs`).
+/// waits and fences; the other threads pass a wait at the block barrier after it.
+///
+/// A store is ordered by the list's fences only, as [`Op::Write32`](crate::ops::Op::Write32)
+/// promises. A stream's write fences by itself; here each ordering waits for the thread's
+/// earlier stores to reach the system (a PCIe round trip), so a list pays one per barrier where
+/// a release per store paid one per store. A wait is an acquire: what follows it stays after it.
+///
+/// A copy is ordered before every later op (`Op::Copy`):
+/// - into a bounce, up to `GDS_LEAD_COPY_MAX` bytes: thread 0's alone (`gds_block_copy_out`
+///   has warp 0 copy it), with a system-wide fence after it unless a fence comes next;
+/// - otherwise the block's: each thread fences its stores (system-wide into a bounce, GPU-wide
+///   into GPU memory) before the block barrier, and thread 0 fences system-wide after it where
+///   a store comes next (a retirement the host reads).
+///
+/// The stream's progress word, if this launch carries it, is stored last, as a release: what
+/// the list named is no longer touched once the host sees it. With `stamps` set (profiling),
+/// thread 0 also writes timestamps there (`list_profile.rs`).
 const LIST_SOURCE: &str = r#"
 struct gdsync_list_op { unsigned int kind, cond; unsigned long long a, b, c; };
 struct gdsync_list {
@@ -154,6 +161,10 @@ extern "C" __global__ void gdsync_run_list(const gdsync_list l) {
                 else __threadfence();
             }
             __syncthreads();
+            // A store next (a retirement the host reads) follows the block's copy into GPU
+            // memory system-wide too: thread 0's fence covers what the barrier showed it.
+            if (lead && !o.cond && (next == GDSYNC_LIST_W32 || next == GDSYNC_LIST_W64))
+                __threadfence_system();
             break;
         }
         if (stamps) stamps[i + 3] = clock64();

@@ -35,9 +35,18 @@ impl HostExecutor {
     }
 }
 
+/// Whether `next` (the op after a barrier) is a write that by itself comes after everything
+/// before it: on x86-64 a release store does (loads and stores stay in order for other CPUs
+/// and for a device's coherent reads; an earlier doorbell left the write-combining buffer at
+/// its own store fence, a copy ends with a full fence). Elsewhere the barrier stays.
+pub(super) fn write_orders_itself(next: Option<&Op>) -> bool {
+    cfg!(target_arch = "x86_64") && matches!(next, Some(Op::Write32 { .. } | Op::Write64 { .. }))
+}
+
 /// Runs `ops`; a wait also gives up when `stop` becomes true (a host stream being dropped).
 pub(crate) fn run_ops(ops: &Ops, timeout: Duration, stop: Option<&AtomicBool>) -> Result<()> {
-    for op in ops.as_slice() {
+    let list = ops.as_slice();
+    for (k, op) in list.iter().enumerate() {
         // SAFETY: an Ops list holds its memory alive (library-made ops keep an Arc to the ring
         // memory; push_raw's contract covers the rest), and addresses are aligned by
         // construction.
@@ -60,6 +69,7 @@ pub(crate) fn run_ops(ops: &Ops, timeout: Duration, stop: Option<&AtomicBool>) -
                     #[cfg(test)]
                     test_hooks::note_flush(addr);
                 }
+                Op::Barrier if write_orders_itself(list.get(k + 1)) => {}
                 Op::Barrier => {
                     // Earlier accesses before later ones as the CPUs see them (a full fence)
                     // and as a device and the write-combining doorbell page see them: mfence

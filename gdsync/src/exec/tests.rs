@@ -764,3 +764,23 @@ fn host_stream_drop_of_fresh_stream_never_hangs() {
 fn default_wait_timeout_is_a_minute() {
     assert_eq!(DEFAULT_WAIT_TIMEOUT, Duration::from_secs(60));
 }
+
+/// A barrier right before a write is left out on x86-64 (a release store is ordered after
+/// everything before it there); before a doorbell, a wait or nothing it stays.
+#[test]
+fn a_barrier_before_a_write_is_left_out_only_where_the_write_orders_itself() {
+    let w = Op::Write32 { addr: 8, value: 1 };
+    let db = Op::Doorbell { addr: 8, value: 1 };
+    let wait = Op::Wait32 {
+        addr: 8,
+        value: 1,
+        cond: WaitCond::Geq,
+    };
+    assert_eq!(
+        host::write_orders_itself(Some(&w)),
+        cfg!(target_arch = "x86_64")
+    );
+    assert!(!host::write_orders_itself(Some(&db)));
+    assert!(!host::write_orders_itself(Some(&wait)));
+    assert!(!host::write_orders_itself(None));
+}

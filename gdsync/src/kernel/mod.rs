@@ -76,7 +76,7 @@ pub mod code {
     }
 }
 
-/// Ring a doorbell: store `dbrec_value` at `dbrec`, fence, store `db_value` at `db`, then
+/// Ring a doorbell: fence, store `dbrec_value` at `dbrec`, fence, store `db_value` at `db`, then
 /// `rung_value` at `rung` (the QP's "rung to" word, stored after the doorbell; 0: none). Where
 /// a CPU proxy rings the doorbell, `dbrec` is 0 and `db` is the proxy's request word (the
 /// proxy publishes "rung to").
@@ -187,8 +187,9 @@ impl SendDesc {
 
 impl WaitDesc {
     /// The descriptor for a completion wait's op list (`Wait32` on the CQE word, `Write32`
-    /// consumer index, `Write64` retired counter, optionally `Write64` ring retired counter),
-    /// at the GPUs' addresses of the memory the list names.
+    /// consumer index, `Write64` retired counter, optionally `Write64` ring retired counter;
+    /// the barriers between them are the kernel's stores' order, `gds_wait`), at the GPUs'
+    /// addresses of the memory the list names.
     pub fn from_ops(ops: &Ops) -> Result<Self> {
         let s = ops.as_slice();
         let (word, value, cond) = match s.first() {
@@ -208,6 +209,7 @@ impl WaitDesc {
         let mut writes64 = 0;
         for op in &s[1..] {
             match *op {
+                Op::Barrier => {}
                 Op::Write32 { addr, value } if d.ci_rec == 0 => {
                     d.ci_rec = gpu_addr_in(ops.kept(), addr);
                     d.ci_value = value;
@@ -579,7 +581,7 @@ mod tests {
         );
     }
 
-    /// A commit of a QP whose commits store no "rung to" (record, barrier, doorbell) gives a
+    /// A commit of a QP whose commits store no "rung to" (barrier, record, barrier, doorbell) gives a
     /// descriptor that stores nothing after the doorbell.
     #[test]
     fn send_descriptor_without_rung_to() {

@@ -259,8 +259,8 @@ impl Qp {
     }
 
     /// Commits a prepared send: returns its ticket and the op list that exposes it (and any
-    /// earlier committed-in-order sends) to the device: store the doorbell record, barrier,
-    /// store the 8-byte doorbell. Prepared sends must be committed in the order prepared.
+    /// earlier committed-in-order sends) to the device: barrier, store the doorbell record,
+    /// barrier, store the 8-byte doorbell. Prepared sends must be committed in the order prepared.
     ///
     /// The returned ops must also run in commit order: running an older commit's ops after a
     /// newer one's moves the doorbell record backwards, which the device treats as a

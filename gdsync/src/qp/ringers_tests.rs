@@ -22,20 +22,41 @@ fn executors_only() -> QpConfig {
 fn commit_shape(p: &mut Pair) -> Vec<&'static str> {
     let prepared = p.a.prepare_send(&write8(p, 0, 0)).unwrap();
     let (_, ops) = p.a.commit(prepared).unwrap();
-    let shape = ops
-        .as_slice()
-        .iter()
-        .map(|o| match o {
-            Op::Write32 { .. } => "write32",
-            Op::Write64 { .. } => "write64",
-            Op::Doorbell { .. } => "doorbell",
-            Op::Barrier => "barrier",
-            _ => "other",
-        })
-        .collect();
+    let shape = ops.as_slice().iter().map(kind).collect();
     // Run it, so nothing is left unrung.
     HostStream::new().unwrap().submit(ops).unwrap();
     shape
+}
+
+/// An op's kind, as a short name.
+fn kind(o: &Op) -> &'static str {
+    match o {
+        Op::Write32 { .. } => "write32",
+        Op::Write64 { .. } => "write64",
+        Op::Doorbell { .. } => "doorbell",
+        Op::Barrier => "barrier",
+        Op::Wait32 { .. } => "wait32",
+        _ => "other",
+    }
+}
+
+/// A send's wait stores the CQ's consumer index, then, after a barrier (a store orders
+/// nothing by itself), hands the ring's slots back: a CPU that posts into them adds
+/// completions the CQ must have room for.
+#[test]
+fn a_send_wait_stores_the_consumer_index_before_the_ring_retirement() {
+    let dev = Device::soft().unwrap();
+    let mut p = pair_with(&dev, &QpConfig::default());
+    let prepared = p.a.prepare_send(&write8(&p, 0, 0)).unwrap();
+    let (ticket, ring) = p.a.commit(prepared).unwrap();
+    let wait = p.a.send_wait_ops(&ticket).unwrap();
+    let shape: Vec<_> = wait.as_slice().iter().map(kind).collect();
+    assert_eq!(shape, ["wait32", "write32", "barrier", "write64"]);
+    let stream = HostStream::new().unwrap();
+    stream.submit(ring).unwrap();
+    stream.submit(wait).unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(p.send_cq.consumer_index(), 1);
 }
 
 #[test]

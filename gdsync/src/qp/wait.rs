@@ -28,6 +28,9 @@ impl Qp {
         ))?;
         let mut ops = wait_ops(&self.shared.send_cq, n, Ops::new())?;
         let keep = self.shared.keep();
+        // The consumer index before the ring's slots are handed back: a CPU that posts into
+        // them adds completions, which the CQ must have room for (a stream elides the barrier).
+        ops.push_retire(Op::Barrier, &keep);
         ops.push_retire(
             Op::Write64 {
                 addr: self.shared.ctrl.addr(QP_SQ_RETIRED),
@@ -56,6 +59,8 @@ impl Qp {
         // numbering does not tell (then the receive ring's retired counter is stored too).
         if self.shared.rq_base() != Some(n.wrapping_sub(t.index)) {
             let keep = self.shared.keep();
+            // The consumer index first, as for a send's ring.
+            ops.push_retire(Op::Barrier, &keep);
             ops.push_retire(
                 Op::Write64 {
                     addr: self.shared.ctrl.addr(QP_RQ_RETIRED),
