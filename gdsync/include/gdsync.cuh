@@ -760,6 +760,11 @@ __device__ __forceinline__ void gds_qp_publish_recvs(gds_qp *qp) {
     *(volatile uint64_t *)(qp->state + 8) = qp->rq_pi;
 }
 
+// Whether a send is prepared and not rung yet: gds_qp_prepare_send keeps its doorbell in
+// reserved[0] and 1 | its flags << 8 in reserved[1]; every other post on the send queue is
+// refused meanwhile.
+__device__ __forceinline__ bool gds_qp_prepared(const gds_qp *qp) { return qp->reserved[1] != 0; }
+
 // Internal (gds_qp_submit, gds_qp_store_send; no refusal of its own): fills the control
 // segment (w[0..3]) of a WQE of `ds` units and stores the WQE in the next send slot, without
 // ringing: the doorbell it needs (its control segment's first 8 bytes).
@@ -777,9 +782,9 @@ __device__ __forceinline__ uint64_t gds_qp_store_wqe(gds_qp *qp, uint32_t opcode
     return ((uint64_t)w[1] << 32) | w[0];
 }
 
-// Internal (gds_qp_submit, gds_qp_post_send, gds_qp_ring_prepared): rings the WQEs stored up to sq_pi, the last
-// with doorbell `db`: (data, WQEs) -> fence -> doorbell record -> fence -> doorbell. The first
-// fence also publishes data this thread wrote for the NIC to read.
+// Internal (gds_qp_submit, gds_qp_post_send, gds_qp_ring_prepared): rings the WQEs stored up
+// to sq_pi, the last with doorbell `db`: (data, WQEs) -> fence -> doorbell record -> fence ->
+// doorbell. The first fence also publishes data this thread wrote for the NIC to read.
 __device__ __forceinline__ void gds_qp_ring(gds_qp *qp, uint64_t db, uint32_t flags) {
     __threadfence_system();
     if (flags & GDS_RING_RECV) gds_qp_publish_recvs(qp);
@@ -797,7 +802,7 @@ __device__ __forceinline__ void gds_qp_ring(gds_qp *qp, uint64_t db, uint32_t fl
 // Stores a WQE of `ds` units (gds_qp_store_wqe) and rings it (gds_qp_ring). GDS_INVALID while
 // a send is prepared (gds_qp_prepare_send): this doorbell would expose it before its data.
 __device__ __forceinline__ int gds_qp_submit(gds_qp *qp, uint32_t opcode, uint32_t *w, uint32_t ds, uint32_t imm, uint32_t flags) {
-    if (qp->reserved[1]) return GDS_INVALID;
+    if (gds_qp_prepared(qp)) return GDS_INVALID;
     gds_qp_ring(qp, gds_qp_store_wqe(qp, opcode, w, ds, imm, flags), flags);
     return GDS_OK;
 }
@@ -812,7 +817,7 @@ __device__ __forceinline__ bool gds_op_remote(uint32_t opcode) {
 __device__ __forceinline__ int gds_qp_begin_send(const gds_qp *qp, uint32_t opcode, uint32_t len, uint32_t max_len,
                                                  uint64_t raddr, uint32_t rkey, uint32_t *w, uint32_t *ds) {
     if (!(opcode == GDS_OP_SEND || opcode == GDS_OP_SEND_IMM || gds_op_remote(opcode)) || len > max_len ||
-        qp->sq == 0 || (qp->db == 0 && qp->proxy == 0) || qp->reserved[1])
+        qp->sq == 0 || (qp->db == 0 && qp->proxy == 0) || gds_qp_prepared(qp))
         return GDS_INVALID;
     if (gds_qp_send_room(qp) == 0) return GDS_FULL;
     *ds = 1;
@@ -866,7 +871,7 @@ __device__ __forceinline__ int gds_qp_prepare_send(gds_qp *qp, uint32_t opcode, 
 
 // Rings the send gds_qp_prepare_send stored (its data must be in place). GDS_INVALID if none is.
 __device__ __forceinline__ int gds_qp_ring_prepared(gds_qp *qp) {
-    if (!qp->reserved[1]) return GDS_INVALID;
+    if (!gds_qp_prepared(qp)) return GDS_INVALID;
     qp->reserved[1] = 0;
     gds_qp_ring(qp, qp->reserved[0], 0);
     return GDS_OK;
@@ -893,7 +898,7 @@ __device__ __forceinline__ int gds_qp_post_send_inline(gds_qp *qp, uint32_t opco
 // tells that every WQE posted before it completed (work completes in order), e.g. unsignalled
 // sends with no signalled WQE after them. GDS_FULL or GDS_INVALID as gds_qp_post_send.
 __device__ __forceinline__ int gds_qp_post_nop(gds_qp *qp, uint32_t flags) {
-    if (qp->sq == 0 || (qp->db == 0 && qp->proxy == 0) || qp->reserved[1]) return GDS_INVALID;
+    if (qp->sq == 0 || (qp->db == 0 && qp->proxy == 0) || gds_qp_prepared(qp)) return GDS_INVALID;
     if (gds_qp_send_room(qp) == 0) return GDS_FULL;
     uint32_t w[4];
     return gds_qp_submit(qp, GDS_OP_NOP, w, 1, 0, flags);
@@ -1115,7 +1120,7 @@ __device__ __forceinline__ int gds_peer_send_flags(gds_peer *p, uint64_t laddr, 
                                                    uint64_t timeout_ns, bool prepare = false) {
     int rc = gds_peer_check(p);
     if (rc != GDS_OK) return rc;
-    if (p->qp.reserved[1]) return GDS_INVALID;  // a send is prepared: ring it first
+    if (gds_qp_prepared(&p->qp)) return GDS_INVALID;  // a send is prepared: ring it first
     uint64_t start = 0;
     // The messages sent so far, puts and gets left out: each took one of the peer's receives.
     uint64_t messages = p->sends - p->one_sided;
@@ -1130,14 +1135,14 @@ __device__ __forceinline__ int gds_peer_send_flags(gds_peer *p, uint64_t laddr, 
 // credit and the ring's room already waited for, and gds_peer_ring_send rings it once its
 // `len` bytes at laddr are in place. A thread that answers messages prepares its next send
 // while the peer works and rings it right after the wait (on an H200 with the soft device,
-// pingpong's mp kernel loop at 8 B: 4.9 -> 4.0 us per message). The send counts as posted from here:
-// ring it before waiting for it. Until it is rung, the channel posts nothing else on its
-// send queue: a credit write, a put or get, a second send, and a wait for sends that needs a
-// NOP (its last send unsignalled with nothing signalled rung after it, or the prepared send
-// itself) fail with GDS_INVALID at once; receives may still be
-// posted (they reach the NIC with the next credit write, after the ring). A send prepared and
-// never rung is dropped when the kernel ends: neither the QP's nor the channel's host copies
-// count it, and the next launch starts without it.
+// pingpong's mp kernel loop at 8 B: 4.9 -> 4.0 us per message). The send counts as posted
+// from here: ring it before waiting for it. Until it is rung, the channel posts nothing else
+// on its send queue: a credit write, a put or get, a second send, and a wait for sends that
+// needs a NOP (its last send unsignalled with nothing signalled rung after it, or the
+// prepared send itself) fail with GDS_INVALID at once; receives may still be posted (they
+// reach the NIC with the next credit write, after the ring). A send prepared and never rung
+// is dropped when the kernel ends: neither the QP's nor the channel's host copies count it,
+// and the next launch starts without it.
 __device__ __forceinline__ int gds_peer_prepare_send(gds_peer *p, uint64_t laddr, uint32_t lkey, uint32_t len, uint32_t flags,
                                                      uint64_t timeout_ns) {
     return gds_peer_send_flags(p, laddr, lkey, len, flags, timeout_ns, true);
@@ -1170,7 +1175,7 @@ __device__ __forceinline__ int gds_peer_one_sided(gds_peer *p, uint32_t opcode, 
                                                   uint64_t timeout_ns) {
     int rc = gds_peer_check(p);
     if (rc != GDS_OK) return rc;
-    if (off > r->len || len > r->len - off || p->qp.reserved[1]) return GDS_INVALID;
+    if (off > r->len || len > r->len - off || gds_qp_prepared(&p->qp)) return GDS_INVALID;
     rc = gds_peer_post(p, opcode, laddr, lkey, len, r->addr + off, r->rkey, flags, timeout_ns);
     if (rc == GDS_OK) gds_peer_host(p)->one_sided = ++p->one_sided;
     return rc;
@@ -1227,7 +1232,7 @@ __device__ __forceinline__ int gds_peer_post_recv(gds_peer *p, uint64_t laddr, u
 __device__ __forceinline__ int gds_peer_give_credit(gds_peer *p, uint64_t timeout_ns) {
     int rc = gds_peer_check(p);
     if (rc != GDS_OK || p->credited == p->recvs) return rc;
-    if (p->qp.reserved[1]) return GDS_INVALID;  // a send is prepared: ring it first
+    if (gds_qp_prepared(&p->qp)) return GDS_INVALID;  // a send is prepared: ring it first
     uint64_t start = 0;
     for (uint32_t spins = 0;; spins++) {
         uint32_t f = gds_peer_wqe_flags(p, 0) | GDS_RING_RECV;

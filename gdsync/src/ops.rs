@@ -1,8 +1,8 @@
 //! Memory-operation lists: the vocabulary every trigger and every wait is expressed in.
 //!
 //! Posting a work request leaves memory operations to do (barrier, store the doorbell record,
-//! barrier, ring the 8-byte doorbell, barrier, publish how far the queue is rung); waiting for a completion is a wait on a CQE word
-//! followed by stores of the new consumer index and a retired counter. An [`Ops`] list holds
+//! barrier, ring the 8-byte doorbell, barrier, publish how far the queue is rung); waiting for
+//! a completion is a wait on a CQE word followed by stores of the new consumer index and a retired counter. An [`Ops`] list holds
 //! such operations together with handles that keep the memory they point to alive, so running
 //! a list is always memory-safe. Executors ([`crate::exec`]) run lists: on the calling thread,
 //! on a host stream, later on a CUDA stream or exported to a kernel.

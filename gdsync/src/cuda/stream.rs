@@ -43,8 +43,9 @@ pub enum ListKernel {
     /// more than one GPU, lists without copies too: on a two-H200 host a stream's own stores
     /// cost about 3 µs each while streams on both GPUs run them, where a list kernel orders its
     /// stores with one fence per barrier (docs/benchmarks.md, "pingpong across two GPUs"); on
-    /// one GPU neither way wins for every list ([`All`](Self::All)). Other processes' streams count where the job says its ranks on this host
-    /// span GPUs ([`set_job_spans_gpus`](super::set_job_spans_gpus)). The default.
+    /// one GPU neither way wins for every list ([`All`](Self::All)). Other processes' streams
+    /// count where the job says its ranks on this host span GPUs
+    /// ([`set_job_spans_gpus`](super::set_job_spans_gpus)). The default.
     Auto,
     /// None: memory-operation batches, with a copy kernel or the copy engines between them.
     Off,
@@ -689,10 +690,7 @@ pub fn stream_memops(ops: &[Op]) -> usize {
 
 /// Whether the barrier at `k` is followed by a write (which fences by itself).
 fn barrier_elided(ops: &[Op], k: usize) -> bool {
-    matches!(
-        ops.get(k + 1),
-        Some(Op::Write32 { .. } | Op::Write64 { .. } | Op::Doorbell { .. })
-    )
+    ops.get(k + 1).is_some_and(Op::is_store)
 }
 
 impl Drop for CudaStream {

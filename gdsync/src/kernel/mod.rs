@@ -129,10 +129,10 @@ const _: () = assert!(std::mem::size_of::<WaitDesc>() == 64);
 
 impl SendDesc {
     /// The descriptor for a commit's op list: `Barrier`, `Write32` doorbell record, `Barrier`,
-    /// `Doorbell`, `Barrier`, `Write64` "rung to"; or, where a CPU proxy rings, `Barrier`, `Write64`
-    /// request. The first three alone (a QP of [`Ringers::Executors`](crate::Ringers), whose
-    /// commits store no "rung to"; or with a `Write64` doorbell) give a descriptor whose send
-    /// stores nothing after the doorbell.
+    /// `Doorbell`, `Barrier`, `Write64` "rung to"; or, where a CPU proxy rings, `Barrier`,
+    /// `Write64` request. The first four alone (a QP of [`Ringers::Executors`](crate::Ringers),
+    /// whose commits store no "rung to"; or with a `Write64` doorbell) give a descriptor whose
+    /// send stores nothing after the doorbell.
     /// Addresses are the GPUs' addresses of the memory the list names.
     pub fn from_ops(ops: &Ops) -> Result<Self> {
         let at = |a: &u64| gpu_addr_in(ops.kept(), *a);
@@ -581,8 +581,8 @@ mod tests {
         );
     }
 
-    /// A commit of a QP whose commits store no "rung to" (barrier, record, barrier, doorbell) gives a
-    /// descriptor that stores nothing after the doorbell.
+    /// A commit of a QP whose commits store no "rung to" (barrier, record, barrier, doorbell)
+    /// gives a descriptor that stores nothing after the doorbell.
     #[test]
     fn send_descriptor_without_rung_to() {
         let d = SendDesc::from_ops(&commit_ops(None)).unwrap();
